@@ -1,0 +1,28 @@
+//! JSON documents: everything Sluice knows about a document without any I/O.
+//!
+//! ```text
+//!  bytes ──parse──▶ Value ──Schema::validate──▶ Value ──KeyExtractor::pack──▶ packed key
+//!                                                  │                              │
+//!                                                  └──── Combiner (reduce by key, spill, drain in key order)
+//! ```
+//!
+//! - [`ptr`]: RFC 6901 JSON pointers.
+//! - [`tuple`]: FoundationDB tuple packing of key values (order-preserving bytes).
+//! - [`hash`]: the 32-bit key hash that key ranges are defined over.
+//! - [`schema`]: JSON Schema validation, `reduce` annotations and projections.
+//! - [`reduce`]: the reduction strategies.
+//! - [`combine`]: the memory-bounded combiner.
+
+pub mod combine;
+pub mod hash;
+pub mod ptr;
+pub mod reduce;
+pub mod schema;
+pub mod tuple;
+
+pub use combine::{Combiner, Drained};
+pub use hash::key_hash;
+pub use ptr::Pointer;
+pub use reduce::{ReduceError, Reducer, Strategy};
+pub use schema::Schema;
+pub use tuple::KeyExtractor;

@@ -1,0 +1,128 @@
+//! What a driver author implements.
+//!
+//! A [`Driver`] answers the unary calls and opens a [`Transactor`] for the long-lived
+//! Transactions stream. The SDK's serve loop owns the protocol: it checks every message
+//! against the state machine and calls the transactor in an order the protocol allows,
+//! so a driver cannot get the lifecycle wrong.
+//!
+//! ## One transaction, as the transactor sees it
+//!
+//! ```text
+//! open ─▶ [ acknowledge (prior commit durable) ⇄ load* ] ─▶ prepare ─▶ store* ─▶ commit ─┐
+//!            ▲                                                                           │
+//!            └───────────────────────────── next transaction ◀───────────────────────────┘
+//! ```
+//!
+//! ## The three commit patterns, and what each must await before loading
+//!
+//! - [`CommitPattern::RemoteAuthoritative`]: the store is the source of truth. `commit`
+//!   writes data, the runtime checkpoint (from `prepare`) and a fence check in one store
+//!   transaction. Loads must see the prior transaction's stores, so they await the prior
+//!   **commit** (signal `prior_committed`). The SDK only calls `load` after `commit` of the
+//!   prior transaction has returned, so this always holds.
+//! - [`CommitPattern::RecoveryLogNonTransactional`]: the store has no transactions;
+//!   `prepare` returns a driver checkpoint (recorded by the runtime's recovery log) and
+//!   `commit` writes last-write-wins effects. Loads of the next transaction await the prior
+//!   **acknowledgement** (signal `prior_acknowledged`): the SDK defers `load` calls until
+//!   `acknowledge` has returned.
+//! - [`CommitPattern::RecoveryLogIdempotentApply`]: `prepare` stages the transaction's
+//!   effects and returns a driver checkpoint that describes them; `acknowledge` applies
+//!   them idempotently (it may run again after a crash). Loads must see applied effects,
+//!   so they too await the prior **acknowledgement**; the SDK defers them likewise.
+
+use crate::Result;
+use async_trait::async_trait;
+use sluice_proto::flow;
+use sluice_proto::materialize::{
+    self as m,
+    transaction_request::{Load, Open, Prepare, Store},
+    transaction_response::Opened,
+};
+
+/// How a driver makes a transaction's effects durable exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitPattern {
+    RemoteAuthoritative,
+    RecoveryLogNonTransactional,
+    RecoveryLogIdempotentApply,
+}
+
+impl CommitPattern {
+    /// Whether loads of transaction T+1 must wait for T's acknowledgement.
+    pub fn loads_await_acknowledge(self) -> bool {
+        !matches!(self, CommitPattern::RemoteAuthoritative)
+    }
+}
+
+/// What the transactor is told about the prior transaction when asked to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorState {
+    /// The prior transaction's `commit` has returned (DriverCommitted was sent).
+    pub prior_committed: bool,
+    /// The prior transaction's `acknowledge` has returned.
+    pub prior_acknowledged: bool,
+}
+
+/// Collects Loaded documents, batching them into arena messages of bounded size.
+/// (Implemented by the serve loop; see `serve`.)
+pub trait LoadedSink: Send {
+    /// Adds one found document of `binding` (its JSON text).
+    fn push(&mut self, binding: u32, doc_json: &[u8]);
+}
+
+#[async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// Endpoint and resource JSON schemas, documentation URL.
+    async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse>;
+    /// Per binding: constraints on every projection, the resource path, delta updates.
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse>;
+    /// Creates or updates resources. With `dry_run`, only describes the actions.
+    /// Re-applying the same spec is a no-op.
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse>;
+    /// Drops resources. With `dry_run`, only describes the actions.
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse>;
+    /// Opens a transactor for the key range of `open`.
+    ///
+    /// Postcondition for [`CommitPattern::RemoteAuthoritative`] drivers: after `open`
+    /// returns, every earlier instance of an overlapping key range is fenced and can no
+    /// longer commit. `Opened.flow_checkpoint` is the checkpoint recovered from the store
+    /// (empty: use the runtime's own).
+    async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)>;
+}
+
+#[async_trait]
+pub trait Transactor: Send + 'static {
+    fn pattern(&self) -> CommitPattern;
+
+    /// Looks up the keys of `load` (its arena and packed_keys) and pushes each found
+    /// document to `loaded`; keys not found are simply skipped. May instead remember the
+    /// keys and push their documents in [`Transactor::flush_loads`]. Never called for a
+    /// delta-updates binding. See the module docs for which of `prior` is guaranteed.
+    async fn load(&mut self, load: Load, prior: PriorState, loaded: &mut dyn LoadedSink)
+    -> Result<()>;
+
+    /// Called at Prepare, before [`Transactor::prepare`]: push every deferred document.
+    async fn flush_loads(&mut self, _loaded: &mut dyn LoadedSink) -> Result<()> {
+        Ok(())
+    }
+
+    /// Begins the store phase. `prepare.flow_checkpoint` is the runtime checkpoint to
+    /// commit with this transaction. Returns the driver checkpoint update (empty JSON
+    /// object `{}` with merge-patch set means "no change").
+    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint>;
+
+    /// Stores documents of one binding; `exists[i]` says whether the runtime loaded key i.
+    async fn store(&mut self, store: Store) -> Result<()>;
+
+    /// Commits the transaction. An authoritative driver verifies its fence here, in the
+    /// same store transaction as the data and checkpoint; a fenced commit fails with
+    /// [`crate::Error::Fenced`].
+    async fn commit(&mut self) -> Result<()>;
+
+    /// The runtime's recovery log has durably recorded the prior commit. May be called more
+    /// than once for one commit (after a crash, for the recovered checkpoint): idempotent.
+    async fn acknowledge(&mut self) -> Result<()>;
+
+    /// Releases resources. Called once when the stream ends, cleanly or not.
+    async fn destroy(self: Box<Self>) {}
+}
