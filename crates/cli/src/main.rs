@@ -1,1 +1,54 @@
-fn main() {}
+//! The `sluice` command. Each sub-command lives in its own module; this file only parses
+//! arguments, sets up logging and dispatches.
+
+mod bench;
+mod driver_cmd;
+mod pipeline_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Exactly-once streaming of keyed JSON documents into stores")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a pipeline until its finite sources are exhausted and everything is committed.
+    Run(pipeline_cmd::RunArgs),
+    /// Validate a pipeline file and ask each driver to validate its bindings.
+    Check(pipeline_cmd::CheckArgs),
+    /// Create or update the resources (e.g. tables) a pipeline writes to.
+    Apply(pipeline_cmd::ApplyArgs),
+    /// Show what Sluice has recorded for a pipeline.
+    #[command(subcommand)]
+    Inspect(pipeline_cmd::InspectCommand),
+    /// Serve, run or test drivers.
+    #[command(subcommand)]
+    Driver(driver_cmd::DriverCommand),
+    /// Benchmarks that print throughput figures.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => pipeline_cmd::run(args),
+        Command::Check(args) => pipeline_cmd::check(args),
+        Command::Apply(args) => pipeline_cmd::apply(args),
+        Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
+        Command::Driver(cmd) => driver_cmd::main(cmd),
+        Command::Bench(cmd) => bench::main(cmd),
+    }
+}
