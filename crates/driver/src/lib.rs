@@ -6,11 +6,25 @@
 //! ```
 //!
 //! - [`traits`]: what a driver author implements ([`Driver`], [`Transactor`]).
-//! - [`error`]: errors, including [`ProtocolError`] ("expected X, got Y").
-//! - [`endpoint`]: the runtime's view of a driver, whatever the transport.
+//! - [`machine`]: the protocol state machine, pure, shared by both sides.
+//! - [`arena`]: building and reading arena + slices messages.
+//! - [`serve`]: the driver-side loop that runs a [`Transactor`] under the state machine.
+//! - [`client`]: the runtime side of a Transactions stream.
+//! - [`endpoint`], [`inprocess`], [`grpc`], [`stdio`]: transports.
+//! - [`memory`]: the reference in-memory driver.
+//! - [`conformance`]: the scenario matrix every driver must pass.
 
+pub mod arena;
+pub mod client;
+pub mod conformance;
 pub mod endpoint;
 pub mod error;
+pub mod grpc;
+pub mod inprocess;
+pub mod machine;
+pub mod memory;
+pub mod serve;
+pub mod stdio;
 pub mod traits;
 
 pub use endpoint::{Endpoint, TransactionStream};
