@@ -1,1 +1,13 @@
-//! placeholder
+//! The runtime: one transaction loop that moves documents from sources into drivers
+//! exactly once.
+//!
+//! - [`config`]: the pipeline file (YAML), with errors that name their place.
+//! - [`source`]: the source model (commands, steps, resume positions) and the built-in
+//!   sources (file, datagen).
+//! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
+//! - [`txn`]: the transaction loop.
+
+pub mod config;
+pub mod recovery;
+pub mod source;
+pub mod txn;

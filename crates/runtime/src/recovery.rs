@@ -1,0 +1,1 @@
+//! The recovery log. (stub)

@@ -1,0 +1,1 @@
+//! The source model. (stub)

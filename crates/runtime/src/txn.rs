@@ -1,0 +1,1 @@
+//! The transaction loop. (stub)
