@@ -1,14 +1,58 @@
-//! FoundationDB tuple packing of JSON key values. (stub)
+//! FoundationDB tuple packing of JSON key values.
+//!
+//! A packed key is the plain concatenation of its packed components (no outer nesting
+//! byte), so comparing packed bytes compares keys component by component. Each JSON value
+//! packs as one tuple element:
+//!
+//! ```text
+//!   null           00
+//!   array, object  01 <compact JSON text, properties sorted> 00     ("bytes")
+//!   string         02 <UTF-8, each 00 written as 00 ff> 00
+//!   integer < 0    0c..13 <one's complement of |v|, big-endian, minimal length>
+//!   0              14
+//!   integer > 0    15..1c <big-endian, minimal length>
+//!   float          21 <IEEE bits big-endian; all bits flipped if negative, else the sign bit>
+//!   false, true    26, 27
+//! ```
+//!
+//! Invariants and reasoning:
+//! - Order: within one type the byte order is the value order (integers by length code,
+//!   then magnitude; doubles by the flipped bits, with `-0.0` just below `0.0`); across
+//!   types it is the type-code order. JSON `3` (`15 03`) and `3.0` (`21 c0 08 ..`) are
+//!   different keys on purpose: that is what Flow does, and hashes must agree with it.
+//! - Arrays and objects pack as bytes of their compact JSON, never as nested tuples, with
+//!   object properties ascending: `serde_json::Map` is a `BTreeMap` in this build (no
+//!   `preserve_order` feature; a unit test fails if that ever changes). Compact JSON
+//!   escapes every control character, so the text never holds a `00` byte to escape.
+//! - JSON integers fit `i64` or `u64`, so packing uses codes `0c..=1c` only. Unpacking
+//!   also reads nested tuples (`05`, as JSON arrays), and refuses the wider integer
+//!   codes `0b`/`1d` and every type JSON cannot hold, naming the byte offset.
+//! - [`KeyExtractor::pack`] is on the hot path: it only appends to the caller's buffer
+//!   (array/object components serialize straight into it), and leaves the buffer as it
+//!   was when it fails.
 
 use crate::ptr::Pointer;
-use serde_json::Value;
+use serde_json::{Number, Value};
 
+const NULL: u8 = 0x00;
+const BYTES: u8 = 0x01;
+const STRING: u8 = 0x02;
+const NESTED: u8 = 0x05;
+const INT_ZERO: u8 = 0x14;
+const DOUBLE: u8 = 0x21;
+const FALSE: u8 = 0x26;
+const TRUE: u8 = 0x27;
+/// Escape byte following a `00` inside bytes, strings and nested tuples.
+const ESCAPE: u8 = 0xff;
+
+/// Bytes that are not a packed tuple of JSON values.
 #[derive(Debug, thiserror::Error)]
 pub enum TupleError {
     #[error("malformed packed tuple at byte {offset}: {reason}")]
     Malformed { offset: usize, reason: String },
 }
 
+/// A document that cannot produce its key: a user (data) error naming the location.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error("document is missing required key location {pointer}")]
@@ -16,13 +60,218 @@ pub enum KeyError {
 }
 
 /// Appends the tuple encoding of one JSON value to `out`.
-pub fn pack_value(_value: &Value, _out: &mut Vec<u8>) {
-    todo!()
+pub fn pack_value(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.push(NULL),
+        Value::Bool(false) => out.push(FALSE),
+        Value::Bool(true) => out.push(TRUE),
+        Value::Number(n) => pack_number(n, out),
+        Value::String(s) => {
+            out.push(STRING);
+            push_escaped(s.as_bytes(), out);
+            out.push(NULL);
+        }
+        Value::Array(_) | Value::Object(_) => {
+            out.push(BYTES);
+            // A `Value` always serializes (its map keys are strings) and a `Vec` never
+            // fails to grow, so this cannot fail. The text holds no 00 (see module docs).
+            serde_json::to_writer(&mut *out, value).expect("a JSON value serializes to memory");
+            out.push(NULL);
+        }
+    }
+}
+
+/// Packs a whole key (the concatenation of its components).
+pub fn pack_key(values: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for value in values {
+        pack_value(value, &mut out);
+    }
+    out
+}
+
+fn pack_number(n: &Number, out: &mut Vec<u8>) {
+    if let Some(u) = n.as_u64() {
+        pack_int(false, u, out);
+    } else if let Some(i) = n.as_i64() {
+        pack_int(true, i.unsigned_abs(), out);
+    } else {
+        // Neither integer form: serde_json holds a finite f64.
+        let f = n.as_f64().expect("a JSON number is an integer or a float");
+        let bits = f.to_bits();
+        let flipped = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits ^ (1 << 63)
+        };
+        out.push(DOUBLE);
+        out.extend_from_slice(&flipped.to_be_bytes());
+    }
+}
+
+/// Integer element of magnitude `m`: length code around 0x14, then `len` big-endian bytes
+/// of `m` (positive) or of its one's complement (negative).
+fn pack_int(negative: bool, m: u64, out: &mut Vec<u8>) {
+    let len = (64 - m.leading_zeros() as usize).div_ceil(8);
+    let (code, body) = if negative {
+        (INT_ZERO - len as u8, !m)
+    } else {
+        (INT_ZERO + len as u8, m)
+    };
+    out.push(code);
+    out.extend_from_slice(&body.to_be_bytes()[8 - len..]);
+}
+
+fn push_escaped(bytes: &[u8], out: &mut Vec<u8>) {
+    let mut rest = bytes;
+    while let Some(at) = rest.iter().position(|&b| b == NULL) {
+        out.extend_from_slice(&rest[..=at]);
+        out.push(ESCAPE);
+        rest = &rest[at + 1..];
+    }
+    out.extend_from_slice(rest);
 }
 
 /// Decodes a packed tuple (concatenated elements) back into JSON values.
-pub fn unpack(_packed: &[u8]) -> Result<Vec<Value>, TupleError> {
-    todo!()
+pub fn unpack(packed: &[u8]) -> Result<Vec<Value>, TupleError> {
+    let mut reader = Reader { buf: packed, at: 0 };
+    let mut values = Vec::new();
+    while reader.at < packed.len() {
+        values.push(reader.element(false)?);
+    }
+    Ok(values)
+}
+
+/// [`unpack`] as one JSON array, e.g. to show a key to a person.
+pub fn unpack_json_array(packed: &[u8]) -> Result<Value, TupleError> {
+    unpack(packed).map(Value::Array)
+}
+
+struct Reader<'b> {
+    buf: &'b [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn malformed(&self, offset: usize, reason: impl Into<String>) -> TupleError {
+        TupleError::Malformed {
+            offset,
+            reason: reason.into(),
+        }
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], TupleError> {
+        let end = self.at + n;
+        if end > self.buf.len() {
+            let have = self.buf.len() - self.at;
+            return Err(self.malformed(self.at, format!("{what} needs {n} bytes, {have} left")));
+        }
+        let bytes = &self.buf[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    /// Reads one element whose type code starts at `self.at`. Inside a nested tuple a
+    /// null is `00 ff`.
+    fn element(&mut self, nested: bool) -> Result<Value, TupleError> {
+        let start = self.at;
+        let code = self.take(1, "a type code")?[0];
+        Ok(match code {
+            NULL => {
+                if nested {
+                    self.take(1, "a nested null")?;
+                }
+                Value::Null
+            }
+            FALSE => Value::Bool(false),
+            TRUE => Value::Bool(true),
+            BYTES => {
+                let bytes = self.unescape()?;
+                serde_json::from_slice(&bytes).map_err(|err| {
+                    self.malformed(start, format!("bytes element is not JSON text: {err}"))
+                })?
+            }
+            STRING => {
+                let bytes = self.unescape()?;
+                Value::String(String::from_utf8(bytes).map_err(|err| {
+                    self.malformed(start, format!("string element is not UTF-8: {err}"))
+                })?)
+            }
+            NESTED => {
+                let mut items = Vec::new();
+                loop {
+                    match self.buf.get(self.at..self.at + 2) {
+                        Some([NULL, ESCAPE]) => {}
+                        _ if self.buf.get(self.at) == Some(&NULL) => break,
+                        _ if self.at >= self.buf.len() => {
+                            return Err(self.malformed(start, "nested tuple has no terminator"));
+                        }
+                        _ => {}
+                    }
+                    items.push(self.element(true)?);
+                }
+                self.at += 1;
+                Value::Array(items)
+            }
+            0x0c..=0x13 => {
+                let len = (INT_ZERO - code) as usize;
+                let body = self.be_u64(len, "a negative integer")?;
+                // Undo the one's complement within `len` bytes.
+                let m = !body & (u64::MAX >> (64 - 8 * len));
+                let i = 0i64.checked_sub_unsigned(m).ok_or_else(|| {
+                    self.malformed(start, format!("-{m} is below the JSON integer range"))
+                })?;
+                Value::from(i)
+            }
+            INT_ZERO => Value::from(0u64),
+            0x15..=0x1c => {
+                let len = (code - INT_ZERO) as usize;
+                Value::from(self.be_u64(len, "a positive integer")?)
+            }
+            DOUBLE => {
+                let bits = self.be_u64(8, "a double")?;
+                let bits = if bits >> 63 == 1 {
+                    bits ^ (1 << 63)
+                } else {
+                    !bits
+                };
+                let f = f64::from_bits(bits);
+                Value::Number(Number::from_f64(f).ok_or_else(|| {
+                    self.malformed(start, format!("double {f} is not a JSON number"))
+                })?)
+            }
+            0x0b | 0x1d => {
+                return Err(self.malformed(start, "integers wider than 8 bytes are not JSON"));
+            }
+            other => {
+                return Err(self.malformed(start, format!("unknown type code {other:#04x}")));
+            }
+        })
+    }
+
+    fn be_u64(&mut self, len: usize, what: &str) -> Result<u64, TupleError> {
+        let bytes = self.take(len, what)?;
+        Ok(bytes.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b)))
+    }
+
+    /// Reads escaped content up to its `00` terminator (consumed), undoing `00 ff`.
+    fn unescape(&mut self) -> Result<Vec<u8>, TupleError> {
+        let start = self.at - 1;
+        let mut out = Vec::new();
+        loop {
+            let Some(at) = self.buf[self.at..].iter().position(|&b| b == NULL) else {
+                return Err(self.malformed(start, "element has no 00 terminator"));
+            };
+            out.extend_from_slice(&self.buf[self.at..self.at + at]);
+            self.at += at + 1;
+            if self.buf.get(self.at) == Some(&ESCAPE) {
+                out.push(NULL);
+                self.at += 1;
+            } else {
+                return Ok(out);
+            }
+        }
+    }
 }
 
 /// Extracts and packs a collection key (a list of pointers) from documents.
@@ -34,12 +283,86 @@ pub struct KeyExtractor {
 
 impl KeyExtractor {
     /// `required[i]` says whether a missing `pointers[i]` is an error (else it packs as null).
+    ///
+    /// Panics if the two lists differ in length (a bug in the caller).
     pub fn new(pointers: Vec<Pointer>, required: Vec<bool>) -> Self {
+        assert_eq!(
+            pointers.len(),
+            required.len(),
+            "one `required` flag per key pointer"
+        );
         KeyExtractor { pointers, required }
     }
-    /// Appends the packed key of `doc` to `out`.
-    pub fn pack(&self, _doc: &Value, _out: &mut Vec<u8>) -> Result<(), KeyError> {
-        let _ = (&self.pointers, &self.required);
-        todo!()
+
+    /// The key's locations, in key order.
+    pub fn pointers(&self) -> &[Pointer] {
+        &self.pointers
+    }
+
+    /// Appends the packed key of `doc` to `out`. On error `out` is left as it was.
+    pub fn pack(&self, doc: &Value, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        let len_before = out.len();
+        for (pointer, &required) in self.pointers.iter().zip(&self.required) {
+            match pointer.query(doc) {
+                Some(value) => pack_value(value, out),
+                None if required => {
+                    out.truncate(len_before);
+                    return Err(KeyError::Missing {
+                        pointer: pointer.to_string(),
+                    });
+                }
+                None => out.push(NULL),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn object_properties_pack_in_ascending_order() {
+        // Fails if serde_json's `preserve_order` feature gets enabled in the build.
+        let doc: Value = serde_json::from_str(r#"{"b":1,"a":{"d":2,"c":3}}"#).unwrap();
+        let mut want = vec![BYTES];
+        want.extend_from_slice(br#"{"a":{"c":3,"d":2},"b":1}"#);
+        want.push(NULL);
+        assert_eq!(pack_key(&[doc]), want);
+    }
+
+    #[test]
+    fn json_text_in_bytes_never_needs_escaping() {
+        let packed = pack_key(&[json!(["a\u{0}b"])]);
+        assert_eq!(packed, b"\x01[\"a\\u0000b\"]\x00");
+    }
+
+    #[test]
+    fn nested_tuples_unpack_as_arrays() {
+        // (nested (null, 1, "x")) then true
+        let packed = b"\x05\x00\xff\x15\x01\x02x\x00\x00\x27";
+        assert_eq!(
+            unpack(packed).unwrap(),
+            vec![json!([null, 1, "x"]), json!(true)]
+        );
+    }
+
+    #[test]
+    fn unterminated_nested_tuple_is_malformed() {
+        let err = unpack(b"\x05\x15\x01").unwrap_err();
+        assert!(err.to_string().contains("at byte 0"), "{err}");
+    }
+
+    #[test]
+    fn failed_extraction_leaves_the_buffer_unchanged() {
+        let x = KeyExtractor::new(
+            vec![Pointer::parse("/a").unwrap(), Pointer::parse("/b").unwrap()],
+            vec![true, true],
+        );
+        let mut out = vec![9];
+        assert!(x.pack(&json!({"a": 1}), &mut out).is_err());
+        assert_eq!(out, [9]);
     }
 }
