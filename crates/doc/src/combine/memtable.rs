@@ -1,0 +1,326 @@
+//! The in-memory table of the combiner and its memory estimate.
+//!
+//! ```text
+//!  index: HashTable<usize> ──▶ entries: Vec<Entry { key range, docs, heap }>
+//!                                              │
+//!                             keys: Vec<u8> ◀──┘  (every table key, back to back)
+//! ```
+//!
+//! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
+//! a new key appends to the `keys` arena and to `entries`. The table is never sorted while
+//! it fills: [`MemTable::sorted`] orders entry indices once, at a spill or the drain.
+//!
+//! The memory estimate is [`MemTable::memory_bytes`]: the three containers by capacity
+//! (capacity, not length, because a cleared table keeps its allocations for the next
+//! fill) plus the sum of every entry's [`heap_size`] estimate. An entry's estimate is
+//! recomputed exactly after each reduction while it is small (≤ [`EXACT_ESTIMATE_LIMIT`],
+//! which bounds the walk), and beyond that grows by the estimate of each reduced-in
+//! document: no reduction yields more than its two operands, so this over-estimates,
+//! which only spills earlier, and avoids re-walking a large growing document (e.g. one
+//! with `append`) on every reduction.
+
+use super::{CombineError, Record, describe_key};
+use crate::reduce::{ReduceError, Reducer};
+use hashbrown::{DefaultHashBuilder, HashTable};
+use serde_json::Value;
+use std::hash::BuildHasher;
+use std::mem::size_of;
+
+/// Documents up to 16 KiB (of estimated heap) are re-measured after every reduction: a walk
+/// of at most a few hundred nodes, small next to the parse that produced the document.
+const EXACT_ESTIMATE_LIMIT: usize = 16 << 10;
+
+/// Which side of a key's reduction a document joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    /// Loaded from the store: left of everything else.
+    Left,
+    /// New: right of everything before it.
+    Right,
+}
+
+/// One key's documents. The loaded document stays apart from the new ones until the drain
+/// (see the module docs of `combine`), so both may be present.
+enum Docs {
+    Right(Value),
+    Left(Box<Value>),
+    Both { left: Box<Value>, right: Value },
+}
+
+struct Entry {
+    key_start: usize,
+    key_len: usize,
+    docs: Docs,
+    /// Estimated heap bytes of `docs`.
+    heap: usize,
+}
+
+impl Entry {
+    fn key<'k>(&self, keys: &'k [u8]) -> &'k [u8] {
+        &keys[self.key_start..self.key_start + self.key_len]
+    }
+}
+
+/// Why [`MemTable::insert`] refused a document.
+pub(super) enum InsertError {
+    Reduce(ReduceError),
+    DuplicateLoad,
+}
+
+impl InsertError {
+    pub(super) fn into_combine_error(self, collection: &str, packed_key: &[u8]) -> CombineError {
+        let collection = collection.to_string();
+        let key = describe_key(packed_key);
+        match self {
+            InsertError::Reduce(source) => CombineError::Reduce {
+                collection,
+                key,
+                source,
+            },
+            InsertError::DuplicateLoad => CombineError::DuplicateLoad { collection, key },
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct MemTable {
+    index: HashTable<usize>,
+    hasher: DefaultHashBuilder,
+    entries: Vec<Entry>,
+    keys: Vec<u8>,
+    /// Sum of `Entry::heap`.
+    heap: usize,
+}
+
+impl MemTable {
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The estimate compared with the memory budget (see the module docs).
+    pub(super) fn memory_bytes(&self) -> usize {
+        // hashbrown keeps one control byte per bucket and at most 7/8 of buckets full.
+        let index = self.index.capacity() * (size_of::<usize>() + 1) * 8 / 7;
+        self.entries.capacity() * size_of::<Entry>() + self.keys.capacity() + index + self.heap
+    }
+
+    /// Adds `doc` to the documents of `key` (a table key: binding then packed key).
+    /// On error the entry may be half-reduced; the caller must stop using the table.
+    pub(super) fn insert(
+        &mut self,
+        key: &[u8],
+        side: Side,
+        doc: Value,
+        reducer: &Reducer,
+    ) -> Result<(), InsertError> {
+        let hash = self.hasher.hash_one(key);
+        let (entries, keys) = (&self.entries, &self.keys);
+        let Some(&i) = self.index.find(hash, |&i| entries[i].key(keys) == key) else {
+            let heap = heap_size(&doc);
+            let docs = match side {
+                Side::Left => Docs::Left(Box::new(doc)),
+                Side::Right => Docs::Right(doc),
+            };
+            let i = self.entries.len();
+            self.entries.push(Entry {
+                key_start: self.keys.len(),
+                key_len: key.len(),
+                docs,
+                heap,
+            });
+            self.keys.extend_from_slice(key);
+            self.heap += heap;
+            let (entries, keys, hasher) = (&self.entries, &self.keys, &self.hasher);
+            self.index
+                .insert_unique(hash, i, |&j| hasher.hash_one(entries[j].key(keys)));
+            return Ok(());
+        };
+
+        let entry = &mut self.entries[i];
+        let before = entry.heap;
+        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Value::Null));
+        entry.docs = match (docs, side) {
+            (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
+                entry.docs = docs;
+                return Err(InsertError::DuplicateLoad);
+            }
+            (Docs::Right(right), Side::Left) => {
+                entry.heap += heap_size(&doc);
+                Docs::Both {
+                    left: Box::new(doc),
+                    right,
+                }
+            }
+            (Docs::Left(left), Side::Right) => {
+                entry.heap += heap_size(&doc);
+                Docs::Both { left, right: doc }
+            }
+            (Docs::Right(mut right), Side::Right) => {
+                entry.heap = reduce_right(&mut right, doc, reducer, before, 0)?;
+                Docs::Right(right)
+            }
+            (Docs::Both { left, mut right }, Side::Right) => {
+                let left_heap = heap_size(&left);
+                entry.heap = reduce_right(&mut right, doc, reducer, before, left_heap)?;
+                Docs::Both { left, right }
+            }
+        };
+        self.heap = self.heap - before + entry.heap;
+        Ok(())
+    }
+
+    /// Entry indices in table-key order.
+    fn sorted(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_unstable_by(|&a, &b| {
+            self.entries[a]
+                .key(&self.keys)
+                .cmp(self.entries[b].key(&self.keys))
+        });
+        order
+    }
+
+    /// Every document as `(table key, full, doc)` in table-key order, a key's loaded
+    /// document before its new ones: the order of a spilled run.
+    pub(super) fn sorted_docs(&self) -> impl Iterator<Item = (&[u8], bool, &Value)> {
+        self.sorted().into_iter().flat_map(move |i| {
+            let entry = &self.entries[i];
+            let key = entry.key(&self.keys);
+            let (left, right) = match &entry.docs {
+                Docs::Right(right) => (None, Some(right)),
+                Docs::Left(left) => (Some(&**left), None),
+                Docs::Both { left, right } => (Some(&**left), Some(right)),
+            };
+            let left = left.map(|doc| (key, true, doc));
+            let right = right.map(|doc| (key, false, doc));
+            left.into_iter().chain(right)
+        })
+    }
+
+    /// Empties the table, keeping its allocations for the next fill.
+    pub(super) fn clear(&mut self) {
+        self.index.clear();
+        self.entries.clear();
+        self.keys.clear();
+        self.heap = 0;
+    }
+
+    /// Consumes the table into a source of records in the order of [`Self::sorted_docs`].
+    pub(super) fn into_sorted(self) -> SortedTable {
+        SortedTable {
+            order: self.sorted().into_iter(),
+            table: self,
+            pending: None,
+        }
+    }
+}
+
+/// Reduces `doc` into `right` and returns the entry's new heap estimate (see module docs).
+fn reduce_right(
+    right: &mut Value,
+    doc: Value,
+    reducer: &Reducer,
+    before: usize,
+    left_heap: usize,
+) -> Result<usize, InsertError> {
+    if before <= EXACT_ESTIMATE_LIMIT {
+        reducer
+            .reduce(right, doc, false)
+            .map_err(InsertError::Reduce)?;
+        Ok(left_heap + heap_size(right))
+    } else {
+        let added = heap_size(&doc);
+        reducer
+            .reduce(right, doc, false)
+            .map_err(InsertError::Reduce)?;
+        Ok(before + added)
+    }
+}
+
+/// The drained table: records in table-key order, taken out of the entries one by one.
+pub(super) struct SortedTable {
+    table: MemTable,
+    order: std::vec::IntoIter<usize>,
+    /// The new document of an entry whose loaded document was just returned.
+    pending: Option<Record>,
+}
+
+impl SortedTable {
+    pub(super) fn next_record(&mut self) -> Option<Record> {
+        if let Some(record) = self.pending.take() {
+            return Some(record);
+        }
+        let entry = &mut self.table.entries[self.order.next()?];
+        let key = entry.key(&self.table.keys).to_vec();
+        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Value::Null));
+        Some(match docs {
+            Docs::Right(doc) => Record {
+                key,
+                full: false,
+                doc,
+            },
+            Docs::Left(left) => Record {
+                key,
+                full: true,
+                doc: *left,
+            },
+            Docs::Both { left, right } => {
+                self.pending = Some(Record {
+                    key: key.clone(),
+                    full: false,
+                    doc: right,
+                });
+                Record {
+                    key,
+                    full: true,
+                    doc: *left,
+                }
+            }
+        })
+    }
+}
+
+/// Bytes a heap block of `bytes` really takes from a glibc-like allocator: an 8-byte
+/// header, 16-byte granules, 32 bytes at least.
+fn alloc_size(bytes: usize) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        (bytes + 8).next_multiple_of(16).max(32)
+    }
+}
+
+/// A `serde_json::Map` is a `BTreeMap` whose nodes hold up to 11 (String, Value) pairs
+/// (plus a parent pointer and two lengths), allocated whole even for one property.
+const BTREE_NODE: usize = 11 * (size_of::<String>() + size_of::<Value>()) + 16;
+
+/// An estimate of the heap bytes owned by `value` (not counting its own inline 32 bytes).
+/// A parsed 150-byte document with one nested object comes to about 1.5 KiB: two B-tree
+/// nodes and a dozen small strings. Maps with more than 11 properties split into nodes
+/// that are at least half full, so `len / 6` nodes bounds them from above.
+pub(super) fn heap_size(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        Value::String(s) => alloc_size(s.capacity()),
+        Value::Array(items) => {
+            alloc_size(items.capacity() * size_of::<Value>())
+                + items.iter().map(heap_size).sum::<usize>()
+        }
+        Value::Object(map) => {
+            let nodes = match map.len() {
+                0 => 0,
+                1..=11 => 1,
+                n => n.div_ceil(6),
+            };
+            nodes * alloc_size(BTREE_NODE)
+                + map
+                    .iter()
+                    .map(|(k, v)| alloc_size(k.capacity()) + heap_size(v))
+                    .sum::<usize>()
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The memory-bounded combiner: reduces documents by (binding, packed key) and drains each
+//! key once, fully combined, in (binding, packed key) order.
+//!
+//! ```text
+//!  combine_right ─validate─▶ pack key ─┐
+//!  combine_right_keyed ────────────────┼─▶ MemTable ──over budget──▶ sort ─▶ spill run ─┐
+//!  reduce_left (loaded doc) ───────────┘     │                          (one temp file) │
+//!                                            └──────── drain: k-way merge ◀─────────────┘
+//! ```
+//!
+//! - [`memtable`]: a hash table from the *table key* (binding as 4 big-endian bytes, then
+//!   the packed key, so byte order is (binding, key) order) to that key's documents, with
+//!   an estimate of its memory.
+//! - [`spill`]: the run format (sorted, length-prefixed records in one temporary file)
+//!   and buffered positional readers, one per run.
+//! - [`drain`]: the merge of all runs and the in-memory table.
+//!
+//! Invariants:
+//! - A key's *loaded* ("left", "full") document is kept apart from its *new* ("right")
+//!   documents until the drain, in memory and in runs alike. The drained document is
+//!   `loaded ⊕ r1 ⊕ r2 ⊕ …` with the new documents in arrival order, whenever the loaded
+//!   document arrived and however the spills fell: a run spilled before the load holds
+//!   earlier right documents that must still go to the loaded document's right.
+//! - New documents of one key reduce in arrival order: within the table as they come,
+//!   across runs in spill order (an earlier run is further left, the table is last).
+//!   Reductions are associative, so reducing per run and then across runs equals
+//!   reducing all in order.
+//! - At most one loaded document per key per drain; a second one is an error.
+//! - The estimate of memory counts the table's containers by capacity plus an estimate
+//!   of each document's heap (see [`memtable::heap_size`]); above
+//!   [`CombinerOptions::memory_budget`] the whole table is spilled as one sorted run.
+//!   The drain holds the table plus one record and one buffer per run.
+//! - A reduction error may leave a key's document half-reduced, so it poisons the
+//!   combiner: every later call fails and nothing can be drained (the transaction that
+//!   saw it must not commit). Validation and key errors reject the document before it
+//!   touches the table and do not poison.
+
+mod drain;
+mod memtable;
+mod spill;
+
+pub use drain::Drainer;
+
+use crate::reduce::ReduceError;
+use crate::schema::{Schema, ValidationError};
+use crate::tuple::{self, KeyError, KeyExtractor};
+use memtable::{MemTable, Side};
+use serde_json::Value;
+use spill::SpillFile;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One fully combined document, drained in (binding, packed key) order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drained {
+    pub binding: u32,
+    pub key: Vec<u8>,
+    pub doc: Value,
+    /// Combined from a loaded full document ("left"), not only from new ones.
+    pub full: bool,
+}
+
+/// What the combiner needs to know about one binding's collection.
+pub struct BindingSpec {
+    pub schema: Arc<Schema>,
+    pub key: KeyExtractor,
+    /// The collection name, for errors.
+    pub name: String,
+}
+
+/// Tuning of a [`Combiner`].
+#[derive(Debug, Clone)]
+pub struct CombinerOptions {
+    /// Estimated bytes the in-memory table may hold before it spills to disk.
+    pub memory_budget: usize,
+    /// Where the spill file goes; `None` means `std::env::temp_dir()`.
+    pub spill_dir: Option<PathBuf>,
+}
+
+/// 256 MiB: a table of ~150 000 small documents (a parsed 150-byte document takes about
+/// 1.5 KiB of heap), large enough that typical transactions never spill, small enough for
+/// several shards to share a machine.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
+
+impl Default for CombinerOptions {
+    fn default() -> Self {
+        CombinerOptions {
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            spill_dir: None,
+        }
+    }
+}
+
+/// A snapshot of where the combiner's documents are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CombinerStats {
+    /// Keys currently in the in-memory table.
+    pub entries: usize,
+    /// Estimated bytes of the in-memory table (what is compared with the budget).
+    pub memory_bytes: usize,
+    /// Sorted runs written to the spill file so far.
+    pub spilled_runs: usize,
+    /// Bytes written to the spill file so far.
+    pub spilled_bytes: u64,
+}
+
+/// Why a document could not be combined or drained. Every variant about a document names
+/// its collection and, where one exists, its key as JSON.
+#[derive(Debug, thiserror::Error)]
+pub enum CombineError {
+    /// A caller bug: the binding index is out of range.
+    #[error("binding {binding} does not exist (the combiner has {count} bindings)")]
+    UnknownBinding { binding: u32, count: usize },
+    /// User input: the document does not match its collection's schema.
+    #[error("collection {collection}: document with key {key} is invalid: {source}")]
+    Invalid {
+        collection: String,
+        key: String,
+        source: ValidationError,
+    },
+    /// User input: the document's key cannot be extracted.
+    #[error("collection {collection}: {source}")]
+    Key {
+        collection: String,
+        source: KeyError,
+    },
+    /// User input: two documents of one key cannot be reduced (e.g. `sum` over a string).
+    #[error("collection {collection}: key {key}: {source}")]
+    Reduce {
+        collection: String,
+        key: String,
+        source: ReduceError,
+    },
+    /// A caller bug: a key received a second loaded document within one drain.
+    #[error(
+        "collection {collection}: key {key} received a second loaded document \
+         (at most one per key per drain)"
+    )]
+    DuplicateLoad { collection: String, key: String },
+    /// The disk: the spill file could not be created, written or read. A retry may help
+    /// once space is freed.
+    #[error("spill file in {dir}: {source}")]
+    Spill {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// An internal bug or a disk fault: a spilled record does not decode.
+    #[error("spill file is corrupt at offset {offset}: {reason}")]
+    CorruptSpill { offset: u64, reason: String },
+    /// An earlier reduction failed part-way; this combiner's contents are unusable.
+    #[error("the combiner is unusable after an earlier error: {first}")]
+    Poisoned { first: String },
+}
+
+/// The key of a packed tuple as JSON text, for errors (hex if it does not unpack).
+pub(crate) fn describe_key(packed: &[u8]) -> String {
+    match tuple::unpack(packed) {
+        Ok(values) => Value::Array(values).to_string(),
+        Err(_) => packed.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// Reduces documents by (binding, packed key) under a memory budget. See the module docs.
+pub struct Combiner {
+    bindings: Arc<[BindingSpec]>,
+    opts: CombinerOptions,
+    table: MemTable,
+    spill: Option<SpillFile>,
+    /// Reused for every table key: binding (4 bytes, big-endian) then the packed key.
+    scratch: Vec<u8>,
+    poisoned: Option<String>,
+}
+
+impl Combiner {
+    pub fn new(bindings: Vec<BindingSpec>, opts: CombinerOptions) -> Self {
+        Combiner {
+            bindings: bindings.into(),
+            opts,
+            table: MemTable::default(),
+            spill: None,
+            scratch: Vec::with_capacity(64),
+            poisoned: None,
+        }
+    }
+
+    /// A new document: validates it against the binding's schema, extracts its packed key
+    /// and reduces it into that key's documents (arrival order).
+    pub fn combine_right(&mut self, binding: u32, doc: Value) -> Result<(), CombineError> {
+        self.check_poisoned()?;
+        let spec = spec(&self.bindings, binding)?;
+        if let Err(source) = spec.schema.validate(&doc) {
+            let mut packed = Vec::new();
+            let key = match spec.key.pack(&doc, &mut packed) {
+                Ok(()) => describe_key(&packed),
+                Err(_) => "(none)".to_string(),
+            };
+            return Err(CombineError::Invalid {
+                collection: spec.name.clone(),
+                key,
+                source,
+            });
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&binding.to_be_bytes());
+        spec.key
+            .pack(&doc, &mut self.scratch)
+            .map_err(|source| CombineError::Key {
+                collection: spec.name.clone(),
+                source,
+            })?;
+        self.insert(binding, Side::Right, doc)
+    }
+
+    /// Like [`Combiner::combine_right`] for a document that was already validated and
+    /// whose packed key the caller has (e.g. re-combining drained documents).
+    pub fn combine_right_keyed(
+        &mut self,
+        binding: u32,
+        key: &[u8],
+        doc: Value,
+    ) -> Result<(), CombineError> {
+        self.check_poisoned()?;
+        self.set_scratch(binding, key)?;
+        self.insert(binding, Side::Right, doc)
+    }
+
+    /// A full document loaded from the store: it goes to the left of everything combined
+    /// for that key, whenever it arrives. At most one per key per drain.
+    pub fn reduce_left(
+        &mut self,
+        binding: u32,
+        key: &[u8],
+        doc: Value,
+    ) -> Result<(), CombineError> {
+        self.check_poisoned()?;
+        self.set_scratch(binding, key)?;
+        self.insert(binding, Side::Left, doc)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty() && self.spill.as_ref().is_none_or(|s| s.runs().is_empty())
+    }
+
+    pub fn stats(&self) -> CombinerStats {
+        CombinerStats {
+            entries: self.table.len(),
+            memory_bytes: self.table.memory_bytes(),
+            spilled_runs: self.spill.as_ref().map_or(0, |s| s.runs().len()),
+            spilled_bytes: self.spill.as_ref().map_or(0, SpillFile::len),
+        }
+    }
+
+    /// Drains every (binding, key) once, in (binding, packed key) order, fully combined.
+    /// Reduction errors surface from the iterator, which then ends.
+    pub fn drain(self) -> Result<Drainer, CombineError> {
+        self.check_poisoned()?;
+        Drainer::new(self.bindings, self.table, self.spill)
+    }
+
+    fn check_poisoned(&self) -> Result<(), CombineError> {
+        match &self.poisoned {
+            Some(first) => Err(CombineError::Poisoned {
+                first: first.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn set_scratch(&mut self, binding: u32, key: &[u8]) -> Result<(), CombineError> {
+        spec(&self.bindings, binding)?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&binding.to_be_bytes());
+        self.scratch.extend_from_slice(key);
+        Ok(())
+    }
+
+    /// Reduces `doc` into the table under the key in `scratch`, then spills if over budget.
+    fn insert(&mut self, binding: u32, side: Side, doc: Value) -> Result<(), CombineError> {
+        let spec = &self.bindings[binding as usize];
+        let reducer = spec.schema.reducer();
+        if let Err(err) = self.table.insert(&self.scratch, side, doc, reducer) {
+            let err = err.into_combine_error(&spec.name, &self.scratch[4..]);
+            if matches!(err, CombineError::Reduce { .. }) {
+                self.poisoned = Some(err.to_string());
+            }
+            return Err(err);
+        }
+        if self.table.memory_bytes() > self.opts.memory_budget {
+            self.spill_table()?;
+        }
+        Ok(())
+    }
+
+    fn spill_table(&mut self) -> Result<(), CombineError> {
+        let spill = match &mut self.spill {
+            Some(spill) => spill,
+            None => {
+                let dir = self
+                    .opts
+                    .spill_dir
+                    .clone()
+                    .unwrap_or_else(std::env::temp_dir);
+                self.spill.insert(SpillFile::create(dir)?)
+            }
+        };
+        spill.write_run(self.table.sorted_docs())?;
+        self.table.clear();
+        Ok(())
+    }
+}
+
+fn spec(bindings: &[BindingSpec], binding: u32) -> Result<&BindingSpec, CombineError> {
+    bindings
+        .get(binding as usize)
+        .ok_or(CombineError::UnknownBinding {
+            binding,
+            count: bindings.len(),
+        })
+}
+
+/// One document of a key as the drain sees it: from a spilled run or from the table.
+struct Record {
+    /// The table key: binding (4 bytes, big-endian) then the packed key.
+    key: Vec<u8>,
+    /// A loaded document (the left-most operand of its key).
+    full: bool,
+    doc: Value,
+}
