@@ -1,1 +1,606 @@
-//! The pipeline file. (stub)
+//! The pipeline file: what the operator writes (YAML), checked before anything runs.
+//!
+//! ```text
+//!  text ──YAML──▶ tree ──${ENV} expansion──▶ tree ──serde (deny unknown)──▶ Pipeline
+//!                                                      ──resolve paths, cross-check──▶
+//! ```
+//!
+//! Every error names its place in the file the way a reader finds it,
+//! `materializations.views-db.bindings[0].source: unknown collection "acme/x"`, and YAML
+//! syntax errors name line and column. Unknown keys are errors: a typo must not be
+//! silently ignored. `${NAME}` expands in every string value (`$${` writes a literal
+//! `${`); an unset variable is an error naming it and its place. Relative paths
+//! (files, databases, the recovery log, a command's program when it contains `/`)
+//! resolve against the pipeline file's folder.
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_yaml_ng::Value as Yaml;
+use sluice_doc::Pointer;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read pipeline file {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("invalid YAML at line {line} column {column}: {message}")]
+    Syntax {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// `place` is the dotted path of the offending value (`sources.x.file.path`).
+    #[error("{place}: {message}")]
+    Invalid { place: String, message: String },
+}
+
+fn invalid(place: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        place: place.into(),
+        message: message.into(),
+    }
+}
+
+/// A parsed and checked pipeline file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    pub collections: BTreeMap<String, CollectionDef>,
+    #[serde(default)]
+    pub sources: BTreeMap<String, SourceDef>,
+    #[serde(default)]
+    pub materializations: BTreeMap<String, MaterializationDef>,
+    #[serde(default)]
+    pub runtime: RuntimeDef,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectionDef {
+    pub key: Vec<Pointer>,
+    /// A JSON schema with `reduce` annotations; compiled by `sluice_doc::Schema`.
+    pub schema: Value,
+}
+
+/// A source writes into one collection. Exactly one of `file`, `datagen` is set.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceDef {
+    pub target: String,
+    #[serde(default)]
+    file: Option<FileDef>,
+    #[serde(default)]
+    datagen: Option<DatagenDef>,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+/// Which kind of source a [`SourceDef`] is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SourceKind<'a> {
+    File(&'a FileDef),
+    Datagen(&'a DatagenDef),
+}
+
+impl SourceDef {
+    pub fn kind(&self) -> SourceKind<'_> {
+        match (&self.file, &self.datagen) {
+            (Some(file), _) => SourceKind::File(file),
+            (None, Some(datagen)) => SourceKind::Datagen(datagen),
+            (None, None) => unreachable!("Pipeline::parse checks a source has a kind"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDef {
+    pub path: PathBuf,
+    pub format: FileFormat,
+    /// Keep tailing the file as it grows; the source never ends.
+    #[serde(default)]
+    pub follow: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// One JSON document per line.
+    Json,
+    /// RFC 4180 CSV with a header row naming the properties.
+    Csv,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatagenDef {
+    #[serde(default)]
+    pub seed: u64,
+    /// How many documents; unset for an endless stream.
+    #[serde(default)]
+    pub documents: Option<u64>,
+    /// How many distinct keys (key cardinality).
+    #[serde(default = "default_keys")]
+    pub keys: u64,
+    /// Documents per second; unset for as fast as possible.
+    #[serde(default)]
+    pub rate: Option<f64>,
+    #[serde(default)]
+    pub shape: DatagenShape,
+}
+
+fn default_keys() -> u64 {
+    1000
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatagenShape {
+    #[default]
+    Pageviews,
+}
+
+/// What to do with a record that cannot be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop the pipeline; the transaction that saw it does not commit.
+    #[default]
+    Fail,
+    /// Log it and go on without the record.
+    Skip,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaterializationDef {
+    pub endpoint: Endpoint,
+    pub bindings: Vec<BindingDef>,
+    #[serde(default)]
+    pub shard: ShardDef,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Endpoint {
+    Sqlite {
+        path: PathBuf,
+    },
+    Memory {
+        #[serde(default)]
+        path: Option<PathBuf>,
+    },
+    Postgres {
+        url: String,
+        #[serde(default)]
+        schema: Option<String>,
+    },
+    Mysql {
+        url: String,
+    },
+    Grpc {
+        address: String,
+        #[serde(default = "empty_object")]
+        config: Value,
+    },
+    Command {
+        program: PathBuf,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default = "empty_object")]
+        config: Value,
+    },
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindingDef {
+    /// The collection materialized.
+    pub source: String,
+    /// Where it goes, in the driver's terms (e.g. `{table: pageviews}`).
+    pub resource: Value,
+    #[serde(default)]
+    pub delta_updates: bool,
+    #[serde(default)]
+    pub fields: Option<FieldsDef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldsDef {
+    #[serde(default)]
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// The key-hash range of a materialization shard, inclusive at both ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardDef {
+    pub key_begin: u32,
+    pub key_end: u32,
+}
+
+impl Default for ShardDef {
+    fn default() -> Self {
+        ShardDef {
+            key_begin: 0,
+            key_end: u32::MAX,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeDef {
+    /// Directory of the recovery log; defaults to `.sluice/<file stem>` beside the file.
+    #[serde(default)]
+    pub recovery_log: Option<PathBuf>,
+    #[serde(default)]
+    pub transactions: TxnBounds,
+    #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
+    pub memory_budget: u64,
+}
+
+impl Default for RuntimeDef {
+    fn default() -> Self {
+        RuntimeDef {
+            recovery_log: None,
+            transactions: TxnBounds::default(),
+            memory_budget: default_memory_budget(),
+        }
+    }
+}
+
+/// 256 MiB: room for a combiner of ~1M small documents before it spills.
+fn default_memory_budget() -> u64 {
+    256 << 20
+}
+
+/// When a transaction closes: at `max_docs`, `max_bytes` or `max_duration`, whichever
+/// comes first, but not before `min_duration` (which batches a trickle of input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TxnBounds {
+    #[serde(default = "default_max_docs")]
+    pub max_docs: u64,
+    #[serde(default = "default_max_bytes", deserialize_with = "de_bytes")]
+    pub max_bytes: u64,
+    #[serde(default = "default_max_duration", deserialize_with = "de_duration")]
+    pub max_duration: Duration,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub min_duration: Duration,
+}
+
+impl Default for TxnBounds {
+    fn default() -> Self {
+        TxnBounds {
+            max_docs: default_max_docs(),
+            max_bytes: default_max_bytes(),
+            max_duration: default_max_duration(),
+            min_duration: Duration::ZERO,
+        }
+    }
+}
+
+/// 100k documents / 64 MiB / 1 s: large enough to amortise a store commit (fsync,
+/// round trips), small enough that a replay after a crash takes about a second.
+fn default_max_docs() -> u64 {
+    100_000
+}
+fn default_max_bytes() -> u64 {
+    64 << 20
+}
+fn default_max_duration() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// Parses `"250ms"`, `"2s"`, `"1m"`, `"1h"` (an integer or decimal and a unit).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let unit_secs = match unit.trim() {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""
+            ));
+        }
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""))?;
+    Ok(Duration::from_secs_f64(n * unit_secs))
+}
+
+/// Parses a byte count: an integer, or a string like `"64MiB"`, `"512KiB"`, `"1GiB"`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => {
+            return Err(format!(
+                "invalid size {s:?}: write e.g. 65536, \"512KiB\", \"64MiB\""
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("invalid size {s:?}: write e.g. 65536, \"512KiB\", \"64MiB\""))
+}
+
+fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Int(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Int(n) => Ok(n),
+        Size::Text(s) => parse_bytes(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+impl Pipeline {
+    /// Reads, parses and checks the pipeline file at `path`.
+    pub fn load(path: &Path) -> Result<Pipeline, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "pipeline".to_string());
+        Self::parse_named(&text, base_dir, &stem)
+    }
+
+    /// Parses pipeline text whose relative paths are relative to `base_dir`. The
+    /// default recovery log is `base_dir/.sluice/pipeline`.
+    pub fn parse(text: &str, base_dir: &Path) -> Result<Pipeline, ConfigError> {
+        Self::parse_named(text, base_dir, "pipeline")
+    }
+
+    fn parse_named(text: &str, base_dir: &Path, stem: &str) -> Result<Pipeline, ConfigError> {
+        let mut tree: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
+            let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+            ConfigError::Syntax {
+                line,
+                column,
+                message: e.to_string(),
+            }
+        })?;
+        expand_env(&mut tree, &mut String::new())?;
+        let mut pipeline: Pipeline = serde_path_to_error::deserialize(tree).map_err(|e| {
+            let place = e.path().to_string();
+            let place = if place == "." {
+                "(top level)".to_string()
+            } else {
+                place
+            };
+            invalid(place, e.into_inner().to_string())
+        })?;
+        pipeline.resolve_paths(base_dir, stem);
+        pipeline.check()?;
+        Ok(pipeline)
+    }
+
+    fn resolve_paths(&mut self, base: &Path, stem: &str) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        for source in self.sources.values_mut() {
+            if let Some(file) = &mut source.file {
+                resolve(&mut file.path);
+            }
+        }
+        for m in self.materializations.values_mut() {
+            match &mut m.endpoint {
+                Endpoint::Sqlite { path } | Endpoint::Memory { path: Some(path) } => resolve(path),
+                // A bare program name is looked up in PATH; `./driver` is a file here.
+                Endpoint::Command { program, .. } if program.components().count() > 1 => {
+                    resolve(program)
+                }
+                _ => {}
+            }
+        }
+        let log = self
+            .runtime
+            .recovery_log
+            .get_or_insert_with(|| Path::new(".sluice").join(stem));
+        resolve(log);
+    }
+
+    /// The directory of the recovery log (always set after parsing).
+    pub fn recovery_log(&self) -> &Path {
+        self.runtime
+            .recovery_log
+            .as_deref()
+            .expect("resolve_paths sets the recovery log")
+    }
+
+    /// Cross-checks that serde cannot express.
+    fn check(&self) -> Result<(), ConfigError> {
+        let defined = || {
+            self.collections
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let known = |place: String, name: &str| {
+            if self.collections.contains_key(name) {
+                Ok(())
+            } else {
+                Err(invalid(
+                    place,
+                    format!("unknown collection {name:?} (defined: {})", defined()),
+                ))
+            }
+        };
+        for (name, c) in &self.collections {
+            if c.key.is_empty() {
+                return Err(invalid(
+                    format!("collections.{name}.key"),
+                    "a collection needs at least one key pointer, e.g. [/id]",
+                ));
+            }
+            check_schema(&c.schema)
+                .map_err(|reason| invalid(format!("collections.{name}.schema"), reason))?;
+        }
+        for (name, s) in &self.sources {
+            known(format!("sources.{name}.target"), &s.target)?;
+            if s.file.is_some() == s.datagen.is_some() {
+                return Err(invalid(
+                    format!("sources.{name}"),
+                    "set exactly one of `file: {path, format}` or `datagen: {...}`",
+                ));
+            }
+            if let Some(DatagenDef { keys: 0, .. }) = s.datagen {
+                return Err(invalid(
+                    format!("sources.{name}.datagen.keys"),
+                    "must be at least 1",
+                ));
+            }
+            if let Some(DatagenDef {
+                rate: Some(rate), ..
+            }) = s.datagen
+                && !(rate.is_finite() && rate > 0.0)
+            {
+                return Err(invalid(
+                    format!("sources.{name}.datagen.rate"),
+                    "must be a positive number of documents per second",
+                ));
+            }
+        }
+        for (name, m) in &self.materializations {
+            if m.bindings.is_empty() {
+                return Err(invalid(
+                    format!("materializations.{name}.bindings"),
+                    "a materialization needs at least one binding",
+                ));
+            }
+            for (i, b) in m.bindings.iter().enumerate() {
+                known(
+                    format!("materializations.{name}.bindings[{i}].source"),
+                    &b.source,
+                )?;
+            }
+            if m.shard.key_begin > m.shard.key_end {
+                return Err(invalid(
+                    format!("materializations.{name}.shard"),
+                    "key_begin must not be above key_end",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The schema compiles (valid JSON schema, valid `reduce` annotations).
+fn check_schema(schema: &Value) -> Result<(), String> {
+    // TODO(schema): call sluice_doc::Schema::compile once it is no longer a stub.
+    if schema.is_object() {
+        Ok(())
+    } else {
+        Err("a collection schema must be a JSON schema object".to_string())
+    }
+}
+
+/// Expands `${NAME}` in every string of `tree`; `place` tracks where we are.
+fn expand_env(tree: &mut Yaml, place: &mut String) -> Result<(), ConfigError> {
+    let len = place.len();
+    match tree {
+        Yaml::String(s) if s.contains('$') => *s = expand_str(s, place)?,
+        Yaml::Sequence(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                let _ = write!(place, "[{i}]");
+                expand_env(item, place)?;
+                place.truncate(len);
+            }
+        }
+        Yaml::Mapping(map) => {
+            for (key, value) in map.iter_mut() {
+                if !place.is_empty() {
+                    place.push('.');
+                }
+                match key {
+                    Yaml::String(k) => place.push_str(k),
+                    other => {
+                        let _ = write!(place, "{other:?}");
+                    }
+                }
+                expand_env(value, place)?;
+                place.truncate(len);
+            }
+        }
+        Yaml::Tagged(tagged) => expand_env(&mut tagged.value, place)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn expand_str(s: &str, place: &str) -> Result<String, ConfigError> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let Some(end) = after.find('}') else {
+                return Err(invalid(place, format!("unclosed ${{ in {s:?}")));
+            };
+            let var = &after[..end];
+            let value = std::env::var(var).map_err(|_| {
+                invalid(
+                    place,
+                    format!(
+                        "environment variable ${{{var}}} is not set (write $${{ for a literal ${{)"
+                    ),
+                )
+            })?;
+            out.push_str(&value);
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}

@@ -1,1 +1,500 @@
-//! The recovery log. (stub)
+//! The recovery log: durable checkpoints and step intents of one pipeline shard.
+//!
+//! ```text
+//!  <dir>/lock   flock'ed by the one writer; holds its pid for the "in use" message
+//!  <dir>/log    append-only records:  [u32 LE len][u32 LE crc32(payload)][payload JSON]
+//!                 Intent{txn 7}  Commit{txn 7}  Intent{txn 8}  Commit{txn 8} ...
+//! ```
+//!
+//! Per transaction `T` the runtime writes `Intent(T)` (the steps it queued, so they can
+//! be replayed exactly) before any store may commit `T`, and `Commit(T)` (resume
+//! positions and driver checkpoints) once the stores have committed. Both return only
+//! after fsync. At startup, [`plan_recovery`] (pure) combines what the log holds with
+//! what an authoritative store reports in `Opened`.
+//!
+//! Invariants:
+//! - One writer per directory: [`RecoveryLog::open`] fails fast while another process
+//!   holds the lock (the OS drops the lock when a process dies, even by SIGKILL).
+//! - Every append is one write followed by fsync, and nothing is appended before the
+//!   previous append is durable, so a crash can damage only the last record. A damaged
+//!   last record (short, or failing its checksum, or zero-filled) is truncated on open
+//!   with a warning; a damaged record followed by other data is corruption, and an
+//!   error (never guess past it).
+//! - Compaction rewrites the latest state (last commit, pending intent) to a new file,
+//!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
+//!   leaves either the old log or the new one.
+
+use crate::source::Resume;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// The log is compacted when it grows past this: large enough that compaction is rare
+/// (a checkpoint is ~1 KiB, so thousands of transactions), small enough that reading
+/// it all at open is instant.
+const COMPACT_AT: u64 = 4 << 20;
+/// Upper bound on one record, to tell a damaged length from a real one.
+const MAX_RECORD: u32 = 256 << 20;
+const HEADER: usize = 8;
+
+/// What a committed transaction leaves behind: where each source resumes and each
+/// driver's checkpoint. Its [`to_bytes`](Checkpoint::to_bytes) form is the opaque
+/// runtime checkpoint sent to drivers in Prepare and recovered from Opened.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// The transaction committed; transactions are numbered from 1, 0 is "none yet".
+    pub txn: u64,
+    /// Source name → the resume position of its last committed step.
+    pub sources: BTreeMap<String, Value>,
+    /// Materialization name → the checkpoint its driver returned in Prepared.
+    pub driver_checkpoints: BTreeMap<String, Value>,
+}
+
+impl Checkpoint {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a checkpoint serializes")
+    }
+
+    /// Reads bytes written by [`to_bytes`](Checkpoint::to_bytes); empty bytes (a store
+    /// that never committed) are `None`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Option<Checkpoint>, RecoveryError> {
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(bytes)
+            .map(Some)
+            .map_err(|e| RecoveryError::BadCheckpoint(e.to_string()))
+    }
+}
+
+/// The steps transaction `txn` queued, journaled before any store may commit it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Intent {
+    pub txn: u64,
+    /// Source name → the steps (`queue` calls) it contributed, in order; replaying
+    /// them in order reproduces the transaction's input.
+    pub steps: BTreeMap<String, Vec<Resume>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LogRecord {
+    Commit(Checkpoint),
+    Intent(Intent),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// Another process is running this pipeline shard: stop it, or use another log.
+    #[error("recovery log {} is in use by another sluice process ({})", dir.display(),
+        pid.map_or("pid unknown".to_string(), |p| format!("pid {p}")))]
+    InUse { dir: PathBuf, pid: Option<u32> },
+    #[error("recovery log {}: cannot {action}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        error: std::io::Error,
+    },
+    /// Damage that is not a torn last write: never guessed past.
+    #[error("recovery log {} is corrupt at byte {offset}: {reason}; restore it from a \
+             backup, or remove it to start over (the store may then hold data twice)",
+             path.display())]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("invalid runtime checkpoint: {0}")]
+    BadCheckpoint(String),
+    /// The runtime wrote out of order: an internal bug.
+    #[error("recovery log {}: {reason} (internal error)", path.display())]
+    OutOfOrder { path: PathBuf, reason: String },
+}
+
+fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RecoveryError {
+    let path = path.to_path_buf();
+    move |error| RecoveryError::Io {
+        path,
+        action,
+        error,
+    }
+}
+
+/// The open recovery log of one shard; holds its lock until dropped.
+pub struct RecoveryLog {
+    dir: PathBuf,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    _lock: File,
+    last_commit: Option<Checkpoint>,
+    pending_intent: Option<Intent>,
+}
+
+impl RecoveryLog {
+    /// Opens (creating if needed) the log in `dir`, taking its lock.
+    ///
+    /// After `open` returns, no other process can write this log until `self` drops,
+    /// and a torn last record has been truncated away.
+    pub fn open(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
+        std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
+        let lock = lock_dir(dir)?;
+        let path = dir.join("log");
+        let existed = path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io(&path, "open"))?;
+        if !existed {
+            // The new file's directory entry is durable before anything relies on it.
+            sync_dir(dir)?;
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io(&path, "read"))?;
+        let scan = scan(&bytes).map_err(|(offset, reason)| RecoveryError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason,
+        })?;
+        if let Some(reason) = &scan.torn {
+            tracing::warn!(
+                log = %path.display(),
+                at = scan.valid_len,
+                dropped = bytes.len() as u64 - scan.valid_len,
+                "truncating a torn last record of the recovery log ({reason}); \
+                 it was never acknowledged"
+            );
+            file.set_len(scan.valid_len)
+                .map_err(io(&path, "truncate a torn tail"))?;
+            file.sync_all().map_err(io(&path, "fsync"))?;
+        }
+        file.seek(SeekFrom::Start(scan.valid_len))
+            .map_err(io(&path, "seek"))?;
+        let (last_commit, pending_intent) = latest(scan.records);
+        Ok(RecoveryLog {
+            dir: dir.to_path_buf(),
+            path,
+            file,
+            len: scan.valid_len,
+            _lock: lock,
+            last_commit,
+            pending_intent,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The checkpoint of the last transaction committed to this log.
+    pub fn last_commit(&self) -> Option<&Checkpoint> {
+        self.last_commit.as_ref()
+    }
+
+    /// An intent for a transaction newer than the last commit, if any.
+    pub fn pending_intent(&self) -> Option<&Intent> {
+        self.pending_intent.as_ref()
+    }
+
+    /// Journals the steps of transaction `intent.txn`.
+    pub fn write_intent(&mut self, intent: &Intent) -> Result<(), RecoveryError> {
+        self.check_newer(intent.txn, "intent")?;
+        // Returns only after fsync: the steps can be replayed after any later crash.
+        self.append(&LogRecord::Intent(intent.clone()))?;
+        self.pending_intent = Some(intent.clone());
+        Ok(())
+    }
+
+    /// Records that transaction `checkpoint.txn` committed.
+    pub fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), RecoveryError> {
+        self.check_newer(checkpoint.txn, "commit")?;
+        // Returns only after fsync: a restart resumes after this transaction.
+        self.append(&LogRecord::Commit(checkpoint.clone()))?;
+        self.last_commit = Some(checkpoint.clone());
+        if self
+            .pending_intent
+            .as_ref()
+            .is_some_and(|i| i.txn <= checkpoint.txn)
+        {
+            self.pending_intent = None;
+        }
+        if self.len > COMPACT_AT {
+            self.compact()?;
+        }
+        Ok(())
+    }
+
+    fn check_newer(&self, txn: u64, what: &str) -> Result<(), RecoveryError> {
+        match &self.last_commit {
+            Some(last) if txn <= last.txn => Err(RecoveryError::OutOfOrder {
+                path: self.path.clone(),
+                reason: format!("{what} for transaction {txn} after commit of {}", last.txn),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn append(&mut self, record: &LogRecord) -> Result<(), RecoveryError> {
+        let bytes = frame(record);
+        self.file
+            .write_all(&bytes)
+            .map_err(io(&self.path, "append"))?;
+        self.file.sync_data().map_err(io(&self.path, "fsync"))?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrites the log as its latest state (see the module invariants).
+    fn compact(&mut self) -> Result<(), RecoveryError> {
+        let tmp = self.dir.join("log.compact");
+        let mut bytes = Vec::new();
+        if let Some(commit) = &self.last_commit {
+            bytes.extend(frame(&LogRecord::Commit(commit.clone())));
+        }
+        if let Some(intent) = &self.pending_intent {
+            bytes.extend(frame(&LogRecord::Intent(intent.clone())));
+        }
+        let mut file = File::create(&tmp).map_err(io(&tmp, "create"))?;
+        file.write_all(&bytes).map_err(io(&tmp, "write"))?;
+        file.sync_all().map_err(io(&tmp, "fsync"))?;
+        std::fs::rename(&tmp, &self.path).map_err(io(&self.path, "replace"))?;
+        sync_dir(&self.dir)?;
+        file.seek(SeekFrom::End(0))
+            .map_err(io(&self.path, "seek"))?;
+        self.file = file;
+        self.len = bytes.len() as u64;
+        tracing::debug!(log = %self.path.display(), bytes = self.len, "compacted the recovery log");
+        Ok(())
+    }
+}
+
+fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
+    let path = dir.join("lock");
+    let mut lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io(&path, "open the lock file"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let _ = lock.read_to_string(&mut text);
+            return Err(RecoveryError::InUse {
+                dir: dir.to_path_buf(),
+                pid: text.trim().parse().ok(),
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(&path, "lock")(e)),
+    }
+    lock.set_len(0).map_err(io(&path, "write the lock file"))?;
+    write!(lock, "{}", std::process::id()).map_err(io(&path, "write the lock file"))?;
+    Ok(lock)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), RecoveryError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir, "fsync the directory"))
+}
+
+fn frame(record: &LogRecord) -> Vec<u8> {
+    let payload = serde_json::to_vec(record).expect("a log record serializes");
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend((payload.len() as u32).to_le_bytes());
+    out.extend(crc32fast::hash(&payload).to_le_bytes());
+    out.extend(payload);
+    out
+}
+
+struct Scan {
+    records: Vec<LogRecord>,
+    /// Bytes up to the end of the last good record.
+    valid_len: u64,
+    /// Why the bytes after `valid_len` are a torn last write, if there are any.
+    torn: Option<String>,
+}
+
+/// Reads every record; `Err((offset, reason))` for damage before the last record.
+fn scan(bytes: &[u8]) -> Result<Scan, (u64, String)> {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let damage = |reason: String| {
+            // Only the last append can be torn: it runs to the end of the file, or
+            // the file was extended with zeros that were never written.
+            let claimed = rest
+                .get(..4)
+                .map(|l| u32::from_le_bytes(l.try_into().unwrap()) as usize);
+            let is_last = claimed.is_none_or(|len| HEADER + len >= rest.len());
+            if is_last || rest.iter().all(|&b| b == 0) {
+                Ok(Scan {
+                    records: Vec::new(),
+                    valid_len: at as u64,
+                    torn: Some(reason),
+                })
+            } else {
+                Err((at as u64, reason))
+            }
+        };
+        if rest.len() < HEADER {
+            let mut scan = damage(format!("{} bytes of a record header", rest.len()))?;
+            scan.records = records;
+            return Ok(scan);
+        }
+        let len = u32::from_le_bytes(rest[..4].try_into().unwrap());
+        let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
+        let parsed = if len > MAX_RECORD {
+            Err(format!("record length {len} is implausible"))
+        } else if rest.len() < HEADER + len as usize {
+            Err(format!(
+                "record of {len} bytes, only {} present",
+                rest.len() - HEADER
+            ))
+        } else {
+            let payload = &rest[HEADER..HEADER + len as usize];
+            if crc32fast::hash(payload) != crc {
+                Err("checksum mismatch".to_string())
+            } else {
+                serde_json::from_slice::<LogRecord>(payload)
+                    .map_err(|e| format!("unreadable record: {e}"))
+            }
+        };
+        match parsed {
+            Ok(record) => {
+                records.push(record);
+                at += HEADER + len as usize;
+            }
+            Err(reason) => {
+                let mut scan = damage(reason)?;
+                scan.records = records;
+                return Ok(scan);
+            }
+        }
+    }
+    Ok(Scan {
+        records,
+        valid_len: at as u64,
+        torn: None,
+    })
+}
+
+/// The last commit, and the last intent if it is newer than that commit.
+fn latest(records: Vec<LogRecord>) -> (Option<Checkpoint>, Option<Intent>) {
+    let (mut commit, mut intent) = (None::<Checkpoint>, None::<Intent>);
+    for record in records {
+        match record {
+            LogRecord::Commit(c) => commit = Some(c),
+            LogRecord::Intent(i) => intent = Some(i),
+        }
+    }
+    let committed = commit.as_ref().map_or(0, |c| c.txn);
+    (commit, intent.filter(|i| i.txn > committed))
+}
+
+/// What to do at startup.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecoveryPlan {
+    /// Nothing was ever committed: start every source from the beginning.
+    Fresh,
+    /// Seek every source to the checkpoint's positions and go on.
+    ResumeFrom(Checkpoint),
+    /// Seek to `from`, then replay the intent's steps as transaction `replay.txn`
+    /// (verifying their hashes), then go on.
+    ReplayThenResume { from: Checkpoint, replay: Intent },
+}
+
+/// Decides recovery from observed facts: the log's last commit, the checkpoint an
+/// authoritative store returned in Opened, and the log's pending intent.
+///
+/// - The newer checkpoint wins: a store ahead of the log committed a transaction whose
+///   log commit was lost in a crash. On a tie the log's is taken (they are the same).
+/// - The intent is replayed only when it is for the transaction right after the chosen
+///   checkpoint (`txn + 1`; `1` when nothing committed). An older intent was committed
+///   already. A newer one cannot exist, since the log writes `Intent(T+1)` only after
+///   `Commit(T)`; it is ignored like an old one.
+pub fn plan_recovery(
+    log_commit: Option<&Checkpoint>,
+    store_checkpoint: Option<&Checkpoint>,
+    intent: Option<&Intent>,
+) -> RecoveryPlan {
+    let chosen = match (log_commit, store_checkpoint) {
+        (Some(log), Some(store)) if store.txn > log.txn => Some(store),
+        (Some(log), _) => Some(log),
+        (None, store) => store,
+    };
+    let after = chosen.map_or(0, |c| c.txn);
+    match (chosen, intent) {
+        (_, Some(intent)) if intent.txn == after + 1 => RecoveryPlan::ReplayThenResume {
+            from: chosen.cloned().unwrap_or_default(),
+            replay: intent.clone(),
+        },
+        (Some(c), _) => RecoveryPlan::ResumeFrom(c.clone()),
+        (None, _) => RecoveryPlan::Fresh,
+    }
+}
+
+/// Renders what the log in `dir` holds, for `sluice inspect checkpoint`. Reads without
+/// taking the lock and changes nothing, so it works while a pipeline runs.
+pub fn inspect(dir: &Path) -> Result<String, RecoveryError> {
+    let path = dir.join("log");
+    let bytes = std::fs::read(&path).map_err(io(&path, "read"))?;
+    let scan = scan(&bytes).map_err(|(offset, reason)| RecoveryError::Corrupt {
+        path: path.clone(),
+        offset,
+        reason,
+    })?;
+    let count = scan.records.len();
+    let mut out = format!(
+        "recovery log {} ({} bytes, {count} records)\n",
+        path.display(),
+        bytes.len()
+    );
+    if let Some(reason) = &scan.torn {
+        let _ = writeln!(out, "torn last record ({reason}): dropped at next open");
+    }
+    let (commit, intent) = latest(scan.records);
+    let json = |v: &Value| serde_json::to_string(v).expect("JSON serializes");
+    match &commit {
+        None => out.push_str("last commit: none\n"),
+        Some(c) => {
+            let _ = writeln!(out, "last commit: transaction {}", c.txn);
+            for (name, position) in &c.sources {
+                let _ = writeln!(out, "  source {name}: {}", json(position));
+            }
+            for (name, checkpoint) in &c.driver_checkpoints {
+                let _ = writeln!(out, "  materialization {name}: {}", json(checkpoint));
+            }
+        }
+    }
+    match &intent {
+        None => out.push_str("pending intent: none\n"),
+        Some(i) => {
+            let _ = writeln!(
+                out,
+                "pending intent: transaction {} (replayed at next start)",
+                i.txn
+            );
+            for (name, steps) in &i.steps {
+                for step in steps {
+                    let step = serde_json::to_value(step).expect("a resume serializes");
+                    let _ = writeln!(out, "  source {name}: {}", json(&step));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
