@@ -1,8 +1,33 @@
-//! The driver-side loop of one Transactions stream. (stub)
+//! The driver-side loop of one Transactions stream.
+//!
+//! ```text
+//!  requests ─▶ Request::try_from ─▶ Machine::on_request ─▶ Transactor call ─┐
+//!  responses ◀──────────── Machine::on_response (checks our own driver too) ◀┘
+//! ```
+//!
+//! The loop handles one request at a time, in wire order. Consequences the transactor
+//! can rely on:
+//! - `load` of transaction T+1 runs only after `commit` of T has returned (the runtime
+//!   cannot send Loads of T+1 before DriverCommitted of T), so `prior_committed` always
+//!   holds.
+//! - For patterns whose loads await the acknowledgement
+//!   ([`crate::CommitPattern::loads_await_acknowledge`]), Loads that arrive before the
+//!   transaction's Acknowledge are queued and run, in order, right after `acknowledge`
+//!   returns. The runtime keeps sending meanwhile, so no deadlock: the Acknowledge it
+//!   sent will be read behind the queued Loads.
+//! - Loaded documents are batched into bounded arena messages ([`LoadedBuilder`]); full
+//!   messages are sent as they fill, the rest at Prepare, after `flush_loads` and before
+//!   `prepare`, so every Loaded precedes Prepared.
+//! - Any error (from the transactor, the runtime's message order, or the transport)
+//!   stops the loop before anything else is called: a transaction in progress is never
+//!   committed. `destroy` runs on every way out once `open` has succeeded.
 
-use crate::{Driver, Result};
+use crate::arena::LoadedBuilder;
+use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
+use crate::{Driver, Error, Peer, PriorState, Result, Transactor};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use sluice_proto::materialize as m;
+use sluice_proto::materialize::{self as m, transaction_request::Load};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -11,9 +36,170 @@ use tokio::sync::mpsc;
 /// closes the stream between transactions; any error ends the stream (the transport
 /// reports it to the peer) and rolls back the transaction in progress.
 pub async fn serve_transactions(
-    _driver: Arc<dyn Driver>,
-    _requests: BoxStream<'static, Result<m::TransactionRequest>>,
-    _responses: mpsc::Sender<m::TransactionResponse>,
+    driver: Arc<dyn Driver>,
+    mut requests: BoxStream<'static, Result<m::TransactionRequest>>,
+    responses: mpsc::Sender<m::TransactionResponse>,
 ) -> Result<()> {
-    todo!()
+    let mut out = Responses {
+        machine: Machine::new(),
+        tx: responses,
+    };
+    let Some(open) = out.next_request(&mut requests).await? else {
+        return Ok(());
+    };
+    let Request::Open(open) = open else {
+        // Not reached: the machine accepts only Open first.
+        return Err(violation(Peer::Runtime, "Open", open.name()).into());
+    };
+    let (transactor, opened) = driver.open(open).await?;
+    let mut session = Session {
+        gate: LoadGate::new(transactor.as_ref()),
+        transactor,
+        loaded: LoadedBuilder::new(),
+        out,
+    };
+    let result = session.run(opened, &mut requests).await;
+    session.transactor.destroy().await;
+    result
+}
+
+/// The response half, with the machine that sees both directions in wire order.
+struct Responses {
+    machine: Machine,
+    tx: mpsc::Sender<m::TransactionResponse>,
+}
+
+impl Responses {
+    /// The next request, checked; None if the runtime closed the stream where that is
+    /// allowed.
+    async fn next_request(
+        &mut self,
+        requests: &mut BoxStream<'static, Result<m::TransactionRequest>>,
+    ) -> Result<Option<Request>> {
+        let raw = match requests.next().await {
+            Some(raw) => raw?,
+            None if self.machine.may_close() || self.machine.phase() == Phase::AwaitingOpen => {
+                return Ok(None);
+            }
+            None => {
+                return Err(Error::Transport(format!(
+                    "the runtime closed the Transactions stream {}",
+                    self.machine.describe()
+                )));
+            }
+        };
+        let req = Request::try_from(raw)?;
+        self.machine = std::mem::take(&mut self.machine).on_request(&req)?;
+        Ok(Some(req))
+    }
+
+    async fn send(&mut self, resp: Response) -> Result<()> {
+        self.machine = std::mem::take(&mut self.machine).on_response(&resp)?;
+        self.tx.send(resp.into()).await.map_err(|_| {
+            Error::Transport(format!(
+                "the runtime stopped reading responses {}",
+                self.machine.describe()
+            ))
+        })
+    }
+}
+
+/// Whether Loads may run now or must wait for this transaction's `acknowledge`.
+enum LoadGate {
+    /// Loads run as they arrive.
+    Open,
+    /// Loads are queued until `acknowledge` returns.
+    AwaitingAcknowledge(Vec<Load>),
+}
+
+impl LoadGate {
+    fn new(transactor: &dyn Transactor) -> Self {
+        if transactor.pattern().loads_await_acknowledge() {
+            LoadGate::AwaitingAcknowledge(Vec::new())
+        } else {
+            LoadGate::Open
+        }
+    }
+}
+
+struct Session {
+    transactor: Box<dyn Transactor>,
+    gate: LoadGate,
+    loaded: LoadedBuilder,
+    out: Responses,
+}
+
+impl Session {
+    async fn run(
+        &mut self,
+        opened: m::transaction_response::Opened,
+        requests: &mut BoxStream<'static, Result<m::TransactionRequest>>,
+    ) -> Result<()> {
+        self.out.send(Response::Opened(opened)).await?;
+        while let Some(req) = self.out.next_request(requests).await? {
+            match req {
+                Request::Acknowledge => {
+                    self.transactor.acknowledge().await?;
+                    self.out.send(Response::Acknowledged).await?;
+                    if let LoadGate::AwaitingAcknowledge(queued) =
+                        std::mem::replace(&mut self.gate, LoadGate::Open)
+                    {
+                        for load in queued {
+                            self.load(load, true).await?;
+                        }
+                    }
+                }
+                Request::Load(load) => match &mut self.gate {
+                    LoadGate::AwaitingAcknowledge(queued) => queued.push(load),
+                    LoadGate::Open => {
+                        let acknowledged = self.acknowledged();
+                        self.load(load, acknowledged).await?;
+                    }
+                },
+                Request::Prepare(prepare) => {
+                    self.transactor.flush_loads(&mut self.loaded).await?;
+                    let rest = self.loaded.finish();
+                    self.send_loaded(rest).await?;
+                    let checkpoint = self.transactor.prepare(prepare).await?;
+                    self.out.send(Response::Prepared(checkpoint)).await?;
+                }
+                Request::Store(store) => self.transactor.store(store).await?,
+                Request::Commit => {
+                    self.transactor.commit().await?;
+                    self.out.send(Response::DriverCommitted).await?;
+                    self.gate = LoadGate::new(self.transactor.as_ref());
+                }
+                // Not reached: the machine accepts Open only as the first request.
+                Request::Open(_) => {
+                    return Err(violation(Peer::Runtime, "no second Open", "Open").into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this transaction's `acknowledge` has returned.
+    fn acknowledged(&self) -> bool {
+        matches!(
+            self.out.machine.phase(),
+            Phase::Loading { ack: Ack::Done, .. }
+        )
+    }
+
+    async fn load(&mut self, load: Load, prior_acknowledged: bool) -> Result<()> {
+        let prior = PriorState {
+            prior_committed: true,
+            prior_acknowledged,
+        };
+        self.transactor.load(load, prior, &mut self.loaded).await?;
+        let full = self.loaded.take_ready();
+        self.send_loaded(full).await
+    }
+
+    async fn send_loaded(&mut self, messages: Vec<m::transaction_response::Loaded>) -> Result<()> {
+        for loaded in messages {
+            self.out.send(Response::Loaded(loaded)).await?;
+        }
+        Ok(())
+    }
 }
