@@ -1,1 +1,341 @@
-//! (stub)
+//! The gRPC transport (tonic, over TCP or a Unix socket), both sides.
+//!
+//! ```text
+//!   runtime: GrpcEndpoint ──tonic client──▶ GrpcListener::serve ──▶ GrpcServer ──▶ Driver
+//!                                                                       │
+//!                            Transactions: inbound stream ──▶ serve_transactions ──▶ responses
+//! ```
+//!
+//! - [`GrpcServer`] adapts any [`Driver`] to the generated tonic service: unary calls map
+//!   one to one, and `Transactions` runs [`serve_transactions`] over the inbound stream.
+//!   When the serve loop fails, the response stream ends with a `Status` carrying the
+//!   error's message, after every response the loop produced before failing.
+//! - [`GrpcListener`] binds `HOST:PORT` (port 0 picks a free port) or `unix:/path`, and
+//!   reports the bound address in the form [`GrpcEndpoint::connect`] accepts.
+//! - [`GrpcEndpoint`] is the runtime's [`Endpoint`] for a driver served this way.
+//!
+//! Errors cross the wire as a `Status` code plus message, and come back as the same
+//! [`Error`] variant where one exists (fenced, configuration, store), so a runtime can
+//! tell a zombie from a lost connection whatever the transport.
+//!
+//! Both sides accept messages up to [`MAX_MESSAGE_BYTES`]: one Store or Loaded message
+//! carries at least one whole document, and the protocol has no way to split one.
+
+use crate::serve::serve_transactions;
+use crate::{Driver, Endpoint, Error, Result, TransactionStream};
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt, stream::BoxStream};
+use sluice_proto::materialize::{self as m, driver_client::DriverClient, driver_server};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStream};
+use tonic::{Code, Request, Response, Status, Streaming, transport::Channel};
+
+/// The largest protobuf message either side sends or accepts (gRPC message or stdio
+/// frame). 64 MiB holds the largest document the conformance suite sends (16 MiB) with
+/// room for its keys and values, while still refusing a corrupt length outright.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How many Transactions messages may wait in a channel between a transport and its peer.
+/// Enough to keep pipelined Loads flowing; small enough to push back on a slow peer.
+const STREAM_BUFFER: usize = 32;
+
+/// Serves one [`Driver`] as the tonic `materialize.Driver` service.
+pub struct GrpcServer {
+    driver: Arc<dyn Driver>,
+}
+
+impl GrpcServer {
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self { driver }
+    }
+
+    /// The tonic service, with message limits raised to [`MAX_MESSAGE_BYTES`].
+    pub fn into_service(self) -> driver_server::DriverServer<Self> {
+        driver_server::DriverServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+#[async_trait]
+impl driver_server::Driver for GrpcServer {
+    async fn spec(
+        &self,
+        req: Request<m::SpecRequest>,
+    ) -> Result<Response<m::SpecResponse>, Status> {
+        reply(self.driver.spec(req.into_inner()).await)
+    }
+
+    async fn validate(
+        &self,
+        req: Request<m::ValidateRequest>,
+    ) -> Result<Response<m::ValidateResponse>, Status> {
+        reply(self.driver.validate(req.into_inner()).await)
+    }
+
+    async fn apply_upsert(
+        &self,
+        req: Request<m::ApplyRequest>,
+    ) -> Result<Response<m::ApplyResponse>, Status> {
+        reply(self.driver.apply_upsert(req.into_inner()).await)
+    }
+
+    async fn apply_delete(
+        &self,
+        req: Request<m::ApplyRequest>,
+    ) -> Result<Response<m::ApplyResponse>, Status> {
+        reply(self.driver.apply_delete(req.into_inner()).await)
+    }
+
+    type TransactionsStream = BoxStream<'static, Result<m::TransactionResponse, Status>>;
+
+    async fn transactions(
+        &self,
+        req: Request<Streaming<m::TransactionRequest>>,
+    ) -> Result<Response<Self::TransactionsStream>, Status> {
+        let requests = req
+            .into_inner()
+            .map_err(|status| {
+                Error::Transport(format!("runtime request stream: {}", status.message()))
+            })
+            .boxed();
+        let (responses, responses_rx) = mpsc::channel(STREAM_BUFFER);
+        let (done, outcome) = oneshot::channel();
+        let driver = self.driver.clone();
+        tokio::spawn(async move {
+            let result = serve_transactions(driver, requests, responses).await;
+            if let Err(err) = &result {
+                tracing::warn!(error = %err, "Transactions stream ended with an error");
+            }
+            let _ = done.send(result);
+        });
+        // The serve loop owns the only response sender, so the channel drains completely
+        // before its outcome is read: responses first, then the closing status, if any.
+        let closing = futures::stream::once(async move {
+            match outcome.await {
+                Ok(Ok(())) => None,
+                Ok(Err(err)) => Some(Err(error_to_status(&err))),
+                Err(_) => Some(Err(Status::internal("the driver's serve loop panicked"))),
+            }
+        })
+        .filter_map(futures::future::ready);
+        let stream = ReceiverStream::new(responses_rx).map(Ok).chain(closing);
+        Ok(Response::new(stream.boxed()))
+    }
+}
+
+fn reply<T>(result: Result<T>) -> Result<Response<T>, Status> {
+    result
+        .map(Response::new)
+        .map_err(|err| error_to_status(&err))
+}
+
+/// The status a driver error travels as. [`status_to_error`] is its inverse.
+fn error_to_status(err: &Error) -> Status {
+    let code = match err {
+        Error::Protocol(_) => Code::FailedPrecondition,
+        Error::Fenced(_) => Code::Aborted,
+        Error::Config(_) => Code::InvalidArgument,
+        Error::Store {
+            retryable: true, ..
+        }
+        | Error::Transport(_) => Code::Unavailable,
+        Error::Store { .. } => Code::Internal,
+    };
+    let message = match err {
+        // Carry the inner message only, so the variant's prefix is not doubled on return.
+        Error::Fenced(message) | Error::Config(message) => message.clone(),
+        other => other.to_string(),
+    };
+    Status::new(code, message)
+}
+
+/// The error a status from the driver at `address` stands for.
+fn status_to_error(address: &str, status: Status) -> Error {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::Aborted => Error::Fenced(message),
+        Code::InvalidArgument => Error::Config(message),
+        Code::Internal => Error::store(format!("driver at {address}"), message, false),
+        Code::FailedPrecondition => Error::Transport(format!("driver at {address}: {message}")),
+        code => Error::Transport(format!("driver at {address}: {code:?}: {message}")),
+    }
+}
+
+/// A bound, not yet serving, gRPC listener.
+pub struct GrpcListener {
+    address: String,
+    socket: Socket,
+}
+
+enum Socket {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, SocketFile),
+}
+
+/// Removes the socket file when serving ends: a stale one would block the next bind.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl GrpcListener {
+    /// Binds `HOST:PORT` (port 0 picks a free one) or `unix:/path/to/socket`.
+    pub async fn bind(listen: &str) -> Result<Self> {
+        let bind_error =
+            |err: std::io::Error| Error::Transport(format!("cannot listen on {listen}: {err}"));
+        if let Some(path) = listen.strip_prefix("unix:") {
+            let path = std::path::PathBuf::from(path);
+            let socket = tokio::net::UnixListener::bind(&path).map_err(bind_error)?;
+            return Ok(Self {
+                address: format!("unix:{}", path.display()),
+                socket: Socket::Unix(socket, SocketFile(path)),
+            });
+        }
+        let host_port = listen.strip_prefix("grpc://").unwrap_or(listen);
+        let socket = tokio::net::TcpListener::bind(host_port)
+            .await
+            .map_err(bind_error)?;
+        let local = socket.local_addr().map_err(bind_error)?;
+        Ok(Self {
+            address: format!("grpc://{local}"),
+            socket: Socket::Tcp(socket),
+        })
+    }
+
+    /// The bound address, as [`GrpcEndpoint::connect`] accepts it: `grpc://IP:PORT` with
+    /// the actual port, or `unix:/path`.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Serves `driver` until the listener fails; cancel by dropping the future (open
+    /// streams are cut, and their transactions roll back, as after any transport error).
+    pub async fn serve(self, driver: Arc<dyn Driver>) -> Result<()> {
+        let service = GrpcServer::new(driver).into_service();
+        let server = tonic::transport::Server::builder().add_service(service);
+        let result = match self.socket {
+            Socket::Tcp(socket) => {
+                server
+                    .serve_with_incoming(TcpListenerStream::new(socket))
+                    .await
+            }
+            Socket::Unix(socket, _file) => {
+                server
+                    .serve_with_incoming(UnixListenerStream::new(socket))
+                    .await
+            }
+        };
+        result.map_err(|err| Error::Transport(format!("serving {}: {}", self.address, chain(&err))))
+    }
+}
+
+/// The runtime's view of a driver served over gRPC.
+pub struct GrpcEndpoint {
+    address: String,
+    client: DriverClient<Channel>,
+}
+
+impl GrpcEndpoint {
+    /// Connects to `grpc://HOST:PORT` or `unix:/path`. Fails with [`Error::Transport`]
+    /// naming the address when nothing answers there.
+    pub async fn connect(address: &str) -> Result<Self> {
+        let uri = match address.strip_prefix("grpc://") {
+            Some(host_port) => format!("http://{host_port}"),
+            None if address.starts_with("unix:") => address.to_string(),
+            None => {
+                return Err(Error::Config(format!(
+                    "driver address {address:?} is neither grpc://HOST:PORT nor unix:/path"
+                )));
+            }
+        };
+        let transport_error =
+            |err: tonic::transport::Error| Error::Transport(format!("{address}: {}", chain(&err)));
+        let channel = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(transport_error)?
+            .connect()
+            .await
+            .map_err(transport_error)?;
+        let client = DriverClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self {
+            address: address.to_string(),
+            client,
+        })
+    }
+
+    fn status_error(&self) -> impl Fn(Status) -> Error + '_ {
+        |status| status_to_error(&self.address, status)
+    }
+}
+
+#[async_trait]
+impl Endpoint for GrpcEndpoint {
+    fn name(&self) -> &str {
+        &self.address
+    }
+
+    async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse> {
+        let response = self.client.clone().spec(req).await;
+        response
+            .map(Response::into_inner)
+            .map_err(self.status_error())
+    }
+
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        let response = self.client.clone().validate(req).await;
+        response
+            .map(Response::into_inner)
+            .map_err(self.status_error())
+    }
+
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        let response = self.client.clone().apply_upsert(req).await;
+        response
+            .map(Response::into_inner)
+            .map_err(self.status_error())
+    }
+
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        let response = self.client.clone().apply_delete(req).await;
+        response
+            .map(Response::into_inner)
+            .map_err(self.status_error())
+    }
+
+    async fn transactions(&self) -> Result<TransactionStream> {
+        let (requests, requests_rx) = mpsc::channel(STREAM_BUFFER);
+        let streaming = self
+            .client
+            .clone()
+            .transactions(ReceiverStream::new(requests_rx))
+            .await
+            .map_err(self.status_error())?
+            .into_inner();
+        let address = self.address.clone();
+        let responses = streaming
+            .map_err(move |status| status_to_error(&address, status))
+            .boxed();
+        Ok(TransactionStream {
+            requests,
+            responses,
+        })
+    }
+}
+
+/// An error and its sources, `: `-separated (tonic's own messages are terse).
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

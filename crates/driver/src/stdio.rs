@@ -1,1 +1,458 @@
-//! (stub)
+//! The stdio transport: a driver that is a plain executable, both sides.
+//!
+//! ```text
+//!   runtime ── StdioEndpoint ──spawn──▶ PROGRAM ARGS... <sub-command>
+//!                 stdin  ──▶ frames: u32 little-endian length ‖ protobuf message
+//!                 stdout ◀── frames
+//!                 stderr ◀── lines, forwarded to `tracing` with the driver's name
+//! ```
+//!
+//! Sub-commands: `spec`, `validate`, `apply-upsert`, `apply-delete` (one request frame,
+//! one response frame, then the process exits) and `transactions` (a stream of frames
+//! each way until the runtime closes stdin).
+//!
+//! Invariants:
+//! - Never a hang on a broken peer: a stdout that ends mid-frame, a frame longer than
+//!   [`MAX_MESSAGE_BYTES`] (checked before allocating) and bytes that are not the expected
+//!   protobuf message are all errors naming the driver. When the child is gone, the
+//!   error carries its exit status and the last lines of its stderr.
+//! - The child is killed when the endpoint's stream (or unary call) is dropped
+//!   (`kill_on_drop`): a runtime that gives up never leaves a driver behind.
+//! - A Transactions stream ends cleanly only if the runtime closed its side first and the
+//!   child then exited with success; any other exit is an error.
+//!
+//! [`serve_stdio`] is the driver side: it lets any [`Driver`] act as such an executable.
+
+use crate::grpc::MAX_MESSAGE_BYTES;
+use crate::serve::serve_transactions;
+use crate::{Driver, Endpoint, Error, Result, TransactionStream};
+use async_trait::async_trait;
+use futures::StreamExt;
+use prost::Message;
+use sluice_proto::materialize as m;
+use std::collections::VecDeque;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How many trailing stderr lines an error about a failed driver quotes.
+const STDERR_TAIL_LINES: usize = 20;
+
+/// Messages buffered between the runtime and the writer task of a Transactions stream.
+const STREAM_BUFFER: usize = 32;
+
+/// A framing failure, before the driver's name is attached.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {len} bytes exceeds the maximum of {max} bytes")]
+    TooLarge { len: usize, max: usize },
+    #[error("stream ended inside a frame ({got} of {expected} bytes read)")]
+    Truncated { expected: usize, got: usize },
+    #[error("malformed {message} frame: {source}")]
+    Malformed {
+        message: &'static str,
+        source: prost::DecodeError,
+    },
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes one length-prefixed frame holding `msg`, and flushes.
+pub async fn write_frame<W, M>(out: &mut W, msg: &M) -> Result<(), FrameError>
+where
+    W: AsyncWrite + Unpin,
+    M: Message,
+{
+    let len = msg.encoded_len();
+    if len > MAX_MESSAGE_BYTES {
+        return Err(FrameError::TooLarge {
+            len,
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    let mut buf = Vec::with_capacity(4 + len);
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    msg.encode(&mut buf)
+        .expect("a Vec grows to fit the message");
+    out.write_all(&buf).await?;
+    out.flush().await?;
+    Ok(())
+}
+
+/// Reads one frame and decodes it as `M`. `Ok(None)` is a clean end of stream: EOF
+/// exactly at a frame boundary.
+pub async fn read_frame<R, M>(input: &mut R) -> Result<Option<M>, FrameError>
+where
+    R: AsyncRead + Unpin,
+    M: Message + Default,
+{
+    let mut prefix = [0u8; 4];
+    let got = read_full(input, &mut prefix).await?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < prefix.len() {
+        return Err(FrameError::Truncated { expected: 4, got });
+    }
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(FrameError::TooLarge {
+            len,
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    let mut body = vec![0u8; len];
+    let got = read_full(input, &mut body).await?;
+    if got < len {
+        return Err(FrameError::Truncated { expected: len, got });
+    }
+    let message = M::decode(body.as_slice()).map_err(|source| FrameError::Malformed {
+        message: std::any::type_name::<M>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("protobuf"),
+        source,
+    })?;
+    Ok(Some(message))
+}
+
+/// Fills `buf` unless EOF comes first; returns how many bytes were read.
+async fn read_full<R: AsyncRead + Unpin>(input: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]).await? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+/// The sub-command a stdio driver is started with: one per protocol call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubCommand {
+    Spec,
+    Validate,
+    ApplyUpsert,
+    ApplyDelete,
+    Transactions,
+}
+
+impl SubCommand {
+    pub const ALL: [SubCommand; 5] = [
+        SubCommand::Spec,
+        SubCommand::Validate,
+        SubCommand::ApplyUpsert,
+        SubCommand::ApplyDelete,
+        SubCommand::Transactions,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubCommand::Spec => "spec",
+            SubCommand::Validate => "validate",
+            SubCommand::ApplyUpsert => "apply-upsert",
+            SubCommand::ApplyDelete => "apply-delete",
+            SubCommand::Transactions => "transactions",
+        }
+    }
+}
+
+impl std::str::FromStr for SubCommand {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|sub| sub.as_str() == s)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "unknown stdio sub-command {s:?}; expected one of spec, validate, \
+                     apply-upsert, apply-delete, transactions"
+                ))
+            })
+    }
+}
+
+/// The runtime's view of a driver that is an executable speaking the stdio protocol.
+pub struct StdioEndpoint {
+    name: String,
+    program: String,
+    args: Vec<String>,
+}
+
+/// A started driver process, its stderr being forwarded.
+struct Started {
+    child: Child,
+    stdout: ChildStdout,
+    /// Resolves to the last stderr lines once stderr closes (the process has exited).
+    stderr_tail: JoinHandle<Vec<String>>,
+}
+
+impl StdioEndpoint {
+    /// `name` labels logs and errors; the driver runs as `program args... <sub-command>`.
+    pub fn new(name: impl Into<String>, program: impl Into<String>, args: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            program: program.into(),
+            args,
+        }
+    }
+
+    fn start(&self, sub: SubCommand) -> Result<(Started, tokio::process::ChildStdin)> {
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .arg(sub.as_str())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|err| {
+                Error::Transport(format!(
+                    "driver {}: cannot start {} {}: {err}",
+                    self.name,
+                    self.program,
+                    sub.as_str()
+                ))
+            })?;
+        let (stdin, stdout, stderr) = (
+            child.stdin.take().expect("stdin is piped"),
+            child.stdout.take().expect("stdout is piped"),
+            child.stderr.take().expect("stderr is piped"),
+        );
+        let stderr_tail = tokio::spawn(forward_stderr(self.name.clone(), stderr));
+        let started = Started {
+            child,
+            stdout,
+            stderr_tail,
+        };
+        Ok((started, stdin))
+    }
+
+    /// One request frame, one response frame, then the process must exit with success.
+    async fn unary<Req: Message, Resp: Message + Default>(
+        &self,
+        sub: SubCommand,
+        req: Req,
+    ) -> Result<Resp> {
+        let (mut started, mut stdin) = self.start(sub)?;
+        // A driver may exit before reading its request; the exit status then tells why,
+        // so a write error is only reported when the process itself looks healthy.
+        let written = write_frame(&mut stdin, &req).await;
+        drop(stdin);
+        let read = read_frame::<_, Resp>(&mut started.stdout).await;
+        let (status, tail) = started.finish().await;
+        let failure = |what: String| process_error(&self.name, sub, &what, &status, &tail);
+        if !status.as_ref().is_ok_and(|status| status.success()) {
+            return Err(failure("exited".into()));
+        }
+        if let Err(err) = written {
+            return Err(failure(format!("request not written: {err}")));
+        }
+        match read {
+            Ok(Some(response)) => Ok(response),
+            Ok(None) => Err(failure("exited without a response".into())),
+            Err(err) => Err(failure(format!("bad response: {err}"))),
+        }
+    }
+}
+
+/// An error about a driver process: what went wrong, its exit status, its stderr tail.
+fn process_error(
+    name: &str,
+    sub: SubCommand,
+    what: &str,
+    status: &std::io::Result<ExitStatus>,
+    tail: &[String],
+) -> Error {
+    let status = match status {
+        Ok(status) => status.to_string(),
+        Err(err) => format!("exit status unknown: {err}"),
+    };
+    let mut message = format!("driver {name} ({}): {what} ({status})", sub.as_str());
+    if !tail.is_empty() {
+        message.push_str("; stderr:\n");
+        message.push_str(&tail.join("\n"));
+    }
+    Error::Transport(message)
+}
+
+impl Started {
+    /// Waits for the process to exit and for its stderr to close.
+    async fn finish(mut self) -> (std::io::Result<ExitStatus>, Vec<String>) {
+        let status = self.child.wait().await;
+        let tail = self.stderr_tail.await.unwrap_or_default();
+        (status, tail)
+    }
+}
+
+/// Forwards each stderr line to `tracing`, returning the last [`STDERR_TAIL_LINES`].
+async fn forward_stderr(name: String, stderr: tokio::process::ChildStderr) -> Vec<String> {
+    let mut lines = BufReader::new(stderr).lines();
+    let mut tail = VecDeque::with_capacity(STDERR_TAIL_LINES);
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(driver = %name, "{line}");
+        if tail.len() == STDERR_TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+    tail.into()
+}
+
+#[async_trait]
+impl Endpoint for StdioEndpoint {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse> {
+        self.unary(SubCommand::Spec, req).await
+    }
+
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        self.unary(SubCommand::Validate, req).await
+    }
+
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.unary(SubCommand::ApplyUpsert, req).await
+    }
+
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.unary(SubCommand::ApplyDelete, req).await
+    }
+
+    /// A writer task copies requests to stdin; the response stream reads stdout and owns
+    /// the child, so dropping the stream kills it.
+    async fn transactions(&self) -> Result<TransactionStream> {
+        let sub = SubCommand::Transactions;
+        let (started, stdin) = self.start(sub)?;
+        let (requests, requests_rx) = mpsc::channel(STREAM_BUFFER);
+        let runtime_closed = Arc::new(AtomicBool::new(false));
+        tokio::spawn(write_requests(
+            self.name.clone(),
+            requests_rx,
+            stdin,
+            runtime_closed.clone(),
+        ));
+        let name = self.name.clone();
+        let responses = futures::stream::unfold(Some(started), move |started| {
+            let (name, runtime_closed) = (name.clone(), runtime_closed.clone());
+            async move {
+                let mut started = started?;
+                match read_frame::<_, m::TransactionResponse>(&mut started.stdout).await {
+                    Ok(Some(response)) => Some((Ok(response), Some(started))),
+                    end => {
+                        let (status, tail) = started.finish().await;
+                        let clean = matches!(end, Ok(None))
+                            && runtime_closed.load(Ordering::Acquire)
+                            && status.as_ref().is_ok_and(|status| status.success());
+                        if clean {
+                            return None;
+                        }
+                        let what = match end {
+                            Err(err) => format!("bad response: {err}"),
+                            Ok(_) => "exited mid-stream".to_string(),
+                        };
+                        Some((Err(process_error(&name, sub, &what, &status, &tail)), None))
+                    }
+                }
+            }
+        })
+        .boxed();
+        Ok(TransactionStream {
+            requests,
+            responses,
+        })
+    }
+}
+
+/// Copies requests to the child's stdin until the runtime closes its sender (then closes
+/// stdin, the driver's signal to finish) or the child stops reading.
+async fn write_requests(
+    name: String,
+    mut requests: mpsc::Receiver<m::TransactionRequest>,
+    mut stdin: tokio::process::ChildStdin,
+    runtime_closed: Arc<AtomicBool>,
+) {
+    while let Some(request) = requests.recv().await {
+        if let Err(err) = write_frame(&mut stdin, &request).await {
+            // The reader side reports the child's exit; this only explains the write.
+            tracing::debug!(driver = %name, error = %err, "stopped writing requests");
+            return;
+        }
+    }
+    runtime_closed.store(true, Ordering::Release);
+}
+
+/// The driver side of the stdio protocol: serves `sub_command` of `driver` on this
+/// process's stdin and stdout. Returns when the call is answered (unary) or the runtime
+/// closes stdin (transactions); an error should make the process exit non-zero, with the
+/// error on stderr.
+pub async fn serve_stdio(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
+    let mut stdin = tokio::io::stdin();
+    let mut stdout = tokio::io::stdout();
+    match sub_command {
+        SubCommand::Spec => {
+            let req = read_request(&mut stdin).await?;
+            write_response(&mut stdout, &driver.spec(req).await?).await
+        }
+        SubCommand::Validate => {
+            let req = read_request(&mut stdin).await?;
+            write_response(&mut stdout, &driver.validate(req).await?).await
+        }
+        SubCommand::ApplyUpsert => {
+            let req = read_request(&mut stdin).await?;
+            write_response(&mut stdout, &driver.apply_upsert(req).await?).await
+        }
+        SubCommand::ApplyDelete => {
+            let req = read_request(&mut stdin).await?;
+            write_response(&mut stdout, &driver.apply_delete(req).await?).await
+        }
+        SubCommand::Transactions => {
+            let requests = futures::stream::unfold(Some(stdin), |stdin| async move {
+                let mut stdin = stdin?;
+                match read_frame::<_, m::TransactionRequest>(&mut stdin).await {
+                    Ok(Some(request)) => Some((Ok(request), Some(stdin))),
+                    Ok(None) => None,
+                    Err(err) => Some((Err(runtime_frame_error(err)), None)),
+                }
+            })
+            .boxed();
+            let (responses, mut responses_rx) = mpsc::channel(STREAM_BUFFER);
+            let writer = tokio::spawn(async move {
+                while let Some(response) = responses_rx.recv().await {
+                    write_response(&mut stdout, &response).await?;
+                }
+                Ok::<_, Error>(())
+            });
+            let served = serve_transactions(driver, requests, responses).await;
+            let written = writer
+                .await
+                .map_err(|err| Error::Transport(format!("stdout writer panicked: {err}")))?;
+            served.and(written)
+        }
+    }
+}
+
+async fn read_request<M: Message + Default>(stdin: &mut tokio::io::Stdin) -> Result<M> {
+    read_frame(stdin)
+        .await
+        .map_err(runtime_frame_error)?
+        .ok_or_else(|| Error::Transport("stdin closed before the request arrived".into()))
+}
+
+async fn write_response<M: Message>(stdout: &mut tokio::io::Stdout, msg: &M) -> Result<()> {
+    write_frame(stdout, msg)
+        .await
+        .map_err(|err| Error::Transport(format!("writing a response to stdout: {err}")))
+}
+
+fn runtime_frame_error(err: FrameError) -> Error {
+    Error::Transport(format!("reading a request from stdin: {err}"))
+}
