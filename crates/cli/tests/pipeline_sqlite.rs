@@ -1,0 +1,289 @@
+//! End-to-end: `sluice run` keeps a SQLite table exactly equal to the reduction of its
+//! input, across clean runs, SIGKILLs at random moments, and bad input.
+//!
+//! The expected reduction is computed here, independently of Sluice's reducers.
+
+use rusqlite::Connection;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// The expected row of one user: views and bytes summed, last_seen maximized.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Expected {
+    views: i64,
+    bytes: i64,
+    last_seen: String,
+}
+
+fn reduce_expected(lines: &[Value]) -> BTreeMap<String, Expected> {
+    let mut out: BTreeMap<String, Expected> = BTreeMap::new();
+    for doc in lines {
+        let e = out.entry(doc["user_id"].as_str().unwrap().to_string()).or_default();
+        e.views += doc["views"].as_i64().unwrap();
+        e.bytes += doc["bytes"].as_i64().unwrap();
+        let seen = doc["last_seen"].as_str().unwrap();
+        if seen > e.last_seen.as_str() {
+            e.last_seen = seen.to_string();
+        }
+    }
+    out
+}
+
+/// Deterministic input: `n` documents over `keys` users.
+fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state >> 33
+    };
+    (0..n)
+        .map(|i| {
+            let user = next() as usize % keys;
+            json!({
+                "user_id": format!("user-{user:05}"),
+                "views": (next() % 10) as i64,
+                "bytes": (next() % 5000) as i64,
+                "last_seen": format!("2026-11-{:02}T{:02}:00:{:02}Z", 1 + next() % 28, next() % 24, i % 60),
+            })
+        })
+        .collect()
+}
+
+fn write_lines(path: &Path, docs: &[Value]) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for d in docs {
+        serde_json::to_writer(&mut f, d).unwrap();
+        f.write_all(b"\n").unwrap();
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(delta_updates: bool, max_docs: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let pipeline = format!(
+            r#"
+collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {{strategy: merge}}
+      properties:
+        user_id: {{type: string}}
+        views: {{type: integer, reduce: {{strategy: sum}}}}
+        bytes: {{type: integer, reduce: {{strategy: sum}}}}
+        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
+sources:
+  views-file:
+    target: acme/pageviews
+    file: {{path: views.jsonl, format: json}}
+materializations:
+  views-db:
+    endpoint:
+      sqlite: {{path: out/views.db}}
+    bindings:
+      - source: acme/pageviews
+        resource: {{table: pageviews}}
+        delta_updates: {delta_updates}
+runtime:
+  transaction: {{max_docs: {max_docs}, max_duration: 10s}}
+"#
+        );
+        std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
+        Fixture { dir }
+    }
+
+    fn pipeline(&self) -> PathBuf {
+        self.dir.path().join("pipeline.yaml")
+    }
+
+    fn input(&self) -> PathBuf {
+        self.dir.path().join("views.jsonl")
+    }
+
+    fn run(&self) -> Output {
+        Command::new(SLUICE)
+            .arg("run")
+            .arg(self.pipeline())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    }
+
+    /// The table as (user_id → summed row), plus the number of rows per user.
+    fn table(&self) -> (BTreeMap<String, Expected>, BTreeMap<String, usize>) {
+        let conn = Connection::open(self.dir.path().join("out/views.db")).unwrap();
+        let mut stmt = conn
+            .prepare(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "pageviews""#)
+            .unwrap();
+        let mut rows: BTreeMap<String, Expected> = BTreeMap::new();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut it = stmt.query([]).unwrap();
+        while let Some(row) = it.next().unwrap() {
+            let user: String = row.get(0).unwrap();
+            let e = rows.entry(user.clone()).or_default();
+            e.views += row.get::<_, i64>(1).unwrap();
+            e.bytes += row.get::<_, i64>(2).unwrap();
+            let seen: String = row.get(3).unwrap();
+            if seen > e.last_seen {
+                e.last_seen = seen;
+            }
+            *counts.entry(user).or_default() += 1;
+        }
+        (rows, counts)
+    }
+}
+
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "sluice run failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn run_to_completion_equals_independent_reduction() {
+    let fx = Fixture::new(false, 1000);
+    let docs = generate(20_000, 1_500, 1);
+    write_lines(&fx.input(), &docs);
+    assert_success(&fx.run());
+    let (table, counts) = fx.table();
+    assert_eq!(table, reduce_expected(&docs));
+    assert!(counts.values().all(|c| *c == 1), "one row per key");
+
+    // A second run over the same, exhausted input changes nothing.
+    assert_success(&fx.run());
+    assert_eq!(fx.table().0, reduce_expected(&docs));
+}
+
+#[test]
+fn appended_input_is_reduced_into_existing_rows() {
+    let fx = Fixture::new(false, 700);
+    let docs = generate(6_000, 500, 2);
+    write_lines(&fx.input(), &docs[..4_000]);
+    assert_success(&fx.run());
+    assert_eq!(fx.table().0, reduce_expected(&docs[..4_000]));
+    write_lines(&fx.input(), &docs);
+    assert_success(&fx.run());
+    assert_eq!(fx.table().0, reduce_expected(&docs));
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_and_doubles_nothing() {
+    let fx = Fixture::new(false, 500);
+    let docs = generate(200_000, 20_000, 3);
+    write_lines(&fx.input(), &docs);
+    let mut kills = 0;
+    let mut seed = 0x5eed_u64;
+    for _ in 0..6 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let delay = Duration::from_millis(150 + (seed >> 33) % 600);
+        let mut child = Command::new(SLUICE)
+            .arg("run")
+            .arg(fx.pipeline())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    assert_success(&fx.run());
+    let (table, counts) = fx.table();
+    assert_eq!(table, reduce_expected(&docs), "after {kills} kills");
+    assert!(counts.values().all(|c| *c == 1));
+}
+
+#[test]
+fn delta_updates_store_one_row_per_transaction_and_key() {
+    let fx = Fixture::new(true, 1000);
+    let docs = generate(10_000, 300, 4);
+    write_lines(&fx.input(), &docs);
+    assert_success(&fx.run());
+    let (table, counts) = fx.table();
+    // Summing the appended rows gives the full reduction: nothing lost, nothing doubled.
+    assert_eq!(table, reduce_expected(&docs));
+    // Each transaction of 1000 documents stores each of its keys once.
+    for (user, count) in counts {
+        let expected: usize = docs
+            .chunks(1000)
+            .filter(|chunk| chunk.iter().any(|d| d["user_id"] == user.as_str()))
+            .count();
+        assert_eq!(count, expected, "rows of {user}");
+    }
+}
+
+/// Writes `good` documents, then `bad` as line `good + 1`, then more good ones.
+fn bad_input_case(bad: &str, expect_in_error: &[&str]) {
+    let fx = Fixture::new(false, 100);
+    let docs = generate(1_000, 50, 5);
+    // A user this transaction has already combined, so a reduction error is met on
+    // the bad line itself.
+    let bad = bad.replace("USER", docs[540]["user_id"].as_str().unwrap());
+    let mut text = String::new();
+    for d in &docs[..550] {
+        text.push_str(&d.to_string());
+        text.push('\n');
+    }
+    text.push_str(&bad);
+    text.push('\n');
+    for d in &docs[550..] {
+        text.push_str(&d.to_string());
+        text.push('\n');
+    }
+    std::fs::write(fx.input(), text).unwrap();
+    let out = fx.run();
+    assert!(!out.status.success(), "bad input must stop the pipeline");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("views.jsonl:551"), "names file and line: {stderr}");
+    for needle in expect_in_error {
+        assert!(stderr.contains(needle), "error mentions {needle:?}: {stderr}");
+    }
+    // Transactions of 100 documents: the first five committed, the sixth (lines
+    // 501..=600, holding the bad line) committed nothing.
+    assert_eq!(fx.table().0, reduce_expected(&docs[..500]));
+}
+
+#[test]
+fn malformed_json_line_stops_with_file_and_line() {
+    bad_input_case(r#"{"user_id": "USER", "views": 1,"#, &[]);
+}
+
+#[test]
+fn schema_violation_stops_with_file_and_line() {
+    bad_input_case(
+        r#"{"user_id": "USER", "views": "many", "bytes": 1, "last_seen": "x"}"#,
+        &["/views"],
+    );
+}
+
+#[test]
+fn missing_key_stops_with_file_and_line() {
+    bad_input_case(r#"{"views": 1, "bytes": 1, "last_seen": "x"}"#, &["user_id"]);
+}
+
+#[test]
+fn sum_overflow_stops_with_file_and_line() {
+    bad_input_case(
+        r#"{"user_id": "USER", "views": 9223372036854775807, "bytes": 1, "last_seen": "x"}"#,
+        &["/views"],
+    );
+}

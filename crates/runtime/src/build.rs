@@ -1,0 +1,237 @@
+//! From the pipeline file to what the loop and the drivers need: compiled collections,
+//! `flow::CollectionSpec`s with projections, field selections, and materialization specs.
+//!
+//! Field selection is a pure function of the collection, the driver's Validate
+//! constraints and the user's `fields: {include, exclude}`:
+//! keys are always the collection key; values are every non-key field the driver requires
+//! or recommends, plus what the user includes, minus what the user excludes; the whole
+//! document goes in `flow_document` unless the driver forbids it.
+
+use crate::txn::{Binding, Collection};
+use sluice_doc::{KeyExtractor, Pointer, Schema};
+use sluice_proto::flow;
+use sluice_proto::materialize::{self as m, constraint::Type as ConstraintType};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The field name of the whole document.
+pub const DOCUMENT_FIELD: &str = "flow_document";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{place}: {reason}")]
+    Invalid { place: String, reason: String },
+}
+
+fn invalid(place: impl Into<String>, reason: impl Into<String>) -> BuildError {
+    BuildError::Invalid {
+        place: place.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Compiles one collection of the pipeline file. `place` names it in errors.
+pub fn compile_collection(
+    place: &str,
+    name: &str,
+    key: &[Pointer],
+    schema: &serde_json::Value,
+) -> Result<Collection, BuildError> {
+    let schema =
+        Schema::compile(schema).map_err(|e| invalid(format!("{place}.schema"), e.to_string()))?;
+    if key.is_empty() {
+        return Err(invalid(
+            format!("{place}.key"),
+            "a collection needs at least one key pointer, e.g. [/id]",
+        ));
+    }
+    let required = key
+        .iter()
+        .map(|ptr| schema.inference(ptr).must_exist)
+        .collect();
+    Ok(Collection {
+        name: name.to_string(),
+        key: KeyExtractor::new(key.to_vec(), required),
+        key_ptrs: key.iter().map(ToString::to_string).collect(),
+        schema: Arc::new(schema),
+    })
+}
+
+/// The field name a pointer projects as: `/user_id` → `user_id`, `/a/b` → `a/b`.
+pub fn field_name(ptr: &str) -> String {
+    ptr.trim_start_matches('/').to_string()
+}
+
+fn projection(collection: &Collection, ptr: &str, field: &str, primary: bool) -> flow::Projection {
+    let inference = if ptr.is_empty() {
+        flow::Inference {
+            types: vec!["object".to_string()],
+            must_exist: true,
+            ..Default::default()
+        }
+    } else {
+        let parsed = Pointer::parse(ptr).expect("projection pointers are validated");
+        let inf = collection.schema.inference(&parsed);
+        flow::Inference {
+            types: inf.types,
+            must_exist: inf.must_exist,
+            string: inf.format.map(|format| flow::inference::String {
+                format,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    flow::Projection {
+        ptr: ptr.to_string(),
+        field: field.to_string(),
+        is_primary_key: primary,
+        inference: Some(inference),
+        ..Default::default()
+    }
+}
+
+/// The collection as drivers see it: key pointers and a projection per key, per
+/// top-level property, and of the whole document.
+pub fn collection_spec(collection: &Collection) -> flow::CollectionSpec {
+    let mut projections = Vec::new();
+    let mut seen = BTreeSet::new();
+    for ptr in &collection.key_ptrs {
+        let field = field_name(ptr);
+        seen.insert(field.clone());
+        projections.push(projection(collection, ptr, &field, true));
+    }
+    for (name, ptr) in collection.schema.top_level_properties() {
+        if seen.insert(name.clone()) {
+            projections.push(projection(collection, &ptr.to_string(), &name, false));
+        }
+    }
+    projections.push(projection(collection, "", DOCUMENT_FIELD, false));
+    flow::CollectionSpec {
+        collection: collection.name.clone(),
+        key_ptrs: collection.key_ptrs.clone(),
+        projections,
+        ..Default::default()
+    }
+}
+
+/// Chooses the fields of one binding under the driver's constraints.
+pub fn select_fields(
+    place: &str,
+    spec: &flow::CollectionSpec,
+    constraints: &m::validate_response::Binding,
+    include: &[String],
+    exclude: &[String],
+) -> Result<flow::FieldSelection, BuildError> {
+    let known: BTreeSet<&str> = spec.projections.iter().map(|p| p.field.as_str()).collect();
+    for field in include.iter().chain(exclude) {
+        if !known.contains(field.as_str()) {
+            return Err(invalid(
+                format!("{place}.fields"),
+                format!(
+                    "unknown field {field:?} (fields: {})",
+                    known.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
+    let keys: Vec<String> = spec.key_ptrs.iter().map(|p| field_name(p)).collect();
+    let mut values = Vec::new();
+    let mut document = String::new();
+    for projection in &spec.projections {
+        let field = &projection.field;
+        let constraint = constraints.constraints.get(field);
+        let kind = constraint
+            .map(|c| ConstraintType::try_from(c.r#type).unwrap_or(ConstraintType::Unsatisfiable))
+            .unwrap_or(ConstraintType::FieldForbidden);
+        let reason = constraint
+            .map(|c| c.reason.as_str())
+            .unwrap_or("no constraint given");
+        if kind == ConstraintType::Unsatisfiable {
+            return Err(invalid(
+                format!("{place}"),
+                format!("field {field:?} cannot be materialized: {reason}"),
+            ));
+        }
+        if keys.contains(field) {
+            if kind == ConstraintType::FieldForbidden {
+                return Err(invalid(
+                    place,
+                    format!("the driver forbids key field {field:?}: {reason}"),
+                ));
+            }
+            continue;
+        }
+        let wanted = match kind {
+            ConstraintType::FieldRequired => {
+                if exclude.contains(field) {
+                    return Err(invalid(
+                        format!("{place}.fields.exclude"),
+                        format!("field {field:?} is required by the driver: {reason}"),
+                    ));
+                }
+                true
+            }
+            ConstraintType::LocationRequired | ConstraintType::LocationRecommended => {
+                !exclude.contains(field)
+            }
+            ConstraintType::FieldOptional => include.contains(field),
+            ConstraintType::FieldForbidden => {
+                if include.contains(field) {
+                    return Err(invalid(
+                        format!("{place}.fields.include"),
+                        format!("the driver forbids field {field:?}: {reason}"),
+                    ));
+                }
+                false
+            }
+            ConstraintType::Unsatisfiable => unreachable!("handled above"),
+        };
+        if !wanted {
+            continue;
+        }
+        if projection.ptr.is_empty() {
+            document = field.clone();
+        } else {
+            values.push(field.clone());
+        }
+    }
+    Ok(flow::FieldSelection {
+        keys,
+        values,
+        document,
+        ..Default::default()
+    })
+}
+
+/// The loop's view of a binding: its collection and the pointers of its value fields.
+pub fn loop_binding(
+    collection: Arc<Collection>,
+    spec: &flow::MaterializationSpec,
+    index: usize,
+) -> Binding {
+    let binding = &spec.bindings[index];
+    let collection_spec = binding
+        .collection
+        .as_ref()
+        .expect("bindings carry their collection");
+    let selection = binding.field_selection.clone().unwrap_or_default();
+    let values = selection
+        .values
+        .iter()
+        .map(|field| {
+            let ptr = collection_spec
+                .projections
+                .iter()
+                .find(|p| &p.field == field)
+                .map(|p| p.ptr.as_str())
+                .expect("selected fields are projections");
+            Pointer::parse(ptr).expect("projection pointers are validated")
+        })
+        .collect();
+    Binding {
+        collection,
+        delta_updates: binding.delta_updates,
+        values,
+    }
+}

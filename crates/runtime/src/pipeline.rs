@@ -1,0 +1,356 @@
+//! Orchestration: from a loaded pipeline file to planned materializations (Spec,
+//! Validate, field selection), applied resources, and running transaction loops.
+//!
+//! ```text
+//! Pipeline ──plan──▶ Planned { collections, materializations (endpoint, spec) }
+//!                      ├──apply──▶ driver ApplyUpsert (idempotent; dry-run describes)
+//!                      └──run────▶ one txn::run per materialization, each with its own
+//!                                  recovery log `<recovery_log>/<materialization>`
+//! ```
+//!
+//! Connecting an endpoint is the caller's job ([`Connect`]): the runtime does not know
+//! which connectors are linked into the binary.
+
+use crate::build::{self, BuildError};
+use crate::config::{self, Pipeline};
+use crate::recovery::RecoveryLog;
+use crate::source::{FaultTolerance, open_source};
+use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
+use async_trait::async_trait;
+use serde_json::Value;
+use sluice_driver::Endpoint;
+use sluice_proto::flow;
+use sluice_proto::materialize::{self as m, transaction_request::Open};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// A connected endpoint and what to tell it about itself.
+pub struct Connected {
+    pub endpoint: Arc<dyn Endpoint>,
+    pub endpoint_type: flow::EndpointType,
+    /// The endpoint configuration JSON sent in requests.
+    pub config: Value,
+}
+
+/// Connects the endpoints a pipeline names (implemented by the binary, which knows the
+/// built-in drivers).
+#[async_trait]
+pub trait Connect: Send + Sync {
+    async fn connect(
+        &self,
+        materialization: &str,
+        endpoint: &config::Endpoint,
+    ) -> Result<Connected, String>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("{place}: {reason}")]
+    Invalid { place: String, reason: String },
+    #[error("materialization {materialization}: {source}")]
+    Driver {
+        materialization: String,
+        #[source]
+        source: sluice_driver::Error,
+    },
+    #[error("materialization {materialization}: {source}")]
+    Run {
+        materialization: String,
+        #[source]
+        source: RunError,
+    },
+}
+
+fn invalid(place: impl Into<String>, reason: impl Into<String>) -> PipelineError {
+    PipelineError::Invalid {
+        place: place.into(),
+        reason: reason.into(),
+    }
+}
+
+pub struct PlannedMaterialization {
+    pub name: String,
+    pub endpoint: Arc<dyn Endpoint>,
+    pub spec: flow::MaterializationSpec,
+    pub validated: m::ValidateResponse,
+    pub shard: config::ShardDef,
+}
+
+pub struct Planned {
+    pub collections: BTreeMap<String, Arc<Collection>>,
+    pub materializations: Vec<PlannedMaterialization>,
+}
+
+/// Compiles collections and asks every driver for its Spec and Validate.
+pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned, PipelineError> {
+    let mut collections = BTreeMap::new();
+    for (name, def) in &pipeline.collections {
+        let collection =
+            build::compile_collection(&format!("collections.{name}"), name, &def.key, &def.schema)?;
+        collections.insert(name.clone(), Arc::new(collection));
+    }
+    let mut materializations = Vec::new();
+    for (name, def) in &pipeline.materializations {
+        let place = format!("materializations.{name}");
+        let connected = connect
+            .connect(name, &def.endpoint)
+            .await
+            .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
+        let driver_err = |source| PipelineError::Driver {
+            materialization: name.clone(),
+            source,
+        };
+        let endpoint_spec_json = connected.config.to_string();
+        let spec = connected
+            .endpoint
+            .spec(m::SpecRequest {
+                endpoint_type: connected.endpoint_type as i32,
+                endpoint_spec_json: endpoint_spec_json.clone(),
+            })
+            .await
+            .map_err(driver_err)?;
+        let resource_schema = resource_schema(&place, &spec.resource_spec_schema_json)?;
+
+        let mut validate = m::ValidateRequest {
+            materialization: name.clone(),
+            endpoint_type: connected.endpoint_type as i32,
+            endpoint_spec_json: endpoint_spec_json.clone(),
+            bindings: Vec::new(),
+        };
+        let mut collection_specs = Vec::new();
+        for (i, binding) in def.bindings.iter().enumerate() {
+            let binding_place = format!("{place}.bindings[{i}]");
+            let collection = &collections[&binding.source];
+            if let Err(err) = resource_schema.validate(&binding.resource) {
+                let at = err.pointer.trim_start_matches('/').replace('/', ".");
+                let at = if at.is_empty() {
+                    String::new()
+                } else {
+                    format!(".{at}")
+                };
+                return Err(invalid(format!("{binding_place}.resource{at}"), err.reason));
+            }
+            let collection_spec = build::collection_spec(collection);
+            validate.bindings.push(m::validate_request::Binding {
+                resource_spec_json: binding.resource.to_string(),
+                collection: Some(collection_spec.clone()),
+                field_config_json: Default::default(),
+            });
+            collection_specs.push(collection_spec);
+        }
+        let validated = connected
+            .endpoint
+            .validate(validate)
+            .await
+            .map_err(driver_err)?;
+        if validated.bindings.len() != def.bindings.len() {
+            return Err(invalid(
+                &place,
+                format!(
+                    "driver validated {} bindings, the pipeline has {}",
+                    validated.bindings.len(),
+                    def.bindings.len()
+                ),
+            ));
+        }
+        let mut bindings = Vec::new();
+        for (i, ((binding, constraints), collection_spec)) in def
+            .bindings
+            .iter()
+            .zip(&validated.bindings)
+            .zip(collection_specs)
+            .enumerate()
+        {
+            let fields = binding.fields.clone().unwrap_or_default();
+            let selection = build::select_fields(
+                &format!("{place}.bindings[{i}]"),
+                &collection_spec,
+                constraints,
+                &fields.include,
+                &fields.exclude,
+            )?;
+            bindings.push(flow::materialization_spec::Binding {
+                resource_spec_json: binding.resource.to_string(),
+                resource_path: constraints.resource_path.clone(),
+                collection: Some(collection_spec),
+                field_selection: Some(selection),
+                delta_updates: binding.delta_updates || constraints.delta_updates,
+            });
+        }
+        materializations.push(PlannedMaterialization {
+            name: name.clone(),
+            endpoint: connected.endpoint,
+            spec: flow::MaterializationSpec {
+                materialization: name.clone(),
+                endpoint_type: connected.endpoint_type as i32,
+                endpoint_spec_json,
+                bindings,
+            },
+            validated,
+            shard: def.shard,
+        });
+    }
+    Ok(Planned {
+        collections,
+        materializations,
+    })
+}
+
+fn resource_schema(place: &str, json: &str) -> Result<sluice_doc::Schema, PipelineError> {
+    let value: Value = serde_json::from_str(json).map_err(|e| {
+        invalid(
+            place,
+            format!("the driver's resource schema is not JSON: {e}"),
+        )
+    })?;
+    sluice_doc::Schema::compile(&value).map_err(|e| {
+        invalid(
+            place,
+            format!("the driver's resource schema does not compile: {e}"),
+        )
+    })
+}
+
+/// A version string of a spec: changes whenever the spec does.
+fn spec_version(spec: &flow::MaterializationSpec) -> String {
+    use prost::Message;
+    format!("{:08x}", crc32fast::hash(&spec.encode_to_vec()))
+}
+
+/// Creates or updates every materialization's resources. Returns (name, actions).
+pub async fn apply(
+    planned: &Planned,
+    dry_run: bool,
+) -> Result<Vec<(String, String)>, PipelineError> {
+    let mut out = Vec::new();
+    for m in &planned.materializations {
+        let response = m
+            .endpoint
+            .apply_upsert(m::ApplyRequest {
+                materialization: Some(m.spec.clone()),
+                version: spec_version(&m.spec),
+                dry_run,
+            })
+            .await
+            .map_err(|source| PipelineError::Driver {
+                materialization: m.name.clone(),
+                source,
+            })?;
+        out.push((m.name.clone(), response.action_description));
+    }
+    Ok(out)
+}
+
+/// Options of `sluice run`.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Keep tailing sources after they are exhausted.
+    pub follow: bool,
+}
+
+/// Runs every materialization until its sources are exhausted (or `shutdown`).
+pub async fn run(
+    pipeline: &Pipeline,
+    planned: Planned,
+    opts: RunOptions,
+    progress: Arc<Progress>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Vec<(String, Summary)>, PipelineError> {
+    let bounds = &pipeline.runtime.transactions;
+    let txn_opts = TxnOptions {
+        max_docs: bounds.max_docs,
+        max_bytes: bounds.max_bytes,
+        max_duration: bounds.max_duration,
+        min_duration: bounds.min_duration,
+        memory_budget: pipeline.runtime.memory_budget as usize,
+        follow: opts.follow,
+    };
+    let mut tasks = Vec::new();
+    for m in planned.materializations {
+        let place = format!("materializations.{}", m.name);
+        let mut bindings = Vec::new();
+        for (i, binding) in m.spec.bindings.iter().enumerate() {
+            let collection = binding
+                .collection
+                .as_ref()
+                .map(|c| c.collection.clone())
+                .unwrap_or_default();
+            bindings.push(build::loop_binding(
+                planned.collections[&collection].clone(),
+                &m.spec,
+                i,
+            ));
+        }
+        let mut sources = Vec::new();
+        for (name, def) in &pipeline.sources {
+            let feeds: Vec<u32> = m
+                .spec
+                .bindings
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| {
+                    b.collection
+                        .as_ref()
+                        .is_some_and(|c| c.collection == def.target)
+                })
+                .map(|(i, _)| i as u32)
+                .collect();
+            if feeds.is_empty() {
+                continue;
+            }
+            let source = open_source(name, def)
+                .map_err(|e| invalid(format!("sources.{name}"), e.to_string()))?;
+            if source.fault_tolerance() != FaultTolerance::ExactlyOnce {
+                return Err(invalid(
+                    format!("sources.{name}"),
+                    format!(
+                        "this source gives only {:?} delivery, but {place} promises exactly-once",
+                        source.fault_tolerance()
+                    ),
+                ));
+            }
+            sources.push(BoundSource {
+                source,
+                bindings: feeds,
+            });
+        }
+        let log_dir = pipeline.recovery_log().join(&m.name);
+        let log = RecoveryLog::open(&log_dir).map_err(|e| invalid(&place, e.to_string()))?;
+        let shard = Shard {
+            open: Open {
+                version: spec_version(&m.spec),
+                materialization: Some(m.spec.clone()),
+                key_begin: m.shard.key_begin,
+                key_end: m.shard.key_end,
+                driver_checkpoint_json: Vec::new(),
+            },
+            bindings,
+        };
+        let (name, endpoint, progress, shutdown, opts) = (
+            m.name.clone(),
+            m.endpoint.clone(),
+            progress.clone(),
+            shutdown.clone(),
+            txn_opts.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let result = txn::run(shard, endpoint, sources, log, opts, progress, shutdown).await;
+            (name, result)
+        }));
+    }
+    let mut summaries = Vec::new();
+    for task in tasks {
+        let (name, result) = task
+            .await
+            .map_err(|e| invalid("runtime", format!("a materialization task panicked: {e}")))?;
+        let summary = result.map_err(|source| PipelineError::Run {
+            materialization: name.clone(),
+            source,
+        })?;
+        summaries.push((name, summary));
+    }
+    Ok(summaries)
+}
