@@ -1,0 +1,341 @@
+//! The combiner against its promises: a `BTreeMap` model under random spill budgets, key
+//! order, the left-most loaded document, and errors that name collection, key and pointer.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions, Drained};
+use sluice_doc::tuple::pack_key;
+use sluice_doc::{KeyExtractor, Pointer, Schema};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// `n` sums, `log` appends (so the drained log shows the exact reduction order), `last` is
+/// last-write-wins, `max` maximizes; `loose` has no type, so `sum` over it can fail.
+fn schema() -> Arc<Schema> {
+    let schema = json!({
+        "type": "object",
+        "required": ["k"],
+        "reduce": {"strategy": "merge"},
+        "properties": {
+            "k": {"type": "integer"},
+            "n": {"type": "integer", "reduce": {"strategy": "sum"}},
+            "log": {"type": "array", "items": {"type": "integer"}, "reduce": {"strategy": "append"}},
+            "last": {"type": "integer"},
+            "max": {"type": "integer", "reduce": {"strategy": "maximize"}},
+            "name": {"type": "string"},
+            "loose": {"reduce": {"strategy": "sum"}}
+        }
+    });
+    Arc::new(Schema::compile(&schema).expect("test schema compiles"))
+}
+
+fn binding(name: &str) -> BindingSpec {
+    BindingSpec {
+        schema: schema(),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![true]),
+        name: name.to_string(),
+    }
+}
+
+fn new_combiner(bindings: usize, memory_budget: usize) -> Combiner {
+    let bindings = (0..bindings)
+        .map(|b| binding(&format!("acme/c{b}")))
+        .collect();
+    let opts = CombinerOptions {
+        memory_budget,
+        spill_dir: None,
+    };
+    Combiner::new(bindings, opts)
+}
+
+fn key(k: i64) -> Vec<u8> {
+    pack_key(&[json!(k)])
+}
+
+fn drain_all(combiner: Combiner) -> Vec<Drained> {
+    combiner
+        .drain()
+        .expect("drain starts")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("drain succeeds")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Right {
+        binding: u32,
+        k: i64,
+        n: i64,
+        keyed: bool,
+    },
+    Left {
+        binding: u32,
+        k: i64,
+        n: i64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..2u32, -20..20i64, -5..5i64, any::<bool>())
+            .prop_map(|(binding, k, n, keyed)| Op::Right { binding, k, n, keyed }),
+        1 => (0..2u32, -20..20i64, -5..5i64).prop_map(|(binding, k, n)| Op::Left { binding, k, n }),
+    ]
+}
+
+/// 0 spills after every document; `usize::MAX` never spills.
+fn budget() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(0), 1usize..40_000, Just(usize::MAX)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The reference reduces, per (binding, key), the loaded document (if any) and then
+    /// every new document in arrival order; the combiner must drain exactly that, in
+    /// (binding, packed key) order, whatever its spills.
+    #[test]
+    fn combiner_matches_btreemap_model_under_random_spill_budgets(
+        ops in proptest::collection::vec(op(), 0..300),
+        budget in budget(),
+    ) {
+        let reducer_schema = schema();
+        let mut combiner = new_combiner(2, budget);
+        let mut model: BTreeMap<(u32, Vec<u8>), (Option<Value>, Vec<Value>)> = BTreeMap::new();
+        let mut combined = 0;
+
+        for (seq, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Right { binding, k, n, keyed } => {
+                    let doc = json!({"k": k, "n": n, "log": [seq], "last": seq, "max": n});
+                    model.entry((binding, key(k))).or_default().1.push(doc.clone());
+                    if keyed {
+                        combiner.combine_right_keyed(binding, &key(k), doc).unwrap();
+                    } else {
+                        combiner.combine_right(binding, doc).unwrap();
+                    }
+                }
+                Op::Left { binding, k, n } => {
+                    let entry = model.entry((binding, key(k))).or_default();
+                    if entry.0.is_some() {
+                        continue; // At most one loaded document per key.
+                    }
+                    let doc = json!({"k": k, "n": n * 100, "log": [-1 - seq as i64], "last": -1, "max": n});
+                    entry.0 = Some(doc.clone());
+                    combiner.reduce_left(binding, &key(k), doc).unwrap();
+                }
+            }
+            combined += 1;
+            if budget == 0 {
+                prop_assert_eq!(combiner.stats().spilled_runs, combined);
+            }
+        }
+        prop_assert_eq!(combiner.is_empty(), ops.is_empty());
+
+        let expected: Vec<Drained> = model
+            .into_iter()
+            .map(|((binding, key), (left, rights))| {
+                let full = left.is_some();
+                let mut docs = left.into_iter().chain(rights);
+                let mut doc = docs.next().unwrap();
+                for rhs in docs {
+                    reducer_schema.reducer().reduce(&mut doc, rhs, full).unwrap();
+                }
+                Drained { binding, key, doc, full }
+            })
+            .collect();
+        prop_assert_eq!(drain_all(combiner), expected);
+    }
+}
+
+#[test]
+fn drained_keys_come_in_binding_then_packed_key_order() {
+    let mut combiner = new_combiner(2, 4096);
+    let keys = [5, -3, 1000, 0, 70_000, -70_000, 42];
+    for (i, k) in keys.iter().enumerate() {
+        let binding = (i % 2) as u32;
+        combiner
+            .combine_right(1 - binding, json!({"k": k}))
+            .unwrap();
+        combiner.combine_right(binding, json!({"k": k})).unwrap();
+    }
+    let drained: Vec<(u32, Vec<u8>)> = drain_all(combiner)
+        .into_iter()
+        .map(|d| (d.binding, d.key))
+        .collect();
+
+    let mut sorted_keys = keys.to_vec();
+    sorted_keys.sort();
+    let expected: Vec<(u32, Vec<u8>)> = [0, 1]
+        .into_iter()
+        .flat_map(|b| sorted_keys.iter().map(move |&k| (b, key(k))))
+        .collect();
+    assert_eq!(drained, expected);
+}
+
+#[test]
+fn loaded_document_is_leftmost_even_after_new_documents_were_spilled() {
+    for budget in [0, usize::MAX] {
+        let mut combiner = new_combiner(1, budget);
+        combiner
+            .combine_right(0, json!({"k": 1, "log": [1], "last": 1}))
+            .unwrap();
+        combiner
+            .reduce_left(0, &key(1), json!({"k": 1, "log": [0], "last": 0}))
+            .unwrap();
+        combiner
+            .combine_right(0, json!({"k": 1, "log": [2], "last": 2}))
+            .unwrap();
+        combiner
+            .combine_right(0, json!({"k": 2, "log": [3], "last": 3}))
+            .unwrap();
+
+        let drained = drain_all(combiner);
+        assert_eq!(drained.len(), 2, "budget {budget}");
+        assert_eq!(drained[0].doc, json!({"k": 1, "log": [0, 1, 2], "last": 2}));
+        assert!(drained[0].full, "key 1 was combined with a loaded document");
+        assert_eq!(drained[1].doc, json!({"k": 2, "log": [3], "last": 3}));
+        assert!(!drained[1].full, "key 2 only had new documents");
+    }
+}
+
+#[test]
+fn loaded_document_alone_drains_unchanged_and_full() {
+    let mut combiner = new_combiner(1, usize::MAX);
+    let doc = json!({"k": 9, "n": 4, "name": "loaded"});
+    combiner.reduce_left(0, &key(9), doc.clone()).unwrap();
+    let drained = drain_all(combiner);
+    assert_eq!(
+        drained,
+        vec![Drained {
+            binding: 0,
+            key: key(9),
+            doc,
+            full: true
+        }]
+    );
+}
+
+#[test]
+fn second_loaded_document_for_a_key_is_an_error_naming_collection_and_key() {
+    // In memory, the second load is refused at once.
+    let mut combiner = new_combiner(1, usize::MAX);
+    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
+    let err = combiner
+        .reduce_left(0, &key(7), json!({"k": 7}))
+        .unwrap_err();
+    assert!(matches!(err, CombineError::DuplicateLoad { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("acme/c0") && message.contains("[7]"),
+        "{message}"
+    );
+
+    // Across spilled runs, the drain finds it.
+    let mut combiner = new_combiner(1, 0 /* spill after every document */);
+    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
+    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
+    let results: Vec<_> = combiner.drain().unwrap().collect();
+    assert_eq!(results.len(), 1, "the drain stops at its first error");
+    let message = results[0].as_ref().unwrap_err().to_string();
+    assert!(
+        message.contains("acme/c0") && message.contains("[7]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn reduction_error_names_collection_key_and_pointer_and_poisons_the_combiner() {
+    let mut combiner = new_combiner(1, usize::MAX);
+    combiner
+        .combine_right(0, json!({"k": 3, "loose": 1}))
+        .unwrap();
+    let err = combiner
+        .combine_right(0, json!({"k": 3, "loose": "one"}))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, CombineError::Reduce { .. }), "{message}");
+    for part in ["acme/c0", "[3]", "/loose"] {
+        assert!(message.contains(part), "{part:?} missing from {message:?}");
+    }
+
+    let later = combiner.combine_right(0, json!({"k": 4})).unwrap_err();
+    assert!(matches!(later, CombineError::Poisoned { .. }), "{later}");
+    assert!(
+        combiner.drain().is_err(),
+        "a poisoned combiner cannot drain"
+    );
+}
+
+#[test]
+fn reduction_error_across_spilled_runs_surfaces_from_the_drain() {
+    let mut combiner = new_combiner(1, 0 /* spill after every document */);
+    combiner
+        .combine_right(0, json!({"k": 3, "loose": 1}))
+        .unwrap();
+    combiner
+        .combine_right(0, json!({"k": 3, "loose": "one"}))
+        .unwrap();
+    let results: Vec<_> = combiner.drain().unwrap().collect();
+    assert_eq!(results.len(), 1, "the drain stops at its first error");
+    let message = results[0].as_ref().unwrap_err().to_string();
+    for part in ["acme/c0", "[3]", "/loose"] {
+        assert!(message.contains(part), "{part:?} missing from {message:?}");
+    }
+}
+
+#[test]
+fn invalid_document_error_names_collection_key_and_pointer_and_is_not_combined() {
+    let mut combiner = new_combiner(1, usize::MAX);
+    let err = combiner
+        .combine_right(0, json!({"k": 5, "name": 12}))
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, CombineError::Invalid { .. }), "{message}");
+    for part in ["acme/c0", "[5]", "/name"] {
+        assert!(message.contains(part), "{part:?} missing from {message:?}");
+    }
+
+    combiner.combine_right(0, json!({"k": 6, "n": 1})).unwrap();
+    let drained = drain_all(combiner);
+    assert_eq!(drained.len(), 1, "the invalid document was not combined");
+    assert_eq!(drained[0].doc, json!({"k": 6, "n": 1}));
+}
+
+#[test]
+fn unknown_binding_is_an_error() {
+    let mut combiner = new_combiner(1, usize::MAX);
+    let err = combiner.combine_right(1, json!({"k": 1})).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CombineError::UnknownBinding {
+                binding: 1,
+                count: 1
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn table_memory_stays_within_the_budget_by_spilling() {
+    let budget = 64 << 10;
+    let mut combiner = new_combiner(1, budget);
+    for i in 0..5_000 {
+        let doc = json!({"k": i % 1_000, "n": 1, "name": format!("document number {i}")});
+        combiner.combine_right(0, doc).unwrap();
+        let stats = combiner.stats();
+        assert!(stats.memory_bytes <= budget, "{stats:?}");
+    }
+    let stats = combiner.stats();
+    assert!(stats.spilled_runs > 1, "{stats:?}");
+    assert!(stats.spilled_bytes > 0, "{stats:?}");
+
+    let drained = drain_all(combiner);
+    assert_eq!(drained.len(), 1_000);
+    assert!(
+        drained.iter().all(|d| d.doc["n"] == json!(5)),
+        "each key summed 5 times"
+    );
+}
