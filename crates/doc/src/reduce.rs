@@ -1,38 +1,563 @@
-//! Reduction strategies. (stub: owned by the schema/reduce work)
+//! Reduction strategies: how two documents with the same key combine into one.
+//!
+//! A [`Reducer`] is a tree of strategies mirroring the document's shape, compiled from the
+//! `reduce` annotations of a collection schema (see [`build`]). Nodes live in one shared
+//! arena and refer to their children by index, which lets recursive schemas (`$ref` cycles)
+//! compile to a finite, cyclic tree:
+//!
+//! ```text
+//!  node ─┬─ properties (sorted, exact names)   ─▶ node
+//!        ├─ patternProperties (regex, in order) ─▶ node
+//!        ├─ additionalProperties               ─▶ node
+//!        ├─ prefixItems[i]                     ─▶ node
+//!        └─ items                              ─▶ node      (absent ⇒ node 0: lastWriteWins)
+//! ```
+//!
+//! `reduce(lhs, rhs)` folds `rhs` (which came later) into `lhs` in place:
+//!
+//! - `lastWriteWins` (default) takes `rhs` whatever its type; `firstWriteWins` keeps `lhs`.
+//! - `sum` adds numbers: integers with exact `i64`/`u64` arithmetic (overflow is an error),
+//!   any float makes a float.
+//! - `minimize` / `maximize` keep the lesser / greater in JSON order
+//!   (null < bool < numbers < strings < arrays < objects, numbers compared numerically
+//!   across integer and float); ties take `rhs`, or with a `key` the two are deep-merged.
+//! - `merge` reduces objects property by property with each child's own strategy and
+//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays.
+//! - `append` concatenates arrays. `set` is described in [`set`].
+//!
+//! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
+//! relies on to reduce in any grouping; properties present on one side only are kept.
+//! Reducing scalars never allocates (the sum of two integers is computed in an `i128` and
+//! stored back into `lhs`); the location of an error is tracked as a stack-allocated
+//! linked list and only rendered into a string when an error is returned. After an error
+//! `lhs` is unspecified: the caller must discard it (the transaction fails).
 
-use serde_json::Value;
+pub(crate) mod build;
+mod set;
+
+use crate::Pointer;
+use regex::Regex;
+use serde_json::{Map, Number, Value};
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
 
 /// How two documents (or two values at one location) combine.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum Strategy {
+    #[default]
     LastWriteWins,
     FirstWriteWins,
     Sum,
-    Minimize { key: Vec<crate::Pointer> },
-    Maximize { key: Vec<crate::Pointer> },
-    Merge { key: Vec<crate::Pointer> },
+    Minimize {
+        key: Vec<crate::Pointer>,
+    },
+    Maximize {
+        key: Vec<crate::Pointer>,
+    },
+    Merge {
+        key: Vec<crate::Pointer>,
+    },
     Append,
-    Set { key: Vec<crate::Pointer> },
+    Set {
+        key: Vec<crate::Pointer>,
+    },
+}
+
+impl Strategy {
+    /// Parses a `reduce` annotation such as `{"strategy": "merge", "key": ["/id"]}`.
+    /// The error says what is wrong; the caller adds where.
+    pub fn from_annotation(annotation: &Value) -> Result<Strategy, String> {
+        let Value::Object(fields) = annotation else {
+            return Err(format!(
+                "expected an object {{strategy, key}}, got {annotation}"
+            ));
+        };
+        if let Some(unknown) = fields.keys().find(|k| *k != "strategy" && *k != "key") {
+            return Err(format!(
+                "unknown property {unknown:?} (expected \"strategy\" and optionally \"key\")"
+            ));
+        }
+        let name = match fields.get("strategy") {
+            Some(Value::String(name)) => name.as_str(),
+            Some(other) => return Err(format!("strategy must be a string, got {other}")),
+            None => return Err("missing \"strategy\"".to_string()),
+        };
+        let key = match fields.get("key") {
+            None => None,
+            Some(Value::Array(items)) => Some(parse_key(items)?),
+            Some(other) => {
+                return Err(format!(
+                    "key must be an array of JSON pointers, got {other}"
+                ));
+            }
+        };
+        let keyed = |make: fn(Vec<Pointer>) -> Strategy| make(key.clone().unwrap_or_default());
+        let strategy = match name {
+            "lastWriteWins" => Strategy::LastWriteWins,
+            "firstWriteWins" => Strategy::FirstWriteWins,
+            "sum" => Strategy::Sum,
+            "append" => Strategy::Append,
+            "minimize" => keyed(|key| Strategy::Minimize { key }),
+            "maximize" => keyed(|key| Strategy::Maximize { key }),
+            "merge" => keyed(|key| Strategy::Merge { key }),
+            "set" => keyed(|key| Strategy::Set { key }),
+            other => {
+                return Err(format!(
+                    "unknown strategy {other:?} (expected one of lastWriteWins, firstWriteWins, \
+                     sum, minimize, maximize, merge, append, set)"
+                ));
+            }
+        };
+        if key.is_some()
+            && !matches!(
+                strategy,
+                Strategy::Minimize { .. }
+                    | Strategy::Maximize { .. }
+                    | Strategy::Merge { .. }
+                    | Strategy::Set { .. }
+            )
+        {
+            return Err(format!("strategy {name:?} does not take a key"));
+        }
+        Ok(strategy)
+    }
+}
+
+fn parse_key(items: &[Value]) -> Result<Vec<Pointer>, String> {
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(s) => Pointer::parse(s).map_err(|err| err.to_string()),
+            other => Err(format!(
+                "key must be an array of JSON pointers, got item {other}"
+            )),
+        })
+        .collect()
+}
+
+/// One location of the strategy tree. Children are indices into the arena; index
+/// [`DEFAULT_NODE`] is the lastWriteWins leaf used wherever the schema says nothing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Node {
+    pub(crate) strategy: Strategy,
+    /// The strategy came from an annotation (not the default).
+    pub(crate) annotated: bool,
+    /// Sorted by name.
+    pub(crate) properties: Vec<(String, usize)>,
+    pub(crate) patterns: Vec<(Regex, usize)>,
+    pub(crate) additional: Option<usize>,
+    pub(crate) prefix_items: Vec<usize>,
+    pub(crate) items: Option<usize>,
+}
+
+pub(crate) const DEFAULT_NODE: usize = 0;
+
+impl Node {
+    fn property(&self, name: &str) -> usize {
+        if let Ok(i) = self
+            .properties
+            .binary_search_by(|(p, _)| p.as_str().cmp(name))
+        {
+            return self.properties[i].1;
+        }
+        if let Some((_, child)) = self.patterns.iter().find(|(re, _)| re.is_match(name)) {
+            return *child;
+        }
+        self.additional.unwrap_or(DEFAULT_NODE)
+    }
+
+    fn item(&self, index: usize) -> usize {
+        match self.prefix_items.get(index) {
+            Some(child) => *child,
+            None => self.items.unwrap_or(DEFAULT_NODE),
+        }
+    }
 }
 
 /// The tree of strategies located in a schema, mirroring the document's shape.
 #[derive(Debug, Clone)]
 pub struct Reducer {
-    pub strategy: Strategy,
+    nodes: Arc<[Node]>,
+    root: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("while reducing {location}: {reason}")]
+#[error("while reducing {}: {reason}", if .location.is_empty() { "the document root" } else { .location.as_str() })]
 pub struct ReduceError {
-    /// JSON pointer of the location being reduced.
+    /// JSON pointer of the location being reduced (`""` for the whole document).
     pub location: String,
     pub reason: String,
 }
 
+impl Default for Reducer {
+    /// lastWriteWins for the whole document: what a schema without annotations means.
+    fn default() -> Self {
+        Reducer::new(Strategy::LastWriteWins)
+    }
+}
+
 impl Reducer {
+    /// A reducer applying `strategy` at the root, with lastWriteWins everywhere below.
+    pub fn new(strategy: Strategy) -> Self {
+        let root = Node {
+            strategy,
+            annotated: true,
+            ..Node::default()
+        };
+        Reducer::from_nodes(vec![Node::default(), root], 1)
+    }
+
+    /// `nodes[DEFAULT_NODE]` must be the default leaf and every child index in bounds.
+    pub(crate) fn from_nodes(nodes: Vec<Node>, root: usize) -> Self {
+        debug_assert!(nodes[DEFAULT_NODE].strategy == Strategy::LastWriteWins);
+        Reducer {
+            nodes: nodes.into(),
+            root,
+        }
+    }
+
+    /// The strategy at the document root.
+    pub fn strategy(&self) -> &Strategy {
+        &self.nodes[self.root].strategy
+    }
+
     /// Reduces `rhs` into `lhs` in place (`lhs` came first). `full` says `lhs` is a complete
     /// document (e.g. loaded from the store), which lets `set` apply and drop removals.
-    pub fn reduce(&self, _lhs: &mut Value, _rhs: Value, _full: bool) -> Result<(), ReduceError> {
-        todo!()
+    pub fn reduce(&self, lhs: &mut Value, rhs: Value, full: bool) -> Result<(), ReduceError> {
+        let cx = Cx {
+            nodes: &self.nodes,
+            full,
+        };
+        cx.reduce(self.root, lhs, rhs, Loc::Root)
     }
+}
+
+/// A location in the document being reduced, rendered only for errors.
+#[derive(Clone, Copy)]
+pub(crate) enum Loc<'a> {
+    Root,
+    Prop(&'a Loc<'a>, &'a str),
+    Item(&'a Loc<'a>, usize),
+}
+
+impl fmt::Display for Loc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loc::Root => Ok(()),
+            Loc::Prop(parent, name) => {
+                write!(f, "{parent}/")?;
+                for c in name.chars() {
+                    match c {
+                        '~' => f.write_str("~0")?,
+                        '/' => f.write_str("~1")?,
+                        c => write!(f, "{c}")?,
+                    }
+                }
+                Ok(())
+            }
+            Loc::Item(parent, index) => write!(f, "{parent}/{index}"),
+        }
+    }
+}
+
+/// Values quoted in errors are cut to this many characters: enough to recognise a value,
+/// short enough that a large document does not flood the log.
+const QUOTE_LIMIT: usize = 120;
+
+fn quote(value: &Value) -> String {
+    let mut s = value.to_string();
+    if let Some((cut, _)) = s.char_indices().nth(QUOTE_LIMIT) {
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+pub(crate) fn error(loc: Loc<'_>, what: &str, lhs: &Value, rhs: &Value) -> ReduceError {
+    ReduceError {
+        location: loc.to_string(),
+        reason: format!("{what} (left: {}, right: {})", quote(lhs), quote(rhs)),
+    }
+}
+
+/// Which outcomes of a sorted join to keep.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Join {
+    /// Everything: one-sided items as they are, matched pairs reduced.
+    Union,
+    /// Only matched pairs, reduced.
+    Intersection,
+}
+
+/// The reduction context: the node arena and whether the left side is a full document.
+pub(crate) struct Cx<'n> {
+    nodes: &'n [Node],
+    pub(crate) full: bool,
+}
+
+impl Cx<'_> {
+    pub(crate) fn reduce(
+        &self,
+        n: usize,
+        lhs: &mut Value,
+        rhs: Value,
+        loc: Loc<'_>,
+    ) -> Result<(), ReduceError> {
+        let node = &self.nodes[n];
+        match &node.strategy {
+            Strategy::LastWriteWins => *lhs = rhs,
+            Strategy::FirstWriteWins => {}
+            Strategy::Sum => sum(lhs, &rhs, loc)?,
+            Strategy::Append => match (&mut *lhs, rhs) {
+                (Value::Array(l), Value::Array(r)) => l.extend(r),
+                (l, r) => return Err(error(loc, "append needs two arrays", l, &r)),
+            },
+            Strategy::Minimize { key } => self.min_max(n, key, lhs, rhs, loc, Ordering::Less)?,
+            Strategy::Maximize { key } => self.min_max(n, key, lhs, rhs, loc, Ordering::Greater)?,
+            Strategy::Merge { key } => self.merge(n, key, lhs, rhs, loc)?,
+            Strategy::Set { key } => set::reduce(self, n, key, lhs, rhs, loc)?,
+        }
+        Ok(())
+    }
+
+    /// Keeps `lhs` when it compares as `keep` against `rhs`; takes `rhs` when it compares
+    /// the other way or ties with no key; deep-merges a tie on the key.
+    fn min_max(
+        &self,
+        n: usize,
+        key: &[Pointer],
+        lhs: &mut Value,
+        rhs: Value,
+        loc: Loc<'_>,
+        keep: Ordering,
+    ) -> Result<(), ReduceError> {
+        match compare_by_key(key, lhs, &rhs) {
+            ord if ord == keep => Ok(()),
+            Ordering::Equal if !key.is_empty() => self.merge(n, &[], lhs, rhs, loc),
+            _ => {
+                *lhs = rhs;
+                Ok(())
+            }
+        }
+    }
+
+    fn merge(
+        &self,
+        n: usize,
+        key: &[Pointer],
+        lhs: &mut Value,
+        rhs: Value,
+        loc: Loc<'_>,
+    ) -> Result<(), ReduceError> {
+        match (&mut *lhs, rhs) {
+            (Value::Object(l), Value::Object(r)) => self.join_objects(n, l, r, Join::Union, loc),
+            (Value::Array(l), Value::Array(r)) if key.is_empty() => {
+                let node = &self.nodes[n];
+                for (i, rv) in r.into_iter().enumerate() {
+                    match l.get_mut(i) {
+                        Some(lv) => self.reduce(node.item(i), lv, rv, Loc::Item(&loc, i))?,
+                        None => l.push(rv),
+                    }
+                }
+                Ok(())
+            }
+            (Value::Array(l), Value::Array(r)) => {
+                let left = std::mem::take(l);
+                *l = self.join_sorted(n, key, left, r, Join::Union, loc)?;
+                Ok(())
+            }
+            (l, r) => Err(error(loc, "merge needs two objects or two arrays", l, &r)),
+        }
+    }
+
+    /// Joins the properties of two objects, reducing each shared property with its own
+    /// child strategy.
+    pub(crate) fn join_objects(
+        &self,
+        n: usize,
+        l: &mut Map<String, Value>,
+        r: Map<String, Value>,
+        join: Join,
+        loc: Loc<'_>,
+    ) -> Result<(), ReduceError> {
+        let node = &self.nodes[n];
+        if join == Join::Intersection {
+            l.retain(|k, _| r.contains_key(k));
+        }
+        for (k, rv) in r {
+            match l.get_mut(&k) {
+                Some(lv) => self.reduce(node.property(&k), lv, rv, Loc::Prop(&loc, &k))?,
+                None if join == Join::Union => {
+                    l.insert(k, rv);
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Joins two arrays sorted by `key` into one sorted array, reducing items whose keys
+    /// are equal with the item strategy.
+    pub(crate) fn join_sorted(
+        &self,
+        n: usize,
+        key: &[Pointer],
+        l: Vec<Value>,
+        r: Vec<Value>,
+        join: Join,
+        loc: Loc<'_>,
+    ) -> Result<Vec<Value>, ReduceError> {
+        let node = &self.nodes[n];
+        let mut out = Vec::with_capacity(match join {
+            Join::Union => l.len() + r.len(),
+            Join::Intersection => l.len().min(r.len()),
+        });
+        let (mut l, mut r) = (l.into_iter().peekable(), r.into_iter().peekable());
+        let union = join == Join::Union;
+        loop {
+            let ord = match (l.peek(), r.peek()) {
+                (Some(lv), Some(rv)) => compare_by_key(key, lv, rv),
+                (Some(_), None) if union => Ordering::Less,
+                (None, Some(_)) if union => Ordering::Greater,
+                _ => break,
+            };
+            match ord {
+                Ordering::Less => out.extend(l.next().filter(|_| union)),
+                Ordering::Greater => out.extend(r.next().filter(|_| union)),
+                Ordering::Equal => {
+                    let (mut lv, rv) = (l.next().unwrap_or_default(), r.next().unwrap_or_default());
+                    let index = out.len();
+                    self.reduce(node.item(index), &mut lv, rv, Loc::Item(&loc, index))?;
+                    out.push(lv);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn node(&self, n: usize) -> &Node {
+        &self.nodes[n]
+    }
+}
+
+fn sum(lhs: &mut Value, rhs: &Value, loc: Loc<'_>) -> Result<(), ReduceError> {
+    let (Value::Number(l), Value::Number(r)) = (&*lhs, rhs) else {
+        return Err(error(loc, "sum needs two numbers", lhs, rhs));
+    };
+    match add_numbers(l, r) {
+        Some(total) => {
+            *lhs = Value::Number(total);
+            Ok(())
+        }
+        None => Err(error(loc, "sum overflows", lhs, rhs)),
+    }
+}
+
+fn as_integer(n: &Number) -> Option<i128> {
+    n.as_u64()
+        .map(i128::from)
+        .or_else(|| n.as_i64().map(i128::from))
+}
+
+/// Exact for integers (`None` past the `i64`/`u64` range), IEEE for anything else
+/// (`None` when not finite).
+fn add_numbers(l: &Number, r: &Number) -> Option<Number> {
+    match (as_integer(l), as_integer(r)) {
+        (Some(l), Some(r)) => {
+            let total = l + r;
+            match u64::try_from(total) {
+                Ok(total) => Some(total.into()),
+                Err(_) => i64::try_from(total).ok().map(Number::from),
+            }
+        }
+        _ => Number::from_f64(l.as_f64()? + r.as_f64()?),
+    }
+}
+
+/// Orders `lhs` and `rhs` by the values at `key` (a missing value sorts first), or
+/// as whole values when `key` is empty.
+pub(crate) fn compare_by_key(key: &[Pointer], lhs: &Value, rhs: &Value) -> Ordering {
+    if key.is_empty() {
+        return compare(lhs, rhs);
+    }
+    for ptr in key {
+        let ord = match (ptr.query(lhs), ptr.query(rhs)) {
+            (Some(l), Some(r)) => compare(l, r),
+            (l, r) => l.is_some().cmp(&r.is_some()),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    Ordering::Equal
+}
+
+/// The JSON total order: null < booleans < numbers < strings < arrays < objects.
+/// Numbers compare numerically (exactly, across integers and floats); strings by bytes;
+/// arrays element-wise; objects by their properties in name order, then their values.
+pub fn compare(lhs: &Value, rhs: &Value) -> Ordering {
+    fn rank(v: &Value) -> u8 {
+        match v {
+            Value::Null => 0,
+            Value::Bool(_) => 1,
+            Value::Number(_) => 2,
+            Value::String(_) => 3,
+            Value::Array(_) => 4,
+            Value::Object(_) => 5,
+        }
+    }
+    match (lhs, rhs) {
+        (Value::Bool(l), Value::Bool(r)) => l.cmp(r),
+        (Value::Number(l), Value::Number(r)) => compare_numbers(l, r),
+        (Value::String(l), Value::String(r)) => l.cmp(r),
+        (Value::Array(l), Value::Array(r)) => l
+            .iter()
+            .zip(r)
+            .map(|(l, r)| compare(l, r))
+            .find(|o| o.is_ne())
+            .unwrap_or_else(|| l.len().cmp(&r.len())),
+        (Value::Object(l), Value::Object(r)) => {
+            let (l, r) = (sorted_fields(l), sorted_fields(r));
+            l.iter()
+                .zip(&r)
+                .map(|((lk, lv), (rk, rv))| lk.cmp(rk).then_with(|| compare(lv, rv)))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| l.len().cmp(&r.len()))
+        }
+        _ => rank(lhs).cmp(&rank(rhs)),
+    }
+}
+
+fn sorted_fields(m: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut fields: Vec<(&String, &Value)> = m.iter().collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    fields
+}
+
+fn compare_numbers(l: &Number, r: &Number) -> Ordering {
+    match (as_integer(l), as_integer(r)) {
+        (Some(l), Some(r)) => l.cmp(&r),
+        (Some(i), None) => compare_integer_float(i, r.as_f64().unwrap_or_default()),
+        (None, Some(i)) => compare_integer_float(i, l.as_f64().unwrap_or_default()).reverse(),
+        (None, None) => l
+            .as_f64()
+            .partial_cmp(&r.as_f64())
+            .unwrap_or(Ordering::Equal),
+    }
+}
+
+/// Exact comparison of an integer (within ±2^64) with a finite float.
+fn compare_integer_float(i: i128, f: f64) -> Ordering {
+    const LIMIT: f64 = 1.8446744073709552e19; // 2^64, beyond every i64 and u64.
+    if f >= LIMIT {
+        return Ordering::Less;
+    }
+    if f <= -LIMIT {
+        return Ordering::Greater;
+    }
+    let whole = f.trunc();
+    // `whole` is an integer of magnitude below 2^64, so the cast is exact.
+    i.cmp(&(whole as i128))
+        .then_with(|| 0.0.partial_cmp(&(f - whole)).unwrap_or(Ordering::Equal))
 }

@@ -1,17 +1,41 @@
-//! Collection schemas. (stub: owned by the schema/reduce work)
+//! Collection schemas: validation, reduction annotations and type inference.
+//!
+//! ```text
+//!  schema JSON ──compile──▶ Schema { validator (jsonschema), reducer (reduce::build), source }
+//!  document ──validate──▶ Ok | ValidationError { pointer, reason }
+//!  pointer ──inference──▶ Inference { types, must_exist, format }
+//! ```
+//!
+//! `validate` is on the hot path (every document read from a source): it runs the
+//! validator's boolean fast path and only walks errors for an invalid document.
+//!
+//! Inference walks the schema source along the pointer. Conjunctions (the schema's own
+//! keywords, a local `$ref`, `allOf`) intersect types and any of them requiring the
+//! location makes it exist; disjunctions (`anyOf`, `oneOf`) unite types and a location
+//! exists only if every branch requires it. Child schemas of a property are
+//! `properties` and matching `patternProperties`, else `additionalProperties`; of an
+//! array index, `prefixItems` (or array-form `items`), else `items`. Following `$ref`
+//! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
+use crate::reduce::build;
 use crate::{Pointer, Reducer};
-use serde_json::Value;
+use regex::Regex;
+use serde_json::{Map, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
+    /// The JSON Schema itself does not compile.
     #[error("invalid schema: {0}")]
     Invalid(String),
+    /// A `reduce` annotation (or what it depends on) is malformed.
+    #[error("invalid reduce annotation at {location}: {reason}")]
+    Reduce { location: String, reason: String },
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("document is invalid at {pointer}: {reason}")]
+#[error("document is invalid at {}: {reason}", if .pointer.is_empty() { "the document root" } else { .pointer.as_str() })]
 pub struct ValidationError {
+    /// JSON pointer of the offending location in the document (`""` for the root).
     pub pointer: String,
     pub reason: String,
 }
@@ -30,24 +54,365 @@ pub struct Inference {
 /// A compiled collection schema: validator, reductions, inference.
 pub struct Schema {
     reducer: Reducer,
+    validator: jsonschema::Validator,
+    source: Value,
+}
+
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schema")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Schema {
-    pub fn compile(_schema: &Value) -> Result<Schema, SchemaError> {
-        todo!()
+    pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
+        let validator = jsonschema::validator_for(schema).map_err(|err| {
+            let at = err.schema_path().as_str().to_string();
+            SchemaError::Invalid(if at.is_empty() {
+                err.to_string()
+            } else {
+                format!("{err} (at #{at})")
+            })
+        })?;
+        let reducer = build::build(schema)?;
+        Ok(Schema {
+            reducer,
+            validator,
+            source: schema.clone(),
+        })
     }
-    pub fn validate(&self, _doc: &Value) -> Result<(), ValidationError> {
-        todo!()
+
+    pub fn validate(&self, doc: &Value) -> Result<(), ValidationError> {
+        if self.validator.is_valid(doc) {
+            return Ok(());
+        }
+        let err = self.validator.iter_errors(doc).next();
+        Err(match err {
+            Some(err) => ValidationError {
+                pointer: err.instance_path().as_str().to_string(),
+                reason: format!("{err} (schema location #{})", err.schema_path().as_str()),
+            },
+            None => ValidationError {
+                pointer: String::new(),
+                reason: "does not match the schema".to_string(),
+            },
+        })
     }
+
     pub fn reducer(&self) -> &Reducer {
         &self.reducer
     }
-    /// What the schema says about one location.
-    pub fn inference(&self, _ptr: &Pointer) -> Inference {
-        todo!()
+
+    /// The schema as written.
+    pub fn source(&self) -> &Value {
+        &self.source
     }
-    /// Top-level properties (name, pointer) that a materialization may project as fields.
+
+    /// What the schema says about one location.
+    pub fn inference(&self, ptr: &Pointer) -> Inference {
+        let tokens: Vec<&str> = ptr.tokens().collect();
+        let shape = Walker { root: &self.source }.shape(&self.source, &tokens, 0);
+        Inference {
+            types: shape.types.names(),
+            must_exist: shape.must_exist,
+            format: shape.format,
+        }
+    }
+
+    /// Top-level properties (name, pointer) that a materialization may project as fields,
+    /// sorted by name: `properties` of the root and of its local `$ref`s and `allOf`s.
     pub fn top_level_properties(&self) -> Vec<(String, Pointer)> {
-        todo!()
+        let mut names = Vec::new();
+        Walker { root: &self.source }.property_names(&self.source, 0, &mut names);
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let escaped = name.replace('~', "~0").replace('/', "~1");
+                Pointer::parse(&format!("/{escaped}"))
+                    .ok()
+                    .map(|ptr| (name, ptr))
+            })
+            .collect()
+    }
+}
+
+/// `$ref` hops followed by inference before a location counts as unconstrained.
+const REF_DEPTH_LIMIT: usize = 32;
+
+/// A set of JSON types as bits; `number` is `INTEGER | FRACTIONAL`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Types(u8);
+
+impl Types {
+    const NULL: u8 = 1;
+    const BOOLEAN: u8 = 2;
+    const INTEGER: u8 = 4;
+    const FRACTIONAL: u8 = 8;
+    const STRING: u8 = 16;
+    const ARRAY: u8 = 32;
+    const OBJECT: u8 = 64;
+    const ALL: Types = Types(127);
+
+    fn of_name(name: &str) -> u8 {
+        match name {
+            "null" => Self::NULL,
+            "boolean" => Self::BOOLEAN,
+            "integer" => Self::INTEGER,
+            "number" => Self::INTEGER | Self::FRACTIONAL,
+            "string" => Self::STRING,
+            "array" => Self::ARRAY,
+            "object" => Self::OBJECT,
+            _ => 0,
+        }
+    }
+
+    fn of_value(v: &Value) -> u8 {
+        match v {
+            Value::Null => Self::NULL,
+            Value::Bool(_) => Self::BOOLEAN,
+            Value::Number(n) if n.is_f64() => Self::FRACTIONAL,
+            Value::Number(_) => Self::INTEGER,
+            Value::String(_) => Self::STRING,
+            Value::Array(_) => Self::ARRAY,
+            Value::Object(_) => Self::OBJECT,
+        }
+    }
+
+    /// Sorted names; `number` stands for any number, `integer` for integers only.
+    fn names(self) -> Vec<String> {
+        let number = if self.0 & Self::FRACTIONAL != 0 {
+            Some("number")
+        } else if self.0 & Self::INTEGER != 0 {
+            Some("integer")
+        } else {
+            None
+        };
+        [
+            (Self::ARRAY, Some("array")),
+            (Self::BOOLEAN, Some("boolean")),
+            (Self::INTEGER, number.filter(|n| *n == "integer")),
+            (Self::NULL, Some("null")),
+            (
+                Self::FRACTIONAL | Self::INTEGER,
+                number.filter(|n| *n == "number"),
+            ),
+            (Self::OBJECT, Some("object")),
+            (Self::STRING, Some("string")),
+        ]
+        .into_iter()
+        .filter(|(bits, _)| self.0 & bits != 0)
+        .filter_map(|(_, name)| name.map(str::to_string))
+        .collect()
+    }
+}
+
+/// What is known about a location.
+#[derive(Debug, Clone)]
+struct Shape {
+    types: Types,
+    must_exist: bool,
+    format: Option<String>,
+}
+
+impl Shape {
+    const UNCONSTRAINED: Shape = Shape {
+        types: Types::ALL,
+        must_exist: false,
+        format: None,
+    };
+
+    /// Both hold.
+    fn and(self, other: Shape) -> Shape {
+        Shape {
+            types: Types(self.types.0 & other.types.0),
+            must_exist: self.must_exist || other.must_exist,
+            format: self.format.or(other.format),
+        }
+    }
+
+    /// One of them holds.
+    fn or(self, other: Shape) -> Shape {
+        Shape {
+            types: Types(self.types.0 | other.types.0),
+            must_exist: self.must_exist && other.must_exist,
+            format: if self.format == other.format {
+                self.format
+            } else {
+                None
+            },
+        }
+    }
+}
+
+struct Walker<'s> {
+    root: &'s Value,
+}
+
+impl<'s> Walker<'s> {
+    /// The target of a local `$ref`, unless `depth` hops were already followed.
+    fn ref_target(&self, keywords: &Map<String, Value>, depth: usize) -> Option<&'s Value> {
+        let reference = keywords.get("$ref")?.as_str()?;
+        if depth >= REF_DEPTH_LIMIT {
+            return None;
+        }
+        self.root.pointer(reference.strip_prefix('#')?)
+    }
+
+    /// The shape of the location `tokens` below a document valid against `schema`.
+    fn shape(&self, schema: &'s Value, tokens: &[&str], depth: usize) -> Shape {
+        let keywords = match schema {
+            Value::Object(keywords) => keywords,
+            Value::Bool(false) => {
+                return Shape {
+                    types: Types(0),
+                    ..Shape::UNCONSTRAINED
+                };
+            }
+            _ => {
+                return Shape {
+                    must_exist: tokens.is_empty(),
+                    ..Shape::UNCONSTRAINED
+                };
+            }
+        };
+        let mut shape = match tokens.split_first() {
+            None => self.own_shape(keywords),
+            Some((token, rest)) => self.child_shape(keywords, token, rest, depth),
+        };
+        if let Some(target) = self.ref_target(keywords, depth) {
+            shape = shape.and(self.shape(target, tokens, depth + 1));
+        }
+        if let Some(Value::Array(all)) = keywords.get("allOf") {
+            for sub in all {
+                shape = shape.and(self.shape(sub, tokens, depth));
+            }
+        }
+        for word in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(branches)) = keywords.get(word) {
+                let union = branches
+                    .iter()
+                    .map(|sub| self.shape(sub, tokens, depth))
+                    .reduce(Shape::or);
+                if let Some(union) = union {
+                    shape = shape.and(union);
+                }
+            }
+        }
+        shape
+    }
+
+    /// The shape the keywords of one schema give the location they describe.
+    fn own_shape(&self, keywords: &Map<String, Value>) -> Shape {
+        let mut types = match keywords.get("type") {
+            Some(Value::String(name)) => Types(Types::of_name(name)),
+            Some(Value::Array(names)) => Types(
+                names
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(Types::of_name)
+                    .fold(0, |a, b| a | b),
+            ),
+            _ => Types::ALL,
+        };
+        if let Some(value) = keywords.get("const") {
+            types.0 &= Types::of_value(value);
+        }
+        if let Some(Value::Array(values)) = keywords.get("enum") {
+            types.0 &= values.iter().map(Types::of_value).fold(0, |a, b| a | b);
+        }
+        let format = keywords
+            .get("format")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Shape {
+            types,
+            must_exist: true,
+            format,
+        }
+    }
+
+    /// The shape of `rest` below the child `token` of the location `keywords` describe.
+    fn child_shape(
+        &self,
+        keywords: &'s Map<String, Value>,
+        token: &str,
+        rest: &[&str],
+        depth: usize,
+    ) -> Shape {
+        let mut children: Vec<&'s Value> = Vec::new();
+        let mut exists = false;
+        // As a property of an object.
+        if let Some(sub) = keywords.get("properties").and_then(|p| p.get(token)) {
+            children.push(sub);
+        }
+        if let Some(Value::Object(patterns)) = keywords.get("patternProperties") {
+            children.extend(
+                patterns
+                    .iter()
+                    .filter(|(p, _)| Regex::new(p).is_ok_and(|re| re.is_match(token)))
+                    .map(|(_, sub)| sub),
+            );
+        }
+        if children.is_empty() {
+            children.extend(keywords.get("additionalProperties"));
+        }
+        if let Some(Value::Array(required)) = keywords.get("required") {
+            exists |= required.iter().any(|r| r.as_str() == Some(token));
+        }
+        // As an item of an array.
+        if let Ok(index) = token.parse::<usize>() {
+            let prefix = keywords
+                .get("prefixItems")
+                .or_else(|| keywords.get("items").filter(|i| i.is_array()));
+            match prefix.and_then(|p| p.get(index)) {
+                Some(sub) => children.push(sub),
+                None => children.extend(
+                    keywords
+                        .get("items")
+                        .filter(|i| !i.is_array())
+                        .or_else(|| keywords.get("additionalItems")),
+                ),
+            }
+            exists |= keywords
+                .get("minItems")
+                .and_then(Value::as_u64)
+                .is_some_and(|min| min > index as u64);
+        }
+        let shape = match children
+            .into_iter()
+            .map(|sub| self.shape(sub, rest, depth))
+            .reduce(Shape::and)
+        {
+            Some(shape) => shape,
+            None => Shape {
+                must_exist: rest.is_empty(),
+                ..Shape::UNCONSTRAINED
+            },
+        };
+        Shape {
+            must_exist: exists && shape.must_exist,
+            ..shape
+        }
+    }
+
+    fn property_names(&self, schema: &'s Value, depth: usize, out: &mut Vec<String>) {
+        let Value::Object(keywords) = schema else {
+            return;
+        };
+        if let Some(Value::Object(properties)) = keywords.get("properties") {
+            out.extend(properties.keys().cloned());
+        }
+        if let Some(target) = self.ref_target(keywords, depth) {
+            self.property_names(target, depth + 1, out);
+        }
+        if let Some(Value::Array(all)) = keywords.get("allOf") {
+            for sub in all {
+                self.property_names(sub, depth, out);
+            }
+        }
     }
 }

@@ -1,0 +1,681 @@
+//! Reduction strategies, specified by example and by associativity properties.
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use sluice_doc::{ReduceError, Reducer, Schema};
+
+fn reducer(schema: Value) -> Reducer {
+    Schema::compile(&schema)
+        .expect("schema compiles")
+        .reducer()
+        .clone()
+}
+
+/// Folds `docs` left to right with the reductions of `schema`.
+fn fold(schema: Value, docs: Vec<Value>) -> Result<Value, ReduceError> {
+    let reducer = reducer(schema);
+    let mut docs = docs.into_iter();
+    let mut acc = docs.next().expect("at least one document");
+    for doc in docs {
+        reducer.reduce(&mut acc, doc, false)?;
+    }
+    Ok(acc)
+}
+
+fn at(strategy: &str) -> Value {
+    json!({"reduce": {"strategy": strategy}})
+}
+
+/// A root `merge` with the given property schemas.
+fn merged(properties: Value) -> Value {
+    json!({"type": "object", "reduce": {"strategy": "merge"}, "properties": properties})
+}
+
+#[test]
+fn no_annotation_means_last_write_wins_whatever_the_type() {
+    let out = fold(
+        json!({}),
+        vec![json!({"a": 1, "b": 2}), json!("x"), json!([1])],
+    )
+    .unwrap();
+    assert_eq!(out, json!([1]));
+    // Nested locations without annotations also take the right-hand value.
+    let out = fold(
+        merged(json!({})),
+        vec![json!({"a": {"x": 1}}), json!({"a": {"y": 2}})],
+    )
+    .unwrap();
+    assert_eq!(out, json!({"a": {"y": 2}}));
+}
+
+#[test]
+fn first_write_wins_keeps_the_left() {
+    let out = fold(
+        merged(json!({"first": at("firstWriteWins")})),
+        vec![json!({"first": "a"}), json!({"first": "b", "other": 1})],
+    )
+    .unwrap();
+    assert_eq!(out, json!({"first": "a", "other": 1}));
+}
+
+#[test]
+fn sum_of_integers_is_exact_beyond_float_precision() {
+    let big = 9_007_199_254_740_993u64; // 2^53 + 1: not representable as f64.
+    let out = fold(at("sum"), vec![json!(big), json!(1)]).unwrap();
+    assert_eq!(out, json!(9_007_199_254_740_994u64));
+    assert!(out.is_u64());
+    let out = fold(at("sum"), vec![json!(-5), json!(3), json!(4)]).unwrap();
+    assert_eq!(out, json!(2));
+    let out = fold(at("sum"), vec![json!(u64::MAX), json!(-1)]).unwrap();
+    assert_eq!(out, json!(u64::MAX - 1));
+}
+
+#[test]
+fn sum_of_integer_and_float_is_a_float() {
+    let out = fold(at("sum"), vec![json!(1), json!(0.5)]).unwrap();
+    assert_eq!(out, json!(1.5));
+    let out = fold(at("sum"), vec![json!(1.5), json!(1.5)]).unwrap();
+    assert!(out.is_f64(), "{out}");
+}
+
+#[test]
+fn sum_overflow_is_an_error() {
+    let err = fold(at("sum"), vec![json!(u64::MAX), json!(1)]).unwrap_err();
+    assert!(err.reason.contains("overflow"), "{err}");
+    let err = fold(at("sum"), vec![json!(i64::MIN), json!(-1)]).unwrap_err();
+    assert!(err.reason.contains("overflow"), "{err}");
+    let err = fold(at("sum"), vec![json!(f64::MAX), json!(f64::MAX)]).unwrap_err();
+    assert!(err.reason.contains("overflow"), "{err}");
+}
+
+#[test]
+fn sum_over_a_string_names_the_pointer_and_both_values() {
+    let schema = merged(json!({"views": at("sum")}));
+    let err = fold(schema, vec![json!({"views": 3}), json!({"views": "many"})]).unwrap_err();
+    assert_eq!(err.location, "/views");
+    let message = err.to_string();
+    assert!(message.starts_with("while reducing /views: "), "{message}");
+    assert!(
+        message.contains("3") && message.contains("\"many\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn errors_quote_long_values_truncated() {
+    let long = "x".repeat(10_000);
+    let err = fold(at("sum"), vec![json!(1), json!(long)]).unwrap_err();
+    assert!(err.reason.len() < 400, "{} bytes", err.reason.len());
+    assert!(err.reason.contains('…'));
+}
+
+#[test]
+fn errors_at_the_root_say_so_and_escape_pointer_tokens() {
+    let err = fold(at("append"), vec![json!(1), json!(2)]).unwrap_err();
+    assert_eq!(err.location, "");
+    assert!(
+        err.to_string()
+            .starts_with("while reducing the document root: "),
+        "{err}"
+    );
+    let schema = json!({"reduce": {"strategy": "merge"}, "additionalProperties": at("sum")});
+    let err = fold(schema, vec![json!({"a/b": 1}), json!({"a/b": null})]).unwrap_err();
+    assert_eq!(err.location, "/a~1b");
+}
+
+#[test]
+fn minimize_and_maximize_follow_json_type_order() {
+    let ordered = vec![
+        json!(null),
+        json!(false),
+        json!(true),
+        json!(-1),
+        json!(2.5),
+        json!(3),
+        json!(""),
+        json!("a"),
+        json!([]),
+        json!([1]),
+        json!({}),
+        json!({"a": 1}),
+    ];
+    for (i, lower) in ordered.iter().enumerate() {
+        for higher in &ordered[i + 1..] {
+            for (l, r) in [(lower, higher), (higher, lower)] {
+                let min = fold(at("minimize"), vec![l.clone(), r.clone()]).unwrap();
+                let max = fold(at("maximize"), vec![l.clone(), r.clone()]).unwrap();
+                assert_eq!((&min, &max), (lower, higher), "{l} vs {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn numbers_compare_numerically_across_integer_and_float() {
+    assert_eq!(
+        fold(at("maximize"), vec![json!(2), json!(2.5)]).unwrap(),
+        json!(2.5)
+    );
+    assert_eq!(
+        fold(at("maximize"), vec![json!(3), json!(2.5)]).unwrap(),
+        json!(3)
+    );
+    assert_eq!(
+        fold(at("minimize"), vec![json!(-3), json!(-2.5)]).unwrap(),
+        json!(-3)
+    );
+    assert_eq!(
+        fold(at("minimize"), vec![json!(u64::MAX), json!(1e30)]).unwrap(),
+        json!(u64::MAX)
+    );
+}
+
+#[test]
+fn min_max_ties_take_the_right_hand_value() {
+    assert_eq!(
+        fold(at("maximize"), vec![json!(1), json!(1.0)]).unwrap(),
+        json!(1.0)
+    );
+    assert_eq!(
+        fold(at("minimize"), vec![json!(1.0), json!(1)]).unwrap(),
+        json!(1)
+    );
+}
+
+#[test]
+fn min_max_with_a_key_compare_by_key_and_deep_merge_ties() {
+    let schema = json!({
+        "reduce": {"strategy": "maximize", "key": ["/v"]},
+        "properties": {"n": at("sum")},
+    });
+    let out = fold(
+        schema.clone(),
+        vec![
+            json!({"v": 1, "n": 1, "a": "x"}),
+            json!({"v": 1, "n": 2, "b": "y"}),
+            json!({"v": 0, "n": 100}),
+        ],
+    )
+    .unwrap();
+    assert_eq!(out, json!({"v": 1, "n": 3, "a": "x", "b": "y"}));
+    let out = fold(
+        schema,
+        vec![json!({"v": 1, "n": 1}), json!({"v": 2, "n": 5})],
+    )
+    .unwrap();
+    assert_eq!(out, json!({"v": 2, "n": 5}));
+}
+
+#[test]
+fn merge_reduces_objects_deeply_and_keeps_one_sided_properties() {
+    let schema = merged(json!({
+        "stats": {"reduce": {"strategy": "merge"}, "properties": {"views": at("sum"), "last": at("maximize")}},
+        "name": {"type": "string"},
+    }));
+    let out = fold(
+        schema,
+        vec![
+            json!({"stats": {"views": 1, "last": "2024-01-02"}, "left": true}),
+            json!({"stats": {"views": 2, "last": "2024-01-01", "new": 1}, "name": "n"}),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        json!({"stats": {"views": 3, "last": "2024-01-02", "new": 1}, "left": true, "name": "n"})
+    );
+}
+
+#[test]
+fn merge_of_arrays_goes_index_by_index() {
+    let schema = json!({"reduce": {"strategy": "merge"}, "items": at("sum")});
+    let out = fold(schema, vec![json!([1, 2]), json!([10, 20, 30])]).unwrap();
+    assert_eq!(out, json!([11, 22, 30]));
+}
+
+#[test]
+fn merge_of_arrays_with_a_key_is_a_sorted_merge() {
+    let schema = json!({
+        "reduce": {"strategy": "merge", "key": ["/id"]},
+        "items": {"reduce": {"strategy": "merge"}, "properties": {"n": at("sum")}},
+    });
+    let out = fold(
+        schema,
+        vec![
+            json!([{"id": 1, "n": 1}, {"id": 3, "n": 1}]),
+            json!([{"id": 2, "n": 5}, {"id": 3, "n": 2, "x": true}]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        json!([{"id": 1, "n": 1}, {"id": 2, "n": 5}, {"id": 3, "n": 3, "x": true}])
+    );
+}
+
+#[test]
+fn merge_of_a_string_is_an_error() {
+    let err = fold(merged(json!({})), vec![json!({"a": 1}), json!("text")]).unwrap_err();
+    assert!(
+        err.reason.contains("merge needs two objects or two arrays"),
+        "{err}"
+    );
+    let err = fold(at("merge"), vec![json!([1]), json!({"a": 1})]).unwrap_err();
+    assert!(err.reason.contains("merge"), "{err}");
+}
+
+#[test]
+fn append_concatenates_arrays_only() {
+    let out = fold(at("append"), vec![json!([1]), json!([2, 3]), json!([])]).unwrap();
+    assert_eq!(out, json!([1, 2, 3]));
+    let err = fold(at("append"), vec![json!([1]), json!({"a": 1})]).unwrap_err();
+    assert!(err.reason.contains("append needs two arrays"), "{err}");
+}
+
+/// One step of a set fixture: reduce `rhs` into the accumulated left side.
+fn set_steps(schema: Value, steps: Vec<(bool, Value, Value)>) {
+    let reducer = reducer(schema);
+    let mut acc = json!({});
+    for (i, (full, rhs, expect)) in steps.into_iter().enumerate() {
+        reducer.reduce(&mut acc, rhs, full).unwrap();
+        assert_eq!(acc, expect, "step {i}");
+    }
+}
+
+#[test]
+fn set_of_objects_adds_intersects_and_removes_members() {
+    let schema = json!({
+        "reduce": {"strategy": "set"},
+        "properties": {"add": {"additionalProperties": at("sum")}},
+    });
+    let (partial, full) = (false, true);
+    set_steps(
+        schema,
+        vec![
+            (partial, json!({"add": {"a": 1}}), json!({"add": {"a": 1}})),
+            (
+                partial,
+                json!({"add": {"b": 1}}),
+                json!({"add": {"a": 1, "b": 1}}),
+            ),
+            // Removal of a member takes it out of "add" and remembers it for older sets.
+            (
+                partial,
+                json!({"remove": {"b": 0}, "add": {"c": 1, "a": 1}}),
+                json!({"remove": {"b": 0}, "add": {"a": 2, "c": 1}}),
+            ),
+            (
+                partial,
+                json!({"remove": {"a": 0}, "add": {"a": 5}}),
+                json!({"remove": {"a": 0, "b": 0}, "add": {"a": 5, "c": 1}}),
+            ),
+            // A full left side has nothing older to remove from: removals are dropped.
+            (
+                full,
+                json!({"remove": {"z": 0}, "add": {"d": 1}}),
+                json!({"add": {"a": 5, "c": 1, "d": 1}}),
+            ),
+            (
+                partial,
+                json!({"intersect": {"a": 0, "q": 0}}),
+                json!({"intersect": {"a": 0, "q": 0}, "add": {"a": 5}}),
+            ),
+            (
+                partial,
+                json!({"add": {"a": 1, "q": 1}}),
+                json!({"intersect": {"a": 0, "q": 0}, "add": {"a": 6, "q": 1}}),
+            ),
+            (
+                partial,
+                json!({"intersect": {"q": 0, "w": 0}}),
+                json!({"intersect": {"q": 0}, "add": {"q": 1}}),
+            ),
+            (
+                partial,
+                json!({"remove": {"q": 0}}),
+                json!({"intersect": {}, "add": {}}),
+            ),
+            (full, json!({"add": {"x": 1}}), json!({"add": {"x": 1}})),
+        ],
+    );
+}
+
+#[test]
+fn set_of_arrays_keeps_members_sorted_by_key() {
+    let schema = json!({
+        "reduce": {"strategy": "set", "key": ["/0"]},
+        "properties": {"add": {"items": {
+            "reduce": {"strategy": "merge"},
+            "prefixItems": [{"type": "integer"}, at("sum")],
+        }}},
+    });
+    let (partial, full) = (false, true);
+    set_steps(
+        schema,
+        vec![
+            (
+                partial,
+                json!({"add": [[55, 1]]}),
+                json!({"add": [[55, 1]]}),
+            ),
+            (
+                partial,
+                json!({"add": [[22, 1], [99, 1]]}),
+                json!({"add": [[22, 1], [55, 1], [99, 1]]}),
+            ),
+            (
+                partial,
+                json!({"remove": [[99]], "add": [[55, 1]]}),
+                json!({"remove": [[99]], "add": [[22, 1], [55, 2]]}),
+            ),
+            (full, json!({"remove": [[22]]}), json!({"add": [[55, 2]]})),
+            (
+                partial,
+                json!({"intersect": [[11], [55]], "add": [[11, 1]]}),
+                json!({"intersect": [[11], [55]], "add": [[11, 1], [55, 2]]}),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn malformed_sets_are_errors() {
+    let set = at("set");
+    for (lhs, rhs) in [
+        (json!({"add": {}}), json!({"intersect": {}, "remove": {}})),
+        (json!({"add": {}}), json!({"add": []})),
+        (json!({"add": {}}), json!({"other": {}})),
+        (json!({"add": {}}), json!({"add": 1})),
+        (json!({"add": {}}), json!([])),
+    ] {
+        let err = fold(set.clone(), vec![lhs.clone(), rhs.clone()]).unwrap_err();
+        assert!(err.to_string().contains("set"), "{lhs} · {rhs}: {err}");
+    }
+}
+
+#[test]
+fn annotations_are_found_through_every_applicator() {
+    let schema = json!({
+        "$defs": {"counter": at("sum")},
+        "definitions": {"tags": at("append")},
+        "reduce": {"strategy": "merge"},
+        "properties": {
+            "byRef": {"$ref": "#/$defs/counter"},
+            "byDefinitions": {"$ref": "#/definitions/tags"},
+            "byAllOf": {"allOf": [{"type": "integer"}, at("maximize")]},
+            "map": {"reduce": {"strategy": "merge"}, "additionalProperties": at("sum")},
+            "patterned": {"reduce": {"strategy": "merge"}, "patternProperties": {"^n_": at("sum")}},
+            "list": {"reduce": {"strategy": "merge"}, "items": at("sum")},
+            "tuple": {"reduce": {"strategy": "merge"}, "prefixItems": [at("firstWriteWins"), at("sum")]},
+        },
+    });
+    let out = fold(schema, vec![
+        json!({"byRef": 1, "byDefinitions": [1], "byAllOf": 5, "map": {"k": 1}, "patterned": {"n_a": 1, "s": 1},
+               "list": [1], "tuple": ["a", 1]}),
+        json!({"byRef": 2, "byDefinitions": [2], "byAllOf": 3, "map": {"k": 2}, "patterned": {"n_a": 2, "s": 9},
+               "list": [2], "tuple": ["b", 2]}),
+    ])
+    .unwrap();
+    assert_eq!(
+        out,
+        json!({"byRef": 3, "byDefinitions": [1, 2], "byAllOf": 5, "map": {"k": 3}, "patterned": {"n_a": 3, "s": 9},
+               "list": [3], "tuple": ["a", 3]})
+    );
+}
+
+#[test]
+fn recursive_schemas_reduce_at_every_depth() {
+    let schema = json!({
+        "$defs": {"tree": {
+            "reduce": {"strategy": "merge"},
+            "properties": {
+                "count": at("sum"),
+                "children": {"reduce": {"strategy": "merge"}, "additionalProperties": {"$ref": "#/$defs/tree"}},
+            },
+        }},
+        "$ref": "#/$defs/tree",
+    });
+    let doc = json!({"count": 1, "children": {"a": {"count": 1, "children": {"b": {"count": 1, "children": {}}}}}});
+    let out = fold(schema, vec![doc.clone(), doc]).unwrap();
+    assert_eq!(
+        out,
+        json!({"count": 2, "children": {"a": {"count": 2, "children": {"b": {"count": 2, "children": {}}}}}})
+    );
+}
+
+#[test]
+fn the_schema_own_annotation_wins_over_ref_and_all_of() {
+    let schema = json!({
+        "$defs": {"n": at("sum")},
+        "reduce": {"strategy": "merge"},
+        "properties": {"n": {"$ref": "#/$defs/n", "allOf": [at("append")], "reduce": {"strategy": "maximize"}}},
+    });
+    let out = fold(schema, vec![json!({"n": 2}), json!({"n": 1})]).unwrap();
+    assert_eq!(out, json!({"n": 2}));
+}
+
+// ---- Associativity: reduce(reduce(a, b), c) == reduce(a, reduce(b, c)) ----
+
+fn assert_associative(
+    reducer: &Reducer,
+    a: Value,
+    b: Value,
+    c: Value,
+) -> Result<(), TestCaseError> {
+    let mut left = a.clone();
+    let left = reducer
+        .reduce(&mut left, b.clone(), false)
+        .and_then(|()| reducer.reduce(&mut left, c.clone(), false))
+        .map(|()| left);
+    let mut bc = b;
+    let mut right = a;
+    let right = reducer
+        .reduce(&mut bc, c, false)
+        .and_then(|()| reducer.reduce(&mut right, bc, false))
+        .map(|()| right);
+    match (left, right) {
+        (Ok(l), Ok(r)) => prop_assert_eq!(l, r),
+        (l, r) => prop_assert_eq!(
+            l.is_err(),
+            r.is_err(),
+            "one grouping failed: {:?} vs {:?}",
+            l,
+            r
+        ),
+    }
+    Ok(())
+}
+
+/// Any JSON value with exactly-comparable numbers.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        (-4i64..4).prop_map(Value::from),
+        (-8i32..8).prop_map(|k| json!(f64::from(k) / 4.0)),
+        "[ab]{0,2}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 12, 3, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+            prop::collection::btree_map("[abc]", inner, 0..3)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Integers and dyadic floats small enough that every sum is exact.
+fn summable() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (-(1i64 << 40)..(1i64 << 40)).prop_map(Value::from),
+        (-(1i32 << 20)..(1 << 20)).prop_map(|k| json!(f64::from(k) / 8.0)),
+    ]
+}
+
+/// Objects with a counter, a maximum, a list, a free-form field and a nested merge.
+fn mergeable() -> impl Strategy<Value = Value> {
+    let fields = (
+        prop::option::of(-1000i64..1000),
+        prop::option::of(any_json()),
+        prop::option::of(prop::collection::vec(0i64..9, 0..3)),
+        prop::option::of(any_json()),
+        prop::option::of(prop::collection::btree_map("[xyz]", -9i64..9, 0..3)),
+    );
+    fields.prop_map(|(count, max, list, other, nested)| {
+        let mut doc = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                doc.insert(k.to_string(), v);
+            }
+        };
+        put("count", count.map(Value::from));
+        put("max", max);
+        put("list", list.map(Value::from));
+        put("other", other);
+        put("nested", nested.map(|m| json!(m)));
+        Value::Object(doc)
+    })
+}
+
+fn mergeable_schema() -> Value {
+    merged(json!({
+        "count": at("sum"),
+        "max": at("maximize"),
+        "list": at("append"),
+        "nested": {"reduce": {"strategy": "merge"}, "additionalProperties": at("sum")},
+    }))
+}
+
+/// Arrays of `{id, n}` sorted by a unique `id`.
+fn keyed_array() -> impl Strategy<Value = Value> {
+    prop::collection::btree_map(0i64..8, -9i64..9, 0..5).prop_map(|m| {
+        Value::from(
+            m.into_iter()
+                .map(|(id, n)| json!({"id": id, "n": n}))
+                .collect::<Vec<_>>(),
+        )
+    })
+}
+
+fn members() -> impl Strategy<Value = std::collections::BTreeMap<String, i64>> {
+    prop::collection::btree_map("[a-e]", -9i64..9, 0..4)
+}
+
+/// Set instances of object form: `add` and at most one of `intersect` / `remove`.
+fn object_set() -> impl Strategy<Value = Value> {
+    (prop::option::of(members()), 0..3u8, members()).prop_map(|(add, which, other)| {
+        let mut doc = serde_json::Map::new();
+        if let Some(add) = add {
+            doc.insert("add".into(), json!(add));
+        }
+        match which {
+            1 => {
+                doc.insert("intersect".into(), json!(other));
+            }
+            2 => {
+                doc.insert("remove".into(), json!(other));
+            }
+            _ => {}
+        }
+        Value::Object(doc)
+    })
+}
+
+/// Set instances of array form: sorted unique integers.
+fn array_set() -> impl Strategy<Value = Value> {
+    let sorted = || {
+        prop::collection::btree_set(0i64..8, 0..4)
+            .prop_map(|s| json!(s.into_iter().collect::<Vec<_>>()))
+    };
+    (prop::option::of(sorted()), 0..3u8, sorted()).prop_map(|(add, which, other)| {
+        let mut doc = serde_json::Map::new();
+        if let Some(add) = add {
+            doc.insert("add".into(), add);
+        }
+        match which {
+            1 => {
+                doc.insert("intersect".into(), other);
+            }
+            2 => {
+                doc.insert("remove".into(), other);
+            }
+            _ => {}
+        }
+        Value::Object(doc)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn write_wins_strategies_associate(a in any_json(), b in any_json(), c in any_json()) {
+        for strategy in ["lastWriteWins", "firstWriteWins"] {
+            assert_associative(&reducer(at(strategy)), a.clone(), b.clone(), c.clone())?;
+        }
+    }
+
+    #[test]
+    fn sum_associates(a in summable(), b in summable(), c in summable()) {
+        assert_associative(&reducer(at("sum")), a, b, c)?;
+    }
+
+    #[test]
+    fn integer_sums_near_the_limits_associate(
+        a in any::<i64>().prop_map(|n| json!(n / 2)),
+        b in any::<u64>().prop_map(|n| json!(n / 2)),
+        c in any::<i64>().prop_map(|n| json!(n / 2)),
+    ) {
+        assert_associative(&reducer(at("sum")), a, b, c)?;
+    }
+
+    #[test]
+    fn sum_errors_associate(a in prop_oneof![summable(), any_json()], b in any_json(), c in summable()) {
+        assert_associative(&reducer(at("sum")), a, b, c)?;
+    }
+
+    #[test]
+    fn min_max_associate(a in any_json(), b in any_json(), c in any_json()) {
+        for strategy in ["minimize", "maximize"] {
+            assert_associative(&reducer(at(strategy)), a.clone(), b.clone(), c.clone())?;
+        }
+    }
+
+    #[test]
+    fn keyed_min_max_associate(a in mergeable(), b in mergeable(), c in mergeable()) {
+        for strategy in ["minimize", "maximize"] {
+            let schema = json!({"reduce": {"strategy": strategy, "key": ["/count"]}, "properties": {"nested": at("merge")}});
+            assert_associative(&reducer(schema), a.clone(), b.clone(), c.clone())?;
+        }
+    }
+
+    #[test]
+    fn merge_associates(a in mergeable(), b in mergeable(), c in mergeable()) {
+        assert_associative(&reducer(mergeable_schema()), a, b, c)?;
+    }
+
+    #[test]
+    fn keyed_array_merge_associates(a in keyed_array(), b in keyed_array(), c in keyed_array()) {
+        let schema = json!({
+            "reduce": {"strategy": "merge", "key": ["/id"]},
+            "items": {"reduce": {"strategy": "merge"}, "properties": {"n": at("sum")}},
+        });
+        assert_associative(&reducer(schema), a, b, c)?;
+    }
+
+    #[test]
+    fn append_associates(a in prop::collection::vec(any_json(), 0..3), b in prop::collection::vec(any_json(), 0..3), c in prop::collection::vec(any_json(), 0..3)) {
+        assert_associative(&reducer(at("append")), a.into(), b.into(), c.into())?;
+    }
+
+    #[test]
+    fn object_sets_associate(a in object_set(), b in object_set(), c in object_set()) {
+        let schema = json!({"reduce": {"strategy": "set"}, "properties": {"add": {"additionalProperties": at("sum")}}});
+        assert_associative(&reducer(schema), a, b, c)?;
+    }
+
+    #[test]
+    fn array_sets_associate(a in array_set(), b in array_set(), c in array_set()) {
+        assert_associative(&reducer(at("set")), a, b, c)?;
+    }
+}

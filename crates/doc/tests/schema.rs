@@ -1,0 +1,294 @@
+//! Collection schemas: compile errors, validation errors, inference and projections.
+
+use serde_json::{Value, json};
+use sluice_doc::Pointer;
+use sluice_doc::Strategy;
+use sluice_doc::schema::{Inference, Schema, SchemaError};
+
+fn compile(schema: Value) -> Schema {
+    Schema::compile(&schema).expect("schema compiles")
+}
+
+fn reduce_error(schema: Value) -> (String, String) {
+    match Schema::compile(&schema) {
+        Err(SchemaError::Reduce { location, reason }) => (location, reason),
+        Err(other) => panic!("expected a reduce error, got {other}"),
+        Ok(_) => panic!("expected a reduce error for {schema}"),
+    }
+}
+
+fn views_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["user_id", "stats"],
+        "reduce": {"strategy": "merge"},
+        "properties": {
+            "user_id": {"type": "string"},
+            "views": {"type": "integer", "reduce": {"strategy": "sum"}},
+            "last_seen": {"type": "string", "format": "date-time", "reduce": {"strategy": "maximize"}},
+            "stats": {
+                "type": "object",
+                "required": ["count"],
+                "properties": {"count": {"type": "integer"}, "ratio": {"type": ["number", "null"]}},
+            },
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        },
+    })
+}
+
+fn inference(schema: &Schema, ptr: &str) -> Inference {
+    schema.inference(&Pointer::parse(ptr).unwrap())
+}
+
+#[test]
+fn compiles_annotations_into_the_reducer() {
+    let schema = compile(views_schema());
+    assert_eq!(
+        schema.reducer().strategy(),
+        &Strategy::Merge { key: vec![] }
+    );
+    let mut doc = json!({"user_id": "u", "views": 1, "last_seen": "2024-01-01"});
+    schema
+        .reducer()
+        .reduce(
+            &mut doc,
+            json!({"user_id": "u", "views": 2, "last_seen": "2023-12-31"}),
+            false,
+        )
+        .unwrap();
+    assert_eq!(
+        doc,
+        json!({"user_id": "u", "views": 3, "last_seen": "2024-01-01"})
+    );
+}
+
+#[test]
+fn keyed_strategies_parse_their_key_pointers() {
+    let schema = compile(json!({"reduce": {"strategy": "maximize", "key": ["/a", "/b/0"]}}));
+    let key = vec![
+        Pointer::parse("/a").unwrap(),
+        Pointer::parse("/b/0").unwrap(),
+    ];
+    assert_eq!(schema.reducer().strategy(), &Strategy::Maximize { key });
+}
+
+#[test]
+fn unknown_strategy_is_an_error_naming_the_schema_location() {
+    let (location, reason) =
+        reduce_error(json!({"properties": {"a": {"reduce": {"strategy": "average"}}}}));
+    assert_eq!(location, "#/properties/a/reduce");
+    assert!(reason.contains("unknown strategy \"average\""), "{reason}");
+}
+
+#[test]
+fn malformed_reduce_annotations_are_errors() {
+    let cases = [
+        (json!({"reduce": "sum"}), "expected an object"),
+        (json!({"reduce": {}}), "missing \"strategy\""),
+        (
+            json!({"reduce": {"strategy": 1}}),
+            "strategy must be a string",
+        ),
+        (
+            json!({"reduce": {"strategy": "sum", "key": ["/a"]}}),
+            "does not take a key",
+        ),
+        (
+            json!({"reduce": {"strategy": "merge", "key": "/a"}}),
+            "key must be an array",
+        ),
+        (
+            json!({"reduce": {"strategy": "merge", "key": ["a"]}}),
+            "invalid JSON pointer",
+        ),
+        (
+            json!({"reduce": {"strategy": "merge", "extra": 1}}),
+            "unknown property \"extra\"",
+        ),
+    ];
+    for (schema, expect) in cases {
+        let (location, reason) = reduce_error(schema.clone());
+        assert_eq!(location, "#/reduce", "{schema}");
+        assert!(reason.contains(expect), "{schema}: {reason}");
+    }
+}
+
+#[test]
+fn annotations_in_definitions_name_their_location() {
+    let (location, _) = reduce_error(json!({
+        "$defs": {"bad~/name": {"reduce": {"strategy": "nope"}}},
+        "properties": {"a": {"$ref": "#/$defs/bad~0~1name"}},
+    }));
+    assert_eq!(location, "#/$defs/bad~0~1name/reduce");
+}
+
+#[test]
+fn an_invalid_json_schema_is_refused() {
+    let err = Schema::compile(&json!({"type": "nonsense"})).unwrap_err();
+    assert!(matches!(err, SchemaError::Invalid(_)), "{err}");
+}
+
+#[test]
+fn valid_documents_pass() {
+    let schema = compile(views_schema());
+    schema
+        .validate(&json!({"user_id": "u", "stats": {"count": 1}, "views": 3}))
+        .unwrap();
+}
+
+#[test]
+fn validation_errors_name_the_document_pointer() {
+    let schema = compile(views_schema());
+    let err = schema
+        .validate(&json!({"user_id": "u", "stats": {"count": "one"}}))
+        .unwrap_err();
+    assert_eq!(err.pointer, "/stats/count");
+    assert!(
+        err.reason.contains("\"one\"") && err.reason.contains("integer"),
+        "{}",
+        err.reason
+    );
+    assert!(
+        err.to_string()
+            .starts_with("document is invalid at /stats/count: "),
+        "{err}"
+    );
+
+    let err = schema
+        .validate(&json!({"user_id": "u", "stats": {"count": 1}, "tags": ["a", 2]}))
+        .unwrap_err();
+    assert_eq!(err.pointer, "/tags/1");
+}
+
+#[test]
+fn a_missing_required_property_is_reported_at_its_parent() {
+    let schema = compile(views_schema());
+    let err = schema
+        .validate(&json!({"stats": {"count": 1}}))
+        .unwrap_err();
+    assert_eq!(err.pointer, "");
+    assert!(err.reason.contains("user_id"), "{}", err.reason);
+    assert!(
+        err.to_string()
+            .starts_with("document is invalid at the document root: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn inference_reports_types_existence_and_format() {
+    let schema = compile(views_schema());
+    let expect = |types: &[&str], must_exist: bool, format: Option<&str>| Inference {
+        types: types.iter().map(|t| t.to_string()).collect(),
+        must_exist,
+        format: format.map(str::to_string),
+    };
+    assert_eq!(inference(&schema, ""), expect(&["object"], true, None));
+    assert_eq!(
+        inference(&schema, "/user_id"),
+        expect(&["string"], true, None)
+    );
+    assert_eq!(
+        inference(&schema, "/views"),
+        expect(&["integer"], false, None)
+    );
+    assert_eq!(
+        inference(&schema, "/last_seen"),
+        expect(&["string"], false, Some("date-time"))
+    );
+    assert_eq!(
+        inference(&schema, "/stats/count"),
+        expect(&["integer"], true, None)
+    );
+    assert_eq!(
+        inference(&schema, "/stats/ratio"),
+        expect(&["null", "number"], false, None)
+    );
+    assert_eq!(
+        inference(&schema, "/tags/0"),
+        expect(&["string"], false, None)
+    );
+}
+
+#[test]
+fn must_exist_needs_required_along_the_whole_path() {
+    let schema = compile(json!({
+        "required": ["a", "list"],
+        "properties": {
+            "a": {"properties": {"b": {"type": "string"}}, "required": []},
+            "c": {"required": ["d"], "properties": {"d": {"type": "string"}}},
+            "list": {"type": "array", "minItems": 1},
+        },
+    }));
+    assert!(inference(&schema, "/a").must_exist);
+    assert!(!inference(&schema, "/a/b").must_exist);
+    assert!(
+        !inference(&schema, "/c/d").must_exist,
+        "/c itself is optional"
+    );
+    assert!(!inference(&schema, "/unknown").must_exist);
+    assert!(
+        inference(&schema, "/list/0").must_exist,
+        "minItems 1 guarantees the first item"
+    );
+    assert!(!inference(&schema, "/list/1").must_exist);
+}
+
+#[test]
+fn inference_follows_refs_all_of_and_unions_any_of() {
+    let schema = compile(json!({
+        "$defs": {"id": {"type": "string", "format": "uuid"}},
+        "allOf": [{"required": ["id"]}],
+        "properties": {
+            "id": {"$ref": "#/$defs/id"},
+            "n": {"type": "number", "allOf": [{"type": "integer"}]},
+            "either": {"anyOf": [{"type": "string"}, {"type": "boolean"}]},
+            "e": {"enum": ["a", 1]},
+        },
+        "additionalProperties": {"type": "boolean"},
+    }));
+    let id = inference(&schema, "/id");
+    assert_eq!(
+        (id.types, id.must_exist, id.format.as_deref()),
+        (vec!["string".to_string()], true, Some("uuid"))
+    );
+    assert_eq!(inference(&schema, "/n").types, ["integer"]);
+    assert_eq!(inference(&schema, "/either").types, ["boolean", "string"]);
+    assert_eq!(inference(&schema, "/e").types, ["integer", "string"]);
+    assert_eq!(inference(&schema, "/other").types, ["boolean"]);
+}
+
+#[test]
+fn an_unconstrained_location_may_be_anything() {
+    let schema = compile(json!({"type": "object"}));
+    let any = inference(&schema, "/x/y");
+    assert_eq!(
+        any.types,
+        ["array", "boolean", "null", "number", "object", "string"]
+    );
+    assert!(!any.must_exist);
+}
+
+#[test]
+fn top_level_properties_include_refs_and_all_of_sorted() {
+    let schema = compile(json!({
+        "$defs": {"base": {"properties": {"b": {}, "a/x": {}}}},
+        "$ref": "#/$defs/base",
+        "allOf": [{"properties": {"c": {}}}],
+        "properties": {"d": {}, "b": {}},
+    }));
+    let fields: Vec<(String, String)> = schema
+        .top_level_properties()
+        .into_iter()
+        .map(|(name, ptr)| (name, ptr.tokens().map(|t| format!("/{t}")).collect()))
+        .collect();
+    let expect = [("a/x", "/a/x"), ("b", "/b"), ("c", "/c"), ("d", "/d")];
+    assert_eq!(fields, expect.map(|(n, p)| (n.to_string(), p.to_string())));
+    assert_eq!(
+        schema.top_level_properties()[0]
+            .1
+            .tokens()
+            .collect::<Vec<_>>(),
+        ["a/x"]
+    );
+}
