@@ -332,10 +332,9 @@ impl Machine {
                 },
                 _,
             ) => err("Acknowledge or Load"),
-            (Phase::Loading { ack: Ack::Sent, .. }, Request::Prepare(_)) => {
+            (Phase::Loading { ack: Ack::Sent, .. }, _) => {
                 err("Load, or Prepare once Acknowledged has arrived")
             }
-            (Phase::Loading { ack: Ack::Sent, .. }, _) => err("Load"),
             (Phase::Loading { ack: Ack::Done, .. }, _) => err("Load or Prepare"),
 
             (Phase::Preparing { .. }, _) => err("no request before Prepared"),
