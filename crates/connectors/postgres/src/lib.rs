@@ -1,0 +1,1 @@
+//! The PostgreSQL driver (work in progress).
