@@ -1,4 +1,5 @@
-//! SQL text and value conversion, pure and without a connection.
+//! Talking to SQLite: SQL text and value conversion (pure), then the few operations on a
+//! connection (connect, inspect, fence and recover, commit the checkpoint).
 //!
 //! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
 //! order (keys, then values, then the document), which is also the order of the values
@@ -22,6 +23,12 @@
 //!   keys differ. We accept that: such keys are rare and Flow's SQLite driver does the
 //!   same.)
 //! - Delta-update tables have no primary key: every store appends a row.
+//! - Fencing: `sluice_checkpoints` holds one row per (materialization, key range) with a
+//!   fence counter. [`claim_range`] bumps the fence of every overlapping range and reads
+//!   its own; [`commit_checkpoint`] updates the checkpoint only where the fence is still
+//!   the one read, inside the transaction that writes the data. SQLite serializes
+//!   writers, so either the older instance commits before the newer one claims (and the
+//!   newer one recovers that commit), or it finds a stale fence and rolls back.
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};

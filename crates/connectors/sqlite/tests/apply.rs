@@ -188,8 +188,8 @@ async fn reserved_mixed_case_and_quoted_names_are_quoted() {
     let db = dir.path().join("views.db");
     let mut weird = binding("select", false);
     let collection = weird.collection.as_mut().unwrap();
-    collection.projections[1].field = "Mixed Case".into();
-    collection.projections[2].field = "a\"b".into();
+    collection.projections[2].field = "Mixed Case".into();
+    collection.projections[3].field = "a\"b".into();
     let selection = weird.field_selection.as_mut().unwrap();
     selection.values = vec!["Mixed Case".into(), "a\"b".into()];
     let spec = spec(&db, vec![weird]);
@@ -298,6 +298,7 @@ async fn validate_constrains_every_projection() {
     assert!(!binding.delta_updates);
     let want = [
         ("active", Type::LocationRecommended),
+        ("day", Type::LocationRecommended),
         ("flow_document", Type::FieldRequired),
         ("meta/source", Type::FieldOptional),
         ("nothing", Type::FieldForbidden),
