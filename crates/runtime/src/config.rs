@@ -392,7 +392,7 @@ impl Pipeline {
     }
 
     fn parse_named(text: &str, base_dir: &Path, stem: &str) -> Result<Pipeline, ConfigError> {
-        let mut tree: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
+        let tree: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
             let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
             ConfigError::Syntax {
                 line,
@@ -400,6 +400,9 @@ impl Pipeline {
                 message: e.to_string(),
             }
         })?;
+        // Through JSON: YAML's own enum form is a tag (`!sqlite`), we want `sqlite: {..}`.
+        let mut tree = serde_json::to_value(tree)
+            .map_err(|e| invalid("(top level)", format!("not representable as JSON: {e}")))?;
         expand_env(&mut tree, &mut String::new())?;
         let mut pipeline: Pipeline = serde_path_to_error::deserialize(tree).map_err(|e| {
             let place = e.path().to_string();
@@ -540,33 +543,27 @@ fn check_schema(schema: &Value) -> Result<(), String> {
 }
 
 /// Expands `${NAME}` in every string of `tree`; `place` tracks where we are.
-fn expand_env(tree: &mut Yaml, place: &mut String) -> Result<(), ConfigError> {
+fn expand_env(tree: &mut Value, place: &mut String) -> Result<(), ConfigError> {
     let len = place.len();
     match tree {
-        Yaml::String(s) if s.contains('$') => *s = expand_str(s, place)?,
-        Yaml::Sequence(items) => {
+        Value::String(s) if s.contains('$') => *s = expand_str(s, place)?,
+        Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
                 let _ = write!(place, "[{i}]");
                 expand_env(item, place)?;
                 place.truncate(len);
             }
         }
-        Yaml::Mapping(map) => {
+        Value::Object(map) => {
             for (key, value) in map.iter_mut() {
                 if !place.is_empty() {
                     place.push('.');
                 }
-                match key {
-                    Yaml::String(k) => place.push_str(k),
-                    other => {
-                        let _ = write!(place, "{other:?}");
-                    }
-                }
+                place.push_str(key);
                 expand_env(value, place)?;
                 place.truncate(len);
             }
         }
-        Yaml::Tagged(tagged) => expand_env(&mut tagged.value, place)?,
         _ => {}
     }
     Ok(())

@@ -1,0 +1,262 @@
+//! The pipeline file: what parses, what defaults apply, and that every error names
+//! its place.
+
+use sluice_runtime::config::{
+    ConfigError, Endpoint, FileFormat, OnError, Pipeline, ShardDef, SourceKind,
+};
+use std::path::Path;
+use std::time::Duration;
+
+const DESIGN_EXAMPLE: &str = r#"
+collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id]
+      reduce: {strategy: merge}
+      properties:
+        user_id: {type: string}
+        views: {type: integer, reduce: {strategy: sum}}
+        last_seen: {type: string, reduce: {strategy: maximize}}
+
+sources:
+  views-file:
+    target: acme/pageviews
+    file: {path: data/views.jsonl, format: json}
+
+materializations:
+  views-db:
+    endpoint:
+      sqlite: {path: out/views.db}
+    bindings:
+      - source: acme/pageviews
+        resource: {table: pageviews}
+"#;
+
+fn parse(text: &str) -> Result<Pipeline, ConfigError> {
+    Pipeline::parse(text, Path::new("/pipelines"))
+}
+
+fn error(text: &str) -> String {
+    parse(text)
+        .expect_err("the pipeline is invalid")
+        .to_string()
+}
+
+#[test]
+fn design_example_parses_with_defaults() {
+    let p = parse(DESIGN_EXAMPLE).unwrap();
+    let source = &p.sources["views-file"];
+    assert_eq!(source.target, "acme/pageviews");
+    assert_eq!(source.on_error, OnError::Fail);
+    let SourceKind::File(file) = source.kind() else {
+        panic!("a file source")
+    };
+    assert_eq!(file.path, Path::new("/pipelines/data/views.jsonl"));
+    assert_eq!(file.format, FileFormat::Json);
+    assert!(!file.follow);
+    let m = &p.materializations["views-db"];
+    assert_eq!(
+        m.endpoint,
+        Endpoint::Sqlite {
+            path: "/pipelines/out/views.db".into()
+        }
+    );
+    assert_eq!(m.shard, ShardDef::default());
+    assert!(!m.bindings[0].delta_updates);
+    assert_eq!(
+        m.bindings[0].resource,
+        serde_json::json!({"table": "pageviews"})
+    );
+    assert_eq!(p.runtime.transactions.max_docs, 100_000);
+    assert_eq!(p.runtime.transactions.max_bytes, 64 << 20);
+    assert_eq!(p.runtime.transactions.max_duration, Duration::from_secs(1));
+    assert_eq!(p.runtime.transactions.min_duration, Duration::ZERO);
+    assert_eq!(p.runtime.memory_budget, 256 << 20);
+    assert_eq!(p.recovery_log(), Path::new("/pipelines/.sluice/pipeline"));
+}
+
+#[test]
+fn load_resolves_paths_against_the_file_folder_and_names_the_log_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("views.yaml");
+    std::fs::write(&path, DESIGN_EXAMPLE).unwrap();
+    let p = Pipeline::load(&path).unwrap();
+    assert_eq!(p.recovery_log(), dir.path().join(".sluice/views"));
+    let SourceKind::File(file) = p.sources["views-file"].kind() else {
+        panic!("a file source")
+    };
+    assert_eq!(file.path, dir.path().join("data/views.jsonl"));
+}
+
+#[test]
+fn absolute_paths_are_kept() {
+    let text = DESIGN_EXAMPLE.replace("data/views.jsonl", "/srv/views.jsonl");
+    let p = parse(&text).unwrap();
+    let SourceKind::File(file) = p.sources["views-file"].kind() else {
+        panic!("a file source")
+    };
+    assert_eq!(file.path, Path::new("/srv/views.jsonl"));
+}
+
+#[test]
+fn unknown_key_is_an_error_naming_its_place() {
+    let text = DESIGN_EXAMPLE.replace("format: json}", "format: json, folow: true}");
+    let e = error(&text);
+    assert!(e.starts_with("sources.views-file.file"), "{e}");
+    assert!(e.contains("unknown field `folow`"), "{e}");
+}
+
+#[test]
+fn missing_field_names_its_place() {
+    let text = DESIGN_EXAMPLE.replace("        resource: {table: pageviews}\n", "");
+    let e = error(&text);
+    assert!(
+        e.starts_with("materializations.views-db.bindings[0]"),
+        "{e}"
+    );
+    assert!(e.contains("missing field `resource`"), "{e}");
+}
+
+#[test]
+fn unknown_collection_names_the_defined_ones() {
+    let text = DESIGN_EXAMPLE.replace("- source: acme/pageviews", "- source: acme/x");
+    assert_eq!(
+        error(&text),
+        r#"materializations.views-db.bindings[0].source: unknown collection "acme/x" (defined: acme/pageviews)"#
+    );
+    let text = DESIGN_EXAMPLE.replace("target: acme/pageviews", "target: acme/y");
+    assert!(error(&text).starts_with("sources.views-file.target: unknown collection \"acme/y\""));
+}
+
+#[test]
+fn invalid_key_pointer_names_its_place() {
+    let text = DESIGN_EXAMPLE.replace("key: [/user_id]", "key: [user_id]");
+    let e = error(&text);
+    assert!(e.starts_with("collections.acme/pageviews.key[0]"), "{e}");
+    assert!(e.contains("user_id"), "{e}");
+}
+
+#[test]
+fn unknown_endpoint_lists_the_known_ones() {
+    let text = DESIGN_EXAMPLE.replace("sqlite: {path", "sqlit: {path");
+    let e = error(&text);
+    assert!(e.starts_with("materializations.views-db.endpoint"), "{e}");
+    assert!(e.contains("sqlite") && e.contains("postgres"), "{e}");
+}
+
+#[test]
+fn a_source_needs_exactly_one_kind() {
+    let text = DESIGN_EXAMPLE.replace(
+        "file: {path: data/views.jsonl, format: json}",
+        "file: {path: data/views.jsonl, format: json}\n    datagen: {keys: 3}",
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with("sources.views-file: set exactly one of"),
+        "{e}"
+    );
+}
+
+#[test]
+fn yaml_syntax_error_reports_line_and_column() {
+    let text = "collections:\n  a:\n    key: [/id\n    schema: {}\n";
+    match parse(text) {
+        Err(ConfigError::Syntax { line, column, .. }) => {
+            assert!(line >= 3, "line {line}");
+            assert!(column > 0);
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+    assert!(error(text).starts_with("invalid YAML at line"));
+}
+
+#[test]
+fn environment_variables_expand_in_every_string() {
+    let home = std::env::var("HOME").expect("HOME is set");
+    let text = DESIGN_EXAMPLE
+        .replace(
+            "{table: pageviews}",
+            "{table: \"t_${HOME}\", note: \"$${HOME}\"}",
+        )
+        .replace("path: out/views.db", "path: \"${HOME}/views.db\"");
+    let p = parse(&text).unwrap();
+    let m = &p.materializations["views-db"];
+    assert_eq!(
+        m.bindings[0].resource,
+        serde_json::json!({"table": format!("t_{home}"), "note": "${HOME}"})
+    );
+    assert_eq!(
+        m.endpoint,
+        Endpoint::Sqlite {
+            path: Path::new(&home).join("views.db")
+        }
+    );
+}
+
+#[test]
+fn unset_environment_variable_is_named_with_its_place() {
+    let text = DESIGN_EXAMPLE.replace(
+        "path: out/views.db",
+        "path: \"${SLUICE_TEST_SURELY_UNSET}/views.db\"",
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with("materializations.views-db.endpoint.sqlite.path: environment variable ${SLUICE_TEST_SURELY_UNSET} is not set"),
+        "{e}"
+    );
+}
+
+#[test]
+fn runtime_bounds_accept_durations_and_sizes() {
+    let text = format!(
+        "{DESIGN_EXAMPLE}runtime:\n  recovery_log: /var/lib/sluice/views\n  memory_budget: 1GiB\n  transactions: {{max_docs: 10, max_bytes: 512KiB, max_duration: 250ms, min_duration: 1m}}\n"
+    );
+    let p = parse(&text).unwrap();
+    let t = p.runtime.transactions;
+    assert_eq!(t.max_docs, 10);
+    assert_eq!(t.max_bytes, 512 << 10);
+    assert_eq!(t.max_duration, Duration::from_millis(250));
+    assert_eq!(t.min_duration, Duration::from_secs(60));
+    assert_eq!(p.runtime.memory_budget, 1 << 30);
+    assert_eq!(p.recovery_log(), Path::new("/var/lib/sluice/views"));
+}
+
+#[test]
+fn invalid_duration_names_its_place_and_the_expected_form() {
+    let text = format!("{DESIGN_EXAMPLE}runtime:\n  transactions: {{max_duration: 5 seconds}}\n");
+    let e = error(&text);
+    assert!(e.starts_with("runtime.transactions.max_duration"), "{e}");
+    assert!(e.contains("\"250ms\""), "{e}");
+}
+
+#[test]
+fn datagen_source_and_external_endpoints_parse() {
+    let text = DESIGN_EXAMPLE
+        .replace(
+            "file: {path: data/views.jsonl, format: json}",
+            "datagen: {seed: 7, documents: 1000, keys: 50, rate: 200.5}\n    on_error: skip",
+        )
+        .replace(
+            "sqlite: {path: out/views.db}",
+            "command: {program: ./bin/driver, args: [serve], config: {level: 3}}",
+        );
+    let p = parse(&text).unwrap();
+    let SourceKind::Datagen(d) = p.sources["views-file"].kind() else {
+        panic!("a datagen source")
+    };
+    assert_eq!(
+        (d.seed, d.documents, d.keys, d.rate),
+        (7, Some(1000), 50, Some(200.5))
+    );
+    assert_eq!(p.sources["views-file"].on_error, OnError::Skip);
+    assert_eq!(
+        p.materializations["views-db"].endpoint,
+        Endpoint::Command {
+            program: "/pipelines/./bin/driver".into(),
+            args: vec!["serve".to_string()],
+            config: serde_json::json!({"level": 3}),
+        }
+    );
+}

@@ -1,0 +1,338 @@
+//! The built-in sources: what they read, where they say it came from, and that steps
+//! resume and replay exactly.
+
+use serde_json::{Value, json};
+use sluice_runtime::config::{DatagenDef, DatagenShape, FileDef, FileFormat};
+use sluice_runtime::source::datagen::{DatagenSource, document};
+use sluice_runtime::source::file::FileSource;
+use sluice_runtime::source::{QueueLimits, Record, Resume, Source, SourceError, Step};
+use std::io::Write;
+use std::path::Path;
+
+const ALL: QueueLimits = QueueLimits {
+    max_records: usize::MAX,
+    max_bytes: u64::MAX,
+};
+
+fn records(n: usize) -> QueueLimits {
+    QueueLimits {
+        max_records: n,
+        max_bytes: u64::MAX,
+    }
+}
+
+fn file_source(path: &Path, format: FileFormat, follow: bool) -> FileSource {
+    let def = FileDef {
+        path: path.to_path_buf(),
+        format,
+        follow,
+    };
+    FileSource::new("views", &def)
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+async fn queue(source: &mut dyn Source, limits: QueueLimits) -> (Vec<Value>, Step) {
+    let mut out = Vec::new();
+    let step = source.queue(limits, &mut out).await.unwrap();
+    assert_eq!(step.records, out.len());
+    (out.into_iter().map(|r| r.doc).collect(), step)
+}
+
+fn position(step: &Step) -> &Value {
+    step.resume
+        .position()
+        .expect("built-in sources resume by position")
+}
+
+#[tokio::test]
+async fn json_lines_are_read_with_their_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"a\":1}\n\n{\"a\":2}\r\n{\"a\":3}");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let mut out: Vec<Record> = Vec::new();
+    let step = source.queue(ALL, &mut out).await.unwrap();
+    let docs: Vec<_> = out.iter().map(|r| r.doc.clone()).collect();
+    assert_eq!(
+        docs,
+        vec![json!({"a": 1}), json!({"a": 2}), json!({"a": 3})]
+    );
+    let at: Vec<_> = out
+        .iter()
+        .map(|r| (r.position.line, r.position.byte_offset))
+        .collect();
+    assert_eq!(at, vec![(1, 0), (3, 9), (4, 18)]);
+    assert_eq!(
+        out[1].position.to_string(),
+        format!("{}:3 (byte 9)", path.display())
+    );
+    assert_eq!(step.bytes, 25);
+    assert!(
+        step.end_of_input,
+        "the final line without \\n ends the file"
+    );
+    assert!(step.errors.is_empty());
+}
+
+#[tokio::test]
+async fn csv_header_names_properties_and_literal_cells_are_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "id,views,ratio,ok,zip,note\n\
+                a,3,0.5,true,01234,\"x, \"\"y\"\"\"\n\
+                b,-7,1e3,false,\"42\",\n\
+                c,+1,.5,True,,\"two\nlines\"\n";
+    let path = write(&dir, "v.csv", text.as_bytes());
+    let mut source = file_source(&path, FileFormat::Csv, false);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(
+        docs,
+        vec![
+            json!({"id": "a", "views": 3, "ratio": 0.5, "ok": true, "zip": "01234", "note": "x, \"y\""}),
+            json!({"id": "b", "views": -7, "ratio": 1000.0, "ok": false, "zip": "42"}),
+            json!({"id": "c", "views": "+1", "ratio": ".5", "ok": "True", "note": "two\nlines"}),
+        ]
+    );
+    assert!(step.errors.is_empty(), "{:?}", step.errors);
+    assert!(step.end_of_input);
+}
+
+#[tokio::test]
+async fn seek_resumes_exactly_after_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..10).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+    let path = write(&dir, "v.jsonl", lines.as_bytes());
+    let mut first = file_source(&path, FileFormat::Json, false);
+    let (docs, step) = queue(&mut first, records(4)).await;
+    assert_eq!(docs.len(), 4);
+    assert!(!step.end_of_input);
+
+    let mut resumed = file_source(&path, FileFormat::Json, false);
+    resumed.seek(position(&step)).await.unwrap();
+    let mut out = Vec::new();
+    resumed.queue(ALL, &mut out).await.unwrap();
+    let rest: Vec<_> = out.iter().map(|r| r.doc["i"].as_u64().unwrap()).collect();
+    assert_eq!(rest, (4..10).collect::<Vec<_>>());
+    assert_eq!(
+        out[0].position.line, 5,
+        "line numbers continue after a seek"
+    );
+}
+
+#[tokio::test]
+async fn csv_seek_past_the_header_still_names_properties() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.csv", b"id,n\na,1\nb,2\n");
+    let mut first = file_source(&path, FileFormat::Csv, false);
+    let (_, step) = queue(&mut first, records(1)).await;
+    let mut resumed = file_source(&path, FileFormat::Csv, false);
+    resumed.seek(position(&step)).await.unwrap();
+    let (docs, _) = queue(&mut resumed, ALL).await;
+    assert_eq!(docs, vec![json!({"id": "b", "n": 2})]);
+}
+
+#[tokio::test]
+async fn replay_reproduces_the_step_and_continues_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..6).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+    let path = write(&dir, "v.jsonl", lines.as_bytes());
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let (_, first) = queue(&mut source, records(2)).await;
+    let (docs, second) = queue(&mut source, records(2)).await;
+
+    let mut recovered = file_source(&path, FileFormat::Json, false);
+    recovered.seek(position(&first)).await.unwrap();
+    let mut out = Vec::new();
+    let replayed = recovered.replay(&second.resume, &mut out).await.unwrap();
+    assert_eq!(out.iter().map(|r| r.doc.clone()).collect::<Vec<_>>(), docs);
+    assert_eq!(replayed.resume, second.resume);
+    let (rest, _) = queue(&mut recovered, ALL).await;
+    assert_eq!(rest, vec![json!({"i": 4}), json!({"i": 5})]);
+}
+
+#[tokio::test]
+async fn replay_of_a_modified_file_fails_with_a_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"i\":2}\n");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let (_, step) = queue(&mut source, ALL).await;
+    std::fs::write(&path, b"{\"i\":1}\n{\"i\":3}\n").unwrap();
+
+    let mut recovered = file_source(&path, FileFormat::Json, false);
+    let mut out = Vec::new();
+    let err = recovered.replay(&step.resume, &mut out).await.unwrap_err();
+    assert!(
+        matches!(err, SourceError::ReplayMismatch { expected, actual, .. } if expected == step.resume.hash() && actual != expected),
+        "{err}"
+    );
+    assert!(out.is_empty(), "a mismatching replay emits nothing");
+    assert!(err.to_string().contains("the input changed"), "{err}");
+}
+
+#[tokio::test]
+async fn followed_file_picks_up_appended_lines_and_waits_for_partial_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"i\":");
+    let mut source = file_source(&path, FileFormat::Json, true);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 1})]);
+    assert!(!step.end_of_input, "a followed file never ends");
+
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert!(docs.is_empty() && !step.end_of_input, "nothing new yet");
+
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"2}\n{\"i\":3}\n").unwrap();
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 2}), json!({"i": 3})]);
+    assert!(!step.end_of_input);
+}
+
+#[tokio::test]
+async fn malformed_json_is_reported_with_file_and_line_and_not_emitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"i\":\n{\"i\":3}\n");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 1}), json!({"i": 3})]);
+    assert_eq!(step.errors.len(), 1);
+    let e = &step.errors[0];
+    assert_eq!(e.raw, b"{\"i\":\n");
+    let message = e.to_string();
+    assert!(
+        message.starts_with(&format!("{}:2 (byte 8): invalid JSON", path.display())),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_utf8_is_reported_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"s\":\"\xff\"}\n");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs.len(), 1);
+    let message = step.errors[0].to_string();
+    assert!(message.contains(":2 (byte 8): invalid UTF-8"), "{message}");
+}
+
+#[tokio::test]
+async fn csv_row_with_the_wrong_number_of_columns_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.csv", b"id,n\na,1\nb,2,3\nc\n");
+    let mut source = file_source(&path, FileFormat::Csv, false);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"id": "a", "n": 1})]);
+    let messages: Vec<_> = step.errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(messages.len(), 2);
+    assert!(
+        messages[0].ends_with(":3 (byte 9): row has 3 columns, the header has 2"),
+        "{messages:?}"
+    );
+    assert!(
+        messages[1].ends_with(":4 (byte 15): row has 1 columns, the header has 2"),
+        "{messages:?}"
+    );
+}
+
+#[tokio::test]
+async fn byte_limit_ends_a_step_but_an_oversized_record_still_makes_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"i\":2}\n");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let tiny = QueueLimits {
+        max_records: usize::MAX,
+        max_bytes: 1,
+    };
+    let (docs, _) = queue(&mut source, tiny).await;
+    assert_eq!(docs, vec![json!({"i": 1})]);
+    let (docs, _) = queue(&mut source, tiny).await;
+    assert_eq!(docs, vec![json!({"i": 2})]);
+    let (docs, step) = queue(&mut source, tiny).await;
+    assert!(docs.is_empty());
+    assert!(step.end_of_input);
+}
+
+#[tokio::test]
+async fn missing_file_is_an_io_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.jsonl");
+    let mut source = file_source(&path, FileFormat::Json, false);
+    let err = source.queue(ALL, &mut Vec::new()).await.unwrap_err();
+    assert!(matches!(err, SourceError::Io { .. }));
+    assert!(err.to_string().contains("absent.jsonl"), "{err}");
+}
+
+fn datagen(documents: Option<u64>) -> DatagenSource {
+    let def = DatagenDef {
+        seed: 7,
+        documents,
+        keys: 10,
+        rate: None,
+        shape: DatagenShape::Pageviews,
+    };
+    DatagenSource::new("gen", &def).unwrap()
+}
+
+#[tokio::test]
+async fn datagen_emits_the_pure_documents_and_ends_after_its_count() {
+    let mut source = datagen(Some(25));
+    let (docs, step) = queue(&mut source, ALL).await;
+    let expected: Vec<_> = (0..25).map(|seq| document(7, 10, seq)).collect();
+    assert_eq!(docs, expected);
+    assert!(step.end_of_input);
+    let keys: std::collections::BTreeSet<_> = docs
+        .iter()
+        .map(|d| d["user_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(keys.len() <= 10 && keys.len() > 1, "{keys:?}");
+    let last_seen = docs[0]["last_seen"].as_str().unwrap();
+    assert_eq!(last_seen, "2024-01-01T00:00:00Z");
+    assert_eq!(docs[24]["last_seen"], "2024-01-01T00:00:24Z");
+}
+
+#[tokio::test]
+async fn datagen_resumes_by_sequence_number_and_replays_exactly() {
+    let mut source = datagen(None);
+    let (_, first) = queue(&mut source, records(10)).await;
+    let (docs, second) = queue(&mut source, records(5)).await;
+    assert!(!second.end_of_input, "an endless generator never ends");
+
+    let mut recovered = datagen(None);
+    recovered.seek(position(&first)).await.unwrap();
+    let mut out = Vec::new();
+    recovered.replay(&second.resume, &mut out).await.unwrap();
+    assert_eq!(out.into_iter().map(|r| r.doc).collect::<Vec<_>>(), docs);
+    let (next, _) = queue(&mut recovered, records(1)).await;
+    assert_eq!(next, vec![document(7, 10, 15)]);
+
+    let other_seed = DatagenDef {
+        seed: 8,
+        documents: None,
+        keys: 10,
+        rate: None,
+        shape: DatagenShape::Pageviews,
+    };
+    let mut changed = DatagenSource::new("gen", &other_seed).unwrap();
+    let err = changed
+        .replay(&second.resume, &mut Vec::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SourceError::ReplayMismatch { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn replay_rejects_a_resume_that_cannot_be_replayed() {
+    let mut source = datagen(None);
+    let seek = Resume::Seek {
+        position: json!({"begin": 0, "end": 3}),
+    };
+    let err = source.replay(&seek, &mut Vec::new()).await.unwrap_err();
+    assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
+}
