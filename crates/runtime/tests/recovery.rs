@@ -219,6 +219,8 @@ fn inspect_renders_the_commit_and_pending_intent() {
 
 /// A plan as (resume-from txn or None for Fresh, replayed intent txn).
 type Summary = (Option<u64>, Option<u64>);
+/// (log commit txn, store checkpoint txn, pending intent txn) → expected plan.
+type Row = (Option<u64>, Option<u64>, Option<u64>, Summary);
 
 fn summary(plan: &RecoveryPlan) -> Summary {
     match plan {
@@ -232,7 +234,7 @@ fn summary(plan: &RecoveryPlan) -> Summary {
 fn plan_recovery_decision_table() {
     // (log commit, store checkpoint, intent) → (resume from, replay)
     #[rustfmt::skip]
-    let table: &[(Option<u64>, Option<u64>, Option<u64>, Summary)] = &[
+    let table: &[Row] = &[
         // Nothing committed anywhere.
         (None,    None,    None,    (None,    None)),
         (None,    None,    Some(1), (Some(0), Some(1))), // crashed during the first txn
