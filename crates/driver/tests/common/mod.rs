@@ -3,8 +3,13 @@
 #![allow(dead_code)]
 
 use sluice_driver::arena::{LoadBuilder, StoreBuilder, StoreDoc};
+use sluice_driver::client::{self, ClientReceiver, ClientSender, Response};
+use sluice_driver::inprocess::InProcess;
+use sluice_driver::{Driver, Endpoint, Result};
 use sluice_proto::flow;
-use sluice_proto::materialize::transaction_request::{Load, Open, Store};
+use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
+use sluice_proto::materialize::transaction_response::Opened;
+use std::sync::Arc;
 
 /// A materialization with one binding per `(table, delta_updates)`.
 pub fn spec(name: &str, endpoint: &str, tables: &[(&str, bool)]) -> flow::MaterializationSpec {
@@ -64,4 +69,42 @@ pub fn store(binding: u32, docs: &[(&[u8], &str, bool)]) -> Store {
         binding,
         ..Default::default()
     })
+}
+
+/// Connects to `driver` in-process and opens `spec` over `[key_begin, key_end]`.
+pub async fn connect(
+    driver: Arc<dyn Driver>,
+    spec: &flow::MaterializationSpec,
+    key_begin: u32,
+    key_end: u32,
+) -> Result<(ClientSender, ClientReceiver, Opened)> {
+    let endpoint = InProcess::new("test", driver);
+    client::open(
+        endpoint.transactions().await?,
+        open(spec, key_begin, key_end),
+    )
+    .await
+}
+
+/// One whole transaction without loads: Acknowledge, Prepare with `checkpoint`, `stores`,
+/// Commit; returns once DriverCommitted arrived, or the first error.
+pub async fn transaction(
+    tx: &mut ClientSender,
+    rx: &mut ClientReceiver,
+    checkpoint: &[u8],
+    stores: Vec<Store>,
+) -> Result<()> {
+    tx.acknowledge().await?;
+    assert!(matches!(rx.recv().await?, Response::Acknowledged));
+    tx.prepare(Prepare {
+        flow_checkpoint: checkpoint.to_vec(),
+    })
+    .await?;
+    assert!(matches!(rx.recv().await?, Response::Prepared(_)));
+    for s in stores {
+        tx.store(s).await?;
+    }
+    tx.commit().await?;
+    assert!(matches!(rx.recv().await?, Response::DriverCommitted));
+    Ok(())
 }
