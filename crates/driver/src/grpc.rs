@@ -18,7 +18,7 @@
 //! [`Error`] variant where one exists (fenced, configuration, store), so a runtime can
 //! tell a zombie from a lost connection whatever the transport.
 //!
-//! Both sides accept messages up to [`MAX_MESSAGE_BYTES`]: one Store or Loaded message
+//! Both sides accept messages up to [`MAX_WIRE_MESSAGE_BYTES`]: one Store or Loaded message
 //! carries at least one whole document, and the protocol has no way to split one.
 
 use crate::serve::serve_transactions;
@@ -32,9 +32,10 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream, UnixListenerStre
 use tonic::{Code, Request, Response, Status, Streaming, transport::Channel};
 
 /// The largest protobuf message either side sends or accepts (gRPC message or stdio
-/// frame). 64 MiB holds the largest document the conformance suite sends (16 MiB) with
+/// frame). Well above the arena builders' batch bound ([`crate::arena::MAX_MESSAGE_BYTES`]),
+/// which a message exceeds when it holds one large document. 64 MiB holds the largest document the conformance suite sends (16 MiB) with
 /// room for its keys and values, while still refusing a corrupt length outright.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+pub const MAX_WIRE_MESSAGE_BYTES: usize = 64 << 20;
 
 /// How many Transactions messages may wait in a channel between a transport and its peer.
 /// Enough to keep pipelined Loads flowing; small enough to push back on a slow peer.
@@ -50,11 +51,11 @@ impl GrpcServer {
         Self { driver }
     }
 
-    /// The tonic service, with message limits raised to [`MAX_MESSAGE_BYTES`].
+    /// The tonic service, with message limits raised to [`MAX_WIRE_MESSAGE_BYTES`].
     pub fn into_service(self) -> driver_server::DriverServer<Self> {
         driver_server::DriverServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_WIRE_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_WIRE_MESSAGE_BYTES)
     }
 }
 
@@ -261,8 +262,8 @@ impl GrpcEndpoint {
             .await
             .map_err(transport_error)?;
         let client = DriverClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            .max_decoding_message_size(MAX_WIRE_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_WIRE_MESSAGE_BYTES);
         Ok(Self {
             address: address.to_string(),
             client,

@@ -13,7 +13,7 @@
 //!
 //! Invariants:
 //! - Never a hang on a broken peer: a stdout that ends mid-frame, a frame longer than
-//!   [`MAX_MESSAGE_BYTES`] (checked before allocating) and bytes that are not the expected
+//!   [`MAX_WIRE_MESSAGE_BYTES`] (checked before allocating) and bytes that are not the expected
 //!   protobuf message are all errors naming the driver. When the child is gone, the
 //!   error carries its exit status and the last lines of its stderr.
 //! - The child is killed when the endpoint's stream (or unary call) is dropped
@@ -23,7 +23,7 @@
 //!
 //! [`serve_stdio`] is the driver side: it lets any [`Driver`] act as such an executable.
 
-use crate::grpc::MAX_MESSAGE_BYTES;
+use crate::grpc::MAX_WIRE_MESSAGE_BYTES;
 use crate::serve::serve_transactions;
 use crate::{Driver, Endpoint, Error, Result, TransactionStream};
 use async_trait::async_trait;
@@ -68,10 +68,10 @@ where
     M: Message,
 {
     let len = msg.encoded_len();
-    if len > MAX_MESSAGE_BYTES {
+    if len > MAX_WIRE_MESSAGE_BYTES {
         return Err(FrameError::TooLarge {
             len,
-            max: MAX_MESSAGE_BYTES,
+            max: MAX_WIRE_MESSAGE_BYTES,
         });
     }
     let mut buf = Vec::with_capacity(4 + len);
@@ -99,10 +99,10 @@ where
         return Err(FrameError::Truncated { expected: 4, got });
     }
     let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_MESSAGE_BYTES {
+    if len > MAX_WIRE_MESSAGE_BYTES {
         return Err(FrameError::TooLarge {
             len,
-            max: MAX_MESSAGE_BYTES,
+            max: MAX_WIRE_MESSAGE_BYTES,
         });
     }
     let mut body = vec![0u8; len];
