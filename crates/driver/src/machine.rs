@@ -432,3 +432,51 @@ impl Machine {
         )
     }
 }
+
+/// The driver checkpoint after `update` (from Prepared) over `previous` (JSON text;
+/// empty means `{}`): an RFC 7396 merge patch when `rfc7396_merge_patch` is set, a full
+/// replacement otherwise. Text that is not JSON is the driver's violation.
+pub fn apply_driver_checkpoint(
+    previous: &[u8],
+    update: &flow::DriverCheckpoint,
+) -> Result<Vec<u8>, ProtocolError> {
+    let parse = |what: &str, bytes: &[u8]| -> Result<serde_json::Value, ProtocolError> {
+        let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
+        serde_json::from_slice(bytes).map_err(|e| {
+            violation(
+                Peer::Driver,
+                format!("a JSON {what} driver checkpoint"),
+                format!("invalid JSON ({e})"),
+            )
+        })
+    };
+    let patch = parse("updated", &update.driver_checkpoint_json)?;
+    let next = if update.rfc7396_merge_patch {
+        let mut target = parse("previous", previous)?;
+        merge_patch(&mut target, patch);
+        target
+    } else {
+        patch
+    };
+    Ok(next.to_string().into_bytes())
+}
+
+/// RFC 7396: objects merge key by key, `null` removes a key, anything else replaces.
+fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(patch) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::Value::Object(Default::default());
+    }
+    if let serde_json::Value::Object(target) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(&key);
+            } else {
+                merge_patch(target.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+    }
+}

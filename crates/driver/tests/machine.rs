@@ -440,3 +440,37 @@ fn wire_conversions_round_trip() {
         }
     }
 }
+
+#[test]
+fn driver_checkpoints_replace_or_merge_patch_per_rfc_7396() {
+    use sluice_driver::machine::apply_driver_checkpoint;
+    let update = |json: &str, merge: bool| flow::DriverCheckpoint {
+        driver_checkpoint_json: json.as_bytes().to_vec(),
+        rfc7396_merge_patch: merge,
+    };
+    let prev = br#"{"a":{"b":1,"c":2},"d":[1],"e":"x"}"#;
+    let apply = |u| String::from_utf8(apply_driver_checkpoint(prev, &u).unwrap()).unwrap();
+    assert_eq!(
+        apply(update(r#"{"a":{"b":null,"z":3},"d":[2],"f":true}"#, true)),
+        r#"{"a":{"c":2,"z":3},"d":[2],"e":"x","f":true}"#
+    );
+    assert_eq!(
+        apply(update("{}", true)),
+        r#"{"a":{"b":1,"c":2},"d":[1],"e":"x"}"#,
+        "no change"
+    );
+    assert_eq!(
+        apply(update(r#"{"q":1}"#, false)),
+        r#"{"q":1}"#,
+        "replacement"
+    );
+    assert_eq!(
+        apply_driver_checkpoint(b"", &update(r#"{"q":1}"#, true)).unwrap(),
+        br#"{"q":1}"#
+    );
+    let err = apply_driver_checkpoint(prev, &update("{", true)).unwrap_err();
+    assert_eq!(
+        (err.peer, err.expected.as_str()),
+        (Peer::Driver, "a JSON updated driver checkpoint")
+    );
+}
