@@ -292,3 +292,10 @@ fn top_level_properties_include_refs_and_all_of_sorted() {
         ["a/x"]
     );
 }
+
+#[test]
+fn schemas_and_reducers_are_shareable_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Schema>();
+    shareable::<sluice_doc::Reducer>();
+}
