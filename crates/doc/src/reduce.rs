@@ -92,16 +92,17 @@ impl Strategy {
                 ));
             }
         };
-        let keyed = |make: fn(Vec<Pointer>) -> Strategy| make(key.clone().unwrap_or_default());
-        let strategy = match name {
+        let has_key = key.is_some();
+        let key = key.unwrap_or_default();
+        let unkeyed = match name {
+            "minimize" => return Ok(Strategy::Minimize { key }),
+            "maximize" => return Ok(Strategy::Maximize { key }),
+            "merge" => return Ok(Strategy::Merge { key }),
+            "set" => return Ok(Strategy::Set { key }),
             "lastWriteWins" => Strategy::LastWriteWins,
             "firstWriteWins" => Strategy::FirstWriteWins,
             "sum" => Strategy::Sum,
             "append" => Strategy::Append,
-            "minimize" => keyed(|key| Strategy::Minimize { key }),
-            "maximize" => keyed(|key| Strategy::Maximize { key }),
-            "merge" => keyed(|key| Strategy::Merge { key }),
-            "set" => keyed(|key| Strategy::Set { key }),
             other => {
                 return Err(format!(
                     "unknown strategy {other:?} (expected one of lastWriteWins, firstWriteWins, \
@@ -109,18 +110,10 @@ impl Strategy {
                 ));
             }
         };
-        if key.is_some()
-            && !matches!(
-                strategy,
-                Strategy::Minimize { .. }
-                    | Strategy::Maximize { .. }
-                    | Strategy::Merge { .. }
-                    | Strategy::Set { .. }
-            )
-        {
+        if has_key {
             return Err(format!("strategy {name:?} does not take a key"));
         }
-        Ok(strategy)
+        Ok(unkeyed)
     }
 }
 
