@@ -3,6 +3,7 @@
 
 mod bench;
 mod driver_cmd;
+mod drivers;
 mod pipeline_cmd;
 
 use clap::{Parser, Subcommand};

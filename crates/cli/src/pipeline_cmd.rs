@@ -1,21 +1,47 @@
-//! `sluice run | check | apply | inspect`: the pipeline operator's commands. (stub)
+//! `sluice run | check | apply | inspect`: the pipeline operator's commands.
+//!
+//! Each loads the pipeline file, connects the endpoints it names (built-in drivers run
+//! in-process; `grpc` and `command` endpoints are external), and hands over to
+//! `sluice_runtime::pipeline`.
 
+use crate::drivers;
+use anyhow::Context;
+use async_trait::async_trait;
 use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use sluice_driver::grpc::GrpcEndpoint;
+use sluice_driver::inprocess::InProcess;
+use sluice_driver::stdio::StdioEndpoint;
+use sluice_proto::flow::EndpointType;
+use sluice_proto::materialize::constraint::Type as ConstraintType;
+use sluice_runtime::config::{Endpoint, Pipeline};
+use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
+use sluice_runtime::txn::Progress;
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct RunArgs {
     /// The pipeline file (YAML).
     pub pipeline: PathBuf,
+    /// Keep tailing sources after they are exhausted (stop with Ctrl-C).
+    #[arg(long)]
+    pub follow: bool,
 }
 
 #[derive(Args)]
 pub struct CheckArgs {
+    /// The pipeline file (YAML).
     pub pipeline: PathBuf,
 }
 
 #[derive(Args)]
 pub struct ApplyArgs {
+    /// The pipeline file (YAML).
     pub pipeline: PathBuf,
     /// Print the actions without applying them.
     #[arg(long)]
@@ -24,19 +50,257 @@ pub struct ApplyArgs {
 
 #[derive(Subcommand)]
 pub enum InspectCommand {
-    /// Print the checkpoint held by a pipeline's recovery log.
-    Checkpoint { pipeline: PathBuf },
+    /// Print the checkpoints held by a pipeline's recovery logs.
+    Checkpoint {
+        /// The pipeline file (YAML).
+        pipeline: PathBuf,
+    },
 }
 
-pub fn run(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`sluice run` is not built yet")
+/// Connects the endpoints a pipeline file names.
+struct Connector;
+
+#[async_trait]
+impl Connect for Connector {
+    async fn connect(
+        &self,
+        materialization: &str,
+        endpoint: &Endpoint,
+    ) -> Result<Connected, String> {
+        let builtin = |name: &str, endpoint_type, config| {
+            let driver =
+                drivers::builtin(name).ok_or_else(|| format!("no built-in driver {name:?}"))?;
+            Ok(Connected {
+                endpoint: Arc::new(InProcess::new(name, driver)),
+                endpoint_type,
+                config,
+            })
+        };
+        match endpoint {
+            Endpoint::Sqlite { path } => builtin("sqlite", EndpointType::Sqlite, json!({ "path": path })),
+            Endpoint::Memory { path } => {
+                let config = match path {
+                    Some(path) => json!({ "path": path }),
+                    None => json!({}),
+                };
+                builtin("memory", EndpointType::SluiceMemory, config)
+            }
+            Endpoint::Postgres { .. } | Endpoint::Mysql { .. } => Err(
+                "the postgres and mysql drivers are not part of this build yet; use sqlite, memory, grpc or command"
+                    .to_string(),
+            ),
+            Endpoint::Grpc { address, config } => {
+                let endpoint = GrpcEndpoint::connect(address).await.map_err(|e| e.to_string())?;
+                Ok(Connected {
+                    endpoint: Arc::new(endpoint),
+                    endpoint_type: EndpointType::SluiceGrpc,
+                    config: config.clone(),
+                })
+            }
+            Endpoint::Command { program, args, config } => Ok(Connected {
+                endpoint: Arc::new(StdioEndpoint::new(
+                    materialization,
+                    program.to_string_lossy().as_ref(),
+                    args.clone(),
+                )),
+                endpoint_type: EndpointType::SluiceCommand,
+                config: config.clone(),
+            }),
+        }
+    }
 }
-pub fn check(_args: CheckArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`sluice check` is not built yet")
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
-pub fn apply(_args: ApplyArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`sluice apply` is not built yet")
+
+fn load(path: &PathBuf) -> anyhow::Result<Pipeline> {
+    Pipeline::load(path).with_context(|| format!("pipeline file {}", path.display()))
 }
-pub fn inspect(_cmd: InspectCommand) -> anyhow::Result<()> {
-    anyhow::bail!("`sluice inspect` is not built yet")
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let pipeline = load(&args.pipeline)?;
+    runtime()?.block_on(async {
+        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        for (name, actions) in pipeline::apply(&planned, false).await? {
+            tracing::debug!(materialization = %name, "applied: {actions}");
+        }
+        let progress = Arc::new(Progress::default());
+        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("signal received: finishing the current transaction, then stopping");
+            let _ = shutdown_tx.send(true);
+        });
+        let started = Instant::now();
+        let bar = progress_bar(progress.clone(), started);
+        let result = pipeline::run(&pipeline, planned, RunOptions { follow: args.follow }, progress.clone(), shutdown_rx).await;
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let elapsed = started.elapsed();
+        let summaries = result?;
+        for (name, s) in summaries {
+            let rate = s.docs as f64 / elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored, {:.1}s, {:.0} docs/s",
+                s.docs,
+                human_bytes(s.bytes),
+                s.transactions,
+                s.loaded,
+                s.stored,
+                elapsed.as_secs_f64(),
+                rate
+            );
+        }
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// A progress line on a terminal: documents, docs/s, transactions, bytes.
+fn progress_bar(progress: Arc<Progress>, started: Instant) -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+    let ticker = bar.clone();
+    tokio::spawn(async move {
+        loop {
+            let docs = progress.docs.load(Ordering::Relaxed);
+            let rate = docs as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            ticker.set_message(format!(
+                "{docs} documents, {rate:.0} docs/s, {} transactions, {}",
+                progress.transactions.load(Ordering::Relaxed),
+                human_bytes(progress.bytes.load(Ordering::Relaxed)),
+            ));
+            ticker.tick();
+            if ticker.is_finished() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    Some(bar)
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+pub fn check(args: CheckArgs) -> anyhow::Result<()> {
+    let pipeline = load(&args.pipeline)?;
+    runtime()?.block_on(async {
+        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        for m in &planned.materializations {
+            println!("materialization {} ({})", m.name, m.endpoint.name());
+            for (binding, validated) in m.spec.bindings.iter().zip(&m.validated.bindings) {
+                let collection = binding
+                    .collection
+                    .as_ref()
+                    .map(|c| c.collection.as_str())
+                    .unwrap_or("");
+                let selection = binding.field_selection.clone().unwrap_or_default();
+                println!(
+                    "  {collection} → {}{}",
+                    binding.resource_path.join("."),
+                    if binding.delta_updates {
+                        " (delta updates)"
+                    } else {
+                        ""
+                    }
+                );
+                println!("    keys:     {}", selection.keys.join(", "));
+                println!("    values:   {}", selection.values.join(", "));
+                println!(
+                    "    document: {}",
+                    if selection.document.is_empty() {
+                        "-"
+                    } else {
+                        &selection.document
+                    }
+                );
+                let mut constraints: Vec<_> = validated.constraints.iter().collect();
+                constraints.sort_by(|a, b| a.0.cmp(b.0));
+                for (field, c) in constraints {
+                    let kind = ConstraintType::try_from(c.r#type)
+                        .map(|t| t.as_str_name().to_string())
+                        .unwrap_or_else(|_| format!("type {}", c.r#type));
+                    println!("    {field:<20} {kind:<22} {}", c.reason);
+                }
+            }
+        }
+        println!("pipeline {} is valid", args.pipeline.display());
+        Ok(())
+    })
+}
+
+pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let pipeline = load(&args.pipeline)?;
+    runtime()?.block_on(async {
+        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        for (name, actions) in pipeline::apply(&planned, args.dry_run).await? {
+            let verb = if args.dry_run {
+                "would apply"
+            } else {
+                "applied"
+            };
+            println!("-- {name}: {verb}");
+            println!(
+                "{}",
+                if actions.trim().is_empty() {
+                    "(nothing to do)"
+                } else {
+                    actions.trim()
+                }
+            );
+        }
+        Ok(())
+    })
+}
+
+pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
+    match cmd {
+        InspectCommand::Checkpoint { pipeline: path } => {
+            let pipeline = load(&path)?;
+            for name in pipeline.materializations.keys() {
+                let dir = pipeline.recovery_log().join(name);
+                println!("materialization {name} (recovery log {})", dir.display());
+                if !dir.exists() {
+                    println!("  (empty: never run)");
+                    continue;
+                }
+                let text = sluice_runtime::recovery::inspect(&dir)?;
+                for line in text.lines() {
+                    println!("  {line}");
+                }
+            }
+            Ok(())
+        }
+    }
 }
