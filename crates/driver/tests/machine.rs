@@ -111,15 +111,33 @@ fn all_kinds() -> Vec<Ev> {
     ]
 }
 
-/// (state, how to reach it, accepted message names, expected text for a bad request,
-/// expected text for a bad response)
-fn table() -> Vec<(
-    &'static str,
-    Vec<Ev>,
-    &'static [&'static str],
-    &'static str,
-    &'static str,
-)> {
+/// One state: how to reach it, the message kinds it accepts, and the `expected` text of
+/// a rejected request and of a rejected response.
+struct Case {
+    state: &'static str,
+    prefix: Vec<Ev>,
+    accepted: &'static [&'static str],
+    bad_request: &'static str,
+    bad_response: &'static str,
+}
+
+fn case(
+    state: &'static str,
+    prefix: Vec<Ev>,
+    accepted: &'static [&'static str],
+    bad_request: &'static str,
+    bad_response: &'static str,
+) -> Case {
+    Case {
+        state,
+        prefix,
+        accepted,
+        bad_request,
+        bad_response,
+    }
+}
+
+fn table() -> Vec<Case> {
     let t1 = vec![open(), opened()];
     let with = |extra: Vec<Ev>| [t1.clone(), extra].concat();
     let txn1 = with(vec![
@@ -132,105 +150,105 @@ fn table() -> Vec<(
         committed(),
     ]);
     vec![
-        (
+        case(
             "awaiting Open",
             vec![],
             &["Open"],
             "Open",
             "no response before Open",
         ),
-        (
+        case(
             "awaiting Opened",
             vec![open()],
             &["Opened"],
             "no request before Opened",
             "Opened",
         ),
-        (
+        case(
             "load phase, nothing sent",
             t1.clone(),
             &["Load", "Acknowledge"],
             "Acknowledge or Load",
             "no response before Acknowledge or Load",
         ),
-        (
+        case(
             "load phase, loads sent, no Acknowledge",
             with(vec![load()]),
             &["Load", "Acknowledge", "Loaded"],
             "Acknowledge or Load",
             "Loaded",
         ),
-        (
+        case(
             "load phase, Acknowledge sent",
             with(vec![ack()]),
             &["Load", "Acknowledged"],
             "Load, or Prepare once Acknowledged has arrived",
             "Acknowledged",
         ),
-        (
+        case(
             "load phase, Acknowledge and loads sent",
             with(vec![load(), ack()]),
             &["Load", "Acknowledged", "Loaded"],
             "Load, or Prepare once Acknowledged has arrived",
             "Acknowledged or Loaded",
         ),
-        (
+        case(
             "load phase, acknowledged",
             with(vec![ack(), acked()]),
             &["Load", "Prepare"],
             "Load or Prepare",
             "no response before Acknowledge or Load",
         ),
-        (
+        case(
             "load phase, acknowledged, loads sent",
             with(vec![ack(), load(), acked()]),
             &["Load", "Prepare", "Loaded"],
             "Load or Prepare",
             "Loaded",
         ),
-        (
+        case(
             "awaiting Prepared, no loads",
             with(vec![ack(), acked(), prepare()]),
             &["Prepared"],
             "no request before Prepared",
             "Prepared",
         ),
-        (
+        case(
             "awaiting Prepared, loads sent",
             with(vec![ack(), load(), acked(), prepare()]),
             &["Prepared", "Loaded"],
             "no request before Prepared",
             "Loaded or Prepared",
         ),
-        (
+        case(
             "store phase",
             with(vec![ack(), acked(), prepare(), prepared()]),
             &["Store", "Commit"],
             "Store or Commit",
             "no response before Commit",
         ),
-        (
+        case(
             "store phase after stores",
             with(vec![ack(), acked(), prepare(), prepared(), store()]),
             &["Store", "Commit"],
             "Store or Commit",
             "no response before Commit",
         ),
-        (
+        case(
             "awaiting DriverCommitted",
             with(vec![ack(), acked(), prepare(), prepared(), commit()]),
             &["DriverCommitted"],
             "no request before DriverCommitted",
             "DriverCommitted",
         ),
-        (
+        case(
             "load phase of transaction 2",
             txn1.clone(),
             &["Load", "Acknowledge"],
             "Acknowledge or Load",
             "no response before Acknowledge or Load",
         ),
-        (
+        case(
             "transaction 2 acknowledged",
             [txn1, vec![ack(), acked()]].concat(),
             &["Load", "Prepare"],
@@ -243,7 +261,14 @@ fn table() -> Vec<(
 #[test]
 fn every_message_kind_in_every_state_is_accepted_or_rejected_as_the_protocol_says() {
     let mut rejected = 0;
-    for (state, prefix, allowed, expected_request, expected_response) in table() {
+    for Case {
+        state,
+        prefix,
+        accepted: allowed,
+        bad_request: expected_request,
+        bad_response: expected_response,
+    } in table()
+    {
         for ev in all_kinds() {
             let result = step(run(&prefix), &ev);
             let kind = name(&ev);
