@@ -264,23 +264,23 @@ fn every_message_kind_in_every_state_is_accepted_or_rejected_as_the_protocol_say
     for Case {
         state,
         prefix,
-        accepted: allowed,
-        bad_request: expected_request,
-        bad_response: expected_response,
+        accepted,
+        bad_request,
+        bad_response,
     } in table()
     {
         for ev in all_kinds() {
             let result = step(run(&prefix), &ev);
             let kind = name(&ev);
-            match (allowed.contains(&kind), result) {
+            match (accepted.contains(&kind), result) {
                 (true, Ok(_)) => {}
                 (true, Err(e)) => panic!("{state}: {kind} must be accepted, got {e}"),
                 (false, Ok(_)) => panic!("{state}: {kind} must be rejected"),
                 (false, Err(e)) => {
                     rejected += 1;
                     let (peer, expected) = match ev {
-                        Ev::Rq(_) => (Peer::Runtime, expected_request),
-                        Ev::Rs(_) => (Peer::Driver, expected_response),
+                        Ev::Rq(_) => (Peer::Runtime, bad_request),
+                        Ev::Rs(_) => (Peer::Driver, bad_response),
                     };
                     assert_eq!(
                         (e.peer, e.expected.as_str(), e.got.as_str()),
