@@ -1,0 +1,237 @@
+//! What the user writes: the endpoint (`{"url": "postgres://...", "schema": "sales"}`)
+//! and each binding's resource (`{"table": "pageviews"}`), with the JSON schemas that
+//! Spec returns.
+//!
+//! Parsing is strict: unknown properties are errors, and every error names the field
+//! that is wrong (`endpoint config: url: ...`), so a pipeline author can find it in their
+//! file. The URL may hold a password (`${PGPASSWORD}` expanded by the runtime): it is
+//! never printed. Everything that names the server uses [`EndpointConfig::describe`],
+//! which drops it.
+
+use serde::Deserialize;
+use sluice_driver::{Error, Result};
+use std::str::FromStr;
+
+/// Where the documentation of this driver lives (returned by Spec).
+pub const DOCUMENTATION_URL: &str =
+    "https://github.com/sluice-rs/sluice/tree/main/crates/connectors/postgres";
+
+/// The schema used when the endpoint names none.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// JSON schema of [`EndpointConfig`].
+pub const ENDPOINT_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "PostgreSQL endpoint",
+  "type": "object",
+  "required": ["url"],
+  "additionalProperties": false,
+  "properties": {
+    "url": {
+      "type": "string",
+      "minLength": 1,
+      "description": "Connection URL, e.g. postgres://user:${PGPASSWORD}@host:5432/db (no TLS)."
+    },
+    "schema": {
+      "type": "string",
+      "minLength": 1,
+      "default": "public",
+      "description": "Schema holding the tables and the checkpoints table; created by apply if missing."
+    }
+  }
+}"#;
+
+/// JSON schema of [`ResourceConfig`].
+pub const RESOURCE_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "PostgreSQL table",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {
+    "table": {
+      "type": "string",
+      "minLength": 1,
+      "maxLength": 63,
+      "description": "Name of the table to materialize into (any name: it is always quoted)."
+    },
+    "delta_updates": {
+      "type": "boolean",
+      "default": false,
+      "description": "Append every stored document as a new row instead of keeping one row per key."
+    }
+  }
+}"#;
+
+/// The endpoint: one database, one schema in it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub url: String,
+    #[serde(default)]
+    pub schema: Option<String>,
+}
+
+/// Never shows the URL: it may hold a password.
+impl std::fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointConfig")
+            .field("server", &self.describe())
+            .field("schema", &self.schema())
+            .finish()
+    }
+}
+
+/// One binding's resource: a table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    pub table: String,
+    #[serde(default)]
+    pub delta_updates: bool,
+}
+
+/// Longest identifier PostgreSQL keeps (NAMEDATALEN - 1); longer ones are truncated
+/// silently, which would make two long names collide.
+const MAX_IDENTIFIER: usize = 63;
+
+impl EndpointConfig {
+    pub fn parse(json: &str) -> Result<Self> {
+        let config: Self = parse("endpoint config", json)?;
+        config.connection()?;
+        if let Some(schema) = &config.schema {
+            check_identifier("endpoint config: schema", schema)?;
+        }
+        Ok(config)
+    }
+
+    /// The schema of every table of this endpoint.
+    pub fn schema(&self) -> &str {
+        self.schema.as_deref().unwrap_or(DEFAULT_SCHEMA)
+    }
+
+    /// The parsed connection settings.
+    pub fn connection(&self) -> Result<tokio_postgres::Config> {
+        tokio_postgres::Config::from_str(&self.url).map_err(|err| {
+            Error::Config(format!(
+                "endpoint config: url: not a PostgreSQL connection URL ({err}); \
+                 expected e.g. postgres://user@host:5432/database"
+            ))
+        })
+    }
+
+    /// The server as `postgres://user@host:port/database`, without the password: what
+    /// errors and logs name.
+    pub fn describe(&self) -> String {
+        let Ok(config) = self.connection() else {
+            return "postgres://(invalid url)".to_owned();
+        };
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            #[cfg(unix)]
+            Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+            None => "localhost".to_owned(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        format!(
+            "postgres://{}@{host}:{port}/{}",
+            config.get_user().unwrap_or(""),
+            config.get_dbname().unwrap_or("")
+        )
+    }
+}
+
+impl ResourceConfig {
+    pub fn parse(json: &str) -> Result<Self> {
+        let config: Self = parse("resource config", json)?;
+        check_identifier("resource config: table", &config.table)?;
+        Ok(config)
+    }
+}
+
+fn check_identifier(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::Config(format!(
+            "{what}: must not be empty (e.g. \"pageviews\")"
+        )));
+    }
+    if name.len() > MAX_IDENTIFIER {
+        return Err(Error::Config(format!(
+            "{what}: {name:?} is longer than PostgreSQL's {MAX_IDENTIFIER} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Deserializes `json`, naming the path of the offending field in the error.
+fn parse<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    serde_path_to_error::deserialize(de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." {
+            Error::Config(format!("{what}: {inner}"))
+        } else {
+            Error::Config(format!("{what}: {path}: {inner}"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_defaults_to_the_public_schema() {
+        let config = EndpointConfig::parse(r#"{"url": "postgres://u@h/db"}"#).unwrap();
+        assert_eq!(config.schema(), "public");
+        let config =
+            EndpointConfig::parse(r#"{"url": "postgres://u@h/db", "schema": "Sales"}"#).unwrap();
+        assert_eq!(config.schema(), "Sales");
+    }
+
+    #[test]
+    fn the_password_is_never_described_or_debug_printed() {
+        let config =
+            EndpointConfig::parse(r#"{"url": "postgres://alice:s3cret@db.example:6543/sales"}"#)
+                .unwrap();
+        assert_eq!(config.describe(), "postgres://alice@db.example:6543/sales");
+        assert!(!format!("{config:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_bad_url_is_a_config_error_naming_the_field() {
+        let err = EndpointConfig::parse(r#"{"url": "postgres://u@h:notaport/db"}"#).unwrap_err();
+        assert!(err.to_string().contains("endpoint config: url:"), "{err}");
+    }
+
+    #[test]
+    fn wrong_missing_and_unknown_fields_are_named() {
+        let err = ResourceConfig::parse(r#"{"table": 5}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("resource config: table: invalid type"),
+            "{err}"
+        );
+        let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field `url`"), "{err}");
+        let err = ResourceConfig::parse(r#"{"table": "t", "tabel": "u"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+    }
+
+    #[test]
+    fn empty_and_overlong_names_are_refused() {
+        let err = ResourceConfig::parse(r#"{"table": ""}"#).unwrap_err();
+        assert!(err.to_string().contains("must not be empty"), "{err}");
+        let long = "x".repeat(64);
+        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#)).unwrap_err();
+        assert!(err.to_string().contains("longer than"), "{err}");
+    }
+
+    #[test]
+    fn schemas_are_json() {
+        for schema in [ENDPOINT_SCHEMA, RESOURCE_SCHEMA] {
+            serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! SQL text and value encoding, pure and without a connection.
+//!
+//! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
+//! order (keys, then values, then the document), which is also the order of the values
+//! in a Store message (`packed_keys`, `packed_values`, `docs_json`). Every statement the
+//! driver runs is generated here, so Apply's action description is exactly what runs.
+//!
+//! Column types come from the projection's inferred JSON types (`null` ignored):
+//!
+//! ```text
+//!   integer → bigint          number, integer+number → double precision
+//!   boolean → boolean         string → text      string with format date-time → timestamptz
+//!   object, array, several types → jsonb          the whole document → json
+//! ```
+//!
+//! The document column is `json`, not `jsonb`: it keeps the document's text exactly as
+//! the runtime reduced it (property order and number spelling included), loads return
+//! that text without a re-serialization, and storing it costs a validation rather than
+//! a conversion. Fields users query are their own typed columns.
+//!
+//! Values travel as PostgreSQL's text forms: rows in `COPY ... FROM STDIN` text format
+//! ([`CopyRow`]), keys of loads and deletions as `text[]` parameters cast to the
+//! column's array type on the server ([`key_text`]). One conversion serves both, so a
+//! key looked up compares equal to the key stored; the server parses numbers and
+//! timestamps with its own input functions (a `date-time` string is checked there).
+//!
+//! Invariants:
+//! - Every identifier is quoted with [`quote_ident`] (`"a""b"`), so table and field
+//!   names such as `select`, `Mixed Case` or `a"b` are safe; every literal is quoted
+//!   with [`quote_literal`].
+//! - A value whose JSON type does not fit its column (a string in a `bigint` column) is
+//!   an error naming the field, never a silent coercion.
+//! - Delta-update tables have no primary key: every store appends a row.
+
+use serde_json::Value;
+use sluice_driver::{Error, Result};
+use sluice_proto::flow;
+use std::io::Write;
+
+/// The table of fences and runtime checkpoints, one row per (materialization, key range).
+pub const CHECKPOINTS_TABLE: &str = "sluice_checkpoints";
+
+/// How a column holds its field's JSON values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    Bigint,
+    Double,
+    Boolean,
+    Text,
+    /// A string of `format: date-time` (RFC 3339).
+    Timestamptz,
+    /// Objects, arrays and fields of several types.
+    Jsonb,
+    /// The whole document, text kept as is.
+    Json,
+}
+
+impl ColumnType {
+    /// The column type for a projection, or `None` if PostgreSQL cannot hold the field
+    /// (it has no type at all, or is always null).
+    pub fn of_projection(projection: &flow::Projection) -> Option<ColumnType> {
+        let inference = projection.inference.as_ref();
+        let mut types: Vec<&str> = inference
+            .map(|i| i.types.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(String::as_str)
+            .filter(|t| *t != "null")
+            .collect();
+        types.sort_unstable();
+        let format = inference
+            .and_then(|i| i.string.as_ref())
+            .map(|s| s.format.as_str());
+        Some(match types.as_slice() {
+            [] => return None,
+            ["integer"] => ColumnType::Bigint,
+            ["integer", "number"] | ["number"] => ColumnType::Double,
+            ["boolean"] => ColumnType::Boolean,
+            ["string"] if format == Some("date-time") => ColumnType::Timestamptz,
+            ["string"] => ColumnType::Text,
+            _ => ColumnType::Jsonb,
+        })
+    }
+
+    pub fn sql(self) -> &'static str {
+        match self {
+            ColumnType::Bigint => "bigint",
+            ColumnType::Double => "double precision",
+            ColumnType::Boolean => "boolean",
+            ColumnType::Text => "text",
+            ColumnType::Timestamptz => "timestamptz",
+            ColumnType::Jsonb => "jsonb",
+            ColumnType::Json => "json",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub field: String,
+    /// The JSON pointer the field projects (empty for the whole document).
+    pub ptr: String,
+    pub ty: ColumnType,
+}
+
+/// One binding's table, columns in field-selection order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub schema: String,
+    pub name: String,
+    /// The collection the table materializes (named in column comments).
+    pub collection: String,
+    /// Keys, then values, then the document column (if selected).
+    pub columns: Vec<Column>,
+    pub key_count: usize,
+    pub has_document: bool,
+    pub delta_updates: bool,
+}
+
+impl Table {
+    /// The table `schema.name` for `binding`, with columns typed from its projections.
+    pub fn new(
+        schema: &str,
+        name: &str,
+        binding: &flow::materialization_spec::Binding,
+        delta_updates: bool,
+    ) -> Result<Table> {
+        let collection = binding
+            .collection
+            .as_ref()
+            .ok_or_else(|| Error::Config(format!("binding of table {name:?} has no collection")))?;
+        let selection = binding.field_selection.clone().unwrap_or_default();
+        let column = |field: &str, document: bool| -> Result<Column> {
+            let projection = collection
+                .projections
+                .iter()
+                .find(|p| p.field == field)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "table {name:?}: selected field {field:?} is not a projection of {}",
+                        collection.collection
+                    ))
+                })?;
+            let ty = if document {
+                ColumnType::Json
+            } else {
+                ColumnType::of_projection(projection).ok_or_else(|| {
+                    Error::Config(format!(
+                        "table {name:?}: field {field:?} has no type PostgreSQL can hold"
+                    ))
+                })?
+            };
+            Ok(Column {
+                field: field.to_owned(),
+                ptr: projection.ptr.clone(),
+                ty,
+            })
+        };
+        if selection.keys.is_empty() {
+            return Err(Error::Config(format!(
+                "table {name:?}: the field selection has no key fields"
+            )));
+        }
+        let mut columns = Vec::new();
+        for field in selection.keys.iter().chain(&selection.values) {
+            columns.push(column(field, false)?);
+        }
+        let has_document = !selection.document.is_empty();
+        if has_document {
+            columns.push(column(&selection.document, true)?);
+        } else if !delta_updates {
+            return Err(Error::Config(format!(
+                "table {name:?}: a standard (non-delta) binding must select the document field"
+            )));
+        }
+        Ok(Table {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+            collection: collection.collection.clone(),
+            columns,
+            key_count: selection.keys.len(),
+            has_document,
+            delta_updates,
+        })
+    }
+
+    pub fn keys(&self) -> &[Column] {
+        &self.columns[..self.key_count]
+    }
+
+    /// Value columns, without the document.
+    pub fn values(&self) -> &[Column] {
+        let end = self.columns.len() - usize::from(self.has_document);
+        &self.columns[self.key_count..end]
+    }
+
+    pub fn document(&self) -> Option<&Column> {
+        self.has_document.then(|| self.columns.last()).flatten()
+    }
+
+    /// `"schema"."table"`.
+    pub fn qualified(&self) -> String {
+        qualify(&self.schema, &self.name)
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS`, keys NOT NULL and the primary key unless
+    /// delta-updated.
+    pub fn create_sql(&self) -> String {
+        let mut defs: Vec<String> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let not_null = if i < self.key_count { " NOT NULL" } else { "" };
+                format!("{} {}{not_null}", quote_ident(&c.field), c.ty.sql())
+            })
+            .collect();
+        if !self.delta_updates {
+            defs.push(format!("PRIMARY KEY ({})", idents(self.keys())));
+        }
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} ({})",
+            self.qualified(),
+            defs.join(", ")
+        )
+    }
+
+    /// Names the source of `column` in the catalog.
+    pub fn comment_sql(&self, column: &Column) -> String {
+        let source = if column.ptr.is_empty() {
+            format!("the whole document of {}", self.collection)
+        } else {
+            format!("{} of {}", column.ptr, self.collection)
+        };
+        format!(
+            "COMMENT ON COLUMN {}.{} IS {}",
+            self.qualified(),
+            quote_ident(&column.field),
+            quote_literal(&format!("Materialized by Sluice from {source}"))
+        )
+    }
+
+    /// Adds a (nullable) column that a later version of the binding selects.
+    pub fn add_column_sql(&self, column: &Column) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN {} {}",
+            self.qualified(),
+            quote_ident(&column.field),
+            column.ty.sql()
+        )
+    }
+
+    pub fn drop_sql(&self) -> String {
+        format!("DROP TABLE IF EXISTS {}", self.qualified())
+    }
+
+    /// Copies rows of every column, in [`CopyRow`] format, into `target` (this table,
+    /// or its staging table).
+    pub fn copy_sql(&self, target: &str) -> String {
+        format!("COPY {target} ({}) FROM STDIN", idents(&self.columns))
+    }
+
+    /// A session's staging table for this table's updates: the same columns, no
+    /// constraints, emptied at every commit or rollback.
+    pub fn create_stage_sql(&self, stage: &str) -> String {
+        let defs: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| format!("{} {}", quote_ident(&c.field), c.ty.sql()))
+            .collect();
+        format!(
+            "CREATE TEMPORARY TABLE {} ({}) ON COMMIT DELETE ROWS",
+            quote_ident(stage),
+            defs.join(", ")
+        )
+    }
+
+    /// Moves the staged rows into the table, replacing the non-key columns of rows
+    /// whose key is present.
+    pub fn merge_sql(&self, stage: &str) -> String {
+        let updates: Vec<String> = self.columns[self.key_count..]
+            .iter()
+            .map(|c| format!("{0} = excluded.{0}", quote_ident(&c.field)))
+            .collect();
+        let action = if updates.is_empty() {
+            "NOTHING".to_owned()
+        } else {
+            format!("UPDATE SET {}", updates.join(", "))
+        };
+        let columns = idents(&self.columns);
+        format!(
+            "INSERT INTO {} ({columns}) SELECT {columns} FROM {} ON CONFLICT ({}) DO {action}",
+            self.qualified(),
+            quote_ident(stage),
+            idents(self.keys())
+        )
+    }
+
+    /// `unnest($1::text[]::bigint[], ...) AS "k"("k0", ...)` and the join condition
+    /// of its columns with the key columns of `"r"`: the keys bound as one `text[]`
+    /// parameter per key column (see [`key_text`]).
+    fn keys_relation(&self) -> (String, String) {
+        let arrays: Vec<String> = self
+            .keys()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("${}::text[]::{}[]", i + 1, c.ty.sql()))
+            .collect();
+        let names: Vec<String> = (0..self.key_count).map(|i| format!("\"k{i}\"")).collect();
+        let on: Vec<String> = self
+            .keys()
+            .iter()
+            .zip(&names)
+            .map(|(c, k)| format!("\"r\".{} = \"k\".{k}", quote_ident(&c.field)))
+            .collect();
+        (
+            format!(
+                "unnest({}) AS \"k\"({})",
+                arrays.join(", "),
+                names.join(", ")
+            ),
+            on.join(" AND "),
+        )
+    }
+
+    /// Selects the document text of every bound key that is present.
+    pub fn load_sql(&self) -> Option<String> {
+        let document = self.document()?;
+        let (keys, on) = self.keys_relation();
+        Some(format!(
+            "SELECT \"r\".{}::text FROM {} AS \"r\" JOIN {keys} ON {on}",
+            quote_ident(&document.field),
+            self.qualified()
+        ))
+    }
+
+    /// Deletes the row of every bound key.
+    pub fn delete_sql(&self) -> String {
+        let (keys, on) = self.keys_relation();
+        format!(
+            "DELETE FROM {} AS \"r\" USING {keys} WHERE {on}",
+            self.qualified()
+        )
+    }
+}
+
+/// `"schema"."name"`.
+pub fn qualify(schema: &str, name: &str) -> String {
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
+/// `"name"`, with embedded quotes doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `'text'`, with embedded quotes doubled. (`standard_conforming_strings` is on by
+/// default since PostgreSQL 9.1, so backslashes need no escaping.)
+pub fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+fn idents(columns: &[Column]) -> String {
+    let quoted: Vec<String> = columns.iter().map(|c| quote_ident(&c.field)).collect();
+    quoted.join(", ")
+}
+
+/// DDL of the checkpoints table in `schema`.
+pub fn create_checkpoints_sql(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\"materialization\" text NOT NULL, \
+         \"key_begin\" bigint NOT NULL, \"key_end\" bigint NOT NULL, \"fence\" bigint NOT NULL, \
+         \"checkpoint\" bytea NOT NULL, PRIMARY KEY (\"materialization\", \"key_begin\", \"key_end\"))",
+        qualify(schema, CHECKPOINTS_TABLE)
+    )
+}
+
+/// A value that does not fit its column: whose fault it is (the data's) and where.
+fn mismatch(column: &Column, value: &Value) -> Error {
+    let mut shown = value.to_string();
+    if shown.len() > 80 {
+        let cut = (0..=80)
+            .rev()
+            .find(|&i| shown.is_char_boundary(i))
+            .unwrap_or(0);
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    Error::store(
+        format!("converting field {:?}", column.field),
+        format!("{shown} does not fit a {} column", column.ty.sql()),
+        false,
+    )
+}
+
+/// Writes the text form of `value` for `column` (unescaped), or returns `false` for
+/// SQL NULL (JSON null).
+fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
+    match (column.ty, value) {
+        (_, Value::Null) => return Ok(false),
+        (ColumnType::Jsonb | ColumnType::Json, v) => {
+            serde_json::to_writer(&mut *out, v).map_err(|err| {
+                Error::store(format!("converting field {:?}", column.field), err, false)
+            })?;
+        }
+        (ColumnType::Bigint, Value::Number(n)) if n.is_i64() || n.is_u64() => {
+            // u64 above i64::MAX is refused by the server, naming the column.
+            write!(out, "{n}").expect("writing to a Vec");
+        }
+        (ColumnType::Bigint, Value::Number(n))
+            if n.as_f64()
+                .is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.2e18) =>
+        {
+            // An integral float (`3.0`) is an integer to JSON Schema.
+            write!(out, "{}", n.as_f64().unwrap_or_default() as i64).expect("writing to a Vec");
+        }
+        (ColumnType::Double, Value::Number(n)) => write!(out, "{n}").expect("writing to a Vec"),
+        (ColumnType::Boolean, Value::Bool(b)) => {
+            out.extend_from_slice(if *b { b"true" } else { b"false" })
+        }
+        (ColumnType::Text | ColumnType::Timestamptz, Value::String(s)) => {
+            out.extend_from_slice(s.as_bytes())
+        }
+        _ => return Err(mismatch(column, value)),
+    }
+    Ok(true)
+}
+
+/// The text form of one key component, as bound in the `text[]` parameters of
+/// [`Table::load_sql`] and [`Table::delete_sql`]; `None` for JSON null.
+pub fn key_text(column: &Column, value: &Value) -> Result<Option<String>> {
+    let mut out = Vec::new();
+    if !write_text(&mut out, column, value)? {
+        return Ok(None);
+    }
+    // Only strings and JSON text were written, both from valid UTF-8.
+    String::from_utf8(out)
+        .map(Some)
+        .map_err(|err| Error::store(format!("converting field {:?}", column.field), err, false))
+}
+
+/// Rows in the text format of `COPY ... FROM STDIN`: fields separated by tabs, rows
+/// ended by newlines, NULL as `\N`, and backslash, tab, newline and carriage return
+/// escaped inside fields.
+#[derive(Debug, Default)]
+pub struct CopyRow {
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+    rows: usize,
+}
+
+impl CopyRow {
+    /// Appends one row: `values` for the leading columns, then `document` (JSON text)
+    /// if the table has a document column.
+    pub fn push<'v>(
+        &mut self,
+        table: &Table,
+        values: impl IntoIterator<Item = &'v Value>,
+        document: Option<&[u8]>,
+    ) -> Result<()> {
+        let start = self.buf.len();
+        let result = self.push_fields(table, values, document);
+        if result.is_err() {
+            self.buf.truncate(start);
+        } else {
+            self.rows += 1;
+        }
+        result
+    }
+
+    fn push_fields<'v>(
+        &mut self,
+        table: &Table,
+        values: impl IntoIterator<Item = &'v Value>,
+        document: Option<&[u8]>,
+    ) -> Result<()> {
+        let mut first = true;
+        let mut separator = |buf: &mut Vec<u8>| {
+            if !std::mem::take(&mut first) {
+                buf.push(b'\t');
+            }
+        };
+        for (column, value) in table.columns.iter().zip(values) {
+            separator(&mut self.buf);
+            self.scratch.clear();
+            if write_text(&mut self.scratch, column, value)? {
+                escape_into(&mut self.buf, &self.scratch);
+            } else {
+                self.buf.extend_from_slice(b"\\N");
+            }
+        }
+        if let Some(document) = document.filter(|_| table.has_document) {
+            separator(&mut self.buf);
+            escape_into(&mut self.buf, document);
+        }
+        self.buf.push(b'\n');
+        Ok(())
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The rows written so far; the buffer is empty afterwards.
+    pub fn take(&mut self) -> Vec<u8> {
+        self.rows = 0;
+        std::mem::take(&mut self.buf)
+    }
+}
+
+/// Appends `text` with COPY's escapes. Runs without special bytes are copied whole.
+fn escape_into(out: &mut Vec<u8>, text: &[u8]) {
+    let mut rest = text;
+    while let Some(i) = rest
+        .iter()
+        .position(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
+    {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(match rest[i] {
+            b'\\' => b"\\\\",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            _ => b"\\r",
+        });
+        rest = &rest[i + 1..];
+    }
+    out.extend_from_slice(rest);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn projection(types: &[&str], format: &str) -> flow::Projection {
+        flow::Projection {
+            inference: Some(flow::Inference {
+                types: types.iter().map(|t| t.to_string()).collect(),
+                string: (!format.is_empty()).then(|| flow::inference::String {
+                    format: format.to_owned(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn column(field: &str, ty: ColumnType) -> Column {
+        Column {
+            field: field.to_owned(),
+            ptr: format!("/{field}"),
+            ty,
+        }
+    }
+
+    #[test]
+    fn inferred_types_map_to_column_types() {
+        let of = |ts: &[&str], format: &str| ColumnType::of_projection(&projection(ts, format));
+        assert_eq!(of(&["integer"], ""), Some(ColumnType::Bigint));
+        assert_eq!(of(&["null", "integer"], ""), Some(ColumnType::Bigint));
+        assert_eq!(of(&["number", "integer"], ""), Some(ColumnType::Double));
+        assert_eq!(of(&["boolean"], ""), Some(ColumnType::Boolean));
+        assert_eq!(of(&["string"], ""), Some(ColumnType::Text));
+        assert_eq!(of(&["string"], "date-time"), Some(ColumnType::Timestamptz));
+        assert_eq!(
+            of(&["string", "null"], "date-time"),
+            Some(ColumnType::Timestamptz)
+        );
+        assert_eq!(of(&["object"], ""), Some(ColumnType::Jsonb));
+        assert_eq!(of(&["string", "integer"], ""), Some(ColumnType::Jsonb));
+        assert_eq!(of(&["null"], ""), None);
+        assert_eq!(of(&[], ""), None);
+    }
+
+    #[test]
+    fn identifiers_and_literals_are_quoted() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(qualify("Mixed Case", "select"), "\"Mixed Case\".\"select\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn copy_rows_escape_special_bytes_and_write_nulls() {
+        let table = Table {
+            schema: "s".into(),
+            name: "t".into(),
+            collection: "c".into(),
+            columns: vec![
+                column("k", ColumnType::Text),
+                column("n", ColumnType::Bigint),
+                column("j", ColumnType::Jsonb),
+                column("flow_document", ColumnType::Json),
+            ],
+            key_count: 1,
+            has_document: true,
+            delta_updates: false,
+        };
+        let mut rows = CopyRow::default();
+        let values = [json!("a\tb\\c\nd"), Value::Null, json!({"x": "q\"\\"})];
+        rows.push(&table, &values, Some(br#"{"k":"\\"}"#)).unwrap();
+        rows.push(&table, &[json!("e"), json!(3.0), json!([1])], Some(b"{}"))
+            .unwrap();
+        assert_eq!(rows.rows(), 2);
+        assert_eq!(
+            String::from_utf8(rows.take()).unwrap(),
+            "a\\tb\\\\c\\nd\t\\N\t{\"x\":\"q\\\\\"\\\\\\\\\"}\t{\"k\":\"\\\\\\\\\"}\n\
+             e\t3\t[1]\t{}\n"
+        );
+        assert!(rows.is_empty());
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_its_column_names_the_field() {
+        let table = Table {
+            schema: "s".into(),
+            name: "t".into(),
+            collection: "c".into(),
+            columns: vec![
+                column("k", ColumnType::Text),
+                column("n", ColumnType::Bigint),
+            ],
+            key_count: 1,
+            has_document: false,
+            delta_updates: true,
+        };
+        let mut rows = CopyRow::default();
+        let err = rows
+            .push(&table, &[json!("a"), json!("seven")], None)
+            .unwrap_err();
+        assert!(err.to_string().contains("field \"n\""), "{err}");
+        assert!(err.to_string().contains("bigint"), "{err}");
+        assert!(rows.is_empty(), "a failed row leaves nothing behind");
+        let err = rows
+            .push(&table, &[json!("a"), json!(1.5)], None)
+            .unwrap_err();
+        assert!(err.to_string().contains("1.5"), "{err}");
+    }
+
+    #[test]
+    fn key_text_is_the_columns_text_form() {
+        let text = |ty, v: Value| key_text(&column("k", ty), &v).unwrap();
+        assert_eq!(text(ColumnType::Bigint, json!(-7)), Some("-7".into()));
+        assert_eq!(text(ColumnType::Double, json!(1.5)), Some("1.5".into()));
+        assert_eq!(text(ColumnType::Boolean, json!(true)), Some("true".into()));
+        assert_eq!(text(ColumnType::Text, json!("a\tb")), Some("a\tb".into()));
+        assert_eq!(
+            text(ColumnType::Jsonb, json!({"a": 1})),
+            Some("{\"a\":1}".into())
+        );
+        assert_eq!(text(ColumnType::Text, Value::Null), None);
+    }
+}
