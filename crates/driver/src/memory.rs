@@ -275,6 +275,7 @@ fn rows_of(state: &State, materialization: &str, table: &str) -> Vec<Row> {
         .rows
         .iter()
         .chain(table.log.iter().map(|(k, v)| (k, v)));
+    // Keys were written by `hex` and documents checked to be JSON at Store.
     rows.map(|(key, doc)| {
         (
             unhex(key),

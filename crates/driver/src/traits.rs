@@ -13,6 +13,10 @@
 //!            └───────────────────────────── next transaction ◀───────────────────────────┘
 //! ```
 //!
+//! The serve loop calls the transactor one request at a time, in wire order: `acknowledge`
+//! and `load` never run concurrently, and `load` of transaction T+1 starts only after
+//! `commit` of T has returned.
+//!
 //! ## The three commit patterns, and what each must await before loading
 //!
 //! - [`CommitPattern::RemoteAuthoritative`]: the store is the source of truth. `commit`
@@ -64,7 +68,8 @@ pub struct PriorState {
 }
 
 /// Collects Loaded documents, batching them into arena messages of bounded size.
-/// (Implemented by the serve loop; see `serve`.)
+/// The serve loop passes a [`crate::arena::LoadedBuilder`]; full messages are sent after
+/// each `load` returns, the rest at Prepare, always before Prepared.
 pub trait LoadedSink: Send {
     /// Adds one found document of `binding` (its JSON text).
     fn push(&mut self, binding: u32, doc_json: &[u8]);
@@ -98,8 +103,12 @@ pub trait Transactor: Send + 'static {
     /// document to `loaded`; keys not found are simply skipped. May instead remember the
     /// keys and push their documents in [`Transactor::flush_loads`]. Never called for a
     /// delta-updates binding. See the module docs for which of `prior` is guaranteed.
-    async fn load(&mut self, load: Load, prior: PriorState, loaded: &mut dyn LoadedSink)
-    -> Result<()>;
+    async fn load(
+        &mut self,
+        load: Load,
+        prior: PriorState,
+        loaded: &mut dyn LoadedSink,
+    ) -> Result<()>;
 
     /// Called at Prepare, before [`Transactor::prepare`]: push every deferred document.
     async fn flush_loads(&mut self, _loaded: &mut dyn LoadedSink) -> Result<()> {
