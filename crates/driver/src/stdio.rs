@@ -241,8 +241,8 @@ impl StdioEndpoint {
         req: Req,
     ) -> Result<Resp> {
         let (mut started, mut stdin) = self.start(sub)?;
-        // A driver may exit before reading its request; the exit status then tells why,
-        // so a write error is only reported when the process itself looks healthy.
+        // A driver may exit before reading its request; its exit status and response (or
+        // lack of one) then say more than the broken pipe, so they are reported first.
         let written = write_frame(&mut stdin, &req).await;
         drop(stdin);
         let read = read_frame::<_, Resp>(&mut started.stdout).await;
@@ -251,13 +251,14 @@ impl StdioEndpoint {
         if !status.as_ref().is_ok_and(|status| status.success()) {
             return Err(failure("exited".into()));
         }
-        if let Err(err) = written {
-            return Err(failure(format!("request not written: {err}")));
-        }
-        match read {
-            Ok(Some(response)) => Ok(response),
-            Ok(None) => Err(failure("exited without a response".into())),
-            Err(err) => Err(failure(format!("bad response: {err}"))),
+        match (read, written) {
+            (Ok(Some(response)), Ok(())) => Ok(response),
+            (Ok(Some(_)), Err(err)) => Err(failure(format!(
+                "answered without reading its whole request: {err}"
+            ))),
+            // Whether writing the request failed too is a matter of timing: not reported.
+            (Ok(None), _) => Err(failure("exited without a response".into())),
+            (Err(err), _) => Err(failure(format!("bad response: {err}"))),
         }
     }
 }
