@@ -139,3 +139,24 @@ fn a_failing_scenario_is_reported_and_makes_the_exit_status_non_zero() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_stdio_driver_that_forgets_its_state_between_processes_fails_recovery_and_fencing() {
+    // Without `path` every `transactions` process starts from an empty memory driver.
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, "{}").unwrap();
+    let output = Command::new(SLUICE)
+        .args(["driver", "test", "--config"])
+        .arg(&config_path)
+        .arg("--command")
+        .arg(format!("{SLUICE} driver stdio memory"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    for scenario in ["reopen-recovers-checkpoint", "second-open-fences-first"] {
+        let prefix = format!("FAIL {scenario}: ");
+        assert!(stdout.lines().any(|l| l.starts_with(&prefix)), "{stdout}");
+    }
+}
