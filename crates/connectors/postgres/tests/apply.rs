@@ -1,0 +1,273 @@
+//! Spec, Validate and Apply against the real server, each test in a schema of its own.
+
+mod common;
+
+use common::{Session, TestDb, apply, apply_request, binding, spec, view};
+use serde_json::{Value, json};
+use sluice_driver::Driver;
+use sluice_postgres::PostgresDriver;
+use sluice_proto::materialize::{self as m, constraint::Type};
+
+/// `[name, type, nullable, comment]` of each column of `table`, in order.
+async fn columns(db: &TestDb, table: &str) -> Vec<Value> {
+    let sql = format!(
+        "SELECT json_build_array(a.attname, format_type(a.atttypid, a.atttypmod), \
+         NOT a.attnotnull, col_description(a.attrelid, a.attnum)) \
+         FROM pg_attribute a WHERE a.attrelid = '{}'::regclass AND a.attnum > 0 \
+         AND NOT a.attisdropped ORDER BY a.attnum",
+        sluice_postgres::sql::qualify(&db.schema, table).replace('\'', "''")
+    );
+    db.rows(&sql).await
+}
+
+/// The primary-key columns of `table`, in key order.
+async fn primary_key(db: &TestDb, table: &str) -> Vec<Value> {
+    let sql = format!(
+        "SELECT to_json(a.attname) FROM pg_index i \
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+         WHERE i.indrelid = '{}'::regclass AND i.indisprimary",
+        sluice_postgres::sql::qualify(&db.schema, table).replace('\'', "''")
+    );
+    db.rows(&sql).await
+}
+
+fn comment(source: &str) -> String {
+    format!("Materialized by Sluice from {source}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments() {
+    let db = TestDb::new();
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    apply(&spec).await;
+    let col = |name: &str, ty: &str, nullable: bool, source: &str| {
+        json!([name, ty, nullable, comment(source)])
+    };
+    assert_eq!(
+        columns(&db, "pageviews").await,
+        [
+            col("user_id", "text", false, "/user_id of acme/pageviews"),
+            col("views", "bigint", true, "/views of acme/pageviews"),
+            col(
+                "score",
+                "double precision",
+                true,
+                "/score of acme/pageviews"
+            ),
+            col("active", "boolean", true, "/active of acme/pageviews"),
+            col("tags", "jsonb", true, "/tags of acme/pageviews"),
+            col(
+                "seen_at",
+                "timestamp with time zone",
+                true,
+                "/seen_at of acme/pageviews"
+            ),
+            col(
+                "flow_document",
+                "json",
+                true,
+                "the whole document of acme/pageviews"
+            ),
+        ]
+    );
+    assert_eq!(primary_key(&db, "pageviews").await, [json!("user_id")]);
+    let checkpoints: Vec<Value> = columns(&db, "sluice_checkpoints")
+        .await
+        .into_iter()
+        .map(|c| c[0].clone())
+        .collect();
+    assert_eq!(
+        checkpoints,
+        [
+            "materialization",
+            "key_begin",
+            "key_end",
+            "fence",
+            "checkpoint"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reapplying_the_same_spec_does_nothing() {
+    let db = TestDb::new();
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    assert_ne!(apply(&spec).await, "");
+    assert_eq!(apply(&spec).await, "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
+    let db = TestDb::new();
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let driver = PostgresDriver::new();
+    let dry = driver
+        .apply_upsert(apply_request(&spec, true))
+        .await
+        .unwrap();
+    let s = &db.schema;
+    let c = |field: &str, source: &str| {
+        format!(
+            "COMMENT ON COLUMN \"{s}\".\"pageviews\".\"{field}\" IS '{}';\n",
+            comment(source)
+        )
+    };
+    let expected = [
+        format!("CREATE SCHEMA IF NOT EXISTS \"{s}\";\n"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS \"{s}\".\"sluice_checkpoints\" (\"materialization\" text NOT NULL, \
+             \"key_begin\" bigint NOT NULL, \"key_end\" bigint NOT NULL, \"fence\" bigint NOT NULL, \
+             \"checkpoint\" bytea NOT NULL, PRIMARY KEY (\"materialization\", \"key_begin\", \"key_end\"));\n"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS \"{s}\".\"pageviews\" (\"user_id\" text NOT NULL, \
+             \"views\" bigint, \"score\" double precision, \"active\" boolean, \"tags\" jsonb, \
+             \"seen_at\" timestamptz, \"flow_document\" json, PRIMARY KEY (\"user_id\"));\n"
+        ),
+        c("user_id", "/user_id of acme/pageviews"),
+        c("views", "/views of acme/pageviews"),
+        c("score", "/score of acme/pageviews"),
+        c("active", "/active of acme/pageviews"),
+        c("tags", "/tags of acme/pageviews"),
+        c("seen_at", "/seen_at of acme/pageviews"),
+        c("flow_document", "the whole document of acme/pageviews"),
+    ]
+    .concat();
+    assert_eq!(dry.action_description, expected);
+    let schemas = db
+        .rows(&format!(
+            "SELECT to_json(nspname) FROM pg_namespace WHERE nspname = '{s}'"
+        ))
+        .await;
+    assert!(schemas.is_empty(), "a dry run must not create the schema");
+    // The real apply runs exactly what the dry run described.
+    assert_eq!(apply(&spec).await, dry.action_description);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newly_selected_field_becomes_a_nullable_column() {
+    let db = TestDb::new();
+    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    let mut wider = binding("pageviews", false);
+    let selection = wider.field_selection.as_mut().unwrap();
+    selection.values.push("meta/source".into());
+    let wider = spec(&db, vec![wider]);
+    let s = &db.schema;
+    let dry = PostgresDriver::new()
+        .apply_upsert(apply_request(&wider, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        dry.action_description,
+        format!(
+            "ALTER TABLE \"{s}\".\"pageviews\" ADD COLUMN \"meta/source\" text;\n\
+             COMMENT ON COLUMN \"{s}\".\"pageviews\".\"meta/source\" IS '{}';\n",
+            comment("/meta/source of acme/pageviews")
+        )
+    );
+    assert_eq!(apply(&wider).await, dry.action_description);
+    let last = columns(&db, "pageviews").await.pop().unwrap();
+    assert_eq!(
+        last,
+        json!([
+            "meta/source",
+            "text",
+            true,
+            comment("/meta/source of acme/pageviews")
+        ])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reserved_mixed_case_and_quoted_names_store_and_load() {
+    let db = TestDb::new();
+    let mut weird = binding("select", false);
+    let collection = weird.collection.as_mut().unwrap();
+    for p in &mut collection.projections {
+        if p.field == "views" {
+            p.field = "Mixed Case".into();
+        }
+        if p.field == "score" {
+            p.field = "a\"b".into();
+        }
+    }
+    let selection = weird.field_selection.as_mut().unwrap();
+    selection.values = vec!["Mixed Case".into(), "a\"b".into()];
+    let mut other = binding("Mixed Case", false);
+    other.field_selection.as_mut().unwrap().values.clear();
+    let spec = spec(&db, vec![weird, other]);
+    apply(&spec).await;
+
+    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    let stored = common::store_values(
+        0,
+        &["/user_id"],
+        &["/views", "/score"],
+        &[(view("o'hara", 3), false)],
+    );
+    session
+        .transaction(vec![], b"cp-1", vec![stored])
+        .await
+        .unwrap();
+    let loaded = session
+        .transaction(vec![common::load(0, &[json!(["o'hara"])])], b"cp-2", vec![])
+        .await
+        .unwrap();
+    assert_eq!(loaded, [view("o'hara", 3)]);
+    let rows = db
+        .rows(&format!(
+            "SELECT json_build_array(\"user_id\", \"Mixed Case\", \"a\"\"b\") FROM \"{}\".\"select\"",
+            db.schema
+        ))
+        .await;
+    assert_eq!(rows, [json!(["o'hara", 3, 1.5])]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
+    let db = TestDb::new();
+    let request = m::ValidateRequest {
+        materialization: common::MATERIALIZATION.into(),
+        endpoint_type: 0,
+        endpoint_spec_json: db.endpoint().to_string(),
+        bindings: vec![m::validate_request::Binding {
+            resource_spec_json: json!({"table": "pageviews"}).to_string(),
+            collection: Some(common::collection()),
+            field_config_json: Default::default(),
+        }],
+    };
+    let response = PostgresDriver::new().validate(request).await.unwrap();
+    let binding = &response.bindings[0];
+    let of = |field: &str| Type::try_from(binding.constraints[field].r#type).unwrap();
+    assert_eq!(of("user_id"), Type::LocationRequired);
+    assert_eq!(of("flow_document"), Type::FieldRequired);
+    assert_eq!(of("views"), Type::LocationRecommended);
+    assert_eq!(of("meta/source"), Type::FieldOptional);
+    assert_eq!(of("nothing"), Type::FieldForbidden);
+    assert_eq!(
+        binding.resource_path,
+        [db.schema.clone(), "pageviews".into()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_delete_drops_tables_and_forgets_checkpoints() {
+    let db = TestDb::new();
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    apply(&spec).await;
+    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
+    drop(session);
+    let deleted = PostgresDriver::new()
+        .apply_delete(apply_request(&spec, false))
+        .await
+        .unwrap();
+    assert!(
+        deleted.action_description.contains("DROP TABLE IF EXISTS"),
+        "{}",
+        deleted.action_description
+    );
+    apply(&spec).await;
+    let (_, recovered) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    assert!(recovered.is_empty(), "the checkpoint was forgotten");
+}
