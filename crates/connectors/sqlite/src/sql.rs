@@ -258,21 +258,34 @@ impl Table {
     }
 
     /// Selects the documents of `n` keys, bound as `n * key_count` parameters in key
-    /// order. One key column uses `k IN (?, ...)`; several use a row-value IN over a
-    /// VALUES list. Both are answered by primary-key lookups.
+    /// order. Both forms are answered by primary-key lookups, one per distinct key:
+    ///
+    /// - one key column: `WHERE k IN (?, ...)`;
+    /// - several: a join of the distinct VALUES rows to the table. A row-value
+    ///   `(a, b) IN (VALUES ...)` would scan the whole table (SQLite's planner does not
+    ///   use the index for it), and `CROSS JOIN` pins the VALUES as the outer loop.
     pub fn load_sql(&self, n: usize) -> Option<String> {
-        let document = self.document()?;
+        let document = quote_ident(&self.document()?.field);
+        let table = quote_ident(&self.name);
         let keys = self.keys();
-        let condition = if let [key] = keys {
-            format!("{} IN ({})", quote_ident(&key.field), placeholders(n))
-        } else {
-            let row = format!("({})", placeholders(keys.len()));
-            format!("({}) IN (VALUES {})", idents(keys), vec![row; n].join(", "))
-        };
+        if let [key] = keys {
+            return Some(format!(
+                "SELECT {document} FROM {table} WHERE {} IN ({})",
+                quote_ident(&key.field),
+                placeholders(n)
+            ));
+        }
+        let row = format!("({})", placeholders(keys.len()));
+        let on: Vec<String> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{table}.{} = k.column{}", quote_ident(&c.field), i + 1))
+            .collect();
         Some(format!(
-            "SELECT {} FROM {} WHERE {condition}",
-            quote_ident(&document.field),
-            quote_ident(&self.name)
+            "SELECT {table}.{document} FROM (SELECT DISTINCT * FROM (VALUES {})) AS k \
+             CROSS JOIN {table} ON {}",
+            vec![row; n].join(", "),
+            on.join(" AND ")
         ))
     }
 }
@@ -519,6 +532,62 @@ mod tests {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_ident("select"), "\"select\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    /// A table keyed by `(a, b)` with a document column `d`.
+    fn composite_table() -> Table {
+        let column = |field: &str, ty| Column {
+            field: field.to_owned(),
+            ty,
+        };
+        Table {
+            name: "t".into(),
+            columns: vec![
+                column("a", ColumnType::Text),
+                column("b", ColumnType::Integer),
+                column("d", ColumnType::Json),
+            ],
+            key_count: 2,
+            has_document: true,
+            delta_updates: false,
+        }
+    }
+
+    #[test]
+    fn composite_key_loads_search_the_primary_key() {
+        let table = composite_table();
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(&table.create_sql()).unwrap();
+        let sql = table.load_sql(2).unwrap();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(params!["x", 1, "y", 2], |row| row.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|step| step.starts_with("SEARCH t USING")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|step| step == "SCAN t"), "{plan:?}");
+    }
+
+    #[test]
+    fn composite_key_loads_return_each_found_key_once() {
+        let table = composite_table();
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(&table.create_sql()).unwrap();
+        conn.execute(&table.insert_sql(), params!["x", 1, "{}"])
+            .unwrap();
+        let sql = table.load_sql(3).unwrap();
+        let found: Vec<String> = conn
+            .prepare(&sql)
+            .unwrap()
+            .query_map(params!["x", 1, "x", 1, "x", 2], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(found, ["{}"]);
     }
 
     #[test]
