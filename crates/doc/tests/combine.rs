@@ -88,6 +88,9 @@ fn budget() -> impl Strategy<Value = usize> {
     prop_oneof![Just(0), 1usize..40_000, Just(usize::MAX)]
 }
 
+/// Per (binding, packed key): the loaded document, then the new ones in arrival order.
+type Model = BTreeMap<(u32, Vec<u8>), (Option<Value>, Vec<Value>)>;
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -101,7 +104,7 @@ proptest! {
     ) {
         let reducer_schema = schema();
         let mut combiner = new_combiner(2, budget);
-        let mut model: BTreeMap<(u32, Vec<u8>), (Option<Value>, Vec<Value>)> = BTreeMap::new();
+        let mut model = Model::new();
         let mut combined = 0;
 
         for (seq, op) in ops.iter().enumerate() {

@@ -173,15 +173,20 @@ impl MemTable {
         Ok(())
     }
 
-    /// Entry indices in table-key order.
+    /// Entry indices in table-key order. Sorting compares each key's first 16 bytes as an
+    /// integer kept next to its index (no pointer chasing into a cold arena), and only
+    /// ties look at the whole keys.
     fn sorted(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.entries.len()).collect();
-        order.sort_unstable_by(|&a, &b| {
-            self.entries[a]
-                .key(&self.keys)
-                .cmp(self.entries[b].key(&self.keys))
+        let mut order: Vec<(u128, usize)> = (self.entries.iter().enumerate())
+            .map(|(i, entry)| (key_prefix(entry.key(&self.keys)), i))
+            .collect();
+        order.sort_unstable_by(|(pa, a), (pb, b)| {
+            pa.cmp(pb).then_with(|| {
+                let (a, b) = (&self.entries[*a], &self.entries[*b]);
+                a.key(&self.keys).cmp(b.key(&self.keys))
+            })
         });
-        order
+        order.into_iter().map(|(_, i)| i).collect()
     }
 
     /// Every document as `(table key, full, doc)` in table-key order, a key's loaded
@@ -217,6 +222,15 @@ impl MemTable {
             pending: None,
         }
     }
+}
+
+/// The first 16 bytes of `key`, big-endian, zero-padded: ordered like the keys themselves
+/// except where they tie.
+fn key_prefix(key: &[u8]) -> u128 {
+    let mut prefix = [0u8; 16];
+    let n = key.len().min(16);
+    prefix[..n].copy_from_slice(&key[..n]);
+    u128::from_be_bytes(prefix)
 }
 
 /// Reduces `doc` into `right` and returns the entry's new heap estimate (see module docs).
