@@ -324,7 +324,6 @@ struct BindingSql {
     insert: String,
     upsert: String,
     delete: String,
-    load_chunk: Option<String>,
     table: Table,
 }
 
@@ -334,7 +333,6 @@ impl BindingSql {
             insert: table.insert_sql(),
             upsert: table.upsert_sql(),
             delete: table.delete_sql(),
-            load_chunk: table.load_sql(LOAD_CHUNK),
             table,
         }
     }
@@ -395,22 +393,16 @@ impl SqliteTransactor {
             .map(|key| unpack(key?, table.key_count, "a loaded key"))
             .collect::<Result<Vec<_>>>()?;
         for chunk in keys.chunks(LOAD_CHUNK) {
-            let partial;
-            let text = match &b.load_chunk {
-                Some(full) if chunk.len() == LOAD_CHUNK => full,
-                _ => {
-                    partial = table.load_sql(chunk.len()).ok_or_else(|| {
-                        Error::Config(format!(
-                            "table {:?} has no document column to load",
-                            table.name
-                        ))
-                    })?;
-                    &partial
-                }
-            };
+            // Full chunks share one cached statement; the last, shorter one has its own.
+            let text = table.load_sql(chunk.len()).ok_or_else(|| {
+                Error::Config(format!(
+                    "table {:?} has no document column to load",
+                    table.name
+                ))
+            })?;
             let mut stmt = self
                 .conn
-                .prepare_cached(text)
+                .prepare_cached(&text)
                 .map_err(|err| sql::store_error(context(), err))?;
             let params = chunk.iter().flat_map(|key| {
                 key.iter()
