@@ -1,10 +1,18 @@
-//! `sluice bench ...`: benchmarks that print figures. (stub: owned by the combiner work)
+//! `sluice bench ...`: benchmarks that print figures. Each benchmark is a sub-module with
+//! its own arguments; they print human-readable text, or one JSON object with `--json`.
+
+mod combine;
 
 use clap::Subcommand;
 
 #[derive(Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Parse-only versus the whole combiner path over generated documents.
+    Combine(combine::CombineArgs),
+}
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Combine(args) => combine::run(args),
+    }
 }
