@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod combine;
+mod postgres;
 
 use clap::Subcommand;
 
@@ -9,10 +10,13 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// Sluice into PostgreSQL against a hand-written bulk loader and row-by-row upserts.
+    Postgres(postgres::PostgresArgs),
 }
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Postgres(args) => postgres::run(args),
     }
 }
