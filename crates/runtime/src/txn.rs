@@ -273,9 +273,18 @@ pub async fn run(
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let mut c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
+        let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
         let (sent, received) = tokio::join!(
-            send_loads(&mut tx, c1, &mut c2, &bindings, prepare_bytes, acknowledged),
-            recv_until_prepared(&mut rx),
+            send_loads(
+                &mut tx,
+                c1,
+                &mut c2,
+                &bindings,
+                acknowledged,
+                acked_rx,
+                prepare_bytes
+            ),
+            recv_until_prepared(&mut rx, acked_tx),
         );
         let (loaded_msgs, driver_checkpoint) = match (sent, received) {
             (Ok(_), Ok(r)) => r,
@@ -549,8 +558,9 @@ async fn send_loads(
     c1: Combiner,
     c2: &mut Combiner,
     bindings: &[Binding],
-    prepare_checkpoint: Vec<u8>,
     acknowledged: bool,
+    acked: tokio::sync::oneshot::Receiver<()>,
+    prepare_checkpoint: Vec<u8>,
 ) -> Result<(), DriverError> {
     if !acknowledged {
         tx.acknowledge().await?;
@@ -575,21 +585,33 @@ async fn send_loads(
     for load in builder.finish() {
         tx.load(load).await?;
     }
+    // The prepare phase begins only once the prior commit is acknowledged. If the
+    // receiver stopped without seeing Acknowledged, its own error explains why.
+    if acked.await.is_err() {
+        return Ok(());
+    }
     tx.prepare(Prepare {
         flow_checkpoint: prepare_checkpoint,
     })
     .await
 }
 
-/// Collects responses until Prepared: Acknowledged (exactly one) and Loaded documents.
+/// Collects responses until Prepared: Acknowledged (exactly one, signalled to the
+/// sender, which may then Prepare) and Loaded documents.
 async fn recv_until_prepared(
     rx: &mut ClientReceiver,
+    acked: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(Vec<Loaded>, flow::DriverCheckpoint), DriverError> {
     let mut loaded = Vec::new();
+    let mut acked = Some(acked);
     loop {
         match rx.recv().await? {
             Response::Loaded(l) => loaded.push(l),
-            Response::Acknowledged => {}
+            Response::Acknowledged => {
+                if let Some(acked) = acked.take() {
+                    let _ = acked.send(());
+                }
+            }
             Response::Prepared(cp) => return Ok((loaded, cp)),
             Response::DriverCommitted => {
                 return Err(DriverError::Transport(
