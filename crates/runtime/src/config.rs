@@ -480,8 +480,9 @@ impl Pipeline {
                     "a collection needs at least one key pointer, e.g. [/id]",
                 ));
             }
-            check_schema(&c.schema)
-                .map_err(|reason| invalid(format!("collections.{name}.schema"), reason))?;
+            if let Err(e) = sluice_doc::Schema::compile(&c.schema) {
+                return Err(invalid(format!("collections.{name}.schema"), e.to_string()));
+            }
         }
         for (name, s) in &self.sources {
             known(format!("sources.{name}.target"), &s.target)?;
@@ -529,16 +530,6 @@ impl Pipeline {
             }
         }
         Ok(())
-    }
-}
-
-/// The schema compiles (valid JSON schema, valid `reduce` annotations).
-fn check_schema(schema: &Value) -> Result<(), String> {
-    // TODO(schema): call sluice_doc::Schema::compile once it is no longer a stub.
-    if schema.is_object() {
-        Ok(())
-    } else {
-        Err("a collection schema must be a JSON schema object".to_string())
     }
 }
 

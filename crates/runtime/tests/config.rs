@@ -139,6 +139,14 @@ fn invalid_key_pointer_names_its_place() {
 }
 
 #[test]
+fn schema_that_does_not_compile_names_its_collection() {
+    let text = DESIGN_EXAMPLE.replace("{strategy: sum}", "{strategy: summ}");
+    let e = error(&text);
+    assert!(e.starts_with("collections.acme/pageviews.schema: "), "{e}");
+    assert!(e.contains("summ"), "{e}");
+}
+
+#[test]
 fn unknown_endpoint_lists_the_known_ones() {
     let text = DESIGN_EXAMPLE.replace("sqlite: {path", "sqlit: {path");
     let e = error(&text);

@@ -31,6 +31,7 @@ use super::{
 };
 use crate::config::{DatagenDef, DatagenShape};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Seconds since the Unix epoch of 2024-01-01T00:00:00Z, the first `last_seen`.
@@ -86,6 +87,8 @@ fn rfc3339(secs: i64) -> String {
 
 pub struct DatagenSource {
     name: String,
+    /// `datagen <name>`, the source of every position.
+    label: Arc<str>,
     def: DatagenDef,
     /// The next sequence number to generate.
     next: u64,
@@ -104,6 +107,7 @@ impl DatagenSource {
         }
         Ok(DatagenSource {
             name: name.to_string(),
+            label: format!("datagen {name}").into(),
             def: def.clone(),
             next: 0,
             schedule: None,
@@ -126,7 +130,7 @@ impl DatagenSource {
             out.push(Record {
                 doc,
                 position: Position {
-                    source: format!("datagen {}", self.name),
+                    source: self.label.clone(),
                     line: end,
                     byte_offset: 0,
                 },

@@ -36,6 +36,7 @@ use serde_json::{Map, Value};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Read size: large enough that a blocking-pool hop per read costs nothing measurable,
 /// small enough to keep memory flat.
@@ -57,7 +58,7 @@ pub struct FileSource {
     name: String,
     path: PathBuf,
     /// The path as shown in positions and errors.
-    display: String,
+    display: Arc<str>,
     format: FileFormat,
     follow: bool,
     /// Open at `cursor.offset + (buf.len() - start)`; `None` after a seek.
@@ -85,7 +86,7 @@ impl FileSource {
         FileSource {
             name: name.to_string(),
             path: def.path.clone(),
-            display: def.path.display().to_string(),
+            display: def.path.display().to_string().into(),
             format: def.format,
             follow: def.follow,
             file: None,
@@ -100,7 +101,7 @@ impl FileSource {
     fn io_error(&self, error: std::io::Error) -> SourceError {
         SourceError::Io {
             name: self.name.clone(),
-            path: self.display.clone(),
+            path: self.display.to_string(),
             error,
         }
     }

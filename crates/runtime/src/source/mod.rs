@@ -42,6 +42,7 @@ use highway::{HighwayHash, HighwayHasher, Key};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use std::fmt;
+use std::sync::Arc;
 
 /// What a source can promise after a crash, weakest first (so `<` compares strength).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -58,8 +59,9 @@ pub enum FaultTolerance {
 /// Where a record came from, for error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
-    /// The file path, or a source-specific name (e.g. `datagen views`).
-    pub source: String,
+    /// The file path, or a source-specific name (e.g. `datagen views`). Shared: every
+    /// record carries one, so a clone must not allocate.
+    pub source: Arc<str>,
     /// 1-based line (file) or sequence number (datagen).
     pub line: u64,
     pub byte_offset: u64,
