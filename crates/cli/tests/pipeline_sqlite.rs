@@ -97,7 +97,7 @@ materializations:
         resource: {{table: pageviews}}
         delta_updates: {delta_updates}
 runtime:
-  transaction: {{max_docs: {max_docs}, max_duration: 10s}}
+  transactions: {{max_docs: {max_docs}, max_duration: 10s}}
 "#
         );
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
@@ -283,7 +283,7 @@ fn missing_key_stops_with_file_and_line() {
 #[test]
 fn sum_overflow_stops_with_file_and_line() {
     bad_input_case(
-        r#"{"user_id": "USER", "views": 9223372036854775807, "bytes": 1, "last_seen": "x"}"#,
+        r#"{"user_id": "USER", "views": 18446744073709551615, "bytes": 1, "last_seen": "x"}"#,
         &["/views"],
     );
 }
