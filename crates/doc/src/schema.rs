@@ -19,6 +19,7 @@
 
 use crate::reduce::build;
 use crate::{Pointer, Reducer};
+use jsonschema::error::ValidationErrorKind;
 use regex::Regex;
 use serde_json::{Map, Value};
 
@@ -90,10 +91,31 @@ impl Schema {
         }
         let err = self.validator.iter_errors(doc).next();
         Err(match err {
-            Some(err) => ValidationError {
-                pointer: err.instance_path().as_str().to_string(),
-                reason: format!("{err} (schema location #{})", err.schema_path().as_str()),
-            },
+            Some(err) => {
+                let at = err.instance_path().as_str().to_string();
+                let location = err.schema_path().as_str().to_string();
+                // Point at the property itself where the error is about one property.
+                match err.kind() {
+                    ValidationErrorKind::Required { property } => ValidationError {
+                        pointer: format!("{at}/{}", escape_token(property.as_str().unwrap_or(""))),
+                        reason: format!("missing (required by schema location #{location})"),
+                    },
+                    ValidationErrorKind::AdditionalProperties { unexpected }
+                        if unexpected.len() == 1 =>
+                    {
+                        ValidationError {
+                            pointer: format!("{at}/{}", escape_token(&unexpected[0])),
+                            reason: format!(
+                                "unknown property (not allowed by schema location #{location}; check its spelling)"
+                            ),
+                        }
+                    }
+                    _ => ValidationError {
+                        pointer: at,
+                        reason: format!("{err} (schema location #{location})"),
+                    },
+                }
+            }
             None => ValidationError {
                 pointer: String::new(),
                 reason: "does not match the schema".to_string(),
@@ -415,4 +437,9 @@ impl<'s> Walker<'s> {
             }
         }
     }
+}
+
+/// Escapes one JSON pointer token (RFC 6901).
+fn escape_token(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
 }

@@ -161,16 +161,16 @@ fn validation_errors_name_the_document_pointer() {
 }
 
 #[test]
-fn a_missing_required_property_is_reported_at_its_parent() {
+fn a_missing_required_property_is_reported_at_its_own_location() {
     let schema = compile(views_schema());
     let err = schema
         .validate(&json!({"stats": {"count": 1}}))
         .unwrap_err();
-    assert_eq!(err.pointer, "");
-    assert!(err.reason.contains("user_id"), "{}", err.reason);
+    assert_eq!(err.pointer, "/user_id");
+    assert!(err.reason.starts_with("missing"), "{}", err.reason);
     assert!(
         err.to_string()
-            .starts_with("document is invalid at the document root: "),
+            .starts_with("document is invalid at /user_id: missing"),
         "{err}"
     );
 }
