@@ -16,10 +16,10 @@
 //! - One writer per directory: [`RecoveryLog::open`] fails fast while another process
 //!   holds the lock (the OS drops the lock when a process dies, even by SIGKILL).
 //! - Every append is one write followed by fsync, and nothing is appended before the
-//!   previous append is durable, so a crash can damage only the last record. A damaged
-//!   last record (short, or failing its checksum, or zero-filled) is truncated on open
-//!   with a warning; a damaged record followed by other data is corruption, and an
-//!   error (never guess past it).
+//!   previous append is durable, so a crash can damage only the last record. Damage
+//!   that no intact record follows (a short record, a bad checksum, zero fill) is that
+//!   torn last write: it is truncated on open with a warning. Damage followed by an
+//!   intact record is corruption, and an error (never guess past it).
 //! - Compaction rewrites the latest state (last commit, pending intent) to a new file,
 //!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
 //!   leaves either the old log or the new one.
@@ -332,57 +332,21 @@ fn scan(bytes: &[u8]) -> Result<Scan, (u64, String)> {
     let mut records = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
-        let rest = &bytes[at..];
-        let damage = |reason: String| {
-            // Only the last append can be torn: it runs to the end of the file, or
-            // the file was extended with zeros that were never written.
-            let claimed = rest
-                .get(..4)
-                .map(|l| u32::from_le_bytes(l.try_into().unwrap()) as usize);
-            let is_last = claimed.is_none_or(|len| HEADER + len >= rest.len());
-            if is_last || rest.iter().all(|&b| b == 0) {
-                Ok(Scan {
-                    records: Vec::new(),
+        match read_record(&bytes[at..]) {
+            Ok((record, len)) => {
+                records.push(record);
+                at += len;
+            }
+            // Only the last append can be torn, so damage is a torn tail exactly when
+            // no intact record follows it (whatever the damaged header claims).
+            Err(reason) if !(at + 1..bytes.len()).any(|i| read_record(&bytes[i..]).is_ok()) => {
+                return Ok(Scan {
+                    records,
                     valid_len: at as u64,
                     torn: Some(reason),
-                })
-            } else {
-                Err((at as u64, reason))
+                });
             }
-        };
-        if rest.len() < HEADER {
-            let mut scan = damage(format!("{} bytes of a record header", rest.len()))?;
-            scan.records = records;
-            return Ok(scan);
-        }
-        let len = u32::from_le_bytes(rest[..4].try_into().unwrap());
-        let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
-        let parsed = if len > MAX_RECORD {
-            Err(format!("record length {len} is implausible"))
-        } else if rest.len() < HEADER + len as usize {
-            Err(format!(
-                "record of {len} bytes, only {} present",
-                rest.len() - HEADER
-            ))
-        } else {
-            let payload = &rest[HEADER..HEADER + len as usize];
-            if crc32fast::hash(payload) != crc {
-                Err("checksum mismatch".to_string())
-            } else {
-                serde_json::from_slice::<LogRecord>(payload)
-                    .map_err(|e| format!("unreadable record: {e}"))
-            }
-        };
-        match parsed {
-            Ok(record) => {
-                records.push(record);
-                at += HEADER + len as usize;
-            }
-            Err(reason) => {
-                let mut scan = damage(reason)?;
-                scan.records = records;
-                return Ok(scan);
-            }
+            Err(reason) => return Err((at as u64, reason)),
         }
     }
     Ok(Scan {
@@ -390,6 +354,29 @@ fn scan(bytes: &[u8]) -> Result<Scan, (u64, String)> {
         valid_len: at as u64,
         torn: None,
     })
+}
+
+/// The record at the start of `bytes` and its framed length, or why there is none.
+fn read_record(bytes: &[u8]) -> Result<(LogRecord, usize), String> {
+    let Some((header, rest)) = bytes.split_first_chunk::<HEADER>() else {
+        return Err(format!("{} bytes of a record header", bytes.len()));
+    };
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len > MAX_RECORD {
+        return Err(format!("record length {len} is implausible"));
+    }
+    let Some(payload) = rest.get(..len as usize) else {
+        return Err(format!(
+            "record of {len} bytes, only {} present",
+            rest.len()
+        ));
+    };
+    if crc32fast::hash(payload) != crc {
+        return Err("checksum mismatch".to_string());
+    }
+    let record = serde_json::from_slice(payload).map_err(|e| format!("unreadable record: {e}"))?;
+    Ok((record, HEADER + len as usize))
 }
 
 /// The last commit, and the last intent if it is newer than that commit.

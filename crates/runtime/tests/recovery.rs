@@ -127,6 +127,28 @@ fn corruption_before_the_last_record_is_an_error() {
 }
 
 #[test]
+fn a_damaged_length_before_the_last_record_is_corruption_not_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = RecoveryLog::open(dir.path()).unwrap();
+        log.commit(&checkpoint(1)).unwrap();
+        log.commit(&checkpoint(2)).unwrap();
+    }
+    let mut bytes = std::fs::read(log_file(dir.path())).unwrap();
+    bytes[..4].copy_from_slice(&1_000_000u32.to_le_bytes()); // claims to run past the end
+    std::fs::write(log_file(dir.path()), &bytes).unwrap();
+    assert!(matches!(
+        RecoveryLog::open(dir.path()),
+        Err(RecoveryError::Corrupt { offset: 0, .. })
+    ));
+    assert_eq!(
+        std::fs::read(log_file(dir.path())).unwrap(),
+        bytes,
+        "nothing is truncated"
+    );
+}
+
+#[test]
 fn second_open_fails_fast_naming_the_holder() {
     let dir = tempfile::tempdir().unwrap();
     let _first = RecoveryLog::open(dir.path()).unwrap();
