@@ -342,3 +342,22 @@ fn table_memory_stays_within_the_budget_by_spilling() {
         "each key summed 5 times"
     );
 }
+
+#[test]
+fn spill_failure_names_the_directory_and_poisons_the_combiner() {
+    let missing = std::env::temp_dir().join("sluice-combine-test-no-such-dir/nested");
+    let opts = CombinerOptions {
+        memory_budget: 0,
+        spill_dir: Some(missing.clone()),
+    };
+    let mut combiner = Combiner::new(vec![binding("acme/c0")], opts);
+    let err = combiner.combine_right(0, json!({"k": 1})).unwrap_err();
+    assert!(matches!(err, CombineError::Spill { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&*missing.to_string_lossy()),
+        "{err}"
+    );
+
+    let later = combiner.combine_right(0, json!({"k": 2})).unwrap_err();
+    assert!(matches!(later, CombineError::Poisoned { .. }), "{later}");
+}

@@ -30,10 +30,11 @@
 //!   of each document's heap (see [`memtable::heap_size`]); above
 //!   [`CombinerOptions::memory_budget`] the whole table is spilled as one sorted run.
 //!   The drain holds the table plus one record and one buffer per run.
-//! - A reduction error may leave a key's document half-reduced, so it poisons the
-//!   combiner: every later call fails and nothing can be drained (the transaction that
-//!   saw it must not commit). Validation and key errors reject the document before it
-//!   touches the table and do not poison.
+//! - A reduction error may leave a key's document half-reduced, and a spill error comes
+//!   after the document joined the table and may leave a run half-written, so both
+//!   poison the combiner: every later call fails and nothing can be drained (the
+//!   transaction that saw it must not commit). Validation and key errors reject the
+//!   document before it touches the table and do not poison.
 
 mod drain;
 mod memtable;
@@ -285,8 +286,12 @@ impl Combiner {
             }
             return Err(err);
         }
-        if self.table.memory_bytes() > self.opts.memory_budget {
-            self.spill_table()?;
+        if self.table.memory_bytes() > self.opts.memory_budget
+            && let Err(err) = self.spill_table()
+        {
+            // The document is already in the table and a run may be half-written.
+            self.poisoned = Some(err.to_string());
+            return Err(err);
         }
         Ok(())
     }
