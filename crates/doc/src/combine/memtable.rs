@@ -160,12 +160,11 @@ impl MemTable {
                 Docs::Both { left, right: doc }
             }
             (Docs::Right(mut right), Side::Right) => {
-                entry.heap = reduce_right(&mut right, doc, reducer, before, 0)?;
+                entry.heap = reduce_right(None, &mut right, doc, reducer, before)?;
                 Docs::Right(right)
             }
             (Docs::Both { left, mut right }, Side::Right) => {
-                let left_heap = heap_size(&left);
-                entry.heap = reduce_right(&mut right, doc, reducer, before, left_heap)?;
+                entry.heap = reduce_right(Some(&left), &mut right, doc, reducer, before)?;
                 Docs::Both { left, right }
             }
         };
@@ -233,19 +232,20 @@ fn key_prefix(key: &[u8]) -> u128 {
     u128::from_be_bytes(prefix)
 }
 
-/// Reduces `doc` into `right` and returns the entry's new heap estimate (see module docs).
+/// Reduces `doc` into `right` and returns the new heap estimate of the entry, whose
+/// estimate was `before` and which may also hold `left` (see module docs).
 fn reduce_right(
+    left: Option<&Value>,
     right: &mut Value,
     doc: Value,
     reducer: &Reducer,
     before: usize,
-    left_heap: usize,
 ) -> Result<usize, InsertError> {
     if before <= EXACT_ESTIMATE_LIMIT {
         reducer
             .reduce(right, doc, false)
             .map_err(InsertError::Reduce)?;
-        Ok(left_heap + heap_size(right))
+        Ok(left.map_or(0, heap_size) + heap_size(right))
     } else {
         let added = heap_size(&doc);
         reducer
