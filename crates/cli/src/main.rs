@@ -8,6 +8,11 @@ mod pipeline_cmd;
 
 use clap::{Parser, Subcommand};
 
+/// Documents are many small allocations (serde_json values); mimalloc cuts the time the
+/// system allocator spends there (about a quarter of a run, profiled) substantially.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",

@@ -5,7 +5,6 @@
 //! `sluice_runtime::pipeline`.
 
 use crate::drivers;
-use anyhow::Context;
 use async_trait::async_trait;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -15,7 +14,7 @@ use sluice_driver::inprocess::InProcess;
 use sluice_driver::stdio::StdioEndpoint;
 use sluice_proto::flow::EndpointType;
 use sluice_proto::materialize::constraint::Type as ConstraintType;
-use sluice_runtime::config::{Endpoint, Pipeline};
+use sluice_runtime::config::{ConfigError, Endpoint, Pipeline};
 use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
 use sluice_runtime::txn::Progress;
 use std::io::IsTerminal;
@@ -117,7 +116,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn load(path: &PathBuf) -> anyhow::Result<Pipeline> {
-    Pipeline::load(path).with_context(|| format!("pipeline file {}", path.display()))
+    match Pipeline::load(path) {
+        Ok(pipeline) => Ok(pipeline),
+        // Already names the file.
+        Err(err @ ConfigError::Read { .. }) => Err(err.into()),
+        Err(err) => {
+            Err(anyhow::Error::new(err).context(format!("pipeline file {}", path.display())))
+        }
+    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -97,7 +97,7 @@ materializations:
         resource: {{table: pageviews}}
         delta_updates: {delta_updates}
 runtime:
-  transactions: {{max_docs: {max_docs}, max_duration: 10s}}
+  transactions: {{max_docs: {max_docs}, max_duration: 10s, min_duration: 10s}}
 "#
         );
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();

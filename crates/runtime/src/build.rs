@@ -149,7 +149,7 @@ pub fn select_fields(
             .unwrap_or("no constraint given");
         if kind == ConstraintType::Unsatisfiable {
             return Err(invalid(
-                format!("{place}"),
+                place.to_string(),
                 format!("field {field:?} cannot be materialized: {reason}"),
             ));
         }
