@@ -7,7 +7,7 @@
 //!     INSERT own range (fence 0, that checkpoint) unless present
 //!     fence += 1 on every stored range overlapping [b, e]
 //!     our fence ← own range's fence
-//!   commit_checkpoint (inside the commit's transaction, before any data is merged):
+//!   commit_checkpoint (inside the commit's transaction, after its writes, before COMMIT):
 //!     UPDATE own range SET checkpoint WHERE fence = ours   -- 0 rows: fenced off
 //! ```
 //!

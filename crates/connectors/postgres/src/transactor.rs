@@ -5,14 +5,21 @@
 //!            checkpoint); per standard binding a temp staging table (ON COMMIT DELETE ROWS)
 //!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query/Load)
 //!   prepare ─▶ remember the runtime checkpoint; driver checkpoint `{}` (merge patch)
-//!   store ──▶ BEGIN (first store); per Store message, at most two COPYs:
+//!   store ──▶ BEGIN (first store); encode the message, then hand its writes to a task:
 //!               exists = false, or delta updates ─▶ COPY straight into the table
-//!               exists = true                    ─▶ COPY into the staging table
-//!               document `null`                  ─▶ key kept for one DELETE at commit
-//!   commit ─▶ UPDATE checkpoint WHERE fence = ours (0 rows: ROLLBACK, Fenced)
-//!             ─▶ INSERT … SELECT FROM stage ON CONFLICT DO UPDATE, DELETE … USING unnest
-//!             ─▶ COMMIT
+//!               exists = true                    ─▶ COPY into the staging table, then
+//!                                                   INSERT … SELECT … ON CONFLICT DO UPDATE,
+//!                                                   TRUNCATE the staging table
+//!               document `null`                  ─▶ DELETE … USING unnest(keys)
+//!   commit ─▶ await the last writes ─▶ UPDATE checkpoint WHERE fence = ours
+//!             (0 rows: ROLLBACK, Fenced) ─▶ COMMIT
 //! ```
+//!
+//! The writes of Store message i run on the server while the runtime builds message
+//! i+1 and this transactor encodes it: at most one writes task is in flight, and the
+//! next one (or `commit`, `load`, `destroy`) starts only after it has finished, so
+//! statements on the connection never interleave. A failed writes task fails the next
+//! call, and the transaction is rolled back, never committed.
 //!
 //! Invariants:
 //! - The data of a transaction, its runtime checkpoint and the fence check commit in one
@@ -21,8 +28,8 @@
 //!   rolls back, and the server discards the staging rows).
 //! - Loads run only between transactions (the SDK calls `load` after the prior `commit`
 //!   returned), so they read committed data through the same connection.
-//! - Never a round trip per document: a Store message costs one or two COPYs, a Load
-//!   message one query, a commit a fixed handful of statements per binding.
+//! - Never a round trip per document: a Store message costs at most two COPYs and three
+//!   statements, a Load message one query, a commit two statements.
 //! - A key the runtime says is absent is inserted with plain INSERT semantics (COPY):
 //!   if it is in fact present the commit fails with the server's duplicate-key error
 //!   rather than silently overwriting a row the runtime never loaded.
@@ -40,32 +47,71 @@ use sluice_driver::arena;
 use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
-use tokio_postgres::types::ToSql;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Statement};
 
-/// One binding's table, statements and what the transaction in progress staged for it.
+/// One binding's table and statements.
 struct Binding {
     table: Table,
     /// `COPY "s"."t" (…) FROM STDIN`.
     copy_target: String,
-    /// Standard bindings only: the staging table's COPY and merge statements.
-    stage: Option<Stage>,
+    /// Standard bindings only: the staging table's statements.
+    stage: Option<Arc<Stage>>,
     /// Prepared at open (standard bindings with a document column).
     load: Option<Statement>,
     delete: Option<Statement>,
-    /// Rows staged for the merge in this transaction.
-    staged: usize,
-    /// Keys to delete in this transaction, one `text[]` per key column.
-    deletes: Vec<Vec<Option<String>>>,
 }
 
 struct Stage {
     copy: String,
     merge: String,
+    truncate: String,
+}
+
+/// The writes of one Store message, ready to run.
+struct Writes {
+    /// What failed writes were doing, e.g. "storing into table "s"."t"".
+    context: String,
+    /// Keys to delete, one `text[]` per key column.
+    deletes: Option<(Statement, Vec<Vec<Option<String>>>)>,
+    /// Rows to COPY straight into the table: (COPY statement, rows).
+    direct: Option<(String, Vec<u8>)>,
+    /// Rows to stage and merge.
+    staged: Option<(Arc<Stage>, Vec<u8>)>,
+}
+
+impl Writes {
+    /// Runs the writes, in order: deletions, plain inserts, staged upserts.
+    async fn run(self, client: Arc<Client>) -> Result<()> {
+        let context = &self.context;
+        let err = |err| pg_error(context.as_str(), err);
+        if let Some((delete, keys)) = &self.deletes {
+            client.execute_raw(delete, keys.iter()).await.map_err(err)?;
+        }
+        if let Some((copy, rows)) = self.direct {
+            copy_in(&client, &copy, rows).await.map_err(err)?;
+        }
+        if let Some((stage, rows)) = self.staged {
+            copy_in(&client, &stage.copy, rows).await.map_err(err)?;
+            client.batch_execute(&stage.merge).await.map_err(err)?;
+            client.batch_execute(&stage.truncate).await.map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Streams `rows` through one `COPY ... FROM STDIN`.
+async fn copy_in(client: &Client, copy: &str, rows: Vec<u8>) -> Result<(), tokio_postgres::Error> {
+    let sink = client.copy_in::<_, Bytes>(copy).await?;
+    futures::pin_mut!(sink);
+    sink.send(Bytes::from(rows)).await?;
+    sink.finish().await?;
+    Ok(())
 }
 
 pub(crate) struct PostgresTransactor {
-    client: Client,
+    client: Arc<Client>,
     /// The server, without password, for error contexts.
     server: String,
     claim: Claim,
@@ -75,6 +121,8 @@ pub(crate) struct PostgresTransactor {
     checkpoint: Option<Vec<u8>>,
     /// Whether a store transaction is open on the connection.
     in_transaction: bool,
+    /// The writes of the last Store message, if they may still be running.
+    in_flight: Option<JoinHandle<Result<()>>>,
 }
 
 /// Unpacks a packed tuple, checking it has `want` elements.
@@ -139,10 +187,11 @@ impl PostgresTransactor {
                     .batch_execute(&create)
                     .await
                     .map_err(|err| pg_error(format!("creating `{create}`"), err))?;
-                Some(Stage {
+                Some(Arc::new(Stage {
                     copy: table.copy_sql(&sql::quote_ident(&name)),
                     merge: table.merge_sql(&name),
-                })
+                    truncate: format!("TRUNCATE {}", sql::quote_ident(&name)),
+                }))
             };
             let (load, delete) = match (&stage, table.load_sql()) {
                 (Some(_), Some(load)) => (
@@ -153,23 +202,22 @@ impl PostgresTransactor {
             };
             bindings.push(Binding {
                 copy_target: table.copy_sql(&table.qualified()),
-                deletes: vec![Vec::new(); table.key_count],
                 table,
                 stage,
                 load,
                 delete,
-                staged: 0,
             });
         }
         tracing::debug!(?claim, %server, "opened PostgreSQL transactor");
         let transactor = PostgresTransactor {
-            client,
+            client: Arc::new(client),
             server,
             claim,
             commit_checkpoint,
             bindings,
             checkpoint: None,
             in_transaction: false,
+            in_flight: None,
         };
         Ok((transactor, checkpoint))
     }
@@ -198,14 +246,14 @@ impl PostgresTransactor {
         Ok(())
     }
 
-    /// Streams `rows` through `copy` (one COPY statement).
-    async fn copy(&self, copy: &str, rows: Vec<u8>, context: &str) -> Result<()> {
-        let err = |err| pg_error(context, err);
-        let sink = self.client.copy_in::<_, Bytes>(copy).await.map_err(err)?;
-        futures::pin_mut!(sink);
-        sink.send(Bytes::from(rows)).await.map_err(err)?;
-        sink.finish().await.map_err(err)?;
-        Ok(())
+    /// Waits for the writes in flight, if any; their failure is this call's.
+    async fn settle(&mut self) -> Result<()> {
+        match self.in_flight.take() {
+            None => Ok(()),
+            Some(task) => task.await.map_err(|join| {
+                Error::store("storing", format!("the writes task failed: {join}"), false)
+            })?,
+        }
     }
 
     async fn rollback(&mut self) {
@@ -214,40 +262,6 @@ impl PostgresTransactor {
         {
             tracing::warn!(server = %self.server, %err, "rolling back an unfinished transaction");
         }
-    }
-
-    /// Merges the staged rows and deletes the deleted keys of every binding, pipelined
-    /// on the connection.
-    async fn apply_staged(&mut self) -> Result<()> {
-        let client = &self.client;
-        let mut work = Vec::new();
-        for b in &mut self.bindings {
-            let context = format!("committing into table {}", b.table.qualified());
-            if let Some(stage) = b.stage.as_ref().filter(|_| b.staged > 0) {
-                let context = context.clone();
-                work.push(futures::future::Either::Left(async move {
-                    client
-                        .batch_execute(&stage.merge)
-                        .await
-                        .map_err(|err| pg_error(context, err))
-                }));
-            }
-            b.staged = 0;
-            let deletes = std::mem::replace(&mut b.deletes, vec![Vec::new(); b.table.key_count]);
-            if let Some(delete) = b.delete.as_ref().filter(|_| !deletes[0].is_empty()) {
-                work.push(futures::future::Either::Right(async move {
-                    let params: Vec<&(dyn ToSql + Sync)> =
-                        deletes.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-                    client
-                        .execute(delete, &params)
-                        .await
-                        .map(drop)
-                        .map_err(|err| pg_error(context, err))
-                }));
-            }
-        }
-        futures::future::try_join_all(work).await?;
-        Ok(())
     }
 }
 
@@ -306,16 +320,15 @@ impl Transactor for PostgresTransactor {
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
-        self.binding(store.binding)?;
-        self.begin().await?;
-        let b = &mut self.bindings[store.binding as usize];
+        let b = self.binding(store.binding)?;
         let table = &b.table;
         let (mut direct, mut staged) = (CopyRow::default(), CopyRow::default());
+        let mut deletes = vec![Vec::new(); table.key_count];
         for doc in arena::store_docs(&store) {
             let doc = doc?;
             let key = unpack(doc.key, table.key_count, "a stored key")?;
             if !table.delta_updates && doc.doc.trim_ascii() == b"null" {
-                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut b.deletes) {
+                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut deletes) {
                     array.push(sql::key_text(column, value)?);
                 }
                 continue;
@@ -328,15 +341,19 @@ impl Transactor for PostgresTransactor {
             };
             rows.push(table, key.iter().chain(&values), Some(doc.doc))?;
         }
-        b.staged += staged.rows();
-        let b = &self.bindings[store.binding as usize];
-        let context = format!("storing into table {}", b.table.qualified());
-        if !direct.is_empty() {
-            self.copy(&b.copy_target, direct.take(), &context).await?;
-        }
-        if let Some(stage) = b.stage.as_ref().filter(|_| !staged.is_empty()) {
-            self.copy(&stage.copy, staged.take(), &context).await?;
-        }
+        let writes = Writes {
+            context: format!("storing into table {}", table.qualified()),
+            deletes: (b.delete.clone())
+                .filter(|_| deletes.first().is_some_and(|keys| !keys.is_empty()))
+                .map(|delete| (delete, deletes)),
+            direct: (!direct.is_empty()).then(|| (b.copy_target.clone(), direct.take())),
+            staged: (b.stage.clone())
+                .filter(|_| !staged.is_empty())
+                .map(|stage| (stage, staged.take())),
+        };
+        self.settle().await?;
+        self.begin().await?;
+        self.in_flight = Some(tokio::spawn(writes.run(self.client.clone())));
         Ok(())
     }
 
@@ -348,9 +365,10 @@ impl Transactor for PostgresTransactor {
                 false,
             )
         })?;
+        self.settle().await?;
         self.begin().await?;
-        // The fence first: a fenced instance merges nothing, and from here on the range's
-        // row is locked, so no newer Open can slip in before our COMMIT.
+        // From here on the range's row is locked, so no newer Open can slip in before
+        // our COMMIT.
         if let Err(err) = client::commit_checkpoint(
             &self.client,
             &self.commit_checkpoint,
@@ -362,7 +380,6 @@ impl Transactor for PostgresTransactor {
             self.rollback().await;
             return Err(err);
         }
-        self.apply_staged().await?;
         // Durable when this returns: the server flushed the commit record to its WAL.
         self.client
             .batch_execute("COMMIT")
@@ -378,6 +395,9 @@ impl Transactor for PostgresTransactor {
     }
 
     async fn destroy(mut self: Box<Self>) {
+        if let Err(err) = self.settle().await {
+            tracing::debug!(%err, "writes in flight failed as the stream ended");
+        }
         self.rollback().await;
     }
 }
