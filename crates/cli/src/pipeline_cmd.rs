@@ -18,7 +18,7 @@ use sluice_runtime::config::{ConfigError, Endpoint, Pipeline};
 use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
 use sluice_runtime::txn::Progress;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -115,7 +115,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-fn load(path: &PathBuf) -> anyhow::Result<Pipeline> {
+fn load(path: &Path) -> anyhow::Result<Pipeline> {
     match Pipeline::load(path) {
         Ok(pipeline) => Ok(pipeline),
         // Already names the file.
