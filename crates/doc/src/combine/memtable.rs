@@ -298,8 +298,9 @@ impl SortedTable {
     }
 }
 
-/// Bytes a heap block of `bytes` really takes from a glibc-like allocator: an 8-byte
-/// header, 16-byte granules, 32 bytes at least.
+/// Bytes a heap block of `bytes` really takes from glibc's allocator: an 8-byte header,
+/// 16-byte granules, 32 bytes at least. mimalloc (the `sluice` binary's allocator) rounds
+/// small blocks to no more than that, so the estimate holds, conservatively, for both.
 fn alloc_size(bytes: usize) -> usize {
     if bytes == 0 {
         0
