@@ -24,7 +24,9 @@ struct Expected {
 fn reduce_expected(lines: &[Value]) -> BTreeMap<String, Expected> {
     let mut out: BTreeMap<String, Expected> = BTreeMap::new();
     for doc in lines {
-        let e = out.entry(doc["user_id"].as_str().unwrap().to_string()).or_default();
+        let e = out
+            .entry(doc["user_id"].as_str().unwrap().to_string())
+            .or_default();
         e.views += doc["views"].as_i64().unwrap();
         e.bytes += doc["bytes"].as_i64().unwrap();
         let seen = doc["last_seen"].as_str().unwrap();
@@ -37,9 +39,13 @@ fn reduce_expected(lines: &[Value]) -> BTreeMap<String, Expected> {
 
 /// Deterministic input: `n` documents over `keys` users.
 fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         state >> 33
     };
     (0..n)
@@ -253,9 +259,15 @@ fn bad_input_case(bad: &str, expect_in_error: &[&str]) {
     let out = fx.run();
     assert!(!out.status.success(), "bad input must stop the pipeline");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("views.jsonl:551"), "names file and line: {stderr}");
+    assert!(
+        stderr.contains("views.jsonl:551"),
+        "names file and line: {stderr}"
+    );
     for needle in expect_in_error {
-        assert!(stderr.contains(needle), "error mentions {needle:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "error mentions {needle:?}: {stderr}"
+        );
     }
     // Transactions of 100 documents: the first five committed, the sixth (lines
     // 501..=600, holding the bad line) committed nothing.
@@ -277,7 +289,10 @@ fn schema_violation_stops_with_file_and_line() {
 
 #[test]
 fn missing_key_stops_with_file_and_line() {
-    bad_input_case(r#"{"views": 1, "bytes": 1, "last_seen": "x"}"#, &["user_id"]);
+    bad_input_case(
+        r#"{"views": 1, "bytes": 1, "last_seen": "x"}"#,
+        &["user_id"],
+    );
 }
 
 #[test]
