@@ -150,8 +150,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let summaries = result?;
         for (name, s) in summaries {
             let rate = s.docs as f64 / elapsed.as_secs_f64().max(1e-9);
+            let restarts = match s.restarts {
+                0 => String::new(),
+                n => format!(", {n} restarts"),
+            };
             println!(
-                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored, {:.1}s, {:.0} docs/s",
+                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored{restarts}, {:.1}s, {:.0} docs/s",
                 s.docs,
                 human_bytes(s.bytes),
                 s.transactions,

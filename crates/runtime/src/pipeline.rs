@@ -23,6 +23,7 @@ use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// A connected endpoint and what to tell it about itself.
@@ -60,7 +61,7 @@ pub enum PipelineError {
     Run {
         materialization: String,
         #[source]
-        source: RunError,
+        source: Box<RunError>,
     },
 }
 
@@ -284,9 +285,9 @@ pub async fn run(
                 i,
             ));
         }
-        let mut sources = Vec::new();
+        let mut feeds = Vec::new();
         for (name, def) in &pipeline.sources {
-            let feeds: Vec<u32> = m
+            let bindings: Vec<u32> = m
                 .spec
                 .bindings
                 .iter()
@@ -298,27 +299,27 @@ pub async fn run(
                 })
                 .map(|(i, _)| i as u32)
                 .collect();
-            if feeds.is_empty() {
-                continue;
+            if !bindings.is_empty() {
+                feeds.push(SourceFeed {
+                    name: name.clone(),
+                    def: def.clone(),
+                    bindings,
+                });
             }
-            let source = open_source(name, def)
-                .map_err(|e| invalid(format!("sources.{name}"), e.to_string()))?;
+        }
+        // Refuse, before anything runs, a source weaker than the store's promise.
+        for feed in &feeds {
+            let source = feed.open()?;
             if source.fault_tolerance() != FaultTolerance::ExactlyOnce {
                 return Err(invalid(
-                    format!("sources.{name}"),
+                    format!("sources.{}", feed.name),
                     format!(
                         "this source gives only {:?} delivery, but {place} promises exactly-once",
                         source.fault_tolerance()
                     ),
                 ));
             }
-            sources.push(BoundSource {
-                source,
-                bindings: feeds,
-            });
         }
-        let log_dir = pipeline.recovery_log().join(&m.name);
-        let log = RecoveryLog::open(&log_dir).map_err(|e| invalid(&place, e.to_string()))?;
         let shard = Shard {
             open: Open {
                 version: spec_version(&m.spec),
@@ -329,15 +330,18 @@ pub async fn run(
             },
             bindings,
         };
-        let (name, endpoint, progress, shutdown, opts) = (
-            m.name.clone(),
-            m.endpoint.clone(),
-            progress.clone(),
-            shutdown.clone(),
-            txn_opts.clone(),
-        );
+        let attempt = Attempt {
+            shard,
+            endpoint: m.endpoint.clone(),
+            feeds,
+            log_dir: pipeline.recovery_log().join(&m.name),
+            opts: txn_opts.clone(),
+            progress: progress.clone(),
+            shutdown: shutdown.clone(),
+        };
+        let name = m.name.clone();
         tasks.push(tokio::spawn(async move {
-            let result = txn::run(shard, endpoint, sources, log, opts, progress, shutdown).await;
+            let result = attempt.run_with_restarts(&name).await;
             (name, result)
         }));
     }
@@ -348,9 +352,103 @@ pub async fn run(
             .map_err(|e| invalid("runtime", format!("a materialization task panicked: {e}")))?;
         let summary = result.map_err(|source| PipelineError::Run {
             materialization: name.clone(),
-            source,
+            source: Box::new(source),
         })?;
         summaries.push((name, summary));
     }
     Ok(summaries)
+}
+
+/// A source of the pipeline file and the bindings of one materialization it feeds.
+struct SourceFeed {
+    name: String,
+    def: config::SourceDef,
+    bindings: Vec<u32>,
+}
+
+impl SourceFeed {
+    fn open(&self) -> Result<Box<dyn crate::source::Source>, PipelineError> {
+        open_source(&self.name, &self.def)
+            .map_err(|e| invalid(format!("sources.{}", self.name), e.to_string()))
+    }
+}
+
+/// Everything one materialization needs to (re)start its loop.
+struct Attempt {
+    shard: Shard,
+    endpoint: Arc<dyn Endpoint>,
+    feeds: Vec<SourceFeed>,
+    log_dir: std::path::PathBuf,
+    opts: TxnOptions,
+    progress: Arc<Progress>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// First pause before reopening after a retryable failure; it doubles up to the cap.
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Consecutive failed attempts (none committing a transaction) before giving up:
+/// with the backoff above, about two minutes of an unreachable store.
+const MAX_FAILED_ATTEMPTS: u32 = 10;
+
+impl Attempt {
+    /// Runs the loop, reopening it with backoff after a retryable failure (a lost
+    /// connection, a driver process that died). Recovery makes every restart exact:
+    /// sources resume from the committed checkpoint and an interrupted step replays.
+    async fn run_with_restarts(&self, name: &str) -> Result<Summary, RunError> {
+        let mut summary = Summary::default();
+        let mut backoff = FIRST_BACKOFF;
+        let mut failed = 0;
+        loop {
+            let committed_before = summary.transactions;
+            let result = self.run_once(&mut summary).await;
+            let err = match result {
+                Ok(()) => return Ok(summary),
+                Err(err) => err,
+            };
+            if summary.transactions > committed_before {
+                failed = 0;
+                backoff = FIRST_BACKOFF;
+            }
+            failed += 1;
+            if !err.is_retryable() || failed >= MAX_FAILED_ATTEMPTS || *self.shutdown.borrow() {
+                return Err(err);
+            }
+            summary.restarts += 1;
+            tracing::warn!(
+                materialization = name,
+                "{err}; reopening in {:.1}s (attempt {failed} of {MAX_FAILED_ATTEMPTS})",
+                backoff.as_secs_f64()
+            );
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
+        let mut sources = Vec::with_capacity(self.feeds.len());
+        for feed in &self.feeds {
+            let source = open_source(&feed.name, &feed.def).map_err(|e| RunError::Source {
+                name: feed.name.clone(),
+                message: e.to_string(),
+            })?;
+            sources.push(BoundSource {
+                source,
+                bindings: feed.bindings.clone(),
+            });
+        }
+        let log =
+            RecoveryLog::open(&self.log_dir).map_err(|e| RunError::Recovery(e.to_string()))?;
+        txn::run(
+            self.shard.clone(),
+            self.endpoint.clone(),
+            sources,
+            log,
+            self.opts.clone(),
+            self.progress.clone(),
+            self.shutdown.clone(),
+            summary,
+        )
+        .await
+    }
 }

@@ -67,6 +67,7 @@ pub struct Collection {
 }
 
 /// One binding of the materialization, as the loop needs it.
+#[derive(Clone)]
 pub struct Binding {
     pub collection: Arc<Collection>,
     pub delta_updates: bool,
@@ -99,6 +100,8 @@ pub struct Summary {
     pub stored: u64,
     /// The transaction number of the last commit.
     pub last_txn: u64,
+    /// Times the loop was reopened after a retryable failure.
+    pub restarts: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +130,25 @@ pub enum RunError {
     Internal(String),
 }
 
+impl RunError {
+    /// Whether reopening the stream may succeed: the transport failed (a lost connection,
+    /// a driver process that exited) or the store said a retry can help. A fenced-off
+    /// instance, bad input and protocol violations never are.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RunError::Driver { source, .. } => matches!(
+                source,
+                DriverError::Transport(_)
+                    | DriverError::Store {
+                        retryable: true,
+                        ..
+                    }
+            ),
+            _ => false,
+        }
+    }
+}
+
 impl From<CombineError> for RunError {
     fn from(err: CombineError) -> Self {
         RunError::Combine(Box::new(err))
@@ -134,13 +156,16 @@ impl From<CombineError> for RunError {
 }
 
 /// The shard a loop runs for.
+#[derive(Clone)]
 pub struct Shard {
     pub open: Open,
     pub bindings: Vec<Binding>,
 }
 
 /// Runs one materialization shard until its sources are exhausted (or `shutdown` fires),
-/// committing every transaction exactly once.
+/// committing every transaction exactly once. `summary` counts what was committed, also
+/// when an error ends the run.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     shard: Shard,
     endpoint: Arc<dyn Endpoint>,
@@ -149,7 +174,8 @@ pub async fn run(
     opts: TxnOptions,
     progress: Arc<Progress>,
     shutdown: watch::Receiver<bool>,
-) -> Result<Summary, RunError> {
+    summary: &mut Summary,
+) -> Result<(), RunError> {
     let name = endpoint.name().to_string();
     let driver_err = |source: DriverError| RunError::Driver {
         endpoint: name.clone(),
@@ -200,10 +226,7 @@ pub async fn run(
         shutdown,
         committer_idle.clone(),
     );
-    let mut summary = Summary {
-        last_txn: checkpoint.txn,
-        ..Default::default()
-    };
+    summary.last_txn = checkpoint.txn;
     // The prior transaction's recovery-log commit, fsync'ed while the reader reads on.
     let mut pending_commit: Option<tokio::task::JoinHandle<Result<RecoveryLog, String>>> = None;
     let mut log = Some(log);
@@ -224,10 +247,6 @@ pub async fn run(
             bytes,
             last,
         } = batch;
-        progress.docs.fetch_add(docs, Ordering::Relaxed);
-        progress.bytes.fetch_add(bytes, Ordering::Relaxed);
-        summary.docs += docs;
-        summary.bytes += bytes;
 
         // The prior commit must be durable before it is acknowledged (and before a new
         // intent goes to the same log).
@@ -250,7 +269,7 @@ pub async fn run(
                     .await
                     .map_err(driver_err)?;
                 drop(tx);
-                return Ok(summary);
+                return Ok(());
             }
             log = Some(recovery);
             continue;
@@ -293,9 +312,10 @@ pub async fn run(
         };
         // Loaded documents go to the left of what this transaction combined.
         let mut key = Vec::new();
-        for loaded in loaded_msgs {
-            let binding = &bindings[loaded.binding as usize];
-            for doc in arena::loaded_docs(&loaded) {
+        let mut loaded = 0;
+        for loaded_msg in loaded_msgs {
+            let binding = &bindings[loaded_msg.binding as usize];
+            for doc in arena::loaded_docs(&loaded_msg) {
                 let doc: Value = serde_json::from_slice(doc.map_err(driver_err)?).map_err(|e| {
                     driver_err(DriverError::Transport(format!(
                         "Loaded document is not JSON: {e}"
@@ -305,11 +325,11 @@ pub async fn run(
                 binding.collection.key.pack(&doc, &mut key).map_err(|e| {
                     RunError::Internal(format!(
                         "Loaded document of binding {}: {e}",
-                        loaded.binding
+                        loaded_msg.binding
                     ))
                 })?;
-                c2.reduce_left(loaded.binding, &key, doc)?;
-                summary.loaded += 1;
+                c2.reduce_left(loaded_msg.binding, &key, doc)?;
+                loaded += 1;
             }
         }
 
@@ -333,9 +353,15 @@ pub async fn run(
             }
         }
         acknowledged = false;
+        // Counted once committed, so a restarted run never counts a document twice.
+        summary.docs += docs;
+        summary.bytes += bytes;
+        summary.loaded += loaded;
         summary.stored += stored;
         summary.transactions += 1;
         summary.last_txn = txn;
+        progress.docs.fetch_add(docs, Ordering::Relaxed);
+        progress.bytes.fetch_add(bytes, Ordering::Relaxed);
         progress.transactions.fetch_add(1, Ordering::Relaxed);
         progress.stored.fetch_add(stored, Ordering::Relaxed);
 
