@@ -84,8 +84,15 @@ impl Connect for Connector {
                 };
                 builtin("memory", EndpointType::SluiceMemory, config)
             }
-            Endpoint::Postgres { .. } | Endpoint::Mysql { .. } => Err(
-                "the postgres and mysql drivers are not part of this build yet; use sqlite, memory, grpc or command"
+            Endpoint::Postgres { url, schema } => {
+                let mut config = json!({ "url": url });
+                if let Some(schema) = schema {
+                    config["schema"] = json!(schema);
+                }
+                builtin("postgres", EndpointType::SluicePostgres, config)
+            }
+            Endpoint::Mysql { .. } => Err(
+                "the mysql driver is not part of this build yet; use sqlite, postgres, memory, grpc or command"
                     .to_string(),
             ),
             Endpoint::Grpc { address, config } => {

@@ -1,5 +1,6 @@
-//! End-to-end: `sluice run` keeps a SQLite table exactly equal to the reduction of its
-//! input, across clean runs, SIGKILLs at random moments, and bad input.
+//! End-to-end: `sluice run` keeps a table exactly equal to the reduction of its input,
+//! across clean runs, SIGKILLs at random moments, and bad input; in SQLite and in the
+//! shared PostgreSQL server (each test in its own schema, dropped afterwards).
 //!
 //! The expected reduction is computed here, independently of Sluice's reducers.
 
@@ -69,13 +70,74 @@ fn write_lines(path: &Path, docs: &[Value]) {
     }
 }
 
+/// Where a fixture's pipeline materializes.
+enum Store {
+    Sqlite,
+    /// A schema of its own in the shared server.
+    Postgres {
+        schema: String,
+    },
+}
+
+const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        f(&client).await
+    })
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
+    store: Store,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Store::Postgres { schema } = &self.store {
+            let sql = format!(r#"DROP SCHEMA IF EXISTS "{schema}" CASCADE"#);
+            postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        }
+    }
 }
 
 impl Fixture {
     fn new(delta_updates: bool, max_docs: u64) -> Fixture {
+        Fixture::with_store(Store::Sqlite, delta_updates, max_docs)
+    }
+
+    fn postgres(delta_updates: bool, max_docs: u64) -> Fixture {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let schema = format!(
+            "sluice_e2e_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        );
+        let sql = format!(r#"CREATE SCHEMA "{schema}""#);
+        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        Fixture::with_store(Store::Postgres { schema }, delta_updates, max_docs)
+    }
+
+    fn with_store(store: Store, delta_updates: bool, max_docs: u64) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
+        let endpoint = match &store {
+            Store::Sqlite => "sqlite: {path: out/views.db}".to_string(),
+            Store::Postgres { schema } => {
+                format!("postgres: {{url: \"{POSTGRES_URL}\", schema: {schema}}}")
+            }
+        };
         let pipeline = format!(
             r#"
 collections:
@@ -97,7 +159,7 @@ sources:
 materializations:
   views-db:
     endpoint:
-      sqlite: {{path: out/views.db}}
+      {endpoint}
     bindings:
       - source: acme/pageviews
         resource: {{table: pageviews}}
@@ -107,7 +169,7 @@ runtime:
 "#
         );
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
-        Fixture { dir }
+        Fixture { dir, store }
     }
 
     fn pipeline(&self) -> PathBuf {
@@ -129,25 +191,43 @@ runtime:
 
     /// The table as (user_id → summed row), plus the number of rows per user.
     fn table(&self) -> (BTreeMap<String, Expected>, BTreeMap<String, usize>) {
-        let conn = Connection::open(self.dir.path().join("out/views.db")).unwrap();
-        let mut stmt = conn
-            .prepare(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "pageviews""#)
-            .unwrap();
-        let mut rows: BTreeMap<String, Expected> = BTreeMap::new();
+        let rows: Vec<(String, i64, i64, String)> = match &self.store {
+            Store::Sqlite => {
+                let conn = Connection::open(self.dir.path().join("out/views.db")).unwrap();
+                let mut stmt = conn
+                    .prepare(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "pageviews""#)
+                    .unwrap();
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Store::Postgres { schema } => {
+                let sql = format!(
+                    r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#
+                );
+                postgres(async |c| {
+                    c.query(&sql, &[])
+                        .await
+                        .unwrap()
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect()
+                })
+            }
+        };
+        let mut table: BTreeMap<String, Expected> = BTreeMap::new();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        let mut it = stmt.query([]).unwrap();
-        while let Some(row) = it.next().unwrap() {
-            let user: String = row.get(0).unwrap();
-            let e = rows.entry(user.clone()).or_default();
-            e.views += row.get::<_, i64>(1).unwrap();
-            e.bytes += row.get::<_, i64>(2).unwrap();
-            let seen: String = row.get(3).unwrap();
+        for (user, views, bytes, seen) in rows {
+            let e = table.entry(user.clone()).or_default();
+            e.views += views;
+            e.bytes += bytes;
             if seen > e.last_seen {
                 e.last_seen = seen;
             }
             *counts.entry(user).or_default() += 1;
         }
-        (rows, counts)
+        (table, counts)
     }
 }
 
@@ -162,7 +242,15 @@ fn assert_success(out: &Output) {
 
 #[test]
 fn run_to_completion_equals_independent_reduction() {
-    let fx = Fixture::new(false, 1000);
+    run_to_completion(Fixture::new(false, 1000));
+}
+
+#[test]
+fn postgres_run_to_completion_equals_independent_reduction() {
+    run_to_completion(Fixture::postgres(false, 1000));
+}
+
+fn run_to_completion(fx: Fixture) {
     let docs = generate(20_000, 1_500, 1);
     write_lines(&fx.input(), &docs);
     assert_success(&fx.run());
@@ -189,7 +277,15 @@ fn appended_input_is_reduced_into_existing_rows() {
 
 #[test]
 fn sigkill_at_random_moments_loses_and_doubles_nothing() {
-    let fx = Fixture::new(false, 500);
+    sigkill_at_random_moments(Fixture::new(false, 500));
+}
+
+#[test]
+fn postgres_sigkill_at_random_moments_loses_and_doubles_nothing() {
+    sigkill_at_random_moments(Fixture::postgres(false, 500));
+}
+
+fn sigkill_at_random_moments(fx: Fixture) {
     let docs = generate(200_000, 20_000, 3);
     write_lines(&fx.input(), &docs);
     let mut kills = 0;
@@ -220,7 +316,15 @@ fn sigkill_at_random_moments_loses_and_doubles_nothing() {
 
 #[test]
 fn delta_updates_store_one_row_per_transaction_and_key() {
-    let fx = Fixture::new(true, 1000);
+    delta_updates_one_row_per_transaction_and_key(Fixture::new(true, 1000));
+}
+
+#[test]
+fn postgres_delta_updates_store_one_row_per_transaction_and_key() {
+    delta_updates_one_row_per_transaction_and_key(Fixture::postgres(true, 1000));
+}
+
+fn delta_updates_one_row_per_transaction_and_key(fx: Fixture) {
     let docs = generate(10_000, 300, 4);
     write_lines(&fx.input(), &docs);
     assert_success(&fx.run());
