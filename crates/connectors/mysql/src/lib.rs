@@ -1,0 +1,1 @@
+//! The MariaDB/MySQL driver (work in progress).
