@@ -41,7 +41,7 @@ use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Bounds of one transaction, and the combiners' memory.
@@ -292,6 +292,7 @@ pub async fn run(
         let prepare_bytes = checkpoint.to_bytes();
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
+        let started = Instant::now();
         let mut c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
         let (sent, received) = tokio::join!(
@@ -334,6 +335,7 @@ pub async fn run(
         }
 
         // Store phase.
+        let loads_took = started.elapsed();
         let stored = match phases::send_stores(&mut tx, c2, &bindings).await {
             Ok(n) => n,
             Err(phases::StoreFailure::Combine(e)) => return Err(e.into()),
@@ -343,6 +345,7 @@ pub async fn run(
                 return Err(driver_err(reason));
             }
         };
+        let stores_took = started.elapsed() - loads_took;
         tx.commit().await.map_err(driver_err)?;
         match rx.recv().await.map_err(driver_err)? {
             Response::DriverCommitted => {}
@@ -353,6 +356,16 @@ pub async fn run(
             }
         }
         acknowledged = false;
+        tracing::debug!(
+            txn,
+            docs,
+            loaded,
+            stored,
+            load_ms = loads_took.as_millis() as u64,
+            store_ms = stores_took.as_millis() as u64,
+            commit_ms = (started.elapsed() - loads_took - stores_took).as_millis() as u64,
+            "transaction committed"
+        );
         // Counted once committed, so a restarted run never counts a document twice.
         summary.docs += docs;
         summary.bytes += bytes;

@@ -62,10 +62,18 @@ pub fn spawn(
     tokio::spawn(async move {
         let mut replay = replay;
         loop {
+            let started = Instant::now();
             let batch = match replay.take() {
                 Some(intent) => reader.replay(&intent).await,
                 None => reader.read().await,
             };
+            if let Ok(b) = &batch {
+                tracing::debug!(
+                    docs = b.docs,
+                    read_ms = started.elapsed().as_millis() as u64,
+                    "transaction read"
+                );
+            }
             let last = batch.as_ref().map_or(true, |b| b.last);
             if tx.send(batch).await.is_err() || last {
                 return;
