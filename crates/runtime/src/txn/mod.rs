@@ -40,7 +40,7 @@ use sluice_driver::{Endpoint, Error as DriverError};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -217,14 +217,15 @@ pub async fn run(
     }
 
     let bindings = Arc::new(shard.bindings);
-    let committer_idle = Arc::new(AtomicBool::new(true));
+    // Batches handed to the committer and not yet committed (see `read`).
+    let in_flight = Arc::new(AtomicUsize::new(0));
     let mut batches = read::spawn(
         sources,
         bindings.clone(),
         opts.clone(),
         replay,
         shutdown,
-        committer_idle.clone(),
+        in_flight.clone(),
     );
     summary.last_txn = checkpoint.txn;
     // The prior transaction's recovery-log commit, fsync'ed while the reader reads on.
@@ -234,12 +235,10 @@ pub async fn run(
     let mut acknowledged = false;
 
     loop {
-        committer_idle.store(true, Ordering::Release);
         let batch = batches
             .recv()
             .await
             .ok_or_else(|| RunError::Internal("the reader stopped without a reason".into()))??;
-        committer_idle.store(false, Ordering::Release);
         let read::ReadBatch {
             combiner: c1,
             steps,
@@ -272,6 +271,7 @@ pub async fn run(
                 return Ok(());
             }
             log = Some(recovery);
+            in_flight.fetch_sub(1, Ordering::AcqRel);
             continue;
         }
 
@@ -387,6 +387,7 @@ pub async fn run(
             recovery.commit(&record).map_err(|e| e.to_string())?;
             Ok(recovery)
         }));
+        in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

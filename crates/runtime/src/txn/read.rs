@@ -18,7 +18,7 @@ use crate::source::{QueueLimits, Record, Resume, Step};
 use sluice_doc::combine::Combiner;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -47,7 +47,7 @@ pub fn spawn(
     opts: TxnOptions,
     replay: Option<Intent>,
     shutdown: watch::Receiver<bool>,
-    committer_idle: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
 ) -> mpsc::Receiver<Result<ReadBatch, RunError>> {
     let (tx, rx) = mpsc::channel(1);
     let mut reader = Reader {
@@ -56,7 +56,7 @@ pub fn spawn(
         bindings,
         opts,
         shutdown,
-        committer_idle,
+        in_flight,
         records: Vec::new(),
     };
     tokio::spawn(async move {
@@ -75,6 +75,7 @@ pub fn spawn(
                 );
             }
             let last = batch.as_ref().map_or(true, |b| b.last);
+            reader.in_flight.fetch_add(1, Ordering::AcqRel);
             if tx.send(batch).await.is_err() || last {
                 return;
             }
@@ -89,8 +90,9 @@ struct Reader {
     bindings: Arc<Vec<Binding>>,
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
-    /// Set by the committer while it waits for the next batch.
-    committer_idle: Arc<AtomicBool>,
+    /// Batches sent and not yet committed: incremented here, decremented by the
+    /// committer when it is done with one. Zero means the committer waits for work.
+    in_flight: Arc<AtomicUsize>,
     records: Vec<Record>,
 }
 
@@ -151,7 +153,7 @@ impl Reader {
             }
             // Close early when the committer is waiting for work: low latency for a
             // trickle, while large batches build up whenever the committer is busy.
-            let committer_idle = self.committer_idle.load(Ordering::Acquire);
+            let committer_idle = self.in_flight.load(Ordering::Acquire) == 0;
             if batch.docs > 0 && committer_idle && elapsed >= self.opts.min_duration {
                 return Ok(batch);
             }
