@@ -80,6 +80,10 @@ pub struct SourceDef {
     datagen: Option<DatagenDef>,
     #[serde(default)]
     pub on_error: OnError,
+    /// With `on_error: skip`: the JSON-lines file rejected documents are appended to;
+    /// defaults to `<recovery_log>/<materialization>/dead-letters.jsonl`.
+    #[serde(default)]
+    pub dead_letter: Option<PathBuf>,
 }
 
 /// Which kind of source a [`SourceDef`] is.
@@ -90,6 +94,19 @@ pub enum SourceKind<'a> {
 }
 
 impl SourceDef {
+    /// Where a materialization whose recovery log is `log_dir` writes this source's
+    /// rejected documents; `None` unless `on_error: skip`.
+    pub fn dead_letter_path(&self, log_dir: &Path) -> Option<PathBuf> {
+        match self.on_error {
+            OnError::Fail => None,
+            OnError::Skip => Some(
+                self.dead_letter
+                    .clone()
+                    .unwrap_or_else(|| log_dir.join(DEAD_LETTER_FILE)),
+            ),
+        }
+    }
+
     pub fn kind(&self) -> SourceKind<'_> {
         match (&self.file, &self.datagen) {
             (Some(file), _) => SourceKind::File(file),
@@ -107,6 +124,23 @@ pub struct FileDef {
     /// Keep tailing the file as it grows; the source never ends.
     #[serde(default)]
     pub follow: bool,
+    /// The largest record (line, or CSV row) read as a document. A larger one is bad
+    /// input (it fails the transaction, or is skipped with `on_error: skip`) and is
+    /// streamed past without being held in memory. An integer or `"16MiB"`.
+    #[serde(default = "default_max_document_size", deserialize_with = "de_bytes")]
+    pub max_document_size: u64,
+}
+
+/// The file name of a materialization's default dead-letter file, in its recovery log.
+pub const DEAD_LETTER_FILE: &str = "dead-letters.jsonl";
+
+/// 16 MiB per document: far above any reasonable keyed change document, and small
+/// enough that the one being parsed (its text and its parsed tree, several times the
+/// text) stays well inside the default memory budget.
+pub const DEFAULT_MAX_DOCUMENT_SIZE: u64 = 16 << 20;
+
+fn default_max_document_size() -> u64 {
+    DEFAULT_MAX_DOCUMENT_SIZE
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -147,14 +181,19 @@ pub enum DatagenShape {
     Pageviews,
 }
 
-/// What to do with a record that cannot be parsed.
+/// What to do with a document of this source that is bad input: unparseable (malformed
+/// JSON or CSV, invalid UTF-8, above `max_document_size`), invalid against the schema,
+/// without its key, or failing to reduce with the documents of its transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Stop the pipeline; the transaction that saw it does not commit.
     #[default]
     Fail,
-    /// Log it and go on without the record.
+    /// Append it, with its reason and position, to the dead-letter file (durably,
+    /// before its transaction commits) and go on without it. A reduction that fails
+    /// only against the stored document or across spilled runs still stops the
+    /// pipeline: no single document can be blamed for it.
     Skip,
 }
 
@@ -428,6 +467,9 @@ impl Pipeline {
             if let Some(file) = &mut source.file {
                 resolve(&mut file.path);
             }
+            if let Some(path) = &mut source.dead_letter {
+                resolve(path);
+            }
         }
         for m in self.materializations.values_mut() {
             match &mut m.endpoint {
@@ -452,6 +494,24 @@ impl Pipeline {
             .recovery_log
             .as_deref()
             .expect("resolve_paths sets the recovery log")
+    }
+
+    /// The sources feeding materialization `name` (those whose target it binds).
+    pub fn sources_of(&self, name: &str) -> impl Iterator<Item = (&String, &SourceDef)> {
+        let bindings = self.materializations.get(name).map(|m| &m.bindings);
+        self.sources
+            .iter()
+            .filter(move |(_, s)| bindings.is_some_and(|b| b.iter().any(|b| b.source == s.target)))
+    }
+
+    /// The dead-letter files materialization `name` writes (one per path, sorted).
+    pub fn dead_letter_paths(&self, name: &str) -> Vec<PathBuf> {
+        let log_dir = self.recovery_log().join(name);
+        let paths: std::collections::BTreeSet<PathBuf> = self
+            .sources_of(name)
+            .filter_map(|(_, s)| s.dead_letter_path(&log_dir))
+            .collect();
+        paths.into_iter().collect()
     }
 
     /// Cross-checks that serde cannot express.
@@ -486,6 +546,12 @@ impl Pipeline {
         }
         for (name, s) in &self.sources {
             known(format!("sources.{name}.target"), &s.target)?;
+            if s.dead_letter.is_some() && s.on_error == OnError::Fail {
+                return Err(invalid(
+                    format!("sources.{name}.dead_letter"),
+                    "is only written with `on_error: skip`; set that, or remove it",
+                ));
+            }
             if s.file.is_some() == s.datagen.is_some() {
                 return Err(invalid(
                     format!("sources.{name}"),
@@ -507,6 +573,28 @@ impl Pipeline {
                     format!("sources.{name}.datagen.rate"),
                     "must be a positive number of documents per second",
                 ));
+            }
+        }
+        // A dead-letter file is rewritten on recovery by the one materialization that
+        // writes it (see `deadletter`): two must not share one.
+        let mut writers: BTreeMap<PathBuf, &str> = BTreeMap::new();
+        for m in self.materializations.keys() {
+            for (source, def) in self.sources_of(m) {
+                let Some(path) = &def.dead_letter else {
+                    continue;
+                };
+                if let Some(other) = writers.insert(path.clone(), m)
+                    && other != m
+                {
+                    return Err(invalid(
+                        format!("sources.{source}.dead_letter"),
+                        format!(
+                            "{} would be written by materializations {other} and {m}; \
+                             give each its own file, or omit it to use each one's default",
+                            path.display()
+                        ),
+                    ));
+                }
             }
         }
         for (name, m) in &self.materializations {

@@ -26,6 +26,7 @@ fn file_source(path: &Path, format: FileFormat, follow: bool) -> FileSource {
         path: path.to_path_buf(),
         format,
         follow,
+        max_document_size: sluice_runtime::config::DEFAULT_MAX_DOCUMENT_SIZE,
     };
     FileSource::new("views", &def)
 }

@@ -1,0 +1,340 @@
+//! Dead letters: the documents a source with `on_error: skip` rejected, each with its
+//! reason and position, as JSON lines.
+//!
+//! ```text
+//!  reader ──batch of T──▶ rejected? ──append records {txn: T, ..} + fsync──▶ send T to the committer
+//!  start  ──recovered checkpoint (txn C)──▶ drop every record of a txn > C, and a torn tail
+//! ```
+//!
+//! One line per rejected document:
+//! `{"txn": 7, "source": "views-file", "position": "views.jsonl:551 (byte 30190)",
+//! "reason": "invalid JSON: ...", "raw": "{\"user_id\": ..."}`, with `document` (the
+//! parsed document, when it fits in [`DOCUMENT_LIMIT`] bytes of JSON) or `raw` (the
+//! start of the text, `truncated: true` when cut).
+//!
+//! Invariants:
+//! - A transaction's records are durable (fsync'ed) before its batch reaches the
+//!   committer, so before it can commit: a crash never loses the record of a skip.
+//! - After [`DeadLetterFile::open`] with the recovered checkpoint's transaction `C`, the
+//!   file holds exactly the records of transactions `1..=C` that committed. Records of
+//!   an attempt that did not commit (a replayed or abandoned transaction) are removed
+//!   before it is read again, so a replay never duplicates a record.
+//! - Records are appended in transaction order (one writer: the materialization's
+//!   reader), which is what lets `open` cut at the first newer one.
+//! - `open` reads the whole file once; keep dead-letter files small by moving them away
+//!   once handled (a missing file is simply created again).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+/// The largest parsed document written whole; a larger one is cut to its first bytes.
+pub const DOCUMENT_LIMIT: usize = 64 << 10;
+
+/// One rejected document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The transaction that skipped it.
+    pub txn: u64,
+    /// The source's name in the pipeline file.
+    pub source: String,
+    /// `file:line (byte offset)` or the source's own position.
+    pub position: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<Value>,
+    /// The text (lossy UTF-8) when there is no parsed document, or it was too large.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    /// `raw` is only the start of the record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl DeadLetter {
+    /// A record whose raw text is all there is (it did not parse).
+    pub fn raw(source: &str, position: String, reason: String, raw: &[u8], cut: bool) -> Self {
+        DeadLetter {
+            txn: 0,
+            source: source.to_string(),
+            position,
+            reason,
+            document: None,
+            raw: Some(String::from_utf8_lossy(raw).into_owned()),
+            truncated: cut,
+        }
+    }
+
+    /// A record of a parsed document, cut to [`DOCUMENT_LIMIT`] bytes of text if larger.
+    pub fn document(source: &str, position: String, reason: String, doc: Value) -> Self {
+        let text = doc.to_string();
+        if text.len() <= DOCUMENT_LIMIT {
+            return DeadLetter {
+                txn: 0,
+                source: source.to_string(),
+                position,
+                reason,
+                document: Some(doc),
+                raw: None,
+                truncated: false,
+            };
+        }
+        let mut end = DOCUMENT_LIMIT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        DeadLetter::raw(source, position, reason, &text.as_bytes()[..end], true)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeadLetterError {
+    /// The file system failed; a retry may help once it is fixed (e.g. space freed).
+    #[error("dead-letter file {}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    /// Someone else's text in the file: refuse to cut or append to it.
+    #[error(
+        "dead-letter file {} line {line} is not a dead-letter record ({reason}); \
+         move the file away and run again",
+        path.display()
+    )]
+    Corrupt {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+}
+
+/// An open dead-letter file: one writer, appending whole transactions.
+#[derive(Debug)]
+pub struct DeadLetterFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl DeadLetterFile {
+    /// Opens (or creates, with its folder) the file at `path`, keeping only the records
+    /// of transactions up to `committed` (see the module docs). Returns after the cut,
+    /// if any, is fsync'ed.
+    pub fn open(path: &Path, committed: u64) -> Result<DeadLetterFile, DeadLetterError> {
+        let io = |error| DeadLetterError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(io)?;
+        if !existed {
+            // The new file's name is durable once its folder is.
+            if let Some(dir) = dir {
+                File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+            }
+        }
+        let keep = committed_prefix(path, &file, committed)?;
+        if keep < file.metadata().map_err(io)?.len() {
+            file.set_len(keep).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        Ok(DeadLetterFile {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `letters` as records of transaction `txn` (setting their `txn`); returns
+    /// only after they are fsync'ed.
+    pub fn append<'a>(
+        &mut self,
+        txn: u64,
+        letters: impl IntoIterator<Item = &'a mut DeadLetter>,
+    ) -> Result<(), DeadLetterError> {
+        let mut text = Vec::new();
+        for letter in letters {
+            letter.txn = txn;
+            serde_json::to_writer(&mut text, &*letter).expect("a dead letter serializes");
+            text.push(b'\n');
+        }
+        let io = |error| DeadLetterError::Io {
+            path: self.path.clone(),
+            error,
+        };
+        self.file.write_all(&text).map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+}
+
+/// A record's identity within a batch: (source index, line, byte offset).
+pub type RecordId = (usize, u64, u64);
+
+/// The dead-letter files of one materialization's sources.
+#[derive(Debug)]
+pub struct DeadLetters {
+    files: Vec<DeadLetterFile>,
+    /// Per source (by index): its file, if it skips bad input.
+    of_source: Vec<Option<usize>>,
+}
+
+impl DeadLetters {
+    /// Opens the files of sources given as (name, dead-letter path if skipping), each
+    /// cut to transaction `committed` (see [`DeadLetterFile::open`]). An error names the
+    /// source.
+    pub fn open<'a>(
+        sources: impl IntoIterator<Item = (&'a str, Option<&'a Path>)>,
+        committed: u64,
+    ) -> Result<DeadLetters, (&'a str, DeadLetterError)> {
+        let mut out = DeadLetters {
+            files: Vec::new(),
+            of_source: Vec::new(),
+        };
+        for (name, path) in sources {
+            let index = match path {
+                None => None,
+                Some(path) => Some(match out.files.iter().position(|f| f.path == path) {
+                    Some(i) => i,
+                    None => {
+                        let file = DeadLetterFile::open(path, committed).map_err(|e| (name, e))?;
+                        out.files.push(file);
+                        out.files.len() - 1
+                    }
+                }),
+            };
+            out.of_source.push(index);
+        }
+        Ok(out)
+    }
+
+    /// Appends transaction `txn`'s records, sorted by source and position, each to its
+    /// source's file; returns once all are fsync'ed. An error names the source index.
+    ///
+    /// # Panics
+    /// If a record's source does not skip bad input (a caller bug).
+    pub fn write(
+        &mut self,
+        txn: u64,
+        letters: &mut [(RecordId, DeadLetter)],
+    ) -> Result<(), (usize, DeadLetterError)> {
+        letters.sort_by_key(|(id, _)| *id);
+        let of_source = &self.of_source;
+        for group in letters.chunk_by_mut(|a, b| of_source[a.0.0] == of_source[b.0.0]) {
+            let source = group[0].0.0;
+            let file = of_source[source].expect("only skipping sources reject");
+            self.files[file]
+                .append(txn, group.iter_mut().map(|(_, l)| l))
+                .map_err(|e| (source, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The length of the file's prefix holding whole records of transactions up to
+/// `committed`.
+fn committed_prefix(path: &Path, file: &File, committed: u64) -> Result<u64, DeadLetterError> {
+    #[derive(Deserialize)]
+    struct Txn {
+        txn: u64,
+    }
+    let mut reader = BufReader::new(file);
+    let (mut keep, mut line_no, mut line) = (0u64, 0u64, Vec::new());
+    loop {
+        line.clear();
+        let read = reader
+            .read_until(b'\n', &mut line)
+            .map_err(|error| DeadLetterError::Io {
+                path: path.to_path_buf(),
+                error,
+            })?;
+        line_no += 1;
+        // The end, or a torn last line (a crash mid-append): cut it.
+        if read == 0 || line.last() != Some(&b'\n') {
+            return Ok(keep);
+        }
+        match serde_json::from_slice::<Txn>(&line) {
+            Ok(Txn { txn }) if txn > committed => return Ok(keep),
+            Ok(_) => keep += read as u64,
+            Err(e) => {
+                return Err(DeadLetterError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letter(n: u64) -> DeadLetter {
+        DeadLetter::raw("s", format!("f:{n}"), "bad".into(), b"{", false)
+    }
+
+    fn txns(path: &Path) -> Vec<u64> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<DeadLetter>(l).unwrap().txn)
+            .collect()
+    }
+
+    #[test]
+    fn reopening_drops_records_of_transactions_after_the_committed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/dead-letters.jsonl");
+        let mut file = DeadLetterFile::open(&path, 0).unwrap();
+        file.append(1, &mut [letter(1), letter(2)]).unwrap();
+        file.append(3, &mut [letter(3)]).unwrap();
+        file.append(4, &mut [letter(4)]).unwrap();
+        drop(file);
+        let mut file = DeadLetterFile::open(&path, 3).unwrap();
+        assert_eq!(txns(&path), [1, 1, 3]);
+        file.append(4, &mut [letter(5)]).unwrap();
+        assert_eq!(txns(&path), [1, 1, 3, 4]);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_cut_and_a_foreign_line_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dead-letters.jsonl");
+        DeadLetterFile::open(&path, 0)
+            .unwrap()
+            .append(1, &mut [letter(1)])
+            .unwrap();
+        let mut text = std::fs::read(&path).unwrap();
+        text.extend_from_slice(b"{\"txn\": 2, \"sou");
+        std::fs::write(&path, &text).unwrap();
+        DeadLetterFile::open(&path, 5).unwrap();
+        assert_eq!(txns(&path), [1]);
+
+        std::fs::write(&path, b"hello\n").unwrap();
+        let err = DeadLetterFile::open(&path, 5).unwrap_err().to_string();
+        assert!(err.contains("line 1 is not a dead-letter record"), "{err}");
+    }
+
+    #[test]
+    fn a_large_document_is_written_as_the_start_of_its_text() {
+        let doc = serde_json::json!({ "big": "é".repeat(DOCUMENT_LIMIT) });
+        let letter = DeadLetter::document("s", "f:1".into(), "bad".into(), doc);
+        assert!(letter.truncated && letter.document.is_none());
+        assert!(letter.raw.unwrap().len() <= DOCUMENT_LIMIT);
+    }
+}
