@@ -1,0 +1,223 @@
+//! What the user writes: the endpoint (`{"url": "mysql://user@host:3306/database"}`) and
+//! each binding's resource (`{"table": "pageviews"}`), with the JSON schemas that Spec
+//! returns.
+//!
+//! Parsing is strict: unknown properties are errors, and every error names the field
+//! that is wrong (`endpoint config: url: ...`), so a pipeline author can find it in their
+//! file. The URL may hold a password (`${MYSQL_PASSWORD}` expanded by the runtime): it is
+//! never printed. Everything that names the server uses [`EndpointConfig::describe`],
+//! which drops it.
+
+use serde::Deserialize;
+use sluice_driver::{Error, Result};
+
+/// Where the documentation of this driver lives (returned by Spec).
+pub const DOCUMENTATION_URL: &str =
+    "https://github.com/sluice-rs/sluice/tree/main/crates/connectors/mysql";
+
+/// JSON schema of [`EndpointConfig`].
+pub const ENDPOINT_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "MariaDB / MySQL endpoint",
+  "type": "object",
+  "required": ["url"],
+  "additionalProperties": false,
+  "properties": {
+    "url": {
+      "type": "string",
+      "minLength": 1,
+      "description": "Connection URL naming the database, e.g. mysql://user:${MYSQL_PASSWORD}@host:3306/db (no TLS). The server must allow LOAD DATA LOCAL INFILE (local_infile=ON, the MariaDB default)."
+    }
+  }
+}"#;
+
+/// JSON schema of [`ResourceConfig`].
+pub const RESOURCE_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "MariaDB / MySQL table",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {
+    "table": {
+      "type": "string",
+      "minLength": 1,
+      "maxLength": 64,
+      "description": "Name of the table to materialize into (any name: it is always quoted)."
+    },
+    "delta_updates": {
+      "type": "boolean",
+      "default": false,
+      "description": "Append every stored document as a new row instead of keeping one row per key."
+    }
+  }
+}"#;
+
+/// The endpoint: one database of one server.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub url: String,
+}
+
+/// Never shows the URL: it may hold a password.
+impl std::fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointConfig")
+            .field("server", &self.describe())
+            .finish()
+    }
+}
+
+/// One binding's resource: a table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    pub table: String,
+    #[serde(default)]
+    pub delta_updates: bool,
+}
+
+/// Longest identifier MariaDB and MySQL accept (in characters); longer names are errors
+/// from the server, better caught with the field named.
+const MAX_IDENTIFIER: usize = 64;
+
+impl EndpointConfig {
+    pub fn parse(json: &str) -> Result<Self> {
+        let config: Self = parse("endpoint config", json)?;
+        let opts = config.connection()?;
+        if opts.db_name().is_none_or(str::is_empty) {
+            return Err(Error::Config(
+                "endpoint config: url: names no database; expected e.g. \
+                 mysql://user@host:3306/database"
+                    .into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The parsed connection settings.
+    pub fn connection(&self) -> Result<mysql_async::Opts> {
+        mysql_async::Opts::from_url(&self.url).map_err(|err| {
+            Error::Config(format!(
+                "endpoint config: url: not a MySQL connection URL ({err}); \
+                 expected e.g. mysql://user@host:3306/database"
+            ))
+        })
+    }
+
+    /// The database the tables live in.
+    pub fn database(&self) -> String {
+        self.connection()
+            .ok()
+            .and_then(|opts| opts.db_name().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    /// The server as `mysql://user@host:port/database`, without the password: what
+    /// errors and logs name.
+    pub fn describe(&self) -> String {
+        let Ok(opts) = self.connection() else {
+            return "mysql://(invalid url)".to_owned();
+        };
+        format!(
+            "mysql://{}@{}:{}/{}",
+            opts.user().unwrap_or(""),
+            opts.ip_or_hostname(),
+            opts.tcp_port(),
+            opts.db_name().unwrap_or("")
+        )
+    }
+}
+
+impl ResourceConfig {
+    pub fn parse(json: &str) -> Result<Self> {
+        let config: Self = parse("resource config", json)?;
+        if config.table.is_empty() {
+            return Err(Error::Config(
+                "resource config: table: must not be empty (e.g. \"pageviews\")".into(),
+            ));
+        }
+        if config.table.chars().count() > MAX_IDENTIFIER {
+            return Err(Error::Config(format!(
+                "resource config: table: {:?} is longer than the {MAX_IDENTIFIER} characters \
+                 MariaDB and MySQL allow",
+                config.table
+            )));
+        }
+        Ok(config)
+    }
+}
+
+/// Deserializes `json`, naming the path of the offending field in the error.
+fn parse<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    serde_path_to_error::deserialize(de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." {
+            Error::Config(format!("{what}: {inner}"))
+        } else {
+            Error::Config(format!("{what}: {path}: {inner}"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_names_its_database() {
+        let config =
+            EndpointConfig::parse(r#"{"url": "mysql://root@127.0.0.1:3306/test"}"#).unwrap();
+        assert_eq!(config.database(), "test");
+    }
+
+    #[test]
+    fn the_password_is_never_described_or_debug_printed() {
+        let config =
+            EndpointConfig::parse(r#"{"url": "mysql://alice:s3cret@db.example:3307/sales"}"#)
+                .unwrap();
+        assert_eq!(config.describe(), "mysql://alice@db.example:3307/sales");
+        assert!(!format!("{config:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_bad_url_or_one_without_a_database_is_a_config_error_naming_the_field() {
+        for url in ["postgres://u@h/db", "mysql://u@h:3306"] {
+            let err = EndpointConfig::parse(&format!(r#"{{"url": "{url}"}}"#)).unwrap_err();
+            assert!(err.to_string().contains("endpoint config: url:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn wrong_missing_and_unknown_fields_are_named() {
+        let err = ResourceConfig::parse(r#"{"table": 5}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("resource config: table: invalid type"),
+            "{err}"
+        );
+        let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field `url`"), "{err}");
+        let err = ResourceConfig::parse(r#"{"table": "t", "tabel": "u"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+    }
+
+    #[test]
+    fn empty_and_overlong_names_are_refused() {
+        let err = ResourceConfig::parse(r#"{"table": ""}"#).unwrap_err();
+        assert!(err.to_string().contains("must not be empty"), "{err}");
+        let long = "x".repeat(65);
+        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#)).unwrap_err();
+        assert!(err.to_string().contains("longer than"), "{err}");
+    }
+
+    #[test]
+    fn schemas_are_json() {
+        for schema in [ENDPOINT_SCHEMA, RESOURCE_SCHEMA] {
+            serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! [`MysqlDriver`]: the unary calls (Spec, Validate, Apply) and Open.
+//!
+//! Apply compares the spec with the catalog of the endpoint's database and runs only
+//! what is missing, in order:
+//!
+//! ```text
+//!   CREATE TABLE IF NOT EXISTS `sluice_checkpoints` (…)                  (table missing)
+//!   CREATE TABLE IF NOT EXISTS `t` (`c` … COMMENT '…', PRIMARY KEY …)   (table missing)
+//!   ALTER TABLE `t` ADD COLUMN `new` BIGINT COMMENT '…'                  (newly selected field)
+//! ```
+//!
+//! Re-applying the same spec therefore runs nothing, and a dry run returns exactly the
+//! statements a real apply would run at that moment. DDL is not transactional in
+//! MariaDB or MySQL (each statement commits on its own), but every statement is
+//! idempotent, so an apply that failed half-way is finished by running it again.
+
+use crate::client;
+use crate::config::{
+    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, RESOURCE_SCHEMA, ResourceConfig,
+};
+use crate::sql::{self, CHECKPOINTS_TABLE, ColumnType, Table};
+use crate::transactor::MysqlTransactor;
+use async_trait::async_trait;
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+use sluice_driver::{Driver, Error, Result, Transactor};
+use sluice_proto::flow;
+use sluice_proto::materialize::{
+    self as m, Constraint, constraint::Type as ConstraintType, transaction_request::Open,
+    transaction_response::Opened,
+};
+
+/// The MariaDB/MySQL driver. Stateless: the endpoint config arrives with each request.
+#[derive(Debug, Default, Clone)]
+pub struct MysqlDriver;
+
+impl MysqlDriver {
+    pub fn new() -> Self {
+        MysqlDriver
+    }
+}
+
+/// The tables of a materialization's bindings, each named once.
+pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
+    let mut tables: Vec<Table> = Vec::with_capacity(spec.bindings.len());
+    for binding in &spec.bindings {
+        let resource = ResourceConfig::parse(&binding.resource_spec_json)?;
+        let table = Table::new(
+            &resource.table,
+            binding,
+            binding.delta_updates || resource.delta_updates,
+        )?;
+        // Table names compare case-insensitively on some servers (lower_case_table_names).
+        if (tables.iter()).any(|t| t.name.to_lowercase() == table.name.to_lowercase()) {
+            return Err(Error::Config(format!(
+                "two bindings of {:?} write table {:?}: give each its own table",
+                spec.materialization, table.name
+            )));
+        }
+        tables.push(table);
+    }
+    Ok(tables)
+}
+
+pub(crate) fn materialization(
+    spec: Option<flow::MaterializationSpec>,
+) -> Result<flow::MaterializationSpec> {
+    spec.ok_or_else(|| Error::Config("request has no materialization spec".into()))
+}
+
+/// The constraint on one projection of a binding's collection.
+fn constraint(collection: &flow::CollectionSpec, p: &flow::Projection, delta: bool) -> Constraint {
+    let storable = ColumnType::of_projection(p).is_some();
+    let is_key = p.is_primary_key || collection.key_ptrs.contains(&p.ptr);
+    let (ty, reason) = if is_key && !storable {
+        (
+            ConstraintType::Unsatisfiable,
+            "this key location has no type MariaDB can hold",
+        )
+    } else if is_key {
+        (
+            ConstraintType::LocationRequired,
+            "every location of the collection key is required",
+        )
+    } else if p.ptr.is_empty() && delta {
+        (
+            ConstraintType::LocationRecommended,
+            "the whole document is recommended",
+        )
+    } else if p.ptr.is_empty() {
+        (
+            ConstraintType::FieldRequired,
+            "the whole document is required to load and reduce it",
+        )
+    } else if !storable {
+        (
+            ConstraintType::FieldForbidden,
+            "a field that is always null or has no type cannot be a column",
+        )
+    } else if p.ptr.matches('/').count() == 1 {
+        (
+            ConstraintType::LocationRecommended,
+            "top-level fields are recommended",
+        )
+    } else {
+        (
+            ConstraintType::FieldOptional,
+            "nested fields may be materialized",
+        )
+    };
+    Constraint {
+        r#type: ty as i32,
+        reason: reason.to_owned(),
+    }
+}
+
+/// Which Apply call is being served.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Upsert,
+    Delete,
+}
+
+/// Applies (or, dry, only describes) what the plan of `action` decides from the
+/// current catalog.
+async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse> {
+    let spec = materialization(req.materialization)?;
+    let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
+    let (mut conn, flavor) = client::connect(&endpoint).await?;
+    let statements = match action {
+        Action::Upsert => plan_upsert(&mut conn, flavor, &spec).await?,
+        Action::Delete => plan_delete(&mut conn, &spec).await?,
+    };
+    if !req.dry_run {
+        for statement in &statements {
+            conn.query_drop(statement)
+                .await
+                .map_err(|err| client::my_error(format!("applying `{statement}`"), err))?;
+        }
+    }
+    Ok(m::ApplyResponse {
+        action_description: statements.iter().map(|s| format!("{s};\n")).collect(),
+    })
+}
+
+/// Creates the checkpoints table and missing tables; adds missing columns.
+async fn plan_upsert(
+    conn: &mut Conn,
+    flavor: sql::Flavor,
+    spec: &flow::MaterializationSpec,
+) -> Result<Vec<String>> {
+    let mut statements = Vec::new();
+    if client::existing_columns(conn, CHECKPOINTS_TABLE)
+        .await?
+        .is_empty()
+    {
+        statements.push(sql::create_checkpoints_sql(flavor));
+    }
+    for table in spec_tables(spec)? {
+        let existing = client::existing_columns(conn, &table.name).await?;
+        if existing.is_empty() {
+            statements.push(table.create_sql(flavor));
+            continue;
+        }
+        statements.extend(
+            (table.columns.iter())
+                .filter(|c| !existing.contains(&c.field))
+                .map(|c| table.add_column_sql(c, flavor)),
+        );
+    }
+    Ok(statements)
+}
+
+/// Drops the tables of existing bindings and forgets the materialization's checkpoints.
+async fn plan_delete(conn: &mut Conn, spec: &flow::MaterializationSpec) -> Result<Vec<String>> {
+    let mut statements = Vec::new();
+    for table in spec_tables(spec)? {
+        if !client::existing_columns(conn, &table.name)
+            .await?
+            .is_empty()
+        {
+            statements.push(table.drop_sql());
+        }
+    }
+    let has_checkpoints = !client::existing_columns(conn, CHECKPOINTS_TABLE)
+        .await?
+        .is_empty();
+    if has_checkpoints && client::checkpoint_rows(conn, &spec.materialization).await? > 0 {
+        statements.push(format!(
+            "DELETE FROM {} WHERE `materialization` = {}",
+            sql::quote_ident(CHECKPOINTS_TABLE),
+            sql::quote_literal(&spec.materialization)
+        ));
+    }
+    Ok(statements)
+}
+
+#[async_trait]
+impl Driver for MysqlDriver {
+    async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
+        Ok(m::SpecResponse {
+            endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_owned(),
+            resource_spec_schema_json: RESOURCE_SCHEMA.to_owned(),
+            documentation_url: DOCUMENTATION_URL.to_owned(),
+        })
+    }
+
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        let endpoint = EndpointConfig::parse(&req.endpoint_spec_json)?;
+        let mut bindings = Vec::with_capacity(req.bindings.len());
+        for (i, binding) in req.bindings.iter().enumerate() {
+            let resource = ResourceConfig::parse(&binding.resource_spec_json)
+                .map_err(|err| Error::Config(format!("bindings[{i}]: {err}")))?;
+            let collection = binding.collection.as_ref().ok_or_else(|| {
+                Error::Config(format!(
+                    "bindings[{i}] of table {:?} has no collection",
+                    resource.table
+                ))
+            })?;
+            bindings.push(m::validate_response::Binding {
+                constraints: collection
+                    .projections
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.field.clone(),
+                            constraint(collection, p, resource.delta_updates),
+                        )
+                    })
+                    .collect(),
+                resource_path: vec![endpoint.database(), resource.table],
+                delta_updates: resource.delta_updates,
+            });
+        }
+        Ok(m::ValidateResponse { bindings })
+    }
+
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        apply(req, Action::Upsert).await
+    }
+
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        apply(req, Action::Delete).await
+    }
+
+    async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
+        let (transactor, flow_checkpoint) = MysqlTransactor::open(open).await?;
+        Ok((Box::new(transactor), Opened { flow_checkpoint }))
+    }
+}

@@ -1,0 +1,785 @@
+//! SQL text and value encoding, pure and without a connection.
+//!
+//! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
+//! order (keys, then values, then the document), which is also the order of the values
+//! in a Store message (`packed_keys`, `packed_values`, `docs_json`). Every statement the
+//! driver runs is generated here, so Apply's action description is exactly what runs.
+//!
+//! Column types come from the projection's inferred JSON types (`null` ignored):
+//!
+//! ```text
+//!   integer → BIGINT      number, integer+number → DOUBLE      boolean → BOOLEAN
+//!   string  → LONGTEXT    object, array, several types → JSON  the whole document → JSON
+//!   a key of string, object, array or several types → VARCHAR(255), binary no-pad collation
+//! ```
+//!
+//! Key columns cannot be LONGTEXT (InnoDB indexes at most 3072 bytes of a key): a string
+//! key is `VARCHAR(255)`, the usual MySQL key width, which holds any e-mail address or
+//! UUID and leaves room for three such columns in one primary key (255 × 4 bytes of
+//! utf8mb4 each). A longer key value is refused with an error naming the field, never
+//! truncated. Keys compare byte for byte, trailing spaces included (`utf8mb4_nopad_bin`
+//! on MariaDB, `utf8mb4_0900_bin` on MySQL 8, see [`Flavor`]): `"Bob"`, `"bob"` and
+//! `"bob "` are three keys, as they are three packed keys to the runtime.
+//!
+//! Values travel as text: rows in `LOAD DATA` format ([`InfileRows`]) and keys of loads
+//! and deletions as SQL literals ([`KeyLists`]). One conversion ([`write_text`]) serves
+//! both, so a key looked up compares equal to the key stored.
+//!
+//! Invariants:
+//! - Every identifier is quoted with [`quote_ident`] (`` `a``b` ``), so table and field
+//!   names such as `select`, `Mixed Case` or ``a`b`` are safe; every string literal is
+//!   quoted with [`quote_literal`], which relies on the session's `sql_mode` without
+//!   `NO_BACKSLASH_ESCAPES` (set by the client at connect).
+//! - A value whose JSON type does not fit its column (a string in a `BIGINT` column) is
+//!   an error naming the field, checked here: `LOAD DATA LOCAL` would only warn.
+//! - Delta-update tables have no primary key: every store appends a row.
+
+use serde_json::Value;
+use sluice_driver::{Error, Result};
+use sluice_proto::flow;
+use std::io::Write;
+
+/// The table of fences and runtime checkpoints, one row per (materialization, key range).
+pub const CHECKPOINTS_TABLE: &str = "sluice_checkpoints";
+
+/// Characters of a string key column (see the module docs).
+pub const KEY_CHARS: usize = 255;
+
+/// Bytes of SQL text per statement of keys (loads, deletions). Under every server's
+/// default `max_allowed_packet` (4 MiB in MySQL 5.7, 16 MiB in MariaDB, 64 MiB in MySQL
+/// 8), and enough for ~50k short keys, so a Load message costs one or a few queries.
+pub const STATEMENT_BYTES: usize = 1 << 20;
+
+/// Which server: they differ in the name of the binary no-pad collation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    MariaDb,
+    MySql,
+}
+
+impl Flavor {
+    /// The flavor of a server reporting `version` (`SELECT VERSION()`).
+    pub fn of_version(version: &str) -> Flavor {
+        if version.contains("MariaDB") {
+            Flavor::MariaDb
+        } else {
+            Flavor::MySql
+        }
+    }
+
+    /// Compares utf8mb4 strings byte for byte, trailing spaces included.
+    pub fn key_collation(self) -> &'static str {
+        match self {
+            Flavor::MariaDb => "utf8mb4_nopad_bin",
+            Flavor::MySql => "utf8mb4_0900_bin",
+        }
+    }
+}
+
+/// How a column holds its field's JSON values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    Bigint,
+    Double,
+    Boolean,
+    Text,
+    /// Objects, arrays and fields of several types, and the whole document.
+    Json,
+}
+
+impl ColumnType {
+    /// The column type for a projection, or `None` if the field cannot be a column (it
+    /// has no type at all, or is always null).
+    pub fn of_projection(projection: &flow::Projection) -> Option<ColumnType> {
+        let mut types: Vec<&str> = (projection.inference.as_ref())
+            .map(|i| i.types.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(String::as_str)
+            .filter(|t| *t != "null")
+            .collect();
+        types.sort_unstable();
+        Some(match types.as_slice() {
+            [] => return None,
+            ["integer"] => ColumnType::Bigint,
+            ["integer", "number"] | ["number"] => ColumnType::Double,
+            ["boolean"] => ColumnType::Boolean,
+            ["string"] => ColumnType::Text,
+            _ => ColumnType::Json,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub field: String,
+    /// The JSON pointer the field projects (empty for the whole document).
+    pub ptr: String,
+    pub ty: ColumnType,
+    /// Part of the primary key (standard tables) or of the key (delta tables).
+    pub key: bool,
+}
+
+impl Column {
+    /// Whether the column holds text of at most [`KEY_CHARS`] characters.
+    fn is_key_text(&self) -> bool {
+        self.key && matches!(self.ty, ColumnType::Text | ColumnType::Json)
+    }
+
+    /// The declared SQL type.
+    pub fn sql_type(&self, flavor: Flavor) -> String {
+        if self.is_key_text() {
+            return format!(
+                "VARCHAR({KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE {}",
+                flavor.key_collation()
+            );
+        }
+        match self.ty {
+            ColumnType::Bigint => "BIGINT",
+            ColumnType::Double => "DOUBLE",
+            ColumnType::Boolean => "BOOLEAN",
+            ColumnType::Text => "LONGTEXT",
+            ColumnType::Json => "JSON",
+        }
+        .to_owned()
+    }
+}
+
+/// One binding's table, columns in field-selection order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub name: String,
+    /// The collection the table materializes (named in column comments).
+    pub collection: String,
+    /// Keys, then values, then the document column (if selected).
+    pub columns: Vec<Column>,
+    pub key_count: usize,
+    pub has_document: bool,
+    pub delta_updates: bool,
+}
+
+impl Table {
+    /// The table `name` for `binding`, with columns typed from its projections.
+    pub fn new(
+        name: &str,
+        binding: &flow::materialization_spec::Binding,
+        delta_updates: bool,
+    ) -> Result<Table> {
+        let collection = binding
+            .collection
+            .as_ref()
+            .ok_or_else(|| Error::Config(format!("binding of table {name:?} has no collection")))?;
+        let selection = binding.field_selection.clone().unwrap_or_default();
+        let column = |field: &str, key: bool, document: bool| -> Result<Column> {
+            let projection = collection
+                .projections
+                .iter()
+                .find(|p| p.field == field)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "table {name:?}: selected field {field:?} is not a projection of {}",
+                        collection.collection
+                    ))
+                })?;
+            let ty = if document {
+                ColumnType::Json
+            } else {
+                ColumnType::of_projection(projection).ok_or_else(|| {
+                    Error::Config(format!(
+                        "table {name:?}: field {field:?} has no type MariaDB can hold"
+                    ))
+                })?
+            };
+            Ok(Column {
+                field: field.to_owned(),
+                ptr: projection.ptr.clone(),
+                ty,
+                key,
+            })
+        };
+        if selection.keys.is_empty() {
+            return Err(Error::Config(format!(
+                "table {name:?}: the field selection has no key fields"
+            )));
+        }
+        let mut columns = Vec::new();
+        for field in &selection.keys {
+            columns.push(column(field, true, false)?);
+        }
+        for field in &selection.values {
+            columns.push(column(field, false, false)?);
+        }
+        let has_document = !selection.document.is_empty();
+        if has_document {
+            columns.push(column(&selection.document, false, true)?);
+        } else if !delta_updates {
+            return Err(Error::Config(format!(
+                "table {name:?}: a standard (non-delta) binding must select the document field"
+            )));
+        }
+        Ok(Table {
+            name: name.to_owned(),
+            collection: collection.collection.clone(),
+            columns,
+            key_count: selection.keys.len(),
+            has_document,
+            delta_updates,
+        })
+    }
+
+    pub fn keys(&self) -> &[Column] {
+        &self.columns[..self.key_count]
+    }
+
+    /// Value columns, without the document.
+    pub fn values(&self) -> &[Column] {
+        let end = self.columns.len() - usize::from(self.has_document);
+        &self.columns[self.key_count..end]
+    }
+
+    pub fn document(&self) -> Option<&Column> {
+        self.has_document.then(|| self.columns.last()).flatten()
+    }
+
+    fn column_def(&self, column: &Column, flavor: Flavor) -> String {
+        let source = if column.ptr.is_empty() {
+            format!("the whole document of {}", self.collection)
+        } else {
+            format!("{} of {}", column.ptr, self.collection)
+        };
+        let not_null = if column.key { " NOT NULL" } else { "" };
+        format!(
+            "{} {}{not_null} COMMENT {}",
+            quote_ident(&column.field),
+            column.sql_type(flavor),
+            quote_literal(&format!("Materialized by Sluice from {source}"))
+        )
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS`, keys NOT NULL and the primary key unless
+    /// delta-updated; every column's comment names its source.
+    pub fn create_sql(&self, flavor: Flavor) -> String {
+        let mut defs: Vec<String> = (self.columns.iter())
+            .map(|c| self.column_def(c, flavor))
+            .collect();
+        if !self.delta_updates {
+            defs.push(format!("PRIMARY KEY ({})", idents(self.keys())));
+        }
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} ({}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+            quote_ident(&self.name),
+            defs.join(", ")
+        )
+    }
+
+    /// Adds a (nullable) column that a later version of the binding selects.
+    pub fn add_column_sql(&self, column: &Column, flavor: Flavor) -> String {
+        format!(
+            "ALTER TABLE {} ADD COLUMN {}",
+            quote_ident(&self.name),
+            self.column_def(column, flavor)
+        )
+    }
+
+    pub fn drop_sql(&self) -> String {
+        format!("DROP TABLE IF EXISTS {}", quote_ident(&self.name))
+    }
+
+    /// Loads [`InfileRows`] of every column into this table. `replace`: a row whose key
+    /// is present replaces it (the upsert of keys the runtime loaded); otherwise it is
+    /// a duplicate, which `LOCAL` turns into a warning the caller must fail on.
+    pub fn load_data_sql(&self, replace: bool) -> String {
+        format!(
+            "LOAD DATA LOCAL INFILE 'sluice'{} INTO TABLE {} CHARACTER SET utf8mb4 \
+             FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' ({})",
+            if replace { " REPLACE" } else { "" },
+            quote_ident(&self.name),
+            idents(&self.columns)
+        )
+    }
+
+    /// `SELECT document FROM t WHERE `, followed by a [`KeyLists`] condition.
+    pub fn load_prefix(&self) -> Option<String> {
+        Some(format!(
+            "SELECT {} FROM {} WHERE ",
+            quote_ident(&self.document()?.field),
+            quote_ident(&self.name)
+        ))
+    }
+
+    /// `DELETE FROM t WHERE `, followed by a [`KeyLists`] condition.
+    pub fn delete_prefix(&self) -> String {
+        format!("DELETE FROM {} WHERE ", quote_ident(&self.name))
+    }
+}
+
+/// `` `name` ``, with embedded backticks doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// `'text'`, with quotes, backslashes and NUL escaped (the session's `sql_mode` has no
+/// `NO_BACKSLASH_ESCAPES`).
+pub fn quote_literal(text: &str) -> String {
+    let mut out = Vec::with_capacity(text.len() + 2);
+    push_literal(&mut out, text.as_bytes());
+    String::from_utf8(out).expect("escaping keeps UTF-8 valid")
+}
+
+fn push_literal(out: &mut Vec<u8>, text: &[u8]) {
+    out.push(b'\'');
+    escape_into(out, text, |b| match b {
+        b'\'' => Some(b"\\'"),
+        b'\\' => Some(b"\\\\"),
+        0 => Some(b"\\0"),
+        _ => None,
+    });
+    out.push(b'\'');
+}
+
+fn idents(columns: &[Column]) -> String {
+    let quoted: Vec<String> = columns.iter().map(|c| quote_ident(&c.field)).collect();
+    quoted.join(", ")
+}
+
+/// DDL of the checkpoints table. The materialization name is compared byte for byte.
+pub fn create_checkpoints_sql(flavor: Flavor) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (`materialization` VARCHAR(512) CHARACTER SET utf8mb4 \
+         COLLATE {} NOT NULL, `key_begin` BIGINT NOT NULL, `key_end` BIGINT NOT NULL, \
+         `fence` BIGINT NOT NULL, `checkpoint` LONGBLOB NOT NULL, \
+         PRIMARY KEY (`materialization`, `key_begin`, `key_end`)) ENGINE=InnoDB",
+        quote_ident(CHECKPOINTS_TABLE),
+        flavor.key_collation()
+    )
+}
+
+/// A value that does not fit its column: whose fault it is (the data's) and where.
+fn mismatch(column: &Column, value: &Value, why: &str) -> Error {
+    let mut shown = value.to_string();
+    if shown.len() > 80 {
+        let cut = (0..=80)
+            .rev()
+            .find(|&i| shown.is_char_boundary(i))
+            .unwrap_or(0);
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    Error::store(
+        format!("converting field {:?}", column.field),
+        format!("{shown} {why}"),
+        false,
+    )
+}
+
+/// Writes the text form of `value` for `column` (unescaped), or returns `false` for
+/// SQL NULL (JSON null).
+pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
+    let start = out.len();
+    match (column.ty, value) {
+        (_, Value::Null) => return Ok(false),
+        (ColumnType::Json, v) => serde_json::to_writer(&mut *out, v).map_err(|err| {
+            Error::store(format!("converting field {:?}", column.field), err, false)
+        })?,
+        (ColumnType::Bigint, Value::Number(n)) if n.is_i64() => {
+            write!(out, "{n}").expect("writing to a Vec")
+        }
+        (ColumnType::Bigint, Value::Number(n))
+            if n.as_f64()
+                .is_some_and(|f| f.fract() == 0.0 && f.abs() < 9.2e18) =>
+        {
+            // An integral float (`3.0`) is an integer to JSON Schema.
+            write!(out, "{}", n.as_f64().unwrap_or_default() as i64).expect("writing to a Vec");
+        }
+        (ColumnType::Double, Value::Number(n)) => {
+            write!(out, "{n}").expect("writing to a Vec");
+            // `1.5e0` is a DOUBLE literal, `1.5` a DECIMAL one: keys compare as doubles.
+            if !out[start..].contains(&b'e') {
+                out.extend_from_slice(b"e0");
+            }
+        }
+        (ColumnType::Boolean, Value::Bool(b)) => out.push(if *b { b'1' } else { b'0' }),
+        (ColumnType::Text, Value::String(s)) => out.extend_from_slice(s.as_bytes()),
+        (ty, _) => {
+            let name = Column {
+                key: false,
+                ..column.clone()
+            }
+            .sql_type(Flavor::MariaDb);
+            let why = match ty {
+                ColumnType::Bigint => "does not fit a BIGINT column (a 64-bit signed integer)",
+                _ => "does not fit the column's type",
+            };
+            return Err(mismatch(column, value, &format!("{why} ({name})")));
+        }
+    }
+    if column.is_key_text() {
+        let text = std::str::from_utf8(&out[start..]).unwrap_or_default();
+        if text.chars().count() > KEY_CHARS {
+            return Err(mismatch(
+                column,
+                value,
+                &format!("is longer than the {KEY_CHARS} characters of a key column"),
+            ));
+        }
+    }
+    Ok(true)
+}
+
+/// Rows in the text format of `LOAD DATA`'s defaults: fields separated by tabs, rows
+/// ended by newlines, NULL as `\N`, and backslash, tab, newline, carriage return and NUL
+/// escaped inside fields.
+#[derive(Debug, Default)]
+pub struct InfileRows {
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+    rows: usize,
+}
+
+impl InfileRows {
+    /// Appends one row: `values` for the leading columns, then `document` (JSON text)
+    /// if the table has a document column. A failed row leaves nothing behind.
+    pub fn push<'v>(
+        &mut self,
+        table: &Table,
+        values: impl IntoIterator<Item = &'v Value>,
+        document: Option<&[u8]>,
+    ) -> Result<()> {
+        let start = self.buf.len();
+        let result = self.push_fields(table, values, document);
+        if result.is_err() {
+            self.buf.truncate(start);
+        } else {
+            self.rows += 1;
+        }
+        result
+    }
+
+    fn push_fields<'v>(
+        &mut self,
+        table: &Table,
+        values: impl IntoIterator<Item = &'v Value>,
+        document: Option<&[u8]>,
+    ) -> Result<()> {
+        let mut first = true;
+        let mut separator = |buf: &mut Vec<u8>| {
+            if !std::mem::take(&mut first) {
+                buf.push(b'\t');
+            }
+        };
+        for (column, value) in table.columns.iter().zip(values) {
+            separator(&mut self.buf);
+            self.scratch.clear();
+            if write_text(&mut self.scratch, column, value)? {
+                escape_into(&mut self.buf, &self.scratch, infile_escape);
+            } else {
+                self.buf.extend_from_slice(b"\\N");
+            }
+        }
+        if let Some(document) = document.filter(|_| table.has_document) {
+            separator(&mut self.buf);
+            escape_into(&mut self.buf, document, infile_escape);
+        }
+        self.buf.push(b'\n');
+        Ok(())
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The rows written so far; the buffer is empty afterwards.
+    pub fn take(&mut self) -> Vec<u8> {
+        self.rows = 0;
+        std::mem::take(&mut self.buf)
+    }
+}
+
+fn infile_escape(b: u8) -> Option<&'static [u8]> {
+    match b {
+        b'\\' => Some(b"\\\\"),
+        b'\t' => Some(b"\\t"),
+        b'\n' => Some(b"\\n"),
+        b'\r' => Some(b"\\r"),
+        0 => Some(b"\\0"),
+        _ => None,
+    }
+}
+
+/// Appends `text` with the escapes `escape` gives. Runs without special bytes are copied
+/// whole.
+fn escape_into(out: &mut Vec<u8>, text: &[u8], escape: fn(u8) -> Option<&'static [u8]>) {
+    let mut rest = text;
+    while let Some((i, escaped)) = rest
+        .iter()
+        .enumerate()
+        .find_map(|(i, &b)| escape(b).map(|e| (i, e)))
+    {
+        out.extend_from_slice(&rest[..i]);
+        out.extend_from_slice(escaped);
+        rest = &rest[i + 1..];
+    }
+    out.extend_from_slice(rest);
+}
+
+/// Statements of the form `<prefix> key IN (...)` (one key column) or
+/// `<prefix> (k1, k2) IN ((...), ...)` (several), each at most about
+/// [`STATEMENT_BYTES`] long, together covering every pushed key once per push.
+pub struct KeyLists<'t> {
+    table: &'t Table,
+    prefix: String,
+    statements: Vec<String>,
+    current: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl<'t> KeyLists<'t> {
+    pub fn new(table: &'t Table, prefix: String) -> Self {
+        KeyLists {
+            table,
+            prefix,
+            statements: Vec::new(),
+            current: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Adds one key (its components, in key-column order).
+    pub fn push(&mut self, key: &[Value]) -> Result<()> {
+        let keys = self.table.keys();
+        if self.current.is_empty() {
+            self.current.extend_from_slice(self.prefix.as_bytes());
+            if let [key] = keys {
+                self.current
+                    .extend_from_slice(quote_ident(&key.field).as_bytes());
+                self.current.extend_from_slice(b" IN (");
+            } else {
+                write!(self.current, "({}) IN (", idents(keys)).expect("writing to a Vec");
+            }
+        } else {
+            self.current.push(b',');
+        }
+        if keys.len() > 1 {
+            self.current.push(b'(');
+        }
+        for (i, (column, value)) in keys.iter().zip(key).enumerate() {
+            if i > 0 {
+                self.current.push(b',');
+            }
+            self.scratch.clear();
+            if !write_text(&mut self.scratch, column, value)? {
+                return Err(mismatch(
+                    column,
+                    value,
+                    "cannot be a key (keys are NOT NULL)",
+                ));
+            }
+            match column.ty {
+                ColumnType::Text | ColumnType::Json => {
+                    push_literal(&mut self.current, &self.scratch)
+                }
+                _ => self.current.extend_from_slice(&self.scratch),
+            }
+        }
+        if keys.len() > 1 {
+            self.current.push(b')');
+        }
+        if self.current.len() >= STATEMENT_BYTES {
+            self.cut();
+        }
+        Ok(())
+    }
+
+    fn cut(&mut self) {
+        if !self.current.is_empty() {
+            self.current.push(b')');
+            let text = String::from_utf8(std::mem::take(&mut self.current))
+                .expect("keys and identifiers are UTF-8");
+            self.statements.push(text);
+        }
+    }
+
+    /// Every statement; empty if no key was pushed.
+    pub fn finish(mut self) -> Vec<String> {
+        self.cut();
+        self.statements
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn projection(types: &[&str]) -> flow::Projection {
+        flow::Projection {
+            inference: Some(flow::Inference {
+                types: types.iter().map(|t| t.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn column(field: &str, ty: ColumnType, key: bool) -> Column {
+        Column {
+            field: field.to_owned(),
+            ptr: format!("/{field}"),
+            ty,
+            key,
+        }
+    }
+
+    fn table(columns: Vec<Column>, has_document: bool) -> Table {
+        Table {
+            name: "t".into(),
+            collection: "c".into(),
+            key_count: columns.iter().filter(|c| c.key).count(),
+            columns,
+            has_document,
+            delta_updates: false,
+        }
+    }
+
+    #[test]
+    fn inferred_types_map_to_column_types() {
+        let of = |ts: &[&str]| ColumnType::of_projection(&projection(ts));
+        assert_eq!(of(&["integer"]), Some(ColumnType::Bigint));
+        assert_eq!(of(&["null", "integer"]), Some(ColumnType::Bigint));
+        assert_eq!(of(&["number", "integer"]), Some(ColumnType::Double));
+        assert_eq!(of(&["boolean"]), Some(ColumnType::Boolean));
+        assert_eq!(of(&["string"]), Some(ColumnType::Text));
+        assert_eq!(of(&["object"]), Some(ColumnType::Json));
+        assert_eq!(of(&["string", "integer"]), Some(ColumnType::Json));
+        assert_eq!(of(&["null"]), None);
+        assert_eq!(of(&[]), None);
+    }
+
+    #[test]
+    fn string_keys_are_bounded_binary_varchars() {
+        let key = column("k", ColumnType::Text, true);
+        assert_eq!(
+            key.sql_type(Flavor::MariaDb),
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin"
+        );
+        assert_eq!(
+            key.sql_type(Flavor::MySql),
+            "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin"
+        );
+        assert_eq!(
+            column("v", ColumnType::Text, false).sql_type(Flavor::MariaDb),
+            "LONGTEXT"
+        );
+        assert_eq!(
+            Flavor::of_version("10.11.19-MariaDB-0+deb12u1"),
+            Flavor::MariaDb
+        );
+        assert_eq!(Flavor::of_version("8.0.36"), Flavor::MySql);
+    }
+
+    #[test]
+    fn identifiers_and_literals_are_quoted() {
+        assert_eq!(quote_ident("a`b"), "`a``b`");
+        assert_eq!(quote_ident("Mixed Case"), "`Mixed Case`");
+        assert_eq!(quote_literal("it's \\ \0"), "'it\\'s \\\\ \\0'");
+    }
+
+    #[test]
+    fn infile_rows_escape_special_bytes_and_write_nulls() {
+        let t = table(
+            vec![
+                column("k", ColumnType::Text, true),
+                column("n", ColumnType::Bigint, false),
+                column("j", ColumnType::Json, false),
+                column("b", ColumnType::Boolean, false),
+                column("flow_document", ColumnType::Json, false),
+            ],
+            true,
+        );
+        let mut rows = InfileRows::default();
+        let values = [
+            json!("a\tb\\c\nd\0"),
+            Value::Null,
+            json!({"x": "q\\"}),
+            json!(true),
+        ];
+        rows.push(&t, &values, Some(br#"{"k":"\\"}"#)).unwrap();
+        rows.push(
+            &t,
+            &[json!("e"), json!(3.0), json!([1]), json!(false)],
+            Some(b"{}"),
+        )
+        .unwrap();
+        assert_eq!(rows.rows(), 2);
+        assert_eq!(
+            String::from_utf8(rows.take()).unwrap(),
+            "a\\tb\\\\c\\nd\\0\t\\N\t{\"x\":\"q\\\\\\\\\"}\t1\t{\"k\":\"\\\\\\\\\"}\n\
+             e\t3\t[1]\t0\t{}\n"
+        );
+        assert!(rows.is_empty());
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_its_column_names_the_field_and_leaves_no_row() {
+        let t = table(
+            vec![
+                column("k", ColumnType::Text, true),
+                column("n", ColumnType::Bigint, false),
+            ],
+            false,
+        );
+        let mut rows = InfileRows::default();
+        for bad in [json!("seven"), json!(1.5), json!(u64::MAX)] {
+            let err = rows.push(&t, &[json!("a"), bad], None).unwrap_err();
+            assert!(err.to_string().contains("field \"n\""), "{err}");
+            assert!(err.to_string().contains("BIGINT"), "{err}");
+        }
+        let long = json!("x".repeat(KEY_CHARS + 1));
+        let err = rows.push(&t, &[long, json!(1)], None).unwrap_err();
+        assert!(err.to_string().contains("255 characters"), "{err}");
+        assert!(rows.is_empty(), "failed rows leave nothing behind");
+    }
+
+    #[test]
+    fn key_lists_quote_each_key_and_cut_long_lists() {
+        let one = table(vec![column("k", ColumnType::Text, true)], false);
+        let mut lists = KeyLists::new(&one, "DELETE FROM `t` WHERE ".into());
+        lists.push(&[json!("a'b")]).unwrap();
+        lists.push(&[json!("c")]).unwrap();
+        assert_eq!(
+            lists.finish(),
+            ["DELETE FROM `t` WHERE `k` IN ('a\\'b','c')"]
+        );
+
+        let two = table(
+            vec![
+                column("a", ColumnType::Text, true),
+                column("b", ColumnType::Double, true),
+            ],
+            false,
+        );
+        let mut lists = KeyLists::new(&two, "SELECT 1 FROM `t` WHERE ".into());
+        lists.push(&[json!("x"), json!(1.5)]).unwrap();
+        lists.push(&[json!("y"), json!(2)]).unwrap();
+        assert_eq!(
+            lists.finish(),
+            ["SELECT 1 FROM `t` WHERE (`a`, `b`) IN (('x',1.5e0),('y',2e0))"]
+        );
+
+        let mut lists = KeyLists::new(&one, String::new());
+        let key = "k".repeat(200);
+        let n = 2 * STATEMENT_BYTES / 200;
+        for _ in 0..n {
+            lists.push(&[json!(key)]).unwrap();
+        }
+        let statements = lists.finish();
+        assert!(statements.len() >= 2, "{} statements", statements.len());
+        let total: usize = statements.iter().map(|s| s.matches(&key).count()).sum();
+        assert_eq!(total, n);
+        assert!(statements.iter().all(|s| s.len() < STATEMENT_BYTES + 1024));
+    }
+}
