@@ -12,9 +12,13 @@
 //! - [`schema`]: JSON Schema validation, `reduce` annotations and projections.
 //! - [`reduce`]: the reduction strategies.
 //! - [`combine`]: the memory-bounded combiner.
+//! - [`compact`]: the compact document the combiner keeps per key.
+//! - [`parse`]: JSON text into a reused `Value`, allocation-free for same-shaped documents.
 
 pub mod combine;
+pub mod compact;
 pub mod hash;
+pub mod parse;
 pub mod ptr;
 pub mod reduce;
 pub mod schema;

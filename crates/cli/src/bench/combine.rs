@@ -2,8 +2,13 @@
 //!
 //! ```text
 //!  Generator ──chunk of lines──▶ (a) serde_json::from_slice::<Value>, dropped
-//!  Generator ──same lines──────▶ (b) parse ▶ validate ▶ pack key ▶ combine_right … ▶ drain
+//!  Generator ──same lines──────▶ (b) combine_right_json (parse ▶ validate ▶ pack key ▶
+//!                                    reduce) … ▶ drain
 //! ```
+//!
+//! (b) is the combiner's path for JSON text: each line is parsed into a `Value` the
+//! combiner reuses (allocation-free for same-shaped lines), validated with the collection
+//! schema, keyed, and reduced into the key's compact document; the drain yields `Value`s.
 //!
 //! The generator is deterministic: document `i` belongs to key `(i mod K) · P mod K` (P a
 //! prime not dividing K, so every key appears once per K documents, in scattered order)
@@ -87,9 +92,7 @@ pub fn run(args: CombineArgs) -> anyhow::Result<()> {
     for_each_chunk(&args, |chunk| {
         combine_time.measure(|| {
             for line in chunk.lines() {
-                let doc: Value =
-                    serde_json::from_slice(line).context("parsing a generated line")?;
-                combiner.combine_right(0, doc)?;
+                combiner.combine_right_json(0, line)?;
             }
             anyhow::Ok(())
         })?;

@@ -1,10 +1,15 @@
 //! The in-memory table of the combiner and its memory estimate.
 //!
 //! ```text
-//!  index: HashTable<usize> ──▶ entries: Vec<Entry { key range, docs, heap }>
+//!  index: HashTable<usize> ──▶ entries: Vec<Entry { key range, docs: compact Doc, heap }>
 //!                                              │
 //!                             keys: Vec<u8> ◀──┘  (every table key, back to back)
 //! ```
+//!
+//! Documents are kept as [`Doc`]s (about a third of a `Value`'s memory, see
+//! [`crate::compact`]): a key's first document is converted (its strings moved when it is
+//! owned), later ones are reduced into it in place with [`Reducer::reduce_compact`] without
+//! being converted. The drain turns each `Doc` back into a `Value`.
 //!
 //! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
 //! a new key appends to the `keys` arena and to `entries`. The table is never sorted while
@@ -20,6 +25,7 @@
 //! with `append`) on every reduction.
 
 use super::{CombineError, Record, describe_key};
+use crate::compact::{Doc, Field};
 use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use serde_json::Value;
@@ -42,9 +48,32 @@ pub(super) enum Side {
 /// One key's documents. The loaded document stays apart from the new ones until the drain
 /// (see the module docs of `combine`), so both may be present.
 enum Docs {
-    Right(Value),
-    Left(Box<Value>),
-    Both { left: Box<Value>, right: Value },
+    Right(Doc),
+    Left(Box<Doc>),
+    Both { left: Box<Doc>, right: Doc },
+}
+
+/// A document arriving at the table: owned (its strings can be moved into the table) or
+/// borrowed (e.g. a parse buffer reused for the next document).
+pub(super) enum Incoming<'a> {
+    Owned(Value),
+    Borrowed(&'a Value),
+}
+
+impl Incoming<'_> {
+    fn value(&self) -> &Value {
+        match self {
+            Incoming::Owned(value) => value,
+            Incoming::Borrowed(value) => value,
+        }
+    }
+
+    fn into_doc(self) -> Doc {
+        match self {
+            Incoming::Owned(value) => Doc::from(value),
+            Incoming::Borrowed(value) => Doc::from(value),
+        }
+    }
 }
 
 struct Entry {
@@ -114,12 +143,13 @@ impl MemTable {
         &mut self,
         key: &[u8],
         side: Side,
-        doc: Value,
+        doc: Incoming<'_>,
         reducer: &Reducer,
     ) -> Result<(), InsertError> {
         let hash = self.hasher.hash_one(key);
         let (entries, keys) = (&self.entries, &self.keys);
         let Some(&i) = self.index.find(hash, |&i| entries[i].key(keys) == key) else {
+            let doc = doc.into_doc();
             let heap = heap_size(&doc);
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
@@ -142,33 +172,44 @@ impl MemTable {
 
         let entry = &mut self.entries[i];
         let before = entry.heap;
-        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Value::Null));
+        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
         entry.docs = match (docs, side) {
             (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
                 entry.docs = docs;
                 return Err(InsertError::DuplicateLoad);
             }
             (Docs::Right(right), Side::Left) => {
-                entry.heap += heap_size(&doc);
+                let left = doc.into_doc();
+                entry.heap += heap_size(&left);
                 Docs::Both {
-                    left: Box::new(doc),
+                    left: Box::new(left),
                     right,
                 }
             }
             (Docs::Left(left), Side::Right) => {
-                entry.heap += heap_size(&doc);
-                Docs::Both { left, right: doc }
-            }
-            (Docs::Right(mut right), Side::Right) => {
-                entry.heap = reduce_right(None, &mut right, doc, reducer, before)?;
-                Docs::Right(right)
-            }
-            (Docs::Both { left, mut right }, Side::Right) => {
-                entry.heap = reduce_right(Some(&left), &mut right, doc, reducer, before)?;
+                let right = doc.into_doc();
+                entry.heap += heap_size(&right);
                 Docs::Both { left, right }
             }
+            (Docs::Right(mut right), Side::Right) => {
+                let reduced = reduce_right(None, &mut right, doc.value(), reducer, before);
+                entry.docs = Docs::Right(right);
+                entry.heap = reduced?;
+                return self.account(before, i);
+            }
+            (Docs::Both { left, mut right }, Side::Right) => {
+                let reduced = reduce_right(Some(&left), &mut right, doc.value(), reducer, before);
+                entry.docs = Docs::Both { left, right };
+                entry.heap = reduced?;
+                return self.account(before, i);
+            }
         };
-        self.heap = self.heap - before + entry.heap;
+        self.account(before, i)
+    }
+
+    /// Updates the table's estimate after entry `i`'s changed from `before`.
+    fn account(&mut self, before: usize, i: usize) -> Result<(), InsertError> {
+        self.heap = self.heap - before + self.entries[i].heap;
         Ok(())
     }
 
@@ -190,7 +231,7 @@ impl MemTable {
 
     /// Every document as `(table key, full, doc)` in table-key order, a key's loaded
     /// document before its new ones: the order of a spilled run.
-    pub(super) fn sorted_docs(&self) -> impl Iterator<Item = (&[u8], bool, &Value)> {
+    pub(super) fn sorted_docs(&self) -> impl Iterator<Item = (&[u8], bool, &Doc)> {
         self.sorted().into_iter().flat_map(move |i| {
             let entry = &self.entries[i];
             let key = entry.key(&self.keys);
@@ -235,24 +276,21 @@ fn key_prefix(key: &[u8]) -> u128 {
 /// Reduces `doc` into `right` and returns the new heap estimate of the entry, whose
 /// estimate was `before` and which may also hold `left` (see module docs).
 fn reduce_right(
-    left: Option<&Value>,
-    right: &mut Value,
-    doc: Value,
+    left: Option<&Doc>,
+    right: &mut Doc,
+    doc: &Value,
     reducer: &Reducer,
     before: usize,
 ) -> Result<usize, InsertError> {
-    if before <= EXACT_ESTIMATE_LIMIT {
-        reducer
-            .reduce(right, doc, false)
-            .map_err(InsertError::Reduce)?;
-        Ok(left.map_or(0, heap_size) + heap_size(right))
-    } else {
-        let added = heap_size(&doc);
-        reducer
-            .reduce(right, doc, false)
-            .map_err(InsertError::Reduce)?;
-        Ok(before + added)
-    }
+    // Measured before reducing: a large entry grows by at most the incoming document.
+    let added = (before > EXACT_ESTIMATE_LIMIT).then(|| value_heap_size(doc));
+    reducer
+        .reduce_compact(right, doc, false)
+        .map_err(InsertError::Reduce)?;
+    Ok(match added {
+        Some(added) => before + added,
+        None => left.map_or(0, heap_size) + heap_size(right),
+    })
 }
 
 /// The drained table: records in table-key order, taken out of the entries one by one.
@@ -270,28 +308,28 @@ impl SortedTable {
         }
         let entry = &mut self.table.entries[self.order.next()?];
         let key = entry.key(&self.table.keys).to_vec();
-        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Value::Null));
+        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
         Some(match docs {
             Docs::Right(doc) => Record {
                 key,
                 full: false,
-                doc,
+                doc: Value::from(doc),
             },
             Docs::Left(left) => Record {
                 key,
                 full: true,
-                doc: *left,
+                doc: Value::from(*left),
             },
             Docs::Both { left, right } => {
                 self.pending = Some(Record {
                     key: key.clone(),
                     full: false,
-                    doc: right,
+                    doc: Value::from(right),
                 });
                 Record {
                     key,
                     full: true,
-                    doc: *left,
+                    doc: Value::from(*left),
                 }
             }
         })
@@ -309,32 +347,41 @@ fn alloc_size(bytes: usize) -> usize {
     }
 }
 
-/// A `serde_json::Map` is a `BTreeMap` whose nodes hold up to 11 (String, Value) pairs
-/// (plus a parent pointer and two lengths), allocated whole even for one property.
-const BTREE_NODE: usize = 11 * (size_of::<String>() + size_of::<Value>()) + 16;
-
-/// An estimate of the heap bytes owned by `value` (not counting its own inline 32 bytes).
-/// A parsed 150-byte document with one nested object comes to about 1.5 KiB: two B-tree
-/// nodes and a dozen small strings. Maps with more than 11 properties split into nodes
-/// that are at least half full, so `len / 6` nodes bounds them from above.
-pub(super) fn heap_size(value: &Value) -> usize {
-    match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-        Value::String(s) => alloc_size(s.capacity()),
-        Value::Array(items) => {
-            alloc_size(items.capacity() * size_of::<Value>())
+/// An estimate of the heap bytes owned by `doc` (not counting its own inline 24 bytes).
+/// The bench's 160-byte document (7 properties, one nested object of 2) comes to about
+/// 860 bytes: two field blocks and 17 small strings at 32 bytes each.
+pub(super) fn heap_size(doc: &Doc) -> usize {
+    match doc {
+        Doc::Null | Doc::Bool(_) | Doc::PosInt(_) | Doc::NegInt(_) | Doc::Float(_) => 0,
+        Doc::String(s) => alloc_size(s.len()),
+        Doc::Array(items) => {
+            alloc_size(std::mem::size_of_val::<[Doc]>(items))
                 + items.iter().map(heap_size).sum::<usize>()
         }
+        Doc::Object(fields) => {
+            alloc_size(std::mem::size_of_val::<[Field]>(fields))
+                + fields
+                    .iter()
+                    .map(|field| alloc_size(field.name.len()) + heap_size(&field.value))
+                    .sum::<usize>()
+        }
+    }
+}
+
+/// What `value` will take once converted to a [`Doc`] (see [`heap_size`]).
+fn value_heap_size(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+        Value::String(s) => alloc_size(s.len()),
+        Value::Array(items) => {
+            alloc_size(items.len() * size_of::<Doc>())
+                + items.iter().map(value_heap_size).sum::<usize>()
+        }
         Value::Object(map) => {
-            let nodes = match map.len() {
-                0 => 0,
-                1..=11 => 1,
-                n => n.div_ceil(6),
-            };
-            nodes * alloc_size(BTREE_NODE)
+            alloc_size(map.len() * size_of::<Field>())
                 + map
                     .iter()
-                    .map(|(k, v)| alloc_size(k.capacity()) + heap_size(v))
+                    .map(|(name, value)| alloc_size(name.len()) + value_heap_size(value))
                     .sum::<usize>()
         }
     }

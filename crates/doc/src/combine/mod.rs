@@ -2,15 +2,16 @@
 //! key once, fully combined, in (binding, packed key) order.
 //!
 //! ```text
-//!  combine_right ─validate─▶ pack key ─┐
-//!  combine_right_keyed ────────────────┼─▶ MemTable ──over budget──▶ sort ─▶ spill run ─┐
-//!  reduce_left (loaded doc) ───────────┘     │                          (one temp file) │
-//!                                            └──────── drain: k-way merge ◀─────────────┘
+//!  combine_right_json ─parse─┐
+//!  combine_right ────────────┴validate─▶ pack key ─┐
+//!  combine_right_keyed ────────────────────────────┼─▶ MemTable ──over budget──▶ sort ─▶ spill run ─┐
+//!  reduce_left (loaded doc) ───────────────────────┘     │              (one temp file) │
+//!                                                        └──── drain: k-way merge ◀─────┘
 //! ```
 //!
 //! - [`memtable`]: a hash table from the *table key* (binding as 4 big-endian bytes, then
-//!   the packed key, so byte order is (binding, key) order) to that key's documents, with
-//!   an estimate of its memory.
+//!   the packed key, so byte order is (binding, key) order) to that key's documents, kept
+//!   compact ([`crate::compact::Doc`]), with an estimate of its memory.
 //! - [`spill`]: the run format (sorted, length-prefixed records in one temporary file)
 //!   and buffered positional readers, one per run.
 //! - [`drain`]: the merge of all runs and the in-memory table.
@@ -45,7 +46,7 @@ pub use drain::Drainer;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
 use crate::tuple::{self, KeyError, KeyExtractor};
-use memtable::{MemTable, Side};
+use memtable::{Incoming, MemTable, Side};
 use serde_json::Value;
 use spill::SpillFile;
 use std::path::PathBuf;
@@ -78,9 +79,9 @@ pub struct CombinerOptions {
     pub spill_dir: Option<PathBuf>,
 }
 
-/// 256 MiB: a table of ~150 000 small documents (a parsed 150-byte document takes about
-/// 1.5 KiB of heap), large enough that typical transactions never spill, small enough for
-/// several shards to share a machine.
+/// 256 MiB: a table of ~250 000 small documents (a 150-byte document kept compact is
+/// estimated at about 0.9 KiB with its entry), large enough that typical transactions
+/// never spill, small enough for several shards to share a machine.
 pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
 
 impl Default for CombinerOptions {
@@ -112,6 +113,12 @@ pub enum CombineError {
     /// A caller bug: the binding index is out of range.
     #[error("binding {binding} does not exist (the combiner has {count} bindings)")]
     UnknownBinding { binding: u32, count: usize },
+    /// User input: the document is not JSON text.
+    #[error("collection {collection}: document is not valid JSON: {source}")]
+    Parse {
+        collection: String,
+        source: serde_json::Error,
+    },
     /// User input: the document does not match its collection's schema.
     #[error("collection {collection}: document with key {key} is invalid: {source}")]
     Invalid {
@@ -169,6 +176,8 @@ pub struct Combiner {
     spill: Option<SpillFile>,
     /// Reused for every table key: binding (4 bytes, big-endian) then the packed key.
     scratch: Vec<u8>,
+    /// Reused by [`Combiner::combine_right_json`] for every document it parses.
+    parsed: Value,
     poisoned: Option<String>,
 }
 
@@ -180,6 +189,7 @@ impl Combiner {
             table: MemTable::default(),
             spill: None,
             scratch: Vec::with_capacity(64),
+            parsed: Value::Null,
             poisoned: None,
         }
     }
@@ -188,10 +198,37 @@ impl Combiner {
     /// and reduces it into that key's documents (arrival order).
     pub fn combine_right(&mut self, binding: u32, doc: Value) -> Result<(), CombineError> {
         self.check_poisoned()?;
+        self.validate_and_key(binding, &doc)?;
+        self.insert(binding, Side::Right, Incoming::Owned(doc))
+    }
+
+    /// [`Combiner::combine_right`] of a document given as JSON text (e.g. one line of a
+    /// source). The text is parsed into a `Value` the combiner reuses for every document
+    /// ([`crate::parse::parse_into`]), so same-shaped documents parse without allocating,
+    /// and is reduced from there into the table without being taken apart.
+    pub fn combine_right_json(&mut self, binding: u32, json: &[u8]) -> Result<(), CombineError> {
+        self.check_poisoned()?;
         let spec = spec(&self.bindings, binding)?;
-        if let Err(source) = spec.schema.validate(&doc) {
+        let mut parsed = std::mem::take(&mut self.parsed);
+        let result = match crate::parse::parse_into(json, &mut parsed) {
+            Ok(()) => self
+                .validate_and_key(binding, &parsed)
+                .and_then(|()| self.insert(binding, Side::Right, Incoming::Borrowed(&parsed))),
+            Err(source) => Err(CombineError::Parse {
+                collection: spec.name.clone(),
+                source,
+            }),
+        };
+        self.parsed = parsed;
+        result
+    }
+
+    /// Validates `doc` against its binding's schema and packs its table key into `scratch`.
+    fn validate_and_key(&mut self, binding: u32, doc: &Value) -> Result<(), CombineError> {
+        let spec = spec(&self.bindings, binding)?;
+        if let Err(source) = spec.schema.validate(doc) {
             let mut packed = Vec::new();
-            let key = match spec.key.pack(&doc, &mut packed) {
+            let key = match spec.key.pack(doc, &mut packed) {
                 Ok(()) => describe_key(&packed),
                 Err(_) => "(none)".to_string(),
             };
@@ -204,12 +241,11 @@ impl Combiner {
         self.scratch.clear();
         self.scratch.extend_from_slice(&binding.to_be_bytes());
         spec.key
-            .pack(&doc, &mut self.scratch)
+            .pack(doc, &mut self.scratch)
             .map_err(|source| CombineError::Key {
                 collection: spec.name.clone(),
                 source,
-            })?;
-        self.insert(binding, Side::Right, doc)
+            })
     }
 
     /// Like [`Combiner::combine_right`] for a document that was already validated and
@@ -222,7 +258,7 @@ impl Combiner {
     ) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Right, doc)
+        self.insert(binding, Side::Right, Incoming::Owned(doc))
     }
 
     /// A full document loaded from the store: it goes to the left of everything combined
@@ -235,7 +271,7 @@ impl Combiner {
     ) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Left, doc)
+        self.insert(binding, Side::Left, Incoming::Owned(doc))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -276,7 +312,7 @@ impl Combiner {
     }
 
     /// Reduces `doc` into the table under the key in `scratch`, then spills if over budget.
-    fn insert(&mut self, binding: u32, side: Side, doc: Value) -> Result<(), CombineError> {
+    fn insert(&mut self, binding: u32, side: Side, doc: Incoming<'_>) -> Result<(), CombineError> {
         let spec = &self.bindings[binding as usize];
         let reducer = spec.schema.reducer();
         if let Err(err) = self.table.insert(&self.scratch, side, doc, reducer) {

@@ -3,8 +3,15 @@
 //! ```text
 //!  spill file: [ run 0 ][ run 1 ] … [ run n ]        (unnamed temp file, gone on drop)
 //!  run:        record record record …               (table-key order; loaded doc first)
-//!  record:     key_len u32le | table key | full u8 | doc_len u32le | doc as JSON
+//!  record:     key_len u32le | table key | full u8 | doc_len u32le | doc (binary, below)
+//!  doc:        tag u8, then: null 0 | false 1 | true 2 | u64 3 (8 bytes le) | i64 4 (8 le)
+//!              | f64 5 (8 le) | string 6 (len u32le, UTF-8) | array 7 (count u32le, docs)
+//!              | object 8 (count u32le, then per field: name len u32le, name, doc)
 //! ```
+//!
+//! The binary form is a direct walk of the table's [`Doc`]s (no number formatting, no
+//! escaping) and decodes straight into the `Value` the drain reduces and yields; fields
+//! are written in their sorted order, so decoding inserts into each map in order.
 //!
 //! Runs are only appended (through the file's cursor) and only read after the last one
 //! is written, with positional reads, so every run has its own reader and buffer over the
@@ -12,7 +19,8 @@
 //! which keeps the drain's memory at `runs × READ_CHUNK` whatever the runs' sizes.
 
 use super::{CombineError, Record};
-use serde_json::Value;
+use crate::compact::Doc;
+use serde_json::{Map, Number, Value};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -59,7 +67,7 @@ impl SpillFile {
     /// Appends one run of `records`, which must come in table-key order.
     pub(super) fn write_run<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], bool, &'a Value)>,
+        records: impl Iterator<Item = (&'a [u8], bool, &'a Doc)>,
     ) -> Result<(), CombineError> {
         let start = self.len;
         let written = self
@@ -75,13 +83,13 @@ impl SpillFile {
 
     fn write_records<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], bool, &'a Value)>,
+        records: impl Iterator<Item = (&'a [u8], bool, &'a Doc)>,
     ) -> std::io::Result<u64> {
         let mut out = BufWriter::with_capacity(WRITE_BUFFER, &*self.file);
         let mut written = 0;
         for (key, full, doc) in records {
             self.doc_buf.clear();
-            serde_json::to_writer(&mut self.doc_buf, doc)?;
+            encode(doc, &mut self.doc_buf)?;
             out.write_all(&len_u32(key.len())?.to_le_bytes())?;
             out.write_all(key)?;
             out.write_all(&[u8::from(full)])?;
@@ -118,6 +126,126 @@ fn len_u32(len: usize) -> std::io::Result<u32> {
     })
 }
 
+const NULL: u8 = 0;
+const FALSE: u8 = 1;
+const TRUE: u8 = 2;
+const POS_INT: u8 = 3;
+const NEG_INT: u8 = 4;
+const FLOAT: u8 = 5;
+const STRING: u8 = 6;
+const ARRAY: u8 = 7;
+const OBJECT: u8 = 8;
+
+/// Appends the binary form of `doc` (see the module docs) to `out`.
+fn encode(doc: &Doc, out: &mut Vec<u8>) -> std::io::Result<()> {
+    match doc {
+        Doc::Null => out.push(NULL),
+        Doc::Bool(false) => out.push(FALSE),
+        Doc::Bool(true) => out.push(TRUE),
+        Doc::PosInt(n) => {
+            out.push(POS_INT);
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        Doc::NegInt(n) => {
+            out.push(NEG_INT);
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        Doc::Float(f) => {
+            out.push(FLOAT);
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        Doc::String(s) => {
+            out.push(STRING);
+            encode_str(s, out)?;
+        }
+        Doc::Array(items) => {
+            out.push(ARRAY);
+            out.extend_from_slice(&len_u32(items.len())?.to_le_bytes());
+            for item in items {
+                encode(item, out)?;
+            }
+        }
+        Doc::Object(fields) => {
+            out.push(OBJECT);
+            out.extend_from_slice(&len_u32(fields.len())?.to_le_bytes());
+            for field in fields {
+                encode_str(&field.name, out)?;
+                encode(&field.value, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode_str(s: &str, out: &mut Vec<u8>) -> std::io::Result<()> {
+    out.extend_from_slice(&len_u32(s.len())?.to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+/// Decodes one document from the front of `bytes`, advancing it.
+fn decode(bytes: &mut &[u8]) -> Result<Value, String> {
+    Ok(match take(bytes, 1)?[0] {
+        NULL => Value::Null,
+        FALSE => Value::Bool(false),
+        TRUE => Value::Bool(true),
+        POS_INT => Value::Number(u64::from_le_bytes(take_8(bytes)?).into()),
+        NEG_INT => Value::Number(i64::from_le_bytes(take_8(bytes)?).into()),
+        FLOAT => {
+            let f = f64::from_le_bytes(take_8(bytes)?);
+            Value::Number(Number::from_f64(f).ok_or("a float that is not finite")?)
+        }
+        STRING => Value::String(decode_str(bytes)?),
+        ARRAY => {
+            let count = take_len(bytes)?;
+            // Every item takes at least one byte: a corrupt count cannot over-allocate.
+            let mut items = Vec::with_capacity(count.min(bytes.len()));
+            for _ in 0..count {
+                items.push(decode(bytes)?);
+            }
+            Value::Array(items)
+        }
+        OBJECT => {
+            let mut map = Map::new();
+            for _ in 0..take_len(bytes)? {
+                let name = decode_str(bytes)?;
+                map.insert(name, decode(bytes)?);
+            }
+            Value::Object(map)
+        }
+        tag => return Err(format!("unknown tag {tag}")),
+    })
+}
+
+fn take<'b>(bytes: &mut &'b [u8], n: usize) -> Result<&'b [u8], String> {
+    if bytes.len() < n {
+        return Err("truncated document".to_string());
+    }
+    let (head, rest) = bytes.split_at(n);
+    *bytes = rest;
+    Ok(head)
+}
+
+fn take_8(bytes: &mut &[u8]) -> Result<[u8; 8], String> {
+    let mut out = [0; 8];
+    out.copy_from_slice(take(bytes, 8)?);
+    Ok(out)
+}
+
+fn take_len(bytes: &mut &[u8]) -> Result<usize, String> {
+    let mut len = [0; 4];
+    len.copy_from_slice(take(bytes, 4)?);
+    Ok(u32::from_le_bytes(len) as usize)
+}
+
+fn decode_str(bytes: &mut &[u8]) -> Result<String, String> {
+    let len = take_len(bytes)?;
+    let raw = take(bytes, len)?;
+    std::str::from_utf8(raw)
+        .map(str::to_owned)
+        .map_err(|err| format!("a string that is not UTF-8: {err}"))
+}
+
 /// Reads one run's records in order, `READ_CHUNK` bytes at a time.
 pub(super) struct RunReader {
     file: Arc<File>,
@@ -144,8 +272,13 @@ impl RunReader {
             other => return Err(corrupt(at, format!("full flag is {other}"))),
         };
         let doc_len = self.take_u32()? as usize;
-        let doc = serde_json::from_slice(self.take(doc_len)?)
-            .map_err(|err| corrupt(at, format!("document does not parse: {err}")))?;
+        let mut bytes = self.take(doc_len)?;
+        let doc = decode(&mut bytes)
+            .and_then(|doc| match bytes.len() {
+                0 => Ok(doc),
+                n => Err(format!("{n} bytes after the document")),
+            })
+            .map_err(|reason| corrupt(at, format!("document does not decode: {reason}")))?;
         if key.len() < 4 {
             return Err(corrupt(at, format!("table key of {key_len} bytes")));
         }
