@@ -200,8 +200,9 @@ impl MysqlTransactor {
     /// The connection, after the writes in flight (if any) have ended; their failure
     /// is this call's.
     async fn settle(&mut self) -> Result<&mut Conn> {
-        if let Connection::Writing(task) = std::mem::replace(&mut self.conn, Connection::Lost) {
+        if let Connection::Writing(task) = &mut self.conn {
             let (conn, result) = task.await.map_err(|join| {
+                self.conn = Connection::Lost;
                 Error::store("storing", format!("the writes task failed: {join}"), false)
             })?;
             self.conn = Connection::Idle(conn);
