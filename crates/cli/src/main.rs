@@ -5,6 +5,7 @@ mod bench;
 mod driver_cmd;
 mod drivers;
 mod pipeline_cmd;
+mod torture;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +42,9 @@ enum Command {
     /// Benchmarks that print throughput figures.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Inject faults (crashes, kills, zombies, restarts) into runs of a generated
+    /// pipeline and check that the store ends exactly equal to the expected reduction.
+    Torture(torture::TortureArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +80,9 @@ fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
 
+    // Fail points named in FAILPOINTS (tests and `sluice torture` only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = sluice_runtime::failpoint::setup();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => pipeline_cmd::run(args),
@@ -84,5 +91,6 @@ fn run() -> anyhow::Result<()> {
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),
         Command::Bench(cmd) => bench::main(cmd),
+        Command::Torture(args) => torture::main(args),
     }
 }

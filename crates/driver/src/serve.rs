@@ -21,6 +21,8 @@
 //! - Any error (from the transactor, the runtime's message order, or the transport)
 //!   stops the loop before anything else is called: a transaction in progress is never
 //!   committed. `destroy` runs on every way out once `open` has succeeded.
+//! - Fail points (`failpoints` feature) sit before each store, before and after commit,
+//!   and before acknowledge (where an idempotent-apply driver applies).
 
 use crate::arena::LoadedBuilder;
 use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
@@ -30,6 +32,18 @@ use futures::stream::BoxStream;
 use sluice_proto::materialize::{self as m, transaction_request::Load};
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+/// A fail point of the driver side (`failpoints` feature; the catalogue is
+/// `sluice_runtime::failpoint`). Its `return` action fails the request as a lost
+/// connection would, so the runtime reopens the stream.
+macro_rules! fail_point {
+    ($name:literal) => {
+        ::fail::fail_point!($name, |_| Err(Error::Transport(format!(
+            "injected by fail point {}",
+            $name
+        ))))
+    };
+}
 
 /// Runs one Transactions stream of `driver`: checks each request against the protocol
 /// state machine, calls the transactor, sends responses. Returns Ok when the runtime
@@ -139,6 +153,7 @@ impl Session {
         while let Some(req) = self.out.next_request(requests).await? {
             match req {
                 Request::Acknowledge => {
+                    fail_point!("driver::acknowledge");
                     self.transactor.acknowledge().await?;
                     self.out.send(Response::Acknowledged).await?;
                     if let LoadGate::AwaitingAcknowledge(queued) =
@@ -163,9 +178,14 @@ impl Session {
                     let checkpoint = self.transactor.prepare(prepare).await?;
                     self.out.send(Response::Prepared(checkpoint)).await?;
                 }
-                Request::Store(store) => self.transactor.store(store).await?,
+                Request::Store(store) => {
+                    fail_point!("driver::store");
+                    self.transactor.store(store).await?
+                }
                 Request::Commit => {
+                    fail_point!("driver::before-commit");
                     self.transactor.commit().await?;
+                    fail_point!("driver::after-commit");
                     self.out.send(Response::DriverCommitted).await?;
                     self.gate = LoadGate::new(self.transactor.as_ref());
                 }

@@ -3,6 +3,7 @@
 //!
 //! - [`build`]: collections, projections, field selection, materialization specs.
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
+//! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
 //! - [`source`]: the source model (commands, steps, resume positions) and the built-in
 //!   sources (file, datagen).
 //! - [`pipeline`]: plan (Spec, Validate, fields), apply, and run every materialization.
@@ -11,6 +12,7 @@
 
 pub mod build;
 pub mod config;
+pub mod failpoint;
 pub mod pipeline;
 pub mod recovery;
 pub mod source;

@@ -249,6 +249,7 @@ impl RecoveryLog {
         self.file
             .write_all(&bytes)
             .map_err(io(&self.path, "append"))?;
+        crate::failpoint::fail_point!(RECOVERY_FSYNC => io(&self.path, "fsync")(crate::failpoint::disk_full()));
         self.file.sync_data().map_err(io(&self.path, "fsync"))?;
         self.len += bytes.len() as u64;
         Ok(())

@@ -201,6 +201,7 @@ pub async fn run(
         store_checkpoint.as_ref(),
         log.pending_intent(),
     );
+    crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
     let (mut checkpoint, replay) = match plan {
         RecoveryPlan::Fresh => (Checkpoint::default(), None),
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
@@ -256,6 +257,7 @@ pub async fn run(
                 .map_err(RunError::Recovery)?,
             None => log.take().expect("the recovery log is owned by the loop"),
         };
+        crate::failpoint::fail_point!(AFTER_LOG_COMMIT, driver_err);
         if docs == 0 {
             // Acknowledge the prior commit now, so that idempotent-apply drivers apply it
             // without waiting for more input.
@@ -281,6 +283,7 @@ pub async fn run(
         recovery
             .write_intent(&intent)
             .map_err(|e| RunError::Recovery(e.to_string()))?;
+        crate::failpoint::fail_point!(AFTER_INTENT, driver_err);
         for (source, resumes) in &intent.steps {
             if let Some(last) = resumes.last() {
                 checkpoint
@@ -311,6 +314,7 @@ pub async fn run(
             (Ok(_), Ok(r)) => r,
             (_, Err(e)) | (Err(e), _) => return Err(driver_err(e)),
         };
+        crate::failpoint::fail_point!(AFTER_PREPARED, driver_err);
         // Loaded documents go to the left of what this transaction combined.
         let mut key = Vec::new();
         let mut loaded = 0;
@@ -355,6 +359,7 @@ pub async fn run(
                 )));
             }
         }
+        crate::failpoint::fail_point!(AFTER_DRIVER_COMMITTED, driver_err);
         acknowledged = false;
         tracing::debug!(
             txn,

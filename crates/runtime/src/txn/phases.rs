@@ -47,6 +47,7 @@ pub(super) async fn send_loads(
     for load in builder.finish() {
         tx.load(load).await?;
     }
+    crate::failpoint::fail_point!(AFTER_LOADS, std::convert::identity);
     // The prepare phase begins only once the prior commit is acknowledged. If the
     // receiver stopped without seeing Acknowledged, its own error explains why.
     if acked.await.is_err() {
@@ -143,6 +144,7 @@ pub(super) async fn send_stores(
         }
         stored += 1;
     }
+    crate::failpoint::fail_point!(MID_STORE, StoreFailure::Driver);
     for store in builder.finish() {
         tx.store(store).await.map_err(StoreFailure::Driver)?;
     }

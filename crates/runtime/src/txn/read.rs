@@ -229,6 +229,7 @@ fn combine_records(
             .combine_right(*last, record.doc)
             .map_err(at)?;
     }
+    crate::failpoint::fail_point!(AFTER_QUEUE, crate::failpoint::in_reader);
     Ok(())
 }
 

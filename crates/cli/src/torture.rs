@@ -1,0 +1,499 @@
+//! `sluice torture`: proves exactly-once under faults. It writes a pipeline of generated
+//! documents (sum, merge and maximize reductions) into a store of its own, runs
+//! `sluice run` as a child process while injecting faults, restarts it after each, and
+//! finally compares the store with the reduction computed independently
+//! ([`model`]).
+//!
+//! ```text
+//!  generate M docs ─▶ pipeline.yaml ─▶ loop N faults:  sluice run  (FAILPOINTS=…, or SIGKILL)
+//!                                                     └─ exit 0? append a segment of input
+//!                  ─▶ clean run ─▶ read the table ─▶ compare with the model ─▶ report
+//! ```
+//!
+//! Scenarios ([`scenarios`]): `random` (random fail points and SIGKILLs), `zombie` (two
+//! instances of one shard), `driver-dies` (an external driver killed, stdio or gRPC),
+//! `server-restart` (a private PostgreSQL restarted), `disk-full` (the recovery log's
+//! fsync fails). Fail points need a binary built with the `failpoints` feature; without
+//! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
+//!
+//! A run whose outcome contradicts its fault (a crash point that fired but the process
+//! exited 0, an unexpected error, a run that hangs) is an **anomaly**: reported with
+//! its log, and the torture fails, whatever the final comparison says.
+
+mod model;
+mod scenarios;
+mod store;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use model::{Model, Table, Verdict};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use store::{PrivatePostgres, Store, yaml_str};
+
+#[derive(Args)]
+pub struct TortureArgs {
+    /// The store to materialize into.
+    #[arg(long, value_enum)]
+    store: StoreKind,
+    /// standard (one reduced row per key) or delta (one row per transaction and key).
+    #[arg(long, value_enum, default_value = "standard")]
+    mode: Mode,
+    #[arg(long, value_enum, default_value = "random")]
+    scenario: Scenario,
+    /// The external driver's transport (driver-dies).
+    #[arg(long, value_enum, default_value = "stdio")]
+    transport: Transport,
+    /// Documents generated at first (more are appended if a run consumes them all).
+    #[arg(long, default_value_t = 20_000)]
+    docs: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 2_000)]
+    keys: u64,
+    /// Documents per transaction.
+    #[arg(long, default_value_t = 500)]
+    txn_docs: u64,
+    /// Faults to inject (random scenario); runs whose fault did not fire do not count.
+    #[arg(long, default_value_t = 20)]
+    faults: u64,
+    /// Seed of the input and of the faults (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The PostgreSQL server (a schema of a unique name is created, then dropped).
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    url: String,
+    /// Keep the torture's folder (pipeline, input, logs of every run) for inspection.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Standard,
+    Delta,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Random,
+    Zombie,
+    DriverDies,
+    ServerRestart,
+    DiskFull,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Transport {
+    Stdio,
+    Grpc,
+}
+
+/// A run that takes longer than this hangs.
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub fn main(args: TortureArgs) -> anyhow::Result<()> {
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let seed = args.seed.unwrap_or(clock.as_nanos() as u64 % 1_000_000);
+    let tag = format!("{}_{}", std::process::id(), clock.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("sluice-torture-{tag}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let server = match args.scenario {
+        Scenario::ServerRestart => Some(PrivatePostgres::start(&dir.join("pg"))?),
+        _ => None,
+    };
+    let store = match (&server, args.store) {
+        (Some(server), _) => Store::postgres(&server.url(), &tag)?,
+        (None, StoreKind::Postgres) => Store::postgres(&args.url, &tag)?,
+        (None, StoreKind::Sqlite) => Store::Sqlite {
+            path: dir.join("torture.db"),
+        },
+    };
+    let mut harness = Harness {
+        exe: std::env::current_exe().context("locating the sluice binary")?,
+        dir: dir.clone(),
+        store,
+        server,
+        delta: args.mode == Mode::Delta,
+        txn_docs: args.txn_docs.max(1),
+        model: Model::new(seed, args.keys),
+        runs: 0,
+        report: Report::default(),
+    };
+    let mode = if harness.delta { "delta" } else { "standard" };
+    let scenario = args
+        .scenario
+        .to_possible_value()
+        .expect("no skipped values");
+    harness.report.scenario = format!(
+        "{}/{mode}/{}",
+        harness.store.describe(),
+        scenario.get_name()
+    );
+    println!(
+        "torture {}: {} documents over {} keys, {} per transaction, seed {seed}, in {}",
+        harness.report.scenario,
+        args.docs,
+        args.keys,
+        harness.txn_docs,
+        dir.display()
+    );
+    let result = harness
+        .append(args.docs)
+        .and_then(|()| scenarios::run(&mut harness, &args, seed));
+    let verdict = result.and_then(|()| harness.verify());
+    let cleanup = harness.store.drop_schema();
+    drop(harness.server.take());
+    let report = harness.report;
+    let failed = !matches!(&verdict, Ok(v) if v.exact()) || !report.anomalies.is_empty();
+    if args.keep || failed {
+        println!(
+            "kept {} (pipeline, input, the log of every run)",
+            dir.display()
+        );
+    } else {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    cleanup?;
+    let verdict = verdict?;
+    report.print(&verdict);
+    if failed {
+        bail!(
+            "torture {} failed: {} lost, {} duplicated, {} mismatched, {} anomalies",
+            report.scenario,
+            verdict.lost,
+            verdict.duplicated,
+            verdict.mismatched,
+            report.anomalies.len()
+        );
+    }
+    Ok(())
+}
+
+/// What a torture did, for the closing table.
+#[derive(Default)]
+struct Report {
+    scenario: String,
+    /// Faults that fired (a fail point hit, a kill while running, a fenced zombie…).
+    faults: u64,
+    /// Process restarts after a fault, plus the runtime's own reopenings after
+    /// retryable failures.
+    restarts: u64,
+    /// Per fault kind: (kind, armed, fired).
+    kinds: Vec<(String, u64, u64)>,
+    anomalies: Vec<String>,
+}
+
+impl Report {
+    fn armed(&mut self, kind: &str, fired: bool) {
+        let at = match self.kinds.iter().position(|(k, ..)| k == kind) {
+            Some(at) => at,
+            None => {
+                self.kinds.push((kind.to_string(), 0, 0));
+                self.kinds.len() - 1
+            }
+        };
+        self.kinds[at].1 += 1;
+        self.kinds[at].2 += u64::from(fired);
+        self.faults += u64::from(fired);
+    }
+
+    fn anomaly(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        eprintln!("anomaly: {what}");
+        self.anomalies.push(what);
+    }
+
+    fn print(&self, v: &Verdict) {
+        if !self.kinds.is_empty() {
+            println!("\n{:<34} {:>6} {:>6}", "fault", "armed", "fired");
+            let mut kinds = self.kinds.clone();
+            kinds.sort();
+            for (kind, armed, fired) in kinds {
+                println!("{kind:<34} {armed:>6} {fired:>6}");
+            }
+        }
+        println!(
+            "\n{:<32} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
+            "scenario",
+            "faults",
+            "restarts",
+            "rows expected",
+            "rows found",
+            "lost",
+            "duplicated",
+            "mismatched",
+            "anomalies"
+        );
+        println!(
+            "{:<32} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
+            self.scenario,
+            self.faults,
+            self.restarts,
+            v.rows_expected,
+            v.rows_found,
+            v.lost,
+            v.duplicated,
+            v.mismatched,
+            self.anomalies.len()
+        );
+    }
+}
+
+/// Everything a scenario needs: the binary, the folder, the store, the model.
+struct Harness {
+    exe: PathBuf,
+    dir: PathBuf,
+    store: Store,
+    server: Option<PrivatePostgres>,
+    delta: bool,
+    txn_docs: u64,
+    model: Model,
+    runs: u64,
+    report: Report,
+}
+
+/// A child process whose output goes to files in the torture's folder (`<name>.out`,
+/// `<name>.err`).
+struct Running {
+    child: Child,
+    name: String,
+    stderr: PathBuf,
+}
+
+/// How a child ended.
+struct Outcome {
+    name: String,
+    status: ExitStatus,
+    /// We killed it (SIGKILL) while it was running.
+    killed: bool,
+    stderr: String,
+}
+
+impl Outcome {
+    fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// The last lines of stderr, to quote in an anomaly.
+    fn tail(&self) -> String {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        lines[lines.len().saturating_sub(6)..].join("\n    ")
+    }
+
+    /// Times the runtime reopened a stream after a retryable failure.
+    fn reopenings(&self) -> u64 {
+        self.stderr.matches("; reopening in ").count() as u64
+    }
+}
+
+impl Running {
+    fn wait(mut self, timeout: Duration) -> anyhow::Result<Outcome> {
+        let started = Instant::now();
+        let mut killed = false;
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if started.elapsed() > timeout {
+                self.child.kill()?;
+                killed = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.outcome(status, killed)
+    }
+
+    /// SIGKILL after `delay`, if still running then.
+    fn kill_after(mut self, delay: Duration) -> anyhow::Result<Outcome> {
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            if let Some(status) = self.child.try_wait()? {
+                return self.outcome(status, false);
+            }
+            std::thread::sleep(Duration::from_millis(5).min(delay));
+        }
+        let killed = self.child.try_wait()?.is_none();
+        if killed {
+            self.child.kill()?;
+        }
+        let status = self.child.wait()?;
+        self.outcome(status, killed)
+    }
+
+    fn outcome(self, status: ExitStatus, killed: bool) -> anyhow::Result<Outcome> {
+        Ok(Outcome {
+            name: self.name,
+            status,
+            killed,
+            stderr: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+        })
+    }
+}
+
+impl Harness {
+    fn input(&self) -> PathBuf {
+        self.dir.join("events.jsonl")
+    }
+
+    /// Appends a new segment of `n` documents to the input.
+    fn append(&mut self, n: usize) -> anyhow::Result<()> {
+        let input = self.input();
+        self.model
+            .append(n, &input)
+            .with_context(|| format!("writing {}", input.display()))
+    }
+
+    /// Writes pipeline `name` into `endpoint` with a recovery log of its own; returns
+    /// (pipeline file, the materialization's recovery-log folder).
+    fn pipeline(&self, name: &str, endpoint: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let log = self.dir.join("recovery").join(name);
+        let yaml = format!(
+            r#"
+collections:
+  torture/events:
+    key: [/key]
+    schema:
+      type: object
+      required: [key, views, bytes, last_seen]
+      reduce: {{strategy: merge}}
+      properties:
+        key: {{type: string}}
+        views: {{type: integer, reduce: {{strategy: sum}}}}
+        bytes: {{type: integer, reduce: {{strategy: sum}}}}
+        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
+        attrs:
+          type: object
+          reduce: {{strategy: merge}}
+          additionalProperties: {{type: integer, reduce: {{strategy: maximize}}}}
+sources:
+  events:
+    target: torture/events
+    file: {{path: {input}, format: json}}
+materializations:
+  torture:
+    endpoint:
+      {endpoint}
+    bindings:
+      - source: torture/events
+        resource: {{table: {table}}}
+        delta_updates: {delta}
+runtime:
+  recovery_log: {log}
+  transactions: {{max_docs: {txn_docs}, max_duration: 600s, min_duration: 600s}}
+"#,
+            input = yaml_str(&self.input()),
+            table = store::TABLE,
+            delta = self.delta,
+            log = yaml_str(&log),
+            txn_docs = self.txn_docs,
+        );
+        let path = self.dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+        Ok((path, log.join("torture")))
+    }
+
+    /// Starts `sluice <args>` with `failpoints` armed (none: FAILPOINTS unset).
+    fn spawn(&mut self, args: &[&str], failpoints: Option<&str>) -> anyhow::Result<Running> {
+        self.runs += 1;
+        let name = format!("run-{:04}", self.runs);
+        let stdout = self.dir.join(format!("{name}.out"));
+        let stderr = self.dir.join(format!("{name}.err"));
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(args)
+            .env("RUST_LOG", "warn")
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout)?)
+            .stderr(std::fs::File::create(&stderr)?);
+        if let Some(failpoints) = failpoints {
+            cmd.env("FAILPOINTS", failpoints);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        Ok(Running {
+            child,
+            name,
+            stderr,
+        })
+    }
+
+    fn run(&mut self, pipeline: &Path, failpoints: Option<&str>) -> anyhow::Result<Running> {
+        let pipeline = pipeline.to_string_lossy().into_owned();
+        self.spawn(&["run", &pipeline], failpoints)
+    }
+
+    /// Runs `pipeline` without faults to the end: it must succeed.
+    fn run_clean(&mut self, pipeline: &Path) -> anyhow::Result<()> {
+        let outcome = self.run(pipeline, None)?.wait(RUN_TIMEOUT)?;
+        self.report.restarts += outcome.reopenings();
+        if !outcome.success() {
+            bail!(
+                "the final run without faults failed ({}): {}",
+                outcome.status,
+                outcome.tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// The transaction last committed to a recovery log (0: none, or no log yet).
+    fn committed(log: &Path) -> u64 {
+        let Ok(text) = sluice_runtime::recovery::inspect(log) else {
+            return 0;
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix("last commit: transaction "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until the log holds a commit of transaction `txn` or later; fails if `run`
+    /// exits first.
+    fn await_commit(log: &Path, txn: u64, run: &mut Running) -> anyhow::Result<u64> {
+        let started = Instant::now();
+        loop {
+            let committed = Harness::committed(log);
+            if committed >= txn {
+                return Ok(committed);
+            }
+            if let Some(status) = run.child.try_wait()? {
+                bail!(
+                    "{} exited ({status}) before committing transaction {txn}",
+                    run.name
+                );
+            }
+            if started.elapsed() > RUN_TIMEOUT {
+                bail!("{} did not commit transaction {txn} in time", run.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn found(&self) -> anyhow::Result<Table> {
+        Table::from_rows(&self.store.rows()?).map_err(anyhow::Error::msg)
+    }
+
+    /// Compares the store with the model of all the input.
+    fn verify(&self) -> anyhow::Result<Verdict> {
+        let txn_docs = self.txn_docs as usize;
+        let all = self.model.transaction_count(txn_docs);
+        let expected = self.model.expected(txn_docs, self.delta, all);
+        Ok(model::compare(&expected, &self.found()?))
+    }
+
+    /// How many whole transactions the store holds, if it holds exactly the first few.
+    fn committed_prefix(&self) -> anyhow::Result<Option<usize>> {
+        let txn_docs = self.txn_docs as usize;
+        let found = self.found()?;
+        Ok((0..=self.model.transaction_count(txn_docs))
+            .find(|&n| self.model.expected(txn_docs, self.delta, n) == found))
+    }
+}
