@@ -352,6 +352,15 @@ impl Session {
         Ok((Session { tx, rx }, opened.flow_checkpoint))
     }
 
+    /// A request that could not be sent because the driver ended the stream fails with
+    /// the driver's own error, the next response, rather than "stream closed".
+    async fn driver_error(&mut self, sent: sluice_driver::Result<()>) -> sluice_driver::Result<()> {
+        match sent {
+            Ok(()) => Ok(()),
+            Err(closed) => Err(self.rx.recv().await.err().unwrap_or(closed)),
+        }
+    }
+
     /// One transaction: acknowledge the prior one, load `loads`, prepare with
     /// `checkpoint`, store `stores`, commit. Returns the loaded documents.
     pub async fn transaction(
@@ -372,21 +381,27 @@ impl Session {
             }
             _ => true,
         };
-        self.tx.acknowledge().await?;
+        let sent = self.tx.acknowledge().await;
+        self.driver_error(sent).await?;
         for load in loads {
-            self.tx.load(load).await?;
+            let sent = self.tx.load(load).await;
+            self.driver_error(sent).await?;
         }
         while !collect(self.rx.recv().await?) {}
-        self.tx
+        let sent = self
+            .tx
             .prepare(Prepare {
                 flow_checkpoint: checkpoint.to_vec(),
             })
-            .await?;
+            .await;
+        self.driver_error(sent).await?;
         while !collect(self.rx.recv().await?) {}
         for store in stores {
-            self.tx.store(store).await?;
+            let sent = self.tx.store(store).await;
+            self.driver_error(sent).await?;
         }
-        self.tx.commit().await?;
+        let sent = self.tx.commit().await;
+        self.driver_error(sent).await?;
         match self.rx.recv().await? {
             Response::DriverCommitted => Ok(loaded),
             other => panic!("expected DriverCommitted, got {other:?}"),

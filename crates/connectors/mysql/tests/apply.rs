@@ -1,0 +1,278 @@
+//! Spec, Validate and Apply against the real server, each test in a database of its own.
+
+mod common;
+
+use common::{Session, TestDb, apply, apply_request, binding, spec, view};
+use serde_json::{Value, json};
+use sluice_driver::Driver;
+use sluice_mysql::MysqlDriver;
+use sluice_proto::materialize::{self as m, constraint::Type};
+
+/// `[name, type, nullable, key, comment]` of each column of `table`, in order.
+async fn columns(db: &TestDb, table: &str) -> Vec<Value> {
+    db.rows(&format!(
+        "SELECT JSON_ARRAY(COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_KEY, COLUMN_COMMENT) \
+         FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+         AND TABLE_NAME = '{table}' ORDER BY ORDINAL_POSITION"
+    ))
+    .await
+}
+
+fn comment(source: &str) -> String {
+    format!("Materialized by Sluice from {source}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments() {
+    let db = TestDb::new().await;
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    apply(&spec).await;
+    let col = |name: &str, ty: &str, nullable: &str, key: &str, source: &str| {
+        json!([name, ty, nullable, key, comment(source)])
+    };
+    let of = |ptr: &str| format!("{ptr} of acme/pageviews");
+    assert_eq!(
+        columns(&db, "pageviews").await,
+        [
+            col("user_id", "varchar(255)", "NO", "PRI", &of("/user_id")),
+            col("views", "bigint(20)", "YES", "", &of("/views")),
+            col("score", "double", "YES", "", &of("/score")),
+            col("active", "tinyint(1)", "YES", "", &of("/active")),
+            col("tags", "longtext", "YES", "", &of("/tags")),
+            col("seen_at", "longtext", "YES", "", &of("/seen_at")),
+            col(
+                "flow_document",
+                "longtext",
+                "YES",
+                "",
+                "the whole document of acme/pageviews"
+            ),
+        ]
+    );
+    let collation = db
+        .rows(
+            "SELECT JSON_ARRAY(COLLATION_NAME) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'pageviews' \
+             AND COLUMN_NAME = 'user_id'",
+        )
+        .await;
+    assert_eq!(collation, [json!(["utf8mb4_nopad_bin"])]);
+    let checkpoints: Vec<Value> = columns(&db, "sluice_checkpoints")
+        .await
+        .into_iter()
+        .map(|c| c[0].clone())
+        .collect();
+    assert_eq!(
+        checkpoints,
+        [
+            "materialization",
+            "key_begin",
+            "key_end",
+            "fence",
+            "checkpoint"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_columns_refuse_text_that_is_not_json() {
+    let db = TestDb::new().await;
+    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    let mut conn = db.conn().await;
+    let insert = format!(
+        "INSERT INTO `{}`.`pageviews` (`user_id`, `tags`) VALUES ('a', 'not json')",
+        db.database
+    );
+    let err = mysql_async::prelude::Queryable::query_drop(&mut conn, insert)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("CONSTRAINT"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reapplying_the_same_spec_does_nothing() {
+    let db = TestDb::new().await;
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    assert_ne!(apply(&spec).await, "");
+    assert_eq!(apply(&spec).await, "");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let dry = MysqlDriver::new()
+        .apply_upsert(apply_request(&spec, true))
+        .await
+        .unwrap();
+    let c = |field: &str, ty: &str, source: &str| {
+        format!("`{field}` {ty} COMMENT '{}'", comment(source))
+    };
+    let of = |ptr: &str| format!("{ptr} of acme/pageviews");
+    let expected = [
+        "CREATE TABLE IF NOT EXISTS `sluice_checkpoints` (`materialization` VARCHAR(512) \
+         CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL, `key_begin` BIGINT NOT NULL, \
+         `key_end` BIGINT NOT NULL, `fence` BIGINT NOT NULL, `checkpoint` LONGBLOB NOT NULL, \
+         PRIMARY KEY (`materialization`, `key_begin`, `key_end`)) ENGINE=InnoDB;\n"
+            .to_owned(),
+        format!(
+            "CREATE TABLE IF NOT EXISTS `pageviews` ({}, {}, {}, {}, {}, {}, {}, \
+             PRIMARY KEY (`user_id`)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;\n",
+            c(
+                "user_id",
+                "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL",
+                &of("/user_id")
+            ),
+            c("views", "BIGINT", &of("/views")),
+            c("score", "DOUBLE", &of("/score")),
+            c("active", "BOOLEAN", &of("/active")),
+            c("tags", "JSON", &of("/tags")),
+            c("seen_at", "LONGTEXT", &of("/seen_at")),
+            c(
+                "flow_document",
+                "JSON",
+                "the whole document of acme/pageviews"
+            ),
+        ),
+    ]
+    .concat();
+    assert_eq!(dry.action_description, expected);
+    let tables = db
+        .rows("SELECT JSON_ARRAY(TABLE_NAME) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+        .await;
+    assert!(tables.is_empty(), "a dry run created {tables:?}");
+    // The real apply runs exactly what the dry run described.
+    assert_eq!(apply(&spec).await, dry.action_description);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_newly_selected_field_becomes_a_nullable_column() {
+    let db = TestDb::new().await;
+    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    let mut wider = binding("pageviews", false);
+    let selection = wider.field_selection.as_mut().unwrap();
+    selection.values.push("meta/source".into());
+    let wider = spec(&db, vec![wider]);
+    let dry = MysqlDriver::new()
+        .apply_upsert(apply_request(&wider, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        dry.action_description,
+        format!(
+            "ALTER TABLE `pageviews` ADD COLUMN `meta/source` LONGTEXT COMMENT '{}';\n",
+            comment("/meta/source of acme/pageviews")
+        )
+    );
+    assert_eq!(apply(&wider).await, dry.action_description);
+    let last = columns(&db, "pageviews").await.pop().unwrap();
+    assert_eq!(
+        last,
+        json!([
+            "meta/source",
+            "longtext",
+            "YES",
+            "",
+            comment("/meta/source of acme/pageviews")
+        ])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reserved_mixed_case_and_quoted_names_store_and_load() {
+    let db = TestDb::new().await;
+    let mut weird = binding("select", false);
+    let collection = weird.collection.as_mut().unwrap();
+    for p in &mut collection.projections {
+        if p.field == "views" {
+            p.field = "Mixed Case".into();
+        }
+        if p.field == "score" {
+            p.field = "a`b".into();
+        }
+    }
+    let selection = weird.field_selection.as_mut().unwrap();
+    selection.values = vec!["Mixed Case".into(), "a`b".into()];
+    let mut other = binding("a`b", false);
+    other.field_selection.as_mut().unwrap().values.clear();
+    let spec = spec(&db, vec![weird, other]);
+    apply(&spec).await;
+
+    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    let stored = common::store_values(
+        0,
+        &["/user_id"],
+        &["/views", "/score"],
+        &[(view("o'hara\\", 3), false)],
+    );
+    let other = common::store_values(1, &["/user_id"], &[], &[(view("x", 1), false)]);
+    session
+        .transaction(vec![], b"cp-1", vec![stored, other])
+        .await
+        .unwrap();
+    let loaded = session
+        .transaction(
+            vec![
+                common::load(0, &[json!(["o'hara\\"])]),
+                common::load(1, &[json!(["x"])]),
+            ],
+            b"cp-2",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(loaded, [view("o'hara\\", 3), view("x", 1)]);
+    let rows = db
+        .rows("SELECT JSON_ARRAY(`user_id`, `Mixed Case`, `a``b`) FROM `select`")
+        .await;
+    assert_eq!(rows, [json!(["o'hara\\", 3, 1.5])]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
+    let db = TestDb::new().await;
+    let request = m::ValidateRequest {
+        materialization: common::MATERIALIZATION.into(),
+        endpoint_type: 0,
+        endpoint_spec_json: db.endpoint().to_string(),
+        bindings: vec![m::validate_request::Binding {
+            resource_spec_json: json!({"table": "pageviews"}).to_string(),
+            collection: Some(common::collection()),
+            field_config_json: Default::default(),
+        }],
+    };
+    let response = MysqlDriver::new().validate(request).await.unwrap();
+    let binding = &response.bindings[0];
+    let of = |field: &str| Type::try_from(binding.constraints[field].r#type).unwrap();
+    assert_eq!(of("user_id"), Type::LocationRequired);
+    assert_eq!(of("flow_document"), Type::FieldRequired);
+    assert_eq!(of("views"), Type::LocationRecommended);
+    assert_eq!(of("meta/source"), Type::FieldOptional);
+    assert_eq!(of("nothing"), Type::FieldForbidden);
+    assert_eq!(
+        binding.resource_path,
+        [db.database.clone(), "pageviews".into()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_delete_drops_tables_and_forgets_checkpoints() {
+    let db = TestDb::new().await;
+    let spec = spec(&db, vec![binding("pageviews", false)]);
+    apply(&spec).await;
+    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
+    drop(session);
+    let deleted = MysqlDriver::new()
+        .apply_delete(apply_request(&spec, false))
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted.action_description,
+        "DROP TABLE IF EXISTS `pageviews`;\n\
+         DELETE FROM `sluice_checkpoints` WHERE `materialization` = 'acme/views-db';\n"
+    );
+    apply(&spec).await;
+    let (_, recovered) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    assert!(recovered.is_empty(), "the checkpoint was forgotten");
+}
