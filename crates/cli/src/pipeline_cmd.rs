@@ -161,8 +161,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 0 => String::new(),
                 n => format!(", {n} restarts"),
             };
+            let rejected = match s.rejected {
+                0 => String::new(),
+                n => {
+                    let paths: Vec<_> = pipeline.dead_letter_paths(&name).iter().map(|p| p.display().to_string()).collect();
+                    format!(", {n} rejected, see {}", paths.join(", "))
+                }
+            };
             println!(
-                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored{restarts}, {:.1}s, {:.0} docs/s",
+                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored{restarts}{rejected}, {:.1}s, {:.0} docs/s",
                 s.docs,
                 human_bytes(s.bytes),
                 s.transactions,

@@ -3,6 +3,7 @@
 //!
 //! - [`build`]: collections, projections, field selection, materialization specs.
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
+//! - [`deadletter`]: the dead-letter files of sources with `on_error: skip`.
 //! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
 //! - [`source`]: the source model (commands, steps, resume positions) and the built-in
 //!   sources (file, datagen).
@@ -12,6 +13,7 @@
 
 pub mod build;
 pub mod config;
+pub mod deadletter;
 pub mod failpoint;
 pub mod pipeline;
 pub mod recovery;

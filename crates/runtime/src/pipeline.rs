@@ -435,6 +435,7 @@ impl Attempt {
             sources.push(BoundSource {
                 source,
                 bindings: feed.bindings.clone(),
+                dead_letter: feed.def.dead_letter_path(&self.log_dir),
             });
         }
         let log =

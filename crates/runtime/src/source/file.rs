@@ -22,8 +22,14 @@
 //!   line waits for its `\n`.
 //!
 //! Bad records (malformed JSON, invalid UTF-8, a CSV row with the wrong number of
-//! cells) become [`InputError`]s naming `file:line`; they are consumed (and hashed) but
-//! not emitted. Truncating or replacing a followed file is not detected (a later replay
+//! cells, a record above `max_document_size`) become [`InputError`]s naming
+//! `file:line`; they are consumed (and hashed) but not emitted.
+//!
+//! Memory stays bounded by `max_document_size` plus one read: a record found to be
+//! larger is streamed past (hashed, never held whole), keeping its first bytes for the
+//! error. A step never ends inside one: when a followed file ends mid-record, the step
+//! ends before it, and the next `queue` scans it again from its start. `replay` reads
+//! its byte range the same way, in chunks, never past the step's end. Truncating or replacing a followed file is not detected (a later replay
 //! of a changed range fails with a hash mismatch).
 
 use super::{
@@ -71,6 +77,27 @@ pub struct FileSource {
     eof: bool,
     /// CSV: the header's property names, once read.
     header: Option<Vec<String>>,
+    /// Records above this many bytes are bad input.
+    max_document: u64,
+    /// `replay`: reads stop at this offset, the end of the step replayed.
+    limit: Option<u64>,
+    /// The record being streamed past for being above `max_document`.
+    oversized: Option<Oversized>,
+}
+
+/// A record above the size limit, consumed so far up to the cursor.
+struct Oversized {
+    position: Position,
+    /// Its first bytes, for the error.
+    raw: Vec<u8>,
+    /// Where it begins, and the step's hash and bytes there (to end the step before it).
+    begin: Cursor,
+    hasher: StepHasher,
+    step_bytes: u64,
+    /// Bytes and newlines consumed; CSV: inside a quoted cell.
+    len: u64,
+    newlines: u64,
+    quoted: bool,
 }
 
 /// What one step consumed so far.
@@ -95,6 +122,9 @@ impl FileSource {
             cursor: Cursor::START,
             eof: false,
             header: None,
+            max_document: def.max_document_size,
+            limit: None,
+            oversized: None,
         }
     }
 
@@ -108,6 +138,7 @@ impl FileSource {
 
     fn reposition(&mut self, cursor: Cursor) {
         self.cursor = cursor;
+        self.oversized = None;
         self.file = None;
         self.buf.clear();
         self.start = 0;
@@ -128,11 +159,19 @@ impl FileSource {
                 file
             }
         };
+        let at = self.cursor.offset + self.buf.len() as u64;
+        let want = self
+            .limit
+            .map_or(CHUNK, |limit| CHUNK.min(limit.saturating_sub(at) as usize));
+        if want == 0 {
+            self.file = Some(file);
+            return Ok(0);
+        }
         let buf = std::mem::take(&mut self.buf);
         let (file, buf, read) = tokio::task::spawn_blocking(move || {
             let (mut file, mut buf) = (file, buf);
             let old = buf.len();
-            buf.resize(old + CHUNK, 0);
+            buf.resize(old + want, 0);
             let read = file.read(&mut buf[old..]);
             buf.truncate(old + *read.as_ref().unwrap_or(&0));
             (file, buf, read)
@@ -154,22 +193,46 @@ impl FileSource {
         acc: &mut Acc,
     ) -> bool {
         loop {
+            if self.oversized.is_some() {
+                if !self.skip_oversized(at_end, acc) {
+                    return false;
+                }
+                continue;
+            }
             if acc.records >= limits.max_records || acc.bytes >= limits.max_bytes {
                 return true;
             }
             let data = &self.buf[self.start..];
-            let Some((len, newlines)) = record_len(self.format, data, at_end) else {
-                return false;
-            };
-            let raw = &data[..len];
-            acc.hasher.append(raw);
-            acc.bytes += len as u64;
             let position = Position {
                 source: self.display.clone(),
                 line: self.cursor.line,
                 byte_offset: self.cursor.offset,
             };
-            match parse(self.format, &mut self.header, raw, self.cursor.offset == 0) {
+            let Some((len, newlines)) = record_len(self.format, data, at_end) else {
+                if data.len() as u64 > self.max_document {
+                    self.oversized = Some(Oversized {
+                        raw: data[..data.len().min(InputError::RAW_LIMIT)].to_vec(),
+                        position,
+                        begin: self.cursor,
+                        hasher: acc.hasher.clone(),
+                        step_bytes: acc.bytes,
+                        len: 0,
+                        newlines: 0,
+                        quoted: false,
+                    });
+                    continue;
+                }
+                return false;
+            };
+            let raw = &data[..len];
+            acc.hasher.append(raw);
+            acc.bytes += len as u64;
+            let parsed = if len as u64 > self.max_document {
+                Err(self.too_large(len as u64))
+            } else {
+                parse(self.format, &mut self.header, raw, self.cursor.offset == 0)
+            };
+            match parsed {
                 Ok(Some(doc)) => {
                     acc.records += 1;
                     out.push(Record {
@@ -184,6 +247,77 @@ impl FileSource {
             self.start += len;
             self.cursor.offset += len as u64;
             self.cursor.line += newlines;
+        }
+    }
+
+    /// Streams the buffered bytes of the oversized record through the step; true when
+    /// its end (or, `at_end`, the file's) was reached and its error recorded.
+    fn skip_oversized(&mut self, at_end: bool, acc: &mut Acc) -> bool {
+        let skip = self
+            .oversized
+            .as_mut()
+            .expect("skipping an oversized record");
+        let data = &self.buf[self.start..];
+        let (end, newlines) = scan_record(self.format, data, &mut skip.quoted);
+        let len = end.unwrap_or(data.len());
+        acc.hasher.append(&data[..len]);
+        acc.bytes += len as u64;
+        skip.len += len as u64;
+        skip.newlines += newlines;
+        self.start += len;
+        self.cursor.offset += len as u64;
+        if end.is_none() && !at_end {
+            return false;
+        }
+        let skip = self.oversized.take().expect("skipping an oversized record");
+        self.cursor.line += skip.newlines;
+        let reason = self.too_large(skip.len);
+        acc.errors.push(InputError {
+            position: skip.position,
+            raw: skip.raw,
+            reason,
+        });
+        true
+    }
+
+    /// Ends the step before the oversized record being skipped, if any: a followed
+    /// file ended inside it, and a step must not end mid-record.
+    fn unskip(&mut self, acc: &mut Acc) {
+        if let Some(skip) = self.oversized.take() {
+            acc.hasher = skip.hasher;
+            acc.bytes = skip.step_bytes;
+            self.reposition(skip.begin);
+        }
+    }
+
+    fn too_large(&self, len: u64) -> String {
+        format!(
+            "the record is {len} bytes, above max_document_size ({} bytes); raise \
+             sources.{}.file.max_document_size, or split the document",
+            self.max_document, self.name
+        )
+    }
+
+    /// Consumes records into `acc` until a limit, or the end of the input (for now:
+    /// with `follow`, a partial last record waits).
+    async fn read_into(
+        &mut self,
+        limits: QueueLimits,
+        follow: bool,
+        out: &mut Vec<Record>,
+        acc: &mut Acc,
+    ) -> Result<(), SourceError> {
+        loop {
+            if self.consume(limits, self.eof, out, acc) || self.eof {
+                return Ok(());
+            }
+            if self.fill().await? == 0 {
+                if follow {
+                    self.unskip(acc);
+                    return Ok(());
+                }
+                self.eof = true;
+            }
         }
     }
 
@@ -250,20 +384,22 @@ impl Source for FileSource {
 
     async fn replay(&mut self, step: &Resume, out: &mut Vec<Record>) -> Result<Step, SourceError> {
         let span = replay_target::<Cursor>(&self.name, step)?;
-        let len = span.end.offset.saturating_sub(span.begin.offset);
         self.reposition(span.begin);
         self.ensure_header().await?;
-        while ((self.buf.len() - self.start) as u64) < len && self.fill().await? > 0 {}
-        // Exactly the journaled bytes, ending where the step ended.
-        self.buf
-            .truncate(self.start + (len as usize).min(self.buf.len() - self.start));
         let first = out.len();
         let mut acc = Acc::new();
         let unbounded = QueueLimits {
             max_records: usize::MAX,
             max_bytes: u64::MAX,
         };
-        self.consume(unbounded, true, out, &mut acc);
+        // Exactly the journaled bytes, ending where the step ended.
+        self.limit = Some(span.end.offset);
+        let read = self.read_into(unbounded, false, out, &mut acc).await;
+        self.limit = None;
+        if let Err(e) = read {
+            out.truncate(first);
+            return Err(e);
+        }
         let replayed = acc.into_step(span.begin, self.cursor, false);
         if let Err(e) = check_replay(&self.name, step, replayed.resume.hash()) {
             out.truncate(first);
@@ -280,17 +416,7 @@ impl Source for FileSource {
     ) -> Result<Step, SourceError> {
         let begin = self.cursor;
         let mut acc = Acc::new();
-        loop {
-            if self.consume(limits, self.eof, out, &mut acc) || self.eof {
-                break;
-            }
-            if self.fill().await? == 0 {
-                if self.follow {
-                    break;
-                }
-                self.eof = true;
-            }
-        }
+        self.read_into(limits, self.follow, out, &mut acc).await?;
         let end_of_input = self.eof && self.start == self.buf.len();
         Ok(acc.into_step(begin, self.cursor, end_of_input))
     }
@@ -298,31 +424,34 @@ impl Source for FileSource {
 
 /// The length of the next record in `data` and the newlines in it, if it is complete.
 fn record_len(format: FileFormat, data: &[u8], at_end: bool) -> Option<(usize, u64)> {
-    let complete = match format {
-        FileFormat::Json => data.iter().position(|&b| b == b'\n').map(|i| (i + 1, 1)),
+    match scan_record(format, data, &mut false) {
+        (Some(len), newlines) => Some((len, newlines)),
+        (None, newlines) if at_end && !data.is_empty() => Some((data.len(), newlines)),
+        (None, _) => None,
+    }
+}
+
+/// Scans `data`, which continues a record (CSV: inside a quoted cell if `quoted`), for
+/// the record's end: its length in `data` if found, and the newlines scanned (up to
+/// and including the end). Updates `quoted` for the next call.
+fn scan_record(format: FileFormat, data: &[u8], quoted: &mut bool) -> (Option<usize>, u64) {
+    match format {
+        FileFormat::Json => match data.iter().position(|&b| b == b'\n') {
+            Some(i) => (Some(i + 1), 1),
+            None => (None, 0),
+        },
         FileFormat::Csv => {
-            let (mut quoted, mut newlines) = (false, 0);
-            let mut end = None;
+            let mut newlines = 0;
             for (i, &b) in data.iter().enumerate() {
                 match b {
-                    b'"' => quoted = !quoted,
-                    b'\n' if !quoted => {
-                        end = Some((i + 1, newlines + 1));
-                        break;
-                    }
+                    b'"' => *quoted = !*quoted,
+                    b'\n' if !*quoted => return (Some(i + 1), newlines + 1),
                     b'\n' => newlines += 1,
                     _ => {}
                 }
             }
-            end
+            (None, newlines)
         }
-    };
-    match complete {
-        None if at_end && !data.is_empty() => {
-            let newlines = data.iter().filter(|&&b| b == b'\n').count() as u64;
-            Some((data.len(), newlines))
-        }
-        other => other,
     }
 }
 

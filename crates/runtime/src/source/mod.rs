@@ -313,6 +313,7 @@ pub(crate) fn check_replay(name: &str, step: &Resume, actual: u64) -> Result<(),
 
 /// The stable 64-bit hash of a step's raw records: HighwayHash-64 with a fixed key, so
 /// it is the same across processes, platforms and releases (unlike `DefaultHasher`).
+#[derive(Clone)]
 pub struct StepHasher(HighwayHasher);
 
 impl StepHasher {

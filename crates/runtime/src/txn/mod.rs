@@ -79,6 +79,8 @@ pub struct Binding {
 pub struct BoundSource {
     pub source: Box<dyn Source>,
     pub bindings: Vec<u32>,
+    /// `on_error: skip`: where rejected documents go. `None`: bad input fails the run.
+    pub dead_letter: Option<std::path::PathBuf>,
 }
 
 /// Live counters, read by the CLI's progress bar.
@@ -102,6 +104,8 @@ pub struct Summary {
     pub last_txn: u64,
     /// Times the loop was reopened after a retryable failure.
     pub restarts: u64,
+    /// Documents rejected by `on_error: skip` sources (in committed transactions).
+    pub rejected: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +231,7 @@ pub async fn run(
         replay,
         shutdown,
         in_flight.clone(),
+        checkpoint.txn,
     );
     summary.last_txn = checkpoint.txn;
     // The prior transaction's recovery-log commit, fsync'ed while the reader reads on.
@@ -245,6 +250,7 @@ pub async fn run(
             steps,
             docs,
             bytes,
+            rejected,
             last,
         } = batch;
 
@@ -258,7 +264,7 @@ pub async fn run(
             None => log.take().expect("the recovery log is owned by the loop"),
         };
         crate::failpoint::fail_point!(AFTER_LOG_COMMIT, driver_err);
-        if docs == 0 {
+        if docs == 0 && rejected == 0 {
             // Acknowledge the prior commit now, so that idempotent-apply drivers apply it
             // without waiting for more input.
             if !acknowledged {
@@ -373,6 +379,7 @@ pub async fn run(
         );
         // Counted once committed, so a restarted run never counts a document twice.
         summary.docs += docs;
+        summary.rejected += rejected;
         summary.bytes += bytes;
         summary.loaded += loaded;
         summary.stored += stored;

@@ -11,12 +11,32 @@
 //! exhausted (not following), on shutdown, or as soon as the committer is idle and the
 //! batch has documents and is at least `min_duration` old (which batches a trickle).
 //! After an error the reader sends it and stops: nothing of that batch is committed.
+//!
+//! Bad input (a step's input errors; a document that is invalid, has no key, or fails
+//! to reduce) fails the batch, unless its source has `on_error: skip`:
+//!
+//! - An unparseable record, or a document that fails validation or key extraction
+//!   (checked before it reaches the combiner, so it never touches it), is rejected.
+//! - A reduction error poisons the combiner (a key's document may be half-reduced). The
+//!   reader remembers the document's position, and rebuilds the batch: a new combiner,
+//!   every step of the batch replayed from its source, that document (and any earlier
+//!   one) rejected before it is combined. Each rebuild rejects one more document, so
+//!   it ends; it costs a re-read of the batch, only when a reduction fails.
+//! - Rejected documents go to the dead-letter files ([`crate::deadletter`]), durably,
+//!   before the batch is sent, tagged with the transaction the batch becomes (batches
+//!   with documents or rejections become transactions `committed + 1`, `+ 2`, ... in
+//!   order). At start, each file drops what an uncommitted attempt wrote.
+//! - Reductions the committer meets (against a loaded document, or across spilled
+//!   runs) involve no single document and fail the transaction in either mode.
 
-use super::{Binding, BoundSource, RunError, TxnOptions, binding_specs, combiner_options};
+use super::{
+    Binding, BoundSource, Collection, RunError, TxnOptions, binding_specs, combiner_options,
+};
+use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
 use crate::recovery::Intent;
-use crate::source::{QueueLimits, Record, Resume, Step};
-use sluice_doc::combine::Combiner;
-use std::collections::BTreeMap;
+use crate::source::{InputError, QueueLimits, Record, Resume, Step};
+use sluice_doc::combine::{CombineError, Combiner};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -35,12 +55,16 @@ pub struct ReadBatch {
     pub steps: BTreeMap<String, Vec<Resume>>,
     pub docs: u64,
     pub bytes: u64,
+    /// Documents rejected (`on_error: skip`), already durable in dead-letter files.
+    pub rejected: u64,
     /// No more batches will follow (sources exhausted, or shutdown).
     pub last: bool,
 }
 
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
-/// exactly; then sources are queued from where they were positioned.
+/// exactly; then sources are queued from where they were positioned. `committed` is the
+/// recovered checkpoint's transaction: the next batch becomes transaction `committed + 1`.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     sources: Vec<BoundSource>,
     bindings: Arc<Vec<Binding>>,
@@ -48,24 +72,42 @@ pub fn spawn(
     replay: Option<Intent>,
     shutdown: watch::Receiver<bool>,
     in_flight: Arc<AtomicUsize>,
+    committed: u64,
 ) -> mpsc::Receiver<Result<ReadBatch, RunError>> {
     let (tx, rx) = mpsc::channel(1);
-    let mut reader = Reader {
-        exhausted: vec![false; sources.len()],
-        sources,
-        bindings,
-        opts,
-        shutdown,
-        in_flight,
-        records: Vec::new(),
-    };
     tokio::spawn(async move {
+        let paths = sources
+            .iter()
+            .map(|b| (b.source.name(), b.dead_letter.as_deref()));
+        let dead_letters = match DeadLetters::open(paths, committed) {
+            Ok(files) => files,
+            Err((name, e)) => {
+                let _ = tx.send(Err(super::source_err(name, e))).await;
+                return;
+            }
+        };
+        let mut reader = Reader {
+            exhausted: vec![false; sources.len()],
+            sources,
+            bindings,
+            opts,
+            shutdown,
+            in_flight,
+            records: Vec::new(),
+            dead_letters,
+            next_txn: committed + 1,
+            rejects: Rejects::default(),
+        };
         let mut replay = replay;
         loop {
             let started = Instant::now();
             let batch = match replay.take() {
                 Some(intent) => reader.replay(&intent).await,
                 None => reader.read().await,
+            };
+            let batch = match batch {
+                Ok(batch) => reader.write_dead_letters(batch),
+                Err(e) => Err(e),
             };
             if let Ok(b) = &batch {
                 tracing::debug!(
@@ -94,17 +136,63 @@ struct Reader {
     /// committer when it is done with one. Zero means the committer waits for work.
     in_flight: Arc<AtomicUsize>,
     records: Vec<Record>,
+    dead_letters: DeadLetters,
+    /// The transaction the next batch with documents or rejections becomes.
+    next_txn: u64,
+    /// The current batch's rejections.
+    rejects: Rejects,
+}
+
+/// What a batch rejected so far (sources with `on_error: skip`).
+#[derive(Default)]
+struct Rejects {
+    letters: Vec<(RecordId, DeadLetter)>,
+    /// Documents whose reduction failed, with the reason: rejected when the batch is
+    /// rebuilt. Kept across rebuilds of one batch.
+    unreducible: HashMap<RecordId, String>,
+}
+
+/// Whether every record was combined, or a reduction failed and the batch needs a
+/// rebuild (see the module docs).
+#[must_use]
+enum Combined {
+    All,
+    Rebuild,
 }
 
 impl Reader {
-    fn batch(&self) -> ReadBatch {
+    /// A new, empty batch (forgetting the rejections of the previous one).
+    fn batch(&mut self) -> ReadBatch {
+        self.rejects.letters.clear();
         ReadBatch {
             combiner: Combiner::new(binding_specs(&self.bindings), combiner_options(&self.opts)),
             steps: BTreeMap::new(),
             docs: 0,
             bytes: 0,
+            rejected: 0,
             last: false,
         }
+    }
+
+    /// Whether the batch becomes a transaction: it has documents or rejections (whose
+    /// source positions must be checkpointed, so they are not rejected twice).
+    fn has_work(&self, batch: &ReadBatch) -> bool {
+        batch.docs > 0 || !self.rejects.letters.is_empty()
+    }
+
+    /// Writes the batch's rejections, durably, tagged with the transaction it becomes.
+    fn write_dead_letters(&mut self, mut batch: ReadBatch) -> Result<ReadBatch, RunError> {
+        if !self.has_work(&batch) {
+            return Ok(batch);
+        }
+        let txn = self.next_txn;
+        self.next_txn += 1;
+        batch.rejected = self.rejects.letters.len() as u64;
+        self.dead_letters
+            .write(txn, &mut self.rejects.letters)
+            .map_err(|(index, e)| super::source_err(self.sources[index].source.name(), e))?;
+        self.rejects = Rejects::default();
+        Ok(batch)
     }
 
     fn all_exhausted(&self) -> bool {
@@ -131,16 +219,21 @@ impl Reader {
                     .queue(limits, &mut self.records)
                     .await
                     .map_err(|e| super::source_err(bound.source.name(), e))?;
-                check_step(bound.source.name(), &step)?;
+                let feed = Feed::new(index, bound, &self.bindings);
+                check_step(&feed, &step, &mut self.rejects)?;
                 self.exhausted[index] = step.end_of_input;
-                if !self.records.is_empty() {
+                if !self.records.is_empty() || !step.errors.is_empty() {
                     progressed = true;
                     batch
                         .steps
                         .entry(bound.source.name().to_string())
                         .or_default()
                         .push(step.resume);
-                    combine_records(&mut self.records, &bound.bindings, &mut batch)?;
+                    let combined =
+                        combine_records(&mut self.records, &feed, &mut batch, &mut self.rejects)?;
+                    if let Combined::Rebuild = combined {
+                        batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
+                    }
                 }
                 if batch.docs >= self.opts.max_docs || batch.bytes >= self.opts.max_bytes {
                     return Ok(batch);
@@ -148,16 +241,17 @@ impl Reader {
             }
             let elapsed = started.elapsed();
             if *self.shutdown.borrow() || self.all_exhausted() {
-                batch.last = batch.docs == 0;
+                batch.last = !self.has_work(&batch);
                 return Ok(batch);
             }
             // Close early when the committer is waiting for work: low latency for a
             // trickle, while large batches build up whenever the committer is busy.
             let committer_idle = self.in_flight.load(Ordering::Acquire) == 0;
-            if batch.docs > 0 && committer_idle && elapsed >= self.opts.min_duration {
+            let has_work = self.has_work(&batch);
+            if has_work && committer_idle && elapsed >= self.opts.min_duration {
                 return Ok(batch);
             }
-            if elapsed >= self.opts.max_duration && (batch.docs > 0 || !progressed) {
+            if elapsed >= self.opts.max_duration && (has_work || !progressed) {
                 // Empty when idle while following: it lets the committer acknowledge.
                 return Ok(batch);
             }
@@ -177,68 +271,195 @@ impl Reader {
             txn = intent.txn,
             "replaying the step intent of an interrupted transaction"
         );
-        let mut batch = self.batch();
-        for (name, resumes) in &intent.steps {
-            let bound = self
-                .sources
-                .iter_mut()
-                .find(|b| b.source.name() == name)
-                .ok_or_else(|| {
-                    RunError::Recovery(format!("the intent names unknown source {name}"))
-                })?;
-            for resume in resumes {
-                let step = bound
-                    .source
-                    .replay(resume, &mut self.records)
-                    .await
-                    .map_err(|e| super::source_err(name, e))?;
-                check_step(name, &step)?;
-                combine_records(&mut self.records, &bound.bindings, &mut batch)?;
+        self.next_txn = intent.txn;
+        self.rejects = Rejects::default();
+        self.rebuild(intent.steps.clone()).await
+    }
+
+    /// Reads `steps` again into a new batch, until no reduction fails (each failure
+    /// rejects one more document of a skipping source; see the module docs).
+    async fn rebuild(
+        &mut self,
+        steps: BTreeMap<String, Vec<Resume>>,
+    ) -> Result<ReadBatch, RunError> {
+        'rebuild: loop {
+            let mut batch = self.batch();
+            for (name, resumes) in &steps {
+                let index = self
+                    .sources
+                    .iter()
+                    .position(|b| b.source.name() == name)
+                    .ok_or_else(|| {
+                        RunError::Recovery(format!("the intent names unknown source {name}"))
+                    })?;
+                let bound = &mut self.sources[index];
+                for resume in resumes {
+                    let step = bound
+                        .source
+                        .replay(resume, &mut self.records)
+                        .await
+                        .map_err(|e| super::source_err(name, e))?;
+                    let feed = Feed::new(index, bound, &self.bindings);
+                    check_step(&feed, &step, &mut self.rejects)?;
+                    let combined =
+                        combine_records(&mut self.records, &feed, &mut batch, &mut self.rejects)?;
+                    if let Combined::Rebuild = combined {
+                        continue 'rebuild;
+                    }
+                }
             }
-            batch.steps.insert(name.clone(), resumes.clone());
+            batch.steps = steps;
+            return Ok(batch);
         }
-        Ok(batch)
     }
 }
 
-/// Feeds one step's records to every binding of its source.
+/// A source as the combining of its records needs it.
+struct Feed<'a> {
+    index: usize,
+    name: &'a str,
+    /// The bindings its documents feed.
+    targets: &'a [u32],
+    /// `on_error: skip`: the collection its documents are checked against first.
+    skip: Option<&'a Collection>,
+}
+
+impl<'a> Feed<'a> {
+    fn new(index: usize, bound: &'a BoundSource, bindings: &'a [Binding]) -> Feed<'a> {
+        let first = *bound
+            .bindings
+            .first()
+            .expect("a bound source feeds a binding");
+        Feed {
+            index,
+            name: bound.source.name(),
+            targets: &bound.bindings,
+            // Every binding of a source materializes its one target collection.
+            skip: bound
+                .dead_letter
+                .is_some()
+                .then(|| &*bindings[first as usize].collection),
+        }
+    }
+
+    fn record_id(&self, record: &Record) -> RecordId {
+        (
+            self.index,
+            record.position.line,
+            record.position.byte_offset,
+        )
+    }
+}
+
+/// Feeds one step's records to every binding of its source. A skipping source's bad
+/// documents are rejected instead; `Rebuild` when one failed to reduce.
 fn combine_records(
     records: &mut Vec<Record>,
-    targets: &[u32],
+    feed: &Feed<'_>,
     batch: &mut ReadBatch,
-) -> Result<(), RunError> {
-    let (last, rest) = targets
+    rejects: &mut Rejects,
+) -> Result<Combined, RunError> {
+    let (last, rest) = feed
+        .targets
         .split_last()
         .expect("a bound source feeds a binding");
+    let mut key = Vec::new();
     for record in records.drain(..) {
+        let id = feed.record_id(&record);
+        if let Some(collection) = feed.skip {
+            let reason = rejects
+                .unreducible
+                .get(&id)
+                .cloned()
+                .or_else(|| check_document(collection, &record.doc, &mut key));
+            if let Some(reason) = reason {
+                let position = record.position.to_string();
+                let letter = DeadLetter::document(feed.name, position, reason, record.doc);
+                rejects.letters.push((id, letter));
+                continue;
+            }
+        }
         batch.docs += 1;
         batch.bytes += record.bytes as u64;
-        // The position is formatted only for an error: this loop is hot.
-        let at = |source| RunError::Document {
-            position: record.position.to_string(),
-            source: Box::new(source),
-        };
+        let mut combined = Ok(());
         for binding in rest {
-            batch
-                .combiner
-                .combine_right(*binding, record.doc.clone())
-                .map_err(at)?;
+            combined = batch.combiner.combine_right(*binding, record.doc.clone());
+            if combined.is_err() {
+                break;
+            }
         }
-        batch
-            .combiner
-            .combine_right(*last, record.doc)
-            .map_err(at)?;
+        if combined.is_ok() {
+            combined = batch.combiner.combine_right(*last, record.doc);
+        }
+        match combined {
+            Ok(()) => {}
+            Err(err @ CombineError::Reduce { .. }) if feed.skip.is_some() => {
+                rejects.unreducible.insert(id, err.to_string());
+                return Ok(Combined::Rebuild);
+            }
+            // The position is formatted only for an error: this loop is hot.
+            Err(err) => {
+                return Err(RunError::Document {
+                    position: record.position.to_string(),
+                    source: Box::new(err),
+                });
+            }
+        }
     }
     crate::failpoint::fail_point!(AFTER_QUEUE, crate::failpoint::in_reader);
-    Ok(())
+    Ok(Combined::All)
 }
 
-fn check_step(name: &str, step: &Step) -> Result<(), RunError> {
-    match step.errors.first() {
-        Some(err) => Err(RunError::Input {
-            position: err.position.to_string(),
-            reason: format!("{} (source {name})", err.reason),
-        }),
-        None => Ok(()),
+/// Why a skipping source's document cannot be combined, if it cannot: it is invalid or
+/// has no key. Checked before the combiner sees it (which would drop it on error).
+fn check_document(
+    collection: &Collection,
+    doc: &serde_json::Value,
+    key: &mut Vec<u8>,
+) -> Option<String> {
+    key.clear();
+    if let Err(source) = collection.key.pack(doc, key) {
+        return Some(
+            CombineError::Key {
+                collection: collection.name.clone(),
+                source,
+            }
+            .to_string(),
+        );
     }
+    let source = collection.schema.validate(doc).err()?;
+    Some(
+        CombineError::Invalid {
+            collection: collection.name.clone(),
+            key: sluice_doc::tuple::unpack_json_array(key)
+                .map_or_else(|_| "(unreadable)".to_string(), |k| k.to_string()),
+            source,
+        }
+        .to_string(),
+    )
+}
+
+/// A step's input errors fail the batch, or (skipping source) become its rejections.
+fn check_step(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) -> Result<(), RunError> {
+    if feed.skip.is_none() {
+        return match step.errors.first() {
+            Some(err) => Err(RunError::Input {
+                position: err.position.to_string(),
+                reason: format!("{} (source {})", err.reason, feed.name),
+            }),
+            None => Ok(()),
+        };
+    }
+    for err in &step.errors {
+        let id = (feed.index, err.position.line, err.position.byte_offset);
+        let letter = DeadLetter::raw(
+            feed.name,
+            err.position.to_string(),
+            err.reason.clone(),
+            &err.raw,
+            err.raw.len() >= InputError::RAW_LIMIT,
+        );
+        rejects.letters.push((id, letter));
+    }
+    Ok(())
 }
