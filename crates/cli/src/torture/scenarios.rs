@@ -47,9 +47,12 @@ enum Fault {
 }
 
 impl Fault {
-    fn pick(rng: &mut Rng) -> Fault {
+    /// A SIGKILL (three times in ten, at a moment within `window`, how long runs
+    /// last) or a fail point.
+    fn pick(rng: &mut Rng, window: Duration) -> Fault {
         if !cfg!(feature = "failpoints") || rng.below(10) < 3 {
-            return Fault::Kill(Duration::from_millis(30 + rng.below(1500)));
+            let window_ms = window.as_millis() as u64;
+            return Fault::Kill(Duration::from_millis(10 + rng.below(window_ms.max(1))));
         }
         let (point, on_return) = POINTS[rng.below(POINTS.len() as u64) as usize];
         let skip = rng.below(3);
@@ -127,6 +130,8 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
     let (pipeline, _) = h.pipeline("run", &h.store.endpoint_yaml())?;
     let mut attempts = 0;
     let mut after_fault = false;
+    // How long a run lasts by itself (moving average), so that kills land mid-run.
+    let mut window = Duration::from_millis(400);
     while h.report.faults < faults {
         attempts += 1;
         if attempts > faults * 4 + 10 {
@@ -134,12 +139,16 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
                 .anomaly(format!("only {} of {faults} faults fired", h.report.faults));
             break;
         }
-        let fault = Fault::pick(rng);
+        let fault = Fault::pick(rng, window);
+        let started = std::time::Instant::now();
         let run = h.run(&pipeline, fault.failpoints().as_deref())?;
         let outcome = match fault {
             Fault::Kill(delay) => run.kill_after(delay)?,
             _ => run.wait(RUN_TIMEOUT)?,
         };
+        if !outcome.killed {
+            window = (window * 3 + started.elapsed()) / 4;
+        }
         let (fired, wrong) = fault.judge(&outcome);
         h.report.armed(&fault.kind(), fired);
         h.report.restarts += outcome.reopenings() + u64::from(after_fault);
@@ -162,24 +171,32 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
 
 /// Two instances of one shard (same store and materialization, separate recovery
 /// logs): the older one's next commit is fenced and it exits naming that.
+///
+/// The older instance is frozen (SIGSTOP) right after its first commit, while it waits
+/// before its second transaction's loads (a fail point sleeps there), and thawed once
+/// the newer one has finished: its next transaction then loads what the newer wrote,
+/// and only the fence can stop its commit.
 fn zombie(h: &mut Harness) -> anyhow::Result<()> {
     let endpoint = h.store.endpoint_yaml();
     let (older_pipeline, older_log) = h.pipeline("older", &endpoint)?;
     let (newer_pipeline, _) = h.pipeline("newer", &endpoint)?;
-    let mut older = h.run(&older_pipeline, Some(SLOW))?;
+    let pause = format!("{}=1*off->sleep(1000)", failpoint::AFTER_INTENT);
+    let mut older = h.run(&older_pipeline, Some(&pause))?;
     Harness::await_commit(&older_log, 1, &mut older)?;
-    let newer = h.run(&newer_pipeline, None)?.wait(RUN_TIMEOUT)?;
-    let older = older.wait(RUN_TIMEOUT)?;
+    signal(older.child.id(), "STOP")?;
+    let newer = h.run(&newer_pipeline, None)?.wait(RUN_TIMEOUT);
+    signal(older.child.id(), "CONT")?;
+    let (newer, older) = (newer?, older.wait(RUN_TIMEOUT)?);
     let fenced = !older.success() && older.stderr.to_lowercase().contains("fenced");
     h.report.armed("zombie (older instance)", fenced);
-    if !fenced {
+    if fenced {
+        println!("older instance: {}", older.tail().trim());
+    } else {
         h.report.anomaly(format!(
             "the older instance must exit naming \"fenced\" ({}):\n    {}",
             older.status,
             older.tail()
         ));
-    } else {
-        println!("older instance: {}", older.tail().trim());
     }
     if !newer.success() {
         h.report.anomaly(format!(
@@ -383,12 +400,21 @@ fn kill_children(parent: u32, needle: &str) -> anyhow::Result<bool> {
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
         if ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains(needle) {
-            let status = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status()
-                .context("running kill")?;
-            killed |= status.success();
+            killed |= signal(pid, "KILL").is_ok();
         }
     }
     Ok(killed)
+}
+
+/// Sends signal `name` (KILL, STOP, CONT) to process `pid`.
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill -{name} {pid}: {status}");
+    }
+    Ok(())
 }

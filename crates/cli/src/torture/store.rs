@@ -76,9 +76,11 @@ impl Store {
     pub fn drop_schema(&self) -> anyhow::Result<()> {
         match self {
             Store::Sqlite { .. } => Ok(()),
-            Store::Postgres { .. } => {
-                self.postgres_sql(|schema| format!(r#"DROP SCHEMA IF EXISTS "{schema}" CASCADE"#))
-            }
+            Store::Postgres { .. } => self.postgres_sql(|schema| {
+                format!(
+                    r#"SET client_min_messages = warning; DROP SCHEMA IF EXISTS "{schema}" CASCADE"#
+                )
+            }),
         }
     }
 
