@@ -141,8 +141,15 @@ impl<'de> Visitor<'de> for InPlace<'_> {
             }
         }
         if seen_len < map.len() {
+            // Found by address before removing anything: removal shifts the slots.
             let seen = &seen[..seen_len];
-            map.retain(|_, slot| seen.contains(&(&raw const *slot)));
+            let stale: Vec<String> = (map.iter())
+                .filter(|(_, slot)| !seen.contains(&(&raw const **slot)))
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in stale {
+                map.remove(&name);
+            }
         }
         // In text order, so a repeated new property keeps its last value.
         for (name, value) in added {

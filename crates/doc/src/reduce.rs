@@ -156,6 +156,24 @@ impl Node {
         {
             return self.properties[i].1;
         }
+        self.unlisted_property(name)
+    }
+
+    /// [`Node::property`] for names asked in ascending order: `cursor` (start at 0) walks
+    /// the sorted `properties` forward instead of searching them for every name.
+    fn next_property(&self, cursor: &mut usize, name: &str) -> usize {
+        while let Some((listed, child)) = self.properties.get(*cursor) {
+            match listed.as_str().cmp(name) {
+                Ordering::Less => *cursor += 1,
+                Ordering::Equal => return *child,
+                Ordering::Greater => break,
+            }
+        }
+        self.unlisted_property(name)
+    }
+
+    /// The child of a property not named in `properties`.
+    fn unlisted_property(&self, name: &str) -> usize {
         if let Some((_, child)) = self.patterns.iter().find(|(re, _)| re.is_match(name)) {
             return *child;
         }

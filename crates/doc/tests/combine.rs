@@ -4,6 +4,8 @@
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions, Drained};
+use sluice_doc::compact::Doc;
+use sluice_doc::parse::parse_into;
 use sluice_doc::tuple::pack_key;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use std::collections::BTreeMap;
@@ -66,7 +68,7 @@ enum Op {
         binding: u32,
         k: i64,
         n: i64,
-        keyed: bool,
+        route: Route,
     },
     Left {
         binding: u32,
@@ -75,10 +77,23 @@ enum Op {
     },
 }
 
+/// Which entry point a new document takes.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Value,
+    Keyed,
+    JsonText,
+}
+
 fn op() -> impl Strategy<Value = Op> {
+    let route = prop_oneof![
+        Just(Route::Value),
+        Just(Route::Keyed),
+        Just(Route::JsonText)
+    ];
     prop_oneof![
-        6 => (0..2u32, -20..20i64, -5..5i64, any::<bool>())
-            .prop_map(|(binding, k, n, keyed)| Op::Right { binding, k, n, keyed }),
+        6 => (0..2u32, -20..20i64, -5..5i64, route)
+            .prop_map(|(binding, k, n, route)| Op::Right { binding, k, n, route }),
         1 => (0..2u32, -20..20i64, -5..5i64).prop_map(|(binding, k, n)| Op::Left { binding, k, n }),
     ]
 }
@@ -109,13 +124,15 @@ proptest! {
 
         for (seq, op) in ops.iter().enumerate() {
             match *op {
-                Op::Right { binding, k, n, keyed } => {
+                Op::Right { binding, k, n, route } => {
                     let doc = json!({"k": k, "n": n, "log": [seq], "last": seq, "max": n});
                     model.entry((binding, key(k))).or_default().1.push(doc.clone());
-                    if keyed {
-                        combiner.combine_right_keyed(binding, &key(k), doc).unwrap();
-                    } else {
-                        combiner.combine_right(binding, doc).unwrap();
+                    match route {
+                        Route::Value => combiner.combine_right(binding, doc).unwrap(),
+                        Route::Keyed => combiner.combine_right_keyed(binding, &key(k), doc).unwrap(),
+                        Route::JsonText => {
+                            combiner.combine_right_json(binding, doc.to_string().as_bytes()).unwrap()
+                        }
                     }
                 }
                 Op::Left { binding, k, n } => {
@@ -360,4 +377,90 @@ fn spill_failure_names_the_directory_and_poisons_the_combiner() {
 
     let later = combiner.combine_right(0, json!({"k": 2})).unwrap_err();
     assert!(matches!(later, CombineError::Poisoned { .. }), "{later}");
+}
+
+#[test]
+fn json_text_that_does_not_parse_is_an_error_naming_the_collection_and_is_not_combined() {
+    let mut combiner = new_combiner(1, usize::MAX);
+    let err = combiner
+        .combine_right_json(0, br#"{"k": 1, "n": }"#)
+        .unwrap_err();
+    assert!(matches!(err, CombineError::Parse { .. }), "{err}");
+    assert!(err.to_string().contains("acme/c0"), "{err}");
+    assert!(combiner.is_empty());
+    // The combiner stays usable: the next line is combined as usual.
+    combiner
+        .combine_right_json(0, br#"{"k": 1, "n": 2}"#)
+        .unwrap();
+    assert_eq!(drain_all(combiner)[0].doc, json!({"k": 1, "n": 2}));
+}
+
+/// Any JSON value, with numbers across u64, i64 and f64 and strings beyond ASCII.
+fn wide_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        Just(json!(-0.0)),
+        "\\PC{0,6}".prop_map(Value::from),
+        "[aé\u{1F600}\\\\\"\u{0}]{0,30}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 32, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+            prop::collection::btree_map("\\PC{0,4}", inner, 0..20)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn compact_documents_convert_back_to_the_same_value(value in wide_json()) {
+        prop_assert_eq!(Value::from(Doc::from(&value)), value.clone());
+        prop_assert_eq!(Value::from(Doc::from(value.clone())), value);
+    }
+
+    /// Spilled runs hold any document exactly: numbers of every class, unicode, nesting.
+    #[test]
+    fn documents_of_any_shape_drain_unchanged_after_spilling(docs in prop::collection::vec(wide_json(), 1..8)) {
+        let mut combiner = new_combiner(1, 0);
+        for (k, doc) in docs.iter().enumerate() {
+            combiner.combine_right_keyed(0, &key(k as i64), doc.clone()).unwrap();
+        }
+        prop_assert_eq!(combiner.stats().spilled_runs, docs.len());
+        let drained: Vec<Value> = drain_all(combiner).into_iter().map(|d| d.doc).collect();
+        prop_assert_eq!(drained, docs);
+    }
+
+    /// Whatever the reused value held (another document, of another shape, or with more
+    /// properties than are reused), parsing into it gives what a fresh parse gives.
+    #[test]
+    fn parsing_into_a_reused_value_equals_a_fresh_parse(before in wide_json(), after in wide_json()) {
+        let mut reused = before;
+        parse_into(after.to_string().as_bytes(), &mut reused).unwrap();
+        prop_assert_eq!(&reused, &after);
+        parse_into(after.to_string().as_bytes(), &mut reused).unwrap();
+        prop_assert_eq!(reused, after);
+    }
+
+    #[test]
+    fn parsing_text_with_repeated_properties_keeps_the_last_like_serde_json(
+        before in wide_json(),
+        names in prop::collection::vec("[ab]", 0..6),
+    ) {
+        let text = format!(
+            "{{{}}}",
+            names.iter().enumerate().map(|(i, n)| format!("\"{n}\": {i}")).collect::<Vec<_>>().join(",")
+        );
+        let mut reused = before;
+        parse_into(text.as_bytes(), &mut reused).unwrap();
+        prop_assert_eq!(reused, serde_json::from_str::<Value>(&text).unwrap());
+    }
 }

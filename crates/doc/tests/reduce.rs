@@ -2,6 +2,7 @@
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use sluice_doc::compact::Doc;
 use sluice_doc::{ReduceError, Reducer, Schema};
 
 fn reducer(schema: Value) -> Reducer {
@@ -467,6 +468,7 @@ fn assert_associative(
         .reduce(&mut left, b.clone(), false)
         .and_then(|()| reducer.reduce(&mut left, c.clone(), false))
         .map(|()| left);
+    assert_compact_agrees(reducer, &a, &b, &c, &left)?;
     let mut bc = b;
     let mut right = a;
     let right = reducer
@@ -482,6 +484,28 @@ fn assert_associative(
             l,
             r
         ),
+    }
+    Ok(())
+}
+
+/// `(a·b)·c` reduced into a compact document (`Reducer::reduce_compact`) gives what
+/// `Reducer::reduce` gave (`expected`), value or error message alike.
+fn assert_compact_agrees(
+    reducer: &Reducer,
+    a: &Value,
+    b: &Value,
+    c: &Value,
+    expected: &Result<Value, ReduceError>,
+) -> Result<(), TestCaseError> {
+    let mut doc = Doc::from(a);
+    let compact = reducer
+        .reduce_compact(&mut doc, b, false)
+        .and_then(|()| reducer.reduce_compact(&mut doc, c, false))
+        .map(|()| Value::from(doc));
+    match (compact, expected) {
+        (Ok(got), Ok(want)) => prop_assert_eq!(&got, want),
+        (Err(got), Err(want)) => prop_assert_eq!(got.to_string(), want.to_string()),
+        (got, want) => prop_assert!(false, "compact {:?} vs value {:?}", got, want),
     }
     Ok(())
 }

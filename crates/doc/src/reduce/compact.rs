@@ -83,21 +83,23 @@ impl Cx<'_> {
     ) -> Result<(), ReduceError> {
         let node = &self.nodes[n];
         let mut added = Vec::new();
-        let mut i = 0;
+        let (mut i, mut cursor) = (0, 0);
         for (name, rv) in r {
-            while i < l.len() && *l[i].name < **name {
-                i += 1;
-            }
-            match l.get_mut(i) {
-                Some(field) if *field.name == **name => {
-                    let child = node.property(name);
-                    self.reduce_compact(child, &mut field.value, rv, Loc::Prop(&loc, name))?;
-                    i += 1;
+            let found = loop {
+                match l.get(i).map(|field| (*field.name).cmp(name.as_str())) {
+                    Some(Ordering::Less) => i += 1,
+                    found => break found == Some(Ordering::Equal),
                 }
-                _ => added.push(Field {
+            };
+            if found {
+                let child = node.next_property(&mut cursor, name);
+                self.reduce_compact(child, &mut l[i].value, rv, Loc::Prop(&loc, name))?;
+                i += 1;
+            } else {
+                added.push(Field {
                     name: name.as_str().into(),
                     value: Doc::from(rv),
-                }),
+                });
             }
         }
         if !added.is_empty() {
