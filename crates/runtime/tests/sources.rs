@@ -337,3 +337,59 @@ async fn replay_rejects_a_resume_that_cannot_be_replayed() {
     let err = source.replay(&seek, &mut Vec::new()).await.unwrap_err();
     assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
 }
+
+fn limited_source(path: &Path, format: FileFormat, follow: bool, max: u64) -> FileSource {
+    let def = FileDef {
+        path: path.to_path_buf(),
+        format,
+        follow,
+        max_document_size: max,
+    };
+    FileSource::new("views", &def)
+}
+
+#[tokio::test]
+async fn a_record_above_max_document_size_is_streamed_past_and_replays_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // 3 MiB in one CSV record (a quoted cell spanning lines), between two good rows.
+    let big = format!("\"{}\",2\n", "x\n".repeat(3 << 19));
+    let text = format!("a,b\n1,1\n{big}3,3\n");
+    let path = write(&dir, "v.csv", text.as_bytes());
+    let mut source = limited_source(&path, FileFormat::Csv, false, 1 << 20);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"a": 1, "b": 1}), json!({"a": 3, "b": 3})]);
+    assert_eq!(step.errors.len(), 1);
+    let err = &step.errors[0];
+    assert_eq!((err.position.line, err.position.byte_offset), (3, 8));
+    assert!(err.reason.contains("max_document_size"), "{}", err.reason);
+    assert!(err.raw.len() <= 256);
+
+    let mut recovered = limited_source(&path, FileFormat::Csv, false, 1 << 20);
+    let mut out = Vec::new();
+    let replayed = recovered.replay(&step.resume, &mut out).await.unwrap();
+    assert_eq!(replayed.resume, step.resume);
+    assert_eq!(replayed.errors, step.errors);
+    assert_eq!(out.len(), 2);
+}
+
+#[tokio::test]
+async fn a_followed_file_ending_inside_an_oversized_record_ends_the_step_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let partial = format!("{{\"i\":1}}\n{{\"big\":\"{}", "x".repeat(3 << 20));
+    let path = write(&dir, "v.jsonl", partial.as_bytes());
+    let mut source = limited_source(&path, FileFormat::Json, true, 1 << 20);
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 1})]);
+    assert!(step.errors.is_empty());
+    assert_eq!(position(&step)["end"]["offset"], 8);
+
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    file.write_all(b"\"}\n{\"i\":2}\n").unwrap();
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 2})]);
+    assert_eq!(step.errors.len(), 1);
+    assert_eq!(step.errors[0].position.line, 2);
+}
