@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 use sluice_driver::memory::MemoryDriver;
 use sluice_driver::{Driver, Result, Transactor};
+use sluice_mysql::MysqlDriver;
 use sluice_postgres::PostgresDriver;
 use sluice_proto::flow;
 use sluice_proto::materialize::{
@@ -13,12 +14,13 @@ use sluice_sqlite::SqliteDriver;
 use std::sync::Arc;
 
 /// Names of the built-in drivers, for help texts and errors.
-pub const BUILTIN_NAMES: &[&str] = &["memory", "postgres", "sqlite"];
+pub const BUILTIN_NAMES: &[&str] = &["memory", "mysql", "postgres", "sqlite"];
 
 /// A fresh instance of the built-in driver `name`.
 pub fn builtin(name: &str) -> Option<Arc<dyn Driver>> {
     match name {
         "memory" => Some(Arc::new(MemoryDriver::new())),
+        "mysql" => Some(Arc::new(MysqlDriver::new())),
         "postgres" => Some(Arc::new(PostgresDriver::new())),
         "sqlite" => Some(Arc::new(SqliteDriver::new())),
         _ => None,

@@ -76,7 +76,9 @@ impl Connect for Connector {
             })
         };
         match endpoint {
-            Endpoint::Sqlite { path } => builtin("sqlite", EndpointType::Sqlite, json!({ "path": path })),
+            Endpoint::Sqlite { path } => {
+                builtin("sqlite", EndpointType::Sqlite, json!({ "path": path }))
+            }
             Endpoint::Memory { path } => {
                 let config = match path {
                     Some(path) => json!({ "path": path }),
@@ -91,19 +93,24 @@ impl Connect for Connector {
                 }
                 builtin("postgres", EndpointType::SluicePostgres, config)
             }
-            Endpoint::Mysql { .. } => Err(
-                "the mysql driver is not part of this build yet; use sqlite, postgres, memory, grpc or command"
-                    .to_string(),
-            ),
+            Endpoint::Mysql { url } => {
+                builtin("mysql", EndpointType::SluiceMysql, json!({ "url": url }))
+            }
             Endpoint::Grpc { address, config } => {
-                let endpoint = GrpcEndpoint::connect(address).await.map_err(|e| e.to_string())?;
+                let endpoint = GrpcEndpoint::connect(address)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok(Connected {
                     endpoint: Arc::new(endpoint),
                     endpoint_type: EndpointType::SluiceGrpc,
                     config: config.clone(),
                 })
             }
-            Endpoint::Command { program, args, config } => Ok(Connected {
+            Endpoint::Command {
+                program,
+                args,
+                config,
+            } => Ok(Connected {
                 endpoint: Arc::new(StdioEndpoint::new(
                     materialization,
                     program.to_string_lossy().as_ref(),
