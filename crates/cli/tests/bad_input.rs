@@ -400,7 +400,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 fn a_100_mib_document_is_skipped_in_bounded_memory() {
     let fx = Fixture::new(
         "views.jsonl",
-        "    file: {path: INPUT, format: FORMAT}\n    on_error: skip",
+        "    file: {path: INPUT, format: FORMAT, max_document_size: 1MiB}\n    on_error: skip",
         100,
         "200ms",
     );
@@ -428,9 +428,9 @@ fn a_100_mib_document_is_skipped_in_bounded_memory() {
     let peak = peak_rss_kib(child.id());
     child.kill().unwrap();
     child.wait().unwrap();
-    // Holding the document would take over 100 MiB; the limit (16 MiB) and a few
-    // 1 MiB reads are all a bounded reader keeps.
-    assert!(peak < 80 << 10, "peak RSS {peak} KiB");
+    // Holding the document would take over 100 MiB. A bounded reader keeps the 1 MiB
+    // limit and a few 1 MiB reads above the process's own ~30 MiB (measured: 36 MiB).
+    assert!(peak < 64 << 10, "peak RSS {peak} KiB");
 
     let letters = fx.dead_letters(&path);
     assert_eq!(letters.len(), 1);
