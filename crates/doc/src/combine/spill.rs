@@ -156,7 +156,7 @@ fn encode(doc: &Doc, out: &mut Vec<u8>) -> std::io::Result<()> {
         }
         Doc::String(s) => {
             out.push(STRING);
-            encode_str(s, out)?;
+            encode_str(s.as_bytes(), out)?;
         }
         Doc::Array(items) => {
             out.push(ARRAY);
@@ -169,7 +169,7 @@ fn encode(doc: &Doc, out: &mut Vec<u8>) -> std::io::Result<()> {
             out.push(OBJECT);
             out.extend_from_slice(&len_u32(fields.len())?.to_le_bytes());
             for field in fields {
-                encode_str(&field.name, out)?;
+                encode_str(field.name.as_bytes(), out)?;
                 encode(&field.value, out)?;
             }
         }
@@ -177,9 +177,9 @@ fn encode(doc: &Doc, out: &mut Vec<u8>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn encode_str(s: &str, out: &mut Vec<u8>) -> std::io::Result<()> {
+fn encode_str(s: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     out.extend_from_slice(&len_u32(s.len())?.to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
+    out.extend_from_slice(s);
     Ok(())
 }
 

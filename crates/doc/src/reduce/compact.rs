@@ -17,7 +17,7 @@
 //! Property tests check that this module agrees with `Reducer::reduce` on every strategy.
 
 use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error, rank};
-use crate::compact::{Doc, Field};
+use crate::compact::{Doc, Field, Str};
 use serde_json::{Map, Value};
 use std::cmp::Ordering;
 
@@ -86,7 +86,7 @@ impl Cx<'_> {
         let (mut i, mut cursor) = (0, 0);
         for (name, rv) in r {
             let found = loop {
-                match l.get(i).map(|field| (*field.name).cmp(name.as_str())) {
+                match l.get(i).map(|field| field.name.cmp_str(name)) {
                     Some(Ordering::Less) => i += 1,
                     found => break found == Some(Ordering::Equal),
                 }
@@ -97,7 +97,7 @@ impl Cx<'_> {
                 i += 1;
             } else {
                 added.push(Field {
-                    name: name.as_str().into(),
+                    name: Str::new(name),
                     value: Doc::from(rv),
                 });
             }
@@ -105,7 +105,7 @@ impl Cx<'_> {
         if !added.is_empty() {
             let mut fields = std::mem::take(l).into_vec();
             fields.append(&mut added);
-            fields.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            fields.sort_unstable_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
             *l = fields.into_boxed_slice();
         }
         Ok(())
@@ -159,7 +159,7 @@ fn compare_scalars(lhs: &Doc, rhs: &Value) -> Option<Ordering> {
     Some(match (lhs, rhs) {
         (_, Value::Array(_) | Value::Object(_)) => return None,
         (Doc::Bool(l), Value::Bool(r)) => l.cmp(r),
-        (Doc::String(l), Value::String(r)) => (**l).cmp(r.as_str()),
+        (Doc::String(l), Value::String(r)) => l.cmp_str(r),
         (l, Value::Number(r)) if lhs_rank == 2 => compare_numbers(&l.as_number()?, r),
         _ => lhs_rank.cmp(&rank(rhs)),
     })
