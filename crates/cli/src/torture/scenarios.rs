@@ -21,6 +21,9 @@ pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Res
     if needs_failpoints && !cfg!(feature = "failpoints") {
         bail!("this scenario needs fail points: build sluice with `--features failpoints`");
     }
+    if !cfg!(feature = "failpoints") {
+        println!("built without fail points: SIGKILLs only");
+    }
     match args.scenario {
         Scenario::Random => random(h, args.faults, &mut Rng::new(seed ^ 0x5eed)),
         Scenario::Zombie => zombie(h),
@@ -55,7 +58,11 @@ impl Fault {
             return Fault::Kill(Duration::from_millis(10 + rng.below(window_ms.max(1))));
         }
         let (point, on_return) = POINTS[rng.below(POINTS.len() as u64) as usize];
-        let skip = rng.below(3);
+        // Recovery runs once per (re)open: a later hit rarely comes.
+        let skip = match point {
+            failpoint::RECOVERY_AFTER_OPEN => 0,
+            _ => rng.below(3),
+        };
         if rng.below(3) < 2 {
             Fault::Crash { point, skip }
         } else {
