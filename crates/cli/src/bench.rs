@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod combine;
+mod mysql;
 mod postgres;
 
 use clap::Subcommand;
@@ -12,11 +13,14 @@ pub enum BenchCommand {
     Combine(combine::CombineArgs),
     /// Sluice into PostgreSQL against a hand-written bulk loader and row-by-row upserts.
     Postgres(postgres::PostgresArgs),
+    /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
+    Mysql(mysql::MysqlArgs),
 }
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
         BenchCommand::Postgres(args) => postgres::run(args),
+        BenchCommand::Mysql(args) => mysql::run(args),
     }
 }
