@@ -238,6 +238,9 @@ impl Reader {
                 if batch.docs >= self.opts.max_docs || batch.bytes >= self.opts.max_bytes {
                     return Ok(batch);
                 }
+                // Parsing and combining never wait on I/O: yield, or tasks queued behind
+                // this one on its worker (the committer, an in-process driver) starve.
+                tokio::task::yield_now().await;
             }
             let elapsed = started.elapsed();
             if *self.shutdown.borrow() || self.all_exhausted() {
