@@ -28,8 +28,21 @@ use std::fmt;
 const REUSED_PROPERTIES: usize = 16;
 
 /// Parses the JSON text `bytes` into `value`, reusing its allocations (see module docs).
+///
+/// The text is checked to be UTF-8 once, whole (fast, vectorized), so the tokenizer can
+/// read it as a `str` instead of validating every string it contains on its own; text
+/// that is not UTF-8 goes through the byte reader for serde_json's own error.
 pub fn parse_into(bytes: &[u8], value: &mut Value) -> Result<(), serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse_with(serde_json::Deserializer::from_str(text), value),
+        Err(_) => parse_with(serde_json::Deserializer::from_slice(bytes), value),
+    }
+}
+
+fn parse_with<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    value: &mut Value,
+) -> Result<(), serde_json::Error> {
     InPlace(value).deserialize(&mut de)?;
     de.end()
 }

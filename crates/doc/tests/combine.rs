@@ -388,6 +388,10 @@ fn json_text_that_does_not_parse_is_an_error_naming_the_collection_and_is_not_co
     assert!(matches!(err, CombineError::Parse { .. }), "{err}");
     assert!(err.to_string().contains("acme/c0"), "{err}");
     assert!(combiner.is_empty());
+    let err = combiner
+        .combine_right_json(0, b"{\"k\": \"\xff\"}")
+        .unwrap_err();
+    assert!(matches!(err, CombineError::Parse { .. }), "{err}");
     // The combiner stays usable: the next line is combined as usual.
     combiner
         .combine_right_json(0, br#"{"k": 1, "n": 2}"#)

@@ -77,6 +77,9 @@ impl Incoming<'_> {
 }
 
 struct Entry {
+    /// [`key_prefix`] of the key: lookups and sorts compare it before the arena's bytes,
+    /// and for keys of at most 16 bytes it is the whole key (with the length).
+    prefix: u128,
     key_start: usize,
     key_len: usize,
     docs: Docs,
@@ -87,6 +90,14 @@ struct Entry {
 impl Entry {
     fn key<'k>(&self, keys: &'k [u8]) -> &'k [u8] {
         &keys[self.key_start..self.key_start + self.key_len]
+    }
+
+    /// Whether this entry's key is `key`, whose prefix is `prefix`. Short keys are decided
+    /// without touching the key arena (one cache miss fewer per lookup).
+    fn is(&self, keys: &[u8], key: &[u8], prefix: u128) -> bool {
+        self.prefix == prefix
+            && self.key_len == key.len()
+            && (key.len() <= PREFIX_LEN || self.key(keys) == key)
     }
 }
 
@@ -147,8 +158,9 @@ impl MemTable {
         reducer: &Reducer,
     ) -> Result<(), InsertError> {
         let hash = self.hasher.hash_one(key);
+        let prefix = key_prefix(key);
         let (entries, keys) = (&self.entries, &self.keys);
-        let Some(&i) = self.index.find(hash, |&i| entries[i].key(keys) == key) else {
+        let Some(&i) = self.index.find(hash, |&i| entries[i].is(keys, key, prefix)) else {
             let doc = doc.into_doc();
             let heap = heap_size(&doc);
             let docs = match side {
@@ -157,6 +169,7 @@ impl MemTable {
             };
             let i = self.entries.len();
             self.entries.push(Entry {
+                prefix,
                 key_start: self.keys.len(),
                 key_len: key.len(),
                 docs,
@@ -218,7 +231,7 @@ impl MemTable {
     /// ties look at the whole keys.
     fn sorted(&self) -> Vec<usize> {
         let mut order: Vec<(u128, usize)> = (self.entries.iter().enumerate())
-            .map(|(i, entry)| (key_prefix(entry.key(&self.keys)), i))
+            .map(|(i, entry)| (entry.prefix, i))
             .collect();
         order.sort_unstable_by(|(pa, a), (pb, b)| {
             pa.cmp(pb).then_with(|| {
@@ -264,11 +277,13 @@ impl MemTable {
     }
 }
 
+const PREFIX_LEN: usize = size_of::<u128>();
+
 /// The first 16 bytes of `key`, big-endian, zero-padded: ordered like the keys themselves
 /// except where they tie.
 fn key_prefix(key: &[u8]) -> u128 {
-    let mut prefix = [0u8; 16];
-    let n = key.len().min(16);
+    let mut prefix = [0u8; PREFIX_LEN];
+    let n = key.len().min(PREFIX_LEN);
     prefix[..n].copy_from_slice(&key[..n]);
     u128::from_be_bytes(prefix)
 }
