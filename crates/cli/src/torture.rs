@@ -122,6 +122,7 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         server,
         delta: args.mode == Mode::Delta,
         txn_docs: args.txn_docs.max(1),
+        segment: (args.docs / 4).max(args.txn_docs as usize * 8),
         model: Model::new(seed, args.keys),
         runs: 0,
         report: Report::default(),
@@ -254,6 +255,8 @@ struct Harness {
     server: Option<PrivatePostgres>,
     delta: bool,
     txn_docs: u64,
+    /// Documents appended whenever a run has consumed all the input.
+    segment: usize,
     model: Model,
     runs: u64,
     report: Report,

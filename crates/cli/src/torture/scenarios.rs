@@ -13,6 +13,8 @@ use std::time::Duration;
 
 /// Slows every transaction down, so that a run lasts long enough to be interfered with.
 const SLOW: &str = "txn::after-prepared=sleep(150)";
+/// A run of the random scenario that lasts this long hangs (runs take seconds).
+const HANG: Duration = Duration::from_secs(90);
 /// Faults injected by the scenarios that kill or restart something mid-run.
 const MID_RUN_FAULTS: u64 = 3;
 
@@ -151,12 +153,15 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
         let run = h.run(&pipeline, fault.failpoints().as_deref())?;
         let outcome = match fault {
             Fault::Kill(delay) => run.kill_after(delay)?,
-            _ => run.wait(RUN_TIMEOUT)?,
+            _ => run.wait(HANG)?,
         };
         if !outcome.killed {
             window = (window * 3 + started.elapsed()) / 4;
         }
-        let (fired, wrong) = fault.judge(&outcome);
+        let (fired, mut wrong) = fault.judge(&outcome);
+        if outcome.killed && !matches!(fault, Fault::Kill(_)) {
+            wrong = Some(format!("hung: killed after {}s", HANG.as_secs()));
+        }
         h.report.armed(&fault.kind(), fired);
         h.report.restarts += outcome.reopenings() + u64::from(after_fault);
         if let Some(wrong) = wrong {
@@ -170,7 +175,7 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
         }
         after_fault = !outcome.success();
         if outcome.success() && h.report.faults < faults {
-            h.append((h.txn_docs as usize * 8).max(h.model.docs.len() / 4))?;
+            h.append(h.segment)?;
         }
     }
     h.run_clean(&pipeline)
