@@ -1,9 +1,9 @@
 //! The in-memory table of the combiner and its memory estimate.
 //!
 //! ```text
-//!  index: HashTable<usize> ──▶ entries: Vec<Entry { key range, docs: compact Doc, heap }>
-//!                                              │
-//!                             keys: Vec<u8> ◀──┘  (every table key, back to back)
+//!  index: HashTable<Entry { key prefix, key range, docs: compact Doc, heap }>
+//!                                      │
+//!                     keys: Vec<u8> ◀──┘  (every table key, back to back)
 //! ```
 //!
 //! Documents are kept as [`Doc`]s (about a third of a `Value`'s memory, see
@@ -12,10 +12,13 @@
 //! being converted. The drain turns each `Doc` back into a `Value`.
 //!
 //! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
-//! a new key appends to the `keys` arena and to `entries`. The table is never sorted while
-//! it fills: [`MemTable::sorted`] orders entry indices once, at a spill or the drain.
+//! a new key appends to the `keys` arena and to the index. Entries live in the hash table
+//! itself, so a lookup reaches its entry in one random access, and a key of up to 16
+//! bytes is matched by its prefix without a second one into the arena. The table is
+//! never sorted while it fills: [`MemTable::sorted`] moves the entries into a vector and
+//! orders them once, at a spill or the drain.
 //!
-//! The memory estimate is [`MemTable::memory_bytes`]: the three containers by capacity
+//! The memory estimate is [`MemTable::memory_bytes`]: the index and key arena by capacity
 //! (capacity, not length, because a cleared table keeps its allocations for the next
 //! fill) plus the sum of every entry's [`heap_size`] estimate. An entry's estimate is
 //! recomputed exactly after each reduction while it is small (≤ [`EXACT_ESTIMATE_LIMIT`],
@@ -124,8 +127,10 @@ impl InsertError {
 
 #[derive(Default)]
 pub(super) struct MemTable {
-    index: HashTable<usize>,
+    /// Every entry while the table fills; empty once [`MemTable::sorted`] moved them out.
+    index: HashTable<Entry>,
     hasher: DefaultHashBuilder,
+    /// The entries in a spill or the drain, which [`MemTable::sorted`] orders.
     entries: Vec<Entry>,
     keys: Vec<u8>,
     /// Sum of `Entry::heap`.
@@ -134,18 +139,18 @@ pub(super) struct MemTable {
 
 impl MemTable {
     pub(super) fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// The estimate compared with the memory budget (see the module docs).
     pub(super) fn memory_bytes(&self) -> usize {
         // hashbrown keeps one control byte per bucket and at most 7/8 of buckets full.
-        let index = self.index.capacity() * (size_of::<usize>() + 1) * 8 / 7;
-        self.entries.capacity() * size_of::<Entry>() + self.keys.capacity() + index + self.heap
+        let index = self.index.capacity() * (size_of::<Entry>() + 1) * 8 / 7;
+        index + self.keys.capacity() + self.heap
     }
 
     /// Adds `doc` to the documents of `key` (a table key: binding then packed key).
@@ -159,77 +164,39 @@ impl MemTable {
     ) -> Result<(), InsertError> {
         let hash = self.hasher.hash_one(key);
         let prefix = key_prefix(key);
-        let (entries, keys) = (&self.entries, &self.keys);
-        let Some(&i) = self.index.find(hash, |&i| entries[i].is(keys, key, prefix)) else {
+        let keys = &self.keys;
+        let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, prefix)) else {
             let doc = doc.into_doc();
             let heap = heap_size(&doc);
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
                 Side::Right => Docs::Right(doc),
             };
-            let i = self.entries.len();
-            self.entries.push(Entry {
+            let entry = Entry {
                 prefix,
                 key_start: self.keys.len(),
                 key_len: key.len(),
                 docs,
                 heap,
-            });
+            };
             self.keys.extend_from_slice(key);
             self.heap += heap;
-            let (entries, keys, hasher) = (&self.entries, &self.keys, &self.hasher);
+            let (keys, hasher) = (&self.keys, &self.hasher);
             self.index
-                .insert_unique(hash, i, |&j| hasher.hash_one(entries[j].key(keys)));
+                .insert_unique(hash, entry, |e| hasher.hash_one(e.key(keys)));
             return Ok(());
         };
-
-        let entry = &mut self.entries[i];
         let before = entry.heap;
-        let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
-        entry.docs = match (docs, side) {
-            (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
-                entry.docs = docs;
-                return Err(InsertError::DuplicateLoad);
-            }
-            (Docs::Right(right), Side::Left) => {
-                let left = doc.into_doc();
-                entry.heap += heap_size(&left);
-                Docs::Both {
-                    left: Box::new(left),
-                    right,
-                }
-            }
-            (Docs::Left(left), Side::Right) => {
-                let right = doc.into_doc();
-                entry.heap += heap_size(&right);
-                Docs::Both { left, right }
-            }
-            (Docs::Right(mut right), Side::Right) => {
-                let reduced = reduce_right(None, &mut right, doc.value(), reducer, before);
-                entry.docs = Docs::Right(right);
-                entry.heap = reduced?;
-                return self.account(before, i);
-            }
-            (Docs::Both { left, mut right }, Side::Right) => {
-                let reduced = reduce_right(Some(&left), &mut right, doc.value(), reducer, before);
-                entry.docs = Docs::Both { left, right };
-                entry.heap = reduced?;
-                return self.account(before, i);
-            }
-        };
-        self.account(before, i)
+        let result = update(entry, side, doc, reducer);
+        self.heap = self.heap - before + entry.heap;
+        result
     }
 
-    /// Updates the table's estimate after entry `i`'s changed from `before`.
-    fn account(&mut self, before: usize, i: usize) -> Result<(), InsertError> {
-        self.heap = self.heap - before + self.entries[i].heap;
-        Ok(())
-    }
-
-    /// Entry indices in table-key order. Sorting compares each key's first 16 bytes as an
-    /// integer kept next to its index (no pointer chasing into a cold arena), and only
-    /// ties look at the whole keys.
-    fn sorted(&self) -> Vec<usize> {
+    /// Moves the entries out of the index and returns their indices in table-key order.
+    /// Sorting compares each key's first 16 bytes as an integer kept next to its index (no
+    /// pointer chasing into a cold arena), and only ties look at the whole keys.
+    fn sorted(&mut self) -> Vec<usize> {
+        self.entries.extend(self.index.drain());
         let mut order: Vec<(u128, usize)> = (self.entries.iter().enumerate())
             .map(|(i, entry)| (entry.prefix, i))
             .collect();
@@ -244,10 +211,12 @@ impl MemTable {
 
     /// Every document as `(table key, full, doc)` in table-key order, a key's loaded
     /// document before its new ones: the order of a spilled run.
-    pub(super) fn sorted_docs(&self) -> impl Iterator<Item = (&[u8], bool, &Doc)> {
-        self.sorted().into_iter().flat_map(move |i| {
-            let entry = &self.entries[i];
-            let key = entry.key(&self.keys);
+    pub(super) fn sorted_docs(&mut self) -> impl Iterator<Item = (&[u8], bool, &Doc)> {
+        let order = self.sorted();
+        let this = &*self;
+        order.into_iter().flat_map(move |i| {
+            let entry = &this.entries[i];
+            let key = entry.key(&this.keys);
             let (left, right) = match &entry.docs {
                 Docs::Right(right) => (None, Some(right)),
                 Docs::Left(left) => (Some(&**left), None),
@@ -259,22 +228,63 @@ impl MemTable {
         })
     }
 
-    /// Empties the table, keeping its allocations for the next fill.
+    /// Empties the table, keeping the index and key arena allocations for the next fill
+    /// (the sorted entries are freed: spills are rare, and the estimate does not count them).
     pub(super) fn clear(&mut self) {
         self.index.clear();
-        self.entries.clear();
+        self.entries = Vec::new();
         self.keys.clear();
         self.heap = 0;
     }
 
     /// Consumes the table into a source of records in the order of [`Self::sorted_docs`].
-    pub(super) fn into_sorted(self) -> SortedTable {
+    pub(super) fn into_sorted(mut self) -> SortedTable {
         SortedTable {
             order: self.sorted().into_iter(),
             table: self,
             pending: None,
         }
     }
+}
+
+/// Adds `doc` to an existing entry's documents, updating its estimate.
+fn update(
+    entry: &mut Entry,
+    side: Side,
+    doc: Incoming<'_>,
+    reducer: &Reducer,
+) -> Result<(), InsertError> {
+    let before = entry.heap;
+    let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
+    let (docs, result) = match (docs, side) {
+        (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
+            (docs, Err(InsertError::DuplicateLoad))
+        }
+        (Docs::Right(right), Side::Left) => {
+            let left = doc.into_doc();
+            entry.heap += heap_size(&left);
+            let left = Box::new(left);
+            (Docs::Both { left, right }, Ok(()))
+        }
+        (Docs::Left(left), Side::Right) => {
+            let right = doc.into_doc();
+            entry.heap += heap_size(&right);
+            (Docs::Both { left, right }, Ok(()))
+        }
+        (Docs::Right(mut right), Side::Right) => {
+            let reduced = reduce_right(None, &mut right, doc.value(), reducer, before);
+            (Docs::Right(right), reduced.map(|heap| entry.heap = heap))
+        }
+        (Docs::Both { left, mut right }, Side::Right) => {
+            let reduced = reduce_right(Some(&left), &mut right, doc.value(), reducer, before);
+            (
+                Docs::Both { left, right },
+                reduced.map(|heap| entry.heap = heap),
+            )
+        }
+    };
+    entry.docs = docs;
+    result
 }
 
 const PREFIX_LEN: usize = size_of::<u128>();
