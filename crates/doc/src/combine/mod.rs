@@ -79,9 +79,9 @@ pub struct CombinerOptions {
     pub spill_dir: Option<PathBuf>,
 }
 
-/// 256 MiB: a table of ~250 000 small documents (a 150-byte document kept compact is
-/// estimated at about 0.9 KiB with its entry), large enough that typical transactions
-/// never spill, small enough for several shards to share a machine.
+/// 256 MiB: a table of ~450 000 small documents (a 150-byte document kept compact is
+/// estimated at about 560 bytes with its entry and key), large enough that typical
+/// transactions never spill, small enough for several shards to share a machine.
 pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
 
 impl Default for CombinerOptions {
