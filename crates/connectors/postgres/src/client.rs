@@ -148,6 +148,18 @@ pub async fn claim_range(
     tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&m])
         .await
         .map_err(err)?;
+    // Fence first: the UPDATE waits for any zombie commit that holds these rows, so the
+    // checkpoint read after it (a new statement, a new snapshot) includes that commit.
+    // Reading it before the fence could resume from a checkpoint older than the data.
+    tx.execute(
+        &format!(
+            "UPDATE {table} SET \"fence\" = \"fence\" + 1 WHERE \"materialization\" = $1 \
+             AND \"key_begin\" <= $3 AND \"key_end\" >= $2"
+        ),
+        &[&m, &b, &e],
+    )
+    .await
+    .map_err(err)?;
     let covering = tx
         .query_opt(
             &format!(
@@ -160,18 +172,10 @@ pub async fn claim_range(
         .await
         .map_err(err)?;
     let checkpoint: Vec<u8> = covering.map(|row| row.get(0)).unwrap_or_default();
+    // A range claimed for the first time starts at fence 1.
     tx.execute(
-        &format!("INSERT INTO {table} VALUES ($1, $2, $3, 0, $4) ON CONFLICT DO NOTHING"),
+        &format!("INSERT INTO {table} VALUES ($1, $2, $3, 1, $4) ON CONFLICT DO NOTHING"),
         &[&m, &b, &e, &checkpoint],
-    )
-    .await
-    .map_err(err)?;
-    tx.execute(
-        &format!(
-            "UPDATE {table} SET \"fence\" = \"fence\" + 1 WHERE \"materialization\" = $1 \
-             AND \"key_begin\" <= $3 AND \"key_end\" >= $2"
-        ),
-        &[&m, &b, &e],
     )
     .await
     .map_err(err)?;
