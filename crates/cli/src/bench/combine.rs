@@ -6,9 +6,12 @@
 //!                                    reduce) … ▶ drain
 //! ```
 //!
-//! (b) is the combiner's path for JSON text: each line is parsed into a `Value` the
-//! combiner reuses (allocation-free for same-shaped lines), validated with the collection
-//! schema, keyed, and reduced into the key's compact document; the drain yields `Value`s.
+//! (b) is by default the combiner's path for JSON text (`--input text`): each line is
+//! parsed into a `Value` the combiner reuses (allocation-free for same-shaped lines),
+//! validated with the collection schema, keyed, and reduced into the key's compact
+//! document; the drain yields `Value`s. `--input value` parses each line into a fresh
+//! `Value` and hands it to `combine_right` instead, as a caller holding parsed documents
+//! does.
 //!
 //! The generator is deterministic: document `i` belongs to key `(i mod K) · P mod K` (P a
 //! prime not dividing K, so every key appears once per K documents, in scattered order)
@@ -56,6 +59,19 @@ pub struct CombineArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// How (b) hands each line to the combiner.
+    #[arg(long, value_enum, default_value_t = Input::Text)]
+    input: Input,
+}
+
+/// The entry point pass (b) measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Input {
+    /// `combine_right_json`: the combiner parses the line into a reused `Value`.
+    Text,
+    /// `serde_json::from_slice` into a fresh `Value`, then `combine_right` (what a caller
+    /// holding parsed documents does).
+    Value,
 }
 
 pub fn run(args: CombineArgs) -> anyhow::Result<()> {
@@ -92,7 +108,14 @@ pub fn run(args: CombineArgs) -> anyhow::Result<()> {
     for_each_chunk(&args, |chunk| {
         combine_time.measure(|| {
             for line in chunk.lines() {
-                combiner.combine_right_json(0, line)?;
+                match args.input {
+                    Input::Text => combiner.combine_right_json(0, line)?,
+                    Input::Value => {
+                        let doc =
+                            serde_json::from_slice(line).context("parsing a generated line")?;
+                        combiner.combine_right(0, doc)?;
+                    }
+                }
             }
             anyhow::Ok(())
         })?;
@@ -122,6 +145,7 @@ pub fn run(args: CombineArgs) -> anyhow::Result<()> {
         "docs": args.docs,
         "keys": args.keys,
         "memory_budget": args.memory_budget,
+        "input": format!("{:?}", args.input).to_lowercase(),
         "avg_doc_bytes": generated_bytes as f64 / args.docs.max(1) as f64,
         "clock": if cpu_clock { "thread_cpu" } else { "wall" },
         "parse_seconds": seconds(parse_time),
