@@ -361,20 +361,27 @@ impl SortedTable {
     }
 }
 
-/// Bytes a heap block of `bytes` really takes from glibc's allocator: an 8-byte header,
-/// 16-byte granules, 32 bytes at least. mimalloc (the `sluice` binary's allocator) rounds
-/// small blocks to no more than that, so the estimate holds, conservatively, for both.
+/// Bytes a heap block of `bytes` really takes, the larger of what the two allocators we
+/// run under give it: glibc (an 8-byte header, 16-byte granules, 32 bytes at least) and
+/// mimalloc (the `sluice` binary's: 8-byte size classes up to 64 bytes, then four classes
+/// per power of two, e.g. a 336-byte block of 7 fields takes 384).
 fn alloc_size(bytes: usize) -> usize {
     if bytes == 0 {
-        0
-    } else {
-        (bytes + 8).next_multiple_of(16).max(32)
+        return 0;
     }
+    let glibc = (bytes + 8).next_multiple_of(16).max(32);
+    let words = bytes.div_ceil(8);
+    let mimalloc_words = if words <= 8 {
+        words
+    } else {
+        words.next_multiple_of(1 << ((words - 1).ilog2() - 2))
+    };
+    glibc.max(mimalloc_words * 8)
 }
 
 /// An estimate of the heap bytes owned by `doc` (not counting its own inline 24 bytes).
 /// The bench's 160-byte document (7 properties, one nested object of 2; every name and
-/// string short enough to be inline) comes to 464 bytes: its two field blocks.
+/// string short enough to be inline) comes to 496 bytes: its two field blocks.
 pub(super) fn heap_size(doc: &Doc) -> usize {
     match doc {
         Doc::Null | Doc::Bool(_) | Doc::PosInt(_) | Doc::NegInt(_) | Doc::Float(_) => 0,
@@ -414,5 +421,19 @@ fn value_heap_size(value: &Value) -> usize {
                     .map(|(name, value)| str_size(name.len()) + value_heap_size(value))
                     .sum::<usize>()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alloc_size;
+
+    #[test]
+    fn block_estimates_cover_both_allocators_size_classes() {
+        assert_eq!(alloc_size(0), 0);
+        assert_eq!(alloc_size(1), 32); // glibc's minimum chunk
+        assert_eq!(alloc_size(96), 112); // glibc: header and 16-byte granule
+        assert_eq!(alloc_size(336), 384); // mimalloc: the 320..384 class
+        assert_eq!(alloc_size(4000), 4096); // mimalloc: the 3584..4096 class
     }
 }

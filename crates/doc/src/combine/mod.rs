@@ -79,8 +79,8 @@ pub struct CombinerOptions {
     pub spill_dir: Option<PathBuf>,
 }
 
-/// 256 MiB: a table of ~450 000 small documents (a 150-byte document kept compact is
-/// estimated at about 560 bytes with its entry and key), large enough that typical
+/// 256 MiB: a table of ~430 000 small documents (a 150-byte document kept compact is
+/// estimated at about 600 bytes with its entry and key), large enough that typical
 /// transactions never spill, small enough for several shards to share a machine.
 pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
 
