@@ -263,6 +263,40 @@ fn run_to_completion(fx: Fixture) {
     assert_eq!(fx.table().0, reduce_expected(&docs));
 }
 
+/// The number before " loaded" in the run's summary line.
+fn loaded_count(out: &Output) -> u64 {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| w.starts_with("loaded"))
+        .unwrap_or_else(|| panic!("a summary line: {stdout}"));
+    words[at - 1].parse().unwrap()
+}
+
+#[test]
+fn keys_above_the_highest_stored_are_not_loaded_yet_reduce_exactly() {
+    let fx = Fixture::new(false, 1000);
+    // Sorted by key: each transaction's keys lie above everything stored before, but for
+    // the one key a transaction boundary may split.
+    let mut docs = generate(10_000, 800, 6);
+    docs.sort_by(|a, b| a["user_id"].as_str().cmp(&b["user_id"].as_str()));
+    write_lines(&fx.input(), &docs);
+    let out = fx.run();
+    assert_success(&out);
+    assert!(loaded_count(&out) <= 10, "{}", loaded_count(&out));
+    assert_eq!(fx.table().0, reduce_expected(&docs));
+
+    // More documents for keys already stored must be loaded and reduced into them.
+    let more = generate(2_000, 800, 7);
+    let all: Vec<Value> = docs.iter().chain(&more).cloned().collect();
+    write_lines(&fx.input(), &all);
+    let out = fx.run();
+    assert_success(&out);
+    assert!(loaded_count(&out) > 500, "{}", loaded_count(&out));
+    assert_eq!(fx.table().0, reduce_expected(&all));
+}
+
 #[test]
 fn appended_input_is_reduced_into_existing_rows() {
     let fx = Fixture::new(false, 700);

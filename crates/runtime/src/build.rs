@@ -231,6 +231,7 @@ pub fn loop_binding(
         .collect();
     Binding {
         collection,
+        resource: binding.resource_path.join("."),
         delta_updates: binding.delta_updates,
         values,
     }

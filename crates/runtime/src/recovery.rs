@@ -53,6 +53,12 @@ pub struct Checkpoint {
     pub sources: BTreeMap<String, Value>,
     /// Materialization name → the checkpoint its driver returned in Prepared.
     pub driver_checkpoints: BTreeMap<String, Value>,
+    /// Binding resource → hex of the highest packed key ever stored, for bindings stored
+    /// only through this checkpoint's lineage since their first transaction (`""`: none
+    /// yet). A key above it cannot be in the store, so it is not loaded. A binding
+    /// missing here is not tracked: all its keys are loaded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub max_keys: BTreeMap<String, String>,
 }
 
 impl Checkpoint {

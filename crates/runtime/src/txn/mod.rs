@@ -70,6 +70,9 @@ pub struct Collection {
 #[derive(Clone)]
 pub struct Binding {
     pub collection: Arc<Collection>,
+    /// The resource path, joined with `.` (e.g. the table): names the binding in
+    /// checkpoints.
+    pub resource: String,
     pub delta_updates: bool,
     /// Pointers of the selected value fields, in field-selection order.
     pub values: Vec<Pointer>,
@@ -207,7 +210,21 @@ pub async fn run(
     );
     crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
     let (mut checkpoint, replay) = match plan {
-        RecoveryPlan::Fresh => (Checkpoint::default(), None),
+        // Nothing was ever stored through this shard: track the highest stored key of
+        // every standard binding from the first transaction on, to skip loads of keys
+        // that cannot exist.
+        RecoveryPlan::Fresh => (
+            Checkpoint {
+                max_keys: shard
+                    .bindings
+                    .iter()
+                    .filter(|b| !b.delta_updates)
+                    .map(|b| (b.resource.clone(), String::new()))
+                    .collect(),
+                ..Checkpoint::default()
+            },
+            None,
+        ),
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
         RecoveryPlan::ReplayThenResume { from, replay } => (from, Some(replay)),
     };
@@ -298,7 +315,6 @@ pub async fn run(
             }
         }
         checkpoint.txn = txn;
-        let prepare_bytes = checkpoint.to_bytes();
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
@@ -312,7 +328,7 @@ pub async fn run(
                 &bindings,
                 acknowledged,
                 acked_rx,
-                prepare_bytes
+                &mut checkpoint
             ),
             phases::recv_until_prepared(&mut rx, acked_tx),
         );

@@ -2,6 +2,7 @@
 //! Acknowledge of the prior commit and the Prepare), and stores.
 
 use super::Binding;
+use crate::recovery::Checkpoint;
 use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
 use sluice_doc::tuple;
@@ -13,8 +14,10 @@ use sluice_proto::materialize::transaction_request::Prepare;
 use sluice_proto::materialize::transaction_response::Loaded;
 use std::time::Duration;
 
-/// Sends Acknowledge (unless already sent while idle), then a Load for every key of a standard binding while moving each
-/// drained document into `c2`; then, once Acknowledged has arrived, Prepare.
+/// Sends Acknowledge (unless already sent while idle), then a Load for every key of a
+/// standard binding that the store may hold, while moving each drained document into
+/// `c2`; then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
+/// stored keys now include this transaction's).
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
     c1: Combiner,
@@ -22,11 +25,12 @@ pub(super) async fn send_loads(
     bindings: &[Binding],
     acknowledged: bool,
     acked: tokio::sync::oneshot::Receiver<()>,
-    prepare_checkpoint: Vec<u8>,
+    checkpoint: &mut Checkpoint,
 ) -> Result<(), DriverError> {
     if !acknowledged {
         tx.acknowledge().await?;
     }
+    let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
     let drain = c1
         .drain()
@@ -35,18 +39,20 @@ pub(super) async fn send_loads(
         let Drained {
             binding, key, doc, ..
         } = drained.map_err(|e| DriverError::Transport(format!("combiner: {e}")))?;
-        if !bindings[binding as usize].delta_updates {
+        if !bindings[binding as usize].delta_updates && known.may_exist(binding, &key) {
             builder.push(binding, &key);
             for load in builder.take_ready() {
                 tx.load(load).await?;
             }
         }
+        known.stored(binding, &key);
         c2.combine_right_keyed(binding, &key, doc)
             .map_err(|e| DriverError::Transport(format!("combiner: {e}")))?;
     }
     for load in builder.finish() {
         tx.load(load).await?;
     }
+    known.into_checkpoint(checkpoint, bindings);
     crate::failpoint::fail_point!(AFTER_LOADS, std::convert::identity);
     // The prepare phase begins only once the prior commit is acknowledged. If the
     // receiver stopped without seeing Acknowledged, its own error explains why.
@@ -54,9 +60,71 @@ pub(super) async fn send_loads(
         return Ok(());
     }
     tx.prepare(Prepare {
-        flow_checkpoint: prepare_checkpoint,
+        flow_checkpoint: checkpoint.to_bytes(),
     })
     .await
+}
+
+/// The highest packed key ever stored per tracked binding (see `Checkpoint::max_keys`).
+/// Packed keys order like their values, so a key above the highest stored one cannot be
+/// in the store and needs no Load.
+struct KnownKeys {
+    /// Per binding: `None` untracked (load every key), else the highest stored key
+    /// (empty: nothing stored yet).
+    max: Vec<Option<Vec<u8>>>,
+}
+
+impl KnownKeys {
+    fn from_checkpoint(checkpoint: &Checkpoint, bindings: &[Binding]) -> Self {
+        let max = bindings
+            .iter()
+            .map(|b| {
+                checkpoint
+                    .max_keys
+                    .get(&b.resource)
+                    .and_then(|hex| decode_hex(hex))
+            })
+            .collect();
+        KnownKeys { max }
+    }
+
+    fn may_exist(&self, binding: u32, key: &[u8]) -> bool {
+        match &self.max[binding as usize] {
+            None => true,
+            Some(max) => key <= max.as_slice(),
+        }
+    }
+
+    /// Drained keys come in ascending order per binding: each stored key is the new max.
+    fn stored(&mut self, binding: u32, key: &[u8]) {
+        if let Some(max) = &mut self.max[binding as usize]
+            && key > max.as_slice()
+        {
+            max.clear();
+            max.extend_from_slice(key);
+        }
+    }
+
+    fn into_checkpoint(self, checkpoint: &mut Checkpoint, bindings: &[Binding]) {
+        for (binding, max) in bindings.iter().zip(self.max) {
+            if let Some(max) = max {
+                checkpoint
+                    .max_keys
+                    .insert(binding.resource.clone(), encode_hex(&max));
+            }
+        }
+    }
+}
+
+fn encode_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// Collects responses until Prepared: Acknowledged (exactly one, signalled to the
