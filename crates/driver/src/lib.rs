@@ -13,9 +13,12 @@
 //! - [`endpoint`], [`inprocess`], [`grpc`], [`stdio`]: transports.
 //! - [`memory`]: the reference in-memory driver.
 //! - [`conformance`]: the scenario matrix every driver must pass.
+//! - [`config`], [`validate`], [`sql`]: what table-writing drivers share (strict config
+//!   parsing, Validate's constraints, unpacking, checkpoints, bulk-load row text).
 
 pub mod arena;
 pub mod client;
+pub mod config;
 pub mod conformance;
 pub mod endpoint;
 pub mod error;
@@ -24,8 +27,10 @@ pub mod inprocess;
 pub mod machine;
 pub mod memory;
 pub mod serve;
+pub mod sql;
 pub mod stdio;
 pub mod traits;
+pub mod validate;
 
 pub use endpoint::{Endpoint, TransactionStream};
 pub use error::{Error, Peer, ProtocolError, Result};

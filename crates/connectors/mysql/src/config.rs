@@ -9,6 +9,7 @@
 //! which drops it.
 
 use serde::Deserialize;
+use sluice_driver::config::parse;
 use sluice_driver::{Error, Result};
 
 /// Where the documentation of this driver lives (returned by Spec).
@@ -147,20 +148,6 @@ impl ResourceConfig {
         }
         Ok(config)
     }
-}
-
-/// Deserializes `json`, naming the path of the offending field in the error.
-fn parse<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T> {
-    let de = &mut serde_json::Deserializer::from_str(json);
-    serde_path_to_error::deserialize(de).map_err(|err| {
-        let path = err.path().to_string();
-        let inner = err.into_inner();
-        if path == "." {
-            Error::Config(format!("{what}: {inner}"))
-        } else {
-            Error::Config(format!("{what}: {path}: {inner}"))
-        }
-    })
 }
 
 #[cfg(test)]

@@ -23,11 +23,12 @@ use crate::transactor::MysqlTransactor;
 use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
+use sluice_driver::config::materialization;
+use sluice_driver::validate;
 use sluice_driver::{Driver, Error, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::{
-    self as m, Constraint, constraint::Type as ConstraintType, transaction_request::Open,
-    transaction_response::Opened,
+    self as m, transaction_request::Open, transaction_response::Opened,
 };
 
 /// The MariaDB/MySQL driver. Stateless: the endpoint config arrives with each request.
@@ -62,57 +63,11 @@ pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>
     Ok(tables)
 }
 
-pub(crate) fn materialization(
-    spec: Option<flow::MaterializationSpec>,
-) -> Result<flow::MaterializationSpec> {
-    spec.ok_or_else(|| Error::Config("request has no materialization spec".into()))
-}
-
-/// The constraint on one projection of a binding's collection.
-fn constraint(collection: &flow::CollectionSpec, p: &flow::Projection, delta: bool) -> Constraint {
-    let storable = ColumnType::of_projection(p).is_some();
-    let is_key = p.is_primary_key || collection.key_ptrs.contains(&p.ptr);
-    let (ty, reason) = if is_key && !storable {
-        (
-            ConstraintType::Unsatisfiable,
-            "this key location has no type MariaDB can hold",
-        )
-    } else if is_key {
-        (
-            ConstraintType::LocationRequired,
-            "every location of the collection key is required",
-        )
-    } else if p.ptr.is_empty() && delta {
-        (
-            ConstraintType::LocationRecommended,
-            "the whole document is recommended",
-        )
-    } else if p.ptr.is_empty() {
-        (
-            ConstraintType::FieldRequired,
-            "the whole document is required to load and reduce it",
-        )
-    } else if !storable {
-        (
-            ConstraintType::FieldForbidden,
-            "a field that is always null or has no type cannot be a column",
-        )
-    } else if p.ptr.matches('/').count() == 1 {
-        (
-            ConstraintType::LocationRecommended,
-            "top-level fields are recommended",
-        )
-    } else {
-        (
-            ConstraintType::FieldOptional,
-            "nested fields may be materialized",
-        )
-    };
-    Constraint {
-        r#type: ty as i32,
-        reason: reason.to_owned(),
-    }
-}
+/// What Validate checks projections against.
+const STORE: validate::Store<'static> = validate::Store {
+    name: "MariaDB",
+    storable: &|p| ColumnType::of_projection(p).is_some(),
+};
 
 /// Which Apply call is being served.
 #[derive(Debug, Clone, Copy)]
@@ -207,32 +162,13 @@ impl Driver for MysqlDriver {
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         let endpoint = EndpointConfig::parse(&req.endpoint_spec_json)?;
-        let mut bindings = Vec::with_capacity(req.bindings.len());
-        for (i, binding) in req.bindings.iter().enumerate() {
-            let resource = ResourceConfig::parse(&binding.resource_spec_json)
-                .map_err(|err| Error::Config(format!("bindings[{i}]: {err}")))?;
-            let collection = binding.collection.as_ref().ok_or_else(|| {
-                Error::Config(format!(
-                    "bindings[{i}] of table {:?} has no collection",
-                    resource.table
-                ))
-            })?;
-            bindings.push(m::validate_response::Binding {
-                constraints: collection
-                    .projections
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.field.clone(),
-                            constraint(collection, p, resource.delta_updates),
-                        )
-                    })
-                    .collect(),
-                resource_path: vec![endpoint.database(), resource.table],
+        validate::validate(&STORE, &req, |json| {
+            let resource = ResourceConfig::parse(json)?;
+            Ok(validate::Resource {
+                path: vec![endpoint.database(), resource.table],
                 delta_updates: resource.delta_updates,
-            });
-        }
-        Ok(m::ValidateResponse { bindings })
+            })
+        })
     }
 
     async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {

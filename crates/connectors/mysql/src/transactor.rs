@@ -36,7 +36,7 @@
 
 use crate::client::{self, Claim, my_error};
 use crate::config::EndpointConfig;
-use crate::driver::{materialization, spec_tables};
+use crate::driver::spec_tables;
 use crate::sql::{InfileRows, KeyLists, Table};
 use async_trait::async_trait;
 use mysql_async::Conn;
@@ -44,6 +44,7 @@ use mysql_async::prelude::Queryable;
 use serde_json::Value;
 use sluice_doc::tuple;
 use sluice_driver::arena;
+use sluice_driver::config::materialization;
 use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};

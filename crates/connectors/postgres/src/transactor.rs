@@ -37,7 +37,7 @@
 
 use crate::client::{self, Claim, pg_error};
 use crate::config::EndpointConfig;
-use crate::driver::{materialization, spec_tables};
+use crate::driver::spec_tables;
 use crate::sql::{self, CopyRow, Table};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -45,6 +45,7 @@ use futures::{SinkExt, TryStreamExt};
 use serde_json::Value;
 use sluice_doc::tuple;
 use sluice_driver::arena;
+use sluice_driver::config::materialization;
 use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};

@@ -27,11 +27,12 @@ use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use sluice_doc::tuple;
 use sluice_driver::arena;
+use sluice_driver::config::materialization;
+use sluice_driver::validate;
 use sluice_driver::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::{
-    self as m, Constraint,
-    constraint::Type as ConstraintType,
+    self as m,
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
@@ -87,60 +88,14 @@ fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
     Ok(tables)
 }
 
-fn materialization(spec: Option<flow::MaterializationSpec>) -> Result<flow::MaterializationSpec> {
-    spec.ok_or_else(|| Error::Config("request has no materialization spec".into()))
-}
-
-/// The constraint on one projection of a binding's collection.
-fn constraint(collection: &flow::CollectionSpec, p: &flow::Projection, delta: bool) -> Constraint {
-    let types = p
-        .inference
-        .as_ref()
-        .map(|i| i.types.as_slice())
-        .unwrap_or_default();
-    let storable = ColumnType::of_inference(types).is_some();
-    let is_key = p.is_primary_key || collection.key_ptrs.contains(&p.ptr);
-    let (ty, reason) = if is_key && !storable {
-        (
-            ConstraintType::Unsatisfiable,
-            "this key location has no type SQLite can hold",
-        )
-    } else if is_key {
-        (
-            ConstraintType::LocationRequired,
-            "every location of the collection key is required",
-        )
-    } else if p.ptr.is_empty() && delta {
-        (
-            ConstraintType::LocationRecommended,
-            "the whole document is recommended",
-        )
-    } else if p.ptr.is_empty() {
-        (
-            ConstraintType::FieldRequired,
-            "the whole document is required to load and reduce it",
-        )
-    } else if !storable {
-        (
-            ConstraintType::FieldForbidden,
-            "a field that is always null or has no type cannot be a column",
-        )
-    } else if p.ptr.matches('/').count() == 1 {
-        (
-            ConstraintType::LocationRecommended,
-            "top-level fields are recommended",
-        )
-    } else {
-        (
-            ConstraintType::FieldOptional,
-            "nested fields may be materialized",
-        )
-    };
-    Constraint {
-        r#type: ty as i32,
-        reason: reason.to_owned(),
-    }
-}
+/// What Validate checks projections against.
+const STORE: validate::Store<'static> = validate::Store {
+    name: "SQLite",
+    storable: &|p| {
+        let types = p.inference.as_ref().map(|i| i.types.as_slice());
+        ColumnType::of_inference(types.unwrap_or_default()).is_some()
+    },
+};
 
 /// Runs `statements` in one transaction.
 fn execute_all(conn: &mut Connection, statements: &[String]) -> Result<()> {
@@ -245,32 +200,13 @@ impl Driver for SqliteDriver {
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         EndpointConfig::parse(&req.endpoint_spec_json)?;
-        let mut bindings = Vec::with_capacity(req.bindings.len());
-        for (i, binding) in req.bindings.iter().enumerate() {
-            let resource = ResourceConfig::parse(&binding.resource_spec_json)
-                .map_err(|err| Error::Config(format!("bindings[{i}]: {err}")))?;
-            let collection = binding.collection.as_ref().ok_or_else(|| {
-                Error::Config(format!(
-                    "bindings[{i}] of table {:?} has no collection",
-                    resource.table
-                ))
-            })?;
-            bindings.push(m::validate_response::Binding {
-                constraints: collection
-                    .projections
-                    .iter()
-                    .map(|p| {
-                        (
-                            p.field.clone(),
-                            constraint(collection, p, resource.delta_updates),
-                        )
-                    })
-                    .collect(),
-                resource_path: vec![resource.table],
+        validate::validate(&STORE, &req, |json| {
+            let resource = ResourceConfig::parse(json)?;
+            Ok(validate::Resource {
+                path: vec![resource.table],
                 delta_updates: resource.delta_updates,
-            });
-        }
-        Ok(m::ValidateResponse { bindings })
+            })
+        })
     }
 
     async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
