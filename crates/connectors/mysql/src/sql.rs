@@ -35,6 +35,8 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
+use sluice_driver::sql::mismatch;
+use sluice_driver::sql::text::{TextRows, TextTable, escape_into};
 use sluice_driver::{Error, Result};
 use sluice_proto::flow;
 use std::io::Write;
@@ -354,24 +356,6 @@ pub fn create_checkpoints_sql(flavor: Flavor) -> String {
     )
 }
 
-/// A value that does not fit its column: whose fault it is (the data's) and where.
-fn mismatch(column: &Column, value: &Value, why: &str) -> Error {
-    let mut shown = value.to_string();
-    if shown.len() > 80 {
-        let cut = (0..=80)
-            .rev()
-            .find(|&i| shown.is_char_boundary(i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-        shown.push('…');
-    }
-    Error::store(
-        format!("converting field {:?}", column.field),
-        format!("{shown} {why}"),
-        false,
-    )
-}
-
 /// Writes the text form of `value` for `column` (unescaped), or returns `false` for
 /// SQL NULL (JSON null).
 pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
@@ -410,14 +394,14 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
                 ColumnType::Bigint => "does not fit a BIGINT column (a 64-bit signed integer)",
                 _ => "does not fit the column's type",
             };
-            return Err(mismatch(column, value, &format!("{why} ({name})")));
+            return Err(mismatch(&column.field, value, &format!("{why} ({name})")));
         }
     }
     if column.is_key_text() {
         let text = std::str::from_utf8(&out[start..]).unwrap_or_default();
         if text.chars().count() > KEY_CHARS {
             return Err(mismatch(
-                column,
+                &column.field,
                 value,
                 &format!("is longer than the {KEY_CHARS} characters of a key column"),
             ));
@@ -426,104 +410,25 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
     Ok(true)
 }
 
-/// Rows in the text format of `LOAD DATA`'s defaults: fields separated by tabs, rows
-/// ended by newlines, NULL as `\N`, and backslash, tab, newline, carriage return and NUL
-/// escaped inside fields.
-#[derive(Debug, Default)]
-pub struct InfileRows {
-    buf: Vec<u8>,
-    scratch: Vec<u8>,
-    rows: usize,
-}
+/// Rows in the text format of `LOAD DATA`'s defaults, NUL escaped as `\0` (see
+/// [`sluice_driver::sql::text`]).
+pub type InfileRows = TextRows<Table>;
 
-impl InfileRows {
-    /// Appends one row: `values` for the leading columns, then `document` (JSON text)
-    /// if the table has a document column. A failed row leaves nothing behind.
-    pub fn push<'v>(
-        &mut self,
-        table: &Table,
-        values: impl IntoIterator<Item = &'v Value>,
-        document: Option<&[u8]>,
-    ) -> Result<()> {
-        let start = self.buf.len();
-        let result = self.push_fields(table, values, document);
-        if result.is_err() {
-            self.buf.truncate(start);
-        } else {
-            self.rows += 1;
-        }
-        result
+impl TextTable for Table {
+    type Column = Column;
+    const ESCAPE_NUL: bool = true;
+
+    fn columns(&self) -> &[Column] {
+        &self.columns
     }
 
-    fn push_fields<'v>(
-        &mut self,
-        table: &Table,
-        values: impl IntoIterator<Item = &'v Value>,
-        document: Option<&[u8]>,
-    ) -> Result<()> {
-        let mut first = true;
-        let mut separator = |buf: &mut Vec<u8>| {
-            if !std::mem::take(&mut first) {
-                buf.push(b'\t');
-            }
-        };
-        for (column, value) in table.columns.iter().zip(values) {
-            separator(&mut self.buf);
-            self.scratch.clear();
-            if write_text(&mut self.scratch, column, value)? {
-                escape_into(&mut self.buf, &self.scratch, infile_escape);
-            } else {
-                self.buf.extend_from_slice(b"\\N");
-            }
-        }
-        if let Some(document) = document.filter(|_| table.has_document) {
-            separator(&mut self.buf);
-            escape_into(&mut self.buf, document, infile_escape);
-        }
-        self.buf.push(b'\n');
-        Ok(())
+    fn has_document(&self) -> bool {
+        self.has_document
     }
 
-    pub fn rows(&self) -> usize {
-        self.rows
+    fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
+        write_text(out, column, value)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-
-    /// The rows written so far; the buffer is empty afterwards.
-    pub fn take(&mut self) -> Vec<u8> {
-        self.rows = 0;
-        std::mem::take(&mut self.buf)
-    }
-}
-
-fn infile_escape(b: u8) -> Option<&'static [u8]> {
-    match b {
-        b'\\' => Some(b"\\\\"),
-        b'\t' => Some(b"\\t"),
-        b'\n' => Some(b"\\n"),
-        b'\r' => Some(b"\\r"),
-        0 => Some(b"\\0"),
-        _ => None,
-    }
-}
-
-/// Appends `text` with the escapes `escape` gives. Runs without special bytes are copied
-/// whole.
-fn escape_into(out: &mut Vec<u8>, text: &[u8], escape: fn(u8) -> Option<&'static [u8]>) {
-    let mut rest = text;
-    while let Some((i, escaped)) = rest
-        .iter()
-        .enumerate()
-        .find_map(|(i, &b)| escape(b).map(|e| (i, e)))
-    {
-        out.extend_from_slice(&rest[..i]);
-        out.extend_from_slice(escaped);
-        rest = &rest[i + 1..];
-    }
-    out.extend_from_slice(rest);
 }
 
 /// Statements of the form `<prefix> key IN (...)` (one key column) or
@@ -573,7 +478,7 @@ impl<'t> KeyLists<'t> {
             self.scratch.clear();
             if !write_text(&mut self.scratch, column, value)? {
                 return Err(mismatch(
-                    column,
+                    &column.field,
                     value,
                     "cannot be a key (keys are NOT NULL)",
                 ));

@@ -41,10 +41,9 @@ use crate::sql::{InfileRows, KeyLists, Table};
 use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
-use serde_json::Value;
-use sluice_doc::tuple;
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::{PreparedCheckpoint, unpack};
 use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
@@ -118,24 +117,10 @@ pub(crate) struct MysqlTransactor {
     server: String,
     claim: Claim,
     bindings: Vec<Binding>,
-    /// The runtime checkpoint of the transaction in progress (set by `prepare`).
-    checkpoint: Option<Vec<u8>>,
+    /// The runtime checkpoint of the transaction in progress.
+    checkpoint: PreparedCheckpoint,
     /// Whether a store transaction is open on the connection.
     in_transaction: bool,
-}
-
-/// Unpacks a packed tuple, checking it has `want` elements.
-fn unpack(packed: &[u8], want: usize, what: &str) -> Result<Vec<Value>> {
-    let values = tuple::unpack(packed)
-        .map_err(|err| Error::store(format!("unpacking {what}"), err, false))?;
-    if values.len() != want {
-        return Err(Error::store(
-            format!("unpacking {what}"),
-            format!("expected {want} elements, got {}", values.len()),
-            false,
-        ));
-    }
-    Ok(values)
 }
 
 impl MysqlTransactor {
@@ -179,23 +164,14 @@ impl MysqlTransactor {
             server,
             claim,
             bindings,
-            checkpoint: None,
+            checkpoint: PreparedCheckpoint::default(),
             in_transaction: false,
         };
         Ok((transactor, checkpoint))
     }
 
     fn binding(&self, binding: u32) -> Result<&Binding> {
-        self.bindings.get(binding as usize).ok_or_else(|| {
-            Error::store(
-                "routing a request",
-                format!(
-                    "binding {binding} does not exist (the materialization has {})",
-                    self.bindings.len()
-                ),
-                false,
-            )
-        })
+        sluice_driver::sql::binding(&self.bindings, binding)
     }
 
     /// The connection, after the writes in flight (if any) have ended; their failure
@@ -297,11 +273,7 @@ impl Transactor for MysqlTransactor {
     }
 
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
-        self.checkpoint = Some(prepare.flow_checkpoint);
-        Ok(flow::DriverCheckpoint {
-            driver_checkpoint_json: b"{}".to_vec(),
-            rfc7396_merge_patch: true,
-        })
+        Ok(self.checkpoint.prepare(prepare))
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
@@ -344,13 +316,7 @@ impl Transactor for MysqlTransactor {
     }
 
     async fn commit(&mut self) -> Result<()> {
-        let checkpoint = self.checkpoint.take().ok_or_else(|| {
-            Error::store(
-                "committing",
-                "Commit arrived without a prepared checkpoint",
-                false,
-            )
-        })?;
+        let checkpoint = self.checkpoint.take()?;
         let claim = self.claim.clone();
         let conn = self.begin().await?;
         // From here on the range's row is locked, so no newer Open can slip in before

@@ -33,6 +33,8 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
+use sluice_driver::sql::mismatch;
+use sluice_driver::sql::text::{TextRows, TextTable};
 use sluice_driver::{Error, Result};
 use sluice_proto::flow;
 use std::io::Write;
@@ -375,24 +377,6 @@ pub fn create_checkpoints_sql(schema: &str) -> String {
     )
 }
 
-/// A value that does not fit its column: whose fault it is (the data's) and where.
-fn mismatch(column: &Column, value: &Value) -> Error {
-    let mut shown = value.to_string();
-    if shown.len() > 80 {
-        let cut = (0..=80)
-            .rev()
-            .find(|&i| shown.is_char_boundary(i))
-            .unwrap_or(0);
-        shown.truncate(cut);
-        shown.push('…');
-    }
-    Error::store(
-        format!("converting field {:?}", column.field),
-        format!("{shown} does not fit a {} column", column.ty.sql()),
-        false,
-    )
-}
-
 /// Writes the text form of `value` for `column` (unescaped), or returns `false` for
 /// SQL NULL (JSON null).
 fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
@@ -421,7 +405,10 @@ fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool>
         (ColumnType::Text | ColumnType::Timestamptz, Value::String(s)) => {
             out.extend_from_slice(s.as_bytes())
         }
-        _ => return Err(mismatch(column, value)),
+        _ => {
+            let why = format!("does not fit a {} column", column.ty.sql());
+            return Err(mismatch(&column.field, value, &why));
+        }
     }
     Ok(true)
 }
@@ -439,96 +426,24 @@ pub fn key_text(column: &Column, value: &Value) -> Result<Option<String>> {
         .map_err(|err| Error::store(format!("converting field {:?}", column.field), err, false))
 }
 
-/// Rows in the text format of `COPY ... FROM STDIN`: fields separated by tabs, rows
-/// ended by newlines, NULL as `\N`, and backslash, tab, newline and carriage return
-/// escaped inside fields.
-#[derive(Debug, Default)]
-pub struct CopyRow {
-    buf: Vec<u8>,
-    scratch: Vec<u8>,
-    rows: usize,
-}
+/// Rows in the text format of `COPY ... FROM STDIN` (see [`sluice_driver::sql::text`]).
+pub type CopyRow = TextRows<Table>;
 
-impl CopyRow {
-    /// Appends one row: `values` for the leading columns, then `document` (JSON text)
-    /// if the table has a document column.
-    pub fn push<'v>(
-        &mut self,
-        table: &Table,
-        values: impl IntoIterator<Item = &'v Value>,
-        document: Option<&[u8]>,
-    ) -> Result<()> {
-        let start = self.buf.len();
-        let result = self.push_fields(table, values, document);
-        if result.is_err() {
-            self.buf.truncate(start);
-        } else {
-            self.rows += 1;
-        }
-        result
+impl TextTable for Table {
+    type Column = Column;
+    const ESCAPE_NUL: bool = false;
+
+    fn columns(&self) -> &[Column] {
+        &self.columns
     }
 
-    fn push_fields<'v>(
-        &mut self,
-        table: &Table,
-        values: impl IntoIterator<Item = &'v Value>,
-        document: Option<&[u8]>,
-    ) -> Result<()> {
-        let mut first = true;
-        let mut separator = |buf: &mut Vec<u8>| {
-            if !std::mem::take(&mut first) {
-                buf.push(b'\t');
-            }
-        };
-        for (column, value) in table.columns.iter().zip(values) {
-            separator(&mut self.buf);
-            self.scratch.clear();
-            if write_text(&mut self.scratch, column, value)? {
-                escape_into(&mut self.buf, &self.scratch);
-            } else {
-                self.buf.extend_from_slice(b"\\N");
-            }
-        }
-        if let Some(document) = document.filter(|_| table.has_document) {
-            separator(&mut self.buf);
-            escape_into(&mut self.buf, document);
-        }
-        self.buf.push(b'\n');
-        Ok(())
+    fn has_document(&self) -> bool {
+        self.has_document
     }
 
-    pub fn rows(&self) -> usize {
-        self.rows
+    fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
+        write_text(out, column, value)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows == 0
-    }
-
-    /// The rows written so far; the buffer is empty afterwards.
-    pub fn take(&mut self) -> Vec<u8> {
-        self.rows = 0;
-        std::mem::take(&mut self.buf)
-    }
-}
-
-/// Appends `text` with COPY's escapes. Runs without special bytes are copied whole.
-fn escape_into(out: &mut Vec<u8>, text: &[u8]) {
-    let mut rest = text;
-    while let Some(i) = rest
-        .iter()
-        .position(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
-    {
-        out.extend_from_slice(&rest[..i]);
-        out.extend_from_slice(match rest[i] {
-            b'\\' => b"\\\\",
-            b'\t' => b"\\t",
-            b'\n' => b"\\n",
-            _ => b"\\r",
-        });
-        rest = &rest[i + 1..];
-    }
-    out.extend_from_slice(rest);
 }
 
 #[cfg(test)]

@@ -42,10 +42,9 @@ use crate::sql::{self, CopyRow, Table};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{SinkExt, TryStreamExt};
-use serde_json::Value;
-use sluice_doc::tuple;
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::{PreparedCheckpoint, unpack};
 use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
@@ -119,8 +118,8 @@ pub(crate) struct PostgresTransactor {
     claim: Claim,
     commit_checkpoint: Statement,
     bindings: Vec<Binding>,
-    /// The runtime checkpoint of the transaction in progress (set by `prepare`).
-    checkpoint: Option<Vec<u8>>,
+    /// The runtime checkpoint of the transaction in progress.
+    checkpoint: PreparedCheckpoint,
     /// Whether a store transaction is open on the connection.
     in_transaction: bool,
     /// The writes of the last Store message, if they may still be running.
@@ -131,20 +130,6 @@ pub(crate) struct PostgresTransactor {
 
 /// One Load's lookup, running on the connection (queries pipeline in order).
 type Lookup = JoinHandle<Result<Vec<tokio_postgres::Row>>>;
-
-/// Unpacks a packed tuple, checking it has `want` elements.
-fn unpack(packed: &[u8], want: usize, what: &str) -> Result<Vec<Value>> {
-    let values = tuple::unpack(packed)
-        .map_err(|err| Error::store(format!("unpacking {what}"), err, false))?;
-    if values.len() != want {
-        return Err(Error::store(
-            format!("unpacking {what}"),
-            format!("expected {want} elements, got {}", values.len()),
-            false,
-        ));
-    }
-    Ok(values)
-}
 
 impl PostgresTransactor {
     /// Connects, checks every table is applied, claims the key range and prepares the
@@ -222,7 +207,7 @@ impl PostgresTransactor {
             claim,
             commit_checkpoint,
             bindings,
-            checkpoint: None,
+            checkpoint: PreparedCheckpoint::default(),
             in_transaction: false,
             in_flight: None,
             lookups: Vec::new(),
@@ -231,16 +216,7 @@ impl PostgresTransactor {
     }
 
     fn binding(&self, binding: u32) -> Result<&Binding> {
-        self.bindings.get(binding as usize).ok_or_else(|| {
-            Error::store(
-                "routing a request",
-                format!(
-                    "binding {binding} does not exist (the materialization has {})",
-                    self.bindings.len()
-                ),
-                false,
-            )
-        })
+        sluice_driver::sql::binding(&self.bindings, binding)
     }
 
     /// Begins the transaction's store transaction, if not yet begun.
@@ -331,11 +307,7 @@ impl Transactor for PostgresTransactor {
     }
 
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
-        self.checkpoint = Some(prepare.flow_checkpoint);
-        Ok(flow::DriverCheckpoint {
-            driver_checkpoint_json: b"{}".to_vec(),
-            rfc7396_merge_patch: true,
-        })
+        Ok(self.checkpoint.prepare(prepare))
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
@@ -377,13 +349,7 @@ impl Transactor for PostgresTransactor {
     }
 
     async fn commit(&mut self) -> Result<()> {
-        let checkpoint = self.checkpoint.take().ok_or_else(|| {
-            Error::store(
-                "committing",
-                "Commit arrived without a prepared checkpoint",
-                false,
-            )
-        })?;
+        let checkpoint = self.checkpoint.take()?;
         self.settle().await?;
         self.begin().await?;
         // From here on the range's row is locked, so no newer Open can slip in before

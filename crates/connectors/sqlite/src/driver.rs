@@ -25,9 +25,9 @@ use crate::sql::{self, Claim, ColumnType, Table};
 use async_trait::async_trait;
 use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use sluice_doc::tuple;
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::{PreparedCheckpoint, unpack};
 use sluice_driver::validate;
 use sluice_driver::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
 use sluice_proto::flow;
@@ -245,7 +245,7 @@ impl Driver for SqliteDriver {
                 conn,
                 claim,
                 bindings,
-                checkpoint: None,
+                checkpoint: PreparedCheckpoint::default(),
             };
             Ok((
                 Box::new(transactor) as Box<dyn Transactor>,
@@ -278,36 +278,13 @@ struct SqliteTransactor {
     conn: Connection,
     claim: Claim,
     bindings: Vec<BindingSql>,
-    /// The runtime checkpoint of the transaction in progress (set by `prepare`).
-    checkpoint: Option<Vec<u8>>,
-}
-
-/// Unpacks a packed tuple, checking it has `want` elements.
-fn unpack(packed: &[u8], want: usize, what: &str) -> Result<Vec<serde_json::Value>> {
-    let values = tuple::unpack(packed)
-        .map_err(|err| Error::store(format!("unpacking {what}"), err, false))?;
-    if values.len() != want {
-        return Err(Error::store(
-            format!("unpacking {what}"),
-            format!("expected {want} elements, got {}", values.len()),
-            false,
-        ));
-    }
-    Ok(values)
+    /// The runtime checkpoint of the transaction in progress.
+    checkpoint: PreparedCheckpoint,
 }
 
 impl SqliteTransactor {
     fn binding(&self, binding: u32) -> Result<&BindingSql> {
-        self.bindings.get(binding as usize).ok_or_else(|| {
-            Error::store(
-                "routing a request",
-                format!(
-                    "binding {binding} does not exist (the materialization has {})",
-                    self.bindings.len()
-                ),
-                false,
-            )
-        })
+        sluice_driver::sql::binding(&self.bindings, binding)
     }
 
     /// Begins the transaction's write transaction, if not yet begun. IMMEDIATE takes the
@@ -432,13 +409,7 @@ impl SqliteTransactor {
     }
 
     fn commit_blocking(&mut self) -> Result<()> {
-        let checkpoint = self.checkpoint.take().ok_or_else(|| {
-            Error::store(
-                "committing",
-                "Commit arrived without a prepared checkpoint",
-                false,
-            )
-        })?;
+        let checkpoint = self.checkpoint.take()?;
         self.begin()?;
         sql::commit_checkpoint(&self.conn, &self.claim, &checkpoint)?;
         // Durable when this returns: synchronous=FULL fsyncs the WAL before COMMIT completes.
@@ -464,11 +435,7 @@ impl Transactor for SqliteTransactor {
     }
 
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
-        self.checkpoint = Some(prepare.flow_checkpoint);
-        Ok(flow::DriverCheckpoint {
-            driver_checkpoint_json: b"{}".to_vec(),
-            rfc7396_merge_patch: true,
-        })
+        Ok(self.checkpoint.prepare(prepare))
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
