@@ -25,8 +25,8 @@
 //!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays.
 //! - `append` concatenates arrays. `set` is described in [`set`].
 //!
-//! [`Reducer::reduce_compact`] is the combiner's path: the left side is a compact
-//! [`Doc`] and the right side a borrowed `Value`; see `reduce/compact.rs` for which strategies it
+//! [`Reducer::reduce_compact`] is the combiner's path: the left side is a compact [`Doc`]
+//! and the right side a borrowed `Value`; `reduce/compact.rs` says which strategies it
 //! runs natively and how the others defer to [`Reducer::reduce`]'s definitions.
 //!
 //! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
