@@ -15,6 +15,7 @@
 //! - [`conformance`]: the scenario matrix every driver must pass.
 //! - [`config`], [`validate`], [`sql`]: what table-writing drivers share (strict config
 //!   parsing, Validate's constraints, unpacking, checkpoints, bulk-load row text).
+//! - `testing` (feature `testing`): fixtures for those drivers' tests.
 
 pub mod arena;
 pub mod client;
@@ -29,6 +30,8 @@ pub mod memory;
 pub mod serve;
 pub mod sql;
 pub mod stdio;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod traits;
 pub mod validate;
 

@@ -2,9 +2,10 @@
 
 mod common;
 
-use common::{Session, TestDb, apply, apply_request, binding, spec, view};
+use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
 use sluice_driver::Driver;
+use sluice_driver::testing::{self, apply_request, binding, spec, view};
 use sluice_mysql::MysqlDriver;
 use sluice_proto::materialize::{self as m, constraint::Type};
 
@@ -25,8 +26,8 @@ fn comment(source: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
     let col = |name: &str, ty: &str, nullable: &str, key: &str, source: &str| {
         json!([name, ty, nullable, key, comment(source)])
     };
@@ -77,7 +78,9 @@ async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments(
 #[tokio::test(flavor = "multi_thread")]
 async fn json_columns_refuse_text_that_is_not_json() {
     let db = TestDb::new().await;
-    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    DRIVER
+        .apply(&spec(&db.endpoint(), vec![binding("pageviews", false)]))
+        .await;
     let mut conn = db.conn().await;
     let insert = format!(
         "INSERT INTO `{}`.`pageviews` (`user_id`, `tags`) VALUES ('a', 'not json')",
@@ -92,15 +95,15 @@ async fn json_columns_refuse_text_that_is_not_json() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reapplying_the_same_spec_does_nothing() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    assert_ne!(apply(&spec).await, "");
-    assert_eq!(apply(&spec).await, "");
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    assert_ne!(DRIVER.apply(&spec).await, "");
+    assert_eq!(DRIVER.apply(&spec).await, "");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
     let dry = MysqlDriver::new()
         .apply_upsert(apply_request(&spec, true))
         .await
@@ -142,17 +145,19 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
         .await;
     assert!(tables.is_empty(), "a dry run created {tables:?}");
     // The real apply runs exactly what the dry run described.
-    assert_eq!(apply(&spec).await, dry.action_description);
+    assert_eq!(DRIVER.apply(&spec).await, dry.action_description);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
     let db = TestDb::new().await;
-    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    DRIVER
+        .apply(&spec(&db.endpoint(), vec![binding("pageviews", false)]))
+        .await;
     let mut wider = binding("pageviews", false);
     let selection = wider.field_selection.as_mut().unwrap();
     selection.values.push("meta/source".into());
-    let wider = spec(&db, vec![wider]);
+    let wider = spec(&db.endpoint(), vec![wider]);
     let dry = MysqlDriver::new()
         .apply_upsert(apply_request(&wider, true))
         .await
@@ -164,7 +169,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
             comment("/meta/source of acme/pageviews")
         )
     );
-    assert_eq!(apply(&wider).await, dry.action_description);
+    assert_eq!(DRIVER.apply(&wider).await, dry.action_description);
     let last = columns(&db, "pageviews").await.pop().unwrap();
     assert_eq!(
         last,
@@ -195,17 +200,17 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     selection.values = vec!["Mixed Case".into(), "a`b".into()];
     let mut other = binding("a`b", false);
     other.field_selection.as_mut().unwrap().values.clear();
-    let spec = spec(&db, vec![weird, other]);
-    apply(&spec).await;
+    let spec = spec(&db.endpoint(), vec![weird, other]);
+    DRIVER.apply(&spec).await;
 
-    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
-    let stored = common::store_values(
+    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
+    let stored = testing::store_values(
         0,
         &["/user_id"],
         &["/views", "/score"],
         &[(view("o'hara\\", 3), false)],
     );
-    let other = common::store_values(1, &["/user_id"], &[], &[(view("x", 1), false)]);
+    let other = testing::store_values(1, &["/user_id"], &[], &[(view("x", 1), false)]);
     session
         .transaction(vec![], b"cp-1", vec![stored, other])
         .await
@@ -213,8 +218,8 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     let loaded = session
         .transaction(
             vec![
-                common::load(0, &[json!(["o'hara\\"])]),
-                common::load(1, &[json!(["x"])]),
+                testing::load(0, &[json!(["o'hara\\"])]),
+                testing::load(1, &[json!(["x"])]),
             ],
             b"cp-2",
             vec![],
@@ -232,12 +237,12 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
 async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
     let db = TestDb::new().await;
     let request = m::ValidateRequest {
-        materialization: common::MATERIALIZATION.into(),
+        materialization: testing::MATERIALIZATION.into(),
         endpoint_type: 0,
         endpoint_spec_json: db.endpoint().to_string(),
         bindings: vec![m::validate_request::Binding {
             resource_spec_json: json!({"table": "pageviews"}).to_string(),
-            collection: Some(common::collection()),
+            collection: Some(testing::collection()),
             field_config_json: Default::default(),
         }],
     };
@@ -258,9 +263,9 @@ async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     drop(session);
     let deleted = MysqlDriver::new()
@@ -272,7 +277,7 @@ async fn apply_delete_drops_tables_and_forgets_checkpoints() {
         "DROP TABLE IF EXISTS `pageviews`;\n\
          DELETE FROM `sluice_checkpoints` WHERE `materialization` = 'acme/views-db';\n"
     );
-    apply(&spec).await;
-    let (_, recovered) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    DRIVER.apply(&spec).await;
+    let (_, recovered) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
     assert!(recovered.is_empty(), "the checkpoint was forgotten");
 }

@@ -4,9 +4,10 @@
 
 mod common;
 
-use common::{ALL, Session, TestDb, apply, binding, binding_keyed, load, spec, store, view};
+use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
 use sluice_driver::Error;
+use sluice_driver::testing::{ALL, binding, binding_keyed, load, spec, store, view};
 
 fn sorted(mut docs: Vec<Value>) -> Vec<Value> {
     docs.sort_by_key(|d| d.to_string());
@@ -16,9 +17,9 @@ fn sorted(mut docs: Vec<Value>) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert!(recovered.is_empty(), "a fresh store has no checkpoint");
 
     let stores = vec![store(
@@ -62,9 +63,9 @@ async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() 
 #[tokio::test(flavor = "multi_thread")]
 async fn documents_keep_their_exact_text_through_a_load() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     // Tabs, newlines, backslashes and NUL inside strings need LOAD DATA escapes.
     let doc =
         json!({"user_id": "tab\there", "views": 1, "note": "line\nbreak \\ back\\slash \r \0 \\N"});
@@ -86,9 +87,9 @@ async fn documents_keep_their_exact_text_through_a_load() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_load_of_many_keys_finds_every_stored_one() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let docs: Vec<(Value, bool)> = (0..5000)
         .map(|i| (view(&format!("u{i}"), i), false))
         .collect();
@@ -109,11 +110,11 @@ async fn one_load_of_many_keys_finds_every_stored_one() {
 async fn composite_keys_are_stored_and_loaded() {
     let db = TestDb::new().await;
     let spec = spec(
-        &db,
+        &db.endpoint(),
         vec![binding_keyed("daily", false, &["user_id", "day"])],
     );
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let doc = |day: i64, views: i64| json!({"user_id": "alice", "day": day, "views": views});
     let ptrs = ["/user_id", "/day"];
     let docs = [(doc(1, 10), false), (doc(2, 20), false)];
@@ -140,9 +141,9 @@ async fn composite_keys_are_stored_and_loaded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_null_document_deletes_its_row() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let docs = [(view("alice", 1), false), (view("bob", 1), false)];
     session
         .transaction(vec![], b"cp-1", vec![store(0, &["/user_id"], &docs)])
@@ -162,9 +163,9 @@ async fn a_null_document_deletes_its_row() {
 #[tokio::test(flavor = "multi_thread")]
 async fn storing_a_key_the_runtime_believes_absent_but_present_fails_the_commit() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let first = store(0, &["/user_id"], &[(view("alice", 1), false)]);
     session
         .transaction(vec![], b"cp-1", vec![first])
@@ -177,7 +178,7 @@ async fn storing_a_key_the_runtime_believes_absent_but_present_fails_the_commit(
         .unwrap_err();
     assert!(err.to_string().contains("Duplicate entry"), "{err}");
     drop(session);
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(
         recovered, b"cp-1",
         "the failed transaction committed nothing"
@@ -187,25 +188,25 @@ async fn storing_a_key_the_runtime_believes_absent_but_present_fails_the_commit(
 #[tokio::test(flavor = "multi_thread")]
 async fn reopening_recovers_the_last_committed_checkpoint() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     session.transaction(vec![], b"cp-2", vec![]).await.unwrap();
     drop(session);
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-2");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut zombie, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut zombie, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     zombie.transaction(vec![], b"cp-1", vec![]).await.unwrap();
 
-    let (mut newer, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (mut newer, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-1");
     let stores = vec![store(0, &["/user_id"], &[(view("dave", 1), false)])];
     let err = zombie
@@ -221,23 +222,23 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     // The newer instance commits and still sees its own checkpoint lineage.
     newer.transaction(vec![], b"cp-2", vec![]).await.unwrap();
     drop(newer);
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-2");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn split_ranges_resume_from_the_parent_and_fence_it() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut parent, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut parent, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     parent
         .transaction(vec![], b"cp-parent", vec![])
         .await
         .unwrap();
 
     let mid = 0x8000_0000;
-    let (mut left, recovered) = Session::open(&spec, 0, mid - 1).await.unwrap();
+    let (mut left, recovered) = DRIVER.session(&spec, 0, mid - 1).await.unwrap();
     assert_eq!(recovered, b"cp-parent");
     let err = parent
         .transaction(vec![], b"cp-zombie", vec![])
@@ -245,7 +246,7 @@ async fn split_ranges_resume_from_the_parent_and_fence_it() {
         .unwrap_err();
     assert!(matches!(err, Error::Fenced(_)), "{err}");
 
-    let (mut right, recovered) = Session::open(&spec, mid, ALL).await.unwrap();
+    let (mut right, recovered) = DRIVER.session(&spec, mid, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-parent");
     left.transaction(vec![], b"cp-left", vec![]).await.unwrap();
     right
@@ -253,7 +254,7 @@ async fn split_ranges_resume_from_the_parent_and_fence_it() {
         .await
         .unwrap();
     drop((left, right));
-    let (_, recovered) = Session::open(&spec, 0, mid - 1).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, mid - 1).await.unwrap();
     assert_eq!(
         recovered, b"cp-left",
         "a child recovers its own, narrower range"
@@ -263,9 +264,9 @@ async fn split_ranges_resume_from_the_parent_and_fence_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn delta_updates_append_every_stored_document() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("events", true)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("events", true)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     for (i, checkpoint) in [b"cp-1", b"cp-2"].iter().enumerate() {
         let docs = [(view("alice", i as i64), false), (view("bob", 5), false)];
         session
@@ -290,9 +291,9 @@ async fn delta_updates_append_every_stored_document() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_connection_fails_the_stream_with_a_retryable_error_and_loses_nothing() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let first = store(0, &["/user_id"], &[(view("alice", 1), false)]);
     session
         .transaction(vec![], b"cp-1", vec![first])
@@ -317,7 +318,7 @@ async fn a_lost_connection_fails_the_stream_with_a_retryable_error_and_loses_not
     );
 
     // The runtime reopens: the store holds exactly the first commit.
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-1");
     let users = db
         .rows("SELECT JSON_QUOTE(user_id) FROM pageviews ORDER BY user_id")
@@ -328,9 +329,9 @@ async fn a_lost_connection_fails_the_stream_with_a_retryable_error_and_loses_not
 #[tokio::test(flavor = "multi_thread")]
 async fn keys_differing_in_case_or_trailing_spaces_are_distinct_rows() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let users = ["bob", "Bob", "bob ", "böb"];
     let docs: Vec<(Value, bool)> = (users.iter().enumerate())
         .map(|(i, u)| (view(u, i as i64), false))
@@ -355,9 +356,9 @@ async fn keys_differing_in_case_or_trailing_spaces_are_distinct_rows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_longer_than_its_column_fails_the_transaction_instead_of_truncating() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let long = "k".repeat(256);
     let err = session
         .transaction(
@@ -373,9 +374,9 @@ async fn a_key_longer_than_its_column_fails_the_transaction_instead_of_truncatin
 #[tokio::test(flavor = "multi_thread")]
 async fn committing_an_unchanged_checkpoint_is_not_mistaken_for_a_fence() {
     let db = TestDb::new().await;
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
 }

@@ -2,9 +2,10 @@
 
 mod common;
 
-use common::{Session, TestDb, apply, apply_request, binding, spec, view};
+use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
 use sluice_driver::Driver;
+use sluice_driver::testing::{self, apply_request, binding, spec, view};
 use sluice_postgres::PostgresDriver;
 use sluice_proto::materialize::{self as m, constraint::Type};
 
@@ -38,8 +39,8 @@ fn comment(source: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments() {
     let db = TestDb::new();
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
     let col = |name: &str, ty: &str, nullable: bool, source: &str| {
         json!([name, ty, nullable, comment(source)])
     };
@@ -91,15 +92,15 @@ async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments(
 #[tokio::test(flavor = "multi_thread")]
 async fn reapplying_the_same_spec_does_nothing() {
     let db = TestDb::new();
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    assert_ne!(apply(&spec).await, "");
-    assert_eq!(apply(&spec).await, "");
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    assert_ne!(DRIVER.apply(&spec).await, "");
+    assert_eq!(DRIVER.apply(&spec).await, "");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
     let db = TestDb::new();
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
     let driver = PostgresDriver::new();
     let dry = driver
         .apply_upsert(apply_request(&spec, true))
@@ -141,17 +142,19 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
         .await;
     assert!(schemas.is_empty(), "a dry run must not create the schema");
     // The real apply runs exactly what the dry run described.
-    assert_eq!(apply(&spec).await, dry.action_description);
+    assert_eq!(DRIVER.apply(&spec).await, dry.action_description);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
     let db = TestDb::new();
-    apply(&spec(&db, vec![binding("pageviews", false)])).await;
+    DRIVER
+        .apply(&spec(&db.endpoint(), vec![binding("pageviews", false)]))
+        .await;
     let mut wider = binding("pageviews", false);
     let selection = wider.field_selection.as_mut().unwrap();
     selection.values.push("meta/source".into());
-    let wider = spec(&db, vec![wider]);
+    let wider = spec(&db.endpoint(), vec![wider]);
     let s = &db.schema;
     let dry = PostgresDriver::new()
         .apply_upsert(apply_request(&wider, true))
@@ -165,7 +168,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
             comment("/meta/source of acme/pageviews")
         )
     );
-    assert_eq!(apply(&wider).await, dry.action_description);
+    assert_eq!(DRIVER.apply(&wider).await, dry.action_description);
     let last = columns(&db, "pageviews").await.pop().unwrap();
     assert_eq!(
         last,
@@ -195,11 +198,11 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     selection.values = vec!["Mixed Case".into(), "a\"b".into()];
     let mut other = binding("Mixed Case", false);
     other.field_selection.as_mut().unwrap().values.clear();
-    let spec = spec(&db, vec![weird, other]);
-    apply(&spec).await;
+    let spec = spec(&db.endpoint(), vec![weird, other]);
+    DRIVER.apply(&spec).await;
 
-    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
-    let stored = common::store_values(
+    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
+    let stored = testing::store_values(
         0,
         &["/user_id"],
         &["/views", "/score"],
@@ -210,7 +213,11 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
         .await
         .unwrap();
     let loaded = session
-        .transaction(vec![common::load(0, &[json!(["o'hara"])])], b"cp-2", vec![])
+        .transaction(
+            vec![testing::load(0, &[json!(["o'hara"])])],
+            b"cp-2",
+            vec![],
+        )
         .await
         .unwrap();
     assert_eq!(loaded, [view("o'hara", 3)]);
@@ -227,12 +234,12 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
 async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
     let db = TestDb::new();
     let request = m::ValidateRequest {
-        materialization: common::MATERIALIZATION.into(),
+        materialization: testing::MATERIALIZATION.into(),
         endpoint_type: 0,
         endpoint_spec_json: db.endpoint().to_string(),
         bindings: vec![m::validate_request::Binding {
             resource_spec_json: json!({"table": "pageviews"}).to_string(),
-            collection: Some(common::collection()),
+            collection: Some(testing::collection()),
             field_config_json: Default::default(),
         }],
     };
@@ -253,9 +260,9 @@ async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
     let db = TestDb::new();
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     drop(session);
     let deleted = PostgresDriver::new()
@@ -267,7 +274,7 @@ async fn apply_delete_drops_tables_and_forgets_checkpoints() {
         "{}",
         deleted.action_description
     );
-    apply(&spec).await;
-    let (_, recovered) = Session::open(&spec, 0, common::ALL).await.unwrap();
+    DRIVER.apply(&spec).await;
+    let (_, recovered) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
     assert!(recovered.is_empty(), "the checkpoint was forgotten");
 }

@@ -2,9 +2,10 @@
 
 mod common;
 
-use common::{binding, collection, spec};
+use common::endpoint;
 use rusqlite::Connection;
 use sluice_driver::Driver;
+use sluice_driver::testing::{self, binding, collection, spec};
 use sluice_proto::materialize::{self as m, constraint::Type};
 use sluice_sqlite::SqliteDriver;
 use std::path::Path;
@@ -37,7 +38,7 @@ fn col(name: &str, ty: &str, pk: i64) -> (String, String, i64) {
 async fn apply_creates_typed_table_keyed_by_collection_key() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("nested/dirs/views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
     let response = SqliteDriver::new()
         .apply_upsert(apply_request(&spec, false))
         .await
@@ -55,6 +56,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key() {
             col("score", "REAL", 0),
             col("active", "INTEGER", 0),
             col("tags", "TEXT", 0),
+            col("seen_at", "TEXT", 0),
             col("flow_document", "TEXT", 0),
         ]
     );
@@ -78,7 +80,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key() {
 async fn reapplying_the_same_spec_does_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
     let driver = SqliteDriver::new();
     driver
         .apply_upsert(apply_request(&spec, false))
@@ -95,7 +97,7 @@ async fn reapplying_the_same_spec_does_nothing() {
 async fn dry_run_prints_the_sql_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
     let driver = SqliteDriver::new();
     let dry = driver
         .apply_upsert(apply_request(&spec, true))
@@ -108,8 +110,8 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
          \"key_begin\" INTEGER NOT NULL, \"key_end\" INTEGER NOT NULL, \"fence\" INTEGER NOT NULL, \
          \"checkpoint\" BLOB, PRIMARY KEY (\"materialization\", \"key_begin\", \"key_end\"));\n\
          CREATE TABLE IF NOT EXISTS \"pageviews\" (\"user_id\" TEXT, \"views\" INTEGER, \
-         \"score\" REAL, \"active\" INTEGER, \"tags\" TEXT, \"flow_document\" TEXT, \
-         PRIMARY KEY (\"user_id\"));\n"
+         \"score\" REAL, \"active\" INTEGER, \"tags\" TEXT, \"seen_at\" TEXT, \
+         \"flow_document\" TEXT, PRIMARY KEY (\"user_id\"));\n"
     );
     // The real apply runs exactly what the dry run described.
     let real = driver
@@ -125,7 +127,7 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
         .unwrap()
         .values
         .push("meta/source".into());
-    let wider = common::spec(&db, vec![wider]);
+    let wider = testing::spec(&endpoint(&db), vec![wider]);
     driver
         .apply_upsert(apply_request(&wider, true))
         .await
@@ -144,7 +146,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
     let driver = SqliteDriver::new();
     driver
         .apply_upsert(apply_request(
-            &spec(&db, vec![binding("pageviews", false)]),
+            &spec(&endpoint(&db), vec![binding("pageviews", false)]),
             false,
         ))
         .await
@@ -157,7 +159,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
         .values
         .push("meta/source".into());
     let response = driver
-        .apply_upsert(apply_request(&spec(&db, vec![wider]), false))
+        .apply_upsert(apply_request(&spec(&endpoint(&db), vec![wider]), false))
         .await
         .unwrap();
     assert_eq!(
@@ -174,7 +176,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
 async fn delta_update_tables_have_no_primary_key() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("events", true)]);
+    let spec = spec(&endpoint(&db), vec![binding("events", true)]);
     SqliteDriver::new()
         .apply_upsert(apply_request(&spec, false))
         .await
@@ -192,7 +194,7 @@ async fn reserved_mixed_case_and_quoted_names_are_quoted() {
     collection.projections[3].field = "a\"b".into();
     let selection = weird.field_selection.as_mut().unwrap();
     selection.values = vec!["Mixed Case".into(), "a\"b".into()];
-    let spec = spec(&db, vec![weird]);
+    let spec = spec(&endpoint(&db), vec![weird]);
     SqliteDriver::new()
         .apply_upsert(apply_request(&spec, false))
         .await
@@ -205,13 +207,16 @@ async fn reserved_mixed_case_and_quoted_names_are_quoted() {
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
     let driver = SqliteDriver::new();
     driver
         .apply_upsert(apply_request(&spec, false))
         .await
         .unwrap();
-    let (transactor, _) = driver.open(common::open(&spec, 0, u32::MAX)).await.unwrap();
+    let (transactor, _) = driver
+        .open(testing::open(&spec, 0, u32::MAX))
+        .await
+        .unwrap();
     transactor.destroy().await;
 
     let deleted = driver
@@ -235,11 +240,11 @@ async fn apply_delete_drops_tables_and_forgets_checkpoints() {
 async fn open_before_apply_asks_for_apply() {
     let dir = tempfile::tempdir().unwrap();
     let spec = spec(
-        &dir.path().join("views.db"),
+        &endpoint(&dir.path().join("views.db")),
         vec![binding("pageviews", false)],
     );
     let err = SqliteDriver::new()
-        .open(common::open(&spec, 0, u32::MAX))
+        .open(testing::open(&spec, 0, u32::MAX))
         .await
         .err()
         .unwrap();
@@ -266,7 +271,7 @@ async fn spec_returns_both_schemas() {
 
 fn validate_request(resource: serde_json::Value) -> m::ValidateRequest {
     m::ValidateRequest {
-        materialization: common::MATERIALIZATION.into(),
+        materialization: testing::MATERIALIZATION.into(),
         endpoint_type: sluice_proto::flow::EndpointType::Sqlite as i32,
         endpoint_spec_json: r#"{"path": "views.db"}"#.into(),
         bindings: vec![m::validate_request::Binding {
@@ -303,6 +308,7 @@ async fn validate_constrains_every_projection() {
         ("meta/source", Type::FieldOptional),
         ("nothing", Type::FieldForbidden),
         ("score", Type::LocationRecommended),
+        ("seen_at", Type::LocationRecommended),
         ("tags", Type::LocationRecommended),
         ("user_id", Type::LocationRequired),
         ("views", Type::LocationRecommended),

@@ -3,10 +3,11 @@
 
 mod common;
 
-use common::{Session, apply, binding, binding_keyed, load, spec, store, view};
+use common::{DRIVER, endpoint};
 use rusqlite::Connection;
 use serde_json::{Value, json};
 use sluice_driver::Error;
+use sluice_driver::testing::{binding, binding_keyed, load, spec, store, view};
 use std::path::Path;
 
 const ALL: u32 = u32::MAX;
@@ -29,9 +30,9 @@ fn sorted(mut docs: Vec<Value>) -> Vec<Value> {
 async fn committed_stores_are_loaded_by_the_next_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert!(recovered.is_empty(), "a fresh store has no checkpoint");
 
     let stores = vec![store(
@@ -72,9 +73,9 @@ async fn committed_stores_are_loaded_by_the_next_transaction() {
 async fn loads_of_many_keys_span_several_statements() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let docs: Vec<(Value, bool)> = (0..1000)
         .map(|i| (view(&format!("u{i}"), i), false))
         .collect();
@@ -96,11 +97,11 @@ async fn composite_keys_are_stored_and_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
     let spec = spec(
-        &db,
+        &endpoint(&db),
         vec![binding_keyed("daily", false, &["user_id", "day"])],
     );
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let doc = |day: i64, views: i64| json!({"user_id": "alice", "day": day, "views": views});
     let ptrs = ["/user_id", "/day"];
     let docs = [(doc(1, 10), false), (doc(2, 20), false)];
@@ -120,9 +121,9 @@ async fn composite_keys_are_stored_and_loaded() {
 async fn a_null_document_deletes_its_row() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let docs = [(view("alice", 1), false), (view("bob", 1), false)];
     session
         .transaction(vec![], b"cp-1", vec![store(0, &["/user_id"], &docs)])
@@ -141,13 +142,13 @@ async fn a_null_document_deletes_its_row() {
 async fn reopening_recovers_the_last_committed_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     session.transaction(vec![], b"cp-2", vec![]).await.unwrap();
     drop(session);
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-2");
 }
 
@@ -155,12 +156,12 @@ async fn reopening_recovers_the_last_committed_checkpoint() {
 async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut zombie, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut zombie, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     zombie.transaction(vec![], b"cp-1", vec![]).await.unwrap();
 
-    let (mut newer, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (mut newer, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-1");
     let stores = vec![store(0, &["/user_id"], &[(view("dave", 1), false)])];
     let err = zombie
@@ -173,7 +174,7 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     // The newer instance commits and still sees its own checkpoint lineage.
     newer.transaction(vec![], b"cp-2", vec![]).await.unwrap();
     drop(newer);
-    let (_, recovered) = Session::open(&spec, 0, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     assert_eq!(recovered, b"cp-2");
 }
 
@@ -181,16 +182,16 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
 async fn split_ranges_resume_from_the_parent_and_fence_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("pageviews", false)]);
-    apply(&spec).await;
-    let (mut parent, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
+    let (mut parent, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     parent
         .transaction(vec![], b"cp-parent", vec![])
         .await
         .unwrap();
 
     let mid = 0x8000_0000;
-    let (mut left, recovered) = Session::open(&spec, 0, mid - 1).await.unwrap();
+    let (mut left, recovered) = DRIVER.session(&spec, 0, mid - 1).await.unwrap();
     assert_eq!(recovered, b"cp-parent");
     let err = parent
         .transaction(vec![], b"cp-zombie", vec![])
@@ -199,13 +200,13 @@ async fn split_ranges_resume_from_the_parent_and_fence_it() {
     assert!(matches!(err, Error::Fenced(_)), "{err}");
 
     left.transaction(vec![], b"cp-left", vec![]).await.unwrap();
-    let (_, recovered) = Session::open(&spec, mid, ALL).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, mid, ALL).await.unwrap();
     assert_eq!(
         recovered, b"cp-parent",
         "the right half resumes from the parent"
     );
     drop(left);
-    let (_, recovered) = Session::open(&spec, 0, mid - 1).await.unwrap();
+    let (_, recovered) = DRIVER.session(&spec, 0, mid - 1).await.unwrap();
     assert_eq!(
         recovered, b"cp-left",
         "the left half resumes from its own commit"
@@ -216,9 +217,9 @@ async fn split_ranges_resume_from_the_parent_and_fence_it() {
 async fn delta_updates_append_a_row_per_store() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("views.db");
-    let spec = spec(&db, vec![binding("events", true)]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![binding("events", true)]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     for (i, cp) in [b"cp-1", b"cp-2"].iter().enumerate() {
         let stores = vec![store(
             0,
@@ -244,9 +245,9 @@ async fn oddly_named_tables_and_fields_round_trip() {
     collection.projections[3].field = "a\"b".into();
     weird.field_selection.as_mut().unwrap().values[..2]
         .clone_from_slice(&["Mixed Case".into(), "a\"b".into()]);
-    let spec = spec(&db, vec![weird]);
-    apply(&spec).await;
-    let (mut session, _) = Session::open(&spec, 0, ALL).await.unwrap();
+    let spec = spec(&endpoint(&db), vec![weird]);
+    DRIVER.apply(&spec).await;
+    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
     let stores = vec![store(0, &["/user_id"], &[(view("alice", 7), false)])];
     session.transaction(vec![], b"cp-1", stores).await.unwrap();
     let loaded = session
