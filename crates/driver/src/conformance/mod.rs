@@ -89,3 +89,19 @@ pub async fn run_suite(
     }
     results
 }
+
+/// A test's verdict on a suite run: panics listing every scenario that did not pass
+/// (a failure, or a skip of a capability the driver was expected to have).
+pub fn assert_all_pass(results: &[ScenarioResult]) {
+    let not_passed: Vec<String> = (results.iter())
+        .filter(|r| r.outcome != Outcome::Pass)
+        .map(ScenarioResult::to_string)
+        .collect();
+    assert!(
+        not_passed.is_empty(),
+        "{} of {} scenarios did not pass:\n{}",
+        not_passed.len(),
+        results.len(),
+        not_passed.join("\n")
+    );
+}
