@@ -320,7 +320,9 @@ pub async fn run(
         let started = Instant::now();
         let mut c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
-        let (sent, received) = tokio::join!(
+        // Either side failing ends the phase at once: waiting for the other could hang
+        // (a receiver waits for a Prepared that a failed sender will never ask for).
+        let both = tokio::try_join!(
             phases::send_loads(
                 &mut tx,
                 c1,
@@ -330,11 +332,15 @@ pub async fn run(
                 acked_rx,
                 &mut checkpoint
             ),
-            phases::recv_until_prepared(&mut rx, acked_tx),
+            async {
+                phases::recv_until_prepared(&mut rx, acked_tx)
+                    .await
+                    .map_err(phases::PhaseError::Driver)
+            },
         );
-        let (loaded_msgs, driver_checkpoint) = match (sent, received) {
-            (Ok(_), Ok(r)) => r,
-            (_, Err(e)) | (Err(e), _) => return Err(driver_err(e)),
+        let (loaded_msgs, driver_checkpoint) = match both {
+            Ok(((), received)) => received,
+            Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };
         crate::failpoint::fail_point!(AFTER_PREPARED, driver_err);
         // Loaded documents go to the left of what this transaction combined.
@@ -364,12 +370,7 @@ pub async fn run(
         let loads_took = started.elapsed();
         let stored = match phases::send_stores(&mut tx, c2, &bindings).await {
             Ok(n) => n,
-            Err(phases::StoreFailure::Combine(e)) => return Err(e.into()),
-            // A failed send usually means the driver ended the stream: prefer its reason.
-            Err(phases::StoreFailure::Driver(e)) => {
-                let reason = phases::receiver_error(&mut rx).await.unwrap_or(e);
-                return Err(driver_err(reason));
-            }
+            Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };
         let stores_took = started.elapsed() - loads_took;
         tx.commit().await.map_err(driver_err)?;
@@ -416,6 +417,19 @@ pub async fn run(
             Ok(recovery)
         }));
         in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The error that ends a failed phase. A failed send usually means the driver ended the
+/// stream: its own reason, if it gives one promptly, says more.
+async fn phase_error(
+    err: phases::PhaseError,
+    rx: &mut client::ClientReceiver,
+    driver_err: &impl Fn(DriverError) -> RunError,
+) -> RunError {
+    match err {
+        phases::PhaseError::Combine(e) => e.into(),
+        phases::PhaseError::Driver(e) => driver_err(phases::receiver_error(rx).await.unwrap_or(e)),
     }
 }
 

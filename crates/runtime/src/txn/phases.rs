@@ -26,19 +26,17 @@ pub(super) async fn send_loads(
     acknowledged: bool,
     acked: tokio::sync::oneshot::Receiver<()>,
     checkpoint: &mut Checkpoint,
-) -> Result<(), DriverError> {
+) -> Result<(), PhaseError> {
     if !acknowledged {
         tx.acknowledge().await?;
     }
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
-    let drain = c1
-        .drain()
-        .map_err(|e| DriverError::Transport(format!("combiner: {e}")))?;
+    let drain = c1.drain().map_err(PhaseError::Combine)?;
     for drained in drain {
         let Drained {
             binding, key, doc, ..
-        } = drained.map_err(|e| DriverError::Transport(format!("combiner: {e}")))?;
+        } = drained.map_err(PhaseError::Combine)?;
         if !bindings[binding as usize].delta_updates && known.may_exist(binding, &key) {
             builder.push(binding, &key);
             for load in builder.take_ready() {
@@ -47,22 +45,23 @@ pub(super) async fn send_loads(
         }
         known.stored(binding, &key);
         c2.combine_right_keyed(binding, &key, doc)
-            .map_err(|e| DriverError::Transport(format!("combiner: {e}")))?;
+            .map_err(PhaseError::Combine)?;
     }
     for load in builder.finish() {
         tx.load(load).await?;
     }
     known.into_checkpoint(checkpoint, bindings);
-    crate::failpoint::fail_point!(AFTER_LOADS, std::convert::identity);
-    // The prepare phase begins only once the prior commit is acknowledged. If the
-    // receiver stopped without seeing Acknowledged, its own error explains why.
+    crate::failpoint::fail_point!(AFTER_LOADS, PhaseError::Driver);
+    // The prepare phase begins only once the prior commit is acknowledged. The receiver
+    // drops `acked` only when it fails, and then its own error ends the phase.
     if acked.await.is_err() {
         return Ok(());
     }
     tx.prepare(Prepare {
         flow_checkpoint: checkpoint.to_bytes(),
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 /// The highest packed key ever stored per tracked binding (see `Checkpoint::max_keys`).
@@ -170,9 +169,17 @@ pub(super) async fn receiver_error(rx: &mut ClientReceiver) -> Option<DriverErro
     }
 }
 
-pub(super) enum StoreFailure {
+/// Why a phase failed: the combiner (the transaction's documents; never retryable) or
+/// the driver stream.
+pub(super) enum PhaseError {
     Combine(CombineError),
     Driver(DriverError),
+}
+
+impl From<DriverError> for PhaseError {
+    fn from(err: DriverError) -> Self {
+        PhaseError::Driver(err)
+    }
 }
 
 /// Drains `c2` into Store messages (exists = the key was loaded). Returns documents stored.
@@ -180,18 +187,18 @@ pub(super) async fn send_stores(
     tx: &mut ClientSender,
     c2: Combiner,
     bindings: &[Binding],
-) -> Result<u64, StoreFailure> {
+) -> Result<u64, PhaseError> {
     let mut stored = 0;
     let mut builder = StoreBuilder::new();
     let mut values = Vec::new();
     let mut doc_json = Vec::new();
-    for drained in c2.drain().map_err(StoreFailure::Combine)? {
+    for drained in c2.drain().map_err(PhaseError::Combine)? {
         let Drained {
             binding,
             key,
             doc,
             full,
-        } = drained.map_err(StoreFailure::Combine)?;
+        } = drained.map_err(PhaseError::Combine)?;
         values.clear();
         for ptr in &bindings[binding as usize].values {
             tuple::pack_value(ptr.query(&doc).unwrap_or(&Value::Null), &mut values);
@@ -208,13 +215,13 @@ pub(super) async fn send_stores(
             },
         );
         for store in builder.take_ready() {
-            tx.store(store).await.map_err(StoreFailure::Driver)?;
+            tx.store(store).await.map_err(PhaseError::Driver)?;
         }
         stored += 1;
     }
-    crate::failpoint::fail_point!(MID_STORE, StoreFailure::Driver);
+    crate::failpoint::fail_point!(MID_STORE, PhaseError::Driver);
     for store in builder.finish() {
-        tx.store(store).await.map_err(StoreFailure::Driver)?;
+        tx.store(store).await.map_err(PhaseError::Driver)?;
     }
     Ok(stored)
 }
