@@ -334,16 +334,19 @@ impl Default for TxnBounds {
     }
 }
 
-/// 100k documents / 64 MiB / 1 s: large enough to amortise a store commit (fsync,
-/// round trips), small enough that a replay after a crash takes about a second.
+/// 1M documents / 256 MiB / 5 s. A transaction closes early whenever the committer is
+/// idle, so these bounds only matter while it is busy: then the reader keeps combining,
+/// and repeated keys collapse before they cost a load and a store (a reduced view's
+/// whole point). A replay after a crash re-reads at most one such transaction (a few
+/// seconds); the combiners spill beyond their memory budget.
 fn default_max_docs() -> u64 {
-    100_000
+    1_000_000
 }
 fn default_max_bytes() -> u64 {
-    64 << 20
+    256 << 20
 }
 fn default_max_duration() -> Duration {
-    Duration::from_secs(1)
+    Duration::from_secs(5)
 }
 
 /// Parses `"250ms"`, `"2s"`, `"1m"`, `"1h"` (an integer or decimal and a unit).

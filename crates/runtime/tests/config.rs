@@ -69,9 +69,9 @@ fn design_example_parses_with_defaults() {
         m.bindings[0].resource,
         serde_json::json!({"table": "pageviews"})
     );
-    assert_eq!(p.runtime.transactions.max_docs, 100_000);
-    assert_eq!(p.runtime.transactions.max_bytes, 64 << 20);
-    assert_eq!(p.runtime.transactions.max_duration, Duration::from_secs(1));
+    assert_eq!(p.runtime.transactions.max_docs, 1_000_000);
+    assert_eq!(p.runtime.transactions.max_bytes, 256 << 20);
+    assert_eq!(p.runtime.transactions.max_duration, Duration::from_secs(5));
     assert_eq!(p.runtime.transactions.min_duration, Duration::ZERO);
     assert_eq!(p.runtime.memory_budget, 256 << 20);
     assert_eq!(p.recovery_log(), Path::new("/pipelines/.sluice/pipeline"));
