@@ -4,6 +4,7 @@
 mod combine;
 mod mysql;
 mod postgres;
+mod sql;
 
 use clap::Subcommand;
 
