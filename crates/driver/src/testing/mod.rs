@@ -308,3 +308,5 @@ impl Session {
         }
     }
 }
+
+pub mod scenarios;

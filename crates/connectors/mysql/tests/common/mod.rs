@@ -11,6 +11,7 @@
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
 use sluice_driver::testing::TestDriver;
+use sluice_driver::testing::scenarios::{ServerStore, TestStore};
 use sluice_mysql::MysqlDriver;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -137,3 +138,26 @@ pub const DRIVER: TestDriver = TestDriver {
     name: "mysql",
     driver: || Arc::new(MysqlDriver::new()),
 };
+
+impl TestStore for TestDb {
+    fn driver(&self) -> TestDriver {
+        DRIVER
+    }
+
+    fn endpoint(&self) -> Value {
+        TestDb::endpoint(self)
+    }
+
+    async fn user_views(&self, table: &str) -> Vec<Value> {
+        self.rows(&format!(
+            "SELECT JSON_ARRAY(CAST(user_id AS CHAR), views) FROM {table} ORDER BY user_id, views"
+        ))
+        .await
+    }
+}
+
+impl ServerStore for TestDb {
+    async fn kill_driver_connections(&self) -> usize {
+        TestDb::kill_driver_connections(self).await
+    }
+}

@@ -10,6 +10,7 @@
 
 use serde_json::{Value, json};
 use sluice_driver::testing::TestDriver;
+use sluice_driver::testing::scenarios::{ServerStore, TestStore};
 use sluice_postgres::PostgresDriver;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,3 +124,27 @@ pub const DRIVER: TestDriver = TestDriver {
     name: "postgres",
     driver: || Arc::new(PostgresDriver::new()),
 };
+
+impl TestStore for TestDb {
+    fn driver(&self) -> TestDriver {
+        DRIVER
+    }
+
+    fn endpoint(&self) -> Value {
+        TestDb::endpoint(self)
+    }
+
+    async fn user_views(&self, table: &str) -> Vec<Value> {
+        let table = sluice_postgres::sql::qualify(&self.schema, table);
+        self.rows(&format!(
+            "SELECT json_build_array(user_id, views) FROM {table} ORDER BY user_id, views"
+        ))
+        .await
+    }
+}
+
+impl ServerStore for TestDb {
+    async fn kill_driver_connections(&self) -> usize {
+        TestDb::kill_driver_connections(self).await as usize
+    }
+}
