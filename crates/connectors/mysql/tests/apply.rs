@@ -5,9 +5,8 @@ mod common;
 use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
 use sluice_driver::Driver;
-use sluice_driver::testing::{self, apply_request, binding, spec, view};
+use sluice_driver::testing::{self, apply_request, binding, scenarios, spec, view};
 use sluice_mysql::MysqlDriver;
-use sluice_proto::materialize::{self as m, constraint::Type};
 
 /// `[name, type, nullable, key, comment]` of each column of `table`, in order.
 async fn columns(db: &TestDb, table: &str) -> Vec<Value> {
@@ -94,10 +93,7 @@ async fn json_columns_refuse_text_that_is_not_json() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reapplying_the_same_spec_does_nothing() {
-    let db = TestDb::new().await;
-    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
-    assert_ne!(DRIVER.apply(&spec).await, "");
-    assert_eq!(DRIVER.apply(&spec).await, "");
+    scenarios::reapplying_the_same_spec_does_nothing(&TestDb::new().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -151,25 +147,14 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
     let db = TestDb::new().await;
-    DRIVER
-        .apply(&spec(&db.endpoint(), vec![binding("pageviews", false)]))
-        .await;
-    let mut wider = binding("pageviews", false);
-    let selection = wider.field_selection.as_mut().unwrap();
-    selection.values.push("meta/source".into());
-    let wider = spec(&db.endpoint(), vec![wider]);
-    let dry = MysqlDriver::new()
-        .apply_upsert(apply_request(&wider, true))
-        .await
-        .unwrap();
+    let dry = scenarios::a_newly_selected_field_is_added_as_the_dry_run_describes(&db).await;
     assert_eq!(
-        dry.action_description,
+        dry,
         format!(
             "ALTER TABLE `pageviews` ADD COLUMN `meta/source` LONGTEXT COMMENT '{}';\n",
             comment("/meta/source of acme/pageviews")
         )
     );
-    assert_eq!(DRIVER.apply(&wider).await, dry.action_description);
     let last = columns(&db, "pageviews").await.pop().unwrap();
     assert_eq!(
         last,
@@ -236,48 +221,16 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
 #[tokio::test(flavor = "multi_thread")]
 async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
     let db = TestDb::new().await;
-    let request = m::ValidateRequest {
-        materialization: testing::MATERIALIZATION.into(),
-        endpoint_type: 0,
-        endpoint_spec_json: db.endpoint().to_string(),
-        bindings: vec![m::validate_request::Binding {
-            resource_spec_json: json!({"table": "pageviews"}).to_string(),
-            collection: Some(testing::collection()),
-            field_config_json: Default::default(),
-        }],
-    };
-    let response = MysqlDriver::new().validate(request).await.unwrap();
-    let binding = &response.bindings[0];
-    let of = |field: &str| Type::try_from(binding.constraints[field].r#type).unwrap();
-    assert_eq!(of("user_id"), Type::LocationRequired);
-    assert_eq!(of("flow_document"), Type::FieldRequired);
-    assert_eq!(of("views"), Type::LocationRecommended);
-    assert_eq!(of("meta/source"), Type::FieldOptional);
-    assert_eq!(of("nothing"), Type::FieldForbidden);
-    assert_eq!(
-        binding.resource_path,
-        [db.database.clone(), "pageviews".into()]
-    );
+    let path = scenarios::validate_requires_keys_and_document_and_forbids_untyped_fields(&db).await;
+    assert_eq!(path, [db.database.clone(), "pageviews".into()]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
-    let db = TestDb::new().await;
-    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
-    session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
-    drop(session);
-    let deleted = MysqlDriver::new()
-        .apply_delete(apply_request(&spec, false))
-        .await
-        .unwrap();
+    let deleted = scenarios::apply_delete_forgets_checkpoints(&TestDb::new().await).await;
     assert_eq!(
-        deleted.action_description,
+        deleted,
         "DROP TABLE IF EXISTS `pageviews`;\n\
          DELETE FROM `sluice_checkpoints` WHERE `materialization` = 'acme/views-db';\n"
     );
-    DRIVER.apply(&spec).await;
-    let (_, recovered) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
-    assert!(recovered.is_empty(), "the checkpoint was forgotten");
 }

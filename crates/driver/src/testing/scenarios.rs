@@ -1,5 +1,6 @@
-//! Transactions scenarios every authoritative SQL connector shares, written once and run
-//! by each connector's `tests/transactions.rs` against its own store through
+//! Apply, Validate and Transactions scenarios every authoritative SQL connector shares,
+//! written once and run by each connector's `tests/apply.rs` and `tests/transactions.rs`
+//! against its own store through
 //! [`TestStore`]: a fresh, private store per test that the driver under test can open
 //! and the test can read back.
 //!
@@ -10,10 +11,14 @@
 //! (typed columns, its own error texts) stays in the connector's test, which the
 //! scenarios that return their session or error leave room for.
 
-use super::{ALL, Session, TestDriver, binding, binding_keyed, load, spec, store, view};
+use super::{
+    ALL, MATERIALIZATION, Session, TestDriver, apply_request, binding, binding_keyed, collection,
+    load, spec, store, view,
+};
 use crate::Error;
 use serde_json::{Value, json};
 use sluice_proto::flow::{MaterializationSpec, materialization_spec::Binding};
+use sluice_proto::materialize::{ValidateRequest, constraint::Type, validate_request};
 use std::future::Future;
 
 /// A private store of one test, as the shared scenarios need it.
@@ -320,4 +325,75 @@ pub async fn a_lost_connection_fails_retryably_and_loses_nothing(db: &impl Serve
     assert_eq!(recovered(db, &spec).await, b"cp-1");
     assert_eq!(users(db, "pageviews").await, ["alice"]);
     err
+}
+
+/// Applying the spec just applied does nothing.
+pub async fn reapplying_the_same_spec_does_nothing(db: &impl TestStore) {
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    assert_ne!(db.driver().apply(&spec).await, "");
+    assert_eq!(db.driver().apply(&spec).await, "");
+}
+
+/// Selecting `meta/source` in addition to the applied fields: the real apply runs
+/// exactly what the dry run described, which is returned for the connector to check.
+pub async fn a_newly_selected_field_is_added_as_the_dry_run_describes(
+    db: &impl TestStore,
+) -> String {
+    let narrow = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    db.driver().apply(&narrow).await;
+    let mut wider = binding("pageviews", false);
+    let selection = wider.field_selection.as_mut().expect("a field selection");
+    selection.values.push("meta/source".into());
+    let wider = spec(&db.endpoint(), vec![wider]);
+    let dry = (db.driver().driver)()
+        .apply_upsert(apply_request(&wider, true))
+        .await
+        .unwrap()
+        .action_description;
+    assert_eq!(db.driver().apply(&wider).await, dry);
+    dry
+}
+
+/// Validate of the pageviews collection requires the key and the document, recommends
+/// typed values, leaves nested fields optional and forbids always-null ones. Returns
+/// the resource path for the connector to check.
+pub async fn validate_requires_keys_and_document_and_forbids_untyped_fields(
+    db: &impl TestStore,
+) -> Vec<String> {
+    let request = ValidateRequest {
+        materialization: MATERIALIZATION.into(),
+        endpoint_type: 0,
+        endpoint_spec_json: db.endpoint().to_string(),
+        bindings: vec![validate_request::Binding {
+            resource_spec_json: json!({"table": "pageviews"}).to_string(),
+            collection: Some(collection()),
+            field_config_json: Default::default(),
+        }],
+    };
+    let mut response = (db.driver().driver)().validate(request).await.unwrap();
+    let binding = response.bindings.remove(0);
+    let of = |field: &str| Type::try_from(binding.constraints[field].r#type).unwrap();
+    assert_eq!(of("user_id"), Type::LocationRequired);
+    assert_eq!(of("flow_document"), Type::FieldRequired);
+    assert_eq!(of("views"), Type::LocationRecommended);
+    assert_eq!(of("meta/source"), Type::FieldOptional);
+    assert_eq!(of("nothing"), Type::FieldForbidden);
+    binding.resource_path
+}
+
+/// Apply-delete after a commit drops what apply created: applying again starts over,
+/// with no checkpoint to recover. Returns the delete's action description.
+pub async fn apply_delete_forgets_checkpoints(db: &impl TestStore) -> String {
+    let (spec, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
+    drop(session);
+    let deleted = (db.driver().driver)()
+        .apply_delete(apply_request(&spec, false))
+        .await
+        .unwrap()
+        .action_description;
+    db.driver().apply(&spec).await;
+    let recovered = recovered(db, &spec).await;
+    assert!(recovered.is_empty(), "the checkpoint was forgotten");
+    deleted
 }
