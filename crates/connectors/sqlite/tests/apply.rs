@@ -2,21 +2,14 @@
 
 mod common;
 
-use common::endpoint;
+use common::{DRIVER, TestFile, endpoint};
 use rusqlite::Connection;
 use sluice_driver::Driver;
-use sluice_driver::testing::{self, binding, collection, spec};
+use sluice_driver::testing::scenarios::{self, TestStore};
+use sluice_driver::testing::{self, apply_request, binding, collection, spec};
 use sluice_proto::materialize::{self as m, constraint::Type};
 use sluice_sqlite::SqliteDriver;
 use std::path::Path;
-
-fn apply_request(spec: &sluice_proto::flow::MaterializationSpec, dry_run: bool) -> m::ApplyRequest {
-    m::ApplyRequest {
-        materialization: Some(spec.clone()),
-        version: "v1".into(),
-        dry_run,
-    }
-}
 
 /// `(name, declared type, primary-key position)` of each column of `table`.
 fn columns(db: &Path, table: &str) -> Vec<(String, String, i64)> {
@@ -78,32 +71,19 @@ async fn apply_creates_typed_table_keyed_by_collection_key() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reapplying_the_same_spec_does_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
-    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
-    let driver = SqliteDriver::new();
-    driver
-        .apply_upsert(apply_request(&spec, false))
-        .await
-        .unwrap();
-    let again = driver
-        .apply_upsert(apply_request(&spec, false))
-        .await
-        .unwrap();
-    assert_eq!(again.action_description, "");
+    scenarios::reapplying_the_same_spec_does_nothing(&TestFile::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_prints_the_sql_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
-    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    let db = TestFile::new();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
     let driver = SqliteDriver::new();
     let dry = driver
         .apply_upsert(apply_request(&spec, true))
         .await
         .unwrap();
-    assert!(!db.exists(), "a dry run must not create the database");
+    assert!(!db.path.exists(), "a dry run must not create the database");
     assert_eq!(
         dry.action_description,
         "CREATE TABLE IF NOT EXISTS \"sluice_checkpoints\" (\"materialization\" TEXT NOT NULL, \
@@ -127,13 +107,13 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
         .unwrap()
         .values
         .push("meta/source".into());
-    let wider = testing::spec(&endpoint(&db), vec![wider]);
+    let wider = testing::spec(&db.endpoint(), vec![wider]);
     driver
         .apply_upsert(apply_request(&wider, true))
         .await
         .unwrap();
     assert!(
-        !columns(&db, "pageviews")
+        !columns(&db.path, "pageviews")
             .iter()
             .any(|c| c.0 == "meta/source")
     );
@@ -141,78 +121,49 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
-    let driver = SqliteDriver::new();
-    driver
-        .apply_upsert(apply_request(
-            &spec(&endpoint(&db), vec![binding("pageviews", false)]),
-            false,
-        ))
-        .await
-        .unwrap();
-    let mut wider = binding("pageviews", false);
-    wider
-        .field_selection
-        .as_mut()
-        .unwrap()
-        .values
-        .push("meta/source".into());
-    let response = driver
-        .apply_upsert(apply_request(&spec(&endpoint(&db), vec![wider]), false))
-        .await
-        .unwrap();
+    let db = TestFile::new();
+    let added = scenarios::a_newly_selected_field_is_added_as_the_dry_run_describes(&db).await;
     assert_eq!(
-        response.action_description,
+        added,
         "ALTER TABLE \"pageviews\" ADD COLUMN \"meta/source\" TEXT;\n"
     );
     assert_eq!(
-        columns(&db, "pageviews").last().unwrap(),
+        columns(&db.path, "pageviews").last().unwrap(),
         &col("meta/source", "TEXT", 0)
     );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delta_update_tables_have_no_primary_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
-    let spec = spec(&endpoint(&db), vec![binding("events", true)]);
-    SqliteDriver::new()
-        .apply_upsert(apply_request(&spec, false))
-        .await
-        .unwrap();
-    assert!(columns(&db, "events").iter().all(|c| c.2 == 0));
+    let db = TestFile::new();
+    DRIVER
+        .apply(&spec(&db.endpoint(), vec![binding("events", true)]))
+        .await;
+    assert!(columns(&db.path, "events").iter().all(|c| c.2 == 0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_are_quoted() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
+    let db = TestFile::new();
     let mut weird = binding("select", false);
     let collection = weird.collection.as_mut().unwrap();
     collection.projections[2].field = "Mixed Case".into();
     collection.projections[3].field = "a\"b".into();
     let selection = weird.field_selection.as_mut().unwrap();
     selection.values = vec!["Mixed Case".into(), "a\"b".into()];
-    let spec = spec(&endpoint(&db), vec![weird]);
-    SqliteDriver::new()
-        .apply_upsert(apply_request(&spec, false))
-        .await
-        .unwrap();
-    let names: Vec<String> = columns(&db, "select").into_iter().map(|c| c.0).collect();
+    DRIVER.apply(&spec(&db.endpoint(), vec![weird])).await;
+    let names: Vec<String> = (columns(&db.path, "select").into_iter())
+        .map(|c| c.0)
+        .collect();
     assert_eq!(names, ["user_id", "Mixed Case", "a\"b", "flow_document"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("views.db");
-    let spec = spec(&endpoint(&db), vec![binding("pageviews", false)]);
+    let db = TestFile::new();
+    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    DRIVER.apply(&spec).await;
     let driver = SqliteDriver::new();
-    driver
-        .apply_upsert(apply_request(&spec, false))
-        .await
-        .unwrap();
     let (transactor, _) = driver
         .open(testing::open(&spec, 0, u32::MAX))
         .await
@@ -228,7 +179,7 @@ async fn apply_delete_drops_tables_and_forgets_checkpoints() {
         "DROP TABLE IF EXISTS \"pageviews\";\n\
          DELETE FROM \"sluice_checkpoints\" WHERE \"materialization\" = 'acme/views-db';\n"
     );
-    assert!(columns(&db, "pageviews").is_empty());
+    assert!(columns(&db.path, "pageviews").is_empty());
     let again = driver
         .apply_delete(apply_request(&spec, false))
         .await
