@@ -13,15 +13,15 @@ pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
     /// Sluice into PostgreSQL against a hand-written bulk loader and row-by-row upserts.
-    Postgres(postgres::PostgresArgs),
+    Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
-    Mysql(mysql::MysqlArgs),
+    Mysql(sql::SqlArgs<mysql::Mysql>),
 }
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
-        BenchCommand::Postgres(args) => postgres::run(args),
-        BenchCommand::Mysql(args) => mysql::run(args),
+        BenchCommand::Postgres(args) => sql::run(args),
+        BenchCommand::Mysql(args) => sql::run(args),
     }
 }

@@ -19,7 +19,7 @@
 //! Tables are named unqualified: the connection `USE`s the bench's database. The JSON
 //! comparison of the (a)/(b) cross-check uses MariaDB's `JSON_EQUALS`.
 
-use super::sql::{self, Case, Labels, Row, SqlArgs, Store, raw_row};
+use super::sql::{Case, Labels, Row, SEED, SqlArgs, Store, WriteRow, raw_row};
 use anyhow::{Context, ensure};
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -41,39 +41,6 @@ use std::time::Instant;
 /// Bytes of LOAD DATA input per packet sent to the server.
 const INFILE_CHUNK: usize = 1 << 20;
 
-#[derive(clap::Args)]
-pub struct MysqlArgs {
-    #[command(flatten)]
-    common: SqlArgs,
-    /// The server (its database must exist; the bench creates one of its own beside it).
-    #[arg(long, default_value = "mysql://root@127.0.0.1:3306/test")]
-    url: String,
-}
-
-pub fn run(args: MysqlArgs) -> anyhow::Result<()> {
-    sql::block_on(&args.common, bench(&args))
-}
-
-async fn bench(args: &MysqlArgs) -> anyhow::Result<()> {
-    let server = EndpointConfig {
-        url: args.url.clone(),
-    };
-    let (mut conn, _) = sluice_mysql::client::connect(&server)
-        .await
-        .context("connecting to the server given by --url")?;
-    let database = sql::scratch_name()?;
-    conn.query_drop(format!("CREATE DATABASE {}", quote_ident(&database)))
-        .await?;
-    conn.query_drop(format!("USE {}", quote_ident(&database)))
-        .await?;
-    let store = Mysql {
-        conn,
-        url: database_url(&args.url, &database),
-        database: database.clone(),
-    };
-    sql::bench(store, &args.common, &database).await
-}
-
 /// `url` with its database (and options) replaced by `database`.
 fn database_url(url: &str, database: &str) -> String {
     let base = (url.split_once('?').map_or(url, |(u, _)| u))
@@ -83,7 +50,7 @@ fn database_url(url: &str, database: &str) -> String {
 }
 
 /// The server, connected to the bench's database.
-struct Mysql {
+pub struct Mysql {
     conn: Conn,
     /// The bench's own database on the server, and its URL.
     database: String,
@@ -101,6 +68,9 @@ impl Store for Mysql {
         bulk: "LOAD DATA",
         rows: "one by one",
     };
+    const URL_HELP: &'static str =
+        "The server (its database must exist; the bench creates one of its own beside it)";
+    const DEFAULT_URL: &'static str = "mysql://root@127.0.0.1:3306/test";
     type Upsert = Statement;
 
     fn endpoint(&self) -> Value {
@@ -151,12 +121,34 @@ impl Store for Mysql {
         }))
     }
 
+    async fn open(url: &str, database: &str) -> anyhow::Result<Self> {
+        let server = EndpointConfig {
+            url: url.to_owned(),
+        };
+        let (mut conn, _) = sluice_mysql::client::connect(&server)
+            .await
+            .context("connecting to the server given by --url")?;
+        conn.query_drop(format!("CREATE DATABASE {}", quote_ident(database)))
+            .await?;
+        conn.query_drop(format!("USE {}", quote_ident(database)))
+            .await?;
+        Ok(Mysql {
+            conn,
+            url: database_url(url, database),
+            database: database.to_owned(),
+        })
+    }
+
     async fn drop_scratch(&mut self) -> anyhow::Result<()> {
         let drop = format!("DROP DATABASE {}", quote_ident(&self.database));
         Ok(self.conn.query_drop(drop).await?)
     }
 
-    async fn bulk_loader(&mut self, args: &SqlArgs, table: &str) -> anyhow::Result<(Case, i64)> {
+    async fn bulk_loader(
+        &mut self,
+        args: &SqlArgs<Self>,
+        table: &str,
+    ) -> anyhow::Result<(Case, i64)> {
         self.conn
             .query_drop(format!("CREATE TABLE {table} {PLAIN_TABLE}"))
             .await?;
@@ -240,12 +232,9 @@ impl Store for Mysql {
     /// server reads them.
     async fn load_generated(
         &mut self,
-        args: &SqlArgs,
+        args: &SqlArgs<Self>,
         table: &str,
-        row: impl for<'v, 's> Fn(u64, &'v Value, &'s mut String) -> std::fmt::Result
-        + Send
-        + Sync
-        + 'static,
+        row: impl WriteRow,
     ) -> anyhow::Result<i64> {
         let (docs, keys) = (args.docs, args.keys);
         let views = Arc::new(AtomicI64::new(0));
@@ -253,7 +242,7 @@ impl Store for Mysql {
         let chunks = futures::stream::unfold(0u64, move |mut seq| {
             let mut chunk = String::with_capacity(INFILE_CHUNK + 4096);
             while seq < docs && chunk.len() < INFILE_CHUNK {
-                let doc = document(sql::SEED, keys, seq);
+                let doc = document(SEED, keys, seq);
                 let added = doc["views"].as_i64().unwrap_or_default();
                 counted.fetch_add(added, Ordering::Relaxed);
                 let written = row(seq, &doc, &mut chunk).map_err(std::io::Error::other);

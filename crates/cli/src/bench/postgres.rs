@@ -21,7 +21,7 @@
 //! Note on (c): tokio-postgres sends one Sync per statement where pgjdbc's
 //! `executeBatch` sends one per batch; both pipeline the batch in one round trip.
 
-use super::sql::{self, Case, Labels, Row, SqlArgs, Store, raw_row};
+use super::sql::{Case, Labels, Row, SEED, SqlArgs, Store, WriteRow, raw_row};
 use anyhow::Context;
 use async_trait::async_trait;
 use futures::SinkExt;
@@ -41,38 +41,8 @@ use tokio_postgres::{Client, NoTls, Statement};
 /// Bytes of COPY data per message sent to the server.
 const COPY_CHUNK: usize = 1 << 20;
 
-#[derive(clap::Args)]
-pub struct PostgresArgs {
-    #[command(flatten)]
-    common: SqlArgs,
-    /// The server (its `test` database must exist).
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
-    url: String,
-}
-
-pub fn run(args: PostgresArgs) -> anyhow::Result<()> {
-    sql::block_on(&args.common, bench(&args))
-}
-
-async fn bench(args: &PostgresArgs) -> anyhow::Result<()> {
-    let (client, connection) = tokio_postgres::connect(&args.url, NoTls)
-        .await
-        .context("connecting to the server given by --url")?;
-    tokio::spawn(connection);
-    let schema = sql::scratch_name()?;
-    client
-        .batch_execute(&format!("CREATE SCHEMA {}", quote_ident(&schema)))
-        .await?;
-    let store = Postgres {
-        client,
-        schema: schema.clone(),
-        url: args.url.clone(),
-    };
-    sql::bench(store, &args.common, &schema).await
-}
-
 /// The server, with the bench's schema on it.
-struct Postgres {
+pub struct Postgres {
     client: Client,
     schema: String,
     url: String,
@@ -89,6 +59,8 @@ impl Store for Postgres {
         bulk: "COPY",
         rows: "pipelined",
     };
+    const URL_HELP: &'static str = "The server (its `test` database must exist)";
+    const DEFAULT_URL: &'static str = "postgres://postgres@127.0.0.1:5432/test";
     type Upsert = Statement;
 
     fn endpoint(&self) -> Value {
@@ -140,12 +112,31 @@ impl Store for Postgres {
         Ok((differing != 0).then(|| format!("{differing} rows of (a) and (b) differ")))
     }
 
+    async fn open(url: &str, schema: &str) -> anyhow::Result<Self> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls)
+            .await
+            .context("connecting to the server given by --url")?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {}", quote_ident(schema)))
+            .await?;
+        Ok(Postgres {
+            client,
+            schema: schema.to_owned(),
+            url: url.to_owned(),
+        })
+    }
+
     async fn drop_scratch(&mut self) -> anyhow::Result<()> {
         let drop = format!("DROP SCHEMA {} CASCADE", quote_ident(&self.schema));
         Ok(self.client.batch_execute(&drop).await?)
     }
 
-    async fn bulk_loader(&mut self, args: &SqlArgs, table: &str) -> anyhow::Result<(Case, i64)> {
+    async fn bulk_loader(
+        &mut self,
+        args: &SqlArgs<Self>,
+        table: &str,
+    ) -> anyhow::Result<(Case, i64)> {
         let target = self.table(table);
         self.client
             .batch_execute(&format!("CREATE TABLE {target} {PLAIN_TABLE}"))
@@ -233,12 +224,9 @@ impl Store for Postgres {
     /// Streams one COPY, a message per [`COPY_CHUNK`] of rows.
     async fn load_generated(
         &mut self,
-        args: &SqlArgs,
+        args: &SqlArgs<Self>,
         table: &str,
-        row: impl for<'v, 's> Fn(u64, &'v Value, &'s mut String) -> std::fmt::Result
-        + Send
-        + Sync
-        + 'static,
+        row: impl WriteRow,
     ) -> anyhow::Result<i64> {
         let copy = format!("COPY {table} FROM STDIN");
         let sink = self.client.copy_in::<_, bytes::Bytes>(&copy).await?;
@@ -246,7 +234,7 @@ impl Store for Postgres {
         let mut views = 0i64;
         let mut chunk = String::with_capacity(COPY_CHUNK + 4096);
         for seq in 0..args.docs {
-            let doc = document(sql::SEED, args.keys, seq);
+            let doc = document(SEED, args.keys, seq);
             views += doc["views"].as_i64().unwrap_or_default();
             row(seq, &doc, &mut chunk)?;
             if chunk.len() >= COPY_CHUNK {

@@ -31,9 +31,9 @@ pub const SEED: u64 = 7;
 /// Statements per committed batch of (c).
 pub const ROW_BATCH: usize = 1_000;
 
-/// The arguments every SQL bench takes (the store adds its `--url`).
+/// The arguments of a SQL bench; the store gives `--url` its help and default.
 #[derive(clap::Args)]
-pub struct SqlArgs {
+pub struct SqlArgs<S: Store> {
     /// Documents to generate.
     #[arg(long, default_value_t = 1_000_000)]
     pub docs: u64,
@@ -43,13 +43,29 @@ pub struct SqlArgs {
     /// Documents of the row-by-row case (c), the first of the N.
     #[arg(long, default_value_t = 100_000)]
     pub row_docs: u64,
+    #[arg(long, help = S::URL_HELP, default_value = S::DEFAULT_URL)]
+    pub url: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[arg(skip)]
+    pub store: PhantomData<fn() -> S>,
 }
 
 /// The columns of one generated document for the row-by-row upsert.
 pub type Row = (String, i64, i64, String, String);
+
+/// Writes one generated document (given its sequence number) as a tab-separated text
+/// row of a bulk load.
+pub trait WriteRow:
+    Fn(u64, &Value, &mut String) -> std::fmt::Result + Send + Sync + 'static
+{
+}
+
+impl<F> WriteRow for F where
+    F: Fn(u64, &Value, &mut String) -> std::fmt::Result + Send + Sync + 'static
+{
+}
 
 /// The words that name a store in the report.
 pub struct Labels {
@@ -65,6 +81,10 @@ pub struct Labels {
 #[async_trait]
 pub trait Store: Send + Sized + 'static {
     const LABELS: Labels;
+    /// The help of `--url`.
+    const URL_HELP: &'static str;
+    /// The default of `--url`.
+    const DEFAULT_URL: &'static str;
     /// A prepared single-row upsert of (c).
     type Upsert: Send + Sync;
 
@@ -81,12 +101,19 @@ pub trait Store: Send + Sized + 'static {
     async fn views(&mut self, table: &str) -> anyhow::Result<i64>;
     /// How the rows of (a) differ from those of (b), if they do.
     async fn compare(&mut self, a: &str, b: &str, a_rows: u64) -> anyhow::Result<Option<String>>;
+    /// Connects to the server at `url` and creates the bench's schema or database,
+    /// `scratch`, there.
+    async fn open(url: &str, scratch: &str) -> anyhow::Result<Self>;
     /// Drops the bench's schema or database.
     async fn drop_scratch(&mut self) -> anyhow::Result<()>;
 
     /// (b): bulk-loads every raw row, reduces in SQL, in one transaction. Returns the
     /// case and the generated views.
-    async fn bulk_loader(&mut self, args: &SqlArgs, table: &str) -> anyhow::Result<(Case, i64)>;
+    async fn bulk_loader(
+        &mut self,
+        args: &SqlArgs<Self>,
+        table: &str,
+    ) -> anyhow::Result<(Case, i64)>;
     /// Creates `table` shaped like (a)'s and prepares (c)'s upsert into it.
     async fn prepare_upsert(&mut self, table: &str) -> anyhow::Result<Self::Upsert>;
     /// Upserts `batch` one row per statement, in one transaction.
@@ -98,20 +125,14 @@ pub trait Store: Send + Sized + 'static {
     /// the generated views.
     async fn load_generated(
         &mut self,
-        args: &SqlArgs,
+        args: &SqlArgs<Self>,
         table: &str,
-        row: impl for<'v, 's> Fn(u64, &'v Value, &'s mut String) -> std::fmt::Result
-        + Send
-        + Sync
-        + 'static,
+        row: impl WriteRow,
     ) -> anyhow::Result<i64>;
 }
 
-/// Checks the arguments and runs `bench` on a runtime of its own.
-pub fn block_on(
-    args: &SqlArgs,
-    bench: impl Future<Output = anyhow::Result<()>>,
-) -> anyhow::Result<()> {
+/// Runs the bench against the server at `--url`, on a runtime of its own.
+pub fn run<S: Store>(args: SqlArgs<S>) -> anyhow::Result<()> {
     ensure!(
         args.docs >= 1 && args.keys >= 1,
         "--docs and --keys must be at least 1"
@@ -119,21 +140,23 @@ pub fn block_on(
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(bench)
+        .block_on(bench(&args))
 }
 
 /// A fresh name for the bench's schema or database (and its recovery logs).
-pub fn scratch_name() -> anyhow::Result<String> {
+fn scratch_name() -> anyhow::Result<String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .subsec_nanos();
     Ok(format!("sluice_bench_{}_{nanos:x}", std::process::id()))
 }
 
-/// Runs every case against `store` (whose scratch schema or database is `scratch`),
-/// drops the scratch, prints the figures, then fails on a disagreement.
-pub async fn bench<S: Store>(mut store: S, args: &SqlArgs, scratch: &str) -> anyhow::Result<()> {
-    let work = std::env::temp_dir().join(scratch);
+/// Runs every case in a fresh schema or database of the bench's own, drops it (even
+/// when a case failed), prints the figures, then fails on a disagreement.
+async fn bench<S: Store>(args: &SqlArgs<S>) -> anyhow::Result<()> {
+    let scratch = scratch_name()?;
+    let mut store = S::open(&args.url, &scratch).await?;
+    let work = std::env::temp_dir().join(&scratch);
     let result = cases(&mut store, args, &work).await;
     store.drop_scratch().await?;
     let _ = std::fs::remove_dir_all(&work);
@@ -170,7 +193,7 @@ impl Case {
 /// Runs the cases; returns the figures and the failed cross-checks.
 async fn cases<S: Store>(
     store: &mut S,
-    args: &SqlArgs,
+    args: &SqlArgs<S>,
     work: &Path,
 ) -> anyhow::Result<(Figures, Vec<String>)> {
     let (a, a_rows) = sluice(store, args, work, "a_sluice", false).await?;
@@ -206,7 +229,7 @@ async fn cases<S: Store>(
 /// read) and the rows the table holds.
 async fn sluice<S: Store>(
     store: &mut S,
-    args: &SqlArgs,
+    args: &SqlArgs<S>,
     work: &Path,
     table: &str,
     delta: bool,
@@ -248,7 +271,11 @@ async fn sluice<S: Store>(
 
 /// (c): one single-row upsert per document of the first `--row-docs`, a transaction
 /// per [`ROW_BATCH`].
-async fn row_upserts<S: Store>(store: &mut S, args: &SqlArgs, table: &str) -> anyhow::Result<Case> {
+async fn row_upserts<S: Store>(
+    store: &mut S,
+    args: &SqlArgs<S>,
+    table: &str,
+) -> anyhow::Result<Case> {
     let upsert = store.prepare_upsert(&store.table(table)).await?;
     let docs = args.row_docs.min(args.docs);
     let start = Instant::now();
@@ -272,7 +299,7 @@ async fn row_upserts<S: Store>(store: &mut S, args: &SqlArgs, table: &str) -> an
 /// timed.
 async fn plain_copy<S: Store>(
     store: &mut S,
-    args: &SqlArgs,
+    args: &SqlArgs<S>,
     like: &str,
     table: &str,
 ) -> anyhow::Result<Case> {
@@ -326,7 +353,12 @@ fn row_of(doc: &Value) -> Row {
 }
 
 /// The pipeline of (a) (or, with `delta`, (d)): datagen into `table` of `endpoint`.
-fn pipeline_yaml(args: &SqlArgs, endpoint: &Value, table: &str, delta: bool) -> String {
+fn pipeline_yaml<S: Store>(
+    args: &SqlArgs<S>,
+    endpoint: &Value,
+    table: &str,
+    delta: bool,
+) -> String {
     format!(
         r#"
 collections:
@@ -373,7 +405,7 @@ impl<S: Store> Connect for BenchConnect<S> {
     }
 }
 
-fn report<S: Store>(args: &SqlArgs, f: &Figures) {
+fn report<S: Store>(args: &SqlArgs<S>, f: &Figures) {
     let ratio = |x: &Case, y: &Case| x.per_sec() / y.per_sec();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     if args.json {
@@ -426,14 +458,17 @@ fn report<S: Store>(args: &SqlArgs, f: &Figures) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::postgres::Postgres;
     use super::*;
 
     fn parsed(endpoint: Value, delta: bool) -> Pipeline {
-        let args = SqlArgs {
+        let args = SqlArgs::<Postgres> {
             docs: 10,
             keys: 3,
             row_docs: 5,
+            url: Postgres::DEFAULT_URL.into(),
             json: false,
+            store: PhantomData,
         };
         let yaml = pipeline_yaml(&args, &endpoint, "t", delta);
         Pipeline::parse(&yaml, Path::new("/tmp")).unwrap()
