@@ -138,6 +138,35 @@ fn loads(ids: impl IntoIterator<Item = i64>) -> Vec<(u32, i64)> {
     ids.into_iter().map(|id| (0, id)).collect()
 }
 
+/// Applies one binding and opens a session of the whole range.
+async fn open_one(fx: &Fixture<'_>) -> Result<Session, Failure> {
+    let spec = fx.setup(1).await?;
+    Ok(Session::open(fx, &spec).await?)
+}
+
+/// Commits `stores`, loading nothing, with the fixture's checkpoint `n`.
+async fn commit(fx: &Fixture<'_>, session: &mut Session, n: u32, stores: Vec<Put>) -> Verdict {
+    let txn = Txn {
+        stores,
+        checkpoint: fx.checkpoint(n),
+        ..Txn::default()
+    };
+    session.run(txn).await?;
+    Ok(())
+}
+
+/// Loads `ids` of binding 0 in a transaction that stores nothing.
+async fn load(
+    session: &mut Session,
+    ids: impl IntoIterator<Item = i64>,
+) -> Result<Vec<(u32, Value)>, Failure> {
+    let txn = Txn {
+        loads: loads(ids),
+        ..Txn::default()
+    };
+    Ok(session.run(txn).await?)
+}
+
 async fn spec_schemas(fx: &Fixture<'_>) -> Verdict {
     let spec = fx
         .endpoint
@@ -226,22 +255,11 @@ async fn apply_dry_run_and_idempotence(fx: &Fixture<'_>) -> Verdict {
     })?;
     let mut session = Session::open(fx, &spec).await?;
     let stores = vec![put(1, "kept", false)];
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     session.close().await?;
     fx.apply(&spec, false).await?;
     let mut session = Session::open(fx, &spec).await?;
-    let loaded = session
-        .run(Txn {
-            loads: loads([1]),
-            ..Txn::default()
-        })
-        .await?;
+    let loaded = load(&mut session, [1]).await?;
     ensure_loaded(
         "after re-applying the same spec",
         &loaded,
@@ -250,8 +268,7 @@ async fn apply_dry_run_and_idempotence(fx: &Fixture<'_>) -> Verdict {
 }
 
 async fn fresh_open(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
+    let mut session = open_one(fx).await?;
     session
         .run(Txn {
             checkpoint: fx.checkpoint(1),
@@ -262,8 +279,7 @@ async fn fresh_open(fx: &Fixture<'_>) -> Verdict {
 }
 
 async fn rebuild_sentinel(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let session = Session::open(fx, &spec).await?;
+    let session = open_one(fx).await?;
     let checkpoint = &session.opened.flow_checkpoint;
     ensure(
         checkpoint.is_empty() || checkpoint[..] == REBUILD_SENTINEL,
@@ -278,21 +294,14 @@ async fn rebuild_sentinel(fx: &Fixture<'_>) -> Verdict {
 }
 
 async fn absent_keys_load_nothing(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
-    let loaded = session
-        .run(Txn {
-            loads: loads(1..=3),
-            ..Txn::default()
-        })
-        .await?;
+    let mut session = open_one(fx).await?;
+    let loaded = load(&mut session, 1..=3).await?;
     ensure_loaded("keys never stored", &loaded, Vec::new())?;
     Ok(session.close().await?)
 }
 
 async fn store_commit_acknowledge(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
+    let mut session = open_one(fx).await?;
     let stores = (1..=3).map(|id| put(id, "new", false)).collect();
     session
         .run(Txn {
@@ -306,16 +315,9 @@ async fn store_commit_acknowledge(fx: &Fixture<'_>) -> Verdict {
 }
 
 async fn pipelined_loads_read_committed(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
+    let mut session = open_one(fx).await?;
     let stores = (1..=3).map(|id| put(id, "first", false)).collect();
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     let pipelined = Txn {
         loads: loads(1..=4),
         loads_first: true,
@@ -332,21 +334,9 @@ async fn reopen_recovers_checkpoint(fx: &Fixture<'_>) -> Verdict {
     let spec = fx.setup(1).await?;
     let mut session = Session::open(fx, &spec).await?;
     let stores = vec![put(1, "one", false), put(2, "two", false)];
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     let stores = vec![put(3, "three", false)];
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(2),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 2, stores).await?;
     session.close().await?;
 
     let mut session = Session::open(fx, &spec).await?;
@@ -359,27 +349,15 @@ async fn reopen_recovers_checkpoint(fx: &Fixture<'_>) -> Verdict {
             String::from_utf8_lossy(&committed)
         )
     })?;
-    let loaded = session
-        .run(Txn {
-            loads: loads(1..=4),
-            ..Txn::default()
-        })
-        .await?;
+    let loaded = load(&mut session, 1..=4).await?;
     let expected = vec![(0, doc(1, "one")), (0, doc(2, "two")), (0, doc(3, "three"))];
     ensure_loaded("after reopening", &loaded, expected)?;
     Ok(session.close().await?)
 }
 
 async fn updates(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
-    session
-        .run(Txn {
-            stores: vec![put(1, "before", false)],
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    let mut session = open_one(fx).await?;
+    commit(fx, &mut session, 1, vec![put(1, "before", false)]).await?;
     let update = Txn {
         loads: loads([1]),
         stores: vec![put(1, "after", true)],
@@ -388,27 +366,15 @@ async fn updates(fx: &Fixture<'_>) -> Verdict {
     };
     let loaded = session.run(update).await?;
     ensure_loaded("before the update", &loaded, vec![(0, doc(1, "before"))])?;
-    let loaded = session
-        .run(Txn {
-            loads: loads([1]),
-            ..Txn::default()
-        })
-        .await?;
+    let loaded = load(&mut session, [1]).await?;
     ensure_loaded("after the update", &loaded, vec![(0, doc(1, "after"))])?;
     Ok(session.close().await?)
 }
 
 async fn deletes(fx: &Fixture<'_>) -> Verdict {
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
+    let mut session = open_one(fx).await?;
     let stores = vec![put(1, "doomed", false), put(2, "kept", false)];
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     let delete = Put {
         binding: 0,
         id: 1,
@@ -426,12 +392,7 @@ async fn deletes(fx: &Fixture<'_>) -> Verdict {
             "the driver refused a null document (deletion): {err}"
         )));
     }
-    let loaded = session
-        .run(Txn {
-            loads: loads([1, 2]),
-            ..Txn::default()
-        })
-        .await?;
+    let loaded = load(&mut session, [1, 2]).await?;
     ensure_loaded("after deleting key 1", &loaded, vec![(0, doc(2, "kept"))])?;
     Ok(session.close().await?)
 }
@@ -447,13 +408,7 @@ async fn delta_updates(fx: &Fixture<'_>) -> Verdict {
     };
     let mut session = Session::open(fx, &spec).await?;
     let stores = vec![put(1, "standard", false), delta("a"), delta("b")];
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     let txn = Txn {
         loads: loads([1]),
         stores: vec![delta("c")],
@@ -476,21 +431,9 @@ async fn document_of(fx: &Fixture<'_>, size: Option<usize>) -> Verdict {
         None => "x".to_string(),
         Some(size) => "x".repeat(size - doc(1, "").to_string().len()),
     };
-    let spec = fx.setup(1).await?;
-    let mut session = Session::open(fx, &spec).await?;
-    session
-        .run(Txn {
-            stores: vec![put(1, &value, false)],
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
-    let loaded = session
-        .run(Txn {
-            loads: loads([1]),
-            ..Txn::default()
-        })
-        .await?;
+    let mut session = open_one(fx).await?;
+    commit(fx, &mut session, 1, vec![put(1, &value, false)]).await?;
+    let loaded = load(&mut session, [1]).await?;
     ensure_loaded("the stored document", &loaded, vec![(0, doc(1, &value))])?;
     Ok(session.close().await?)
 }
@@ -515,13 +458,7 @@ async fn many_bindings(fx: &Fixture<'_>) -> Verdict {
             exists: false,
         })
         .collect();
-    session
-        .run(Txn {
-            stores,
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut session, 1, stores).await?;
     let keys = (0..BINDINGS).flat_map(|binding| {
         std::iter::once(1)
             .chain(100..100 + i64::from(BINDINGS))
@@ -544,13 +481,7 @@ async fn many_bindings(fx: &Fixture<'_>) -> Verdict {
 async fn second_open_fences_first(fx: &Fixture<'_>) -> Verdict {
     let spec = fx.setup(1).await?;
     let mut first = Session::open(fx, &spec).await?;
-    first
-        .run(Txn {
-            stores: vec![put(1, "first", false)],
-            checkpoint: fx.checkpoint(1),
-            ..Txn::default()
-        })
-        .await?;
+    commit(fx, &mut first, 1, vec![put(1, "first", false)]).await?;
     let mut second = Session::open(fx, &spec).await?;
     let zombie = Txn {
         stores: vec![put(2, "zombie", false)],
