@@ -76,16 +76,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments(
         .into_iter()
         .map(|c| c[0].clone())
         .collect();
-    assert_eq!(
-        checkpoints,
-        [
-            "materialization",
-            "key_begin",
-            "key_end",
-            "fence",
-            "checkpoint"
-        ]
-    );
+    assert_eq!(checkpoints, testing::CHECKPOINT_COLUMNS);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -21,6 +21,7 @@ use sluice_proto::flow::{self, Slice};
 use sluice_proto::materialize::ApplyRequest;
 use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const MATERIALIZATION: &str = "acme/views-db";
 
@@ -214,6 +215,43 @@ pub fn view(user: &str, views: i64) -> Value {
         "user_id": user, "views": views, "score": 1.5, "active": true, "tags": ["a", "b"],
         "seen_at": "2024-05-01T12:00:00Z"
     })
+}
+
+/// The columns of the checkpoints table every SQL connector creates, in order.
+pub const CHECKPOINT_COLUMNS: [&str; 5] = [
+    "materialization",
+    "key_begin",
+    "key_end",
+    "fence",
+    "checkpoint",
+];
+
+/// A name no other test uses, `sluice_t_<pid>_<counter>_<nanos>`, for a private
+/// database or schema: parallel tests and reruns never collide.
+pub fn unique_name() -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!(
+        "sluice_t_{}_{}_{nanos:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs `cleanup` to completion on a thread and runtime of its own, for a `Drop` that
+/// may run on the test's runtime (which must not block).
+pub fn run_detached(cleanup: impl Future<Output = ()> + Send + 'static) {
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a cleanup runtime")
+            .block_on(cleanup);
+    });
+    let _ = thread.join();
 }
 
 /// The driver under test: a fresh instance per use, named as in a pipeline.

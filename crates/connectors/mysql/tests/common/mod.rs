@@ -10,11 +10,10 @@
 
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
-use sluice_driver::testing::TestDriver;
 use sluice_driver::testing::scenarios::{ServerStore, TestStore};
+use sluice_driver::testing::{self, TestDriver};
 use sluice_mysql::MysqlDriver;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn server_url() -> String {
     std::env::var("SLUICE_TEST_MYSQL_URL")
@@ -32,16 +31,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
-        let database = format!(
-            "sluice_t_{}_{}_{nanos:x}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let database = testing::unique_name();
         let server = server_url();
         let base = server
             .rsplit_once('/')
@@ -109,27 +99,19 @@ impl TestDb {
 }
 
 impl Drop for TestDb {
-    /// Drops the database. Runs on a thread of its own: the test's runtime may be the
-    /// one calling.
+    /// Drops the database.
     fn drop(&mut self) {
         let database = self.database.clone();
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let Ok(mut conn) = mysql_async::Conn::from_url(server_url()).await else {
-                    return;
-                };
-                let drop = format!("DROP DATABASE IF EXISTS `{database}`");
-                if let Err(err) = conn.query_drop(&drop).await {
-                    eprintln!("{drop}: {err}");
-                }
-                let _ = conn.disconnect().await;
-            });
+        testing::run_detached(async move {
+            let Ok(mut conn) = mysql_async::Conn::from_url(server_url()).await else {
+                return;
+            };
+            let drop = format!("DROP DATABASE IF EXISTS `{database}`");
+            if let Err(err) = conn.query_drop(&drop).await {
+                eprintln!("{drop}: {err}");
+            }
+            let _ = conn.disconnect().await;
         });
-        let _ = cleanup.join();
     }
 }
 

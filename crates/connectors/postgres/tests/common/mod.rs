@@ -9,11 +9,10 @@
 #![allow(dead_code)] // Each test binary uses its own subset of the fixtures.
 
 use serde_json::{Value, json};
-use sluice_driver::testing::TestDriver;
 use sluice_driver::testing::scenarios::{ServerStore, TestStore};
+use sluice_driver::testing::{self, TestDriver};
 use sluice_postgres::PostgresDriver;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_postgres::NoTls;
 
 fn server_url() -> String {
@@ -32,16 +31,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub fn new() -> TestDb {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
-        let schema = format!(
-            "sluice_t_{}_{}_{nanos:x}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let schema = testing::unique_name();
         let url = format!("{}?application_name={schema}", server_url());
         TestDb { schema, url }
     }
@@ -87,35 +77,27 @@ impl TestDb {
 }
 
 impl Drop for TestDb {
-    /// Ends the driver's leftover connections, then drops the schema. Runs on a thread
-    /// of its own: the test's runtime may be the one calling.
+    /// Ends the driver's leftover connections, then drops the schema.
     fn drop(&mut self) {
         let schema = self.schema.clone();
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let Ok((client, connection)) = tokio_postgres::connect(&server_url(), NoTls).await
-                else {
-                    return;
-                };
-                tokio::spawn(connection);
-                let _ = client
-                    .execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                         WHERE application_name = $1",
-                        &[&schema],
-                    )
-                    .await;
-                let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-                if let Err(err) = client.batch_execute(&drop).await {
-                    eprintln!("{drop}: {err}");
-                }
-            });
+        testing::run_detached(async move {
+            let Ok((client, connection)) = tokio_postgres::connect(&server_url(), NoTls).await
+            else {
+                return;
+            };
+            tokio::spawn(connection);
+            let _ = client
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE application_name = $1",
+                    &[&schema],
+                )
+                .await;
+            let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+            if let Err(err) = client.batch_execute(&drop).await {
+                eprintln!("{drop}: {err}");
+            }
         });
-        let _ = cleanup.join();
     }
 }
 
