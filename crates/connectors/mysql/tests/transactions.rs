@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{DRIVER, TestDb};
+use common::TestDb;
 use serde_json::{Value, json};
-use sluice_driver::testing::{ALL, binding, load, scenarios, spec, store, view};
+use sluice_driver::testing::{binding, load, scenarios, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {
@@ -99,9 +99,8 @@ async fn a_lost_connection_fails_the_stream_with_a_retryable_error_and_loses_not
 #[tokio::test(flavor = "multi_thread")]
 async fn keys_differing_in_case_or_trailing_spaces_are_distinct_rows() {
     let db = TestDb::new().await;
-    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
+    let (_, mut session, _) =
+        scenarios::apply_and_open(&db, vec![binding("pageviews", false)]).await;
     let users = ["bob", "Bob", "bob ", "böb"];
     let docs: Vec<(Value, bool)> = (users.iter().enumerate())
         .map(|(i, u)| (view(u, i as i64), false))
@@ -126,9 +125,8 @@ async fn keys_differing_in_case_or_trailing_spaces_are_distinct_rows() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_longer_than_its_column_fails_the_transaction_instead_of_truncating() {
     let db = TestDb::new().await;
-    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
+    let (_, mut session, _) =
+        scenarios::apply_and_open(&db, vec![binding("pageviews", false)]).await;
     let long = "k".repeat(256);
     let err = session
         .transaction(
@@ -144,9 +142,8 @@ async fn a_key_longer_than_its_column_fails_the_transaction_instead_of_truncatin
 #[tokio::test(flavor = "multi_thread")]
 async fn committing_an_unchanged_checkpoint_is_not_mistaken_for_a_fence() {
     let db = TestDb::new().await;
-    let spec = spec(&db.endpoint(), vec![binding("pageviews", false)]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
+    let (_, mut session, _) =
+        scenarios::apply_and_open(&db, vec![binding("pageviews", false)]).await;
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
 }

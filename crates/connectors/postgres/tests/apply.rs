@@ -174,10 +174,7 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     selection.values = vec!["Mixed Case".into(), "a\"b".into()];
     let mut other = binding("Mixed Case", false);
     other.field_selection.as_mut().unwrap().values.clear();
-    let spec = spec(&db.endpoint(), vec![weird, other]);
-    DRIVER.apply(&spec).await;
-
-    let (mut session, _) = DRIVER.session(&spec, 0, testing::ALL).await.unwrap();
+    let (_, mut session, _) = scenarios::apply_and_open(&db, vec![weird, other]).await;
     let stored = testing::store_values(
         0,
         &["/user_id"],

@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::{DRIVER, TestFile};
+use common::TestFile;
 use serde_json::json;
-use sluice_driver::testing::scenarios::{self, TestStore};
-use sluice_driver::testing::{ALL, binding, load, spec, store, view};
+use sluice_driver::testing::scenarios;
+use sluice_driver::testing::{binding, load, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction() {
@@ -78,9 +78,7 @@ async fn delta_updates_append_every_stored_document() {
 #[tokio::test(flavor = "multi_thread")]
 async fn delta_updates_append_a_row_per_store() {
     let db = TestFile::new();
-    let spec = spec(&db.endpoint(), vec![binding("events", true)]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
+    let (_, mut session, _) = scenarios::apply_and_open(&db, vec![binding("events", true)]).await;
     for (i, cp) in [b"cp-1", b"cp-2"].iter().enumerate() {
         let stores = vec![store(
             0,
@@ -103,9 +101,7 @@ async fn oddly_named_tables_and_fields_round_trip() {
     collection.projections[3].field = "a\"b".into();
     weird.field_selection.as_mut().unwrap().values[..2]
         .clone_from_slice(&["Mixed Case".into(), "a\"b".into()]);
-    let spec = spec(&db.endpoint(), vec![weird]);
-    DRIVER.apply(&spec).await;
-    let (mut session, _) = DRIVER.session(&spec, 0, ALL).await.unwrap();
+    let (_, mut session, _) = scenarios::apply_and_open(&db, vec![weird]).await;
     let stores = vec![store(0, &["/user_id"], &[(view("alice", 7), false)])];
     session.transaction(vec![], b"cp-1", stores).await.unwrap();
     let loaded = session

@@ -47,7 +47,7 @@ async fn users(db: &impl TestStore, table: &str) -> Vec<Value> {
 
 /// Applies `bindings` to the store and opens the whole key range: the spec, the
 /// session and the recovered checkpoint.
-async fn open(
+pub async fn apply_and_open(
     db: &impl TestStore,
     bindings: Vec<Binding>,
 ) -> (MaterializationSpec, Session, Vec<u8>) {
@@ -76,7 +76,7 @@ async fn commit(session: &mut Session, checkpoint: &[u8], docs: &[(Value, bool)]
 /// the prior transaction committed. Leaves `pageviews` holding alice (2 views) and bob
 /// (1), from [`view`], for the connector to check its columns.
 pub async fn loads_read_the_prior_commit(db: &impl TestStore) {
-    let (_, mut session, recovered) = open(db, vec![binding("pageviews", false)]).await;
+    let (_, mut session, recovered) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     assert!(recovered.is_empty(), "a fresh store has no checkpoint");
     let docs = [(view("alice", 1), false), (view("bob", 1), false)];
     commit(&mut session, b"cp-1", &docs).await;
@@ -98,7 +98,7 @@ pub async fn loads_read_the_prior_commit(db: &impl TestStore) {
 
 /// `doc`, stored, is loaded back with exactly its text.
 pub async fn documents_keep_their_exact_text_through_a_load(db: &impl TestStore, doc: Value) {
-    let (_, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (_, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     commit(&mut session, b"cp-1", &[(doc.clone(), false)]).await;
     let key = json!([doc["user_id"].clone()]);
     let loaded = session
@@ -120,7 +120,7 @@ pub async fn one_load_of_many_keys_finds_every_stored_one(
     stored: i64,
     absent: i64,
 ) {
-    let (_, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (_, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     let docs: Vec<(Value, bool)> = (0..stored)
         .map(|i| (view(&format!("u{i}"), i), false))
         .collect();
@@ -140,7 +140,7 @@ pub async fn one_load_of_many_keys_finds_every_stored_one(
 /// place. Leaves `daily` holding alice's day 1 (10 views) and day 2 (21 views).
 pub async fn composite_keys_are_stored_and_loaded(db: &impl TestStore) {
     let keyed = binding_keyed("daily", false, &["user_id", "day"]);
-    let (_, mut session, _) = open(db, vec![keyed]).await;
+    let (_, mut session, _) = apply_and_open(db, vec![keyed]).await;
     let doc = |day: i64, views: i64| json!({"user_id": "alice", "day": day, "views": views});
     let ptrs = ["/user_id", "/day"];
     let docs = [(doc(1, 10), false), (doc(2, 20), false)];
@@ -162,7 +162,7 @@ pub async fn composite_keys_are_stored_and_loaded(db: &impl TestStore) {
 
 /// A Store of a null document (a deletion) removes the key's row.
 pub async fn a_null_document_deletes_its_row(db: &impl TestStore) {
-    let (_, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (_, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     let docs = [(view("alice", 1), false), (view("bob", 1), false)];
     commit(&mut session, b"cp-1", &docs).await;
     commit(&mut session, b"cp-2", &[(json!({"key": ["alice"]}), true)]).await;
@@ -174,7 +174,7 @@ pub async fn a_null_document_deletes_its_row(db: &impl TestStore) {
 pub async fn storing_a_key_believed_absent_but_present_fails_the_commit(
     db: &impl TestStore,
 ) -> Error {
-    let (spec, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     commit(&mut session, b"cp-1", &[(view("alice", 1), false)]).await;
     let wrong = store(0, &["/user_id"], &[(view("alice", 9), false)]);
     let err = session
@@ -192,7 +192,7 @@ pub async fn storing_a_key_believed_absent_but_present_fails_the_commit(
 
 /// A new session recovers the checkpoint of the last commit.
 pub async fn reopening_recovers_the_last_committed_checkpoint(db: &impl TestStore) {
-    let (spec, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     session.transaction(vec![], b"cp-2", vec![]).await.unwrap();
     drop(session);
@@ -202,7 +202,7 @@ pub async fn reopening_recovers_the_last_committed_checkpoint(db: &impl TestStor
 /// Once a newer session of the same range opens, the older one's commit is fenced and
 /// writes nothing, while the newer one commits on.
 pub async fn a_zombie_is_fenced_and_writes_nothing(db: &impl TestStore) {
-    let (spec, mut zombie, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut zombie, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     zombie.transaction(vec![], b"cp-1", vec![]).await.unwrap();
 
     let (mut newer, recovered_by_newer) = db.driver().session(&spec, 0, ALL).await.unwrap();
@@ -225,7 +225,7 @@ pub async fn a_zombie_is_fenced_and_writes_nothing(db: &impl TestStore) {
 /// Opening the left half of a committed range recovers the parent's checkpoint and
 /// fences the parent; returns the spec, the parent and the left half's session.
 async fn split(db: &impl TestStore, mid: u32) -> (MaterializationSpec, Session) {
-    let (spec, mut parent, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut parent, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     parent
         .transaction(vec![], b"cp-parent", vec![])
         .await
@@ -281,7 +281,7 @@ pub async fn a_split_range_resumes_each_half_from_its_own_lineage(db: &impl Test
 
 /// A delta-updates binding appends a row per stored document, even of the same key.
 pub async fn delta_updates_append_every_stored_document(db: &impl TestStore) {
-    let (_, mut session, _) = open(db, vec![binding("events", true)]).await;
+    let (_, mut session, _) = apply_and_open(db, vec![binding("events", true)]).await;
     for (i, checkpoint) in [b"cp-1", b"cp-2"].iter().enumerate() {
         let docs = [(view("alice", i as i64), false), (view("bob", 5), false)];
         commit(&mut session, *checkpoint, &docs).await;
@@ -301,7 +301,7 @@ pub async fn delta_updates_append_every_stored_document(db: &impl TestStore) {
 /// error; reopening finds exactly the prior commit. Returns the error for the connector
 /// to check what it prints.
 pub async fn a_lost_connection_fails_retryably_and_loses_nothing(db: &impl ServerStore) -> Error {
-    let (spec, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     commit(&mut session, b"cp-1", &[(view("alice", 1), false)]).await;
 
     assert!(db.kill_driver_connections().await >= 1);
@@ -384,7 +384,7 @@ pub async fn validate_requires_keys_and_document_and_forbids_untyped_fields(
 /// Apply-delete after a commit drops what apply created: applying again starts over,
 /// with no checkpoint to recover. Returns the delete's action description.
 pub async fn apply_delete_forgets_checkpoints(db: &impl TestStore) -> String {
-    let (spec, mut session, _) = open(db, vec![binding("pageviews", false)]).await;
+    let (spec, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
     session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
     drop(session);
     let deleted = (db.driver().driver)()
