@@ -160,18 +160,7 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     let db = TestDb::new();
-    let mut weird = binding("select", false);
-    let collection = weird.collection.as_mut().unwrap();
-    for p in &mut collection.projections {
-        if p.field == "views" {
-            p.field = "Mixed Case".into();
-        }
-        if p.field == "score" {
-            p.field = "a\"b".into();
-        }
-    }
-    let selection = weird.field_selection.as_mut().unwrap();
-    selection.values = vec!["Mixed Case".into(), "a\"b".into()];
+    let weird = testing::odd_names_binding("a\"b");
     let mut other = binding("Mixed Case", false);
     other.field_selection.as_mut().unwrap().values.clear();
     let (_, mut session, _) = scenarios::apply_and_open(&db, vec![weird, other]).await;

@@ -136,12 +136,7 @@ async fn delta_update_tables_have_no_primary_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_are_quoted() {
     let db = TestFile::new();
-    let mut weird = binding("select", false);
-    let collection = weird.collection.as_mut().unwrap();
-    collection.projections[2].field = "Mixed Case".into();
-    collection.projections[3].field = "a\"b".into();
-    let selection = weird.field_selection.as_mut().unwrap();
-    selection.values = vec!["Mixed Case".into(), "a\"b".into()];
+    let weird = testing::odd_names_binding("a\"b");
     DRIVER.apply(&spec(&db.endpoint(), vec![weird])).await;
     let names: Vec<String> = (columns(&db.path, "select").into_iter())
         .map(|c| c.0)

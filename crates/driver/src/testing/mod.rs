@@ -106,6 +106,25 @@ pub fn binding_keyed(
     }
 }
 
+/// [`binding`] into the reserved word `select`, with `views` renamed `Mixed Case` and
+/// `score` renamed `quoted` (a name holding the store's quote character): the only
+/// values selected.
+pub fn odd_names_binding(quoted: &str) -> flow::materialization_spec::Binding {
+    let mut odd = binding("select", false);
+    let collection = odd.collection.as_mut().expect("a collection");
+    for p in &mut collection.projections {
+        if p.field == "views" {
+            p.field = "Mixed Case".into();
+        }
+        if p.field == "score" {
+            p.field = quoted.into();
+        }
+    }
+    let selection = odd.field_selection.as_mut().expect("a field selection");
+    selection.values = vec!["Mixed Case".into(), quoted.into()];
+    odd
+}
+
 /// [`MATERIALIZATION`] of `bindings` into the store of `endpoint` (its configuration).
 pub fn spec(
     endpoint: &Value,
