@@ -260,6 +260,11 @@ pub fn unique_name() -> String {
     )
 }
 
+/// The test server's URL: the environment variable `var`, else `default`.
+pub fn server_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
 /// Runs `cleanup` to completion on a thread and runtime of its own, for a `Drop` that
 /// may run on the test's runtime (which must not block).
 pub fn run_detached(cleanup: impl Future<Output = ()> + Send + 'static) {

@@ -16,13 +16,11 @@ use sluice_mysql::MysqlDriver;
 use std::sync::Arc;
 
 fn server_url() -> String {
-    std::env::var("SLUICE_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    testing::server_url("SLUICE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 }
 
-/// A database of this test's own, named `sluice_t_<pid>_<counter>_<nanos>` so parallel
-/// tests and reruns never collide. Only the driver under test connects to it by name,
-/// so a test can find and kill the driver's connections.
+/// A database of this test's own, named by [`testing::unique_name`]. Only the driver
+/// under test connects to it by name, so a test can find and kill its connections.
 pub struct TestDb {
     pub database: String,
     /// The driver's URL: the server with this database.

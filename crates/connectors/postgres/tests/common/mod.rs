@@ -16,13 +16,15 @@ use std::sync::Arc;
 use tokio_postgres::NoTls;
 
 fn server_url() -> String {
-    std::env::var("SLUICE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    testing::server_url(
+        "SLUICE_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
 }
 
-/// A schema of this test's own, named `sluice_t_<pid>_<counter>_<random>` so parallel
-/// tests and reruns never collide. Connections of the driver under test carry the
-/// schema's name as their `application_name`, so a test can find and kill them.
+/// A schema of this test's own, named by [`testing::unique_name`]. Connections of the
+/// driver under test carry the schema's name as their `application_name`, so a test
+/// can find and kill them.
 pub struct TestDb {
     pub schema: String,
     /// The driver's URL: the server plus `application_name=<schema>`.
