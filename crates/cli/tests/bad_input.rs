@@ -20,31 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+mod common;
 
-/// The expected row of one user: views and bytes summed, last_seen maximized.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Row {
-    views: i64,
-    bytes: i64,
-    last_seen: String,
-}
-
-fn reduce_expected(docs: &[Value]) -> BTreeMap<String, Row> {
-    let mut out: BTreeMap<String, Row> = BTreeMap::new();
-    for doc in docs {
-        let row = out
-            .entry(doc["user_id"].as_str().unwrap().to_string())
-            .or_default();
-        row.views += doc["views"].as_i64().unwrap();
-        row.bytes += doc["bytes"].as_i64().unwrap();
-        let seen = doc["last_seen"].as_str().unwrap();
-        if seen > row.last_seen.as_str() {
-            row.last_seen = seen.to_string();
-        }
-    }
-    out
-}
+use common::{Row, SLUICE, assert_success, pipeline_yaml, reduce_expected};
 
 /// Deterministic documents: `n` over `keys` users.
 fn generate(n: usize, keys: usize) -> Vec<Value> {
@@ -76,34 +54,12 @@ impl Fixture {
         } else {
             "json"
         };
-        let pipeline = format!(
-            r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
-sources:
-  views-file:
-    target: acme/pageviews
-{source}
-materializations:
-  views-db:
-    endpoint:
-      sqlite: {{path: out/views.db}}
-    bindings:
-      - source: acme/pageviews
-        resource: {{table: pageviews}}
-runtime:
-  transactions: {{max_docs: {max_docs}, max_duration: {max_duration}, min_duration: {max_duration}}}
-"#
+        let pipeline = pipeline_yaml(
+            source,
+            "sqlite: {path: out/views.db}",
+            false,
+            max_docs,
+            max_duration,
         );
         let pipeline = pipeline.replace("FORMAT", format).replace("INPUT", input);
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
@@ -171,15 +127,6 @@ fn json_lines(docs: &[Value]) -> Vec<u8> {
     docs.iter()
         .flat_map(|d| format!("{d}\n").into_bytes())
         .collect()
-}
-
-fn assert_success(out: &Output) {
-    assert!(
-        out.status.success(),
-        "sluice run failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
 }
 
 /// Runs a failing pipeline over `input` and checks the error names the source, the

@@ -12,31 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+mod common;
 
-/// The expected row of one user: views and bytes summed, last_seen maximized.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Expected {
-    views: i64,
-    bytes: i64,
-    last_seen: String,
-}
-
-fn reduce_expected(lines: &[Value]) -> BTreeMap<String, Expected> {
-    let mut out: BTreeMap<String, Expected> = BTreeMap::new();
-    for doc in lines {
-        let e = out
-            .entry(doc["user_id"].as_str().unwrap().to_string())
-            .or_default();
-        e.views += doc["views"].as_i64().unwrap();
-        e.bytes += doc["bytes"].as_i64().unwrap();
-        let seen = doc["last_seen"].as_str().unwrap();
-        if seen > e.last_seen.as_str() {
-            e.last_seen = seen.to_string();
-        }
-    }
-    out
-}
+use common::{Row as Expected, SLUICE, assert_success, pipeline_yaml, reduce_expected};
 
 /// Deterministic input: `n` documents over `keys` users.
 fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
@@ -138,35 +116,12 @@ impl Fixture {
                 format!("postgres: {{url: \"{POSTGRES_URL}\", schema: {schema}}}")
             }
         };
-        let pipeline = format!(
-            r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
-sources:
-  views-file:
-    target: acme/pageviews
-    file: {{path: views.jsonl, format: json}}
-materializations:
-  views-db:
-    endpoint:
-      {endpoint}
-    bindings:
-      - source: acme/pageviews
-        resource: {{table: pageviews}}
-        delta_updates: {delta_updates}
-runtime:
-  transactions: {{max_docs: {max_docs}, max_duration: 10s, min_duration: 10s}}
-"#
+        let pipeline = pipeline_yaml(
+            "    file: {path: views.jsonl, format: json}",
+            &endpoint,
+            delta_updates,
+            max_docs,
+            "10s",
         );
         std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
         Fixture { dir, store }
@@ -219,25 +174,14 @@ runtime:
         let mut table: BTreeMap<String, Expected> = BTreeMap::new();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for (user, views, bytes, seen) in rows {
-            let e = table.entry(user.clone()).or_default();
-            e.views += views;
-            e.bytes += bytes;
-            if seen > e.last_seen {
-                e.last_seen = seen;
-            }
+            table
+                .entry(user.clone())
+                .or_default()
+                .add(views, bytes, &seen);
             *counts.entry(user).or_default() += 1;
         }
         (table, counts)
     }
-}
-
-fn assert_success(out: &Output) {
-    assert!(
-        out.status.success(),
-        "sluice run failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
 }
 
 #[test]
