@@ -7,6 +7,7 @@
 //!   prepare ─▶ remember the runtime checkpoint; driver checkpoint `{}` (merge patch)
 //!   store ──▶ BEGIN IMMEDIATE (first store) ─ INSERT / upsert / DELETE per document
 //!   commit ─▶ UPDATE checkpoint WHERE fence = ours (1 row, else Fenced + ROLLBACK) ─ COMMIT
+//!   a store or commit fails ─▶ ROLLBACK; fence moved since open? Fenced : the error
 //! ```
 //!
 //! Invariants:
@@ -14,6 +15,9 @@
 //!   SQLite transaction, so the store holds exactly the effects of the checkpoint it holds.
 //! - Loads run only between transactions (the SDK calls `load` after the prior `commit`
 //!   returned), so they read committed data through the same connection.
+//! - A zombie whose Loads went stale fails its store of a key the newer instance wrote
+//!   with a UNIQUE constraint error: the fence check after any failed store or commit
+//!   reports it as [`Error::Fenced`], which it is.
 //! - rusqlite blocks: each call runs on the calling worker thread under
 //!   [`tokio::task::block_in_place`] (multi-threaded runtimes), so the connection stays
 //!   owned by the transactor and no data is copied to another thread.
@@ -408,6 +412,20 @@ impl SqliteTransactor {
         Ok(())
     }
 
+    /// `result`, unless it failed: then the transaction is rolled back, and the error
+    /// is [`Error::Fenced`] if a newer instance has opened this range since.
+    fn fence_checked(&self, result: Result<()>) -> Result<()> {
+        result.map_err(|err| {
+            if !self.conn.is_autocommit()
+                && let Err(rollback) = self.conn.execute_batch("ROLLBACK")
+            {
+                tracing::warn!(%rollback, "rolling back a failed SQLite transaction");
+            }
+            let current = sql::current_fence(&self.conn, &self.claim);
+            self.claim.range_fence().explain(err, current)
+        })
+    }
+
     fn commit_blocking(&mut self) -> Result<()> {
         let checkpoint = self.checkpoint.take()?;
         self.begin()?;
@@ -439,11 +457,14 @@ impl Transactor for SqliteTransactor {
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
-        blocking(|| self.store_blocking(&store))
+        blocking(|| self.fence_checked(self.store_blocking(&store)))
     }
 
     async fn commit(&mut self) -> Result<()> {
-        blocking(|| self.commit_blocking())
+        blocking(|| {
+            let committed = self.commit_blocking();
+            self.fence_checked(committed)
+        })
     }
 
     /// Nothing to do: the commit itself was authoritative and durable.

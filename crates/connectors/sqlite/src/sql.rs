@@ -33,6 +33,7 @@
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
+use sluice_driver::sql::RangeFence;
 use sluice_driver::{Error, Result};
 use sluice_proto::flow;
 use std::path::Path;
@@ -412,6 +413,38 @@ pub struct Claim {
     pub fence: i64,
 }
 
+impl Claim {
+    pub fn range_fence(&self) -> RangeFence<'_> {
+        RangeFence {
+            materialization: &self.materialization,
+            key_begin: self.key_begin,
+            key_end: self.key_end,
+            claimed: self.fence,
+        }
+    }
+}
+
+/// The claimed range's fence as stored now (`None` if its row is gone), read in a
+/// statement of its own to explain a failed store or commit.
+pub fn current_fence(conn: &Connection, claim: &Claim) -> Result<Option<i64>> {
+    conn.prepare_cached(
+        "SELECT \"fence\" FROM \"sluice_checkpoints\" WHERE \"materialization\" = ?1 \
+         AND \"key_begin\" = ?2 AND \"key_end\" = ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row(
+            params![
+                claim.materialization,
+                i64::from(claim.key_begin),
+                i64::from(claim.key_end)
+            ],
+            |row| row.get(0),
+        )
+        .optional()
+    })
+    .map_err(|err| store_error("reading the fence of the claimed range", err))
+}
+
 /// Fences every overlapping range of `materialization` and recovers the checkpoint of
 /// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
 /// shard resumes from its parent's checkpoint, and records it as its own.
@@ -496,11 +529,7 @@ pub fn commit_checkpoint(conn: &Connection, claim: &Claim, checkpoint: &[u8]) ->
     if changed != 1 {
         conn.execute_batch("ROLLBACK")
             .map_err(|err| store_error("rolling back a fenced transaction", err))?;
-        return Err(Error::Fenced(format!(
-            "key range [{:08x}, {:08x}] of {:?} was opened by a newer instance \
-             (this instance holds stale fence {}); its transaction was rolled back",
-            claim.key_begin, claim.key_end, claim.materialization, claim.fence
-        )));
+        return Err(claim.range_fence().fenced(None));
     }
     Ok(())
 }

@@ -5,9 +5,13 @@
 //! - [`binding`]: a request's binding index, checked.
 //! - [`PreparedCheckpoint`]: the runtime checkpoint between Prepare and Commit.
 //! - [`mismatch`]: the error of a value that does not fit its column.
+//! - [`RangeFence`]: an instance's claim on its key range, and the [`Error::Fenced`] of
+//!   a stale one, including a store or commit that failed *because* the instance was
+//!   fenced off (a zombie that believed absent a key the newer instance stored fails
+//!   with the store's duplicate-key error: [`RangeFence::explain`] tells the truth).
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
 //!
-//! Errors here are [`Error::Store`], not retryable: a malformed packed tuple or a value
+//! Errors here, but for [`RangeFence`]'s, are [`Error::Store`], not retryable: a malformed packed tuple or a value
 //! of the wrong type fails the same way on every retry.
 
 pub mod text;
@@ -76,6 +80,49 @@ impl PreparedCheckpoint {
     }
 }
 
+/// An instance's claim on its key range of a materialization: the fence it read when
+/// it opened, which its commit must still find in the range's checkpoints row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeFence<'a> {
+    pub materialization: &'a str,
+    pub key_begin: u32,
+    pub key_end: u32,
+    /// The fence claimed at open.
+    pub claimed: i64,
+}
+
+impl RangeFence<'_> {
+    /// The error of this instance once a newer one has opened its range; `cause` is
+    /// the store's error that revealed it, if any.
+    pub fn fenced(&self, cause: Option<&Error>) -> Error {
+        let cause = cause
+            .map(|err| format!(" (it failed with: {err})"))
+            .unwrap_or_default();
+        Error::Fenced(format!(
+            "key range [{:08x}, {:08x}] of {:?} was opened by a newer instance \
+             (this instance holds stale fence {}); its transaction was rolled back{cause}",
+            self.key_begin, self.key_end, self.materialization, self.claimed
+        ))
+    }
+
+    /// What a store or commit that failed with `err` really is, given the range's
+    /// fence read afresh after the failure (`current`; `None` if its row is gone):
+    /// [`Error::Fenced`], naming `err`, if the fence moved since this instance claimed
+    /// it, else `err` itself. A failed read proves nothing, so it leaves `err` as is.
+    pub fn explain(&self, err: Error, current: Result<Option<i64>>) -> Error {
+        match current {
+            Ok(now) if now != Some(self.claimed) && !matches!(err, Error::Fenced(_)) => {
+                self.fenced(Some(&err))
+            }
+            Ok(_) => err,
+            Err(read) => {
+                tracing::debug!(%read, "reading the fence of a failed transaction");
+                err
+            }
+        }
+    }
+}
+
 /// A value that does not fit column `field`: the data's fault, named with the value
 /// (cut to 80 bytes) and `why`, e.g. "does not fit a bigint column".
 pub fn mismatch(field: &str, value: &Value, why: &str) -> Error {
@@ -137,6 +184,29 @@ mod tests {
             err.to_string().contains("without a prepared checkpoint"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_failure_is_fenced_only_if_the_fence_moved() {
+        let range = RangeFence {
+            materialization: "m",
+            key_begin: 0,
+            key_end: u32::MAX,
+            claimed: 3,
+        };
+        let duplicate = || Error::store("storing", "duplicate key", false);
+        let err = range.explain(duplicate(), Ok(Some(4)));
+        assert!(matches!(err, Error::Fenced(_)), "{err}");
+        assert!(err.to_string().contains("stale fence 3"), "{err}");
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+        let err = range.explain(duplicate(), Ok(None));
+        assert!(matches!(err, Error::Fenced(_)), "{err}");
+        let err = range.explain(duplicate(), Ok(Some(3)));
+        assert!(matches!(err, Error::Store { .. }), "{err}");
+        let err = range.explain(duplicate(), Err(Error::Transport("lost".into())));
+        assert!(matches!(err, Error::Store { .. }), "{err}");
+        let fenced = range.explain(range.fenced(None), Ok(Some(4)));
+        assert_eq!(fenced.to_string(), range.fenced(None).to_string());
     }
 
     #[test]

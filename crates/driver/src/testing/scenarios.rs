@@ -222,6 +222,23 @@ pub async fn a_zombie_is_fenced_and_writes_nothing(db: &impl TestStore) {
     assert_eq!(recovered(db, &spec).await, b"cp-2");
 }
 
+/// A zombie whose Loads went stale stores as absent a key the newer instance has
+/// committed since: its transaction fails as fenced off, not with the store's
+/// duplicate-key error, and the table holds exactly the newer instance's row.
+pub async fn a_zombie_storing_a_key_the_newer_instance_committed_is_fenced(db: &impl TestStore) {
+    let (spec, mut zombie, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
+    let (mut newer, _) = db.driver().session(&spec, 0, ALL).await.unwrap();
+    commit(&mut newer, b"cp-newer", &[(view("alice", 1), false)]).await;
+
+    let stale = store(0, &["/user_id"], &[(view("alice", 9), false)]);
+    let err = zombie
+        .transaction(vec![], b"cp-zombie", vec![stale])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Fenced(_)), "{err:?}");
+    assert_eq!(db.user_views("pageviews").await, [json!(["alice", 1])]);
+}
+
 /// Opening the left half of a committed range recovers the parent's checkpoint and
 /// fences the parent; returns the spec, the parent and the left half's session.
 async fn split(db: &impl TestStore, mid: u32) -> (MaterializationSpec, Session) {
