@@ -17,6 +17,10 @@
 //! newer Open waits for us and recovers the checkpoint we committed. A zombie therefore
 //! never commits after a newer instance has opened.
 //!
+//! A zombie whose Loads went stale may fail before its commit's UPDATE, storing as
+//! absent a key the newer instance wrote: the transactor then reads [`current_fence`]
+//! and reports the failure as [`Error::Fenced`] if the fence moved.
+//!
 //! Errors: a lost connection, a server shutting down, a serialization failure or a
 //! deadlock are retryable (the runtime reopens with backoff, and the transaction in
 //! progress was rolled back by the server); constraint violations and bad data are
@@ -24,6 +28,7 @@
 
 use crate::config::EndpointConfig;
 use crate::sql::{self, CHECKPOINTS_TABLE};
+use sluice_driver::sql::RangeFence;
 use sluice_driver::{Error, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
@@ -121,6 +126,38 @@ pub struct Claim {
     pub key_begin: u32,
     pub key_end: u32,
     pub fence: i64,
+}
+
+impl Claim {
+    pub fn range_fence(&self) -> RangeFence<'_> {
+        RangeFence {
+            materialization: &self.materialization,
+            key_begin: self.key_begin,
+            key_end: self.key_end,
+            claimed: self.fence,
+        }
+    }
+}
+
+/// The claimed range's fence as committed now (`None` if its row is gone), read
+/// outside any transaction to explain a failed store or commit.
+pub async fn current_fence(client: &Client, claim: &Claim) -> Result<Option<i64>> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT \"fence\" FROM {} WHERE \"materialization\" = $1 \
+                 AND \"key_begin\" = $2 AND \"key_end\" = $3",
+                sql::qualify(&claim.schema, CHECKPOINTS_TABLE)
+            ),
+            &[
+                &claim.materialization,
+                &i64::from(claim.key_begin),
+                &i64::from(claim.key_end),
+            ],
+        )
+        .await
+        .map_err(|err| pg_error("reading the fence of the claimed range", err))?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 /// Fences every overlapping range of `materialization` and recovers the checkpoint of
@@ -234,11 +271,7 @@ pub async fn commit_checkpoint(
         .await
         .map_err(|err| pg_error("committing the runtime checkpoint", err))?;
     if changed != 1 {
-        return Err(Error::Fenced(format!(
-            "key range [{:08x}, {:08x}] of {:?} was opened by a newer instance \
-             (this instance holds stale fence {}); its transaction was rolled back",
-            claim.key_begin, claim.key_end, claim.materialization, claim.fence
-        )));
+        return Err(claim.range_fence().fenced(None));
     }
     Ok(())
 }

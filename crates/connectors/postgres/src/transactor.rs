@@ -14,6 +14,8 @@
 //!               document `null`                  ─▶ DELETE … USING unnest(keys)
 //!   commit ─▶ await the last writes ─▶ UPDATE checkpoint WHERE fence = ours
 //!             (0 rows: ROLLBACK, Fenced) ─▶ COMMIT
+//!   a store or commit fails ─▶ await the writes, ROLLBACK; fence moved since open?
+//!             Fenced (naming the error) : the error
 //! ```
 //!
 //! The writes of Store message i run on the server while the runtime builds message
@@ -33,7 +35,9 @@
 //!   statements, a Load message one query, a commit two statements.
 //! - A key the runtime says is absent is inserted with plain INSERT semantics (COPY):
 //!   if it is in fact present the commit fails with the server's duplicate-key error
-//!   rather than silently overwriting a row the runtime never loaded.
+//!   rather than silently overwriting a row the runtime never loaded. If that key was
+//!   written by a newer instance (this one is a zombie whose Loads went stale), the
+//!   failure is reported as [`Error::Fenced`], which it is.
 
 use crate::client::{self, Claim, pg_error};
 use crate::config::EndpointConfig;
@@ -240,6 +244,80 @@ impl PostgresTransactor {
         }
     }
 
+    /// `result`, unless it failed: then the transaction is rolled back, and the error
+    /// is [`Error::Fenced`] if a newer instance has opened this range since.
+    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
+        let Err(err) = result else { return Ok(()) };
+        if let Err(writes) = self.settle().await {
+            tracing::debug!(%writes, "writes in flight failed after the transaction failed");
+        }
+        self.rollback().await;
+        let current = client::current_fence(&self.client, &self.claim).await;
+        Err(self.claim.range_fence().explain(err, current))
+    }
+
+    /// Encodes a Store message and starts its writes once the prior ones have ended.
+    async fn start_writes(&mut self, store: Store) -> Result<()> {
+        let b = self.binding(store.binding)?;
+        let table = &b.table;
+        let (mut direct, mut staged) = (CopyRow::default(), CopyRow::default());
+        let mut deletes = vec![Vec::new(); table.key_count];
+        for doc in arena::store_docs(&store) {
+            let doc = doc?;
+            let key = unpack(doc.key, table.key_count, "a stored key")?;
+            if !table.delta_updates && doc.doc.trim_ascii() == b"null" {
+                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut deletes) {
+                    array.push(sql::key_text(column, value)?);
+                }
+                continue;
+            }
+            let values = unpack(doc.values, table.values().len(), "stored values")?;
+            let rows = if doc.exists && !table.delta_updates {
+                &mut staged
+            } else {
+                &mut direct
+            };
+            rows.push(table, key.iter().chain(&values), Some(doc.doc))?;
+        }
+        let writes = Writes {
+            context: format!("storing into table {}", table.qualified()),
+            deletes: (b.delete.clone())
+                .filter(|_| deletes.first().is_some_and(|keys| !keys.is_empty()))
+                .map(|delete| (delete, deletes)),
+            direct: (!direct.is_empty()).then(|| (b.copy_target.clone(), direct.take())),
+            staged: (b.stage.clone())
+                .filter(|_| !staged.is_empty())
+                .map(|stage| (stage, staged.take())),
+        };
+        self.settle().await?;
+        self.begin().await?;
+        self.in_flight = Some(tokio::spawn(writes.run(self.client.clone())));
+        Ok(())
+    }
+
+    /// Awaits the last writes, records the checkpoint if the fence holds, commits.
+    async fn commit_writes(&mut self) -> Result<()> {
+        let checkpoint = self.checkpoint.take()?;
+        self.settle().await?;
+        self.begin().await?;
+        // From here on the range's row is locked, so no newer Open can slip in before
+        // our COMMIT.
+        client::commit_checkpoint(
+            &self.client,
+            &self.commit_checkpoint,
+            &self.claim,
+            &checkpoint,
+        )
+        .await?;
+        // Durable when this returns: the server flushed the commit record to its WAL.
+        self.client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|err| pg_error(format!("committing a transaction on {}", self.server), err))?;
+        self.in_transaction = false;
+        Ok(())
+    }
+
     async fn rollback(&mut self) {
         if std::mem::take(&mut self.in_transaction)
             && let Err(err) = self.client.batch_execute("ROLLBACK").await
@@ -311,67 +389,13 @@ impl Transactor for PostgresTransactor {
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
-        let b = self.binding(store.binding)?;
-        let table = &b.table;
-        let (mut direct, mut staged) = (CopyRow::default(), CopyRow::default());
-        let mut deletes = vec![Vec::new(); table.key_count];
-        for doc in arena::store_docs(&store) {
-            let doc = doc?;
-            let key = unpack(doc.key, table.key_count, "a stored key")?;
-            if !table.delta_updates && doc.doc.trim_ascii() == b"null" {
-                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut deletes) {
-                    array.push(sql::key_text(column, value)?);
-                }
-                continue;
-            }
-            let values = unpack(doc.values, table.values().len(), "stored values")?;
-            let rows = if doc.exists && !table.delta_updates {
-                &mut staged
-            } else {
-                &mut direct
-            };
-            rows.push(table, key.iter().chain(&values), Some(doc.doc))?;
-        }
-        let writes = Writes {
-            context: format!("storing into table {}", table.qualified()),
-            deletes: (b.delete.clone())
-                .filter(|_| deletes.first().is_some_and(|keys| !keys.is_empty()))
-                .map(|delete| (delete, deletes)),
-            direct: (!direct.is_empty()).then(|| (b.copy_target.clone(), direct.take())),
-            staged: (b.stage.clone())
-                .filter(|_| !staged.is_empty())
-                .map(|stage| (stage, staged.take())),
-        };
-        self.settle().await?;
-        self.begin().await?;
-        self.in_flight = Some(tokio::spawn(writes.run(self.client.clone())));
-        Ok(())
+        let started = self.start_writes(store).await;
+        self.fence_checked(started).await
     }
 
     async fn commit(&mut self) -> Result<()> {
-        let checkpoint = self.checkpoint.take()?;
-        self.settle().await?;
-        self.begin().await?;
-        // From here on the range's row is locked, so no newer Open can slip in before
-        // our COMMIT.
-        if let Err(err) = client::commit_checkpoint(
-            &self.client,
-            &self.commit_checkpoint,
-            &self.claim,
-            &checkpoint,
-        )
-        .await
-        {
-            self.rollback().await;
-            return Err(err);
-        }
-        // Durable when this returns: the server flushed the commit record to its WAL.
-        self.client
-            .batch_execute("COMMIT")
-            .await
-            .map_err(|err| pg_error(format!("committing a transaction on {}", self.server), err))?;
-        self.in_transaction = false;
-        Ok(())
+        let committed = self.commit_writes().await;
+        self.fence_checked(committed).await
     }
 
     /// Nothing to do: the commit itself was authoritative and durable.
