@@ -19,6 +19,9 @@
 //! the newer instance never recovers a checkpoint older than the data it sees.
 //! Connections set `CLIENT_FOUND_ROWS`, so the UPDATE counts the row it matched even
 //! when the checkpoint it writes equals the stored one.
+//! A zombie whose Loads went stale may fail before its commit's UPDATE, storing as
+//! absent a key the newer instance wrote: the transactor then reads [`current_fence`]
+//! and reports the failure as [`Error::Fenced`] if the fence moved.
 //!
 //! Session settings (every connection): `utf8mb4`, `sql_mode` strict and without
 //! `NO_BACKSLASH_ESCAPES` (literals in [`crate::sql`] rely on it), UTC, and a client
@@ -36,6 +39,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
+use sluice_driver::sql::RangeFence;
 use sluice_driver::{Error, Result};
 
 /// Server error codes after which reconnecting and retrying may succeed.
@@ -161,6 +165,36 @@ pub struct Claim {
     pub fence: i64,
 }
 
+impl Claim {
+    pub fn range_fence(&self) -> RangeFence<'_> {
+        RangeFence {
+            materialization: &self.materialization,
+            key_begin: self.key_begin,
+            key_end: self.key_end,
+            claimed: self.fence,
+        }
+    }
+}
+
+/// The claimed range's fence as committed now (`None` if its row is gone), read
+/// outside any transaction to explain a failed store or commit.
+pub async fn current_fence(conn: &mut Conn, claim: &Claim) -> Result<Option<i64>> {
+    conn.exec_first(
+        format!(
+            "SELECT `fence` FROM {} WHERE `materialization` = ? \
+             AND `key_begin` = ? AND `key_end` = ?",
+            sql::quote_ident(CHECKPOINTS_TABLE)
+        ),
+        (
+            &claim.materialization,
+            i64::from(claim.key_begin),
+            i64::from(claim.key_end),
+        ),
+    )
+    .await
+    .map_err(|err| my_error("reading the fence of the claimed range", err))
+}
+
 /// Fences every overlapping range of `materialization` and recovers the checkpoint of
 /// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
 /// shard resumes from its parent's checkpoint, and records it as its own.
@@ -284,11 +318,7 @@ pub async fn commit_checkpoint(conn: &mut Conn, claim: &Claim, checkpoint: &[u8]
     .await
     .map_err(|err| my_error("committing the runtime checkpoint", err))?;
     if conn.affected_rows() != 1 {
-        return Err(Error::Fenced(format!(
-            "key range [{:08x}, {:08x}] of {:?} was opened by a newer instance \
-             (this instance holds stale fence {}); its transaction was rolled back",
-            claim.key_begin, claim.key_end, claim.materialization, claim.fence
-        )));
+        return Err(claim.range_fence().fenced(None));
     }
     Ok(())
 }

@@ -12,6 +12,8 @@
 //!               exists = true                    ─▶ LOAD DATA LOCAL REPLACE INTO t
 //!   commit ─▶ await the last writes ─▶ UPDATE checkpoint WHERE fence = ours
 //!             (0 rows: ROLLBACK, Fenced) ─▶ COMMIT
+//!   a store or commit fails ─▶ await the writes, ROLLBACK; fence moved since open?
+//!             Fenced (naming the error) : the error
 //! ```
 //!
 //! The writes of Store message i run on the server while the runtime builds message
@@ -32,7 +34,9 @@
 //! - A key the runtime says is absent is inserted with plain `LOAD DATA` semantics: if
 //!   it is in fact present, the server's duplicate-key warning fails the commit rather
 //!   than silently overwriting a row the runtime never loaded. Any other warning of a
-//!   load (a truncation, a conversion) fails it too.
+//!   load (a truncation, a conversion) fails it too. If that key was written by a newer
+//!   instance (this one is a zombie whose Loads went stale), the failure is reported as
+//!   [`Error::Fenced`], which it is.
 
 use crate::client::{self, Claim, my_error};
 use crate::config::EndpointConfig;
@@ -208,6 +212,75 @@ impl MysqlTransactor {
         Ok(conn)
     }
 
+    /// `result`, unless it failed: then the transaction is rolled back, and the error
+    /// is [`Error::Fenced`] if a newer instance has opened this range since.
+    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
+        let Err(err) = result else { return Ok(()) };
+        self.rollback().await;
+        let claim = self.claim.clone();
+        let current = match self.settle().await {
+            Ok(conn) => client::current_fence(conn, &claim).await,
+            Err(lost) => Err(lost),
+        };
+        Err(claim.range_fence().explain(err, current))
+    }
+
+    /// Encodes a Store message and hands its writes to a task once the prior ones ended.
+    async fn start_writes(&mut self, store: Store) -> Result<()> {
+        let b = self.binding(store.binding)?;
+        let table = &b.table;
+        let (mut inserts, mut replaces) = (InfileRows::default(), InfileRows::default());
+        let mut deletes = KeyLists::new(table, table.delete_prefix());
+        for doc in arena::store_docs(&store) {
+            let doc = doc?;
+            let key = unpack(doc.key, table.key_count, "a stored key")?;
+            if !table.delta_updates && doc.doc.trim_ascii() == b"null" {
+                deletes.push(&key)?;
+                continue;
+            }
+            let values = unpack(doc.values, table.values().len(), "stored values")?;
+            let rows = if doc.exists && !table.delta_updates {
+                &mut replaces
+            } else {
+                &mut inserts
+            };
+            rows.push(table, key.iter().chain(&values), Some(doc.doc))?;
+        }
+        let mut loads = Vec::new();
+        for (statement, rows) in [(&b.insert, &mut inserts), (&b.replace, &mut replaces)] {
+            if !rows.is_empty() {
+                loads.push((statement.clone(), rows.take()));
+            }
+        }
+        let writes = Writes {
+            context: format!("storing into table {:?}", table.name),
+            deletes: deletes.finish(),
+            loads,
+        };
+        self.begin().await?;
+        let Connection::Idle(conn) = std::mem::replace(&mut self.conn, Connection::Lost) else {
+            unreachable!("begin returns only with an idle connection");
+        };
+        self.conn = Connection::Writing(tokio::spawn(writes.run(conn)));
+        Ok(())
+    }
+
+    /// Awaits the last writes, records the checkpoint if the fence holds, commits.
+    async fn commit_writes(&mut self) -> Result<()> {
+        let checkpoint = self.checkpoint.take()?;
+        let claim = self.claim.clone();
+        let conn = self.begin().await?;
+        // From here on the range's row is locked, so no newer Open can slip in before
+        // our COMMIT.
+        client::commit_checkpoint(conn, &claim, &checkpoint).await?;
+        // Durable when this returns: InnoDB flushed the commit to its redo log.
+        conn.query_drop("COMMIT")
+            .await
+            .map_err(|err| my_error(format!("committing a transaction on {}", self.server), err))?;
+        self.in_transaction = false;
+        Ok(())
+    }
+
     async fn rollback(&mut self) {
         if !std::mem::take(&mut self.in_transaction) {
             return;
@@ -277,60 +350,13 @@ impl Transactor for MysqlTransactor {
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
-        let b = self.binding(store.binding)?;
-        let table = &b.table;
-        let (mut inserts, mut replaces) = (InfileRows::default(), InfileRows::default());
-        let mut deletes = KeyLists::new(table, table.delete_prefix());
-        for doc in arena::store_docs(&store) {
-            let doc = doc?;
-            let key = unpack(doc.key, table.key_count, "a stored key")?;
-            if !table.delta_updates && doc.doc.trim_ascii() == b"null" {
-                deletes.push(&key)?;
-                continue;
-            }
-            let values = unpack(doc.values, table.values().len(), "stored values")?;
-            let rows = if doc.exists && !table.delta_updates {
-                &mut replaces
-            } else {
-                &mut inserts
-            };
-            rows.push(table, key.iter().chain(&values), Some(doc.doc))?;
-        }
-        let mut loads = Vec::new();
-        for (statement, rows) in [(&b.insert, &mut inserts), (&b.replace, &mut replaces)] {
-            if !rows.is_empty() {
-                loads.push((statement.clone(), rows.take()));
-            }
-        }
-        let writes = Writes {
-            context: format!("storing into table {:?}", table.name),
-            deletes: deletes.finish(),
-            loads,
-        };
-        self.begin().await?;
-        let Connection::Idle(conn) = std::mem::replace(&mut self.conn, Connection::Lost) else {
-            unreachable!("begin returns only with an idle connection");
-        };
-        self.conn = Connection::Writing(tokio::spawn(writes.run(conn)));
-        Ok(())
+        let started = self.start_writes(store).await;
+        self.fence_checked(started).await
     }
 
     async fn commit(&mut self) -> Result<()> {
-        let checkpoint = self.checkpoint.take()?;
-        let claim = self.claim.clone();
-        let conn = self.begin().await?;
-        // From here on the range's row is locked, so no newer Open can slip in before
-        // our COMMIT.
-        if let Err(err) = client::commit_checkpoint(conn, &claim, &checkpoint).await {
-            self.rollback().await;
-            return Err(err);
-        }
-        // Durable when this returns: InnoDB flushed the commit to its redo log.
-        conn.query_drop("COMMIT")
-            .await
-            .map_err(|err| my_error(format!("committing a transaction on {}", self.server), err))?;
-        self.in_transaction = false;
-        Ok(())
+        let committed = self.commit_writes().await;
+        self.fence_checked(committed).await
     }
 
     /// Nothing to do: the commit itself was authoritative and durable.

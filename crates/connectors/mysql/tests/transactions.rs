@@ -77,6 +77,12 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_storing_a_key_the_newer_instance_committed_is_fenced_not_a_duplicate() {
+    scenarios::a_zombie_storing_a_key_the_newer_instance_committed_is_fenced(&TestDb::new().await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn split_ranges_resume_from_the_parent_and_fence_it() {
     scenarios::a_split_range_recovers_its_parents_checkpoint(&TestDb::new().await).await;
 }
