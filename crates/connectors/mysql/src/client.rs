@@ -135,7 +135,9 @@ pub async fn load_data(conn: &mut Conn, statement: &str, rows: Vec<u8>) -> Resul
     conn.query_drop(statement)
         .await
         .map_err(|err| my_error("loading rows", err))?;
-    if conn.get_warnings() == 0 {
+    // Read before SHOW WARNINGS, whose own count (0) replaces it.
+    let count = conn.get_warnings();
+    if count == 0 {
         return Ok(());
     }
     let warnings: Vec<(String, u16, String)> = conn
@@ -148,8 +150,7 @@ pub async fn load_data(conn: &mut Conn, statement: &str, rows: Vec<u8>) -> Resul
     Err(Error::store(
         "loading rows",
         format!(
-            "the server reported {} warning(s), e.g. {}; the transaction is rolled back",
-            conn.get_warnings(),
+            "the server reported {count} warning(s), e.g. {}; the transaction is rolled back",
             shown.join("; ")
         ),
         false,

@@ -64,6 +64,7 @@ async fn storing_a_key_the_runtime_believes_absent_but_present_fails_the_commit(
     let db = TestDb::new().await;
     let err = scenarios::storing_a_key_believed_absent_but_present_fails_the_commit(&db).await;
     assert!(err.to_string().contains("Duplicate entry"), "{err}");
+    assert!(err.to_string().contains("reported 1 warning(s)"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
