@@ -318,7 +318,7 @@ pub async fn run(
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
-        let mut c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
+        let c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
         // Either side failing ends the phase at once: waiting for the other could hang
         // (a receiver waits for a Prepared that a failed sender will never ask for).
@@ -326,7 +326,7 @@ pub async fn run(
             phases::send_loads(
                 &mut tx,
                 c1,
-                &mut c2,
+                c2,
                 &bindings,
                 acknowledged,
                 acked_rx,
@@ -338,8 +338,8 @@ pub async fn run(
                     .map_err(phases::PhaseError::Driver)
             },
         );
-        let (loaded_msgs, driver_checkpoint) = match both {
-            Ok(((), received)) => received,
+        let (mut to_store, (loaded_msgs, driver_checkpoint)) = match both {
+            Ok(sent_and_received) => sent_and_received,
             Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };
         crate::failpoint::fail_point!(AFTER_PREPARED, driver_err);
@@ -361,14 +361,14 @@ pub async fn run(
                         loaded_msg.binding
                     ))
                 })?;
-                c2.reduce_left(loaded_msg.binding, &key, doc)?;
+                to_store.reduce_left(loaded_msg.binding, &key, doc)?;
                 loaded += 1;
             }
         }
 
         // Store phase.
         let loads_took = started.elapsed();
-        let stored = match phases::send_stores(&mut tx, c2, &bindings).await {
+        let stored = match phases::send_stores(&mut tx, to_store, &bindings).await {
             Ok(n) => n,
             Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };

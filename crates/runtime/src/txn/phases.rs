@@ -17,18 +17,24 @@ use std::time::Duration;
 /// Sends Acknowledge (unless already sent while idle), then a Load for every key of a
 /// standard binding that the store may hold, while moving each drained document into
 /// `c2`; then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
-/// stored keys now include this transaction's).
+/// stored keys now include this transaction's). Returns the combiner to store from:
+/// `c2`, or `c1` itself when every binding is delta-updates (nothing to load, so the
+/// combined documents are stored as they are).
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
     c1: Combiner,
-    c2: &mut Combiner,
+    mut c2: Combiner,
     bindings: &[Binding],
     acknowledged: bool,
     acked: tokio::sync::oneshot::Receiver<()>,
     checkpoint: &mut Checkpoint,
-) -> Result<(), PhaseError> {
+) -> Result<Combiner, PhaseError> {
     if !acknowledged {
         tx.acknowledge().await?;
+    }
+    if bindings.iter().all(|b| b.delta_updates) {
+        send_prepare(tx, acked, checkpoint).await?;
+        return Ok(c1);
     }
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
@@ -51,6 +57,16 @@ pub(super) async fn send_loads(
         tx.load(load).await?;
     }
     known.into_checkpoint(checkpoint, bindings);
+    send_prepare(tx, acked, checkpoint).await?;
+    Ok(c2)
+}
+
+/// Prepare with `checkpoint`, once the prior commit is acknowledged.
+async fn send_prepare(
+    tx: &mut ClientSender,
+    acked: tokio::sync::oneshot::Receiver<()>,
+    checkpoint: &Checkpoint,
+) -> Result<(), PhaseError> {
     crate::failpoint::fail_point!(AFTER_LOADS, PhaseError::Driver);
     // The prepare phase begins only once the prior commit is acknowledged. The receiver
     // drops `acked` only when it fails, and then its own error ends the phase.
