@@ -6,8 +6,13 @@
 //! naming the path of the field (serde_path_to_error) so a pipeline author can find it
 //! in their file. Unknown properties are refused by the config types themselves
 //! (`#[serde(deny_unknown_fields)]`).
+//!
+//! Every SQL store's resource is the same [`TableResource`] (a table, kept by key or
+//! appended to), checked against the store's [`NameLimit`] and described by
+//! [`table_resource_schema`]; only the limit and the title differ between stores.
 
 use crate::{Error, Result};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_proto::flow;
 
@@ -24,6 +29,98 @@ pub fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
             Error::Config(format!("{what}: {path}: {inner}"))
         }
     })
+}
+
+/// One binding's resource in a SQL store: a table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableResource {
+    pub table: String,
+    /// Append every stored document as a new row instead of keeping one row per key.
+    #[serde(default)]
+    pub delta_updates: bool,
+}
+
+impl TableResource {
+    /// Parses a resource config; the table name must be a valid identifier under `limit`.
+    pub fn parse(json: &str, limit: Option<NameLimit>) -> Result<Self> {
+        let config: Self = parse("resource config", json)?;
+        check_identifier("resource config: table", &config.table, limit)?;
+        Ok(config)
+    }
+}
+
+/// How long a store lets an identifier be; longer names are refused with the field
+/// named rather than failed (or truncated) by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameLimit {
+    pub max: usize,
+    /// Whether `max` counts characters (true) or UTF-8 bytes (false).
+    pub in_chars: bool,
+    /// The store, as error messages name it (e.g. "PostgreSQL").
+    pub store: &'static str,
+}
+
+impl NameLimit {
+    /// How long `name` is in this limit's unit.
+    fn length(&self, name: &str) -> usize {
+        if self.in_chars {
+            name.chars().count()
+        } else {
+            name.len()
+        }
+    }
+}
+
+/// Checks that the identifier `name` (the field `what`) is not empty and within `limit`.
+pub fn check_identifier(what: &str, name: &str, limit: Option<NameLimit>) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::Config(format!(
+            "{what}: must not be empty (e.g. \"pageviews\")"
+        )));
+    }
+    if let Some(limit) = limit
+        && limit.length(name) > limit.max
+    {
+        let unit = if limit.in_chars {
+            "characters"
+        } else {
+            "bytes"
+        };
+        return Err(Error::Config(format!(
+            "{what}: {name:?} is longer than the {} {unit} {} allows",
+            limit.max, limit.store
+        )));
+    }
+    Ok(())
+}
+
+/// JSON schema of a [`TableResource`] whose table name is within `max_length` (if any).
+pub fn table_resource_schema(title: &str, max_length: Option<usize>) -> String {
+    let max_length = max_length
+        .map(|max| format!("\n      \"maxLength\": {max},"))
+        .unwrap_or_default();
+    format!(
+        r#"{{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "{title}",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {{
+    "table": {{
+      "type": "string",
+      "minLength": 1,{max_length}
+      "description": "Name of the table to materialize into (any name: it is always quoted)."
+    }},
+    "delta_updates": {{
+      "type": "boolean",
+      "default": false,
+      "description": "Append every stored document as a new row instead of keeping one row per key."
+    }}
+  }}
+}}"#
+    )
 }
 
 /// The materialization spec of an Apply or Open request, which must carry one.
@@ -76,6 +173,74 @@ mod tests {
     fn a_missing_or_unknown_field_names_the_config() {
         assert!(error("{}").contains("resource config: missing field `table`"));
         assert!(error(r#"{"table": "t", "tabel": "u"}"#).contains("unknown field `tabel`"));
+    }
+
+    const LIMIT: NameLimit = NameLimit {
+        max: 3,
+        in_chars: true,
+        store: "TinyDB",
+    };
+
+    #[test]
+    fn a_table_resource_names_its_wrong_missing_and_unknown_fields() {
+        let err = TableResource::parse(r#"{"table": 5}"#, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("resource config: table: invalid type"),
+            "{err}"
+        );
+        let err = TableResource::parse(r#"{}"#, None).unwrap_err();
+        assert!(err.to_string().contains("missing field `table`"), "{err}");
+        let err = TableResource::parse(r#"{"table": "t", "tabel": "u"}"#, None).unwrap_err();
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+    }
+
+    #[test]
+    fn a_table_resource_defaults_to_keeping_one_row_per_key() {
+        let resource = TableResource::parse(r#"{"table": "t"}"#, None).unwrap();
+        assert_eq!(resource.table, "t");
+        assert!(!resource.delta_updates);
+    }
+
+    #[test]
+    fn empty_and_overlong_table_names_are_refused() {
+        let err = TableResource::parse(r#"{"table": ""}"#, Some(LIMIT)).unwrap_err();
+        assert!(
+            err.to_string().contains("table: must not be empty"),
+            "{err}"
+        );
+        let err = TableResource::parse(r#"{"table": "abcd"}"#, Some(LIMIT)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"abcd\" is longer than the 3 characters TinyDB allows"),
+            "{err}"
+        );
+        assert!(TableResource::parse(r#"{"table": "äöü"}"#, Some(LIMIT)).is_ok());
+        let bytes = NameLimit {
+            in_chars: false,
+            ..LIMIT
+        };
+        let err = TableResource::parse(r#"{"table": "äöü"}"#, Some(bytes)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is longer than the 3 bytes TinyDB allows"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_table_resource_schema_is_json_with_the_length_limit() {
+        for max in [None, Some(63)] {
+            let schema: serde_json::Value =
+                serde_json::from_str(&table_resource_schema("T", max)).unwrap();
+            assert_eq!(schema["title"], "T");
+            assert_eq!(
+                schema["properties"]["table"]
+                    .get("maxLength")
+                    .and_then(|m| m.as_u64()),
+                max.map(|m| m as u64)
+            );
+        }
     }
 
     #[test]

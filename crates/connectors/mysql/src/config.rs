@@ -9,7 +9,7 @@
 //! which drops it.
 
 use serde::Deserialize;
-use sluice_driver::config::parse;
+use sluice_driver::config::{NameLimit, TableResource, parse, table_resource_schema};
 use sluice_driver::{Error, Result};
 
 /// Where the documentation of this driver lives (returned by Spec).
@@ -33,26 +33,9 @@ pub const ENDPOINT_SCHEMA: &str = r#"{
 }"#;
 
 /// JSON schema of [`ResourceConfig`].
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "MariaDB / MySQL table",
-  "type": "object",
-  "required": ["table"],
-  "additionalProperties": false,
-  "properties": {
-    "table": {
-      "type": "string",
-      "minLength": 1,
-      "maxLength": 64,
-      "description": "Name of the table to materialize into (any name: it is always quoted)."
-    },
-    "delta_updates": {
-      "type": "boolean",
-      "default": false,
-      "description": "Append every stored document as a new row instead of keeping one row per key."
-    }
-  }
-}"#;
+pub fn resource_schema() -> String {
+    table_resource_schema("MariaDB / MySQL table", Some(NAME_LIMIT.max))
+}
 
 /// The endpoint: one database of one server.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -70,18 +53,16 @@ impl std::fmt::Debug for EndpointConfig {
     }
 }
 
-/// One binding's resource: a table.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceConfig {
-    pub table: String,
-    #[serde(default)]
-    pub delta_updates: bool,
-}
+/// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
+pub type ResourceConfig = TableResource;
 
 /// Longest identifier MariaDB and MySQL accept (in characters); longer names are errors
 /// from the server, better caught with the field named.
-const MAX_IDENTIFIER: usize = 64;
+pub const NAME_LIMIT: NameLimit = NameLimit {
+    max: 64,
+    in_chars: true,
+    store: "MariaDB and MySQL",
+};
 
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
@@ -131,25 +112,6 @@ impl EndpointConfig {
     }
 }
 
-impl ResourceConfig {
-    pub fn parse(json: &str) -> Result<Self> {
-        let config: Self = parse("resource config", json)?;
-        if config.table.is_empty() {
-            return Err(Error::Config(
-                "resource config: table: must not be empty (e.g. \"pageviews\")".into(),
-            ));
-        }
-        if config.table.chars().count() > MAX_IDENTIFIER {
-            return Err(Error::Config(format!(
-                "resource config: table: {:?} is longer than the {MAX_IDENTIFIER} characters \
-                 MariaDB and MySQL allow",
-                config.table
-            )));
-        }
-        Ok(config)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,32 +141,30 @@ mod tests {
     }
 
     #[test]
-    fn wrong_missing_and_unknown_fields_are_named() {
-        let err = ResourceConfig::parse(r#"{"table": 5}"#).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("resource config: table: invalid type"),
-            "{err}"
-        );
+    fn a_missing_url_is_named() {
         let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
         assert!(err.to_string().contains("missing field `url`"), "{err}");
-        let err = ResourceConfig::parse(r#"{"table": "t", "tabel": "u"}"#).unwrap_err();
-        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
     }
 
     #[test]
-    fn empty_and_overlong_names_are_refused() {
-        let err = ResourceConfig::parse(r#"{"table": ""}"#).unwrap_err();
-        assert!(err.to_string().contains("must not be empty"), "{err}");
+    fn table_names_longer_than_mysql_allows_are_refused() {
+        let long = "x".repeat(64);
+        assert!(
+            ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#), Some(NAME_LIMIT)).is_ok()
+        );
         let long = "x".repeat(65);
-        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#)).unwrap_err();
-        assert!(err.to_string().contains("longer than"), "{err}");
+        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#), Some(NAME_LIMIT))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("longer than the 64 characters"),
+            "{err}"
+        );
     }
 
     #[test]
     fn schemas_are_json() {
-        for schema in [ENDPOINT_SCHEMA, RESOURCE_SCHEMA] {
-            serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        for schema in [ENDPOINT_SCHEMA.to_owned(), resource_schema()] {
+            serde_json::from_str::<serde_json::Value>(&schema).unwrap();
         }
     }
 }

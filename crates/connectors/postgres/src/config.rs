@@ -9,7 +9,9 @@
 //! which drops it.
 
 use serde::Deserialize;
-use sluice_driver::config::parse;
+use sluice_driver::config::{
+    NameLimit, TableResource, check_identifier, parse, table_resource_schema,
+};
 use sluice_driver::{Error, Result};
 use std::str::FromStr;
 
@@ -43,26 +45,9 @@ pub const ENDPOINT_SCHEMA: &str = r#"{
 }"#;
 
 /// JSON schema of [`ResourceConfig`].
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "PostgreSQL table",
-  "type": "object",
-  "required": ["table"],
-  "additionalProperties": false,
-  "properties": {
-    "table": {
-      "type": "string",
-      "minLength": 1,
-      "maxLength": 63,
-      "description": "Name of the table to materialize into (any name: it is always quoted)."
-    },
-    "delta_updates": {
-      "type": "boolean",
-      "default": false,
-      "description": "Append every stored document as a new row instead of keeping one row per key."
-    }
-  }
-}"#;
+pub fn resource_schema() -> String {
+    table_resource_schema("PostgreSQL table", Some(NAME_LIMIT.max))
+}
 
 /// The endpoint: one database, one schema in it.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -83,25 +68,23 @@ impl std::fmt::Debug for EndpointConfig {
     }
 }
 
-/// One binding's resource: a table.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceConfig {
-    pub table: String,
-    #[serde(default)]
-    pub delta_updates: bool,
-}
+/// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
+pub type ResourceConfig = TableResource;
 
 /// Longest identifier PostgreSQL keeps (NAMEDATALEN - 1); longer ones are truncated
 /// silently, which would make two long names collide.
-const MAX_IDENTIFIER: usize = 63;
+pub const NAME_LIMIT: NameLimit = NameLimit {
+    max: 63,
+    in_chars: false,
+    store: "PostgreSQL",
+};
 
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
         let config: Self = parse("endpoint config", json)?;
         config.connection()?;
         if let Some(schema) = &config.schema {
-            check_identifier("endpoint config: schema", schema)?;
+            check_identifier("endpoint config: schema", schema, Some(NAME_LIMIT))?;
         }
         Ok(config)
     }
@@ -142,28 +125,6 @@ impl EndpointConfig {
     }
 }
 
-impl ResourceConfig {
-    pub fn parse(json: &str) -> Result<Self> {
-        let config: Self = parse("resource config", json)?;
-        check_identifier("resource config: table", &config.table)?;
-        Ok(config)
-    }
-}
-
-fn check_identifier(what: &str, name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Err(Error::Config(format!(
-            "{what}: must not be empty (e.g. \"pageviews\")"
-        )));
-    }
-    if name.len() > MAX_IDENTIFIER {
-        return Err(Error::Config(format!(
-            "{what}: {name:?} is longer than PostgreSQL's {MAX_IDENTIFIER} bytes"
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,32 +154,30 @@ mod tests {
     }
 
     #[test]
-    fn wrong_missing_and_unknown_fields_are_named() {
-        let err = ResourceConfig::parse(r#"{"table": 5}"#).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("resource config: table: invalid type"),
-            "{err}"
-        );
+    fn a_missing_url_is_named() {
         let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
         assert!(err.to_string().contains("missing field `url`"), "{err}");
-        let err = ResourceConfig::parse(r#"{"table": "t", "tabel": "u"}"#).unwrap_err();
-        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
     }
 
     #[test]
-    fn empty_and_overlong_names_are_refused() {
-        let err = ResourceConfig::parse(r#"{"table": ""}"#).unwrap_err();
-        assert!(err.to_string().contains("must not be empty"), "{err}");
+    fn table_names_longer_than_postgres_allows_are_refused() {
+        let long = "x".repeat(63);
+        assert!(
+            ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#), Some(NAME_LIMIT)).is_ok()
+        );
         let long = "x".repeat(64);
-        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#)).unwrap_err();
-        assert!(err.to_string().contains("longer than"), "{err}");
+        let err = ResourceConfig::parse(&format!(r#"{{"table": "{long}"}}"#), Some(NAME_LIMIT))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("longer than the 63 bytes"),
+            "{err}"
+        );
     }
 
     #[test]
     fn schemas_are_json() {
-        for schema in [ENDPOINT_SCHEMA, RESOURCE_SCHEMA] {
-            serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        for schema in [ENDPOINT_SCHEMA.to_owned(), resource_schema()] {
+            serde_json::from_str::<serde_json::Value>(&schema).unwrap();
         }
     }
 }

@@ -17,7 +17,7 @@
 
 use crate::client::{self, pg_error};
 use crate::config::{
-    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, RESOURCE_SCHEMA, ResourceConfig,
+    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT, ResourceConfig, resource_schema,
 };
 use crate::sql::{self, CHECKPOINTS_TABLE, ColumnType, Table};
 use crate::transactor::PostgresTransactor;
@@ -48,7 +48,7 @@ pub(crate) fn spec_tables(
 ) -> Result<Vec<Table>> {
     let mut tables: Vec<Table> = Vec::with_capacity(spec.bindings.len());
     for binding in &spec.bindings {
-        let resource = ResourceConfig::parse(&binding.resource_spec_json)?;
+        let resource = ResourceConfig::parse(&binding.resource_spec_json, Some(NAME_LIMIT))?;
         let table = Table::new(
             endpoint.schema(),
             &resource.table,
@@ -181,7 +181,7 @@ impl Driver for PostgresDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_owned(),
-            resource_spec_schema_json: RESOURCE_SCHEMA.to_owned(),
+            resource_spec_schema_json: resource_schema(),
             documentation_url: DOCUMENTATION_URL.to_owned(),
         })
     }
@@ -189,7 +189,7 @@ impl Driver for PostgresDriver {
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         let endpoint = EndpointConfig::parse(&req.endpoint_spec_json)?;
         validate::validate(&STORE, &req, |json| {
-            let resource = ResourceConfig::parse(json)?;
+            let resource = ResourceConfig::parse(json, Some(NAME_LIMIT))?;
             Ok(validate::Resource {
                 path: vec![endpoint.schema().to_owned(), resource.table],
                 delta_updates: resource.delta_updates,

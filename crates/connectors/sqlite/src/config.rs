@@ -6,7 +6,7 @@
 //! find it in their file.
 
 use serde::Deserialize;
-use sluice_driver::config::parse;
+use sluice_driver::config::{TableResource, parse, table_resource_schema};
 use sluice_driver::{Error, Result};
 use std::path::PathBuf;
 
@@ -31,25 +31,9 @@ pub const ENDPOINT_SCHEMA: &str = r#"{
 }"#;
 
 /// JSON schema of [`ResourceConfig`].
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "SQLite table",
-  "type": "object",
-  "required": ["table"],
-  "additionalProperties": false,
-  "properties": {
-    "table": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Name of the table to materialize into (any name: it is always quoted)."
-    },
-    "delta_updates": {
-      "type": "boolean",
-      "default": false,
-      "description": "Append every stored document as a new row instead of keeping one row per key."
-    }
-  }
-}"#;
+pub fn resource_schema() -> String {
+    table_resource_schema("SQLite table", None)
+}
 
 /// The endpoint: one SQLite database file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -58,14 +42,9 @@ pub struct EndpointConfig {
     pub path: PathBuf,
 }
 
-/// One binding's resource: a table.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ResourceConfig {
-    pub table: String,
-    #[serde(default)]
-    pub delta_updates: bool,
-}
+/// One binding's resource: a table (of any name length), parsed with
+/// [`ResourceConfig::parse`]`(json, None)`.
+pub type ResourceConfig = TableResource;
 
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
@@ -73,18 +52,6 @@ impl EndpointConfig {
         if config.path.as_os_str().is_empty() {
             return Err(Error::Config(
                 "endpoint config: path: must not be empty (e.g. \"out/views.db\")".into(),
-            ));
-        }
-        Ok(config)
-    }
-}
-
-impl ResourceConfig {
-    pub fn parse(json: &str) -> Result<Self> {
-        let config: Self = parse("resource config", json)?;
-        if config.table.is_empty() {
-            return Err(Error::Config(
-                "resource config: table: must not be empty (e.g. \"pageviews\")".into(),
             ));
         }
         Ok(config)
@@ -102,36 +69,24 @@ mod tests {
     }
 
     #[test]
-    fn wrong_type_names_the_field() {
-        let err = ResourceConfig::parse(r#"{"table": 5}"#).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("resource config: table: invalid type"),
-            "{err}"
-        );
-    }
-
-    #[test]
     fn missing_and_unknown_fields_are_named() {
         let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
         assert!(err.to_string().contains("missing field `path`"), "{err}");
-        let err = ResourceConfig::parse(r#"{"table": "t", "tabel": "u"}"#).unwrap_err();
-        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+        let err = EndpointConfig::parse(r#"{"path": "a", "pth": "b"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `pth`"), "{err}");
     }
 
     #[test]
-    fn empty_table_is_refused() {
-        let err = ResourceConfig::parse(r#"{"table": ""}"#).unwrap_err();
-        assert!(
-            err.to_string().contains("table: must not be empty"),
-            "{err}"
-        );
+    fn table_names_of_any_length_are_accepted() {
+        let long = "x".repeat(1000);
+        let json = format!(r#"{{"table": "{long}"}}"#);
+        assert_eq!(ResourceConfig::parse(&json, None).unwrap().table, long);
     }
 
     #[test]
     fn schemas_are_json() {
-        for schema in [ENDPOINT_SCHEMA, RESOURCE_SCHEMA] {
-            serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        for schema in [ENDPOINT_SCHEMA.to_owned(), resource_schema()] {
+            serde_json::from_str::<serde_json::Value>(&schema).unwrap();
         }
     }
 }

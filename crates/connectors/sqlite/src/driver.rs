@@ -23,7 +23,7 @@
 //!   owned by the transactor and no data is copied to another thread.
 
 use crate::config::{
-    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, RESOURCE_SCHEMA, ResourceConfig,
+    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, ResourceConfig, resource_schema,
 };
 use crate::sql::{self, Claim, ColumnType, Table};
 use async_trait::async_trait;
@@ -67,7 +67,7 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 
 /// The table of one materialization binding.
 fn binding_table(binding: &flow::materialization_spec::Binding) -> Result<Table> {
-    let resource = ResourceConfig::parse(&binding.resource_spec_json)?;
+    let resource = ResourceConfig::parse(&binding.resource_spec_json, None)?;
     Table::new(
         &resource.table,
         binding,
@@ -197,7 +197,7 @@ impl Driver for SqliteDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_owned(),
-            resource_spec_schema_json: RESOURCE_SCHEMA.to_owned(),
+            resource_spec_schema_json: resource_schema(),
             documentation_url: DOCUMENTATION_URL.to_owned(),
         })
     }
@@ -205,7 +205,7 @@ impl Driver for SqliteDriver {
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         EndpointConfig::parse(&req.endpoint_spec_json)?;
         validate::validate(&STORE, &req, |json| {
-            let resource = ResourceConfig::parse(json)?;
+            let resource = ResourceConfig::parse(json, None)?;
             Ok(validate::Resource {
                 path: vec![resource.table],
                 delta_updates: resource.delta_updates,
