@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::{self as kit, ColumnKind};
 use sluice_driver::validate;
 use sluice_driver::{Driver, Error, Result, Transactor};
 use sluice_proto::flow;
@@ -46,11 +47,8 @@ pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>
     let mut tables: Vec<Table> = Vec::with_capacity(spec.bindings.len());
     for binding in &spec.bindings {
         let resource = ResourceConfig::parse(&binding.resource_spec_json, Some(NAME_LIMIT))?;
-        let table = Table::new(
-            &resource.table,
-            binding,
-            binding.delta_updates || resource.delta_updates,
-        )?;
+        let delta_updates = binding.delta_updates || resource.delta_updates;
+        let table = Table(kit::Table::new(&resource.table, binding, delta_updates)?);
         // Table names compare case-insensitively on some servers (lower_case_table_names).
         if (tables.iter()).any(|t| t.name.to_lowercase() == table.name.to_lowercase()) {
             return Err(Error::Config(format!(

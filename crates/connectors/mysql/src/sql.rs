@@ -35,10 +35,9 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::mismatch;
 use sluice_driver::sql::text::{TextRows, TextTable, escape_into};
+use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
 use sluice_driver::{Error, Result};
-use sluice_proto::flow;
 use std::io::Write;
 
 /// The table of fences and runtime checkpoints, one row per (materialization, key range).
@@ -89,160 +88,53 @@ pub enum ColumnType {
     Json,
 }
 
-impl ColumnType {
-    /// The column type for a projection, or `None` if the field cannot be a column (it
-    /// has no type at all, or is always null).
-    pub fn of_projection(projection: &flow::Projection) -> Option<ColumnType> {
-        let mut types: Vec<&str> = (projection.inference.as_ref())
-            .map(|i| i.types.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .map(String::as_str)
-            .filter(|t| *t != "null")
-            .collect();
-        types.sort_unstable();
-        Some(match types.as_slice() {
-            [] => return None,
-            ["integer"] => ColumnType::Bigint,
-            ["integer", "number"] | ["number"] => ColumnType::Double,
-            ["boolean"] => ColumnType::Boolean,
-            ["string"] => ColumnType::Text,
-            _ => ColumnType::Json,
-        })
-    }
-}
+impl ColumnKind for ColumnType {
+    const STORE: &'static str = "MariaDB";
+    const DOCUMENT: Self = ColumnType::Json;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Column {
-    pub field: String,
-    /// The JSON pointer the field projects (empty for the whole document).
-    pub ptr: String,
-    pub ty: ColumnType,
-    /// Part of the primary key (standard tables) or of the key (delta tables).
-    pub key: bool,
-}
-
-impl Column {
-    /// Whether the column holds text of at most [`KEY_CHARS`] characters.
-    fn is_key_text(&self) -> bool {
-        self.key && matches!(self.ty, ColumnType::Text | ColumnType::Json)
-    }
-
-    /// The declared SQL type.
-    pub fn sql_type(&self, flavor: Flavor) -> String {
-        if self.is_key_text() {
-            return format!(
-                "VARCHAR({KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE {}",
-                flavor.key_collation()
-            );
+    fn of_inferred(inferred: Inferred) -> Self {
+        match inferred {
+            Inferred::Integer => ColumnType::Bigint,
+            Inferred::Number => ColumnType::Double,
+            Inferred::Boolean => ColumnType::Boolean,
+            Inferred::String | Inferred::DateTime => ColumnType::Text,
+            Inferred::Other => ColumnType::Json,
         }
-        match self.ty {
-            ColumnType::Bigint => "BIGINT",
-            ColumnType::Double => "DOUBLE",
-            ColumnType::Boolean => "BOOLEAN",
-            ColumnType::Text => "LONGTEXT",
-            ColumnType::Json => "JSON",
-        }
-        .to_owned()
     }
 }
 
-/// One binding's table, columns in field-selection order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    pub name: String,
-    /// The collection the table materializes (named in column comments).
-    pub collection: String,
-    /// Keys, then values, then the document column (if selected).
-    pub columns: Vec<Column>,
-    pub key_count: usize,
-    pub has_document: bool,
-    pub delta_updates: bool,
+pub type Column = sql::Column<ColumnType>;
+
+/// Whether `column` holds text of at most [`KEY_CHARS`] characters.
+fn is_key_text(column: &Column) -> bool {
+    column.key && matches!(column.ty, ColumnType::Text | ColumnType::Json)
 }
+
+/// The declared SQL type of `column`.
+pub fn sql_type(column: &Column, flavor: Flavor) -> String {
+    if is_key_text(column) {
+        return format!(
+            "VARCHAR({KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE {}",
+            flavor.key_collation()
+        );
+    }
+    match column.ty {
+        ColumnType::Bigint => "BIGINT",
+        ColumnType::Double => "DOUBLE",
+        ColumnType::Boolean => "BOOLEAN",
+        ColumnType::Text => "LONGTEXT",
+        ColumnType::Json => "JSON",
+    }
+    .to_owned()
+}
+
+sluice_driver::table_newtype!(
+    /// One binding's table (see [`sql::Table`]), with the SQL that creates, loads and
+    /// changes it.
+    Table(ColumnType)
+);
 
 impl Table {
-    /// The table `name` for `binding`, with columns typed from its projections.
-    pub fn new(
-        name: &str,
-        binding: &flow::materialization_spec::Binding,
-        delta_updates: bool,
-    ) -> Result<Table> {
-        let collection = binding
-            .collection
-            .as_ref()
-            .ok_or_else(|| Error::Config(format!("binding of table {name:?} has no collection")))?;
-        let selection = binding.field_selection.clone().unwrap_or_default();
-        let column = |field: &str, key: bool, document: bool| -> Result<Column> {
-            let projection = collection
-                .projections
-                .iter()
-                .find(|p| p.field == field)
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: selected field {field:?} is not a projection of {}",
-                        collection.collection
-                    ))
-                })?;
-            let ty = if document {
-                ColumnType::Json
-            } else {
-                ColumnType::of_projection(projection).ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: field {field:?} has no type MariaDB can hold"
-                    ))
-                })?
-            };
-            Ok(Column {
-                field: field.to_owned(),
-                ptr: projection.ptr.clone(),
-                ty,
-                key,
-            })
-        };
-        if selection.keys.is_empty() {
-            return Err(Error::Config(format!(
-                "table {name:?}: the field selection has no key fields"
-            )));
-        }
-        let mut columns = Vec::new();
-        for field in &selection.keys {
-            columns.push(column(field, true, false)?);
-        }
-        for field in &selection.values {
-            columns.push(column(field, false, false)?);
-        }
-        let has_document = !selection.document.is_empty();
-        if has_document {
-            columns.push(column(&selection.document, false, true)?);
-        } else if !delta_updates {
-            return Err(Error::Config(format!(
-                "table {name:?}: a standard (non-delta) binding must select the document field"
-            )));
-        }
-        Ok(Table {
-            name: name.to_owned(),
-            collection: collection.collection.clone(),
-            columns,
-            key_count: selection.keys.len(),
-            has_document,
-            delta_updates,
-        })
-    }
-
-    pub fn keys(&self) -> &[Column] {
-        &self.columns[..self.key_count]
-    }
-
-    /// Value columns, without the document.
-    pub fn values(&self) -> &[Column] {
-        let end = self.columns.len() - usize::from(self.has_document);
-        &self.columns[self.key_count..end]
-    }
-
-    pub fn document(&self) -> Option<&Column> {
-        self.has_document.then(|| self.columns.last()).flatten()
-    }
-
     fn column_def(&self, column: &Column, flavor: Flavor) -> String {
         let source = if column.ptr.is_empty() {
             format!("the whole document of {}", self.collection)
@@ -253,7 +145,7 @@ impl Table {
         format!(
             "{} {}{not_null} COMMENT {}",
             quote_ident(&column.field),
-            column.sql_type(flavor),
+            sql_type(column, flavor),
             quote_literal(&format!("Materialized by Sluice from {source}"))
         )
     }
@@ -385,11 +277,13 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
         (ColumnType::Boolean, Value::Bool(b)) => out.push(if *b { b'1' } else { b'0' }),
         (ColumnType::Text, Value::String(s)) => out.extend_from_slice(s.as_bytes()),
         (ty, _) => {
-            let name = Column {
-                key: false,
-                ..column.clone()
-            }
-            .sql_type(Flavor::MariaDb);
+            let name = sql_type(
+                &Column {
+                    key: false,
+                    ..column.clone()
+                },
+                Flavor::MariaDb,
+            );
             let why = match ty {
                 ColumnType::Bigint => "does not fit a BIGINT column (a 64-bit signed integer)",
                 _ => "does not fit the column's type",
@@ -397,7 +291,7 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
             return Err(mismatch(&column.field, value, &format!("{why} ({name})")));
         }
     }
-    if column.is_key_text() {
+    if is_key_text(column) {
         let text = std::str::from_utf8(&out[start..]).unwrap_or_default();
         if text.chars().count() > KEY_CHARS {
             return Err(mismatch(
@@ -520,16 +414,6 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn projection(types: &[&str]) -> flow::Projection {
-        flow::Projection {
-            inference: Some(flow::Inference {
-                types: types.iter().map(|t| t.to_string()).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
     fn column(field: &str, ty: ColumnType, key: bool) -> Column {
         Column {
             field: field.to_owned(),
@@ -540,43 +424,50 @@ mod tests {
     }
 
     fn table(columns: Vec<Column>, has_document: bool) -> Table {
-        Table {
+        Table(sql::Table {
             name: "t".into(),
             collection: "c".into(),
             key_count: columns.iter().filter(|c| c.key).count(),
             columns,
             has_document,
             delta_updates: false,
-        }
+        })
     }
 
     #[test]
-    fn inferred_types_map_to_column_types() {
-        let of = |ts: &[&str]| ColumnType::of_projection(&projection(ts));
-        assert_eq!(of(&["integer"]), Some(ColumnType::Bigint));
-        assert_eq!(of(&["null", "integer"]), Some(ColumnType::Bigint));
-        assert_eq!(of(&["number", "integer"]), Some(ColumnType::Double));
-        assert_eq!(of(&["boolean"]), Some(ColumnType::Boolean));
-        assert_eq!(of(&["string"]), Some(ColumnType::Text));
-        assert_eq!(of(&["object"]), Some(ColumnType::Json));
-        assert_eq!(of(&["string", "integer"]), Some(ColumnType::Json));
-        assert_eq!(of(&["null"]), None);
-        assert_eq!(of(&[]), None);
+    fn each_inferred_shape_is_declared_as_its_column_type() {
+        for (inferred, declared) in [
+            (Inferred::Integer, "BIGINT"),
+            (Inferred::Number, "DOUBLE"),
+            (Inferred::Boolean, "BOOLEAN"),
+            (Inferred::String, "LONGTEXT"),
+            (Inferred::DateTime, "LONGTEXT"),
+            (Inferred::Other, "JSON"),
+        ] {
+            assert_eq!(
+                sql_type(
+                    &column("v", ColumnType::of_inferred(inferred), false),
+                    Flavor::MariaDb
+                ),
+                declared,
+                "{inferred:?}"
+            );
+        }
     }
 
     #[test]
     fn string_keys_are_bounded_binary_varchars() {
         let key = column("k", ColumnType::Text, true);
         assert_eq!(
-            key.sql_type(Flavor::MariaDb),
+            sql_type(&key, Flavor::MariaDb),
             "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin"
         );
         assert_eq!(
-            key.sql_type(Flavor::MySql),
+            sql_type(&key, Flavor::MySql),
             "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_0900_bin"
         );
         assert_eq!(
-            column("v", ColumnType::Text, false).sql_type(Flavor::MariaDb),
+            sql_type(&column("v", ColumnType::Text, false), Flavor::MariaDb),
             "LONGTEXT"
         );
         assert_eq!(

@@ -23,6 +23,7 @@ use crate::sql::{self, CHECKPOINTS_TABLE, ColumnType, Table};
 use crate::transactor::PostgresTransactor;
 use async_trait::async_trait;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::ColumnKind;
 use sluice_driver::validate;
 use sluice_driver::{Driver, Error, Result, Transactor};
 use sluice_proto::flow;

@@ -33,8 +33,8 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::mismatch;
 use sluice_driver::sql::text::{TextRows, TextTable};
+use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
 use sluice_driver::{Error, Result};
 use sluice_proto::flow;
 use std::io::Write;
@@ -57,33 +57,23 @@ pub enum ColumnType {
     Json,
 }
 
-impl ColumnType {
-    /// The column type for a projection, or `None` if PostgreSQL cannot hold the field
-    /// (it has no type at all, or is always null).
-    pub fn of_projection(projection: &flow::Projection) -> Option<ColumnType> {
-        let inference = projection.inference.as_ref();
-        let mut types: Vec<&str> = inference
-            .map(|i| i.types.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .map(String::as_str)
-            .filter(|t| *t != "null")
-            .collect();
-        types.sort_unstable();
-        let format = inference
-            .and_then(|i| i.string.as_ref())
-            .map(|s| s.format.as_str());
-        Some(match types.as_slice() {
-            [] => return None,
-            ["integer"] => ColumnType::Bigint,
-            ["integer", "number"] | ["number"] => ColumnType::Double,
-            ["boolean"] => ColumnType::Boolean,
-            ["string"] if format == Some("date-time") => ColumnType::Timestamptz,
-            ["string"] => ColumnType::Text,
-            _ => ColumnType::Jsonb,
-        })
-    }
+impl ColumnKind for ColumnType {
+    const STORE: &'static str = "PostgreSQL";
+    const DOCUMENT: Self = ColumnType::Json;
 
+    fn of_inferred(inferred: Inferred) -> Self {
+        match inferred {
+            Inferred::Integer => ColumnType::Bigint,
+            Inferred::Number => ColumnType::Double,
+            Inferred::Boolean => ColumnType::Boolean,
+            Inferred::String => ColumnType::Text,
+            Inferred::DateTime => ColumnType::Timestamptz,
+            Inferred::Other => ColumnType::Jsonb,
+        }
+    }
+}
+
+impl ColumnType {
     pub fn sql(self) -> &'static str {
         match self {
             ColumnType::Bigint => "bigint",
@@ -97,26 +87,22 @@ impl ColumnType {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Column {
-    pub field: String,
-    /// The JSON pointer the field projects (empty for the whole document).
-    pub ptr: String,
-    pub ty: ColumnType,
-}
+pub type Column = sql::Column<ColumnType>;
 
-/// One binding's table, columns in field-selection order.
+/// One binding's table (see [`sql::Table`]) in `schema`, with the SQL that creates,
+/// loads and changes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     pub schema: String,
-    pub name: String,
-    /// The collection the table materializes (named in column comments).
-    pub collection: String,
-    /// Keys, then values, then the document column (if selected).
-    pub columns: Vec<Column>,
-    pub key_count: usize,
-    pub has_document: bool,
-    pub delta_updates: bool,
+    pub table: sql::Table<ColumnType>,
+}
+
+impl std::ops::Deref for Table {
+    type Target = sql::Table<ColumnType>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
 }
 
 impl Table {
@@ -127,77 +113,10 @@ impl Table {
         binding: &flow::materialization_spec::Binding,
         delta_updates: bool,
     ) -> Result<Table> {
-        let collection = binding
-            .collection
-            .as_ref()
-            .ok_or_else(|| Error::Config(format!("binding of table {name:?} has no collection")))?;
-        let selection = binding.field_selection.clone().unwrap_or_default();
-        let column = |field: &str, document: bool| -> Result<Column> {
-            let projection = collection
-                .projections
-                .iter()
-                .find(|p| p.field == field)
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: selected field {field:?} is not a projection of {}",
-                        collection.collection
-                    ))
-                })?;
-            let ty = if document {
-                ColumnType::Json
-            } else {
-                ColumnType::of_projection(projection).ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: field {field:?} has no type PostgreSQL can hold"
-                    ))
-                })?
-            };
-            Ok(Column {
-                field: field.to_owned(),
-                ptr: projection.ptr.clone(),
-                ty,
-            })
-        };
-        if selection.keys.is_empty() {
-            return Err(Error::Config(format!(
-                "table {name:?}: the field selection has no key fields"
-            )));
-        }
-        let mut columns = Vec::new();
-        for field in selection.keys.iter().chain(&selection.values) {
-            columns.push(column(field, false)?);
-        }
-        let has_document = !selection.document.is_empty();
-        if has_document {
-            columns.push(column(&selection.document, true)?);
-        } else if !delta_updates {
-            return Err(Error::Config(format!(
-                "table {name:?}: a standard (non-delta) binding must select the document field"
-            )));
-        }
         Ok(Table {
             schema: schema.to_owned(),
-            name: name.to_owned(),
-            collection: collection.collection.clone(),
-            columns,
-            key_count: selection.keys.len(),
-            has_document,
-            delta_updates,
+            table: sql::Table::new(name, binding, delta_updates)?,
         })
-    }
-
-    pub fn keys(&self) -> &[Column] {
-        &self.columns[..self.key_count]
-    }
-
-    /// Value columns, without the document.
-    pub fn values(&self) -> &[Column] {
-        let end = self.columns.len() - usize::from(self.has_document);
-        &self.columns[self.key_count..end]
-    }
-
-    pub fn document(&self) -> Option<&Column> {
-        self.has_document.then(|| self.columns.last()).flatten()
     }
 
     /// `"schema"."table"`.
@@ -451,45 +370,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn projection(types: &[&str], format: &str) -> flow::Projection {
-        flow::Projection {
-            inference: Some(flow::Inference {
-                types: types.iter().map(|t| t.to_string()).collect(),
-                string: (!format.is_empty()).then(|| flow::inference::String {
-                    format: format.to_owned(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
     fn column(field: &str, ty: ColumnType) -> Column {
         Column {
             field: field.to_owned(),
             ptr: format!("/{field}"),
             ty,
+            key: field == "k",
         }
     }
 
     #[test]
-    fn inferred_types_map_to_column_types() {
-        let of = |ts: &[&str], format: &str| ColumnType::of_projection(&projection(ts, format));
-        assert_eq!(of(&["integer"], ""), Some(ColumnType::Bigint));
-        assert_eq!(of(&["null", "integer"], ""), Some(ColumnType::Bigint));
-        assert_eq!(of(&["number", "integer"], ""), Some(ColumnType::Double));
-        assert_eq!(of(&["boolean"], ""), Some(ColumnType::Boolean));
-        assert_eq!(of(&["string"], ""), Some(ColumnType::Text));
-        assert_eq!(of(&["string"], "date-time"), Some(ColumnType::Timestamptz));
-        assert_eq!(
-            of(&["string", "null"], "date-time"),
-            Some(ColumnType::Timestamptz)
-        );
-        assert_eq!(of(&["object"], ""), Some(ColumnType::Jsonb));
-        assert_eq!(of(&["string", "integer"], ""), Some(ColumnType::Jsonb));
-        assert_eq!(of(&["null"], ""), None);
-        assert_eq!(of(&[], ""), None);
+    fn each_inferred_shape_is_declared_as_its_column_type() {
+        for (inferred, declared) in [
+            (Inferred::Integer, "bigint"),
+            (Inferred::Number, "double precision"),
+            (Inferred::Boolean, "boolean"),
+            (Inferred::String, "text"),
+            (Inferred::DateTime, "timestamptz"),
+            (Inferred::Other, "jsonb"),
+        ] {
+            assert_eq!(
+                ColumnType::of_inferred(inferred).sql(),
+                declared,
+                "{inferred:?}"
+            );
+        }
     }
 
     #[test]
@@ -499,22 +404,34 @@ mod tests {
         assert_eq!(quote_literal("it's"), "'it''s'");
     }
 
-    #[test]
-    fn copy_rows_escape_special_bytes_and_write_nulls() {
-        let table = Table {
-            schema: "s".into(),
+    /// Table `"s"."t"` keyed by its first column, ending with the document unless
+    /// delta-updated.
+    fn table(columns: Vec<Column>, delta_updates: bool) -> Table {
+        let table = sql::Table {
             name: "t".into(),
             collection: "c".into(),
-            columns: vec![
+            columns,
+            key_count: 1,
+            has_document: !delta_updates,
+            delta_updates,
+        };
+        Table {
+            schema: "s".into(),
+            table,
+        }
+    }
+
+    #[test]
+    fn copy_rows_escape_special_bytes_and_write_nulls() {
+        let table = table(
+            vec![
                 column("k", ColumnType::Text),
                 column("n", ColumnType::Bigint),
                 column("j", ColumnType::Jsonb),
                 column("flow_document", ColumnType::Json),
             ],
-            key_count: 1,
-            has_document: true,
-            delta_updates: false,
-        };
+            false,
+        );
         let mut rows = CopyRow::default();
         let values = [json!("a\tb\\c\nd"), Value::Null, json!({"x": "q\"\\"})];
         rows.push(&table, &values, Some(br#"{"k":"\\"}"#)).unwrap();
@@ -531,18 +448,13 @@ mod tests {
 
     #[test]
     fn a_value_that_does_not_fit_its_column_names_the_field() {
-        let table = Table {
-            schema: "s".into(),
-            name: "t".into(),
-            collection: "c".into(),
-            columns: vec![
+        let table = table(
+            vec![
                 column("k", ColumnType::Text),
                 column("n", ColumnType::Bigint),
             ],
-            key_count: 1,
-            has_document: false,
-            delta_updates: true,
-        };
+            true,
+        );
         let mut rows = CopyRow::default();
         let err = rows
             .push(&table, &[json!("a"), json!("seven")], None)

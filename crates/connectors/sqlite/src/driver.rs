@@ -31,6 +31,7 @@ use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
+use sluice_driver::sql::{self as kit, ColumnKind};
 use sluice_driver::sql::{PreparedCheckpoint, unpack};
 use sluice_driver::validate;
 use sluice_driver::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
@@ -68,11 +69,8 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 /// The table of one materialization binding.
 fn binding_table(binding: &flow::materialization_spec::Binding) -> Result<Table> {
     let resource = ResourceConfig::parse(&binding.resource_spec_json, None)?;
-    Table::new(
-        &resource.table,
-        binding,
-        binding.delta_updates || resource.delta_updates,
-    )
+    let delta_updates = binding.delta_updates || resource.delta_updates;
+    kit::Table::new(&resource.table, binding, delta_updates).map(Table)
 }
 
 fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
@@ -95,10 +93,7 @@ fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
 /// What Validate checks projections against.
 const STORE: validate::Store<'static> = validate::Store {
     name: "SQLite",
-    storable: &|p| {
-        let types = p.inference.as_ref().map(|i| i.types.as_slice());
-        ColumnType::of_inference(types.unwrap_or_default()).is_some()
-    },
+    storable: &|p| ColumnType::of_projection(p).is_some(),
 };
 
 /// Runs `statements` in one transaction.

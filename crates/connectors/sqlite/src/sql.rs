@@ -33,9 +33,8 @@
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
-use sluice_driver::sql::RangeFence;
+use sluice_driver::sql::{self, ColumnKind, Inferred, RangeFence};
 use sluice_driver::{Error, Result};
-use sluice_proto::flow;
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,26 +58,22 @@ pub enum ColumnType {
     Json,
 }
 
-impl ColumnType {
-    /// The column type for a projection's inferred types, or `None` if SQLite cannot
-    /// hold the field (it has no type at all, or is always null).
-    pub fn of_inference(types: &[String]) -> Option<ColumnType> {
-        let mut types: Vec<&str> = types
-            .iter()
-            .map(String::as_str)
-            .filter(|t| *t != "null")
-            .collect();
-        types.sort_unstable();
-        Some(match types.as_slice() {
-            [] => return None,
-            ["integer"] => ColumnType::Integer,
-            ["number"] | ["integer", "number"] => ColumnType::Real,
-            ["boolean"] => ColumnType::Boolean,
-            ["string"] => ColumnType::Text,
-            _ => ColumnType::Json,
-        })
-    }
+impl ColumnKind for ColumnType {
+    const STORE: &'static str = "SQLite";
+    const DOCUMENT: Self = ColumnType::Json;
 
+    fn of_inferred(inferred: Inferred) -> Self {
+        match inferred {
+            Inferred::Integer => ColumnType::Integer,
+            Inferred::Number => ColumnType::Real,
+            Inferred::Boolean => ColumnType::Boolean,
+            Inferred::String | Inferred::DateTime => ColumnType::Text,
+            Inferred::Other => ColumnType::Json,
+        }
+    }
+}
+
+impl ColumnType {
     /// The declared SQL type. JSON is declared `TEXT`: a type name such as `JSON` would
     /// give the column NUMERIC affinity and turn the text `5` into the integer 5.
     pub fn sql(self) -> &'static str {
@@ -90,101 +85,15 @@ impl ColumnType {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Column {
-    pub field: String,
-    pub ty: ColumnType,
-}
+pub type Column = sql::Column<ColumnType>;
 
-/// One binding's table, columns in field-selection order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    pub name: String,
-    /// Keys, then values, then the document column (if selected).
-    pub columns: Vec<Column>,
-    pub key_count: usize,
-    pub has_document: bool,
-    pub delta_updates: bool,
-}
+sluice_driver::table_newtype!(
+    /// One binding's table (see [`sql::Table`]), with the SQL that creates, loads and
+    /// changes it.
+    Table(ColumnType)
+);
 
 impl Table {
-    /// The table for `binding`, named `name`, with columns typed from its projections.
-    pub fn new(
-        name: &str,
-        binding: &flow::materialization_spec::Binding,
-        delta_updates: bool,
-    ) -> Result<Table> {
-        let collection = binding
-            .collection
-            .as_ref()
-            .ok_or_else(|| Error::Config(format!("binding of table {name:?} has no collection")))?;
-        let selection = binding.field_selection.clone().unwrap_or_default();
-        let column = |field: &str, json: bool| -> Result<Column> {
-            let projection = collection
-                .projections
-                .iter()
-                .find(|p| p.field == field)
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: selected field {field:?} is not a projection of {}",
-                        collection.collection
-                    ))
-                })?;
-            let types = projection.inference.as_ref().map(|i| i.types.as_slice());
-            let ty = if json {
-                ColumnType::Json
-            } else {
-                ColumnType::of_inference(types.unwrap_or_default()).ok_or_else(|| {
-                    Error::Config(format!(
-                        "table {name:?}: field {field:?} has no type SQLite can hold"
-                    ))
-                })?
-            };
-            Ok(Column {
-                field: field.to_owned(),
-                ty,
-            })
-        };
-        let mut columns = Vec::new();
-        for field in selection.keys.iter().chain(&selection.values) {
-            columns.push(column(field, false)?);
-        }
-        let has_document = !selection.document.is_empty();
-        if has_document {
-            columns.push(column(&selection.document, true)?);
-        } else if !delta_updates {
-            return Err(Error::Config(format!(
-                "table {name:?}: a standard (non-delta) binding must select the document field"
-            )));
-        }
-        if selection.keys.is_empty() {
-            return Err(Error::Config(format!(
-                "table {name:?}: the field selection has no key fields"
-            )));
-        }
-        Ok(Table {
-            name: name.to_owned(),
-            columns,
-            key_count: selection.keys.len(),
-            has_document,
-            delta_updates,
-        })
-    }
-
-    pub fn keys(&self) -> &[Column] {
-        &self.columns[..self.key_count]
-    }
-
-    /// Value columns, without the document.
-    pub fn values(&self) -> &[Column] {
-        let end = self.columns.len() - usize::from(self.has_document);
-        &self.columns[self.key_count..end]
-    }
-
-    pub fn document(&self) -> Option<&Column> {
-        self.has_document.then(|| self.columns.last()).flatten()
-    }
-
     pub fn column_def(column: &Column) -> String {
         format!("{} {}", quote_ident(&column.field), column.ty.sql())
     }
@@ -538,22 +447,22 @@ pub fn commit_checkpoint(conn: &Connection, claim: &Claim, checkpoint: &[u8]) ->
 mod tests {
     use super::*;
 
-    fn types(ts: &[&str]) -> Vec<String> {
-        ts.iter().map(|t| t.to_string()).collect()
-    }
-
     #[test]
-    fn inferred_types_map_to_column_types() {
-        let of = |ts: &[&str]| ColumnType::of_inference(&types(ts));
-        assert_eq!(of(&["integer"]), Some(ColumnType::Integer));
-        assert_eq!(of(&["null", "integer"]), Some(ColumnType::Integer));
-        assert_eq!(of(&["number", "integer"]), Some(ColumnType::Real));
-        assert_eq!(of(&["boolean"]), Some(ColumnType::Boolean));
-        assert_eq!(of(&["string"]), Some(ColumnType::Text));
-        assert_eq!(of(&["object"]), Some(ColumnType::Json));
-        assert_eq!(of(&["string", "integer"]), Some(ColumnType::Json));
-        assert_eq!(of(&["null"]), None);
-        assert_eq!(of(&[]), None);
+    fn each_inferred_shape_is_declared_as_its_column_type() {
+        for (inferred, declared) in [
+            (Inferred::Integer, "INTEGER"),
+            (Inferred::Number, "REAL"),
+            (Inferred::Boolean, "INTEGER"),
+            (Inferred::String, "TEXT"),
+            (Inferred::DateTime, "TEXT"),
+            (Inferred::Other, "TEXT"),
+        ] {
+            assert_eq!(
+                ColumnType::of_inferred(inferred).sql(),
+                declared,
+                "{inferred:?}"
+            );
+        }
     }
 
     #[test]
@@ -565,21 +474,24 @@ mod tests {
 
     /// A table keyed by `(a, b)` with a document column `d`.
     fn composite_table() -> Table {
-        let column = |field: &str, ty| Column {
+        let column = |field: &str, ty, key| Column {
             field: field.to_owned(),
+            ptr: format!("/{field}"),
             ty,
+            key,
         };
-        Table {
+        Table(sql::Table {
             name: "t".into(),
+            collection: "c".into(),
             columns: vec![
-                column("a", ColumnType::Text),
-                column("b", ColumnType::Integer),
-                column("d", ColumnType::Json),
+                column("a", ColumnType::Text, true),
+                column("b", ColumnType::Integer, true),
+                column("d", ColumnType::Json, false),
             ],
             key_count: 2,
             has_document: true,
             delta_updates: false,
-        }
+        })
     }
 
     #[test]

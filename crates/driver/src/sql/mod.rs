@@ -9,12 +9,17 @@
 //!   a stale one, including a store or commit that failed *because* the instance was
 //!   fenced off (a zombie that believed absent a key the newer instance stored fails
 //!   with the store's duplicate-key error: [`RangeFence::explain`] tells the truth).
+//! - [`Table`]: a binding's columns in field-selection order, typed by the store's
+//!   [`ColumnKind`].
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
 //!
 //! Errors here, but for [`RangeFence`]'s, are [`Error::Store`], not retryable: a malformed packed tuple or a value
 //! of the wrong type fails the same way on every retry.
 
+mod table;
 pub mod text;
+
+pub use table::{Column, ColumnKind, Inferred, Table};
 
 use crate::{Error, Result};
 use serde_json::Value;
