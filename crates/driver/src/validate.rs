@@ -14,6 +14,7 @@
 //!   nested field (`/a/b`)                 → FieldOptional
 //! ```
 
+use crate::sql::ColumnKind;
 use crate::{Error, Result};
 use sluice_proto::flow;
 use sluice_proto::materialize::{
@@ -26,6 +27,17 @@ pub struct Store<'a> {
     pub name: &'a str,
     /// Whether a column can hold the projection's values.
     pub storable: &'a dyn Fn(&flow::Projection) -> bool,
+}
+
+impl Store<'static> {
+    /// The store whose columns are of type `C`: a projection is storable if `C` has a
+    /// column type for it.
+    pub fn of<C: ColumnKind>() -> Self {
+        Store {
+            name: C::STORE,
+            storable: &|p| C::of_projection(p).is_some(),
+        }
+    }
 }
 
 /// A binding's resource as Validate reports it.

@@ -24,9 +24,9 @@ use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 use sluice_driver::config::materialization;
-use sluice_driver::sql::{self as kit, ColumnKind};
+use sluice_driver::sql as kit;
 use sluice_driver::validate;
-use sluice_driver::{Driver, Error, Result, Transactor};
+use sluice_driver::{Driver, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
@@ -44,28 +44,11 @@ impl MysqlDriver {
 
 /// The tables of a materialization's bindings, each named once.
 pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
-    let mut tables: Vec<Table> = Vec::with_capacity(spec.bindings.len());
-    for binding in &spec.bindings {
-        let resource = ResourceConfig::parse(&binding.resource_spec_json, Some(NAME_LIMIT))?;
-        let delta_updates = binding.delta_updates || resource.delta_updates;
-        let table = Table(kit::Table::new(&resource.table, binding, delta_updates)?);
-        // Table names compare case-insensitively on some servers (lower_case_table_names).
-        if (tables.iter()).any(|t| t.name.to_lowercase() == table.name.to_lowercase()) {
-            return Err(Error::Config(format!(
-                "two bindings of {:?} write table {:?}: give each its own table",
-                spec.materialization, table.name
-            )));
-        }
-        tables.push(table);
-    }
-    Ok(tables)
+    // Table names compare case-insensitively on some servers (lower_case_table_names).
+    let same_name = |a: &str, b: &str| a.to_lowercase() == b.to_lowercase();
+    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), same_name)?;
+    Ok(tables.into_iter().map(Table).collect())
 }
-
-/// What Validate checks projections against.
-const STORE: validate::Store<'static> = validate::Store {
-    name: "MariaDB",
-    storable: &|p| ColumnType::of_projection(p).is_some(),
-};
 
 /// Which Apply call is being served.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +143,7 @@ impl Driver for MysqlDriver {
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         let endpoint = EndpointConfig::parse(&req.endpoint_spec_json)?;
-        validate::validate(&STORE, &req, |json| {
+        validate::validate(&validate::Store::of::<ColumnType>(), &req, |json| {
             let resource = ResourceConfig::parse(json, Some(NAME_LIMIT))?;
             Ok(validate::Resource {
                 path: vec![endpoint.database(), resource.table],

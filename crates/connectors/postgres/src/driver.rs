@@ -23,9 +23,9 @@ use crate::sql::{self, CHECKPOINTS_TABLE, ColumnType, Table};
 use crate::transactor::PostgresTransactor;
 use async_trait::async_trait;
 use sluice_driver::config::materialization;
-use sluice_driver::sql::ColumnKind;
+use sluice_driver::sql as kit;
 use sluice_driver::validate;
-use sluice_driver::{Driver, Error, Result, Transactor};
+use sluice_driver::{Driver, Result, Transactor};
 use sluice_proto::flow;
 use sluice_proto::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
@@ -47,31 +47,15 @@ pub(crate) fn spec_tables(
     endpoint: &EndpointConfig,
     spec: &flow::MaterializationSpec,
 ) -> Result<Vec<Table>> {
-    let mut tables: Vec<Table> = Vec::with_capacity(spec.bindings.len());
-    for binding in &spec.bindings {
-        let resource = ResourceConfig::parse(&binding.resource_spec_json, Some(NAME_LIMIT))?;
-        let table = Table::new(
-            endpoint.schema(),
-            &resource.table,
-            binding,
-            binding.delta_updates || resource.delta_updates,
-        )?;
-        if tables.iter().any(|t| t.name == table.name) {
-            return Err(Error::Config(format!(
-                "two bindings of {:?} write table {:?}: give each its own table",
-                spec.materialization, table.name
-            )));
-        }
-        tables.push(table);
-    }
-    Ok(tables)
+    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), |a, b| a == b)?;
+    let schema = endpoint.schema();
+    Ok((tables.into_iter())
+        .map(|table| Table {
+            schema: schema.to_owned(),
+            table,
+        })
+        .collect())
 }
-
-/// What Validate checks projections against.
-const STORE: validate::Store<'static> = validate::Store {
-    name: "PostgreSQL",
-    storable: &|p| ColumnType::of_projection(p).is_some(),
-};
 
 /// Which Apply call is being served.
 #[derive(Debug, Clone, Copy)]
@@ -189,7 +173,7 @@ impl Driver for PostgresDriver {
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         let endpoint = EndpointConfig::parse(&req.endpoint_spec_json)?;
-        validate::validate(&STORE, &req, |json| {
+        validate::validate(&validate::Store::of::<ColumnType>(), &req, |json| {
             let resource = ResourceConfig::parse(json, Some(NAME_LIMIT))?;
             Ok(validate::Resource {
                 path: vec![endpoint.schema().to_owned(), resource.table],

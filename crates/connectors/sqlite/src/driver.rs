@@ -31,7 +31,7 @@ use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
-use sluice_driver::sql::{self as kit, ColumnKind};
+use sluice_driver::sql as kit;
 use sluice_driver::sql::{PreparedCheckpoint, unpack};
 use sluice_driver::validate;
 use sluice_driver::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
@@ -66,35 +66,11 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The table of one materialization binding.
-fn binding_table(binding: &flow::materialization_spec::Binding) -> Result<Table> {
-    let resource = ResourceConfig::parse(&binding.resource_spec_json, None)?;
-    let delta_updates = binding.delta_updates || resource.delta_updates;
-    kit::Table::new(&resource.table, binding, delta_updates).map(Table)
-}
-
+/// The tables of a materialization's bindings, each named once.
 fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
-    let tables = spec
-        .bindings
-        .iter()
-        .map(binding_table)
-        .collect::<Result<Vec<_>>>()?;
-    for (i, table) in tables.iter().enumerate() {
-        if tables[..i].iter().any(|t| t.name == table.name) {
-            return Err(Error::Config(format!(
-                "two bindings of {:?} write table {:?}: give each its own table",
-                spec.materialization, table.name
-            )));
-        }
-    }
-    Ok(tables)
+    let tables = kit::spec_tables(spec, None, |a, b| a == b)?;
+    Ok(tables.into_iter().map(Table).collect())
 }
-
-/// What Validate checks projections against.
-const STORE: validate::Store<'static> = validate::Store {
-    name: "SQLite",
-    storable: &|p| ColumnType::of_projection(p).is_some(),
-};
 
 /// Runs `statements` in one transaction.
 fn execute_all(conn: &mut Connection, statements: &[String]) -> Result<()> {
@@ -199,7 +175,7 @@ impl Driver for SqliteDriver {
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
         EndpointConfig::parse(&req.endpoint_spec_json)?;
-        validate::validate(&STORE, &req, |json| {
+        validate::validate(&validate::Store::of::<ColumnType>(), &req, |json| {
             let resource = ResourceConfig::parse(json, None)?;
             Ok(validate::Resource {
                 path: vec![resource.table],

@@ -19,7 +19,7 @@
 mod table;
 pub mod text;
 
-pub use table::{Column, ColumnKind, Inferred, Table};
+pub use table::{Column, ColumnKind, Inferred, Table, spec_tables};
 
 use crate::{Error, Result};
 use serde_json::Value;

@@ -13,6 +13,7 @@
 //! type the store can hold. A binding breaking one is [`Error::Config`] naming the table
 //! (and the field).
 
+use crate::config::{NameLimit, TableResource};
 use crate::{Error, Result};
 use sluice_proto::flow;
 
@@ -180,6 +181,30 @@ impl<C> Table<C> {
     }
 }
 
+/// The tables of a materialization's bindings, from their [`TableResource`]s (names
+/// within `limit`), each named once: `same_name` tells whether the store takes two
+/// names for the same table.
+pub fn spec_tables<C: ColumnKind>(
+    spec: &flow::MaterializationSpec,
+    limit: Option<NameLimit>,
+    same_name: impl Fn(&str, &str) -> bool,
+) -> Result<Vec<Table<C>>> {
+    let mut tables: Vec<Table<C>> = Vec::with_capacity(spec.bindings.len());
+    for binding in &spec.bindings {
+        let resource = TableResource::parse(&binding.resource_spec_json, limit)?;
+        let delta_updates = binding.delta_updates || resource.delta_updates;
+        let table = Table::new(&resource.table, binding, delta_updates)?;
+        if (tables.iter()).any(|t| same_name(&t.name, &table.name)) {
+            return Err(Error::Config(format!(
+                "two bindings of {:?} write table {:?}: give each its own table",
+                spec.materialization, table.name
+            )));
+        }
+        tables.push(table);
+    }
+    Ok(tables)
+}
+
 /// Declares a connector's table type: `pub struct $name(pub Table<$column>)`, which
 /// derefs to the [`Table`] it wraps. A connector cannot add its SQL-generating methods
 /// to the foreign [`Table`]; it adds them to this newtype.
@@ -304,6 +329,28 @@ mod tests {
         assert_eq!(table.values().len(), 2);
         assert_eq!(table.document().unwrap().ptr, "/flow_document");
         assert_eq!(table.collection, "acme/views");
+    }
+
+    #[test]
+    fn two_bindings_may_not_write_the_same_table() {
+        let mut spec = flow::MaterializationSpec {
+            materialization: "acme/m".into(),
+            ..Default::default()
+        };
+        for name in ["T", "t"] {
+            spec.bindings.push(flow::materialization_spec::Binding {
+                resource_spec_json: format!(r#"{{"table": "{name}"}}"#),
+                ..binding(&["id"], &[], "flow_document")
+            });
+        }
+        let tables = spec_tables::<Kind>(&spec, None, |a, b| a == b).unwrap();
+        assert_eq!(tables[1].name, "t");
+        let err = spec_tables::<Kind>(&spec, None, |a, b| a.eq_ignore_ascii_case(b)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("two bindings of \"acme/m\" write table \"t\""),
+            "{err}"
+        );
     }
 
     #[test]
