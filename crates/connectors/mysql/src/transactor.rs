@@ -47,10 +47,9 @@ use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
-use sluice_driver::sql::{PreparedCheckpoint, unpack};
-use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
-use sluice_proto::flow;
-use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
+use sluice_driver::sql::{FencedStore, PreparedCheckpoint, unpack};
+use sluice_driver::{Error, LoadedSink, Result};
+use sluice_proto::materialize::transaction_request::{Load, Open, Store};
 use tokio::task::JoinHandle;
 
 /// One binding's table and statements.
@@ -212,6 +211,24 @@ impl MysqlTransactor {
         Ok(conn)
     }
 
+    async fn rollback(&mut self) {
+        if !std::mem::take(&mut self.in_transaction) {
+            return;
+        }
+        let server = self.server.clone();
+        match self.settle().await {
+            Ok(conn) => {
+                if let Err(err) = conn.query_drop("ROLLBACK").await {
+                    tracing::warn!(%server, %err, "rolling back an unfinished transaction");
+                }
+            }
+            Err(err) => tracing::debug!(%err, "writes in flight failed as the stream ended"),
+        }
+    }
+}
+
+#[async_trait]
+impl FencedStore for MysqlTransactor {
     /// `result`, unless it failed: then the transaction is rolled back, and the error
     /// is [`Error::Fenced`] if a newer instance has opened this range since.
     async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
@@ -281,34 +298,11 @@ impl MysqlTransactor {
         Ok(())
     }
 
-    async fn rollback(&mut self) {
-        if !std::mem::take(&mut self.in_transaction) {
-            return;
-        }
-        let server = self.server.clone();
-        match self.settle().await {
-            Ok(conn) => {
-                if let Err(err) = conn.query_drop("ROLLBACK").await {
-                    tracing::warn!(%server, %err, "rolling back an unfinished transaction");
-                }
-            }
-            Err(err) => tracing::debug!(%err, "writes in flight failed as the stream ended"),
-        }
-    }
-}
-
-#[async_trait]
-impl Transactor for MysqlTransactor {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RemoteAuthoritative
+    fn checkpoint(&mut self) -> &mut PreparedCheckpoint {
+        &mut self.checkpoint
     }
 
-    async fn load(
-        &mut self,
-        load: Load,
-        _prior: PriorState,
-        loaded: &mut dyn LoadedSink,
-    ) -> Result<()> {
+    async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()> {
         let b = self.binding(load.binding)?;
         let table = &b.table;
         let prefix = b.load.clone().ok_or_else(|| {
@@ -345,26 +339,7 @@ impl Transactor for MysqlTransactor {
         Ok(())
     }
 
-    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
-        Ok(self.checkpoint.prepare(prepare))
-    }
-
-    async fn store(&mut self, store: Store) -> Result<()> {
-        let started = self.start_writes(store).await;
-        self.fence_checked(started).await
-    }
-
-    async fn commit(&mut self) -> Result<()> {
-        let committed = self.commit_writes().await;
-        self.fence_checked(committed).await
-    }
-
-    /// Nothing to do: the commit itself was authoritative and durable.
-    async fn acknowledge(&mut self) -> Result<()> {
-        Ok(())
-    }
-
-    async fn destroy(mut self: Box<Self>) {
+    async fn release(mut self: Box<Self>) {
         self.rollback().await;
         if let Connection::Idle(conn) = self.conn
             && let Err(err) = conn.disconnect().await

@@ -48,10 +48,9 @@ use bytes::Bytes;
 use futures::{SinkExt, TryStreamExt};
 use sluice_driver::arena;
 use sluice_driver::config::materialization;
-use sluice_driver::sql::{PreparedCheckpoint, unpack};
-use sluice_driver::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
-use sluice_proto::flow;
-use sluice_proto::materialize::transaction_request::{Load, Open, Prepare, Store};
+use sluice_driver::sql::{FencedStore, PreparedCheckpoint, unpack};
+use sluice_driver::{Error, LoadedSink, Result};
+use sluice_proto::materialize::transaction_request::{Load, Open, Store};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Statement};
@@ -244,6 +243,17 @@ impl PostgresTransactor {
         }
     }
 
+    async fn rollback(&mut self) {
+        if std::mem::take(&mut self.in_transaction)
+            && let Err(err) = self.client.batch_execute("ROLLBACK").await
+        {
+            tracing::warn!(server = %self.server, %err, "rolling back an unfinished transaction");
+        }
+    }
+}
+
+#[async_trait]
+impl FencedStore for PostgresTransactor {
     /// `result`, unless it failed: then the transaction is rolled back, and the error
     /// is [`Error::Fenced`] if a newer instance has opened this range since.
     async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
@@ -318,27 +328,11 @@ impl PostgresTransactor {
         Ok(())
     }
 
-    async fn rollback(&mut self) {
-        if std::mem::take(&mut self.in_transaction)
-            && let Err(err) = self.client.batch_execute("ROLLBACK").await
-        {
-            tracing::warn!(server = %self.server, %err, "rolling back an unfinished transaction");
-        }
-    }
-}
-
-#[async_trait]
-impl Transactor for PostgresTransactor {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RemoteAuthoritative
+    fn checkpoint(&mut self) -> &mut PreparedCheckpoint {
+        &mut self.checkpoint
     }
 
-    async fn load(
-        &mut self,
-        load: Load,
-        _prior: PriorState,
-        _loaded: &mut dyn LoadedSink,
-    ) -> Result<()> {
+    async fn load_keys(&mut self, load: Load, _loaded: &mut dyn LoadedSink) -> Result<()> {
         let b = self.binding(load.binding)?;
         let table = &b.table;
         let statement = b.load.as_ref().ok_or_else(|| {
@@ -369,7 +363,7 @@ impl Transactor for PostgresTransactor {
     }
 
     /// Pushes the documents of every lookup, in the order of their Loads.
-    async fn flush_loads(&mut self, loaded: &mut dyn LoadedSink) -> Result<()> {
+    async fn flush_loaded(&mut self, loaded: &mut dyn LoadedSink) -> Result<()> {
         for (binding, lookup) in std::mem::take(&mut self.lookups) {
             let rows = lookup.await.map_err(|join| {
                 Error::store("loading", format!("the lookup task failed: {join}"), false)
@@ -384,26 +378,7 @@ impl Transactor for PostgresTransactor {
         Ok(())
     }
 
-    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
-        Ok(self.checkpoint.prepare(prepare))
-    }
-
-    async fn store(&mut self, store: Store) -> Result<()> {
-        let started = self.start_writes(store).await;
-        self.fence_checked(started).await
-    }
-
-    async fn commit(&mut self) -> Result<()> {
-        let committed = self.commit_writes().await;
-        self.fence_checked(committed).await
-    }
-
-    /// Nothing to do: the commit itself was authoritative and durable.
-    async fn acknowledge(&mut self) -> Result<()> {
-        Ok(())
-    }
-
-    async fn destroy(mut self: Box<Self>) {
+    async fn release(mut self: Box<Self>) {
         if let Err(err) = self.settle().await {
             tracing::debug!(%err, "writes in flight failed as the stream ended");
         }

@@ -11,14 +11,18 @@
 //!   with the store's duplicate-key error: [`RangeFence::explain`] tells the truth).
 //! - [`Table`]: a binding's columns in field-selection order, typed by the store's
 //!   [`ColumnKind`].
+//! - [`FencedStore`]: Prepare, Store, Commit and Acknowledge of an authoritative store
+//!   whose commit is guarded by a [`RangeFence`].
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
 //!
 //! Errors here, but for [`RangeFence`]'s, are [`Error::Store`], not retryable: a malformed packed tuple or a value
 //! of the wrong type fails the same way on every retry.
 
+mod fenced;
 mod table;
 pub mod text;
 
+pub use fenced::FencedStore;
 pub use table::{Column, ColumnKind, Inferred, Table, spec_tables};
 
 use crate::{Error, Result};
