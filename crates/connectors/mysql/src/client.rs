@@ -39,7 +39,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
-use sluice_driver::sql::RangeFence;
+pub use sluice_driver::sql::Claim;
 use sluice_driver::{Error, Result};
 
 /// Server error codes after which reconnecting and retrying may succeed.
@@ -157,26 +157,6 @@ pub async fn load_data(conn: &mut Conn, statement: &str, rows: Vec<u8>) -> Resul
     ))
 }
 
-/// One shard's claim on its key range: the fence it must still hold to commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    pub materialization: String,
-    pub key_begin: u32,
-    pub key_end: u32,
-    pub fence: i64,
-}
-
-impl Claim {
-    pub fn range_fence(&self) -> RangeFence<'_> {
-        RangeFence {
-            materialization: &self.materialization,
-            key_begin: self.key_begin,
-            key_end: self.key_end,
-            claimed: self.fence,
-        }
-    }
-}
-
 /// The claimed range's fence as committed now (`None` if its row is gone), read
 /// outside any transaction to explain a failed store or commit.
 pub async fn current_fence(conn: &mut Conn, claim: &Claim) -> Result<Option<i64>> {
@@ -241,12 +221,7 @@ pub async fn claim_range(
         .await;
     let (fence, checkpoint) = claimed.map_err(|err| my_error(context(), err))?;
     released.map_err(|err| my_error(context(), err))?;
-    let claim = Claim {
-        materialization: materialization.to_owned(),
-        key_begin,
-        key_end,
-        fence,
-    };
+    let claim = Claim::new(materialization, key_begin, key_end, fence);
     Ok((claim, checkpoint))
 }
 

@@ -28,7 +28,7 @@
 
 use crate::config::EndpointConfig;
 use crate::sql::{self, CHECKPOINTS_TABLE};
-use sluice_driver::sql::RangeFence;
+use sluice_driver::sql as kit;
 use sluice_driver::{Error, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
@@ -118,24 +118,19 @@ pub async fn checkpoint_rows(client: &Client, schema: &str, materialization: &st
     Ok(row.get(0))
 }
 
-/// One shard's claim on its key range: the fence it must still hold to commit.
+/// One shard's claim on its key range (see [`kit::Claim`], which it derefs to), in the
+/// checkpoints table of `schema`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub schema: String,
-    pub materialization: String,
-    pub key_begin: u32,
-    pub key_end: u32,
-    pub fence: i64,
+    pub range: kit::Claim,
 }
 
-impl Claim {
-    pub fn range_fence(&self) -> RangeFence<'_> {
-        RangeFence {
-            materialization: &self.materialization,
-            key_begin: self.key_begin,
-            key_end: self.key_end,
-            claimed: self.fence,
-        }
+impl std::ops::Deref for Claim {
+    type Target = kit::Claim;
+
+    fn deref(&self) -> &kit::Claim {
+        &self.range
     }
 }
 
@@ -231,10 +226,7 @@ pub async fn claim_range(
     tx.commit().await.map_err(err)?;
     let claim = Claim {
         schema: schema.to_owned(),
-        materialization: materialization.to_owned(),
-        key_begin,
-        key_end,
-        fence,
+        range: kit::Claim::new(materialization, key_begin, key_end, fence),
     };
     Ok((claim, checkpoint))
 }

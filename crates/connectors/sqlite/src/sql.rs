@@ -33,7 +33,8 @@
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
-use sluice_driver::sql::{self, ColumnKind, Inferred, RangeFence};
+pub use sluice_driver::sql::Claim;
+use sluice_driver::sql::{self, ColumnKind, Inferred};
 use sluice_driver::{Error, Result};
 use std::path::Path;
 use std::time::Duration;
@@ -313,26 +314,6 @@ pub fn existing_columns(conn: &Connection, table: &str) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// One shard's claim on its key range: the fence it must still hold to commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    pub materialization: String,
-    pub key_begin: u32,
-    pub key_end: u32,
-    pub fence: i64,
-}
-
-impl Claim {
-    pub fn range_fence(&self) -> RangeFence<'_> {
-        RangeFence {
-            materialization: &self.materialization,
-            key_begin: self.key_begin,
-            key_end: self.key_end,
-            claimed: self.fence,
-        }
-    }
-}
-
 /// The claimed range's fence as stored now (`None` if its row is gone), read in a
 /// statement of its own to explain a failed store or commit.
 pub fn current_fence(conn: &Connection, claim: &Claim) -> Result<Option<i64>> {
@@ -406,12 +387,7 @@ pub fn claim_range(
         )
         .map_err(err)?;
     tx.commit().map_err(err)?;
-    let claim = Claim {
-        materialization: materialization.to_owned(),
-        key_begin,
-        key_end,
-        fence,
-    };
+    let claim = Claim::new(materialization, key_begin, key_end, fence);
     Ok((claim, checkpoint))
 }
 

@@ -5,7 +5,7 @@
 //! - [`binding`]: a request's binding index, checked.
 //! - [`PreparedCheckpoint`]: the runtime checkpoint between Prepare and Commit.
 //! - [`mismatch`]: the error of a value that does not fit its column.
-//! - [`RangeFence`]: an instance's claim on its key range, and the [`Error::Fenced`] of
+//! - [`Claim`] and [`RangeFence`]: an instance's claim on its key range, and the [`Error::Fenced`] of
 //!   a stale one, including a store or commit that failed *because* the instance was
 //!   fenced off (a zombie that believed absent a key the newer instance stored fails
 //!   with the store's duplicate-key error: [`RangeFence::explain`] tells the truth).
@@ -86,6 +86,35 @@ impl PreparedCheckpoint {
                 false,
             )
         })
+    }
+}
+
+/// One instance's claim on its key range, owned: the fence it must still hold to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub materialization: String,
+    pub key_begin: u32,
+    pub key_end: u32,
+    pub fence: i64,
+}
+
+impl Claim {
+    pub fn new(materialization: &str, key_begin: u32, key_end: u32, fence: i64) -> Claim {
+        Claim {
+            materialization: materialization.to_owned(),
+            key_begin,
+            key_end,
+            fence,
+        }
+    }
+
+    pub fn range_fence(&self) -> RangeFence<'_> {
+        RangeFence {
+            materialization: &self.materialization,
+            key_begin: self.key_begin,
+            key_end: self.key_end,
+            claimed: self.fence,
+        }
     }
 }
 
