@@ -170,9 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn schemas_are_json() {
-        for schema in [ENDPOINT_SCHEMA.to_owned(), resource_schema()] {
-            serde_json::from_str::<serde_json::Value>(&schema).unwrap();
-        }
+    fn the_endpoint_schema_is_json() {
+        serde_json::from_str::<serde_json::Value>(ENDPOINT_SCHEMA).unwrap();
     }
 }
