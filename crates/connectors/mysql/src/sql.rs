@@ -35,7 +35,7 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::text::{TextRows, TextTable, escape_into};
+use sluice_driver::sql::text::{TextColumn, TextRows, escape_into};
 use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
 use sluice_driver::{Error, Result};
 use std::io::Write;
@@ -306,19 +306,10 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
 
 /// Rows in the text format of `LOAD DATA`'s defaults, NUL escaped as `\0` (see
 /// [`sluice_driver::sql::text`]).
-pub type InfileRows = TextRows<Table>;
+pub type InfileRows = TextRows<sql::Table<ColumnType>>;
 
-impl TextTable for Table {
-    type Column = Column;
+impl TextColumn for ColumnType {
     const ESCAPE_NUL: bool = true;
-
-    fn columns(&self) -> &[Column] {
-        &self.columns
-    }
-
-    fn has_document(&self) -> bool {
-        self.has_document
-    }
 
     fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
         write_text(out, column, value)

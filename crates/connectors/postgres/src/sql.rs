@@ -33,7 +33,7 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::text::{TextRows, TextTable};
+use sluice_driver::sql::text::{TextColumn, TextRows};
 use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
 use sluice_driver::{Error, Result};
 use sluice_proto::flow;
@@ -346,19 +346,10 @@ pub fn key_text(column: &Column, value: &Value) -> Result<Option<String>> {
 }
 
 /// Rows in the text format of `COPY ... FROM STDIN` (see [`sluice_driver::sql::text`]).
-pub type CopyRow = TextRows<Table>;
+pub type CopyRow = TextRows<sql::Table<ColumnType>>;
 
-impl TextTable for Table {
-    type Column = Column;
+impl TextColumn for ColumnType {
     const ESCAPE_NUL: bool = false;
-
-    fn columns(&self) -> &[Column] {
-        &self.columns
-    }
-
-    fn has_document(&self) -> bool {
-        self.has_document
-    }
 
     fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
         write_text(out, column, value)

@@ -12,6 +12,7 @@
 //! Invariant: a row that fails to convert (a value that does not fit its column) leaves
 //! nothing behind, so the rows written so far stay loadable.
 
+use super::{Column, Table};
 use crate::Result;
 use serde_json::Value;
 use std::marker::PhantomData;
@@ -28,6 +29,32 @@ pub trait TextTable {
     /// Writes the unescaped text form of `value` for `column`, or returns `false` for
     /// SQL NULL (JSON null).
     fn write_text(out: &mut Vec<u8>, column: &Self::Column, value: &Value) -> Result<bool>;
+}
+
+/// A store's column type whose values [`TextRows`] writes: every [`Table`] of it is a
+/// [`TextTable`].
+pub trait TextColumn: Sized {
+    /// [`TextTable::ESCAPE_NUL`].
+    const ESCAPE_NUL: bool;
+    /// [`TextTable::write_text`].
+    fn write_text(out: &mut Vec<u8>, column: &Column<Self>, value: &Value) -> Result<bool>;
+}
+
+impl<C: TextColumn> TextTable for Table<C> {
+    type Column = Column<C>;
+    const ESCAPE_NUL: bool = C::ESCAPE_NUL;
+
+    fn columns(&self) -> &[Column<C>] {
+        &self.columns
+    }
+
+    fn has_document(&self) -> bool {
+        self.has_document
+    }
+
+    fn write_text(out: &mut Vec<u8>, column: &Column<C>, value: &Value) -> Result<bool> {
+        C::write_text(out, column, value)
+    }
 }
 
 /// Rows of a [`TextTable`], ready for one bulk load.
