@@ -309,7 +309,9 @@ pub async fn run(
         }
         // Refuse, before anything runs, a source weaker than the store's promise.
         for feed in &feeds {
-            let source = feed.open()?;
+            let source = feed
+                .open()
+                .map_err(|e| invalid(format!("sources.{}", feed.name), e.to_string()))?;
             if source.fault_tolerance() != FaultTolerance::ExactlyOnce {
                 return Err(invalid(
                     format!("sources.{}", feed.name),
@@ -367,9 +369,8 @@ struct SourceFeed {
 }
 
 impl SourceFeed {
-    fn open(&self) -> Result<Box<dyn crate::source::Source>, PipelineError> {
+    fn open(&self) -> Result<Box<dyn crate::source::Source>, crate::source::SourceError> {
         open_source(&self.name, &self.def)
-            .map_err(|e| invalid(format!("sources.{}", self.name), e.to_string()))
     }
 }
 
@@ -428,7 +429,7 @@ impl Attempt {
     async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
         let mut sources = Vec::with_capacity(self.feeds.len());
         for feed in &self.feeds {
-            let source = open_source(&feed.name, &feed.def).map_err(|e| RunError::Source {
+            let source = feed.open().map_err(|e| RunError::Source {
                 name: feed.name.clone(),
                 message: e.to_string(),
             })?;

@@ -308,10 +308,8 @@ pub async fn run(
             .map_err(|e| RunError::Recovery(e.to_string()))?;
         crate::failpoint::fail_point!(AFTER_INTENT, driver_err);
         for (source, resumes) in &intent.steps {
-            if let Some(last) = resumes.last() {
-                checkpoint
-                    .sources
-                    .insert(source.clone(), resume_position(last));
+            if let Some(position) = resumes.last().and_then(Resume::position) {
+                checkpoint.sources.insert(source.clone(), position.clone());
             }
         }
         checkpoint.txn = txn;
@@ -464,14 +462,6 @@ fn source_err(name: &str, err: impl std::fmt::Display) -> RunError {
     RunError::Source {
         name: name.to_string(),
         message: err.to_string(),
-    }
-}
-
-/// The position a checkpoint records for a source after `resume`'s step.
-fn resume_position(resume: &Resume) -> Value {
-    match resume {
-        Resume::Barrier => Value::Null,
-        Resume::Seek { position } | Resume::Replay { position, .. } => position.clone(),
     }
 }
 
