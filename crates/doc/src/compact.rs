@@ -23,6 +23,8 @@
 //!   `NegInt` for negative integers that fit an `i64`, `Float` (always finite) for the
 //!   rest, so `Value → Doc → Value` is the identity, numbers included.
 
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
 use std::fmt;
@@ -212,5 +214,162 @@ impl From<Doc> for Value {
                     .collect::<Map<String, Value>>(),
             ),
         }
+    }
+}
+
+impl Doc {
+    /// The property `name` of an object (a binary search of its sorted fields).
+    pub fn get(&self, name: &str) -> Option<&Doc> {
+        let Doc::Object(fields) = self else {
+            return None;
+        };
+        let at = fields
+            .binary_search_by(|field| field.name.cmp_str(name))
+            .ok()?;
+        Some(&fields[at].value)
+    }
+
+    /// The unsigned integer this is, if it is one.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Doc::PosInt(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The string this is, if it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Doc::String(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// Serializes like the `Value` the document converts to (same text from `serde_json`).
+impl Serialize for Doc {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Doc::Null => serializer.serialize_unit(),
+            Doc::Bool(b) => serializer.serialize_bool(*b),
+            Doc::PosInt(n) => serializer.serialize_u64(*n),
+            Doc::NegInt(n) => serializer.serialize_i64(*n),
+            Doc::Float(f) => serializer.serialize_f64(*f),
+            Doc::String(s) => serializer.serialize_str(s.as_str()),
+            Doc::Array(items) => serializer.collect_seq(items.iter()),
+            Doc::Object(fields) => serializer.collect_map(
+                fields
+                    .iter()
+                    .map(|field| (field.name.as_str(), &field.value)),
+            ),
+        }
+    }
+}
+
+/// Deserializes what a `Value` would hold, straight into the compact form: an object's
+/// properties are sorted by name and a repeated name keeps its last value (as
+/// `serde_json::Map` does).
+impl<'de> Deserialize<'de> for Doc {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Doc, D::Error> {
+        deserializer.deserialize_any(DocVisitor)
+    }
+}
+
+struct DocVisitor;
+
+impl<'de> Visitor<'de> for DocVisitor {
+    type Value = Doc;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Doc, E> {
+        Ok(Doc::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Doc, E> {
+        Ok(Doc::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Doc, D::Error> {
+        Doc::deserialize(deserializer)
+    }
+
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Doc, E> {
+        Ok(Doc::Bool(b))
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Doc, E> {
+        Ok(Doc::PosInt(n))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Doc, E> {
+        Ok(Doc::from_number(&n.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Doc, E> {
+        Ok(Number::from_f64(f).map_or(Doc::Null, |n| Doc::from_number(&n)))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Doc, E> {
+        Ok(Doc::String(Str::new(s)))
+    }
+
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Doc, E> {
+        Ok(Doc::String(Str::from_string(s)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Doc, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Doc::Array(items.into_boxed_slice()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Doc, A::Error> {
+        let mut fields: Vec<Field> = Vec::with_capacity(map.size_hint().unwrap_or(0).min(4096));
+        while let Some(name) = map.next_key::<StrSeed>()? {
+            fields.push(Field {
+                name: name.0,
+                value: map.next_value()?,
+            });
+        }
+        // Stable, so of two equal names the later one comes last and is kept.
+        fields.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+        let mut unique: Vec<Field> = Vec::with_capacity(fields.len());
+        for field in fields {
+            match unique.last_mut() {
+                Some(last) if last.name == field.name => *last = field,
+                _ => unique.push(field),
+            }
+        }
+        Ok(Doc::Object(unique.into_boxed_slice()))
+    }
+}
+
+/// A property name, deserialized without an intermediate `String` when it fits inline.
+struct StrSeed(Str);
+
+impl<'de> Deserialize<'de> for StrSeed {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<StrSeed, D::Error> {
+        struct NameVisitor;
+        impl Visitor<'_> for NameVisitor {
+            type Value = StrSeed;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a property name")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<StrSeed, E> {
+                Ok(StrSeed(Str::new(s)))
+            }
+
+            fn visit_string<E: de::Error>(self, s: String) -> Result<StrSeed, E> {
+                Ok(StrSeed(Str::from_string(s)))
+            }
+        }
+        deserializer.deserialize_str(NameVisitor)
     }
 }

@@ -21,6 +21,7 @@
 //!   in [`Pointer::create_mut`].
 //! - `Display` re-escapes (`~` → `~0`, `/` → `~1`), so `parse(p.to_string()) == p`.
 
+use crate::compact::Doc;
 use serde_json::{Map, Value};
 use std::fmt;
 use std::str::FromStr;
@@ -129,6 +130,19 @@ impl Pointer {
             };
         }
         Some(v)
+    }
+
+    /// [`Pointer::query`] of a compact document.
+    pub fn query_doc<'d>(&self, doc: &'d Doc) -> Option<&'d Doc> {
+        let mut d = doc;
+        for token in &self.tokens {
+            d = match d {
+                Doc::Object(_) => d.get(token.name.as_str())?,
+                Doc::Array(items) => items.get(token.index?)?,
+                _ => return None,
+            };
+        }
+        Some(d)
     }
 
     /// Like [`Pointer::query`], for changing the value in place.

@@ -31,6 +31,7 @@
 //!   (array/object components serialize straight into it), and leaves the buffer as it
 //!   was when it fails.
 
+use crate::compact::Doc;
 use crate::ptr::Pointer;
 use serde_json::{Number, Value};
 
@@ -63,22 +64,43 @@ pub enum KeyError {
 pub fn pack_value(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Null => out.push(NULL),
-        Value::Bool(false) => out.push(FALSE),
-        Value::Bool(true) => out.push(TRUE),
+        Value::Bool(b) => pack_bool(*b, out),
         Value::Number(n) => pack_number(n, out),
-        Value::String(s) => {
-            out.push(STRING);
-            push_escaped(s.as_bytes(), out);
-            out.push(NULL);
-        }
-        Value::Array(_) | Value::Object(_) => {
-            out.push(BYTES);
-            // A `Value` always serializes (its map keys are strings) and a `Vec` never
-            // fails to grow, so this cannot fail. The text holds no 00 (see module docs).
-            serde_json::to_writer(&mut *out, value).expect("a JSON value serializes to memory");
-            out.push(NULL);
-        }
+        Value::String(s) => pack_string(s, out),
+        Value::Array(_) | Value::Object(_) => pack_json(value, out),
     }
+}
+
+/// [`pack_value`] of a compact document: the same bytes as for the `Value` it converts to.
+pub fn pack_doc(doc: &Doc, out: &mut Vec<u8>) {
+    match doc {
+        Doc::Null => out.push(NULL),
+        Doc::Bool(b) => pack_bool(*b, out),
+        Doc::PosInt(n) => pack_int(false, *n, out),
+        Doc::NegInt(n) => pack_int(*n < 0, n.unsigned_abs(), out),
+        Doc::Float(f) => pack_double(*f, out),
+        Doc::String(s) => pack_string(s.as_str(), out),
+        Doc::Array(_) | Doc::Object(_) => pack_json(doc, out),
+    }
+}
+
+fn pack_bool(b: bool, out: &mut Vec<u8>) {
+    out.push(if b { TRUE } else { FALSE });
+}
+
+fn pack_string(s: &str, out: &mut Vec<u8>) {
+    out.push(STRING);
+    push_escaped(s.as_bytes(), out);
+    out.push(NULL);
+}
+
+/// An array or object: its JSON text as a byte string.
+fn pack_json(value: &impl serde::Serialize, out: &mut Vec<u8>) {
+    out.push(BYTES);
+    // JSON values always serialize (their map keys are strings) and a `Vec` never fails
+    // to grow, so this cannot fail. The text holds no 00 (see module docs).
+    serde_json::to_writer(&mut *out, value).expect("a JSON value serializes to memory");
+    out.push(NULL);
 }
 
 /// Packs a whole key (the concatenation of its components).
@@ -97,16 +119,23 @@ fn pack_number(n: &Number, out: &mut Vec<u8>) {
         pack_int(true, i.unsigned_abs(), out);
     } else {
         // Neither integer form: serde_json holds a finite f64.
-        let f = n.as_f64().expect("a JSON number is an integer or a float");
-        let bits = f.to_bits();
-        let flipped = if bits >> 63 == 1 {
-            !bits
-        } else {
-            bits ^ (1 << 63)
-        };
-        out.push(DOUBLE);
-        out.extend_from_slice(&flipped.to_be_bytes());
+        pack_double(
+            n.as_f64().expect("a JSON number is an integer or a float"),
+            out,
+        );
     }
+}
+
+/// A double: its bits, sign flipped (positive) or all flipped (negative), big-endian.
+fn pack_double(f: f64, out: &mut Vec<u8>) {
+    let bits = f.to_bits();
+    let flipped = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits ^ (1 << 63)
+    };
+    out.push(DOUBLE);
+    out.extend_from_slice(&flipped.to_be_bytes());
 }
 
 /// Integer element of magnitude `m`: length code around 0x14, then `len` big-endian bytes
@@ -301,10 +330,25 @@ impl KeyExtractor {
 
     /// Appends the packed key of `doc` to `out`. On error `out` is left as it was.
     pub fn pack(&self, doc: &Value, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        self.pack_with(doc, Pointer::query, pack_value, out)
+    }
+
+    /// [`KeyExtractor::pack`] of a compact document (e.g. one loaded from a store).
+    pub fn pack_doc(&self, doc: &Doc, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        self.pack_with(doc, Pointer::query_doc, pack_doc, out)
+    }
+
+    fn pack_with<D>(
+        &self,
+        doc: &D,
+        query: impl for<'d> Fn(&Pointer, &'d D) -> Option<&'d D>,
+        pack: impl Fn(&D, &mut Vec<u8>),
+        out: &mut Vec<u8>,
+    ) -> Result<(), KeyError> {
         let len_before = out.len();
         for (pointer, &required) in self.pointers.iter().zip(&self.required) {
-            match pointer.query(doc) {
-                Some(value) => pack_value(value, out),
+            match query(pointer, doc) {
+                Some(value) => pack(value, out),
                 None if required => {
                     out.truncate(len_before);
                     return Err(KeyError::Missing {

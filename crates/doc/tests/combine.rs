@@ -129,7 +129,7 @@ proptest! {
                     model.entry((binding, key(k))).or_default().1.push(doc.clone());
                     match route {
                         Route::Value => combiner.combine_right(binding, doc).unwrap(),
-                        Route::Keyed => combiner.combine_right_keyed(binding, &key(k), doc).unwrap(),
+                        Route::Keyed => combiner.combine_right_keyed(binding, &key(k), Doc::from(doc)).unwrap(),
                         Route::JsonText => {
                             combiner.combine_right_json(binding, doc.to_string().as_bytes()).unwrap()
                         }
@@ -142,7 +142,7 @@ proptest! {
                     }
                     let doc = json!({"k": k, "n": n * 100, "log": [-1 - seq as i64], "last": -1, "max": n});
                     entry.0 = Some(doc.clone());
-                    combiner.reduce_left(binding, &key(k), doc).unwrap();
+                    combiner.reduce_left(binding, &key(k), Doc::from(doc)).unwrap();
                 }
             }
             combined += 1;
@@ -161,7 +161,7 @@ proptest! {
                 for rhs in docs {
                     reducer_schema.reducer().reduce(&mut doc, rhs, full).unwrap();
                 }
-                Drained { binding, key, doc, full }
+                Drained { binding, key, doc: Doc::from(doc), full }
             })
             .collect();
         prop_assert_eq!(drain_all(combiner), expected);
@@ -201,7 +201,11 @@ fn loaded_document_is_leftmost_even_after_new_documents_were_spilled() {
             .combine_right(0, json!({"k": 1, "log": [1], "last": 1}))
             .unwrap();
         combiner
-            .reduce_left(0, &key(1), json!({"k": 1, "log": [0], "last": 0}))
+            .reduce_left(
+                0,
+                &key(1),
+                Doc::from(json!({"k": 1, "log": [0], "last": 0})),
+            )
             .unwrap();
         combiner
             .combine_right(0, json!({"k": 1, "log": [2], "last": 2}))
@@ -212,9 +216,15 @@ fn loaded_document_is_leftmost_even_after_new_documents_were_spilled() {
 
         let drained = drain_all(combiner);
         assert_eq!(drained.len(), 2, "budget {budget}");
-        assert_eq!(drained[0].doc, json!({"k": 1, "log": [0, 1, 2], "last": 2}));
+        assert_eq!(
+            Value::from(drained[0].doc.clone()),
+            json!({"k": 1, "log": [0, 1, 2], "last": 2})
+        );
         assert!(drained[0].full, "key 1 was combined with a loaded document");
-        assert_eq!(drained[1].doc, json!({"k": 2, "log": [3], "last": 3}));
+        assert_eq!(
+            Value::from(drained[1].doc.clone()),
+            json!({"k": 2, "log": [3], "last": 3})
+        );
         assert!(!drained[1].full, "key 2 only had new documents");
     }
 }
@@ -223,14 +233,14 @@ fn loaded_document_is_leftmost_even_after_new_documents_were_spilled() {
 fn loaded_document_alone_drains_unchanged_and_full() {
     let mut combiner = new_combiner(1, usize::MAX);
     let doc = json!({"k": 9, "n": 4, "name": "loaded"});
-    combiner.reduce_left(0, &key(9), doc.clone()).unwrap();
+    combiner.reduce_left(0, &key(9), Doc::from(&doc)).unwrap();
     let drained = drain_all(combiner);
     assert_eq!(
         drained,
         vec![Drained {
             binding: 0,
             key: key(9),
-            doc,
+            doc: Doc::from(doc),
             full: true
         }]
     );
@@ -240,9 +250,11 @@ fn loaded_document_alone_drains_unchanged_and_full() {
 fn second_loaded_document_for_a_key_is_an_error_naming_collection_and_key() {
     // In memory, the second load is refused at once.
     let mut combiner = new_combiner(1, usize::MAX);
-    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
+    combiner
+        .reduce_left(0, &key(7), Doc::from(json!({"k": 7})))
+        .unwrap();
     let err = combiner
-        .reduce_left(0, &key(7), json!({"k": 7}))
+        .reduce_left(0, &key(7), Doc::from(json!({"k": 7})))
         .unwrap_err();
     assert!(matches!(err, CombineError::DuplicateLoad { .. }), "{err}");
     let message = err.to_string();
@@ -253,8 +265,12 @@ fn second_loaded_document_for_a_key_is_an_error_naming_collection_and_key() {
 
     // Across spilled runs, the drain finds it.
     let mut combiner = new_combiner(1, 0 /* spill after every document */);
-    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
-    combiner.reduce_left(0, &key(7), json!({"k": 7})).unwrap();
+    combiner
+        .reduce_left(0, &key(7), Doc::from(json!({"k": 7})))
+        .unwrap();
+    combiner
+        .reduce_left(0, &key(7), Doc::from(json!({"k": 7})))
+        .unwrap();
     let results: Vec<_> = combiner.drain().unwrap().collect();
     assert_eq!(results.len(), 1, "the drain stops at its first error");
     let message = results[0].as_ref().unwrap_err().to_string();
@@ -319,7 +335,7 @@ fn invalid_document_error_names_collection_key_and_pointer_and_is_not_combined()
     combiner.combine_right(0, json!({"k": 6, "n": 1})).unwrap();
     let drained = drain_all(combiner);
     assert_eq!(drained.len(), 1, "the invalid document was not combined");
-    assert_eq!(drained[0].doc, json!({"k": 6, "n": 1}));
+    assert_eq!(Value::from(drained[0].doc.clone()), json!({"k": 6, "n": 1}));
 }
 
 #[test]
@@ -355,7 +371,9 @@ fn table_memory_stays_within_the_budget_by_spilling() {
     let drained = drain_all(combiner);
     assert_eq!(drained.len(), 1_000);
     assert!(
-        drained.iter().all(|d| d.doc["n"] == json!(5)),
+        drained
+            .iter()
+            .all(|d| d.doc.get("n") == Some(&Doc::PosInt(5))),
         "each key summed 5 times"
     );
 }
@@ -396,7 +414,10 @@ fn json_text_that_does_not_parse_is_an_error_naming_the_collection_and_is_not_co
     combiner
         .combine_right_json(0, br#"{"k": 1, "n": 2}"#)
         .unwrap();
-    assert_eq!(drain_all(combiner)[0].doc, json!({"k": 1, "n": 2}));
+    assert_eq!(
+        Value::from(drain_all(combiner).remove(0).doc),
+        json!({"k": 1, "n": 2})
+    );
 }
 
 /// Any JSON value, with numbers across u64, i64 and f64 and strings beyond ASCII.
@@ -436,10 +457,10 @@ proptest! {
     fn documents_of_any_shape_drain_unchanged_after_spilling(docs in prop::collection::vec(wide_json(), 1..8)) {
         let mut combiner = new_combiner(1, 0);
         for (k, doc) in docs.iter().enumerate() {
-            combiner.combine_right_keyed(0, &key(k as i64), doc.clone()).unwrap();
+            combiner.combine_right_keyed(0, &key(k as i64), Doc::from(doc)).unwrap();
         }
         prop_assert_eq!(combiner.stats().spilled_runs, docs.len());
-        let drained: Vec<Value> = drain_all(combiner).into_iter().map(|d| d.doc).collect();
+        let drained: Vec<Value> = (drain_all(combiner).into_iter()).map(|d| Value::from(d.doc)).collect();
         prop_assert_eq!(drained, docs);
     }
 

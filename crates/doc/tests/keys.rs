@@ -4,10 +4,11 @@
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use sluice_doc::compact::Doc;
 use sluice_doc::key_hash;
 use sluice_doc::ptr::Pointer;
 use sluice_doc::tuple::{
-    KeyError, KeyExtractor, TupleError, pack_key, pack_value, unpack, unpack_json_array,
+    KeyError, KeyExtractor, TupleError, pack_doc, pack_key, pack_value, unpack, unpack_json_array,
 };
 
 fn hex(bytes: &[u8]) -> String {
@@ -303,4 +304,47 @@ proptest! {
         let bytes = pack_key(&values);
         prop_assert_eq!(unpack(&bytes).unwrap(), values);
     }
+}
+
+proptest! {
+    /// What stores do with a drained compact document (serialize it, pack its values,
+    /// query its fields) gives exactly what the same `Value` gives, and JSON text parses
+    /// into the compact form of what it parses into as a `Value`.
+    #[test]
+    fn compact_documents_serialize_parse_pack_and_query_like_values(value in any_json()) {
+        let doc = Doc::from(&value);
+        let text = value.to_string();
+        prop_assert_eq!(serde_json::to_string(&doc).unwrap(), text.clone());
+        prop_assert_eq!(serde_json::from_str::<Doc>(&text).unwrap(), doc.clone());
+        let (mut packed_doc, mut packed_value) = (Vec::new(), Vec::new());
+        pack_doc(&doc, &mut packed_doc);
+        pack_value(&value, &mut packed_value);
+        prop_assert_eq!(packed_doc, packed_value);
+        let mut pointers = vec![Pointer::root()];
+        if let Value::Object(map) = &value {
+            for name in map.keys() {
+                let escaped = name.replace('~', "~0").replace('/', "~1");
+                pointers.push(Pointer::parse(&format!("/{escaped}")).unwrap());
+                pointers.push(Pointer::parse(&format!("/{escaped}/0")).unwrap());
+            }
+        }
+        pointers.push(Pointer::parse("/0").unwrap());
+        pointers.push(Pointer::parse("/absent").unwrap());
+        for pointer in &pointers {
+            let expected = pointer.query(&value).map(Doc::from);
+            prop_assert_eq!(pointer.query_doc(&doc), expected.as_ref());
+        }
+    }
+}
+
+#[test]
+fn a_repeated_property_keeps_its_last_value_in_the_compact_form_as_in_a_value() {
+    let text = r#"{"b":1,"a":2,"b":{"c":3}}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    let doc: Doc = serde_json::from_str(text).unwrap();
+    assert_eq!(doc, Doc::from(value));
+    assert_eq!(
+        serde_json::to_string(&doc).unwrap(),
+        r#"{"a":2,"b":{"c":3}}"#
+    );
 }

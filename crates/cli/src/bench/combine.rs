@@ -9,7 +9,7 @@
 //! (b) is by default the combiner's path for JSON text (`--input text`): each line is
 //! parsed into a `Value` the combiner reuses (allocation-free for same-shaped lines),
 //! validated with the collection schema, keyed, and reduced into the key's compact
-//! document; the drain yields `Value`s. `--input value` parses each line into a fresh
+//! document; the drain yields those compact documents. `--input value` parses each line into a fresh
 //! `Value` and hands it to `combine_right` instead, as a caller holding parsed documents
 //! does.
 //!
@@ -28,6 +28,7 @@ use anyhow::{Context, bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use sluice_doc::combine::{BindingSpec, Combiner, CombinerOptions, DEFAULT_MEMORY_BUDGET};
+use sluice_doc::compact::Doc;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -266,8 +267,8 @@ fn verify_drain(combiner: Combiner) -> anyhow::Result<DrainSummary> {
             );
         }
         summary.keys += 1;
-        summary.views += drained.doc["views"]
-            .as_u64()
+        summary.views += (drained.doc.get("views"))
+            .and_then(Doc::as_u64)
             .context("drained doc without views")?;
         previous = Some(drained.key);
     }

@@ -141,7 +141,9 @@ impl Drainer {
                     key: describe_key(&key[4..]),
                 });
             }
-            if let Err(source) = spec.schema.reducer().reduce(&mut doc, next.doc, full) {
+            // A loaded document and the new ones, or the new ones of several runs.
+            let right = serde_json::Value::from(next.doc);
+            if let Err(source) = spec.schema.reducer().reduce_compact(&mut doc, &right, full) {
                 return Err(CombineError::Reduce {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),

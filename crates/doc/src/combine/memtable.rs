@@ -9,7 +9,7 @@
 //! Documents are kept as [`Doc`]s (about a third of a `Value`'s memory, see
 //! [`crate::compact`]): a key's first document is converted (its strings moved when it is
 //! owned), later ones are reduced into it in place with [`Reducer::reduce_compact`] without
-//! being converted. The drain turns each `Doc` back into a `Value`.
+//! being converted. The drain yields the `Doc`s themselves.
 //!
 //! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
 //! a new key appends to the `keys` arena and to the index. Entries live in the hash table
@@ -56,25 +56,41 @@ enum Docs {
     Both { left: Box<Doc>, right: Doc },
 }
 
-/// A document arriving at the table: owned (its strings can be moved into the table) or
-/// borrowed (e.g. a parse buffer reused for the next document).
+/// A document arriving at the table: owned (its strings can be moved into the table),
+/// borrowed (e.g. a parse buffer reused for the next document), or already compact (a
+/// drained or loaded document).
 pub(super) enum Incoming<'a> {
     Owned(Value),
     Borrowed(&'a Value),
+    Compact(Doc),
 }
 
 impl Incoming<'_> {
-    fn value(&self) -> &Value {
-        match self {
-            Incoming::Owned(value) => value,
-            Incoming::Borrowed(value) => value,
-        }
-    }
-
     fn into_doc(self) -> Doc {
         match self {
             Incoming::Owned(value) => Doc::from(value),
             Incoming::Borrowed(value) => Doc::from(value),
+            Incoming::Compact(doc) => doc,
+        }
+    }
+
+    /// Estimated heap of the document once in the table (see [`heap_size`]).
+    fn heap_size(&self) -> usize {
+        match self {
+            Incoming::Owned(value) => value_heap_size(value),
+            Incoming::Borrowed(value) => value_heap_size(value),
+            Incoming::Compact(doc) => heap_size(doc),
+        }
+    }
+
+    /// Reduces the document into `lhs`. A compact one goes through a `Value`: it only
+    /// meets an existing right-side document when one key is combined twice into one
+    /// table, which the runtime never does.
+    fn reduce_into(self, lhs: &mut Doc, reducer: &Reducer) -> Result<(), ReduceError> {
+        match self {
+            Incoming::Owned(value) => reducer.reduce_compact(lhs, &value, false),
+            Incoming::Borrowed(value) => reducer.reduce_compact(lhs, value, false),
+            Incoming::Compact(doc) => reducer.reduce_compact(lhs, &Value::from(doc), false),
         }
     }
 }
@@ -272,11 +288,11 @@ fn update(
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Right(mut right), Side::Right) => {
-            let reduced = reduce_right(None, &mut right, doc.value(), reducer, before);
+            let reduced = reduce_right(None, &mut right, doc, reducer, before);
             (Docs::Right(right), reduced.map(|heap| entry.heap = heap))
         }
         (Docs::Both { left, mut right }, Side::Right) => {
-            let reduced = reduce_right(Some(&left), &mut right, doc.value(), reducer, before);
+            let reduced = reduce_right(Some(&left), &mut right, doc, reducer, before);
             (
                 Docs::Both { left, right },
                 reduced.map(|heap| entry.heap = heap),
@@ -303,14 +319,13 @@ fn key_prefix(key: &[u8]) -> u128 {
 fn reduce_right(
     left: Option<&Doc>,
     right: &mut Doc,
-    doc: &Value,
+    doc: Incoming<'_>,
     reducer: &Reducer,
     before: usize,
 ) -> Result<usize, InsertError> {
     // Measured before reducing: a large entry grows by at most the incoming document.
-    let added = (before > EXACT_ESTIMATE_LIMIT).then(|| value_heap_size(doc));
-    reducer
-        .reduce_compact(right, doc, false)
+    let added = (before > EXACT_ESTIMATE_LIMIT).then(|| doc.heap_size());
+    doc.reduce_into(right, reducer)
         .map_err(InsertError::Reduce)?;
     Ok(match added {
         Some(added) => before + added,
@@ -338,23 +353,23 @@ impl SortedTable {
             Docs::Right(doc) => Record {
                 key,
                 full: false,
-                doc: Value::from(doc),
+                doc,
             },
             Docs::Left(left) => Record {
                 key,
                 full: true,
-                doc: Value::from(*left),
+                doc: *left,
             },
             Docs::Both { left, right } => {
                 self.pending = Some(Record {
                     key: key.clone(),
                     full: false,
-                    doc: Value::from(right),
+                    doc: right,
                 });
                 Record {
                     key,
                     full: true,
-                    doc: Value::from(*left),
+                    doc: *left,
                 }
             }
         })

@@ -43,6 +43,7 @@ mod spill;
 
 pub use drain::Drainer;
 
+use crate::compact::Doc;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
 use crate::tuple::{self, KeyError, KeyExtractor};
@@ -52,12 +53,15 @@ use spill::SpillFile;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// One fully combined document, drained in (binding, packed key) order.
+/// One fully combined document, drained in (binding, packed key) order. The document
+/// stays compact: it moves into another combiner as it is, and stores serialize it
+/// directly (`serde_json::to_writer`), query it ([`crate::Pointer::query_doc`]) and pack
+/// it ([`crate::tuple::pack_doc`]) without building a `Value`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Drained {
     pub binding: u32,
     pub key: Vec<u8>,
-    pub doc: Value,
+    pub doc: Doc,
     /// Combined from a loaded full document ("left"), not only from new ones.
     pub full: bool,
 }
@@ -249,29 +253,26 @@ impl Combiner {
     }
 
     /// Like [`Combiner::combine_right`] for a document that was already validated and
-    /// whose packed key the caller has (e.g. re-combining drained documents).
+    /// whose packed key the caller has: a drained document moving on to the next
+    /// combiner as it is.
     pub fn combine_right_keyed(
         &mut self,
         binding: u32,
         key: &[u8],
-        doc: Value,
+        doc: Doc,
     ) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Right, Incoming::Owned(doc))
+        self.insert(binding, Side::Right, Incoming::Compact(doc))
     }
 
     /// A full document loaded from the store: it goes to the left of everything combined
     /// for that key, whenever it arrives. At most one per key per drain.
-    pub fn reduce_left(
-        &mut self,
-        binding: u32,
-        key: &[u8],
-        doc: Value,
-    ) -> Result<(), CombineError> {
+    /// Parse it straight into a [`Doc`] (`serde_json::from_slice::<Doc>`).
+    pub fn reduce_left(&mut self, binding: u32, key: &[u8], doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Left, Incoming::Owned(doc))
+        self.insert(binding, Side::Left, Incoming::Compact(doc))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -365,5 +366,5 @@ struct Record {
     key: Vec<u8>,
     /// A loaded document (the left-most operand of its key).
     full: bool,
-    doc: Value,
+    doc: Doc,
 }

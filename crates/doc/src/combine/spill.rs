@@ -10,8 +10,8 @@
 //! ```
 //!
 //! The binary form is a direct walk of the table's [`Doc`]s (no number formatting, no
-//! escaping) and decodes straight into the `Value` the drain reduces and yields; fields
-//! are written in their sorted order, so decoding inserts into each map in order.
+//! escaping) and decodes straight back into a [`Doc`]; fields are written in their sorted
+//! order, so decoding checks that order instead of sorting.
 //!
 //! Runs are only appended (through the file's cursor) and only read after the last one
 //! is written, with positional reads, so every run has its own reader and buffer over the
@@ -19,8 +19,8 @@
 //! which keeps the drain's memory at `runs × READ_CHUNK` whatever the runs' sizes.
 
 use super::{CombineError, Record};
-use crate::compact::Doc;
-use serde_json::{Map, Number, Value};
+use crate::compact::{Doc, Field, Str};
+use serde_json::Number;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -183,19 +183,20 @@ fn encode_str(s: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Decodes one document from the front of `bytes`, advancing it.
-fn decode(bytes: &mut &[u8]) -> Result<Value, String> {
+/// Decodes one document from the front of `bytes`, advancing it. An object's names must
+/// come strictly increasing, as [`encode`] writes them (the [`Doc`] invariant).
+fn decode(bytes: &mut &[u8]) -> Result<Doc, String> {
     Ok(match take(bytes, 1)?[0] {
-        NULL => Value::Null,
-        FALSE => Value::Bool(false),
-        TRUE => Value::Bool(true),
-        POS_INT => Value::Number(u64::from_le_bytes(take_8(bytes)?).into()),
-        NEG_INT => Value::Number(i64::from_le_bytes(take_8(bytes)?).into()),
+        NULL => Doc::Null,
+        FALSE => Doc::Bool(false),
+        TRUE => Doc::Bool(true),
+        POS_INT => Doc::PosInt(u64::from_le_bytes(take_8(bytes)?)),
+        NEG_INT => Doc::from_number(&i64::from_le_bytes(take_8(bytes)?).into()),
         FLOAT => {
             let f = f64::from_le_bytes(take_8(bytes)?);
-            Value::Number(Number::from_f64(f).ok_or("a float that is not finite")?)
+            Doc::from_number(&Number::from_f64(f).ok_or("a float that is not finite")?)
         }
-        STRING => Value::String(decode_str(bytes)?),
+        STRING => Doc::String(Str::new(decode_str(bytes)?)),
         ARRAY => {
             let count = take_len(bytes)?;
             // Every item takes at least one byte: a corrupt count cannot over-allocate.
@@ -203,15 +204,23 @@ fn decode(bytes: &mut &[u8]) -> Result<Value, String> {
             for _ in 0..count {
                 items.push(decode(bytes)?);
             }
-            Value::Array(items)
+            Doc::Array(items.into_boxed_slice())
         }
         OBJECT => {
-            let mut map = Map::new();
-            for _ in 0..take_len(bytes)? {
-                let name = decode_str(bytes)?;
-                map.insert(name, decode(bytes)?);
+            let count = take_len(bytes)?;
+            let mut fields: Vec<Field> = Vec::with_capacity(count.min(bytes.len()));
+            for _ in 0..count {
+                let name = Str::new(decode_str(bytes)?);
+                if fields
+                    .last()
+                    .is_some_and(|last| last.name.as_bytes() >= name.as_bytes())
+                {
+                    return Err(format!("property {:?} out of order", name.as_str()));
+                }
+                let value = decode(bytes)?;
+                fields.push(Field { name, value });
             }
-            Value::Object(map)
+            Doc::Object(fields.into_boxed_slice())
         }
         tag => return Err(format!("unknown tag {tag}")),
     })
@@ -238,12 +247,10 @@ fn take_len(bytes: &mut &[u8]) -> Result<usize, String> {
     Ok(u32::from_le_bytes(len) as usize)
 }
 
-fn decode_str(bytes: &mut &[u8]) -> Result<String, String> {
+fn decode_str<'b>(bytes: &mut &'b [u8]) -> Result<&'b str, String> {
     let len = take_len(bytes)?;
     let raw = take(bytes, len)?;
-    std::str::from_utf8(raw)
-        .map(str::to_owned)
-        .map_err(|err| format!("a string that is not UTF-8: {err}"))
+    std::str::from_utf8(raw).map_err(|err| format!("a string that is not UTF-8: {err}"))
 }
 
 /// Reads one run's records in order, `READ_CHUNK` bytes at a time.

@@ -32,6 +32,7 @@ use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recove
 use crate::source::{Resume, Source};
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
+use sluice_doc::compact::Doc;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use sluice_driver::arena;
 use sluice_driver::client::{self, Response};
@@ -347,18 +348,22 @@ pub async fn run(
         for loaded_msg in loaded_msgs {
             let binding = &bindings[loaded_msg.binding as usize];
             for doc in arena::loaded_docs(&loaded_msg) {
-                let doc: Value = serde_json::from_slice(doc.map_err(driver_err)?).map_err(|e| {
+                let doc: Doc = serde_json::from_slice(doc.map_err(driver_err)?).map_err(|e| {
                     driver_err(DriverError::Transport(format!(
                         "Loaded document is not JSON: {e}"
                     )))
                 })?;
                 key.clear();
-                binding.collection.key.pack(&doc, &mut key).map_err(|e| {
-                    RunError::Internal(format!(
-                        "Loaded document of binding {}: {e}",
-                        loaded_msg.binding
-                    ))
-                })?;
+                binding
+                    .collection
+                    .key
+                    .pack_doc(&doc, &mut key)
+                    .map_err(|e| {
+                        RunError::Internal(format!(
+                            "Loaded document of binding {}: {e}",
+                            loaded_msg.binding
+                        ))
+                    })?;
                 to_store.reduce_left(loaded_msg.binding, &key, doc)?;
                 loaded += 1;
             }

@@ -3,8 +3,8 @@
 
 use super::Binding;
 use crate::recovery::Checkpoint;
-use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
+use sluice_doc::compact::Doc;
 use sluice_doc::tuple;
 use sluice_driver::Error as DriverError;
 use sluice_driver::arena::{LoadBuilder, StoreBuilder, StoreDoc};
@@ -217,10 +217,10 @@ pub(super) async fn send_stores(
         } = drained.map_err(PhaseError::Combine)?;
         values.clear();
         for ptr in &bindings[binding as usize].values {
-            tuple::pack_value(ptr.query(&doc).unwrap_or(&Value::Null), &mut values);
+            tuple::pack_doc(ptr.query_doc(&doc).unwrap_or(&Doc::Null), &mut values);
         }
         doc_json.clear();
-        serde_json::to_writer(&mut doc_json, &doc).expect("a Value serializes");
+        serde_json::to_writer(&mut doc_json, &doc).expect("a document serializes");
         builder.push(
             binding,
             StoreDoc {
