@@ -4,10 +4,11 @@
 //!
 //! - `on_error: fail` (the default): a document above `max_document_size` (100 MiB),
 //!   invalid UTF-8, and a CSV row with too many cells each stop the pipeline with an
-//!   error naming source, file and line; the transaction holding it commits nothing,
-//!   the ones before it stay.
+//!   error naming source, file and line (the first bad one, whichever the kind); the
+//!   transaction holding it commits nothing, the ones before it stay.
 //! - `on_error: skip`: every kind of bad document lands in the dead-letter file with
-//!   its reason and position, the table is the reduction of the good documents only,
+//!   its reason and position, and as its document (JSON) or its text (not JSON, or the
+//!   start of one too large), the table is the reduction of the good documents only,
 //!   the summary counts the rejections, SIGKILLs never duplicate or lose a dead letter,
 //!   and a 100 MiB document is streamed past in bounded memory.
 //!
@@ -183,6 +184,25 @@ fn invalid_utf8_stops_with_source_and_line() {
 }
 
 #[test]
+fn the_first_bad_line_is_the_one_reported() {
+    // Line 551 is not JSON (found when it is combined), line 552 is above 1 KiB (found
+    // when it is read): one step reads both, the error names the first.
+    let fx = Fixture::new(
+        "views.jsonl",
+        "    file: {path: INPUT, format: FORMAT, max_document_size: 1KiB}",
+        100,
+        "10s",
+    );
+    let mut bad = br#"{"user_id": "user-0001", "views": 1,"#.to_vec();
+    bad.push(b'\n');
+    bad.extend_from_slice(&huge_document(4096));
+    let docs = json_with_bad_line(&fx, &bad);
+    assert_stops_at_line_551(&fx, &docs, "invalid JSON");
+    let stderr = String::from_utf8_lossy(&fx.run().stderr).into_owned();
+    assert!(!stderr.contains("max_document_size"), "{stderr}");
+}
+
+#[test]
 fn csv_row_with_too_many_columns_stops_with_source_and_line() {
     let fx = Fixture::failing("views.csv");
     let docs = generate(1_000, 50);
@@ -229,14 +249,21 @@ fn bad_line(kind: usize, user: &str) -> (Vec<u8>, &'static str) {
     }
 }
 
+/// A bad line of [`mixed_input`].
+struct BadLine {
+    line: usize,
+    /// Words of its reason.
+    reason: &'static str,
+    text: Vec<u8>,
+}
+
 /// Writes `n` good documents with a bad line after every 97th (from the 51st), cycling
-/// through the kinds of [`bad_line`]; returns the good documents and, per bad line,
-/// its line number and the words of its reason.
+/// through the kinds of [`bad_line`]; returns the good documents and the bad lines.
 ///
 /// The k-th bad line follows good document `97k + 50`; with transactions of 100 (or
 /// 200) good documents, a boundary follows it only for odd k, and overflow lines have
 /// an even k: each overflow meets its user's document in its own transaction.
-fn mixed_input(fx: &Fixture, n: usize) -> (Vec<Value>, Vec<(usize, &'static str)>) {
+fn mixed_input(fx: &Fixture, n: usize) -> (Vec<Value>, Vec<BadLine>) {
     let docs = generate(n, 40);
     let mut text = Vec::new();
     let mut rejected = Vec::new();
@@ -246,8 +273,12 @@ fn mixed_input(fx: &Fixture, n: usize) -> (Vec<Value>, Vec<(usize, &'static str)
             let (raw, reason) = bad_line(rejected.len(), doc["user_id"].as_str().unwrap());
             text.extend_from_slice(&raw);
             text.push(b'\n');
-            // Lines are 1-based: i + 1 good lines and the earlier bad ones precede it.
-            rejected.push((i + 2 + rejected.len(), reason));
+            rejected.push(BadLine {
+                // Lines are 1-based: i + 1 good lines and the earlier bad ones precede it.
+                line: i + 2 + rejected.len(),
+                reason,
+                text: raw,
+            });
         }
     }
     std::fs::write(fx.input(), text).unwrap();
@@ -276,7 +307,8 @@ fn skipped_documents_land_in_the_dead_letter_file_and_only_good_ones_are_reduced
     let path = fx.path("rejected/views.jsonl");
     let letters = fx.dead_letters(&path);
     assert_eq!(letters.len(), rejected.len(), "{letters:#?}");
-    for (letter, (line, reason)) in letters.iter().zip(&rejected) {
+    for (letter, bad) in letters.iter().zip(&rejected) {
+        let line = bad.line;
         assert_eq!(letter["source"], "views-file");
         let position = letter["position"].as_str().unwrap();
         assert!(
@@ -284,11 +316,16 @@ fn skipped_documents_land_in_the_dead_letter_file_and_only_good_ones_are_reduced
             "{position} is line {line}"
         );
         let why = letter["reason"].as_str().unwrap();
-        assert!(why.contains(reason), "reason of line {line}: {why}");
-        assert!(
-            letter.get("document").is_some() || letter.get("raw").is_some(),
-            "{letter}"
-        );
+        assert!(why.contains(bad.reason), "reason of line {line}: {why}");
+        let text = String::from_utf8_lossy(&bad.text);
+        if letter["truncated"] == true {
+            let start = letter["raw"].as_str().unwrap();
+            assert!(text.starts_with(start), "line {line} starts with {start:?}");
+        } else if let Ok(doc) = serde_json::from_slice::<Value>(&bad.text) {
+            assert_eq!(letter["document"], doc, "line {line}");
+        } else {
+            assert_eq!(letter["raw"], *text, "line {line}");
+        }
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary = format!("{} rejected, see {}", rejected.len(), path.display());
@@ -328,7 +365,7 @@ fn sigkills_neither_duplicate_nor_lose_dead_letters() {
         .collect();
     let expected: Vec<String> = rejected
         .iter()
-        .map(|(line, _)| format!("views.jsonl:{line} "))
+        .map(|bad| format!("views.jsonl:{} ", bad.line))
         .collect();
     assert_eq!(lines.len(), expected.len(), "each rejection recorded once");
     for (position, line) in lines.iter().zip(&expected) {

@@ -9,8 +9,11 @@
 //! One line per rejected document:
 //! `{"txn": 7, "source": "views-file", "position": "views.jsonl:551 (byte 30190)",
 //! "reason": "invalid JSON: ...", "raw": "{\"user_id\": ..."}`, with `document` (the
-//! parsed document, when it fits in [`DOCUMENT_LIMIT`] bytes of JSON) or `raw` (the
-//! start of the text, `truncated: true` when cut).
+//! document, when it is JSON that fits in [`DOCUMENT_LIMIT`] bytes) or `raw` (the text
+//! of a record that is not JSON, or is larger: its first [`DOCUMENT_LIMIT`] bytes, or
+//! the first [`crate::source::InputError::RAW_LIMIT`] of one its source found bad;
+//! `truncated: true` when cut). A document given as text is parsed only here, once
+//! rejected: the hot path never builds its `Value`.
 //!
 //! Invariants:
 //! - A transaction's records are durable (fsync'ed) before its batch reaches the
@@ -67,25 +70,51 @@ impl DeadLetter {
         }
     }
 
-    /// A record of a parsed document, cut to [`DOCUMENT_LIMIT`] bytes of text if larger.
+    /// A record of a document its source built, written as text cut to
+    /// [`DOCUMENT_LIMIT`] bytes if larger.
     pub fn document(source: &str, position: String, reason: String, doc: Value) -> Self {
         let text = doc.to_string();
         if text.len() <= DOCUMENT_LIMIT {
-            return DeadLetter {
-                txn: 0,
-                source: source.to_string(),
-                position,
-                reason,
-                document: Some(doc),
-                raw: None,
-                truncated: false,
-            };
+            return DeadLetter::parsed(source, position, reason, doc);
+        }
+        DeadLetter::text_cut(source, position, reason, text.as_bytes())
+    }
+
+    /// A record of a document given as JSON text: parsed if it is JSON and fits in
+    /// [`DOCUMENT_LIMIT`] bytes, else its text (cut to that many bytes).
+    pub fn json(source: &str, position: String, reason: String, text: &[u8]) -> Self {
+        let parsed = (text.len() <= DOCUMENT_LIMIT)
+            .then(|| serde_json::from_slice(text).ok())
+            .flatten();
+        match parsed {
+            Some(doc) => DeadLetter::parsed(source, position, reason, doc),
+            None => DeadLetter::text_cut(source, position, reason, text),
+        }
+    }
+
+    fn parsed(source: &str, position: String, reason: String, doc: Value) -> Self {
+        DeadLetter {
+            txn: 0,
+            source: source.to_string(),
+            position,
+            reason,
+            document: Some(doc),
+            raw: None,
+            truncated: false,
+        }
+    }
+
+    /// `text`, cut to [`DOCUMENT_LIMIT`] bytes (before a UTF-8 sequence) if longer.
+    fn text_cut(source: &str, position: String, reason: String, text: &[u8]) -> Self {
+        if text.len() <= DOCUMENT_LIMIT {
+            return DeadLetter::raw(source, position, reason, text, false);
         }
         let mut end = DOCUMENT_LIMIT;
-        while !text.is_char_boundary(end) {
+        // Back up over continuation bytes (0b10xx_xxxx) to the start of a character.
+        while end > 0 && text[end] & 0xc0 == 0x80 {
             end -= 1;
         }
-        DeadLetter::raw(source, position, reason, &text.as_bytes()[..end], true)
+        DeadLetter::raw(source, position, reason, &text[..end], true)
     }
 }
 
@@ -333,8 +362,26 @@ mod tests {
     #[test]
     fn a_large_document_is_written_as_the_start_of_its_text() {
         let doc = serde_json::json!({ "big": "é".repeat(DOCUMENT_LIMIT) });
-        let letter = DeadLetter::document("s", "f:1".into(), "bad".into(), doc);
-        assert!(letter.truncated && letter.document.is_none());
-        assert!(letter.raw.unwrap().len() <= DOCUMENT_LIMIT);
+        let text = doc.to_string();
+        let built = DeadLetter::document("s", "f:1".into(), "bad".into(), doc);
+        let given = DeadLetter::json("s", "f:1".into(), "bad".into(), text.as_bytes());
+        assert_eq!(built, given);
+        assert!(built.truncated && built.document.is_none());
+        let raw = built.raw.unwrap();
+        assert!(
+            raw.len() <= DOCUMENT_LIMIT && text.starts_with(&raw),
+            "cut at a character"
+        );
+    }
+
+    #[test]
+    fn json_text_is_written_as_its_document_or_as_text_when_it_does_not_parse() {
+        let letter = DeadLetter::json("s", "f:1".into(), "bad".into(), br#"{"a": 1}"#);
+        assert_eq!(letter.document, Some(serde_json::json!({"a": 1})));
+        assert_eq!(letter.raw, None);
+
+        let letter = DeadLetter::json("s", "f:2".into(), "bad".into(), b"{\"a\": \xff");
+        assert_eq!((letter.document, letter.truncated), (None, false));
+        assert_eq!(letter.raw.as_deref(), Some("{\"a\": \u{fffd}"));
     }
 }

@@ -3,9 +3,11 @@
 
 use serde_json::{Value, json};
 use sluice_runtime::config::{DatagenDef, DatagenShape, FileDef, FileFormat};
-use sluice_runtime::source::datagen::{DatagenSource, document};
+use sluice_runtime::source::datagen::{DatagenSource, pageview};
 use sluice_runtime::source::file::FileSource;
-use sluice_runtime::source::{QueueLimits, Record, Resume, Source, SourceError, Step};
+use sluice_runtime::source::{
+    Doc, QueueLimits, Records, Resume, Source, SourceError, Step, bad_json,
+};
 use std::io::Write;
 use std::path::Path;
 
@@ -38,10 +40,32 @@ fn write(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> std::path::Path
 }
 
 async fn queue(source: &mut dyn Source, limits: QueueLimits) -> (Vec<Value>, Step) {
-    let mut out = Vec::new();
+    let mut out = Records::default();
     let step = source.queue(limits, &mut out).await.unwrap();
     assert_eq!(step.records, out.len());
-    (out.into_iter().map(|r| r.doc).collect(), step)
+    (parsed_docs(&mut out), step)
+}
+
+/// The records' documents, JSON text parsed.
+fn parsed_docs(records: &mut Records) -> Vec<Value> {
+    records
+        .iter_mut()
+        .map(|r| match r.doc {
+            Doc::Json(text) => serde_json::from_slice(text).expect("a generated document"),
+            Doc::Value(doc) => doc.clone(),
+        })
+        .collect()
+}
+
+/// The records' JSON texts (every record must be one).
+fn texts(records: &mut Records) -> Vec<String> {
+    records
+        .iter_mut()
+        .map(|r| match r.doc {
+            Doc::Json(text) => String::from_utf8_lossy(text).into_owned(),
+            Doc::Value(doc) => panic!("{doc} was parsed by its source"),
+        })
+        .collect()
 }
 
 fn position(step: &Step) -> &Value {
@@ -55,22 +79,16 @@ async fn json_lines_are_read_with_their_positions() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "v.jsonl", b"{\"a\":1}\n\n{\"a\":2}\r\n{\"a\":3}");
     let mut source = file_source(&path, FileFormat::Json, false);
-    let mut out: Vec<Record> = Vec::new();
+    let mut out = Records::default();
     let step = source.queue(ALL, &mut out).await.unwrap();
-    let docs: Vec<_> = out.iter().map(|r| r.doc.clone()).collect();
-    assert_eq!(
-        docs,
-        vec![json!({"a": 1}), json!({"a": 2}), json!({"a": 3})]
-    );
+    assert_eq!(texts(&mut out), [r#"{"a":1}"#, r#"{"a":2}"#, r#"{"a":3}"#]);
     let at: Vec<_> = out
-        .iter()
-        .map(|r| (r.position.line, r.position.byte_offset))
+        .iter_mut()
+        .map(|r| (r.position.line, r.position.byte_offset, r.bytes))
         .collect();
-    assert_eq!(at, vec![(1, 0), (3, 9), (4, 18)]);
-    assert_eq!(
-        out[1].position.to_string(),
-        format!("{}:3 (byte 9)", path.display())
-    );
+    assert_eq!(at, vec![(1, 0, 8), (3, 9, 9), (4, 18, 7)]);
+    let second = out.iter_mut().nth(1).unwrap().position.to_string();
+    assert_eq!(second, format!("{}:3 (byte 9)", path.display()));
     assert_eq!(step.bytes, 25);
     assert!(
         step.end_of_input,
@@ -113,12 +131,16 @@ async fn seek_resumes_exactly_after_the_step() {
 
     let mut resumed = file_source(&path, FileFormat::Json, false);
     resumed.seek(position(&step)).await.unwrap();
-    let mut out = Vec::new();
+    let mut out = Records::default();
     resumed.queue(ALL, &mut out).await.unwrap();
-    let rest: Vec<_> = out.iter().map(|r| r.doc["i"].as_u64().unwrap()).collect();
+    let rest: Vec<_> = parsed_docs(&mut out)
+        .iter()
+        .map(|d| d["i"].as_u64().unwrap())
+        .collect();
     assert_eq!(rest, (4..10).collect::<Vec<_>>());
     assert_eq!(
-        out[0].position.line, 5,
+        out.iter_mut().next().unwrap().position.line,
+        5,
         "line numbers continue after a seek"
     );
 }
@@ -146,9 +168,9 @@ async fn replay_reproduces_the_step_and_continues_after_it() {
 
     let mut recovered = file_source(&path, FileFormat::Json, false);
     recovered.seek(position(&first)).await.unwrap();
-    let mut out = Vec::new();
+    let mut out = Records::default();
     let replayed = recovered.replay(&second.resume, &mut out).await.unwrap();
-    assert_eq!(out.iter().map(|r| r.doc.clone()).collect::<Vec<_>>(), docs);
+    assert_eq!(parsed_docs(&mut out), docs);
     assert_eq!(replayed.resume, second.resume);
     let (rest, _) = queue(&mut recovered, ALL).await;
     assert_eq!(rest, vec![json!({"i": 4}), json!({"i": 5})]);
@@ -163,7 +185,7 @@ async fn replay_of_a_modified_file_fails_with_a_mismatch() {
     std::fs::write(&path, b"{\"i\":1}\n{\"i\":3}\n").unwrap();
 
     let mut recovered = file_source(&path, FileFormat::Json, false);
-    let mut out = Vec::new();
+    let mut out = Records::default();
     let err = recovered.replay(&step.resume, &mut out).await.unwrap_err();
     assert!(
         matches!(err, SourceError::ReplayMismatch { expected, actual, .. } if expected == step.resume.hash() && actual != expected),
@@ -195,32 +217,41 @@ async fn followed_file_picks_up_appended_lines_and_waits_for_partial_ones() {
     assert!(!step.end_of_input);
 }
 
+/// Whoever parses a JSON line (the reader's combiner) reports it at its position, with
+/// these words: `bad_input.rs` checks them end to end.
 #[tokio::test]
-async fn malformed_json_is_reported_with_file_and_line_and_not_emitted() {
+async fn json_lines_are_handed_over_unparsed_bad_ones_included() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"i\":\n{\"i\":3}\n");
-    let mut source = file_source(&path, FileFormat::Json, false);
-    let (docs, step) = queue(&mut source, ALL).await;
-    assert_eq!(docs, vec![json!({"i": 1}), json!({"i": 3})]);
-    assert_eq!(step.errors.len(), 1);
-    let e = &step.errors[0];
-    assert_eq!(e.raw, b"{\"i\":\n");
-    let message = e.to_string();
-    assert!(
-        message.starts_with(&format!("{}:2 (byte 8): invalid JSON", path.display())),
-        "{message}"
+    let path = write(
+        &dir,
+        "v.jsonl",
+        b"{\"i\":1}\n{\"i\":\n{\"s\":\"\xff\"}\n{\"i\":3}\n",
     );
-}
-
-#[tokio::test]
-async fn invalid_utf8_is_reported_with_file_and_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n{\"s\":\"\xff\"}\n");
     let mut source = file_source(&path, FileFormat::Json, false);
-    let (docs, step) = queue(&mut source, ALL).await;
-    assert_eq!(docs.len(), 1);
-    let message = step.errors[0].to_string();
-    assert!(message.contains(":2 (byte 8): invalid UTF-8"), "{message}");
+    let mut out = Records::default();
+    let step = source.queue(ALL, &mut out).await.unwrap();
+    assert!(step.errors.is_empty(), "{:?}", step.errors);
+    let records: Vec<_> = out
+        .iter_mut()
+        .map(|r| match r.doc {
+            Doc::Json(text) => (r.position.to_string(), text.to_vec()),
+            Doc::Value(doc) => panic!("{doc} was parsed by its source"),
+        })
+        .collect();
+    let at = |line: u64, byte: u64| format!("{}:{line} (byte {byte})", path.display());
+    let expected: [(String, &[u8]); 4] = [
+        (at(1, 0), b"{\"i\":1}"),
+        (at(2, 8), b"{\"i\":"),
+        (at(3, 14), b"{\"s\":\"\xff\"}"),
+        (at(4, 24), b"{\"i\":3}"),
+    ];
+    assert_eq!(records, expected.map(|(at, text)| (at, text.to_vec())));
+
+    let error = |text: &[u8]| serde_json::from_slice::<Value>(text).unwrap_err();
+    let truncated = bad_json(&records[1].1, &error(&records[1].1));
+    assert!(truncated.starts_with("invalid JSON: EOF"), "{truncated}");
+    let not_utf8 = bad_json(&records[2].1, &error(&records[2].1));
+    assert_eq!(not_utf8, "invalid UTF-8 at byte 6 of the line");
 }
 
 #[tokio::test]
@@ -265,7 +296,10 @@ async fn missing_file_is_an_io_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.jsonl");
     let mut source = file_source(&path, FileFormat::Json, false);
-    let err = source.queue(ALL, &mut Vec::new()).await.unwrap_err();
+    let err = source
+        .queue(ALL, &mut Records::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, SourceError::Io { .. }));
     assert!(err.to_string().contains("absent.jsonl"), "{err}");
 }
@@ -281,13 +315,26 @@ fn datagen(documents: Option<u64>) -> DatagenSource {
     DatagenSource::new("gen", &def).unwrap()
 }
 
+/// The documents' JSON text, as the generator writes it.
+fn generated(seqs: std::ops::Range<u64>) -> Vec<String> {
+    seqs.map(|seq| {
+        let mut text = Vec::new();
+        pageview(7, 10, seq).write_json(&mut text);
+        String::from_utf8(text).unwrap()
+    })
+    .collect()
+}
+
 #[tokio::test]
-async fn datagen_emits_the_pure_documents_and_ends_after_its_count() {
+async fn datagen_emits_the_pure_documents_as_text_and_ends_after_its_count() {
     let mut source = datagen(Some(25));
-    let (docs, step) = queue(&mut source, ALL).await;
-    let expected: Vec<_> = (0..25).map(|seq| document(7, 10, seq)).collect();
-    assert_eq!(docs, expected);
+    let mut out = Records::default();
+    let step = source.queue(ALL, &mut out).await.unwrap();
+    assert_eq!(texts(&mut out), generated(0..25));
+    let docs = parsed_docs(&mut out);
     assert!(step.end_of_input);
+    let bytes: usize = out.iter_mut().map(|r| r.bytes).sum();
+    assert_eq!(step.bytes, bytes as u64);
     let keys: std::collections::BTreeSet<_> = docs
         .iter()
         .map(|d| d["user_id"].as_str().unwrap().to_string())
@@ -307,11 +354,12 @@ async fn datagen_resumes_by_sequence_number_and_replays_exactly() {
 
     let mut recovered = datagen(None);
     recovered.seek(position(&first)).await.unwrap();
-    let mut out = Vec::new();
+    let mut out = Records::default();
     recovered.replay(&second.resume, &mut out).await.unwrap();
-    assert_eq!(out.into_iter().map(|r| r.doc).collect::<Vec<_>>(), docs);
-    let (next, _) = queue(&mut recovered, records(1)).await;
-    assert_eq!(next, vec![document(7, 10, 15)]);
+    assert_eq!(parsed_docs(&mut out), docs);
+    let mut out = Records::default();
+    recovered.queue(records(1), &mut out).await.unwrap();
+    assert_eq!(texts(&mut out), generated(15..16));
 
     let other_seed = DatagenDef {
         seed: 8,
@@ -322,10 +370,37 @@ async fn datagen_resumes_by_sequence_number_and_replays_exactly() {
     };
     let mut changed = DatagenSource::new("gen", &other_seed).unwrap();
     let err = changed
-        .replay(&second.resume, &mut Vec::new())
+        .replay(&second.resume, &mut Records::default())
         .await
         .unwrap_err();
     assert!(matches!(err, SourceError::ReplayMismatch { .. }), "{err}");
+}
+
+/// Steps the quickstart pipeline (seed 7, 100,000 keys) journaled in its recovery log
+/// before documents were written as text: they must replay, hash for hash.
+#[tokio::test]
+async fn datagen_replays_steps_journaled_by_earlier_releases() {
+    let def = DatagenDef {
+        seed: 7,
+        documents: Some(1_000_000),
+        keys: 100_000,
+        rate: None,
+        shape: DatagenShape::Pageviews,
+    };
+    let mut source = DatagenSource::new("views-gen", &def).unwrap();
+    for (begin, end, hash) in [
+        (0u64, 8192u64, 2_908_522_411_663_469_288u64),
+        (491_520, 499_712, 18_215_297_823_161_174_517),
+        (999_424, 1_000_000, 453_469_916_905_594_758),
+    ] {
+        let journaled: Resume = serde_json::from_value(json!({
+            "kind": "replay", "position": {"begin": begin, "end": end}, "hash": hash,
+        }))
+        .unwrap();
+        let mut out = Records::default();
+        let step = source.replay(&journaled, &mut out).await.unwrap();
+        assert_eq!(step.records as u64, end - begin);
+    }
 }
 
 #[tokio::test]
@@ -334,7 +409,10 @@ async fn replay_rejects_a_resume_that_cannot_be_replayed() {
     let seek = Resume::Seek {
         position: json!({"begin": 0, "end": 3}),
     };
-    let err = source.replay(&seek, &mut Vec::new()).await.unwrap_err();
+    let err = source
+        .replay(&seek, &mut Records::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
 }
 
@@ -365,7 +443,7 @@ async fn a_record_above_max_document_size_is_streamed_past_and_replays_exactly()
     assert!(err.raw.len() <= 256);
 
     let mut recovered = limited_source(&path, FileFormat::Csv, false, 1 << 20);
-    let mut out = Vec::new();
+    let mut out = Records::default();
     let replayed = recovered.replay(&step.resume, &mut out).await.unwrap();
     assert_eq!(replayed.resume, step.resume);
     assert_eq!(replayed.errors, step.errors);

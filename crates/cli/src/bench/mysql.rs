@@ -33,7 +33,7 @@ use sluice_mysql::sql::quote_ident;
 use sluice_proto::flow::EndpointType;
 use sluice_runtime::config::Endpoint;
 use sluice_runtime::pipeline::Connected;
-use sluice_runtime::source::datagen::document;
+use sluice_runtime::source::datagen::pageview;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
@@ -240,13 +240,11 @@ impl Store for Mysql {
         let views = Arc::new(AtomicI64::new(0));
         let counted = views.clone();
         let chunks = futures::stream::unfold(0u64, move |mut seq| {
-            let mut chunk = String::with_capacity(INFILE_CHUNK + 4096);
+            let mut chunk = Vec::with_capacity(INFILE_CHUNK + 4096);
             while seq < docs && chunk.len() < INFILE_CHUNK {
-                let doc = document(SEED, keys, seq);
-                let added = doc["views"].as_i64().unwrap_or_default();
-                counted.fetch_add(added, Ordering::Relaxed);
-                let written = row(seq, &doc, &mut chunk).map_err(std::io::Error::other);
-                if let Err(err) = written {
+                let doc = pageview(SEED, keys, seq);
+                counted.fetch_add(doc.views as i64, Ordering::Relaxed);
+                if let Err(err) = row(seq, &doc, &mut chunk) {
                     return futures::future::ready(Some((Err(err), docs)));
                 }
                 seq += 1;

@@ -32,7 +32,7 @@ use sluice_postgres::sql::{qualify, quote_ident};
 use sluice_proto::flow::EndpointType;
 use sluice_runtime::config::Endpoint;
 use sluice_runtime::pipeline::Connected;
-use sluice_runtime::source::datagen::document;
+use sluice_runtime::source::datagen::pageview;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_postgres::types::ToSql;
@@ -232,10 +232,10 @@ impl Store for Postgres {
         let sink = self.client.copy_in::<_, bytes::Bytes>(&copy).await?;
         futures::pin_mut!(sink);
         let mut views = 0i64;
-        let mut chunk = String::with_capacity(COPY_CHUNK + 4096);
+        let mut chunk = Vec::with_capacity(COPY_CHUNK + 4096);
         for seq in 0..args.docs {
-            let doc = document(SEED, args.keys, seq);
-            views += doc["views"].as_i64().unwrap_or_default();
+            let doc = pageview(SEED, args.keys, seq);
+            views += doc.views as i64;
             row(seq, &doc, &mut chunk)?;
             if chunk.len() >= COPY_CHUNK {
                 sink.send(bytes::Bytes::from(std::mem::take(&mut chunk)))

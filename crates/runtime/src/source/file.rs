@@ -1,8 +1,9 @@
 //! The file source: JSON lines or CSV with a header row, optionally followed as it grows.
 //!
 //! ```text
-//!  file ──1 MiB reads (blocking pool)──▶ buf ──split records──▶ parse ──▶ Record / InputError
-//!        cursor = {offset, line} of the first byte not yet consumed
+//!  file ──1 MiB reads (blocking pool)──▶ buf ──split records──┬─ JSON: the line's text ──▶ Records
+//!        cursor = {offset, line} of          CSV: parse the row ──┴─ a Value / InputError
+//!        the first byte not yet consumed
 //! ```
 //!
 //! Positions are byte offsets (with the line number, for messages): a step's resume is
@@ -11,7 +12,9 @@
 //!
 //! Record boundaries:
 //! - JSON: one document per `\n`-terminated line (a trailing `\r` is ignored). Blank
-//!   lines are skipped.
+//!   lines are skipped. A line is handed over as its text, not parsed here: the
+//!   combiner parses it, and a line that is not JSON (or not UTF-8) is reported at its
+//!   `file:line (byte)` position by the reader (see [`super::bad_json`]).
 //! - CSV (RFC 4180): a record ends at a `\n` outside double quotes, so a quoted cell
 //!   may span lines. The record at byte 0 is the header naming the properties. A cell
 //!   becomes a JSON integer, float or boolean when it is exactly such an unquoted
@@ -21,9 +24,9 @@
 //!   file that is not followed, at its end. A followed file never ends: a partial last
 //!   line waits for its `\n`.
 //!
-//! Bad records (malformed JSON, invalid UTF-8, a CSV row with the wrong number of
-//! cells, a record above `max_document_size`) become [`InputError`]s naming
-//! `file:line`; they are consumed (and hashed) but not emitted.
+//! Bad records this source finds (a CSV row that is not UTF-8, does not split into
+//! cells or has the wrong number of them; a record above `max_document_size`) become
+//! [`InputError`]s naming `file:line`; they are consumed (and hashed) but not emitted.
 //!
 //! Memory stays bounded by `max_document_size` plus one read: a record found to be
 //! larger is streamed past (hashed, never held whole), keeping its first bytes for the
@@ -33,7 +36,7 @@
 //! of a changed range fails with a hash mismatch).
 
 use super::{
-    FaultTolerance, InputError, Position, QueueLimits, Record, Resume, Source, SourceError, Span,
+    FaultTolerance, InputError, Position, QueueLimits, Records, Resume, Source, SourceError, Span,
     Step, StepHasher, check_replay, replay_target,
 };
 use crate::config::{FileDef, FileFormat};
@@ -189,7 +192,7 @@ impl FileSource {
         &mut self,
         limits: QueueLimits,
         at_end: bool,
-        out: &mut Vec<Record>,
+        out: &mut Records,
         acc: &mut Acc,
     ) -> bool {
         loop {
@@ -233,13 +236,13 @@ impl FileSource {
                 parse(self.format, &mut self.header, raw, self.cursor.offset == 0)
             };
             match parsed {
-                Ok(Some(doc)) => {
+                Ok(Some(Document::Json(text))) => {
                     acc.records += 1;
-                    out.push(Record {
-                        doc,
-                        position,
-                        bytes: len,
-                    });
+                    out.push_json(text, position, len);
+                }
+                Ok(Some(Document::Row(doc))) => {
+                    acc.records += 1;
+                    out.push_value(doc, position, len);
                 }
                 Ok(None) => {}
                 Err(reason) => acc.errors.push(InputError::new(position, raw, reason)),
@@ -304,7 +307,7 @@ impl FileSource {
         &mut self,
         limits: QueueLimits,
         follow: bool,
-        out: &mut Vec<Record>,
+        out: &mut Records,
         acc: &mut Acc,
     ) -> Result<(), SourceError> {
         loop {
@@ -335,7 +338,7 @@ impl FileSource {
         let mut acc = Acc::new();
         while acc.bytes == 0 {
             let at_end = self.fill().await? == 0;
-            self.consume(limits, at_end, &mut Vec::new(), &mut acc);
+            self.consume(limits, at_end, &mut Records::default(), &mut acc);
             if at_end {
                 break;
             }
@@ -382,7 +385,7 @@ impl Source for FileSource {
         self.ensure_header().await
     }
 
-    async fn replay(&mut self, step: &Resume, out: &mut Vec<Record>) -> Result<Step, SourceError> {
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
         let span = replay_target::<Cursor>(&self.name, step)?;
         self.reposition(span.begin);
         self.ensure_header().await?;
@@ -409,11 +412,7 @@ impl Source for FileSource {
         Ok(replayed)
     }
 
-    async fn queue(
-        &mut self,
-        limits: QueueLimits,
-        out: &mut Vec<Record>,
-    ) -> Result<Step, SourceError> {
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
         let begin = self.cursor;
         let mut acc = Acc::new();
         self.read_into(limits, self.follow, out, &mut acc).await?;
@@ -455,26 +454,27 @@ fn scan_record(format: FileFormat, data: &[u8], quoted: &mut bool) -> (Option<us
     }
 }
 
-/// Parses one raw record; `None` for blank lines and the CSV header.
-fn parse(
+/// The document of one raw record.
+enum Document<'a> {
+    /// A JSON line's text, unparsed.
+    Json(&'a [u8]),
+    /// A CSV row's properties.
+    Row(Value),
+}
+
+/// Reads one raw record; `None` for blank lines and the CSV header.
+fn parse<'a>(
     format: FileFormat,
     header: &mut Option<Vec<String>>,
-    raw: &[u8],
+    raw: &'a [u8],
     first: bool,
-) -> Result<Option<Value>, String> {
+) -> Result<Option<Document<'a>>, String> {
     let line = trim_eol(raw);
     if line.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     match format {
-        FileFormat::Json => {
-            serde_json::from_slice(line)
-                .map(Some)
-                .map_err(|e| match std::str::from_utf8(line) {
-                    Err(u) => format!("invalid UTF-8 at byte {} of the line", u.valid_up_to()),
-                    Ok(_) => format!("invalid JSON: {e}"),
-                })
-        }
+        FileFormat::Json => Ok(Some(Document::Json(line))),
         FileFormat::Csv if first => {
             let cells = split_csv(line)?;
             *header = Some(cells.into_iter().map(|c| c.text).collect());
@@ -495,7 +495,7 @@ fn parse(
                 .zip(cells)
                 .filter_map(|(name, cell)| Some((name.clone(), cell.into_value()?)))
                 .collect();
-            Ok(Some(Value::Object(doc)))
+            Ok(Some(Document::Row(Value::Object(doc))))
         }
     }
 }

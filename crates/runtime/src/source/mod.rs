@@ -3,10 +3,18 @@
 //! ```text
 //!  open_source ─▶ seek(committed position)? ─▶ replay(journaled step)* ─▶ extend
 //!                                                                          │
-//!                    ┌─────────────── queue(limits) ◀──────────────────────┤
+//!                    ┌─────────────── queue(limits, &mut Records) ◀────────┤
 //!                    └──▶ Step { records, errors, end_of_input, resume } ──┘
 //!                                                                 pause ─▶ disconnect
 //! ```
+//!
+//! A step appends its documents to [`Records`], in order. A document is handed over as
+//! the JSON text the source has (a JSON line, a generated document), unparsed: the
+//! reader's combiner parses it into one `Value` it reuses, so same-shaped documents
+//! allocate nothing (`Combiner::combine_right_json`). Only a source that builds its
+//! documents itself (CSV rows) hands over `Value`s. The texts of all records lie back to
+//! back in one buffer of the `Records`, so appending one allocates nothing once the
+//! buffer has grown to a step's size; the reader clears it after each step.
 //!
 //! A *step* is what one [`Source::queue`] call hands to the current transaction. Each
 //! step says how to get back to it ([`Resume`]):
@@ -27,8 +35,12 @@
 //!   [`SourceError::ReplayMismatch`] rather than return anything else.
 //! - `queue` returns quickly: with zero records and `end_of_input == false` when there
 //!   is nothing new yet (a followed file, a rate-limited generator ahead of schedule).
-//! - Bad input is reported in [`Step::errors`] and its record is not emitted; the
-//!   runtime decides (`on_error`) whether that fails the transaction.
+//! - Bad input the source itself finds (a CSV row that does not split, a record above
+//!   the size limit) is reported in [`Step::errors`] and its record is not emitted. JSON
+//!   text is not checked by the source: text that does not parse fails where it is
+//!   parsed, in the combiner, and the reader reports it at the record's position as
+//!   [`bad_json`] words it. Either way the runtime decides (`on_error`) whether that
+//!   fails the transaction.
 //!
 //! The built-in sources ([`file`], [`datagen`]) are exactly-once. Their positions are
 //! [`Span`]s: the step's `begin` and `end` cursors; `seek` restores `end`, `replay`
@@ -42,6 +54,7 @@ use highway::{HighwayHash, HighwayHasher, Key};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// What a source can promise after a crash, weakest first (so `<` compares strength).
@@ -77,13 +90,131 @@ impl fmt::Display for Position {
     }
 }
 
-/// One parsed document and where it came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    pub doc: Value,
-    pub position: Position,
+/// The records of a step, in order, each a document and where it came from (see the
+/// module docs).
+#[derive(Debug, Default)]
+pub struct Records {
+    /// The text of every JSON record, back to back.
+    text: Vec<u8>,
+    records: Vec<Stored>,
+}
+
+#[derive(Debug)]
+struct Stored {
+    doc: StoredDoc,
+    position: Position,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+enum StoredDoc {
+    /// Its range of [`Records::text`].
+    Json(Range<usize>),
+    Value(Value),
+}
+
+/// One record of [`Records`].
+#[derive(Debug)]
+pub struct Record<'a> {
+    pub doc: Doc<'a>,
+    pub position: &'a Position,
     /// Size of the raw record (counts towards transaction byte bounds).
     pub bytes: usize,
+}
+
+/// A record's document: as JSON text, or as the `Value` its source built (the
+/// combiner may take it).
+#[derive(Debug)]
+pub enum Doc<'a> {
+    Json(&'a [u8]),
+    Value(&'a mut Value),
+}
+
+impl Records {
+    /// Appends a document given as JSON text, unparsed; `bytes` is its raw record's size.
+    pub fn push_json(&mut self, text: &[u8], position: Position, bytes: usize) {
+        let start = self.text.len();
+        self.text.extend_from_slice(text);
+        self.records.push(Stored {
+            doc: StoredDoc::Json(start..self.text.len()),
+            position,
+            bytes,
+        });
+    }
+
+    /// Appends a document that `write` writes as JSON text straight into the buffer (its
+    /// raw record); returns that text.
+    pub fn push_json_with(
+        &mut self,
+        position: Position,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> &[u8] {
+        let start = self.text.len();
+        write(&mut self.text);
+        let range = start..self.text.len();
+        self.records.push(Stored {
+            bytes: range.len(),
+            doc: StoredDoc::Json(range.clone()),
+            position,
+        });
+        &self.text[range]
+    }
+
+    /// Appends a document its source built as a `Value`.
+    pub fn push_value(&mut self, doc: Value, position: Position, bytes: usize) {
+        self.records.push(Stored {
+            doc: StoredDoc::Value(doc),
+            position,
+            bytes,
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Keeps the first `len` records.
+    pub fn truncate(&mut self, len: usize) {
+        let cut = self.records.get(len..).unwrap_or_default();
+        if let Some(start) = cut.iter().find_map(|r| match &r.doc {
+            StoredDoc::Json(range) => Some(range.start),
+            StoredDoc::Value(_) => None,
+        }) {
+            self.text.truncate(start);
+        }
+        self.records.truncate(len);
+    }
+
+    /// Removes every record, keeping the buffers' capacity.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.records.clear();
+    }
+
+    /// The records in order; a `Value` document may be taken out of its record.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = Record<'_>> {
+        let text = &self.text;
+        self.records.iter_mut().map(move |stored| Record {
+            doc: match &mut stored.doc {
+                StoredDoc::Json(range) => Doc::Json(&text[range.clone()]),
+                StoredDoc::Value(value) => Doc::Value(value),
+            },
+            position: &stored.position,
+            bytes: stored.bytes,
+        })
+    }
+}
+
+/// Why a record's JSON `text` did not parse (`error`), as a bad-input error says it.
+pub fn bad_json(text: &[u8], error: &serde_json::Error) -> String {
+    match std::str::from_utf8(text) {
+        Err(u) => format!("invalid UTF-8 at byte {} of the line", u.valid_up_to()),
+        Ok(_) => format!("invalid JSON: {error}"),
+    }
 }
 
 /// Input that could not be parsed. Its record is not emitted.
@@ -216,13 +347,9 @@ pub trait Source: Send {
     /// Restores a committed position: the `position` of a step's [`Resume`].
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError>;
     /// Re-reads exactly the step `step` describes and leaves the source after it.
-    async fn replay(&mut self, step: &Resume, out: &mut Vec<Record>) -> Result<Step, SourceError>;
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError>;
     /// Reads the next step, within `limits`.
-    async fn queue(
-        &mut self,
-        limits: QueueLimits,
-        out: &mut Vec<Record>,
-    ) -> Result<Step, SourceError>;
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError>;
     /// Start or continue reading ahead.
     fn extend(&mut self) {}
     /// Stop reading ahead.

@@ -2,21 +2,32 @@
 //! running ahead of the committer.
 //!
 //! ```text
-//!  sources ──queue/replay──▶ Combiner C1 (validate, key, reduce) ──▶ ReadBatch ──▶ committer
-//!                                                     channel of one: the reader works on
-//!                                                     T+1 while the committer stores T
+//!  sources ──queue/replay──▶ Records ──JSON text: combine_right_json──▶ Combiner C1 ──▶ ReadBatch ──▶ committer
+//!                                   └─Value:     combine_right──────┘  (parse, validate,
+//!                                                   key, reduce)  channel of one: the reader
+//!                                                   works on T+1 while the committer stores T
 //! ```
+//!
+//! Documents reach the combiner as the JSON text their source has, whenever it has text:
+//! the combiner parses it into one reused `Value` (no allocation for same-shaped
+//! documents), which is most of the reading's cost saved. A record feeding several
+//! bindings is combined once per binding (its text parsed each time).
 //!
 //! A batch closes at a bound (documents, bytes, `max_duration`), when every source is
 //! exhausted (not following), on shutdown, or as soon as the committer is idle and the
 //! batch has documents and is at least `min_duration` old (which batches a trickle).
 //! After an error the reader sends it and stops: nothing of that batch is committed.
 //!
-//! Bad input (a step's input errors; a document that is invalid, has no key, or fails
-//! to reduce) fails the batch, unless its source has `on_error: skip`:
+//! Bad input (a step's input errors; a document that is not JSON, is invalid, has no
+//! key, or fails to reduce) fails the batch at the first bad record of the step, with
+//! its position, unless its source has `on_error: skip`:
 //!
-//! - An unparseable record, or a document that fails validation or key extraction
-//!   (checked before it reaches the combiner, so it never touches it), is rejected.
+//! - An unreadable record (a step's input error), or a document that does not parse,
+//!   fails validation or key extraction, is rejected. The combiner checks a text before
+//!   it touches its table, so a rejected text leaves it as it was; a source's `Value`
+//!   is checked here before it is handed over (the combiner consumes it). Every binding
+//!   of a source has its one collection, so a text the first binding accepts, all
+//!   accept.
 //! - A reduction error poisons the combiner (a key's document may be half-reduced). The
 //!   reader remembers the document's position, and rebuilds the batch: a new combiner,
 //!   every step of the batch replayed from its source, that document (and any earlier
@@ -34,7 +45,7 @@ use super::{
 };
 use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
 use crate::recovery::Intent;
-use crate::source::{InputError, QueueLimits, Record, Resume, Step};
+use crate::source::{Doc, InputError, Position, QueueLimits, Records, Resume, Step, bad_json};
 use sluice_doc::combine::{CombineError, Combiner};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -93,7 +104,7 @@ pub fn spawn(
             opts,
             shutdown,
             in_flight,
-            records: Vec::new(),
+            records: Records::default(),
             dead_letters,
             next_txn: committed + 1,
             rejects: Rejects::default(),
@@ -135,7 +146,7 @@ struct Reader {
     /// Batches sent and not yet committed: incremented here, decremented by the
     /// committer when it is done with one. Zero means the committer waits for work.
     in_flight: Arc<AtomicUsize>,
-    records: Vec<Record>,
+    records: Records,
     dead_letters: DeadLetters,
     /// The transaction the next batch with documents or rejections becomes.
     next_txn: u64,
@@ -220,17 +231,21 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(bound.source.name(), e))?;
                 let feed = Feed::new(index, bound, &self.bindings);
-                check_step(&feed, &step, &mut self.rejects)?;
                 self.exhausted[index] = step.end_of_input;
                 if !self.records.is_empty() || !step.errors.is_empty() {
                     progressed = true;
+                    let combined = combine_step(
+                        &step,
+                        &mut self.records,
+                        &feed,
+                        &mut batch,
+                        &mut self.rejects,
+                    )?;
                     batch
                         .steps
                         .entry(bound.source.name().to_string())
                         .or_default()
                         .push(step.resume);
-                    let combined =
-                        combine_records(&mut self.records, &feed, &mut batch, &mut self.rejects)?;
                     if let Combined::Rebuild = combined {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
@@ -303,9 +318,13 @@ impl Reader {
                         .await
                         .map_err(|e| super::source_err(name, e))?;
                     let feed = Feed::new(index, bound, &self.bindings);
-                    check_step(&feed, &step, &mut self.rejects)?;
-                    let combined =
-                        combine_records(&mut self.records, &feed, &mut batch, &mut self.rejects)?;
+                    let combined = combine_step(
+                        &step,
+                        &mut self.records,
+                        &feed,
+                        &mut batch,
+                        &mut self.rejects,
+                    )?;
                     if let Combined::Rebuild = combined {
                         continue 'rebuild;
                     }
@@ -345,65 +364,134 @@ impl<'a> Feed<'a> {
         }
     }
 
-    fn record_id(&self, record: &Record) -> RecordId {
-        (
-            self.index,
-            record.position.line,
-            record.position.byte_offset,
-        )
+    fn record_id(&self, position: &Position) -> RecordId {
+        (self.index, position.line, position.byte_offset)
+    }
+
+    /// The dead letter of a rejected document; a `Value` is taken from its record.
+    fn dead_letter(&self, position: &Position, reason: String, doc: Doc<'_>) -> DeadLetter {
+        let position = position.to_string();
+        match doc {
+            Doc::Json(text) => DeadLetter::json(self.name, position, reason, text),
+            Doc::Value(doc) => {
+                DeadLetter::document(self.name, position, reason, std::mem::take(doc))
+            }
+        }
+    }
+
+    /// The error that fails a batch at an input error of this source.
+    fn input_error(&self, err: &InputError) -> RunError {
+        RunError::Input {
+            position: err.position.to_string(),
+            reason: format!("{} (source {})", err.reason, self.name),
+        }
     }
 }
 
-/// Feeds one step's records to every binding of its source. A skipping source's bad
-/// documents are rejected instead; `Rebuild` when one failed to reduce.
-fn combine_records(
-    records: &mut Vec<Record>,
+/// Feeds one step to the batch: its input errors become rejections (skipping source)
+/// or fail it at the first bad record, and its records go to every binding of its
+/// source (see [`combine_records`]). Leaves `records` empty.
+fn combine_step(
+    step: &Step,
+    records: &mut Records,
     feed: &Feed<'_>,
     batch: &mut ReadBatch,
     rejects: &mut Rejects,
 ) -> Result<Combined, RunError> {
-    let (last, rest) = feed
-        .targets
-        .split_last()
-        .expect("a bound source feeds a binding");
+    let failing_at = match feed.skip {
+        Some(_) => {
+            reject_input_errors(feed, step, rejects);
+            None
+        }
+        None => step.errors.first(),
+    };
+    let combined = combine_records(records, failing_at, feed, batch, rejects);
+    records.clear();
+    match combined? {
+        Combined::All => failing_at.map_or(Ok(Combined::All), |err| Err(feed.input_error(err))),
+        Combined::Rebuild => Ok(Combined::Rebuild),
+    }
+}
+
+/// Feeds records to every binding of their source, up to `failing_at` (a failing
+/// source's first input error, which then fails the step). A skipping source's bad
+/// documents are rejected instead; `Rebuild` when one failed to reduce.
+fn combine_records(
+    records: &mut Records,
+    failing_at: Option<&InputError>,
+    feed: &Feed<'_>,
+    batch: &mut ReadBatch,
+    rejects: &mut Rejects,
+) -> Result<Combined, RunError> {
+    let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
     let mut key = Vec::new();
-    for record in records.drain(..) {
-        let id = feed.record_id(&record);
-        if let Some(collection) = feed.skip {
-            let reason = rejects
-                .unreducible
-                .get(&id)
-                .cloned()
-                .or_else(|| check_document(collection, &record.doc, &mut key));
-            if let Some(reason) = reason {
-                let position = record.position.to_string();
-                let letter = DeadLetter::document(feed.name, position, reason, record.doc);
-                rejects.letters.push((id, letter));
+    for record in records.iter_mut() {
+        let position = record.position;
+        if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
+            break;
+        }
+        let id = feed.record_id(position);
+        if feed.skip.is_some()
+            && let Some(reason) = rejects.unreducible.get(&id)
+        {
+            let letter = feed.dead_letter(position, reason.clone(), record.doc);
+            rejects.letters.push((id, letter));
+            continue;
+        }
+        let (combined, text) = match record.doc {
+            Doc::Json(text) => {
+                let combined = feed
+                    .targets
+                    .iter()
+                    .try_for_each(|&binding| batch.combiner.combine_right_json(binding, text));
+                (combined, Some(text))
+            }
+            Doc::Value(doc) => {
+                let rejected = feed
+                    .skip
+                    .and_then(|collection| check_document(collection, doc, &mut key));
+                if let Some(reason) = rejected {
+                    let letter = feed.dead_letter(position, reason, Doc::Value(doc));
+                    rejects.letters.push((id, letter));
+                    continue;
+                }
+                (combine_value(&mut batch.combiner, feed.targets, doc), None)
+            }
+        };
+        let err = match combined {
+            Ok(()) => {
+                batch.docs += 1;
+                batch.bytes += record.bytes as u64;
                 continue;
             }
-        }
-        batch.docs += 1;
-        batch.bytes += record.bytes as u64;
-        let mut combined = Ok(());
-        for binding in rest {
-            combined = batch.combiner.combine_right(*binding, record.doc.clone());
-            if combined.is_err() {
-                break;
-            }
-        }
-        if combined.is_ok() {
-            combined = batch.combiner.combine_right(*last, record.doc);
-        }
-        match combined {
-            Ok(()) => {}
-            Err(err @ CombineError::Reduce { .. }) if feed.skip.is_some() => {
+            Err(err) => err,
+        };
+        // The position is formatted only for an error: this loop is hot.
+        match (err, text) {
+            (err @ CombineError::Reduce { .. }, _) if feed.skip.is_some() => {
                 rejects.unreducible.insert(id, err.to_string());
                 return Ok(Combined::Rebuild);
             }
-            // The position is formatted only for an error: this loop is hot.
-            Err(err) => {
+            (CombineError::Parse { source, .. }, Some(text)) => {
+                let reason = bad_json(text, &source);
+                if feed.skip.is_none() {
+                    return Err(RunError::Input {
+                        position: position.to_string(),
+                        reason: format!("{reason} (source {})", feed.name),
+                    });
+                }
+                let letter = feed.dead_letter(position, reason, Doc::Json(text));
+                rejects.letters.push((id, letter));
+            }
+            (err @ (CombineError::Invalid { .. } | CombineError::Key { .. }), Some(text))
+                if feed.skip.is_some() =>
+            {
+                let letter = feed.dead_letter(position, err.to_string(), Doc::Json(text));
+                rejects.letters.push((id, letter));
+            }
+            (err, _) => {
                 return Err(RunError::Document {
-                    position: record.position.to_string(),
+                    position: position.to_string(),
                     source: Box::new(err),
                 });
             }
@@ -413,7 +501,22 @@ fn combine_records(
     Ok(Combined::All)
 }
 
-/// Why a skipping source's document cannot be combined, if it cannot: it is invalid or
+/// Combines a source's `Value` into every target binding (moved into the last).
+fn combine_value(
+    combiner: &mut Combiner,
+    targets: &[u32],
+    doc: &mut serde_json::Value,
+) -> Result<(), CombineError> {
+    let (last, rest) = targets
+        .split_last()
+        .expect("a bound source feeds a binding");
+    for &binding in rest {
+        combiner.combine_right(binding, doc.clone())?;
+    }
+    combiner.combine_right(*last, std::mem::take(doc))
+}
+
+/// Why a skipping source's `Value` cannot be combined, if it cannot: it is invalid or
 /// has no key. Checked before the combiner sees it (which would drop it on error).
 fn check_document(
     collection: &Collection,
@@ -442,19 +545,9 @@ fn check_document(
     )
 }
 
-/// A step's input errors fail the batch, or (skipping source) become its rejections.
-fn check_step(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) -> Result<(), RunError> {
-    if feed.skip.is_none() {
-        return match step.errors.first() {
-            Some(err) => Err(RunError::Input {
-                position: err.position.to_string(),
-                reason: format!("{} (source {})", err.reason, feed.name),
-            }),
-            None => Ok(()),
-        };
-    }
+/// A skipping source's input errors: its rejections.
+fn reject_input_errors(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) {
     for err in &step.errors {
-        let id = (feed.index, err.position.line, err.position.byte_offset);
         let letter = DeadLetter::raw(
             feed.name,
             err.position.to_string(),
@@ -462,7 +555,8 @@ fn check_step(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) -> Result<(),
             &err.raw,
             err.raw.len() >= InputError::RAW_LIMIT,
         );
-        rejects.letters.push((id, letter));
+        rejects
+            .letters
+            .push((feed.record_id(&err.position), letter));
     }
-    Ok(())
 }
