@@ -20,7 +20,7 @@
 //!
 //! The memory estimate is [`MemTable::memory_bytes`]: the index and key arena by capacity
 //! (capacity, not length, because a cleared table keeps its allocations for the next
-//! fill) plus the sum of every entry's [`heap_size`] estimate. An entry's estimate is
+//! fill) plus the sum of every entry's [`Doc::heap_size`] estimate. An entry's estimate is
 //! recomputed exactly after each reduction while it is small (≤ [`EXACT_ESTIMATE_LIMIT`],
 //! which bounds the walk), and beyond that grows by the estimate of each reduced-in
 //! document: no reduction yields more than its two operands, so this over-estimates,
@@ -28,7 +28,7 @@
 //! with `append`) on every reduction.
 
 use super::{CombineError, Record, describe_key};
-use crate::compact::{Doc, Field, Str};
+use crate::compact::{Doc, Field, alloc_size, str_size};
 use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use serde_json::Value;
@@ -74,12 +74,12 @@ impl Incoming<'_> {
         }
     }
 
-    /// Estimated heap of the document once in the table (see [`heap_size`]).
+    /// Estimated heap of the document once in the table (see [`Doc::heap_size`]).
     fn heap_size(&self) -> usize {
         match self {
             Incoming::Owned(value) => value_heap_size(value),
             Incoming::Borrowed(value) => value_heap_size(value),
-            Incoming::Compact(doc) => heap_size(doc),
+            Incoming::Compact(doc) => doc.heap_size(),
         }
     }
 
@@ -183,7 +183,7 @@ impl MemTable {
         let keys = &self.keys;
         let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, prefix)) else {
             let doc = doc.into_doc();
-            let heap = heap_size(&doc);
+            let heap = Doc::heap_size(&doc);
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
                 Side::Right => Docs::Right(doc),
@@ -278,13 +278,13 @@ fn update(
         }
         (Docs::Right(right), Side::Left) => {
             let left = doc.into_doc();
-            entry.heap += heap_size(&left);
+            entry.heap += Doc::heap_size(&left);
             let left = Box::new(left);
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Left(left), Side::Right) => {
             let right = doc.into_doc();
-            entry.heap += heap_size(&right);
+            entry.heap += Doc::heap_size(&right);
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Right(mut right), Side::Right) => {
@@ -329,7 +329,7 @@ fn reduce_right(
         .map_err(InsertError::Reduce)?;
     Ok(match added {
         Some(added) => before + added,
-        None => left.map_or(0, heap_size) + heap_size(right),
+        None => left.map_or(0, Doc::heap_size) + right.heap_size(),
     })
 }
 
@@ -376,51 +376,7 @@ impl SortedTable {
     }
 }
 
-/// Bytes a heap block of `bytes` really takes, the larger of what the two allocators we
-/// run under give it: glibc (an 8-byte header, 16-byte granules, 32 bytes at least) and
-/// mimalloc (the `sluice` binary's: 8-byte size classes up to 64 bytes, then four classes
-/// per power of two, e.g. a 336-byte block of 7 fields takes 384).
-fn alloc_size(bytes: usize) -> usize {
-    if bytes == 0 {
-        return 0;
-    }
-    let glibc = (bytes + 8).next_multiple_of(16).max(32);
-    let words = bytes.div_ceil(8);
-    let mimalloc_words = if words <= 8 {
-        words
-    } else {
-        words.next_multiple_of(1 << ((words - 1).ilog2() - 2))
-    };
-    glibc.max(mimalloc_words * 8)
-}
-
-/// An estimate of the heap bytes owned by `doc` (not counting its own inline 24 bytes).
-/// The bench's 160-byte document (7 properties, one nested object of 2; every name and
-/// string short enough to be inline) comes to 496 bytes: its two field blocks.
-pub(super) fn heap_size(doc: &Doc) -> usize {
-    match doc {
-        Doc::Null | Doc::Bool(_) | Doc::PosInt(_) | Doc::NegInt(_) | Doc::Float(_) => 0,
-        Doc::String(s) => str_size(s.as_bytes().len()),
-        Doc::Array(items) => {
-            alloc_size(std::mem::size_of_val::<[Doc]>(items))
-                + items.iter().map(heap_size).sum::<usize>()
-        }
-        Doc::Object(fields) => {
-            alloc_size(std::mem::size_of_val::<[Field]>(fields))
-                + fields
-                    .iter()
-                    .map(|field| str_size(field.name.as_bytes().len()) + heap_size(&field.value))
-                    .sum::<usize>()
-        }
-    }
-}
-
-/// Heap bytes of a [`Str`] of `len` bytes.
-fn str_size(len: usize) -> usize {
-    alloc_size(Str::heap_len(len))
-}
-
-/// What `value` will take once converted to a [`Doc`] (see [`heap_size`]).
+/// What `value` will take once converted to a [`Doc`] (see [`Doc::heap_size`]).
 fn value_heap_size(value: &Value) -> usize {
     match value {
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,
@@ -436,19 +392,5 @@ fn value_heap_size(value: &Value) -> usize {
                     .map(|(name, value)| str_size(name.len()) + value_heap_size(value))
                     .sum::<usize>()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::alloc_size;
-
-    #[test]
-    fn block_estimates_cover_both_allocators_size_classes() {
-        assert_eq!(alloc_size(0), 0);
-        assert_eq!(alloc_size(1), 32); // glibc's minimum chunk
-        assert_eq!(alloc_size(96), 112); // glibc: header and 16-byte granule
-        assert_eq!(alloc_size(336), 384); // mimalloc: the 320..384 class
-        assert_eq!(alloc_size(4000), 4096); // mimalloc: the 3584..4096 class
     }
 }

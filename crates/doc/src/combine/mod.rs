@@ -28,7 +28,7 @@
 //!   reducing all in order.
 //! - At most one loaded document per key per drain; a second one is an error.
 //! - The estimate of memory counts the table's containers by capacity plus an estimate
-//!   of each document's heap (see [`memtable::heap_size`]); above
+//!   of each document's heap (see [`Doc::heap_size`]); above
 //!   [`CombinerOptions::memory_budget`] the whole table is spilled as one sorted run.
 //!   The drain holds the table plus one record and one buffer per run.
 //! - A reduction error may leave a key's document half-reduced, and a spill error comes

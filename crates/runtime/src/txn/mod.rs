@@ -10,9 +10,11 @@
 //! - Reading ([`read`]): a task queues sources round-robin into combiner C1 (validate,
 //!   key, reduce) until a bound, running one transaction ahead of the committer (so the
 //!   two cores parse and store at the same time).
-//! - Loads: C1 is drained in key order; each key of a standard binding becomes a Load
-//!   (unless it lies above the highest key ever stored, so is known to be absent), and
-//!   each document moves to combiner C2. Loaded documents later go to the *left* of C2.
+//! - Loads: C1 is drained in key order; each key of a standard binding that the last
+//!   committed transaction stored goes left into C2 as it was stored ([`stored`]: no
+//!   Load needed), any other becomes a Load (unless it lies above the highest key ever
+//!   stored, so is known to be absent), and each document moves to combiner C2 as it is
+//!   (compact). Loaded documents later go to the *left* of C2.
 //!   Two combiners keep memory bounded (both spill) even though Loaded responses may be
 //!   deferred by the driver until Prepare.
 //! - Decision: after DriverCommitted the checkpoint is committed to the recovery log on a
@@ -27,6 +29,7 @@
 
 mod phases;
 mod read;
+mod stored;
 
 use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recovery};
 use crate::source::{Resume, Source};
@@ -257,6 +260,8 @@ pub async fn run(
     let mut log = Some(log);
     // Whether this transaction's Acknowledge (of the prior commit) was already sent.
     let mut acknowledged = false;
+    // What the last committed transaction stored: the next one's loads of those keys.
+    let mut previous = stored::StoredDocs::empty();
 
     loop {
         let batch = batches
@@ -326,6 +331,7 @@ pub async fn run(
                 &mut tx,
                 c1,
                 c2,
+                std::mem::replace(&mut previous, stored::StoredDocs::empty()),
                 &bindings,
                 acknowledged,
                 acked_rx,
@@ -337,7 +343,7 @@ pub async fn run(
                     .map_err(phases::PhaseError::Driver)
             },
         );
-        let (mut to_store, (loaded_msgs, driver_checkpoint)) = match both {
+        let ((mut to_store, reused), (loaded_msgs, driver_checkpoint)) = match both {
             Ok(sent_and_received) => sent_and_received,
             Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };
@@ -371,7 +377,8 @@ pub async fn run(
 
         // Store phase.
         let loads_took = started.elapsed();
-        let stored = match phases::send_stores(&mut tx, to_store, &bindings).await {
+        let mut kept = stored::StoredDocsBuilder::new(to_store.stats().spilled_runs == 0);
+        let stored = match phases::send_stores(&mut tx, to_store, &bindings, &mut kept).await {
             Ok(n) => n,
             Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
         };
@@ -387,10 +394,12 @@ pub async fn run(
         }
         crate::failpoint::fail_point!(AFTER_DRIVER_COMMITTED, driver_err);
         acknowledged = false;
+        previous = kept.finish();
         tracing::debug!(
             txn,
             docs,
             loaded,
+            reused,
             stored,
             load_ms = loads_took.as_millis() as u64,
             store_ms = stores_took.as_millis() as u64,

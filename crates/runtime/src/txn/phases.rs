@@ -2,6 +2,7 @@
 //! Acknowledge of the prior commit and the Prepare), and stores.
 
 use super::Binding;
+use super::stored::{StoredDocs, StoredDocsBuilder};
 use crate::recovery::Checkpoint;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
 use sluice_doc::compact::Doc;
@@ -14,39 +15,55 @@ use sluice_proto::materialize::transaction_request::Prepare;
 use sluice_proto::materialize::transaction_response::Loaded;
 use std::time::Duration;
 
-/// Sends Acknowledge (unless already sent while idle), then a Load for every key of a
-/// standard binding that the store may hold, while moving each drained document into
-/// `c2`; then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
-/// stored keys now include this transaction's). Returns the combiner to store from:
-/// `c2`, or `c1` itself when every binding is delta-updates (nothing to load, so the
-/// combined documents are stored as they are).
+/// Sends Acknowledge (unless already sent while idle), then, for every key of a standard
+/// binding: its document as the last transaction stored it, if `previous` has it (left
+/// into `c2`, no Load), else a Load if the store may hold the key; meanwhile each drained
+/// document moves into `c2`. Then, once Acknowledged has arrived, Prepare with
+/// `checkpoint` (whose highest stored keys now include this transaction's). Returns the
+/// combiner to store from (`c2`, or `c1` itself when every binding is delta-updates:
+/// nothing to load, so the combined documents are stored as they are) and how many
+/// documents came from `previous`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
     c1: Combiner,
     mut c2: Combiner,
+    mut previous: StoredDocs,
     bindings: &[Binding],
     acknowledged: bool,
     acked: tokio::sync::oneshot::Receiver<()>,
     checkpoint: &mut Checkpoint,
-) -> Result<Combiner, PhaseError> {
+) -> Result<(Combiner, u64), PhaseError> {
     if !acknowledged {
         tx.acknowledge().await?;
     }
     if bindings.iter().all(|b| b.delta_updates) {
         send_prepare(tx, acked, checkpoint).await?;
-        return Ok(c1);
+        return Ok((c1, 0));
     }
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
+    let mut reused = 0;
     let drain = c1.drain().map_err(PhaseError::Combine)?;
     for drained in drain {
         let Drained {
             binding, key, doc, ..
         } = drained.map_err(PhaseError::Combine)?;
-        if !bindings[binding as usize].delta_updates && known.may_exist(binding, &key) {
-            builder.push(binding, &key);
-            for load in builder.take_ready() {
-                tx.load(load).await?;
+        if !bindings[binding as usize].delta_updates {
+            match previous.take(binding, &key) {
+                Some(Doc::Null) => {} // Deleted by the last transaction.
+                Some(stored) => {
+                    c2.reduce_left(binding, &key, stored)
+                        .map_err(PhaseError::Combine)?;
+                    reused += 1;
+                }
+                None if known.may_exist(binding, &key) => {
+                    builder.push(binding, &key);
+                    for load in builder.take_ready() {
+                        tx.load(load).await?;
+                    }
+                }
+                None => {}
             }
         }
         known.stored(binding, &key);
@@ -58,7 +75,7 @@ pub(super) async fn send_loads(
     }
     known.into_checkpoint(checkpoint, bindings);
     send_prepare(tx, acked, checkpoint).await?;
-    Ok(c2)
+    Ok((c2, reused))
 }
 
 /// Prepare with `checkpoint`, once the prior commit is acknowledged.
@@ -198,11 +215,14 @@ impl From<DriverError> for PhaseError {
     }
 }
 
-/// Drains `c2` into Store messages (exists = the key was loaded). Returns documents stored.
+/// Drains `c2` into Store messages (exists = the key was loaded), keeping the stored
+/// documents of standard bindings in `kept` for the next transaction. Returns documents
+/// stored.
 pub(super) async fn send_stores(
     tx: &mut ClientSender,
     c2: Combiner,
     bindings: &[Binding],
+    kept: &mut StoredDocsBuilder,
 ) -> Result<u64, PhaseError> {
     let mut stored = 0;
     let mut builder = StoreBuilder::new();
@@ -230,6 +250,9 @@ pub(super) async fn send_stores(
                 exists: full,
             },
         );
+        if !bindings[binding as usize].delta_updates {
+            kept.push(binding, key, doc);
+        }
         for store in builder.take_ready() {
             tx.store(store).await.map_err(PhaseError::Driver)?;
         }
