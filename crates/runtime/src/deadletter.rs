@@ -8,12 +8,12 @@
 //!
 //! One line per rejected document:
 //! `{"txn": 7, "source": "views-file", "position": "views.jsonl:551 (byte 30190)",
-//! "reason": "invalid JSON: ...", "raw": "{\"user_id\": ..."}`, with `document` (the
-//! document, when it is JSON that fits in [`DOCUMENT_LIMIT`] bytes) or `raw` (the text
-//! of a record that is not JSON, or is larger: its first [`DOCUMENT_LIMIT`] bytes, or
-//! the first [`crate::source::InputError::RAW_LIMIT`] of one its source found bad;
-//! `truncated: true` when cut). A document given as text is parsed only here, once
-//! rejected: the hot path never builds its `Value`.
+//! "reason": "invalid JSON: ...", "raw": "{\"user_id\": ..."}`, with either
+//! `document` (the document, when it is JSON of at most [`DOCUMENT_LIMIT`] bytes) or
+//! `raw` (lossy UTF-8 text, `truncated: true` when cut): the text of a document that is
+//! not JSON or is larger (cut to [`DOCUMENT_LIMIT`] bytes), or the start of a record its
+//! source could not read ([`crate::source::InputError::raw`]). A document the reader
+//! has as JSON text is parsed here, once rejected: reading never builds its `Value`.
 //!
 //! Invariants:
 //! - A transaction's records are durable (fsync'ed) before its batch reaches the

@@ -42,9 +42,9 @@
 //!   [`bad_json`] words it. Either way the runtime decides (`on_error`) whether that
 //!   fails the transaction.
 //!
-//! The built-in sources ([`file`], [`datagen`]) are exactly-once. Their positions are
-//! [`Span`]s: the step's `begin` and `end` cursors; `seek` restores `end`, `replay`
-//! re-reads `begin..end`.
+//! The built-in sources ([`file`](mod@file), [`datagen`]) are exactly-once. Their
+//! positions are [`Span`]s: the step's `begin` and `end` cursors; `seek` restores
+//! `end`, `replay` re-reads `begin..end`.
 
 pub mod datagen;
 pub mod file;
