@@ -289,6 +289,9 @@ pub struct RuntimeDef {
     pub recovery_log: Option<PathBuf>,
     #[serde(default)]
     pub transactions: TxnBounds,
+    /// What each combiner of a shard may hold before it spills to disk. A shard has up
+    /// to three at once (the reader's, and the two of the committer's load phase), so
+    /// its documents take at most about three times this.
     #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
     pub memory_budget: u64,
 }
@@ -303,7 +306,7 @@ impl Default for RuntimeDef {
     }
 }
 
-/// 256 MiB: room for a combiner of ~1M small documents before it spills.
+/// 256 MiB: room for about 430 000 keys of small (150-byte) documents per combiner.
 fn default_memory_budget() -> u64 {
     256 << 20
 }
@@ -335,9 +338,9 @@ impl Default for TxnBounds {
 }
 
 /// 1M documents / 256 MiB / 5 s. A transaction closes early whenever the committer is
-/// idle, so these bounds only matter while it is busy: then the reader keeps combining,
-/// and repeated keys collapse before they cost a load and a store (a reduced view's
-/// whole point). A replay after a crash re-reads at most one such transaction (a few
+/// idle and the sources have caught up, so these bounds only matter while it is busy or
+/// a backlog is read: then the reader keeps combining, and repeated keys collapse before
+/// they cost a load and a store (a reduced view's whole point). A replay after a crash re-reads at most one such transaction (a few
 /// seconds); the combiners spill beyond their memory budget.
 fn default_max_docs() -> u64 {
     1_000_000

@@ -465,9 +465,7 @@ fn binding_specs(bindings: &[Binding]) -> Vec<BindingSpec> {
 
 fn combiner_options(opts: &TxnOptions) -> CombinerOptions {
     CombinerOptions {
-        // Up to three combiners live at once (the reader's, and C1 and C2 of the
-        // committer's load phase): split the budget.
-        memory_budget: opts.memory_budget / 3,
+        memory_budget: opts.memory_budget,
         spill_dir: None,
     }
 }

@@ -14,8 +14,14 @@
 //! bindings is combined once per binding (its text parsed each time).
 //!
 //! A batch closes at a bound (documents, bytes, `max_duration`), when every source is
-//! exhausted (not following), on shutdown, or as soon as the committer is idle and the
-//! batch has documents and is at least `min_duration` old (which batches a trickle).
+//! exhausted (not following), on shutdown, or as soon as the committer is idle, the
+//! batch has documents and is at least `min_duration` old (which batches a trickle), and
+//! no source is *backlogged*. A source is backlogged when its last step filled the
+//! limits it was given, so more input is ready at once: a backlog (a backfill, a reader
+//! catching up) then fills transactions to their bounds. Each commit costs about one
+//! store write per distinct key, so closing early there would only write the same hot
+//! keys again and again, and latency is the bounds' either way; caught up, batches close
+//! as soon as the committer can take them.
 //! After an error the reader sends it and stops: nothing of that batch is committed.
 //!
 //! Bad input (a step's input errors; a document that is not JSON, is invalid, has no
@@ -215,7 +221,7 @@ impl Reader {
         let started = Instant::now();
         let mut batch = self.batch();
         loop {
-            let mut progressed = false;
+            let (mut progressed, mut backlogged) = (false, false);
             for index in 0..self.sources.len() {
                 if self.exhausted[index] && !self.opts.follow {
                     continue;
@@ -232,6 +238,9 @@ impl Reader {
                     .map_err(|e| super::source_err(bound.source.name(), e))?;
                 let feed = Feed::new(index, bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
+                backlogged |= !step.end_of_input
+                    && (step.records + step.errors.len() >= limits.max_records
+                        || step.bytes >= limits.max_bytes);
                 if !self.records.is_empty() || !step.errors.is_empty() {
                     progressed = true;
                     let combined = combine_step(
@@ -262,11 +271,12 @@ impl Reader {
                 batch.last = !self.has_work(&batch);
                 return Ok(batch);
             }
-            // Close early when the committer is waiting for work: low latency for a
-            // trickle, while large batches build up whenever the committer is busy.
+            // Close early when the committer is waiting for work and the sources have
+            // caught up: low latency for a trickle, while large batches build up whenever
+            // the committer is busy or a backlog is being read (see the module docs).
             let committer_idle = self.in_flight.load(Ordering::Acquire) == 0;
             let has_work = self.has_work(&batch);
-            if has_work && committer_idle && elapsed >= self.opts.min_duration {
+            if has_work && committer_idle && !backlogged && elapsed >= self.opts.min_duration {
                 return Ok(batch);
             }
             if elapsed >= self.opts.max_duration && (has_work || !progressed) {
