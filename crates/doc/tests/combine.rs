@@ -489,3 +489,39 @@ proptest! {
         prop_assert_eq!(reused, serde_json::from_str::<Value>(&text).unwrap());
     }
 }
+
+/// Keys longer than what an entry keeps inline, and equal in it, must still be told
+/// apart, reduced separately and drained in order (in both bindings).
+#[test]
+fn long_keys_sharing_their_first_bytes_stay_distinct_and_ordered() {
+    let mut combiner = new_combiner(2, usize::MAX);
+    let long_key = |i: u32| {
+        pack_key(&[json!(format!(
+            "a-shared-prefix-longer-than-16-bytes/{i:04}"
+        ))])
+    };
+    let mut expected = BTreeMap::new();
+    for round in 1..=3u64 {
+        // Thousands of keys, so that some collide in the hash table's probing.
+        for i in (0..3000u32).map(|i| i * 7919 % 3000) {
+            for binding in [1u32, 0] {
+                let doc = json!({"k": i, "n": round * u64::from(i + binding)});
+                combiner
+                    .combine_right_keyed(binding, &long_key(i), Doc::from(doc))
+                    .unwrap();
+                *expected.entry((binding, long_key(i))).or_insert(0) +=
+                    round * u64::from(i + binding);
+            }
+        }
+    }
+    let drained: Vec<_> = drain_all(combiner)
+        .into_iter()
+        .map(|d| {
+            (
+                (d.binding, d.key),
+                d.doc.get("n").and_then(Doc::as_u64).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(drained, expected.into_iter().collect::<Vec<_>>());
+}

@@ -1,7 +1,7 @@
 //! The in-memory table of the combiner and its memory estimate.
 //!
 //! ```text
-//!  index: HashTable<Entry { key prefix, key range, docs: compact Doc, heap }>
+//!  index: HashTable<Entry { binding, key prefix, key range, docs: compact Doc, heap }>
 //!                                      │
 //!                     keys: Vec<u8> ◀──┘  (every table key, back to back)
 //! ```
@@ -13,8 +13,8 @@
 //!
 //! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
 //! a new key appends to the `keys` arena and to the index. Entries live in the hash table
-//! itself, so a lookup reaches its entry in one random access, and a key of up to 16
-//! bytes is matched by its prefix without a second one into the arena. The table is
+//! itself, so a lookup reaches its entry in one random access, and a packed key of up to
+//! 16 bytes is matched by its binding and prefix without a second one into the arena. The table is
 //! never sorted while it fills: [`MemTable::sorted`] moves the entries into a vector and
 //! orders them once, at a spill or the drain.
 //!
@@ -96,9 +96,10 @@ impl Incoming<'_> {
 }
 
 struct Entry {
-    /// [`key_prefix`] of the key: lookups and sorts compare it before the arena's bytes,
-    /// and for keys of at most 16 bytes it is the whole key (with the length).
-    prefix: u128,
+    /// The binding and [`KeyHead`] prefix of the packed key: lookups and sorts compare them
+    /// before the arena's bytes, and for packed keys of at most 16 bytes they are the
+    /// whole table key (with the length).
+    head: KeyHead,
     key_start: usize,
     key_len: usize,
     docs: Docs,
@@ -111,12 +112,35 @@ impl Entry {
         &keys[self.key_start..self.key_start + self.key_len]
     }
 
-    /// Whether this entry's key is `key`, whose prefix is `prefix`. Short keys are decided
+    /// Whether this entry's key is `key`, whose head is `head`. Short keys are decided
     /// without touching the key arena (one cache miss fewer per lookup).
-    fn is(&self, keys: &[u8], key: &[u8], prefix: u128) -> bool {
-        self.prefix == prefix
+    fn is(&self, keys: &[u8], key: &[u8], head: KeyHead) -> bool {
+        self.head == head
             && self.key_len == key.len()
-            && (key.len() <= PREFIX_LEN || self.key(keys) == key)
+            && (key.len() <= 4 + PREFIX_LEN || self.key(keys) == key)
+    }
+}
+
+/// What an entry keeps of its table key inline: ordered like the table keys themselves
+/// except where they tie.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct KeyHead {
+    binding: u32,
+    prefix: u128,
+}
+
+impl KeyHead {
+    /// The head of a table key: its binding (4 bytes, big-endian), then the first 16
+    /// bytes of the packed key, big-endian, zero-padded.
+    fn of(key: &[u8]) -> KeyHead {
+        let (binding, packed) = key.split_at(4);
+        let mut prefix = [0u8; PREFIX_LEN];
+        let n = packed.len().min(PREFIX_LEN);
+        prefix[..n].copy_from_slice(&packed[..n]);
+        KeyHead {
+            binding: u32::from_be_bytes(binding.try_into().expect("4 bytes")),
+            prefix: u128::from_be_bytes(prefix),
+        }
     }
 }
 
@@ -179,9 +203,9 @@ impl MemTable {
         reducer: &Reducer,
     ) -> Result<(), InsertError> {
         let hash = self.hasher.hash_one(key);
-        let prefix = key_prefix(key);
+        let head = KeyHead::of(key);
         let keys = &self.keys;
-        let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, prefix)) else {
+        let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, head)) else {
             let doc = doc.into_doc();
             let heap = Doc::heap_size(&doc);
             let docs = match side {
@@ -189,7 +213,7 @@ impl MemTable {
                 Side::Right => Docs::Right(doc),
             };
             let entry = Entry {
-                prefix,
+                head,
                 key_start: self.keys.len(),
                 key_len: key.len(),
                 docs,
@@ -209,12 +233,12 @@ impl MemTable {
     }
 
     /// Moves the entries out of the index and returns their indices in table-key order.
-    /// Sorting compares each key's first 16 bytes as an integer kept next to its index (no
-    /// pointer chasing into a cold arena), and only ties look at the whole keys.
+    /// Sorting compares each key's head (binding and first 16 bytes) kept next to its
+    /// index (no pointer chasing into a cold arena), and only ties look at the whole keys.
     fn sorted(&mut self) -> Vec<usize> {
         self.entries.extend(self.index.drain());
-        let mut order: Vec<(u128, usize)> = (self.entries.iter().enumerate())
-            .map(|(i, entry)| (entry.prefix, i))
+        let mut order: Vec<(KeyHead, usize)> = (self.entries.iter().enumerate())
+            .map(|(i, entry)| (entry.head, i))
             .collect();
         order.sort_unstable_by(|(pa, a), (pb, b)| {
             pa.cmp(pb).then_with(|| {
@@ -304,15 +328,6 @@ fn update(
 }
 
 const PREFIX_LEN: usize = size_of::<u128>();
-
-/// The first 16 bytes of `key`, big-endian, zero-padded: ordered like the keys themselves
-/// except where they tie.
-fn key_prefix(key: &[u8]) -> u128 {
-    let mut prefix = [0u8; PREFIX_LEN];
-    let n = key.len().min(PREFIX_LEN);
-    prefix[..n].copy_from_slice(&key[..n]);
-    u128::from_be_bytes(prefix)
-}
 
 /// Reduces `doc` into `right` and returns the new heap estimate of the entry, whose
 /// estimate was `before` and which may also hold `left` (see module docs).
