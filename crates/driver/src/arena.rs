@@ -193,7 +193,6 @@ impl LoadBuilder {
             binding,
             arena: reserved(like.map(|m| &m.arena)),
             packed_keys: reserved(like.map(|m| &m.packed_keys)),
-            ..Default::default()
         }))
     }
 
