@@ -241,6 +241,30 @@ impl Doc {
         }
     }
 
+    /// Makes this document equal to `value`, as `*self = Doc::from(value)` does, but
+    /// reusing its blocks where the shapes agree (an object of as many properties, an
+    /// array of as many items): lastWriteWins of a same-shaped object then allocates and
+    /// frees nothing.
+    pub fn assign(&mut self, value: &Value) {
+        match (&mut *self, value) {
+            (Doc::Object(fields), Value::Object(map)) if fields.len() == map.len() => {
+                // `map` iterates sorted and unique, so the fields stay sorted.
+                for (field, (name, value)) in fields.iter_mut().zip(map) {
+                    if field.name.as_bytes() != name.as_bytes() {
+                        field.name = Str::new(name);
+                    }
+                    field.value.assign(value);
+                }
+            }
+            (Doc::Array(items), Value::Array(values)) if items.len() == values.len() => {
+                for (item, value) in items.iter_mut().zip(values) {
+                    item.assign(value);
+                }
+            }
+            (doc, value) => *doc = Doc::from(value),
+        }
+    }
+
     /// The property `name` of an object (a binary search of its sorted fields).
     pub fn get(&self, name: &str) -> Option<&Doc> {
         let Doc::Object(fields) = self else {

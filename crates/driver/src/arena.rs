@@ -93,9 +93,16 @@ pub fn loaded_docs(loaded: &Loaded) -> impl Iterator<Item = Result<&[u8]>> {
     loaded.docs_json.iter().map(|s| slice(&loaded.arena, s))
 }
 
-/// An empty vector with room for as many items as `like` holds (none without one).
+/// An empty vector with room for a quarter more items than `like` holds (none without
+/// one): messages of one binding hold about as many items each.
 fn reserved<T>(like: Option<&Vec<T>>) -> Vec<T> {
-    Vec::with_capacity(like.map_or(0, Vec::len))
+    Vec::with_capacity(like.map_or(0, |v| v.len() + v.len() / 4))
+}
+
+/// An empty arena, with room for a full message when one came before: a message is cut
+/// before its arena passes [`MAX_MESSAGE_BYTES`], so it then never grows.
+fn reserved_arena(after_full: bool) -> Vec<u8> {
+    Vec::with_capacity(if after_full { MAX_MESSAGE_BYTES } else { 0 })
 }
 
 /// Appends `bytes` to `arena`, returning its slice.
@@ -111,10 +118,10 @@ fn append(arena: &mut Vec<u8>, bytes: &[u8]) -> Slice {
 /// The cut-at-a-bound logic shared by the three builders: one message in progress per
 /// binding, and the finished messages in the order they were cut.
 ///
-/// A message that follows a full one of its binding starts with that one's sizes
-/// reserved (`new(binding, Some(full))`): a long run of messages then allocates each
-/// arena once, instead of growing it by doubling (a copy and fresh pages at every step,
-/// measured at a tenth of a large store phase).
+/// A message that follows a full one of its binding starts with room for a full one
+/// (`new(binding, Some(full))`): a long run of messages then allocates each arena once,
+/// instead of growing it by doubling (a copy and fresh pages at every step, measured at
+/// a tenth of a large store phase).
 struct Batches<M> {
     open: BTreeMap<u32, (M, usize)>,
     ready: Vec<M>,
@@ -191,7 +198,7 @@ impl LoadBuilder {
     pub fn new() -> Self {
         LoadBuilder(Batches::new(|binding, like| Load {
             binding,
-            arena: reserved(like.map(|m| &m.arena)),
+            arena: reserved_arena(like.is_some()),
             packed_keys: reserved(like.map(|m| &m.packed_keys)),
         }))
     }
@@ -213,7 +220,7 @@ impl StoreBuilder {
     pub fn new() -> Self {
         StoreBuilder(Batches::new(|binding, like| Store {
             binding,
-            arena: reserved(like.map(|m| &m.arena)),
+            arena: reserved_arena(like.is_some()),
             packed_keys: reserved(like.map(|m| &m.packed_keys)),
             packed_values: reserved(like.map(|m| &m.packed_values)),
             docs_json: reserved(like.map(|m| &m.docs_json)),
@@ -243,7 +250,7 @@ impl LoadedBuilder {
     pub fn new() -> Self {
         LoadedBuilder(Batches::new(|binding, like| Loaded {
             binding,
-            arena: reserved(like.map(|m| &m.arena)),
+            arena: reserved_arena(like.is_some()),
             docs_json: reserved(like.map(|m| &m.docs_json)),
         }))
     }

@@ -31,7 +31,7 @@ impl Cx<'_> {
     ) -> Result<(), ReduceError> {
         let node = &self.nodes[n];
         match &node.strategy {
-            Strategy::LastWriteWins => *lhs = Doc::from(rhs),
+            Strategy::LastWriteWins => lhs.assign(rhs),
             Strategy::FirstWriteWins => {}
             Strategy::Sum => sum(lhs, rhs, loc)?,
             Strategy::Minimize { key } | Strategy::Maximize { key } if key.is_empty() => {
@@ -41,7 +41,7 @@ impl Cx<'_> {
                 };
                 match compare_scalars(lhs, rhs) {
                     Some(ord) if ord == keep => {}
-                    Some(_) => *lhs = Doc::from(rhs),
+                    Some(_) => lhs.assign(rhs),
                     None => self.via_value(n, lhs, rhs, loc)?,
                 }
             }
