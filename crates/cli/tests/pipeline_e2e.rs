@@ -241,6 +241,31 @@ fn keys_above_the_highest_stored_are_not_loaded_yet_reduce_exactly() {
     assert_eq!(fx.table().0, reduce_expected(&all));
 }
 
+/// A source with input ready (a backfill) fills its transaction to the bound instead of
+/// handing the idle committer a small one: every key would otherwise be written once per
+/// small transaction.
+#[test]
+fn a_backlog_fills_the_transaction_instead_of_closing_when_the_committer_is_idle() {
+    let fx = Fixture::new(false, 1000);
+    let pipeline = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "sqlite: {path: out/views.db}",
+        false,
+        100_000,
+        "10m",
+    )
+    .replace("min_duration: 10m", "min_duration: 0s");
+    std::fs::write(fx.pipeline(), pipeline).unwrap();
+    // Several reader steps' worth, all of it ready at once.
+    let docs = generate(30_000, 2_000, 9);
+    write_lines(&fx.input(), &docs);
+    let out = fx.run();
+    assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(" in 1 transactions"), "{stdout}");
+    assert_eq!(fx.table().0, reduce_expected(&docs));
+}
+
 #[test]
 fn appended_input_is_reduced_into_existing_rows() {
     let fx = Fixture::new(false, 700);

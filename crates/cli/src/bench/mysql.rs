@@ -205,10 +205,14 @@ impl Store for Mysql {
         Ok(upsert)
     }
 
-    /// Sends the batch's statements one by one, each its own round trip.
+    /// Sends the batch's statements one by one, each its own round trip. (Not
+    /// `exec_batch`: on MariaDB it sends the whole batch as one `COM_STMT_BULK_EXECUTE`,
+    /// which MySQL's Connector/J never does.)
     async fn upsert_batch(&mut self, upsert: &Statement, batch: Vec<Row>) -> anyhow::Result<()> {
         self.conn.query_drop("START TRANSACTION").await?;
-        self.conn.exec_batch(upsert, batch).await?;
+        for row in batch {
+            self.conn.exec_drop(upsert, row).await?;
+        }
         self.conn.query_drop("COMMIT").await?;
         Ok(())
     }
