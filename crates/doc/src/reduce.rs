@@ -263,6 +263,16 @@ impl Reducer {
         };
         cx.reduce_compact(self.root, lhs, rhs, Loc::Root)
     }
+
+    /// [`Reducer::reduce_compact`] of a compact right side, moved into the left: how
+    /// drained and loaded documents combine. Same results and errors as `reduce`.
+    pub fn reduce_docs(&self, lhs: &mut Doc, rhs: Doc, full: bool) -> Result<(), ReduceError> {
+        let cx = Cx {
+            nodes: &self.nodes,
+            full,
+        };
+        cx.reduce_compact(self.root, lhs, rhs, Loc::Root)
+    }
 }
 
 /// A location in the document being reduced, rendered only for errors.

@@ -142,8 +142,7 @@ impl Drainer {
                 });
             }
             // A loaded document and the new ones, or the new ones of several runs.
-            let right = serde_json::Value::from(next.doc);
-            if let Err(source) = spec.schema.reducer().reduce_compact(&mut doc, &right, full) {
+            if let Err(source) = spec.schema.reducer().reduce_docs(&mut doc, next.doc, full) {
                 return Err(CombineError::Reduce {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),

@@ -83,14 +83,12 @@ impl Incoming<'_> {
         }
     }
 
-    /// Reduces the document into `lhs`. A compact one goes through a `Value`: it only
-    /// meets an existing right-side document when one key is combined twice into one
-    /// table, which the runtime never does.
+    /// Reduces the document into `lhs`.
     fn reduce_into(self, lhs: &mut Doc, reducer: &Reducer) -> Result<(), ReduceError> {
         match self {
             Incoming::Owned(value) => reducer.reduce_compact(lhs, &value, false),
             Incoming::Borrowed(value) => reducer.reduce_compact(lhs, value, false),
-            Incoming::Compact(doc) => reducer.reduce_compact(lhs, &Value::from(doc), false),
+            Incoming::Compact(doc) => reducer.reduce_docs(lhs, doc, false),
         }
     }
 }
