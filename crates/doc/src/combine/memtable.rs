@@ -93,38 +93,62 @@ impl Incoming<'_> {
     }
 }
 
+/// One key of the table: 64 bytes, one cache line, so a lookup touches one line of
+/// entries (offsets and the estimate are `u32`; see [`KEY_ARENA_LIMIT`]).
 struct Entry {
-    /// The binding and [`KeyHead`] prefix of the packed key: lookups and sorts compare them
-    /// before the arena's bytes, and for packed keys of at most 16 bytes they are the
-    /// whole table key (with the length).
-    head: KeyHead,
-    key_start: usize,
-    key_len: usize,
+    /// The [`KeyHead`] of the table key, which lookups and sorts compare before the
+    /// arena's bytes; for packed keys of at most 16 bytes it is the whole table key (with
+    /// the length).
+    prefix: [u64; 2],
+    binding: u32,
+    key_len: u32,
+    key_start: u32,
+    /// Estimated heap bytes of `docs`, saturating (a single key past 4 GiB of documents
+    /// has long broken any budget).
+    heap: u32,
     docs: Docs,
-    /// Estimated heap bytes of `docs`.
-    heap: usize,
 }
 
 impl Entry {
     fn key<'k>(&self, keys: &'k [u8]) -> &'k [u8] {
-        &keys[self.key_start..self.key_start + self.key_len]
+        let start = self.key_start as usize;
+        &keys[start..start + self.key_len as usize]
+    }
+
+    fn head(&self) -> KeyHead {
+        KeyHead {
+            binding: self.binding,
+            prefix: self.prefix,
+        }
     }
 
     /// Whether this entry's key is `key`, whose head is `head`. Short keys are decided
     /// without touching the key arena (one cache miss fewer per lookup).
     fn is(&self, keys: &[u8], key: &[u8], head: KeyHead) -> bool {
-        self.head == head
-            && self.key_len == key.len()
+        self.head() == head
+            && self.key_len as usize == key.len()
             && (key.len() <= 4 + PREFIX_LEN || self.key(keys) == key)
+    }
+
+    fn heap(&self) -> usize {
+        self.heap as usize
+    }
+
+    fn set_heap(&mut self, heap: usize) {
+        self.heap = u32::try_from(heap).unwrap_or(u32::MAX);
     }
 }
 
+/// The key arena's size past which the table reports itself full (so the combiner
+/// spills), keeping every offset within an entry's `u32`: far above any budget's keys.
+pub(super) const KEY_ARENA_LIMIT: usize = (u32::MAX / 2) as usize;
+
 /// What an entry keeps of its table key inline: ordered like the table keys themselves
-/// except where they tie.
+/// except where they tie (the prefix words are big-endian, so they order like bytes).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct KeyHead {
     binding: u32,
-    prefix: u128,
+    prefix: [u64; 2],
 }
 
 impl KeyHead {
@@ -135,9 +159,13 @@ impl KeyHead {
         let mut prefix = [0u8; PREFIX_LEN];
         let n = packed.len().min(PREFIX_LEN);
         prefix[..n].copy_from_slice(&packed[..n]);
+        let (high, low) = prefix.split_at(8);
         KeyHead {
             binding: u32::from_be_bytes(binding.try_into().expect("4 bytes")),
-            prefix: u128::from_be_bytes(prefix),
+            prefix: [
+                u64::from_be_bytes(high.try_into().expect("8 bytes")),
+                u64::from_be_bytes(low.try_into().expect("8 bytes")),
+            ],
         }
     }
 }
@@ -210,24 +238,31 @@ impl MemTable {
                 Side::Left => Docs::Left(Box::new(doc)),
                 Side::Right => Docs::Right(doc),
             };
-            let entry = Entry {
-                head,
-                key_start: self.keys.len(),
-                key_len: key.len(),
+            let mut entry = Entry {
+                prefix: head.prefix,
+                binding: head.binding,
+                key_len: u32::try_from(key.len()).expect("a key within the arena limit"),
+                key_start: u32::try_from(self.keys.len()).expect("the arena within its limit"),
+                heap: 0,
                 docs,
-                heap,
             };
+            entry.set_heap(heap);
             self.keys.extend_from_slice(key);
-            self.heap += heap;
+            self.heap += entry.heap();
             let (keys, hasher) = (&self.keys, &self.hasher);
             self.index
                 .insert_unique(hash, entry, |e| hasher.hash_one(e.key(keys)));
             return Ok(());
         };
-        let before = entry.heap;
+        let before = entry.heap();
         let result = update(entry, side, doc, reducer);
-        self.heap = self.heap - before + entry.heap;
+        self.heap = self.heap - before + entry.heap();
         result
+    }
+
+    /// Whether the key arena reached [`KEY_ARENA_LIMIT`]: the table must be spilled.
+    pub(super) fn keys_full(&self) -> bool {
+        self.keys.len() >= KEY_ARENA_LIMIT
     }
 
     /// Moves the entries out of the index and returns their indices in table-key order.
@@ -236,7 +271,7 @@ impl MemTable {
     fn sorted(&mut self) -> Vec<usize> {
         self.entries.extend(self.index.drain());
         let mut order: Vec<(KeyHead, usize)> = (self.entries.iter().enumerate())
-            .map(|(i, entry)| (entry.head, i))
+            .map(|(i, entry)| (entry.head(), i))
             .collect();
         order.sort_unstable_by(|(pa, a), (pb, b)| {
             pa.cmp(pb).then_with(|| {
@@ -292,7 +327,7 @@ fn update(
     doc: Incoming<'_>,
     reducer: &Reducer,
 ) -> Result<(), InsertError> {
-    let before = entry.heap;
+    let before = entry.heap();
     let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
     let (docs, result) = match (docs, side) {
         (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
@@ -300,24 +335,24 @@ fn update(
         }
         (Docs::Right(right), Side::Left) => {
             let left = doc.into_doc();
-            entry.heap += Doc::heap_size(&left);
+            entry.set_heap(before + left.heap_size());
             let left = Box::new(left);
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Left(left), Side::Right) => {
             let right = doc.into_doc();
-            entry.heap += Doc::heap_size(&right);
+            entry.set_heap(before + right.heap_size());
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Right(mut right), Side::Right) => {
             let reduced = reduce_right(None, &mut right, doc, reducer, before);
-            (Docs::Right(right), reduced.map(|heap| entry.heap = heap))
+            (Docs::Right(right), reduced.map(|heap| entry.set_heap(heap)))
         }
         (Docs::Both { left, mut right }, Side::Right) => {
             let reduced = reduce_right(Some(&left), &mut right, doc, reducer, before);
             (
                 Docs::Both { left, right },
-                reduced.map(|heap| entry.heap = heap),
+                reduced.map(|heap| entry.set_heap(heap)),
             )
         }
     };

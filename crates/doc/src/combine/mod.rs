@@ -323,7 +323,7 @@ impl Combiner {
             }
             return Err(err);
         }
-        if self.table.memory_bytes() > self.opts.memory_budget
+        if (self.table.memory_bytes() > self.opts.memory_budget || self.table.keys_full())
             && let Err(err) = self.spill_table()
         {
             // The document is already in the table and a run may be half-written.
