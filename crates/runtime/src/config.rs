@@ -290,8 +290,9 @@ pub struct RuntimeDef {
     #[serde(default)]
     pub transactions: TxnBounds,
     /// What each combiner of a shard may hold before it spills to disk. A shard has up
-    /// to three at once (the reader's, and the two of the committer's load phase), so
-    /// its documents take at most about three times this.
+    /// to three at once (the reader's, and the two of the committer's load phase), plus
+    /// the documents the last transaction stored (kept only if they fit one budget), so
+    /// its documents take at most about four times this.
     #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
     pub memory_budget: u64,
 }
