@@ -283,14 +283,6 @@ impl Doc {
             _ => None,
         }
     }
-
-    /// The string this is, if it is one.
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Doc::String(s) => Some(s.as_str()),
-            _ => None,
-        }
-    }
 }
 
 /// Serializes like the `Value` the document converts to (same text from `serde_json`).
@@ -356,7 +348,12 @@ impl<'de> Visitor<'de> for DocVisitor {
     }
 
     fn visit_f64<E: de::Error>(self, f: f64) -> Result<Doc, E> {
-        Ok(Number::from_f64(f).map_or(Doc::Null, |n| Doc::from_number(&n)))
+        // As `Value`: a float that is not finite has no JSON number.
+        Ok(if f.is_finite() {
+            Doc::Float(f)
+        } else {
+            Doc::Null
+        })
     }
 
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Doc, E> {
@@ -383,16 +380,16 @@ impl<'de> Visitor<'de> for DocVisitor {
                 value: map.next_value()?,
             });
         }
-        // Stable, so of two equal names the later one comes last and is kept.
+        // Stable, so of two equal names the later one comes last; its value is kept.
         fields.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
-        let mut unique: Vec<Field> = Vec::with_capacity(fields.len());
-        for field in fields {
-            match unique.last_mut() {
-                Some(last) if last.name == field.name => *last = field,
-                _ => unique.push(field),
+        fields.dedup_by(|later, kept| {
+            let repeated = later.name == kept.name;
+            if repeated {
+                std::mem::swap(&mut later.value, &mut kept.value);
             }
-        }
-        Ok(Doc::Object(unique.into_boxed_slice()))
+            repeated
+        });
+        Ok(Doc::Object(fields.into_boxed_slice()))
     }
 }
 

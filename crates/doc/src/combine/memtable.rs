@@ -360,7 +360,8 @@ fn update(
     result
 }
 
-const PREFIX_LEN: usize = size_of::<u128>();
+/// Bytes of the packed key an entry keeps inline ([`Entry::prefix`]).
+const PREFIX_LEN: usize = size_of::<[u64; 2]>();
 
 /// Reduces `doc` into `right` and returns the new heap estimate of the entry, whose
 /// estimate was `before` and which may also hold `left` (see module docs).

@@ -20,7 +20,6 @@
 
 use super::{CombineError, Record};
 use crate::compact::{Doc, Field, Str};
-use serde_json::Number;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -192,10 +191,10 @@ fn decode(bytes: &mut &[u8]) -> Result<Doc, String> {
         TRUE => Doc::Bool(true),
         POS_INT => Doc::PosInt(u64::from_le_bytes(take_8(bytes)?)),
         NEG_INT => Doc::from_number(&i64::from_le_bytes(take_8(bytes)?).into()),
-        FLOAT => {
-            let f = f64::from_le_bytes(take_8(bytes)?);
-            Doc::from_number(&Number::from_f64(f).ok_or("a float that is not finite")?)
-        }
+        FLOAT => match f64::from_le_bytes(take_8(bytes)?) {
+            f if f.is_finite() => Doc::Float(f),
+            _ => return Err("a float that is not finite".to_string()),
+        },
         STRING => Doc::String(Str::new(decode_str(bytes)?)),
         ARRAY => {
             let count = take_len(bytes)?;
