@@ -6,7 +6,7 @@ use sluice_runtime::config::{DatagenDef, DatagenShape, FileDef, FileFormat};
 use sluice_runtime::source::datagen::{DatagenSource, pageview};
 use sluice_runtime::source::file::FileSource;
 use sluice_runtime::source::{
-    Doc, QueueLimits, Records, Resume, Source, SourceError, Step, bad_json,
+    QueueLimits, RecordDoc, Records, Resume, Source, SourceError, Step, bad_json,
 };
 use std::io::Write;
 use std::path::Path;
@@ -51,8 +51,8 @@ fn parsed_docs(records: &mut Records) -> Vec<Value> {
     records
         .iter_mut()
         .map(|r| match r.doc {
-            Doc::Json(text) => serde_json::from_slice(text).expect("a generated document"),
-            Doc::Value(doc) => doc.clone(),
+            RecordDoc::Json(text) => serde_json::from_slice(text).expect("a generated document"),
+            RecordDoc::Value(doc) => doc.clone(),
         })
         .collect()
 }
@@ -62,8 +62,8 @@ fn texts(records: &mut Records) -> Vec<String> {
     records
         .iter_mut()
         .map(|r| match r.doc {
-            Doc::Json(text) => String::from_utf8_lossy(text).into_owned(),
-            Doc::Value(doc) => panic!("{doc} was parsed by its source"),
+            RecordDoc::Json(text) => String::from_utf8_lossy(text).into_owned(),
+            RecordDoc::Value(doc) => panic!("{doc} was parsed by its source"),
         })
         .collect()
 }
@@ -234,8 +234,8 @@ async fn json_lines_are_handed_over_unparsed_bad_ones_included() {
     let records: Vec<_> = out
         .iter_mut()
         .map(|r| match r.doc {
-            Doc::Json(text) => (r.position.to_string(), text.to_vec()),
-            Doc::Value(doc) => panic!("{doc} was parsed by its source"),
+            RecordDoc::Json(text) => (r.position.to_string(), text.to_vec()),
+            RecordDoc::Value(doc) => panic!("{doc} was parsed by its source"),
         })
         .collect();
     let at = |line: u64, byte: u64| format!("{}:{line} (byte {byte})", path.display());

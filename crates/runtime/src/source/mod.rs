@@ -116,7 +116,7 @@ enum StoredDoc {
 /// One record of [`Records`].
 #[derive(Debug)]
 pub struct Record<'a> {
-    pub doc: Doc<'a>,
+    pub doc: RecordDoc<'a>,
     pub position: &'a Position,
     /// Size of the raw record (counts towards transaction byte bounds).
     pub bytes: usize,
@@ -125,7 +125,7 @@ pub struct Record<'a> {
 /// A record's document: as JSON text, or as the `Value` its source built (the
 /// combiner may take it).
 #[derive(Debug)]
-pub enum Doc<'a> {
+pub enum RecordDoc<'a> {
     Json(&'a [u8]),
     Value(&'a mut Value),
 }
@@ -133,13 +133,7 @@ pub enum Doc<'a> {
 impl Records {
     /// Appends a document given as JSON text, unparsed; `bytes` is its raw record's size.
     pub fn push_json(&mut self, text: &[u8], position: Position, bytes: usize) {
-        let start = self.text.len();
-        self.text.extend_from_slice(text);
-        self.records.push(Stored {
-            doc: StoredDoc::Json(start..self.text.len()),
-            position,
-            bytes,
-        });
+        self.push_text(position, Some(bytes), |buf| buf.extend_from_slice(text));
     }
 
     /// Appends a document that `write` writes as JSON text straight into the buffer (its
@@ -149,11 +143,21 @@ impl Records {
         position: Position,
         write: impl FnOnce(&mut Vec<u8>),
     ) -> &[u8] {
+        self.push_text(position, None, write)
+    }
+
+    /// Appends the text `write` writes; the raw record is `bytes` long, or the text.
+    fn push_text(
+        &mut self,
+        position: Position,
+        bytes: Option<usize>,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> &[u8] {
         let start = self.text.len();
         write(&mut self.text);
         let range = start..self.text.len();
         self.records.push(Stored {
-            bytes: range.len(),
+            bytes: bytes.unwrap_or(range.len()),
             doc: StoredDoc::Json(range.clone()),
             position,
         });
@@ -200,8 +204,8 @@ impl Records {
         let text = &self.text;
         self.records.iter_mut().map(move |stored| Record {
             doc: match &mut stored.doc {
-                StoredDoc::Json(range) => Doc::Json(&text[range.clone()]),
-                StoredDoc::Value(value) => Doc::Value(value),
+                StoredDoc::Json(range) => RecordDoc::Json(&text[range.clone()]),
+                StoredDoc::Value(value) => RecordDoc::Value(value),
             },
             position: &stored.position,
             bytes: stored.bytes,

@@ -51,7 +51,9 @@ use super::{
 };
 use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
 use crate::recovery::Intent;
-use crate::source::{Doc, InputError, Position, QueueLimits, Records, Resume, Step, bad_json};
+use crate::source::{
+    InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
+};
 use sluice_doc::combine::{CombineError, Combiner};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -379,21 +381,22 @@ impl<'a> Feed<'a> {
     }
 
     /// The dead letter of a rejected document; a `Value` is taken from its record.
-    fn dead_letter(&self, position: &Position, reason: String, doc: Doc<'_>) -> DeadLetter {
+    fn dead_letter(&self, position: &Position, reason: String, doc: RecordDoc<'_>) -> DeadLetter {
         let position = position.to_string();
         match doc {
-            Doc::Json(text) => DeadLetter::json(self.name, position, reason, text),
-            Doc::Value(doc) => {
+            RecordDoc::Json(text) => DeadLetter::json(self.name, position, reason, text),
+            RecordDoc::Value(doc) => {
                 DeadLetter::document(self.name, position, reason, std::mem::take(doc))
             }
         }
     }
 
-    /// The error that fails a batch at an input error of this source.
-    fn input_error(&self, err: &InputError) -> RunError {
+    /// The error that fails a batch at bad input of this source: a record it could not
+    /// read, or text that is not JSON.
+    fn input_error(&self, position: &Position, reason: &str) -> RunError {
         RunError::Input {
-            position: err.position.to_string(),
-            reason: format!("{} (source {})", err.reason, self.name),
+            position: position.to_string(),
+            reason: format!("{reason} (source {})", self.name),
         }
     }
 }
@@ -418,7 +421,9 @@ fn combine_step(
     let combined = combine_records(records, failing_at, feed, batch, rejects);
     records.clear();
     match combined? {
-        Combined::All => failing_at.map_or(Ok(Combined::All), |err| Err(feed.input_error(err))),
+        Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
+            Err(feed.input_error(&err.position, &err.reason))
+        }),
         Combined::Rebuild => Ok(Combined::Rebuild),
     }
 }
@@ -449,19 +454,19 @@ fn combine_records(
             continue;
         }
         let (combined, text) = match record.doc {
-            Doc::Json(text) => {
+            RecordDoc::Json(text) => {
                 let combined = feed
                     .targets
                     .iter()
                     .try_for_each(|&binding| batch.combiner.combine_right_json(binding, text));
                 (combined, Some(text))
             }
-            Doc::Value(doc) => {
+            RecordDoc::Value(doc) => {
                 let rejected = feed
                     .skip
                     .and_then(|collection| check_document(collection, doc, &mut key));
                 if let Some(reason) = rejected {
-                    let letter = feed.dead_letter(position, reason, Doc::Value(doc));
+                    let letter = feed.dead_letter(position, reason, RecordDoc::Value(doc));
                     rejects.letters.push((id, letter));
                     continue;
                 }
@@ -485,18 +490,15 @@ fn combine_records(
             (CombineError::Parse { source, .. }, Some(text)) => {
                 let reason = bad_json(text, &source);
                 if feed.skip.is_none() {
-                    return Err(RunError::Input {
-                        position: position.to_string(),
-                        reason: format!("{reason} (source {})", feed.name),
-                    });
+                    return Err(feed.input_error(position, &reason));
                 }
-                let letter = feed.dead_letter(position, reason, Doc::Json(text));
+                let letter = feed.dead_letter(position, reason, RecordDoc::Json(text));
                 rejects.letters.push((id, letter));
             }
             (err @ (CombineError::Invalid { .. } | CombineError::Key { .. }), Some(text))
                 if feed.skip.is_some() =>
             {
-                let letter = feed.dead_letter(position, err.to_string(), Doc::Json(text));
+                let letter = feed.dead_letter(position, err.to_string(), RecordDoc::Json(text));
                 rejects.letters.push((id, letter));
             }
             (err, _) => {
