@@ -241,6 +241,36 @@ fn keys_above_the_highest_stored_are_not_loaded_yet_reduce_exactly() {
     assert_eq!(fx.table().0, reduce_expected(&all));
 }
 
+/// Keys the previous transaction stored are reduced onto what it stored, with no Load,
+/// and the result is still exact: five transactions of 1,000 documents over the same 100
+/// keys load nothing (the first has nothing stored; every later key was stored by the
+/// transaction before), where loading them would take about 400 Loads.
+#[test]
+fn keys_the_last_transaction_stored_are_not_loaded_yet_reduce_exactly() {
+    stored_documents_replace_loads(Fixture::new(false, 1000));
+}
+
+#[test]
+fn postgres_keys_the_last_transaction_stored_are_not_loaded_yet_reduce_exactly() {
+    stored_documents_replace_loads(Fixture::postgres(false, 1000));
+}
+
+fn stored_documents_replace_loads(fx: Fixture) {
+    let docs = generate(5_000, 100, 11);
+    for window in docs.chunks(1000) {
+        let keys: std::collections::BTreeSet<_> =
+            window.iter().map(|d| d["user_id"].as_str()).collect();
+        assert_eq!(keys.len(), 100, "every transaction holds every key");
+    }
+    write_lines(&fx.input(), &docs);
+    let out = fx.run();
+    assert_success(&out);
+    assert_eq!(loaded_count(&out), 0);
+    let (table, counts) = fx.table();
+    assert_eq!(table, reduce_expected(&docs));
+    assert!(counts.values().all(|c| *c == 1), "one row per key");
+}
+
 /// A source with input ready (a backfill) fills its transaction to the bound instead of
 /// handing the idle committer a small one: every key would otherwise be written once per
 /// small transaction.
