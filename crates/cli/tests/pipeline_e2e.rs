@@ -255,6 +255,23 @@ fn postgres_keys_the_last_transaction_stored_are_not_loaded_yet_reduce_exactly()
     stored_documents_replace_loads(Fixture::postgres(false, 1000));
 }
 
+/// Under memory pressure (every combiner spills) the stored documents are not kept, so
+/// their memory stays bounded: the keys are loaded instead, and the result is the same.
+#[test]
+fn under_memory_pressure_stored_documents_are_loaded_instead_and_reduce_exactly() {
+    let fx = Fixture::new(false, 1000);
+    let pipeline = std::fs::read_to_string(fx.pipeline()).unwrap();
+    let tiny = pipeline.replace("runtime:\n", "runtime:\n  memory_budget: 4KiB\n");
+    assert_ne!(pipeline, tiny);
+    std::fs::write(fx.pipeline(), tiny).unwrap();
+    let docs = generate(5_000, 100, 11);
+    write_lines(&fx.input(), &docs);
+    let out = fx.run();
+    assert_success(&out);
+    assert!(loaded_count(&out) >= 400, "{}", loaded_count(&out));
+    assert_eq!(fx.table().0, reduce_expected(&docs));
+}
+
 fn stored_documents_replace_loads(fx: Fixture) {
     let docs = generate(5_000, 100, 11);
     for window in docs.chunks(1000) {
