@@ -352,7 +352,10 @@ pub trait Source: Send {
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError>;
     /// Re-reads exactly the step `step` describes and leaves the source after it.
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError>;
-    /// Reads the next step, within `limits`.
+    /// Reads the next step, within `limits`. A step that fills its limits says more input
+    /// is ready at once (a backlog), and the runtime then fills the transaction to its
+    /// bounds; a source returns less only when it has caught up, else transactions stay
+    /// small while it is behind.
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError>;
     /// Start or continue reading ahead.
     fn extend(&mut self) {}
