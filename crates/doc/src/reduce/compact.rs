@@ -154,12 +154,6 @@ impl Operand for Doc {
     }
 }
 
-impl AsRef<str> for Str {
-    fn as_ref(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl Cx<'_> {
     pub(crate) fn reduce_compact<R: Operand>(
         &self,
