@@ -4,21 +4,20 @@
 //!  Value::Object(BTreeMap)  ──From──▶  Doc::Object(Box<[Field { name, value }]>)  (sorted by name)
 //!  Value::Array(Vec)        ──From──▶  Doc::Array(Box<[Doc]>)
 //!  Value::Number(n)         ──From──▶  Doc::PosInt(u64) | Doc::NegInt(i64) | Doc::Float(f64)
-//!  Value::String(String)    ──From──▶  Doc::String(Str)   (≤ 22 bytes inline, else moved)
+//!  Value::String(String)    ──From──▶  Doc::String(Str)   (≤ 24 bytes inline, else moved)
 //! ```
 //!
 //! Why: a parsed `serde_json::Value` object is a `BTreeMap` whose every node is a ~640-byte
 //! block, even for two properties, and every name and string is its own allocation, so a
 //! 150-byte document costs ~1.8 KiB in 17 blocks. A `Doc` is 24 bytes and a [`Str`] keeps
-//! up to 22 bytes inline in those 24 (most names, ids, timestamps, enum-like values), so
+//! up to 24 bytes inline (a `compact_str::CompactString`; most names, ids, timestamps, enum-like values), so
 //! an object is one exact-size block of 48-byte fields and the same document takes ~450
 //! bytes in 2 blocks: fewer allocations to make and free, fewer cache lines and pages.
 //!
 //! Invariants:
 //! - An object's fields are sorted by name (byte order, as `serde_json::Map` iterates
 //!   them) and names are unique, so two objects merge by walking both in tandem.
-//! - A [`Str`] holds the bytes of a `str` (it is only ever built from one), inline exactly
-//!   when they fit, so equal strings have equal representations.
+//! - A [`Str`] holds the bytes of a `str` and compares by them, inline or not.
 //! - Numbers keep serde_json's own classes: `PosInt` for integers ≥ 0 that fit a `u64`,
 //!   `NegInt` for negative integers that fit an `i64`, `Float` (always finite) for the
 //!   rest, so `Value → Doc → Value` is the identity, numbers included.
@@ -29,64 +28,36 @@ use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
 use std::fmt;
 
-/// Bytes a [`Str`] keeps inline: what fits next to a length and a tag in 24 bytes.
-const INLINE: usize = 22;
+/// Bytes a [`Str`] keeps inline: all 24 bytes of it (compact_str's representation).
+const INLINE: usize = 24;
 
-/// A string of a compact document: inline up to 22 bytes, else one heap block. Ordered
-/// and compared by bytes, which is `str` order.
+/// A string of a compact document: inline up to 24 bytes, else one heap block. Ordered
+/// and compared by bytes, which is `str` order. Reading it as a `str` costs nothing,
+/// which matters: names and values are read on every lookup, validation and reduction.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Str(Repr);
-
-#[derive(Clone, PartialEq, Eq)]
-enum Repr {
-    Inline { len: u8, bytes: [u8; INLINE] },
-    Heap(Box<str>),
-}
+pub struct Str(compact_str::CompactString);
 
 impl Str {
     /// The compact form of `s`, inline when it fits.
     pub fn new(s: &str) -> Str {
-        Str::inline(s).unwrap_or_else(|| Str(Repr::Heap(s.into())))
+        Str(compact_str::CompactString::new(s))
     }
 
-    /// Like [`Str::new`], moving `s` to the heap form when it does not fit inline.
+    /// Like [`Str::new`], reusing the allocation of `s` when it does not fit inline.
     pub fn from_string(s: String) -> Str {
-        Str::inline(&s).unwrap_or_else(|| Str(Repr::Heap(s.into_boxed_str())))
-    }
-
-    fn inline(s: &str) -> Option<Str> {
-        let len = s.len();
-        (len <= INLINE).then(|| {
-            let mut bytes = [0; INLINE];
-            bytes[..len].copy_from_slice(s.as_bytes());
-            Str(Repr::Inline {
-                len: len as u8,
-                bytes,
-            })
-        })
+        Str(compact_str::CompactString::from(s))
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        match &self.0 {
-            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Repr::Heap(s) => s.as_bytes(),
-        }
+        self.0.as_bytes()
     }
 
     pub fn as_str(&self) -> &str {
-        match &self.0 {
-            // Copied whole from a `str` (see the module invariants), so it is UTF-8.
-            Repr::Inline { .. } => std::str::from_utf8(self.as_bytes())
-                .expect("an inline Str holds the bytes of a str"),
-            Repr::Heap(s) => s,
-        }
+        self.0.as_str()
     }
 
     pub fn into_string(self) -> String {
-        match self.0 {
-            Repr::Inline { .. } => self.as_str().to_owned(),
-            Repr::Heap(s) => s.into_string(),
-        }
+        self.0.into_string()
     }
 
     /// The string's order against `other` (byte order, the order of `str`).
@@ -94,9 +65,10 @@ impl Str {
         self.as_bytes().cmp(other.as_bytes())
     }
 
-    /// Bytes of the heap block a string of `len` bytes takes (0 when inline).
+    /// Bytes of the heap block a string of `len` bytes takes (0 when inline; compact_str
+    /// allocates at least 32).
     pub fn heap_len(len: usize) -> usize {
-        if len <= INLINE { 0 } else { len }
+        if len <= INLINE { 0 } else { len.max(32) }
     }
 }
 
@@ -244,30 +216,6 @@ impl Doc {
                         })
                         .sum::<usize>()
             }
-        }
-    }
-
-    /// Makes this document equal to `value`, as `*self = Doc::from(value)` does, but
-    /// reusing its blocks where the shapes agree (an object of as many properties, an
-    /// array of as many items): lastWriteWins of a same-shaped object then allocates and
-    /// frees nothing.
-    pub fn assign(&mut self, value: &Value) {
-        match (&mut *self, value) {
-            (Doc::Object(fields), Value::Object(map)) if fields.len() == map.len() => {
-                // `map` iterates sorted and unique, so the fields stay sorted.
-                for (field, (name, value)) in fields.iter_mut().zip(map) {
-                    if field.name.as_bytes() != name.as_bytes() {
-                        field.name = Str::new(name);
-                    }
-                    field.value.assign(value);
-                }
-            }
-            (Doc::Array(items), Value::Array(values)) if items.len() == values.len() => {
-                for (item, value) in items.iter_mut().zip(values) {
-                    item.assign(value);
-                }
-            }
-            (doc, value) => *doc = Doc::from(value),
         }
     }
 

@@ -13,7 +13,7 @@
 //! - [`reduce`]: the reduction strategies.
 //! - [`combine`]: the memory-bounded combiner.
 //! - [`compact`]: the compact document the combiner keeps per key.
-//! - [`parse`]: JSON text into a reused `Value`, allocation-free for same-shaped documents.
+//! - [`parse`]: JSON text straight into a compact [`compact::Doc`] ([`parse::DocParser`]).
 
 pub mod combine;
 pub mod compact;

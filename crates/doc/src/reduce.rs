@@ -25,9 +25,9 @@
 //!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays.
 //! - `append` concatenates arrays. `set` is described in [`set`].
 //!
-//! [`Reducer::reduce_compact`] is the combiner's path: the left side is a compact [`Doc`]
-//! and the right side a borrowed `Value`; `reduce/compact.rs` says which strategies it
-//! runs natively and how the others defer to [`Reducer::reduce`]'s definitions.
+//! [`Reducer::reduce_docs`] is the combiner's path: both sides are compact [`Doc`]s, the
+//! right one moved into the left; `reduce/compact.rs` says which strategies it runs
+//! natively and how the others defer to [`Reducer::reduce`]'s definitions.
 //!
 //! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
 //! relies on to reduce in any grouping; properties present on one side only are kept.
@@ -249,23 +249,8 @@ impl Reducer {
         cx.reduce(self.root, lhs, rhs, Loc::Root)
     }
 
-    /// [`Reducer::reduce`] into a compact left side, reading the right side in place: the
+    /// [`Reducer::reduce`] of compact documents, the right one moved into the left: the
     /// combiner's hot path (see [`compact`]). Same results and errors as `reduce`.
-    pub fn reduce_compact(
-        &self,
-        lhs: &mut Doc,
-        rhs: &Value,
-        full: bool,
-    ) -> Result<(), ReduceError> {
-        let cx = Cx {
-            nodes: &self.nodes,
-            full,
-        };
-        cx.reduce_compact(self.root, lhs, rhs, Loc::Root)
-    }
-
-    /// [`Reducer::reduce_compact`] of a compact right side, moved into the left: how
-    /// drained and loaded documents combine. Same results and errors as `reduce`.
     pub fn reduce_docs(&self, lhs: &mut Doc, rhs: Doc, full: bool) -> Result<(), ReduceError> {
         let cx = Cx {
             nodes: &self.nodes,

@@ -1,13 +1,14 @@
 //! Collection schemas: validation, reduction annotations and type inference.
 //!
 //! ```text
-//!  schema JSON ──compile──▶ Schema { validator (jsonschema), reducer (reduce::build), source }
-//!  document ──validate──▶ Ok | ValidationError { pointer, reason }
+//!  schema JSON ──compile──▶ Schema { validator (jsonschema over Doc), reducer (reduce::build), source }
+//!  document (Doc) ──validate_doc──▶ Ok | ValidationError { pointer, reason }
 //!  pointer ──inference──▶ Inference { types, must_exist, format }
 //! ```
 //!
-//! `validate` is on the hot path (every document read from a source): it runs the
-//! validator's boolean fast path and only walks errors for an invalid document.
+//! `validate_doc` is on the hot path (every document read from a source): it runs the
+//! validator's boolean fast path over the compact document itself ([`instance`]) and
+//! only walks errors for an invalid document. `validate` of a `Value` converts first.
 //!
 //! Inference walks the schema source along the pointer. Conjunctions (the schema's own
 //! keywords, a local `$ref`, `allOf`) intersect types and any of them requiring the
@@ -17,8 +18,12 @@
 //! array index, `prefixItems` (or array-form `items`), else `items`. Following `$ref`
 //! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
+mod instance;
+
+use crate::compact::Doc;
 use crate::reduce::build;
 use crate::{Pointer, Reducer};
+use instance::CompactJson;
 use jsonschema::error::ValidationErrorKind;
 use regex::Regex;
 use serde_json::{Map, Value};
@@ -55,7 +60,7 @@ pub struct Inference {
 /// A compiled collection schema: validator, reductions, inference.
 pub struct Schema {
     reducer: Reducer,
-    validator: jsonschema::Validator,
+    validator: jsonschema::Validator<CompactJson>,
     source: Value,
 }
 
@@ -69,14 +74,16 @@ impl std::fmt::Debug for Schema {
 
 impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
-        let validator = jsonschema::validator_for(schema).map_err(|err| {
-            let at = err.schema_path().as_str().to_string();
-            SchemaError::Invalid(if at.is_empty() {
-                err.to_string()
-            } else {
-                format!("{err} (at #{at})")
-            })
-        })?;
+        let validator = jsonschema::options_for::<CompactJson>()
+            .build(schema)
+            .map_err(|err| {
+                let at = err.schema_path().as_str().to_string();
+                SchemaError::Invalid(if at.is_empty() {
+                    err.to_string()
+                } else {
+                    format!("{err} (at #{at})")
+                })
+            })?;
         let reducer = build::build(schema)?;
         Ok(Schema {
             reducer,
@@ -85,7 +92,12 @@ impl Schema {
         })
     }
 
+    /// [`Schema::validate_doc`] of a `Value` (converted first: for cold paths).
     pub fn validate(&self, doc: &Value) -> Result<(), ValidationError> {
+        self.validate_doc(&Doc::from(doc))
+    }
+
+    pub fn validate_doc(&self, doc: &Doc) -> Result<(), ValidationError> {
         if self.validator.is_valid(doc) {
             return Ok(());
         }

@@ -5,7 +5,6 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions, Drained};
 use sluice_doc::compact::Doc;
-use sluice_doc::parse::parse_into;
 use sluice_doc::tuple::pack_key;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use std::collections::BTreeMap;
@@ -462,31 +461,6 @@ proptest! {
         prop_assert_eq!(combiner.stats().spilled_runs, docs.len());
         let drained: Vec<Value> = (drain_all(combiner).into_iter()).map(|d| Value::from(d.doc)).collect();
         prop_assert_eq!(drained, docs);
-    }
-
-    /// Whatever the reused value held (another document, of another shape, or with more
-    /// properties than are reused), parsing into it gives what a fresh parse gives.
-    #[test]
-    fn parsing_into_a_reused_value_equals_a_fresh_parse(before in wide_json(), after in wide_json()) {
-        let mut reused = before;
-        parse_into(after.to_string().as_bytes(), &mut reused).unwrap();
-        prop_assert_eq!(&reused, &after);
-        parse_into(after.to_string().as_bytes(), &mut reused).unwrap();
-        prop_assert_eq!(reused, after);
-    }
-
-    #[test]
-    fn parsing_text_with_repeated_properties_keeps_the_last_like_serde_json(
-        before in wide_json(),
-        names in prop::collection::vec("[ab]", 0..6),
-    ) {
-        let text = format!(
-            "{{{}}}",
-            names.iter().enumerate().map(|(i, n)| format!("\"{n}\": {i}")).collect::<Vec<_>>().join(",")
-        );
-        let mut reused = before;
-        parse_into(text.as_bytes(), &mut reused).unwrap();
-        prop_assert_eq!(reused, serde_json::from_str::<Value>(&text).unwrap());
     }
 }
 

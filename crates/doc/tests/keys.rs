@@ -337,30 +337,6 @@ proptest! {
     }
 }
 
-proptest! {
-    /// Assigning a value to a compact document in place gives exactly its compact form,
-    /// whatever the document held (same shapes reuse blocks, others are rebuilt).
-    #[test]
-    fn assigning_in_place_equals_converting(old in any_json(), new in any_json()) {
-        let mut doc = Doc::from(&old);
-        doc.assign(&new);
-        prop_assert_eq!(doc, Doc::from(&new));
-    }
-
-    /// The same for documents of one shape, the case that reuses every block.
-    #[test]
-    fn assigning_a_same_shaped_object_equals_converting(
-        a in prop::collection::btree_map("[a-c]{1,2}", any_json(), 0..5),
-        b in prop::collection::vec(any_json(), 5),
-    ) {
-        let old = Value::Object(a.clone().into_iter().collect());
-        let new = Value::Object(a.keys().cloned().zip(b).collect());
-        let mut doc = Doc::from(&old);
-        doc.assign(&new);
-        prop_assert_eq!(doc, Doc::from(&new));
-    }
-}
-
 #[test]
 fn a_repeated_property_keeps_its_last_value_in_the_compact_form_as_in_a_value() {
     let text = r#"{"b":1,"a":2,"b":{"c":3}}"#;

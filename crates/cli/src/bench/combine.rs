@@ -7,11 +7,11 @@
 //! ```
 //!
 //! (b) is by default the combiner's path for JSON text (`--input text`): each line is
-//! parsed into a `Value` the combiner reuses (allocation-free for same-shaped lines),
-//! validated with the collection schema, keyed, and reduced into the key's compact
-//! document; the drain yields those compact documents. `--input value` parses each line into a fresh
-//! `Value` and hands it to `combine_right` instead, as a caller holding parsed documents
-//! does.
+//! parsed straight into a compact `Doc`, validated in that form against the collection
+//! schema, keyed, and reduced into the key's compact document (a new key keeps it as
+//! parsed); the drain yields those compact documents. `--input value` parses each line
+//! into a fresh `Value` and hands it to `combine_right` instead, as a caller holding
+//! parsed documents does.
 //!
 //! The generator is deterministic: document `i` belongs to key `(i mod K) · P mod K` (P a
 //! prime not dividing K, so every key appears once per K documents, in scattered order)
@@ -68,7 +68,7 @@ pub struct CombineArgs {
 /// The entry point pass (b) measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Input {
-    /// `combine_right_json`: the combiner parses the line into a reused `Value`.
+    /// `combine_right_json`: the combiner parses the line straight into a compact `Doc`.
     Text,
     /// `serde_json::from_slice` into a fresh `Value`, then `combine_right` (what a caller
     /// holding parsed documents does).

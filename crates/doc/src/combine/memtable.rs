@@ -7,9 +7,8 @@
 //! ```
 //!
 //! Documents are kept as [`Doc`]s (about a third of a `Value`'s memory, see
-//! [`crate::compact`]): a key's first document is converted (its strings moved when it is
-//! owned), later ones are reduced into it in place with [`Reducer::reduce_compact`] without
-//! being converted. The drain yields the `Doc`s themselves.
+//! [`crate::compact`]): a key's first document is kept as it came, later ones are reduced
+//! into it in place with [`Reducer::reduce_docs`]. The drain yields the `Doc`s themselves.
 //!
 //! Lookups hash the caller's borrowed key bytes, so an existing key costs no allocation;
 //! a new key appends to the `keys` arena and to the index. Entries live in the hash table
@@ -28,10 +27,9 @@
 //! with `append`) on every reduction.
 
 use super::{CombineError, Record, describe_key};
-use crate::compact::{Doc, Field, alloc_size, str_size};
+use crate::compact::Doc;
 use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
-use serde_json::Value;
 use std::hash::BuildHasher;
 use std::mem::size_of;
 
@@ -54,43 +52,6 @@ enum Docs {
     Right(Doc),
     Left(Box<Doc>),
     Both { left: Box<Doc>, right: Doc },
-}
-
-/// A document arriving at the table: owned (its strings can be moved into the table),
-/// borrowed (e.g. a parse buffer reused for the next document), or already compact (a
-/// drained or loaded document).
-pub(super) enum Incoming<'a> {
-    Owned(Value),
-    Borrowed(&'a Value),
-    Compact(Doc),
-}
-
-impl Incoming<'_> {
-    fn into_doc(self) -> Doc {
-        match self {
-            Incoming::Owned(value) => Doc::from(value),
-            Incoming::Borrowed(value) => Doc::from(value),
-            Incoming::Compact(doc) => doc,
-        }
-    }
-
-    /// Estimated heap of the document once in the table (see [`Doc::heap_size`]).
-    fn heap_size(&self) -> usize {
-        match self {
-            Incoming::Owned(value) => value_heap_size(value),
-            Incoming::Borrowed(value) => value_heap_size(value),
-            Incoming::Compact(doc) => doc.heap_size(),
-        }
-    }
-
-    /// Reduces the document into `lhs`.
-    fn reduce_into(self, lhs: &mut Doc, reducer: &Reducer) -> Result<(), ReduceError> {
-        match self {
-            Incoming::Owned(value) => reducer.reduce_compact(lhs, &value, false),
-            Incoming::Borrowed(value) => reducer.reduce_compact(lhs, value, false),
-            Incoming::Compact(doc) => reducer.reduce_docs(lhs, doc, false),
-        }
-    }
 }
 
 /// One key of the table: 64 bytes, one cache line, so a lookup touches one line of
@@ -225,14 +186,14 @@ impl MemTable {
         &mut self,
         key: &[u8],
         side: Side,
-        doc: Incoming<'_>,
+        doc: Doc,
         reducer: &Reducer,
     ) -> Result<(), InsertError> {
         let hash = self.hasher.hash_one(key);
         let head = KeyHead::of(key);
         let keys = &self.keys;
         let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, head)) else {
-            let doc = doc.into_doc();
+            let doc = doc;
             let heap = Doc::heap_size(&doc);
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
@@ -321,12 +282,7 @@ impl MemTable {
 }
 
 /// Adds `doc` to an existing entry's documents, updating its estimate.
-fn update(
-    entry: &mut Entry,
-    side: Side,
-    doc: Incoming<'_>,
-    reducer: &Reducer,
-) -> Result<(), InsertError> {
+fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<(), InsertError> {
     let before = entry.heap();
     let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
     let (docs, result) = match (docs, side) {
@@ -334,15 +290,13 @@ fn update(
             (docs, Err(InsertError::DuplicateLoad))
         }
         (Docs::Right(right), Side::Left) => {
-            let left = doc.into_doc();
-            entry.set_heap(before + left.heap_size());
-            let left = Box::new(left);
+            entry.set_heap(before + doc.heap_size());
+            let left = Box::new(doc);
             (Docs::Both { left, right }, Ok(()))
         }
         (Docs::Left(left), Side::Right) => {
-            let right = doc.into_doc();
-            entry.set_heap(before + right.heap_size());
-            (Docs::Both { left, right }, Ok(()))
+            entry.set_heap(before + doc.heap_size());
+            (Docs::Both { left, right: doc }, Ok(()))
         }
         (Docs::Right(mut right), Side::Right) => {
             let reduced = reduce_right(None, &mut right, doc, reducer, before);
@@ -368,13 +322,14 @@ const PREFIX_LEN: usize = size_of::<[u64; 2]>();
 fn reduce_right(
     left: Option<&Doc>,
     right: &mut Doc,
-    doc: Incoming<'_>,
+    doc: Doc,
     reducer: &Reducer,
     before: usize,
 ) -> Result<usize, InsertError> {
     // Measured before reducing: a large entry grows by at most the incoming document.
     let added = (before > EXACT_ESTIMATE_LIMIT).then(|| doc.heap_size());
-    doc.reduce_into(right, reducer)
+    reducer
+        .reduce_docs(right, doc, false)
         .map_err(InsertError::Reduce)?;
     Ok(match added {
         Some(added) => before + added,
@@ -422,24 +377,5 @@ impl SortedTable {
                 }
             }
         })
-    }
-}
-
-/// What `value` will take once converted to a [`Doc`] (see [`Doc::heap_size`]).
-fn value_heap_size(value: &Value) -> usize {
-    match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-        Value::String(s) => str_size(s.len()),
-        Value::Array(items) => {
-            alloc_size(items.len() * size_of::<Doc>())
-                + items.iter().map(value_heap_size).sum::<usize>()
-        }
-        Value::Object(map) => {
-            alloc_size(map.len() * size_of::<Field>())
-                + map
-                    .iter()
-                    .map(|(name, value)| str_size(name.len()) + value_heap_size(value))
-                    .sum::<usize>()
-        }
     }
 }

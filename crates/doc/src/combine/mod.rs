@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  combine_right_json ─parse─┐
-//!  combine_right ────────────┴validate─▶ pack key ─┐
+//!  combine_right ─compact────┼
+//!  combine_right_doc ────────┴validate─▶ pack key ─┐
 //!  combine_right_keyed ────────────────────────────┼─▶ MemTable ──over budget──▶ sort ─▶ spill run ─┐
 //!  reduce_left (loaded doc) ───────────────────────┘     │              (one temp file) │
 //!                                                        └──── drain: k-way merge ◀─────┘
@@ -44,10 +45,11 @@ mod spill;
 pub use drain::Drainer;
 
 use crate::compact::Doc;
+use crate::parse::DocParser;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
 use crate::tuple::{self, KeyError, KeyExtractor};
-use memtable::{Incoming, MemTable, Side};
+use memtable::{MemTable, Side};
 use serde_json::Value;
 use spill::SpillFile;
 use std::path::PathBuf;
@@ -180,8 +182,8 @@ pub struct Combiner {
     spill: Option<SpillFile>,
     /// Reused for every table key: binding (4 bytes, big-endian) then the packed key.
     scratch: Vec<u8>,
-    /// Reused by [`Combiner::combine_right_json`] for every document it parses.
-    parsed: Value,
+    /// Parses [`Combiner::combine_right_json`]'s text, keeping its buffers.
+    parser: DocParser,
     poisoned: Option<String>,
 }
 
@@ -193,46 +195,48 @@ impl Combiner {
             table: MemTable::default(),
             spill: None,
             scratch: Vec::with_capacity(64),
-            parsed: Value::Null,
+            parser: DocParser::default(),
             poisoned: None,
         }
     }
 
     /// A new document: validates it against the binding's schema, extracts its packed key
-    /// and reduces it into that key's documents (arrival order).
+    /// and reduces it into that key's documents (arrival order). The `Value` is made
+    /// compact first (its strings move), then takes [`Combiner::combine_right_doc`]'s path.
     pub fn combine_right(&mut self, binding: u32, doc: Value) -> Result<(), CombineError> {
-        self.check_poisoned()?;
-        self.validate_and_key(binding, &doc)?;
-        self.insert(binding, Side::Right, Incoming::Owned(doc))
+        self.combine_right_doc(binding, Doc::from(doc))
     }
 
     /// [`Combiner::combine_right`] of a document given as JSON text (e.g. one line of a
-    /// source). The text is parsed into a `Value` the combiner reuses for every document
-    /// ([`crate::parse::parse_into`]), so same-shaped documents parse without allocating,
-    /// and is reduced from there into the table without being taken apart.
+    /// source), parsed straight into its compact form ([`DocParser`]): no `Value` is
+    /// built, and a document of a new key is kept as parsed.
     pub fn combine_right_json(&mut self, binding: u32, json: &[u8]) -> Result<(), CombineError> {
         self.check_poisoned()?;
         let spec = spec(&self.bindings, binding)?;
-        let mut parsed = std::mem::take(&mut self.parsed);
-        let result = match crate::parse::parse_into(json, &mut parsed) {
-            Ok(()) => self
-                .validate_and_key(binding, &parsed)
-                .and_then(|()| self.insert(binding, Side::Right, Incoming::Borrowed(&parsed))),
-            Err(source) => Err(CombineError::Parse {
+        let doc = self
+            .parser
+            .parse(json)
+            .map_err(|source| CombineError::Parse {
                 collection: spec.name.clone(),
                 source,
-            }),
-        };
-        self.parsed = parsed;
-        result
+            })?;
+        self.combine_right_doc(binding, doc)
+    }
+
+    /// [`Combiner::combine_right`] of a compact document: the one path every new
+    /// document takes.
+    pub fn combine_right_doc(&mut self, binding: u32, doc: Doc) -> Result<(), CombineError> {
+        self.check_poisoned()?;
+        self.validate_and_key(binding, &doc)?;
+        self.insert(binding, Side::Right, doc)
     }
 
     /// Validates `doc` against its binding's schema and packs its table key into `scratch`.
-    fn validate_and_key(&mut self, binding: u32, doc: &Value) -> Result<(), CombineError> {
+    fn validate_and_key(&mut self, binding: u32, doc: &Doc) -> Result<(), CombineError> {
         let spec = spec(&self.bindings, binding)?;
-        if let Err(source) = spec.schema.validate(doc) {
+        if let Err(source) = spec.schema.validate_doc(doc) {
             let mut packed = Vec::new();
-            let key = match spec.key.pack(doc, &mut packed) {
+            let key = match spec.key.pack_doc(doc, &mut packed) {
                 Ok(()) => describe_key(&packed),
                 Err(_) => "(none)".to_string(),
             };
@@ -245,7 +249,7 @@ impl Combiner {
         self.scratch.clear();
         self.scratch.extend_from_slice(&binding.to_be_bytes());
         spec.key
-            .pack(doc, &mut self.scratch)
+            .pack_doc(doc, &mut self.scratch)
             .map_err(|source| CombineError::Key {
                 collection: spec.name.clone(),
                 source,
@@ -263,7 +267,7 @@ impl Combiner {
     ) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Right, Incoming::Compact(doc))
+        self.insert(binding, Side::Right, doc)
     }
 
     /// A full document loaded from the store: it goes to the left of everything combined
@@ -272,7 +276,7 @@ impl Combiner {
     pub fn reduce_left(&mut self, binding: u32, key: &[u8], doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Left, Incoming::Compact(doc))
+        self.insert(binding, Side::Left, doc)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -313,7 +317,7 @@ impl Combiner {
     }
 
     /// Reduces `doc` into the table under the key in `scratch`, then spills if over budget.
-    fn insert(&mut self, binding: u32, side: Side, doc: Incoming<'_>) -> Result<(), CombineError> {
+    fn insert(&mut self, binding: u32, side: Side, doc: Doc) -> Result<(), CombineError> {
         let spec = &self.bindings[binding as usize];
         let reducer = spec.schema.reducer();
         if let Err(err) = self.table.insert(&self.scratch, side, doc, reducer) {

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! Documents reach the combiner as the JSON text their source has, whenever it has text:
-//! the combiner parses it into one reused `Value` (no allocation for same-shaped
-//! documents), which is most of the reading's cost saved. A record feeding several
+//! the combiner parses it straight into its compact `Doc` (no `Value` is built), which
+//! is most of the reading's cost saved. A record feeding several
 //! bindings is combined once per binding (its text parsed each time).
 //!
 //! A batch closes at a bound (documents, bytes, `max_duration`), when every source is
