@@ -250,8 +250,9 @@ impl Reducer {
     }
 
     /// [`Reducer::reduce`] of compact documents, the right one moved into the left: the
-    /// combiner's hot path (see [`compact`]). Same results and errors as `reduce`.
-    pub fn reduce_docs(&self, lhs: &mut Doc, rhs: Doc, full: bool) -> Result<(), ReduceError> {
+    /// combiner's hot path (see [`compact`]). Same results and errors as `reduce`. Returns
+    /// how many bytes `lhs`'s [`Doc::heap_size`] grew by (negative: shrank).
+    pub fn reduce_docs(&self, lhs: &mut Doc, rhs: Doc, full: bool) -> Result<isize, ReduceError> {
         let cx = Cx {
             nodes: &self.nodes,
             full,

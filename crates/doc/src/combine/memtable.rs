@@ -20,11 +20,9 @@
 //! The memory estimate is [`MemTable::memory_bytes`]: the index and key arena by capacity
 //! (capacity, not length, because a cleared table keeps its allocations for the next
 //! fill) plus the sum of every entry's [`Doc::heap_size`] estimate. An entry's estimate is
-//! recomputed exactly after each reduction while it is small (≤ [`EXACT_ESTIMATE_LIMIT`],
-//! which bounds the walk), and beyond that grows by the estimate of each reduced-in
-//! document: no reduction yields more than its two operands, so this over-estimates,
-//! which only spills earlier, and avoids re-walking a large growing document (e.g. one
-//! with `append`) on every reduction.
+//! measured when its first document arrives and then kept exact by the change each
+//! reduction reports ([`Reducer::reduce_docs`]), so a growing document (e.g. one with
+//! `append`) is never walked again.
 
 use super::{CombineError, Record, describe_key};
 use crate::compact::Doc;
@@ -32,10 +30,6 @@ use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 use std::mem::size_of;
-
-/// Documents up to 16 KiB (of estimated heap) are re-measured after every reduction: a walk
-/// of at most a few hundred nodes, small next to the parse that produced the document.
-const EXACT_ESTIMATE_LIMIT: usize = 16 << 10;
 
 /// Which side of a key's reduction a document joins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,59 +277,40 @@ impl MemTable {
 
 /// Adds `doc` to an existing entry's documents, updating its estimate.
 fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<(), InsertError> {
-    let before = entry.heap();
     let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
-    let (docs, result) = match (docs, side) {
+    let (docs, grown) = match (docs, side) {
         (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
             (docs, Err(InsertError::DuplicateLoad))
         }
         (Docs::Right(right), Side::Left) => {
-            entry.set_heap(before + doc.heap_size());
+            let grown = Ok(doc.heap_size() as isize);
             let left = Box::new(doc);
-            (Docs::Both { left, right }, Ok(()))
+            (Docs::Both { left, right }, grown)
         }
         (Docs::Left(left), Side::Right) => {
-            entry.set_heap(before + doc.heap_size());
-            (Docs::Both { left, right: doc }, Ok(()))
+            let grown = Ok(doc.heap_size() as isize);
+            (Docs::Both { left, right: doc }, grown)
         }
         (Docs::Right(mut right), Side::Right) => {
-            let reduced = reduce_right(None, &mut right, doc, reducer, before);
-            (Docs::Right(right), reduced.map(|heap| entry.set_heap(heap)))
+            let grown = reducer.reduce_docs(&mut right, doc, false);
+            (Docs::Right(right), grown.map_err(InsertError::Reduce))
         }
         (Docs::Both { left, mut right }, Side::Right) => {
-            let reduced = reduce_right(Some(&left), &mut right, doc, reducer, before);
+            let grown = reducer.reduce_docs(&mut right, doc, false);
             (
                 Docs::Both { left, right },
-                reduced.map(|heap| entry.set_heap(heap)),
+                grown.map_err(InsertError::Reduce),
             )
         }
     };
     entry.docs = docs;
-    result
+    let grown = grown?;
+    entry.set_heap(entry.heap().saturating_add_signed(grown));
+    Ok(())
 }
 
 /// Bytes of the packed key an entry keeps inline ([`Entry::prefix`]).
 const PREFIX_LEN: usize = size_of::<[u64; 2]>();
-
-/// Reduces `doc` into `right` and returns the new heap estimate of the entry, whose
-/// estimate was `before` and which may also hold `left` (see module docs).
-fn reduce_right(
-    left: Option<&Doc>,
-    right: &mut Doc,
-    doc: Doc,
-    reducer: &Reducer,
-    before: usize,
-) -> Result<usize, InsertError> {
-    // Measured before reducing: a large entry grows by at most the incoming document.
-    let added = (before > EXACT_ESTIMATE_LIMIT).then(|| doc.heap_size());
-    reducer
-        .reduce_docs(right, doc, false)
-        .map_err(InsertError::Reduce)?;
-    Ok(match added {
-        Some(added) => before + added,
-        None => left.map_or(0, Doc::heap_size) + right.heap_size(),
-    })
-}
 
 /// The drained table: records in table-key order, taken out of the entries one by one.
 pub(super) struct SortedTable {

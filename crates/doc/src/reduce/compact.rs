@@ -14,9 +14,13 @@
 //! both sides to `Value`s, run [`Cx::reduce`] (the reference implementation of every
 //! strategy) and convert back, so there is one definition of what each strategy means.
 //! Property tests check that this module agrees with `Reducer::reduce` on every strategy.
+//!
+//! Each reduction returns how much the left side's heap estimate ([`Doc::heap_size`])
+//! changed, computed from what it replaced, appended or regrew, so the combiner keeps an
+//! exact estimate per key without walking the document again after every reduction.
 
 use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error};
-use crate::compact::{Doc, Field};
+use crate::compact::{Doc, Field, alloc_size, str_size};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
 
@@ -53,26 +57,27 @@ impl Scalar<'_> {
 }
 
 impl Cx<'_> {
+    /// Reduces `rhs` into `lhs` and returns the change of `lhs`'s heap estimate.
     pub(crate) fn reduce_compact(
         &self,
         n: usize,
         lhs: &mut Doc,
         rhs: Doc,
         loc: Loc<'_>,
-    ) -> Result<(), ReduceError> {
+    ) -> Result<isize, ReduceError> {
         let node = &self.nodes[n];
-        match &node.strategy {
-            Strategy::LastWriteWins => *lhs = rhs,
-            Strategy::FirstWriteWins => {}
-            Strategy::Sum => sum(lhs, rhs, loc)?,
+        Ok(match &node.strategy {
+            Strategy::LastWriteWins => replace(lhs, rhs),
+            Strategy::FirstWriteWins => 0,
+            Strategy::Sum => sum(lhs, rhs, loc).map(|()| 0)?,
             Strategy::Minimize { key } | Strategy::Maximize { key } if key.is_empty() => {
                 let keep = match node.strategy {
                     Strategy::Minimize { .. } => Ordering::Less,
                     _ => Ordering::Greater,
                 };
                 match compare_scalars(&Scalar::of_doc(lhs), &Scalar::of_doc(&rhs)) {
-                    Some(ord) if ord == keep => {}
-                    Some(_) => *lhs = rhs,
+                    Some(ord) if ord == keep => 0,
+                    Some(_) => replace(lhs, rhs),
                     None => self.via_value(n, lhs, rhs, loc)?,
                 }
             }
@@ -82,8 +87,7 @@ impl Cx<'_> {
                 (lhs, rhs) => return Err(merge_error(lhs, &rhs, loc)),
             },
             _ => self.via_value(n, lhs, rhs, loc)?,
-        }
-        Ok(())
+        })
     }
 
     /// The reference implementation, over a `Value` copy of both sides.
@@ -93,11 +97,12 @@ impl Cx<'_> {
         lhs: &mut Doc,
         rhs: Doc,
         loc: Loc<'_>,
-    ) -> Result<(), ReduceError> {
+    ) -> Result<isize, ReduceError> {
+        let before = lhs.heap_size();
         let mut value = Value::from(std::mem::take(lhs));
         let result = self.reduce(n, &mut value, Value::from(rhs), loc);
         *lhs = Doc::from(value);
-        result
+        result.map(|()| lhs.heap_size() as isize - before as isize)
     }
 
     /// Union of two objects' properties, shared ones reduced with their own strategy. Both
@@ -108,10 +113,10 @@ impl Cx<'_> {
         l: &mut Box<[Field]>,
         r: Box<[Field]>,
         loc: Loc<'_>,
-    ) -> Result<(), ReduceError> {
+    ) -> Result<isize, ReduceError> {
         let node = &self.nodes[n];
         let mut added = Vec::new();
-        let (mut i, mut cursor) = (0, 0);
+        let (mut i, mut cursor, mut delta) = (0, 0, 0);
         for Field { name, value: rv } in r {
             let found = loop {
                 match l
@@ -125,19 +130,22 @@ impl Cx<'_> {
             if found {
                 let name = name.as_str();
                 let child = node.next_property(&mut cursor, name);
-                self.reduce_compact(child, &mut l[i].value, rv, Loc::Prop(&loc, name))?;
+                delta += self.reduce_compact(child, &mut l[i].value, rv, Loc::Prop(&loc, name))?;
                 i += 1;
             } else {
+                delta += (str_size(name.as_bytes().len()) + rv.heap_size()) as isize;
                 added.push(Field { name, value: rv });
             }
         }
         if !added.is_empty() {
             let mut fields = std::mem::take(l).into_vec();
+            delta -= alloc_size(fields.len() * size_of::<Field>()) as isize;
             fields.append(&mut added);
             fields.sort_unstable_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+            delta += alloc_size(fields.len() * size_of::<Field>()) as isize;
             *l = fields.into_boxed_slice();
         }
-        Ok(())
+        Ok(delta)
     }
 
     /// Arrays index by index; items beyond the left's end are appended.
@@ -147,21 +155,34 @@ impl Cx<'_> {
         l: &mut Box<[Doc]>,
         r: Box<[Doc]>,
         loc: Loc<'_>,
-    ) -> Result<(), ReduceError> {
+    ) -> Result<isize, ReduceError> {
         let node = &self.nodes[n];
         let r_len = r.len();
         let mut r = r.into_iter();
+        let mut delta = 0;
         for (i, lv) in l.iter_mut().enumerate() {
             let Some(rv) = r.next() else { break };
-            self.reduce_compact(node.item(i), lv, rv, Loc::Item(&loc, i))?;
+            delta += self.reduce_compact(node.item(i), lv, rv, Loc::Item(&loc, i))?;
         }
         if r_len > l.len() {
             let mut items = std::mem::take(l).into_vec();
-            items.extend(r);
+            delta -= alloc_size(items.len() * size_of::<Doc>()) as isize;
+            for item in r {
+                delta += item.heap_size() as isize;
+                items.push(item);
+            }
+            delta += alloc_size(items.len() * size_of::<Doc>()) as isize;
             *l = items.into_boxed_slice();
         }
-        Ok(())
+        Ok(delta)
     }
+}
+
+/// `*lhs = rhs`, returning the change of the heap estimate.
+fn replace(lhs: &mut Doc, rhs: Doc) -> isize {
+    let delta = rhs.heap_size() as isize - lhs.heap_size() as isize;
+    *lhs = rhs;
+    delta
 }
 
 fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
