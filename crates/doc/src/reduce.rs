@@ -167,6 +167,9 @@ impl Node {
     /// the sorted `properties` forward instead of searching them for every name.
     fn next_property(&self, cursor: &mut usize, name: &str) -> usize {
         while let Some((listed, child)) = self.properties.get(*cursor) {
+            if listed == name {
+                return *child;
+            }
             match listed.as_str().cmp(name) {
                 Ordering::Less => *cursor += 1,
                 Ordering::Equal => return *child,

@@ -118,15 +118,17 @@ impl Cx<'_> {
         let mut added = Vec::new();
         let (mut i, mut cursor, mut delta) = (0, 0, 0);
         for Field { name, value: rv } in r {
-            let found = loop {
-                match l
-                    .get(i)
-                    .map(|field| field.name.as_bytes().cmp(name.as_bytes()))
-                {
-                    Some(Ordering::Less) => i += 1,
-                    found => break found == Some(Ordering::Equal),
-                }
-            };
+            // Same-shaped objects pair up at once: equality is the cheaper test.
+            let found = l.get(i).is_some_and(|field| field.name == name)
+                || loop {
+                    match l
+                        .get(i)
+                        .map(|field| field.name.as_bytes().cmp(name.as_bytes()))
+                    {
+                        Some(Ordering::Less) => i += 1,
+                        found => break found == Some(Ordering::Equal),
+                    }
+                };
             if found {
                 let name = name.as_str();
                 let child = node.next_property(&mut cursor, name);
