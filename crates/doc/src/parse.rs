@@ -11,19 +11,25 @@
 //! 160-byte flat object costs ~9,700 instructions (callgrind, glibc malloc): generic
 //! machinery (a UTF-8 check per string, a map visitor, a `Vec` grown per object, a sort
 //! comparing whole names) that a parser knowing its output can skip. The fast path takes
-//! ~4,550 for the same line. It checks UTF-8 once for the whole text; finds string ends
+//! ~4,600 for the combine bench's line in the release binary (mimalloc; ~5,300 before
+//! names were cached up to 16 bytes and sorting moved keys instead of fields), ~380 of
+//! them the two allocations. It checks UTF-8 once for the whole text; finds string ends
 //! eight bytes at a time; builds [`Str`]s straight from the text when they have no escape;
-//! takes short names (most are) from a table of the names met before, as the documents of
-//! one collection repeat them; keeps an object's fields on one reused stack until its `}`,
-//! then makes them one exact block; and sorts only objects whose names are out of order,
-//! comparing names by their first 8 bytes as one number.
+//! takes names of up to 16 bytes (most are) from a table of the names met before, as the
+//! documents of one collection repeat them; keeps an object's fields on one reused stack
+//! until its `}`, then moves them once into one exact block, in name order; and orders
+//! only objects whose names are out of order, by sorting their names' first 8 bytes (as
+//! numbers) with their positions, or by taking the order of the last such object when
+//! the names are the same ones in the same order.
 //!
 //! Exactness: the fast path declines (`None`) whatever it is not sure to read as
 //! serde_json does: any syntax error, text that is not UTF-8, control characters or lone
-//! surrogates in strings, nesting deeper than `MAX_DEPTH` (64). A number that is not a
-//! plain integer of a `u64` or `i64` (a float, `-0`, a huge integer) it hands to serde_json
-//! as its own text, so it rounds as serde_json rounds it (whatever serde_json's features).
-//! So `DocParser::parse` returns exactly what `serde_json::from_slice::<Doc>` returns: the
+//! surrogates in strings, nesting deeper than `MAX_DEPTH` (64). It reads integers of a
+//! `u64` or `i64` and decimals whose digits make at most 2^53 with a power of ten up to
+//! 10^±22, which one exact multiplication or division rounds correctly, as serde_json
+//! does. Any other number (`-0`, a huge integer, a longer or farther float) it hands to
+//! serde_json as its own text, so it rounds as serde_json rounds it. So
+//! `DocParser::parse` returns exactly what `serde_json::from_slice::<Doc>` returns: the
 //! same document, or the same error (message, line, column), whatever the text.
 
 use crate::compact::{Doc, Field, Str};
@@ -33,32 +39,63 @@ use crate::compact::{Doc, Field, Str};
 /// path's recursion stays a few KiB of stack.
 const MAX_DEPTH: usize = 64;
 
-/// Slots of [`DocParser::short_name`]'s table: more than the names of most collections, and
-/// a power of two (a slot is the top bits of a hash).
+/// Slots of [`DocParser::name`]'s table: more than the names of most collections, and a
+/// power of two (a slot is the top bits of a hash).
 const NAME_SLOTS: usize = 64;
+
+/// The longest name [`DocParser::name`] keeps in its table: its first and last 8 bytes then
+/// hold all of it, and it is inline in its [`Str`], so a name found there is copied, never
+/// allocated.
+const CACHED_NAME_LEN: usize = 16;
 
 /// Parses JSON text into a [`Doc`], exactly as `serde_json::from_slice::<Doc>` does but
 /// faster for the common case (see the module docs). Keep one and reuse it: it holds the
 /// stacks of the objects and arrays being read and the buffer strings with escapes are
 /// decoded into, which then allocate only while they grow, and the names met before.
 pub struct DocParser {
-    /// The fields of the objects being read, innermost object's last, each with the
-    /// [`order_key`] of its name.
-    fields: Vec<(u64, Field)>,
-    /// Short names met before, by their bytes (see [`DocParser::short_name`]).
-    names: [(u64, Str); NAME_SLOTS],
+    /// The fields of the objects being read, innermost object's last; a field is taken
+    /// (`None`) when its object's block is built in name order.
+    fields: Vec<Option<Field>>,
+    /// For each of `fields`, the [`order_key`] of its name and its position there: what an
+    /// object out of order sorts instead of its 48-byte fields.
+    keys: Vec<(u64, usize)>,
+    /// The keys, in text order, of the last object out of order sorted whose names all
+    /// differ in their first 8 bytes, and the positions of its fields in name order: the
+    /// order of every object with the same keys (see [`DocParser::take_fields`]).
+    shape: Vec<u64>,
+    shape_order: Vec<usize>,
+    /// Names met before (see [`DocParser::name`]).
+    names: [KnownName; NAME_SLOTS],
     /// The items of the arrays being read, innermost array's last.
     items: Vec<Doc>,
     /// The string with escapes being decoded.
     unescaped: String,
 }
 
+/// A slot of [`DocParser::name`]'s table.
+struct KnownName {
+    /// The name's [`order_key`]: its first 8 bytes.
+    key: u64,
+    /// Its last 8 bytes if it is longer than 8, else 0.
+    tail: u64,
+    len: usize,
+    name: Str,
+}
+
 impl Default for DocParser {
     fn default() -> DocParser {
         DocParser {
             fields: Vec::new(),
-            // Bytes 0 are the empty name's: a slot not yet used holds a true entry.
-            names: std::array::from_fn(|_| (0, Str::new(""))),
+            keys: Vec::new(),
+            shape: Vec::new(),
+            shape_order: Vec::new(),
+            // A slot not yet used holds the empty name, truly.
+            names: std::array::from_fn(|_| KnownName {
+                key: 0,
+                tail: 0,
+                len: 0,
+                name: Str::new(""),
+            }),
             items: Vec::new(),
             unescaped: String::new(),
         }
@@ -84,6 +121,7 @@ impl DocParser {
         let doc = self.value(&mut reader, 0);
         // A declined document leaves its open containers' parts behind.
         self.fields.clear();
+        self.keys.clear();
         self.items.clear();
         reader.skip_whitespace();
         doc.filter(|_| reader.at == text.len())
@@ -119,20 +157,15 @@ impl DocParser {
             if !r.eat(b'"') {
                 return None;
             }
-            let (key, name) = match self.short_name(r) {
-                Some(known) => known,
-                None => {
-                    let name = self.string(r)?;
-                    (order_key(name.as_bytes()), name)
-                }
-            };
+            let (key, name) = self.name(r)?;
             r.skip_whitespace();
             if !r.eat(b':') {
                 return None;
             }
             r.skip_whitespace();
             let value = self.value(r, depth)?;
-            self.fields.push((key, Field { name, value }));
+            self.keys.push((key, self.fields.len()));
+            self.fields.push(Some(Field { name, value }));
             r.skip_whitespace();
             match r.next()? {
                 b',' => r.skip_whitespace(),
@@ -143,26 +176,62 @@ impl DocParser {
     }
 
     /// The fields pushed since `start`, sorted by name with only the last of each name
-    /// kept (as serde_json's map keeps it).
+    /// kept (as serde_json's map keeps it), in one exact block.
     fn take_fields(&mut self, start: usize) -> Box<[Field]> {
+        let keys = &mut self.keys[start..];
+        if keys.windows(2).all(|pair| pair[0].0 < pair[1].0) {
+            self.keys.truncate(start);
+            return (self.fields.drain(start..))
+                .map(|field| field.expect("fields are taken only here"))
+                .collect();
+        }
+        // The documents of one collection mostly repeat their objects' names in the same
+        // order: an object of the last shape sorted takes its order, with no sorting.
+        if !(keys.iter().map(|&(key, _)| key)).eq(self.shape.iter().copied()) {
+            self.shape.clear();
+            self.shape.extend(keys.iter().map(|&(key, _)| key));
+            keys.sort_unstable();
+            if keys.windows(2).any(|pair| pair[0].0 == pair[1].0) {
+                self.shape.clear();
+                return self.take_fields_by_name(start);
+            }
+            self.shape_order.clear();
+            (self.shape_order).extend(keys.iter().map(|&(_, at)| at - start));
+        }
         let fields = &mut self.fields[start..];
-        if !fields.windows(2).all(|pair| pair[0].0 < pair[1].0) {
-            sort_fields(fields);
-            let repeated =
-                |pair: &[(u64, Field)]| pair[0].0 == pair[1].0 && pair[0].1.name == pair[1].1.name;
-            if fields.windows(2).any(repeated) {
-                let mut fields: Vec<Field> = self.fields.drain(start..).map(|(_, f)| f).collect();
-                fields.dedup_by(|later, kept| {
-                    let repeated = later.name == kept.name;
-                    if repeated {
-                        std::mem::swap(&mut later.value, &mut kept.value);
-                    }
-                    repeated
-                });
-                return fields.into_boxed_slice();
+        let block = (self.shape_order.iter())
+            .map(|&at| fields[at].take().expect("each field is taken once"))
+            .collect();
+        self.keys.truncate(start);
+        self.fields.truncate(start);
+        block
+    }
+
+    /// [`DocParser::take_fields`] when some names share their first 8 bytes (so their keys
+    /// are equal), their fields sorted by key and position.
+    #[inline(never)]
+    fn take_fields_by_name(&mut self, start: usize) -> Box<[Field]> {
+        let (keys, fields) = (&mut self.keys[start..], &mut self.fields);
+        // Stable: fields of the same name stay in text order.
+        keys.sort_by(|&(key, at), &(other_key, other_at)| {
+            (key.cmp(&other_key))
+                .then_with(|| field_name(fields, at).cmp(field_name(fields, other_at)))
+        });
+        let repeats = |fields: &[Option<Field>], pair: &[(u64, usize)]| {
+            pair[0].0 == pair[1].0 && field_name(fields, pair[0].1) == field_name(fields, pair[1].1)
+        };
+        // Of repeated names, the last in text order is kept.
+        let mut kept = Vec::with_capacity(keys.len());
+        for (i, &(_, at)) in keys.iter().enumerate() {
+            let superseded = keys.get(i..i + 2).is_some_and(|pair| repeats(fields, pair));
+            let field = fields[at].take().expect("each field is taken once");
+            if !superseded {
+                kept.push(field);
             }
         }
-        self.fields.drain(start..).map(|(_, field)| field).collect()
+        self.keys.truncate(start);
+        self.fields.truncate(start);
+        kept.into_boxed_slice()
     }
 
     /// The array whose `[` is at `r.at`.
@@ -186,37 +255,46 @@ impl DocParser {
         }
     }
 
-    /// The name whose opening `"` is just before `r.at`, with its order key, if it is
-    /// short (up to 7 bytes, its closing quote in the next 8) and plain (no escape).
+    /// The name whose opening `"` is just before `r.at`, with its [`order_key`].
     ///
-    /// The documents of one collection repeat the same names, so these are kept in a small
-    /// table by their bytes: a name met before is one load, a lookup and a copy of its
-    /// `Str` (inline at that length), where reading it anew builds the `Str` from its
-    /// text. A slot holds one name's bytes exactly (zero above its length: no byte of a
-    /// plain name is 0), so a hit is always that name.
-    fn short_name(&mut self, r: &mut Reader<'_>) -> Option<(u64, Str)> {
-        let chunk = r.text.as_bytes().get(r.at..r.at + 8)?;
-        let word = u64::from_le_bytes(chunk.try_into().expect("a slice of 8 bytes"));
-        let special = special_bytes(word);
-        if special == 0 {
-            return None;
+    /// The documents of one collection repeat the same names, so plain ones (no escape) of
+    /// up to [`CACHED_NAME_LEN`] bytes are kept in a small table: a name met before is
+    /// three word comparisons and a copy of its inline `Str`, where reading it anew builds
+    /// the `Str` from its text. Its first and last 8 bytes and its length tell such a name
+    /// from every other (a plain name holds no byte 0), so a hit is always the name in the
+    /// text.
+    fn name(&mut self, r: &mut Reader<'_>) -> Option<(u64, Str)> {
+        let start = r.at;
+        let end = r.find_special(start)?;
+        if r.byte(end) != b'"' {
+            let name = self.escaped_string(r, start, end)?;
+            return Some((order_key(name.as_bytes()), name));
         }
-        let len = special.trailing_zeros() as usize / 8;
-        if r.byte(r.at + len) != b'"' {
-            return None;
+        r.at = end + 1;
+        // Both ends are next to an ASCII quote: char boundaries of the checked text.
+        let text = &r.text[start..end];
+        let len = text.len();
+        let key = r.order_key_at(start, len);
+        if len > CACHED_NAME_LEN {
+            return Some((key, Str::new(text)));
         }
-        let bytes = word & ((1 << (8 * len)) - 1);
-        // Fibonacci hashing: the top bits of the product mix in every byte of the name.
-        let slot =
-            (bytes.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - NAME_SLOTS.ilog2())) as usize;
-        let (known, name) = &mut self.names[slot];
-        if *known != bytes {
-            *known = bytes;
-            *name = Str::new(&r.text[r.at..r.at + len]);
+        let tail = match len.checked_sub(8) {
+            Some(from) => r.word_at(start + from),
+            None => 0,
+        };
+        let hash = key ^ tail ^ len as u64;
+        // Fibonacci hashing: the top bits of the product mix in every bit of the hash.
+        let slot = (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - NAME_SLOTS.ilog2())) as usize;
+        let known = &mut self.names[slot];
+        if (known.key, known.tail, known.len) != (key, tail, len) {
+            *known = KnownName {
+                key,
+                tail,
+                len,
+                name: Str::new(text),
+            };
         }
-        r.at += len + 1;
-        // The bytes in text order, most significant first: the name's [`order_key`].
-        Some((bytes.swap_bytes(), name.clone()))
+        Some((key, known.name.clone()))
     }
 
     /// The string whose opening `"` is just before `r.at`.
@@ -252,18 +330,11 @@ impl DocParser {
     }
 }
 
-/// Sorts `fields` by name, stably (of two equal names the later one stays later): an
-/// insertion sort whose comparisons are mostly of keys and which moves each field that is
-/// out of order once, with the ones it passes, in one `memmove`.
-fn sort_fields(fields: &mut [(u64, Field)]) {
-    for unsorted in 1..fields.len() {
-        let (sorted, rest) = fields.split_at(unsorted);
-        let (key, next) = &rest[0];
-        let at = sorted.partition_point(|(sorted_key, field)| {
-            sorted_key < key || (sorted_key == key && field.name.as_bytes() <= next.name.as_bytes())
-        });
-        fields[at..=unsorted].rotate_right(1);
-    }
+/// The name of the field at `at` on the stack, which is there until its object is built.
+fn field_name(fields: &[Option<Field>], at: usize) -> &[u8] {
+    fields[at]
+        .as_ref()
+        .map_or(&[], |field| field.name.as_bytes())
 }
 
 /// A name's first 8 bytes (zero-padded) as a big-endian number: names whose keys differ
@@ -274,6 +345,42 @@ fn order_key(name: &[u8]) -> u64 {
         None => (name.iter().enumerate())
             .fold(0, |key, (i, &byte)| key | u64::from(byte) << (56 - 8 * i)),
     }
+}
+
+/// The digits from `at` on, accumulated onto `value` (wrapping past `u64`), and where they
+/// end.
+fn digits(bytes: &[u8], at: usize, value: u64) -> (u64, usize) {
+    let (mut value, mut end) = (value, at);
+    while let Some(&digit) = bytes.get(end)
+        && digit.is_ascii_digit()
+    {
+        value = value.wrapping_mul(10).wrapping_add(u64::from(digit - b'0'));
+        end += 1;
+    }
+    (value, end)
+}
+
+/// `significand × 10^exponent` when both are exact as `f64`s (the significand up to 2^53,
+/// the power of ten up to 10^22): one IEEE multiplication or division of exact operands is
+/// correctly rounded, so it is the float serde_json's correctly rounding parser reads from
+/// the same text (Clinger's fast path). `None` for every other decimal.
+fn exact_float(significand: u64, exponent: i64) -> Option<f64> {
+    const EXACT_SIGNIFICAND: u64 = 1 << f64::MANTISSA_DIGITS;
+    const POWERS_OF_TEN: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    ];
+    if significand > EXACT_SIGNIFICAND {
+        return None;
+    }
+    // Exact: the significand has at most 53 significant bits.
+    let significand = significand as f64;
+    let power = *POWERS_OF_TEN.get(usize::try_from(exponent.unsigned_abs()).ok()?)?;
+    Some(if exponent < 0 {
+        significand / power
+    } else {
+        significand * power
+    })
 }
 
 /// The high bit of each byte of `word` (little-endian) that is a `"`, a `\` or a control
@@ -303,6 +410,25 @@ struct Reader<'t> {
 impl Reader<'_> {
     fn byte(&self, at: usize) -> u8 {
         self.text.as_bytes()[at]
+    }
+
+    /// The 8 bytes at `at` (which has 8 bytes of text after it) as a little-endian number.
+    fn word_at(&self, at: usize) -> u64 {
+        let chunk = &self.text.as_bytes()[at..at + 8];
+        u64::from_le_bytes(chunk.try_into().expect("a slice of 8 bytes"))
+    }
+
+    /// The [`order_key`] of the `len` bytes at `at`: one load when 8 bytes of text follow.
+    fn order_key_at(&self, at: usize, len: usize) -> u64 {
+        let bytes = self.text.as_bytes();
+        match bytes.get(at..at + 8) {
+            Some(chunk) => {
+                let word = u64::from_be_bytes(chunk.try_into().expect("a slice of 8 bytes"));
+                // Keeps the name's bytes, the most significant ones.
+                word & !(u64::MAX.checked_shr(8 * len.min(8) as u32).unwrap_or(0))
+            }
+            None => order_key(&bytes[at..at + len]),
+        }
     }
 
     fn peek(&self) -> Option<u8> {
@@ -402,43 +528,81 @@ impl Reader<'_> {
         Some(code)
     }
 
-    /// The number starting at `self.at`. A plain integer of at most 19 digits (so it fits
-    /// a `u64`) is read here; every other number is handed to serde_json as its own text,
-    /// so that floats round and big integers turn into floats exactly as serde_json does.
+    /// The number starting at `self.at`: read here if it is a [`Reader::short_number`],
+    /// else handed to serde_json as its own text, so that floats round and big integers
+    /// turn into floats exactly as serde_json does.
     fn number(&mut self) -> Option<Doc> {
+        let start = self.at;
+        match self.short_number() {
+            Some(doc) => Some(doc),
+            None => self.number_by_serde_json(start),
+        }
+    }
+
+    /// The number starting at `self.at`, if it is an integer of at most 19 digits (so it
+    /// fits a `u64`) other than `-0`, or a decimal [`exact_float`] reads; moves past it
+    /// then. `None` says nothing about whether the number is valid.
+    fn short_number(&mut self) -> Option<Doc> {
         let bytes = self.text.as_bytes();
         let start = self.at;
         let negative = bytes[start] == b'-';
-        let digits_start = start + usize::from(negative);
-        let mut end = digits_start;
-        let mut magnitude: u64 = 0;
-        while let Some(&digit) = bytes.get(end)
-            && digit.is_ascii_digit()
-        {
-            magnitude = magnitude
-                .wrapping_mul(10)
-                .wrapping_add(u64::from(digit - b'0'));
-            end += 1;
-        }
-        let digits = end - digits_start;
-        let plain = match digits {
+        let int_start = start + usize::from(negative);
+        let (magnitude, int_end) = digits(bytes, int_start, 0);
+        let int_digits = int_end - int_start;
+        let canonical = match int_digits {
             1 => true,
-            2..=19 => bytes[digits_start] != b'0',
+            2..=19 => bytes[int_start] != b'0',
             _ => false,
-        } && !matches!(bytes.get(end), Some(b'.' | b'e' | b'E'));
-        if plain {
-            self.at = end;
-            if !negative {
-                return Some(Doc::PosInt(magnitude));
-            }
+        };
+        if !canonical {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = bytes.get(int_end) {
+            let float = self.short_decimal(magnitude, int_digits, int_end)?;
+            return Some(Doc::Float(if negative { -float } else { float }));
+        }
+        let doc = if negative {
             // `-0` is serde_json's float -0.0 and below `i64::MIN` a float too.
-            if let Some(n) = 0_i64.checked_sub_unsigned(magnitude)
-                && n != 0
-            {
-                return Some(Doc::NegInt(n));
+            Doc::NegInt(0_i64.checked_sub_unsigned(magnitude).filter(|&n| n != 0)?)
+        } else {
+            Doc::PosInt(magnitude)
+        };
+        self.at = int_end;
+        Some(doc)
+    }
+
+    /// The magnitude of a decimal whose integer part (`int_digits` digits, `int` in value)
+    /// ends at `at`, where its fraction or exponent starts, if [`exact_float`] gives it;
+    /// moves past it then.
+    fn short_decimal(&mut self, int: u64, int_digits: usize, at: usize) -> Option<f64> {
+        let bytes = self.text.as_bytes();
+        let (mut significand, mut end, mut fraction_digits) = (int, at, 0);
+        if bytes[end] == b'.' {
+            (significand, end) = digits(bytes, at + 1, int);
+            fraction_digits = end - at - 1;
+            // A fraction needs a digit; past 19 digits the significand may have wrapped.
+            if fraction_digits == 0 || int_digits + fraction_digits > 19 {
+                return None;
             }
         }
-        self.number_by_serde_json(start)
+        let mut exponent = 0;
+        if let Some(b'e' | b'E') = bytes.get(end) {
+            let negative = bytes.get(end + 1) == Some(&b'-');
+            let exponent_start =
+                end + 1 + usize::from(matches!(bytes.get(end + 1), Some(b'+' | b'-')));
+            let (magnitude, exponent_end) = digits(bytes, exponent_start, 0);
+            // Beyond 3 digits the exponent is far out of the exact range, or has zeros ahead.
+            if !(1..=3).contains(&(exponent_end - exponent_start)) {
+                return None;
+            }
+            let magnitude = i64::try_from(magnitude).ok()?;
+            exponent = if negative { -magnitude } else { magnitude };
+            end = exponent_end;
+        }
+        let fraction_digits = i64::try_from(fraction_digits).ok()?;
+        let float = exact_float(significand, exponent - fraction_digits)?;
+        self.at = end;
+        Some(float)
     }
 
     /// The number starting at `start` that is not a plain integer, as serde_json reads it.
@@ -456,7 +620,7 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{DocParser, NAME_SLOTS};
+    use super::{CACHED_NAME_LEN, DocParser, NAME_SLOTS, Reader};
     use crate::compact::Doc;
 
     /// Documents like the combiner's source lines, which the fast path must read itself.
@@ -482,17 +646,110 @@ mod tests {
         }
     }
 
-    /// More short names than the table has slots, twice over: each slot is overwritten
-    /// many times, and a name found in it is always the name in the text.
+    /// More names than the table has slots, twice over, of every length up to past the
+    /// longest kept, many sharing their first 8 bytes: each slot is overwritten many
+    /// times, and a name found in it is always the name in the text.
     #[test]
-    fn short_names_stay_exact_past_the_tables_size() {
+    fn names_stay_exact_past_the_tables_size() {
         let mut parser = DocParser::default();
         for round in 0..2 {
             for n in 0..4 * NAME_SLOTS {
-                let text = format!(r#"{{"n{n}":{round},"{n}x":[{{"n{n}":"n{n}"}}],"a":1}}"#);
+                let pad = "x".repeat(n % (CACHED_NAME_LEN + 2));
+                let text = format!(
+                    r#"{{"n{n}{pad}":{round},"{pad}{n}":[{{"n{n}{pad}":"n{n}"}}],"a":1,"{pad}":2}}"#
+                );
                 let expected: Doc = serde_json::from_str(&text).unwrap();
                 assert_eq!(parser.fast(text.as_bytes()), Some(expected), "{text}");
             }
+        }
+    }
+
+    /// Objects out of order whose names come in the order of the one before take its sorted
+    /// order; any other object (other names, another order, a name repeated, names sharing
+    /// their first 8 bytes) is sorted anew, and all come out sorted, as serde_json's.
+    #[test]
+    fn objects_of_the_same_shape_sort_alike_and_others_anew() {
+        let texts = [
+            r#"{"b":1,"a":2,"c":3}"#,
+            r#"{"b":"x","a":[],"c":{"z":1,"y":2}}"#,
+            r#"{"b":1,"c":2,"a":3}"#,
+            r#"{"b":1,"a":2}"#,
+            r#"{"b":1,"a":2,"b":3}"#,
+            r#"{"b":1,"a":2,"c":3}"#,
+            r#"{"b":1,"a":2,"d":3}"#,
+            r#"{"name_of_9":1,"name_of_8":2}"#,
+            r#"{"name_of_9":1,"name_of_9":2,"name_of_8":3}"#,
+            r#"{"b":1,"a":{"b":1,"a":{"b":1,"a":2}}}"#,
+        ];
+        let mut parser = DocParser::default();
+        for text in texts.iter().chain(&texts) {
+            let expected: Doc = serde_json::from_str(text).unwrap();
+            assert_eq!(parser.fast(text.as_bytes()), Some(expected), "{text}");
+        }
+    }
+
+    /// Decimals at the edges of the range read without serde_json (significands up to
+    /// 2^53, powers of ten up to 10^±22): read here inside it, to serde_json's bit, and
+    /// left to serde_json outside it.
+    #[test]
+    fn short_decimals_are_read_here_exactly_inside_the_exact_range_only() {
+        let inside = [
+            "0.1",
+            "0.2",
+            "0.3",
+            "0.7",
+            "2.675",
+            "-0.0",
+            "0.0",
+            "0e0",
+            "1E+2",
+            "2.5e-0",
+            "-1.25e-3",
+            "123456789012.345",
+            "999999999999999e-22",
+            "9007199254740.992",
+            "9007199254740992e0",
+            "0.000000000000000001",
+            "1e22",
+            "10e22",
+            "-1e-22",
+            "4.5e+21",
+        ];
+        for text in inside {
+            let Ok(Doc::Float(theirs)) = serde_json::from_str::<Doc>(text) else {
+                panic!("{text} is a float to serde_json");
+            };
+            let mut reader = Reader { text, at: 0 };
+            let Some(Doc::Float(ours)) = reader.short_number() else {
+                panic!("{text} is read here");
+            };
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "{text}");
+            assert_eq!(reader.at, text.len(), "{text}");
+        }
+        let outside = [
+            "1e23",
+            "1e-23",
+            "9007199254740993e0",
+            "9007199254740.993",
+            "0.30000000000000004",
+            "0.0000000000000000001",
+            "4.9e-324",
+            "2.2250738585072014e-308",
+            "1.7976931348623157e308",
+            "1e0001",
+            "01.5",
+            "1.",
+            "1.e5",
+            "1e",
+            "1e+",
+            "-",
+            "-0",
+            "-9223372036854775809",
+        ];
+        for text in outside {
+            let mut reader = Reader { text, at: 0 };
+            assert_eq!(reader.short_number(), None, "{text}");
+            assert_eq!(reader.at, 0, "{text}");
         }
     }
 

@@ -482,6 +482,34 @@ proptest! {
         parse_agreeing(&mutate(write(&json, style).into_bytes(), &mutations)).ok();
     }
 
+    /// Decimals in and around the range the parser reads without serde_json (significands
+    /// up to 2^53, powers of ten up to 10^±22), the point anywhere: the same float as
+    /// serde_json's, to the bit.
+    #[test]
+    fn short_decimals_round_as_serde_json_rounds(
+        significand in prop_oneof![
+            0..=1_u64 << 53,
+            (1_u64 << 53) - 2..=(1_u64 << 53) + 2,
+            0..1_000_u64,
+            any::<u64>(),
+        ],
+        point in any::<prop::sample::Index>(),
+        exponent in prop::option::of(-30..=30_i32),
+        negative in any::<bool>(),
+    ) {
+        let digits = significand.to_string();
+        let point = 1 + point.index(digits.len());
+        let (int, fraction) = digits.split_at(point);
+        let mut text = format!("{}{int}", if negative { "-" } else { "" });
+        if !fraction.is_empty() {
+            write!(text, ".{fraction}").unwrap();
+        }
+        if let Some(exponent) = exponent {
+            write!(text, "e{exponent}").unwrap();
+        }
+        parse_agreeing(text.as_bytes()).expect("a valid number");
+    }
+
     #[test]
     fn random_bytes_fail_as_serde_json_fails(
         bytes in prop_oneof![
