@@ -106,6 +106,16 @@ pub struct Field {
     pub value: Doc,
 }
 
+// What the memory figures above (and every estimate built on them) assume.
+const _: () = assert!(size_of::<Doc>() == 24 && size_of::<Field>() == 48);
+
+impl Field {
+    /// The heap this field owns: its name's block, if any, and its value's.
+    pub fn heap_size(&self) -> usize {
+        str_size(self.name.as_bytes().len()) + self.value.heap_size()
+    }
+}
+
 impl Doc {
     /// The number this is, as serde_json's `Number` (no allocation).
     pub fn as_number(&self) -> Option<Number> {
@@ -200,6 +210,7 @@ impl Doc {
     /// bytes): what a combiner counts against its memory budget. The combine bench's
     /// 160-byte document (7 properties, one nested object of 2; every name and string
     /// short enough to be inline) comes to 496 bytes: its two field blocks.
+    ///
     /// Inline, so the scalars most reductions replace cost a branch (containers are
     /// walked out of line).
     #[inline]
@@ -214,16 +225,11 @@ impl Doc {
     fn container_heap_size(&self) -> usize {
         match self {
             Doc::Array(items) => {
-                alloc_size(std::mem::size_of_val::<[Doc]>(items))
-                    + items.iter().map(Doc::heap_size).sum::<usize>()
+                block_size::<Doc>(items.len()) + items.iter().map(Doc::heap_size).sum::<usize>()
             }
             Doc::Object(fields) => {
-                alloc_size(std::mem::size_of_val::<[Field]>(fields))
-                    + (fields.iter())
-                        .map(|field| {
-                            str_size(field.name.as_bytes().len()) + field.value.heap_size()
-                        })
-                        .sum::<usize>()
+                block_size::<Field>(fields.len())
+                    + fields.iter().map(Field::heap_size).sum::<usize>()
             }
             _ => 0,
         }
@@ -386,7 +392,7 @@ impl<'de> Deserialize<'de> for StrSeed {
 /// run under give it: glibc (an 8-byte header, 16-byte granules, 32 bytes at least) and
 /// mimalloc (the `sluice` binary's: 8-byte size classes up to 64 bytes, then four classes
 /// per power of two, e.g. a 336-byte block of 7 fields takes 384).
-pub(crate) fn alloc_size(bytes: usize) -> usize {
+fn alloc_size(bytes: usize) -> usize {
     if bytes == 0 {
         return 0;
     }
@@ -400,9 +406,14 @@ pub(crate) fn alloc_size(bytes: usize) -> usize {
     glibc.max(mimalloc_words * 8)
 }
 
+/// Bytes the heap block of `len` items of `T` takes (a boxed slice of fields or items).
+pub(crate) fn block_size<T>(len: usize) -> usize {
+    alloc_size(len * size_of::<T>())
+}
+
 /// Heap bytes of a [`Str`] of `len` bytes.
 #[inline]
-pub(crate) fn str_size(len: usize) -> usize {
+fn str_size(len: usize) -> usize {
     alloc_size(Str::heap_len(len))
 }
 

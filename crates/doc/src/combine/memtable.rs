@@ -187,8 +187,7 @@ impl MemTable {
         let head = KeyHead::of(key);
         let keys = &self.keys;
         let Some(entry) = self.index.find_mut(hash, |e| e.is(keys, key, head)) else {
-            let doc = doc;
-            let heap = Doc::heap_size(&doc);
+            let heap = doc.heap_size();
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
                 Side::Right => Docs::Right(doc),
@@ -308,6 +307,8 @@ fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<
     entry.set_heap(entry.heap().saturating_add_signed(grown));
     Ok(())
 }
+
+const _: () = assert!(size_of::<Entry>() == 64, "an entry is one cache line");
 
 /// Bytes of the packed key an entry keeps inline ([`Entry::prefix`]).
 const PREFIX_LEN: usize = size_of::<[u64; 2]>();

@@ -20,7 +20,7 @@
 //! exact estimate per key without walking the document again after every reduction.
 
 use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error};
-use crate::compact::{Doc, Field, alloc_size, str_size};
+use crate::compact::{Doc, Field, block_size};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
 
@@ -135,16 +135,17 @@ impl Cx<'_> {
                 delta += self.reduce_compact(child, &mut l[i].value, rv, Loc::Prop(&loc, name))?;
                 i += 1;
             } else {
-                delta += (str_size(name.as_bytes().len()) + rv.heap_size()) as isize;
-                added.push(Field { name, value: rv });
+                let field = Field { name, value: rv };
+                delta += field.heap_size() as isize;
+                added.push(field);
             }
         }
         if !added.is_empty() {
             let mut fields = std::mem::take(l).into_vec();
-            delta -= alloc_size(fields.len() * size_of::<Field>()) as isize;
+            delta -= block_size::<Field>(fields.len()) as isize;
             fields.append(&mut added);
             fields.sort_unstable_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
-            delta += alloc_size(fields.len() * size_of::<Field>()) as isize;
+            delta += block_size::<Field>(fields.len()) as isize;
             *l = fields.into_boxed_slice();
         }
         Ok(delta)
@@ -168,12 +169,12 @@ impl Cx<'_> {
         }
         if r_len > l.len() {
             let mut items = std::mem::take(l).into_vec();
-            delta -= alloc_size(items.len() * size_of::<Doc>()) as isize;
+            delta -= block_size::<Doc>(items.len()) as isize;
             for item in r {
                 delta += item.heap_size() as isize;
                 items.push(item);
             }
-            delta += alloc_size(items.len() * size_of::<Doc>()) as isize;
+            delta += block_size::<Doc>(items.len()) as isize;
             *l = items.into_boxed_slice();
         }
         Ok(delta)
