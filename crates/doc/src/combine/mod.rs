@@ -271,8 +271,8 @@ impl Combiner {
     }
 
     /// A full document loaded from the store: it goes to the left of everything combined
-    /// for that key, whenever it arrives. At most one per key per drain.
-    /// Parse it straight into a [`Doc`] (`serde_json::from_slice::<Doc>`).
+    /// for that key, whenever it arrives. At most one per key per drain. Parse it straight
+    /// into a [`Doc`] with a [`DocParser`].
     pub fn reduce_left(&mut self, binding: u32, key: &[u8], doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;

@@ -35,7 +35,7 @@ use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recove
 use crate::source::{Resume, Source};
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
-use sluice_doc::compact::Doc;
+use sluice_doc::parse::DocParser;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use sluice_driver::arena;
 use sluice_driver::client::{self, Response};
@@ -351,10 +351,11 @@ pub async fn run(
         // Loaded documents go to the left of what this transaction combined.
         let mut key = Vec::new();
         let mut loaded = 0;
+        let mut parser = DocParser::default();
         for loaded_msg in loaded_msgs {
             let binding = &bindings[loaded_msg.binding as usize];
             for doc in arena::loaded_docs(&loaded_msg) {
-                let doc: Doc = serde_json::from_slice(doc.map_err(driver_err)?).map_err(|e| {
+                let doc = parser.parse(doc.map_err(driver_err)?).map_err(|e| {
                     driver_err(DriverError::Transport(format!(
                         "Loaded document is not JSON: {e}"
                     )))
