@@ -482,6 +482,22 @@ proptest! {
         parse_agreeing(&mutate(write(&json, style).into_bytes(), &mutations)).ok();
     }
 
+    /// Broken variants of one document, each read after the document itself, so the parser
+    /// holds templates of its objects that match the broken text up to the break: the same
+    /// results as serde_json's.
+    #[test]
+    fn variants_of_a_document_read_after_it_parse_as_serde_json_parses_them(
+        json in json(),
+        style in style(),
+        variants in prop::collection::vec(prop::collection::vec(mutation(), 1..3), 1..4),
+    ) {
+        let text = write(&json, style).into_bytes();
+        for mutations in &variants {
+            parse_agreeing(&text).ok();
+            parse_agreeing(&mutate(text.clone(), mutations)).ok();
+        }
+    }
+
     /// Decimals in and around the range the parser reads without serde_json (significands
     /// up to 2^53, powers of ten up to 10^±22), the point anywhere: the same float as
     /// serde_json's, to the bit.
