@@ -9,7 +9,7 @@
 //! Only cold paths convert to a `Value`: error reports and `enum`/`const`/`uniqueItems`
 //! over containers.
 
-use crate::compact::{Doc, Field, Str};
+use crate::compact::{Doc, Field, Str, field_named};
 use jsonschema::json::{Array, Json, Node, NodeIdentity, Object, cmp};
 use jsonschema::types::JsonType;
 use serde_json::{Number, Value};
@@ -134,11 +134,7 @@ impl<'a> Object<'a, CompactJson> for &'a [Field] {
     }
 
     fn get(&self, key: &Box<str>) -> Option<&'a Doc> {
-        let fields: &'a [Field] = self;
-        fields
-            .binary_search_by(|field| field.name.cmp_str(key))
-            .ok()
-            .map(|at| &fields[at].value)
+        field_named(self, key).map(|field| &field.value)
     }
 
     fn members(&self) -> Members<'a> {
