@@ -88,6 +88,8 @@ pub struct DocParser {
     templates: Vec<Template>,
     /// The objects opened so far in the document being read.
     opened: usize,
+    /// The positions of an object's fields in name order, as a template is learned.
+    order: Vec<usize>,
 }
 
 /// The names of an object, as the text spelled them, and their order: the documents of
@@ -137,6 +139,7 @@ impl Default for DocParser {
             spellings: Vec::new(),
             templates: Vec::new(),
             opened: 0,
+            order: Vec::new(),
         }
     }
 }
@@ -256,14 +259,18 @@ impl DocParser {
         template: &Template,
     ) -> Option<Doc> {
         let &last = template.ends.last()?;
+        r.at += 1;
+        r.skip_whitespace();
+        // An object of another shape mostly differs in its first name: no block for it.
+        if !r.spells(&template.spellings[..template.ends[0]]) {
+            return None;
+        }
         let mut block: Box<[Field]> = (template.names.iter())
             .map(|name| Field {
                 name: name.clone(),
                 value: Doc::Null,
             })
             .collect();
-        r.at += 1;
-        r.skip_whitespace();
         let mut from = 0;
         for (&end, &slot) in template.ends.iter().zip(&template.slots) {
             let spelling = &template.spellings[from..end];
@@ -294,7 +301,7 @@ impl DocParser {
         if self.templates.len() <= place {
             self.templates.resize_with(place + 1, Template::default);
         }
-        let template = &mut self.templates[place];
+        let (template, order) = (&mut self.templates[place], &mut self.order);
         template.spellings.clear();
         template.ends.clear();
         for &(from, to) in &self.spellings[start..] {
@@ -303,25 +310,25 @@ impl DocParser {
                 .extend_from_slice(&text.as_bytes()[from..to]);
             template.ends.push(template.spellings.len());
         }
-        let names: Vec<&Str> = (self.fields[start..].iter())
-            .map(|field| &field.as_ref().expect("fields are taken only later").name)
-            .collect();
-        let mut order: Vec<usize> = (0..names.len()).collect();
-        order.sort_unstable_by(|&a, &b| names[a].as_bytes().cmp(names[b].as_bytes()));
-        if order
-            .windows(2)
-            .any(|pair| names[pair[0]] == names[pair[1]])
-        {
+        let fields = &self.fields[start..];
+        let name = |at: usize| {
+            let field = fields[at].as_ref();
+            &field.expect("fields are taken only later").name
+        };
+        order.clear();
+        order.extend(0..fields.len());
+        order.sort_unstable_by(|&a, &b| name(a).as_bytes().cmp(name(b).as_bytes()));
+        if order.windows(2).any(|pair| name(pair[0]) == name(pair[1])) {
             template.ends.clear();
             return;
         }
         template.slots.clear();
-        template.slots.resize(names.len(), 0);
+        template.slots.resize(fields.len(), 0);
         for (slot, &at) in order.iter().enumerate() {
             template.slots[at] = slot;
         }
         template.names.clear();
-        (template.names).extend(order.iter().map(|&at| names[at].clone()));
+        (template.names).extend(order.iter().map(|&at| name(at).clone()));
     }
 
     /// The fields pushed since `start`, sorted by name with only the last of each name
