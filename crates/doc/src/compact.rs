@@ -64,6 +64,17 @@ impl Str {
     pub fn heap_len(len: usize) -> usize {
         if len <= INLINE { 0 } else { len.max(32) }
     }
+
+    /// The heap this string owns: none when inline, which one byte of it tells (cheaper
+    /// than decoding its length; most strings are inline).
+    #[inline]
+    fn heap_size(&self) -> usize {
+        if self.0.is_heap_allocated() {
+            str_size(self.as_bytes().len())
+        } else {
+            0
+        }
+    }
 }
 
 impl AsRef<str> for Str {
@@ -106,7 +117,7 @@ const _: () = assert!(size_of::<Doc>() == 24 && size_of::<Field>() == 48);
 impl Field {
     /// The heap this field owns: its name's block, if any, and its value's.
     pub fn heap_size(&self) -> usize {
-        str_size(self.name.as_bytes().len()) + self.value.heap_size()
+        self.name.heap_size() + self.value.heap_size()
     }
 }
 
@@ -211,8 +222,19 @@ impl Doc {
     pub fn heap_size(&self) -> usize {
         match self {
             Doc::Null | Doc::Bool(_) | Doc::PosInt(_) | Doc::NegInt(_) | Doc::Float(_) => 0,
-            Doc::String(s) => str_size(s.as_bytes().len()),
+            Doc::String(s) => s.heap_size(),
             Doc::Array(_) | Doc::Object(_) => self.container_heap_size(),
+        }
+    }
+
+    /// Whether this owns no heap block, so that dropping it frees nothing: a scalar or an
+    /// inline string. (An empty container owns none either; it is not worth telling here.)
+    #[inline]
+    pub(crate) fn owns_no_heap(&self) -> bool {
+        match self {
+            Doc::String(s) => !s.0.is_heap_allocated(),
+            Doc::Array(_) | Doc::Object(_) => false,
+            _ => true,
         }
     }
 
@@ -429,7 +451,7 @@ fn str_size(len: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Doc, Field, SCANNED_FIELDS, Str, alloc_size, field_named};
+    use super::{Doc, Field, SCANNED_FIELDS, Str, alloc_size, field_named, str_size};
 
     /// Objects scanned and objects searched find every name they hold, and no other: names
     /// that share a length and a first byte, or are prefixes of one another, included.
@@ -474,6 +496,17 @@ mod tests {
             Some(&Doc::PosInt(17))
         );
         assert!(field_named(&many, "name40").is_none());
+    }
+
+    #[test]
+    fn string_estimates_follow_their_length() {
+        for len in 0..80 {
+            let s = "x".repeat(len);
+            for doc in [Doc::String(Str::new(&s)), Doc::String(Str::from_string(s))] {
+                assert_eq!(doc.heap_size(), str_size(len), "{len} bytes");
+                assert_eq!(doc.owns_no_heap(), doc.heap_size() == 0, "{len} bytes");
+            }
+        }
     }
 
     #[test]

@@ -58,6 +58,11 @@ const CACHED_NAME_LEN: usize = 16;
 /// way).
 const TEMPLATES: usize = 16;
 
+/// The most objects a miss of a [`Template`] sends the general way (see
+/// [`Template::missed`]): objects of varying shapes then pay for a miss and a learning
+/// once in this many.
+const MAX_BACKOFF: u32 = 64;
+
 /// Parses JSON text into a [`Doc`], exactly as `serde_json::from_slice::<Doc>` does but
 /// faster for the common case (see the module docs). Keep one and reuse it: it holds the
 /// stacks of the objects and arrays being read and the buffer strings with escapes are
@@ -108,6 +113,25 @@ struct Template {
     slots: Vec<usize>,
     /// The names, in name order.
     names: Vec<Str>,
+    /// Objects at this place still to read the general way before the last of them is
+    /// learned (see [`Template::missed`]).
+    rest: u32,
+    /// How many objects the last miss sent the general way (0 after a hit).
+    backoff: u32,
+}
+
+impl Template {
+    /// After the template did not match: this object and the next ones at its place, twice
+    /// as many as after the miss before when no hit came between (up to [`MAX_BACKOFF`]),
+    /// are read the general way, and the last of them becomes the template. A shape that
+    /// changed for good is learned at once, while objects whose shapes vary (optional
+    /// fields, several kinds of record) mostly skip the template and its learning, which
+    /// would cost them more than they save. Whether this object is to be learned.
+    fn missed(&mut self) -> bool {
+        self.backoff = (self.backoff * 2).clamp(1, MAX_BACKOFF);
+        self.rest = self.backoff - 1;
+        self.rest == 0
+    }
 }
 
 /// A slot of [`DocParser::name`]'s table.
@@ -189,13 +213,21 @@ impl DocParser {
     }
 
     /// The object whose `{` is at `r.at`: by its place's [`Template`] if it matches, else
-    /// read the general way, and then the template of its place.
+    /// read the general way, and then maybe learned as the template of its place.
     #[inline(never)]
     fn object(&mut self, r: &mut Reader<'_>, depth: usize) -> Option<Doc> {
         let (open, place) = (r.at, self.opened);
-        if let Some(doc) = self.object_by_template(r, depth, place) {
-            return Some(doc);
-        }
+        let learn = match self.templates.get_mut(place) {
+            None => place < TEMPLATES,
+            Some(template) if template.rest > 0 => {
+                template.rest -= 1;
+                template.rest == 0
+            }
+            Some(_) => match self.object_by_template(r, depth, place) {
+                Some(doc) => return Some(doc),
+                None => self.templates[place].missed(),
+            },
+        };
         // Read again from the `{`, its inner objects at the same places as before.
         (r.at, self.opened) = (open, place + 1);
         r.at += 1;
@@ -224,7 +256,7 @@ impl DocParser {
             match r.next()? {
                 b',' => r.skip_whitespace(),
                 b'}' => {
-                    if place < TEMPLATES {
+                    if learn {
                         self.learn_template(place, r.text, start);
                     }
                     self.spellings.truncate(start);
@@ -245,9 +277,12 @@ impl DocParser {
         depth: usize,
         place: usize,
     ) -> Option<Doc> {
-        let template = std::mem::take(self.templates.get_mut(place)?);
+        let mut template = std::mem::take(self.templates.get_mut(place)?);
         self.opened += 1;
         let doc = self.read_by_template(r, depth, &template);
+        if doc.is_some() {
+            template.backoff = 0;
+        }
         self.templates[place] = template;
         doc
     }

@@ -163,18 +163,20 @@ impl Node {
         self.unlisted_property(name)
     }
 
-    /// [`Node::property`] for names asked in ascending order: `cursor` (start at 0) walks
-    /// the sorted `properties` forward instead of searching them for every name.
+    /// [`Node::property`] for names asked in strictly ascending order (an object's): `cursor`
+    /// (start at 0) walks the sorted `properties` forward instead of searching them for
+    /// every name, and steps past a name once found, so that when a document names the
+    /// listed properties in turn, each costs one equality test.
     fn next_property(&self, cursor: &mut usize, name: &str) -> usize {
         while let Some((listed, child)) = self.properties.get(*cursor) {
             if listed == name {
+                *cursor += 1;
                 return *child;
             }
-            match listed.as_str().cmp(name) {
-                Ordering::Less => *cursor += 1,
-                Ordering::Equal => return *child,
-                Ordering::Greater => break,
+            if listed.as_str() > name {
+                break;
             }
+            *cursor += 1;
         }
         self.unlisted_property(name)
     }

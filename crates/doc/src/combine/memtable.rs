@@ -276,34 +276,27 @@ impl MemTable {
 
 /// Adds `doc` to an existing entry's documents, updating its estimate.
 fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<(), InsertError> {
-    let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
-    let (docs, grown) = match (docs, side) {
-        (docs @ (Docs::Left(_) | Docs::Both { .. }), Side::Left) => {
-            (docs, Err(InsertError::DuplicateLoad))
+    let grown = match (&mut entry.docs, side) {
+        // In place: most documents go here, and moving the entry's out and back costs a drop.
+        (Docs::Right(right) | Docs::Both { right, .. }, Side::Right) => reducer
+            .reduce_docs(right, doc, false)
+            .map_err(InsertError::Reduce)?,
+        (Docs::Left(_) | Docs::Both { .. }, Side::Left) => {
+            return Err(InsertError::DuplicateLoad);
         }
-        (Docs::Right(right), Side::Left) => {
-            let grown = Ok(doc.heap_size() as isize);
-            let left = Box::new(doc);
-            (Docs::Both { left, right }, grown)
-        }
-        (Docs::Left(left), Side::Right) => {
-            let grown = Ok(doc.heap_size() as isize);
-            (Docs::Both { left, right: doc }, grown)
-        }
-        (Docs::Right(mut right), Side::Right) => {
-            let grown = reducer.reduce_docs(&mut right, doc, false);
-            (Docs::Right(right), grown.map_err(InsertError::Reduce))
-        }
-        (Docs::Both { left, mut right }, Side::Right) => {
-            let grown = reducer.reduce_docs(&mut right, doc, false);
-            (
-                Docs::Both { left, right },
-                grown.map_err(InsertError::Reduce),
-            )
+        (docs @ (Docs::Right(_) | Docs::Left(_)), _) => {
+            let grown = doc.heap_size() as isize;
+            *docs = match std::mem::replace(docs, Docs::Right(Doc::Null)) {
+                Docs::Right(right) => Docs::Both {
+                    left: Box::new(doc),
+                    right,
+                },
+                Docs::Left(left) => Docs::Both { left, right: doc },
+                Docs::Both { .. } => unreachable!("matched above"),
+            };
+            grown
         }
     };
-    entry.docs = docs;
-    let grown = grown?;
     entry.set_heap(entry.heap().saturating_add_signed(grown));
     Ok(())
 }

@@ -23,6 +23,8 @@ use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error}
 use crate::compact::{Doc, Field, block_size};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
+use std::iter::Peekable;
+use std::slice::IterMut;
 
 /// A JSON scalar of either side, for minimize/maximize.
 enum Scalar<'a> {
@@ -58,7 +60,28 @@ impl Scalar<'_> {
 
 impl Cx<'_> {
     /// Reduces `rhs` into `lhs` and returns the change of `lhs`'s heap estimate.
+    ///
+    /// Inline: most locations hold scalars reduced by lastWriteWins, firstWriteWins or sum,
+    /// whose whole reduction is a few instructions; the other strategies go out of line.
+    /// (`always`: a plain hint is ignored inside this recursion, costing a call per field.)
+    #[inline(always)]
     pub(crate) fn reduce_compact(
+        &self,
+        n: usize,
+        lhs: &mut Doc,
+        rhs: Doc,
+        loc: Loc<'_>,
+    ) -> Result<isize, ReduceError> {
+        match self.nodes[n].strategy {
+            Strategy::LastWriteWins => Ok(replace(lhs, rhs)),
+            Strategy::FirstWriteWins => Ok(0),
+            Strategy::Sum => sum(lhs, rhs, loc).map(|()| 0),
+            _ => self.reduce_compound(n, lhs, rhs, loc),
+        }
+    }
+
+    /// [`Cx::reduce_compact`] of the strategies that compare, merge or defer to `Value`s.
+    fn reduce_compound(
         &self,
         n: usize,
         lhs: &mut Doc,
@@ -67,9 +90,6 @@ impl Cx<'_> {
     ) -> Result<isize, ReduceError> {
         let node = &self.nodes[n];
         Ok(match &node.strategy {
-            Strategy::LastWriteWins => replace(lhs, rhs),
-            Strategy::FirstWriteWins => 0,
-            Strategy::Sum => sum(lhs, rhs, loc).map(|()| 0)?,
             Strategy::Minimize { key } | Strategy::Maximize { key } if key.is_empty() => {
                 let keep = match node.strategy {
                     Strategy::Minimize { .. } => Ordering::Less,
@@ -115,32 +135,23 @@ impl Cx<'_> {
         loc: Loc<'_>,
     ) -> Result<isize, ReduceError> {
         let node = &self.nodes[n];
-        let mut added = Vec::new();
-        let (mut i, mut cursor, mut delta) = (0, 0, 0);
+        // Names only `r` has, rare once a key's document has its shape: no `Vec` until one.
+        let mut added: Option<Vec<Field>> = None;
+        let (mut cursor, mut delta) = (0, 0);
+        let mut left = l.iter_mut().peekable();
         for Field { name, value: rv } in r {
-            // Same-shaped objects pair up at once: equality is the cheaper test.
-            let found = l.get(i).is_some_and(|field| field.name == name)
-                || loop {
-                    match l
-                        .get(i)
-                        .map(|field| field.name.as_bytes().cmp(name.as_bytes()))
-                    {
-                        Some(Ordering::Less) => i += 1,
-                        found => break found == Some(Ordering::Equal),
-                    }
-                };
-            if found {
-                let name = name.as_str();
-                let child = node.next_property(&mut cursor, name);
-                delta += self.reduce_compact(child, &mut l[i].value, rv, Loc::Prop(&loc, name))?;
-                i += 1;
+            // Read once (a `Str` decodes its length), for the pairing, the schema and `loc`.
+            let key = name.as_str();
+            if let Some(lf) = next_named(&mut left, key) {
+                let child = node.next_property(&mut cursor, key);
+                delta += self.reduce_compact(child, &mut lf.value, rv, Loc::Prop(&loc, key))?;
             } else {
                 let field = Field { name, value: rv };
                 delta += field.heap_size() as isize;
-                added.push(field);
+                added.get_or_insert_default().push(field);
             }
         }
-        if !added.is_empty() {
+        if let Some(mut added) = added {
             let mut fields = std::mem::take(l).into_vec();
             delta -= block_size::<Field>(fields.len()) as isize;
             fields.append(&mut added);
@@ -181,11 +192,28 @@ impl Cx<'_> {
     }
 }
 
+/// The next field of `left` named `name`, passing over (keeping) the ones before it.
+#[inline]
+fn next_named<'l>(left: &mut Peekable<IterMut<'l, Field>>, name: &str) -> Option<&'l mut Field> {
+    // Same-shaped objects pair up at once: equality is the cheaper test.
+    if let Some(field) = left.next_if(|f| f.name.as_str() == name) {
+        return Some(field);
+    }
+    while left.next_if(|f| f.name.as_str() < name).is_some() {}
+    left.next_if(|f| f.name.as_str() == name)
+}
+
 /// `*lhs = rhs`, returning the change of the heap estimate.
+#[inline(always)]
 fn replace(lhs: &mut Doc, rhs: Doc) -> isize {
-    let delta = rhs.heap_size() as isize - lhs.heap_size() as isize;
-    *lhs = rhs;
-    delta
+    let old = std::mem::replace(lhs, rhs);
+    let delta = lhs.heap_size() as isize;
+    if old.owns_no_heap() {
+        // Nothing to free or subtract (and the drop glue is an out-of-line call).
+        std::mem::forget(old);
+        return delta;
+    }
+    delta - old.heap_size() as isize
 }
 
 fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
@@ -193,7 +221,22 @@ fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
     error(loc, "merge needs two objects or two arrays", &l, &r)
 }
 
+/// Inline for what counters mostly are, two non-negative integers: one checked addition.
+#[inline(always)]
 fn sum(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<(), ReduceError> {
+    if let (Doc::PosInt(l), Doc::PosInt(r)) = (&mut *lhs, &rhs)
+        && let Some(total) = l.checked_add(*r)
+    {
+        *l = total;
+        // An integer: nothing to free (and the drop glue is an out-of-line call).
+        std::mem::forget(rhs);
+        return Ok(());
+    }
+    sum_numbers(lhs, rhs, loc)
+}
+
+/// [`sum`] of any two numbers.
+fn sum_numbers(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<(), ReduceError> {
     let (Some(l), Some(r)) = (lhs.as_number(), rhs.as_number()) else {
         let l = Value::from(lhs.clone());
         return Err(error(loc, "sum needs two numbers", &l, &Value::from(rhs)));
