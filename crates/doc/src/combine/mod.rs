@@ -182,20 +182,21 @@ pub struct Combiner {
     spill: Option<SpillFile>,
     /// Reused for every table key: binding (4 bytes, big-endian) then the packed key.
     scratch: Vec<u8>,
-    /// Parses [`Combiner::combine_right_json`]'s text, keeping its buffers.
-    parser: DocParser,
+    /// Parse [`Combiner::combine_right_json`]'s text, keeping their buffers: one per
+    /// binding, so each learns the shapes of its own collection's documents.
+    parsers: Vec<DocParser>,
     poisoned: Option<String>,
 }
 
 impl Combiner {
     pub fn new(bindings: Vec<BindingSpec>, opts: CombinerOptions) -> Self {
         Combiner {
+            parsers: bindings.iter().map(|_| DocParser::default()).collect(),
             bindings: bindings.into(),
             opts,
             table: MemTable::default(),
             spill: None,
             scratch: Vec::with_capacity(64),
-            parser: DocParser::default(),
             poisoned: None,
         }
     }
@@ -213,8 +214,8 @@ impl Combiner {
     pub fn combine_right_json(&mut self, binding: u32, json: &[u8]) -> Result<(), CombineError> {
         self.check_poisoned()?;
         let spec = spec(&self.bindings, binding)?;
-        let doc = self
-            .parser
+        // `spec` found the binding, so it has a parser.
+        let doc = self.parsers[binding as usize]
             .parse(json)
             .map_err(|source| CombineError::Parse {
                 collection: spec.name.clone(),
