@@ -14,15 +14,15 @@
 //! for the whole text; finds string ends eight bytes at a time; builds [`Str`]s straight
 //! from the text when they have no escape.
 //!
-//! The documents of one collection repeat the shapes of their objects, so each of the
-//! first [`TEMPLATES`] objects a document opens is first read by the [`Template`] of its
-//! place (the object opened at that place last time): its names' spellings are matched
-//! against the text as words and each value is put straight into its field of the
-//! name-ordered block. An object that does not match is read the general way, which then
-//! becomes the place's template: names of up to 16 bytes come from a table of the names
-//! met before; fields stay on one reused stack until the `}`, then move once into one
-//! exact block, in name order, sorted by their names' first 8 bytes (as numbers), or in
-//! the order of the last object sorted when its names are the same ones in the same order.
+//! The documents of one collection repeat the shapes of their objects, so an object is
+//! first read by the [`Template`] of its place (the object opened at that place, counted
+//! in text order, last time; the objects past the first [`TEMPLATES`] share one place):
+//! its names' spellings are matched against the text as words and each value is put
+//! straight into its field of the name-ordered block. An object that does not match is
+//! read the general way, which then becomes the place's template: names of up to 16 bytes
+//! come from a table of the names met before; fields stay on one reused stack until the
+//! `}`, then move once into one exact block, in name order, sorted by their names' first
+//! 8 bytes (as numbers).
 //!
 //! Cost of the combine bench's line (release binary, mimalloc, callgrind): ~3,300
 //! instructions by template, ~4,600 the general way, ~9,700 through serde's visitors.
@@ -53,9 +53,9 @@ const NAME_SLOTS: usize = 64;
 /// allocated.
 const CACHED_NAME_LEN: usize = 16;
 
-/// Objects a document may open, in text order, that keep a [`Template`]: more than the
-/// objects of most records (later ones, as the items of a long array, are read the general
-/// way).
+/// Templates a parser keeps: one for each of the first objects a document opens, more than
+/// the objects of most records; the objects opened after those share the last (as the
+/// items of a long array of objects of one shape do well to).
 const TEMPLATES: usize = 16;
 
 /// The most objects a miss of a [`Template`] sends the general way (see
@@ -74,11 +74,6 @@ pub struct DocParser {
     /// For each of `fields`, the [`order_key`] of its name and its position there: what an
     /// object out of order sorts instead of its 48-byte fields.
     keys: Vec<(u64, usize)>,
-    /// The keys, in text order, of the last object out of order sorted whose names all
-    /// differ in their first 8 bytes, and the positions of its fields in name order: the
-    /// order of every object with the same keys (see [`DocParser::take_fields`]).
-    shape: Vec<u64>,
-    shape_order: Vec<usize>,
     /// Names met before (see [`DocParser::name`]).
     names: [KnownName; NAME_SLOTS],
     /// The items of the arrays being read, innermost array's last.
@@ -93,7 +88,8 @@ pub struct DocParser {
     templates: Vec<Template>,
     /// The objects opened so far in the document being read.
     opened: usize,
-    /// The positions of an object's fields in name order, as a template is learned.
+    /// The text positions of the last object's fields in name order, as
+    /// [`DocParser::take_fields`] built its block; empty if a name repeated.
     order: Vec<usize>,
 }
 
@@ -149,8 +145,6 @@ impl Default for DocParser {
         DocParser {
             fields: Vec::new(),
             keys: Vec::new(),
-            shape: Vec::new(),
-            shape_order: Vec::new(),
             // A slot not yet used holds the empty name, truly.
             names: std::array::from_fn(|_| KnownName {
                 key: 0,
@@ -216,9 +210,10 @@ impl DocParser {
     /// read the general way, and then maybe learned as the template of its place.
     #[inline(never)]
     fn object(&mut self, r: &mut Reader<'_>, depth: usize) -> Option<Doc> {
-        let (open, place) = (r.at, self.opened);
+        let (open, opened) = (r.at, self.opened);
+        let place = opened.min(TEMPLATES - 1);
         let learn = match self.templates.get_mut(place) {
-            None => place < TEMPLATES,
+            None => true,
             Some(template) if template.rest > 0 => {
                 template.rest -= 1;
                 template.rest == 0
@@ -228,9 +223,8 @@ impl DocParser {
                 None => self.templates[place].missed(),
             },
         };
-        // Read again from the `{`, its inner objects at the same places as before.
-        (r.at, self.opened) = (open, place + 1);
-        r.at += 1;
+        // Read again past the `{`, its inner objects at the same places as before.
+        (r.at, self.opened) = (open + 1, opened + 1);
         r.skip_whitespace();
         if r.eat(b'}') {
             return Some(Doc::Object(Box::default()));
@@ -256,11 +250,12 @@ impl DocParser {
             match r.next()? {
                 b',' => r.skip_whitespace(),
                 b'}' => {
+                    let block = self.take_fields(start);
                     if learn {
-                        self.learn_template(place, r.text, start);
+                        self.learn_template(place, r.text, start, &block);
                     }
                     self.spellings.truncate(start);
-                    return Some(Doc::Object(self.take_fields(start)));
+                    return Some(Doc::Object(block));
                 }
                 _ => return None,
             }
@@ -315,7 +310,7 @@ impl DocParser {
             r.at += spelling.len();
             r.skip_whitespace();
             let value = self.value(r, depth)?;
-            // A null owns nothing: not dropping it saves a call per field.
+            // The null put there above owns nothing: not dropping it saves a call per field.
             std::mem::forget(std::mem::replace(&mut block[slot].value, value));
             r.skip_whitespace();
             let closing = if end == last { b'}' } else { b',' };
@@ -328,69 +323,52 @@ impl DocParser {
         Some(Doc::Object(block))
     }
 
-    /// Makes the fields pushed since `start`, read from `text`, the [`Template`] of
-    /// `place`; or leaves `place` with none if a name repeats (the template path would
-    /// not keep only the last).
+    /// Makes the object just read from `text` (its spellings pushed since `start`, its
+    /// `block` built in [`DocParser::order`]) the [`Template`] of `place`; or leaves
+    /// `place` with none if a name repeated (the template path would not keep only the
+    /// last).
     #[inline(never)]
-    fn learn_template(&mut self, place: usize, text: &str, start: usize) {
+    fn learn_template(&mut self, place: usize, text: &str, start: usize, block: &[Field]) {
         if self.templates.len() <= place {
             self.templates.resize_with(place + 1, Template::default);
         }
-        let (template, order) = (&mut self.templates[place], &mut self.order);
+        let template = &mut self.templates[place];
         template.spellings.clear();
         template.ends.clear();
+        if self.order.is_empty() {
+            return;
+        }
         for &(from, to) in &self.spellings[start..] {
             template
                 .spellings
                 .extend_from_slice(&text.as_bytes()[from..to]);
             template.ends.push(template.spellings.len());
         }
-        let fields = &self.fields[start..];
-        let name = |at: usize| {
-            let field = fields[at].as_ref();
-            &field.expect("fields are taken only later").name
-        };
-        order.clear();
-        order.extend(0..fields.len());
-        order.sort_unstable_by(|&a, &b| name(a).as_bytes().cmp(name(b).as_bytes()));
-        if order.windows(2).any(|pair| name(pair[0]) == name(pair[1])) {
-            template.ends.clear();
-            return;
-        }
         template.slots.clear();
-        template.slots.resize(fields.len(), 0);
-        for (slot, &at) in order.iter().enumerate() {
+        template.slots.resize(block.len(), 0);
+        for (slot, &at) in self.order.iter().enumerate() {
             template.slots[at] = slot;
         }
         template.names.clear();
-        (template.names).extend(order.iter().map(|&at| name(at).clone()));
+        (template.names).extend(block.iter().map(|field| field.name.clone()));
     }
 
     /// The fields pushed since `start`, sorted by name with only the last of each name
-    /// kept (as serde_json's map keeps it), in one exact block.
+    /// kept (as serde_json's map keeps it), in one exact block. Sorting compares their
+    /// names' first 8 bytes as numbers ([`order_key`]), and whole names only where those
+    /// tie. Leaves the text positions of the block's fields in [`DocParser::order`].
     fn take_fields(&mut self, start: usize) -> Box<[Field]> {
         let keys = &mut self.keys[start..];
-        if keys.windows(2).all(|pair| pair[0].0 < pair[1].0) {
-            self.keys.truncate(start);
-            return (self.fields.drain(start..))
-                .map(|field| field.expect("fields are taken only here"))
-                .collect();
-        }
-        // The documents of one collection mostly repeat their objects' names in the same
-        // order: an object of the last shape sorted takes its order, with no sorting.
-        if !(keys.iter().map(|&(key, _)| key)).eq(self.shape.iter().copied()) {
-            self.shape.clear();
-            self.shape.extend(keys.iter().map(|&(key, _)| key));
+        self.order.clear();
+        if !keys.windows(2).all(|pair| pair[0].0 < pair[1].0) {
             keys.sort_unstable();
             if keys.windows(2).any(|pair| pair[0].0 == pair[1].0) {
-                self.shape.clear();
                 return self.take_fields_by_name(start);
             }
-            self.shape_order.clear();
-            (self.shape_order).extend(keys.iter().map(|&(_, at)| at - start));
         }
+        (self.order).extend(keys.iter().map(|&(_, at)| at - start));
         let fields = &mut self.fields[start..];
-        let block = (self.shape_order.iter())
+        let block = (self.order.iter())
             .map(|&at| fields[at].take().expect("each field is taken once"))
             .collect();
         self.keys.truncate(start);
@@ -418,7 +396,11 @@ impl DocParser {
             let field = fields[at].take().expect("each field is taken once");
             if !superseded {
                 kept.push(field);
+                self.order.push(at - start);
             }
+        }
+        if kept.len() < keys.len() {
+            self.order.clear();
         }
         self.keys.truncate(start);
         self.fields.truncate(start);
@@ -835,7 +817,7 @@ impl Reader<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{CACHED_NAME_LEN, DocParser, NAME_SLOTS, Reader};
+    use super::{CACHED_NAME_LEN, DocParser, NAME_SLOTS, Reader, TEMPLATES};
     use crate::compact::Doc;
 
     /// Documents like the combiner's source lines, which the fast path must read itself.
@@ -879,11 +861,11 @@ mod tests {
         }
     }
 
-    /// Objects out of order whose names come in the order of the one before take its sorted
-    /// order; any other object (other names, another order, a name repeated, names sharing
-    /// their first 8 bytes) is sorted anew, and all come out sorted, as serde_json's.
+    /// Objects in and out of order, of the same names or others, with a name repeated or
+    /// names sharing their first 8 bytes, one after another at the same places: all come
+    /// out sorted, the last of a repeated name kept, as serde_json's.
     #[test]
-    fn objects_of_the_same_shape_sort_alike_and_others_anew() {
+    fn objects_of_any_names_come_out_sorted_at_every_place() {
         let texts = [
             r#"{"b":1,"a":2,"c":3}"#,
             r#"{"b":"x","a":[],"c":{"z":1,"y":2}}"#,
@@ -941,6 +923,29 @@ mod tests {
         let mut reader = Reader { text: base, at: 0 };
         assert_eq!(parser.object_by_template(&mut reader, 1, 0), Some(expected));
         assert_eq!(reader.at, base.len());
+        // Names sharing their first 8 bytes (sorted by whole names) make a template too.
+        let long = r#"{"customer_name":"x","customer_id":1}"#;
+        let expected: Doc = serde_json::from_str(long).unwrap();
+        assert_eq!(parser.fast(long.as_bytes()), Some(expected.clone()));
+        parser.opened = 0;
+        let mut reader = Reader { text: long, at: 0 };
+        assert_eq!(parser.object_by_template(&mut reader, 1, 0), Some(expected));
+        // The objects past the first places share the last, as the items of a long array.
+        let items = vec![r#"{"b":1,"a":2}"#; 3 * TEMPLATES].join(",");
+        let array = format!("[{items}]");
+        for _ in 0..2 {
+            let expected: Doc = serde_json::from_str(&array).unwrap();
+            assert_eq!(parser.fast(array.as_bytes()), Some(expected));
+        }
+        assert_eq!(parser.templates.len(), TEMPLATES);
+        assert_eq!(parser.templates[TEMPLATES - 1].backoff, 0, "no miss");
+        // An object far past the first places is matched against the shared template.
+        let other = r#"{"c":3}"#;
+        parser.opened = 2 * TEMPLATES;
+        let mut reader = Reader { text: other, at: 0 };
+        let expected: Doc = serde_json::from_str(other).unwrap();
+        assert_eq!(parser.object(&mut reader, 1), Some(expected));
+        assert_eq!(parser.templates[TEMPLATES - 1].backoff, 1, "one miss");
         // Spellings of every length the word comparison distinguishes.
         for len in 0..40 {
             let name = "n".repeat(len);
