@@ -207,13 +207,7 @@ fn next_named<'l>(left: &mut Peekable<IterMut<'l, Field>>, name: &str) -> Option
 #[inline(always)]
 fn replace(lhs: &mut Doc, rhs: Doc) -> isize {
     let old = std::mem::replace(lhs, rhs);
-    let delta = lhs.heap_size() as isize;
-    if old.owns_no_heap() {
-        // Nothing to free or subtract (and the drop glue is an out-of-line call).
-        std::mem::forget(old);
-        return delta;
-    }
-    delta - old.heap_size() as isize
+    lhs.heap_size() as isize - old.release() as isize
 }
 
 fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
@@ -228,8 +222,7 @@ fn sum(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<(), ReduceError> {
         && let Some(total) = l.checked_add(*r)
     {
         *l = total;
-        // An integer: nothing to free (and the drop glue is an out-of-line call).
-        std::mem::forget(rhs);
+        rhs.release();
         return Ok(());
     }
     sum_numbers(lhs, rhs, loc)
