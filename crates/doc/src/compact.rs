@@ -217,8 +217,9 @@ impl Doc {
     /// short enough to be inline) comes to 496 bytes: its two field blocks.
     ///
     /// Inline, so the scalars most reductions replace cost a branch (containers are
-    /// walked out of line).
-    #[inline]
+    /// walked out of line; `always`, as the recursion through them makes a plain hint be
+    /// ignored, costing ~30 instructions a call).
+    #[inline(always)]
     pub fn heap_size(&self) -> usize {
         match self {
             Doc::Null | Doc::Bool(_) | Doc::PosInt(_) | Doc::NegInt(_) | Doc::Float(_) => 0,
@@ -245,6 +246,7 @@ impl Doc {
         }
     }
 
+    #[inline(never)]
     fn container_heap_size(&self) -> usize {
         match self {
             Doc::Array(items) => {
@@ -412,19 +414,35 @@ impl<'de> Deserialize<'de> for StrSeed {
 const SCANNED_FIELDS: usize = 12;
 
 /// The field named `name` among `fields` (sorted by name, as an object's). A small object
-/// is scanned comparing each name's length and first byte before its bytes: most names
-/// differ in one of those, so a lookup is about one `memcmp` call, where a binary search
-/// makes log2(n) of them (a third of the cost, measured on the combine bench's objects).
+/// is scanned with [`same_bytes`], where a binary search makes log2(n) ordered compares,
+/// each a `memcmp` call (a third of the cost, measured on the combine bench's objects).
 pub(crate) fn field_named<'f>(fields: &'f [Field], name: &str) -> Option<&'f Field> {
     let name = name.as_bytes();
     if fields.len() <= SCANNED_FIELDS {
-        return fields.iter().find(|field| {
-            let candidate = field.name.as_bytes();
-            candidate.len() == name.len() && candidate.first() == name.first() && candidate == name
-        });
+        return (fields.iter()).find(|field| same_bytes(field.name.as_bytes(), name));
     }
     let at = (fields.binary_search_by(|field| field.name.as_bytes().cmp(name))).ok()?;
     Some(&fields[at])
+}
+
+/// Whether `a` and `b` are the same bytes: for up to 16 of them, a length compare and two
+/// overlapping loads a side instead of a call into `memcmp` (names and short strings,
+/// which the parser and the reductions compare all the time).
+#[inline(always)]
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let len = a.len();
+    if len != b.len() {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8"));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().expect("4"));
+    match len {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[len / 2] == b[len / 2] && a[len - 1] == b[len - 1],
+        4..=8 => half(a, 0) == half(b, 0) && half(a, len - 4) == half(b, len - 4),
+        9..=16 => word(a, 0) == word(b, 0) && word(a, len - 8) == word(b, len - 8),
+        _ => a == b,
+    }
 }
 
 /// Bytes a heap block of `bytes` really takes, the larger of what the two allocators we
@@ -458,7 +476,7 @@ fn str_size(len: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{Doc, Field, SCANNED_FIELDS, Str, alloc_size, field_named, str_size};
+    use super::{Doc, Field, SCANNED_FIELDS, Str, alloc_size, field_named, same_bytes, str_size};
 
     /// Objects scanned and objects searched find every name they hold, and no other: names
     /// that share a length and a first byte, or are prefixes of one another, included.
@@ -503,6 +521,25 @@ mod tests {
             Some(&Doc::PosInt(17))
         );
         assert!(field_named(&many, "name40").is_none());
+    }
+
+    /// Every length (each load width and the `memcmp` past 16 bytes): equal bytes are
+    /// equal, and a single byte changed anywhere, or one more byte, is not.
+    #[test]
+    fn same_bytes_tells_every_difference() {
+        let text: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..=text.len() {
+            let a = &text[..len];
+            let mut b = a.to_vec();
+            assert!(same_bytes(a, &b), "{len}");
+            for at in 0..len {
+                b[at] ^= 0x80;
+                assert!(!same_bytes(a, &b), "length {len}, byte {at}");
+                b[at] ^= 0x80;
+            }
+            b.push(b'a');
+            assert!(!same_bytes(a, &b), "{len} and one more");
+        }
     }
 
     /// `release` frees what a document owns and tells its estimate: it skips the drop only

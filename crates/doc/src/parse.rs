@@ -37,7 +37,7 @@
 //! `DocParser::parse` returns exactly what `serde_json::from_slice::<Doc>` returns: the
 //! same document, or the same error (message, line, column), whatever the text.
 
-use crate::compact::{Doc, Field, Str};
+use crate::compact::{Doc, Field, Str, same_bytes};
 
 /// Nesting the fast path follows before it leaves a document to serde_json (whose own
 /// limit is 128): deeper than any record we have seen, and shallow enough that the fast
@@ -604,28 +604,11 @@ impl Reader<'_> {
         }
     }
 
-    /// Whether the text at `self.at` starts with `spelling` (of 3 bytes or more): in one or
-    /// two overlapping words when it is at most 16 bytes long, not a call into `memcmp`.
+    /// Whether the text at `self.at` starts with `spelling` ([`same_bytes`]: no call into
+    /// `memcmp` for the usual names).
     fn spells(&self, spelling: &[u8]) -> bool {
-        let Some(text) = self.text.as_bytes().get(self.at..self.at + spelling.len()) else {
-            return false;
-        };
-        let len = spelling.len();
-        let word = |bytes: &[u8], at: usize| {
-            u64::from_le_bytes(bytes[at..at + 8].try_into().expect("a slice of 8 bytes"))
-        };
-        let half = |bytes: &[u8], at: usize| {
-            u32::from_le_bytes(bytes[at..at + 4].try_into().expect("a slice of 4 bytes"))
-        };
-        match len {
-            4..=8 => {
-                half(text, 0) == half(spelling, 0) && half(text, len - 4) == half(spelling, len - 4)
-            }
-            9..=16 => {
-                word(text, 0) == word(spelling, 0) && word(text, len - 8) == word(spelling, len - 8)
-            }
-            _ => text == spelling,
-        }
+        let text = self.text.as_bytes().get(self.at..self.at + spelling.len());
+        text.is_some_and(|text| same_bytes(text, spelling))
     }
 
     fn peek(&self) -> Option<u8> {

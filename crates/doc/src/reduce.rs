@@ -41,7 +41,7 @@ mod compact;
 mod set;
 
 use crate::Pointer;
-use crate::compact::Doc;
+use crate::compact::{Doc, same_bytes};
 use regex::Regex;
 use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
@@ -169,7 +169,7 @@ impl Node {
     /// listed properties in turn, each costs one equality test.
     fn next_property(&self, cursor: &mut usize, name: &str) -> usize {
         while let Some((listed, child)) = self.properties.get(*cursor) {
-            if listed == name {
+            if same_bytes(listed.as_bytes(), name.as_bytes()) {
                 *cursor += 1;
                 return *child;
             }

@@ -20,7 +20,7 @@
 //! exact estimate per key without walking the document again after every reduction.
 
 use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error};
-use crate::compact::{Doc, Field, block_size};
+use crate::compact::{Doc, Field, block_size, same_bytes};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
 use std::iter::Peekable;
@@ -196,7 +196,7 @@ impl Cx<'_> {
 #[inline]
 fn next_named<'l>(left: &mut Peekable<IterMut<'l, Field>>, name: &str) -> Option<&'l mut Field> {
     // Same-shaped objects pair up at once: equality is the cheaper test.
-    if let Some(field) = left.next_if(|f| f.name.as_str() == name) {
+    if let Some(field) = left.next_if(|f| same_bytes(f.name.as_bytes(), name.as_bytes())) {
         return Some(field);
     }
     while left.next_if(|f| f.name.as_str() < name).is_some() {}
