@@ -26,6 +26,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 use std::fmt;
+use std::iter::Peekable;
 
 /// Bytes a [`Str`] keeps inline: all 24 bytes of it (compact_str's representation).
 const INLINE: usize = 24;
@@ -423,6 +424,21 @@ pub(crate) fn field_named<'f>(fields: &'f [Field], name: &str) -> Option<&'f Fie
     }
     let at = (fields.binary_search_by(|field| field.name.as_bytes().cmp(name))).ok()?;
     Some(&fields[at])
+}
+
+/// The next of `sorted` (in name order, as an object's fields) named `name`, passing over
+/// the ones before it. Equality is tried first: same-shaped objects pair up at once.
+#[inline]
+pub(crate) fn next_named<I: Iterator>(
+    sorted: &mut Peekable<I>,
+    name: &[u8],
+    name_of: impl Fn(&I::Item) -> &[u8],
+) -> Option<I::Item> {
+    if let Some(item) = sorted.next_if(|item| same_bytes(name_of(item), name)) {
+        return Some(item);
+    }
+    while sorted.next_if(|item| name_of(item) < name).is_some() {}
+    sorted.next_if(|item| same_bytes(name_of(item), name))
 }
 
 /// Whether `a` and `b` are the same bytes: for up to 16 of them, a length compare and two

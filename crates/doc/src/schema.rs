@@ -6,9 +6,11 @@
 //!  pointer ──inference──▶ Inference { types, must_exist, format }
 //! ```
 //!
-//! `validate_doc` is on the hot path (every document read from a source): it runs the
-//! validator's boolean fast path over the compact document itself ([`instance`]) and
-//! only walks errors for an invalid document. `validate` of a `Value` converts first.
+//! `validate_doc` is on the hot path (every document read from a source): it asks for a
+//! verdict only, from a walk beside the schema's [`structure`] where the schema is made of
+//! types and properties alone, else from the validator's boolean fast path over the
+//! compact document itself ([`instance`]); only an invalid document has its errors walked
+//! by the validator. `validate` of a `Value` converts first.
 //!
 //! Inference walks the schema source along the pointer. Conjunctions (the schema's own
 //! keywords, a local `$ref`, `allOf`) intersect types and any of them requiring the
@@ -19,6 +21,7 @@
 //! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
 mod instance;
+mod structure;
 
 use crate::compact::Doc;
 use crate::reduce::build;
@@ -27,6 +30,7 @@ use instance::CompactJson;
 use jsonschema::error::ValidationErrorKind;
 use regex::Regex;
 use serde_json::{Map, Value};
+use structure::Structure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
@@ -61,6 +65,8 @@ pub struct Inference {
 pub struct Schema {
     reducer: Reducer,
     validator: jsonschema::Validator<CompactJson>,
+    /// The verdict's fast path, for schemas that only constrain types and properties.
+    structure: Option<Structure>,
     source: Value,
 }
 
@@ -88,6 +94,7 @@ impl Schema {
         Ok(Schema {
             reducer,
             validator,
+            structure: Structure::of(schema),
             source: schema.clone(),
         })
     }
@@ -98,7 +105,11 @@ impl Schema {
     }
 
     pub fn validate_doc(&self, doc: &Doc) -> Result<(), ValidationError> {
-        if self.validator.is_valid(doc) {
+        let valid = match &self.structure {
+            Some(structure) => structure.admits(doc),
+            None => self.validator.is_valid(doc),
+        };
+        if valid {
             return Ok(());
         }
         let err = self.validator.iter_errors(doc).next();

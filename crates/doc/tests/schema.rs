@@ -329,6 +329,21 @@ fn compact_documents_get_the_verdicts_of_their_values() {
         json!({"oneOf": [{"type": "integer"}, {"minimum": 0}]}),
         json!({"if": {"type": "object", "required": ["a"]}, "then": {"required": ["b"]}, "else": {"type": "array"}}),
         json!({"dependentRequired": {"a": ["c"]}, "unevaluatedProperties": {"type": "integer"}, "properties": {"a": true}}),
+        // Schemas of types and properties alone, whose verdicts come from their structure.
+        json!({
+            "type": "object",
+            "required": ["a"],
+            "properties": {
+                "a": {"type": "integer", "reduce": {"strategy": "sum"}},
+                "b": {"type": ["string", "null"]},
+                "c": {"type": "array", "items": {"type": "number"}}
+            },
+            "additionalProperties": {"type": "boolean"}
+        }),
+        json!({"type": ["object", "array"], "items": {"type": "object", "properties": {"x": false}}, "properties": {"a": true}}),
+        json!({"properties": {"b": {"type": "object", "additionalProperties": {"type": "string"}, "required": ["a", "x"], "properties": {"a": {"type": "integer"}}}}}),
+        json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "required": ["a", "b"], "items": false}),
+        json!({"type": ["integer", "string"], "title": "integers, 1.0 included"}),
     ];
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -384,6 +399,8 @@ fn compact_documents_get_the_verdicts_of_their_values() {
             json!(null),
             json!([]),
             json!({}),
+            json!({"a": 1.0, "b": null, "c": [1.5, 2], "x": true}),
+            json!({"a": 1, "b": {"a": 2.0, "x": "s"}}),
         ] {
             let want = reference.is_valid(&value);
             let got = schema.validate_doc(&Doc::from(&value)).is_ok();

@@ -20,11 +20,9 @@
 //! exact estimate per key without walking the document again after every reduction.
 
 use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error};
-use crate::compact::{Doc, Field, block_size, same_bytes};
+use crate::compact::{Doc, Field, block_size, next_named};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
-use std::iter::Peekable;
-use std::slice::IterMut;
 
 /// A JSON scalar of either side, for minimize/maximize.
 enum Scalar<'a> {
@@ -142,7 +140,7 @@ impl Cx<'_> {
         for Field { name, value: rv } in r {
             // Read once (a `Str` decodes its length), for the pairing, the schema and `loc`.
             let key = name.as_str();
-            if let Some(lf) = next_named(&mut left, key) {
+            if let Some(lf) = next_named(&mut left, key.as_bytes(), |f| f.name.as_bytes()) {
                 let child = node.next_property(&mut cursor, key);
                 delta += self.reduce_compact(child, &mut lf.value, rv, Loc::Prop(&loc, key))?;
             } else {
@@ -190,17 +188,6 @@ impl Cx<'_> {
         }
         Ok(delta)
     }
-}
-
-/// The next field of `left` named `name`, passing over (keeping) the ones before it.
-#[inline]
-fn next_named<'l>(left: &mut Peekable<IterMut<'l, Field>>, name: &str) -> Option<&'l mut Field> {
-    // Same-shaped objects pair up at once: equality is the cheaper test.
-    if let Some(field) = left.next_if(|f| same_bytes(f.name.as_bytes(), name.as_bytes())) {
-        return Some(field);
-    }
-    while left.next_if(|f| f.name.as_str() < name).is_some() {}
-    left.next_if(|f| f.name.as_str() == name)
 }
 
 /// `*lhs = rhs`, returning the change of the heap estimate.
