@@ -344,6 +344,7 @@ fn compact_documents_get_the_verdicts_of_their_values() {
         json!({"properties": {"b": {"type": "object", "additionalProperties": {"type": "string"}, "required": ["a", "x"], "properties": {"a": {"type": "integer"}}}}}),
         json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "required": ["a", "b"], "items": false}),
         json!({"type": ["integer", "string"], "title": "integers, 1.0 included"}),
+        json!({"type": "object", "properties": {"a": {"type": "string", "format": "date-time"}}}),
     ];
     let leaf = prop_oneof![
         Just(Value::Null),
