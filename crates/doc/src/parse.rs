@@ -189,7 +189,10 @@ impl DocParser {
         doc.filter(|_| reader.at == text.len())
     }
 
-    /// The value starting at `r.at` (not whitespace), inside `depth` containers.
+    /// The value starting at `r.at` (not whitespace), inside `depth` containers. Inline in
+    /// every caller (objects and arrays are out of line, which ends the recursion): most
+    /// values are strings and numbers, read where their field is.
+    #[inline(always)]
     fn value(&mut self, r: &mut Reader<'_>, depth: usize) -> Option<Doc> {
         match r.peek()? {
             b'"' => {
