@@ -41,7 +41,7 @@ mod compact;
 mod set;
 
 use crate::Pointer;
-use crate::compact::{Doc, same_bytes};
+use crate::compact::Doc;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
@@ -159,24 +159,6 @@ impl Node {
             .binary_search_by(|(p, _)| p.as_str().cmp(name))
         {
             return self.properties[i].1;
-        }
-        self.unlisted_property(name)
-    }
-
-    /// [`Node::property`] for names asked in strictly ascending order (an object's): `cursor`
-    /// (start at 0) walks the sorted `properties` forward instead of searching them for
-    /// every name, and steps past a name once found, so that when a document names the
-    /// listed properties in turn, each costs one equality test.
-    fn next_property(&self, cursor: &mut usize, name: &str) -> usize {
-        while let Some((listed, child)) = self.properties.get(*cursor) {
-            if same_bytes(listed.as_bytes(), name.as_bytes()) {
-                *cursor += 1;
-                return *child;
-            }
-            if listed.as_str() > name {
-                break;
-            }
-            *cursor += 1;
         }
         self.unlisted_property(name)
     }

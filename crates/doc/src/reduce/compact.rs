@@ -135,13 +135,18 @@ impl Cx<'_> {
         let node = &self.nodes[n];
         // Names only `r` has, rare once a key's document has its shape: no `Vec` until one.
         let mut added: Option<Vec<Field>> = None;
-        let (mut cursor, mut delta) = (0, 0);
+        let mut delta = 0;
         let mut left = l.iter_mut().peekable();
+        // Both sorted by name as well: the schema's properties pair up in the same walk.
+        let mut listed = node.properties.iter().peekable();
         for Field { name, value: rv } in r {
             // Read once (a `Str` decodes its length), for the pairing, the schema and `loc`.
             let key = name.as_str();
             if let Some(lf) = next_named(&mut left, key.as_bytes(), |f| f.name.as_bytes()) {
-                let child = node.next_property(&mut cursor, key);
+                let child = match next_named(&mut listed, key.as_bytes(), |(n, _)| n.as_bytes()) {
+                    Some(&(_, child)) => child,
+                    None => node.unlisted_property(key),
+                };
                 delta += self.reduce_compact(child, &mut lf.value, rv, Loc::Prop(&loc, key))?;
             } else {
                 let field = Field { name, value: rv };
