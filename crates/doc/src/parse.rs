@@ -338,6 +338,8 @@ impl DocParser {
         let template = &mut self.templates[place];
         template.spellings.clear();
         template.ends.clear();
+        template.slots.clear();
+        template.names.clear();
         if self.order.is_empty() {
             return;
         }
@@ -347,12 +349,10 @@ impl DocParser {
                 .extend_from_slice(&text.as_bytes()[from..to]);
             template.ends.push(template.spellings.len());
         }
-        template.slots.clear();
         template.slots.resize(block.len(), 0);
         for (slot, &at) in self.order.iter().enumerate() {
             template.slots[at] = slot;
         }
-        template.names.clear();
         (template.names).extend(block.iter().map(|field| field.name.clone()));
     }
 
