@@ -2,8 +2,8 @@
 //! commands use.
 
 use async_trait::async_trait;
-use sluice_driver::memory::MemoryDriver;
-use sluice_driver::{Driver, Result, Transactor};
+use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
 use sluice_postgres::PostgresDriver;
 use sluice_proto::flow;

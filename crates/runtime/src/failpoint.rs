@@ -29,7 +29,7 @@
 //!
 //! [`POINTS`] lists every point, so the torture command can pick one at random.
 
-use sluice_driver::Error as DriverError;
+use sluice_driver_sdk::Error as DriverError;
 
 pub const AFTER_QUEUE: &str = "txn::after-queue";
 pub const AFTER_INTENT: &str = "txn::after-intent";
@@ -40,7 +40,7 @@ pub const AFTER_DRIVER_COMMITTED: &str = "txn::after-driver-committed";
 pub const AFTER_LOG_COMMIT: &str = "txn::after-log-commit";
 pub const RECOVERY_AFTER_OPEN: &str = "recovery::after-open";
 pub const RECOVERY_FSYNC: &str = "recovery::fsync";
-/// Driver side (`sluice_driver::serve`, which cannot depend on this crate: same names).
+/// Driver side (`sluice_driver_sdk::serve`, which cannot depend on this crate: same names).
 pub const DRIVER_STORE: &str = "driver::store";
 pub const DRIVER_BEFORE_COMMIT: &str = "driver::before-commit";
 pub const DRIVER_AFTER_COMMIT: &str = "driver::after-commit";

@@ -11,14 +11,14 @@
 //! Connecting an endpoint is the caller's job ([`Connect`]): the runtime does not know
 //! which connectors are linked into the binary.
 
-use crate::build::{self, BuildError};
 use crate::config::{self, Pipeline};
+use crate::projections::{self, BuildError};
 use crate::recovery::RecoveryLog;
 use crate::source::{FaultTolerance, open_source};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
 use async_trait::async_trait;
 use serde_json::Value;
-use sluice_driver::Endpoint;
+use sluice_driver_sdk::Endpoint;
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
 use std::collections::BTreeMap;
@@ -55,7 +55,7 @@ pub enum PipelineError {
     Driver {
         materialization: String,
         #[source]
-        source: sluice_driver::Error,
+        source: sluice_driver_sdk::Error,
     },
     #[error("materialization {materialization}: {source}")]
     Run {
@@ -89,8 +89,12 @@ pub struct Planned {
 pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned, PipelineError> {
     let mut collections = BTreeMap::new();
     for (name, def) in &pipeline.collections {
-        let collection =
-            build::compile_collection(&format!("collections.{name}"), name, &def.key, &def.schema)?;
+        let collection = projections::compile_collection(
+            &format!("collections.{name}"),
+            name,
+            &def.key,
+            &def.schema,
+        )?;
         collections.insert(name.clone(), Arc::new(collection));
     }
     let mut materializations = Vec::new();
@@ -134,7 +138,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
                 };
                 return Err(invalid(format!("{binding_place}.resource{at}"), err.reason));
             }
-            let collection_spec = build::collection_spec(collection);
+            let collection_spec = projections::collection_spec(collection);
             validate.bindings.push(m::validate_request::Binding {
                 resource_spec_json: binding.resource.to_string(),
                 collection: Some(collection_spec.clone()),
@@ -166,7 +170,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             .enumerate()
         {
             let fields = binding.fields.clone().unwrap_or_default();
-            let selection = build::select_fields(
+            let selection = projections::select_fields(
                 &format!("{place}.bindings[{i}]"),
                 &collection_spec,
                 constraints,
@@ -279,7 +283,7 @@ pub async fn run(
                 .as_ref()
                 .map(|c| c.collection.clone())
                 .unwrap_or_default();
-            bindings.push(build::loop_binding(
+            bindings.push(projections::loop_binding(
                 planned.collections[&collection].clone(),
                 &m.spec,
                 i,

@@ -26,7 +26,7 @@ use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Statement};
 use serde_json::{Value, json};
-use sluice_driver::inprocess::InProcess;
+use sluice_driver_sdk::inprocess::InProcess;
 use sluice_mysql::MysqlDriver;
 use sluice_mysql::config::EndpointConfig;
 use sluice_mysql::sql::quote_ident;

@@ -26,7 +26,7 @@ use anyhow::Context;
 use async_trait::async_trait;
 use futures::SinkExt;
 use serde_json::{Value, json};
-use sluice_driver::inprocess::InProcess;
+use sluice_driver_sdk::inprocess::InProcess;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres::sql::{qualify, quote_ident};
 use sluice_proto::flow::EndpointType;

@@ -39,8 +39,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
-pub use sluice_driver::sql::Claim;
-use sluice_driver::{Error, Result};
+pub use sluice_driver_sdk::fence::Claim;
+use sluice_driver_sdk::{Error, Result};
 
 /// Server error codes after which reconnecting and retrying may succeed.
 const RETRYABLE_CODES: &[u16] = &[

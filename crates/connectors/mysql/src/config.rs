@@ -9,8 +9,8 @@
 //! which drops it.
 
 use serde::Deserialize;
-use sluice_driver::config::{NameLimit, TableResource, parse, table_resource_schema};
-use sluice_driver::{Error, Result};
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::config::{NameLimit, TableResource, parse, table_resource_schema};
 
 /// Where the documentation of this driver lives (returned by Spec).
 pub const DOCUMENTATION_URL: &str =

@@ -23,14 +23,14 @@ use crate::transactor::MysqlTransactor;
 use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
-use sluice_driver::config::materialization;
-use sluice_driver::sql as kit;
-use sluice_driver::validate;
-use sluice_driver::{Driver, Result, Transactor};
-use sluice_proto::flow;
-use sluice_proto::materialize::{
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
+use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_sqlkit as kit;
+use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::validate;
 
 /// The MariaDB/MySQL driver. Stateless: the endpoint config arrives with each request.
 #[derive(Debug, Default, Clone)]

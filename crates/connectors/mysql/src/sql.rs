@@ -35,9 +35,9 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::text::{TextColumn, TextRows, escape_into};
-use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
-use sluice_driver::{Error, Result};
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::text::{TextColumn, TextRows, escape_into};
+use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
 
 /// The table of fences and runtime checkpoints, one row per (materialization, key range).
@@ -103,7 +103,7 @@ impl ColumnKind for ColumnType {
     }
 }
 
-pub type Column = sql::Column<ColumnType>;
+pub type Column = kit::Column<ColumnType>;
 
 /// Whether `column` holds text of at most [`KEY_CHARS`] characters.
 fn is_key_text(column: &Column) -> bool {
@@ -128,7 +128,7 @@ pub fn sql_type(column: &Column, flavor: Flavor) -> String {
     .to_owned()
 }
 
-sluice_driver::table_newtype!(
+sluice_sqlkit::table_newtype!(
     /// One binding's table (see [`sql::Table`]), with the SQL that creates, loads and
     /// changes it.
     Table(ColumnType)
@@ -305,8 +305,8 @@ pub fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<b
 }
 
 /// Rows in the text format of `LOAD DATA`'s defaults, NUL escaped as `\0` (see
-/// [`sluice_driver::sql::text`]).
-pub type InfileRows = TextRows<sql::Table<ColumnType>>;
+/// [`sluice_sqlkit::text`]).
+pub type InfileRows = TextRows<kit::Table<ColumnType>>;
 
 impl TextColumn for ColumnType {
     const ESCAPE_NUL: bool = true;
@@ -415,7 +415,7 @@ mod tests {
     }
 
     fn table(columns: Vec<Column>, has_document: bool) -> Table {
-        Table(sql::Table {
+        Table(kit::Table {
             name: "t".into(),
             collection: "c".into(),
             key_count: columns.iter().filter(|c| c.key).count(),

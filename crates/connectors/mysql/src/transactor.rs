@@ -45,11 +45,12 @@ use crate::sql::{InfileRows, KeyLists, Table};
 use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
-use sluice_driver::arena;
-use sluice_driver::config::materialization;
-use sluice_driver::sql::{FencedStore, PreparedCheckpoint, unpack};
-use sluice_driver::{Error, LoadedSink, Result};
-use sluice_proto::materialize::transaction_request::{Load, Open, Store};
+use sluice_driver_sdk::arena;
+use sluice_driver_sdk::fence::{FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
+use sluice_driver_sdk::{Error, LoadedSink, Result};
+use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::unpack;
 use tokio::task::JoinHandle;
 
 /// One binding's table and statements.
@@ -174,7 +175,7 @@ impl MysqlTransactor {
     }
 
     fn binding(&self, binding: u32) -> Result<&Binding> {
-        sluice_driver::sql::binding(&self.bindings, binding)
+        sluice_sqlkit::binding(&self.bindings, binding)
     }
 
     /// The connection, after the writes in flight (if any) have ended; their failure

@@ -4,8 +4,8 @@ mod common;
 
 use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
-use sluice_driver::Driver;
-use sluice_driver::testing::{self, apply_request, binding, scenarios, spec, view};
+use sluice_conformance::testing::{self, apply_request, binding, scenarios, spec, view};
+use sluice_driver_sdk::Driver;
 use sluice_mysql::MysqlDriver;
 
 /// `[name, type, nullable, key, comment]` of each column of `table`, in order.

@@ -1,14 +1,14 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! the real server: stores, loads, checkpoints, fencing, key-range splits, delta
 //! updates, connection loss, and the keys MariaDB would otherwise confuse. The scenarios
-//! every SQL connector shares come from [`sluice_driver::testing::scenarios`]; this file
+//! every SQL connector shares come from [`sluice_conformance::testing::scenarios`]; this file
 //! adds what only MariaDB checks.
 
 mod common;
 
 use common::TestDb;
 use serde_json::{Value, json};
-use sluice_driver::testing::{binding, load, scenarios, store, view};
+use sluice_conformance::testing::{binding, load, scenarios, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {

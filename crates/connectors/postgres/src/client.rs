@@ -28,8 +28,8 @@
 
 use crate::config::EndpointConfig;
 use crate::sql::{self, CHECKPOINTS_TABLE};
-use sluice_driver::sql as kit;
-use sluice_driver::{Error, Result};
+use sluice_driver_sdk::fence;
+use sluice_driver_sdk::{Error, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
@@ -118,18 +118,18 @@ pub async fn checkpoint_rows(client: &Client, schema: &str, materialization: &st
     Ok(row.get(0))
 }
 
-/// One shard's claim on its key range (see [`kit::Claim`], which it derefs to), in the
+/// One shard's claim on its key range (see [`fence::Claim`], which it derefs to), in the
 /// checkpoints table of `schema`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub schema: String,
-    pub range: kit::Claim,
+    pub range: fence::Claim,
 }
 
 impl std::ops::Deref for Claim {
-    type Target = kit::Claim;
+    type Target = fence::Claim;
 
-    fn deref(&self) -> &kit::Claim {
+    fn deref(&self) -> &fence::Claim {
         &self.range
     }
 }
@@ -226,7 +226,7 @@ pub async fn claim_range(
     tx.commit().await.map_err(err)?;
     let claim = Claim {
         schema: schema.to_owned(),
-        range: kit::Claim::new(materialization, key_begin, key_end, fence),
+        range: fence::Claim::new(materialization, key_begin, key_end, fence),
     };
     Ok((claim, checkpoint))
 }

@@ -9,10 +9,10 @@
 //! which drops it.
 
 use serde::Deserialize;
-use sluice_driver::config::{
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::config::{
     NameLimit, TableResource, check_identifier, parse, table_resource_schema,
 };
-use sluice_driver::{Error, Result};
 use std::str::FromStr;
 
 /// Where the documentation of this driver lives (returned by Spec).

@@ -22,14 +22,14 @@ use crate::config::{
 use crate::sql::{self, CHECKPOINTS_TABLE, ColumnType, Table};
 use crate::transactor::PostgresTransactor;
 use async_trait::async_trait;
-use sluice_driver::config::materialization;
-use sluice_driver::sql as kit;
-use sluice_driver::validate;
-use sluice_driver::{Driver, Result, Transactor};
-use sluice_proto::flow;
-use sluice_proto::materialize::{
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
+use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_sqlkit as kit;
+use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::validate;
 use tokio_postgres::Client;
 
 /// The PostgreSQL driver. Stateless: the endpoint config arrives with each request.

@@ -33,10 +33,10 @@
 //! - Delta-update tables have no primary key: every store appends a row.
 
 use serde_json::Value;
-use sluice_driver::sql::text::{TextColumn, TextRows};
-use sluice_driver::sql::{self, ColumnKind, Inferred, mismatch};
-use sluice_driver::{Error, Result};
-use sluice_proto::flow;
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::text::{TextColumn, TextRows};
+use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
 
 /// The table of fences and runtime checkpoints, one row per (materialization, key range).
@@ -87,18 +87,18 @@ impl ColumnType {
     }
 }
 
-pub type Column = sql::Column<ColumnType>;
+pub type Column = kit::Column<ColumnType>;
 
 /// One binding's table (see [`sql::Table`]) in `schema`, with the SQL that creates,
 /// loads and changes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     pub schema: String,
-    pub table: sql::Table<ColumnType>,
+    pub table: kit::Table<ColumnType>,
 }
 
 impl std::ops::Deref for Table {
-    type Target = sql::Table<ColumnType>;
+    type Target = kit::Table<ColumnType>;
 
     fn deref(&self) -> &Self::Target {
         &self.table
@@ -115,7 +115,7 @@ impl Table {
     ) -> Result<Table> {
         Ok(Table {
             schema: schema.to_owned(),
-            table: sql::Table::new(name, binding, delta_updates)?,
+            table: kit::Table::new(name, binding, delta_updates)?,
         })
     }
 
@@ -345,8 +345,8 @@ pub fn key_text(column: &Column, value: &Value) -> Result<Option<String>> {
         .map_err(|err| Error::store(format!("converting field {:?}", column.field), err, false))
 }
 
-/// Rows in the text format of `COPY ... FROM STDIN` (see [`sluice_driver::sql::text`]).
-pub type CopyRow = TextRows<sql::Table<ColumnType>>;
+/// Rows in the text format of `COPY ... FROM STDIN` (see [`sluice_sqlkit::text`]).
+pub type CopyRow = TextRows<kit::Table<ColumnType>>;
 
 impl TextColumn for ColumnType {
     const ESCAPE_NUL: bool = false;
@@ -398,7 +398,7 @@ mod tests {
     /// Table `"s"."t"` keyed by its first column, ending with the document unless
     /// delta-updated.
     fn table(columns: Vec<Column>, delta_updates: bool) -> Table {
-        let table = sql::Table {
+        let table = kit::Table {
             name: "t".into(),
             collection: "c".into(),
             columns,

@@ -46,11 +46,12 @@ use crate::sql::{self, CopyRow, Table};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{SinkExt, TryStreamExt};
-use sluice_driver::arena;
-use sluice_driver::config::materialization;
-use sluice_driver::sql::{FencedStore, PreparedCheckpoint, unpack};
-use sluice_driver::{Error, LoadedSink, Result};
-use sluice_proto::materialize::transaction_request::{Load, Open, Store};
+use sluice_driver_sdk::arena;
+use sluice_driver_sdk::fence::{FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
+use sluice_driver_sdk::{Error, LoadedSink, Result};
+use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::unpack;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Statement};
@@ -219,7 +220,7 @@ impl PostgresTransactor {
     }
 
     fn binding(&self, binding: u32) -> Result<&Binding> {
-        sluice_driver::sql::binding(&self.bindings, binding)
+        sluice_sqlkit::binding(&self.bindings, binding)
     }
 
     /// Begins the transaction's store transaction, if not yet begun.

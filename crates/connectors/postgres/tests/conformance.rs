@@ -5,8 +5,8 @@ mod common;
 
 use common::TestDb;
 use serde_json::json;
-use sluice_driver::conformance::{assert_all_pass, run_suite};
-use sluice_driver::inprocess::InProcess;
+use sluice_conformance::{assert_all_pass, run_suite};
+use sluice_driver_sdk::inprocess::InProcess;
 use sluice_postgres::PostgresDriver;
 use std::sync::Arc;
 

@@ -1,13 +1,13 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! the real server: stores, loads, checkpoints, fencing, key-range splits, delta
 //! updates, connection loss. The scenarios every SQL connector shares come from
-//! [`sluice_driver::testing::scenarios`]; this file adds what only PostgreSQL checks.
+//! [`sluice_conformance::testing::scenarios`]; this file adds what only PostgreSQL checks.
 
 mod common;
 
 use common::TestDb;
 use serde_json::json;
-use sluice_driver::testing::scenarios;
+use sluice_conformance::testing::scenarios;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {

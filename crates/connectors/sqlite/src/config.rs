@@ -6,8 +6,8 @@
 //! find it in their file.
 
 use serde::Deserialize;
-use sluice_driver::config::{TableResource, parse, table_resource_schema};
-use sluice_driver::{Error, Result};
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::config::{TableResource, parse, table_resource_schema};
 use std::path::PathBuf;
 
 /// Where the documentation of this driver lives (returned by Spec).

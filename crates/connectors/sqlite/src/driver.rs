@@ -29,18 +29,19 @@ use crate::sql::{self, Claim, ColumnType, Table};
 use async_trait::async_trait;
 use rusqlite::Connection;
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use sluice_driver::arena;
-use sluice_driver::config::materialization;
-use sluice_driver::sql as kit;
-use sluice_driver::sql::{PreparedCheckpoint, unpack};
-use sluice_driver::validate;
-use sluice_driver::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
-use sluice_proto::flow;
-use sluice_proto::materialize::{
+use sluice_driver_sdk::arena;
+use sluice_driver_sdk::fence::PreparedCheckpoint;
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::materialize::{
     self as m,
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
+use sluice_driver_sdk::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
+use sluice_sqlkit as kit;
+use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::unpack;
+use sluice_sqlkit::validate;
 
 /// Keys looked up per SELECT. Each key binds `key columns` parameters, so 256 keys of
 /// up to 100 columns stay well under SQLite's 32766-parameter limit, while one
@@ -259,7 +260,7 @@ struct SqliteTransactor {
 
 impl SqliteTransactor {
     fn binding(&self, binding: u32) -> Result<&BindingSql> {
-        sluice_driver::sql::binding(&self.bindings, binding)
+        sluice_sqlkit::binding(&self.bindings, binding)
     }
 
     /// Begins the transaction's write transaction, if not yet begun. IMMEDIATE takes the

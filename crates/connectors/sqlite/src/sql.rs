@@ -33,9 +33,9 @@
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
-pub use sluice_driver::sql::Claim;
-use sluice_driver::sql::{self, ColumnKind, Inferred};
-use sluice_driver::{Error, Result};
+pub use sluice_driver_sdk::fence::Claim;
+use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::{self as kit, ColumnKind, Inferred};
 use std::path::Path;
 use std::time::Duration;
 
@@ -86,9 +86,9 @@ impl ColumnType {
     }
 }
 
-pub type Column = sql::Column<ColumnType>;
+pub type Column = kit::Column<ColumnType>;
 
-sluice_driver::table_newtype!(
+sluice_sqlkit::table_newtype!(
     /// One binding's table (see [`sql::Table`]), with the SQL that creates, loads and
     /// changes it.
     Table(ColumnType)
@@ -456,7 +456,7 @@ mod tests {
             ty,
             key,
         };
-        Table(sql::Table {
+        Table(kit::Table {
             name: "t".into(),
             collection: "c".into(),
             columns: vec![

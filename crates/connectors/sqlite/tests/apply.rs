@@ -4,10 +4,10 @@ mod common;
 
 use common::{DRIVER, TestFile, endpoint};
 use rusqlite::Connection;
-use sluice_driver::Driver;
-use sluice_driver::testing::scenarios::{self, TestStore};
-use sluice_driver::testing::{self, apply_request, binding, collection, spec};
-use sluice_proto::materialize::{self as m, constraint::Type};
+use sluice_conformance::testing::scenarios::{self, TestStore};
+use sluice_conformance::testing::{self, apply_request, binding, collection, spec};
+use sluice_driver_sdk::Driver;
+use sluice_driver_sdk::materialize::{self as m, constraint::Type};
 use sluice_sqlite::SqliteDriver;
 use std::path::Path;
 
@@ -209,7 +209,7 @@ async fn spec_returns_both_schemas() {
 fn validate_request(resource: serde_json::Value) -> m::ValidateRequest {
     m::ValidateRequest {
         materialization: testing::MATERIALIZATION.into(),
-        endpoint_type: sluice_proto::flow::EndpointType::Sqlite as i32,
+        endpoint_type: sluice_driver_sdk::flow::EndpointType::Sqlite as i32,
         endpoint_spec_json: r#"{"path": "views.db"}"#.into(),
         bindings: vec![m::validate_request::Binding {
             resource_spec_json: resource.to_string(),

@@ -2,8 +2,8 @@
 //! endpoint: every scenario must pass (none fails, none is skipped).
 
 use serde_json::json;
-use sluice_driver::conformance::{assert_all_pass, run_suite};
-use sluice_driver::inprocess::InProcess;
+use sluice_conformance::{assert_all_pass, run_suite};
+use sluice_driver_sdk::inprocess::InProcess;
 use sluice_sqlite::SqliteDriver;
 use std::sync::Arc;
 

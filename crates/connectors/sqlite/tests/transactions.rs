@@ -1,14 +1,14 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! real SQLite files: stores, loads, checkpoints, fencing, key-range splits, delta
 //! updates. The scenarios every SQL connector shares come from
-//! [`sluice_driver::testing::scenarios`]; this file adds what only SQLite checks.
+//! [`sluice_conformance::testing::scenarios`]; this file adds what only SQLite checks.
 
 mod common;
 
 use common::TestFile;
 use serde_json::json;
-use sluice_driver::testing::scenarios;
-use sluice_driver::testing::{binding, load, store, view};
+use sluice_conformance::testing::scenarios;
+use sluice_conformance::testing::{binding, load, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction() {

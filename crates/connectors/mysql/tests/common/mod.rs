@@ -1,7 +1,7 @@
 //! Fixtures shared by the MariaDB driver's tests: a database of its own per test
 //! ([`TestDb`], dropped at the end even if the test fails)
 //! and the driver under test; the collection, specs, messages and the runtime-side
-//! session come from [`sluice_driver::testing`].
+//! session come from [`sluice_conformance::testing`].
 //!
 //! The server is `SLUICE_TEST_MYSQL_URL`, by default `mysql://root@127.0.0.1:3306/test`
 //! (started by `.ci/services`); each test's database is created on it.
@@ -10,8 +10,8 @@
 
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
-use sluice_driver::testing::scenarios::{ServerStore, TestStore};
-use sluice_driver::testing::{self, TestDriver};
+use sluice_conformance::testing::scenarios::{ServerStore, TestStore};
+use sluice_conformance::testing::{self, TestDriver};
 use sluice_mysql::MysqlDriver;
 use std::sync::Arc;
 

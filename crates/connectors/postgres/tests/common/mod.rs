@@ -1,7 +1,7 @@
 //! Fixtures shared by the PostgreSQL driver's tests: a schema of its own per test
 //! ([`TestDb`], dropped at the end even if the test fails)
 //! and the driver under test; the collection, specs, messages and the runtime-side
-//! session come from [`sluice_driver::testing`].
+//! session come from [`sluice_conformance::testing`].
 //!
 //! The server is `SLUICE_TEST_POSTGRES_URL`, by default
 //! `postgres://postgres@127.0.0.1:5432/test` (started by `.ci/services`).
@@ -9,8 +9,8 @@
 #![allow(dead_code)] // Each test binary uses its own subset of the fixtures.
 
 use serde_json::{Value, json};
-use sluice_driver::testing::scenarios::{ServerStore, TestStore};
-use sluice_driver::testing::{self, TestDriver};
+use sluice_conformance::testing::scenarios::{ServerStore, TestStore};
+use sluice_conformance::testing::{self, TestDriver};
 use sluice_postgres::PostgresDriver;
 use std::sync::Arc;
 use tokio_postgres::NoTls;

@@ -1,4 +1,4 @@
-//! Fixtures of the SQLite driver's tests beyond [`sluice_driver::testing`]: the driver
+//! Fixtures of the SQLite driver's tests beyond [`sluice_conformance::testing`]: the driver
 //! under test, the endpoint configuration of a database file, and [`TestFile`], a
 //! private database file that the shared scenarios run against.
 
@@ -6,8 +6,8 @@
 
 use rusqlite::Connection;
 use serde_json::{Value, json};
-use sluice_driver::testing::TestDriver;
-use sluice_driver::testing::scenarios::TestStore;
+use sluice_conformance::testing::TestDriver;
+use sluice_conformance::testing::scenarios::TestStore;
 use sluice_sqlite::SqliteDriver;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

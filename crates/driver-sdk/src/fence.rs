@@ -1,0 +1,237 @@
+//! Fencing of an authoritative store, whatever it is: an instance's [`Claim`] on its key
+//! range, the [`PreparedCheckpoint`] between Prepare and Commit, and [`FencedStore`], the
+//! transaction protocol of a store whose commit is guarded by a [`RangeFence`], once.
+//!
+//! Such a store commits the runtime checkpoint with the data in one store transaction,
+//! guarded by the fence its instance claimed at open. Every [`Transactor`] call but
+//! loading and writing is then the same: Prepare remembers the checkpoint (and returns
+//! no driver checkpoint of its own), Store and Commit start or finish the writes and, on
+//! failure, roll back and tell whether the instance was fenced off, and Acknowledge has
+//! nothing to do. A connector implements [`FencedStore`]; the blanket impl makes it a
+//! [`Transactor`] with [`CommitPattern::RemoteAuthoritative`].
+//!
+//! A failed store or commit of a fenced-off instance reports [`Error::Fenced`] even when
+//! the store failed for another reason first (a zombie that believed absent a key the
+//! newer instance stored fails with the store's duplicate-key error):
+//! [`RangeFence::explain`] tells the truth.
+
+use crate::materialize::transaction_request::{Load, Prepare, Store};
+use crate::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor, flow};
+use async_trait::async_trait;
+
+/// The runtime checkpoint of the transaction in progress: set by Prepare, taken by
+/// Commit, which writes it in the same store transaction as the data.
+#[derive(Debug, Default)]
+pub struct PreparedCheckpoint(Option<Vec<u8>>);
+
+impl PreparedCheckpoint {
+    /// Remembers the runtime checkpoint of `prepare`. Returns the driver checkpoint of
+    /// an authoritative store: nothing of its own (`{}` as a merge patch), since the
+    /// store itself holds what it needs to resume.
+    pub fn prepare(&mut self, prepare: Prepare) -> flow::DriverCheckpoint {
+        self.0 = Some(prepare.flow_checkpoint);
+        flow::DriverCheckpoint {
+            driver_checkpoint_json: b"{}".to_vec(),
+            rfc7396_merge_patch: true,
+        }
+    }
+
+    /// The prepared checkpoint, for Commit; an error if no Prepare preceded it.
+    pub fn take(&mut self) -> Result<Vec<u8>> {
+        self.0.take().ok_or_else(|| {
+            Error::store(
+                "committing",
+                "Commit arrived without a prepared checkpoint",
+                false,
+            )
+        })
+    }
+}
+
+/// One instance's claim on its key range, owned: the fence it must still hold to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub materialization: String,
+    pub key_begin: u32,
+    pub key_end: u32,
+    pub fence: i64,
+}
+
+impl Claim {
+    pub fn new(materialization: &str, key_begin: u32, key_end: u32, fence: i64) -> Claim {
+        Claim {
+            materialization: materialization.to_owned(),
+            key_begin,
+            key_end,
+            fence,
+        }
+    }
+
+    pub fn range_fence(&self) -> RangeFence<'_> {
+        RangeFence {
+            materialization: &self.materialization,
+            key_begin: self.key_begin,
+            key_end: self.key_end,
+            claimed: self.fence,
+        }
+    }
+}
+
+/// An instance's claim on its key range of a materialization: the fence it read when
+/// it opened, which its commit must still find in the range's checkpoints row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeFence<'a> {
+    pub materialization: &'a str,
+    pub key_begin: u32,
+    pub key_end: u32,
+    /// The fence claimed at open.
+    pub claimed: i64,
+}
+
+impl RangeFence<'_> {
+    /// The error of this instance once a newer one has opened its range; `cause` is
+    /// the store's error that revealed it, if any.
+    pub fn fenced(&self, cause: Option<&Error>) -> Error {
+        let cause = cause
+            .map(|err| format!(" (it failed with: {err})"))
+            .unwrap_or_default();
+        Error::Fenced(format!(
+            "key range [{:08x}, {:08x}] of {:?} was opened by a newer instance \
+             (this instance holds stale fence {}); its transaction was rolled back{cause}",
+            self.key_begin, self.key_end, self.materialization, self.claimed
+        ))
+    }
+
+    /// What a store or commit that failed with `err` really is, given the range's
+    /// fence read afresh after the failure (`current`; `None` if its row is gone):
+    /// [`Error::Fenced`], naming `err`, if the fence moved since this instance claimed
+    /// it, else `err` itself. A failed read proves nothing, so it leaves `err` as is.
+    pub fn explain(&self, err: Error, current: Result<Option<i64>>) -> Error {
+        match current {
+            Ok(now) if now != Some(self.claimed) && !matches!(err, Error::Fenced(_)) => {
+                self.fenced(Some(&err))
+            }
+            Ok(_) => err,
+            Err(read) => {
+                tracing::debug!(%read, "reading the fence of a failed transaction");
+                err
+            }
+        }
+    }
+}
+
+/// What a remote authoritative SQL store does itself (see the module docs).
+#[async_trait]
+pub trait FencedStore: Send + 'static {
+    /// The runtime checkpoint between Prepare and Commit.
+    fn checkpoint(&mut self) -> &mut PreparedCheckpoint;
+
+    /// [`Transactor::load`].
+    async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()>;
+
+    /// [`Transactor::flush_loads`].
+    async fn flush_loaded(&mut self, _loaded: &mut dyn LoadedSink) -> Result<()> {
+        Ok(())
+    }
+
+    /// Encodes a Store message and starts its writes.
+    async fn start_writes(&mut self, store: Store) -> Result<()>;
+
+    /// Finishes the writes and commits them with the prepared checkpoint, if the fence
+    /// still holds.
+    async fn commit_writes(&mut self) -> Result<()>;
+
+    /// `result`, or, if it failed, the failure explained by the range's current fence
+    /// (after rolling back the store transaction).
+    async fn fence_checked(&mut self, result: Result<()>) -> Result<()>;
+
+    /// [`Transactor::destroy`].
+    async fn release(self: Box<Self>);
+}
+
+#[async_trait]
+impl<T: FencedStore> Transactor for T {
+    fn pattern(&self) -> CommitPattern {
+        CommitPattern::RemoteAuthoritative
+    }
+
+    async fn load(
+        &mut self,
+        load: Load,
+        _prior: PriorState,
+        loaded: &mut dyn LoadedSink,
+    ) -> Result<()> {
+        self.load_keys(load, loaded).await
+    }
+
+    async fn flush_loads(&mut self, loaded: &mut dyn LoadedSink) -> Result<()> {
+        self.flush_loaded(loaded).await
+    }
+
+    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
+        Ok(self.checkpoint().prepare(prepare))
+    }
+
+    async fn store(&mut self, store: Store) -> Result<()> {
+        let started = self.start_writes(store).await;
+        self.fence_checked(started).await
+    }
+
+    async fn commit(&mut self) -> Result<()> {
+        let committed = self.commit_writes().await;
+        self.fence_checked(committed).await
+    }
+
+    /// Nothing to do: the commit itself was authoritative and durable.
+    async fn acknowledge(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn destroy(self: Box<Self>) {
+        self.release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_takes_the_prepared_checkpoint_once() {
+        let mut prepared = PreparedCheckpoint::default();
+        let driver = prepared.prepare(Prepare {
+            flow_checkpoint: b"cp1".to_vec(),
+        });
+        assert_eq!(driver.driver_checkpoint_json, b"{}");
+        assert!(driver.rfc7396_merge_patch);
+        assert_eq!(prepared.take().unwrap(), b"cp1");
+        let err = prepared.take().unwrap_err();
+        assert!(
+            err.to_string().contains("without a prepared checkpoint"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_failure_is_fenced_only_if_the_fence_moved() {
+        let range = RangeFence {
+            materialization: "m",
+            key_begin: 0,
+            key_end: u32::MAX,
+            claimed: 3,
+        };
+        let duplicate = || Error::store("storing", "duplicate key", false);
+        let err = range.explain(duplicate(), Ok(Some(4)));
+        assert!(matches!(err, Error::Fenced(_)), "{err}");
+        assert!(err.to_string().contains("stale fence 3"), "{err}");
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+        let err = range.explain(duplicate(), Ok(None));
+        assert!(matches!(err, Error::Fenced(_)), "{err}");
+        let err = range.explain(duplicate(), Ok(Some(3)));
+        assert!(matches!(err, Error::Store { .. }), "{err}");
+        let err = range.explain(duplicate(), Err(Error::Transport("lost".into())));
+        assert!(matches!(err, Error::Store { .. }), "{err}");
+        let fenced = range.explain(range.fenced(None), Ok(Some(4)));
+        assert_eq!(fenced.to_string(), range.fenced(None).to_string());
+    }
+}

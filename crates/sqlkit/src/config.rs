@@ -1,0 +1,252 @@
+//! Reading what a request carries: the user's JSON configuration, strictly, and the
+//! materialization spec.
+//!
+//! Every driver's endpoint and resource configurations go through [`parse`], so every
+//! driver reports a wrong field the same way: `endpoint config: url: invalid type ...`,
+//! naming the path of the field (serde_path_to_error) so a pipeline author can find it
+//! in their file. Unknown properties are refused by the config types themselves
+//! (`#[serde(deny_unknown_fields)]`).
+//!
+//! Every SQL store's resource is the same [`TableResource`] (a table, kept by key or
+//! appended to), checked against the store's [`NameLimit`] and described by
+//! [`table_resource_schema`]; only the limit and the title differ between stores.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::{Error, Result};
+
+/// Deserializes `json` as `what` (e.g. "resource config"); an error is
+/// [`Error::Config`] naming `what` and the path of the offending field, if any.
+pub fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    serde_path_to_error::deserialize(de).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." {
+            Error::Config(format!("{what}: {inner}"))
+        } else {
+            Error::Config(format!("{what}: {path}: {inner}"))
+        }
+    })
+}
+
+/// One binding's resource in a SQL store: a table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableResource {
+    pub table: String,
+    /// Append every stored document as a new row instead of keeping one row per key.
+    #[serde(default)]
+    pub delta_updates: bool,
+}
+
+impl TableResource {
+    /// Parses a resource config; the table name must be a valid identifier under `limit`.
+    pub fn parse(json: &str, limit: Option<NameLimit>) -> Result<Self> {
+        let config: Self = parse("resource config", json)?;
+        check_identifier("resource config: table", &config.table, limit)?;
+        Ok(config)
+    }
+}
+
+/// How long a store lets an identifier be; longer names are refused with the field
+/// named rather than failed (or truncated) by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameLimit {
+    pub max: usize,
+    /// Whether `max` counts characters (true) or UTF-8 bytes (false).
+    pub in_chars: bool,
+    /// The store, as error messages name it (e.g. "PostgreSQL").
+    pub store: &'static str,
+}
+
+impl NameLimit {
+    /// How long `name` is in this limit's unit.
+    fn length(&self, name: &str) -> usize {
+        if self.in_chars {
+            name.chars().count()
+        } else {
+            name.len()
+        }
+    }
+}
+
+/// Checks that the identifier `name` (the field `what`) is not empty and within `limit`.
+pub fn check_identifier(what: &str, name: &str, limit: Option<NameLimit>) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::Config(format!(
+            "{what}: must not be empty (e.g. \"pageviews\")"
+        )));
+    }
+    if let Some(limit) = limit
+        && limit.length(name) > limit.max
+    {
+        let unit = if limit.in_chars {
+            "characters"
+        } else {
+            "bytes"
+        };
+        return Err(Error::Config(format!(
+            "{what}: {name:?} is longer than the {} {unit} {} allows",
+            limit.max, limit.store
+        )));
+    }
+    Ok(())
+}
+
+/// JSON schema of a [`TableResource`] whose table name is within `max_length` (if any).
+pub fn table_resource_schema(title: &str, max_length: Option<usize>) -> String {
+    let max_length = max_length
+        .map(|max| format!("\n      \"maxLength\": {max},"))
+        .unwrap_or_default();
+    format!(
+        r#"{{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "{title}",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {{
+    "table": {{
+      "type": "string",
+      "minLength": 1,{max_length}
+      "description": "Name of the table to materialize into (any name: it is always quoted)."
+    }},
+    "delta_updates": {{
+      "type": "boolean",
+      "default": false,
+      "description": "Append every stored document as a new row instead of keeping one row per key."
+    }}
+  }}
+}}"#
+    )
+}
+
+/// The materialization spec of an Apply or Open request, which must carry one.
+pub fn materialization(
+    spec: Option<flow::MaterializationSpec>,
+) -> Result<flow::MaterializationSpec> {
+    spec.ok_or_else(|| Error::Config("request has no materialization spec".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // Read only by serde.
+    struct Resource {
+        table: String,
+        nested: Option<Nested>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Nested {
+        depth: u32,
+    }
+
+    fn error(json: &str) -> String {
+        parse::<Resource>("resource config", json)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_wrong_field_is_named_by_its_path() {
+        assert_eq!(
+            error(r#"{"table": 5}"#),
+            "invalid configuration: resource config: table: \
+             invalid type: integer `5`, expected a string at line 1 column 11"
+        );
+        assert!(
+            error(r#"{"table": "t", "nested": {"depth": "deep"}}"#)
+                .contains("resource config: nested.depth: invalid type"),
+        );
+    }
+
+    #[test]
+    fn a_missing_or_unknown_field_names_the_config() {
+        assert!(error("{}").contains("resource config: missing field `table`"));
+        assert!(error(r#"{"table": "t", "tabel": "u"}"#).contains("unknown field `tabel`"));
+    }
+
+    const LIMIT: NameLimit = NameLimit {
+        max: 3,
+        in_chars: true,
+        store: "TinyDB",
+    };
+
+    #[test]
+    fn a_table_resource_names_its_wrong_missing_and_unknown_fields() {
+        let err = TableResource::parse(r#"{"table": 5}"#, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("resource config: table: invalid type"),
+            "{err}"
+        );
+        let err = TableResource::parse(r#"{}"#, None).unwrap_err();
+        assert!(err.to_string().contains("missing field `table`"), "{err}");
+        let err = TableResource::parse(r#"{"table": "t", "tabel": "u"}"#, None).unwrap_err();
+        assert!(err.to_string().contains("unknown field `tabel`"), "{err}");
+    }
+
+    #[test]
+    fn a_table_resource_defaults_to_keeping_one_row_per_key() {
+        let resource = TableResource::parse(r#"{"table": "t"}"#, None).unwrap();
+        assert_eq!(resource.table, "t");
+        assert!(!resource.delta_updates);
+    }
+
+    #[test]
+    fn empty_and_overlong_table_names_are_refused() {
+        let err = TableResource::parse(r#"{"table": ""}"#, Some(LIMIT)).unwrap_err();
+        assert!(
+            err.to_string().contains("table: must not be empty"),
+            "{err}"
+        );
+        let err = TableResource::parse(r#"{"table": "abcd"}"#, Some(LIMIT)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"abcd\" is longer than the 3 characters TinyDB allows"),
+            "{err}"
+        );
+        assert!(TableResource::parse(r#"{"table": "äöü"}"#, Some(LIMIT)).is_ok());
+        let bytes = NameLimit {
+            in_chars: false,
+            ..LIMIT
+        };
+        let err = TableResource::parse(r#"{"table": "äöü"}"#, Some(bytes)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is longer than the 3 bytes TinyDB allows"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_table_resource_schema_is_json_with_the_length_limit() {
+        for max in [None, Some(63)] {
+            let schema: serde_json::Value =
+                serde_json::from_str(&table_resource_schema("T", max)).unwrap();
+            assert_eq!(schema["title"], "T");
+            assert_eq!(
+                schema["properties"]["table"]
+                    .get("maxLength")
+                    .and_then(|m| m.as_u64()),
+                max.map(|m| m as u64)
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_without_a_spec_is_a_config_error() {
+        let err = materialization(None).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(materialization(Some(Default::default())).is_ok());
+    }
+}
