@@ -6,8 +6,8 @@
 //! guarded by the fence its instance claimed at open. Every [`Transactor`] call but
 //! loading and writing is then the same: Prepare remembers the checkpoint (and returns
 //! no driver checkpoint of its own), Store and Commit start or finish the writes and, on
-//! failure, roll back and tell whether the instance was fenced off, and Acknowledge has
-//! nothing to do. A connector implements [`FencedStore`]; the blanket impl makes it a
+//! failure, roll back and tell whether the instance was fenced off (the store supplies
+//! only `rollback` and `current_fence`), and Acknowledge has nothing to do. A connector implements [`FencedStore`]; the blanket impl makes it a
 //! [`Transactor`] with [`CommitPattern::RemoteAuthoritative`].
 //!
 //! A failed store or commit of a fenced-off instance reports [`Error::Fenced`] even when
@@ -120,7 +120,9 @@ impl RangeFence<'_> {
     }
 }
 
-/// What a remote authoritative SQL store does itself (see the module docs).
+/// What an authoritative fenced store does itself (see the module docs); the fence
+/// check of a failed store or commit is [`FencedStore::fence_checked`], written once
+/// over [`FencedStore::rollback`] and [`FencedStore::current_fence`].
 #[async_trait]
 pub trait FencedStore: Send + 'static {
     /// The runtime checkpoint between Prepare and Commit.
@@ -141,9 +143,27 @@ pub trait FencedStore: Send + 'static {
     /// still holds.
     async fn commit_writes(&mut self) -> Result<()>;
 
-    /// `result`, or, if it failed, the failure explained by the range's current fence
-    /// (after rolling back the store transaction).
-    async fn fence_checked(&mut self, result: Result<()>) -> Result<()>;
+    /// The claim this instance opened with.
+    fn claim(&self) -> &Claim;
+
+    /// Rolls back the store transaction in progress, if any (after the writes in
+    /// flight, if any, have ended). A failure to roll back is the store's to log: the
+    /// transaction is abandoned either way.
+    async fn rollback(&mut self);
+
+    /// The claimed range's fence as committed now (`None` if its row is gone), read
+    /// outside any transaction.
+    async fn current_fence(&mut self) -> Result<Option<i64>>;
+
+    /// `result`, unless it failed: then the store transaction is rolled back, and the
+    /// error is [`Error::Fenced`] if a newer instance has opened this range since
+    /// ([`RangeFence::explain`]).
+    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
+        let Err(err) = result else { return Ok(()) };
+        self.rollback().await;
+        let current = self.current_fence().await;
+        Err(self.claim().range_fence().explain(err, current))
+    }
 
     /// [`Transactor::destroy`].
     async fn release(self: Box<Self>);

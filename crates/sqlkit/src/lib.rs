@@ -9,15 +9,21 @@
 //! - [`Table`]: a binding's columns in field-selection order, typed by the store's
 //!   [`ColumnKind`].
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
+//! - [`apply`]: Apply planned once over a store's [`apply::Catalog`] and its
+//!   [`apply::Ddl`]; Spec's and Validate's answers.
+//! - [`fence`]: the claim protocol and the fenced checkpoint commit over a checkpoints
+//!   table, once, over a dialect's statements and client calls.
 //!
-//!
-//! The fencing these drivers commit under ([`Claim`], [`FencedStore`]) is the driver
-//! SDK's [`sluice_driver_sdk::fence`]: it is not SQL-specific.
+//! The fencing a store commits under ([`sluice_driver_sdk::fence::Claim`], the
+//! [`sluice_driver_sdk::fence::FencedStore`] trait) is the driver SDK's: it is not
+//! SQL-specific. What is SQL-specific (the checkpoints table) is [`fence`] here.
 //!
 //! Errors here are [`Error::Store`], not retryable: a malformed packed tuple or a value
 //! of the wrong type fails the same way on every retry.
 
+pub mod apply;
 pub mod config;
+pub mod fence;
 mod table;
 pub mod text;
 pub mod validate;

@@ -1,0 +1,197 @@
+//! Apply, once for every SQL store: compare the spec's tables with the store's catalog
+//! and run only what is missing, so re-applying the same spec runs nothing and a dry
+//! run returns exactly the statements a real apply would run at that moment.
+//!
+//! ```text
+//!   upsert:  create schema        (the dialect has schemas, and it is missing)
+//!            create checkpoints   (its table has no columns)
+//!            per table: create it, or add its missing columns;
+//!                       then a comment per new column (dialects with comment statements)
+//!   delete:  drop each existing table;
+//!            delete the materialization's checkpoint rows, if there are any
+//! ```
+//!
+//! A connector supplies two things: its [`Catalog`] (what the store holds now, and how
+//! it runs statements: PostgreSQL in one transaction, MariaDB statement by statement,
+//! SQLite in one transaction) and its [`Ddl`] (the statements' text). The plan is a pure
+//! function of what the catalog answers, in the order it asks.
+//!
+//! Spec and Validate are the same for every SQL store too: [`spec_response`] and
+//! [`validate_tables`].
+
+use crate::config::{NameLimit, TableResource};
+use crate::validate;
+use crate::{Column, ColumnKind, Table};
+use async_trait::async_trait;
+use sluice_driver_sdk::Result;
+use sluice_driver_sdk::materialize as m;
+use std::ops::Deref;
+
+/// Which Apply call is being served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Upsert,
+    Delete,
+}
+
+/// What Apply reads from a store, and how it runs the plan there.
+#[async_trait]
+pub trait Catalog: Send {
+    /// The columns of `table`, empty if it does not exist.
+    async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>>;
+
+    /// How many key ranges of `materialization` have a checkpoint row (asked only when
+    /// the checkpoints table exists).
+    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64>;
+
+    /// Whether the endpoint's schema exists (asked only of dialects that create one).
+    async fn schema_exists(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// Runs the (non-empty) plan, as atomically as the store allows.
+    async fn execute(&mut self, statements: &[String]) -> Result<()>;
+}
+
+/// The text of the statements Apply plans, in one dialect.
+pub trait Ddl: Sync {
+    type Kind: ColumnKind + Send + Sync;
+    type Table: Deref<Target = Table<Self::Kind>> + Send + Sync;
+
+    /// The name of the checkpoints table, as the catalog knows it.
+    const CHECKPOINTS_TABLE: &'static str = "sluice_checkpoints";
+
+    /// Creates the endpoint's schema, for dialects that have schemas.
+    fn create_schema(&self) -> Option<String> {
+        None
+    }
+
+    fn create_checkpoints(&self) -> String;
+
+    fn create_table(&self, table: &Self::Table) -> String;
+
+    /// Adds a (nullable) column that a later version of the binding selects.
+    fn add_column(&self, table: &Self::Table, column: &Column<Self::Kind>) -> String;
+
+    /// Names the source of a new column in the catalog, for dialects where that is a
+    /// statement of its own.
+    fn comment(&self, _table: &Self::Table, _column: &Column<Self::Kind>) -> Option<String> {
+        None
+    }
+
+    fn drop_table(&self, table: &Self::Table) -> String;
+
+    /// Forgets every checkpoint of `materialization`.
+    fn delete_checkpoints(&self, materialization: &str) -> String;
+}
+
+/// Plans `action` for `tables` of `materialization` from what `catalog` holds now, runs
+/// the plan unless `dry_run`, and describes it (one `statement;` per line).
+pub async fn apply<D: Ddl>(
+    catalog: &mut dyn Catalog,
+    ddl: &D,
+    tables: &[D::Table],
+    materialization: &str,
+    action: Action,
+    dry_run: bool,
+) -> Result<m::ApplyResponse> {
+    let statements = match action {
+        Action::Upsert => plan_upsert(catalog, ddl, tables).await?,
+        Action::Delete => plan_delete(catalog, ddl, tables, materialization).await?,
+    };
+    if !dry_run && !statements.is_empty() {
+        catalog.execute(&statements).await?;
+    }
+    Ok(m::ApplyResponse {
+        action_description: statements.iter().map(|s| format!("{s};\n")).collect(),
+    })
+}
+
+/// Creates the schema, the checkpoints table and missing tables; adds missing columns.
+async fn plan_upsert<D: Ddl>(
+    catalog: &mut dyn Catalog,
+    ddl: &D,
+    tables: &[D::Table],
+) -> Result<Vec<String>> {
+    let mut statements = Vec::new();
+    if let Some(create) = ddl.create_schema()
+        && !catalog.schema_exists().await?
+    {
+        statements.push(create);
+    }
+    if catalog
+        .existing_columns(D::CHECKPOINTS_TABLE)
+        .await?
+        .is_empty()
+    {
+        statements.push(ddl.create_checkpoints());
+    }
+    for table in tables {
+        let existing = catalog.existing_columns(&table.name).await?;
+        let added: Vec<_> = if existing.is_empty() {
+            statements.push(ddl.create_table(table));
+            table.columns.iter().collect()
+        } else {
+            let missing: Vec<_> = (table.columns.iter())
+                .filter(|c| !existing.contains(&c.field))
+                .collect();
+            statements.extend(missing.iter().map(|c| ddl.add_column(table, c)));
+            missing
+        };
+        statements.extend(added.iter().filter_map(|c| ddl.comment(table, c)));
+    }
+    Ok(statements)
+}
+
+/// Drops the tables of existing bindings and forgets the materialization's checkpoints.
+async fn plan_delete<D: Ddl>(
+    catalog: &mut dyn Catalog,
+    ddl: &D,
+    tables: &[D::Table],
+    materialization: &str,
+) -> Result<Vec<String>> {
+    let mut statements = Vec::new();
+    for table in tables {
+        if !catalog.existing_columns(&table.name).await?.is_empty() {
+            statements.push(ddl.drop_table(table));
+        }
+    }
+    let has_checkpoints = !catalog
+        .existing_columns(D::CHECKPOINTS_TABLE)
+        .await?
+        .is_empty();
+    if has_checkpoints && catalog.checkpoint_rows(materialization).await? > 0 {
+        statements.push(ddl.delete_checkpoints(materialization));
+    }
+    Ok(statements)
+}
+
+/// Spec's answer: the connector's schemas and documentation.
+pub fn spec_response(
+    endpoint_schema: &str,
+    resource_schema: String,
+    documentation_url: &str,
+) -> m::SpecResponse {
+    m::SpecResponse {
+        endpoint_spec_schema_json: endpoint_schema.to_owned(),
+        resource_spec_schema_json: resource_schema,
+        documentation_url: documentation_url.to_owned(),
+    }
+}
+
+/// Validate of a store whose columns are of kind `C` and whose bindings are
+/// [`TableResource`]s (names checked against `limit`); `path` gives a table's resource
+/// path, outermost first (e.g. schema, table).
+pub fn validate_tables<C: ColumnKind>(
+    req: &m::ValidateRequest,
+    limit: Option<NameLimit>,
+    path: impl Fn(String) -> Vec<String>,
+) -> Result<m::ValidateResponse> {
+    validate::validate(&validate::Store::of::<C>(), req, |json| {
+        let resource = TableResource::parse(json, limit)?;
+        Ok(validate::Resource {
+            path: path(resource.table),
+            delta_updates: resource.delta_updates,
+        })
+    })
+}
