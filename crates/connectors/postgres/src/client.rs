@@ -1,25 +1,12 @@
-//! Talking to the server: connections, error classification, the catalog, and the
-//! fencing protocol over the checkpoints table.
+//! Talking to the server: connections, error classification, and [`Pg`], the catalog
+//! Apply reads and the client calls the fencing protocol ([`sluice_sqlkit::fence`])
+//! runs.
 //!
-//! ```text
-//!   claim_range (at Open, one transaction, serialized per materialization):
-//!     checkpoint ← narrowest stored range of the materialization covering [b, e]
-//!     INSERT own range (fence 0, that checkpoint) unless present
-//!     fence += 1 on every stored range overlapping [b, e]
-//!     our fence ← own range's fence
-//!   commit_checkpoint (inside the commit's transaction, after its writes, before COMMIT):
-//!     UPDATE own range SET checkpoint WHERE fence = ours   -- 0 rows: fenced off
-//! ```
-//!
-//! Why this fences: a newer Open of an overlapping range bumps the fence of our range
-//! row in a committed transaction. Our commit's UPDATE either runs after that and
-//! matches no row, or runs before it, holding the row lock until our commit, so the
-//! newer Open waits for us and recovers the checkpoint we committed. A zombie therefore
-//! never commits after a newer instance has opened.
-//!
-//! A zombie whose Loads went stale may fail before its commit's UPDATE, storing as
-//! absent a key the newer instance wrote: the transactor then reads [`current_fence`]
-//! and reports the failure as [`Error::Fenced`] if the fence moved.
+//! Claims of one materialization run one at a time under a transaction-scoped advisory
+//! lock ([`crate::sql::CLAIM_LOCK`]): two overlapping Opens bumping fences row by row in
+//! different orders could otherwise deadlock. Each statement of a claim is a new
+//! snapshot (READ COMMITTED), so the checkpoint read after the fence includes the
+//! zombie commit the fence waited for.
 //!
 //! Errors: a lost connection, a server shutting down, a serialization failure or a
 //! deadlock are retryable (the runtime reopens with backoff, and the transaction in
@@ -28,9 +15,12 @@
 
 use crate::config::EndpointConfig;
 use crate::sql::{self, CHECKPOINTS_TABLE};
-use sluice_driver_sdk::fence;
+use async_trait::async_trait;
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::fence::{FenceClient, Param};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
 /// A store error from PostgreSQL, retryable when reconnecting may help.
@@ -81,189 +71,116 @@ pub async fn connect(endpoint: &EndpointConfig) -> Result<Client> {
     Ok(client)
 }
 
-/// The columns of `schema.table`, empty if it does not exist.
-pub async fn existing_columns(client: &Client, schema: &str, table: &str) -> Result<Vec<String>> {
-    let rows = client
-        .query(
-            "SELECT column_name::text FROM information_schema.columns \
-             WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
-            &[&schema, &table],
-        )
-        .await
-        .map_err(|err| pg_error(format!("reading the columns of {schema:?}.{table:?}"), err))?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
+/// One connection working in the endpoint's schema.
+pub struct Pg<'a> {
+    pub client: &'a Client,
+    pub schema: &'a str,
+    /// The server, without password, for error contexts.
+    pub server: &'a str,
 }
 
-pub async fn schema_exists(client: &Client, schema: &str) -> Result<bool> {
-    let row = client
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
-            &[&schema],
-        )
-        .await
-        .map_err(|err| pg_error(format!("looking up schema {schema:?}"), err))?;
-    Ok(row.get(0))
+/// `params` as tokio-postgres binds them.
+fn pg_params<'a>(params: &'a [Param<'_>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    (params.iter())
+        .map(|param| match param {
+            Param::Text(text) => text as &(dyn ToSql + Sync),
+            Param::Int(int) => int,
+            Param::Bytes(bytes) => bytes,
+        })
+        .collect()
 }
 
-/// How many key ranges of `materialization` have a checkpoint row in `schema`.
-pub async fn checkpoint_rows(client: &Client, schema: &str, materialization: &str) -> Result<i64> {
-    let sql = format!(
-        "SELECT count(*) FROM {} WHERE \"materialization\" = $1",
-        sql::qualify(schema, CHECKPOINTS_TABLE)
-    );
-    let row = client
-        .query_one(&sql, &[&materialization])
-        .await
-        .map_err(|err| pg_error("counting checkpoints", err))?;
-    Ok(row.get(0))
-}
+#[async_trait]
+impl Catalog for Pg<'_> {
+    async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>> {
+        let schema = self.schema;
+        let rows = (self.client)
+            .query(
+                "SELECT column_name::text FROM information_schema.columns \
+                 WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+                &[&schema, &table],
+            )
+            .await
+            .map_err(|err| pg_error(format!("reading the columns of {schema:?}.{table:?}"), err))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
 
-/// One shard's claim on its key range (see [`fence::Claim`], which it derefs to), in the
-/// checkpoints table of `schema`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    pub schema: String,
-    pub range: fence::Claim,
-}
+    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE \"materialization\" = $1",
+            sql::qualify(self.schema, CHECKPOINTS_TABLE)
+        );
+        let row = (self.client)
+            .query_one(&sql, &[&materialization])
+            .await
+            .map_err(|err| pg_error("counting checkpoints", err))?;
+        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or_default())
+    }
 
-impl std::ops::Deref for Claim {
-    type Target = fence::Claim;
+    async fn schema_exists(&mut self) -> Result<bool> {
+        let schema = self.schema;
+        let row = (self.client)
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+                &[&schema],
+            )
+            .await
+            .map_err(|err| pg_error(format!("looking up schema {schema:?}"), err))?;
+        Ok(row.get(0))
+    }
 
-    fn deref(&self) -> &fence::Claim {
-        &self.range
+    /// In one transaction: PostgreSQL's DDL is transactional, so a failed apply leaves
+    /// nothing half-done.
+    async fn execute(&mut self, statements: &[String]) -> Result<()> {
+        let server = self.server;
+        (self.client)
+            .batch_execute("BEGIN")
+            .await
+            .map_err(|err| pg_error(format!("beginning apply on {server}"), err))?;
+        for statement in statements {
+            if let Err(err) = self.client.batch_execute(statement).await {
+                if let Err(rollback) = self.client.batch_execute("ROLLBACK").await {
+                    tracing::debug!(%rollback, "rolling back a failed apply");
+                }
+                return Err(pg_error(format!("applying `{statement}`"), err));
+            }
+        }
+        (self.client)
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|err| pg_error(format!("committing apply on {server}"), err))
     }
 }
 
-/// The claimed range's fence as committed now (`None` if its row is gone), read
-/// outside any transaction to explain a failed store or commit.
-pub async fn current_fence(client: &Client, claim: &Claim) -> Result<Option<i64>> {
-    let row = client
-        .query_opt(
-            &format!(
-                "SELECT \"fence\" FROM {} WHERE \"materialization\" = $1 \
-                 AND \"key_begin\" = $2 AND \"key_end\" = $3",
-                sql::qualify(&claim.schema, CHECKPOINTS_TABLE)
-            ),
-            &[
-                &claim.materialization,
-                &i64::from(claim.key_begin),
-                &i64::from(claim.key_end),
-            ],
-        )
-        .await
-        .map_err(|err| pg_error("reading the fence of the claimed range", err))?;
-    Ok(row.map(|row| row.get(0)))
-}
-
-/// Fences every overlapping range of `materialization` and recovers the checkpoint of
-/// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
-/// shard resumes from its parent's checkpoint, and records it as its own.
-///
-/// Postcondition: after this returns, older instances of every overlapping range hold a
-/// stale fence, so their [`commit_checkpoint`] matches no row; this claim holds the
-/// current one.
-pub async fn claim_range(
-    client: &mut Client,
-    schema: &str,
-    materialization: &str,
-    key_begin: u32,
-    key_end: u32,
-) -> Result<(Claim, Vec<u8>)> {
-    let context =
-        || format!("fencing key range [{key_begin:08x}, {key_end:08x}] of {materialization:?}");
-    let err = |err| pg_error(context(), err);
-    let table = sql::qualify(schema, CHECKPOINTS_TABLE);
-    let (m, b, e) = (materialization, i64::from(key_begin), i64::from(key_end));
-    let tx = client.transaction().await.map_err(err)?;
-    // Claims of one materialization run one at a time: two overlapping Opens bumping
-    // fences row by row in different orders could otherwise deadlock.
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&m])
-        .await
-        .map_err(err)?;
-    // Fence first: the UPDATE waits for any zombie commit that holds these rows, so the
-    // checkpoint read after it (a new statement, a new snapshot) includes that commit.
-    // Reading it before the fence could resume from a checkpoint older than the data.
-    tx.execute(
-        &format!(
-            "UPDATE {table} SET \"fence\" = \"fence\" + 1 WHERE \"materialization\" = $1 \
-             AND \"key_begin\" <= $3 AND \"key_end\" >= $2"
-        ),
-        &[&m, &b, &e],
-    )
-    .await
-    .map_err(err)?;
-    let covering = tx
-        .query_opt(
-            &format!(
-                "SELECT \"checkpoint\" FROM {table} WHERE \"materialization\" = $1 \
-                 AND \"key_begin\" <= $2 AND \"key_end\" >= $3 \
-                 ORDER BY \"key_end\" - \"key_begin\" LIMIT 1"
-            ),
-            &[&m, &b, &e],
-        )
-        .await
-        .map_err(err)?;
-    let checkpoint: Vec<u8> = covering.map(|row| row.get(0)).unwrap_or_default();
-    // A range claimed for the first time starts at fence 1.
-    tx.execute(
-        &format!("INSERT INTO {table} VALUES ($1, $2, $3, 1, $4) ON CONFLICT DO NOTHING"),
-        &[&m, &b, &e, &checkpoint],
-    )
-    .await
-    .map_err(err)?;
-    let fence: i64 = tx
-        .query_one(
-            &format!(
-                "SELECT \"fence\" FROM {table} WHERE \"materialization\" = $1 \
-                 AND \"key_begin\" = $2 AND \"key_end\" = $3"
-            ),
-            &[&m, &b, &e],
-        )
-        .await
-        .map_err(err)?
-        .get(0);
-    // Durable when this returns: the server has flushed the commit to its WAL.
-    tx.commit().await.map_err(err)?;
-    let claim = Claim {
-        schema: schema.to_owned(),
-        range: fence::Claim::new(materialization, key_begin, key_end, fence),
-    };
-    Ok((claim, checkpoint))
-}
-
-/// The statement of [`commit_checkpoint`], prepared once per transactor.
-pub fn commit_checkpoint_sql(schema: &str) -> String {
-    format!(
-        "UPDATE {} SET \"checkpoint\" = $1 WHERE \"materialization\" = $2 \
-         AND \"key_begin\" = $3 AND \"key_end\" = $4 AND \"fence\" = $5",
-        sql::qualify(schema, CHECKPOINTS_TABLE)
-    )
-}
-
-/// Within the caller's open transaction: records `checkpoint` for the claimed range if
-/// the claim's fence is still current (and locks the range's row until the transaction
-/// ends), else fails with [`Error::Fenced`]; the caller then rolls back.
-pub async fn commit_checkpoint(
-    client: &Client,
-    statement: &tokio_postgres::Statement,
-    claim: &Claim,
-    checkpoint: &[u8],
-) -> Result<()> {
-    let changed = client
-        .execute(
-            statement,
-            &[
-                &checkpoint,
-                &claim.materialization,
-                &i64::from(claim.key_begin),
-                &i64::from(claim.key_end),
-                &claim.fence,
-            ],
-        )
-        .await
-        .map_err(|err| pg_error("committing the runtime checkpoint", err))?;
-    if changed != 1 {
-        return Err(claim.range_fence().fenced(None));
+#[async_trait]
+impl FenceClient for Pg<'_> {
+    async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
+        (self.client.execute(sql, &pg_params(params)).await).map_err(|err| pg_error(sql, err))
     }
-    Ok(())
+
+    async fn query_bytes(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+        let row = (self.client.query_opt(sql, &pg_params(params)).await)
+            .map_err(|err| pg_error(sql, err))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    async fn query_int(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>> {
+        let row = (self.client.query_opt(sql, &pg_params(params)).await)
+            .map_err(|err| pg_error(sql, err))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    async fn begin_claim(&mut self, materialization: &str) -> Result<()> {
+        let err = |err| pg_error("beginning a claim", err);
+        self.client.batch_execute("BEGIN").await.map_err(err)?;
+        (self.client.execute(sql::CLAIM_LOCK, &[&materialization]).await).map_err(err)?;
+        Ok(())
+    }
+
+    async fn end_claim(&mut self, _materialization: &str, commit: bool) -> Result<()> {
+        // Durable when COMMIT returns: the server has flushed the commit to its WAL.
+        // The advisory lock ends with the transaction.
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        (self.client.batch_execute(end).await).map_err(|err| pg_error(end, err))
+    }
 }

@@ -35,6 +35,7 @@
 use serde_json::Value;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::fence::{FenceDialect, FenceSql};
 use sluice_sqlkit::text::{TextColumn, TextRows};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
@@ -295,6 +296,71 @@ pub fn create_checkpoints_sql(schema: &str) -> String {
         qualify(schema, CHECKPOINTS_TABLE)
     )
 }
+
+/// The statements Apply plans in the endpoint's `schema` (see [`kit::apply`]): a
+/// missing schema is created, and every new column gets a comment naming its source.
+#[derive(Debug, Clone, Copy)]
+pub struct Ddl<'a> {
+    pub schema: &'a str,
+}
+
+impl kit::apply::Ddl for Ddl<'_> {
+    type Kind = ColumnType;
+    type Table = Table;
+
+    fn create_schema(&self) -> Option<String> {
+        Some(format!(
+            "CREATE SCHEMA IF NOT EXISTS {}",
+            quote_ident(self.schema)
+        ))
+    }
+
+    fn create_checkpoints(&self) -> String {
+        create_checkpoints_sql(self.schema)
+    }
+
+    fn create_table(&self, table: &Table) -> String {
+        table.create_sql()
+    }
+
+    fn add_column(&self, table: &Table, column: &Column) -> String {
+        table.add_column_sql(column)
+    }
+
+    fn comment(&self, table: &Table, column: &Column) -> Option<String> {
+        Some(table.comment_sql(column))
+    }
+
+    fn drop_table(&self, table: &Table) -> String {
+        table.drop_sql()
+    }
+
+    fn delete_checkpoints(&self, materialization: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE \"materialization\" = {}",
+            qualify(self.schema, CHECKPOINTS_TABLE),
+            quote_literal(materialization)
+        )
+    }
+}
+
+/// The fencing statements over the checkpoints table of `schema` (see
+/// [`kit::fence`]).
+pub fn fence_sql(schema: &str) -> FenceSql {
+    FenceSql::new(
+        &qualify(schema, CHECKPOINTS_TABLE),
+        FenceDialect {
+            quote: quote_ident,
+            placeholder: FenceDialect::dollar,
+            insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
+            locking_read: "",
+        },
+    )
+}
+
+/// Takes the lock that serializes the claims of one materialization (its `$1`), until
+/// the claim's transaction ends.
+pub const CLAIM_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
 
 /// Writes the text form of `value` for `column` (unescaped), or returns `false` for
 /// SQL NULL (JSON null).

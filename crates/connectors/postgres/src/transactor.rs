@@ -39,7 +39,7 @@
 //!   written by a newer instance (this one is a zombie whose Loads went stale), the
 //!   failure is reported as [`Error::Fenced`], which it is.
 
-use crate::client::{self, Claim, pg_error};
+use crate::client::{self, Pg, pg_error};
 use crate::config::EndpointConfig;
 use crate::driver::spec_tables;
 use crate::sql::{self, CopyRow, Table};
@@ -47,10 +47,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{SinkExt, TryStreamExt};
 use sluice_driver_sdk::arena;
-use sluice_driver_sdk::fence::{FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
+use sluice_sqlkit::apply::Catalog;
 use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -119,8 +121,10 @@ pub(crate) struct PostgresTransactor {
     client: Arc<Client>,
     /// The server, without password, for error contexts.
     server: String,
+    schema: String,
     claim: Claim,
-    commit_checkpoint: Statement,
+    /// The statements that check the claim.
+    fence: FenceSql,
     bindings: Vec<Binding>,
     /// The runtime checkpoint of the transaction in progress.
     checkpoint: PreparedCheckpoint,
@@ -143,9 +147,15 @@ impl PostgresTransactor {
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let server = endpoint.describe();
         let tables = spec_tables(&endpoint, &spec)?;
-        let mut client = client::connect(&endpoint).await?;
+        let client = client::connect(&endpoint).await?;
+        let schema = endpoint.schema();
+        let mut session = Pg {
+            client: &client,
+            schema,
+            server: &server,
+        };
         for table in &tables {
-            let existing = client::existing_columns(&client, &table.schema, &table.name).await?;
+            let existing = session.existing_columns(&table.name).await?;
             if let Some(missing) = (table.columns.iter()).find(|c| !existing.contains(&c.field)) {
                 return Err(Error::Config(format!(
                     "table {} has no column {:?} on {server}: apply the materialization first",
@@ -154,9 +164,10 @@ impl PostgresTransactor {
                 )));
             }
         }
-        let (claim, checkpoint) = client::claim_range(
-            &mut client,
-            endpoint.schema(),
+        let fence = sql::fence_sql(schema);
+        let (claim, checkpoint) = fence::claim_range(
+            &mut session,
+            &fence,
             &spec.materialization,
             open.key_begin,
             open.key_end,
@@ -171,7 +182,6 @@ impl PostgresTransactor {
                     .map_err(|err| pg_error(format!("preparing `{sql}`"), err))
             }
         };
-        let commit_checkpoint = prepare(client::commit_checkpoint_sql(endpoint.schema())).await?;
         let mut bindings = Vec::with_capacity(tables.len());
         for (i, table) in tables.into_iter().enumerate() {
             let stage = if table.delta_updates {
@@ -208,8 +218,9 @@ impl PostgresTransactor {
         let transactor = PostgresTransactor {
             client: Arc::new(client),
             server,
+            schema: schema.to_owned(),
             claim,
-            commit_checkpoint,
+            fence,
             bindings,
             checkpoint: PreparedCheckpoint::default(),
             in_transaction: false,
@@ -244,27 +255,37 @@ impl PostgresTransactor {
         }
     }
 
-    async fn rollback(&mut self) {
-        if std::mem::take(&mut self.in_transaction)
-            && let Err(err) = self.client.batch_execute("ROLLBACK").await
-        {
-            tracing::warn!(server = %self.server, %err, "rolling back an unfinished transaction");
+    /// The connection as a fencing client.
+    fn session(&self) -> Pg<'_> {
+        Pg {
+            client: &self.client,
+            schema: &self.schema,
+            server: &self.server,
         }
     }
 }
 
 #[async_trait]
 impl FencedStore for PostgresTransactor {
-    /// `result`, unless it failed: then the transaction is rolled back, and the error
-    /// is [`Error::Fenced`] if a newer instance has opened this range since.
-    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
-        let Err(err) = result else { return Ok(()) };
+    fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    /// Awaits the writes in flight (their failure is already someone else's), then
+    /// rolls back.
+    async fn rollback(&mut self) {
         if let Err(writes) = self.settle().await {
             tracing::debug!(%writes, "writes in flight failed after the transaction failed");
         }
-        self.rollback().await;
-        let current = client::current_fence(&self.client, &self.claim).await;
-        Err(self.claim.range_fence().explain(err, current))
+        if std::mem::take(&mut self.in_transaction)
+            && let Err(err) = self.client.batch_execute("ROLLBACK").await
+        {
+            tracing::warn!(server = %self.server, %err, "rolling back an unfinished transaction");
+        }
+    }
+
+    async fn current_fence(&mut self) -> Result<Option<i64>> {
+        fence::current_fence(&mut self.session(), &self.fence, &self.claim).await
     }
 
     /// Encodes a Store message and starts its writes once the prior ones have ended.
@@ -313,13 +334,8 @@ impl FencedStore for PostgresTransactor {
         self.begin().await?;
         // From here on the range's row is locked, so no newer Open can slip in before
         // our COMMIT.
-        client::commit_checkpoint(
-            &self.client,
-            &self.commit_checkpoint,
-            &self.claim,
-            &checkpoint,
-        )
-        .await?;
+        fence::commit_checkpoint(&mut self.session(), &self.fence, &self.claim, &checkpoint)
+            .await?;
         // Durable when this returns: the server flushed the commit record to its WAL.
         self.client
             .batch_execute("COMMIT")
@@ -380,9 +396,6 @@ impl FencedStore for PostgresTransactor {
     }
 
     async fn release(mut self: Box<Self>) {
-        if let Err(err) = self.settle().await {
-            tracing::debug!(%err, "writes in flight failed as the stream ended");
-        }
         self.rollback().await;
     }
 }
