@@ -1,27 +1,14 @@
 //! Talking to the server: connections, error classification, the catalog, bulk loads,
-//! and the fencing protocol over the checkpoints table.
+//! and the client calls of fencing.
 //!
-//! ```text
-//!   claim_range (at Open, one transaction, serialized per materialization by GET_LOCK):
-//!     fence += 1 on every stored range overlapping [b, e]     -- waits for in-flight commits
-//!     checkpoint ← narrowest stored range covering [b, e]      -- locking read: latest commit
-//!     INSERT own range (fence 1, that checkpoint) unless present
-//!     our fence ← own range's fence
-//!   commit_checkpoint (inside the commit's transaction, after its writes, before COMMIT):
-//!     UPDATE own range SET checkpoint WHERE fence = ours        -- 0 rows found: fenced off
-//! ```
-//!
-//! Why this fences: a commit's UPDATE locks its range's row until COMMIT. A newer Open
-//! bumps the fence of that row first, so it either waits for the older commit and then
-//! reads its checkpoint (the locking read sees the latest committed row, not a snapshot
-//! from before it), or runs first, and the older commit's UPDATE then finds no row with
-//! its fence. A zombie therefore never commits after a newer instance has opened, and
-//! the newer instance never recovers a checkpoint older than the data it sees.
-//! Connections set `CLIENT_FOUND_ROWS`, so the UPDATE counts the row it matched even
-//! when the checkpoint it writes equals the stored one.
-//! A zombie whose Loads went stale may fail before its commit's UPDATE, storing as
-//! absent a key the newer instance wrote: the transactor then reads [`current_fence`]
-//! and reports the failure as [`Error::Fenced`] if the fence moved.
+//! [`My`] is the catalog Apply reads and the client calls the fencing protocol
+//! ([`sluice_sqlkit::fence`]) runs. Claims of one materialization run one at a time
+//! under a named lock ([`crate::sql::CLAIM_LOCK`]): two overlapping Opens bumping
+//! fences row by row in different orders could otherwise deadlock. The checkpoints
+//! table is created (if missing) before a claim, outside its transaction: DDL commits
+//! implicitly.
+//! Connections set `CLIENT_FOUND_ROWS`, so the commit's fenced UPDATE counts the row it
+//! matched even when the checkpoint it writes equals the stored one.
 //!
 //! Session settings (every connection): `utf8mb4`, `sql_mode` strict and without
 //! `NO_BACKSLASH_ESCAPES` (literals in [`crate::sql`] rely on it), UTC, and a client
@@ -35,12 +22,14 @@
 
 use crate::config::EndpointConfig;
 use crate::sql::{self, CHECKPOINTS_TABLE, Flavor};
+use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, OptsBuilder};
-pub use sluice_driver_sdk::fence::Claim;
+use mysql_async::{Conn, OptsBuilder, Params};
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::fence::{FenceClient, Param};
 
 /// Server error codes after which reconnecting and retrying may succeed.
 const RETRYABLE_CODES: &[u16] = &[
@@ -98,30 +87,6 @@ pub async fn connect(endpoint: &EndpointConfig) -> Result<(Conn, Flavor)> {
     Ok((conn, Flavor::of_version(&version.unwrap_or_default())))
 }
 
-/// The columns of `table` in the connection's database, empty if it does not exist.
-pub async fn existing_columns(conn: &mut Conn, table: &str) -> Result<Vec<String>> {
-    conn.exec(
-        "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
-        (table,),
-    )
-    .await
-    .map_err(|err| my_error(format!("reading the columns of table {table:?}"), err))
-}
-
-/// How many key ranges of `materialization` have a checkpoint row.
-pub async fn checkpoint_rows(conn: &mut Conn, materialization: &str) -> Result<u64> {
-    let sql = format!(
-        "SELECT COUNT(*) FROM {} WHERE `materialization` = ?",
-        sql::quote_ident(CHECKPOINTS_TABLE)
-    );
-    let count: Option<u64> = conn
-        .exec_first(sql, (materialization,))
-        .await
-        .map_err(|err| my_error("counting checkpoints", err))?;
-    Ok(count.unwrap_or_default())
-}
-
 /// Runs `statement` (a [`crate::sql::Table::load_data_sql`]) with `rows` as its input
 /// and fails if the server reported any warning: `LOAD DATA LOCAL` turns duplicate
 /// keys and conversion errors into warnings, and each of them is a lost guarantee.
@@ -157,144 +122,118 @@ pub async fn load_data(conn: &mut Conn, statement: &str, rows: Vec<u8>) -> Resul
     ))
 }
 
-/// The claimed range's fence as committed now (`None` if its row is gone), read
-/// outside any transaction to explain a failed store or commit.
-pub async fn current_fence(conn: &mut Conn, claim: &Claim) -> Result<Option<i64>> {
-    conn.exec_first(
-        format!(
-            "SELECT `fence` FROM {} WHERE `materialization` = ? \
-             AND `key_begin` = ? AND `key_end` = ?",
+/// One connection, working in the endpoint's database.
+pub struct My<'a> {
+    pub conn: &'a mut Conn,
+    pub flavor: Flavor,
+}
+
+/// `params` as mysql_async binds them.
+fn my_params(params: &[Param<'_>]) -> Params {
+    Params::Positional(
+        (params.iter())
+            .map(|param| match *param {
+                Param::Text(text) => mysql_async::Value::from(text),
+                Param::Int(int) => mysql_async::Value::Int(int),
+                Param::Bytes(bytes) => mysql_async::Value::Bytes(bytes.to_vec()),
+            })
+            .collect(),
+    )
+}
+
+#[async_trait]
+impl Catalog for My<'_> {
+    async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>> {
+        (self.conn)
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                (table,),
+            )
+            .await
+            .map_err(|err| my_error(format!("reading the columns of table {table:?}"), err))
+    }
+
+    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE `materialization` = ?",
             sql::quote_ident(CHECKPOINTS_TABLE)
-        ),
-        (
-            &claim.materialization,
-            i64::from(claim.key_begin),
-            i64::from(claim.key_end),
-        ),
-    )
-    .await
-    .map_err(|err| my_error("reading the fence of the claimed range", err))
+        );
+        let count: Option<u64> = (self.conn)
+            .exec_first(sql, (materialization,))
+            .await
+            .map_err(|err| my_error("counting checkpoints", err))?;
+        Ok(count.unwrap_or_default())
+    }
+
+    /// Statement by statement: DDL is not transactional in MariaDB or MySQL (each
+    /// statement commits on its own), but every statement is idempotent, so an apply
+    /// that failed half-way is finished by running it again.
+    async fn execute(&mut self, statements: &[String]) -> Result<()> {
+        for statement in statements {
+            (self.conn.query_drop(statement).await)
+                .map_err(|err| my_error(format!("applying `{statement}`"), err))?;
+        }
+        Ok(())
+    }
 }
 
-/// Fences every overlapping range of `materialization` and recovers the checkpoint of
-/// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
-/// shard resumes from its parent's checkpoint, and records it as its own.
-///
-/// Postcondition: after this returns, older instances of every overlapping range hold a
-/// stale fence, so their [`commit_checkpoint`] finds no row; this claim holds the
-/// current one.
-pub async fn claim_range(
-    conn: &mut Conn,
-    flavor: Flavor,
-    materialization: &str,
-    key_begin: u32,
-    key_end: u32,
-) -> Result<(Claim, Vec<u8>)> {
-    let context =
-        || format!("fencing key range [{key_begin:08x}, {key_end:08x}] of {materialization:?}");
-    let table = sql::quote_ident(CHECKPOINTS_TABLE);
-    let (m, b, e) = (materialization, i64::from(key_begin), i64::from(key_end));
-    conn.query_drop(sql::create_checkpoints_sql(flavor))
-        .await
-        .map_err(|err| my_error(context(), err))?;
-    // Claims of one materialization run one at a time: two overlapping Opens bumping
-    // fences row by row in different orders could otherwise deadlock.
-    let lock = "SELECT GET_LOCK(CONCAT('sluice_claim_', MD5(?)), 60)";
-    let locked: Option<Option<i64>> = conn
-        .exec_first(lock, (m,))
-        .await
-        .map_err(|err| my_error(context(), err))?;
-    if locked.flatten() != Some(1) {
-        return Err(Error::store(
-            context(),
-            "another Open of this materialization held its claim lock for 60 s",
-            true,
-        ));
+#[async_trait]
+impl FenceClient for My<'_> {
+    async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
+        (self.conn.exec_drop(sql, my_params(params)).await).map_err(|err| my_error(sql, err))?;
+        Ok(self.conn.affected_rows())
     }
-    let claimed = claim_locked(conn, &table, m, b, e).await;
-    if claimed.is_err() {
-        // Best effort: the server rolls back when the connection ends anyway.
-        let _ = conn.query_drop("ROLLBACK").await;
-    }
-    let released = conn
-        .exec_drop("SELECT RELEASE_LOCK(CONCAT('sluice_claim_', MD5(?)))", (m,))
-        .await;
-    let (fence, checkpoint) = claimed.map_err(|err| my_error(context(), err))?;
-    released.map_err(|err| my_error(context(), err))?;
-    let claim = Claim::new(materialization, key_begin, key_end, fence);
-    Ok((claim, checkpoint))
-}
 
-/// The transaction of [`claim_range`], under its lock.
-async fn claim_locked(
-    conn: &mut Conn,
-    table: &str,
-    m: &str,
-    b: i64,
-    e: i64,
-) -> std::result::Result<(i64, Vec<u8>), mysql_async::Error> {
-    conn.query_drop("START TRANSACTION").await?;
-    conn.exec_drop(
-        format!(
-            "UPDATE {table} SET `fence` = `fence` + 1 WHERE `materialization` = ? \
-             AND `key_begin` <= ? AND `key_end` >= ?"
-        ),
-        (m, e, b),
-    )
-    .await?;
-    let covering: Option<Vec<u8>> = conn
-        .exec_first(
-            format!(
-                "SELECT `checkpoint` FROM {table} WHERE `materialization` = ? \
-                 AND `key_begin` <= ? AND `key_end` >= ? \
-                 ORDER BY `key_end` - `key_begin` LIMIT 1 FOR UPDATE"
-            ),
-            (m, b, e),
-        )
-        .await?;
-    let checkpoint = covering.unwrap_or_default();
-    conn.exec_drop(
-        format!("INSERT IGNORE INTO {table} VALUES (?, ?, ?, 1, ?)"),
-        (m, b, e, &checkpoint),
-    )
-    .await?;
-    let fence: Option<i64> = conn
-        .exec_first(
-            format!(
-                "SELECT `fence` FROM {table} WHERE `materialization` = ? \
-                 AND `key_begin` = ? AND `key_end` = ?"
-            ),
-            (m, b, e),
-        )
-        .await?;
-    // Durable when this returns (InnoDB flushes its redo log at COMMIT with the default
-    // innodb_flush_log_at_trx_commit = 1).
-    conn.query_drop("COMMIT").await?;
-    Ok((fence.unwrap_or_default(), checkpoint))
-}
-
-/// Within the caller's open transaction: records `checkpoint` for the claimed range if
-/// the claim's fence is still current (and locks the range's row until the transaction
-/// ends), else fails with [`Error::Fenced`]; the caller then rolls back.
-pub async fn commit_checkpoint(conn: &mut Conn, claim: &Claim, checkpoint: &[u8]) -> Result<()> {
-    conn.exec_drop(
-        format!(
-            "UPDATE {} SET `checkpoint` = ? WHERE `materialization` = ? \
-             AND `key_begin` = ? AND `key_end` = ? AND `fence` = ?",
-            sql::quote_ident(CHECKPOINTS_TABLE)
-        ),
-        (
-            checkpoint,
-            &claim.materialization,
-            i64::from(claim.key_begin),
-            i64::from(claim.key_end),
-            claim.fence,
-        ),
-    )
-    .await
-    .map_err(|err| my_error("committing the runtime checkpoint", err))?;
-    if conn.affected_rows() != 1 {
-        return Err(claim.range_fence().fenced(None));
+    async fn query_bytes(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+        let value: Option<Option<Vec<u8>>> = (self.conn.exec_first(sql, my_params(params)).await)
+            .map_err(|err| my_error(sql, err))?;
+        Ok(value.flatten())
     }
-    Ok(())
+
+    async fn query_int(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>> {
+        let value: Option<Option<i64>> = (self.conn.exec_first(sql, my_params(params)).await)
+            .map_err(|err| my_error(sql, err))?;
+        Ok(value.flatten())
+    }
+
+    /// Creates the checkpoints table if missing (DDL commits implicitly, so before the
+    /// transaction), takes the claim lock, and starts the transaction.
+    async fn begin_claim(&mut self, materialization: &str) -> Result<()> {
+        let err = |err| my_error("beginning a claim", err);
+        let create = sql::create_checkpoints_sql(self.flavor);
+        self.conn.query_drop(create).await.map_err(err)?;
+        let locked: Option<Option<i64>> = (self.conn)
+            .exec_first(sql::CLAIM_LOCK, (materialization,))
+            .await
+            .map_err(err)?;
+        if locked.flatten() != Some(1) {
+            return Err(Error::store(
+                "beginning a claim",
+                "another Open of this materialization held its claim lock for 60 s",
+                true,
+            ));
+        }
+        if let Err(begin) = self.conn.query_drop("START TRANSACTION").await {
+            self.end_claim(materialization, false).await?;
+            return Err(err(begin));
+        }
+        Ok(())
+    }
+
+    async fn end_claim(&mut self, materialization: &str, commit: bool) -> Result<()> {
+        let ended = if commit {
+            // Durable when this returns (InnoDB flushes its redo log at COMMIT with the
+            // default innodb_flush_log_at_trx_commit = 1).
+            self.conn.query_drop("COMMIT").await
+        } else {
+            // Best effort: the server rolls back when the connection ends anyway.
+            let _ = self.conn.query_drop("ROLLBACK").await;
+            Ok(())
+        };
+        let released = (self.conn)
+            .exec_drop(sql::CLAIM_UNLOCK, (materialization,))
+            .await;
+        ended.and(released).map_err(|err| my_error("ending a claim", err))
+    }
 }

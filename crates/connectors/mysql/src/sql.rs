@@ -36,6 +36,7 @@
 
 use serde_json::Value;
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::fence::{FenceDialect, FenceSql};
 use sluice_sqlkit::text::{TextColumn, TextRows, escape_into};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
@@ -247,6 +248,64 @@ pub fn create_checkpoints_sql(flavor: Flavor) -> String {
         flavor.key_collation()
     )
 }
+
+/// The statements Apply plans in the endpoint's database (see [`kit::apply`]): every
+/// column's comment is part of its definition.
+#[derive(Debug, Clone, Copy)]
+pub struct Ddl {
+    pub flavor: Flavor,
+}
+
+impl kit::apply::Ddl for Ddl {
+    type Kind = ColumnType;
+    type Table = Table;
+
+    fn create_checkpoints(&self) -> String {
+        create_checkpoints_sql(self.flavor)
+    }
+
+    fn create_table(&self, table: &Table) -> String {
+        table.create_sql(self.flavor)
+    }
+
+    fn add_column(&self, table: &Table, column: &Column) -> String {
+        table.add_column_sql(column, self.flavor)
+    }
+
+    fn drop_table(&self, table: &Table) -> String {
+        table.drop_sql()
+    }
+
+    fn delete_checkpoints(&self, materialization: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE `materialization` = {}",
+            quote_ident(CHECKPOINTS_TABLE),
+            quote_literal(materialization)
+        )
+    }
+}
+
+/// The fencing statements over the checkpoints table (see [`kit::fence`]). The read of
+/// the covering checkpoint locks: a plain read would see the transaction's snapshot,
+/// taken before the commit the fence waited for.
+pub fn fence_sql() -> FenceSql {
+    FenceSql::new(
+        &quote_ident(CHECKPOINTS_TABLE),
+        FenceDialect {
+            quote: quote_ident,
+            placeholder: FenceDialect::question,
+            insert_ignore: ("INSERT IGNORE", ""),
+            locking_read: " FOR UPDATE",
+        },
+    )
+}
+
+/// Takes the lock that serializes the claims of one materialization (its `?`); `1`
+/// once held, waiting at most 60 s.
+pub const CLAIM_LOCK: &str = "SELECT GET_LOCK(CONCAT('sluice_claim_', MD5(?)), 60)";
+
+/// Releases [`CLAIM_LOCK`].
+pub const CLAIM_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('sluice_claim_', MD5(?)))";
 
 /// Writes the text form of `value` for `column` (unescaped), or returns `false` for
 /// SQL NULL (JSON null).

@@ -38,19 +38,22 @@
 //!   instance (this one is a zombie whose Loads went stale), the failure is reported as
 //!   [`Error::Fenced`], which it is.
 
-use crate::client::{self, Claim, my_error};
+use crate::client::{self, My, my_error};
 use crate::config::EndpointConfig;
 use crate::driver::spec_tables;
-use crate::sql::{InfileRows, KeyLists, Table};
+use crate::sql::{self, Flavor, InfileRows, KeyLists, Table};
 use async_trait::async_trait;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 use sluice_driver_sdk::arena;
-use sluice_driver_sdk::fence::{FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
+use sluice_sqlkit::apply::Catalog;
 use sluice_sqlkit::config::materialization;
+use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
+use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 /// One binding's table and statements.
@@ -119,7 +122,10 @@ pub(crate) struct MysqlTransactor {
     conn: Connection,
     /// The server, without password, for error contexts.
     server: String,
-    claim: Claim,
+    flavor: Flavor,
+    claim: Arc<Claim>,
+    /// The statements that check the claim.
+    fence: Arc<FenceSql>,
     bindings: Vec<Binding>,
     /// The runtime checkpoint of the transaction in progress.
     checkpoint: PreparedCheckpoint,
@@ -136,8 +142,12 @@ impl MysqlTransactor {
         let server = endpoint.describe();
         let tables = spec_tables(&spec)?;
         let (mut conn, flavor) = client::connect(&endpoint).await?;
+        let mut session = My {
+            conn: &mut conn,
+            flavor,
+        };
         for table in &tables {
-            let existing = client::existing_columns(&mut conn, &table.name).await?;
+            let existing = session.existing_columns(&table.name).await?;
             if let Some(missing) = (table.columns.iter()).find(|c| !existing.contains(&c.field)) {
                 return Err(Error::Config(format!(
                     "table {:?} has no column {:?} on {server}: apply the materialization first",
@@ -145,9 +155,10 @@ impl MysqlTransactor {
                 )));
             }
         }
-        let (claim, checkpoint) = client::claim_range(
-            &mut conn,
-            flavor,
+        let fence = sql::fence_sql();
+        let (claim, checkpoint) = fence::claim_range(
+            &mut session,
+            &fence,
             &spec.materialization,
             open.key_begin,
             open.key_end,
@@ -166,7 +177,9 @@ impl MysqlTransactor {
         let transactor = MysqlTransactor {
             conn: Connection::Idle(conn),
             server,
-            claim,
+            flavor,
+            claim: Arc::new(claim),
+            fence: Arc::new(fence),
             bindings,
             checkpoint: PreparedCheckpoint::default(),
             in_transaction: false,
@@ -212,6 +225,16 @@ impl MysqlTransactor {
         Ok(conn)
     }
 
+}
+
+#[async_trait]
+impl FencedStore for MysqlTransactor {
+    fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    /// Awaits the writes in flight (their failure is already someone else's), then
+    /// rolls back.
     async fn rollback(&mut self) {
         if !std::mem::take(&mut self.in_transaction) {
             return;
@@ -223,24 +246,14 @@ impl MysqlTransactor {
                     tracing::warn!(%server, %err, "rolling back an unfinished transaction");
                 }
             }
-            Err(err) => tracing::debug!(%err, "writes in flight failed as the stream ended"),
+            Err(err) => tracing::debug!(%err, "writes in flight failed before the rollback"),
         }
     }
-}
 
-#[async_trait]
-impl FencedStore for MysqlTransactor {
-    /// `result`, unless it failed: then the transaction is rolled back, and the error
-    /// is [`Error::Fenced`] if a newer instance has opened this range since.
-    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
-        let Err(err) = result else { return Ok(()) };
-        self.rollback().await;
-        let claim = self.claim.clone();
-        let current = match self.settle().await {
-            Ok(conn) => client::current_fence(conn, &claim).await,
-            Err(lost) => Err(lost),
-        };
-        Err(claim.range_fence().explain(err, current))
+    async fn current_fence(&mut self) -> Result<Option<i64>> {
+        let (claim, fencing, flavor) = (self.claim.clone(), self.fence.clone(), self.flavor);
+        let conn = self.settle().await?;
+        fence::current_fence(&mut My { conn, flavor }, &fencing, &claim).await
     }
 
     /// Encodes a Store message and hands its writes to a task once the prior ones ended.
@@ -286,11 +299,11 @@ impl FencedStore for MysqlTransactor {
     /// Awaits the last writes, records the checkpoint if the fence holds, commits.
     async fn commit_writes(&mut self) -> Result<()> {
         let checkpoint = self.checkpoint.take()?;
-        let claim = self.claim.clone();
+        let (claim, fencing, flavor) = (self.claim.clone(), self.fence.clone(), self.flavor);
         let conn = self.begin().await?;
         // From here on the range's row is locked, so no newer Open can slip in before
         // our COMMIT.
-        client::commit_checkpoint(conn, &claim, &checkpoint).await?;
+        fence::commit_checkpoint(&mut My { conn, flavor }, &fencing, &claim, &checkpoint).await?;
         // Durable when this returns: InnoDB flushed the commit to its redo log.
         conn.query_drop("COMMIT")
             .await

@@ -275,7 +275,7 @@ impl FencedStore for PostgresTransactor {
     /// rolls back.
     async fn rollback(&mut self) {
         if let Err(writes) = self.settle().await {
-            tracing::debug!(%writes, "writes in flight failed after the transaction failed");
+            tracing::debug!(%writes, "writes in flight failed before the rollback");
         }
         if std::mem::take(&mut self.in_transaction)
             && let Err(err) = self.client.batch_execute("ROLLBACK").await
