@@ -23,7 +23,7 @@ use crate::config::{NameLimit, TableResource};
 use crate::validate;
 use crate::{Column, ColumnKind, Table};
 use async_trait::async_trait;
-use sluice_driver_sdk::Result;
+use sluice_driver_sdk::{Error, Result};
 use sluice_driver_sdk::materialize as m;
 use std::ops::Deref;
 
@@ -51,6 +51,30 @@ pub trait Catalog: Send {
 
     /// Runs the (non-empty) plan, as atomically as the store allows.
     async fn execute(&mut self, statements: &[String]) -> Result<()>;
+}
+
+/// The catalog of a store that does not exist yet (a database file not created): a dry
+/// run against it plans everything, and creates nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Empty;
+
+#[async_trait]
+impl Catalog for Empty {
+    async fn existing_columns(&mut self, _table: &str) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn checkpoint_rows(&mut self, _materialization: &str) -> Result<u64> {
+        Ok(0)
+    }
+
+    async fn execute(&mut self, _statements: &[String]) -> Result<()> {
+        Err(Error::store(
+            "applying",
+            "the store does not exist (an empty catalog only plans dry runs)",
+            false,
+        ))
+    }
 }
 
 /// The text of the statements Apply plans, in one dialect.

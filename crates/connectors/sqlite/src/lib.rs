@@ -5,16 +5,21 @@
 //! newer instance has opened.
 //!
 //! - [`config`]: what the user writes (`{"path": ...}`, `{"table": ...}`) and its schemas.
-//! - [`sql`]: tables, statements and value conversion; connections, fencing, checkpoints.
-//! - [`SqliteDriver`]: Spec, Validate, Apply and the transactor.
+//! - [`sql`]: tables, statements and value conversion (pure).
+//! - [`client`]: opening the database, error classification, the catalog and the
+//!   client calls of fencing.
+//! - [`SqliteDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
+//! - `transactor.rs`: loads, stores and commits of one shard.
 //!
 //! ```text
 //!   sluice_checkpoints(materialization, key_begin, key_end, fence, checkpoint)
 //!   <table per binding>(keys…, values…, flow_document)   PRIMARY KEY(keys…) unless delta
 //! ```
 
+pub mod client;
 pub mod config;
 mod driver;
 pub mod sql;
+mod transactor;
 
 pub use driver::SqliteDriver;

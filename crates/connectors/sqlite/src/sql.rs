@@ -1,5 +1,5 @@
-//! Talking to SQLite: SQL text and value conversion (pure), then the few operations on a
-//! connection (connect, inspect, fence and recover, commit the checkpoint).
+//! SQLite's SQL text and value conversion, pure and without a connection (that is
+//! [`crate::client`]).
 //!
 //! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
 //! order (keys, then values, then the document), which is also the order of the values
@@ -23,21 +23,16 @@
 //!   keys differ. We accept that: such keys are rare and Flow's SQLite driver does the
 //!   same.)
 //! - Delta-update tables have no primary key: every store appends a row.
-//! - Fencing: `sluice_checkpoints` holds one row per (materialization, key range) with a
-//!   fence counter. [`claim_range`] bumps the fence of every overlapping range and reads
-//!   its own; [`commit_checkpoint`] updates the checkpoint only where the fence is still
-//!   the one read, inside the transaction that writes the data. SQLite serializes
-//!   writers, so either the older instance commits before the newer one claims (and the
-//!   newer one recovers that commit), or it finds a stale fence and rolls back.
+//! - Fencing ([`fence_sql`], run by [`sluice_sqlkit::fence`]): `sluice_checkpoints`
+//!   holds one row per (materialization, key range) with a fence counter. SQLite
+//!   serializes writers (claims and stores begin IMMEDIATE), so either the older
+//!   instance commits before the newer one claims (and the newer one recovers that
+//!   commit), or it finds a stale fence and rolls back.
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde_json::Value;
-pub use sluice_driver_sdk::fence::Claim;
-use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::fence::{FenceDialect, FenceSql};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred};
-use std::path::Path;
-use std::time::Duration;
 
 /// The table of fences and runtime checkpoints, one row per (materialization, key range).
 pub const CHECKPOINTS_TABLE: &str = "sluice_checkpoints";
@@ -220,6 +215,52 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
+/// The statements Apply plans (see [`kit::apply`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ddl;
+
+impl kit::apply::Ddl for Ddl {
+    type Kind = ColumnType;
+    type Table = Table;
+
+    fn create_checkpoints(&self) -> String {
+        CREATE_CHECKPOINTS.to_owned()
+    }
+
+    fn create_table(&self, table: &Table) -> String {
+        table.create_sql()
+    }
+
+    fn add_column(&self, table: &Table, column: &Column) -> String {
+        table.add_column_sql(column)
+    }
+
+    fn drop_table(&self, table: &Table) -> String {
+        table.drop_sql()
+    }
+
+    fn delete_checkpoints(&self, materialization: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE \"materialization\" = {}",
+            quote_ident(CHECKPOINTS_TABLE),
+            quote_literal(materialization)
+        )
+    }
+}
+
+/// The fencing statements over the checkpoints table (see [`kit::fence`]).
+pub fn fence_sql() -> FenceSql {
+    FenceSql::new(
+        &quote_ident(CHECKPOINTS_TABLE),
+        FenceDialect {
+            quote: quote_ident,
+            placeholder: FenceDialect::numbered,
+            insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
+            locking_read: "",
+        },
+    )
+}
+
 /// The SQL value of a JSON value in a column of type `ty`. JSON null is SQL NULL; a JSON
 /// column holds the value's JSON text; other columns hold the natural SQL value.
 pub fn sql_value(value: &Value, ty: ColumnType) -> ToSqlOutput<'_> {
@@ -239,189 +280,10 @@ pub fn sql_value(value: &Value, ty: ColumnType) -> ToSqlOutput<'_> {
     }
 }
 
-/// How long a statement waits for another connection's write lock before failing with
-/// SQLITE_BUSY. Long enough to outlast a peer's commit (one fsync) or a zombie's store
-/// phase of a normal-sized transaction; short enough that a stuck peer surfaces as an
-/// error an operator sees.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Prepared statements kept per connection: a few per binding plus the load chunks.
-const STATEMENT_CACHE: usize = 256;
-
-/// A store error from SQLite; busy and locked databases are worth a retry.
-pub fn store_error(context: impl Into<String>, err: rusqlite::Error) -> Error {
-    let retryable = matches!(
-        err.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-    );
-    Error::store(context, err, retryable)
-}
-
-/// Opens (creating if missing, with its parent directories) the database at `path` in
-/// WAL mode with `synchronous=FULL`: a COMMIT returns only after the WAL is fsynced,
-/// which is what makes a committed checkpoint durable.
-pub fn connect(path: &Path) -> Result<Connection> {
-    let at = |what: &str| format!("{what} SQLite database {}", path.display());
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|err| {
-            Error::store(
-                format!("creating directory {}", parent.display()),
-                err,
-                false,
-            )
-        })?;
-    }
-    let conn = Connection::open(path).map_err(|err| store_error(at("opening"), err))?;
-    conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|err| store_error(at("configuring"), err))?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(|err| store_error(at("enabling WAL on"), err))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::store(
-            at("enabling WAL on"),
-            format!("journal mode is {mode}"),
-            false,
-        ));
-    }
-    conn.execute_batch("PRAGMA synchronous = FULL")
-        .map_err(|err| store_error(at("configuring"), err))?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    Ok(conn)
-}
-
-/// Opens the database at `path` read-only, or `None` if it does not exist (dry runs
-/// must not create it).
-pub fn connect_read_only(path: &Path) -> Result<Option<Connection>> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map(Some)
-        .map_err(|err| store_error(format!("opening SQLite database {}", path.display()), err))
-}
-
-/// The columns of `table`, empty if it does not exist.
-pub fn existing_columns(conn: &Connection, table: &str) -> Result<Vec<String>> {
-    let context = || format!("reading the columns of table {table:?}");
-    let mut stmt = conn
-        .prepare_cached("SELECT name FROM pragma_table_info(?1)")
-        .map_err(|err| store_error(context(), err))?;
-    let names = stmt
-        .query_map([table], |row| row.get(0))
-        .and_then(|rows| rows.collect())
-        .map_err(|err| store_error(context(), err))?;
-    Ok(names)
-}
-
-/// The claimed range's fence as stored now (`None` if its row is gone), read in a
-/// statement of its own to explain a failed store or commit.
-pub fn current_fence(conn: &Connection, claim: &Claim) -> Result<Option<i64>> {
-    conn.prepare_cached(
-        "SELECT \"fence\" FROM \"sluice_checkpoints\" WHERE \"materialization\" = ?1 \
-         AND \"key_begin\" = ?2 AND \"key_end\" = ?3",
-    )
-    .and_then(|mut stmt| {
-        stmt.query_row(
-            params![
-                claim.materialization,
-                i64::from(claim.key_begin),
-                i64::from(claim.key_end)
-            ],
-            |row| row.get(0),
-        )
-        .optional()
-    })
-    .map_err(|err| store_error("reading the fence of the claimed range", err))
-}
-
-/// Fences every overlapping range of `materialization` and recovers the checkpoint of
-/// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
-/// shard resumes from its parent's checkpoint, and records it as its own.
-///
-/// Postcondition: after this returns, older instances of every overlapping range hold a
-/// stale fence, so their [`commit_checkpoint`] fails; this claim holds the current one.
-pub fn claim_range(
-    conn: &mut Connection,
-    materialization: &str,
-    key_begin: u32,
-    key_end: u32,
-) -> Result<(Claim, Vec<u8>)> {
-    let context =
-        || format!("fencing key range [{key_begin:08x}, {key_end:08x}] of {materialization:?}");
-    let err = |err| store_error(context(), err);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(err)?;
-    tx.execute_batch(CREATE_CHECKPOINTS).map_err(err)?;
-    let (m, b, e) = (materialization, i64::from(key_begin), i64::from(key_end));
-    let checkpoint: Option<Vec<u8>> = tx
-        .query_row(
-            "SELECT \"checkpoint\" FROM \"sluice_checkpoints\" WHERE \"materialization\" = ?1 \
-             AND \"key_begin\" <= ?2 AND \"key_end\" >= ?3 \
-             ORDER BY \"key_end\" - \"key_begin\" LIMIT 1",
-            params![m, b, e],
-            |row| row.get(0),
-        )
-        .optional()
-        .map_err(err)?
-        .flatten();
-    let checkpoint = checkpoint.unwrap_or_default();
-    tx.execute(
-        "INSERT INTO \"sluice_checkpoints\" VALUES (?1, ?2, ?3, 0, ?4) ON CONFLICT DO NOTHING",
-        params![m, b, e, checkpoint],
-    )
-    .map_err(err)?;
-    tx.execute(
-        "UPDATE \"sluice_checkpoints\" SET \"fence\" = \"fence\" + 1 WHERE \"materialization\" = ?1 \
-         AND \"key_begin\" <= ?3 AND \"key_end\" >= ?2",
-        params![m, b, e],
-    )
-    .map_err(err)?;
-    let fence: i64 = tx
-        .query_row(
-            "SELECT \"fence\" FROM \"sluice_checkpoints\" WHERE \"materialization\" = ?1 \
-             AND \"key_begin\" = ?2 AND \"key_end\" = ?3",
-            params![m, b, e],
-            |row| row.get(0),
-        )
-        .map_err(err)?;
-    tx.commit().map_err(err)?;
-    let claim = Claim::new(materialization, key_begin, key_end, fence);
-    Ok((claim, checkpoint))
-}
-
-/// Within the caller's open transaction: records `checkpoint` for the claimed range if
-/// the claim's fence is still current, else rolls the transaction back and fails with
-/// [`Error::Fenced`].
-pub fn commit_checkpoint(conn: &Connection, claim: &Claim, checkpoint: &[u8]) -> Result<()> {
-    let context = "committing the runtime checkpoint";
-    let changed = conn
-        .prepare_cached(
-            "UPDATE \"sluice_checkpoints\" SET \"checkpoint\" = ?1 WHERE \"materialization\" = ?2 \
-             AND \"key_begin\" = ?3 AND \"key_end\" = ?4 AND \"fence\" = ?5",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                checkpoint,
-                claim.materialization,
-                i64::from(claim.key_begin),
-                i64::from(claim.key_end),
-                claim.fence
-            ])
-        })
-        .map_err(|err| store_error(context, err))?;
-    if changed != 1 {
-        conn.execute_batch("ROLLBACK")
-            .map_err(|err| store_error("rolling back a fenced transaction", err))?;
-        return Err(claim.range_fence().fenced(None));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::{Connection, params};
 
     #[test]
     fn each_inferred_shape_is_declared_as_its_column_type() {
