@@ -23,8 +23,8 @@ use crate::config::{NameLimit, TableResource};
 use crate::validate;
 use crate::{Column, ColumnKind, Table};
 use async_trait::async_trait;
-use sluice_driver_sdk::{Error, Result};
 use sluice_driver_sdk::materialize as m;
+use sluice_driver_sdk::{Error, Result};
 use std::ops::Deref;
 
 /// Which Apply call is being served.

@@ -234,6 +234,8 @@ impl FenceClient for My<'_> {
         let released = (self.conn)
             .exec_drop(sql::CLAIM_UNLOCK, (materialization,))
             .await;
-        ended.and(released).map_err(|err| my_error("ending a claim", err))
+        ended
+            .and(released)
+            .map_err(|err| my_error("ending a claim", err))
     }
 }

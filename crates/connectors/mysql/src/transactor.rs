@@ -224,7 +224,6 @@ impl MysqlTransactor {
         }
         Ok(conn)
     }
-
 }
 
 #[async_trait]

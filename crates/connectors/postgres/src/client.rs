@@ -173,7 +173,11 @@ impl FenceClient for Pg<'_> {
     async fn begin_claim(&mut self, materialization: &str) -> Result<()> {
         let err = |err| pg_error("beginning a claim", err);
         self.client.batch_execute("BEGIN").await.map_err(err)?;
-        (self.client.execute(sql::CLAIM_LOCK, &[&materialization]).await).map_err(err)?;
+        (self
+            .client
+            .execute(sql::CLAIM_LOCK, &[&materialization])
+            .await)
+            .map_err(err)?;
         Ok(())
     }
 

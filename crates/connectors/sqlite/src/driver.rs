@@ -49,12 +49,11 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
     let tables = spec_tables(&spec)?;
-    let conn = if req.dry_run {
+    let mut conn = if req.dry_run {
         blocking(|| client::connect_read_only(&endpoint.path))?
     } else {
         Some(blocking(|| client::connect(&endpoint.path))?)
     };
-    let mut conn = conn;
     let catalog: &mut dyn Catalog = match &mut conn {
         Some(conn) => &mut Lite(conn),
         None => &mut Empty,

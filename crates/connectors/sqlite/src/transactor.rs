@@ -84,7 +84,11 @@ impl SqliteTransactor {
         let mut conn = blocking(|| client::connect(&endpoint.path))?;
         let mut bindings = Vec::with_capacity(tables.len());
         for table in tables {
-            if Lite(&mut conn).existing_columns(&table.name).await?.is_empty() {
+            if Lite(&mut conn)
+                .existing_columns(&table.name)
+                .await?
+                .is_empty()
+            {
                 return Err(Error::Config(format!(
                     "table {:?} does not exist in {}: apply the materialization first",
                     table.name,
@@ -155,13 +159,8 @@ impl SqliteTransactor {
             let mut rows = stmt
                 .query(rusqlite::params_from_iter(params))
                 .map_err(|err| store_error(context(), err))?;
-            while let Some(row) = rows
-                .next()
-                .map_err(|err| store_error(context(), err))?
-            {
-                let doc = row
-                    .get_ref(0)
-                    .map_err(|err| store_error(context(), err))?;
+            while let Some(row) = rows.next().map_err(|err| store_error(context(), err))? {
+                let doc = row.get_ref(0).map_err(|err| store_error(context(), err))?;
                 match doc {
                     ValueRef::Text(doc) | ValueRef::Blob(doc) => loaded.push(load.binding, doc),
                     other => {
