@@ -20,6 +20,7 @@
 //! [`validate_tables`].
 
 use crate::config::{NameLimit, TableResource};
+use crate::fence::{FenceDialect, FenceSql};
 use crate::validate;
 use crate::{Column, ColumnKind, Table};
 use async_trait::async_trait;
@@ -77,13 +78,25 @@ impl Catalog for Empty {
     }
 }
 
-/// The text of the statements Apply plans, in one dialect.
+/// The text of the statements Apply plans, and of the fencing statements
+/// ([`crate::fence`]), in one dialect.
 pub trait Ddl: Sync {
     type Kind: ColumnKind + Send + Sync;
     type Table: Deref<Target = Table<Self::Kind>> + Send + Sync;
 
+    /// How the dialect quotes identifiers and spells the fencing statements.
+    const FENCE: FenceDialect;
+
     /// The name of the checkpoints table, as the catalog knows it.
     const CHECKPOINTS_TABLE: &'static str = "sluice_checkpoints";
+
+    /// The checkpoints table, quoted (and qualified) for statements.
+    fn checkpoints(&self) -> String {
+        self.qualified(Self::CHECKPOINTS_TABLE)
+    }
+
+    /// `text` as a string literal.
+    fn literal(&self, text: &str) -> String;
 
     /// Creates the endpoint's schema, for dialects that have schemas.
     fn create_schema(&self) -> Option<String> {
@@ -103,10 +116,27 @@ pub trait Ddl: Sync {
         None
     }
 
-    fn drop_table(&self, table: &Self::Table) -> String;
+    fn drop_table(&self, table: &Self::Table) -> String {
+        format!("DROP TABLE IF EXISTS {}", self.qualified(&table.name))
+    }
+
+    /// `name` quoted (and qualified) for statements.
+    fn qualified(&self, name: &str) -> String;
 
     /// Forgets every checkpoint of `materialization`.
-    fn delete_checkpoints(&self, materialization: &str) -> String;
+    fn delete_checkpoints(&self, materialization: &str) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} = {}",
+            self.checkpoints(),
+            (Self::FENCE.quote)("materialization"),
+            self.literal(materialization)
+        )
+    }
+
+    /// The fencing statements over the checkpoints table.
+    fn fence_sql(&self) -> FenceSql {
+        FenceSql::new(&self.checkpoints(), Self::FENCE)
+    }
 }
 
 /// Plans `action` for `tables` of `materialization` from what `catalog` holds now, runs

@@ -36,7 +36,7 @@
 
 use serde_json::Value;
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::fence::{FenceDialect, FenceSql};
+use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::text::{TextColumn, TextRows, escape_into};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
@@ -176,10 +176,6 @@ impl Table {
         )
     }
 
-    pub fn drop_sql(&self) -> String {
-        format!("DROP TABLE IF EXISTS {}", quote_ident(&self.name))
-    }
-
     /// Loads [`InfileRows`] of every column into this table. `replace`: a row whose key
     /// is present replaces it (the upsert of keys the runtime loaded); otherwise it is
     /// a duplicate, which `LOCAL` turns into a warning the caller must fail on.
@@ -250,7 +246,10 @@ pub fn create_checkpoints_sql(flavor: Flavor) -> String {
 }
 
 /// The statements Apply plans in the endpoint's database (see [`kit::apply`]): every
-/// column's comment is part of its definition.
+/// column's comment is part of its definition. Of the fencing statements
+/// ([`kit::fence`]), the read of the covering checkpoint locks (`FOR UPDATE`): a plain
+/// read would see the claim transaction's snapshot, taken before the commit the fence
+/// waited for.
 #[derive(Debug, Clone, Copy)]
 pub struct Ddl {
     pub flavor: Flavor,
@@ -259,6 +258,21 @@ pub struct Ddl {
 impl kit::apply::Ddl for Ddl {
     type Kind = ColumnType;
     type Table = Table;
+
+    const FENCE: FenceDialect = FenceDialect {
+        quote: quote_ident,
+        placeholder: FenceDialect::question,
+        insert_ignore: ("INSERT IGNORE", ""),
+        locking_read: " FOR UPDATE",
+    };
+
+    fn qualified(&self, name: &str) -> String {
+        quote_ident(name)
+    }
+
+    fn literal(&self, text: &str) -> String {
+        quote_literal(text)
+    }
 
     fn create_checkpoints(&self) -> String {
         create_checkpoints_sql(self.flavor)
@@ -271,33 +285,6 @@ impl kit::apply::Ddl for Ddl {
     fn add_column(&self, table: &Table, column: &Column) -> String {
         table.add_column_sql(column, self.flavor)
     }
-
-    fn drop_table(&self, table: &Table) -> String {
-        table.drop_sql()
-    }
-
-    fn delete_checkpoints(&self, materialization: &str) -> String {
-        format!(
-            "DELETE FROM {} WHERE `materialization` = {}",
-            quote_ident(CHECKPOINTS_TABLE),
-            quote_literal(materialization)
-        )
-    }
-}
-
-/// The fencing statements over the checkpoints table (see [`kit::fence`]). The read of
-/// the covering checkpoint locks: a plain read would see the transaction's snapshot,
-/// taken before the commit the fence waited for.
-pub fn fence_sql() -> FenceSql {
-    FenceSql::new(
-        &quote_ident(CHECKPOINTS_TABLE),
-        FenceDialect {
-            quote: quote_ident,
-            placeholder: FenceDialect::question,
-            insert_ignore: ("INSERT IGNORE", ""),
-            locking_read: " FOR UPDATE",
-        },
-    )
 }
 
 /// Takes the lock that serializes the claims of one materialization (its `?`); `1`

@@ -49,7 +49,7 @@ use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
-use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::apply::{Catalog, Ddl as _};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
@@ -155,7 +155,7 @@ impl MysqlTransactor {
                 )));
             }
         }
-        let fence = sql::fence_sql();
+        let fence = sql::Ddl { flavor }.fence_sql();
         let (claim, checkpoint) = fence::claim_range(
             &mut session,
             &fence,

@@ -35,7 +35,7 @@
 use serde_json::Value;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::fence::{FenceDialect, FenceSql};
+use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::text::{TextColumn, TextRows};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
 use std::io::Write;
@@ -172,10 +172,6 @@ impl Table {
         )
     }
 
-    pub fn drop_sql(&self) -> String {
-        format!("DROP TABLE IF EXISTS {}", self.qualified())
-    }
-
     /// Copies rows of every column, in [`CopyRow`] format, into `target` (this table,
     /// or its staging table).
     pub fn copy_sql(&self, target: &str) -> String {
@@ -298,7 +294,8 @@ pub fn create_checkpoints_sql(schema: &str) -> String {
 }
 
 /// The statements Apply plans in the endpoint's `schema` (see [`kit::apply`]): a
-/// missing schema is created, and every new column gets a comment naming its source.
+/// missing schema is created, and every new column gets a comment naming its source;
+/// and the fencing statements over its checkpoints table ([`kit::fence`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Ddl<'a> {
     pub schema: &'a str,
@@ -307,6 +304,21 @@ pub struct Ddl<'a> {
 impl kit::apply::Ddl for Ddl<'_> {
     type Kind = ColumnType;
     type Table = Table;
+
+    const FENCE: FenceDialect = FenceDialect {
+        quote: quote_ident,
+        placeholder: FenceDialect::dollar,
+        insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
+        locking_read: "",
+    };
+
+    fn qualified(&self, name: &str) -> String {
+        qualify(self.schema, name)
+    }
+
+    fn literal(&self, text: &str) -> String {
+        quote_literal(text)
+    }
 
     fn create_schema(&self) -> Option<String> {
         Some(format!(
@@ -330,32 +342,6 @@ impl kit::apply::Ddl for Ddl<'_> {
     fn comment(&self, table: &Table, column: &Column) -> Option<String> {
         Some(table.comment_sql(column))
     }
-
-    fn drop_table(&self, table: &Table) -> String {
-        table.drop_sql()
-    }
-
-    fn delete_checkpoints(&self, materialization: &str) -> String {
-        format!(
-            "DELETE FROM {} WHERE \"materialization\" = {}",
-            qualify(self.schema, CHECKPOINTS_TABLE),
-            quote_literal(materialization)
-        )
-    }
-}
-
-/// The fencing statements over the checkpoints table of `schema` (see
-/// [`kit::fence`]).
-pub fn fence_sql(schema: &str) -> FenceSql {
-    FenceSql::new(
-        &qualify(schema, CHECKPOINTS_TABLE),
-        FenceDialect {
-            quote: quote_ident,
-            placeholder: FenceDialect::dollar,
-            insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
-            locking_read: "",
-        },
-    )
 }
 
 /// Takes the lock that serializes the claims of one materialization (its `$1`), until

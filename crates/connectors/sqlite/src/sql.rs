@@ -23,7 +23,7 @@
 //!   keys differ. We accept that: such keys are rare and Flow's SQLite driver does the
 //!   same.)
 //! - Delta-update tables have no primary key: every store appends a row.
-//! - Fencing ([`fence_sql`], run by [`sluice_sqlkit::fence`]): `sluice_checkpoints`
+//! - Fencing ([`Ddl`]'s statements, run by [`sluice_sqlkit::fence`]): `sluice_checkpoints`
 //!   holds one row per (materialization, key range) with a fence counter. SQLite
 //!   serializes writers (claims and stores begin IMMEDIATE), so either the older
 //!   instance commits before the newer one claims (and the newer one recovers that
@@ -31,7 +31,7 @@
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use serde_json::Value;
-use sluice_sqlkit::fence::{FenceDialect, FenceSql};
+use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred};
 
 /// The table of fences and runtime checkpoints, one row per (materialization, key range).
@@ -114,10 +114,6 @@ impl Table {
             quote_ident(&self.name),
             Table::column_def(column)
         )
-    }
-
-    pub fn drop_sql(&self) -> String {
-        format!("DROP TABLE IF EXISTS {}", quote_ident(&self.name))
     }
 
     /// Inserts one row (every column, in order).
@@ -215,13 +211,28 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-/// The statements Apply plans (see [`kit::apply`]).
+/// The statements Apply plans and fencing runs (see [`kit::apply`], [`kit::fence`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Ddl;
 
 impl kit::apply::Ddl for Ddl {
     type Kind = ColumnType;
     type Table = Table;
+
+    const FENCE: FenceDialect = FenceDialect {
+        quote: quote_ident,
+        placeholder: FenceDialect::numbered,
+        insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
+        locking_read: "",
+    };
+
+    fn qualified(&self, name: &str) -> String {
+        quote_ident(name)
+    }
+
+    fn literal(&self, text: &str) -> String {
+        quote_literal(text)
+    }
 
     fn create_checkpoints(&self) -> String {
         CREATE_CHECKPOINTS.to_owned()
@@ -234,31 +245,6 @@ impl kit::apply::Ddl for Ddl {
     fn add_column(&self, table: &Table, column: &Column) -> String {
         table.add_column_sql(column)
     }
-
-    fn drop_table(&self, table: &Table) -> String {
-        table.drop_sql()
-    }
-
-    fn delete_checkpoints(&self, materialization: &str) -> String {
-        format!(
-            "DELETE FROM {} WHERE \"materialization\" = {}",
-            quote_ident(CHECKPOINTS_TABLE),
-            quote_literal(materialization)
-        )
-    }
-}
-
-/// The fencing statements over the checkpoints table (see [`kit::fence`]).
-pub fn fence_sql() -> FenceSql {
-    FenceSql::new(
-        &quote_ident(CHECKPOINTS_TABLE),
-        FenceDialect {
-            quote: quote_ident,
-            placeholder: FenceDialect::numbered,
-            insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
-            locking_read: "",
-        },
-    )
 }
 
 /// The SQL value of a JSON value in a column of type `ty`. JSON null is SQL NULL; a JSON

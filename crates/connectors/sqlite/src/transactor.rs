@@ -35,7 +35,7 @@ use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
-use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::apply::{Catalog, Ddl as _};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
@@ -97,7 +97,7 @@ impl SqliteTransactor {
             }
             bindings.push(BindingSql::new(table));
         }
-        let fence = sql::fence_sql();
+        let fence = sql::Ddl.fence_sql();
         let (claim, checkpoint) = fence::claim_range(
             &mut Lite(&mut conn),
             &fence,
