@@ -69,6 +69,10 @@ impl Catalog for Empty {
         Ok(0)
     }
 
+    async fn schema_exists(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
     async fn execute(&mut self, _statements: &[String]) -> Result<()> {
         Err(Error::store(
             "applying",
@@ -248,4 +252,198 @@ pub fn validate_tables<C: ColumnKind>(
             delta_updates: resource.delta_updates,
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Inferred;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Kind;
+
+    impl ColumnKind for Kind {
+        const STORE: &'static str = "TestDB";
+        const DOCUMENT: Self = Kind;
+        fn of_inferred(_: Inferred) -> Self {
+            Kind
+        }
+    }
+
+    crate::table_newtype!(TestTable(Kind));
+
+    /// A dialect whose statements name what they do, with schemas and comments.
+    struct TestDdl;
+
+    impl Ddl for TestDdl {
+        type Kind = Kind;
+        type Table = TestTable;
+        const FENCE: FenceDialect = FenceDialect {
+            quote: |name| format!("<{name}>"),
+            placeholder: FenceDialect::question,
+            insert_ignore: ("INSERT", ""),
+            locking_read: "",
+        };
+        fn qualified(&self, name: &str) -> String {
+            format!("s.<{name}>")
+        }
+        fn literal(&self, text: &str) -> String {
+            format!("'{text}'")
+        }
+        fn create_schema(&self) -> Option<String> {
+            Some("create schema".into())
+        }
+        fn create_checkpoints(&self) -> String {
+            "create checkpoints".into()
+        }
+        fn create_table(&self, table: &TestTable) -> String {
+            format!("create {}", table.name)
+        }
+        fn add_column(&self, table: &TestTable, column: &Column<Kind>) -> String {
+            format!("add {}.{}", table.name, column.field)
+        }
+        fn comment(&self, table: &TestTable, column: &Column<Kind>) -> Option<String> {
+            Some(format!("comment {}.{}", table.name, column.field))
+        }
+    }
+
+    /// A store as a map of table → columns, plus checkpoint rows and the schema.
+    #[derive(Default)]
+    struct Model {
+        schema: bool,
+        tables: BTreeMap<String, Vec<String>>,
+        checkpoint_rows: u64,
+        executed: Vec<String>,
+    }
+
+    #[async_trait]
+    impl Catalog for Model {
+        async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>> {
+            Ok(self.tables.get(table).cloned().unwrap_or_default())
+        }
+        async fn checkpoint_rows(&mut self, _materialization: &str) -> Result<u64> {
+            Ok(self.checkpoint_rows)
+        }
+        async fn schema_exists(&mut self) -> Result<bool> {
+            Ok(self.schema)
+        }
+        async fn execute(&mut self, statements: &[String]) -> Result<()> {
+            self.executed.extend_from_slice(statements);
+            Ok(())
+        }
+    }
+
+    /// Table `t` of columns `k` (key), `v`, `doc`.
+    fn table() -> TestTable {
+        let column = |field: &str, key| Column {
+            field: field.into(),
+            ptr: format!("/{field}"),
+            ty: Kind,
+            key,
+        };
+        TestTable(Table {
+            name: "t".into(),
+            collection: "c".into(),
+            columns: vec![column("k", true), column("v", false), column("doc", false)],
+            key_count: 1,
+            has_document: true,
+            delta_updates: false,
+        })
+    }
+
+    fn model(schema: bool, tables: &[(&str, &[&str])], checkpoint_rows: u64) -> Model {
+        Model {
+            schema,
+            tables: (tables.iter())
+                .map(|(t, cs)| (t.to_string(), cs.iter().map(|c| c.to_string()).collect()))
+                .collect(),
+            checkpoint_rows,
+            executed: Vec::new(),
+        }
+    }
+
+    fn run(catalog: &mut Model, action: Action, dry_run: bool) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let applied = runtime.block_on(apply(catalog, &TestDdl, &[table()], "m", action, dry_run));
+        applied.unwrap().action_description
+    }
+
+    const CP: &str = "sluice_checkpoints";
+
+    #[test]
+    fn the_plan_is_what_the_catalog_lacks() {
+        let upsert = Action::Upsert;
+        let delete = Action::Delete;
+        let cases: [(&str, Model, Action, &str); 8] = [
+            (
+                "empty store: everything, comments on every column",
+                model(false, &[], 0),
+                upsert,
+                "create schema;\ncreate checkpoints;\ncreate t;\n\
+                 comment t.k;\ncomment t.v;\ncomment t.doc;\n",
+            ),
+            (
+                "schema present",
+                model(true, &[], 0),
+                upsert,
+                "create checkpoints;\ncreate t;\ncomment t.k;\ncomment t.v;\ncomment t.doc;\n",
+            ),
+            (
+                "a column missing: added, then commented",
+                model(true, &[(CP, &["fence"]), ("t", &["k", "doc"])], 0),
+                upsert,
+                "add t.v;\ncomment t.v;\n",
+            ),
+            (
+                "all there: nothing",
+                model(true, &[(CP, &["fence"]), ("t", &["k", "v", "doc"])], 3),
+                upsert,
+                "",
+            ),
+            (
+                "delete: drop the table, forget the checkpoints",
+                model(true, &[(CP, &["fence"]), ("t", &["k"])], 2),
+                delete,
+                "DROP TABLE IF EXISTS s.<t>;\nDELETE FROM s.<sluice_checkpoints> \
+                 WHERE <materialization> = 'm';\n",
+            ),
+            (
+                "delete without checkpoint rows",
+                model(true, &[(CP, &["fence"]), ("t", &["k"])], 0),
+                delete,
+                "DROP TABLE IF EXISTS s.<t>;\n",
+            ),
+            (
+                "delete without a checkpoints table",
+                model(true, &[("t", &["k"])], 5),
+                delete,
+                "DROP TABLE IF EXISTS s.<t>;\n",
+            ),
+            ("delete of nothing", model(true, &[], 0), delete, ""),
+        ];
+        for (case, mut catalog, action, want) in cases {
+            let dry = run(&mut catalog, action, true);
+            assert_eq!(dry, want, "{case} (dry run)");
+            assert!(catalog.executed.is_empty(), "{case}: a dry run executed");
+            let real = run(&mut catalog, action, false);
+            assert_eq!(real, dry, "{case}: the real apply runs what the dry run said");
+            let executed: String = catalog.executed.iter().map(|s| format!("{s};\n")).collect();
+            assert_eq!(executed, real, "{case}");
+        }
+    }
+
+    #[test]
+    fn an_empty_catalog_plans_everything_and_executes_nothing() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let tables = [table()];
+        let plan = runtime.block_on(apply(&mut Empty, &TestDdl, &tables, "m", Action::Upsert, true));
+        assert!(plan.unwrap().action_description.starts_with("create schema;\n"));
+        let real = runtime.block_on(apply(&mut Empty, &TestDdl, &tables, "m", Action::Upsert, false));
+        assert!(real.is_err());
+    }
 }
