@@ -284,3 +284,172 @@ pub async fn current_fence(
     (client.query_int(&sql.fence, &params).await)
         .map_err(within("reading the fence of the claimed range"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quote(name: &str) -> String {
+        format!("\"{name}\"")
+    }
+
+    const PG: FenceDialect = FenceDialect {
+        quote,
+        placeholder: FenceDialect::dollar,
+        insert_ignore: ("INSERT", " ON CONFLICT DO NOTHING"),
+        locking_read: "",
+    };
+
+    #[test]
+    fn a_commit_holds_the_fence_only_if_it_updated_exactly_one_row() {
+        let claim = Claim::new("m", 0, u32::MAX, 3);
+        for (updated, fenced) in [(0, true), (1, false), (2, true)] {
+            match committed(&claim, updated) {
+                Ok(()) => assert!(!fenced, "{updated} rows"),
+                Err(err) => {
+                    assert!(fenced, "{updated} rows: {err}");
+                    assert!(matches!(err, Error::Fenced(_)), "{err}");
+                    assert!(err.to_string().contains("stale fence 3"), "{err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn statements_bind_their_parameters_in_order() {
+        let sql = FenceSql::new("\"s\".\"cp\"", PG);
+        assert_eq!(
+            sql,
+            FenceSql {
+                bump: "UPDATE \"s\".\"cp\" SET \"fence\" = \"fence\" + 1 WHERE \
+                       \"materialization\" = $1 AND \"key_end\" >= $2 AND \"key_begin\" <= $3"
+                    .into(),
+                covering: "SELECT \"checkpoint\" FROM \"s\".\"cp\" WHERE \"materialization\" = $1 \
+                           AND \"key_begin\" <= $2 AND \"key_end\" >= $3 \
+                           ORDER BY \"key_end\" - \"key_begin\" LIMIT 1"
+                    .into(),
+                insert: "INSERT INTO \"s\".\"cp\" VALUES ($1, $2, $3, 1, $4) ON CONFLICT DO NOTHING"
+                    .into(),
+                fence: "SELECT \"fence\" FROM \"s\".\"cp\" WHERE \"materialization\" = $1 \
+                        AND \"key_begin\" = $2 AND \"key_end\" = $3"
+                    .into(),
+                commit: "UPDATE \"s\".\"cp\" SET \"checkpoint\" = $1 WHERE \"materialization\" = $2 \
+                         AND \"key_begin\" = $3 AND \"key_end\" = $4 AND \"fence\" = $5"
+                    .into(),
+            }
+        );
+        let my = FenceSql::new(
+            "`cp`",
+            FenceDialect {
+                quote: |name| format!("`{name}`"),
+                placeholder: FenceDialect::question,
+                insert_ignore: ("INSERT IGNORE", ""),
+                locking_read: " FOR UPDATE",
+            },
+        );
+        assert_eq!(my.insert, "INSERT IGNORE INTO `cp` VALUES (?, ?, ?, 1, ?)");
+        assert!(my.covering.ends_with("LIMIT 1 FOR UPDATE"), "{}", my.covering);
+        assert_eq!(FenceDialect::numbered(2), "?2");
+    }
+
+    /// A client that records what runs and answers from a script; `fail` names the
+    /// statement that fails.
+    #[derive(Default)]
+    struct Recorder {
+        log: Vec<String>,
+        covering: Option<Vec<u8>>,
+        fence: Option<i64>,
+        fail: Option<&'static str>,
+    }
+
+    impl Recorder {
+        fn run(&mut self, what: String) -> Result<()> {
+            let failed = self.fail.is_some_and(|fail| what.starts_with(fail));
+            self.log.push(what);
+            match failed {
+                true => Err(Error::store("running", "boom", true)),
+                false => Ok(()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl FenceClient for Recorder {
+        async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
+            self.run(format!("{} {}", &sql[..6], params.len()))?;
+            Ok(1)
+        }
+        async fn query_bytes(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+            self.run(format!("{} checkpoint", &sql[..6]))?;
+            Ok(self.covering.clone())
+        }
+        async fn query_int(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<i64>> {
+            self.run(format!("{} fence", &sql[..6]))?;
+            Ok(self.fence)
+        }
+        async fn begin_claim(&mut self, materialization: &str) -> Result<()> {
+            self.run(format!("BEGIN {materialization}"))
+        }
+        async fn end_claim(&mut self, _: &str, commit: bool) -> Result<()> {
+            self.run(if commit { "COMMIT" } else { "ROLLBACK" }.into())
+        }
+    }
+
+    fn claim(client: &mut Recorder) -> Result<(Claim, Vec<u8>)> {
+        let sql = FenceSql::new("cp", PG);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(claim_range(client, &sql, "m", 16, 31))
+    }
+
+    #[test]
+    fn a_claim_fences_before_it_reads_and_commits_under_its_lock() {
+        let mut client = Recorder {
+            covering: Some(b"cp".to_vec()),
+            fence: Some(4),
+            ..Recorder::default()
+        };
+        let (claim, checkpoint) = claim(&mut client).unwrap();
+        assert_eq!(claim, Claim::new("m", 16, 31, 4));
+        assert_eq!(checkpoint, b"cp");
+        assert_eq!(
+            client.log,
+            [
+                "BEGIN m",
+                "UPDATE 3",
+                "SELECT checkpoint",
+                "INSERT 4",
+                "SELECT fence",
+                "COMMIT"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_claim_rolls_back_and_names_the_range() {
+        for (fail, log) in [
+            ("UPDATE", vec!["BEGIN m", "UPDATE 3", "ROLLBACK"]),
+            ("INSERT", vec!["BEGIN m", "UPDATE 3", "SELECT checkpoint", "INSERT 4", "ROLLBACK"]),
+            ("BEGIN", vec!["BEGIN m"]),
+        ] {
+            let mut client = Recorder {
+                fence: Some(1),
+                fail: Some(fail),
+                ..Recorder::default()
+            };
+            let err = claim(&mut client).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "fencing key range [00000010, 0000001f] of \"m\": boom",
+                "{fail}"
+            );
+            assert_eq!(client.log, log, "{fail}");
+        }
+        // The own row missing right after its insert is an error, and rolls back.
+        let mut client = Recorder::default();
+        let err = claim(&mut client).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        assert_eq!(client.log.last().unwrap(), "ROLLBACK");
+    }
+}
