@@ -254,4 +254,70 @@ mod tests {
         let fenced = range.explain(range.fenced(None), Ok(Some(4)));
         assert_eq!(fenced.to_string(), range.fenced(None).to_string());
     }
+
+    /// A store whose rollback and fence read are recorded and scripted.
+    struct Scripted {
+        claim: Claim,
+        now: Result<Option<i64>>,
+        rolled_back: bool,
+        checkpoint: PreparedCheckpoint,
+    }
+
+    #[async_trait]
+    impl FencedStore for Scripted {
+        fn checkpoint(&mut self) -> &mut PreparedCheckpoint {
+            &mut self.checkpoint
+        }
+        async fn load_keys(&mut self, _: Load, _: &mut dyn LoadedSink) -> Result<()> {
+            Ok(())
+        }
+        async fn start_writes(&mut self, _: Store) -> Result<()> {
+            Ok(())
+        }
+        async fn commit_writes(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn claim(&self) -> &Claim {
+            &self.claim
+        }
+        async fn rollback(&mut self) {
+            self.rolled_back = true;
+        }
+        async fn current_fence(&mut self) -> Result<Option<i64>> {
+            std::mem::replace(&mut self.now, Ok(None))
+        }
+        async fn release(self: Box<Self>) {}
+    }
+
+    #[test]
+    fn a_failed_store_is_rolled_back_and_explained_by_the_fence_now() {
+        let duplicate = || Err(Error::store("storing", "duplicate key", false));
+        let cases: [(&str, Result<()>, Result<Option<i64>>, Option<bool>); 4] = [
+            ("success", Ok(()), Ok(Some(9)), None),
+            ("failure, fence held", duplicate(), Ok(Some(3)), Some(false)),
+            ("failure, fence moved", duplicate(), Ok(Some(4)), Some(true)),
+            ("failure, row gone", duplicate(), Ok(None), Some(true)),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for (case, result, now, fenced) in cases {
+            let mut store = Scripted {
+                claim: Claim::new("m", 0, u32::MAX, 3),
+                now,
+                rolled_back: false,
+                checkpoint: PreparedCheckpoint::default(),
+            };
+            let checked = runtime.block_on(store.fence_checked(result));
+            assert_eq!(store.rolled_back, fenced.is_some(), "{case}");
+            match (checked, fenced) {
+                (Ok(()), None) => {}
+                (Err(Error::Fenced(message)), Some(true)) => {
+                    assert!(message.contains("duplicate key"), "{case}: {message}")
+                }
+                (Err(Error::Store { .. }), Some(false)) => {}
+                (other, _) => panic!("{case}: {other:?}"),
+            }
+        }
+    }
 }

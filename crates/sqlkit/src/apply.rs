@@ -429,7 +429,10 @@ mod tests {
             assert_eq!(dry, want, "{case} (dry run)");
             assert!(catalog.executed.is_empty(), "{case}: a dry run executed");
             let real = run(&mut catalog, action, false);
-            assert_eq!(real, dry, "{case}: the real apply runs what the dry run said");
+            assert_eq!(
+                real, dry,
+                "{case}: the real apply runs what the dry run said"
+            );
             let executed: String = catalog.executed.iter().map(|s| format!("{s};\n")).collect();
             assert_eq!(executed, real, "{case}");
         }
@@ -441,9 +444,27 @@ mod tests {
             .build()
             .unwrap();
         let tables = [table()];
-        let plan = runtime.block_on(apply(&mut Empty, &TestDdl, &tables, "m", Action::Upsert, true));
-        assert!(plan.unwrap().action_description.starts_with("create schema;\n"));
-        let real = runtime.block_on(apply(&mut Empty, &TestDdl, &tables, "m", Action::Upsert, false));
+        let plan = runtime.block_on(apply(
+            &mut Empty,
+            &TestDdl,
+            &tables,
+            "m",
+            Action::Upsert,
+            true,
+        ));
+        assert!(
+            plan.unwrap()
+                .action_description
+                .starts_with("create schema;\n")
+        );
+        let real = runtime.block_on(apply(
+            &mut Empty,
+            &TestDdl,
+            &tables,
+            "m",
+            Action::Upsert,
+            false,
+        ));
         assert!(real.is_err());
     }
 }

@@ -328,14 +328,16 @@ mod tests {
                            AND \"key_begin\" <= $2 AND \"key_end\" >= $3 \
                            ORDER BY \"key_end\" - \"key_begin\" LIMIT 1"
                     .into(),
-                insert: "INSERT INTO \"s\".\"cp\" VALUES ($1, $2, $3, 1, $4) ON CONFLICT DO NOTHING"
-                    .into(),
+                insert:
+                    "INSERT INTO \"s\".\"cp\" VALUES ($1, $2, $3, 1, $4) ON CONFLICT DO NOTHING"
+                        .into(),
                 fence: "SELECT \"fence\" FROM \"s\".\"cp\" WHERE \"materialization\" = $1 \
                         AND \"key_begin\" = $2 AND \"key_end\" = $3"
                     .into(),
-                commit: "UPDATE \"s\".\"cp\" SET \"checkpoint\" = $1 WHERE \"materialization\" = $2 \
+                commit:
+                    "UPDATE \"s\".\"cp\" SET \"checkpoint\" = $1 WHERE \"materialization\" = $2 \
                          AND \"key_begin\" = $3 AND \"key_end\" = $4 AND \"fence\" = $5"
-                    .into(),
+                        .into(),
             }
         );
         let my = FenceSql::new(
@@ -348,7 +350,11 @@ mod tests {
             },
         );
         assert_eq!(my.insert, "INSERT IGNORE INTO `cp` VALUES (?, ?, ?, 1, ?)");
-        assert!(my.covering.ends_with("LIMIT 1 FOR UPDATE"), "{}", my.covering);
+        assert!(
+            my.covering.ends_with("LIMIT 1 FOR UPDATE"),
+            "{}",
+            my.covering
+        );
         assert_eq!(FenceDialect::numbered(2), "?2");
     }
 
@@ -430,7 +436,16 @@ mod tests {
     fn a_failed_claim_rolls_back_and_names_the_range() {
         for (fail, log) in [
             ("UPDATE", vec!["BEGIN m", "UPDATE 3", "ROLLBACK"]),
-            ("INSERT", vec!["BEGIN m", "UPDATE 3", "SELECT checkpoint", "INSERT 4", "ROLLBACK"]),
+            (
+                "INSERT",
+                vec![
+                    "BEGIN m",
+                    "UPDATE 3",
+                    "SELECT checkpoint",
+                    "INSERT 4",
+                    "ROLLBACK",
+                ],
+            ),
             ("BEGIN", vec!["BEGIN m"]),
         ] {
             let mut client = Recorder {
