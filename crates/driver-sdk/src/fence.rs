@@ -292,7 +292,10 @@ mod tests {
     #[test]
     fn a_failed_store_is_rolled_back_and_explained_by_the_fence_now() {
         let duplicate = || Err(Error::store("storing", "duplicate key", false));
-        let cases: [(&str, Result<()>, Result<Option<i64>>, Option<bool>); 4] = [
+        // (case, what the store or commit returned, the fence read after it, whether
+        // the outcome is an error and then whether it is Fenced)
+        type Case = (&'static str, Result<()>, Result<Option<i64>>, Option<bool>);
+        let cases: [Case; 4] = [
             ("success", Ok(()), Ok(Some(9)), None),
             ("failure, fence held", duplicate(), Ok(Some(3)), Some(false)),
             ("failure, fence moved", duplicate(), Ok(Some(4)), Some(true)),
