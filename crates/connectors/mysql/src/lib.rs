@@ -8,10 +8,10 @@
 //! - [`config`]: what the user writes (`{"url": ...}`, `{"table": ...}`) and its schemas.
 //! - [`sql`]: tables, statements and the text forms of values (`LOAD DATA` rows, key
 //!   lists).
-//! - [`client`]: connections, error classification, the catalog, bulk loads, fencing
-//!   and checkpoints.
+//! - [`client`]: connections, error classification, the catalog, bulk loads, and the
+//!   client calls the SQL kit's Apply planner and fencing protocol run.
 //! - [`MysqlDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
-//! - `transactor.rs`: loads, stores and commits of one shard.
+//! - `transactor.rs`: loads, stores and commits of one shard (a `FencedStore`).
 //!
 //! ```text
 //!   <database>.sluice_checkpoints(materialization, key_begin, key_end, fence, checkpoint)

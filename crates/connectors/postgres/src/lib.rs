@@ -6,10 +6,12 @@
 //!
 //! - [`config`]: what the user writes (`{"url": ..., "schema": ...}`, `{"table": ...}`)
 //!   and its schemas.
-//! - [`sql`]: tables, statements and the text forms of values (COPY rows, key arrays).
-//! - [`client`]: connections, error classification, the catalog, fencing and checkpoints.
+//! - [`sql`]: tables, statements (Apply's DDL and the fencing statements included) and
+//!   the text forms of values (COPY rows, key arrays); pure.
+//! - [`client`]: connections, error classification, the catalog, and the client calls
+//!   the SQL kit's Apply planner and fencing protocol run.
 //! - [`PostgresDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
-//! - `transactor.rs`: loads, stores and commits of one shard.
+//! - `transactor.rs`: loads, stores and commits of one shard (a `FencedStore`).
 //!
 //! ```text
 //!   <schema>.sluice_checkpoints(materialization, key_begin, key_end, fence, checkpoint)

@@ -7,7 +7,7 @@
 //! connection stays owned by its transactor and no data is copied to another thread.
 //!
 //! Claims are serialized by SQLite itself: `BEGIN IMMEDIATE` takes the database's write
-//! lock, which a concurrent claim or store waits for (up to [`BUSY_TIMEOUT`]).
+//! lock, which a concurrent claim or store waits for (up to the busy timeout, 30 s).
 
 use crate::sql::{self, CHECKPOINTS_TABLE};
 use async_trait::async_trait;

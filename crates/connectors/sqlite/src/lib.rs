@@ -9,7 +9,7 @@
 //! - [`client`]: opening the database, error classification, the catalog and the
 //!   client calls of fencing.
 //! - [`SqliteDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
-//! - `transactor.rs`: loads, stores and commits of one shard.
+//! - `transactor.rs`: loads, stores and commits of one shard (a `FencedStore`).
 //!
 //! ```text
 //!   sluice_checkpoints(materialization, key_begin, key_end, fence, checkpoint)
