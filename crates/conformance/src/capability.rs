@@ -59,10 +59,7 @@ impl FromStr for Capability {
             .find(|c| c.name() == name)
             .ok_or_else(|| {
                 let names: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
-                format!(
-                    "no capability {name:?}; capabilities: {}",
-                    names.join(", ")
-                )
+                format!("no capability {name:?}; capabilities: {}", names.join(", "))
             })
     }
 }

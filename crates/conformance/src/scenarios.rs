@@ -36,12 +36,12 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sluice_doc::Schema;
-use sluice_driver_sdk::{Error, flow};
 use sluice_driver_sdk::machine::Request;
 use sluice_driver_sdk::materialize::{
     self as m, constraint,
     transaction_request::{Open, Store},
 };
+use sluice_driver_sdk::{Error, flow};
 
 /// Why a scenario failed.
 pub struct Failure(pub String);
@@ -401,7 +401,13 @@ async fn pipelined_loads_read_committed(fx: &Fixture<'_>) -> Verdict {
 async fn reopen_recovers_checkpoint(fx: &Fixture<'_>) -> Verdict {
     let spec = fx.setup(1).await?;
     let mut session = fx.session(&spec).await?;
-    commit(fx, &mut session, 1, &[put(1, "one", false), put(2, "two", false)]).await?;
+    commit(
+        fx,
+        &mut session,
+        1,
+        &[put(1, "one", false), put(2, "two", false)],
+    )
+    .await?;
     commit(fx, &mut session, 2, &[put(3, "three", false)]).await?;
     session.close().await?;
 
@@ -429,7 +435,13 @@ async fn updates(fx: &Fixture<'_>) -> Verdict {
 
 async fn deletes(fx: &Fixture<'_>) -> Verdict {
     let mut session = open_one(fx).await?;
-    commit(fx, &mut session, 1, &[put(1, "doomed", false), put(2, "kept", false)]).await?;
+    commit(
+        fx,
+        &mut session,
+        1,
+        &[put(1, "doomed", false), put(2, "kept", false)],
+    )
+    .await?;
     let delete = Put {
         binding: 0,
         id: 1,
@@ -460,7 +472,13 @@ async fn delta_updates(fx: &Fixture<'_>) -> Verdict {
         exists: false,
     };
     let mut session = fx.session(&spec).await?;
-    commit(fx, &mut session, 1, &[put(1, "standard", false), delta("a"), delta("b")]).await?;
+    commit(
+        fx,
+        &mut session,
+        1,
+        &[put(1, "standard", false), delta("a"), delta("b")],
+    )
+    .await?;
     let txn = Txn {
         loads: loads(&keys([1])),
         ..storing(fx, 2, &[delta("c")])
@@ -573,7 +591,12 @@ async fn second_open_fences_first(fx: &Fixture<'_>) -> Verdict {
     commit(fx, &mut second, 4, &[]).await?;
     second.close().await?;
     let reopened = fx.session(&spec).await?;
-    ensure_recovered(fx, "reopened after the zombie", &reopened, &fx.checkpoint(4))?;
+    ensure_recovered(
+        fx,
+        "reopened after the zombie",
+        &reopened,
+        &fx.checkpoint(4),
+    )?;
     Ok(reopened.close().await?)
 }
 
