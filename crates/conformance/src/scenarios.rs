@@ -632,17 +632,28 @@ async fn split(fx: &Fixture<'_>) -> Result<(flow::MaterializationSpec, Session),
     Ok((spec, left))
 }
 
+/// Closes the left half, which committed checkpoint `n`, and reopens it: it must
+/// resume from its own, narrower range.
+async fn left_half_resumes_from(
+    fx: &Fixture<'_>,
+    spec: &flow::MaterializationSpec,
+    left: Session,
+    n: u32,
+) -> Verdict {
+    left.close().await?;
+    let left = fx.session_of(spec, 0, MID - 1).await?;
+    ensure_recovered(fx, "the left half reopened", &left, &fx.checkpoint(n))?;
+    Ok(left.close().await?)
+}
+
 async fn split_range_recovers_parent_then_own_checkpoints(fx: &Fixture<'_>) -> Verdict {
     let (spec, mut left) = split(fx).await?;
     let mut right = fx.session_of(&spec, MID, u32::MAX).await?;
     ensure_recovered(fx, "the right half", &right, &fx.checkpoint(1))?;
     commit(fx, &mut left, 3, &[]).await?;
     commit(fx, &mut right, 4, &[]).await?;
-    left.close().await?;
     right.close().await?;
-    let left = fx.session_of(&spec, 0, MID - 1).await?;
-    ensure_recovered(fx, "the left half reopened", &left, &fx.checkpoint(3))?;
-    Ok(left.close().await?)
+    left_half_resumes_from(fx, &spec, left, 3).await
 }
 
 async fn split_range_halves_resume_from_own_lineage(fx: &Fixture<'_>) -> Verdict {
@@ -656,10 +667,7 @@ async fn split_range_halves_resume_from_own_lineage(fx: &Fixture<'_>) -> Verdict
         &fx.checkpoint(1),
     )?;
     right.close().await?;
-    left.close().await?;
-    let left = fx.session_of(&spec, 0, MID - 1).await?;
-    ensure_recovered(fx, "the left half reopened", &left, &fx.checkpoint(3))?;
-    Ok(left.close().await?)
+    left_half_resumes_from(fx, &spec, left, 3).await
 }
 
 async fn out_of_order_requests_rejected(fx: &Fixture<'_>) -> Verdict {
