@@ -81,14 +81,12 @@ fn serve_memory(listen: &str) -> (Server, String) {
 
 #[test]
 fn memory_driver_passes_in_process() {
-    let dir = tempfile::tempdir().unwrap();
     let stdout = driver_test(&["--builtin", "memory"], serde_json::json!({}));
     assert_all_passed(&stdout);
 }
 
 #[test]
 fn memory_driver_passes_over_grpc_tcp() {
-    let dir = tempfile::tempdir().unwrap();
     let (_server, address) = serve_memory("127.0.0.1:0");
     assert!(address.starts_with("grpc://127.0.0.1:"), "{address}");
     let stdout = driver_test(&["--endpoint", &address], serde_json::json!({}));
