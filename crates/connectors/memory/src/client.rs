@@ -237,3 +237,69 @@ pub fn rows_of(state: &State, materialization: &str, table: &str) -> Vec<Row> {
     })
     .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MID: u32 = 0x8000_0000;
+
+    #[test]
+    fn a_claim_fences_every_overlapping_range_and_resumes_from_the_narrowest_covering_one() {
+        let mut mat = MaterializationState::default();
+        // (range claimed, checkpoint it then commits, expected fence and recovered
+        // checkpoint, expected fences of [whole, left, left quarter, right] after it)
+        type Case = (
+            (u32, u32),
+            &'static [u8],
+            (i64, &'static [u8]),
+            [Option<i64>; 4],
+        );
+        let cases: [Case; 5] = [
+            (
+                (0, u32::MAX),
+                b"whole",
+                (1, b""),
+                [Some(1), None, None, None],
+            ),
+            (
+                (0, MID - 1),
+                b"left",
+                (2, b"whole"),
+                [Some(2), Some(2), None, None],
+            ),
+            (
+                (0, MID / 2),
+                b"",
+                (3, b"left"),
+                [Some(3), Some(3), Some(3), None],
+            ),
+            (
+                (MID, u32::MAX),
+                b"right",
+                (4, b"whole"),
+                [Some(4), Some(3), Some(3), Some(4)],
+            ),
+            (
+                (0, u32::MAX),
+                b"",
+                (5, b"whole"),
+                [Some(5), Some(5), Some(5), Some(5)],
+            ),
+        ];
+        let ranges = [(0, u32::MAX), (0, MID - 1), (0, MID / 2), (MID, u32::MAX)];
+        for ((begin, end), commits, (fence, recovered), fences) in cases {
+            let claimed = mat.claim(begin, end);
+            assert_eq!(
+                claimed,
+                (fence, recovered.to_vec()),
+                "claim of [{begin}, {end}]"
+            );
+            let now = ranges.map(|(b, e)| mat.fence(b, e));
+            assert_eq!(now, fences, "fences after the claim of [{begin}, {end}]");
+            if !commits.is_empty() {
+                mat.set_checkpoint(begin, end, commits.to_vec());
+            }
+        }
+    }
+}
