@@ -5,7 +5,13 @@
 //!   sluice driver serve memory --listen 127.0.0.1:0     → "listening on grpc://127.0.0.1:PORT"
 //!   sluice driver stdio memory transactions             (what `--command` endpoints run)
 //!   sluice driver test --endpoint grpc://… | --command '…' | --builtin memory --config c.json
+//!                      [--lacks deletes --lacks delta-updates …]
 //! ```
+//!
+//! `test` holds the driver to every capability (authoritative, deletes, delta updates,
+//! strict exists checks) unless told what it lacks: the scenarios needing those are
+//! then skipped with their reason. Over `--command` (stdio) an error reaches the suite
+//! as text, so a fenced commit is recognized by its `fenced off` message.
 //!
 //! `serve` prints its bound address on stdout only once it accepts connections, so a
 //! script (or test) can read that line and connect. `stdio` keeps stdout for frames:
@@ -15,7 +21,7 @@ use crate::drivers::{self, BUILTIN_NAMES};
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
-use sluice_conformance::{Outcome, run_suite};
+use sluice_conformance::{Capabilities, Capability, Outcome, run_suite};
 use sluice_driver_sdk::grpc::{GrpcEndpoint, GrpcListener};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::{StdioEndpoint, SubCommand, serve_stdio};
@@ -72,6 +78,10 @@ pub struct TestArgs {
     /// suite makes unique per scenario. Default: {"table": "sluice_conformance"}.
     #[arg(long)]
     resource: Option<PathBuf>,
+    /// A capability the driver does not claim, whose scenarios are skipped: authoritative,
+    /// deletes, delta-updates or strict-exists. Repeatable.
+    #[arg(long, value_name = "CAPABILITY")]
+    lacks: Vec<Capability>,
 }
 
 pub fn main(cmd: DriverCommand) -> anyhow::Result<()> {
@@ -153,7 +163,15 @@ async fn test(args: TestArgs) -> anyhow::Result<()> {
         // clap requires exactly one of the three.
         (None, None, None) => bail!("one of --endpoint, --command or --builtin is required"),
     };
-    let results = run_suite(endpoint.as_ref(), config, resource).await;
+    let typed_errors = args.command.is_none();
+    let claimed = (args.lacks.iter()).fold(
+        Capabilities {
+            typed_errors,
+            ..Capabilities::ALL
+        },
+        |claimed, lacks| claimed.without(*lacks),
+    );
+    let results = run_suite(endpoint.as_ref(), claimed, config, resource).await;
     let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     let passed = count(|o| matches!(o, Outcome::Pass));
     let failed = count(|o| matches!(o, Outcome::Fail(_)));

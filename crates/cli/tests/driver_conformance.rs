@@ -3,15 +3,27 @@
 //! running `sluice driver stdio`). Each run must print `0 failed` and exit 0.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
-/// Writes `config` to a file in `dir` and runs `sluice driver test <target> --config it`.
-fn driver_test(dir: &Path, target: &[&str], config: serde_json::Value) -> String {
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, config.to_string()).unwrap();
+/// Runs `sluice driver test <target> --config <config>`, which must exit 0; returns
+/// its stdout.
+fn driver_test(target: &[&str], config: serde_json::Value) -> String {
+    let (passed, stdout, stderr) = run_driver_test(&config.to_string(), target);
+    assert!(
+        passed,
+        "sluice driver test {target:?} failed:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+/// Runs `sluice driver test <target> --config <config>` (the configuration written to a
+/// file), whatever its outcome: whether it exited 0, its stdout and its stderr.
+fn run_driver_test(config: &str, target: &[&str]) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config).unwrap();
     let output = Command::new(SLUICE)
         .args(["driver", "test"])
         .args(target)
@@ -19,13 +31,9 @@ fn driver_test(dir: &Path, target: &[&str], config: serde_json::Value) -> String
         .arg(&config_path)
         .output()
         .expect("run sluice driver test");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "sluice driver test {target:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    (output.status.success(), stdout, stderr)
 }
 
 fn assert_all_passed(stdout: &str) {
@@ -73,17 +81,15 @@ fn serve_memory(listen: &str) -> (Server, String) {
 
 #[test]
 fn memory_driver_passes_in_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let stdout = driver_test(dir.path(), &["--builtin", "memory"], serde_json::json!({}));
+    let stdout = driver_test(&["--builtin", "memory"], serde_json::json!({}));
     assert_all_passed(&stdout);
 }
 
 #[test]
 fn memory_driver_passes_over_grpc_tcp() {
-    let dir = tempfile::tempdir().unwrap();
     let (_server, address) = serve_memory("127.0.0.1:0");
     assert!(address.starts_with("grpc://127.0.0.1:"), "{address}");
-    let stdout = driver_test(dir.path(), &["--endpoint", &address], serde_json::json!({}));
+    let stdout = driver_test(&["--endpoint", &address], serde_json::json!({}));
     assert_all_passed(&stdout);
 }
 
@@ -92,7 +98,7 @@ fn memory_driver_passes_over_grpc_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let listen = format!("unix:{}", dir.path().join("driver.sock").display());
     let (_server, address) = serve_memory(&listen);
-    let stdout = driver_test(dir.path(), &["--endpoint", &address], serde_json::json!({}));
+    let stdout = driver_test(&["--endpoint", &address], serde_json::json!({}));
     assert_all_passed(&stdout);
 }
 
@@ -101,7 +107,7 @@ fn memory_driver_passes_over_stdio_with_its_state_in_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let command = format!("{SLUICE} driver stdio memory");
     let config = serde_json::json!({"path": dir.path().join("state.json")});
-    let stdout = driver_test(dir.path(), &["--command", &command], config);
+    let stdout = driver_test(&["--command", &command], config);
     assert_all_passed(&stdout);
 }
 
@@ -109,33 +115,43 @@ fn memory_driver_passes_over_stdio_with_its_state_in_a_file() {
 fn sqlite_driver_passes_in_process() {
     let dir = tempfile::tempdir().unwrap();
     let config = serde_json::json!({"path": dir.path().join("store.db")});
-    let stdout = driver_test(dir.path(), &["--builtin", "sqlite"], config);
+    let stdout = driver_test(&["--builtin", "sqlite"], config);
     assert_all_passed(&stdout);
 }
 
 #[test]
 fn a_failing_scenario_is_reported_and_makes_the_exit_status_non_zero() {
     // The memory driver refuses unknown endpoint settings, so every scenario fails.
-    let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("config.json");
-    std::fs::write(&config_path, r#"{"no_such_setting": true}"#).unwrap();
-    let output = Command::new(SLUICE)
-        .args(["driver", "test", "--builtin", "memory", "--config"])
-        .arg(&config_path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(!output.status.success(), "{stdout}");
+    let (passed, stdout, _) =
+        run_driver_test(r#"{"no_such_setting": true}"#, &["--builtin", "memory"]);
+    assert!(!passed, "{stdout}");
     assert!(
         stdout.lines().any(|l| l.starts_with("FAIL spec-schemas: ")),
         "{stdout}"
     );
+    let every = format!(
+        "0 passed, {} failed",
+        sluice_conformance::scenario_names().count()
+    );
     assert!(
-        stdout
-            .lines()
-            .last()
-            .unwrap()
-            .starts_with("0 passed, 18 failed"),
+        stdout.lines().last().unwrap().starts_with(&every),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn scenarios_needing_a_capability_the_driver_lacks_are_skipped_with_the_reason() {
+    let lacks = ["--lacks", "deletes", "--lacks", "authoritative"];
+    let (passed, stdout, _) =
+        run_driver_test("{}", &[&["--builtin", "memory"][..], &lacks].concat());
+    assert!(passed, "{stdout}");
+    for skipped in ["deletes", "second-open-fences-first"] {
+        let line = format!("SKIP {skipped}: the driver does not claim the capability");
+        assert!(stdout.lines().any(|l| l.starts_with(&line)), "{stdout}");
+    }
+    assert!(stdout.lines().any(|l| l == "PASS updates"), "{stdout}");
+    assert!(
+        stdout.lines().last().unwrap().ends_with(" skipped"),
         "{stdout}"
     );
 }
@@ -143,18 +159,9 @@ fn a_failing_scenario_is_reported_and_makes_the_exit_status_non_zero() {
 #[test]
 fn a_stdio_driver_that_forgets_its_state_between_processes_fails_recovery_and_fencing() {
     // Without `path` every `transactions` process starts from an empty memory driver.
-    let dir = tempfile::tempdir().unwrap();
-    let config_path = dir.path().join("config.json");
-    std::fs::write(&config_path, "{}").unwrap();
-    let output = Command::new(SLUICE)
-        .args(["driver", "test", "--config"])
-        .arg(&config_path)
-        .arg("--command")
-        .arg(format!("{SLUICE} driver stdio memory"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(!output.status.success(), "{stdout}");
+    let command = format!("{SLUICE} driver stdio memory");
+    let (passed, stdout, _) = run_driver_test("{}", &["--command", &command]);
+    assert!(!passed, "{stdout}");
     for scenario in ["reopen-recovers-checkpoint", "second-open-fences-first"] {
         let prefix = format!("FAIL {scenario}: ");
         assert!(stdout.lines().any(|l| l.starts_with(&prefix)), "{stdout}");

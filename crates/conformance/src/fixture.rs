@@ -1,11 +1,15 @@
 //! What the scenarios send: the collection, materialization specs with unique names, the
-//! documents, and their packed keys and values.
+//! documents, their packed keys and values, and the Load and Store messages of them.
 
+use crate::capability::Capabilities;
+use crate::messages::{apply_request, open};
+use crate::session::Session;
 use serde_json::{Value, json};
 use sluice_doc::tuple::pack_value;
 use sluice_driver_sdk::Endpoint;
+use sluice_driver_sdk::arena::{LoadBuilder, StoreBuilder, StoreDoc};
 use sluice_driver_sdk::flow::{self, inference};
-use sluice_driver_sdk::materialize::{self as m, transaction_request::Open};
+use sluice_driver_sdk::materialize::transaction_request::{Load, Store};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -16,9 +20,20 @@ pub const REBUILD_SENTINEL: [u8; 6] = [0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01];
 /// Scenarios started by this process; part of every unique suffix.
 static STARTED: AtomicU32 = AtomicU32::new(0);
 
+/// One document to store: its binding, key, JSON (`null` to delete) and whether the
+/// runtime believes the key exists.
+pub struct Put {
+    pub binding: u32,
+    pub id: i64,
+    pub doc: Value,
+    pub exists: bool,
+}
+
 /// One scenario's view of the driver under test, with names no other run shares.
 pub struct Fixture<'a> {
     pub endpoint: &'a dyn Endpoint,
+    /// What the driver claims: which scenarios apply, and how strictly errors are judged.
+    pub claimed: Capabilities,
     config: Value,
     resource: serde_json::Map<String, Value>,
     /// `table` of the user's resource.
@@ -33,6 +48,7 @@ pub struct Fixture<'a> {
 impl<'a> Fixture<'a> {
     pub fn new(
         endpoint: &'a dyn Endpoint,
+        claimed: Capabilities,
         config: &Value,
         resource: &Value,
         scenario: &'static str,
@@ -56,6 +72,7 @@ impl<'a> Fixture<'a> {
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
         Ok(Fixture {
             endpoint,
+            claimed,
             config: config.clone(),
             table: table.clone(),
             resource: resource.clone(),
@@ -110,15 +127,22 @@ impl<'a> Fixture<'a> {
         }
     }
 
-    /// An Open of the whole key range.
-    pub fn open(&self, spec: &flow::MaterializationSpec) -> Open {
-        Open {
-            materialization: Some(spec.clone()),
-            version: "1".into(),
-            key_begin: 0,
-            key_end: u32::MAX,
-            driver_checkpoint_json: b"{}".to_vec(),
-        }
+    /// A session of `spec` over the whole key range.
+    pub async fn session(
+        &self,
+        spec: &flow::MaterializationSpec,
+    ) -> sluice_driver_sdk::Result<Session> {
+        self.session_of(spec, 0, u32::MAX).await
+    }
+
+    /// A session of `spec` over the key range `[key_begin, key_end]`.
+    pub async fn session_of(
+        &self,
+        spec: &flow::MaterializationSpec,
+        key_begin: u32,
+        key_end: u32,
+    ) -> sluice_driver_sdk::Result<Session> {
+        Session::open(self.endpoint, open(spec, key_begin, key_end)).await
     }
 
     /// Creates (or, with `dry_run`, describes) the resources of `spec`; returns the
@@ -172,14 +196,6 @@ impl<'a> Fixture<'a> {
     }
 }
 
-pub fn apply_request(spec: &flow::MaterializationSpec, dry_run: bool) -> m::ApplyRequest {
-    m::ApplyRequest {
-        materialization: Some(spec.clone()),
-        version: "1".into(),
-        dry_run,
-    }
-}
-
 /// The collection every binding reads: `{"id": integer, "value"?: string}` keyed by `/id`.
 pub fn collection() -> flow::CollectionSpec {
     let projection = |ptr: &str, field: &str, types: &[&str], key: bool| flow::Projection {
@@ -230,6 +246,31 @@ pub fn key(id: i64) -> Vec<u8> {
 /// The packed values of a document (its `value`, or null).
 pub fn values(doc: &Value) -> Vec<u8> {
     packed(doc.get("value").unwrap_or(&Value::Null))
+}
+
+/// The Loads of `(binding, id)` keys.
+pub fn loads(keys: &[(u32, i64)]) -> Vec<Load> {
+    let mut loads = LoadBuilder::new();
+    for (binding, id) in keys {
+        loads.push(*binding, &key(*id));
+    }
+    loads.finish()
+}
+
+/// The Stores of `puts`, keyed and valued as the runtime would.
+pub fn stores(puts: &[Put]) -> Vec<Store> {
+    let mut stores = StoreBuilder::new();
+    for put in puts {
+        let json = serde_json::to_vec(&put.doc).expect("a JSON value serializes");
+        let doc = StoreDoc {
+            key: &key(put.id),
+            values: &values(&put.doc),
+            doc: &json,
+            exists: put.exists,
+        };
+        stores.push(put.binding, doc);
+    }
+    stores.finish()
 }
 
 fn packed(value: &Value) -> Vec<u8> {

@@ -1,71 +1,78 @@
-//! One Transactions stream driven the way a runtime drives it, through the checked client.
+//! The one way tests drive a Transactions stream: as a runtime does, through the
+//! checked client ([`sluice_driver_sdk::client`]), over any [`Endpoint`].
 //!
-//! A transaction runs its sending and receiving halves concurrently (as a runtime must:
-//! a driver may answer Loads while more are being sent), and reports the driver's own
-//! error rather than a "channel closed" from the sending half when both fail.
+//! ```text
+//!   Session::open(endpoint, Open) ──▶ client::open ──▶ Opened (the recovered checkpoint)
+//!   Session::run(Txn):  ┌ send: Acknowledge ⇄ Loads ─(Acknowledged)─▶ Prepare ┐ concurrently
+//!                       └ recv: Acknowledged, Loaded* ... Prepared ──────────┘
+//!                       then Stores, Commit ──▶ DriverCommitted
+//! ```
+//!
+//! What holds:
+//! - The sending and receiving halves of the load phase run concurrently, as a runtime's
+//!   must: a driver may answer Loads while more are being sent, so neither side blocks
+//!   on a full channel.
+//! - A failure reports the driver's own error (e.g. [`Error::Fenced`]), never the
+//!   "stream closed" that a send into a stream the driver just ended returns: the
+//!   receiving half's error wins, and a failed send is replaced by the next response.
+//! - Any answer the protocol does not allow is an error, never a panic, so the suite
+//!   can report it as a failed scenario.
 
-use super::fixture::{Fixture, key, values};
 use serde_json::Value;
-use sluice_driver_sdk::arena::{LoadBuilder, StoreBuilder, StoreDoc, loaded_docs};
+use sluice_driver_sdk::arena::loaded_docs;
 use sluice_driver_sdk::client::{self, ClientReceiver, ClientSender, Response};
-use sluice_driver_sdk::flow;
-use sluice_driver_sdk::materialize::transaction_request::Prepare;
+use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Prepare, Store};
 use sluice_driver_sdk::materialize::transaction_response::Opened;
-use sluice_driver_sdk::{Error, Result};
+use sluice_driver_sdk::{Endpoint, Error, Result};
 use tokio::sync::oneshot;
 
+/// A runtime's side of one Transactions stream, opened.
 pub struct Session {
     tx: ClientSender,
     rx: ClientReceiver,
+    /// What the driver answered to Open: the recovered runtime checkpoint.
     pub opened: Opened,
 }
 
-/// One document to store: its binding, key, JSON (`null` to delete) and whether the
-/// runtime believes the key exists.
-pub struct Put {
-    pub binding: u32,
-    pub id: i64,
-    pub doc: Value,
-    pub exists: bool,
-}
-
-/// One transaction: keys to load, documents to store, the runtime checkpoint to commit.
+/// One transaction: Loads, the runtime checkpoint Prepare carries, Stores.
 #[derive(Default)]
 pub struct Txn {
-    pub loads: Vec<(u32, i64)>,
-    pub stores: Vec<Put>,
+    pub loads: Vec<Load>,
     pub checkpoint: Vec<u8>,
+    pub stores: Vec<Store>,
     /// Send the Loads before the Acknowledge of the prior commit (pipelining), not after.
     pub loads_first: bool,
 }
 
 impl Session {
-    pub async fn open(fx: &Fixture<'_>, spec: &flow::MaterializationSpec) -> Result<Session> {
-        let stream = fx.endpoint.transactions().await?;
-        let (tx, rx, opened) = client::open(stream, fx.open(spec)).await?;
+    /// Starts a Transactions stream on `endpoint` and opens it with `open`.
+    pub async fn open(endpoint: &dyn Endpoint, open: Open) -> Result<Session> {
+        let stream = endpoint.transactions().await?;
+        let (tx, rx, opened) = client::open(stream, open).await?;
         Ok(Session { tx, rx, opened })
     }
 
-    /// Runs `txn` through DriverCommitted; returns the loaded documents, sorted by
-    /// binding, then JSON text.
+    /// The runtime checkpoint the driver recovered at Open (empty: none).
+    pub fn recovered(&self) -> &[u8] {
+        &self.opened.flow_checkpoint
+    }
+
+    /// Runs `txn` through DriverCommitted; returns the loaded documents with their
+    /// binding, in the order they arrived.
     pub async fn run(&mut self, txn: Txn) -> Result<Vec<(u32, Value)>> {
         let Txn {
-            loads: keys,
-            stores: puts,
+            loads,
             checkpoint,
+            stores,
             loads_first,
         } = txn;
-        let mut loads = LoadBuilder::new();
-        for (binding, id) in &keys {
-            loads.push(*binding, &key(*id));
-        }
         let (acked_tx, acked_rx) = oneshot::channel();
         let tx = &mut self.tx;
         let send = async {
             if !loads_first {
                 tx.acknowledge().await?;
             }
-            for load in loads.finish() {
+            for load in loads {
                 tx.load(load).await?;
             }
             if loads_first {
@@ -108,45 +115,61 @@ impl Session {
             }
         };
         let (sent, received) = tokio::join!(send, recv);
-        let mut loaded = received?;
+        let loaded = received?;
         sent?;
 
-        let mut stores = StoreBuilder::new();
-        for put in &puts {
-            let json = serde_json::to_vec(&put.doc).expect("a JSON value serializes");
-            let doc = StoreDoc {
-                key: &key(put.id),
-                values: &values(&put.doc),
-                doc: &json,
-                exists: put.exists,
-            };
-            stores.push(put.binding, doc);
+        for store in stores {
+            let sent = self.tx.store(store).await;
+            self.driver_error(sent).await?;
         }
-        for store in stores.finish() {
-            self.tx.store(store).await?;
-        }
-        self.tx.commit().await?;
+        let sent = self.tx.commit().await;
+        self.driver_error(sent).await?;
         match self.rx.recv().await? {
-            Response::DriverCommitted => {}
-            // The state machine accepts only DriverCommitted after Commit.
-            other => {
-                return Err(Error::Transport(format!(
-                    "expected DriverCommitted, got {other:?}"
-                )));
-            }
+            Response::DriverCommitted => Ok(loaded),
+            // Not reached: the state machine accepts only DriverCommitted after Commit.
+            other => Err(Error::Transport(format!(
+                "expected DriverCommitted, got {other:?}"
+            ))),
         }
-        loaded.sort_by_cached_key(|(binding, doc)| (*binding, doc.to_string()));
-        Ok(loaded)
+    }
+
+    /// One transaction that acknowledges the prior one, loads `loads`, prepares with
+    /// `checkpoint`, stores `stores` and commits. Returns the loaded documents in the
+    /// order they arrived.
+    pub async fn transaction(
+        &mut self,
+        loads: Vec<Load>,
+        checkpoint: &[u8],
+        stores: Vec<Store>,
+    ) -> Result<Vec<Value>> {
+        let txn = Txn {
+            loads,
+            checkpoint: checkpoint.to_vec(),
+            stores,
+            loads_first: false,
+        };
+        let loaded = self.run(txn).await?;
+        Ok(loaded.into_iter().map(|(_, doc)| doc).collect())
     }
 
     /// Acknowledges the last commit, waits for Acknowledged, and closes the stream.
     pub async fn close(mut self) -> Result<()> {
-        self.tx.acknowledge().await?;
+        let sent = self.tx.acknowledge().await;
+        self.driver_error(sent).await?;
         match self.rx.recv().await? {
             Response::Acknowledged => Ok(()),
             other => Err(Error::Transport(format!(
                 "expected Acknowledged, got {other:?}"
             ))),
+        }
+    }
+
+    /// A request that could not be sent because the driver ended the stream fails with
+    /// the driver's own error, the next response, rather than "stream closed".
+    async fn driver_error(&mut self, sent: Result<()>) -> Result<()> {
+        match sent {
+            Ok(()) => Ok(()),
+            Err(closed) => Err(self.rx.recv().await.err().unwrap_or(closed)),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The gRPC transport end to end: the reference driver served over TCP and a Unix
 //! socket passes the conformance suite, and driver errors keep their kind on the wire.
 
-use sluice_conformance::{Outcome, run_suite};
+use sluice_conformance::{Capabilities, Outcome, run_suite};
 use sluice_driver_sdk::grpc::{GrpcEndpoint, GrpcListener};
 use sluice_driver_sdk::{Endpoint, Error};
 use sluice_memory::MemoryDriver;
@@ -23,6 +23,7 @@ async fn serve_memory(listen: &str) -> (String, tokio::task::JoinHandle<()>) {
 async fn assert_suite_passes(endpoint: &dyn Endpoint) {
     let results = run_suite(
         endpoint,
+        Capabilities::ALL,
         serde_json::json!({}),
         serde_json::json!({"table": "grpc"}),
     )

@@ -2,8 +2,7 @@
 //! either accepted or rejected as the protocol says, and rejections name the peer, what
 //! was expected and what arrived.
 
-mod common;
-
+use sluice_conformance::messages;
 use sluice_driver_sdk::Peer;
 use sluice_driver_sdk::machine::{Machine, Request, Response};
 use sluice_proto::flow;
@@ -22,8 +21,8 @@ enum Ev {
 
 fn open() -> Ev {
     // Binding 0 is standard, binding 1 is delta-updates.
-    let spec = common::spec("m", "{}", &[("t", false), ("d", true)]);
-    Ev::Rq(Request::Open(common::open(&spec, 0, u32::MAX)))
+    let spec = messages::spec("m", "{}", &[("t", false), ("d", true)]);
+    Ev::Rq(Request::Open(messages::open(&spec, 0, u32::MAX)))
 }
 fn opened() -> Ev {
     Ev::Rs(Response::Opened(Opened::default()))
@@ -419,9 +418,9 @@ fn store_of_unknown_binding_is_rejected_and_of_delta_binding_accepted() {
 
 #[test]
 fn open_with_inverted_key_range_is_rejected() {
-    let spec = common::spec("m", "{}", &[("t", false)]);
+    let spec = messages::spec("m", "{}", &[("t", false)]);
     let err = Machine::new()
-        .on_request(&Request::Open(common::open(&spec, 10, 9)))
+        .on_request(&Request::Open(messages::open(&spec, 10, 9)))
         .unwrap_err();
     assert_eq!(err.expected, "Open with key_begin <= key_end");
 }

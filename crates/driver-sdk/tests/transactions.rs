@@ -2,11 +2,9 @@
 //! and with test transactors: full cycles, pipelining, fencing, deferred loads, and
 //! protocol violations ending the stream.
 
-mod common;
-
 use async_trait::async_trait;
-use common::{load, open, spec, store};
 use futures::StreamExt;
+use sluice_conformance::messages::{load, open, spec, store};
 use sluice_driver_sdk::arena::{load_keys, loaded_docs};
 use sluice_driver_sdk::client::{self, ClientReceiver, ClientSender, Response};
 use sluice_driver_sdk::inprocess::InProcess;

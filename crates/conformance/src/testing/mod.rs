@@ -1,25 +1,28 @@
 //! Fixtures for the tests of table-writing drivers (the connectors' dev-dependency):
 //! the `acme/pageviews` collection with one projection of
 //! each column kind, bindings and specs over it, Load and Store messages built from
-//! JSON documents as the runtime builds them, and a runtime-side [`Session`] driving a
+//! JSON documents as the runtime builds them, and the suite's [`Session`] driving a
 //! driver through the in-process endpoint and the checked client.
 //!
 //! ```text
 //!   TestDriver { name, driver }  ──apply──▶  Driver::apply_upsert
-//!                                ──session─▶ InProcess ─▶ client::open ─▶ Session::transaction
+//!                                ──session─▶ InProcess ─▶ Session::open ─▶ Session::transaction
 //! ```
 //!
-//! What is store-specific (a private database or schema per test, queries of the
-//! result) stays in each connector's `tests/common`.
+//! The scenarios every driver passes (recovery, fencing, split ranges, deletes, delta
+//! updates, atomic commits, as seen through the protocol) are the suite's
+//! ([`crate::run_suite`]); [`scenarios`] holds what only a table-writing store can be
+//! asked: what its tables hold afterwards. What is store-specific (a private database
+//! or schema per test, queries of the result) stays in each connector's `tests/common`.
 
+pub use crate::messages::{apply_request, open};
+pub use crate::session::Session;
 use serde_json::{Value, json};
 use sluice_doc::tuple;
-use sluice_driver_sdk::client::{self, ClientReceiver, ClientSender, Response};
 use sluice_driver_sdk::flow::{self, Slice};
 use sluice_driver_sdk::inprocess::InProcess;
-use sluice_driver_sdk::materialize::ApplyRequest;
-use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Prepare, Store};
-use sluice_driver_sdk::{Driver, Endpoint, Result, arena};
+use sluice_driver_sdk::materialize::transaction_request::{Load, Store};
+use sluice_driver_sdk::{Driver, Result};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -135,24 +138,6 @@ pub fn spec(
         endpoint_type: flow::EndpointType::Invalid as i32,
         endpoint_spec_json: endpoint.to_string(),
         bindings,
-    }
-}
-
-pub fn apply_request(spec: &flow::MaterializationSpec, dry_run: bool) -> ApplyRequest {
-    ApplyRequest {
-        materialization: Some(spec.clone()),
-        version: "v1".into(),
-        dry_run,
-    }
-}
-
-pub fn open(spec: &flow::MaterializationSpec, key_begin: u32, key_end: u32) -> Open {
-    Open {
-        materialization: Some(spec.clone()),
-        version: "v1".into(),
-        key_begin,
-        key_end,
-        driver_checkpoint_json: b"{}".to_vec(),
     }
 }
 
@@ -304,70 +289,9 @@ impl TestDriver {
         key_end: u32,
     ) -> Result<(Session, Vec<u8>)> {
         let endpoint = InProcess::new(self.name, (self.driver)());
-        let stream = endpoint.transactions().await?;
-        let (tx, rx, opened) = client::open(stream, open(spec, key_begin, key_end)).await?;
-        Ok((Session { tx, rx }, opened.flow_checkpoint))
-    }
-}
-
-/// A runtime's side of one Transactions stream.
-pub struct Session {
-    tx: ClientSender,
-    rx: ClientReceiver,
-}
-
-impl Session {
-    /// A request that could not be sent because the driver ended the stream fails with
-    /// the driver's own error, the next response, rather than "stream closed".
-    async fn driver_error(&mut self, sent: Result<()>) -> Result<()> {
-        match sent {
-            Ok(()) => Ok(()),
-            Err(closed) => Err(self.rx.recv().await.err().unwrap_or(closed)),
-        }
-    }
-
-    /// One transaction: acknowledge the prior one, load `loads`, prepare with
-    /// `checkpoint`, store `stores`, commit. Returns the loaded documents.
-    pub async fn transaction(
-        &mut self,
-        loads: Vec<Load>,
-        checkpoint: &[u8],
-        stores: Vec<Store>,
-    ) -> Result<Vec<Value>> {
-        let mut loaded = Vec::new();
-        let mut collect = |response: Response| match response {
-            Response::Loaded(msg) => {
-                for doc in arena::loaded_docs(&msg) {
-                    let doc = doc.expect("a Loaded slice within its arena");
-                    loaded.push(serde_json::from_slice(doc).expect("a loaded document is JSON"));
-                }
-                false
-            }
-            _ => true,
-        };
-        let sent = self.tx.acknowledge().await;
-        self.driver_error(sent).await?;
-        for load in loads {
-            let sent = self.tx.load(load).await;
-            self.driver_error(sent).await?;
-        }
-        while !collect(self.rx.recv().await?) {}
-        let prepare = Prepare {
-            flow_checkpoint: checkpoint.to_vec(),
-        };
-        let sent = self.tx.prepare(prepare).await;
-        self.driver_error(sent).await?;
-        while !collect(self.rx.recv().await?) {}
-        for store in stores {
-            let sent = self.tx.store(store).await;
-            self.driver_error(sent).await?;
-        }
-        let sent = self.tx.commit().await;
-        self.driver_error(sent).await?;
-        match self.rx.recv().await? {
-            Response::DriverCommitted => Ok(loaded),
-            other => panic!("expected DriverCommitted, got {other:?}"),
-        }
+        let session = Session::open(&endpoint, open(spec, key_begin, key_end)).await?;
+        let recovered = session.recovered().to_vec();
+        Ok((session, recovered))
     }
 }
 

@@ -10,6 +10,11 @@
 //! the store holds afterwards (`(user_id, views)` rows). What only one store can check
 //! (typed columns, its own error texts) stays in the connector's test, which the
 //! scenarios that return their session or error leave room for.
+//!
+//! What every driver must do, as the protocol shows it (checkpoint recovery, split
+//! ranges, fencing as `Fenced`, atomic commits), is the suite's ([`crate::run_suite`]),
+//! which each connector's `tests/conformance.rs` runs on its real server; the fencing,
+//! deletion and delta-updates scenarios here add what only the store's tables show.
 
 use super::{
     ALL, MATERIALIZATION, Session, TestDriver, apply_request, binding, binding_keyed, collection,
@@ -190,15 +195,6 @@ pub async fn storing_a_key_believed_absent_but_present_fails_the_commit(
     err
 }
 
-/// A new session recovers the checkpoint of the last commit.
-pub async fn reopening_recovers_the_last_committed_checkpoint(db: &impl TestStore) {
-    let (spec, mut session, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
-    session.transaction(vec![], b"cp-1", vec![]).await.unwrap();
-    session.transaction(vec![], b"cp-2", vec![]).await.unwrap();
-    drop(session);
-    assert_eq!(recovered(db, &spec).await, b"cp-2");
-}
-
 /// Once a newer session of the same range opens, the older one's commit is fenced and
 /// writes nothing, while the newer one commits on.
 pub async fn a_zombie_is_fenced_and_writes_nothing(db: &impl TestStore) {
@@ -237,63 +233,6 @@ pub async fn a_zombie_storing_a_key_the_newer_instance_committed_is_fenced(db: &
         .unwrap_err();
     assert!(matches!(err, Error::Fenced(_)), "{err:?}");
     assert_eq!(db.user_views("pageviews").await, [json!(["alice", 1])]);
-}
-
-/// Opening the left half of a committed range recovers the parent's checkpoint and
-/// fences the parent; returns the spec, the parent and the left half's session.
-async fn split(db: &impl TestStore, mid: u32) -> (MaterializationSpec, Session) {
-    let (spec, mut parent, _) = apply_and_open(db, vec![binding("pageviews", false)]).await;
-    parent
-        .transaction(vec![], b"cp-parent", vec![])
-        .await
-        .unwrap();
-    let (left, recovered) = db.driver().session(&spec, 0, mid - 1).await.unwrap();
-    assert_eq!(recovered, b"cp-parent");
-    let err = parent
-        .transaction(vec![], b"cp-zombie", vec![])
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Fenced(_)), "{err}");
-    (spec, left)
-}
-
-/// Both halves of a split range recover the parent's checkpoint and fence the parent;
-/// each then commits and recovers its own.
-pub async fn a_split_range_recovers_its_parents_checkpoint(db: &impl TestStore) {
-    let mid = 0x8000_0000;
-    let (spec, mut left) = split(db, mid).await;
-    let (mut right, recovered) = db.driver().session(&spec, mid, ALL).await.unwrap();
-    assert_eq!(recovered, b"cp-parent");
-    left.transaction(vec![], b"cp-left", vec![]).await.unwrap();
-    right
-        .transaction(vec![], b"cp-right", vec![])
-        .await
-        .unwrap();
-    drop((left, right));
-    let (_, recovered) = db.driver().session(&spec, 0, mid - 1).await.unwrap();
-    assert_eq!(
-        recovered, b"cp-left",
-        "a child recovers its own, narrower range"
-    );
-}
-
-/// The right half of a split range, opened after the left half committed, still
-/// resumes from the parent; the left half from its own commit.
-pub async fn a_split_range_resumes_each_half_from_its_own_lineage(db: &impl TestStore) {
-    let mid = 0x8000_0000;
-    let (spec, mut left) = split(db, mid).await;
-    left.transaction(vec![], b"cp-left", vec![]).await.unwrap();
-    let (_, recovered) = db.driver().session(&spec, mid, ALL).await.unwrap();
-    assert_eq!(
-        recovered, b"cp-parent",
-        "the right half resumes from the parent"
-    );
-    drop(left);
-    let (_, recovered) = db.driver().session(&spec, 0, mid - 1).await.unwrap();
-    assert_eq!(
-        recovered, b"cp-left",
-        "the left half resumes from its own commit"
-    );
 }
 
 /// A delta-updates binding appends a row per stored document, even of the same key.

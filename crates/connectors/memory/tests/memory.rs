@@ -1,11 +1,11 @@
 //! The reference memory driver: spec, validate, apply, strict and atomic commits, deletes,
 //! checkpoint recovery over split ranges, and a state file shared by separate drivers.
 
-mod common;
-
-use common::{connect, spec, store, transaction};
 use serde_json::json;
+use sluice_conformance::messages::{open, spec, store};
+use sluice_conformance::{Capabilities, Session, assert_all_pass, run_suite};
 use sluice_driver_sdk::flow;
+use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::materialize::{self as m, constraint::Type};
 use sluice_driver_sdk::{Driver, Error};
 use sluice_memory::MemoryDriver;
@@ -17,11 +17,27 @@ fn views(endpoint: &str) -> flow::MaterializationSpec {
     spec(MAT, endpoint, &[("views", false), ("events", true)])
 }
 
-fn apply(spec: &flow::MaterializationSpec, dry_run: bool) -> m::ApplyRequest {
-    m::ApplyRequest {
-        materialization: Some(spec.clone()),
-        version: "v1".into(),
-        dry_run,
+use sluice_conformance::messages::apply_request as apply;
+
+/// A session of `spec` over `[key_begin, key_end]` on `driver`, in process.
+async fn connect(
+    driver: Arc<dyn Driver>,
+    spec: &flow::MaterializationSpec,
+    key_begin: u32,
+    key_end: u32,
+) -> sluice_driver_sdk::Result<Session> {
+    let endpoint = InProcess::new("memory", driver);
+    Session::open(&endpoint, open(spec, key_begin, key_end)).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_conformance_suite_passes_in_memory_and_in_a_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = InProcess::new("memory", Arc::new(MemoryDriver::new()));
+    let configs = [json!({}), json!({ "path": dir.path().join("state.json") })];
+    for config in configs {
+        let results = run_suite(&endpoint, Capabilities::ALL, config, json!({"table": "t"})).await;
+        assert_all_pass(&results);
     }
 }
 
@@ -103,7 +119,7 @@ async fn apply_dry_run_changes_nothing_and_apply_is_idempotent() {
 #[tokio::test]
 async fn updates_deletes_and_delta_appends_apply_at_commit() {
     let driver = MemoryDriver::new();
-    let (mut tx, mut rx, _) = connect(Arc::new(driver.clone()), &views("{}"), 0, 9)
+    let mut session = connect(Arc::new(driver.clone()), &views("{}"), 0, 9)
         .await
         .unwrap();
     let first = vec![
@@ -113,12 +129,12 @@ async fn updates_deletes_and_delta_appends_apply_at_commit() {
         ),
         store(1, &[(b"e", "1", false), (b"e", "2", false)]),
     ];
-    transaction(&mut tx, &mut rx, b"cp1", first).await.unwrap();
+    session.transaction(vec![], b"cp1", first).await.unwrap();
     let second = vec![store(
         0,
         &[(b"a", r#"{"v":10}"#, true), (b"b", "null", true)],
     )];
-    transaction(&mut tx, &mut rx, b"cp2", second).await.unwrap();
+    session.transaction(vec![], b"cp2", second).await.unwrap();
     assert_eq!(
         driver.rows(MAT, "views"),
         vec![(b"a".to_vec(), json!({"v": 10}))]
@@ -132,19 +148,16 @@ async fn updates_deletes_and_delta_appends_apply_at_commit() {
 #[tokio::test]
 async fn commit_with_a_wrong_exists_flag_fails_and_writes_nothing() {
     let driver = MemoryDriver::new();
-    let (mut tx, mut rx, _) = connect(Arc::new(driver.clone()), &views("{}"), 0, 9)
+    let mut session = connect(Arc::new(driver.clone()), &views("{}"), 0, 9)
         .await
         .unwrap();
-    transaction(
-        &mut tx,
-        &mut rx,
-        b"cp1",
-        vec![store(0, &[(b"a", "1", false)])],
-    )
-    .await
-    .unwrap();
+    session
+        .transaction(vec![], b"cp1", vec![store(0, &[(b"a", "1", false)])])
+        .await
+        .unwrap();
     let wrong = vec![store(0, &[(b"new", "2", false), (b"a", "3", false)])];
-    let err = transaction(&mut tx, &mut rx, b"cp2", wrong)
+    let err = session
+        .transaction(vec![], b"cp2", wrong)
         .await
         .unwrap_err();
     assert!(
@@ -164,31 +177,27 @@ async fn commit_with_a_wrong_exists_flag_fails_and_writes_nothing() {
 async fn a_split_range_recovers_the_narrowest_covering_checkpoint() {
     let driver: Arc<dyn Driver> = Arc::new(MemoryDriver::new());
     let spec = views("{}");
-    let (mut tx, mut rx, opened) = connect(driver.clone(), &spec, 0, u32::MAX).await.unwrap();
-    assert!(opened.flow_checkpoint.is_empty());
-    transaction(&mut tx, &mut rx, b"parent", vec![])
+    let mut session = connect(driver.clone(), &spec, 0, u32::MAX).await.unwrap();
+    assert!(session.recovered().is_empty());
+    session
+        .transaction(vec![], b"parent", vec![])
         .await
         .unwrap();
 
-    let (mut tx, mut rx, opened) = connect(driver.clone(), &spec, 0, u32::MAX / 2)
+    let mut session = connect(driver.clone(), &spec, 0, u32::MAX / 2)
         .await
         .unwrap();
-    assert_eq!(opened.flow_checkpoint, b"parent");
-    transaction(&mut tx, &mut rx, b"left", vec![])
-        .await
-        .unwrap();
+    assert_eq!(session.recovered(), b"parent");
+    session.transaction(vec![], b"left", vec![]).await.unwrap();
 
-    let (_, _, opened) = connect(driver.clone(), &spec, 0, u32::MAX / 4)
+    let opened = connect(driver.clone(), &spec, 0, u32::MAX / 4)
         .await
         .unwrap();
-    assert_eq!(
-        opened.flow_checkpoint, b"left",
-        "narrowest covering range wins"
-    );
-    let (_, _, opened) = connect(driver, &spec, u32::MAX / 2 + 1, u32::MAX)
+    assert_eq!(opened.recovered(), b"left", "narrowest covering range wins");
+    let opened = connect(driver, &spec, u32::MAX / 2 + 1, u32::MAX)
         .await
         .unwrap();
-    assert_eq!(opened.flow_checkpoint, b"parent");
+    assert_eq!(opened.recovered(), b"parent");
 }
 
 #[tokio::test]
@@ -199,21 +208,16 @@ async fn drivers_sharing_a_state_file_fence_each_other_and_persist_commits() {
     let spec = views(&endpoint);
     // Two driver values share nothing in memory, like two processes.
     let (first, second) = (MemoryDriver::new(), MemoryDriver::new());
-    let (mut old_tx, mut old_rx, _) = connect(Arc::new(first), &spec, 0, 9).await.unwrap();
-    let (mut new_tx, mut new_rx, _) = connect(Arc::new(second), &spec, 0, 9).await.unwrap();
+    let mut old = connect(Arc::new(first), &spec, 0, 9).await.unwrap();
+    let mut new = connect(Arc::new(second), &spec, 0, 9).await.unwrap();
 
-    let err = transaction(
-        &mut old_tx,
-        &mut old_rx,
-        b"old",
-        vec![store(0, &[(b"z", "0", false)])],
-    )
-    .await
-    .unwrap_err();
+    let err = old
+        .transaction(vec![], b"old", vec![store(0, &[(b"z", "0", false)])])
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Fenced(_)), "{err}");
-    transaction(
-        &mut new_tx,
-        &mut new_rx,
+    new.transaction(
+        vec![],
         b"new",
         vec![store(0, &[(b"k", r#"{"n":1}"#, false)])],
     )
@@ -222,11 +226,12 @@ async fn drivers_sharing_a_state_file_fence_each_other_and_persist_commits() {
 
     let rows = MemoryDriver::rows_in_file(&path, MAT, "views").unwrap();
     assert_eq!(rows, vec![(b"k".to_vec(), json!({"n": 1}))]);
-    let (_, _, opened) = connect(Arc::new(MemoryDriver::new()), &spec, 0, 9)
+    let opened = connect(Arc::new(MemoryDriver::new()), &spec, 0, 9)
         .await
         .unwrap();
     assert_eq!(
-        opened.flow_checkpoint, b"new",
+        opened.recovered(),
+        b"new",
         "a third driver recovers the committed checkpoint"
     );
 }

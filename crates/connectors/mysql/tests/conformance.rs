@@ -1,11 +1,13 @@
 //! The driver conformance suite against the real server, through the in-process
-//! endpoint: every scenario must pass (none fails, none is skipped).
+//! endpoint, claiming every capability: every scenario must pass (none fails, none is
+//! skipped), including those that moved here from `testing::scenarios` (checkpoint
+//! recovery, split ranges, fencing, atomic commits).
 
 mod common;
 
 use common::TestDb;
 use serde_json::json;
-use sluice_conformance::{assert_all_pass, run_suite};
+use sluice_conformance::{Capabilities, assert_all_pass, run_suite};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_mysql::MysqlDriver;
 use std::sync::Arc;
@@ -14,6 +16,12 @@ use std::sync::Arc;
 async fn the_conformance_suite_passes_against_the_real_server() {
     let db = TestDb::new().await;
     let endpoint = InProcess::new("mysql", Arc::new(MysqlDriver::new()));
-    let results = run_suite(&endpoint, db.endpoint(), json!({ "table": "conf" })).await;
+    let results = run_suite(
+        &endpoint,
+        Capabilities::ALL,
+        db.endpoint(),
+        json!({ "table": "conf" }),
+    )
+    .await;
     assert_all_pass(&results);
 }

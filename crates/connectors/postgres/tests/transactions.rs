@@ -1,7 +1,10 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
-//! the real server: stores, loads, checkpoints, fencing, key-range splits, delta
-//! updates, connection loss. The scenarios every SQL connector shares come from
+//! the real server: stores, loads, fencing and delta
+//! updates as the tables show them, connection loss. The scenarios every SQL connector shares come from
 //! [`sluice_conformance::testing::scenarios`]; this file adds what only PostgreSQL checks.
+
+// Checkpoint recovery and key-range splits, which the protocol alone shows, are
+// scenarios of the conformance suite (`tests/conformance.rs`).
 
 mod common;
 
@@ -67,11 +70,6 @@ async fn storing_a_key_the_runtime_believes_absent_but_present_fails_the_commit(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn reopening_recovers_the_last_committed_checkpoint() {
-    scenarios::reopening_recovers_the_last_committed_checkpoint(&TestDb::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     scenarios::a_zombie_is_fenced_and_writes_nothing(&TestDb::new()).await;
 }
@@ -79,16 +77,6 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zombie_storing_a_key_the_newer_instance_committed_is_fenced_not_a_duplicate() {
     scenarios::a_zombie_storing_a_key_the_newer_instance_committed_is_fenced(&TestDb::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn split_ranges_resume_from_the_parent_and_fence_it() {
-    scenarios::a_split_range_recovers_its_parents_checkpoint(&TestDb::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_right_half_of_a_split_resumes_from_the_parent_after_the_left_half_commits() {
-    scenarios::a_split_range_resumes_each_half_from_its_own_lineage(&TestDb::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

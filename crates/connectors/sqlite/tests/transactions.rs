@@ -1,7 +1,10 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
-//! real SQLite files: stores, loads, checkpoints, fencing, key-range splits, delta
-//! updates. The scenarios every SQL connector shares come from
+//! real SQLite files: stores, loads, fencing and delta
+//! updates as the tables show them. The scenarios every SQL connector shares come from
 //! [`sluice_conformance::testing::scenarios`]; this file adds what only SQLite checks.
+
+// Checkpoint recovery and key-range splits, which the protocol alone shows, are
+// scenarios of the conformance suite (`tests/conformance.rs`).
 
 mod common;
 
@@ -51,11 +54,6 @@ async fn a_null_document_deletes_its_row() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn reopening_recovers_the_last_committed_checkpoint() {
-    scenarios::reopening_recovers_the_last_committed_checkpoint(&TestFile::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
     scenarios::a_zombie_is_fenced_and_writes_nothing(&TestFile::new()).await;
 }
@@ -64,16 +62,6 @@ async fn zombie_commit_after_newer_open_is_rejected_and_writes_nothing() {
 async fn a_zombie_storing_a_key_the_newer_instance_committed_is_fenced_not_a_duplicate() {
     scenarios::a_zombie_storing_a_key_the_newer_instance_committed_is_fenced(&TestFile::new())
         .await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn split_ranges_resume_from_the_parent_and_fence_it() {
-    scenarios::a_split_range_resumes_each_half_from_its_own_lineage(&TestFile::new()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn both_halves_of_a_split_range_recover_the_parent_then_their_own_commits() {
-    scenarios::a_split_range_recovers_its_parents_checkpoint(&TestFile::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
