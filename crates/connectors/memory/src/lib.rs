@@ -57,8 +57,8 @@ const RESOURCE_SCHEMA: &str = r#"{"type":"object","properties":{"table":{"type":
 /// The endpoint configuration: `{ "path"?: string }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EndpointConfig {
-    path: Option<PathBuf>,
+pub struct EndpointConfig {
+    pub path: Option<PathBuf>,
 }
 
 /// The resource configuration of a binding: `{ "table": string, "delta_updates"?: bool }`.
