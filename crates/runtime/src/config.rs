@@ -498,14 +498,13 @@ impl PipelineFile {
         let mut sources = BTreeMap::new();
         for (name, source) in self.sources {
             let place = format!("sources.{name}");
-            let (kind, config) = one_kind(source.kinds, &registry.source_names(), "source")
-                .map_err(|message| invalid(&place, message))?;
-            let kind = registry
-                .source(&kind)
-                .expect("one_kind returns a known kind");
-            let config = kind
-                .parse(config, base_dir)
-                .map_err(|e| placed(&format!("{place}.{}", kind.name()), e))?;
+            let names = registry.source_names();
+            let (_, config) = read_kind(&place, source.kinds, &names, "source", |kind, config| {
+                let kind = registry
+                    .source(kind)
+                    .expect("one_kind returns a known kind");
+                kind.parse(config, base_dir)
+            })?;
             let def = SourceDef {
                 target: source.target,
                 on_error: source.on_error,
@@ -517,13 +516,14 @@ impl PipelineFile {
         let mut materializations = BTreeMap::new();
         for (name, m) in self.materializations {
             let place = format!("materializations.{name}.endpoint");
-            let (kind, config) = one_kind(m.endpoint, &registry.driver_names(), "driver")
-                .map_err(|message| invalid(&place, message))?;
-            let config = registry
-                .driver(&kind)
-                .expect("one_kind returns a known kind")
-                .parse(config, base_dir)
-                .map_err(|e| placed(&format!("{place}.{kind}"), e))?;
+            let names = registry.driver_names();
+            let (kind, config) =
+                read_kind(&place, m.endpoint, &names, "driver", |kind, config| {
+                    let kind = registry
+                        .driver(kind)
+                        .expect("one_kind returns a known kind");
+                    kind.parse(config, base_dir)
+                })?;
             let def = MaterializationDef {
                 endpoint: EndpointDef { kind, config },
                 bindings: m.bindings,
@@ -540,13 +540,19 @@ impl PipelineFile {
     }
 }
 
-/// A kind's configuration error, placed under the kind's key at `place`.
-fn placed(place: &str, error: InvalidConfig) -> ConfigError {
-    let place = match error.place.as_str() {
-        "" => place.to_string(),
-        inner => format!("{place}.{inner}"),
-    };
-    invalid(place, error.message)
+/// Reads the one kind (of `what`, with names `known`) among the `keys` of the source or
+/// endpoint at `place`: `parse(kind, config)`, its errors placed under the kind's key.
+fn read_kind<T>(
+    place: &str,
+    keys: Map<String, Value>,
+    known: &[&str],
+    what: &str,
+    parse: impl FnOnce(&str, Value) -> Result<T, InvalidConfig>,
+) -> Result<(String, T), ConfigError> {
+    let (kind, config) = one_kind(keys, known, what).map_err(|message| invalid(place, message))?;
+    let config = parse(&kind, config)
+        .map_err(|e| invalid(e.place_in(&format!("{place}.{kind}")), e.message))?;
+    Ok((kind, config))
 }
 
 /// The one kind among the keys left over in a source or endpoint, and its
@@ -630,4 +636,50 @@ fn expand_str(s: &str, place: &str) -> Result<String, ConfigError> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_or_endpoint_names_exactly_one_known_kind() {
+        let known = ["datagen", "file"];
+        for (keys, expected) in [
+            (vec!["file"], Ok("file")),
+            (vec!["datagen"], Ok("datagen")),
+            (
+                vec![],
+                Err("set exactly one of the source kinds datagen, file"),
+            ),
+            (
+                vec!["file", "datagen"],
+                Err(
+                    "set exactly one of the source kinds datagen, file, not both `datagen` and `file`",
+                ),
+            ),
+            (
+                vec!["kafka"],
+                Err("unknown field `kafka` (the source kinds are datagen, file)"),
+            ),
+            (
+                vec!["file", "kafka"],
+                Err("unknown field `kafka` (the source kinds are datagen, file)"),
+            ),
+        ] {
+            let map: Map<String, Value> = keys
+                .iter()
+                .map(|k| (k.to_string(), Value::String(format!("{k} config"))))
+                .collect();
+            let got = one_kind(map, &known, "source");
+            match expected {
+                Ok(kind) => assert_eq!(
+                    got,
+                    Ok((kind.to_string(), Value::String(format!("{kind} config")))),
+                    "{keys:?}"
+                ),
+                Err(message) => assert_eq!(got, Err(message.to_string()), "{keys:?}"),
+            }
+        }
+    }
 }

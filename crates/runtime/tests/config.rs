@@ -316,3 +316,110 @@ fn datagen_source_and_external_endpoints_parse() {
         )
     );
 }
+
+#[test]
+fn kind_errors_name_their_place_under_the_kind_key() {
+    let file = "file: {path: data/views.jsonl, format: json}";
+    let sqlite = "sqlite: {path: out/views.db}";
+    for (from, to, expected) in [
+        (
+            file,
+            "file: {format: json}",
+            "sources.views-file.file: missing field `path`",
+        ),
+        (
+            file,
+            "datagen: {keys: 0}",
+            "sources.views-file.datagen.keys: must be at least 1",
+        ),
+        (
+            file,
+            "datagen: {rate: -1}",
+            "sources.views-file.datagen.rate: must be a positive",
+        ),
+        (
+            file,
+            "file: {path: v.jsonl, format: json, max_document_size: 16 MB}",
+            "sources.views-file.file.max_document_size: invalid size \"16 MB\"",
+        ),
+        (
+            file,
+            "kafka: {topic: views}",
+            "sources.views-file: unknown field `kafka` (the source kinds are datagen, file)",
+        ),
+        (
+            file,
+            "on_error: fail",
+            "sources.views-file: set exactly one of the source kinds",
+        ),
+        (
+            sqlite,
+            "sqlite: {path: out/views.db, pth: x}",
+            "materializations.views-db.endpoint.sqlite.pth: unknown field `pth`",
+        ),
+        (
+            sqlite,
+            "command: {args: [serve]}",
+            "materializations.views-db.endpoint.command: missing field `program`",
+        ),
+        (
+            sqlite,
+            "{}",
+            "materializations.views-db.endpoint: set exactly one of the driver kinds command, postgres, sqlite",
+        ),
+    ] {
+        let text = DESIGN_EXAMPLE.replace(from, to);
+        assert_ne!(text, DESIGN_EXAMPLE, "{to}");
+        let e = error(&text);
+        assert!(e.starts_with(expected), "{to}: {e}");
+    }
+}
+
+#[test]
+fn kind_defaults_and_sizes_apply() {
+    let text = DESIGN_EXAMPLE.replace(
+        "format: json}",
+        "format: csv, follow: true, max_document_size: 1MiB}",
+    );
+    let p = parse(&text).unwrap();
+    let file = file_config(&p);
+    assert_eq!(file.format, FileFormat::Csv);
+    assert!(file.follow);
+    assert_eq!(file.max_document_size, 1 << 20);
+    let p = parse(DESIGN_EXAMPLE).unwrap();
+    assert_eq!(
+        file_config(&p).max_document_size,
+        sluice_file::config::DEFAULT_MAX_DOCUMENT_SIZE
+    );
+    let text = DESIGN_EXAMPLE.replace(
+        "file: {path: data/views.jsonl, format: json}",
+        "datagen: {}",
+    );
+    let p = parse(&text).unwrap();
+    let d: &DatagenConfig = p.sources["views-file"].config.get().unwrap();
+    assert_eq!((d.seed, d.documents, d.keys, d.rate), (0, None, 1000, None));
+    assert_eq!(p.sources["views-file"].config.kind(), "datagen");
+}
+
+#[test]
+fn a_bare_command_is_looked_up_in_path_and_an_absolute_one_kept() {
+    for (program, expected) in [
+        ("sluice", "sluice"),
+        ("bin/driver", "/pipelines/bin/driver"),
+        ("/usr/bin/driver", "/usr/bin/driver"),
+    ] {
+        let text = DESIGN_EXAMPLE.replace(
+            "sqlite: {path: out/views.db}",
+            &format!("command: {{program: {program}}}"),
+        );
+        let p = parse(&text).unwrap();
+        assert_eq!(
+            p.materializations["views-db"].endpoint,
+            endpoint(
+                "command",
+                json!({"program": expected, "args": [], "config": {}})
+            ),
+            "{program}"
+        );
+    }
+}

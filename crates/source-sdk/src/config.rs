@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// A configuration that cannot work (the user's error: change the pipeline file).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", self.place_under(""))]
+#[error("{}{message}", if place.is_empty() { String::new() } else { format!("{place}: ") })]
 pub struct InvalidConfig {
     /// The dotted path of the offending value inside the kind's configuration
     /// (`max_document_size`, `tags[0]`); empty for the configuration as a whole.
@@ -32,18 +32,13 @@ impl InvalidConfig {
         }
     }
 
-    /// The error as the pipeline file places it, the kind's configuration being at
-    /// `prefix` (`sources.views.file`): `sources.views.file.path: missing field`.
-    pub fn place_under(&self, prefix: &str) -> String {
-        let place = match (prefix.is_empty(), self.place.is_empty()) {
+    /// Its place in the pipeline file, the kind's configuration being at `prefix`
+    /// (`sources.views.file`): `sources.views.file.path`.
+    pub fn place_in(&self, prefix: &str) -> String {
+        match (prefix.is_empty(), self.place.is_empty()) {
             (_, true) => prefix.to_string(),
             (true, false) => self.place.clone(),
             (false, false) => format!("{prefix}.{}", self.place),
-        };
-        if place.is_empty() {
-            self.message.clone()
-        } else {
-            format!("{place}: {}", self.message)
         }
     }
 }
@@ -128,14 +123,15 @@ mod tests {
     #[test]
     fn errors_are_placed_under_the_kind() {
         for (place, prefix, expected) in [
-            ("path", "sources.v.file", "sources.v.file.path: bad"),
-            ("", "sources.v.file", "sources.v.file: bad"),
-            ("path", "", "path: bad"),
-            ("", "", "bad"),
+            ("path", "sources.v.file", "sources.v.file.path"),
+            ("", "sources.v.file", "sources.v.file"),
+            ("path", "", "path"),
+            ("", "", ""),
         ] {
-            let error = InvalidConfig::new(place, "bad");
-            assert_eq!(error.place_under(prefix), expected);
+            assert_eq!(InvalidConfig::new(place, "bad").place_in(prefix), expected);
         }
+        assert_eq!(InvalidConfig::new("path", "bad").to_string(), "path: bad");
+        assert_eq!(InvalidConfig::new("", "bad").to_string(), "bad");
     }
 
     #[test]
