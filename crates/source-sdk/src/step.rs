@@ -70,7 +70,8 @@ pub struct QueueLimits {
     pub max_bytes: u64,
 }
 
-/// The position of a step of a built-in source: the cursors before and after it.
+/// The position of a step of a source that re-reads its input by position (a file by
+/// byte offset, a generator by sequence number): the cursors before and after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Span<C> {
@@ -97,7 +98,7 @@ impl<C: Serialize + DeserializeOwned> Span<C> {
         })
     }
 
-    /// The `Replay` resume of a built-in (re-readable) source's step.
+    /// The `Replay` resume of a re-readable source's step.
     pub fn replay(&self, hash: u64) -> Resume {
         Resume::Replay {
             position: self.to_value(),
@@ -107,7 +108,8 @@ impl<C: Serialize + DeserializeOwned> Span<C> {
     }
 }
 
-/// The span a built-in source re-reads to replay `step`.
+/// The span a re-readable source re-reads to replay `step`; fails with
+/// [`SourceError::BadResume`] for a resume it did not produce.
 pub fn replay_target<C: Serialize + DeserializeOwned>(
     name: &str,
     step: &Resume,

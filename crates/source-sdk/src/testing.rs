@@ -52,5 +52,5 @@ pub fn texts(records: &mut Records) -> Vec<String> {
 pub fn position(step: &Step) -> &Value {
     step.resume
         .position()
-        .expect("built-in sources resume by position")
+        .expect("the source resumes by position")
 }
