@@ -17,7 +17,7 @@
 //! script (or test) can read that line and connect. `stdio` keeps stdout for frames:
 //! logs go to stderr, which the runtime forwards to its own logs.
 
-use crate::drivers::{self, BUILTIN_NAMES};
+use crate::drivers;
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -112,7 +112,7 @@ fn builtin(name: &str) -> anyhow::Result<Arc<dyn Driver>> {
     drivers::builtin(name).ok_or_else(|| {
         anyhow!(
             "no built-in driver {name:?}; built-in drivers: {}",
-            BUILTIN_NAMES.join(", ")
+            drivers::builtin_names().join(", ")
         )
     })
 }

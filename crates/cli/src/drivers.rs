@@ -1,30 +1,23 @@
-//! The drivers linked into this binary, by the name pipeline files and `sluice driver`
-//! commands use.
+//! The drivers built into this binary, by the name pipeline files and `sluice driver`
+//! commands use (the driver kinds of [`crate::registry`] that run in-process), and
+//! serving one with a default configuration.
 
 use async_trait::async_trait;
-use sluice_driver_sdk::{Driver, Result, Transactor};
-use sluice_memory::MemoryDriver;
-use sluice_mysql::MysqlDriver;
-use sluice_postgres::PostgresDriver;
-use sluice_proto::flow;
-use sluice_proto::materialize::{
+use sluice_driver_sdk::flow;
+use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
-use sluice_sqlite::SqliteDriver;
+use sluice_driver_sdk::{Driver, Result, Transactor};
 use std::sync::Arc;
 
-/// Names of the built-in drivers, for help texts and errors.
-pub const BUILTIN_NAMES: &[&str] = &["memory", "mysql", "postgres", "sqlite"];
+/// Names of the built-in drivers, sorted, for help texts and errors.
+pub fn builtin_names() -> Vec<&'static str> {
+    crate::registry::registry().builtin_driver_names()
+}
 
 /// A fresh instance of the built-in driver `name`.
 pub fn builtin(name: &str) -> Option<Arc<dyn Driver>> {
-    match name {
-        "memory" => Some(Arc::new(MemoryDriver::new())),
-        "mysql" => Some(Arc::new(MysqlDriver::new())),
-        "postgres" => Some(Arc::new(PostgresDriver::new())),
-        "sqlite" => Some(Arc::new(SqliteDriver::new())),
-        _ => None,
-    }
+    crate::registry::registry().driver(name)?.driver()
 }
 
 /// A driver whose requests carry `config` as their endpoint configuration when they carry

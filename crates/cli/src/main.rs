@@ -5,6 +5,7 @@ mod bench;
 mod driver_cmd;
 mod drivers;
 mod pipeline_cmd;
+mod registry;
 mod torture;
 
 use clap::{Parser, Subcommand};

@@ -1,21 +1,17 @@
 //! `sluice run | check | apply | inspect`: the pipeline operator's commands.
 //!
-//! Each loads the pipeline file, connects the endpoints it names (built-in drivers run
-//! in-process; `grpc` and `command` endpoints are external), and hands over to
+//! Each loads the pipeline file with this binary's [`registry`] of source and driver
+//! kinds, which also connects the endpoints it names (built-in drivers run in-process;
+//! `grpc` and `command` endpoints are external), and hands over to
 //! `sluice_runtime::pipeline`.
 
-use crate::drivers;
-use async_trait::async_trait;
+use crate::registry::registry;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
-use sluice_driver_sdk::grpc::GrpcEndpoint;
-use sluice_driver_sdk::inprocess::InProcess;
-use sluice_driver_sdk::stdio::StdioEndpoint;
-use sluice_proto::flow::EndpointType;
 use sluice_proto::materialize::constraint::Type as ConstraintType;
-use sluice_runtime::config::{ConfigError, Endpoint, Pipeline};
-use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
+use sluice_runtime::config::{ConfigError, Pipeline};
+use sluice_runtime::pipeline::{self, RunOptions};
+use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -56,81 +52,14 @@ pub enum InspectCommand {
     },
 }
 
-/// Connects the endpoints a pipeline file names.
-struct Connector;
-
-#[async_trait]
-impl Connect for Connector {
-    async fn connect(
-        &self,
-        materialization: &str,
-        endpoint: &Endpoint,
-    ) -> Result<Connected, String> {
-        let builtin = |name: &str, endpoint_type, config| {
-            let driver =
-                drivers::builtin(name).ok_or_else(|| format!("no built-in driver {name:?}"))?;
-            Ok(Connected {
-                endpoint: Arc::new(InProcess::new(name, driver)),
-                endpoint_type,
-                config,
-            })
-        };
-        match endpoint {
-            Endpoint::Sqlite { path } => {
-                builtin("sqlite", EndpointType::Sqlite, json!({ "path": path }))
-            }
-            Endpoint::Memory { path } => {
-                let config = match path {
-                    Some(path) => json!({ "path": path }),
-                    None => json!({}),
-                };
-                builtin("memory", EndpointType::SluiceMemory, config)
-            }
-            Endpoint::Postgres { url, schema } => {
-                let mut config = json!({ "url": url });
-                if let Some(schema) = schema {
-                    config["schema"] = json!(schema);
-                }
-                builtin("postgres", EndpointType::SluicePostgres, config)
-            }
-            Endpoint::Mysql { url } => {
-                builtin("mysql", EndpointType::SluiceMysql, json!({ "url": url }))
-            }
-            Endpoint::Grpc { address, config } => {
-                let endpoint = GrpcEndpoint::connect(address)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(Connected {
-                    endpoint: Arc::new(endpoint),
-                    endpoint_type: EndpointType::SluiceGrpc,
-                    config: config.clone(),
-                })
-            }
-            Endpoint::Command {
-                program,
-                args,
-                config,
-            } => Ok(Connected {
-                endpoint: Arc::new(StdioEndpoint::new(
-                    materialization,
-                    program.to_string_lossy().as_ref(),
-                    args.clone(),
-                )),
-                endpoint_type: EndpointType::SluiceCommand,
-                config: config.clone(),
-            }),
-        }
-    }
-}
-
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
 }
 
-fn load(path: &Path) -> anyhow::Result<Pipeline> {
-    match Pipeline::load(path) {
+fn load(path: &Path, registry: &Registry) -> anyhow::Result<Pipeline> {
+    match Pipeline::load(path, registry) {
         Ok(pipeline) => Ok(pipeline),
         // Already names the file.
         Err(err @ ConfigError::Read { .. }) => Err(err.into()),
@@ -141,9 +70,10 @@ fn load(path: &Path) -> anyhow::Result<Pipeline> {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let pipeline = load(&args.pipeline)?;
+    let registry = registry();
+    let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
-        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        let planned = pipeline::plan(&pipeline, &registry).await?;
         for (name, actions) in pipeline::apply(&planned, false).await? {
             tracing::debug!(materialization = %name, "applied: {actions}");
         }
@@ -245,9 +175,10 @@ fn human_bytes(n: u64) -> String {
 }
 
 pub fn check(args: CheckArgs) -> anyhow::Result<()> {
-    let pipeline = load(&args.pipeline)?;
+    let registry = registry();
+    let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
-        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        let planned = pipeline::plan(&pipeline, &registry).await?;
         for m in &planned.materializations {
             println!("materialization {} ({})", m.name, m.endpoint.name());
             for (binding, validated) in m.spec.bindings.iter().zip(&m.validated.bindings) {
@@ -292,9 +223,10 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
 }
 
 pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
-    let pipeline = load(&args.pipeline)?;
+    let registry = registry();
+    let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
-        let planned = pipeline::plan(&pipeline, &Connector).await?;
+        let planned = pipeline::plan(&pipeline, &registry).await?;
         for (name, actions) in pipeline::apply(&planned, args.dry_run).await? {
             let verb = if args.dry_run {
                 "would apply"
@@ -318,7 +250,7 @@ pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
     match cmd {
         InspectCommand::Checkpoint { pipeline: path } => {
-            let pipeline = load(&path)?;
+            let pipeline = load(&path, &registry())?;
             for name in pipeline.materializations.keys() {
                 let dir = pipeline.recovery_log().join(name);
                 println!("materialization {name} (recovery log {})", dir.display());

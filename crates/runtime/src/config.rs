@@ -12,11 +12,19 @@
 //! `${`); an unset variable is an error naming it and its place. Relative paths
 //! (files, databases, the recovery log, a command's program when it contains `/`)
 //! resolve against the pipeline file's folder.
+//!
+//! A source and an endpoint each name exactly one *kind* by a key (`file: {...}`,
+//! `sqlite: {...}`), looked up in the [`Registry`] the binary fills: the kind parses
+//! and checks its own configuration (and resolves its own paths), and its errors are
+//! placed under its key (`sources.views.file.path: ...`). This file knows no kind.
 
+use crate::registry::Registry;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use serde_yaml_ng::Value as Yaml;
 use sluice_doc::Pointer;
+use sluice_source_sdk::config::{de_bytes, resolve_path};
+use sluice_source_sdk::{InvalidConfig, SourceConfig};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -49,16 +57,25 @@ fn invalid(place: impl Into<String>, message: impl Into<String>) -> ConfigError 
 }
 
 /// A parsed and checked pipeline file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Pipeline {
     pub collections: BTreeMap<String, CollectionDef>,
-    #[serde(default)]
     pub sources: BTreeMap<String, SourceDef>,
-    #[serde(default)]
     pub materializations: BTreeMap<String, MaterializationDef>,
-    #[serde(default)]
     pub runtime: RuntimeDef,
+}
+
+/// The pipeline file as written: sources and endpoints not yet read by their kinds.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineFile {
+    collections: BTreeMap<String, CollectionDef>,
+    #[serde(default)]
+    sources: BTreeMap<String, SourceFile>,
+    #[serde(default)]
+    materializations: BTreeMap<String, MaterializationFile>,
+    #[serde(default)]
+    runtime: RuntimeDef,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -69,28 +86,28 @@ pub struct CollectionDef {
     pub schema: Value,
 }
 
-/// A source writes into one collection. Exactly one of `file`, `datagen` is set.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A source writes into one collection; what it reads is up to its kind.
+#[derive(Debug, Clone)]
 pub struct SourceDef {
     pub target: String,
-    #[serde(default)]
-    file: Option<FileDef>,
-    #[serde(default)]
-    datagen: Option<DatagenDef>,
-    #[serde(default)]
     pub on_error: OnError,
     /// With `on_error: skip`: the JSON-lines file rejected documents are appended to;
     /// defaults to `<recovery_log>/<materialization>/dead-letters.jsonl`.
-    #[serde(default)]
     pub dead_letter: Option<PathBuf>,
+    /// The source's kind (`file`, `datagen`) and its configuration, parsed by the kind.
+    pub config: SourceConfig,
 }
 
-/// Which kind of source a [`SourceDef`] is.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum SourceKind<'a> {
-    File(&'a FileDef),
-    Datagen(&'a DatagenDef),
+/// A source as written: the runtime's keys, and the others (exactly one: its kind).
+#[derive(Deserialize)]
+struct SourceFile {
+    target: String,
+    #[serde(default)]
+    on_error: OnError,
+    #[serde(default)]
+    dead_letter: Option<PathBuf>,
+    #[serde(flatten)]
+    kinds: Map<String, Value>,
 }
 
 impl SourceDef {
@@ -106,80 +123,10 @@ impl SourceDef {
             ),
         }
     }
-
-    pub fn kind(&self) -> SourceKind<'_> {
-        match (&self.file, &self.datagen) {
-            (Some(file), _) => SourceKind::File(file),
-            (None, Some(datagen)) => SourceKind::Datagen(datagen),
-            (None, None) => unreachable!("Pipeline::parse checks a source has a kind"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileDef {
-    pub path: PathBuf,
-    pub format: FileFormat,
-    /// Keep tailing the file as it grows; the source never ends.
-    #[serde(default)]
-    pub follow: bool,
-    /// The largest record (line, or CSV row) read as a document. A larger one is bad
-    /// input (it fails the transaction, or is skipped with `on_error: skip`) and is
-    /// streamed past without being held in memory. An integer or `"16MiB"`.
-    #[serde(default = "default_max_document_size", deserialize_with = "de_bytes")]
-    pub max_document_size: u64,
 }
 
 /// The file name of a materialization's default dead-letter file, in its recovery log.
 pub const DEAD_LETTER_FILE: &str = "dead-letters.jsonl";
-
-/// 16 MiB per document: far above any reasonable keyed change document, and small
-/// enough that the one being parsed (its text and its parsed tree, several times the
-/// text) stays well inside the default memory budget.
-pub const DEFAULT_MAX_DOCUMENT_SIZE: u64 = 16 << 20;
-
-fn default_max_document_size() -> u64 {
-    DEFAULT_MAX_DOCUMENT_SIZE
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FileFormat {
-    /// One JSON document per line.
-    Json,
-    /// RFC 4180 CSV with a header row naming the properties.
-    Csv,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatagenDef {
-    #[serde(default)]
-    pub seed: u64,
-    /// How many documents; unset for an endless stream.
-    #[serde(default)]
-    pub documents: Option<u64>,
-    /// How many distinct keys (key cardinality).
-    #[serde(default = "default_keys")]
-    pub keys: u64,
-    /// Documents per second; unset for as fast as possible.
-    #[serde(default)]
-    pub rate: Option<f64>,
-    #[serde(default)]
-    pub shape: DatagenShape,
-}
-
-fn default_keys() -> u64 {
-    1000
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DatagenShape {
-    #[default]
-    Pageviews,
-}
 
 /// What to do with a document of this source that is bad input: unparseable (malformed
 /// JSON or CSV, invalid UTF-8, above `max_document_size`), invalid against the schema,
@@ -197,49 +144,29 @@ pub enum OnError {
     Skip,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MaterializationDef {
-    pub endpoint: Endpoint,
+    pub endpoint: EndpointDef,
     pub bindings: Vec<BindingDef>,
-    #[serde(default)]
     pub shard: ShardDef,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Endpoint {
-    Sqlite {
-        path: PathBuf,
-    },
-    Memory {
-        #[serde(default)]
-        path: Option<PathBuf>,
-    },
-    Postgres {
-        url: String,
-        #[serde(default)]
-        schema: Option<String>,
-    },
-    Mysql {
-        url: String,
-    },
-    Grpc {
-        address: String,
-        #[serde(default = "empty_object")]
-        config: Value,
-    },
-    Command {
-        program: PathBuf,
-        #[serde(default)]
-        args: Vec<String>,
-        #[serde(default = "empty_object")]
-        config: Value,
-    },
+/// A materialization as written: its endpoint not yet read by its kind.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MaterializationFile {
+    endpoint: Map<String, Value>,
+    bindings: Vec<BindingDef>,
+    #[serde(default)]
+    shard: ShardDef,
 }
 
-fn empty_object() -> Value {
-    Value::Object(Default::default())
+/// Where a materialization writes: a driver kind (`sqlite`, `command`, ...) and its
+/// configuration as that kind parsed it (complete, paths resolved).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointDef {
+    pub kind: String,
+    pub config: Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -376,49 +303,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(n * unit_secs))
 }
 
-/// Parses a byte count: an integer, or a string like `"64MiB"`, `"512KiB"`, `"1GiB"`.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "KiB" => 10,
-        "MiB" => 20,
-        "GiB" => 30,
-        _ => {
-            return Err(format!(
-                "invalid size {s:?}: write e.g. 65536, \"512KiB\", \"64MiB\""
-            ));
-        }
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("invalid size {s:?}: write e.g. 65536, \"512KiB\", \"64MiB\""))
-}
-
 fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
-fn de_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Size {
-        Int(u64),
-        Text(String),
-    }
-    match Size::deserialize(d)? {
-        Size::Int(n) => Ok(n),
-        Size::Text(s) => parse_bytes(&s).map_err(serde::de::Error::custom),
-    }
-}
-
 impl Pipeline {
-    /// Reads, parses and checks the pipeline file at `path`.
-    pub fn load(path: &Path) -> Result<Pipeline, ConfigError> {
+    /// Reads, parses and checks the pipeline file at `path`, whose sources and endpoints
+    /// are of the kinds `registry` knows.
+    pub fn load(path: &Path, registry: &Registry) -> Result<Pipeline, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_path_buf(),
             error,
@@ -428,16 +321,25 @@ impl Pipeline {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "pipeline".to_string());
-        Self::parse_named(&text, base_dir, &stem)
+        Self::parse_named(&text, base_dir, &stem, registry)
     }
 
     /// Parses pipeline text whose relative paths are relative to `base_dir`. The
     /// default recovery log is `base_dir/.sluice/pipeline`.
-    pub fn parse(text: &str, base_dir: &Path) -> Result<Pipeline, ConfigError> {
-        Self::parse_named(text, base_dir, "pipeline")
+    pub fn parse(
+        text: &str,
+        base_dir: &Path,
+        registry: &Registry,
+    ) -> Result<Pipeline, ConfigError> {
+        Self::parse_named(text, base_dir, "pipeline", registry)
     }
 
-    fn parse_named(text: &str, base_dir: &Path, stem: &str) -> Result<Pipeline, ConfigError> {
+    fn parse_named(
+        text: &str,
+        base_dir: &Path,
+        stem: &str,
+        registry: &Registry,
+    ) -> Result<Pipeline, ConfigError> {
         let tree: Yaml = serde_yaml_ng::from_str(text).map_err(|e| {
             let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
             ConfigError::Syntax {
@@ -450,7 +352,7 @@ impl Pipeline {
         let mut tree = serde_json::to_value(tree)
             .map_err(|e| invalid("(top level)", format!("not representable as JSON: {e}")))?;
         expand_env(&mut tree, &mut String::new())?;
-        let mut pipeline: Pipeline = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let file: PipelineFile = serde_path_to_error::deserialize(tree).map_err(|e| {
             let place = e.path().to_string();
             let place = if place == "." {
                 "(top level)".to_string()
@@ -459,40 +361,24 @@ impl Pipeline {
             };
             invalid(place, e.into_inner().to_string())
         })?;
+        let mut pipeline = file.read_kinds(base_dir, registry)?;
         pipeline.resolve_paths(base_dir, stem);
         pipeline.check()?;
         Ok(pipeline)
     }
 
+    /// Resolves the paths the runtime itself reads (kinds resolve their own).
     fn resolve_paths(&mut self, base: &Path, stem: &str) {
-        let resolve = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
         for source in self.sources.values_mut() {
-            if let Some(file) = &mut source.file {
-                resolve(&mut file.path);
-            }
             if let Some(path) = &mut source.dead_letter {
-                resolve(path);
-            }
-        }
-        for m in self.materializations.values_mut() {
-            match &mut m.endpoint {
-                Endpoint::Sqlite { path } | Endpoint::Memory { path: Some(path) } => resolve(path),
-                // A bare program name is looked up in PATH; `./driver` is a file here.
-                Endpoint::Command { program, .. } if program.components().count() > 1 => {
-                    resolve(program)
-                }
-                _ => {}
+                resolve_path(path, base);
             }
         }
         let log = self
             .runtime
             .recovery_log
             .get_or_insert_with(|| Path::new(".sluice").join(stem));
-        resolve(log);
+        resolve_path(log, base);
     }
 
     /// The directory of the recovery log (always set after parsing).
@@ -559,28 +445,6 @@ impl Pipeline {
                     "is only written with `on_error: skip`; set that, or remove it",
                 ));
             }
-            if s.file.is_some() == s.datagen.is_some() {
-                return Err(invalid(
-                    format!("sources.{name}"),
-                    "set exactly one of `file: {path, format}` or `datagen: {...}`",
-                ));
-            }
-            if let Some(DatagenDef { keys: 0, .. }) = s.datagen {
-                return Err(invalid(
-                    format!("sources.{name}.datagen.keys"),
-                    "must be at least 1",
-                ));
-            }
-            if let Some(DatagenDef {
-                rate: Some(rate), ..
-            }) = s.datagen
-                && !(rate.is_finite() && rate > 0.0)
-            {
-                return Err(invalid(
-                    format!("sources.{name}.datagen.rate"),
-                    "must be a positive number of documents per second",
-                ));
-            }
         }
         // A dead-letter file is rewritten on recovery by the one materialization that
         // writes it (see `deadletter`): two must not share one.
@@ -625,6 +489,92 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+}
+
+impl PipelineFile {
+    /// Has each source's and endpoint's kind read its configuration.
+    fn read_kinds(self, base_dir: &Path, registry: &Registry) -> Result<Pipeline, ConfigError> {
+        let mut sources = BTreeMap::new();
+        for (name, source) in self.sources {
+            let place = format!("sources.{name}");
+            let names = registry.source_names();
+            let (_, config) = read_kind(&place, source.kinds, &names, "source", |kind, config| {
+                let kind = registry
+                    .source(kind)
+                    .expect("one_kind returns a known kind");
+                kind.parse(config, base_dir)
+            })?;
+            let def = SourceDef {
+                target: source.target,
+                on_error: source.on_error,
+                dead_letter: source.dead_letter,
+                config,
+            };
+            sources.insert(name, def);
+        }
+        let mut materializations = BTreeMap::new();
+        for (name, m) in self.materializations {
+            let place = format!("materializations.{name}.endpoint");
+            let names = registry.driver_names();
+            let (kind, config) =
+                read_kind(&place, m.endpoint, &names, "driver", |kind, config| {
+                    let kind = registry
+                        .driver(kind)
+                        .expect("one_kind returns a known kind");
+                    kind.parse(config, base_dir)
+                })?;
+            let def = MaterializationDef {
+                endpoint: EndpointDef { kind, config },
+                bindings: m.bindings,
+                shard: m.shard,
+            };
+            materializations.insert(name, def);
+        }
+        Ok(Pipeline {
+            collections: self.collections,
+            sources,
+            materializations,
+            runtime: self.runtime,
+        })
+    }
+}
+
+/// Reads the one kind (of `what`, with names `known`) among the `keys` of the source or
+/// endpoint at `place`: `parse(kind, config)`, its errors placed under the kind's key.
+fn read_kind<T>(
+    place: &str,
+    keys: Map<String, Value>,
+    known: &[&str],
+    what: &str,
+    parse: impl FnOnce(&str, Value) -> Result<T, InvalidConfig>,
+) -> Result<(String, T), ConfigError> {
+    let (kind, config) = one_kind(keys, known, what).map_err(|message| invalid(place, message))?;
+    let config = parse(&kind, config)
+        .map_err(|e| invalid(e.place_in(&format!("{place}.{kind}")), e.message))?;
+    Ok((kind, config))
+}
+
+/// The one kind among the keys left over in a source or endpoint, and its
+/// configuration; `known` are the kinds (of `what`: "source", "driver") this binary has.
+fn one_kind(
+    keys: Map<String, Value>,
+    known: &[&str],
+    what: &str,
+) -> Result<(String, Value), String> {
+    let known_list = known.join(", ");
+    if let Some(unknown) = keys.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{unknown}` (the {what} kinds are {known_list})"
+        ));
+    }
+    let mut kinds = keys.into_iter();
+    match (kinds.next(), kinds.next()) {
+        (Some(kind), None) => Ok(kind),
+        (None, _) => Err(format!("set exactly one of the {what} kinds {known_list}")),
+        (Some((first, _)), Some((second, _))) => Err(format!(
+            "set exactly one of the {what} kinds {known_list}, not both `{first}` and `{second}`"
+        )),
     }
 }
 
@@ -686,4 +636,50 @@ fn expand_str(s: &str, place: &str) -> Result<String, ConfigError> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_or_endpoint_names_exactly_one_known_kind() {
+        let known = ["datagen", "file"];
+        for (keys, expected) in [
+            (vec!["file"], Ok("file")),
+            (vec!["datagen"], Ok("datagen")),
+            (
+                vec![],
+                Err("set exactly one of the source kinds datagen, file"),
+            ),
+            (
+                vec!["file", "datagen"],
+                Err(
+                    "set exactly one of the source kinds datagen, file, not both `datagen` and `file`",
+                ),
+            ),
+            (
+                vec!["kafka"],
+                Err("unknown field `kafka` (the source kinds are datagen, file)"),
+            ),
+            (
+                vec!["file", "kafka"],
+                Err("unknown field `kafka` (the source kinds are datagen, file)"),
+            ),
+        ] {
+            let map: Map<String, Value> = keys
+                .iter()
+                .map(|k| (k.to_string(), Value::String(format!("{k} config"))))
+                .collect();
+            let got = one_kind(map, &known, "source");
+            match expected {
+                Ok(kind) => assert_eq!(
+                    got,
+                    Ok((kind.to_string(), Value::String(format!("{kind} config")))),
+                    "{keys:?}"
+                ),
+                Err(message) => assert_eq!(got, Err(message.to_string()), "{keys:?}"),
+            }
+        }
+    }
 }

@@ -12,7 +12,7 @@
 //! `document` (the document, when it is JSON of at most [`DOCUMENT_LIMIT`] bytes) or
 //! `raw` (lossy UTF-8 text, `truncated: true` when cut): the text of a document that is
 //! not JSON or is larger (cut to [`DOCUMENT_LIMIT`] bytes), or the start of a record its
-//! source could not read ([`crate::source::InputError::raw`]). A document the reader
+//! source could not read ([`sluice_source_sdk::InputError::raw`]). A document the reader
 //! has as JSON text is parsed here, once rejected: reading never builds its `Value`.
 //!
 //! Invariants:

@@ -1,11 +1,12 @@
 //! The runtime: one transaction loop that moves documents from sources into drivers
-//! exactly once.
+//! exactly once. It knows sources through `sluice-source-sdk` and drivers through
+//! `sluice-driver-sdk`, and which kinds of each exist only through the [`registry`].
 //!
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
 //! - [`deadletter`]: the dead-letter files of sources with `on_error: skip`.
 //! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
-//! - [`source`]: the source model (commands, steps, resume positions) and the built-in
-//!   sources (file, datagen).
+//! - [`registry`]: the source and driver kinds the binary knows, by their keys in the
+//!   pipeline file.
 //! - [`projections`]: collections, projections, field selection, materialization specs.
 //! - [`pipeline`]: plan (Spec, Validate, fields), apply, and run every materialization.
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
@@ -17,5 +18,5 @@ pub mod failpoint;
 pub mod pipeline;
 pub mod projections;
 pub mod recovery;
-pub mod source;
+pub mod registry;
 pub mod txn;

@@ -8,19 +8,20 @@
 //!                                  recovery log `<recovery_log>/<materialization>`
 //! ```
 //!
-//! Connecting an endpoint is the caller's job ([`Connect`]): the runtime does not know
-//! which connectors are linked into the binary.
+//! Connecting an endpoint is the caller's job ([`Connect`], usually the binary's
+//! [`Registry`](crate::registry::Registry)): the runtime does not know which connectors
+//! are linked into the binary.
 
 use crate::config::{self, Pipeline};
 use crate::projections::{self, BuildError};
 use crate::recovery::RecoveryLog;
-use crate::source::{FaultTolerance, open_source};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_driver_sdk::Endpoint;
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
+use sluice_source_sdk::{FaultTolerance, Source, SourceError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,14 +35,14 @@ pub struct Connected {
     pub config: Value,
 }
 
-/// Connects the endpoints a pipeline names (implemented by the binary, which knows the
-/// built-in drivers).
+/// Connects the endpoints a pipeline names: the [`Registry`](crate::registry::Registry)
+/// of the binary's driver kinds, or a stand-in of a test or bench.
 #[async_trait]
 pub trait Connect: Send + Sync {
     async fn connect(
         &self,
         materialization: &str,
-        endpoint: &config::Endpoint,
+        endpoint: &config::EndpointDef,
     ) -> Result<Connected, String>;
 }
 
@@ -373,8 +374,8 @@ struct SourceFeed {
 }
 
 impl SourceFeed {
-    fn open(&self) -> Result<Box<dyn crate::source::Source>, crate::source::SourceError> {
-        open_source(&self.name, &self.def)
+    fn open(&self) -> Result<Box<dyn Source>, SourceError> {
+        self.def.config.open(&self.name)
     }
 }
 

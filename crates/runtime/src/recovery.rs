@@ -24,9 +24,9 @@
 //!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
 //!   leaves either the old log or the new one.
 
-use crate::source::Resume;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sluice_source_sdk::Resume;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};

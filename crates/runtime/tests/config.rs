@@ -1,10 +1,21 @@
 //! The pipeline file: what parses, what defaults apply, and that every error names
 //! its place.
+//!
+//! Sources are the real `file` and `datagen` kinds; the driver kinds are stand-ins
+//! (the memory driver) under the built-ins' names, checking the same configurations:
+//! what is tested is how the pipeline file reads kinds, not the drivers.
 
-use sluice_runtime::config::{
-    ConfigError, Endpoint, FileFormat, OnError, Pipeline, ShardDef, SourceKind,
-};
-use std::path::Path;
+use serde::Deserialize;
+use serde_json::json;
+use sluice_datagen::{DatagenConfig, DatagenKind};
+use sluice_driver_sdk::flow::EndpointType;
+use sluice_file::{FileConfig, FileFormat, FileKind};
+use sluice_memory::MemoryDriver;
+use sluice_runtime::config::{ConfigError, EndpointDef, OnError, Pipeline, ShardDef};
+use sluice_runtime::registry::{Builtin, Command, Registry};
+use sluice_source_sdk::kind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 const DESIGN_EXAMPLE: &str = r#"
@@ -34,8 +45,56 @@ materializations:
         resource: {table: pageviews}
 "#;
 
+/// A database file's endpoint: `{path}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[expect(dead_code, reason = "only parsed, to check the pipeline file")]
+struct PathEndpoint {
+    path: PathBuf,
+}
+
+/// A server's endpoint: `{url, schema?}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[expect(dead_code, reason = "only parsed, to check the pipeline file")]
+struct UrlEndpoint {
+    url: String,
+    schema: Option<String>,
+}
+
+fn registry() -> Registry {
+    let memory = || -> Arc<dyn sluice_driver_sdk::Driver> { Arc::new(MemoryDriver::new()) };
+    Registry::new()
+        .with_source(kind::<FileKind>())
+        .with_source(kind::<DatagenKind>())
+        .with_driver(Builtin::new::<PathEndpoint>(
+            "sqlite",
+            EndpointType::Sqlite,
+            &["path"],
+            memory,
+        ))
+        .with_driver(Builtin::new::<UrlEndpoint>(
+            "postgres",
+            EndpointType::SluicePostgres,
+            &[],
+            memory,
+        ))
+        .with_driver(Command)
+}
+
 fn parse(text: &str) -> Result<Pipeline, ConfigError> {
-    Pipeline::parse(text, Path::new("/pipelines"))
+    Pipeline::parse(text, Path::new("/pipelines"), &registry())
+}
+
+fn file_config(p: &Pipeline) -> &FileConfig {
+    p.sources["views-file"].config.get().expect("a file source")
+}
+
+fn endpoint(kind: &str, config: serde_json::Value) -> EndpointDef {
+    EndpointDef {
+        kind: kind.to_string(),
+        config,
+    }
 }
 
 fn error(text: &str) -> String {
@@ -50,25 +109,18 @@ fn design_example_parses_with_defaults() {
     let source = &p.sources["views-file"];
     assert_eq!(source.target, "acme/pageviews");
     assert_eq!(source.on_error, OnError::Fail);
-    let SourceKind::File(file) = source.kind() else {
-        panic!("a file source")
-    };
+    let file = file_config(&p);
     assert_eq!(file.path, Path::new("/pipelines/data/views.jsonl"));
     assert_eq!(file.format, FileFormat::Json);
     assert!(!file.follow);
     let m = &p.materializations["views-db"];
     assert_eq!(
         m.endpoint,
-        Endpoint::Sqlite {
-            path: "/pipelines/out/views.db".into()
-        }
+        endpoint("sqlite", json!({"path": "/pipelines/out/views.db"}))
     );
     assert_eq!(m.shard, ShardDef::default());
     assert!(!m.bindings[0].delta_updates);
-    assert_eq!(
-        m.bindings[0].resource,
-        serde_json::json!({"table": "pageviews"})
-    );
+    assert_eq!(m.bindings[0].resource, json!({"table": "pageviews"}));
     assert_eq!(p.runtime.transactions.max_docs, 1_000_000);
     assert_eq!(p.runtime.transactions.max_bytes, 256 << 20);
     assert_eq!(p.runtime.transactions.max_duration, Duration::from_secs(5));
@@ -82,22 +134,16 @@ fn load_resolves_paths_against_the_file_folder_and_names_the_log_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("views.yaml");
     std::fs::write(&path, DESIGN_EXAMPLE).unwrap();
-    let p = Pipeline::load(&path).unwrap();
+    let p = Pipeline::load(&path, &registry()).unwrap();
     assert_eq!(p.recovery_log(), dir.path().join(".sluice/views"));
-    let SourceKind::File(file) = p.sources["views-file"].kind() else {
-        panic!("a file source")
-    };
-    assert_eq!(file.path, dir.path().join("data/views.jsonl"));
+    assert_eq!(file_config(&p).path, dir.path().join("data/views.jsonl"));
 }
 
 #[test]
 fn absolute_paths_are_kept() {
     let text = DESIGN_EXAMPLE.replace("data/views.jsonl", "/srv/views.jsonl");
     let p = parse(&text).unwrap();
-    let SourceKind::File(file) = p.sources["views-file"].kind() else {
-        panic!("a file source")
-    };
-    assert_eq!(file.path, Path::new("/srv/views.jsonl"));
+    assert_eq!(file_config(&p).path, Path::new("/srv/views.jsonl"));
 }
 
 #[test]
@@ -193,13 +239,11 @@ fn environment_variables_expand_in_every_string() {
     let m = &p.materializations["views-db"];
     assert_eq!(
         m.bindings[0].resource,
-        serde_json::json!({"table": format!("t_{home}"), "note": "${HOME}"})
+        json!({"table": format!("t_{home}"), "note": "${HOME}"})
     );
     assert_eq!(
         m.endpoint,
-        Endpoint::Sqlite {
-            path: Path::new(&home).join("views.db")
-        }
+        endpoint("sqlite", json!({"path": Path::new(&home).join("views.db")}))
     );
 }
 
@@ -251,9 +295,10 @@ fn datagen_source_and_external_endpoints_parse() {
             "command: {program: ./bin/driver, args: [serve], config: {level: 3}}",
         );
     let p = parse(&text).unwrap();
-    let SourceKind::Datagen(d) = p.sources["views-file"].kind() else {
-        panic!("a datagen source")
-    };
+    let d: &DatagenConfig = p.sources["views-file"]
+        .config
+        .get()
+        .expect("a datagen source");
     assert_eq!(
         (d.seed, d.documents, d.keys, d.rate),
         (7, Some(1000), 50, Some(200.5))
@@ -261,10 +306,120 @@ fn datagen_source_and_external_endpoints_parse() {
     assert_eq!(p.sources["views-file"].on_error, OnError::Skip);
     assert_eq!(
         p.materializations["views-db"].endpoint,
-        Endpoint::Command {
-            program: "/pipelines/./bin/driver".into(),
-            args: vec!["serve".to_string()],
-            config: serde_json::json!({"level": 3}),
-        }
+        endpoint(
+            "command",
+            json!({
+                "program": "/pipelines/./bin/driver",
+                "args": ["serve"],
+                "config": {"level": 3},
+            })
+        )
     );
+}
+
+#[test]
+fn kind_errors_name_their_place_under_the_kind_key() {
+    let file = "file: {path: data/views.jsonl, format: json}";
+    let sqlite = "sqlite: {path: out/views.db}";
+    for (from, to, expected) in [
+        (
+            file,
+            "file: {format: json}",
+            "sources.views-file.file: missing field `path`",
+        ),
+        (
+            file,
+            "datagen: {keys: 0}",
+            "sources.views-file.datagen.keys: must be at least 1",
+        ),
+        (
+            file,
+            "datagen: {rate: -1}",
+            "sources.views-file.datagen.rate: must be a positive",
+        ),
+        (
+            file,
+            "file: {path: v.jsonl, format: json, max_document_size: 16 MB}",
+            "sources.views-file.file.max_document_size: invalid size \"16 MB\"",
+        ),
+        (
+            file,
+            "kafka: {topic: views}",
+            "sources.views-file: unknown field `kafka` (the source kinds are datagen, file)",
+        ),
+        (
+            file,
+            "on_error: fail",
+            "sources.views-file: set exactly one of the source kinds",
+        ),
+        (
+            sqlite,
+            "sqlite: {path: out/views.db, pth: x}",
+            "materializations.views-db.endpoint.sqlite.pth: unknown field `pth`",
+        ),
+        (
+            sqlite,
+            "command: {args: [serve]}",
+            "materializations.views-db.endpoint.command: missing field `program`",
+        ),
+        (
+            sqlite,
+            "{}",
+            "materializations.views-db.endpoint: set exactly one of the driver kinds command, postgres, sqlite",
+        ),
+    ] {
+        let text = DESIGN_EXAMPLE.replace(from, to);
+        assert_ne!(text, DESIGN_EXAMPLE, "{to}");
+        let e = error(&text);
+        assert!(e.starts_with(expected), "{to}: {e}");
+    }
+}
+
+#[test]
+fn kind_defaults_and_sizes_apply() {
+    let text = DESIGN_EXAMPLE.replace(
+        "format: json}",
+        "format: csv, follow: true, max_document_size: 1MiB}",
+    );
+    let p = parse(&text).unwrap();
+    let file = file_config(&p);
+    assert_eq!(file.format, FileFormat::Csv);
+    assert!(file.follow);
+    assert_eq!(file.max_document_size, 1 << 20);
+    let p = parse(DESIGN_EXAMPLE).unwrap();
+    assert_eq!(
+        file_config(&p).max_document_size,
+        sluice_file::config::DEFAULT_MAX_DOCUMENT_SIZE
+    );
+    let text = DESIGN_EXAMPLE.replace(
+        "file: {path: data/views.jsonl, format: json}",
+        "datagen: {}",
+    );
+    let p = parse(&text).unwrap();
+    let d: &DatagenConfig = p.sources["views-file"].config.get().unwrap();
+    assert_eq!((d.seed, d.documents, d.keys, d.rate), (0, None, 1000, None));
+    assert_eq!(p.sources["views-file"].config.kind(), "datagen");
+}
+
+#[test]
+fn a_bare_command_is_looked_up_in_path_and_an_absolute_one_kept() {
+    for (program, expected) in [
+        ("sluice", "sluice"),
+        ("bin/driver", "/pipelines/bin/driver"),
+        ("/usr/bin/driver", "/usr/bin/driver"),
+    ] {
+        let text = DESIGN_EXAMPLE.replace(
+            "sqlite: {path: out/views.db}",
+            &format!("command: {{program: {program}}}"),
+        );
+        let p = parse(&text).unwrap();
+        assert_eq!(
+            p.materializations["views-db"].endpoint,
+            endpoint(
+                "command",
+                json!({"program": expected, "args": [], "config": {}})
+            ),
+            "{program}"
+        );
+    }
 }

@@ -5,7 +5,7 @@ use serde_json::json;
 use sluice_runtime::recovery::{
     Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, inspect, plan_recovery,
 };
-use sluice_runtime::source::Resume;
+use sluice_source_sdk::Resume;
 use std::collections::BTreeMap;
 use std::io::Write;
 

@@ -26,14 +26,14 @@ use futures::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Statement};
 use serde_json::{Value, json};
+use sluice_datagen::pageview;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_mysql::MysqlDriver;
 use sluice_mysql::config::EndpointConfig;
 use sluice_mysql::sql::quote_ident;
 use sluice_proto::flow::EndpointType;
-use sluice_runtime::config::Endpoint;
+use sluice_runtime::config::EndpointDef;
 use sluice_runtime::pipeline::Connected;
-use sluice_runtime::source::datagen::pageview;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
@@ -81,17 +81,17 @@ impl Store for Mysql {
         name.to_owned()
     }
 
-    fn connect(materialization: &str, endpoint: &Endpoint) -> Result<Connected, String> {
-        let Endpoint::Mysql { url } = endpoint else {
+    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String> {
+        if endpoint.kind != "mysql" {
             return Err("the bench connects only mysql endpoints".into());
-        };
+        }
         Ok(Connected {
             endpoint: Arc::new(InProcess::new(
                 materialization,
                 Arc::new(MysqlDriver::new()),
             )),
             endpoint_type: EndpointType::SluiceMysql,
-            config: json!({ "url": url }),
+            config: endpoint.config.clone(),
         })
     }
 

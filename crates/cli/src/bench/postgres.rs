@@ -26,13 +26,13 @@ use anyhow::Context;
 use async_trait::async_trait;
 use futures::SinkExt;
 use serde_json::{Value, json};
+use sluice_datagen::pageview;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres::sql::{qualify, quote_ident};
 use sluice_proto::flow::EndpointType;
-use sluice_runtime::config::Endpoint;
+use sluice_runtime::config::EndpointDef;
 use sluice_runtime::pipeline::Connected;
-use sluice_runtime::source::datagen::pageview;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio_postgres::types::ToSql;
@@ -71,17 +71,17 @@ impl Store for Postgres {
         qualify(&self.schema, name)
     }
 
-    fn connect(materialization: &str, endpoint: &Endpoint) -> Result<Connected, String> {
-        let Endpoint::Postgres { url, schema } = endpoint else {
+    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String> {
+        if endpoint.kind != "postgres" {
             return Err("the bench connects only postgres endpoints".into());
-        };
+        }
         Ok(Connected {
             endpoint: Arc::new(InProcess::new(
                 materialization,
                 Arc::new(PostgresDriver::new()),
             )),
             endpoint_type: EndpointType::SluicePostgres,
-            config: json!({ "url": url, "schema": schema }),
+            config: endpoint.config.clone(),
         })
     }
 

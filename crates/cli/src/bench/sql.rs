@@ -19,9 +19,9 @@
 use anyhow::{bail, ensure};
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sluice_runtime::config::{Endpoint, Pipeline};
+use sluice_datagen::{Pageview, pageview, write_decimal};
+use sluice_runtime::config::{EndpointDef, Pipeline};
 use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
-use sluice_runtime::source::datagen::{Pageview, pageview, write_decimal};
 use sluice_runtime::txn::Progress;
 use std::marker::PhantomData;
 use std::path::Path;
@@ -89,7 +89,7 @@ pub trait Store: Send + Sized + 'static {
     /// `name` as written in SQL (qualified where the store needs it).
     fn table(&self, name: &str) -> String;
     /// Connects a materialization of the bench's pipelines, in process.
-    fn connect(materialization: &str, endpoint: &Endpoint) -> Result<Connected, String>;
+    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String>;
 
     /// The single `bigint` that `sql` selects.
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64>;
@@ -231,7 +231,7 @@ async fn sluice<S: Store>(
     delta: bool,
 ) -> anyhow::Result<(Case, u64)> {
     let yaml = pipeline_yaml(args, &store.endpoint(), table, delta);
-    let pipeline = Pipeline::parse(&yaml, &work.join(table))?;
+    let pipeline = Pipeline::parse(&yaml, &work.join(table), &crate::registry::registry())?;
     let connect = BenchConnect::<S>(PhantomData);
     let planned = pipeline::plan(&pipeline, &connect).await?;
     pipeline::apply(&planned, false).await?;
@@ -436,7 +436,7 @@ impl<S: Store> Connect for BenchConnect<S> {
     async fn connect(
         &self,
         materialization: &str,
-        endpoint: &Endpoint,
+        endpoint: &EndpointDef,
     ) -> Result<Connected, String> {
         S::connect(materialization, endpoint)
     }
@@ -508,7 +508,7 @@ mod tests {
             store: PhantomData,
         };
         let yaml = pipeline_yaml(&args, &endpoint, "t", delta);
-        Pipeline::parse(&yaml, Path::new("/tmp")).unwrap()
+        Pipeline::parse(&yaml, Path::new("/tmp"), &crate::registry::registry()).unwrap()
     }
 
     #[test]
@@ -542,11 +542,11 @@ mod tests {
             let pg = parsed(postgres.clone(), delta);
             let binding = &pg.materializations["bench-t"];
             assert_eq!(binding.bindings[0].delta_updates, delta);
-            assert!(matches!(binding.endpoint, Endpoint::Postgres { .. }));
+            assert_eq!(binding.endpoint.kind, "postgres");
             let my = parsed(mysql.clone(), delta);
             let binding = &my.materializations["bench-t"];
             assert_eq!(binding.bindings[0].delta_updates, delta);
-            assert!(matches!(binding.endpoint, Endpoint::Mysql { .. }));
+            assert_eq!(binding.endpoint.kind, "mysql");
         }
     }
 }

@@ -32,7 +32,6 @@ mod read;
 mod stored;
 
 use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recovery};
-use crate::source::{Resume, Source};
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
 use sluice_doc::parse::DocParser;
@@ -43,6 +42,7 @@ use sluice_driver_sdk::machine::apply_driver_checkpoint;
 use sluice_driver_sdk::{Endpoint, Error as DriverError};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
+use sluice_source_sdk::{Resume, Source};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

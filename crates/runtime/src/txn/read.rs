@@ -51,10 +51,10 @@ use super::{
 };
 use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
 use crate::recovery::Intent;
-use crate::source::{
+use sluice_doc::combine::{CombineError, Combiner};
+use sluice_source_sdk::{
     InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
 };
-use sluice_doc::combine::{CombineError, Combiner};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -14,7 +14,7 @@
 //! - JSON: one document per `\n`-terminated line (a trailing `\r` is ignored). Blank
 //!   lines are skipped. A line is handed over as its text, not parsed here: the
 //!   combiner parses it, and a line that is not JSON (or not UTF-8) is reported at its
-//!   `file:line (byte)` position by the reader (see [`super::bad_json`]).
+//!   `file:line (byte)` position by the reader (see [`sluice_source_sdk::bad_json`]).
 //! - CSV (RFC 4180): a record ends at a `\n` outside double quotes, so a quoted cell
 //!   may span lines. The record at byte 0 is the header naming the properties. A cell
 //!   becomes a JSON integer, float or boolean when it is exactly such an unquoted
@@ -32,16 +32,17 @@
 //! larger is streamed past (hashed, never held whole), keeping its first bytes for the
 //! error. A step never ends inside one: when a followed file ends mid-record, the step
 //! ends before it, and the next `queue` scans it again from its start. `replay` reads
-//! its byte range the same way, in chunks, never past the step's end. Truncating or replacing a followed file is not detected (a later replay
-//! of a changed range fails with a hash mismatch).
+//! its byte range the same way, in chunks, never past the step's end. Truncating or
+//! replacing a followed file is not detected (a later replay of a changed range fails
+//! with a hash mismatch).
 
-use super::{
+use crate::config::{FileConfig, FileFormat};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sluice_source_sdk::{
     FaultTolerance, InputError, Position, QueueLimits, Records, Resume, Source, SourceError, Span,
     Step, StepHasher, check_replay, replay_target,
 };
-use crate::config::{FileDef, FileFormat};
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
@@ -112,7 +113,7 @@ struct Acc {
 }
 
 impl FileSource {
-    pub fn new(name: &str, def: &FileDef) -> FileSource {
+    pub fn new(name: &str, def: &FileConfig) -> FileSource {
         FileSource {
             name: name.to_string(),
             path: def.path.clone(),

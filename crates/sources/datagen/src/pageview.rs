@@ -1,12 +1,13 @@
-//! A deterministic document generator, for the quickstart, tests and benchmarks.
+//! The generator: document `seq` of a `pageviews` stream as a pure function, written
+//! straight as JSON text.
 //!
 //! Document `seq` (0, 1, 2, ...) is the pure function [`pageview`]`(seed, keys, seq)`:
 //! no state but the sequence number, so the source resumes and replays by sequence
-//! number (its position is a [`Span`] of sequence numbers; `end` is the next one), and
-//! a test computes the expected reduction independently:
+//! number (see [`crate::source`]), and a test computes the expected reduction
+//! independently:
 //!
 //! ```
-//! use sluice_runtime::source::datagen::pageview;
+//! use sluice_datagen::pageview;
 //! let (seed, keys, n) = (7, 10, 1000);
 //! let mut views = std::collections::BTreeMap::<String, u64>::new();
 //! for seq in 0..n {
@@ -29,18 +30,6 @@
 //! order, no spaces: what `serde_json` wrote for these documents before), because a
 //! step's hash covers it: a recovery log written by an older release replays against
 //! it.
-//!
-//! With `rate`, documents are released on schedule from the first `queue`: a `queue`
-//! ahead of schedule returns zero records.
-
-use super::{
-    FaultTolerance, Position, QueueLimits, Records, Resume, Source, SourceError, Span, Step,
-    StepHasher, check_replay, replay_target,
-};
-use crate::config::{DatagenDef, DatagenShape};
-use serde_json::Value;
-use std::sync::Arc;
-use std::time::Instant;
 
 /// Seconds since the Unix epoch of 2024-01-01T00:00:00Z, the first `last_seen`.
 const EPOCH_2024: i64 = 1_704_067_200;
@@ -236,119 +225,10 @@ impl Civil {
     }
 }
 
-pub struct DatagenSource {
-    name: String,
-    /// `datagen <name>`, the source of every position.
-    label: Arc<str>,
-    def: DatagenDef,
-    /// The next sequence number to generate.
-    next: u64,
-    /// Rate schedule: when the first document of this run was due, and its number.
-    schedule: Option<(Instant, u64)>,
-}
-
-impl DatagenSource {
-    pub fn new(name: &str, def: &DatagenDef) -> Result<DatagenSource, SourceError> {
-        if def.keys == 0 {
-            return Err(SourceError::Config {
-                name: name.to_string(),
-                reason: "datagen needs at least one key".to_string(),
-            });
-        }
-        Ok(DatagenSource {
-            name: name.to_string(),
-            label: format!("datagen {name}").into(),
-            def: def.clone(),
-            next: 0,
-            schedule: None,
-        })
-    }
-
-    /// Generates documents from `begin`, up to `count` of them and stopping once
-    /// `max_bytes` is reached, into a step.
-    fn step(&mut self, begin: u64, count: u64, max_bytes: u64, out: &mut Records) -> Step {
-        let DatagenShape::Pageviews = self.def.shape;
-        let mut hasher = StepHasher::new();
-        let (mut end, mut bytes) = (begin, 0);
-        while end - begin < count && bytes < max_bytes {
-            let doc = pageview(self.def.seed, self.def.keys, end);
-            let position = Position {
-                source: self.label.clone(),
-                line: end,
-                byte_offset: 0,
-            };
-            let text = out.push_json_with(position, |out| doc.write_json(out));
-            hasher.append(text);
-            bytes += text.len() as u64;
-            end += 1;
-        }
-        self.next = end;
-        Step {
-            records: (end - begin) as usize,
-            bytes,
-            errors: Vec::new(),
-            end_of_input: self.def.documents.is_some_and(|n| end >= n),
-            resume: Span { begin, end }.replay(hasher.finish()),
-        }
-    }
-
-    /// How many documents may be generated now under the rate limit.
-    fn due(&mut self) -> u64 {
-        let Some(rate) = self.def.rate else {
-            return u64::MAX;
-        };
-        let (start, first) = *self.schedule.get_or_insert((Instant::now(), self.next));
-        let due = first + (start.elapsed().as_secs_f64() * rate) as u64 + 1;
-        due.saturating_sub(self.next)
-    }
-}
-
-#[async_trait::async_trait]
-impl Source for DatagenSource {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn fault_tolerance(&self) -> FaultTolerance {
-        FaultTolerance::ExactlyOnce
-    }
-
-    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        self.next = Span::<u64>::from_value(&self.name, "seek to", position)?.end;
-        self.schedule = None;
-        Ok(())
-    }
-
-    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
-        let span = replay_target::<u64>(&self.name, step)?;
-        let first = out.len();
-        let replayed = self.step(
-            span.begin,
-            span.end.saturating_sub(span.begin),
-            u64::MAX,
-            out,
-        );
-        if let Err(e) = check_replay(&self.name, step, replayed.resume.hash()) {
-            out.truncate(first);
-            return Err(e);
-        }
-        Ok(replayed)
-    }
-
-    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
-        let remaining = self
-            .def
-            .documents
-            .map_or(u64::MAX, |n| n.saturating_sub(self.next));
-        let count = remaining.min(limits.max_records as u64).min(self.due());
-        Ok(self.step(self.next, count, limits.max_bytes, out))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use std::fmt;
 
     /// For [`document_as_built_before`], which formats `last_seen` with it.

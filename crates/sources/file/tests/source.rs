@@ -1,34 +1,20 @@
-//! The built-in sources: what they read, where they say it came from, and that steps
-//! resume and replay exactly.
+//! The file source: what it reads, where it says each record came from, and that
+//! steps resume and replay exactly.
 
 use serde_json::{Value, json};
-use sluice_runtime::config::{DatagenDef, DatagenShape, FileDef, FileFormat};
-use sluice_runtime::source::datagen::{DatagenSource, pageview};
-use sluice_runtime::source::file::FileSource;
-use sluice_runtime::source::{
-    QueueLimits, RecordDoc, Records, Resume, Source, SourceError, Step, bad_json,
-};
+use sluice_file::config::DEFAULT_MAX_DOCUMENT_SIZE;
+use sluice_file::{FileConfig, FileFormat, FileSource};
+use sluice_source_sdk::testing::{ALL, parsed_docs, position, queue, records, texts};
+use sluice_source_sdk::{QueueLimits, RecordDoc, Records, Source, SourceError, bad_json};
 use std::io::Write;
 use std::path::Path;
 
-const ALL: QueueLimits = QueueLimits {
-    max_records: usize::MAX,
-    max_bytes: u64::MAX,
-};
-
-fn records(n: usize) -> QueueLimits {
-    QueueLimits {
-        max_records: n,
-        max_bytes: u64::MAX,
-    }
-}
-
 fn file_source(path: &Path, format: FileFormat, follow: bool) -> FileSource {
-    let def = FileDef {
+    let def = FileConfig {
         path: path.to_path_buf(),
         format,
         follow,
-        max_document_size: sluice_runtime::config::DEFAULT_MAX_DOCUMENT_SIZE,
+        max_document_size: DEFAULT_MAX_DOCUMENT_SIZE,
     };
     FileSource::new("views", &def)
 }
@@ -37,41 +23,6 @@ fn write(dir: &tempfile::TempDir, name: &str, content: &[u8]) -> std::path::Path
     let path = dir.path().join(name);
     std::fs::write(&path, content).unwrap();
     path
-}
-
-async fn queue(source: &mut dyn Source, limits: QueueLimits) -> (Vec<Value>, Step) {
-    let mut out = Records::default();
-    let step = source.queue(limits, &mut out).await.unwrap();
-    assert_eq!(step.records, out.len());
-    (parsed_docs(&mut out), step)
-}
-
-/// The records' documents, JSON text parsed.
-fn parsed_docs(records: &mut Records) -> Vec<Value> {
-    records
-        .iter_mut()
-        .map(|r| match r.doc {
-            RecordDoc::Json(text) => serde_json::from_slice(text).expect("a generated document"),
-            RecordDoc::Value(doc) => doc.clone(),
-        })
-        .collect()
-}
-
-/// The records' JSON texts (every record must be one).
-fn texts(records: &mut Records) -> Vec<String> {
-    records
-        .iter_mut()
-        .map(|r| match r.doc {
-            RecordDoc::Json(text) => String::from_utf8_lossy(text).into_owned(),
-            RecordDoc::Value(doc) => panic!("{doc} was parsed by its source"),
-        })
-        .collect()
-}
-
-fn position(step: &Step) -> &Value {
-    step.resume
-        .position()
-        .expect("built-in sources resume by position")
 }
 
 #[tokio::test]
@@ -304,120 +255,8 @@ async fn missing_file_is_an_io_error_naming_it() {
     assert!(err.to_string().contains("absent.jsonl"), "{err}");
 }
 
-fn datagen(documents: Option<u64>) -> DatagenSource {
-    let def = DatagenDef {
-        seed: 7,
-        documents,
-        keys: 10,
-        rate: None,
-        shape: DatagenShape::Pageviews,
-    };
-    DatagenSource::new("gen", &def).unwrap()
-}
-
-/// The documents' JSON text, as the generator writes it.
-fn generated(seqs: std::ops::Range<u64>) -> Vec<String> {
-    seqs.map(|seq| {
-        let mut text = Vec::new();
-        pageview(7, 10, seq).write_json(&mut text);
-        String::from_utf8(text).unwrap()
-    })
-    .collect()
-}
-
-#[tokio::test]
-async fn datagen_emits_the_pure_documents_as_text_and_ends_after_its_count() {
-    let mut source = datagen(Some(25));
-    let mut out = Records::default();
-    let step = source.queue(ALL, &mut out).await.unwrap();
-    assert_eq!(texts(&mut out), generated(0..25));
-    let docs = parsed_docs(&mut out);
-    assert!(step.end_of_input);
-    let bytes: usize = out.iter_mut().map(|r| r.bytes).sum();
-    assert_eq!(step.bytes, bytes as u64);
-    let keys: std::collections::BTreeSet<_> = docs
-        .iter()
-        .map(|d| d["user_id"].as_str().unwrap().to_string())
-        .collect();
-    assert!(keys.len() <= 10 && keys.len() > 1, "{keys:?}");
-    let last_seen = docs[0]["last_seen"].as_str().unwrap();
-    assert_eq!(last_seen, "2024-01-01T00:00:00Z");
-    assert_eq!(docs[24]["last_seen"], "2024-01-01T00:00:24Z");
-}
-
-#[tokio::test]
-async fn datagen_resumes_by_sequence_number_and_replays_exactly() {
-    let mut source = datagen(None);
-    let (_, first) = queue(&mut source, records(10)).await;
-    let (docs, second) = queue(&mut source, records(5)).await;
-    assert!(!second.end_of_input, "an endless generator never ends");
-
-    let mut recovered = datagen(None);
-    recovered.seek(position(&first)).await.unwrap();
-    let mut out = Records::default();
-    recovered.replay(&second.resume, &mut out).await.unwrap();
-    assert_eq!(parsed_docs(&mut out), docs);
-    let mut out = Records::default();
-    recovered.queue(records(1), &mut out).await.unwrap();
-    assert_eq!(texts(&mut out), generated(15..16));
-
-    let other_seed = DatagenDef {
-        seed: 8,
-        documents: None,
-        keys: 10,
-        rate: None,
-        shape: DatagenShape::Pageviews,
-    };
-    let mut changed = DatagenSource::new("gen", &other_seed).unwrap();
-    let err = changed
-        .replay(&second.resume, &mut Records::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, SourceError::ReplayMismatch { .. }), "{err}");
-}
-
-/// Steps the quickstart pipeline (seed 7, 100,000 keys) journaled in its recovery log
-/// before documents were written as text: they must replay, hash for hash.
-#[tokio::test]
-async fn datagen_replays_steps_journaled_by_earlier_releases() {
-    let def = DatagenDef {
-        seed: 7,
-        documents: Some(1_000_000),
-        keys: 100_000,
-        rate: None,
-        shape: DatagenShape::Pageviews,
-    };
-    let mut source = DatagenSource::new("views-gen", &def).unwrap();
-    for (begin, end, hash) in [
-        (0u64, 8192u64, 2_908_522_411_663_469_288u64),
-        (491_520, 499_712, 18_215_297_823_161_174_517),
-        (999_424, 1_000_000, 453_469_916_905_594_758),
-    ] {
-        let journaled: Resume = serde_json::from_value(json!({
-            "kind": "replay", "position": {"begin": begin, "end": end}, "hash": hash,
-        }))
-        .unwrap();
-        let mut out = Records::default();
-        let step = source.replay(&journaled, &mut out).await.unwrap();
-        assert_eq!(step.records as u64, end - begin);
-    }
-}
-
-#[tokio::test]
-async fn replay_rejects_a_resume_that_cannot_be_replayed() {
-    let mut source = datagen(None);
-    let seek = Resume::Seek {
-        position: json!({"begin": 0, "end": 3}),
-    };
-    let err = source
-        .replay(&seek, &mut Records::default())
-        .await
-        .unwrap_err();
-    assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
-}
-
 fn limited_source(path: &Path, format: FileFormat, follow: bool, max: u64) -> FileSource {
-    let def = FileDef {
+    let def = FileConfig {
         path: path.to_path_buf(),
         format,
         follow,

@@ -1,0 +1,53 @@
+//! The kinds of source and driver this binary knows, one line a kind: what a pipeline
+//! file may name under a source (`file:`, `datagen:`) or an endpoint (`sqlite:`, ...),
+//! and what `sluice driver` serves by name.
+//!
+//! A new source is a crate implementing `sluice_source_sdk::SourceKind` and a
+//! `with_source` line here; a new built-in driver is a `with_driver(Builtin::new…)` line
+//! naming its endpoint configuration type (checked when the pipeline file is read), its
+//! endpoint type, the configuration keys that hold paths, and its constructor.
+
+use sluice_datagen::DatagenKind;
+use sluice_driver_sdk::flow::EndpointType;
+use sluice_file::FileKind;
+use sluice_memory::MemoryDriver;
+use sluice_mysql::MysqlDriver;
+use sluice_postgres::PostgresDriver;
+use sluice_runtime::registry::{Builtin, Command, Grpc, Registry};
+use sluice_source_sdk::kind;
+use sluice_sqlite::SqliteDriver;
+use std::sync::Arc;
+
+/// Every kind linked into this binary.
+pub fn registry() -> Registry {
+    use EndpointType::{SluiceMemory, SluiceMysql, SluicePostgres, Sqlite};
+    Registry::new()
+        .with_source(kind::<FileKind>())
+        .with_source(kind::<DatagenKind>())
+        .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
+            "memory",
+            SluiceMemory,
+            &["path"],
+            || Arc::new(MemoryDriver::new()),
+        ))
+        .with_driver(Builtin::new::<sluice_mysql::config::EndpointConfig>(
+            "mysql",
+            SluiceMysql,
+            &[],
+            || Arc::new(MysqlDriver::new()),
+        ))
+        .with_driver(Builtin::new::<sluice_postgres::config::EndpointConfig>(
+            "postgres",
+            SluicePostgres,
+            &[],
+            || Arc::new(PostgresDriver::new()),
+        ))
+        .with_driver(Builtin::new::<sluice_sqlite::config::EndpointConfig>(
+            "sqlite",
+            Sqlite,
+            &["path"],
+            || Arc::new(SqliteDriver::new()),
+        ))
+        .with_driver(Grpc)
+        .with_driver(Command)
+}

@@ -1,0 +1,296 @@
+//! The kinds of source and driver a binary knows: the runtime reads a pipeline file and
+//! connects its endpoints only through this registry, never by naming a connector.
+//!
+//! ```text
+//!  sources.<name>:              {target, on_error?, dead_letter?, <source kind>: {...}}
+//!  materializations.<name>:     {endpoint: {<driver kind>: {...}}, bindings, shard?}
+//!                                            │
+//!  Registry { sources: [Kind…], drivers: [DriverKind…] }   (filled by the binary, one line a kind)
+//!      source kind ──parse──▶ SourceConfig ──open──▶ Box<dyn Source>
+//!      driver kind ──parse──▶ endpoint config (JSON) ──connect──▶ Connected endpoint
+//! ```
+//!
+//! A new source is a crate implementing `sluice_source_sdk::SourceKind` plus one
+//! `with_source` line in the binary; a built-in driver is one `with_driver(Builtin::new…)`
+//! line naming its crate's endpoint configuration type and constructor. Drivers outside
+//! the binary are reached by the [`Grpc`] and [`Command`] kinds.
+//!
+//! What holds:
+//! - Names are unique: registering a kind twice is a bug of the binary, and panics.
+//! - After a kind's `parse` returns, its configuration is checked and complete:
+//!   relative paths are relative to the pipeline file's folder, defaults are filled.
+//! - A built-in driver's endpoint configuration is checked at parse time by the very
+//!   type the driver parses it with, so the pipeline file accepts exactly what the
+//!   driver does; the JSON sent to the driver is what the user wrote, with paths
+//!   resolved.
+
+use crate::config::EndpointDef;
+use crate::pipeline::{Connect, Connected};
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_driver_sdk::Driver;
+use sluice_driver_sdk::flow::EndpointType;
+use sluice_driver_sdk::grpc::GrpcEndpoint;
+use sluice_driver_sdk::inprocess::InProcess;
+use sluice_driver_sdk::stdio::StdioEndpoint;
+use sluice_source_sdk::config::{parse, resolve_path};
+use sluice_source_sdk::{InvalidConfig, Kind};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A kind of endpoint: its key in a pipeline file, its configuration, how to connect it.
+#[async_trait]
+pub trait DriverKind: Send + Sync {
+    /// The key naming this kind in an endpoint of the pipeline file (`sqlite`).
+    fn name(&self) -> &'static str;
+
+    /// Checks the configuration written under this kind's key and returns it complete
+    /// (relative paths relative to `base_dir`). Errors name their place inside it.
+    fn parse(&self, config: Value, base_dir: &Path) -> Result<Value, InvalidConfig>;
+
+    /// Connects materialization `materialization`'s endpoint, configured by what
+    /// [`DriverKind::parse`] returned.
+    async fn connect(&self, materialization: &str, config: &Value) -> Result<Connected, String>;
+
+    /// A fresh instance of the driver, when it is built into the binary (what `sluice
+    /// driver serve` serves).
+    fn driver(&self) -> Option<Arc<dyn Driver>> {
+        None
+    }
+}
+
+/// The source and driver kinds a binary knows.
+#[derive(Default)]
+pub struct Registry {
+    sources: Vec<Kind>,
+    drivers: Vec<Box<dyn DriverKind>>,
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds a source kind (`sluice_source_sdk::kind::<K>()`).
+    pub fn with_source(mut self, kind: Kind) -> Registry {
+        assert!(
+            self.source(kind.name()).is_none(),
+            "source kind {:?} registered twice",
+            kind.name()
+        );
+        self.sources.push(kind);
+        self
+    }
+
+    /// Adds a driver kind.
+    pub fn with_driver(mut self, kind: impl DriverKind + 'static) -> Registry {
+        assert!(
+            self.driver(kind.name()).is_none(),
+            "driver kind {:?} registered twice",
+            kind.name()
+        );
+        self.drivers.push(Box::new(kind));
+        self
+    }
+
+    pub fn source(&self, name: &str) -> Option<&Kind> {
+        self.sources.iter().find(|k| k.name() == name)
+    }
+
+    pub fn driver(&self, name: &str) -> Option<&dyn DriverKind> {
+        self.drivers.iter().find(|k| k.name() == name).map(|k| &**k)
+    }
+
+    /// The source kinds' names, sorted.
+    pub fn source_names(&self) -> Vec<&'static str> {
+        sorted(self.sources.iter().map(Kind::name))
+    }
+
+    /// The driver kinds' names, sorted.
+    pub fn driver_names(&self) -> Vec<&'static str> {
+        sorted(self.drivers.iter().map(|k| k.name()))
+    }
+
+    /// The names of the drivers built into the binary, sorted.
+    pub fn builtin_driver_names(&self) -> Vec<&'static str> {
+        sorted(
+            self.drivers
+                .iter()
+                .filter(|k| k.driver().is_some())
+                .map(|k| k.name()),
+        )
+    }
+}
+
+fn sorted(names: impl Iterator<Item = &'static str>) -> Vec<&'static str> {
+    let mut names: Vec<_> = names.collect();
+    names.sort_unstable();
+    names
+}
+
+#[async_trait]
+impl Connect for Registry {
+    async fn connect(
+        &self,
+        materialization: &str,
+        endpoint: &EndpointDef,
+    ) -> Result<Connected, String> {
+        let kind = self
+            .driver(&endpoint.kind)
+            .ok_or_else(|| format!("no driver kind {:?} in this binary", endpoint.kind))?;
+        kind.connect(materialization, &endpoint.config).await
+    }
+}
+
+/// A driver built into the binary, run in-process.
+pub struct Builtin {
+    name: &'static str,
+    endpoint_type: EndpointType,
+    /// Top-level keys of the configuration that hold paths.
+    paths: &'static [&'static str],
+    check: fn(Value) -> Result<(), InvalidConfig>,
+    driver: fn() -> Arc<dyn Driver>,
+}
+
+impl Builtin {
+    /// The driver `name`, reporting itself as `endpoint_type`, whose endpoint
+    /// configuration the driver parses as `C` (strict, so the pipeline file is checked
+    /// against it) and whose keys `paths` hold paths; `driver` makes an instance.
+    pub fn new<C: DeserializeOwned>(
+        name: &'static str,
+        endpoint_type: EndpointType,
+        paths: &'static [&'static str],
+        driver: fn() -> Arc<dyn Driver>,
+    ) -> Builtin {
+        Builtin {
+            name,
+            endpoint_type,
+            paths,
+            check: |config| parse::<C>(config).map(drop),
+            driver,
+        }
+    }
+}
+
+#[async_trait]
+impl DriverKind for Builtin {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
+        (self.check)(config.clone())?;
+        for key in self.paths {
+            if let Some(Value::String(text)) = config.get_mut(*key) {
+                let mut path = PathBuf::from(&*text);
+                resolve_path(&mut path, base_dir);
+                *text = path.to_string_lossy().into_owned();
+            }
+        }
+        Ok(config)
+    }
+
+    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+        Ok(Connected {
+            endpoint: Arc::new(InProcess::new(self.name, (self.driver)())),
+            endpoint_type: self.endpoint_type,
+            config: config.clone(),
+        })
+    }
+
+    fn driver(&self) -> Option<Arc<dyn Driver>> {
+        Some((self.driver)())
+    }
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// A driver served over gRPC: `grpc: {address, config?}`.
+pub struct Grpc;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcConfig {
+    address: String,
+    /// The endpoint configuration sent to the driver.
+    #[serde(default = "empty_object")]
+    config: Value,
+}
+
+#[async_trait]
+impl DriverKind for Grpc {
+    fn name(&self) -> &'static str {
+        "grpc"
+    }
+
+    fn parse(&self, config: Value, _base_dir: &Path) -> Result<Value, InvalidConfig> {
+        let config: GrpcConfig = parse(config)?;
+        Ok(serde_json::to_value(config).expect("a gRPC endpoint serializes"))
+    }
+
+    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+        let GrpcConfig { address, config } =
+            serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
+        let endpoint = GrpcEndpoint::connect(&address)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Connected {
+            endpoint: Arc::new(endpoint),
+            endpoint_type: EndpointType::SluiceGrpc,
+            config,
+        })
+    }
+}
+
+/// A driver run as a child process speaking the stdio protocol:
+/// `command: {program, args?, config?}`.
+pub struct Command;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommandConfig {
+    /// A bare name is looked up in `PATH`; one with a `/` is a file, relative to the
+    /// pipeline file's folder.
+    program: PathBuf,
+    #[serde(default)]
+    args: Vec<String>,
+    /// The endpoint configuration sent to the driver.
+    #[serde(default = "empty_object")]
+    config: Value,
+}
+
+#[async_trait]
+impl DriverKind for Command {
+    fn name(&self) -> &'static str {
+        "command"
+    }
+
+    fn parse(&self, config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
+        let mut config: CommandConfig = parse(config)?;
+        if config.program.components().count() > 1 {
+            resolve_path(&mut config.program, base_dir);
+        }
+        Ok(serde_json::to_value(config).expect("a command endpoint serializes"))
+    }
+
+    async fn connect(&self, materialization: &str, config: &Value) -> Result<Connected, String> {
+        let CommandConfig {
+            program,
+            args,
+            config,
+        } = serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
+        Ok(Connected {
+            endpoint: Arc::new(StdioEndpoint::new(
+                materialization,
+                program.to_string_lossy().as_ref(),
+                args,
+            )),
+            endpoint_type: EndpointType::SluiceCommand,
+            config,
+        })
+    }
+}

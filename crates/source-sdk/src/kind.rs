@@ -1,0 +1,136 @@
+//! What a source kind provides to be registered, and the parsed configuration the
+//! runtime keeps for each source of a pipeline.
+//!
+//! ```text
+//!  pipeline file  sources.views: {target, file: {path: v.jsonl, format: json}}
+//!                                         └─ key ─┘└──────── config ─────────┘
+//!  registry       Kind "file" ──parse(config, base_dir)──▶ SourceConfig ──open(name)──▶ Box<dyn Source>
+//! ```
+//!
+//! A kind is a type implementing [`SourceKind`]; [`kind`] erases it into the [`Kind`] a
+//! registry lists, so the runtime knows a source only by its key and these two calls.
+//! After `parse` returns, the configuration is complete (defaults filled, relative
+//! paths resolved) and checked: `open` fails only for what cannot be known without
+//! opening. A [`SourceConfig`] opens as often as the runtime restarts its loop, each
+//! time a source at the start of its input.
+
+use crate::config::{self, InvalidConfig};
+use crate::{Source, SourceError};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A kind of source: its key in the pipeline file, its configuration, how to open it.
+pub trait SourceKind: 'static {
+    /// The key naming this kind in a source of the pipeline file (`file`, `datagen`).
+    const NAME: &'static str;
+    /// What the user writes under that key; strict (`deny_unknown_fields`).
+    type Config: DeserializeOwned + fmt::Debug + Send + Sync + 'static;
+
+    /// What serde cannot express: cross-field checks, and making relative paths
+    /// relative to the pipeline file's folder `base_dir` ([`config::resolve_path`]).
+    fn prepare(config: &mut Self::Config, base_dir: &Path) -> Result<(), InvalidConfig>;
+
+    /// Opens the source `name` at the start of its input.
+    fn open(name: &str, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
+}
+
+/// A source kind as a registry lists it (see [`kind`]).
+#[derive(Clone, Copy)]
+pub struct Kind {
+    name: &'static str,
+    parse: fn(Value, &Path) -> Result<SourceConfig, InvalidConfig>,
+}
+
+/// The registry entry of the source kind `K`.
+pub fn kind<K: SourceKind>() -> Kind {
+    Kind {
+        name: K::NAME,
+        parse: parse_as::<K>,
+    }
+}
+
+fn parse_as<K: SourceKind>(value: Value, base_dir: &Path) -> Result<SourceConfig, InvalidConfig> {
+    let mut config: K::Config = config::parse(value)?;
+    K::prepare(&mut config, base_dir)?;
+    Ok(SourceConfig(Arc::new(Typed::<K>(config, PhantomData))))
+}
+
+impl Kind {
+    /// The key naming this kind in the pipeline file.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Reads the configuration written under this kind's key; relative paths are
+    /// relative to `base_dir`. Errors name their place inside `config`.
+    pub fn parse(&self, config: Value, base_dir: &Path) -> Result<SourceConfig, InvalidConfig> {
+        (self.parse)(config, base_dir)
+    }
+}
+
+impl fmt::Debug for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Kind").field(&self.name).finish()
+    }
+}
+
+/// The parsed configuration of one source, and the kind that opens it.
+#[derive(Clone)]
+pub struct SourceConfig(Arc<dyn Parsed>);
+
+/// A configuration of some kind `K` ([`Typed`]), its type erased.
+trait Parsed: Send + Sync {
+    fn kind(&self) -> &'static str;
+    fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError>;
+    fn config(&self) -> &dyn Any;
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+struct Typed<K: SourceKind>(K::Config, PhantomData<fn() -> K>);
+
+impl<K: SourceKind> Parsed for Typed<K> {
+    fn kind(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError> {
+        K::open(name, &self.0)
+    }
+
+    fn config(&self) -> &dyn Any {
+        &self.0
+    }
+
+    fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl SourceConfig {
+    /// The key of the source's kind (`file`).
+    pub fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+
+    /// Opens the source `name` at the start of its input.
+    pub fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError> {
+        self.0.open(name)
+    }
+
+    /// The configuration, if its kind's configuration type is `C`.
+    pub fn get<C: 'static>(&self) -> Option<&C> {
+        self.0.config().downcast_ref()
+    }
+}
+
+impl fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.kind())?;
+        self.0.debug(f)
+    }
+}

@@ -1,0 +1,146 @@
+//! The source SDK: what a source author implements, and what the runtime drives.
+//!
+//! A source is a reader driven by commands (after Feldera's input model), reporting per
+//! step how to resume:
+//!
+//! ```text
+//!  Kind::parse(config) ─▶ SourceConfig::open ─▶ seek(committed position)? ─▶ replay(journaled step)* ─▶ extend
+//!                                                                                                       │
+//!                                                 ┌─────────────── queue(limits, &mut Records) ◀────────┤
+//!                                                 └──▶ Step { records, errors, end_of_input, resume } ──┘
+//!                                                                                              pause ─▶ disconnect
+//! ```
+//!
+//! A step appends its documents to [`Records`], in order. A document is handed over as
+//! the JSON text the source has (a JSON line, a generated document), unparsed: the
+//! reader's combiner parses that text straight into its compact `Doc`
+//! (`Combiner::combine_right_json`), so no `serde_json::Value` is built on the way. Only
+//! a source that builds its documents itself (CSV rows) hands over `Value`s. The texts
+//! of all records lie back to back in one buffer of the `Records`, so appending one
+//! allocates nothing once the buffer has grown to a step's size; the reader clears it
+//! after each step.
+//!
+//! A *step* is what one [`Source::queue`] call hands to the current transaction. Each
+//! step says how to get back to it ([`Resume`]):
+//!
+//! - `Barrier`: nowhere; the runtime cannot checkpoint right after this step.
+//! - `Seek { position }`: `position` restarts the source just after the step
+//!   (at-least-once).
+//! - `Replay { position, data, hash }`: as `Seek`, and the step itself can be re-read
+//!   exactly: `position` (or `data`, for sources that cannot re-read their input)
+//!   carries everything needed, and `hash` is the [`StepHasher`] hash of the step's raw
+//!   records, checked on replay (exactly-once).
+//!
+//! Invariants every source keeps:
+//! - After `seek(p)` with `p` the position of a step's `Resume`, the next `queue`
+//!   returns exactly the records that followed that step.
+//! - `replay(r)` returns the same records as the step that produced `r`, leaves the
+//!   source positioned just after that step, and fails with
+//!   [`SourceError::ReplayMismatch`] rather than return anything else.
+//! - `queue` returns quickly: with zero records and `end_of_input == false` when there
+//!   is nothing new yet (a followed file, a rate-limited generator ahead of schedule).
+//! - Bad input the source itself finds (a CSV row that does not split, a record above
+//!   the size limit) is reported in [`Step::errors`] and its record is not emitted. JSON
+//!   text is not checked by the source: text that does not parse fails where it is
+//!   parsed, in the combiner, and the reader reports it at the record's position as
+//!   [`bad_json`] words it. Either way the runtime decides (`on_error`) whether that
+//!   fails the transaction.
+//!
+//! Sources that re-read their input by position (the `file` and `datagen` crates) use
+//! [`Span`]s: the step's `begin` and `end` cursors; `seek` restores `end`, `replay`
+//! re-reads `begin..end` ([`replay_target`], [`check_replay`]).
+//!
+//! A source kind is registered with the runtime through [`SourceKind`] (its key in the
+//! pipeline file, its configuration, how to open it): a new source is a crate that
+//! implements it, plus one line in the binary's registry ([`kind`]).
+//!
+//! - [`records`]: the records of a step and where each came from.
+//! - [`step`]: steps, resume positions, spans and the step hash.
+//! - [`config`]: parsing a kind's configuration (errors that name their place, byte
+//!   sizes, relative paths).
+//! - [`kind`]: what a registered source kind provides.
+//! - `testing` (feature `testing`): what the tests of every source share.
+
+pub mod config;
+pub mod kind;
+pub mod records;
+pub mod step;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::InvalidConfig;
+pub use kind::{Kind, SourceConfig, SourceKind, kind};
+pub use records::{InputError, Position, Record, RecordDoc, Records, bad_json};
+pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What a source can promise after a crash, weakest first (so `<` compares strength).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultTolerance {
+    /// Cannot resume: input read before a crash is lost or read again.
+    None,
+    /// Resumes after the last committed step; a step may be read again differently.
+    AtLeastOnce,
+    /// Every step can be replayed exactly, verified by its hash.
+    ExactlyOnce,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The external system (e.g. the file system) failed; retrying may help.
+    #[error("source {name}: cannot read {path}: {error}")]
+    Io {
+        name: String,
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
+    /// The input changed since the step was first read: exactly-once cannot hold.
+    #[error(
+        "source {name}: replayed step {position} differs from the one first read \
+         (hash {actual:016x}, journaled {expected:016x}): the input changed since \
+         it was read; restore it, or reset the pipeline's recovery log and store"
+    )]
+    ReplayMismatch {
+        name: String,
+        position: Value,
+        expected: u64,
+        actual: u64,
+    },
+    /// A resume the runtime handed over is not one this source produced.
+    #[error("source {name}: cannot {action} {resume}: {reason}")]
+    BadResume {
+        name: String,
+        action: &'static str,
+        resume: Value,
+        reason: String,
+    },
+    /// The source's definition cannot work (user error).
+    #[error("source {name}: {reason}")]
+    Config { name: String, reason: String },
+}
+
+/// A reader driven by the runtime's commands (see the module docs).
+#[async_trait::async_trait]
+pub trait Source: Send {
+    fn name(&self) -> &str;
+    fn fault_tolerance(&self) -> FaultTolerance;
+    /// Restores a committed position: the `position` of a step's [`Resume`].
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError>;
+    /// Re-reads exactly the step `step` describes and leaves the source after it.
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError>;
+    /// Reads the next step, within `limits`. A step that fills its limits says more input
+    /// is ready at once (a backlog), and the runtime then fills the transaction to its
+    /// bounds; a source returns less only when it has caught up, else transactions stay
+    /// small while it is behind.
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError>;
+    /// Start or continue reading ahead.
+    fn extend(&mut self) {}
+    /// Stop reading ahead.
+    fn pause(&mut self) {}
+    /// Release resources; no command follows.
+    async fn disconnect(&mut self) {}
+}

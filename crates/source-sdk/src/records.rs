@@ -1,0 +1,185 @@
+//! The records of a step: documents in order, each with where it came from.
+//!
+//! JSON text is kept back to back in one buffer (a record is its range), so a step of
+//! JSON lines or generated documents allocates nothing per record once the buffer has
+//! grown; see the crate docs for who parses it.
+
+use serde_json::Value;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Where a record came from, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The file path, or a source-specific name (e.g. `datagen views`). Shared: every
+    /// record carries one, so a clone must not allocate.
+    pub source: Arc<str>,
+    /// 1-based line (file) or sequence number (datagen).
+    pub line: u64,
+    pub byte_offset: u64,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{} (byte {})",
+            self.source, self.line, self.byte_offset
+        )
+    }
+}
+
+/// The records of a step, in order, each a document and where it came from (see the
+/// module docs).
+#[derive(Debug, Default)]
+pub struct Records {
+    /// The text of every JSON record, back to back.
+    text: Vec<u8>,
+    records: Vec<Stored>,
+}
+
+#[derive(Debug)]
+struct Stored {
+    doc: StoredDoc,
+    position: Position,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+enum StoredDoc {
+    /// Its range of [`Records::text`].
+    Json(Range<usize>),
+    Value(Value),
+}
+
+/// One record of [`Records`].
+#[derive(Debug)]
+pub struct Record<'a> {
+    pub doc: RecordDoc<'a>,
+    pub position: &'a Position,
+    /// Size of the raw record (counts towards transaction byte bounds).
+    pub bytes: usize,
+}
+
+/// A record's document: as JSON text, or as the `Value` its source built (the
+/// combiner may take it).
+#[derive(Debug)]
+pub enum RecordDoc<'a> {
+    Json(&'a [u8]),
+    Value(&'a mut Value),
+}
+
+impl Records {
+    /// Appends a document given as JSON text, unparsed; `bytes` is its raw record's size.
+    pub fn push_json(&mut self, text: &[u8], position: Position, bytes: usize) {
+        self.push_text(position, Some(bytes), |buf| buf.extend_from_slice(text));
+    }
+
+    /// Appends a document that `write` writes as JSON text straight into the buffer (its
+    /// raw record); returns that text.
+    pub fn push_json_with(
+        &mut self,
+        position: Position,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> &[u8] {
+        self.push_text(position, None, write)
+    }
+
+    /// Appends the text `write` writes; the raw record is `bytes` long, or the text.
+    fn push_text(
+        &mut self,
+        position: Position,
+        bytes: Option<usize>,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> &[u8] {
+        let start = self.text.len();
+        write(&mut self.text);
+        let range = start..self.text.len();
+        self.records.push(Stored {
+            bytes: bytes.unwrap_or(range.len()),
+            doc: StoredDoc::Json(range.clone()),
+            position,
+        });
+        &self.text[range]
+    }
+
+    /// Appends a document its source built as a `Value`.
+    pub fn push_value(&mut self, doc: Value, position: Position, bytes: usize) {
+        self.records.push(Stored {
+            doc: StoredDoc::Value(doc),
+            position,
+            bytes,
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Keeps the first `len` records.
+    pub fn truncate(&mut self, len: usize) {
+        let cut = self.records.get(len..).unwrap_or_default();
+        if let Some(start) = cut.iter().find_map(|r| match &r.doc {
+            StoredDoc::Json(range) => Some(range.start),
+            StoredDoc::Value(_) => None,
+        }) {
+            self.text.truncate(start);
+        }
+        self.records.truncate(len);
+    }
+
+    /// Removes every record, keeping the buffers' capacity.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.records.clear();
+    }
+
+    /// The records in order; a `Value` document may be taken out of its record.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = Record<'_>> {
+        let text = &self.text;
+        self.records.iter_mut().map(move |stored| Record {
+            doc: match &mut stored.doc {
+                StoredDoc::Json(range) => RecordDoc::Json(&text[range.clone()]),
+                StoredDoc::Value(value) => RecordDoc::Value(value),
+            },
+            position: &stored.position,
+            bytes: stored.bytes,
+        })
+    }
+}
+
+/// Why a record's JSON `text` did not parse (`error`), as a bad-input error says it.
+pub fn bad_json(text: &[u8], error: &serde_json::Error) -> String {
+    match std::str::from_utf8(text) {
+        Err(u) => format!("invalid UTF-8 at byte {} of the line", u.valid_up_to()),
+        Ok(_) => format!("invalid JSON: {error}"),
+    }
+}
+
+/// Input that could not be parsed. Its record is not emitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{position}: {reason}")]
+pub struct InputError {
+    pub position: Position,
+    /// The start of the raw record, at most [`InputError::RAW_LIMIT`] bytes.
+    pub raw: Vec<u8>,
+    pub reason: String,
+}
+
+impl InputError {
+    /// How much of a bad record is kept for the error message.
+    pub const RAW_LIMIT: usize = 256;
+
+    pub fn new(position: Position, raw: &[u8], reason: impl Into<String>) -> InputError {
+        InputError {
+            position,
+            raw: raw[..raw.len().min(Self::RAW_LIMIT)].to_vec(),
+            reason: reason.into(),
+        }
+    }
+}

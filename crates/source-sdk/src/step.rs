@@ -1,0 +1,178 @@
+//! Steps and how to get back to them: [`Resume`], the [`Span`] of a re-readable step,
+//! and the stable [`StepHasher`] that a replay is checked against.
+
+use crate::{FaultTolerance, InputError, SourceError};
+use highway::{HighwayHash, HighwayHasher, Key};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+/// How to get back to a step after a restart (see the module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Resume {
+    Barrier,
+    Seek {
+        position: Value,
+    },
+    Replay {
+        position: Value,
+        /// The step's raw input, for sources that cannot re-read it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Vec<u8>>,
+        hash: u64,
+    },
+}
+
+impl Resume {
+    /// The position that restarts the source just after this step, if any.
+    pub fn position(&self) -> Option<&Value> {
+        match self {
+            Resume::Barrier => None,
+            Resume::Seek { position } | Resume::Replay { position, .. } => Some(position),
+        }
+    }
+
+    /// The step hash of a `Replay` resume; 0 for the others, which are never replayed.
+    pub fn hash(&self) -> u64 {
+        match self {
+            Resume::Replay { hash, .. } => *hash,
+            Resume::Barrier | Resume::Seek { .. } => 0,
+        }
+    }
+
+    /// The strongest guarantee a step with this resume supports.
+    pub fn fault_tolerance(&self) -> FaultTolerance {
+        match self {
+            Resume::Barrier | Resume::Seek { .. } => FaultTolerance::AtLeastOnce,
+            Resume::Replay { .. } => FaultTolerance::ExactlyOnce,
+        }
+    }
+}
+
+/// The result of one `queue` or `replay`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Records appended to `out` by this step.
+    pub records: usize,
+    /// Raw bytes consumed, including bad records.
+    pub bytes: u64,
+    pub errors: Vec<InputError>,
+    /// The source has no more input, now or later.
+    pub end_of_input: bool,
+    pub resume: Resume,
+}
+
+/// Bounds on one `queue` call. A step stops at the first bound reached; a single
+/// record larger than `max_bytes` still makes a step of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    pub max_records: usize,
+    pub max_bytes: u64,
+}
+
+/// The position of a step of a source that re-reads its input by position (a file by
+/// byte offset, a generator by sequence number): the cursors before and after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Span<C> {
+    pub begin: C,
+    pub end: C,
+}
+
+impl<C: Serialize + DeserializeOwned> Span<C> {
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a span serializes")
+    }
+
+    /// Reads a span back from a resume position this source kind produced.
+    pub fn from_value(
+        name: &str,
+        action: &'static str,
+        value: &Value,
+    ) -> Result<Self, SourceError> {
+        serde_json::from_value(value.clone()).map_err(|e| SourceError::BadResume {
+            name: name.to_string(),
+            action,
+            resume: value.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The `Replay` resume of a re-readable source's step.
+    pub fn replay(&self, hash: u64) -> Resume {
+        Resume::Replay {
+            position: self.to_value(),
+            data: None,
+            hash,
+        }
+    }
+}
+
+/// The span a re-readable source re-reads to replay `step`; fails with
+/// [`SourceError::BadResume`] for a resume it did not produce.
+pub fn replay_target<C: Serialize + DeserializeOwned>(
+    name: &str,
+    step: &Resume,
+) -> Result<Span<C>, SourceError> {
+    match step {
+        Resume::Replay {
+            position,
+            data: None,
+            ..
+        } => Span::from_value(name, "replay", position),
+        other => Err(SourceError::BadResume {
+            name: name.to_string(),
+            action: "replay",
+            resume: serde_json::to_value(other).expect("a resume serializes"),
+            reason: "this source only replays by position".to_string(),
+        }),
+    }
+}
+
+/// Fails with [`SourceError::ReplayMismatch`] unless a replayed step hashes as journaled.
+pub fn check_replay(name: &str, step: &Resume, actual: u64) -> Result<(), SourceError> {
+    match step {
+        Resume::Replay { position, hash, .. } if *hash != actual => {
+            Err(SourceError::ReplayMismatch {
+                name: name.to_string(),
+                position: position.clone(),
+                expected: *hash,
+                actual,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The stable 64-bit hash of a step's raw records: HighwayHash-64 with a fixed key, so
+/// it is the same across processes, platforms and releases (unlike `DefaultHasher`).
+#[derive(Clone)]
+pub struct StepHasher(HighwayHasher);
+
+impl StepHasher {
+    /// "sluice step hash" spelled in ASCII over four words; any fixed key would do.
+    const KEY: [u64; 4] = [
+        0x736c_7569_6365_2073,
+        0x7465_7020_6861_7368,
+        0x0000_0000_0000_0001,
+        0x0000_0000_0000_0002,
+    ];
+
+    pub fn new() -> StepHasher {
+        StepHasher(HighwayHasher::new(Key(Self::KEY)))
+    }
+
+    pub fn append(&mut self, bytes: &[u8]) {
+        self.0.append(bytes);
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0.finalize64()
+    }
+}
+
+impl Default for StepHasher {
+    fn default() -> Self {
+        StepHasher::new()
+    }
+}

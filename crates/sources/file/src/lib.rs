@@ -1,0 +1,33 @@
+//! The `file` source: a file of JSON lines, or CSV with a header row, read once or
+//! followed as it grows; exactly-once (a step is a byte range, replayed and checked by
+//! its hash).
+//!
+//! - [`config`]: what the user writes under `file:` in a pipeline file.
+//! - [`source`]: the [`Source`](sluice_source_sdk::Source) that reads it.
+
+pub mod config;
+pub mod source;
+
+pub use config::{FileConfig, FileFormat};
+pub use source::FileSource;
+
+use sluice_source_sdk::config::resolve_path;
+use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use std::path::Path;
+
+/// The `file` kind, as the binary registers it.
+pub struct FileKind;
+
+impl SourceKind for FileKind {
+    const NAME: &'static str = "file";
+    type Config = FileConfig;
+
+    fn prepare(config: &mut FileConfig, base_dir: &Path) -> Result<(), InvalidConfig> {
+        resolve_path(&mut config.path, base_dir);
+        Ok(())
+    }
+
+    fn open(name: &str, config: &FileConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(FileSource::new(name, config)))
+    }
+}
