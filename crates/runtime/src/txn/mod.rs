@@ -219,50 +219,30 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         shutdown,
         in_flight: Arc::new(AtomicUsize::new(0)),
     };
-    let mut batches = read::spawn(
+    let (batches, reader) = read::spawn(
         sources,
         shared.clone(),
         recovered.replay,
         recovered.checkpoint.txn,
     );
     summary.last_txn = recovered.checkpoint.txn;
-    let mut committer = Committer {
+    let committer = Committer {
         endpoint: endpoint.name().to_string(),
         materialization: materialization_name(&shard.open),
         tx: recovered.tx,
         rx: recovered.rx,
         checkpoint: recovered.checkpoint,
         previous: stored::StoredDocs::empty(),
-        shared: shared.clone(),
+        shared,
         progress,
         summary,
     };
-    let mut state = LogState::Settled(Settled::recovered(log));
-    loop {
-        let batch = batches
-            .recv()
-            .await
-            .ok_or_else(|| RunError::Internal("the reader stopped without a reason".into()))??;
-        // The prior commit must be durable before it is acknowledged (and before a new
-        // intent goes to the same log).
-        let settled = state.settle().await?;
-        crate::failpoint::fail_point!(AFTER_LOG_COMMIT, |e| driver_err(&committer.endpoint, e));
-        state = if batch.docs == 0 && batch.rejected == 0 {
-            // Acknowledge the prior commit now, so that idempotent-apply drivers apply it
-            // without waiting for more input.
-            let settled = settled
-                .acknowledge(&mut committer.tx)
-                .await
-                .map_err(|e| driver_err(&committer.endpoint, e))?;
-            if batch.last {
-                return committer.finish().await;
-            }
-            LogState::Settled(settled)
-        } else {
-            committer.transaction(batch, settled).await?
-        };
-        shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
+    let result = committer.commit_all(batches, log).await;
+    // Every task of this run ends before it returns: a restarted loop must not meet the
+    // old reader (its sources, its dead-letter files).
+    reader.abort();
+    let _ = reader.await;
+    result
 }
 
 /// The stream opened, and where the loop starts.
@@ -358,6 +338,48 @@ struct Counts {
 }
 
 impl Committer<'_> {
+    /// Commits each batch the reader sends as one transaction, until the last.
+    async fn commit_all(
+        mut self,
+        mut batches: tokio::sync::mpsc::Receiver<Result<read::ReadBatch, RunError>>,
+        log: RecoveryLog,
+    ) -> Result<(), RunError> {
+        let mut state = LogState::Settled(Settled::recovered(log));
+        loop {
+            let batch = match batches.recv().await {
+                Some(Ok(batch)) => batch,
+                failed => {
+                    // Join the log commit in flight: a restart must find the log's lock
+                    // free and its last record written.
+                    let _ = state.settle().await;
+                    return Err(match failed {
+                        Some(Err(err)) => err,
+                        _ => RunError::Internal("the reader stopped without a reason".into()),
+                    });
+                }
+            };
+            // The prior commit must be durable before it is acknowledged (and before a
+            // new intent goes to the same log).
+            let settled = state.settle().await?;
+            crate::failpoint::fail_point!(AFTER_LOG_COMMIT, |e| driver_err(&self.endpoint, e));
+            state = if batch.docs == 0 && batch.rejected == 0 {
+                // Acknowledge the prior commit now, so that idempotent-apply drivers apply
+                // it without waiting for more input.
+                let settled = settled
+                    .acknowledge(&mut self.tx)
+                    .await
+                    .map_err(|e| driver_err(&self.endpoint, e))?;
+                if batch.last {
+                    return self.finish().await;
+                }
+                LogState::Settled(settled)
+            } else {
+                self.transaction(batch, settled).await?
+            };
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Commits one batch as transaction `checkpoint.txn + 1`, through every state of
     /// [`state`]: returns once the driver committed it, with its log commit in flight.
     async fn transaction(

@@ -86,14 +86,18 @@ pub struct ReadBatch {
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
 /// exactly; then sources are queued from where they were positioned. `committed` is the
 /// recovered checkpoint's transaction: the next batch becomes transaction `committed + 1`.
+/// The caller aborts and awaits the returned task before it reads the same sources again.
 pub(super) fn spawn(
     sources: Vec<BoundSource>,
     shared: Shared,
     replay: Option<Intent>,
     committed: u64,
-) -> mpsc::Receiver<Result<ReadBatch, RunError>> {
+) -> (
+    mpsc::Receiver<Result<ReadBatch, RunError>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let paths = sources
             .iter()
             .map(|b| (b.source.name(), b.dead_letter.as_deref()));
@@ -147,7 +151,7 @@ pub(super) fn spawn(
             }
         }
     });
-    rx
+    (rx, task)
 }
 
 struct Reader {
