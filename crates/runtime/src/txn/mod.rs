@@ -449,10 +449,9 @@ impl Committer<'_> {
                 Err(err) => return Err(self.phase_error(err).await),
             };
         let stores_took = started.elapsed() - loads_took;
-        self.tx
-            .commit()
-            .await
-            .map_err(|e| driver_err(&self.endpoint, e))?;
+        if let Err(err) = self.tx.commit().await {
+            return Err(self.phase_error(phases::PhaseError::Driver(err)).await);
+        }
         match self
             .rx
             .recv()
