@@ -21,11 +21,24 @@
 //!   blocking task while the next transaction reads; Acknowledge is sent only once that
 //!   commit is durable.
 //!
+//! Where the code is: [`run`] recovers (the log's checkpoint against the store's, see
+//! [`crate::recovery::plan_recovery`]), spawns the reader, and hands each batch to the
+//! `Committer`, one transaction at a time. The log's lifecycle is the state machine of
+//! [`state`] (`Settled` → `IntentDurable` → `DriverCommitted` → `Committing` →
+//! `Settled`), whose consuming transitions keep the invariants below; the reader's
+//! decisions (when a batch closes, skip or fail on bad input) are the pure functions of
+//! [`decide`].
+//!
 //! Invariants:
 //! - The step intent of T is durable before any of T's effects reach the driver, so a
 //!   crash can always replay T exactly (and detect a changed source by its hash).
 //! - Nothing is acknowledged before the recovery log says it is durable.
 //! - Any error ends the stream: the transaction in progress is never committed.
+//! - T+1 reads while T's log commit fsyncs; T+1's intent is written only after it.
+//! - A run ends only once every task it spawned has (the reader is aborted and awaited,
+//!   a log commit in flight is awaited), so a restarted run never overlaps the last.
+//!
+//! Tested in-process with fail points at every boundary by `tests/loop.rs`.
 
 mod decide;
 mod phases;
