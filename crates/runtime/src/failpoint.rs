@@ -27,7 +27,8 @@
 //!   connection), ENOSPC at `recovery::fsync` (not retryable: the run stops).
 //! - `sleep(ms)` slows a boundary down (tests use it to keep a run alive long enough).
 //!
-//! [`POINTS`] lists every point, so the torture command can pick one at random.
+//! [`POINTS`] lists every point, so the torture command can pick one at random. The
+//! runtime's `tests/loop.rs` fails the loop at each of them in-process, then restarts it.
 
 use sluice_driver_sdk::Error as DriverError;
 

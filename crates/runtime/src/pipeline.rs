@@ -446,16 +446,15 @@ impl Attempt {
         }
         let log =
             RecoveryLog::open(&self.log_dir).map_err(|e| RunError::Recovery(e.to_string()))?;
-        txn::run(
-            self.shard.clone(),
-            self.endpoint.clone(),
+        let ctx = txn::Context {
+            shard: self.shard.clone(),
+            endpoint: self.endpoint.clone(),
             sources,
             log,
-            self.opts.clone(),
-            self.progress.clone(),
-            self.shutdown.clone(),
-            summary,
-        )
-        .await
+            opts: self.opts.clone(),
+            progress: self.progress.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        txn::run(ctx, summary).await
     }
 }

@@ -191,22 +191,25 @@ impl FencedStore for MemoryTransactor {
         })
     }
 
-    /// On failure, drops the pending stores (nothing was written: the state changes
-    /// only in a whole, successful commit) and tells whether the range was fenced off.
-    async fn fence_checked(&mut self, result: Result<()>) -> Result<()> {
-        let Err(err) = result else {
-            return Ok(());
-        };
+    fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    /// Drops the pending stores: nothing was written (the state changes only in a
+    /// whole, successful commit).
+    async fn rollback(&mut self) {
         self.pending.clear();
+    }
+
+    async fn current_fence(&mut self) -> Result<Option<i64>> {
         let (materialization, begin, end) = (
             &self.claim.materialization,
             self.claim.key_begin,
             self.claim.key_end,
         );
-        let current = self.backend.read(|state| {
+        self.backend.read(|state| {
             (state.materializations.get(materialization)).and_then(|m| m.fence(begin, end))
-        });
-        Err(self.claim.range_fence().explain(err, current))
+        })
     }
 
     /// Nothing to release: the state outlives the instance.

@@ -21,14 +21,29 @@
 //!   blocking task while the next transaction reads; Acknowledge is sent only once that
 //!   commit is durable.
 //!
+//! Where the code is: [`run`] recovers (the log's checkpoint against the store's, see
+//! [`crate::recovery::plan_recovery`]), spawns the reader, and hands each batch to the
+//! `Committer`, one transaction at a time. The log's lifecycle is the state machine of
+//! [`state`] (`Settled` → `IntentDurable` → `DriverCommitted` → `Committing` →
+//! `Settled`), whose consuming transitions keep the invariants below; the reader's
+//! decisions (when a batch closes, skip or fail on bad input) are the pure functions of
+//! [`decide`].
+//!
 //! Invariants:
 //! - The step intent of T is durable before any of T's effects reach the driver, so a
 //!   crash can always replay T exactly (and detect a changed source by its hash).
 //! - Nothing is acknowledged before the recovery log says it is durable.
 //! - Any error ends the stream: the transaction in progress is never committed.
+//! - T+1 reads while T's log commit fsyncs; T+1's intent is written only after it.
+//! - A run ends only once every task it spawned has (the reader is aborted and awaited,
+//!   a log commit in flight is awaited), so a restarted run never overlaps the last.
+//!
+//! Tested in-process with fail points at every boundary by `tests/loop.rs`.
 
+mod decide;
 mod phases;
 mod read;
+mod state;
 mod stored;
 
 use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recovery};
@@ -42,7 +57,9 @@ use sluice_driver_sdk::machine::apply_driver_checkpoint;
 use sluice_driver_sdk::{Endpoint, Error as DriverError};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
+use sluice_proto::materialize::transaction_response::Loaded;
 use sluice_source_sdk::{Resume, Source};
+use state::{LogState, Settled};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -173,47 +190,107 @@ pub struct Shard {
     pub bindings: Vec<Binding>,
 }
 
+/// Everything one run of the loop takes.
+pub struct Context {
+    pub shard: Shard,
+    pub endpoint: Arc<dyn Endpoint>,
+    pub sources: Vec<BoundSource>,
+    /// Opened by the caller: it holds the shard's lock.
+    pub log: RecoveryLog,
+    pub opts: TxnOptions,
+    pub progress: Arc<Progress>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What the committer and its reader share.
+#[derive(Clone)]
+struct Shared {
+    bindings: Arc<Vec<Binding>>,
+    opts: TxnOptions,
+    shutdown: watch::Receiver<bool>,
+    /// Batches handed to the committer and not yet committed (see `read`).
+    in_flight: Arc<AtomicUsize>,
+}
+
 /// Runs one materialization shard until its sources are exhausted (or `shutdown` fires),
 /// committing every transaction exactly once. `summary` counts what was committed, also
 /// when an error ends the run.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    shard: Shard,
-    endpoint: Arc<dyn Endpoint>,
-    mut sources: Vec<BoundSource>,
-    log: RecoveryLog,
-    opts: TxnOptions,
-    progress: Arc<Progress>,
-    shutdown: watch::Receiver<bool>,
-    summary: &mut Summary,
-) -> Result<(), RunError> {
-    let name = endpoint.name().to_string();
-    let driver_err = |source: DriverError| RunError::Driver {
-        endpoint: name.clone(),
-        source,
+pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
+    let Context {
+        shard,
+        endpoint,
+        mut sources,
+        log,
+        opts,
+        progress,
+        shutdown,
+    } = ctx;
+    let recovered = recover(&shard, endpoint.as_ref(), &log, &mut sources).await?;
+    let shared = Shared {
+        bindings: Arc::new(shard.bindings),
+        opts,
+        shutdown,
+        in_flight: Arc::new(AtomicUsize::new(0)),
     };
-    let materialization = materialization_name(&shard.open);
+    let (batches, reader) = read::spawn(
+        sources,
+        shared.clone(),
+        recovered.replay,
+        recovered.checkpoint.txn,
+    );
+    summary.last_txn = recovered.checkpoint.txn;
+    let committer = Committer {
+        endpoint: endpoint.name().to_string(),
+        materialization: materialization_name(&shard.open),
+        tx: recovered.tx,
+        rx: recovered.rx,
+        checkpoint: recovered.checkpoint,
+        previous: stored::StoredDocs::empty(),
+        shared,
+        progress,
+        summary,
+    };
+    let result = committer.commit_all(batches, log).await;
+    // Every task of this run ends before it returns: a restarted loop must not meet the
+    // old reader (its sources, its dead-letter files).
+    reader.abort();
+    let _ = reader.await;
+    result
+}
 
-    // Recover: the store's checkpoint (authoritative drivers) against the log's.
+/// The stream opened, and where the loop starts.
+struct Recovered {
+    tx: client::ClientSender,
+    rx: client::ClientReceiver,
+    /// The last committed checkpoint (the log's or the store's, whichever is newer).
+    checkpoint: Checkpoint,
+    /// The interrupted transaction to replay first, exactly.
+    replay: Option<Intent>,
+}
+
+/// Opens the stream and plans recovery from the log's checkpoint and the store's
+/// (authoritative drivers), then positions every source at the chosen checkpoint.
+async fn recover(
+    shard: &Shard,
+    endpoint: &dyn Endpoint,
+    log: &RecoveryLog,
+    sources: &mut [BoundSource],
+) -> Result<Recovered, RunError> {
+    let driver_err = |e| driver_err(endpoint.name(), e);
     let mut open = shard.open.clone();
-    let log_commit = log.last_commit().cloned();
-    if let Some(driver_cp) = log_commit
-        .as_ref()
-        .and_then(|cp| cp.driver_checkpoints.get(&materialization))
+    let log_commit = log.last_commit();
+    if let Some(driver_cp) =
+        log_commit.and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
     {
         open.driver_checkpoint_json = driver_cp.to_string().into_bytes();
     }
     let stream = endpoint.transactions().await.map_err(driver_err)?;
-    let (mut tx, mut rx, opened) = client::open(stream, open).await.map_err(driver_err)?;
+    let (tx, rx, opened) = client::open(stream, open).await.map_err(driver_err)?;
     let store_checkpoint = Checkpoint::from_bytes(&opened.flow_checkpoint)
         .map_err(|e| RunError::Recovery(format!("checkpoint recovered from the store: {e}")))?;
-    let plan = plan_recovery(
-        log_commit.as_ref(),
-        store_checkpoint.as_ref(),
-        log.pending_intent(),
-    );
+    let plan = plan_recovery(log_commit, store_checkpoint.as_ref(), log.pending_intent());
     crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
-    let (mut checkpoint, replay) = match plan {
+    let (checkpoint, replay) = match plan {
         // Nothing was ever stored through this shard: track the highest stored key of
         // every standard binding from the first transaction on, to skip loads of keys
         // that cannot exist.
@@ -232,7 +309,7 @@ pub async fn run(
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
         RecoveryPlan::ReplayThenResume { from, replay } => (from, Some(replay)),
     };
-    for bound in &mut sources {
+    for bound in sources {
         if let Some(position) = checkpoint.sources.get(bound.source.name()) {
             bound
                 .source
@@ -241,119 +318,211 @@ pub async fn run(
                 .map_err(|e| source_err(bound.source.name(), e))?;
         }
     }
-
-    let bindings = Arc::new(shard.bindings);
-    // Batches handed to the committer and not yet committed (see `read`).
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let mut batches = read::spawn(
-        sources,
-        bindings.clone(),
-        opts.clone(),
+    Ok(Recovered {
+        tx,
+        rx,
+        checkpoint,
         replay,
-        shutdown,
-        in_flight.clone(),
-        checkpoint.txn,
-    );
-    summary.last_txn = checkpoint.txn;
-    // The prior transaction's recovery-log commit, fsync'ed while the reader reads on.
-    let mut pending_commit: Option<tokio::task::JoinHandle<Result<RecoveryLog, String>>> = None;
-    let mut log = Some(log);
-    // Whether this transaction's Acknowledge (of the prior commit) was already sent.
-    let mut acknowledged = false;
-    // What the last committed transaction stored: the next one's loads of those keys.
-    let mut previous = stored::StoredDocs::empty();
+    })
+}
 
-    loop {
-        let batch = batches
-            .recv()
-            .await
-            .ok_or_else(|| RunError::Internal("the reader stopped without a reason".into()))??;
+/// The committer's side of one run: the stream, and what the last commit left.
+struct Committer<'s> {
+    endpoint: String,
+    materialization: String,
+    tx: client::ClientSender,
+    rx: client::ClientReceiver,
+    /// The last committed checkpoint; during a transaction, the one it will commit.
+    checkpoint: Checkpoint,
+    /// What the last committed transaction stored: the next one's loads of those keys.
+    previous: stored::StoredDocs,
+    shared: Shared,
+    progress: Arc<Progress>,
+    summary: &'s mut Summary,
+}
+
+/// What one transaction moved, counted once it is committed.
+struct Counts {
+    docs: u64,
+    bytes: u64,
+    rejected: u64,
+    loaded: u64,
+    stored: u64,
+}
+
+impl Committer<'_> {
+    /// Commits each batch the reader sends as one transaction, until the last.
+    async fn commit_all(
+        mut self,
+        mut batches: tokio::sync::mpsc::Receiver<Result<read::ReadBatch, RunError>>,
+        log: RecoveryLog,
+    ) -> Result<(), RunError> {
+        let mut state = LogState::Settled(Settled::recovered(log));
+        loop {
+            let batch = match batches.recv().await {
+                Some(Ok(batch)) => batch,
+                failed => {
+                    // Join the log commit in flight: a restart must find the log's lock
+                    // free and its last record written.
+                    let _ = state.settle().await;
+                    return Err(match failed {
+                        Some(Err(err)) => err,
+                        _ => RunError::Internal("the reader stopped without a reason".into()),
+                    });
+                }
+            };
+            // The prior commit must be durable before it is acknowledged (and before a
+            // new intent goes to the same log).
+            let settled = state.settle().await?;
+            crate::failpoint::fail_point!(AFTER_LOG_COMMIT, |e| driver_err(&self.endpoint, e));
+            state = if batch.docs == 0 && batch.rejected == 0 {
+                // Acknowledge the prior commit now, so that idempotent-apply drivers apply
+                // it without waiting for more input.
+                let settled = settled
+                    .acknowledge(&mut self.tx)
+                    .await
+                    .map_err(|e| driver_err(&self.endpoint, e))?;
+                if batch.last {
+                    return self.finish().await;
+                }
+                LogState::Settled(settled)
+            } else {
+                self.transaction(batch, settled).await?
+            };
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Commits one batch as transaction `checkpoint.txn + 1`, through every state of
+    /// [`state`]: returns once the driver committed it, with its log commit in flight.
+    async fn transaction(
+        &mut self,
+        batch: read::ReadBatch,
+        log: Settled,
+    ) -> Result<LogState, RunError> {
         let read::ReadBatch {
             combiner: c1,
             steps,
             docs,
             bytes,
             rejected,
-            last,
+            last: _,
         } = batch;
-
-        // The prior commit must be durable before it is acknowledged (and before a new
-        // intent goes to the same log).
-        let mut recovery = match pending_commit.take() {
-            Some(handle) => handle
-                .await
-                .map_err(|e| RunError::Internal(e.to_string()))?
-                .map_err(RunError::Recovery)?,
-            None => log.take().expect("the recovery log is owned by the loop"),
-        };
-        crate::failpoint::fail_point!(AFTER_LOG_COMMIT, driver_err);
-        if docs == 0 && rejected == 0 {
-            // Acknowledge the prior commit now, so that idempotent-apply drivers apply it
-            // without waiting for more input.
-            if !acknowledged {
-                tx.acknowledge().await.map_err(driver_err)?;
-                acknowledged = true;
-            }
-            if last {
-                phases::expect_acknowledged(&mut rx)
-                    .await
-                    .map_err(driver_err)?;
-                drop(tx);
-                return Ok(());
-            }
-            log = Some(recovery);
-            in_flight.fetch_sub(1, Ordering::AcqRel);
-            continue;
-        }
-
         // Intent: durable before any effect of this transaction reaches the driver.
-        let txn = checkpoint.txn + 1;
+        let txn = self.checkpoint.txn + 1;
         let intent = Intent { txn, steps };
-        recovery
-            .write_intent(&intent)
-            .map_err(|e| RunError::Recovery(e.to_string()))?;
-        crate::failpoint::fail_point!(AFTER_INTENT, driver_err);
+        let log = log.write_intent(&intent)?;
+        crate::failpoint::fail_point!(AFTER_INTENT, |e| driver_err(&self.endpoint, e));
         for (source, resumes) in &intent.steps {
             if let Some(position) = resumes.last().and_then(Resume::position) {
-                checkpoint.sources.insert(source.clone(), position.clone());
+                self.checkpoint
+                    .sources
+                    .insert(source.clone(), position.clone());
             }
         }
-        checkpoint.txn = txn;
+        self.checkpoint.txn = txn;
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
-        let c2 = Combiner::new(binding_specs(&bindings), combiner_options(&opts));
+        let c2 = Combiner::new(
+            binding_specs(&self.shared.bindings),
+            combiner_options(&self.shared.opts),
+        );
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
+        let loads = phases::LoadPhase {
+            c1,
+            c2,
+            previous: std::mem::replace(&mut self.previous, stored::StoredDocs::empty()),
+            bindings: &self.shared.bindings,
+            ack: log.ack(),
+            checkpoint: &mut self.checkpoint,
+        };
         // Either side failing ends the phase at once: waiting for the other could hang
         // (a receiver waits for a Prepared that a failed sender will never ask for).
-        let both = tokio::try_join!(
-            phases::send_loads(
-                &mut tx,
-                c1,
-                c2,
-                std::mem::replace(&mut previous, stored::StoredDocs::empty()),
-                &bindings,
-                acknowledged,
-                acked_rx,
-                &mut checkpoint
-            ),
-            async {
-                phases::recv_until_prepared(&mut rx, acked_tx)
-                    .await
-                    .map_err(phases::PhaseError::Driver)
-            },
-        );
-        let ((mut to_store, reused), (loaded_msgs, driver_checkpoint)) = match both {
+        let both = tokio::try_join!(phases::send_loads(&mut self.tx, loads, acked_rx), async {
+            phases::recv_until_prepared(&mut self.rx, acked_tx)
+                .await
+                .map_err(phases::PhaseError::Driver)
+        },);
+        let ((to_store, reused), (loaded_msgs, driver_checkpoint)) = match both {
             Ok(sent_and_received) => sent_and_received,
-            Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
+            Err(err) => return Err(self.phase_error(err).await),
         };
-        crate::failpoint::fail_point!(AFTER_PREPARED, driver_err);
-        // Loaded documents go to the left of what this transaction combined.
+        crate::failpoint::fail_point!(AFTER_PREPARED, |e| driver_err(&self.endpoint, e));
+        let (to_store, loaded) = self.reduce_loaded(to_store, loaded_msgs)?;
+
+        // Store phase.
+        let loads_took = started.elapsed();
+        let mut kept = stored::StoredDocsBuilder::new(to_store.stats().spilled_runs == 0);
+        let stored =
+            match phases::send_stores(&mut self.tx, to_store, &self.shared.bindings, &mut kept)
+                .await
+            {
+                Ok(n) => n,
+                Err(err) => return Err(self.phase_error(err).await),
+            };
+        let stores_took = started.elapsed() - loads_took;
+        if let Err(err) = self.tx.commit().await {
+            return Err(self.phase_error(phases::PhaseError::Driver(err)).await);
+        }
+        match self
+            .rx
+            .recv()
+            .await
+            .map_err(|e| driver_err(&self.endpoint, e))?
+        {
+            Response::DriverCommitted => {}
+            other => {
+                return Err(RunError::Internal(format!(
+                    "expected DriverCommitted, got {other:?}"
+                )));
+            }
+        }
+        let log = log.driver_committed();
+        crate::failpoint::fail_point!(AFTER_DRIVER_COMMITTED, |e| driver_err(&self.endpoint, e));
+        self.previous = kept.finish();
+        tracing::debug!(
+            txn,
+            docs,
+            loaded,
+            reused,
+            stored,
+            load_ms = loads_took.as_millis() as u64,
+            store_ms = stores_took.as_millis() as u64,
+            commit_ms = (started.elapsed() - loads_took - stores_took).as_millis() as u64,
+            "transaction committed"
+        );
+        self.count(Counts {
+            docs,
+            bytes,
+            rejected,
+            loaded,
+            stored,
+        });
+
+        // Decision: record the commit durably, overlapping the next transaction's reads.
+        merge_driver_checkpoint(
+            &mut self.checkpoint,
+            &self.materialization,
+            &driver_checkpoint,
+        )
+        .map_err(|e| driver_err(&self.endpoint, e))?;
+        Ok(log.commit(self.checkpoint.clone()))
+    }
+
+    /// Reduces the Loaded documents to the left of what this transaction combined.
+    /// Returns the combiner and how many documents were loaded.
+    fn reduce_loaded(
+        &self,
+        mut to_store: Combiner,
+        loaded_msgs: Vec<Loaded>,
+    ) -> Result<(Combiner, u64), RunError> {
+        let driver_err = |e| driver_err(&self.endpoint, e);
         let mut key = Vec::new();
         let mut loaded = 0;
         let mut parser = DocParser::default();
         for loaded_msg in loaded_msgs {
-            let binding = &bindings[loaded_msg.binding as usize];
+            let binding = &self.shared.bindings[loaded_msg.binding as usize];
             for doc in arena::loaded_docs(&loaded_msg) {
                 let doc = parser.parse(doc.map_err(driver_err)?).map_err(|e| {
                     driver_err(DriverError::Transport(format!(
@@ -375,74 +544,51 @@ pub async fn run(
                 loaded += 1;
             }
         }
+        Ok((to_store, loaded))
+    }
 
-        // Store phase.
-        let loads_took = started.elapsed();
-        let mut kept = stored::StoredDocsBuilder::new(to_store.stats().spilled_runs == 0);
-        let stored = match phases::send_stores(&mut tx, to_store, &bindings, &mut kept).await {
-            Ok(n) => n,
-            Err(err) => return Err(phase_error(err, &mut rx, &driver_err).await),
-        };
-        let stores_took = started.elapsed() - loads_took;
-        tx.commit().await.map_err(driver_err)?;
-        match rx.recv().await.map_err(driver_err)? {
-            Response::DriverCommitted => {}
-            other => {
-                return Err(RunError::Internal(format!(
-                    "expected DriverCommitted, got {other:?}"
-                )));
-            }
-        }
-        crate::failpoint::fail_point!(AFTER_DRIVER_COMMITTED, driver_err);
-        acknowledged = false;
-        previous = kept.finish();
-        tracing::debug!(
-            txn,
-            docs,
-            loaded,
-            reused,
-            stored,
-            load_ms = loads_took.as_millis() as u64,
-            store_ms = stores_took.as_millis() as u64,
-            commit_ms = (started.elapsed() - loads_took - stores_took).as_millis() as u64,
-            "transaction committed"
-        );
-        // Counted once committed, so a restarted run never counts a document twice.
-        summary.docs += docs;
-        summary.rejected += rejected;
-        summary.bytes += bytes;
-        summary.loaded += loaded;
-        summary.stored += stored;
+    /// Counts a committed transaction: counted once committed, so a restarted run never
+    /// counts a document twice.
+    fn count(&mut self, n: Counts) {
+        let summary = &mut *self.summary;
+        summary.docs += n.docs;
+        summary.rejected += n.rejected;
+        summary.bytes += n.bytes;
+        summary.loaded += n.loaded;
+        summary.stored += n.stored;
         summary.transactions += 1;
-        summary.last_txn = txn;
-        progress.docs.fetch_add(docs, Ordering::Relaxed);
-        progress.bytes.fetch_add(bytes, Ordering::Relaxed);
-        progress.transactions.fetch_add(1, Ordering::Relaxed);
-        progress.stored.fetch_add(stored, Ordering::Relaxed);
+        summary.last_txn = self.checkpoint.txn;
+        self.progress.docs.fetch_add(n.docs, Ordering::Relaxed);
+        self.progress.bytes.fetch_add(n.bytes, Ordering::Relaxed);
+        self.progress.transactions.fetch_add(1, Ordering::Relaxed);
+        self.progress.stored.fetch_add(n.stored, Ordering::Relaxed);
+    }
 
-        // Decision: record the commit durably, overlapping the next transaction's reads.
-        merge_driver_checkpoint(&mut checkpoint, &materialization, &driver_checkpoint)
-            .map_err(driver_err)?;
-        let record = checkpoint.clone();
-        pending_commit = Some(tokio::task::spawn_blocking(move || {
-            // Returns only after the commit record is fsync'ed.
-            recovery.commit(&record).map_err(|e| e.to_string())?;
-            Ok(recovery)
-        }));
-        in_flight.fetch_sub(1, Ordering::AcqRel);
+    /// Ends a run whose input is exhausted: the last Acknowledge was sent; waits for the
+    /// driver to confirm it, then closes the stream.
+    async fn finish(mut self) -> Result<(), RunError> {
+        phases::expect_acknowledged(&mut self.rx)
+            .await
+            .map_err(|e| driver_err(&self.endpoint, e))
+    }
+
+    /// The error that ends a failed phase. A failed send usually means the driver ended
+    /// the stream: its own reason, if it gives one promptly, says more.
+    async fn phase_error(&mut self, err: phases::PhaseError) -> RunError {
+        match err {
+            phases::PhaseError::Combine(e) => e.into(),
+            phases::PhaseError::Driver(e) => driver_err(
+                &self.endpoint,
+                phases::receiver_error(&mut self.rx).await.unwrap_or(e),
+            ),
+        }
     }
 }
 
-/// The error that ends a failed phase. A failed send usually means the driver ended the
-/// stream: its own reason, if it gives one promptly, says more.
-async fn phase_error(
-    err: phases::PhaseError,
-    rx: &mut client::ClientReceiver,
-    driver_err: &impl Fn(DriverError) -> RunError,
-) -> RunError {
-    match err {
-        phases::PhaseError::Combine(e) => e.into(),
-        phases::PhaseError::Driver(e) => driver_err(phases::receiver_error(rx).await.unwrap_or(e)),
+fn driver_err(endpoint: &str, source: DriverError) -> RunError {
+    RunError::Driver {
+        endpoint: endpoint.to_string(),
+        source,
     }
 }
 

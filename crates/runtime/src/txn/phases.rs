@@ -2,6 +2,7 @@
 //! Acknowledge of the prior commit and the Prepare), and stores.
 
 use super::Binding;
+use super::state::Ack;
 use super::stored::{StoredDocs, StoredDocsBuilder};
 use crate::recovery::Checkpoint;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
@@ -15,26 +16,41 @@ use sluice_proto::materialize::transaction_request::Prepare;
 use sluice_proto::materialize::transaction_response::Loaded;
 use std::time::Duration;
 
-/// Sends Acknowledge (unless already sent while idle), then, for every key of a standard
-/// binding: its document as the last transaction stored it, if `previous` has it (left
-/// into `c2`, no Load), else a Load if the store may hold the key; meanwhile each drained
-/// document moves into `c2`. Then, once Acknowledged has arrived, Prepare with
-/// `checkpoint` (whose highest stored keys now include this transaction's). Returns the
-/// combiner to store from (`c2`, or `c1` itself when every binding is delta-updates:
-/// nothing to load, so the combined documents are stored as they are) and how many
-/// documents came from `previous`.
-#[allow(clippy::too_many_arguments)]
+/// The load phase's inputs: this transaction's combined documents (`c1`), the combiner
+/// they move into (`c2`), what the last transaction stored, and the checkpoint Prepare
+/// sends.
+pub(super) struct LoadPhase<'a> {
+    pub c1: Combiner,
+    pub c2: Combiner,
+    pub previous: StoredDocs,
+    pub bindings: &'a [Binding],
+    /// Whether the prior commit's Acknowledge is still owed (not sent while idle).
+    pub ack: Ack,
+    pub checkpoint: &'a mut Checkpoint,
+}
+
+/// Sends Acknowledge (if owed), then, for every key of a standard binding: its document
+/// as the last transaction stored it, if `previous` has it (left into `c2`, no Load),
+/// else a Load if the store may hold the key; meanwhile each drained document moves into
+/// `c2`. Then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
+/// stored keys now include this transaction's). Returns the combiner to store from
+/// (`c2`, or `c1` itself when every binding is delta-updates: nothing to load, so the
+/// combined documents are stored as they are) and how many documents came from
+/// `previous`.
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
-    c1: Combiner,
-    mut c2: Combiner,
-    mut previous: StoredDocs,
-    bindings: &[Binding],
-    acknowledged: bool,
+    phase: LoadPhase<'_>,
     acked: tokio::sync::oneshot::Receiver<()>,
-    checkpoint: &mut Checkpoint,
 ) -> Result<(Combiner, u64), PhaseError> {
-    if !acknowledged {
+    let LoadPhase {
+        c1,
+        mut c2,
+        mut previous,
+        bindings,
+        ack,
+        checkpoint,
+    } = phase;
+    if ack == Ack::Owed {
         tx.acknowledge().await?;
     }
     if bindings.iter().all(|b| b.delta_updates) {

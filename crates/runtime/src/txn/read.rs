@@ -21,12 +21,13 @@
 //! catching up) then fills transactions to their bounds. Each commit costs about one
 //! store write per distinct key, so closing early there would only write the same hot
 //! keys again and again, and latency is the bounds' either way; caught up, batches close
-//! as soon as the committer can take them.
+//! as soon as the committer can take them. The decision is [`close_batch`]'s, over the
+//! facts of a round.
 //! After an error the reader sends it and stops: nothing of that batch is committed.
 //!
 //! Bad input (a step's input errors; a document that is not JSON, is invalid, has no
 //! key, or fails to reduce) fails the batch at the first bad record of the step, with
-//! its position, unless its source has `on_error: skip`:
+//! its position, unless its source has `on_error: skip` ([`triage`] decides which):
 //!
 //! - An unreadable record (a step's input error), or a document that does not parse,
 //!   fails validation or key extraction, is rejected. The combiner checks a text before
@@ -46,9 +47,11 @@
 //! - Reductions the committer meets (against a loaded document, or across spilled
 //!   runs) involve no single document and fail the transaction in either mode.
 
+use super::decide::{Close, Fault, RoundFacts, Triage, close_batch, triage};
 use super::{
-    Binding, BoundSource, Collection, RunError, TxnOptions, binding_specs, combiner_options,
+    Binding, BoundSource, Collection, RunError, Shared, TxnOptions, binding_specs, combiner_options,
 };
+use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
 use crate::recovery::Intent;
 use sluice_doc::combine::{CombineError, Combiner};
@@ -83,18 +86,18 @@ pub struct ReadBatch {
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
 /// exactly; then sources are queued from where they were positioned. `committed` is the
 /// recovered checkpoint's transaction: the next batch becomes transaction `committed + 1`.
-#[allow(clippy::too_many_arguments)]
-pub fn spawn(
+/// The caller aborts and awaits the returned task before it reads the same sources again.
+pub(super) fn spawn(
     sources: Vec<BoundSource>,
-    bindings: Arc<Vec<Binding>>,
-    opts: TxnOptions,
+    shared: Shared,
     replay: Option<Intent>,
-    shutdown: watch::Receiver<bool>,
-    in_flight: Arc<AtomicUsize>,
     committed: u64,
-) -> mpsc::Receiver<Result<ReadBatch, RunError>> {
+) -> (
+    mpsc::Receiver<Result<ReadBatch, RunError>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let paths = sources
             .iter()
             .map(|b| (b.source.name(), b.dead_letter.as_deref()));
@@ -105,6 +108,12 @@ pub fn spawn(
                 return;
             }
         };
+        let Shared {
+            bindings,
+            opts,
+            shutdown,
+            in_flight,
+        } = shared;
         let mut reader = Reader {
             exhausted: vec![false; sources.len()],
             sources,
@@ -142,7 +151,7 @@ pub fn spawn(
             }
         }
     });
-    rx
+    (rx, task)
 }
 
 struct Reader {
@@ -261,34 +270,38 @@ impl Reader {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if batch.docs >= self.opts.max_docs || batch.bytes >= self.opts.max_bytes {
+                if self.opts.full(batch.docs, batch.bytes) {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
                 // this one on its worker (the committer, an in-process driver) starve.
                 tokio::task::yield_now().await;
             }
-            let elapsed = started.elapsed();
-            if *self.shutdown.borrow() || self.all_exhausted() {
-                batch.last = !self.has_work(&batch);
-                return Ok(batch);
-            }
-            // Close early when the committer is waiting for work and the sources have
-            // caught up: low latency for a trickle, while large batches build up whenever
-            // the committer is busy or a backlog is being read (see the module docs).
-            let committer_idle = self.in_flight.load(Ordering::Acquire) == 0;
             let has_work = self.has_work(&batch);
-            if has_work && committer_idle && !backlogged && elapsed >= self.opts.min_duration {
-                return Ok(batch);
-            }
-            if elapsed >= self.opts.max_duration && (has_work || !progressed) {
-                // Empty when idle while following: it lets the committer acknowledge.
-                return Ok(batch);
-            }
-            if !progressed {
-                tokio::select! {
-                    _ = tokio::time::sleep(IDLE_POLL) => {}
-                    _ = self.shutdown.changed() => {}
+            let facts = RoundFacts {
+                docs: batch.docs,
+                bytes: batch.bytes,
+                has_work,
+                elapsed: started.elapsed(),
+                progressed,
+                backlogged,
+                committer_idle: self.in_flight.load(Ordering::Acquire) == 0,
+                ending: *self.shutdown.borrow() || self.all_exhausted(),
+            };
+            match close_batch(&self.opts, &facts) {
+                // An empty batch at a timeout (idle while following) lets the committer
+                // acknowledge.
+                Close::Full | Close::Early | Close::Timeout => return Ok(batch),
+                Close::End { last } => {
+                    batch.last = last;
+                    return Ok(batch);
+                }
+                Close::ReadOn => {}
+                Close::Wait => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(IDLE_POLL) => {}
+                        _ = self.shutdown.changed() => {}
+                    }
                 }
             }
         }
@@ -354,6 +367,7 @@ struct Feed<'a> {
     name: &'a str,
     /// The bindings its documents feed.
     targets: &'a [u32],
+    on_error: OnError,
     /// `on_error: skip`: the collection its documents are checked against first.
     skip: Option<&'a Collection>,
 }
@@ -368,6 +382,11 @@ impl<'a> Feed<'a> {
             index,
             name: bound.source.name(),
             targets: &bound.bindings,
+            on_error: if bound.dead_letter.is_some() {
+                OnError::Skip
+            } else {
+                OnError::Fail
+            },
             // Every binding of a source materializes its one target collection.
             skip: bound
                 .dead_letter
@@ -411,12 +430,12 @@ fn combine_step(
     batch: &mut ReadBatch,
     rejects: &mut Rejects,
 ) -> Result<Combined, RunError> {
-    let failing_at = match feed.skip {
-        Some(_) => {
+    let failing_at = match triage(Fault::Unreadable, feed.on_error) {
+        Triage::Reject => {
             reject_input_errors(feed, step, rejects);
             None
         }
-        None => step.errors.first(),
+        Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
     };
     let combined = combine_records(records, failing_at, feed, batch, rejects);
     records.clear();
@@ -482,26 +501,24 @@ fn combine_records(
             Err(err) => err,
         };
         // The position is formatted only for an error: this loop is hot.
-        match (err, text) {
-            (err @ CombineError::Reduce { .. }, _) if feed.skip.is_some() => {
+        match (triage(Fault::of(&err), feed.on_error), err, text) {
+            (Triage::Rebuild, err, _) => {
                 rejects.unreducible.insert(id, err.to_string());
                 return Ok(Combined::Rebuild);
             }
-            (CombineError::Parse { source, .. }, Some(text)) => {
-                let reason = bad_json(text, &source);
-                if feed.skip.is_none() {
-                    return Err(feed.input_error(position, &reason));
-                }
+            (Triage::Reject, err, Some(text)) => {
+                let reason = match err {
+                    CombineError::Parse { source, .. } => bad_json(text, &source),
+                    err => err.to_string(),
+                };
                 let letter = feed.dead_letter(position, reason, RecordDoc::Json(text));
                 rejects.letters.push((id, letter));
             }
-            (err @ (CombineError::Invalid { .. } | CombineError::Key { .. }), Some(text))
-                if feed.skip.is_some() =>
-            {
-                let letter = feed.dead_letter(position, err.to_string(), RecordDoc::Json(text));
-                rejects.letters.push((id, letter));
+            (Triage::FailInput, CombineError::Parse { source, .. }, Some(text)) => {
+                return Err(feed.input_error(position, &bad_json(text, &source)));
             }
-            (err, _) => {
+            // A `Value` was checked before it was combined (and is gone now).
+            (Triage::Reject | Triage::FailInput | Triage::Fail, err, _) => {
                 return Err(RunError::Document {
                     position: position.to_string(),
                     source: Box::new(err),

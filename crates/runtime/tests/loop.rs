@@ -1,0 +1,545 @@
+//! The transaction loop in-process, against the memory driver, with fail points at every
+//! commit boundary: no subprocess.
+//!
+//! Each test runs `txn::run` over a JSON-lines file of 95 documents (13 keys) into one
+//! memory table, restarting the loop over the same recovery log and the same driver
+//! state after every injected failure (a restart uses smaller transaction bounds than
+//! the first run, so only an exact replay of the journaled steps rebuilds an
+//! interrupted transaction as it was). The driver is wrapped to observe, per stream,
+//! every Acknowledge, Prepare, Store and Commit, and to check at each one what the
+//! recovery log holds on disk. Every test then asserts:
+//! - the store equals the reduction of the input computed here, independently;
+//! - per stream, Acknowledge and Commit alternate, starting with Acknowledge: exactly one
+//!   Acknowledge per committed transaction (and the one of the recovered checkpoint);
+//! - an Acknowledge that follows a Commit in its stream finds that commit in the log;
+//! - at Prepare of T, the log holds T's intent (written before any store);
+//! - every attempt of a transaction stored a prefix of what its committed attempt
+//!   stored (an attempt that reached Commit: all of it).
+//!
+//! Built only with the `failpoints` feature. Fail points are global to the process: each
+//! test holds a `fail::FailScenario` (which serializes them under `cargo test`; nextest
+//! runs each in its own process anyway).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sluice_driver_sdk::inprocess::InProcess;
+use sluice_driver_sdk::materialize::{
+    self as m,
+    transaction_request::{Load, Open, Prepare, Store},
+    transaction_response::Opened,
+};
+use sluice_driver_sdk::{CommitPattern, Driver, LoadedSink, PriorState, Result, Transactor, flow};
+use sluice_file::FileKind;
+use sluice_memory::MemoryDriver;
+use sluice_memory::config::EndpointConfig;
+use sluice_runtime::config::Pipeline;
+use sluice_runtime::failpoint::{self, MARKER};
+use sluice_runtime::pipeline::{self, Connect, Connected};
+use sluice_runtime::projections::loop_binding;
+use sluice_runtime::recovery::{Checkpoint, RecoveryLog, inspect};
+use sluice_runtime::registry::{Builtin, Registry};
+use sluice_runtime::txn::{self, BoundSource, Context, Progress, Shard, Summary, TxnOptions};
+use sluice_source_sdk::kind;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const DOCS: u64 = 95;
+const KEYS: u64 = 13;
+/// Transaction bounds of the first run, and of every restart.
+const FIRST_MAX_DOCS: u64 = 10;
+const RESTART_MAX_DOCS: u64 = 7;
+const MATERIALIZATION: &str = "views";
+const TABLE: &str = "t";
+
+fn doc(i: u64) -> Value {
+    json!({"id": format!("k{:02}", i * 7 % KEYS), "n": i, "last": format!("t{i:03}")})
+}
+
+/// The reduction of the input, per key: `n` summed, `last` maximized.
+fn expected() -> BTreeMap<String, (i64, String)> {
+    let mut out: BTreeMap<String, (i64, String)> = BTreeMap::new();
+    for i in 0..DOCS {
+        let d = doc(i);
+        let row = out
+            .entry(d["id"].as_str().unwrap().to_string())
+            .or_default();
+        row.0 += d["n"].as_i64().unwrap();
+        row.1 = row.1.clone().max(d["last"].as_str().unwrap().to_string());
+    }
+    out
+}
+
+fn pipeline_yaml(input: &Path, log: &Path) -> String {
+    format!(
+        r#"
+collections:
+  acme/views:
+    key: [/id]
+    schema:
+      type: object
+      required: [id, n, last]
+      reduce: {{strategy: merge}}
+      properties:
+        id: {{type: string}}
+        n: {{type: integer, reduce: {{strategy: sum}}}}
+        last: {{type: string, reduce: {{strategy: maximize}}}}
+sources:
+  input:
+    target: acme/views
+    file: {{path: {input}, format: json}}
+materializations:
+  {MATERIALIZATION}:
+    endpoint: {{memory: {{}}}}
+    bindings:
+      - source: acme/views
+        resource: {{table: {TABLE}}}
+runtime:
+  recovery_log: {log}
+"#,
+        input = input.display(),
+        log = log.display(),
+    )
+}
+
+/// One event of a Transactions stream, as the driver saw it.
+#[derive(Debug, Clone, PartialEq)]
+enum Event {
+    /// Acknowledge of the commit of `txn` (the stream's last, or the recovered one).
+    Ack {
+        txn: u64,
+    },
+    Commit {
+        txn: u64,
+    },
+}
+
+/// What the driver observed, over every stream of a test.
+#[derive(Default)]
+struct Observed {
+    streams: Vec<Vec<Event>>,
+    /// Per transaction, the Stores of each attempt, in order.
+    attempts: BTreeMap<u64, Vec<Vec<Store>>>,
+    violations: Vec<String>,
+}
+
+/// The memory driver, observed.
+struct Observing {
+    inner: MemoryDriver,
+    log_dir: PathBuf,
+    observed: Arc<Mutex<Observed>>,
+}
+
+#[async_trait]
+impl Driver for Observing {
+    async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse> {
+        self.inner.spec(req).await
+    }
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        self.inner.validate(req).await
+    }
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.inner.apply_upsert(req).await
+    }
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.inner.apply_delete(req).await
+    }
+    async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
+        let (inner, opened) = self.inner.open(open).await?;
+        let committed = checkpoint_txn(&opened.flow_checkpoint);
+        let stream = {
+            let mut observed = self.observed.lock().unwrap();
+            observed.streams.push(Vec::new());
+            observed.streams.len() - 1
+        };
+        let transactor = ObservingTransactor {
+            inner,
+            log_dir: self.log_dir.clone(),
+            observed: self.observed.clone(),
+            stream,
+            committed,
+            txn: 0,
+        };
+        Ok((Box::new(transactor), opened))
+    }
+}
+
+fn checkpoint_txn(bytes: &[u8]) -> u64 {
+    Checkpoint::from_bytes(bytes)
+        .expect("a runtime checkpoint")
+        .map_or(0, |c| c.txn)
+}
+
+/// `inspect`'s line `<prefix> <n>…`, as n (0 when absent).
+fn log_says(log_dir: &Path, prefix: &str) -> u64 {
+    let text = inspect(log_dir).unwrap_or_default();
+    text.lines()
+        .find_map(|line| line.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+struct ObservingTransactor {
+    inner: Box<dyn Transactor>,
+    log_dir: PathBuf,
+    observed: Arc<Mutex<Observed>>,
+    stream: usize,
+    /// The last transaction committed, as this stream knows it.
+    committed: u64,
+    /// The transaction prepared in this stream.
+    txn: u64,
+}
+
+impl ObservingTransactor {
+    fn observe(&self, f: impl FnOnce(&mut Observed)) {
+        f(&mut self.observed.lock().unwrap());
+    }
+}
+
+#[async_trait]
+impl Transactor for ObservingTransactor {
+    fn pattern(&self) -> CommitPattern {
+        self.inner.pattern()
+    }
+
+    async fn load(
+        &mut self,
+        load: Load,
+        prior: PriorState,
+        loaded: &mut dyn LoadedSink,
+    ) -> Result<()> {
+        self.inner.load(load, prior, loaded).await
+    }
+
+    async fn flush_loads(&mut self, loaded: &mut dyn LoadedSink) -> Result<()> {
+        self.inner.flush_loads(loaded).await
+    }
+
+    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
+        let txn = checkpoint_txn(&prepare.flow_checkpoint);
+        self.txn = txn;
+        let intent = log_says(&self.log_dir, "pending intent: transaction");
+        self.observe(|o| {
+            if intent != txn {
+                o.violations.push(format!(
+                    "Prepare of transaction {txn} with the log's pending intent at {intent}"
+                ));
+            }
+            o.attempts.entry(txn).or_default().push(Vec::new());
+        });
+        self.inner.prepare(prepare).await
+    }
+
+    async fn store(&mut self, store: Store) -> Result<()> {
+        let txn = self.txn;
+        self.observe(|o| {
+            let attempt = o.attempts.get_mut(&txn).and_then(|a| a.last_mut());
+            attempt.expect("Store after Prepare").push(store.clone());
+        });
+        self.inner.store(store).await
+    }
+
+    async fn commit(&mut self) -> Result<()> {
+        self.inner.commit().await?;
+        self.committed = self.txn;
+        let (stream, txn) = (self.stream, self.txn);
+        self.observe(|o| o.streams[stream].push(Event::Commit { txn }));
+        Ok(())
+    }
+
+    async fn acknowledge(&mut self) -> Result<()> {
+        let (stream, txn) = (self.stream, self.committed);
+        let logged = log_says(&self.log_dir, "last commit: transaction");
+        self.observe(|o| {
+            let after_commit = o.streams[stream].last() == Some(&Event::Commit { txn });
+            if after_commit && logged < txn {
+                o.violations.push(format!(
+                    "Acknowledge of transaction {txn} while the log's last commit is {logged}"
+                ));
+            }
+            o.streams[stream].push(Event::Ack { txn });
+        });
+        self.inner.acknowledge().await
+    }
+}
+
+struct Connector(Arc<InProcess>);
+
+#[async_trait]
+impl Connect for Connector {
+    async fn connect(
+        &self,
+        _materialization: &str,
+        _endpoint: &sluice_runtime::config::EndpointDef,
+    ) -> std::result::Result<Connected, String> {
+        Ok(Connected {
+            endpoint: self.0.clone(),
+            endpoint_type: flow::EndpointType::SluiceMemory,
+            config: json!({}),
+        })
+    }
+}
+
+/// One test's pipeline, store and recovery log.
+struct Harness {
+    _dir: tempfile::TempDir,
+    pipeline: Pipeline,
+    shard: Shard,
+    endpoint: Arc<InProcess>,
+    store: MemoryDriver,
+    log_dir: PathBuf,
+    observed: Arc<Mutex<Observed>>,
+}
+
+impl Harness {
+    async fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("input.jsonl");
+        let mut text = String::new();
+        for i in 0..DOCS {
+            text.push_str(&doc(i).to_string());
+            text.push('\n');
+        }
+        std::fs::write(&input, text).unwrap();
+        let pipeline = Pipeline::parse(
+            &pipeline_yaml(&input, &dir.path().join("log")),
+            dir.path(),
+            &Registry::new()
+                .with_source(kind::<FileKind>())
+                .with_driver(Builtin::new::<EndpointConfig>(
+                    "memory",
+                    flow::EndpointType::SluiceMemory,
+                    &["path"],
+                    || Arc::new(MemoryDriver::new()),
+                )),
+        )
+        .unwrap();
+        let log_dir = pipeline.recovery_log().join(MATERIALIZATION);
+        let store = MemoryDriver::new();
+        let observed = Arc::new(Mutex::new(Observed::default()));
+        let endpoint = Arc::new(InProcess::new(
+            "memory",
+            Arc::new(Observing {
+                inner: store.clone(),
+                log_dir: log_dir.clone(),
+                observed: observed.clone(),
+            }),
+        ));
+        let planned = pipeline::plan(&pipeline, &Connector(endpoint.clone()))
+            .await
+            .unwrap();
+        let m = &planned.materializations[0];
+        let collection = planned.collections["acme/views"].clone();
+        let shard = Shard {
+            open: Open {
+                version: "test".into(),
+                materialization: Some(m.spec.clone()),
+                key_begin: m.shard.key_begin,
+                key_end: m.shard.key_end,
+                driver_checkpoint_json: Vec::new(),
+            },
+            bindings: vec![loop_binding(collection, &m.spec, 0)],
+        };
+        Harness {
+            _dir: dir,
+            pipeline,
+            shard,
+            endpoint,
+            store,
+            log_dir,
+            observed,
+        }
+    }
+
+    /// One run of the loop over the log and the store as they are.
+    async fn run_once(&self, max_docs: u64, summary: &mut Summary) -> Result<(), String> {
+        let sources = self
+            .pipeline
+            .sources
+            .iter()
+            .map(|(name, def)| BoundSource {
+                source: def.config.open(name).unwrap(),
+                bindings: vec![0],
+                dead_letter: None,
+            })
+            .collect();
+        let ctx = Context {
+            shard: self.shard.clone(),
+            endpoint: self.endpoint.clone(),
+            sources,
+            log: RecoveryLog::open(&self.log_dir).map_err(|e| e.to_string())?,
+            opts: TxnOptions {
+                max_docs,
+                max_bytes: u64::MAX,
+                // Transactions close only at max_docs or at the end of the input.
+                max_duration: Duration::from_secs(600),
+                min_duration: Duration::from_secs(600),
+                memory_budget: 64 << 20,
+                follow: false,
+            },
+            progress: Arc::new(Progress::default()),
+            shutdown: tokio::sync::watch::channel(false).1,
+        };
+        txn::run(ctx, summary).await.map_err(|e| e.to_string())
+    }
+
+    /// Runs the loop until it ends cleanly, restarting it after each injected failure.
+    /// Returns the injected failures.
+    async fn run_to_end(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        let mut summary = Summary::default();
+        let mut max_docs = FIRST_MAX_DOCS;
+        while let Err(err) = self.run_once(max_docs, &mut summary).await {
+            assert!(err.contains(MARKER), "a failure nobody injected: {err}");
+            failures.push(err);
+            assert!(failures.len() < 5, "no progress: {failures:?}");
+            max_docs = RESTART_MAX_DOCS;
+        }
+        failures
+    }
+
+    /// Every property the module docs list, after the run.
+    fn assert_exact(&self) {
+        let rows: BTreeMap<String, (i64, String)> = self
+            .store
+            .rows(MATERIALIZATION, TABLE)
+            .into_iter()
+            .map(|(_, d)| {
+                let id = d["id"].as_str().unwrap().to_string();
+                (
+                    id,
+                    (d["n"].as_i64().unwrap(), d["last"].as_str().unwrap().into()),
+                )
+            })
+            .collect();
+        assert_eq!(rows, expected(), "the store is the reduction of the input");
+
+        let observed = self.observed.lock().unwrap();
+        assert_eq!(observed.violations, Vec::<String>::new());
+        let final_stream = observed.streams.last().expect("a stream");
+        for (i, events) in observed.streams.iter().enumerate() {
+            for (j, event) in events.iter().enumerate() {
+                let is_ack = matches!(event, Event::Ack { .. });
+                assert_eq!(is_ack, j % 2 == 0, "stream {i}: {events:?}");
+            }
+        }
+        assert!(
+            matches!(final_stream.last(), Some(Event::Ack { .. })),
+            "the last stream ends acknowledged: {final_stream:?}"
+        );
+        let committed: Vec<u64> = observed
+            .streams
+            .iter()
+            .flatten()
+            .filter_map(|e| match e {
+                Event::Commit { txn } => Some(*txn),
+                Event::Ack { .. } => None,
+            })
+            .collect();
+        let last = *committed.last().expect("a commit");
+        assert_eq!(
+            committed,
+            (1..=last).collect::<Vec<_>>(),
+            "every transaction commits once, in order"
+        );
+        for (txn, attempts) in &observed.attempts {
+            let done = attempts.last().unwrap();
+            for attempt in attempts {
+                assert!(
+                    done.starts_with(attempt),
+                    "transaction {txn}: an attempt stored what its replay did not"
+                );
+            }
+        }
+    }
+
+    fn streams(&self) -> Vec<Vec<Event>> {
+        self.observed.lock().unwrap().streams.clone()
+    }
+}
+
+/// Runs the input to the end with `actions` at `point`; asserts the failure fired,
+/// then every property.
+async fn crash_and_recover(point: &str, actions: &str) -> Harness {
+    let scenario = fail::FailScenario::setup();
+    fail::cfg(point, actions).unwrap();
+    let h = Harness::new().await;
+    let failures = h.run_to_end().await;
+    fail::remove(point);
+    scenario.teardown();
+    assert!(
+        failures.iter().any(|f| f.contains(point)),
+        "{point} never fired: {failures:?}"
+    );
+    h.assert_exact();
+    h
+}
+
+/// The third time the boundary is reached: transactions were committed before.
+const THIRD: &str = "2*off->1*return";
+
+macro_rules! boundary_tests {
+    ($($name:ident: $point:ident at $actions:expr,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            crash_and_recover(failpoint::$point, $actions).await;
+        }
+    )*};
+}
+
+boundary_tests! {
+    a_failure_after_queueing_recovers: AFTER_QUEUE at THIRD,
+    a_failure_after_the_intent_recovers: AFTER_INTENT at THIRD,
+    a_failure_after_loads_recovers: AFTER_LOADS at THIRD,
+    a_failure_after_prepared_recovers: AFTER_PREPARED at THIRD,
+    a_failure_mid_store_recovers: MID_STORE at THIRD,
+    a_failure_after_driver_committed_recovers: AFTER_DRIVER_COMMITTED at THIRD,
+    a_failure_after_the_log_commit_recovers: AFTER_LOG_COMMIT at THIRD,
+    // Reached once per run: the first open fails.
+    a_failure_after_open_recovers: RECOVERY_AFTER_OPEN at "1*return",
+    a_failed_log_fsync_recovers: RECOVERY_FSYNC at THIRD,
+    a_failed_driver_store_recovers: DRIVER_STORE at THIRD,
+    a_failure_before_the_driver_commits_recovers: DRIVER_BEFORE_COMMIT at THIRD,
+    a_failure_after_the_driver_commits_recovers: DRIVER_AFTER_COMMIT at THIRD,
+    a_failed_driver_acknowledge_recovers: DRIVER_ACKNOWLEDGE at THIRD,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_committed_transaction_is_acknowledged_exactly_once() {
+    let scenario = fail::FailScenario::setup();
+    let h = Harness::new().await;
+    assert_eq!(h.run_to_end().await, Vec::<String>::new());
+    scenario.teardown();
+    h.assert_exact();
+    let txns = DOCS.div_ceil(FIRST_MAX_DOCS);
+    let mut expected = vec![Event::Ack { txn: 0 }];
+    for txn in 1..=txns {
+        expected.extend([Event::Commit { txn }, Event::Ack { txn }]);
+    }
+    assert_eq!(h.streams(), vec![expected]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_transaction_stores_what_the_original_stored() {
+    // Transaction 3 fails after all its stores, just before the driver commits it; the
+    // restart (with smaller bounds) replays it from its intent.
+    let h = crash_and_recover(failpoint::DRIVER_BEFORE_COMMIT, THIRD).await;
+    let observed = h.observed.lock().unwrap();
+    let attempts = &observed.attempts[&3];
+    assert_eq!(attempts.len(), 2, "transaction 3 was tried twice");
+    assert!(!attempts[0].is_empty());
+    assert_eq!(attempts[0], attempts[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_commit_that_fails_is_never_acknowledged() {
+    // Appends: intent 1, commit 1, intent 2, commit 2: the fourth (commit 2) fails.
+    let h = crash_and_recover(failpoint::RECOVERY_FSYNC, "3*off->1*return").await;
+    let first = h.streams().remove(0);
+    assert_eq!(
+        first.last(),
+        Some(&Event::Commit { txn: 2 }),
+        "the stream whose log commit failed ends at the driver's commit: {first:?}"
+    );
+}
