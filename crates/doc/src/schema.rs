@@ -78,18 +78,25 @@ impl std::fmt::Debug for Schema {
     }
 }
 
+/// The options every validator of a collection schema compiles with: the whole schema's,
+/// and those of the subschemas that reductions test against a document's values. One
+/// place decides the dialect a schema is read in, so both always agree.
+pub(crate) fn validator_options<'i>(
+    _root: &Value,
+) -> jsonschema::ValidationOptions<'i, std::sync::Arc<dyn jsonschema::Retrieve>, CompactJson> {
+    jsonschema::options_for::<CompactJson>()
+}
+
 impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
-        let validator = jsonschema::options_for::<CompactJson>()
-            .build(schema)
-            .map_err(|err| {
-                let at = err.schema_path().as_str().to_string();
-                SchemaError::Invalid(if at.is_empty() {
-                    err.to_string()
-                } else {
-                    format!("{err} (at #{at})")
-                })
-            })?;
+        let validator = validator_options(schema).build(schema).map_err(|err| {
+            let at = err.schema_path().as_str().to_string();
+            SchemaError::Invalid(if at.is_empty() {
+                err.to_string()
+            } else {
+                format!("{err} (at #{at})")
+            })
+        })?;
         let reducer = build::build(schema)?;
         Ok(Schema {
             reducer,
