@@ -17,7 +17,8 @@
 //!
 //! - `lastWriteWins` (default) takes `rhs` whatever its type; `firstWriteWins` keeps `lhs`.
 //! - `sum` adds numbers: integers with exact `i64`/`u64` arithmetic (overflow is an error),
-//!   any float makes a float.
+//!   any float makes a float, and numbers written as strings add exactly into a string
+//!   (Flow's arbitrary precision; see [`number`]).
 //! - `minimize` / `maximize` keep the lesser / greater in JSON order
 //!   (null < bool < numbers < strings < arrays < objects, numbers compared numerically
 //!   across integer and float); ties take `rhs`, or with a `key` the two are deep-merged.
@@ -38,10 +39,12 @@
 
 pub(crate) mod build;
 mod compact;
+mod number;
 mod set;
 
 use crate::Pointer;
 use crate::compact::Doc;
+use number::Addend;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
@@ -457,37 +460,25 @@ impl Cx<'_> {
 }
 
 fn sum(lhs: &mut Value, rhs: &Value, loc: Loc<'_>) -> Result<(), ReduceError> {
-    let (Value::Number(l), Value::Number(r)) = (&*lhs, rhs) else {
-        return Err(error(loc, "sum needs two numbers", lhs, rhs));
+    let (Some(l), Some(r)) = (Addend::of_value(lhs), Addend::of_value(rhs)) else {
+        return Err(error(loc, NOT_NUMBERS, lhs, rhs));
     };
-    match add_numbers(l, r) {
-        Some(total) => {
-            *lhs = Value::Number(total);
+    match number::add(l, r) {
+        Ok(total) => {
+            *lhs = total.into_value();
             Ok(())
         }
-        None => Err(error(loc, "sum overflows", lhs, rhs)),
+        Err(overflow) => Err(error(loc, &overflow.reason(), lhs, rhs)),
     }
 }
+
+/// Why `sum` refuses two values, one of them no number.
+const NOT_NUMBERS: &str = "sum needs two numbers (or numeric strings)";
 
 fn as_integer(n: &Number) -> Option<i128> {
     n.as_u64()
         .map(i128::from)
         .or_else(|| n.as_i64().map(i128::from))
-}
-
-/// Exact for integers (`None` past the `i64`/`u64` range), IEEE for anything else
-/// (`None` when not finite).
-fn add_numbers(l: &Number, r: &Number) -> Option<Number> {
-    match (as_integer(l), as_integer(r)) {
-        (Some(l), Some(r)) => {
-            let total = l + r;
-            match u64::try_from(total) {
-                Ok(total) => Some(total.into()),
-                Err(_) => i64::try_from(total).ok().map(Number::from),
-            }
-        }
-        _ => Number::from_f64(l.as_f64()? + r.as_f64()?),
-    }
 }
 
 /// Orders `lhs` and `rhs` by the values at `key` (a missing value sorts first), or

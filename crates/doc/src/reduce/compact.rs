@@ -19,7 +19,8 @@
 //! changed, computed from what it replaced, appended or regrew, so the combiner keeps an
 //! exact estimate per key without walking the document again after every reduction.
 
-use super::{Cx, Loc, ReduceError, Strategy, add_numbers, compare_numbers, error};
+use super::number::{self, Addend};
+use super::{Cx, Loc, NOT_NUMBERS, ReduceError, Strategy, compare_numbers, error};
 use crate::compact::{Doc, Field, block_size, next_named};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
@@ -73,7 +74,7 @@ impl Cx<'_> {
         match self.nodes[n].strategy {
             Strategy::LastWriteWins => Ok(replace(lhs, rhs)),
             Strategy::FirstWriteWins => Ok(0),
-            Strategy::Sum => sum(lhs, rhs, loc).map(|()| 0),
+            Strategy::Sum => sum(lhs, rhs, loc),
             _ => self.reduce_compound(n, lhs, rhs, loc),
         }
     }
@@ -208,35 +209,31 @@ fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
 }
 
 /// Inline for what counters mostly are, two non-negative integers: one checked addition.
+/// Returns the change of `lhs`'s heap estimate (a string total may own a block).
 #[inline(always)]
-fn sum(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<(), ReduceError> {
+fn sum(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<isize, ReduceError> {
     if let (Doc::PosInt(l), Doc::PosInt(r)) = (&mut *lhs, &rhs)
         && let Some(total) = l.checked_add(*r)
     {
         *l = total;
         rhs.release();
-        return Ok(());
+        return Ok(0);
     }
     sum_numbers(lhs, rhs, loc)
 }
 
-/// [`sum`] of any two numbers.
-fn sum_numbers(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<(), ReduceError> {
-    let (Some(l), Some(r)) = (lhs.as_number(), rhs.as_number()) else {
+/// [`sum`] of any two numbers or numeric strings ([`number`]).
+fn sum_numbers(lhs: &mut Doc, rhs: Doc, loc: Loc<'_>) -> Result<isize, ReduceError> {
+    let (Some(l), Some(r)) = (Addend::of_doc(lhs), Addend::of_doc(&rhs)) else {
         let l = Value::from(lhs.clone());
-        return Err(error(loc, "sum needs two numbers", &l, &Value::from(rhs)));
+        return Err(error(loc, NOT_NUMBERS, &l, &Value::from(rhs)));
     };
-    match add_numbers(&l, &r) {
-        Some(total) => {
-            *lhs = Doc::from_number(&total);
-            Ok(())
+    match number::add(l, r) {
+        Ok(total) => Ok(replace(lhs, total.into_doc())),
+        Err(overflow) => {
+            let l = Value::from(lhs.clone());
+            Err(error(loc, &overflow.reason(), &l, &Value::from(rhs)))
         }
-        None => Err(error(
-            loc,
-            "sum overflows",
-            &Value::Number(l),
-            &Value::Number(r),
-        )),
     }
 }
 
