@@ -17,7 +17,9 @@
 //! location makes it exist; disjunctions (`anyOf`, `oneOf`) unite types and a location
 //! exists only if every branch requires it. Child schemas of a property are
 //! `properties` and matching `patternProperties`, else `additionalProperties`; of an
-//! array index, `prefixItems` (or array-form `items`), else `items`. Following `$ref`
+//! array index, in the schema's dialect ([`dialect`]: 2019-09 unless `$schema` says
+//! otherwise, as Flow reads schemas), array-form `items` else `additionalItems`, or
+//! object-form `items` (2020-12: `prefixItems`, else `items`). Following `$ref`
 //! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
 mod instance;
@@ -27,6 +29,7 @@ use crate::compact::Doc;
 use crate::reduce::build;
 use crate::{Pointer, Reducer};
 use instance::CompactJson;
+use jsonschema::Draft;
 use jsonschema::error::ValidationErrorKind;
 use regex::Regex;
 use serde_json::{Map, Value};
@@ -78,13 +81,26 @@ impl std::fmt::Debug for Schema {
     }
 }
 
+/// The draft a collection schema is read in: the one its `$schema` declares, else 2019-09,
+/// as Flow reads schemas (so array-form `items` and `additionalItems` mean what they mean
+/// there). `Draft::Unknown` for a custom meta-schema, which jsonschema resolves itself.
+pub(crate) fn dialect(root: &Value) -> Draft {
+    Draft::Draft201909.detect(root)
+}
+
 /// The options every validator of a collection schema compiles with: the whole schema's,
 /// and those of the subschemas that reductions test against a document's values. One
-/// place decides the dialect a schema is read in, so both always agree.
+/// place decides the dialect a schema is read in, so both always agree. `format` is an
+/// annotation in every draft read here (jsonschema's default for 2019-09 and 2020-12), so
+/// the fast path ([`structure`]) can skip it.
 pub(crate) fn validator_options<'i>(
-    _root: &Value,
+    root: &Value,
 ) -> jsonschema::ValidationOptions<'i, std::sync::Arc<dyn jsonschema::Retrieve>, CompactJson> {
-    jsonschema::options_for::<CompactJson>()
+    let options = jsonschema::options_for::<CompactJson>();
+    match dialect(root) {
+        Draft::Unknown => options,
+        draft => options.with_draft(draft),
+    }
 }
 
 impl Schema {
@@ -162,10 +178,17 @@ impl Schema {
         &self.source
     }
 
+    fn walker(&self) -> Walker<'_> {
+        Walker {
+            root: &self.source,
+            draft: dialect(&self.source),
+        }
+    }
+
     /// What the schema says about one location.
     pub fn inference(&self, ptr: &Pointer) -> Inference {
         let tokens: Vec<&str> = ptr.tokens().collect();
-        let shape = Walker { root: &self.source }.shape(&self.source, &tokens, 0);
+        let shape = self.walker().shape(&self.source, &tokens, 0);
         Inference {
             types: shape.types.names(),
             must_exist: shape.must_exist,
@@ -177,7 +200,7 @@ impl Schema {
     /// sorted by name: `properties` of the root and of its local `$ref`s and `allOf`s.
     pub fn top_level_properties(&self) -> Vec<(String, Pointer)> {
         let mut names = Vec::new();
-        Walker { root: &self.source }.property_names(&self.source, 0, &mut names);
+        self.walker().property_names(&self.source, 0, &mut names);
         names.sort();
         names.dedup();
         names
@@ -302,6 +325,8 @@ impl Shape {
 
 struct Walker<'s> {
     root: &'s Value,
+    /// The dialect, which says which keywords hold an array's items.
+    draft: Draft,
 }
 
 impl<'s> Walker<'s> {
@@ -417,17 +442,10 @@ impl<'s> Walker<'s> {
         }
         // As an item of an array.
         if let Ok(index) = token.parse::<usize>() {
-            let prefix = keywords
-                .get("prefixItems")
-                .or_else(|| keywords.get("items").filter(|i| i.is_array()));
+            let (prefix, rest) = self.items_of(keywords);
             match prefix.and_then(|p| p.get(index)) {
                 Some(sub) => children.push(sub),
-                None => children.extend(
-                    keywords
-                        .get("items")
-                        .filter(|i| !i.is_array())
-                        .or_else(|| keywords.get("additionalItems")),
-                ),
+                None => children.extend(rest),
             }
             exists |= keywords
                 .get("minItems")
@@ -448,6 +466,20 @@ impl<'s> Walker<'s> {
         Shape {
             must_exist: exists && shape.must_exist,
             ..shape
+        }
+    }
+
+    /// The schemas of an array's first items (an array of them) and of the items past
+    /// those: `prefixItems` and `items` in 2020-12; before, array-form `items` and
+    /// `additionalItems`, or `items` for every item.
+    fn items_of(&self, keywords: &'s Map<String, Value>) -> (Option<&'s Value>, Option<&'s Value>) {
+        let items = keywords.get("items");
+        if self.draft == Draft::Draft202012 {
+            return (keywords.get("prefixItems"), items);
+        }
+        match items {
+            Some(tuple @ Value::Array(_)) => (Some(tuple), keywords.get("additionalItems")),
+            items => (None, items),
         }
     }
 

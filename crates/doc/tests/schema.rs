@@ -258,6 +258,79 @@ fn inference_follows_refs_all_of_and_unions_any_of() {
     assert_eq!(inference(&schema, "/other").types, ["boolean"]);
 }
 
+/// Without `$schema` a schema is read in draft 2019-09, as Flow reads it: array-form
+/// `items` are the first items' schemas and `additionalItems` the rest's (2020-12 refuses
+/// the array form); a declared `$schema` wins.
+#[test]
+fn schemas_without_a_dialect_are_read_as_draft_2019_09() {
+    let tuple = json!({
+        "type": "array",
+        "items": [{"type": "string"}, {"type": "integer"}],
+        "additionalItems": false
+    });
+    let schema = compile(tuple.clone());
+    assert!(schema.validate(&json!(["a", 1])).is_ok());
+    assert!(schema.validate(&json!(["a"])).is_ok());
+    let err = schema.validate(&json!([1])).unwrap_err();
+    assert_eq!(err.pointer, "/0");
+    assert!(schema.validate(&json!(["a", 1, true])).is_err());
+
+    let mut declared = tuple;
+    declared["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
+    let err = Schema::compile(&declared).unwrap_err();
+    assert!(matches!(err, SchemaError::Invalid(_)), "{err}");
+
+    // 2020-12's tuple keyword means nothing in 2019-09, unless the schema declares 2020-12.
+    let prefixed = json!({"prefixItems": [{"type": "string"}], "items": {"type": "integer"}});
+    assert!(compile(prefixed.clone()).validate(&json!(["a"])).is_err());
+    let mut declared = prefixed;
+    declared["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
+    let schema = compile(declared);
+    assert!(schema.validate(&json!(["a", 1])).is_ok());
+    assert!(schema.validate(&json!([1])).is_err());
+}
+
+/// Inference reads items in the schema's dialect: the tuple's schema for its indices,
+/// `additionalItems` past them (2019-09); `prefixItems`, then `items` (2020-12).
+#[test]
+fn inference_reads_array_items_in_the_schema_dialect() {
+    let schema = compile(json!({
+        "type": "object",
+        "required": ["pair"],
+        "properties": {
+            "pair": {
+                "type": "array",
+                "minItems": 1,
+                "items": [{"type": "string", "format": "date"}, {"type": "integer"}],
+                "additionalItems": {"type": "boolean"}
+            },
+            "list": {"items": {"type": "number"}, "additionalItems": {"type": "string"}}
+        }
+    }));
+    let at = |ptr| inference(&schema, ptr);
+    assert_eq!(
+        (
+            at("/pair/0").types,
+            at("/pair/0").must_exist,
+            at("/pair/0").format
+        ),
+        (vec!["string".to_string()], true, Some("date".to_string()))
+    );
+    assert_eq!(at("/pair/1").types, ["integer"]);
+    assert!(!at("/pair/1").must_exist);
+    assert_eq!(at("/pair/7").types, ["boolean"]);
+    // `additionalItems` beside object-form `items` is no keyword: `items` covers all.
+    assert_eq!(at("/list/3").types, ["number"]);
+
+    let schema = compile(json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "prefixItems": [{"type": "string"}],
+        "items": {"type": "integer"},
+    }));
+    assert_eq!(inference(&schema, "/0").types, ["string"]);
+    assert_eq!(inference(&schema, "/1").types, ["integer"]);
+}
+
 #[test]
 fn an_unconstrained_location_may_be_anything() {
     let schema = compile(json!({"type": "object"}));
@@ -300,8 +373,20 @@ fn schemas_and_reducers_are_shareable_across_threads() {
     shareable::<sluice_doc::Reducer>();
 }
 
+/// jsonschema reading `schema` as a collection schema is read: in draft 2019-09 unless its
+/// `$schema` says otherwise.
+fn flow_reference(schema: &Value) -> jsonschema::Validator {
+    let options = jsonschema::options();
+    let options = match schema.get("$schema") {
+        Some(_) => options,
+        None => options.with_draft(jsonschema::Draft::Draft201909),
+    };
+    options.build(schema).expect("reference compiles")
+}
+
 /// Documents are validated in their compact form (`Schema::validate_doc`); whatever the
-/// keywords, the verdict is the one jsonschema gives for the same document as a `Value`.
+/// keywords, the verdict is the one jsonschema gives for the same document as a `Value`,
+/// read in the same dialect.
 #[test]
 fn compact_documents_get_the_verdicts_of_their_values() {
     use proptest::prelude::*;
@@ -345,6 +430,13 @@ fn compact_documents_get_the_verdicts_of_their_values() {
         json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "required": ["a", "b"], "items": false}),
         json!({"type": ["integer", "string"], "title": "integers, 1.0 included"}),
         json!({"type": "object", "properties": {"a": {"type": "string", "format": "date-time"}}}),
+        // Items in 2019-09 forms (the default), and 2020-12's declared.
+        json!({"type": "array", "items": [{"type": "string"}, {"type": "integer"}], "additionalItems": false}),
+        json!({"items": [{"type": ["string", "null"]}], "additionalItems": {"type": "object", "properties": {"a": {"type": "integer"}}}}),
+        json!({"type": ["array", "object"], "items": {"type": "integer"}, "additionalItems": false}),
+        json!({"properties": {"a": {"items": [true, false]}, "b": {"additionalItems": false}}, "required": ["a"]}),
+        json!({"$schema": "https://json-schema.org/draft/2019-09/schema", "items": [{"type": "number"}], "format": "date"}),
+        json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}}),
     ];
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -362,7 +454,7 @@ fn compact_documents_get_the_verdicts_of_their_values() {
     });
     for schema_json in schemas {
         let schema = compile(schema_json.clone());
-        let reference = jsonschema::validator_for(&schema_json).expect("reference compiles");
+        let reference = flow_reference(&schema_json);
         let mut runner = TestRunner::new(Config {
             cases: 300,
             ..Config::default()

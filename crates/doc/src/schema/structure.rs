@@ -1,7 +1,10 @@
 //! The verdict of a schema that only says which types values have and which properties
-//! objects hold (`type`, `properties`, `required`, `additionalProperties`, object-form
-//! `items`, boolean schemas, and annotations such as `reduce` or `format`; draft
-//! 2020-12): what collection schemas mostly are.
+//! objects hold (`type`, `properties`, `required`, `additionalProperties`, the items of
+//! arrays, boolean schemas, and annotations such as `reduce` or `format`): what collection
+//! schemas mostly are. Items are read in the schema's dialect ([`super::dialect`]): in
+//! 2019-09 (Flow's, the default) `items` is one schema for every item or an array of
+//! schemas for the first ones, `additionalItems` then covering the rest; in 2020-12 those
+//! are `prefixItems` and `items`.
 //!
 //! jsonschema's generic validator costs ~900 instructions on the combine bench's
 //! document; a walk of the document beside a tree of these few keywords ~650 (both sides
@@ -12,6 +15,8 @@
 
 use super::Types;
 use crate::compact::{Doc, Field, field_named, next_named};
+use jsonschema::Draft;
+use serde_json::Value;
 
 /// A schema (or subschema) of the narrow kind described in the module docs.
 #[derive(Debug)]
@@ -27,7 +32,9 @@ pub(super) struct Structure {
     required_unlisted: Box<[Box<str>]>,
     /// `additionalProperties`: the schema of unlisted properties (`None`: any value).
     additional: Option<Box<Structure>>,
-    /// `items` (`None`: any value).
+    /// The schemas of the first items, in order.
+    prefix: Box<[Structure]>,
+    /// The schema of the items past `prefix` (`None`: any value).
     items: Option<Box<Structure>>,
 }
 
@@ -38,9 +45,8 @@ struct Property {
     required: bool,
 }
 
-/// Keywords that never change a verdict. `format` is one in draft 2020-12 as jsonschema
-/// is configured here (an option would make it assert; [`DRAFT`] excludes the drafts
-/// whose dialects may).
+/// Keywords that never change a verdict. `format` is one in the two drafts read here, as
+/// jsonschema is configured ([`super::validator_options`]).
 const ANNOTATIONS: [&str; 10] = [
     "reduce",
     "format",
@@ -54,10 +60,19 @@ const ANNOTATIONS: [&str; 10] = [
     "writeOnly",
 ];
 
-/// The draft whose keywords this reads as jsonschema does; the default, without
-/// `$schema`. (Others differ: draft 4 has no integer-valued floats, `items` is an array
-/// before 2020-12, formats may assert in 2019-09.)
-const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
+/// The drafts whose keywords this reads as jsonschema does, with the `$schema` naming
+/// each. (Others differ: draft 4 has no integer-valued floats, formats assert before
+/// 2019-09.)
+const DRAFTS: [(Draft, &str); 2] = [
+    (
+        Draft::Draft201909,
+        "https://json-schema.org/draft/2019-09/schema",
+    ),
+    (
+        Draft::Draft202012,
+        "https://json-schema.org/draft/2020-12/schema",
+    ),
+];
 
 impl Structure {
     fn any() -> Structure {
@@ -67,14 +82,22 @@ impl Structure {
             required_listed: 0,
             required_unlisted: Box::default(),
             additional: None,
+            prefix: Box::default(),
             items: None,
         }
     }
 
-    /// The structure of a compiled (so well-formed) schema, or `None` if it, or any of
-    /// its subschemas, uses a keyword this does not read.
-    pub(super) fn of(schema: &serde_json::Value) -> Option<Structure> {
-        use serde_json::Value;
+    /// The structure of a compiled (so well-formed) collection schema, or `None` if it, or
+    /// any of its subschemas, uses a keyword this does not read, or its dialect is not one
+    /// of [`DRAFTS`].
+    pub(super) fn of(root: &Value) -> Option<Structure> {
+        let draft = super::dialect(root);
+        let (_, uri) = DRAFTS.iter().find(|(d, _)| *d == draft)?;
+        Structure::read(root, draft, uri)
+    }
+
+    /// [`Structure::of`] a subschema read in `draft`, whose `$schema` is `uri`.
+    fn read(schema: &Value, draft: Draft, uri: &str) -> Option<Structure> {
         let keywords = match schema {
             Value::Bool(true) => return Some(Structure::any()),
             Value::Bool(false) => {
@@ -86,6 +109,12 @@ impl Structure {
             Value::Object(keywords) => keywords,
             _ => return None,
         };
+        let read = |schema: &Value| Structure::read(schema, draft, uri);
+        let read_all = |schemas: &Value| -> Option<Box<[Structure]>> {
+            schemas.as_array()?.iter().map(read).collect()
+        };
+        let draft2019 = draft == Draft::Draft201909;
+        let tuple = draft2019 && keywords.get("items").is_some_and(Value::is_array);
         let mut structure = Structure::any();
         let (mut properties, mut required) = (Vec::new(), Vec::new());
         for (keyword, value) in keywords {
@@ -95,7 +124,7 @@ impl Structure {
                     for (name, schema) in value.as_object()? {
                         properties.push(Property {
                             name: name.as_str().into(),
-                            schema: Structure::of(schema)?,
+                            schema: read(schema)?,
                             required: false,
                         });
                     }
@@ -105,13 +134,14 @@ impl Structure {
                         required.push(name.as_str()?);
                     }
                 }
-                "additionalProperties" => {
-                    structure.additional = Some(Box::new(Structure::of(value)?));
-                }
-                "items" if !value.is_array() => {
-                    structure.items = Some(Box::new(Structure::of(value)?));
-                }
-                "$schema" if value.as_str()? == DRAFT => {}
+                "additionalProperties" => structure.additional = Some(Box::new(read(value)?)),
+                "items" if tuple => structure.prefix = read_all(value)?,
+                "items" if !value.is_array() => structure.items = Some(Box::new(read(value)?)),
+                "prefixItems" if !draft2019 => structure.prefix = read_all(value)?,
+                // In 2019-09, the rest of a tuple; without one, no keyword at all.
+                "additionalItems" if tuple => structure.items = Some(Box::new(read(value)?)),
+                "additionalItems" if draft2019 => {}
+                "$schema" if value.as_str()? == uri => {}
                 annotation if ANNOTATIONS.contains(&annotation) => {}
                 _ => return None,
             }
@@ -145,7 +175,13 @@ impl Structure {
 
     #[inline(never)]
     fn admits_items(&self, items: &[Doc]) -> bool {
-        (self.items.as_deref()).is_none_or(|schema| items.iter().all(|item| schema.admits(item)))
+        let (first, rest) = items.split_at(self.prefix.len().min(items.len()));
+        first
+            .iter()
+            .zip(&self.prefix)
+            .all(|(item, schema)| schema.admits(item))
+            && (self.items.as_deref())
+                .is_none_or(|schema| rest.iter().all(|item| schema.admits(item)))
     }
 
     #[inline(never)]
@@ -170,10 +206,10 @@ impl Structure {
 }
 
 /// The [`Types`] bits of a `type` keyword's value.
-fn types_named(value: &serde_json::Value) -> Option<u8> {
-    let bits = |name: &serde_json::Value| Some(Types::of_name(name.as_str()?)).filter(|&b| b != 0);
+fn types_named(value: &Value) -> Option<u8> {
+    let bits = |name: &Value| Some(Types::of_name(name.as_str()?)).filter(|&b| b != 0);
     match value {
-        serde_json::Value::Array(names) => names
+        Value::Array(names) => names
             .iter()
             .try_fold(0, |all, name| Some(all | bits(name)?)),
         name => bits(name),
@@ -213,15 +249,26 @@ mod tests {
             json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
                    "required": ["a"], "properties": {"a": {"items": {"type": "integer"}}},
                    "additionalProperties": false}),
+            // Items in 2019-09, the default (formats are annotations there too) ...
+            json!({"items": [{"type": "string"}], "additionalItems": {"type": "integer"}}),
+            json!({"items": {"type": "string"}, "additionalItems": false}),
+            json!({"$schema": "https://json-schema.org/draft/2019-09/schema", "format": "date"}),
+            // ... and in 2020-12.
+            json!({"$schema": "https://json-schema.org/draft/2020-12/schema",
+                   "prefixItems": [{"type": "string"}], "items": false}),
         ];
         for schema in read {
             assert!(Structure::of(&schema).is_some(), "{schema}");
         }
         let left = [
             json!({"minimum": 1}),
-            json!({"$schema": "https://json-schema.org/draft/2019-09/schema", "format": "date"}),
-            json!({"items": [{"type": "string"}]}),
+            json!({"$schema": "http://json-schema.org/draft-07/schema#", "format": "date"}),
             json!({"$schema": "http://json-schema.org/draft-04/schema#"}),
+            // Not keywords of the dialect: left to jsonschema, which ignores them.
+            json!({"prefixItems": [{"type": "string"}]}),
+            json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "additionalItems": false}),
+            // A nested `$schema` of another dialect.
+            json!({"properties": {"a": {"$schema": "https://json-schema.org/draft/2020-12/schema"}}}),
             json!({"properties": {"a": {"properties": {"b": {"$ref": "#"}}}}}),
             json!({"additionalProperties": {"items": {"enum": [1]}}}),
             json!({"type": "object", "patternProperties": {"^x": true}}),
