@@ -3,7 +3,7 @@
 //! ```text
 //!  schema JSON ──compile──▶ Schema { validator (jsonschema over Doc), reducer (reduce::build), source }
 //!  document (Doc) ──validate_doc──▶ Ok | ValidationError { pointer, reason }
-//!  pointer ──inference──▶ Inference { types, must_exist, format }
+//!  pointer ──inference──▶ Inference { types, must_exist, format, default }
 //! ```
 //!
 //! `validate_doc` is on the hot path (every document read from a source): it asks for a
@@ -15,7 +15,8 @@
 //! Inference walks the schema source along the pointer. Conjunctions (the schema's own
 //! keywords, a local `$ref`, `allOf`) intersect types and any of them requiring the
 //! location makes it exist; disjunctions (`anyOf`, `oneOf`) unite types and a location
-//! exists only if every branch requires it. Child schemas of a property are
+//! exists only if every branch requires it. A `format` or `default` is the first a
+//! conjunction gives, and a disjunction's only if all its branches agree. Child schemas of a property are
 //! `properties` and matching `patternProperties`, else `additionalProperties`; of an
 //! array index, in the schema's dialect ([`dialect`]: 2019-09 unless `$schema` says
 //! otherwise, as Flow reads schemas), array-form `items` else `additionalItems`, or
@@ -62,6 +63,9 @@ pub struct Inference {
     pub must_exist: bool,
     /// The `format` of a string, e.g. "date-time".
     pub format: Option<String>,
+    /// The schema's `default` here: what a key location a document lacks packs as. Like
+    /// Flow's, it does not make the location exist (only `required` does).
+    pub default: Option<Value>,
 }
 
 /// A compiled collection schema: validator, reductions, inference.
@@ -193,6 +197,7 @@ impl Schema {
             types: shape.types.names(),
             must_exist: shape.must_exist,
             format: shape.format,
+            default: shape.default,
         }
     }
 
@@ -291,6 +296,7 @@ struct Shape {
     types: Types,
     must_exist: bool,
     format: Option<String>,
+    default: Option<Value>,
 }
 
 impl Shape {
@@ -298,6 +304,7 @@ impl Shape {
         types: Types::ALL,
         must_exist: false,
         format: None,
+        default: None,
     };
 
     /// Both hold.
@@ -306,6 +313,7 @@ impl Shape {
             types: Types(self.types.0 & other.types.0),
             must_exist: self.must_exist || other.must_exist,
             format: self.format.or(other.format),
+            default: self.default.or(other.default),
         }
     }
 
@@ -316,6 +324,11 @@ impl Shape {
             must_exist: self.must_exist && other.must_exist,
             format: if self.format == other.format {
                 self.format
+            } else {
+                None
+            },
+            default: if self.default == other.default {
+                self.default
             } else {
                 None
             },
@@ -409,6 +422,7 @@ impl<'s> Walker<'s> {
             types,
             must_exist: true,
             format,
+            default: keywords.get("default").cloned(),
         }
     }
 

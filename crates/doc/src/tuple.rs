@@ -56,7 +56,7 @@ pub enum TupleError {
 /// A document that cannot produce its key: a user (data) error naming the location.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("document is missing required key location {pointer}")]
+    #[error("document is missing key location {pointer}, which has no default in the schema")]
     Missing { pointer: String },
 }
 
@@ -304,23 +304,33 @@ impl Reader<'_> {
 }
 
 /// Extracts and packs a collection key (a list of pointers) from documents.
+///
+/// A key location a document lacks takes its default, as Flow's key extraction does (the
+/// schema's `default` there, [`crate::schema::Inference::default`]); one without a default
+/// makes the document an error. Defaults are packed once, here, so a missing location
+/// costs one copy on either document form.
 #[derive(Debug, Clone)]
 pub struct KeyExtractor {
     pointers: Vec<Pointer>,
-    required: Vec<bool>,
+    /// The packed default of each pointer (`None`: a missing location is an error).
+    defaults: Vec<Option<Vec<u8>>>,
 }
 
 impl KeyExtractor {
-    /// `required[i]` says whether a missing `pointers[i]` is an error (else it packs as null).
+    /// `defaults[i]` is what a missing `pointers[i]` packs as (`None`: an error).
     ///
     /// Panics if the two lists differ in length (a bug in the caller).
-    pub fn new(pointers: Vec<Pointer>, required: Vec<bool>) -> Self {
+    pub fn new(pointers: Vec<Pointer>, defaults: Vec<Option<Value>>) -> Self {
         assert_eq!(
             pointers.len(),
-            required.len(),
-            "one `required` flag per key pointer"
+            defaults.len(),
+            "one default (or `None`) per key pointer"
         );
-        KeyExtractor { pointers, required }
+        let defaults = defaults
+            .iter()
+            .map(|default| default.as_ref().map(|v| pack_key(std::slice::from_ref(v))))
+            .collect();
+        KeyExtractor { pointers, defaults }
     }
 
     /// The key's locations, in key order.
@@ -346,16 +356,16 @@ impl KeyExtractor {
         out: &mut Vec<u8>,
     ) -> Result<(), KeyError> {
         let len_before = out.len();
-        for (pointer, &required) in self.pointers.iter().zip(&self.required) {
-            match query(pointer, doc) {
-                Some(value) => pack(value, out),
-                None if required => {
+        for (pointer, default) in self.pointers.iter().zip(&self.defaults) {
+            match (query(pointer, doc), default) {
+                (Some(value), _) => pack(value, out),
+                (None, Some(default)) => out.extend_from_slice(default),
+                (None, None) => {
                     out.truncate(len_before);
                     return Err(KeyError::Missing {
                         pointer: pointer.to_string(),
                     });
                 }
-                None => out.push(NULL),
             }
         }
         Ok(())
@@ -403,7 +413,7 @@ mod tests {
     fn failed_extraction_leaves_the_buffer_unchanged() {
         let x = KeyExtractor::new(
             vec![Pointer::parse("/a").unwrap(), Pointer::parse("/b").unwrap()],
-            vec![true, true],
+            vec![None, None],
         );
         let mut out = vec![9];
         assert!(x.pack(&json!({"a": 1}), &mut out).is_err());

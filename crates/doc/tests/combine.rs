@@ -33,7 +33,7 @@ fn schema() -> Arc<Schema> {
 fn binding(name: &str) -> BindingSpec {
     BindingSpec {
         schema: schema(),
-        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![true]),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
         name: name.to_string(),
     }
 }

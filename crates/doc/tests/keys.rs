@@ -180,50 +180,62 @@ fn bytes_that_are_not_json_text_are_refused() {
     assert!(reason.contains("not JSON"), "{reason}");
 }
 
-fn extractor(pointers: &[&str], required: &[bool]) -> KeyExtractor {
+fn extractor(pointers: &[&str], defaults: &[Option<Value>]) -> KeyExtractor {
     let pointers = pointers
         .iter()
         .map(|p| Pointer::parse(p).unwrap())
         .collect();
-    KeyExtractor::new(pointers, required.to_vec())
+    KeyExtractor::new(pointers, defaults.to_vec())
 }
 
 #[test]
 fn extracted_keys_follow_pointer_order_and_escapes() {
     let doc = json!({"a/b": "x", "m~n": [7, 8], "id": 3});
-    let x = extractor(&["/id", "/a~1b", "/m~0n/1"], &[true, true, true]);
+    let x = extractor(&["/id", "/a~1b", "/m~0n/1"], &[None, None, None]);
     let mut out = Vec::new();
     x.pack(&doc, &mut out).unwrap();
     assert_eq!(out, pack_key(&[json!(3), json!("x"), json!(8)]));
 }
 
 #[test]
-fn missing_required_key_location_is_an_error_naming_the_pointer() {
-    let x = extractor(&["/id", "/a~1b"], &[true, true]);
+fn a_missing_key_location_without_default_is_an_error_naming_the_pointer() {
+    let x = extractor(&["/id", "/a~1b"], &[None, None]);
     let mut out = Vec::new();
     match x.pack(&json!({"id": 1}), &mut out) {
         Err(err @ KeyError::Missing { .. }) => {
             assert_eq!(
                 err.to_string(),
-                "document is missing required key location /a~1b"
+                "document is missing key location /a~1b, which has no default in the schema"
             );
         }
         Ok(()) => panic!("packed {}", hex(&out)),
     }
     assert!(out.is_empty());
+    let err = x.pack_doc(&Doc::from(&json!({"a/b": 1})), &mut out);
+    assert!(matches!(err, Err(KeyError::Missing { pointer }) if pointer == "/id"));
 }
 
+/// A missing key location packs as its default, exactly as if the document held it,
+/// from either document form; a present value, `null` included, is never replaced.
 #[test]
-fn missing_optional_key_location_packs_as_null() {
-    let x = extractor(&["/id", "/opt"], &[true, false]);
-    let mut out = Vec::new();
-    x.pack(&json!({"id": "k"}), &mut out).unwrap();
-    assert_eq!(hex(&out), "026b0000");
-    // Present-but-null and missing are the same key.
-    let mut explicit = Vec::new();
-    x.pack(&json!({"id": "k", "opt": null}), &mut explicit)
+fn a_missing_key_location_takes_its_default() {
+    let defaults = [None, Some(json!("eu")), Some(json!({"b": 1, "a": [0]}))];
+    let x = extractor(&["/id", "/region", "/tags"], &defaults);
+    let full = json!({"id": 7, "region": "eu", "tags": {"a": [0], "b": 1}});
+    let mut want = Vec::new();
+    x.pack(&full, &mut want).unwrap();
+    for doc in [json!({"id": 7}), json!({"id": 7, "region": "eu"}), full] {
+        let (mut by_value, mut by_doc) = (Vec::new(), Vec::new());
+        x.pack(&doc, &mut by_value).unwrap();
+        x.pack_doc(&Doc::from(&doc), &mut by_doc).unwrap();
+        assert_eq!(hex(&by_value), hex(&want), "{doc}");
+        assert_eq!(hex(&by_doc), hex(&want), "{doc}");
+    }
+    let mut explicit_null = Vec::new();
+    x.pack(&json!({"id": 7, "region": null}), &mut explicit_null)
         .unwrap();
-    assert_eq!(out, explicit);
+    assert_ne!(explicit_null, want);
+    assert_eq!(&explicit_null[2..3], [0x00], "null packs as null");
 }
 
 /// A JSON integer from either end of the range, as its exact value.

@@ -182,6 +182,7 @@ fn inference_reports_types_existence_and_format() {
         types: types.iter().map(|t| t.to_string()).collect(),
         must_exist,
         format: format.map(str::to_string),
+        default: None,
     };
     assert_eq!(inference(&schema, ""), expect(&["object"], true, None));
     assert_eq!(
@@ -329,6 +330,36 @@ fn inference_reads_array_items_in_the_schema_dialect() {
     }));
     assert_eq!(inference(&schema, "/0").types, ["string"]);
     assert_eq!(inference(&schema, "/1").types, ["integer"]);
+}
+
+/// A location's `default`, where a key location a document lacks takes its value from:
+/// found through `$ref` and `allOf` (the schema's own first), kept across `anyOf` only if
+/// every branch agrees; it never makes the location exist (Flow: only `required` does).
+#[test]
+fn inference_finds_defaults_through_refs_and_all_of() {
+    let schema = compile(json!({
+        "$defs": {"region": {"type": "string", "default": "eu"}},
+        "type": "object",
+        "properties": {
+            "region": {"$ref": "#/$defs/region"},
+            "tier": {"default": 1, "allOf": [{"default": 2}]},
+            "nested": {"properties": {"id": {"type": "integer", "default": 0}}},
+            "either": {"anyOf": [{"default": "a"}, {"default": "b"}]},
+            "same": {"anyOf": [{"default": "a"}, {"default": "a"}]},
+            "none": {"type": "string"}
+        },
+        "allOf": [{"properties": {"late": {"default": [1, 2]}}}]
+    }));
+    let default = |ptr| inference(&schema, ptr).default;
+    assert_eq!(default("/region"), Some(json!("eu")));
+    assert!(!inference(&schema, "/region").must_exist);
+    assert_eq!(default("/tier"), Some(json!(1)));
+    assert_eq!(default("/nested/id"), Some(json!(0)));
+    assert_eq!(default("/late"), Some(json!([1, 2])));
+    assert_eq!(default("/either"), None);
+    assert_eq!(default("/same"), Some(json!("a")));
+    assert_eq!(default("/none"), None);
+    assert_eq!(default("/unknown"), None);
 }
 
 #[test]

@@ -45,13 +45,15 @@ pub fn compile_collection(
             "a collection needs at least one key pointer, e.g. [/id]",
         ));
     }
-    let required = key
+    // A key location a document lacks takes the schema's default there; without one the
+    // document is an error, reported at its source position.
+    let defaults = key
         .iter()
-        .map(|ptr| schema.inference(ptr).must_exist)
+        .map(|ptr| schema.inference(ptr).default)
         .collect();
     Ok(Collection {
         name: name.to_string(),
-        key: KeyExtractor::new(key.to_vec(), required),
+        key: KeyExtractor::new(key.to_vec(), defaults),
         key_ptrs: key.iter().map(ToString::to_string).collect(),
         schema: Arc::new(schema),
     })

@@ -244,7 +244,7 @@ fn binding() -> anyhow::Result<BindingSpec> {
     });
     Ok(BindingSpec {
         schema: Arc::new(Schema::compile(&schema)?),
-        key: KeyExtractor::new(vec![Pointer::parse("/user")?], vec![true]),
+        key: KeyExtractor::new(vec![Pointer::parse("/user")?], vec![None]),
         name: "bench/pageviews".to_string(),
     })
 }
