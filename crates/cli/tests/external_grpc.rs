@@ -20,7 +20,10 @@ mod common;
 
 use common::{SLUICE, pipeline_yaml, reduce_expected};
 
-const DRIVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/drivers/grpcio_driver.py");
+const DRIVER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/drivers/grpcio_driver.py"
+);
 const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
 
 /// A bound on one `sluice run` of this small pipeline, far above what it needs: past

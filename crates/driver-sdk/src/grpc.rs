@@ -314,19 +314,13 @@ impl Endpoint for GrpcEndpoint {
         // Open. So the call is made by the first read of the responses, not here: the
         // runtime queues Open first, and the call then carries it.
         let call = async move {
-            match client
-                .transactions(ReceiverStream::new(requests_rx))
-                .await
-            {
+            match client.transactions(ReceiverStream::new(requests_rx)).await {
                 Ok(response) => response
                     .into_inner()
                     .map_err(move |status| status_to_error(&address, status))
                     .left_stream(),
                 Err(status) => {
-                    futures::stream::once(futures::future::ready(Err(status_to_error(
-                        &address, status,
-                    ))))
-                    .right_stream()
+                    futures::stream::iter([Err(status_to_error(&address, status))]).right_stream()
                 }
             }
         };
@@ -347,7 +341,9 @@ pub fn channel_uri(address: &str) -> std::result::Result<String, String> {
     }
     let host_port = address.strip_prefix("grpc://").unwrap_or(address);
     let tcp = match host_port.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok(),
+        Some((host, port)) => {
+            !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
+        }
         None => false,
     };
     if tcp {

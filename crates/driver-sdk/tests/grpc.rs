@@ -105,7 +105,10 @@ async fn a_plain_host_and_port_reaches_the_driver() {
     let (address, server) = serve_memory("127.0.0.1:0").await;
     let host_port = address.strip_prefix("grpc://").unwrap();
     let endpoint = GrpcEndpoint::connect(host_port).await.expect("connect");
-    let spec = endpoint.spec(m::SpecRequest::default()).await.expect("spec");
+    let spec = endpoint
+        .spec(m::SpecRequest::default())
+        .await
+        .expect("spec");
     assert!(!spec.endpoint_spec_schema_json.is_empty());
     server.abort();
 }

@@ -242,7 +242,14 @@ fn table() -> Vec<Case> {
         ),
         case(
             "awaiting DriverCommitted, Loads of transaction 2 sent",
-            with(vec![ack(), acked(), prepare(), prepared(), commit(), load()]),
+            with(vec![
+                ack(),
+                acked(),
+                prepare(),
+                prepared(),
+                commit(),
+                load(),
+            ]),
             &["DriverCommitted", "Load"],
             "no request but Load before DriverCommitted",
             "DriverCommitted",

@@ -119,9 +119,17 @@ fn a_grpc_address_is_checked_at_parse_time_and_may_be_a_plain_host_and_port() {
     let grpc = registry();
     let grpc = grpc.driver("grpc").unwrap();
     let base = Path::new("/pipelines");
-    for address in ["grpc://127.0.0.1:7000", "localhost:7000", "unix:/run/d.sock"] {
+    for address in [
+        "grpc://127.0.0.1:7000",
+        "localhost:7000",
+        "unix:/run/d.sock",
+    ] {
         let parsed = grpc.parse(json!({"address": address}), base).unwrap();
-        assert_eq!(parsed, json!({"address": address, "config": {}}), "{address}");
+        assert_eq!(
+            parsed,
+            json!({"address": address, "config": {}}),
+            "{address}"
+        );
     }
     let error = grpc
         .parse(json!({"address": "localhost"}), base)
