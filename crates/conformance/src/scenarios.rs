@@ -11,6 +11,7 @@
 //! | `absent-keys-load-nothing` | | loads of keys never stored return no documents |
 //! | `store-commit-acknowledge` | | new keys (exists=false) store, commit (DriverCommitted) and acknowledge |
 //! | `pipelined-loads-read-committed` | | Loads of T+1 sent before T's Acknowledge return exactly T's stores |
+//! | `loads-sent-during-commit-read-committed` | | Loads of T+1 sent right after Commit of T, before DriverCommitted is read (then DriverCommitted, Acknowledge, Prepare of T+1), return exactly T's stores, updates included, and T+1 commits |
 //! | `reopen-recovers-checkpoint` | | a new stream recovers the runtime checkpoint committed last (an authoritative driver exactly that one; any other that one or none) and loads exactly what was stored |
 //! | `updates` | | a document stored with exists=true replaces the previous one |
 //! | `deletes` | deletes | a `null` document stored with exists=true removes the key; the other keys stay |
@@ -66,7 +67,7 @@ const fn scenario(name: &'static str, needs: &'static [Capability], run: Run) ->
     Scenario { name, needs, run }
 }
 
-pub const ALL: [Scenario; 22] = [
+pub const ALL: [Scenario; 23] = [
     scenario("spec-schemas", &[], |fx| Box::pin(spec_schemas(fx))),
     scenario("validate-key-constraints", &[], |fx| {
         Box::pin(validate_key_constraints(fx))
@@ -84,6 +85,9 @@ pub const ALL: [Scenario; 22] = [
     }),
     scenario("pipelined-loads-read-committed", &[], |fx| {
         Box::pin(pipelined_loads_read_committed(fx))
+    }),
+    scenario("loads-sent-during-commit-read-committed", &[], |fx| {
+        Box::pin(loads_sent_during_commit_read_committed(fx))
     }),
     scenario("reopen-recovers-checkpoint", &[], |fx| {
         Box::pin(reopen_recovers_checkpoint(fx))
@@ -395,6 +399,34 @@ async fn pipelined_loads_read_committed(fx: &Fixture<'_>) -> Verdict {
     let loaded = session.run(pipelined).await?;
     let expected = (1..=3).map(|id| (0, doc(id, "first"))).collect();
     ensure_loaded("loads sent before the prior Acknowledge", &loaded, expected)?;
+    Ok(session.close().await?)
+}
+
+async fn loads_sent_during_commit_read_committed(fx: &Fixture<'_>) -> Verdict {
+    let mut session = open_one(fx).await?;
+    commit(fx, &mut session, 1, &[put(1, "first", false)]).await?;
+    // T updates key 1 and adds key 2; T+1's Loads go out before T's DriverCommitted.
+    let t = storing(fx, 2, &[put(1, "second", true), put(2, "second", false)]);
+    let early = session.run_then_load(t, loads(&keys(1..=3))).await?;
+    ensure_loaded("transaction 2, which loaded nothing", &early, Vec::new())?;
+    let next = Txn {
+        loads: loads(&keys([4])),
+        ..storing(fx, 3, &[put(3, "third", false)])
+    };
+    let loaded = session.run(next).await?;
+    let expected = vec![(0, doc(1, "second")), (0, doc(2, "second"))];
+    ensure_loaded(
+        "loads sent right after the prior Commit, before its DriverCommitted",
+        &loaded,
+        expected,
+    )?;
+    let loaded = load(&mut session, 1..=3).await?;
+    let all = vec![
+        (0, doc(1, "second")),
+        (0, doc(2, "second")),
+        (0, doc(3, "third")),
+    ];
+    ensure_loaded("after the pipelined transaction", &loaded, all)?;
     Ok(session.close().await?)
 }
 

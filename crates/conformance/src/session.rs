@@ -5,7 +5,7 @@
 //!   Session::open(endpoint, Open) ──▶ client::open ──▶ Opened (the recovered checkpoint)
 //!   Session::run(Txn):  ┌ send: Acknowledge ⇄ Loads ─(Acknowledged)─▶ Prepare ┐ concurrently
 //!                       └ recv: Acknowledged, Loaded* ... Prepared ──────────┘
-//!                       then Stores, Commit ──▶ DriverCommitted
+//!                       then Stores, Commit, [Loads of T+1] ──▶ DriverCommitted
 //! ```
 //!
 //! What holds:
@@ -60,6 +60,19 @@ impl Session {
     /// Runs `txn` through DriverCommitted; returns the loaded documents with their
     /// binding, in the order they arrived.
     pub async fn run(&mut self, txn: Txn) -> Result<Vec<(u32, Value)>> {
+        self.run_then_load(txn, Vec::new()).await
+    }
+
+    /// Runs `txn` as [`Session::run`] does, but sends `next_loads`, Loads of the next
+    /// transaction, right after its Commit and before reading DriverCommitted, as Flow's
+    /// runtime does while a transaction commits. Their documents come back in the next
+    /// transaction's `run`. Nothing reads responses while they are sent, so they must
+    /// fit the transport's buffers: a few messages.
+    pub async fn run_then_load(
+        &mut self,
+        txn: Txn,
+        next_loads: Vec<Load>,
+    ) -> Result<Vec<(u32, Value)>> {
         let Txn {
             loads,
             checkpoint,
@@ -124,6 +137,10 @@ impl Session {
         }
         let sent = self.tx.commit().await;
         self.driver_error(sent).await?;
+        for load in next_loads {
+            let sent = self.tx.load(load).await;
+            self.driver_error(sent).await?;
+        }
         match self.rx.recv().await? {
             Response::DriverCommitted => Ok(loaded),
             // Not reached: the state machine accepts only DriverCommitted after Commit.

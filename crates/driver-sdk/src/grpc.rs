@@ -12,7 +12,10 @@
 //!   error's message, after every response the loop produced before failing.
 //! - [`GrpcListener`] binds `HOST:PORT` (port 0 picks a free port) or `unix:/path`, and
 //!   reports the bound address in the form [`GrpcEndpoint::connect`] accepts.
-//! - [`GrpcEndpoint`] is the runtime's [`Endpoint`] for a driver served this way.
+//! - [`GrpcEndpoint`] is the runtime's [`Endpoint`] for a driver served this way. Its
+//!   Transactions call starts at the first read of responses, so Open is queued before
+//!   the driver must answer anything: drivers served by grpcio or grpc-go send their
+//!   response headers only with Opened, and tonic's call resolves only on headers.
 //!
 //! Errors cross the wire as a `Status` code plus message, and come back as the same
 //! [`Error`] variant where one exists (fenced, configuration, store), so a runtime can
@@ -242,18 +245,11 @@ pub struct GrpcEndpoint {
 }
 
 impl GrpcEndpoint {
-    /// Connects to `grpc://HOST:PORT` or `unix:/path`. Fails with [`Error::Transport`]
-    /// naming the address when nothing answers there.
+    /// Connects to a driver address ([`channel_uri`]: `grpc://HOST:PORT`, `HOST:PORT` or
+    /// `unix:/path`). Fails with [`Error::Transport`] naming the address when nothing
+    /// answers there.
     pub async fn connect(address: &str) -> Result<Self> {
-        let uri = match address.strip_prefix("grpc://") {
-            Some(host_port) => format!("http://{host_port}"),
-            None if address.starts_with("unix:") => address.to_string(),
-            None => {
-                return Err(Error::Config(format!(
-                    "driver address {address:?} is neither grpc://HOST:PORT nor unix:/path"
-                )));
-            }
-        };
+        let uri = channel_uri(address).map_err(Error::Config)?;
         let transport_error =
             |err: tonic::transport::Error| Error::Transport(format!("{address}: {}", chain(&err)));
         let channel = tonic::transport::Endpoint::from_shared(uri)
@@ -311,21 +307,51 @@ impl Endpoint for GrpcEndpoint {
 
     async fn transactions(&self) -> Result<TransactionStream> {
         let (requests, requests_rx) = mpsc::channel(STREAM_BUFFER);
-        let streaming = self
-            .client
-            .clone()
-            .transactions(ReceiverStream::new(requests_rx))
-            .await
-            .map_err(self.status_error())?
-            .into_inner();
+        let mut client = self.client.clone();
         let address = self.address.clone();
-        let responses = streaming
-            .map_err(move |status| status_to_error(&address, status))
-            .boxed();
+        // Tonic resolves the call when the driver's response headers arrive, and grpcio
+        // and grpc-go servers send them with their first message, Opened, which answers
+        // Open. So the call is made by the first read of the responses, not here: the
+        // runtime queues Open first, and the call then carries it.
+        let call = async move {
+            match client.transactions(ReceiverStream::new(requests_rx)).await {
+                Ok(response) => response
+                    .into_inner()
+                    .map_err(move |status| status_to_error(&address, status))
+                    .left_stream(),
+                Err(status) => {
+                    futures::stream::iter([Err(status_to_error(&address, status))]).right_stream()
+                }
+            }
+        };
+        let responses = futures::stream::once(call).flatten().boxed();
         Ok(TransactionStream {
             requests,
             responses,
         })
+    }
+}
+
+/// The URI tonic connects to for a driver address: `grpc://HOST:PORT` or a plain
+/// `HOST:PORT` (as users write it) over TCP, `unix:/path` over a Unix socket. Anything
+/// else is the user's error, and the message lists the accepted forms.
+pub fn channel_uri(address: &str) -> std::result::Result<String, String> {
+    if address.starts_with("unix:") {
+        return Ok(address.to_string());
+    }
+    let host_port = address.strip_prefix("grpc://").unwrap_or(address);
+    let tcp = match host_port.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    };
+    if tcp {
+        Ok(format!("http://{host_port}"))
+    } else {
+        Err(format!(
+            "driver address {address:?} is none of grpc://HOST:PORT, HOST:PORT or unix:/path"
+        ))
     }
 }
 
@@ -339,4 +365,43 @@ fn chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::channel_uri;
+
+    #[test]
+    fn driver_addresses_map_to_channel_uris() {
+        let accepted = [
+            ("grpc://127.0.0.1:7000", "http://127.0.0.1:7000"),
+            ("127.0.0.1:7000", "http://127.0.0.1:7000"),
+            ("localhost:7000", "http://localhost:7000"),
+            ("driver.internal:443", "http://driver.internal:443"),
+            ("[::1]:7000", "http://[::1]:7000"),
+            ("grpc://[::1]:7000", "http://[::1]:7000"),
+            ("unix:/run/driver.sock", "unix:/run/driver.sock"),
+        ];
+        for (address, uri) in accepted {
+            assert_eq!(channel_uri(address).as_deref(), Ok(uri), "{address}");
+        }
+        let refused = [
+            "localhost",
+            "localhost:",
+            ":7000",
+            "localhost:http",
+            "localhost:70000",
+            "http://localhost:7000",
+            "grpc://localhost",
+            "",
+        ];
+        for address in refused {
+            let err = channel_uri(address).expect_err(address);
+            assert!(
+                err.contains(&format!("{address:?}"))
+                    && err.contains("grpc://HOST:PORT, HOST:PORT or unix:/path"),
+                "{err}"
+            );
+        }
+    }
 }

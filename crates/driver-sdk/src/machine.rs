@@ -16,7 +16,7 @@
 //!                                         ▼                                          │
 //!                                      Storing: Store* ─▶ Commit                      │
 //!                                         ▼                                          │
-//!                                      Committing ─DriverCommitted───────────────────┘
+//!                                      Committing: Load* of T+1 ─DriverCommitted─────┘
 //! ```
 //!
 //! Invariants checked:
@@ -26,8 +26,13 @@
 //! - Prepare waits for Acknowledged: the prepare phase begins only once the prior
 //!   transaction is both committed and acknowledged.
 //! - Loaded answers a Load of the same transaction, and every Loaded precedes Prepared.
-//! - Loads of T+1 may be sent as soon as DriverCommitted of T arrives, while T's
-//!   acknowledgement is still in flight (that is what `Loading` after `Committing` means).
+//! - Loads of T+1 may be sent as soon as Commit of T is, before DriverCommitted of T is
+//!   read (Flow's runtime loops to load while T commits), and while T's acknowledgement
+//!   is still in flight. Their Loaded come only after DriverCommitted of T: a Load of
+//!   T+1 must read T's stores, which the driver has committed once it says so. The
+//!   Acknowledge of T (which follows the runtime's own commit) still waits for
+//!   DriverCommitted. The driver-side serve loop reads those Loads only after its commit
+//!   of T has returned, so they read committed.
 //! - Load and Loaded name an existing, standard-updates binding (delta-updates bindings
 //!   are never loaded); Store names an existing binding.
 
@@ -206,7 +211,8 @@ pub enum Ack {
     Done,
 }
 
-/// The phase of the stream. `loads` counts the Loads sent in the current transaction.
+/// The phase of the stream. `loads` counts the Loads sent in the current transaction;
+/// in `Committing`, the Loads of the next one sent before DriverCommitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     AwaitingOpen,
@@ -214,7 +220,7 @@ pub enum Phase {
     Loading { ack: Ack, loads: u64 },
     Preparing { loads: u64 },
     Storing,
-    Committing,
+    Committing { loads: u64 },
 }
 
 /// The protocol state of one Transactions stream. Transitions consume the machine and
@@ -266,7 +272,13 @@ impl Machine {
             Phase::Loading { .. } => format!("in the load phase of transaction {t}"),
             Phase::Preparing { .. } => format!("awaiting Prepared of transaction {t}"),
             Phase::Storing => format!("in the store phase of transaction {t}"),
-            Phase::Committing => format!("awaiting DriverCommitted of transaction {t}"),
+            Phase::Committing { loads: 0 } => {
+                format!("awaiting DriverCommitted of transaction {t}")
+            }
+            Phase::Committing { .. } => format!(
+                "awaiting DriverCommitted of transaction {t}, with Loads of transaction {} sent",
+                t + 1
+            ),
         }
     }
 
@@ -345,10 +357,14 @@ impl Machine {
                 }
                 Ok(self)
             }
-            (Phase::Storing, Request::Commit) => Ok(self.with(Phase::Committing)),
+            (Phase::Storing, Request::Commit) => Ok(self.with(Phase::Committing { loads: 0 })),
             (Phase::Storing, _) => err("Store or Commit"),
 
-            (Phase::Committing, _) => err("no request before DriverCommitted"),
+            (Phase::Committing { loads }, Request::Load(load)) => {
+                self.check_loadable(Peer::Runtime, "Load", load.binding)?;
+                Ok(self.with(Phase::Committing { loads: loads + 1 }))
+            }
+            (Phase::Committing { .. }, _) => err("no request but Load before DriverCommitted"),
         }
     }
 
@@ -400,15 +416,16 @@ impl Machine {
 
             (Phase::Storing, _) => err("no response before Commit"),
 
-            (Phase::Committing, Response::DriverCommitted) => Ok(Machine {
+            (Phase::Committing { loads }, Response::DriverCommitted) => Ok(Machine {
                 phase: Phase::Loading {
                     ack: Ack::Pending,
-                    loads: 0,
+                    loads,
                 },
                 txn: self.txn + 1,
                 ..self
             }),
-            (Phase::Committing, _) => err("DriverCommitted"),
+            // Loaded of the next transaction too: it must follow T's commit.
+            (Phase::Committing { .. }, _) => err("DriverCommitted"),
         }
     }
 

@@ -7,9 +7,11 @@
 //!
 //! The loop handles one request at a time, in wire order. Consequences the transactor
 //! can rely on:
-//! - `load` of transaction T+1 runs only after `commit` of T has returned (the runtime
-//!   cannot send Loads of T+1 before DriverCommitted of T), so `prior_committed` always
-//!   holds.
+//! - `load` of transaction T+1 runs only after `commit` of T has returned, so
+//!   `prior_committed` always holds and those loads read committed. The runtime may send
+//!   Loads of T+1 right after Commit of T, before it reads DriverCommitted (Flow's
+//!   runtime loops to load while T commits); they wait in the request stream until the
+//!   loop, its `commit` returned and DriverCommitted sent, reads them.
 //! - For patterns whose loads await the acknowledgement
 //!   ([`crate::CommitPattern::loads_await_acknowledge`]), Loads that arrive before the
 //!   transaction's Acknowledge are queued and run, in order, right after `acknowledge`

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_driver_sdk::Driver;
 use sluice_driver_sdk::flow::EndpointType;
-use sluice_driver_sdk::grpc::GrpcEndpoint;
+use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::StdioEndpoint;
 use sluice_source_sdk::config::{parse, resolve_path};
@@ -209,7 +209,8 @@ fn empty_object() -> Value {
     Value::Object(Default::default())
 }
 
-/// A driver served over gRPC: `grpc: {address, config?}`.
+/// A driver served over gRPC: `grpc: {address, config?}`, the address as
+/// `grpc://HOST:PORT`, `HOST:PORT` or `unix:/path` (checked at parse time).
 pub struct Grpc;
 
 #[derive(Serialize, Deserialize)]
@@ -229,6 +230,7 @@ impl DriverKind for Grpc {
 
     fn parse(&self, config: Value, _base_dir: &Path) -> Result<Value, InvalidConfig> {
         let config: GrpcConfig = parse(config)?;
+        channel_uri(&config.address).map_err(|message| InvalidConfig::new("address", message))?;
         Ok(serde_json::to_value(config).expect("a gRPC endpoint serializes"))
     }
 

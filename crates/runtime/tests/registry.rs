@@ -113,3 +113,27 @@ async fn a_command_endpoint_sends_its_inner_config() {
     assert_eq!(connected.endpoint_type, EndpointType::SluiceCommand);
     assert_eq!(connected.config, json!({"level": 3}));
 }
+
+#[test]
+fn a_grpc_address_is_checked_at_parse_time_and_may_be_a_plain_host_and_port() {
+    let grpc = registry();
+    let grpc = grpc.driver("grpc").unwrap();
+    let base = Path::new("/pipelines");
+    for address in [
+        "grpc://127.0.0.1:7000",
+        "localhost:7000",
+        "unix:/run/d.sock",
+    ] {
+        let parsed = grpc.parse(json!({"address": address}), base).unwrap();
+        assert_eq!(
+            parsed,
+            json!({"address": address, "config": {}}),
+            "{address}"
+        );
+    }
+    let error = grpc
+        .parse(json!({"address": "localhost"}), base)
+        .unwrap_err();
+    assert_eq!(error.place, "address");
+    assert!(error.message.contains("HOST:PORT"), "{error}");
+}

@@ -1,0 +1,215 @@
+//! An external driver written with Python's grpcio (`tests/drivers/grpcio_driver.py`),
+//! as a connector author would write one: `sluice run` materializes a pipeline into it
+//! through `grpc: {address: HOST:PORT}`, and the table it commits is the independent
+//! reduction of the input; a second run changes nothing.
+//!
+//! grpcio sends response headers only with a stream's first message (Opened), so this is
+//! also the test that the runtime sends Open before the Transactions call resolves: every
+//! `sluice run` here is bounded, and one that does not finish fails naming what hung.
+//!
+//! Needs `python3` with `grpcio` and `grpcio-tools` (`.ci/services` installs them); the
+//! Python protobuf modules are generated from `crates/proto/proto` into a temp dir.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{SLUICE, pipeline_yaml, reduce_expected};
+
+const DRIVER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/drivers/grpcio_driver.py"
+);
+const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
+
+/// A bound on one `sluice run` of this small pipeline, far above what it needs: past
+/// it, the run is hung, not slow.
+const RUN_BOUND: Duration = Duration::from_secs(120);
+
+/// The Python driver process, killed however the test ends.
+struct PythonDriver {
+    child: Child,
+    address: String,
+    log: PathBuf,
+    state: PathBuf,
+}
+
+impl Drop for PythonDriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl PythonDriver {
+    /// Generates the protobuf modules into `dir` and starts the driver there.
+    fn start(dir: &Path) -> PythonDriver {
+        let generated = dir.join("generated");
+        std::fs::create_dir_all(&generated).unwrap();
+        let protoc = Command::new("python3")
+            .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
+            .arg(format!("--python_out={}", generated.display()))
+            .arg(format!("--grpc_python_out={}", generated.display()))
+            .args(["flow.proto", "materialize.proto"])
+            .output()
+            .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
+        assert!(
+            protoc.status.success(),
+            "generating the Python protobuf modules failed (python3 -m pip install grpcio \
+             grpcio-tools, as .ci/services does): {}",
+            String::from_utf8_lossy(&protoc.stderr)
+        );
+        let log = dir.join("driver.log");
+        let state = dir.join("driver-state.json");
+        let mut child = Command::new("python3")
+            .arg(DRIVER)
+            .arg("--state")
+            .arg(&state)
+            .env("PYTHONPATH", &generated)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start the grpcio driver");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let mut driver = PythonDriver {
+            child,
+            address: String::new(),
+            log,
+            state,
+        };
+        driver.address = match line.trim().strip_prefix("listening on ") {
+            Some(address) => address.to_string(),
+            None => panic!(
+                "the grpcio driver did not start ({line:?}): {}",
+                driver.log_text()
+            ),
+        };
+        driver
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// How many requests or calls named `what` the driver has logged.
+    fn count(&self, what: &str) -> usize {
+        let line = format!("driver: {what}");
+        self.log_text()
+            .lines()
+            .filter(|l| l.starts_with(&line))
+            .count()
+    }
+
+    /// The documents of `table` the driver last committed.
+    fn table(&self, table: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.state).expect("the driver committed");
+        let state: Value = serde_json::from_str(&text).unwrap();
+        let rows = state[table].as_object().expect("the table was committed");
+        rows.values().cloned().collect()
+    }
+}
+
+/// Runs `sluice run pipeline`, which must succeed within [`RUN_BOUND`]; a run that
+/// does not is killed and fails the test, saying where it hung.
+fn run_bounded(pipeline: &Path, driver: &PythonDriver) {
+    let dir = pipeline.parent().unwrap();
+    let (out, err) = (dir.join("run.stdout"), dir.join("run.stderr"));
+    let opens_before = driver.count("Open");
+    let mut child = Command::new(SLUICE)
+        .arg("run")
+        .arg(pipeline)
+        .env("RUST_LOG", "warn")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > RUN_BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            let place = if driver.count("Open") == opens_before {
+                "before Open reached the driver: the Transactions call awaits response \
+                 headers, which grpcio sends only with Opened"
+            } else {
+                "after Open"
+            };
+            panic!(
+                "sluice run against the grpcio driver hung {place} (killed after {RUN_BOUND:?}).\n\
+                 sluice stderr:\n{}\ndriver log:\n{}",
+                std::fs::read_to_string(&err).unwrap_or_default(),
+                driver.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        status.success(),
+        "sluice run failed ({status}):\n{}\n{}\ndriver log:\n{}",
+        std::fs::read_to_string(&err).unwrap_or_default(),
+        std::fs::read_to_string(&out).unwrap_or_default(),
+        driver.log_text()
+    );
+}
+
+/// `n` documents over `keys` users, deterministic.
+fn generate(n: usize, keys: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            json!({
+                "user_id": format!("user-{:03}", (i * 7) % keys),
+                "views": (i % 10) as i64,
+                "bytes": (i * 37 % 5000) as i64,
+                "last_seen": format!("2026-11-{:02}T00:00:{:02}Z", 1 + i % 28, i % 60),
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_grpcio_driver_materializes_the_reduction_and_a_second_run_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = PythonDriver::start(dir.path());
+    let docs = generate(2_000, 150);
+    let mut input = std::fs::File::create(dir.path().join("views.jsonl")).unwrap();
+    for doc in &docs {
+        writeln!(input, "{doc}").unwrap();
+    }
+    // A plain HOST:PORT address, as users write it.
+    let endpoint = format!("grpc: {{address: \"{}\"}}", driver.address);
+    let pipeline = dir.path().join("pipeline.yaml");
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        &endpoint,
+        false,
+        400,
+        "10s",
+    );
+    std::fs::write(&pipeline, yaml).unwrap();
+
+    run_bounded(&pipeline, &driver);
+    let table = driver.table("pageviews");
+    assert_eq!(table.len(), 150, "one row per user");
+    // Each committed document is its user's whole row.
+    assert_eq!(reduce_expected(&table), reduce_expected(&docs));
+    // 2,000 documents in transactions of 400: Loads of later ones read earlier commits.
+    assert!(driver.count("commit") >= 5, "{}", driver.log_text());
+
+    run_bounded(&pipeline, &driver);
+    assert_eq!(driver.count("Open"), 2, "{}", driver.log_text());
+    assert_eq!(
+        driver.table("pageviews"),
+        table,
+        "the second run changed the table"
+    );
+}
