@@ -3,9 +3,13 @@
 //! through `grpc: {address: HOST:PORT}`, and the table it commits is the independent
 //! reduction of the input; a second run changes nothing.
 //!
-//! grpcio sends response headers only with a stream's first message (Opened), so this is
-//! also the test that the runtime sends Open before the Transactions call resolves: every
-//! `sluice run` here is bounded, and one that does not finish fails naming what hung.
+//! The same driver passes the conformance suite (`sluice driver test`), but for
+//! delta-updates, which it does not claim.
+//!
+//! grpcio sends response headers only with a stream's first message (Opened), so these
+//! are also the tests that the runtime sends Open before the Transactions call resolves:
+//! every `sluice` run here is bounded, and one that does not finish fails naming what
+//! hung.
 //!
 //! Needs `python3` with `grpcio` and `grpcio-tools` (`.ci/services` installs them); the
 //! Python protobuf modules are generated from `crates/proto/proto` into a temp dir.
@@ -26,8 +30,8 @@ const DRIVER: &str = concat!(
 );
 const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
 
-/// A bound on one `sluice run` of this small pipeline, far above what it needs: past
-/// it, the run is hung, not slow.
+/// A bound on one `sluice` command here, far above what it needs (a run or the suite
+/// takes seconds): past it, the command is hung, not slow.
 const RUN_BOUND: Duration = Duration::from_secs(120);
 
 /// The Python driver process, killed however the test ends.
@@ -107,29 +111,31 @@ impl PythonDriver {
             .count()
     }
 
-    /// The documents of `table` the driver last committed.
+    /// The documents of `table` of materialization `views-db` the driver last committed.
     fn table(&self, table: &str) -> Vec<Value> {
         let text = std::fs::read_to_string(&self.state).expect("the driver committed");
         let state: Value = serde_json::from_str(&text).unwrap();
-        let rows = state[table].as_object().expect("the table was committed");
+        let rows = state["views-db"][table]
+            .as_object()
+            .expect("the table was committed");
         rows.values().cloned().collect()
     }
 }
 
-/// Runs `sluice run pipeline`, which must succeed within [`RUN_BOUND`]; a run that
-/// does not is killed and fails the test, saying where it hung.
-fn run_bounded(pipeline: &Path, driver: &PythonDriver) {
-    let dir = pipeline.parent().unwrap();
-    let (out, err) = (dir.join("run.stdout"), dir.join("run.stderr"));
+/// Runs `sluice ARGS` in `dir`, which must succeed within [`RUN_BOUND`]; a run that
+/// does not finish is killed and fails the test, saying where it hung. Returns stdout.
+fn sluice_bounded(dir: &Path, args: &[&str], driver: &PythonDriver) -> String {
+    let (out, err) = (dir.join("sluice.stdout"), dir.join("sluice.stderr"));
     let opens_before = driver.count("Open");
     let mut child = Command::new(SLUICE)
-        .arg("run")
-        .arg(pipeline)
+        .args(args)
+        .current_dir(dir)
         .env("RUST_LOG", "warn")
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::fs::File::create(&err).unwrap())
         .spawn()
         .unwrap();
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -145,9 +151,10 @@ fn run_bounded(pipeline: &Path, driver: &PythonDriver) {
                 "after Open"
             };
             panic!(
-                "sluice run against the grpcio driver hung {place} (killed after {RUN_BOUND:?}).\n\
-                 sluice stderr:\n{}\ndriver log:\n{}",
-                std::fs::read_to_string(&err).unwrap_or_default(),
+                "sluice {args:?} against the grpcio driver hung {place} (killed after \
+                 {RUN_BOUND:?}).\nsluice stdout:\n{}\nsluice stderr:\n{}\ndriver log:\n{}",
+                read(&out),
+                read(&err),
                 driver.log_text()
             );
         }
@@ -155,11 +162,12 @@ fn run_bounded(pipeline: &Path, driver: &PythonDriver) {
     };
     assert!(
         status.success(),
-        "sluice run failed ({status}):\n{}\n{}\ndriver log:\n{}",
-        std::fs::read_to_string(&err).unwrap_or_default(),
-        std::fs::read_to_string(&out).unwrap_or_default(),
+        "sluice {args:?} failed ({status}):\n{}\n{}\ndriver log:\n{}",
+        read(&out),
+        read(&err),
         driver.log_text()
     );
+    read(&out)
 }
 
 /// `n` documents over `keys` users, deterministic.
@@ -197,7 +205,8 @@ fn a_grpcio_driver_materializes_the_reduction_and_a_second_run_changes_nothing()
     );
     std::fs::write(&pipeline, yaml).unwrap();
 
-    run_bounded(&pipeline, &driver);
+    let run = ["run", "pipeline.yaml"];
+    sluice_bounded(dir.path(), &run, &driver);
     let table = driver.table("pageviews");
     assert_eq!(table.len(), 150, "one row per user");
     // Each committed document is its user's whole row.
@@ -205,11 +214,36 @@ fn a_grpcio_driver_materializes_the_reduction_and_a_second_run_changes_nothing()
     // 2,000 documents in transactions of 400: Loads of later ones read earlier commits.
     assert!(driver.count("commit") >= 5, "{}", driver.log_text());
 
-    run_bounded(&pipeline, &driver);
+    sluice_bounded(dir.path(), &run, &driver);
     assert_eq!(driver.count("Open"), 2, "{}", driver.log_text());
     assert_eq!(
         driver.table("pageviews"),
         table,
         "the second run changed the table"
     );
+}
+
+#[test]
+fn the_grpcio_driver_passes_the_conformance_suite_at_a_plain_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = PythonDriver::start(dir.path());
+    std::fs::write(dir.path().join("config.json"), "{}").unwrap();
+    let args = [
+        "driver",
+        "test",
+        "--endpoint",
+        &driver.address,
+        "--config",
+        "config.json",
+        "--lacks",
+        "delta-updates",
+    ];
+    let stdout = sluice_bounded(dir.path(), &args, &driver);
+    for scenario in [
+        "loads-sent-during-commit-read-committed",
+        "second-open-fences-first",
+    ] {
+        let pass = format!("PASS {scenario}");
+        assert!(stdout.lines().any(|l| l == pass), "{stdout}");
+    }
 }

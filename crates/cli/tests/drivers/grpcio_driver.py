@@ -8,8 +8,9 @@ would write one against materialize.proto: authoritative, in-memory, fenced.
   returns that checkpoint (of the narrowest committed range covering the opened one).
 - Loads are answered from the committed table, in request order: a Load of T+1 read
   after Commit of T sees T's stores.
-- After each commit the tables are written to `--state` (JSON, `{table: {key hex: doc}}`)
-  for the test to compare with the expected reduction.
+- State is per materialization. After each commit the tables are written to `--state`
+  (JSON, `{materialization: {table: {key hex: doc}}}`) for the test to compare with the
+  expected reduction.
 
 Run: `python3 grpcio_driver.py --state FILE` with `materialize_pb2*` importable (the test
 generates them with grpcio-tools); it prints `listening on 127.0.0.1:PORT`, then logs one
@@ -57,29 +58,32 @@ class Store:
     def __init__(self, state_path):
         self.lock = threading.Lock()
         self.state_path = state_path
-        self.tables = {}  # table -> {packed key: document JSON bytes}
-        self.checkpoints = {}  # (key_begin, key_end) -> runtime checkpoint bytes
-        self.opens = []  # (key_begin, key_end, token) of every Open
+        self.tables = {}  # (materialization, table) -> {packed key: document JSON}
+        self.checkpoints = {}  # (materialization, begin, end) -> runtime checkpoint
+        self.opens = []  # (materialization, begin, end, token) of every Open
         self.next_token = 1
 
-    def open(self, begin, end):
-        """Fences every earlier Open overlapping [begin, end]; returns the new token and
-        the checkpoint of the narrowest committed range covering it (b"" if none)."""
+    def open(self, mat, begin, end):
+        """Fences every earlier Open of `mat` overlapping [begin, end]; returns the new
+        token and the checkpoint of the narrowest committed range covering it (b"" if
+        none)."""
         with self.lock:
             token = self.next_token
             self.next_token += 1
-            self.opens.append((begin, end, token))
+            self.opens.append((mat, begin, end, token))
             covering = [
                 (e - b, cp)
-                for (b, e), cp in self.checkpoints.items()
-                if b <= begin and end <= e
+                for (n, b, e), cp in self.checkpoints.items()
+                if n == mat and b <= begin and end <= e
             ]
             return token, min(covering)[1] if covering else b""
 
-    def commit(self, begin, end, token, staged, checkpoint):
+    def commit(self, mat, begin, end, token, staged, checkpoint):
         with self.lock:
             newer = [
-                t for b, e, t in self.opens if t > token and b <= end and begin <= e
+                t
+                for n, b, e, t in self.opens
+                if n == mat and t > token and b <= end and begin <= e
             ]
             if newer:
                 raise Fenced(
@@ -87,31 +91,31 @@ class Store:
                     f"(token {max(newer)} > {token})"
                 )
             for table, key, doc, exists in staged:
-                present = key in self.tables.get(table, {})
+                present = key in self.tables.get((mat, table), {})
                 if present != exists:
                     raise ValueError(
                         f"store of key {key.hex()} in {table} with exists={exists}, "
                         f"but the key is {'present' if present else 'absent'}"
                     )
             for table, key, doc, _ in staged:
-                rows = self.tables.setdefault(table, {})
+                rows = self.tables.setdefault((mat, table), {})
                 if doc == b"null":
                     rows.pop(key, None)
                 else:
                     rows[key] = doc
-            self.checkpoints[(begin, end)] = checkpoint
+            self.checkpoints[(mat, begin, end)] = checkpoint
             self.write_state()
 
-    def load(self, table, keys):
+    def load(self, mat, table, keys):
         with self.lock:
-            rows = self.tables.get(table, {})
+            rows = self.tables.get((mat, table), {})
             return [rows[k] for k in keys if k in rows]
 
     def write_state(self):
-        state = {
-            table: {key.hex(): json.loads(doc) for key, doc in sorted(rows.items())}
-            for table, rows in self.tables.items()
-        }
+        state = {}
+        for (mat, table), rows in self.tables.items():
+            docs = {key.hex(): json.loads(doc) for key, doc in sorted(rows.items())}
+            state.setdefault(mat, {})[table] = docs
         tmp = self.state_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(state, f)
@@ -175,12 +179,14 @@ class Driver(materialize_pb2_grpc.DriverServicer):
     def Transactions(self, requests, context):
         try:
             yield from self.transactions(requests)
-        except Fenced as err:
-            log("fenced:", err)
-            context.abort(grpc.StatusCode.ABORTED, str(err))
         except Exception as err:
+            if not context.is_active():
+                log("stream cancelled by the runtime")
+                return
             log("failed:", err)
-            context.abort(grpc.StatusCode.INTERNAL, str(err))
+            fenced = isinstance(err, Fenced)
+            code = grpc.StatusCode.ABORTED if fenced else grpc.StatusCode.INTERNAL
+            context.abort(code, str(err))
 
     def transactions(self, requests):
         # Headers go out with the first yielded message (grpcio's way): nothing before
@@ -192,24 +198,41 @@ class Driver(materialize_pb2_grpc.DriverServicer):
             raise ValueError(f"expected Open, got {self.kind(first)}")
         open_ = first.open
         log("Open", f"[{open_.key_begin:08x}, {open_.key_end:08x}]")
+        mat = open_.materialization.materialization
         begin, end = open_.key_begin, open_.key_end
         tables = [table_of(b) for b in open_.materialization.bindings]
-        token, checkpoint = self.store.open(begin, end)
+        token, checkpoint = self.store.open(mat, begin, end)
         yield response(opened=m.TransactionResponse.Opened(flow_checkpoint=checkpoint))
         staged, prepared = [], b""
+        # The lifecycle, checked: the load phase (one Acknowledge, Loads, then Prepare
+        # once acknowledged), then the store phase (Stores, then Commit).
+        storing, acknowledged = False, False
         for request in requests:
             kind = self.kind(request)
             log(kind)
+            allowed = {
+                "acknowledge": not storing and not acknowledged,
+                "load": not storing,
+                "prepare": not storing and acknowledged,
+                "store": storing,
+                "commit": storing,
+            }
+            if not allowed.get(kind, False):
+                phase = "store" if storing else "load"
+                raise ValueError(
+                    f"{kind.capitalize()} is not allowed in the {phase} phase"
+                )
             if kind == "acknowledge":
+                acknowledged = True
                 yield response(acknowledged=m.TransactionResponse.Acknowledged())
             elif kind == "load":
                 load = request.load
                 keys = sliced(load.arena, load.packed_keys)
-                docs = self.store.load(tables[load.binding], keys)
+                docs = self.store.load(mat, tables[load.binding], keys)
                 if docs:
                     yield response(loaded=loaded(load.binding, docs))
             elif kind == "prepare":
-                prepared = request.prepare.flow_checkpoint
+                storing, prepared = True, request.prepare.flow_checkpoint
                 yield response(
                     prepared=flow_pb2.DriverCheckpoint(
                         driver_checkpoint_json=b"{}", rfc7396_merge_patch=True
@@ -224,11 +247,9 @@ class Driver(materialize_pb2_grpc.DriverServicer):
                     (table, k, d, e) for k, d, e in zip(keys, docs, store.exists)
                 )
             elif kind == "commit":
-                self.store.commit(begin, end, token, staged, prepared)
-                staged = []
+                self.store.commit(mat, begin, end, token, staged, prepared)
+                staged, storing, acknowledged = [], False, False
                 yield response(driver_committed=m.TransactionResponse.DriverCommitted())
-            else:
-                raise ValueError(f"unexpected request {kind}")
         log("stream closed")
 
     @staticmethod
@@ -253,7 +274,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--state", required=True)
     args = parser.parse_args()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    # The runtime sends documents of up to 64 MiB messages (grpcio's default is 4 MiB).
+    limits = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=limits)
     materialize_pb2_grpc.add_DriverServicer_to_server(Driver(Store(args.state)), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
