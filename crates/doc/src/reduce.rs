@@ -38,10 +38,12 @@
 
 pub(crate) mod build;
 mod compact;
+mod finish;
 mod set;
 
 use crate::Pointer;
 use crate::compact::Doc;
+use crate::schema::condition::Test;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
 use std::cmp::Ordering;
@@ -70,45 +72,44 @@ pub enum Strategy {
     },
 }
 
-impl Strategy {
+/// A parsed `reduce` annotation: a strategy and its options.
+///
+/// | strategy | options |
+/// |---|---|
+/// | `lastWriteWins`, `firstWriteWins` | `delete`, `associative` |
+/// | `merge` | `key`, `delete` |
+/// | `minimize`, `maximize`, `set` | `key` |
+/// | `sum`, `append` | none |
+#[derive(Debug, Clone, PartialEq)]
+pub struct Annotation {
+    pub strategy: Strategy,
+    /// `delete: true`: a location whose reduced value is reduced by this annotation is
+    /// deleted by a full reduction (see [`Reducer::finish`]).
+    pub delete: bool,
+    /// `associative: false`: documents of one key must not be combined with each other
+    /// before a full reduction onto the key's left-most document.
+    pub associative: bool,
+}
+
+impl Annotation {
     /// Parses a `reduce` annotation such as `{"strategy": "merge", "key": ["/id"]}`.
     /// The error says what is wrong; the caller adds where.
-    pub fn from_annotation(annotation: &Value) -> Result<Strategy, String> {
+    pub fn parse(annotation: &Value) -> Result<Annotation, String> {
         let Value::Object(fields) = annotation else {
             return Err(format!(
-                "expected an object {{strategy, key}}, got {annotation}"
+                "expected an object {{strategy, ...options}}, got {annotation}"
             ));
         };
-        if let Some(unknown) = fields.keys().find(|k| *k != "strategy" && *k != "key") {
-            return Err(format!(
-                "unknown property {unknown:?} (expected \"strategy\" and optionally \"key\")"
-            ));
-        }
         let name = match fields.get("strategy") {
             Some(Value::String(name)) => name.as_str(),
             Some(other) => return Err(format!("strategy must be a string, got {other}")),
             None => return Err("missing \"strategy\"".to_string()),
         };
-        let key = match fields.get("key") {
-            None => None,
-            Some(Value::Array(items)) => Some(parse_key(items)?),
-            Some(other) => {
-                return Err(format!(
-                    "key must be an array of JSON pointers, got {other}"
-                ));
-            }
-        };
-        let has_key = key.is_some();
-        let key = key.unwrap_or_default();
-        let unkeyed = match name {
-            "minimize" => return Ok(Strategy::Minimize { key }),
-            "maximize" => return Ok(Strategy::Maximize { key }),
-            "merge" => return Ok(Strategy::Merge { key }),
-            "set" => return Ok(Strategy::Set { key }),
-            "lastWriteWins" => Strategy::LastWriteWins,
-            "firstWriteWins" => Strategy::FirstWriteWins,
-            "sum" => Strategy::Sum,
-            "append" => Strategy::Append,
+        let options: &[&str] = match name {
+            "lastWriteWins" | "firstWriteWins" => &["delete", "associative"],
+            "merge" => &["key", "delete"],
+            "minimize" | "maximize" | "set" => &["key"],
+            "sum" | "append" => &[],
             other => {
                 return Err(format!(
                     "unknown strategy {other:?} (expected one of lastWriteWins, firstWriteWins, \
@@ -116,10 +117,47 @@ impl Strategy {
                 ));
             }
         };
-        if has_key {
-            return Err(format!("strategy {name:?} does not take a key"));
+        if let Some(unknown) = fields
+            .keys()
+            .find(|k| *k != "strategy" && !options.contains(&k.as_str()))
+        {
+            let expected = match options {
+                [] => "none".to_string(),
+                _ => options.join(", "),
+            };
+            return Err(format!(
+                "strategy {name:?} has no option {unknown:?} (its options: {expected})"
+            ));
         }
-        Ok(unkeyed)
+        let flag = |option: &str, default: bool| match fields.get(option) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(format!("{option} must be true or false, got {other}")),
+        };
+        let key = match fields.get("key") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => parse_key(items)?,
+            Some(other) => {
+                return Err(format!(
+                    "key must be an array of JSON pointers, got {other}"
+                ));
+            }
+        };
+        let strategy = match name {
+            "minimize" => Strategy::Minimize { key },
+            "maximize" => Strategy::Maximize { key },
+            "merge" => Strategy::Merge { key },
+            "set" => Strategy::Set { key },
+            "lastWriteWins" => Strategy::LastWriteWins,
+            "firstWriteWins" => Strategy::FirstWriteWins,
+            "sum" => Strategy::Sum,
+            _ => Strategy::Append,
+        };
+        Ok(Annotation {
+            strategy,
+            delete: flag("delete", false)?,
+            associative: flag("associative", true)?,
+        })
     }
 }
 
@@ -142,12 +180,40 @@ pub(crate) struct Node {
     pub(crate) strategy: Strategy,
     /// The strategy came from an annotation (not the default).
     pub(crate) annotated: bool,
+    /// The annotation says `delete: true`.
+    pub(crate) delete: bool,
+    /// The annotation says `associative: false`.
+    pub(crate) non_associative: bool,
     /// Sorted by name.
     pub(crate) properties: Vec<(String, usize)>,
     pub(crate) patterns: Vec<(Regex, usize)>,
     pub(crate) additional: Option<usize>,
     pub(crate) prefix_items: Vec<usize>,
     pub(crate) items: Option<usize>,
+    /// Subschemas whose verdict on the right-hand value picks the node that applies here
+    /// instead of this one (`None` for most locations: no test on the hot path).
+    pub(crate) conditional: Option<Box<Conditional>>,
+    /// This node, a node below it or one it may resolve to deletes or is a `set`: the
+    /// finish of a full reduction must look here ([`Reducer::finish`]).
+    pub(crate) finishes: bool,
+}
+
+/// The conditional subschemas of one location, compiled (see `reduce/build.rs`).
+#[derive(Debug, Clone)]
+pub(crate) struct Conditional {
+    pub(crate) tests: Vec<Test>,
+    /// The node that applies for each combination of verdicts: index bit `i` is set when
+    /// `tests[i]` admits the value. Precomputed, so a reduction only runs the tests.
+    pub(crate) outcomes: Vec<usize>,
+}
+
+impl Conditional {
+    fn pick(&self, value: &Doc) -> usize {
+        let mask = (self.tests.iter().enumerate())
+            .filter(|(_, test)| test.admits(value))
+            .fold(0, |mask, (i, _)| mask | 1 << i);
+        self.outcomes[mask]
+    }
 }
 
 pub(crate) const DEFAULT_NODE: usize = 0;
@@ -221,9 +287,28 @@ impl Reducer {
         }
     }
 
-    /// The strategy at the document root.
+    /// The strategy at the document root (before any conditional applies).
     pub fn strategy(&self) -> &Strategy {
         &self.nodes[self.root].strategy
+    }
+
+    /// Whether documents of one key may be combined with each other in any grouping: no
+    /// location says `associative: false`.
+    pub fn associative(&self) -> bool {
+        !self.nodes.iter().any(|node| node.non_associative)
+    }
+
+    /// The last step of a full reduction, on its result: drops the `intersect` and
+    /// `remove` terms of sets (applied already, or to nothing) and removes every location
+    /// whose value a `delete: true` annotation applies to from its parent object or array.
+    /// Returns whether the root itself is deleted (then `doc` is unspecified). A partial
+    /// reduction skips this step, so that its deletions stay as tombstones.
+    pub fn finish(&self, doc: &mut Doc) -> bool {
+        let cx = Cx {
+            nodes: &self.nodes,
+            full: true,
+        };
+        cx.finish(self.root, doc)
     }
 
     /// Reduces `rhs` into `lhs` in place (`lhs` came first). `full` says `lhs` is a complete
@@ -319,6 +404,10 @@ impl Cx<'_> {
         rhs: Value,
         loc: Loc<'_>,
     ) -> Result<(), ReduceError> {
+        let n = match self.nodes[n].conditional {
+            Some(_) => self.resolve(n, &Doc::from(&rhs)),
+            None => n,
+        };
         let node = &self.nodes[n];
         match &node.strategy {
             Strategy::LastWriteWins => *lhs = rhs,
@@ -380,6 +469,10 @@ impl Cx<'_> {
             (Value::Array(l), Value::Array(r)) => {
                 let left = std::mem::take(l);
                 *l = self.join_sorted(n, key, left, r, Join::Union, loc)?;
+                Ok(())
+            }
+            (l, r) if rank(l) != rank(&r) => {
+                *l = r; // The right side changes the type: it replaces the value.
                 Ok(())
             }
             (l, r) => Err(error(loc, "merge needs two objects or two arrays", l, &r)),
@@ -453,6 +546,17 @@ impl Cx<'_> {
 
     pub(crate) fn node(&self, n: usize) -> &Node {
         &self.nodes[n]
+    }
+
+    /// The node that applies at `n` to the right-hand value `rhs`: `n` itself, or what its
+    /// conditional subschemas pick (which may be conditional in turn, to a depth bounded
+    /// when the schema compiled).
+    #[inline(never)]
+    pub(crate) fn resolve(&self, mut n: usize, rhs: &Doc) -> usize {
+        while let Some(conditional) = &self.nodes[n].conditional {
+            n = conditional.pick(rhs);
+        }
+        n
     }
 }
 

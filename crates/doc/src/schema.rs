@@ -20,6 +20,7 @@
 //! array index, `prefixItems` (or array-form `items`), else `items`. Following `$ref`
 //! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
+pub(crate) mod condition;
 mod instance;
 mod structure;
 

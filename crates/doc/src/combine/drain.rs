@@ -14,6 +14,7 @@
 use super::memtable::{MemTable, SortedTable};
 use super::spill::{RunReader, SpillFile};
 use super::{BindingSpec, CombineError, Drained, Record, describe_key};
+use crate::compact::Doc;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -141,8 +142,10 @@ impl Drainer {
                     key: describe_key(&key[4..]),
                 });
             }
-            // A loaded document and the new ones, or the new ones of several runs.
-            if let Err(source) = spec.schema.reducer().reduce_docs(&mut doc, next.doc, full) {
+            // A loaded document and the new ones, or the new ones of several runs; in a
+            // full reduction the first of them is the left-most whole document.
+            let left_is_whole = full || spec.full;
+            if let Err(source) = (spec.schema.reducer()).reduce_docs(&mut doc, next.doc, left_is_whole) {
                 return Err(CombineError::Reduce {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),
@@ -150,12 +153,17 @@ impl Drainer {
                 });
             }
         }
+        let deleted = spec.full && spec.schema.reducer().finish(&mut doc);
+        if deleted {
+            doc = Doc::Null;
+        }
         key.drain(..4);
         Ok(Some(Drained {
             binding,
             key,
             doc,
             full,
+            deleted,
         }))
     }
 }

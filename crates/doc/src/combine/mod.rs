@@ -66,6 +66,9 @@ pub struct Drained {
     pub doc: Doc,
     /// Combined from a loaded full document ("left"), not only from new ones.
     pub full: bool,
+    /// The full reduction deleted the document (its root reduced to a value a
+    /// `delete: true` annotation applies to); `doc` is then `null`.
+    pub deleted: bool,
 }
 
 /// What the combiner needs to know about one binding's collection.
@@ -74,6 +77,11 @@ pub struct BindingSpec {
     pub key: KeyExtractor,
     /// The collection name, for errors.
     pub name: String,
+    /// Drain each key as a full reduction: the key's left-most document (loaded, else
+    /// its first new one) is a whole document, so set removals are applied and dropped
+    /// and deletions apply ([`crate::Reducer::finish`]). Off: a partial reduction, which
+    /// keeps tombstones (delta updates, or a combiner whose output is combined again).
+    pub full: bool,
 }
 
 /// Tuning of a [`Combiner`].

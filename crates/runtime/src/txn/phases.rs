@@ -232,8 +232,9 @@ impl From<DriverError> for PhaseError {
 }
 
 /// Drains `c2` into Store messages (exists = the key was loaded), keeping the stored
-/// documents of standard bindings in `kept` for the next transaction. Returns documents
-/// stored.
+/// documents of standard bindings in `kept` for the next transaction. A key whose full
+/// reduction deleted it is stored as `null` (a deletion) when it was loaded, and not at
+/// all otherwise; either way it is kept as deleted. Returns documents stored.
 pub(super) async fn send_stores(
     tx: &mut ClientSender,
     c2: Combiner,
@@ -250,7 +251,18 @@ pub(super) async fn send_stores(
             key,
             doc,
             full,
+            deleted,
         } = drained.map_err(PhaseError::Combine)?;
+        let standard = !bindings[binding as usize].delta_updates;
+        if deleted && !full {
+            // Deleted, and not in the store (it was not loaded): nothing to store. The
+            // key is remembered as absent, so the next transaction neither loads it nor
+            // reduces onto a stale document.
+            kept.push(binding, key, Doc::Null);
+            continue;
+        }
+        // A deleted document is stored as the JSON document `null` of an existing key:
+        // the protocol's deletion.
         values.clear();
         for ptr in &bindings[binding as usize].values {
             tuple::pack_doc(ptr.query_doc(&doc).unwrap_or(&Doc::Null), &mut values);
@@ -266,7 +278,7 @@ pub(super) async fn send_stores(
                 exists: full,
             },
         );
-        if !bindings[binding as usize].delta_updates {
+        if standard {
             kept.push(binding, key, doc);
         }
         for store in builder.take_ready() {
