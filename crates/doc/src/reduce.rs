@@ -193,6 +193,9 @@ pub(crate) struct Node {
     /// Subschemas whose verdict on the right-hand value picks the node that applies here
     /// instead of this one (`None` for most locations: no test on the hot path).
     pub(crate) conditional: Option<Box<Conditional>>,
+    /// This node or one it may resolve to says `delete: true`: a value here may be a
+    /// tombstone, which a reduction replaces (a deleted value is no value).
+    pub(crate) deletes: bool,
     /// This node, a node below it or one it may resolve to deletes or is a `set`: the
     /// finish of a full reduction must look here ([`Reducer::finish`]).
     pub(crate) finishes: bool,
@@ -250,6 +253,8 @@ impl Node {
 pub struct Reducer {
     nodes: Arc<[Node]>,
     root: usize,
+    /// No location says `associative: false`.
+    associative: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -282,6 +287,7 @@ impl Reducer {
     pub(crate) fn from_nodes(nodes: Vec<Node>, root: usize) -> Self {
         debug_assert!(nodes[DEFAULT_NODE].strategy == Strategy::LastWriteWins);
         Reducer {
+            associative: !nodes.iter().any(|node| node.non_associative),
             nodes: nodes.into(),
             root,
         }
@@ -295,7 +301,7 @@ impl Reducer {
     /// Whether documents of one key may be combined with each other in any grouping: no
     /// location says `associative: false`.
     pub fn associative(&self) -> bool {
-        !self.nodes.iter().any(|node| node.non_associative)
+        self.associative
     }
 
     /// The last step of a full reduction, on its result: drops the `intersect` and
@@ -404,9 +410,15 @@ impl Cx<'_> {
         rhs: Value,
         loc: Loc<'_>,
     ) -> Result<(), ReduceError> {
-        let n = match self.nodes[n].conditional {
-            Some(_) => self.resolve(n, &Doc::from(&rhs)),
-            None => n,
+        let node = &self.nodes[n];
+        let n = if node.conditional.is_some() || node.deletes {
+            if self.is_tombstone(n, &Doc::from(&*lhs)) {
+                *lhs = rhs;
+                return Ok(());
+            }
+            self.resolve(n, &Doc::from(&rhs))
+        } else {
+            n
         };
         let node = &self.nodes[n];
         match &node.strategy {
@@ -551,6 +563,12 @@ impl Cx<'_> {
     /// The node that applies at `n` to the right-hand value `rhs`: `n` itself, or what its
     /// conditional subschemas pick (which may be conditional in turn, to a depth bounded
     /// when the schema compiled).
+    /// Whether `value` at node `n` is deleted (a tombstone of a partial reduction): a
+    /// reduction onto it takes the right-hand value as it is, as onto no value.
+    pub(crate) fn is_tombstone(&self, n: usize, value: &Doc) -> bool {
+        self.nodes[n].deletes && self.nodes[self.resolve(n, value)].delete
+    }
+
     #[inline(never)]
     pub(crate) fn resolve(&self, mut n: usize, rhs: &Doc) -> usize {
         while let Some(conditional) = &self.nodes[n].conditional {

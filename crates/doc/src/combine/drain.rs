@@ -10,6 +10,10 @@
 //! records of one key the heap yields the loaded one first, then the others by source,
 //! so the reduction is `loaded ⊕ run 0 ⊕ run 1 ⊕ … ⊕ table`, the order the combiner
 //! promises. Each source holds one decoded record in the heap and one read buffer.
+//!
+//! A binding with `full` reductions reduces every later record onto the key's first one
+//! as onto a whole document, then finishes the result (deletions, set removals). A
+//! partial drain of a non-associative binding yields every record of a key apart.
 
 use super::memtable::{MemTable, SortedTable};
 use super::spill::{RunReader, SpillFile};
@@ -134,7 +138,10 @@ impl Drainer {
                 reason: format!("record of binding {binding}, which does not exist"),
             });
         };
-        while self.heap.peek().is_some_and(|head| head.record.key == key) {
+        // A non-associative binding's documents reduce only in a full reduction, onto the
+        // left-most one; a partial drain yields each as it came.
+        let groups = spec.full || spec.schema.reducer().associative();
+        while groups && self.heap.peek().is_some_and(|head| head.record.key == key) {
             let Some(next) = self.pop()? else { break };
             if next.full {
                 return Err(CombineError::DuplicateLoad {

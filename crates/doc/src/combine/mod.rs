@@ -28,6 +28,10 @@
 //!   Reductions are associative, so reducing per run and then across runs equals
 //!   reducing all in order.
 //! - At most one loaded document per key per drain; a second one is an error.
+//! - A binding whose schema has an `associative: false` location never combines its new
+//!   documents with each other (Flow holds them back likewise): they are kept apart, in
+//!   order, and either reduce in order onto the key's left-most document in a full drain,
+//!   or drain one by one (a partial drain: into the next combiner, or delta updates).
 //! - The estimate of memory counts the table's containers by capacity plus an estimate
 //!   of each document's heap (see [`Doc::heap_size`]); above
 //!   [`CombinerOptions::memory_budget`] the whole table is spilled as one sorted run.

@@ -57,7 +57,7 @@ pub(crate) fn build(root: &Value) -> Result<Reducer, SchemaError> {
     };
     let top = builder.build(root, "#".to_string())?;
     builder.precompute_outcomes()?;
-    builder.mark_finishing();
+    builder.mark_deleting_and_finishing();
     Ok(Reducer::from_nodes(builder.nodes, top))
 }
 
@@ -319,16 +319,15 @@ impl<'s> Builder<'s> {
         Ok(())
     }
 
-    /// Sets [`Node::finishes`] where a full reduction's finish must look: a fixpoint,
-    /// since the arena may be cyclic.
-    fn mark_finishing(&mut self) {
+    /// Sets [`Node::deletes`] and [`Node::finishes`] where they hold: a fixpoint, since
+    /// the arena may be cyclic.
+    fn mark_deleting_and_finishing(&mut self) {
         loop {
             let mut changed = false;
             for i in 0..self.nodes.len() {
                 let node = &self.nodes[i];
-                if node.finishes {
-                    continue;
-                }
+                let outcomes = || node.conditional.iter().flat_map(|c| c.outcomes.iter());
+                let deletes = node.delete || outcomes().any(|o| self.nodes[*o].deletes);
                 let reaches = |j: &usize| self.nodes[*j].finishes;
                 let finishes = node.delete
                     || matches!(node.strategy, Strategy::Set { .. })
@@ -337,9 +336,10 @@ impl<'s> Builder<'s> {
                     || node.additional.iter().any(reaches)
                     || node.prefix_items.iter().any(reaches)
                     || node.items.iter().any(reaches)
-                    || (node.conditional.iter()).any(|c| c.outcomes.iter().any(reaches));
-                if finishes {
-                    self.nodes[i].finishes = true;
+                    || outcomes().any(reaches);
+                if (deletes, finishes) != (node.deletes, node.finishes) {
+                    self.nodes[i].deletes = deletes;
+                    self.nodes[i].finishes = finishes;
                     changed = true;
                 }
             }

@@ -70,9 +70,14 @@ impl Cx<'_> {
         rhs: Doc,
         loc: Loc<'_>,
     ) -> Result<isize, ReduceError> {
-        let n = match self.nodes[n].conditional {
-            Some(_) => self.resolve(n, &rhs),
-            None => n,
+        let node = &self.nodes[n];
+        let n = if node.conditional.is_some() || node.deletes {
+            if self.is_tombstone(n, lhs) {
+                return Ok(replace(lhs, rhs));
+            }
+            self.resolve(n, &rhs)
+        } else {
+            n
         };
         match self.nodes[n].strategy {
             Strategy::LastWriteWins => Ok(replace(lhs, rhs)),

@@ -61,11 +61,19 @@ pub(super) async fn send_loads(
     let mut builder = LoadBuilder::new();
     let mut reused = 0;
     let drain = c1.drain().map_err(PhaseError::Combine)?;
+    // A non-associative binding drains a key's documents one by one: load it once.
+    let (mut last_binding, mut last_key) = (None, Vec::new());
     for drained in drain {
         let Drained {
             binding, key, doc, ..
         } = drained.map_err(PhaseError::Combine)?;
-        if !bindings[binding as usize].delta_updates {
+        let repeated = last_binding == Some(binding) && last_key == key;
+        if !repeated {
+            last_binding = Some(binding);
+            last_key.clear();
+            last_key.extend_from_slice(&key);
+        }
+        if !repeated && !bindings[binding as usize].delta_updates {
             match previous.take(binding, &key) {
                 Some(Doc::Null) => {} // Deleted by the last transaction.
                 Some(stored) => {
