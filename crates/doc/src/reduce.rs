@@ -13,7 +13,9 @@
 //!        └─ items                              ─▶ node      (absent ⇒ node 0: lastWriteWins)
 //! ```
 //!
-//! `reduce(lhs, rhs)` folds `rhs` (which came later) into `lhs` in place:
+//! `reduce(lhs, rhs)` folds `rhs` (which came later) into `lhs` in place. The node that
+//! applies at a location is picked by `rhs`'s value there when the schema has conditional
+//! subschemas (`if`/`then`/`else`, `anyOf`, `oneOf`; see [`build`] for precedence):
 //!
 //! - `lastWriteWins` (default) takes `rhs` whatever its type; `firstWriteWins` keeps `lhs`.
 //! - `sum` adds numbers: integers with exact `i64`/`u64` arithmetic (overflow is an error),
@@ -22,16 +24,26 @@
 //!   (null < bool < numbers < strings < arrays < objects, numbers compared numerically
 //!   across integer and float); ties take `rhs`, or with a `key` the two are deep-merged.
 //! - `merge` reduces objects property by property with each child's own strategy and
-//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays.
+//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays; a
+//!   right side of another type than the left replaces it (two scalars: an error).
 //! - `append` concatenates arrays. `set` is described in [`set`].
+//! - `delete: true` (lastWriteWins, firstWriteWins, merge) marks the reduced value as a
+//!   deletion: kept as a tombstone by partial reductions, removed from its parent (or the
+//!   whole document, at the root) by the finish of a full one ([`Reducer::finish`]). A
+//!   reduction onto a tombstone takes the right-hand value as it is.
+//! - `associative: false` (lastWriteWins, firstWriteWins): the combiner never combines
+//!   the binding's new documents with each other (see `combine`).
 //!
 //! [`Reducer::reduce_docs`] is the combiner's path: both sides are compact [`Doc`]s, the
 //! right one moved into the left; `reduce/compact.rs` says which strategies it runs
 //! natively and how the others defer to [`Reducer::reduce`]'s definitions.
 //!
 //! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
-//! relies on to reduce in any grouping; properties present on one side only are kept.
-//! Reducing scalars never allocates (the sum of two integers is computed in an `i128` and
+//! relies on to reduce in any grouping, except where a location changes type between
+//! documents (a merge replaced, or a tombstone recreated, by a value of another type:
+//! in Flow too); properties present on one side only are kept. Locations without
+//! conditionals or deletions cost one branch more than before. Reducing scalars never
+//! allocates (the sum of two integers is computed in an `i128` and
 //! stored back into `lhs`); the location of an error is tracked as a stack-allocated
 //! linked list and only rendered into a string when an error is returned. After an error
 //! `lhs` is unspecified: the caller must discard it (the transaction fails).

@@ -552,14 +552,20 @@ fn deletable() -> Value {
 fn a_full_binding_drains_deleted_keys_as_deleted_and_finishes_the_rest() {
     for budget in [usize::MAX, 1] {
         let docs = [json!({"k": 1, "n": 1}), json!({"k": 1, "deleted": true})];
-        assert_eq!(drain_docs(deletable(), true, None, &docs, budget), vec![(Value::Null, true)]);
+        assert_eq!(
+            drain_docs(deletable(), true, None, &docs, budget),
+            vec![(Value::Null, true)]
+        );
         // Without `full` the tombstone drains as a document.
         assert_eq!(
             drain_docs(deletable(), false, None, &docs, budget),
             vec![(json!({"k": 1, "deleted": true}), false)]
         );
         let docs = [json!({"k": 1, "gone": 1, "n": 1}), json!({"k": 1, "n": 2})];
-        assert_eq!(drain_docs(deletable(), true, None, &docs, budget), vec![(json!({"k": 1, "n": 3}), false)]);
+        assert_eq!(
+            drain_docs(deletable(), true, None, &docs, budget),
+            vec![(json!({"k": 1, "n": 3}), false)]
+        );
         let loaded = json!({"k": 1, "n": 5});
         assert_eq!(
             drain_docs(deletable(), true, Some(loaded), &docs[1..], budget),
@@ -578,11 +584,18 @@ fn non_associative() -> Value {
 
 #[test]
 fn a_non_associative_binding_never_combines_new_documents_with_each_other() {
-    let docs = [json!({"k": 1, "n": 1, "at": "a"}), json!({"k": 1, "n": 2, "at": "b"}), json!({"k": 1, "n": 3})];
+    let docs = [
+        json!({"k": 1, "n": 1, "at": "a"}),
+        json!({"k": 1, "n": 2, "at": "b"}),
+        json!({"k": 1, "n": 3}),
+    ];
     for budget in [usize::MAX, 1] {
         // A partial drain (delta updates, or into the next combiner) yields each one.
         let each: Vec<_> = docs.iter().map(|d| (d.clone(), false)).collect();
-        assert_eq!(drain_docs(non_associative(), false, None, &docs, budget), each);
+        assert_eq!(
+            drain_docs(non_associative(), false, None, &docs, budget),
+            each
+        );
         // A full drain reduces them in order onto the left-most: the loaded one.
         let loaded = json!({"k": 1, "n": 10, "at": "z"});
         assert_eq!(

@@ -520,22 +520,30 @@ fn a_resettable_counter_sums_until_a_reset_document() {
         json!({"key": "k", "action": "sum", "value": 5}),
         json!({"key": "k", "action": "sum", "value": -1.25}),
     ];
-    assert_eq!(fold(resettable_counter(), docs).unwrap(), json!({"key": "k", "action": "sum", "value": 3.75}));
+    assert_eq!(
+        fold(resettable_counter(), docs).unwrap(),
+        json!({"key": "k", "action": "sum", "value": 3.75})
+    );
     let docs = vec![
         json!({"key": "k", "action": "sum", "value": 5}),
         json!({"key": "k", "action": "reset", "value": 0}),
         json!({"key": "k", "action": "sum", "value": 1.5}),
     ];
     // The reset takes the whole document; the sum after it keeps its "reset" action.
-    assert_eq!(fold(resettable_counter(), docs).unwrap(), json!({"key": "k", "action": "reset", "value": 1.5}));
+    assert_eq!(
+        fold(resettable_counter(), docs).unwrap(),
+        json!({"key": "k", "action": "reset", "value": 1.5})
+    );
 }
 
 #[test]
 fn a_merge_patch_deletes_nulls_in_a_full_reduction_and_keeps_them_as_tombstones_in_a_partial_one() {
-    let docs = || vec![
-        json!({"key": "k", "a": 1, "b": {"c": 1, "e": [1]}}),
-        json!({"key": "k", "a": null, "b": {"c": null, "d": 2, "e": [2]}}),
-    ];
+    let docs = || {
+        vec![
+            json!({"key": "k", "a": 1, "b": {"c": 1, "e": [1]}}),
+            json!({"key": "k", "a": null, "b": {"c": null, "d": 2, "e": [2]}}),
+        ]
+    };
     assert_eq!(
         fold_full(merge_patch(), docs()).unwrap(),
         Some(json!({"key": "k", "b": {"d": 2, "e": [2]}}))
@@ -545,11 +553,22 @@ fn a_merge_patch_deletes_nulls_in_a_full_reduction_and_keeps_them_as_tombstones_
         json!({"key": "k", "a": null, "b": {"c": null, "d": 2, "e": [2]}})
     );
     // A tombstone of a partial reduction still deletes when a full one finishes.
-    let partial = fold(merge_patch(), vec![json!({"b": {"c": null}}), json!({"a": null})]).unwrap();
-    let full = fold_full(merge_patch(), vec![json!({"key": "k", "a": 1, "b": {"c": 1}}), partial]).unwrap();
+    let partial = fold(
+        merge_patch(),
+        vec![json!({"b": {"c": null}}), json!({"a": null})],
+    )
+    .unwrap();
+    let full = fold_full(
+        merge_patch(),
+        vec![json!({"key": "k", "a": 1, "b": {"c": 1}}), partial],
+    )
+    .unwrap();
     assert_eq!(full, Some(json!({"key": "k", "b": {}})));
     // The key's first document, left-most with nothing stored, is finished too.
-    assert_eq!(fold_full(merge_patch(), vec![json!({"key": "k", "a": null})]).unwrap(), Some(json!({"key": "k"})));
+    assert_eq!(
+        fold_full(merge_patch(), vec![json!({"key": "k", "a": null})]).unwrap(),
+        Some(json!({"key": "k"}))
+    );
 }
 
 #[test]
@@ -564,10 +583,23 @@ fn a_root_that_reduces_to_deleted_deletes_the_document() {
     let deleted = vec![json!({"k": 1, "n": 1}), json!({"k": 1, "deleted": true})];
     assert_eq!(fold_full(schema.clone(), deleted.clone()).unwrap(), None);
     // A partial reduction keeps the tombstone; a later document recreates it from nothing.
-    assert_eq!(fold(schema.clone(), deleted).unwrap(), json!({"k": 1, "deleted": true}));
-    let recreated = vec![json!({"k": 1, "n": 1}), json!({"k": 1, "deleted": true}), json!({"k": 1, "n": 2})];
-    assert_eq!(fold_full(schema.clone(), recreated.clone()).unwrap(), Some(json!({"k": 1, "n": 2})));
-    assert_eq!(fold(schema, recreated[1..].to_vec()).unwrap(), json!({"k": 1, "n": 2}));
+    assert_eq!(
+        fold(schema.clone(), deleted).unwrap(),
+        json!({"k": 1, "deleted": true})
+    );
+    let recreated = vec![
+        json!({"k": 1, "n": 1}),
+        json!({"k": 1, "deleted": true}),
+        json!({"k": 1, "n": 2}),
+    ];
+    assert_eq!(
+        fold_full(schema.clone(), recreated.clone()).unwrap(),
+        Some(json!({"k": 1, "n": 2}))
+    );
+    assert_eq!(
+        fold(schema, recreated[1..].to_vec()).unwrap(),
+        json!({"k": 1, "n": 2})
+    );
 }
 
 #[test]
@@ -600,8 +632,15 @@ fn if_then_else_any_of_and_nested_locations_pick_their_strategy_by_the_right_han
     ];
     // 1 + 2 by sum, then 1.5 by lastWriteWins; 3 kept by maximize of 1, then by
     // firstWriteWins of the strings.
-    assert_eq!(fold(schema.clone(), docs).unwrap(), json!({"n": 1.5, "deep": {"m": 3}}));
-    let docs = vec![json!({"deep": {"m": 1}}), json!({"deep": {"m": 3}}), json!({"deep": {"m": "x"}})];
+    assert_eq!(
+        fold(schema.clone(), docs).unwrap(),
+        json!({"n": 1.5, "deep": {"m": 3}})
+    );
+    let docs = vec![
+        json!({"deep": {"m": 1}}),
+        json!({"deep": {"m": 3}}),
+        json!({"deep": {"m": "x"}}),
+    ];
     assert_eq!(fold(schema, docs).unwrap(), json!({"deep": {"m": 3}}));
 }
 
@@ -612,16 +651,27 @@ fn a_conditional_ref_resolves_against_the_root() {
         "reduce": {"strategy": "merge"},
         "properties": {"n": {"if": {"$ref": "#/$defs/small"}, "then": at("sum")}},
     });
-    assert_eq!(fold(schema.clone(), vec![json!({"n": 1}), json!({"n": 2})]).unwrap(), json!({"n": 3}));
-    assert_eq!(fold(schema, vec![json!({"n": 1}), json!({"n": 20})]).unwrap(), json!({"n": 20}));
+    assert_eq!(
+        fold(schema.clone(), vec![json!({"n": 1}), json!({"n": 2})]).unwrap(),
+        json!({"n": 3})
+    );
+    assert_eq!(
+        fold(schema, vec![json!({"n": 1}), json!({"n": 20})]).unwrap(),
+        json!({"n": 20})
+    );
 }
 
 #[test]
 fn too_many_conditionals_at_one_location_are_a_schema_error_naming_it() {
-    let branches: Vec<Value> = (0..9).map(|i| json!({"const": i, "reduce": {"strategy": "sum"}})).collect();
+    let branches: Vec<Value> = (0..9)
+        .map(|i| json!({"const": i, "reduce": {"strategy": "sum"}}))
+        .collect();
     let err = Schema::compile(&json!({"properties": {"n": {"anyOf": branches}}})).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("#/properties/n") && text.contains("more than 8"), "{text}");
+    assert!(
+        text.contains("#/properties/n") && text.contains("more than 8"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -632,17 +682,36 @@ fn strategy_options_are_accepted_with_their_meaning_and_unknown_ones_name_the_lo
         json!({"strategy": "merge", "key": ["/id"], "delete": false}),
         json!({"strategy": "set", "key": ["/id"]}),
     ] {
-        Schema::compile(&json!({"reduce": annotation})).unwrap_or_else(|e| panic!("{annotation}: {e}"));
+        Schema::compile(&json!({"reduce": annotation}))
+            .unwrap_or_else(|e| panic!("{annotation}: {e}"));
     }
-    assert!(reducer(json!({"reduce": {"strategy": "lastWriteWins", "associative": false}})).associative() == false);
+    assert!(
+        reducer(json!({"reduce": {"strategy": "lastWriteWins", "associative": false}}))
+            .associative()
+            == false
+    );
     assert!(reducer(merged(json!({"a": at("sum")}))).associative());
     for (annotation, says) in [
-        (json!({"strategy": "sum", "delete": true}), "strategy \"sum\" has no option \"delete\""),
-        (json!({"strategy": "merge", "associative": false}), "no option \"associative\""),
-        (json!({"strategy": "lastWriteWins", "delete": "yes"}), "delete must be true or false"),
+        (
+            json!({"strategy": "sum", "delete": true}),
+            "strategy \"sum\" has no option \"delete\"",
+        ),
+        (
+            json!({"strategy": "merge", "associative": false}),
+            "no option \"associative\"",
+        ),
+        (
+            json!({"strategy": "lastWriteWins", "delete": "yes"}),
+            "delete must be true or false",
+        ),
     ] {
-        let err = Schema::compile(&json!({"properties": {"a": {"reduce": annotation}}})).unwrap_err().to_string();
-        assert!(err.contains("#/properties/a/reduce") && err.contains(says), "{err}");
+        let err = Schema::compile(&json!({"properties": {"a": {"reduce": annotation}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("#/properties/a/reduce") && err.contains(says),
+            "{err}"
+        );
     }
 }
 
@@ -650,9 +719,18 @@ fn strategy_options_are_accepted_with_their_meaning_and_unknown_ones_name_the_lo
 fn set_removals_of_the_left_most_document_are_applied_to_nothing_and_dropped() {
     let schema = json!({"reduce": {"strategy": "merge"}, "properties": {"s": at("set")}});
     let lone = vec![json!({"s": {"add": [1, 2], "remove": [3]}})];
-    assert_eq!(fold_full(schema.clone(), lone).unwrap(), Some(json!({"s": {"add": [1, 2]}})));
-    let two = vec![json!({"s": {"intersect": [1]}}), json!({"s": {"add": [4], "remove": [4, 5]}})];
-    assert_eq!(fold_full(schema, two).unwrap(), Some(json!({"s": {"add": [4]}})));
+    assert_eq!(
+        fold_full(schema.clone(), lone).unwrap(),
+        Some(json!({"s": {"add": [1, 2]}}))
+    );
+    let two = vec![
+        json!({"s": {"intersect": [1]}}),
+        json!({"s": {"add": [4], "remove": [4, 5]}}),
+    ];
+    assert_eq!(
+        fold_full(schema, two).unwrap(),
+        Some(json!({"s": {"add": [4]}}))
+    );
 }
 
 // ---- Associativity: reduce(reduce(a, b), c) == reduce(a, reduce(b, c)) ----
@@ -943,6 +1021,8 @@ fn counter_doc() -> impl Strategy<Value = Value> {
 /// scalar in another does not reduce associatively, in Flow either.)
 fn patch() -> impl Strategy<Value = Value> {
     let leaf = prop::option::of(-9i64..9).prop_map(|n| n.map_or(Value::Null, Value::from));
-    let inner = prop::collection::btree_map("[xyz]", leaf, 0..3).prop_map(|m| Value::Object(m.into_iter().collect()));
-    prop::collection::btree_map("[abc]", inner, 0..3).prop_map(|m| Value::Object(m.into_iter().collect()))
+    let inner = prop::collection::btree_map("[xyz]", leaf, 0..3)
+        .prop_map(|m| Value::Object(m.into_iter().collect()));
+    prop::collection::btree_map("[abc]", inner, 0..3)
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
 }

@@ -152,7 +152,9 @@ impl Drainer {
             // A loaded document and the new ones, or the new ones of several runs; in a
             // full reduction the first of them is the left-most whole document.
             let left_is_whole = full || spec.full;
-            if let Err(source) = (spec.schema.reducer()).reduce_docs(&mut doc, next.doc, left_is_whole) {
+            if let Err(source) =
+                (spec.schema.reducer()).reduce_docs(&mut doc, next.doc, left_is_whole)
+            {
                 return Err(CombineError::Reduce {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),

@@ -45,7 +45,10 @@ pub(super) enum Side {
 enum Docs {
     Right(Doc),
     Left(Box<Doc>),
-    Both { left: Box<Doc>, right: Doc },
+    Both {
+        left: Box<Doc>,
+        right: Doc,
+    },
     /// A non-associative binding's documents, none combined with another (see
     /// [`Reducer::associative`]): the loaded one, if any, and the new ones in order.
     Held(Box<Held>),

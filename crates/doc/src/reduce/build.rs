@@ -287,7 +287,9 @@ impl<'s> Builder<'s> {
                 if self.nesting[i] >= MAX_NESTING {
                     return Err(invalid(
                         &at,
-                        format!("conditionals with reduce annotations nest deeper than {MAX_NESTING}"),
+                        format!(
+                            "conditionals with reduce annotations nest deeper than {MAX_NESTING}"
+                        ),
                     ));
                 }
                 let mut outcomes = Vec::with_capacity(1 << conds.len());
@@ -305,7 +307,11 @@ impl<'s> Builder<'s> {
                     self.conds[outcome] = inherited;
                     outcomes.push(self.finish(outcome, node));
                 }
-                pending.push((i, conds.iter().map(|c| c.test).collect::<Vec<_>>(), outcomes));
+                pending.push((
+                    i,
+                    conds.iter().map(|c| c.test).collect::<Vec<_>>(),
+                    outcomes,
+                ));
             }
             i += 1;
         }
@@ -453,7 +459,12 @@ impl<'s> Builder<'s> {
 
     /// Folds what node `from` says into `node` (whose conditionals are `conds`): `from`'s
     /// annotation wins, and its conditionals come after `node`'s.
-    fn fold(&mut self, node: &mut Node, conds: &mut Vec<Cond>, from: usize) -> Result<(), SchemaError> {
+    fn fold(
+        &mut self,
+        node: &mut Node,
+        conds: &mut Vec<Cond>,
+        from: usize,
+    ) -> Result<(), SchemaError> {
         if !self.done[from] {
             return Ok(());
         }
