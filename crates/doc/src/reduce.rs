@@ -13,7 +13,9 @@
 //!        └─ items                              ─▶ node      (absent ⇒ node 0: lastWriteWins)
 //! ```
 //!
-//! `reduce(lhs, rhs)` folds `rhs` (which came later) into `lhs` in place:
+//! `reduce(lhs, rhs)` folds `rhs` (which came later) into `lhs` in place. The node that
+//! applies at a location is picked by `rhs`'s value there when the schema has conditional
+//! subschemas (`if`/`then`/`else`, `anyOf`, `oneOf`; see [`build`] for precedence):
 //!
 //! - `lastWriteWins` (default) takes `rhs` whatever its type; `firstWriteWins` keeps `lhs`.
 //! - `sum` adds numbers: integers with exact `i64`/`u64` arithmetic (overflow is an error),
@@ -23,27 +25,39 @@
 //!   (null < bool < numbers < strings < arrays < objects, numbers compared numerically
 //!   across integer and float); ties take `rhs`, or with a `key` the two are deep-merged.
 //! - `merge` reduces objects property by property with each child's own strategy and
-//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays.
+//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays; a
+//!   right side of another type than the left replaces it (two scalars: an error).
 //! - `append` concatenates arrays. `set` is described in [`set`].
+//! - `delete: true` (lastWriteWins, firstWriteWins, merge) marks the reduced value as a
+//!   deletion: kept as a tombstone by partial reductions, removed from its parent (or the
+//!   whole document, at the root) by the finish of a full one ([`Reducer::finish`]). A
+//!   reduction onto a tombstone takes the right-hand value as it is.
+//! - `associative: false` (lastWriteWins, firstWriteWins): the combiner never combines
+//!   the binding's new documents with each other (see `combine`).
 //!
 //! [`Reducer::reduce_docs`] is the combiner's path: both sides are compact [`Doc`]s, the
 //! right one moved into the left; `reduce/compact.rs` says which strategies it runs
 //! natively and how the others defer to [`Reducer::reduce`]'s definitions.
 //!
 //! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
-//! relies on to reduce in any grouping; properties present on one side only are kept.
-//! Reducing scalars never allocates (the sum of two integers is computed in an `i128` and
+//! relies on to reduce in any grouping, except where a location changes type between
+//! documents (a merge replaced, or a tombstone recreated, by a value of another type:
+//! in Flow too); properties present on one side only are kept. Locations without
+//! conditionals or deletions cost one branch more than before. Reducing scalars never
+//! allocates (the sum of two integers is computed in an `i128` and
 //! stored back into `lhs`); the location of an error is tracked as a stack-allocated
 //! linked list and only rendered into a string when an error is returned. After an error
 //! `lhs` is unspecified: the caller must discard it (the transaction fails).
 
 pub(crate) mod build;
 mod compact;
+mod finish;
 mod number;
 mod set;
 
 use crate::Pointer;
 use crate::compact::Doc;
+use crate::schema::condition::Test;
 use number::Addend;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
@@ -73,45 +87,44 @@ pub enum Strategy {
     },
 }
 
-impl Strategy {
+/// A parsed `reduce` annotation: a strategy and its options.
+///
+/// | strategy | options |
+/// |---|---|
+/// | `lastWriteWins`, `firstWriteWins` | `delete`, `associative` |
+/// | `merge` | `key`, `delete` |
+/// | `minimize`, `maximize`, `set` | `key` |
+/// | `sum`, `append` | none |
+#[derive(Debug, Clone, PartialEq)]
+pub struct Annotation {
+    pub strategy: Strategy,
+    /// `delete: true`: a location whose reduced value is reduced by this annotation is
+    /// deleted by a full reduction (see [`Reducer::finish`]).
+    pub delete: bool,
+    /// `associative: false`: documents of one key must not be combined with each other
+    /// before a full reduction onto the key's left-most document.
+    pub associative: bool,
+}
+
+impl Annotation {
     /// Parses a `reduce` annotation such as `{"strategy": "merge", "key": ["/id"]}`.
     /// The error says what is wrong; the caller adds where.
-    pub fn from_annotation(annotation: &Value) -> Result<Strategy, String> {
+    pub fn parse(annotation: &Value) -> Result<Annotation, String> {
         let Value::Object(fields) = annotation else {
             return Err(format!(
-                "expected an object {{strategy, key}}, got {annotation}"
+                "expected an object {{strategy, ...options}}, got {annotation}"
             ));
         };
-        if let Some(unknown) = fields.keys().find(|k| *k != "strategy" && *k != "key") {
-            return Err(format!(
-                "unknown property {unknown:?} (expected \"strategy\" and optionally \"key\")"
-            ));
-        }
         let name = match fields.get("strategy") {
             Some(Value::String(name)) => name.as_str(),
             Some(other) => return Err(format!("strategy must be a string, got {other}")),
             None => return Err("missing \"strategy\"".to_string()),
         };
-        let key = match fields.get("key") {
-            None => None,
-            Some(Value::Array(items)) => Some(parse_key(items)?),
-            Some(other) => {
-                return Err(format!(
-                    "key must be an array of JSON pointers, got {other}"
-                ));
-            }
-        };
-        let has_key = key.is_some();
-        let key = key.unwrap_or_default();
-        let unkeyed = match name {
-            "minimize" => return Ok(Strategy::Minimize { key }),
-            "maximize" => return Ok(Strategy::Maximize { key }),
-            "merge" => return Ok(Strategy::Merge { key }),
-            "set" => return Ok(Strategy::Set { key }),
-            "lastWriteWins" => Strategy::LastWriteWins,
-            "firstWriteWins" => Strategy::FirstWriteWins,
-            "sum" => Strategy::Sum,
-            "append" => Strategy::Append,
+        let options: &[&str] = match name {
+            "lastWriteWins" | "firstWriteWins" => &["delete", "associative"],
+            "merge" => &["key", "delete"],
+            "minimize" | "maximize" | "set" => &["key"],
+            "sum" | "append" => &[],
             other => {
                 return Err(format!(
                     "unknown strategy {other:?} (expected one of lastWriteWins, firstWriteWins, \
@@ -119,10 +132,47 @@ impl Strategy {
                 ));
             }
         };
-        if has_key {
-            return Err(format!("strategy {name:?} does not take a key"));
+        if let Some(unknown) = fields
+            .keys()
+            .find(|k| *k != "strategy" && !options.contains(&k.as_str()))
+        {
+            let expected = match options {
+                [] => "none".to_string(),
+                _ => options.join(", "),
+            };
+            return Err(format!(
+                "strategy {name:?} has no option {unknown:?} (its options: {expected})"
+            ));
         }
-        Ok(unkeyed)
+        let flag = |option: &str, default: bool| match fields.get(option) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(format!("{option} must be true or false, got {other}")),
+        };
+        let key = match fields.get("key") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => parse_key(items)?,
+            Some(other) => {
+                return Err(format!(
+                    "key must be an array of JSON pointers, got {other}"
+                ));
+            }
+        };
+        let strategy = match name {
+            "minimize" => Strategy::Minimize { key },
+            "maximize" => Strategy::Maximize { key },
+            "merge" => Strategy::Merge { key },
+            "set" => Strategy::Set { key },
+            "lastWriteWins" => Strategy::LastWriteWins,
+            "firstWriteWins" => Strategy::FirstWriteWins,
+            "sum" => Strategy::Sum,
+            _ => Strategy::Append,
+        };
+        Ok(Annotation {
+            strategy,
+            delete: flag("delete", false)?,
+            associative: flag("associative", true)?,
+        })
     }
 }
 
@@ -145,12 +195,43 @@ pub(crate) struct Node {
     pub(crate) strategy: Strategy,
     /// The strategy came from an annotation (not the default).
     pub(crate) annotated: bool,
+    /// The annotation says `delete: true`.
+    pub(crate) delete: bool,
+    /// The annotation says `associative: false`.
+    pub(crate) non_associative: bool,
     /// Sorted by name.
     pub(crate) properties: Vec<(String, usize)>,
     pub(crate) patterns: Vec<(Regex, usize)>,
     pub(crate) additional: Option<usize>,
     pub(crate) prefix_items: Vec<usize>,
     pub(crate) items: Option<usize>,
+    /// Subschemas whose verdict on the right-hand value picks the node that applies here
+    /// instead of this one (`None` for most locations: no test on the hot path).
+    pub(crate) conditional: Option<Box<Conditional>>,
+    /// This node or one it may resolve to says `delete: true`: a value here may be a
+    /// tombstone, which a reduction replaces (a deleted value is no value).
+    pub(crate) deletes: bool,
+    /// This node, a node below it or one it may resolve to deletes or is a `set`: the
+    /// finish of a full reduction must look here ([`Reducer::finish`]).
+    pub(crate) finishes: bool,
+}
+
+/// The conditional subschemas of one location, compiled (see `reduce/build.rs`).
+#[derive(Debug, Clone)]
+pub(crate) struct Conditional {
+    pub(crate) tests: Vec<Test>,
+    /// The node that applies for each combination of verdicts: index bit `i` is set when
+    /// `tests[i]` admits the value. Precomputed, so a reduction only runs the tests.
+    pub(crate) outcomes: Vec<usize>,
+}
+
+impl Conditional {
+    fn pick(&self, value: &Doc) -> usize {
+        let mask = (self.tests.iter().enumerate())
+            .filter(|(_, test)| test.admits(value))
+            .fold(0, |mask, (i, _)| mask | 1 << i);
+        self.outcomes[mask]
+    }
 }
 
 pub(crate) const DEFAULT_NODE: usize = 0;
@@ -187,6 +268,8 @@ impl Node {
 pub struct Reducer {
     nodes: Arc<[Node]>,
     root: usize,
+    /// No location says `associative: false`.
+    associative: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,14 +302,34 @@ impl Reducer {
     pub(crate) fn from_nodes(nodes: Vec<Node>, root: usize) -> Self {
         debug_assert!(nodes[DEFAULT_NODE].strategy == Strategy::LastWriteWins);
         Reducer {
+            associative: !nodes.iter().any(|node| node.non_associative),
             nodes: nodes.into(),
             root,
         }
     }
 
-    /// The strategy at the document root.
+    /// The strategy at the document root (before any conditional applies).
     pub fn strategy(&self) -> &Strategy {
         &self.nodes[self.root].strategy
+    }
+
+    /// Whether documents of one key may be combined with each other in any grouping: no
+    /// location says `associative: false`.
+    pub fn associative(&self) -> bool {
+        self.associative
+    }
+
+    /// The last step of a full reduction, on its result: drops the `intersect` and
+    /// `remove` terms of sets (applied already, or to nothing) and removes every location
+    /// whose value a `delete: true` annotation applies to from its parent object or array.
+    /// Returns whether the root itself is deleted (then `doc` is unspecified). A partial
+    /// reduction skips this step, so that its deletions stay as tombstones.
+    pub fn finish(&self, doc: &mut Doc) -> bool {
+        let cx = Cx {
+            nodes: &self.nodes,
+            full: true,
+        };
+        cx.finish(self.root, doc)
     }
 
     /// Reduces `rhs` into `lhs` in place (`lhs` came first). `full` says `lhs` is a complete
@@ -323,6 +426,16 @@ impl Cx<'_> {
         loc: Loc<'_>,
     ) -> Result<(), ReduceError> {
         let node = &self.nodes[n];
+        let n = if node.conditional.is_some() || node.deletes {
+            if self.is_tombstone(n, &Doc::from(&*lhs)) {
+                *lhs = rhs;
+                return Ok(());
+            }
+            self.resolve(n, &Doc::from(&rhs))
+        } else {
+            n
+        };
+        let node = &self.nodes[n];
         match &node.strategy {
             Strategy::LastWriteWins => *lhs = rhs,
             Strategy::FirstWriteWins => {}
@@ -383,6 +496,10 @@ impl Cx<'_> {
             (Value::Array(l), Value::Array(r)) => {
                 let left = std::mem::take(l);
                 *l = self.join_sorted(n, key, left, r, Join::Union, loc)?;
+                Ok(())
+            }
+            (l, r) if rank(l) != rank(&r) => {
+                *l = r; // The right side changes the type: it replaces the value.
                 Ok(())
             }
             (l, r) => Err(error(loc, "merge needs two objects or two arrays", l, &r)),
@@ -456,6 +573,23 @@ impl Cx<'_> {
 
     pub(crate) fn node(&self, n: usize) -> &Node {
         &self.nodes[n]
+    }
+
+    /// The node that applies at `n` to the right-hand value `rhs`: `n` itself, or what its
+    /// conditional subschemas pick (which may be conditional in turn, to a depth bounded
+    /// when the schema compiled).
+    /// Whether `value` at node `n` is deleted (a tombstone of a partial reduction): a
+    /// reduction onto it takes the right-hand value as it is, as onto no value.
+    pub(crate) fn is_tombstone(&self, n: usize, value: &Doc) -> bool {
+        self.nodes[n].deletes && self.nodes[self.resolve(n, value)].delete
+    }
+
+    #[inline(never)]
+    pub(crate) fn resolve(&self, mut n: usize, rhs: &Doc) -> usize {
+        while let Some(conditional) = &self.nodes[n].conditional {
+            n = conditional.pick(rhs);
+        }
+        n
     }
 }
 

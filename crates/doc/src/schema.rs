@@ -23,6 +23,7 @@
 //! object-form `items` (2020-12: `prefixItems`, else `items`). Following `$ref`
 //! stops after [`REF_DEPTH_LIMIT`] hops, which only a cyclic schema reaches.
 
+pub(crate) mod condition;
 mod instance;
 mod structure;
 

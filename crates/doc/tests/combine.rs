@@ -35,6 +35,7 @@ fn binding(name: &str) -> BindingSpec {
         schema: schema(),
         key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
         name: name.to_string(),
+        full: false,
     }
 }
 
@@ -160,7 +161,7 @@ proptest! {
                 for rhs in docs {
                     reducer_schema.reducer().reduce(&mut doc, rhs, full).unwrap();
                 }
-                Drained { binding, key, doc: Doc::from(doc), full }
+                Drained { binding, key, doc: Doc::from(doc), full, deleted: false }
             })
             .collect();
         prop_assert_eq!(drain_all(combiner), expected);
@@ -240,7 +241,8 @@ fn loaded_document_alone_drains_unchanged_and_full() {
             binding: 0,
             key: key(9),
             doc: Doc::from(doc),
-            full: true
+            full: true,
+            deleted: false,
         }]
     );
 }
@@ -498,4 +500,107 @@ fn long_keys_sharing_their_first_bytes_stay_distinct_and_ordered() {
         })
         .collect();
     assert_eq!(drained, expected.into_iter().collect::<Vec<_>>());
+}
+
+// ---- Full reductions and non-associative bindings ----
+
+fn spec_of(schema: Value, full: bool) -> BindingSpec {
+    BindingSpec {
+        schema: Arc::new(Schema::compile(&schema).expect("test schema compiles")),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![true]),
+        name: "acme/c".to_string(),
+        full,
+    }
+}
+
+/// Drains `docs` (the first loaded when `loaded`), reduced under `schema`, as JSON.
+fn drain_docs(
+    schema: Value,
+    full: bool,
+    loaded: Option<Value>,
+    docs: &[Value],
+    memory_budget: usize,
+) -> Vec<(Value, bool)> {
+    let opts = CombinerOptions {
+        memory_budget,
+        spill_dir: None,
+    };
+    let mut combiner = Combiner::new(vec![spec_of(schema, full)], opts);
+    if let Some(doc) = loaded {
+        combiner.reduce_left(0, &key(1), Doc::from(doc)).unwrap();
+    }
+    for doc in docs {
+        combiner.combine_right(0, doc.clone()).unwrap();
+    }
+    drain_all(combiner)
+        .into_iter()
+        .map(|d| (Value::from(d.doc), d.deleted))
+        .collect()
+}
+
+fn deletable() -> Value {
+    json!({
+        "type": "object",
+        "reduce": {"strategy": "merge"},
+        "properties": {"n": {"reduce": {"strategy": "sum"}}, "gone": {"reduce": {"strategy": "lastWriteWins", "delete": true}}},
+        "if": {"required": ["deleted"]},
+        "then": {"reduce": {"strategy": "lastWriteWins", "delete": true}},
+    })
+}
+
+#[test]
+fn a_full_binding_drains_deleted_keys_as_deleted_and_finishes_the_rest() {
+    for budget in [usize::MAX, 1] {
+        let docs = [json!({"k": 1, "n": 1}), json!({"k": 1, "deleted": true})];
+        assert_eq!(
+            drain_docs(deletable(), true, None, &docs, budget),
+            vec![(Value::Null, true)]
+        );
+        // Without `full` the tombstone drains as a document.
+        assert_eq!(
+            drain_docs(deletable(), false, None, &docs, budget),
+            vec![(json!({"k": 1, "deleted": true}), false)]
+        );
+        let docs = [json!({"k": 1, "gone": 1, "n": 1}), json!({"k": 1, "n": 2})];
+        assert_eq!(
+            drain_docs(deletable(), true, None, &docs, budget),
+            vec![(json!({"k": 1, "n": 3}), false)]
+        );
+        let loaded = json!({"k": 1, "n": 5});
+        assert_eq!(
+            drain_docs(deletable(), true, Some(loaded), &docs[1..], budget),
+            vec![(json!({"k": 1, "n": 7}), false)]
+        );
+    }
+}
+
+fn non_associative() -> Value {
+    json!({
+        "type": "object",
+        "reduce": {"strategy": "merge"},
+        "properties": {"n": {"reduce": {"strategy": "sum"}}, "at": {"reduce": {"strategy": "lastWriteWins", "associative": false}}},
+    })
+}
+
+#[test]
+fn a_non_associative_binding_never_combines_new_documents_with_each_other() {
+    let docs = [
+        json!({"k": 1, "n": 1, "at": "a"}),
+        json!({"k": 1, "n": 2, "at": "b"}),
+        json!({"k": 1, "n": 3}),
+    ];
+    for budget in [usize::MAX, 1] {
+        // A partial drain (delta updates, or into the next combiner) yields each one.
+        let each: Vec<_> = docs.iter().map(|d| (d.clone(), false)).collect();
+        assert_eq!(
+            drain_docs(non_associative(), false, None, &docs, budget),
+            each
+        );
+        // A full drain reduces them in order onto the left-most: the loaded one.
+        let loaded = json!({"k": 1, "n": 10, "at": "z"});
+        assert_eq!(
+            drain_docs(non_associative(), true, Some(loaded), &docs, budget),
+            vec![(json!({"k": 1, "n": 16, "at": "b"}), false)]
+        );
+    }
 }

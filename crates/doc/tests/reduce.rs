@@ -23,6 +23,18 @@ fn fold(schema: Value, docs: Vec<Value>) -> Result<Value, ReduceError> {
     Ok(acc)
 }
 
+/// The full reduction of `docs`, the first the left-most whole document, finished:
+/// `None` when it deletes the document.
+fn fold_full(schema: Value, docs: Vec<Value>) -> Result<Option<Value>, ReduceError> {
+    let reducer = reducer(schema);
+    let mut docs = docs.into_iter();
+    let mut acc = Doc::from(docs.next().expect("at least one document"));
+    for doc in docs {
+        reducer.reduce_docs(&mut acc, Doc::from(doc), true)?;
+    }
+    Ok((!reducer.finish(&mut acc)).then(|| Value::from(acc)))
+}
+
 fn at(strategy: &str) -> Value {
     json!({"reduce": {"strategy": strategy}})
 }
@@ -255,14 +267,24 @@ fn merge_of_arrays_with_a_key_is_a_sorted_merge() {
 }
 
 #[test]
-fn merge_of_a_string_is_an_error() {
-    let err = fold(merged(json!({})), vec![json!({"a": 1}), json!("text")]).unwrap_err();
+fn merge_of_two_scalars_is_an_error() {
+    let err = fold(at("merge"), vec![json!("a"), json!("text")]).unwrap_err();
     assert!(
         err.reason.contains("merge needs two objects or two arrays"),
         "{err}"
     );
-    let err = fold(at("merge"), vec![json!([1]), json!({"a": 1})]).unwrap_err();
+    let err = fold(at("merge"), vec![json!(1), json!(2.5)]).unwrap_err();
     assert!(err.reason.contains("merge"), "{err}");
+}
+
+#[test]
+fn a_merge_whose_right_side_changes_the_type_replaces_the_value() {
+    let out = fold(merged(json!({})), vec![json!({"a": 1}), json!("text")]).unwrap();
+    assert_eq!(out, json!("text"));
+    let out = fold(at("merge"), vec![json!([1]), json!({"a": 1})]).unwrap();
+    assert_eq!(out, json!({"a": 1}));
+    let out = fold_full(at("merge"), vec![json!(null), json!({"a": 1})]).unwrap();
+    assert_eq!(out, Some(json!({"a": 1})));
 }
 
 #[test]
@@ -445,14 +467,269 @@ fn recursive_schemas_reduce_at_every_depth() {
 }
 
 #[test]
-fn the_schema_own_annotation_wins_over_ref_and_all_of() {
+fn annotations_apply_in_order_own_ref_all_of_and_the_last_one_wins() {
     let schema = json!({
         "$defs": {"n": at("sum")},
         "reduce": {"strategy": "merge"},
-        "properties": {"n": {"$ref": "#/$defs/n", "allOf": [at("append")], "reduce": {"strategy": "maximize"}}},
+        "properties": {"n": {"$ref": "#/$defs/n", "allOf": [at("maximize")], "reduce": {"strategy": "append"}}},
     });
     let out = fold(schema, vec![json!({"n": 2}), json!({"n": 1})]).unwrap();
     assert_eq!(out, json!({"n": 2}));
+}
+
+// ---- Conditional annotations, deletions, full reductions (Flow's documented examples) ----
+
+/// Flow's "reset-able counter" (reduction-strategies/composing-with-conditionals): a
+/// `oneOf` over `action`; a branch's `reduce` overrides the root's own `merge`.
+fn resettable_counter() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"key": {"type": "string"}, "value": {"type": "number"}},
+        "required": ["key"],
+        "oneOf": [
+            {"required": ["action"], "properties": {"action": {"const": "reset"}}, "reduce": {"strategy": "lastWriteWins"}},
+            {"required": ["action"], "properties": {
+                "action": {"const": "sum", "reduce": {"strategy": "firstWriteWins"}},
+                "value": {"reduce": {"strategy": "sum"}},
+            }},
+        ],
+        "reduce": {"strategy": "merge"},
+    })
+}
+
+/// RFC 7396 merge patch as a reduction: objects merge, `null` deletes, anything else
+/// replaces (Flow's documented form, reduction-strategies/merge).
+fn merge_patch() -> Value {
+    json!({
+        "$defs": {"mergePatch": {
+            "if": {"type": "object"},
+            "then": {"reduce": {"strategy": "merge"}, "additionalProperties": {"$ref": "#/$defs/mergePatch"}},
+            "else": {
+                "if": {"type": "null"},
+                "then": {"reduce": {"strategy": "lastWriteWins", "delete": true}},
+                "else": {"reduce": {"strategy": "lastWriteWins"}},
+            },
+        }},
+        "$ref": "#/$defs/mergePatch",
+    })
+}
+
+#[test]
+fn a_resettable_counter_sums_until_a_reset_document() {
+    let docs = vec![
+        json!({"key": "k", "action": "sum", "value": 5}),
+        json!({"key": "k", "action": "sum", "value": -1.25}),
+    ];
+    assert_eq!(
+        fold(resettable_counter(), docs).unwrap(),
+        json!({"key": "k", "action": "sum", "value": 3.75})
+    );
+    let docs = vec![
+        json!({"key": "k", "action": "sum", "value": 5}),
+        json!({"key": "k", "action": "reset", "value": 0}),
+        json!({"key": "k", "action": "sum", "value": 1.5}),
+    ];
+    // The reset takes the whole document; the sum after it keeps its "reset" action.
+    assert_eq!(
+        fold(resettable_counter(), docs).unwrap(),
+        json!({"key": "k", "action": "reset", "value": 1.5})
+    );
+}
+
+#[test]
+fn a_merge_patch_deletes_nulls_in_a_full_reduction_and_keeps_them_as_tombstones_in_a_partial_one() {
+    let docs = || {
+        vec![
+            json!({"key": "k", "a": 1, "b": {"c": 1, "e": [1]}}),
+            json!({"key": "k", "a": null, "b": {"c": null, "d": 2, "e": [2]}}),
+        ]
+    };
+    assert_eq!(
+        fold_full(merge_patch(), docs()).unwrap(),
+        Some(json!({"key": "k", "b": {"d": 2, "e": [2]}}))
+    );
+    assert_eq!(
+        fold(merge_patch(), docs()).unwrap(),
+        json!({"key": "k", "a": null, "b": {"c": null, "d": 2, "e": [2]}})
+    );
+    // A tombstone of a partial reduction still deletes when a full one finishes.
+    let partial = fold(
+        merge_patch(),
+        vec![json!({"b": {"c": null}}), json!({"a": null})],
+    )
+    .unwrap();
+    let full = fold_full(
+        merge_patch(),
+        vec![json!({"key": "k", "a": 1, "b": {"c": 1}}), partial],
+    )
+    .unwrap();
+    assert_eq!(full, Some(json!({"key": "k", "b": {}})));
+    // The key's first document, left-most with nothing stored, is finished too.
+    assert_eq!(
+        fold_full(merge_patch(), vec![json!({"key": "k", "a": null})]).unwrap(),
+        Some(json!({"key": "k"}))
+    );
+}
+
+#[test]
+fn a_root_that_reduces_to_deleted_deletes_the_document() {
+    let schema = json!({
+        "type": "object",
+        "reduce": {"strategy": "merge"},
+        "properties": {"n": at("sum")},
+        "if": {"required": ["deleted"], "properties": {"deleted": {"const": true}}},
+        "then": {"reduce": {"strategy": "lastWriteWins", "delete": true}},
+    });
+    let deleted = vec![json!({"k": 1, "n": 1}), json!({"k": 1, "deleted": true})];
+    assert_eq!(fold_full(schema.clone(), deleted.clone()).unwrap(), None);
+    // A partial reduction keeps the tombstone; a later document recreates it from nothing.
+    assert_eq!(
+        fold(schema.clone(), deleted).unwrap(),
+        json!({"k": 1, "deleted": true})
+    );
+    let recreated = vec![
+        json!({"k": 1, "n": 1}),
+        json!({"k": 1, "deleted": true}),
+        json!({"k": 1, "n": 2}),
+    ];
+    assert_eq!(
+        fold_full(schema.clone(), recreated.clone()).unwrap(),
+        Some(json!({"k": 1, "n": 2}))
+    );
+    assert_eq!(
+        fold(schema, recreated[1..].to_vec()).unwrap(),
+        json!({"k": 1, "n": 2})
+    );
+}
+
+#[test]
+fn delete_removes_array_items_and_first_write_wins_deletes_too() {
+    let schema = json!({
+        "reduce": {"strategy": "merge"},
+        "items": {"if": {"type": "null"}, "then": {"reduce": {"strategy": "firstWriteWins", "delete": true}}},
+    });
+    assert_eq!(
+        fold_full(schema, vec![json!([1, 2, 3]), json!([null, 5, null, null])]).unwrap(),
+        Some(json!([1, 5, 3]))
+    );
+}
+
+#[test]
+fn if_then_else_any_of_and_nested_locations_pick_their_strategy_by_the_right_hand_value() {
+    let schema = merged(json!({
+        "n": {
+            "if": {"type": "integer"}, "then": at("sum"), "else": at("lastWriteWins"),
+        },
+        "deep": {"reduce": {"strategy": "merge"}, "properties": {"m": {
+            "anyOf": [{"type": "string", "reduce": {"strategy": "firstWriteWins"}}, {"type": "number", "reduce": {"strategy": "maximize"}}],
+        }}},
+    }));
+    let docs = vec![
+        json!({"n": 1, "deep": {"m": 3}}),
+        json!({"n": 2, "deep": {"m": 1}}),
+        json!({"n": 1.5, "deep": {"m": "x"}}),
+        json!({"deep": {"m": "y"}}),
+    ];
+    // 1 + 2 by sum, then 1.5 by lastWriteWins; 3 kept by maximize of 1, then by
+    // firstWriteWins of the strings.
+    assert_eq!(
+        fold(schema.clone(), docs).unwrap(),
+        json!({"n": 1.5, "deep": {"m": 3}})
+    );
+    let docs = vec![
+        json!({"deep": {"m": 1}}),
+        json!({"deep": {"m": 3}}),
+        json!({"deep": {"m": "x"}}),
+    ];
+    assert_eq!(fold(schema, docs).unwrap(), json!({"deep": {"m": 3}}));
+}
+
+#[test]
+fn a_conditional_ref_resolves_against_the_root() {
+    let schema = json!({
+        "$defs": {"small": {"type": "integer", "maximum": 9}},
+        "reduce": {"strategy": "merge"},
+        "properties": {"n": {"if": {"$ref": "#/$defs/small"}, "then": at("sum")}},
+    });
+    assert_eq!(
+        fold(schema.clone(), vec![json!({"n": 1}), json!({"n": 2})]).unwrap(),
+        json!({"n": 3})
+    );
+    assert_eq!(
+        fold(schema, vec![json!({"n": 1}), json!({"n": 20})]).unwrap(),
+        json!({"n": 20})
+    );
+}
+
+#[test]
+fn too_many_conditionals_at_one_location_are_a_schema_error_naming_it() {
+    let branches: Vec<Value> = (0..9)
+        .map(|i| json!({"const": i, "reduce": {"strategy": "sum"}}))
+        .collect();
+    let err = Schema::compile(&json!({"properties": {"n": {"anyOf": branches}}})).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("#/properties/n") && text.contains("more than 8"),
+        "{text}"
+    );
+}
+
+#[test]
+fn strategy_options_are_accepted_with_their_meaning_and_unknown_ones_name_the_location() {
+    for annotation in [
+        json!({"strategy": "lastWriteWins", "delete": true, "associative": false}),
+        json!({"strategy": "firstWriteWins", "associative": true}),
+        json!({"strategy": "merge", "key": ["/id"], "delete": false}),
+        json!({"strategy": "set", "key": ["/id"]}),
+    ] {
+        Schema::compile(&json!({"reduce": annotation}))
+            .unwrap_or_else(|e| panic!("{annotation}: {e}"));
+    }
+    assert!(
+        !reducer(json!({"reduce": {"strategy": "lastWriteWins", "associative": false}}))
+            .associative()
+    );
+    assert!(reducer(merged(json!({"a": at("sum")}))).associative());
+    for (annotation, says) in [
+        (
+            json!({"strategy": "sum", "delete": true}),
+            "strategy \"sum\" has no option \"delete\"",
+        ),
+        (
+            json!({"strategy": "merge", "associative": false}),
+            "no option \"associative\"",
+        ),
+        (
+            json!({"strategy": "lastWriteWins", "delete": "yes"}),
+            "delete must be true or false",
+        ),
+    ] {
+        let err = Schema::compile(&json!({"properties": {"a": {"reduce": annotation}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("#/properties/a/reduce") && err.contains(says),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn set_removals_of_the_left_most_document_are_applied_to_nothing_and_dropped() {
+    let schema = json!({"reduce": {"strategy": "merge"}, "properties": {"s": at("set")}});
+    let lone = vec![json!({"s": {"add": [1, 2], "remove": [3]}})];
+    assert_eq!(
+        fold_full(schema.clone(), lone).unwrap(),
+        Some(json!({"s": {"add": [1, 2]}}))
+    );
+    let two = vec![
+        json!({"s": {"intersect": [1]}}),
+        json!({"s": {"add": [4], "remove": [4, 5]}}),
+    ];
+    assert_eq!(
+        fold_full(schema, two).unwrap(),
+        Some(json!({"s": {"add": [4]}}))
+    );
 }
 
 // ---- Associativity: reduce(reduce(a, b), c) == reduce(a, reduce(b, c)) ----
@@ -710,4 +987,41 @@ proptest! {
     fn array_sets_associate(a in array_set(), b in array_set(), c in array_set()) {
         assert_associative(&reducer(at("set")), a, b, c)?;
     }
+
+    #[test]
+    fn conditional_annotations_associate(a in counter_doc(), b in counter_doc(), c in counter_doc()) {
+        assert_associative(&reducer(resettable_counter()), a, b, c)?;
+    }
+
+    #[test]
+    fn merge_patches_with_tombstones_associate(a in patch(), b in patch(), c in patch()) {
+        assert_associative(&reducer(merge_patch()), a, b, c)?;
+    }
+
+    #[test]
+    fn a_full_reduction_onto_a_partial_one_equals_one_transaction_after_another(a in patch(), b in patch(), c in patch()) {
+        // Store a·b, then a later transaction reduces c onto what was stored...
+        let stored = fold_full(merge_patch(), vec![a.clone(), b.clone()]).unwrap();
+        let sequential = fold_full(merge_patch(), stored.into_iter().chain([c.clone()]).collect()).unwrap();
+        // ...or b and c combine first (partially, tombstones kept) and reduce onto a.
+        let bc = fold(merge_patch(), vec![b, c]).unwrap();
+        prop_assert_eq!(fold_full(merge_patch(), vec![a, bc]).unwrap(), sequential);
+    }
+}
+
+/// Documents of the resettable counter: a sum or a reset, always with a value.
+fn counter_doc() -> impl Strategy<Value = Value> {
+    (prop::bool::ANY, -50i64..50)
+        .prop_map(|(reset, value)| json!({"key": "k", "action": if reset { "reset" } else { "sum" }, "value": value}))
+}
+
+/// Merge patches whose locations keep one type: objects `a`..`c` of leaves that are an
+/// integer or `null` (a deletion). (A location that is an object in one patch and a
+/// scalar in another does not reduce associatively, in Flow either.)
+fn patch() -> impl Strategy<Value = Value> {
+    let leaf = prop::option::of(-9i64..9).prop_map(|n| n.map_or(Value::Null, Value::from));
+    let inner = prop::collection::btree_map("[xyz]", leaf, 0..3)
+        .prop_map(|m| Value::Object(m.into_iter().collect()));
+    prop::collection::btree_map("[abc]", inner, 0..3)
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
 }

@@ -91,7 +91,7 @@ fn malformed_reduce_annotations_are_errors() {
         ),
         (
             json!({"reduce": {"strategy": "sum", "key": ["/a"]}}),
-            "does not take a key",
+            "strategy \"sum\" has no option \"key\"",
         ),
         (
             json!({"reduce": {"strategy": "merge", "key": "/a"}}),
@@ -103,7 +103,7 @@ fn malformed_reduce_annotations_are_errors() {
         ),
         (
             json!({"reduce": {"strategy": "merge", "extra": 1}}),
-            "unknown property \"extra\"",
+            "has no option \"extra\" (its options: key, delete)",
         ),
     ];
     for (schema, expect) in cases {

@@ -246,6 +246,7 @@ fn binding() -> anyhow::Result<BindingSpec> {
         schema: Arc::new(Schema::compile(&schema)?),
         key: KeyExtractor::new(vec![Pointer::parse("/user")?], vec![None]),
         name: "bench/pageviews".to_string(),
+        full: true,
     })
 }
 

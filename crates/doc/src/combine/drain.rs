@@ -10,10 +10,15 @@
 //! records of one key the heap yields the loaded one first, then the others by source,
 //! so the reduction is `loaded ⊕ run 0 ⊕ run 1 ⊕ … ⊕ table`, the order the combiner
 //! promises. Each source holds one decoded record in the heap and one read buffer.
+//!
+//! A binding with `full` reductions reduces every later record onto the key's first one
+//! as onto a whole document, then finishes the result (deletions, set removals). A
+//! partial drain of a non-associative binding yields every record of a key apart.
 
 use super::memtable::{MemTable, SortedTable};
 use super::spill::{RunReader, SpillFile};
 use super::{BindingSpec, CombineError, Drained, Record, describe_key};
+use crate::compact::Doc;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -133,7 +138,10 @@ impl Drainer {
                 reason: format!("record of binding {binding}, which does not exist"),
             });
         };
-        while self.heap.peek().is_some_and(|head| head.record.key == key) {
+        // A non-associative binding's documents reduce only in a full reduction, onto the
+        // left-most one; a partial drain yields each as it came.
+        let groups = spec.full || spec.schema.reducer().associative();
+        while groups && self.heap.peek().is_some_and(|head| head.record.key == key) {
             let Some(next) = self.pop()? else { break };
             if next.full {
                 return Err(CombineError::DuplicateLoad {
@@ -141,8 +149,12 @@ impl Drainer {
                     key: describe_key(&key[4..]),
                 });
             }
-            // A loaded document and the new ones, or the new ones of several runs.
-            if let Err(source) = spec.schema.reducer().reduce_docs(&mut doc, next.doc, full) {
+            // A loaded document and the new ones, or the new ones of several runs; in a
+            // full reduction the first of them is the left-most whole document.
+            let left_is_whole = full || spec.full;
+            if let Err(source) =
+                (spec.schema.reducer()).reduce_docs(&mut doc, next.doc, left_is_whole)
+            {
                 return Err(CombineError::Reduce {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),
@@ -150,12 +162,17 @@ impl Drainer {
                 });
             }
         }
+        let deleted = spec.full && spec.schema.reducer().finish(&mut doc);
+        if deleted {
+            doc = Doc::Null;
+        }
         key.drain(..4);
         Ok(Some(Drained {
             binding,
             key,
             doc,
             full,
+            deleted,
         }))
     }
 }

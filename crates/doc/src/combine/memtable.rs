@@ -45,7 +45,18 @@ pub(super) enum Side {
 enum Docs {
     Right(Doc),
     Left(Box<Doc>),
-    Both { left: Box<Doc>, right: Doc },
+    Both {
+        left: Box<Doc>,
+        right: Doc,
+    },
+    /// A non-associative binding's documents, none combined with another (see
+    /// [`Reducer::associative`]): the loaded one, if any, and the new ones in order.
+    Held(Box<Held>),
+}
+
+struct Held {
+    left: Option<Doc>,
+    rights: Vec<Doc>,
 }
 
 /// One key of the table: 64 bytes, one cache line, so a lookup touches one line of
@@ -244,14 +255,15 @@ impl MemTable {
         order.into_iter().flat_map(move |i| {
             let entry = &this.entries[i];
             let key = entry.key(&this.keys);
-            let (left, right) = match &entry.docs {
-                Docs::Right(right) => (None, Some(right)),
-                Docs::Left(left) => (Some(&**left), None),
-                Docs::Both { left, right } => (Some(&**left), Some(right)),
+            let (left, rights) = match &entry.docs {
+                Docs::Right(right) => (None, std::slice::from_ref(right)),
+                Docs::Left(left) => (Some(&**left), &[][..]),
+                Docs::Both { left, right } => (Some(&**left), std::slice::from_ref(right)),
+                Docs::Held(held) => (held.left.as_ref(), held.rights.as_slice()),
             };
             let left = left.map(|doc| (key, true, doc));
-            let right = right.map(|doc| (key, false, doc));
-            left.into_iter().chain(right)
+            let rights = rights.iter().map(move |doc| (key, false, doc));
+            left.into_iter().chain(rights)
         })
     }
 
@@ -269,13 +281,16 @@ impl MemTable {
         SortedTable {
             order: self.sorted().into_iter(),
             table: self,
-            pending: None,
+            pending: Vec::new(),
         }
     }
 }
 
 /// Adds `doc` to an existing entry's documents, updating its estimate.
 fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<(), InsertError> {
+    if !reducer.associative() {
+        return hold(entry, side, doc);
+    }
     let grown = match (&mut entry.docs, side) {
         // In place: most documents go here, and moving the entry's out and back costs a drop.
         (Docs::Right(right) | Docs::Both { right, .. }, Side::Right) => reducer
@@ -284,6 +299,7 @@ fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<
         (Docs::Left(_) | Docs::Both { .. }, Side::Left) => {
             return Err(InsertError::DuplicateLoad);
         }
+        (Docs::Held(_), _) => unreachable!("only a non-associative binding holds documents"),
         (docs @ (Docs::Right(_) | Docs::Left(_)), _) => {
             let grown = doc.heap_size() as isize;
             *docs = match std::mem::replace(docs, Docs::Right(Doc::Null)) {
@@ -292,13 +308,48 @@ fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<
                     right,
                 },
                 Docs::Left(left) => Docs::Both { left, right: doc },
-                Docs::Both { .. } => unreachable!("matched above"),
+                Docs::Both { .. } | Docs::Held(_) => unreachable!("matched above"),
             };
             grown
         }
     };
     entry.set_heap(entry.heap().saturating_add_signed(grown));
     Ok(())
+}
+
+/// Adds `doc` to a non-associative binding's documents without reducing it.
+fn hold(entry: &mut Entry, side: Side, doc: Doc) -> Result<(), InsertError> {
+    let grown = (doc.heap_size() + size_of::<Doc>()) as isize;
+    let held = match std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null)) {
+        Docs::Right(right) => Held {
+            left: None,
+            rights: vec![right],
+        },
+        Docs::Left(left) => Held {
+            left: Some(*left),
+            rights: Vec::new(),
+        },
+        Docs::Both { left, right } => Held {
+            left: Some(*left),
+            rights: vec![right],
+        },
+        Docs::Held(held) => *held,
+    };
+    let mut held = Box::new(held);
+    let result = match side {
+        Side::Left if held.left.is_some() => Err(InsertError::DuplicateLoad),
+        Side::Left => {
+            held.left = Some(doc);
+            Ok(())
+        }
+        Side::Right => {
+            held.rights.push(doc);
+            Ok(())
+        }
+    };
+    entry.docs = Docs::Held(held);
+    entry.set_heap(entry.heap().saturating_add_signed(grown));
+    result
 }
 
 const _: () = assert!(size_of::<Entry>() == 64, "an entry is one cache line");
@@ -310,13 +361,13 @@ const PREFIX_LEN: usize = size_of::<[u64; 2]>();
 pub(super) struct SortedTable {
     table: MemTable,
     order: std::vec::IntoIter<usize>,
-    /// The new document of an entry whose loaded document was just returned.
-    pending: Option<Record>,
+    /// The rest of the entry whose first record was just returned, last first.
+    pending: Vec<Record>,
 }
 
 impl SortedTable {
     pub(super) fn next_record(&mut self) -> Option<Record> {
-        if let Some(record) = self.pending.take() {
+        if let Some(record) = self.pending.pop() {
             return Some(record);
         }
         let entry = &mut self.table.entries[self.order.next()?];
@@ -334,7 +385,7 @@ impl SortedTable {
                 doc: *left,
             },
             Docs::Both { left, right } => {
-                self.pending = Some(Record {
+                self.pending.push(Record {
                     key: key.clone(),
                     full: false,
                     doc: right,
@@ -344,6 +395,20 @@ impl SortedTable {
                     full: true,
                     doc: *left,
                 }
+            }
+            Docs::Held(held) => {
+                let Held { left, rights } = *held;
+                let record = |full, doc| Record {
+                    key: key.clone(),
+                    full,
+                    doc,
+                };
+                let mut all: Vec<Record> = (left.map(|doc| record(true, doc)).into_iter())
+                    .chain(rights.into_iter().map(|doc| record(false, doc)))
+                    .collect();
+                all.reverse();
+                self.pending = all;
+                self.pending.pop()?
             }
         })
     }

@@ -28,6 +28,10 @@
 //!   Reductions are associative, so reducing per run and then across runs equals
 //!   reducing all in order.
 //! - At most one loaded document per key per drain; a second one is an error.
+//! - A binding whose schema has an `associative: false` location never combines its new
+//!   documents with each other (Flow holds them back likewise): they are kept apart, in
+//!   order, and either reduce in order onto the key's left-most document in a full drain,
+//!   or drain one by one (a partial drain: into the next combiner, or delta updates).
 //! - The estimate of memory counts the table's containers by capacity plus an estimate
 //!   of each document's heap (see [`Doc::heap_size`]); above
 //!   [`CombinerOptions::memory_budget`] the whole table is spilled as one sorted run.
@@ -66,6 +70,9 @@ pub struct Drained {
     pub doc: Doc,
     /// Combined from a loaded full document ("left"), not only from new ones.
     pub full: bool,
+    /// The full reduction deleted the document (its root reduced to a value a
+    /// `delete: true` annotation applies to); `doc` is then `null`.
+    pub deleted: bool,
 }
 
 /// What the combiner needs to know about one binding's collection.
@@ -74,6 +81,11 @@ pub struct BindingSpec {
     pub key: KeyExtractor,
     /// The collection name, for errors.
     pub name: String,
+    /// Drain each key as a full reduction: the key's left-most document (loaded, else
+    /// its first new one) is a whole document, so set removals are applied and dropped
+    /// and deletions apply ([`crate::Reducer::finish`]). Off: a partial reduction, which
+    /// keeps tombstones (delta updates, or a combiner whose output is combined again).
+    pub full: bool,
 }
 
 /// Tuning of a [`Combiner`].

@@ -71,6 +71,15 @@ impl Cx<'_> {
         rhs: Doc,
         loc: Loc<'_>,
     ) -> Result<isize, ReduceError> {
+        let node = &self.nodes[n];
+        let n = if node.conditional.is_some() || node.deletes {
+            if self.is_tombstone(n, lhs) {
+                return Ok(replace(lhs, rhs));
+            }
+            self.resolve(n, &rhs)
+        } else {
+            n
+        };
         match self.nodes[n].strategy {
             Strategy::LastWriteWins => Ok(replace(lhs, rhs)),
             Strategy::FirstWriteWins => Ok(0),
@@ -103,6 +112,8 @@ impl Cx<'_> {
             Strategy::Merge { key } if key.is_empty() => match (lhs, rhs) {
                 (Doc::Object(l), Doc::Object(r)) => self.merge_fields(n, l, r, loc)?,
                 (Doc::Array(l), Doc::Array(r)) => self.merge_items(n, l, r, loc)?,
+                // The right side changes the type: it replaces the value.
+                (lhs, rhs) if json_type(lhs) != json_type(&rhs) => replace(lhs, rhs),
                 (lhs, rhs) => return Err(merge_error(lhs, &rhs, loc)),
             },
             _ => self.via_value(n, lhs, rhs, loc)?,
@@ -193,6 +204,18 @@ impl Cx<'_> {
             *l = items.into_boxed_slice();
         }
         Ok(delta)
+    }
+}
+
+/// The JSON type of a value, as [`super::compare`] ranks it (numbers are one type).
+fn json_type(doc: &Doc) -> u8 {
+    match doc {
+        Doc::Null => 0,
+        Doc::Bool(_) => 1,
+        Doc::String(_) => 3,
+        Doc::Array(_) => 4,
+        Doc::Object(_) => 5,
+        _ => 2,
     }
 }
 

@@ -425,7 +425,7 @@ impl Committer<'_> {
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
         let c2 = Combiner::new(
-            binding_specs(&self.shared.bindings),
+            binding_specs(&self.shared.bindings, Drains::IntoStores),
             combiner_options(&self.shared.opts),
         );
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
@@ -599,13 +599,25 @@ fn materialization_name(open: &Open) -> String {
         .unwrap_or_default()
 }
 
-fn binding_specs(bindings: &[Binding]) -> Vec<BindingSpec> {
+/// Where a combiner's drained documents go, which decides its reductions.
+#[derive(Clone, Copy, PartialEq)]
+enum Drains {
+    /// Into the next combiner (the reader's C1): partial reductions, as more documents
+    /// (loaded ones, to their left) are still to come.
+    IntoCombiner,
+    /// Into Store messages (C2): a standard binding's result per key is a full reduction;
+    /// a delta-updates binding's stays partial, keeping its tombstones.
+    IntoStores,
+}
+
+fn binding_specs(bindings: &[Binding], drains: Drains) -> Vec<BindingSpec> {
     bindings
         .iter()
         .map(|b| BindingSpec {
             schema: b.collection.schema.clone(),
             key: b.collection.key.clone(),
             name: b.collection.name.clone(),
+            full: drains == Drains::IntoStores && !b.delta_updates,
         })
         .collect()
 }

@@ -61,11 +61,19 @@ pub(super) async fn send_loads(
     let mut builder = LoadBuilder::new();
     let mut reused = 0;
     let drain = c1.drain().map_err(PhaseError::Combine)?;
+    // A non-associative binding drains a key's documents one by one: load it once.
+    let (mut last_binding, mut last_key) = (None, Vec::new());
     for drained in drain {
         let Drained {
             binding, key, doc, ..
         } = drained.map_err(PhaseError::Combine)?;
-        if !bindings[binding as usize].delta_updates {
+        let repeated = last_binding == Some(binding) && last_key == key;
+        if !repeated {
+            last_binding = Some(binding);
+            last_key.clear();
+            last_key.extend_from_slice(&key);
+        }
+        if !repeated && !bindings[binding as usize].delta_updates {
             match previous.take(binding, &key) {
                 Some(Doc::Null) => {} // Deleted by the last transaction.
                 Some(stored) => {
@@ -232,8 +240,9 @@ impl From<DriverError> for PhaseError {
 }
 
 /// Drains `c2` into Store messages (exists = the key was loaded), keeping the stored
-/// documents of standard bindings in `kept` for the next transaction. Returns documents
-/// stored.
+/// documents of standard bindings in `kept` for the next transaction. A key whose full
+/// reduction deleted it is stored as `null` (a deletion) when it was loaded, and not at
+/// all otherwise; either way it is kept as deleted. Returns documents stored.
 pub(super) async fn send_stores(
     tx: &mut ClientSender,
     c2: Combiner,
@@ -250,7 +259,18 @@ pub(super) async fn send_stores(
             key,
             doc,
             full,
+            deleted,
         } = drained.map_err(PhaseError::Combine)?;
+        let standard = !bindings[binding as usize].delta_updates;
+        if deleted && !full {
+            // Deleted, and not in the store (it was not loaded): nothing to store. The
+            // key is remembered as absent, so the next transaction neither loads it nor
+            // reduces onto a stale document.
+            kept.push(binding, key, Doc::Null);
+            continue;
+        }
+        // A deleted document is stored as the JSON document `null` of an existing key:
+        // the protocol's deletion.
         values.clear();
         for ptr in &bindings[binding as usize].values {
             tuple::pack_doc(ptr.query_doc(&doc).unwrap_or(&Doc::Null), &mut values);
@@ -266,7 +286,7 @@ pub(super) async fn send_stores(
                 exists: full,
             },
         );
-        if !bindings[binding as usize].delta_updates {
+        if standard {
             kept.push(binding, key, doc);
         }
         for store in builder.take_ready() {

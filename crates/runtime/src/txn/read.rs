@@ -49,7 +49,8 @@
 
 use super::decide::{Close, Fault, RoundFacts, Triage, close_batch, triage};
 use super::{
-    Binding, BoundSource, Collection, RunError, Shared, TxnOptions, binding_specs, combiner_options,
+    Binding, BoundSource, Collection, Drains, RunError, Shared, TxnOptions, binding_specs,
+    combiner_options,
 };
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
@@ -193,7 +194,10 @@ impl Reader {
     fn batch(&mut self) -> ReadBatch {
         self.rejects.letters.clear();
         ReadBatch {
-            combiner: Combiner::new(binding_specs(&self.bindings), combiner_options(&self.opts)),
+            combiner: Combiner::new(
+                binding_specs(&self.bindings, Drains::IntoCombiner),
+                combiner_options(&self.opts),
+            ),
             steps: BTreeMap::new(),
             docs: 0,
             bytes: 0,
