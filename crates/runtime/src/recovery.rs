@@ -183,7 +183,6 @@ impl RecoveryLog {
     /// After `open` returns, no other process can write this log until `self` drops,
     /// and a torn last record has been truncated away.
     pub fn open(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
-        std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
         let lock = lock_dir(dir)?;
         let path = dir.join("log");
         let existed = path.exists();
@@ -348,7 +347,11 @@ impl RecoveryLog {
     }
 }
 
-fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
+/// Takes the lock of the recovery log directory `dir` (creating it), as
+/// [`RecoveryLog::open`] does, for changes beside the log (the applied spec) that must
+/// not happen while a pipeline runs. Held until the file drops.
+pub fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
+    std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
     let path = dir.join("lock");
     let mut lock = OpenOptions::new()
         .read(true)
@@ -521,6 +524,20 @@ pub fn plan_recovery(
         (StoreCheckpoint::Rebuild, None, _) | (_, _, None) => RecoveryPlan::Fresh,
         (_, _, Some(c)) => RecoveryPlan::ResumeFrom(c.clone()),
     }
+}
+
+/// Forgets the log in `dir` (a deleted materialization starts over); `_held` is its
+/// lock ([`lock_dir`]), so no pipeline runs on it. Returns once the removal is durable.
+pub fn remove(dir: &Path, _held: &File) -> Result<(), RecoveryError> {
+    for name in ["log", "log.compact"] {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path, "remove")(e)),
+        }
+    }
+    sync_dir(dir)
 }
 
 /// Renders what the log in `dir` holds, for `sluice inspect checkpoint`. Reads without
