@@ -264,7 +264,7 @@ pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
             for name in pipeline.materializations.keys() {
                 let dir = pipeline.recovery_log().join(name);
                 println!("materialization {name} (recovery log {})", dir.display());
-                if !dir.exists() {
+                if !dir.join("log").exists() {
                     println!("  (empty: never run)");
                     continue;
                 }

@@ -171,22 +171,25 @@ pub trait Ddl: Sync {
         format!("X'{hex}'")
     }
 
-    /// Records `version` as the applied one of `materialization` (see [`crate::fence`]).
-    fn record_version(&self, materialization: &str, version: &str) -> [String; 2] {
+    /// Records `version` as the applied one of `materialization` (see [`crate::fence`]),
+    /// replacing the one recorded if `replace`.
+    fn record_version(&self, materialization: &str, version: &str, replace: bool) -> Vec<String> {
         let q = Self::FENCE.quote;
         let (m, b, e) = (q("materialization"), q("key_begin"), q("key_end"));
         let name = self.literal(materialization);
-        [
-            format!(
-                "DELETE FROM {} WHERE {m} = {name} AND {b} = {VERSION_RANGE} AND {e} = {VERSION_RANGE}",
-                self.checkpoints()
-            ),
-            format!(
-                "INSERT INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {})",
-                self.checkpoints(),
-                self.bytes_literal(&hex(version.as_bytes()))
-            ),
-        ]
+        let delete = format!(
+            "DELETE FROM {} WHERE {m} = {name} AND {b} = {VERSION_RANGE} AND {e} = {VERSION_RANGE}",
+            self.checkpoints()
+        );
+        let insert = format!(
+            "INSERT INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {})",
+            self.checkpoints(),
+            self.bytes_literal(&hex(version.as_bytes()))
+        );
+        match replace {
+            true => vec![delete, insert],
+            false => vec![insert],
+        }
     }
 
     /// The fencing statements over the checkpoints table.
@@ -265,7 +268,7 @@ async fn plan_upsert<D: Ddl>(
         statements.extend(added.iter().filter_map(|c| ddl.comment(table, c)));
     }
     if recorded.as_deref() != Some(version.as_bytes()) {
-        statements.extend(ddl.record_version(materialization, version));
+        statements.extend(ddl.record_version(materialization, version, recorded.is_some()));
     }
     Ok(statements)
 }
@@ -464,10 +467,10 @@ mod tests {
         }
     }
 
-    /// The statements recording version `v1` of `m`.
-    const RECORD_V1: &str = "DELETE FROM s.<sluice_checkpoints> WHERE <materialization> = 'm' \
-                             AND <key_begin> = -1 AND <key_end> = -1;\n\
-                             INSERT INTO s.<sluice_checkpoints> VALUES ('m', -1, -1, 0, X'7631');\n";
+    /// The statement recording version `v1` of `m`, and the one replacing another.
+    const RECORD_V1: &str = "INSERT INTO s.<sluice_checkpoints> VALUES ('m', -1, -1, 0, X'7631');\n";
+    const REPLACE: &str = "DELETE FROM s.<sluice_checkpoints> WHERE <materialization> = 'm' \
+                           AND <key_begin> = -1 AND <key_end> = -1;\n";
 
     fn run(catalog: &mut Model, action: Action, dry_run: bool) -> String {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -526,7 +529,7 @@ mod tests {
                 "another version recorded: the version",
                 applied(all, b"v0"),
                 upsert,
-                RECORD_V1.into(),
+                format!("{REPLACE}{RECORD_V1}"),
             ),
             (
                 "no version recorded: the version",
