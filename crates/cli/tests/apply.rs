@@ -40,7 +40,10 @@ impl Fixture {
             1000,
             "10s",
         )
-        .replace("      properties:\n", &format!("      properties:\n{extra}"));
+        .replace(
+            "      properties:\n",
+            &format!("      properties:\n{extra}"),
+        );
         std::fs::write(self.path(name), yaml).unwrap();
     }
 
@@ -96,14 +99,23 @@ fn run_applies_a_first_start_and_refuses_a_changed_pipeline_until_it_is_applied(
 
     // A new property is a new value field: refused until applied, and nothing is written.
     fx.write_pipeline("pipeline.yaml", TITLE);
-    let all: Vec<Value> = first.iter().chain(&generate(1_000, 300, 32)).cloned().collect();
+    let all: Vec<Value> = first
+        .iter()
+        .chain(&generate(1_000, 300, 32))
+        .cloned()
+        .collect();
     fx.input(&all);
     let out = fx.sluice(&["run", "pipeline.yaml"]);
     assert!(!out.status.success(), "a changed pipeline must not run");
     let err = stderr(&out);
-    assert!(err.contains("materialization views-db: the pipeline file differs"), "{err}");
     assert!(
-        err.contains("binding pageviews: values [bytes, last_seen, views] → [bytes, last_seen, title, views]"),
+        err.contains("materialization views-db: the pipeline file differs"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "binding pageviews: values [bytes, last_seen, views] → [bytes, last_seen, title, views]"
+        ),
         "{err}"
     );
     assert!(err.contains("run `sluice apply`"), "{err}");
@@ -111,8 +123,15 @@ fn run_applies_a_first_start_and_refuses_a_changed_pipeline_until_it_is_applied(
 
     let dry = fx.sluice(&["apply", "--dry-run", "pipeline.yaml"]);
     assert_success(&dry);
-    assert!(stdout(&dry).contains(r#"ADD COLUMN "title""#), "{}", stdout(&dry));
-    assert!(fx.sluice(&["run", "pipeline.yaml"]).status.code() == Some(1), "still refused");
+    assert!(
+        stdout(&dry).contains(r#"ADD COLUMN "title""#),
+        "{}",
+        stdout(&dry)
+    );
+    assert!(
+        fx.sluice(&["run", "pipeline.yaml"]).status.code() == Some(1),
+        "still refused"
+    );
     assert_success(&fx.sluice(&["apply", "pipeline.yaml"]));
     assert_success(&fx.sluice(&["run", "pipeline.yaml"]));
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&all));
@@ -129,7 +148,10 @@ fn a_store_applied_at_another_version_refuses_the_open_naming_both_versions() {
     assert_success(&fx.sluice(&["apply", "other.yaml"]));
 
     let out = fx.sluice(&["run", "pipeline.yaml"]);
-    assert!(!out.status.success(), "the store was applied at another version");
+    assert!(
+        !out.status.success(),
+        "the store was applied at another version"
+    );
     let err = stderr(&out);
     let versions: Vec<&str> = err
         .split("version ")
@@ -157,17 +179,31 @@ fn apply_delete_drops_the_table_and_forgets_the_log_so_a_run_starts_over() {
     assert_success(&dry);
     let said = stdout(&dry);
     assert!(said.contains("-- views-db: would delete"), "{said}");
-    assert!(said.contains(r#"DROP TABLE IF EXISTS "pageviews""#), "{said}");
+    assert!(
+        said.contains(r#"DROP TABLE IF EXISTS "pageviews""#),
+        "{said}"
+    );
     assert!(said.contains("would remove the recovery log"), "{said}");
-    assert!(tables(&fx.db()).contains(&"pageviews".to_string()), "a dry run drops nothing");
+    assert!(
+        tables(&fx.db()).contains(&"pageviews".to_string()),
+        "a dry run drops nothing"
+    );
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
 
     let deleted = fx.sluice(&["apply", "--delete", "pipeline.yaml"]);
     assert_success(&deleted);
-    assert!(stdout(&deleted).contains("-- views-db: deleted"), "{}", stdout(&deleted));
+    assert!(
+        stdout(&deleted).contains("-- views-db: deleted"),
+        "{}",
+        stdout(&deleted)
+    );
     assert!(!tables(&fx.db()).contains(&"pageviews".to_string()));
     let inspect = fx.sluice(&["inspect", "checkpoint", "pipeline.yaml"]);
-    assert!(stdout(&inspect).contains("(empty: never run)"), "{}", stdout(&inspect));
+    assert!(
+        stdout(&inspect).contains("(empty: never run)"),
+        "{}",
+        stdout(&inspect)
+    );
 
     // A run after the delete is a first start: applied again, all the input read again.
     assert_success(&fx.sluice(&["run", "pipeline.yaml"]));

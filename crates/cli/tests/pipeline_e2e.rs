@@ -4,11 +4,9 @@
 //!
 //! The expected reduction is computed here, independently of Sluice's reducers.
 
-use rusqlite::Connection;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 

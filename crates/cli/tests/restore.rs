@@ -111,8 +111,10 @@ fn a_restored_store_whose_input_is_gone_fails_naming_the_source_and_the_gap() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("source views-file"), "{stderr}");
     assert!(
-        stderr.contains("the store's checkpoint (transaction 6) is older than the recovery \
-                         log's (transaction 8)"),
+        stderr.contains(
+            "the store's checkpoint (transaction 6) is older than the recovery \
+                         log's (transaction 8)"
+        ),
         "{stderr}"
     );
     assert!(stderr.contains("cannot resume at"), "{stderr}");

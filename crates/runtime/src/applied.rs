@@ -248,7 +248,13 @@ fn binding_changes(
         }
     }
     if old_f.document != new_f.document {
-        let shown = |d: &str| if d.is_empty() { "none".to_string() } else { d.to_string() };
+        let shown = |d: &str| {
+            if d.is_empty() {
+                "none".to_string()
+            } else {
+                d.to_string()
+            }
+        };
         change(format!(
             "document field {} → {}",
             shown(&old_f.document),
@@ -338,26 +344,42 @@ mod tests {
                 spec(vec![binding("t", "acme/other", &["n"])]),
                 &["binding t: collection acme/views → acme/other"],
             ),
-            ("delta updates", {
-                let mut s = base();
-                s.bindings[0].delta_updates = true;
-                s
-            }, &["binding t: delta updates false → true"]),
-            ("the schema", {
-                let mut s = base();
-                s.bindings[0].collection.as_mut().unwrap().schema_json = "{}".into();
-                s
-            }, &["binding t: the spec of collection acme/views (schema, key or projections)"]),
-            ("the endpoint", {
-                let mut s = base();
-                s.endpoint_spec_json = r#"{"path":"other.db"}"#.into();
-                s
-            }, &["the endpoint configuration changed"]),
-            ("anything else", {
-                let mut s = base();
-                s.materialization = "renamed".into();
-                s
-            }, &["the spec changed"]),
+            (
+                "delta updates",
+                {
+                    let mut s = base();
+                    s.bindings[0].delta_updates = true;
+                    s
+                },
+                &["binding t: delta updates false → true"],
+            ),
+            (
+                "the schema",
+                {
+                    let mut s = base();
+                    s.bindings[0].collection.as_mut().unwrap().schema_json = "{}".into();
+                    s
+                },
+                &["binding t: the spec of collection acme/views (schema, key or projections)"],
+            ),
+            (
+                "the endpoint",
+                {
+                    let mut s = base();
+                    s.endpoint_spec_json = r#"{"path":"other.db"}"#.into();
+                    s
+                },
+                &["the endpoint configuration changed"],
+            ),
+            (
+                "anything else",
+                {
+                    let mut s = base();
+                    s.materialization = "renamed".into();
+                    s
+                },
+                &["the spec changed"],
+            ),
         ];
         for (case, planned, want) in cases {
             assert_eq!(changes(&base(), &planned), want, "{case}");
@@ -391,10 +413,22 @@ mod tests {
         let s = spec(vec![binding("t", "acme/views", &["n"])]);
         record(dir.path(), &s).unwrap();
         let applied = read(dir.path()).unwrap().unwrap();
-        assert_eq!(applied, Applied { version: version(&s), spec: s });
-        std::fs::write(dir.path().join(FILE), b"{\"format\":1,\"version\":\"x\",\"spec\":\"zz\"}")
-            .unwrap();
+        assert_eq!(
+            applied,
+            Applied {
+                version: version(&s),
+                spec: s
+            }
+        );
+        std::fs::write(
+            dir.path().join(FILE),
+            b"{\"format\":1,\"version\":\"x\",\"spec\":\"zz\"}",
+        )
+        .unwrap();
         let err = read(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("the spec is not hex") && err.contains("sluice apply"), "{err}");
+        assert!(
+            err.contains("the spec is not hex") && err.contains("sluice apply"),
+            "{err}"
+        );
     }
 }

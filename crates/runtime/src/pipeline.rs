@@ -67,9 +67,11 @@ pub enum PipelineError {
         source: sluice_driver_sdk::Error,
     },
     /// The pipeline file changed since the store was applied (user action needed).
-    #[error("materialization {materialization}: the pipeline file differs from the spec \
+    #[error(
+        "materialization {materialization}: the pipeline file differs from the spec \
              applied to its store (applied version {applied}, the file's {file}): {changes}; \
-             run `sluice apply` on the pipeline file to apply it, then run again")]
+             run `sluice apply` on the pipeline file to apply it, then run again"
+    )]
     NotApplied {
         materialization: String,
         applied: String,
@@ -270,7 +272,11 @@ pub async fn apply(
         let mut actions = apply_one(m, action, dry_run).await?;
         if action == ApplyAction::Delete {
             let verb = if dry_run { "would remove" } else { "removed" };
-            actions = format!("{}\n{verb} the recovery log {}", actions.trim_end(), dir.display());
+            actions = format!(
+                "{}\n{verb} the recovery log {}",
+                actions.trim_end(),
+                dir.display()
+            );
         }
         if let Some(lock) = &lock {
             match action {

@@ -425,8 +425,7 @@ impl Harness {
     /// Every property the module docs list, after the run.
     /// The store's rows, per key: (n, last).
     fn rows(&self) -> BTreeMap<String, (i64, String)> {
-        self
-            .store
+        self.store
             .rows(MATERIALIZATION, TABLE)
             .into_iter()
             .map(|(_, d)| {
@@ -440,7 +439,11 @@ impl Harness {
     }
 
     fn assert_exact(&self) {
-        assert_eq!(self.rows(), expected(), "the store is the reduction of the input");
+        assert_eq!(
+            self.rows(),
+            expected(),
+            "the store is the reduction of the input"
+        );
 
         let observed = self.observed.lock().unwrap();
         assert_eq!(observed.violations, Vec::<String>::new());
@@ -582,7 +585,11 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
     // A new store that reports no checkpoint leaves the choice to the log: nothing to do.
     h.replace_store(false);
     assert_eq!(h.run_to_end().await, Vec::<String>::new());
-    assert_eq!(h.rows(), BTreeMap::new(), "resumed from the log's checkpoint");
+    assert_eq!(
+        h.rows(),
+        BTreeMap::new(),
+        "resumed from the log's checkpoint"
+    );
 
     // One that answers with the sentinel is rebuilt from the beginning of the input.
     h.replace_store(true);

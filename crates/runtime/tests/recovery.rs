@@ -266,7 +266,9 @@ fn store_checkpoint(store: Store) -> StoreCheckpoint {
         Store::At(txn) => StoreCheckpoint::At(checkpoint(txn)),
         Store::Other(txn) => {
             let mut other = checkpoint(txn);
-            other.sources.insert("views".into(), json!({"begin": 0, "end": 99}));
+            other
+                .sources
+                .insert("views".into(), json!({"begin": 0, "end": 99}));
             StoreCheckpoint::At(other)
         }
     }
@@ -397,7 +399,11 @@ fn an_adopted_older_checkpoint_becomes_the_last_commit_and_numbers_go_on_from_it
         log.write_intent(&intent(5)).unwrap();
     }
     let mut log = RecoveryLog::open(dir.path()).unwrap();
-    assert_eq!(log.last_commit(), Some(&checkpoint(4)), "durable across reopen");
+    assert_eq!(
+        log.last_commit(),
+        Some(&checkpoint(4)),
+        "durable across reopen"
+    );
     assert_eq!(log.pending_intent(), Some(&intent(5)));
     log.commit(&checkpoint(5)).unwrap();
     drop(log);
@@ -417,5 +423,9 @@ fn adopting_the_last_commit_or_nothing_writes_nothing() {
     let len = std::fs::metadata(log_file(dir.path())).unwrap().len();
     log.adopt(&checkpoint(2)).unwrap();
     assert_eq!(std::fs::metadata(log_file(dir.path())).unwrap().len(), len);
-    assert_eq!(log.pending_intent(), Some(&intent(3)), "kept for its replay");
+    assert_eq!(
+        log.pending_intent(),
+        Some(&intent(3)),
+        "kept for its replay"
+    );
 }

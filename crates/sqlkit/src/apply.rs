@@ -468,7 +468,8 @@ mod tests {
     }
 
     /// The statement recording version `v1` of `m`, and the one replacing another.
-    const RECORD_V1: &str = "INSERT INTO s.<sluice_checkpoints> VALUES ('m', -1, -1, 0, X'7631');\n";
+    const RECORD_V1: &str =
+        "INSERT INTO s.<sluice_checkpoints> VALUES ('m', -1, -1, 0, X'7631');\n";
     const REPLACE: &str = "DELETE FROM s.<sluice_checkpoints> WHERE <materialization> = 'm' \
                            AND <key_begin> = -1 AND <key_end> = -1;\n";
 
@@ -557,7 +558,12 @@ mod tests {
                 delete,
                 "DROP TABLE IF EXISTS s.<t>;\n".into(),
             ),
-            ("delete of nothing", model(true, &[], 0), delete, String::new()),
+            (
+                "delete of nothing",
+                model(true, &[], 0),
+                delete,
+                String::new(),
+            ),
         ];
         for (case, mut catalog, action, want) in cases {
             let want = want.as_str();

@@ -242,7 +242,9 @@ async fn claim_locked(
     (materialization, version): (&str, &str),
     range: &[Param<'_>; 3],
 ) -> Result<(i64, Vec<u8>)> {
-    let applied = (client.query_bytes(&sql.applied_version, &[range[0]]).await?)
+    let applied = (client
+        .query_bytes(&sql.applied_version, &[range[0]])
+        .await?)
         .map(|v| String::from_utf8_lossy(&v).into_owned());
     check_version(materialization, applied.as_deref(), version)?;
     // Fence first: see the module docs.
@@ -470,7 +472,10 @@ mod tests {
     #[test]
     fn a_failed_claim_rolls_back_and_names_the_range() {
         for (fail, log) in [
-            ("UPDATE", vec!["BEGIN m", "SELECT version", "UPDATE 3", "ROLLBACK"]),
+            (
+                "UPDATE",
+                vec!["BEGIN m", "SELECT version", "UPDATE 3", "ROLLBACK"],
+            ),
             (
                 "INSERT",
                 vec![

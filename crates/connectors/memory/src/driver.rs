@@ -159,7 +159,11 @@ impl Driver for MemoryDriver {
                 .materializations
                 .entry(spec.materialization.clone())
                 .or_default();
-            check_version(&spec.materialization, mat.applied_version.as_deref(), &open.version)?;
+            check_version(
+                &spec.materialization,
+                mat.applied_version.as_deref(),
+                &open.version,
+            )?;
             Ok(mat.claim(begin, end))
         })?;
         // After this point every earlier instance of an overlapping range is fenced.

@@ -284,8 +284,8 @@ async fn recover(
     let driver_err = |e| driver_err(endpoint.name(), e);
     let mut open = shard.open.clone();
     let log_commit = log.last_commit().cloned();
-    if let Some(driver_cp) = (log_commit.as_ref())
-        .and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
+    if let Some(driver_cp) =
+        (log_commit.as_ref()).and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
     {
         open.driver_checkpoint_json = driver_cp.to_string().into_bytes();
     }

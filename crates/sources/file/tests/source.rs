@@ -109,7 +109,10 @@ async fn seek_past_the_end_of_a_shortened_file_is_unavailable_naming_the_gap() {
     let err = resumed.seek(position(&step)).await.unwrap_err();
     assert!(matches!(err, SourceError::Unavailable { .. }), "{err:?}");
     let message = err.to_string();
-    assert!(message.starts_with("source views: cannot resume at"), "{message}");
+    assert!(
+        message.starts_with("source views: cannot resume at"),
+        "{message}"
+    );
     assert!(
         message.contains("now has 20 bytes, and this position is byte 64 (line 9)"),
         "{message}"
