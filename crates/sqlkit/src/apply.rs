@@ -181,8 +181,10 @@ pub trait Ddl: Sync {
             "DELETE FROM {} WHERE {m} = {name} AND {b} = {VERSION_RANGE} AND {e} = {VERSION_RANGE}",
             self.checkpoints()
         );
+        // Two first starts may apply at once: the second insert of the row does nothing.
+        let (insert, ignore) = Self::FENCE.insert_ignore;
         let insert = format!(
-            "INSERT INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {})",
+            "{insert} INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {}){ignore}",
             self.checkpoints(),
             self.bytes_literal(&hex(version.as_bytes()))
         );

@@ -121,7 +121,7 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
         c("flow_document", "the whole document of acme/pageviews"),
         format!(
             "INSERT INTO \"{s}\".\"sluice_checkpoints\" VALUES ('acme/views-db', -1, -1, 0, \
-             '\\x7631'::bytea);\n"
+             '\\x7631'::bytea) ON CONFLICT DO NOTHING;\n"
         ),
     ]
     .concat();
