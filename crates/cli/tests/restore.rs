@@ -120,6 +120,21 @@ fn a_restored_store_whose_input_is_gone_fails_naming_the_source_and_the_gap() {
     assert!(stderr.contains("cannot resume at"), "{stderr}");
     assert!(stderr.contains("views.jsonl now has"), "{stderr}");
     assert_eq!(
+        stderr.matches("source views-file").count(),
+        1,
+        "named once: {stderr}"
+    );
+    let inspect = Command::new(SLUICE)
+        .args(["inspect", "checkpoint"])
+        .arg(fx.path("pipeline.yaml"))
+        .output()
+        .unwrap();
+    let inspect = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        inspect.contains("last commit: transaction 8"),
+        "a failed seek leaves the log as it was: {inspect}"
+    );
+    assert_eq!(
         sqlite_table(&fx.db()),
         reduce_expected(&first),
         "the store is left as restored"

@@ -273,8 +273,8 @@ struct Recovered {
 }
 
 /// Opens the stream and plans recovery from the log's checkpoint and the store's
-/// (authoritative drivers), records the chosen checkpoint in the log, then positions
-/// every source at it.
+/// (authoritative drivers), positions every source at the chosen checkpoint, then
+/// records it in the log.
 async fn recover(
     shard: &Shard,
     endpoint: &dyn Endpoint,
@@ -317,32 +317,37 @@ async fn recover(
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
         RecoveryPlan::ReplayThenResume { from, replay } => (from, Some(replay)),
     };
-    // Durable before any intent that follows it: the next transaction is numbered from
+    for bound in sources {
+        if let Some(position) = checkpoint.sources.get(bound.source.name()) {
+            bound.source.seek(position).await.map_err(|e| {
+                let name = bound.source.name();
+                match &log_commit {
+                    Some(log) if log.txn > checkpoint.txn => {
+                        let e = e.to_string();
+                        let e = e.strip_prefix(&format!("source {name}: ")).unwrap_or(&e);
+                        source_err(
+                            name,
+                            format!(
+                                "the store's checkpoint (transaction {}) is older than the \
+                                 recovery log's (transaction {}), so this source must replay \
+                                 from there, and cannot: {e}",
+                                checkpoint.txn, log.txn
+                            ),
+                        )
+                    }
+                    _ => source_err(name, e),
+                }
+            })?;
+        }
+    }
+    // Only once every source is there (a failed seek leaves the log as it was); durable
+    // before any intent that follows it: the next transaction is numbered from
     // here, also when that goes back (a store restored from a backup).
     let adopted = checkpoint.clone();
     let log = tokio::task::spawn_blocking(move || log.adopt(&adopted).map(|()| log))
         .await
         .map_err(|e| RunError::Internal(e.to_string()))?
         .map_err(|e| RunError::Recovery(e.to_string()))?;
-    for bound in sources {
-        if let Some(position) = checkpoint.sources.get(bound.source.name()) {
-            bound.source.seek(position).await.map_err(|e| {
-                let name = bound.source.name();
-                match &log_commit {
-                    Some(log) if log.txn > checkpoint.txn => source_err(
-                        name,
-                        format!(
-                            "the store's checkpoint (transaction {}) is older than the \
-                             recovery log's (transaction {}), so this source must replay \
-                             from there, and cannot: {e}",
-                            checkpoint.txn, log.txn
-                        ),
-                    ),
-                    _ => source_err(name, e),
-                }
-            })?;
-        }
-    }
     Ok(Recovered {
         tx,
         rx,
