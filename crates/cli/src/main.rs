@@ -36,7 +36,8 @@ enum Command {
     Run(pipeline_cmd::RunArgs),
     /// Validate a pipeline file and ask each driver to validate its bindings.
     Check(pipeline_cmd::CheckArgs),
-    /// Create or update the resources (e.g. tables) a pipeline writes to.
+    /// Create or update the resources (e.g. tables) a pipeline writes to (`--delete`:
+    /// drop them); `run` runs only what was applied.
     Apply(pipeline_cmd::ApplyArgs),
     /// Show what Sluice has recorded for a pipeline.
     #[command(subcommand)]

@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
-use sluice_runtime::pipeline::{self, RunOptions};
+use sluice_runtime::pipeline::{self, ApplyAction, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
 use std::io::IsTerminal;
@@ -41,6 +41,10 @@ pub struct ApplyArgs {
     /// Print the actions without applying them.
     #[arg(long)]
     pub dry_run: bool,
+    /// Drop the resources instead (e.g. the tables), and forget the materializations'
+    /// applied specs and recovery logs: a later run starts over.
+    #[arg(long)]
+    pub delete: bool,
 }
 
 #[derive(Subcommand)]
@@ -74,7 +78,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
         let planned = pipeline::plan(&pipeline, &registry).await?;
-        for (name, actions) in pipeline::apply(&planned, false).await? {
+        // Applies only a first start: a changed pipeline file is refused until applied.
+        for (name, actions) in pipeline::apply_first_start(&pipeline, &planned).await? {
             tracing::debug!(materialization = %name, "applied: {actions}");
         }
         let progress = Arc::new(Progress::default());
@@ -227,11 +232,16 @@ pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
         let planned = pipeline::plan(&pipeline, &registry).await?;
-        for (name, actions) in pipeline::apply(&planned, args.dry_run).await? {
-            let verb = if args.dry_run {
-                "would apply"
-            } else {
-                "applied"
+        let action = match args.delete {
+            true => ApplyAction::Delete,
+            false => ApplyAction::Upsert,
+        };
+        for (name, actions) in pipeline::apply(&pipeline, &planned, action, args.dry_run).await? {
+            let verb = match (action, args.dry_run) {
+                (ApplyAction::Upsert, true) => "would apply",
+                (ApplyAction::Upsert, false) => "applied",
+                (ApplyAction::Delete, true) => "would delete",
+                (ApplyAction::Delete, false) => "deleted",
             };
             println!("-- {name}: {verb}");
             println!(
@@ -254,7 +264,7 @@ pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
             for name in pipeline.materializations.keys() {
                 let dir = pipeline.recovery_log().join(name);
                 println!("materialization {name} (recovery log {})", dir.display());
-                if !dir.exists() {
+                if !dir.join("log").exists() {
                     println!("  (empty: never run)");
                     continue;
                 }

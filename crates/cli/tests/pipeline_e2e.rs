@@ -4,49 +4,18 @@
 //!
 //! The expected reduction is computed here, independently of Sluice's reducers.
 
-use rusqlite::Connection;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
 
-use common::{Row as Expected, SLUICE, assert_success, pipeline_yaml, reduce_expected};
-
-/// Deterministic input: `n` documents over `keys` users.
-fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        state >> 33
-    };
-    (0..n)
-        .map(|i| {
-            let user = next() as usize % keys;
-            json!({
-                "user_id": format!("user-{user:05}"),
-                "views": (next() % 10) as i64,
-                "bytes": (next() % 5000) as i64,
-                "last_seen": format!("2026-11-{:02}T{:02}:00:{:02}Z", 1 + next() % 28, next() % 24, i % 60),
-            })
-        })
-        .collect()
-}
-
-fn write_lines(path: &Path, docs: &[Value]) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    for d in docs {
-        serde_json::to_writer(&mut f, d).unwrap();
-        f.write_all(b"\n").unwrap();
-    }
-}
+use common::{
+    Row as Expected, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_rows,
+    write_lines,
+};
 
 /// Where a fixture's pipeline materializes.
 enum Store {
@@ -147,16 +116,7 @@ impl Fixture {
     /// The table as (user_id → summed row), plus the number of rows per user.
     fn table(&self) -> (BTreeMap<String, Expected>, BTreeMap<String, usize>) {
         let rows: Vec<(String, i64, i64, String)> = match &self.store {
-            Store::Sqlite => {
-                let conn = Connection::open(self.dir.path().join("out/views.db")).unwrap();
-                let mut stmt = conn
-                    .prepare(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "pageviews""#)
-                    .unwrap();
-                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect()
-            }
+            Store::Sqlite => sqlite_rows(&self.dir.path().join("out/views.db")),
             Store::Postgres { schema } => {
                 let sql = format!(
                     r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#

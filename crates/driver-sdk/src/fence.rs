@@ -48,6 +48,21 @@ impl PreparedCheckpoint {
     }
 }
 
+/// The check of Open's version, once for every store that records the version Apply
+/// applied: refuses an Open of another version of the materialization's spec, so no
+/// instance writes under a spec its store was not applied with. `applied` is `None`
+/// when Apply recorded no version (a store applied before versions were recorded):
+/// accepted, since there is nothing to compare.
+pub fn check_version(materialization: &str, applied: Option<&str>, opened: &str) -> Result<()> {
+    match applied {
+        Some(applied) if applied != opened => Err(Error::Config(format!(
+            "materialization {materialization:?} was applied at version {applied}, but Open \
+             is for version {opened}: apply the spec being run first (`sluice apply`)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// One instance's claim on its key range, owned: the fence it must still hold to commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -215,6 +230,25 @@ impl<T: FencedStore> Transactor for T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_of_another_version_than_applied_is_refused_naming_both() {
+        for (applied, opened, ok) in [
+            (None, "v2", true),
+            (Some("v2"), "v2", true),
+            (Some("v1"), "v2", false),
+        ] {
+            match check_version("m", applied, opened) {
+                Ok(()) => assert!(ok, "{applied:?} {opened}"),
+                Err(err) => {
+                    assert!(!ok, "{applied:?} {opened}: {err}");
+                    let text = err.to_string();
+                    assert!(text.contains("applied at version v1, but Open is for version v2"));
+                    assert!(text.contains("sluice apply"), "{text}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn commit_takes_the_prepared_checkpoint_once() {

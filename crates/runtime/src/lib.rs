@@ -2,6 +2,7 @@
 //! exactly once. It knows sources through `sluice-source-sdk` and drivers through
 //! `sluice-driver-sdk`, and which kinds of each exist only through the [`registry`].
 //!
+//! - [`applied`]: the spec last applied to a materialization's store, beside its log.
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
 //! - [`deadletter`]: the dead-letter files of sources with `on_error: skip`.
 //! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
@@ -12,6 +13,7 @@
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
 //! - [`txn`]: the transaction loop.
 
+pub mod applied;
 pub mod config;
 pub mod deadletter;
 pub mod failpoint;

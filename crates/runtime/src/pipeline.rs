@@ -3,18 +3,26 @@
 //!
 //! ```text
 //! Pipeline ──plan──▶ Planned { collections, materializations (endpoint, spec) }
-//!                      ├──apply──▶ driver ApplyUpsert (idempotent; dry-run describes)
+//!                      ├──apply──▶ driver ApplyUpsert (idempotent; dry-run describes),
+//!                      │           or ApplyDelete; recorded beside the recovery log
+//!                      ├──apply_first_start──▶ applies a never-applied spec; refuses a
+//!                      │           spec that differs from the applied one
 //!                      └──run────▶ one txn::run per materialization, each with its own
 //!                                  recovery log `<recovery_log>/<materialization>`
 //! ```
+//!
+//! The applied spec is the contract between the pipeline file and the store
+//! ([`applied`]): `sluice apply` changes it; `sluice run` runs only what was applied,
+//! and Open carries its version, which the driver checks against its own record.
 //!
 //! Connecting an endpoint is the caller's job ([`Connect`], usually the binary's
 //! [`Registry`](crate::registry::Registry)): the runtime does not know which connectors
 //! are linked into the binary.
 
+use crate::applied;
 use crate::config::{self, Pipeline};
 use crate::projections::{self, BuildError};
-use crate::recovery::RecoveryLog;
+use crate::recovery::{self, RecoveryLog};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -57,6 +65,18 @@ pub enum PipelineError {
         materialization: String,
         #[source]
         source: sluice_driver_sdk::Error,
+    },
+    /// The pipeline file changed since the store was applied (user action needed).
+    #[error(
+        "materialization {materialization}: the pipeline file differs from the spec \
+             applied to its store (applied version {applied}, the file's {file}): {changes}; \
+             run `sluice apply` on the pipeline file to apply it, then run again"
+    )]
+    NotApplied {
+        materialization: String,
+        applied: String,
+        file: String,
+        changes: String,
     },
     #[error("materialization {materialization}: {source}")]
     Run {
@@ -220,32 +240,112 @@ fn resource_schema(place: &str, json: &str) -> Result<sluice_doc::Schema, Pipeli
     })
 }
 
-/// A version string of a spec: changes whenever the spec does.
-fn spec_version(spec: &flow::MaterializationSpec) -> String {
-    use prost::Message;
-    format!("{:08x}", crc32fast::hash(&spec.encode_to_vec()))
+/// Which Apply a materialization gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyAction {
+    /// Create or update its resources (ApplyUpsert), and record the spec as applied.
+    Upsert,
+    /// Drop its resources (ApplyDelete), and forget its applied spec and recovery log.
+    Delete,
 }
 
-/// Creates or updates every materialization's resources. Returns (name, actions).
+/// Applies every materialization (`sluice apply`): the driver's Apply, then, unless
+/// `dry_run`, the record beside the recovery log of what was applied ([`applied`]) or
+/// of its deletion. Holds each recovery log's lock meanwhile: refused while the
+/// pipeline runs. Returns (name, actions).
 pub async fn apply(
+    pipeline: &Pipeline,
     planned: &Planned,
+    action: ApplyAction,
     dry_run: bool,
 ) -> Result<Vec<(String, String)>, PipelineError> {
     let mut out = Vec::new();
     for m in &planned.materializations {
-        let response = m
-            .endpoint
-            .apply_upsert(m::ApplyRequest {
-                materialization: Some(m.spec.clone()),
-                version: spec_version(&m.spec),
-                dry_run,
-            })
-            .await
-            .map_err(|source| PipelineError::Driver {
-                materialization: m.name.clone(),
-                source,
-            })?;
-        out.push((m.name.clone(), response.action_description));
+        let dir = pipeline.recovery_log().join(&m.name);
+        let place = format!("materializations.{}", m.name);
+        let failed = |e: &dyn std::fmt::Display| invalid(&place, e.to_string());
+        // A dry run changes nothing, not even the lock file.
+        let lock = match dry_run {
+            true => None,
+            false => Some(recovery::lock_dir(&dir).map_err(|e| failed(&e))?),
+        };
+        let mut actions = apply_one(m, action, dry_run).await?;
+        if action == ApplyAction::Delete {
+            let verb = if dry_run { "would remove" } else { "removed" };
+            actions = format!(
+                "{}\n{verb} the recovery log {}",
+                actions.trim_end(),
+                dir.display()
+            );
+        }
+        if let Some(lock) = &lock {
+            match action {
+                ApplyAction::Upsert => applied::record(&dir, &m.spec).map_err(|e| failed(&e))?,
+                ApplyAction::Delete => {
+                    applied::forget(&dir).map_err(|e| failed(&e))?;
+                    recovery::remove(&dir, lock).map_err(|e| failed(&e))?;
+                }
+            }
+        }
+        out.push((m.name.clone(), actions));
+    }
+    Ok(out)
+}
+
+async fn apply_one(
+    m: &PlannedMaterialization,
+    action: ApplyAction,
+    dry_run: bool,
+) -> Result<String, PipelineError> {
+    let request = m::ApplyRequest {
+        materialization: Some(m.spec.clone()),
+        version: applied::version(&m.spec),
+        dry_run,
+    };
+    let response = match action {
+        ApplyAction::Upsert => m.endpoint.apply_upsert(request).await,
+        ApplyAction::Delete => m.endpoint.apply_delete(request).await,
+    };
+    let response = response.map_err(|source| PipelineError::Driver {
+        materialization: m.name.clone(),
+        source,
+    })?;
+    Ok(response.action_description)
+}
+
+/// What `sluice run` does before it runs: applies each materialization that was never
+/// applied (a first start) and records it; refuses one whose applied spec differs from
+/// the pipeline file's ([`PipelineError::NotApplied`]). Returns (name, actions) of the
+/// ones it applied.
+pub async fn apply_first_start(
+    pipeline: &Pipeline,
+    planned: &Planned,
+) -> Result<Vec<(String, String)>, PipelineError> {
+    let mut out = Vec::new();
+    for m in &planned.materializations {
+        let dir = pipeline.recovery_log().join(&m.name);
+        let place = format!("materializations.{}", m.name);
+        let recorded = applied::read(&dir).map_err(|e| invalid(&place, e.to_string()))?;
+        match applied::check(recorded.as_ref(), &m.spec) {
+            applied::Check::Current => {}
+            applied::Check::FirstApply => {
+                let actions = apply_one(m, ApplyAction::Upsert, false).await?;
+                applied::record(&dir, &m.spec).map_err(|e| invalid(&place, e.to_string()))?;
+                out.push((m.name.clone(), actions));
+            }
+            applied::Check::Differs {
+                applied,
+                file,
+                changes,
+            } => {
+                return Err(PipelineError::NotApplied {
+                    materialization: m.name.clone(),
+                    applied,
+                    file,
+                    changes: changes.join("; "),
+                });
+            }
+        }
     }
     Ok(out)
 }
@@ -329,7 +429,7 @@ pub async fn run(
         }
         let shard = Shard {
             open: Open {
-                version: spec_version(&m.spec),
+                version: applied::version(&m.spec),
                 materialization: Some(m.spec.clone()),
                 key_begin: m.shard.key_begin,
                 key_end: m.shard.key_end,

@@ -10,7 +10,10 @@
 //! be replayed exactly) before any store may commit `T`, and `Commit(T)` (resume
 //! positions and driver checkpoints) once the stores have committed. Both return only
 //! after fsync. At startup, [`plan_recovery`] (pure) combines what the log holds with
-//! what an authoritative store reports in `Opened`.
+//! what an authoritative store reports in `Opened` ([`StoreCheckpoint`]); when the store
+//! says where to begin, [`RecoveryLog::adopt`] records that checkpoint as the log's last
+//! commit, even when it is older (a store restored from a backup): transaction numbers
+//! then go back, and the log goes on from there.
 //!
 //! Invariants:
 //! - One writer per directory: [`RecoveryLog::open`] fails fast while another process
@@ -20,6 +23,9 @@
 //!   that no intact record follows (a short record, a bad checksum, zero fill) is that
 //!   torn last write: it is truncated on open with a warning. Damage followed by an
 //!   intact record is corruption, and an error (never guess past it).
+//! - An intent is pending only while no commit record follows it: `Intent(T+1)` is
+//!   written only after `Commit(T)`, and a commit (or an adopted checkpoint) settles
+//!   every intent before it.
 //! - Compaction rewrites the latest state (last commit, pending intent) to a new file,
 //!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
 //!   leaves either the old log or the new one.
@@ -75,6 +81,33 @@ impl Checkpoint {
         serde_json::from_slice(bytes)
             .map(Some)
             .map_err(|e| RecoveryError::BadCheckpoint(e.to_string()))
+    }
+}
+
+/// `Opened.flow_checkpoint` meaning "start from an empty checkpoint" (rebuild the range
+/// from the beginning of its sources), as the protocol spells it.
+pub const REBUILD_SENTINEL: [u8; 6] = [0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01];
+
+/// What a store reported in `Opened.flow_checkpoint`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreCheckpoint {
+    /// Empty bytes: the store keeps no checkpoint; use the runtime's own.
+    RuntimeOwn,
+    /// The rebuild sentinel: begin again from an empty checkpoint.
+    Rebuild,
+    /// A checkpoint: processing begins there, whatever the log holds.
+    At(Checkpoint),
+}
+
+impl StoreCheckpoint {
+    pub fn from_opened(bytes: &[u8]) -> Result<StoreCheckpoint, RecoveryError> {
+        if bytes == REBUILD_SENTINEL {
+            return Ok(StoreCheckpoint::Rebuild);
+        }
+        Ok(match Checkpoint::from_bytes(bytes)? {
+            None => StoreCheckpoint::RuntimeOwn,
+            Some(checkpoint) => StoreCheckpoint::At(checkpoint),
+        })
     }
 }
 
@@ -150,7 +183,6 @@ impl RecoveryLog {
     /// After `open` returns, no other process can write this log until `self` drops,
     /// and a torn last record has been truncated away.
     pub fn open(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
-        std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
         let lock = lock_dir(dir)?;
         let path = dir.join("log");
         let existed = path.exists();
@@ -240,6 +272,36 @@ impl RecoveryLog {
         Ok(())
     }
 
+    /// Makes `from`, the checkpoint recovery begins at, the log's last commit: appends
+    /// it as a commit record unless it is that already (or the log is empty and `from`
+    /// is the empty checkpoint). Its transaction number may be lower than the last
+    /// commit's: a store restored from a backup, or rebuilding, is caught up from there.
+    /// Any pending intent is dropped (the plan replays one only when `from` is the
+    /// commit it follows, and then this appends nothing). Returns only after fsync, so
+    /// the next intent follows `from` in the log too.
+    pub fn adopt(&mut self, from: &Checkpoint) -> Result<(), RecoveryError> {
+        let current = match &self.last_commit {
+            Some(last) => last == from,
+            None => from.txn == 0,
+        };
+        if current {
+            return Ok(());
+        }
+        if let Some(last) = &self.last_commit {
+            tracing::info!(
+                log = %self.path.display(),
+                "the store's checkpoint (transaction {}) replaces the recovery log's \
+                 (transaction {}): processing begins there",
+                from.txn,
+                last.txn
+            );
+        }
+        self.append(&LogRecord::Commit(from.clone()))?;
+        self.last_commit = Some(from.clone());
+        self.pending_intent = None;
+        Ok(())
+    }
+
     fn check_newer(&self, txn: u64, what: &str) -> Result<(), RecoveryError> {
         match &self.last_commit {
             Some(last) if txn <= last.txn => Err(RecoveryError::OutOfOrder {
@@ -285,7 +347,11 @@ impl RecoveryLog {
     }
 }
 
-fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
+/// Takes the lock of the recovery log directory `dir` (creating it), as
+/// [`RecoveryLog::open`] does, for changes beside the log (the applied spec) that must
+/// not happen while a pipeline runs. Held until the file drops.
+pub fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
+    std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
     let path = dir.join("lock");
     let mut lock = OpenOptions::new()
         .read(true)
@@ -386,12 +452,16 @@ fn read_record(bytes: &[u8]) -> Result<(LogRecord, usize), String> {
     Ok((record, HEADER + len as usize))
 }
 
-/// The last commit, and the last intent if it is newer than that commit.
+/// The last commit, and the last intent if no commit follows it and it is newer than
+/// that commit.
 fn latest(records: Vec<LogRecord>) -> (Option<Checkpoint>, Option<Intent>) {
     let (mut commit, mut intent) = (None::<Checkpoint>, None::<Intent>);
     for record in records {
         match record {
-            LogRecord::Commit(c) => commit = Some(c),
+            LogRecord::Commit(c) => {
+                commit = Some(c);
+                intent = None;
+            }
             LogRecord::Intent(i) => intent = Some(i),
         }
     }
@@ -404,6 +474,9 @@ fn latest(records: Vec<LogRecord>) -> (Option<Checkpoint>, Option<Intent>) {
 pub enum RecoveryPlan {
     /// Nothing was ever committed: start every source from the beginning.
     Fresh,
+    /// The store asked to rebuild (the sentinel) although the log committed: start every
+    /// source from the beginning, from the empty checkpoint.
+    Rebuild,
     /// Seek every source to the checkpoint's positions and go on.
     ResumeFrom(Checkpoint),
     /// Seek to `from`, then replay the intent's steps as transaction `replay.txn`
@@ -411,34 +484,60 @@ pub enum RecoveryPlan {
     ReplayThenResume { from: Checkpoint, replay: Intent },
 }
 
-/// Decides recovery from observed facts: the log's last commit, the checkpoint an
-/// authoritative store returned in Opened, and the log's pending intent.
+/// Decides recovery from observed facts: the log's last commit, what the store reported
+/// in Opened, and the log's pending intent.
 ///
-/// - The newer checkpoint wins: a store ahead of the log committed a transaction whose
-///   log commit was lost in a crash. On a tie the log's is taken (they are the same).
-/// - The intent is replayed only when it is for the transaction right after the chosen
-///   checkpoint (`txn + 1`; `1` when nothing committed). An older intent was committed
-///   already. A newer one cannot exist, since the log writes `Intent(T+1)` only after
-///   `Commit(T)`; it is ignored like an old one.
+/// - A store checkpoint is where processing begins (the protocol's rule), whether it is
+///   newer than the log's (the log's record of a transaction the store committed was
+///   lost in a crash), the same, or older (a store restored from a backup asks to be
+///   caught up). The sentinel begins from the empty checkpoint. Only a store that keeps
+///   no checkpoint leaves the choice to the log.
+/// - The intent is replayed only when it was written right after the chosen
+///   checkpoint: the pending intent follows the log's last commit (or nothing, for
+///   transaction 1), so it is replayed only when that commit is the chosen checkpoint
+///   and the intent is for the next transaction. Any other intent was committed
+///   already, or belongs to a history the store does not have: it is not replayed.
 pub fn plan_recovery(
     log_commit: Option<&Checkpoint>,
-    store_checkpoint: Option<&Checkpoint>,
+    store: &StoreCheckpoint,
     intent: Option<&Intent>,
 ) -> RecoveryPlan {
-    let chosen = match (log_commit, store_checkpoint) {
-        (Some(log), Some(store)) if store.txn > log.txn => Some(store),
-        (Some(log), _) => Some(log),
-        (None, store) => store,
+    let empty = Checkpoint::default();
+    let chosen = match store {
+        StoreCheckpoint::At(checkpoint) => Some(checkpoint),
+        StoreCheckpoint::Rebuild => Some(&empty),
+        StoreCheckpoint::RuntimeOwn => log_commit,
     };
-    let after = chosen.map_or(0, |c| c.txn);
-    match (chosen, intent) {
-        (_, Some(intent)) if intent.txn == after + 1 => RecoveryPlan::ReplayThenResume {
+    let follows = |intent: &Intent| match (log_commit, chosen) {
+        (Some(log), Some(chosen)) => log == chosen && intent.txn == log.txn + 1,
+        (None, chosen) => chosen.is_none_or(|c| c.txn == 0) && intent.txn == 1,
+        (Some(_), None) => false,
+    };
+    if let Some(intent) = intent.filter(|i| follows(i)) {
+        return RecoveryPlan::ReplayThenResume {
             from: chosen.cloned().unwrap_or_default(),
             replay: intent.clone(),
-        },
-        (Some(c), _) => RecoveryPlan::ResumeFrom(c.clone()),
-        (None, _) => RecoveryPlan::Fresh,
+        };
     }
+    match (store, log_commit, chosen) {
+        (StoreCheckpoint::Rebuild, Some(_), _) => RecoveryPlan::Rebuild,
+        (StoreCheckpoint::Rebuild, None, _) | (_, _, None) => RecoveryPlan::Fresh,
+        (_, _, Some(c)) => RecoveryPlan::ResumeFrom(c.clone()),
+    }
+}
+
+/// Forgets the log in `dir` (a deleted materialization starts over); `_held` is its
+/// lock ([`lock_dir`]), so no pipeline runs on it. Returns once the removal is durable.
+pub fn remove(dir: &Path, _held: &File) -> Result<(), RecoveryError> {
+    for name in ["log", "log.compact"] {
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path, "remove")(e)),
+        }
+    }
+    sync_dir(dir)
 }
 
 /// Renders what the log in `dir` holds, for `sluice inspect checkpoint`. Reads without

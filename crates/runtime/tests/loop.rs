@@ -36,7 +36,7 @@ use sluice_runtime::config::Pipeline;
 use sluice_runtime::failpoint::{self, MARKER};
 use sluice_runtime::pipeline::{self, Connect, Connected};
 use sluice_runtime::projections::loop_binding;
-use sluice_runtime::recovery::{Checkpoint, RecoveryLog, inspect};
+use sluice_runtime::recovery::{REBUILD_SENTINEL, RecoveryLog, StoreCheckpoint, inspect};
 use sluice_runtime::registry::{Builtin, Registry};
 use sluice_runtime::txn::{self, BoundSource, Context, Progress, Shard, Summary, TxnOptions};
 use sluice_source_sdk::kind;
@@ -129,6 +129,9 @@ struct Observing {
     inner: MemoryDriver,
     log_dir: PathBuf,
     observed: Arc<Mutex<Observed>>,
+    /// Answer the Open of a range that never committed with the rebuild sentinel
+    /// instead of an empty checkpoint, as the protocol lets a driver do.
+    rebuild: bool,
 }
 
 #[async_trait]
@@ -146,7 +149,10 @@ impl Driver for Observing {
         self.inner.apply_delete(req).await
     }
     async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
-        let (inner, opened) = self.inner.open(open).await?;
+        let (inner, mut opened) = self.inner.open(open).await?;
+        if self.rebuild && opened.flow_checkpoint.is_empty() {
+            opened.flow_checkpoint = REBUILD_SENTINEL.to_vec();
+        }
         let committed = checkpoint_txn(&opened.flow_checkpoint);
         let stream = {
             let mut observed = self.observed.lock().unwrap();
@@ -166,9 +172,10 @@ impl Driver for Observing {
 }
 
 fn checkpoint_txn(bytes: &[u8]) -> u64 {
-    Checkpoint::from_bytes(bytes)
-        .expect("a runtime checkpoint")
-        .map_or(0, |c| c.txn)
+    match StoreCheckpoint::from_opened(bytes).expect("a runtime checkpoint") {
+        StoreCheckpoint::At(c) => c.txn,
+        StoreCheckpoint::RuntimeOwn | StoreCheckpoint::Rebuild => 0,
+    }
 }
 
 /// `inspect`'s line `<prefix> <n>…`, as n (0 when absent).
@@ -292,7 +299,32 @@ struct Harness {
     observed: Arc<Mutex<Observed>>,
 }
 
+/// A new, empty memory store behind an observing endpoint.
+fn observed_store(
+    log_dir: &Path,
+    rebuild: bool,
+) -> (MemoryDriver, Arc<Mutex<Observed>>, Arc<InProcess>) {
+    let store = MemoryDriver::new();
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let endpoint = Arc::new(InProcess::new(
+        "memory",
+        Arc::new(Observing {
+            inner: store.clone(),
+            log_dir: log_dir.to_path_buf(),
+            observed: observed.clone(),
+            rebuild,
+        }),
+    ));
+    (store, observed, endpoint)
+}
+
 impl Harness {
+    /// Replaces the store by a new, empty one (`rebuild`: that answers Open with the
+    /// rebuild sentinel); the recovery log stays.
+    fn replace_store(&mut self, rebuild: bool) {
+        (self.store, self.observed, self.endpoint) = observed_store(&self.log_dir, rebuild);
+    }
+
     async fn new() -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("input.jsonl");
@@ -316,16 +348,7 @@ impl Harness {
         )
         .unwrap();
         let log_dir = pipeline.recovery_log().join(MATERIALIZATION);
-        let store = MemoryDriver::new();
-        let observed = Arc::new(Mutex::new(Observed::default()));
-        let endpoint = Arc::new(InProcess::new(
-            "memory",
-            Arc::new(Observing {
-                inner: store.clone(),
-                log_dir: log_dir.clone(),
-                observed: observed.clone(),
-            }),
-        ));
+        let (store, observed, endpoint) = observed_store(&log_dir, false);
         let planned = pipeline::plan(&pipeline, &Connector(endpoint.clone()))
             .await
             .unwrap();
@@ -400,9 +423,9 @@ impl Harness {
     }
 
     /// Every property the module docs list, after the run.
-    fn assert_exact(&self) {
-        let rows: BTreeMap<String, (i64, String)> = self
-            .store
+    /// The store's rows, per key: (n, last).
+    fn rows(&self) -> BTreeMap<String, (i64, String)> {
+        self.store
             .rows(MATERIALIZATION, TABLE)
             .into_iter()
             .map(|(_, d)| {
@@ -412,8 +435,15 @@ impl Harness {
                     (d["n"].as_i64().unwrap(), d["last"].as_str().unwrap().into()),
                 )
             })
-            .collect();
-        assert_eq!(rows, expected(), "the store is the reduction of the input");
+            .collect()
+    }
+
+    fn assert_exact(&self) {
+        assert_eq!(
+            self.rows(),
+            expected(),
+            "the store is the reduction of the input"
+        );
 
         let observed = self.observed.lock().unwrap();
         assert_eq!(observed.violations, Vec::<String>::new());
@@ -541,5 +571,34 @@ async fn a_log_commit_that_fails_is_never_acknowledged() {
         first.last(),
         Some(&Event::Commit { txn: 2 }),
         "the stream whose log commit failed ends at the driver's commit: {first:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
+    let scenario = fail::FailScenario::setup();
+    let mut h = Harness::new().await;
+    assert_eq!(h.run_to_end().await, Vec::<String>::new());
+    h.assert_exact();
+    let committed = log_says(&h.log_dir, "last commit: transaction");
+
+    // A new store that reports no checkpoint leaves the choice to the log: nothing to do.
+    h.replace_store(false);
+    assert_eq!(h.run_to_end().await, Vec::<String>::new());
+    assert_eq!(
+        h.rows(),
+        BTreeMap::new(),
+        "resumed from the log's checkpoint"
+    );
+
+    // One that answers with the sentinel is rebuilt from the beginning of the input.
+    h.replace_store(true);
+    assert_eq!(h.run_to_end().await, Vec::<String>::new());
+    scenario.teardown();
+    h.assert_exact();
+    assert_eq!(
+        log_says(&h.log_dir, "last commit: transaction"),
+        committed,
+        "transactions were numbered again from 1"
     );
 }

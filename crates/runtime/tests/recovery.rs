@@ -3,7 +3,8 @@
 
 use serde_json::json;
 use sluice_runtime::recovery::{
-    Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, inspect, plan_recovery,
+    Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, inspect,
+    plan_recovery,
 };
 use sluice_source_sdk::Resume;
 use std::collections::BTreeMap;
@@ -240,14 +241,43 @@ fn inspect_renders_the_commit_and_pending_intent() {
     assert!(text.contains("pending intent: transaction 5"), "{text}");
 }
 
-/// A plan as (resume-from txn or None for Fresh, replayed intent txn).
+/// A plan as (resume-from txn, or None for Fresh and R for Rebuild; replayed intent txn).
 type Summary = (Option<u64>, Option<u64>);
-/// (log commit txn, store checkpoint txn, pending intent txn) → expected plan.
-type Row = (Option<u64>, Option<u64>, Option<u64>, Summary);
+/// What the store reported in Opened.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    /// Empty bytes: the runtime's own checkpoint.
+    Own,
+    /// The rebuild sentinel.
+    Rebuild,
+    /// The log's checkpoint of this transaction (the same one).
+    At(u64),
+    /// A checkpoint of this transaction from another history (a different position).
+    Other(u64),
+}
+/// (log commit txn, store, pending intent txn) → expected plan.
+type Row = (Option<u64>, Store, Option<u64>, Summary);
+const R: Option<u64> = Some(u64::MAX);
+
+fn store_checkpoint(store: Store) -> StoreCheckpoint {
+    match store {
+        Store::Own => StoreCheckpoint::RuntimeOwn,
+        Store::Rebuild => StoreCheckpoint::Rebuild,
+        Store::At(txn) => StoreCheckpoint::At(checkpoint(txn)),
+        Store::Other(txn) => {
+            let mut other = checkpoint(txn);
+            other
+                .sources
+                .insert("views".into(), json!({"begin": 0, "end": 99}));
+            StoreCheckpoint::At(other)
+        }
+    }
+}
 
 fn summary(plan: &RecoveryPlan) -> Summary {
     match plan {
         RecoveryPlan::Fresh => (None, None),
+        RecoveryPlan::Rebuild => (R, None),
         RecoveryPlan::ResumeFrom(c) => (Some(c.txn), None),
         RecoveryPlan::ReplayThenResume { from, replay } => (Some(from.txn), Some(replay.txn)),
     }
@@ -255,65 +285,147 @@ fn summary(plan: &RecoveryPlan) -> Summary {
 
 #[test]
 fn plan_recovery_decision_table() {
-    // (log commit, store checkpoint, intent) → (resume from, replay)
+    use Store::{At, Other, Own, Rebuild};
+    // (log commit, store, intent) → (resume from, replay)
     #[rustfmt::skip]
     let table: &[Row] = &[
         // Nothing committed anywhere.
-        (None,    None,    None,    (None,    None)),
-        (None,    None,    Some(1), (Some(0), Some(1))), // crashed during the first txn
-        (None,    None,    Some(2), (None,    None)),    // cannot follow nothing: ignored
+        (None,    Own,        None,    (None,    None)),
+        (None,    Own,        Some(1), (Some(0), Some(1))), // crashed during the first txn
+        (None,    Own,        Some(2), (None,    None)),    // cannot follow nothing: ignored
+        (None,    Rebuild,    None,    (None,    None)),    // a never-committed store
+        (None,    Rebuild,    Some(1), (Some(0), Some(1))),
+        (None,    Rebuild,    Some(2), (None,    None)),
         // Only the log (non-authoritative store, or no checkpoint in it).
-        (Some(5), None,    None,    (Some(5), None)),
-        (Some(5), None,    Some(5), (Some(5), None)),    // already committed
-        (Some(5), None,    Some(6), (Some(5), Some(6))), // crashed during txn 6
-        (Some(5), None,    Some(7), (Some(5), None)),
+        (Some(5), Own,        None,    (Some(5), None)),
+        (Some(5), Own,        Some(5), (Some(5), None)),    // already committed
+        (Some(5), Own,        Some(6), (Some(5), Some(6))), // crashed during txn 6
+        (Some(5), Own,        Some(7), (Some(5), None)),
         // Store and log agree.
-        (Some(5), Some(5), None,    (Some(5), None)),
-        (Some(5), Some(5), Some(6), (Some(5), Some(6))),
+        (Some(5), At(5),      None,    (Some(5), None)),
+        (Some(5), At(5),      Some(6), (Some(5), Some(6))),
+        (Some(5), At(5),      Some(7), (Some(5), None)),
         // Store committed txn 6, the log's commit of it was lost.
-        (Some(5), Some(6), None,    (Some(6), None)),
-        (Some(5), Some(6), Some(6), (Some(6), None)),    // the intent is the store's txn
-        (Some(5), Some(6), Some(7), (Some(6), Some(7))),
-        // Store behind the log: the log's checkpoint is newer and wins.
-        (Some(5), Some(4), None,    (Some(5), None)),
-        (Some(5), Some(4), Some(5), (Some(5), None)),
-        (Some(5), Some(4), Some(6), (Some(5), Some(6))),
+        (Some(5), At(6),      None,    (Some(6), None)),
+        (Some(5), At(6),      Some(6), (Some(6), None)),    // the intent is the store's txn
+        (Some(5), At(6),      Some(7), (Some(6), None)),    // follows no commit of the log
+        // Store behind the log (restored from a backup): the store's checkpoint wins,
+        // and no intent of the log's later history is replayed.
+        (Some(5), At(4),      None,    (Some(4), None)),
+        (Some(5), At(4),      Some(5), (Some(4), None)),
+        (Some(5), At(4),      Some(6), (Some(4), None)),
+        // Same number, another history: the store's, and the log's intent does not follow it.
+        (Some(5), Other(5),   None,    (Some(5), None)),
+        (Some(5), Other(5),   Some(6), (Some(5), None)),
+        // The store asks to rebuild: from the empty checkpoint, no intent replayed.
+        (Some(5), Rebuild,    None,    (R,       None)),
+        (Some(5), Rebuild,    Some(6), (R,       None)),
+        (Some(5), Rebuild,    Some(1), (R,       None)),
         // Only the store (a new log next to an existing store).
-        (None,    Some(3), None,    (Some(3), None)),
-        (None,    Some(3), Some(3), (Some(3), None)),
-        (None,    Some(3), Some(4), (Some(3), Some(4))),
-        (None,    Some(3), Some(1), (Some(3), None)),
+        (None,    At(3),      None,    (Some(3), None)),
+        (None,    At(3),      Some(3), (Some(3), None)),
+        (None,    At(3),      Some(4), (Some(3), None)),
+        (None,    At(3),      Some(1), (Some(3), None)),
     ];
     for &(log, store, pending, expected) in table {
         let (log_c, store_c, intent_i) = (
             log.map(checkpoint),
-            store.map(checkpoint),
+            store_checkpoint(store),
             pending.map(intent),
         );
-        let plan = plan_recovery(log_c.as_ref(), store_c.as_ref(), intent_i.as_ref());
+        let plan = plan_recovery(log_c.as_ref(), &store_c, intent_i.as_ref());
         assert_eq!(
             summary(&plan),
             expected,
             "log {log:?}, store {store:?}, intent {pending:?}: {plan:?}"
         );
         // The chosen checkpoint is the whole one that won, not a rebuilt one.
-        match &plan {
-            RecoveryPlan::ResumeFrom(c) | RecoveryPlan::ReplayThenResume { from: c, .. }
-                if c.txn > 0 =>
-            {
-                assert_eq!(c, &checkpoint(c.txn))
-            }
-            _ => {}
+        if let (
+            RecoveryPlan::ResumeFrom(c) | RecoveryPlan::ReplayThenResume { from: c, .. },
+            StoreCheckpoint::At(store),
+        ) = (&plan, &store_c)
+        {
+            assert_eq!(c, store, "log {log:?}, store {store:?}");
         }
     }
 }
 
 #[test]
-fn store_checkpoint_wins_over_an_older_log_commit() {
+fn store_checkpoint_wins_over_a_newer_or_older_log_commit() {
     let mut store = checkpoint(6);
     store
         .driver_checkpoints
         .insert("db".to_string(), json!("from the store"));
-    let plan = plan_recovery(Some(&checkpoint(5)), Some(&store), None);
-    assert_eq!(plan, RecoveryPlan::ResumeFrom(store));
+    for log in [checkpoint(5), checkpoint(9)] {
+        let plan = plan_recovery(Some(&log), &StoreCheckpoint::At(store.clone()), None);
+        assert_eq!(plan, RecoveryPlan::ResumeFrom(store.clone()));
+    }
+}
+
+#[test]
+fn opened_bytes_are_the_runtimes_own_the_rebuild_sentinel_or_a_checkpoint() {
+    assert_eq!(
+        StoreCheckpoint::from_opened(b"").unwrap(),
+        StoreCheckpoint::RuntimeOwn
+    );
+    assert_eq!(
+        StoreCheckpoint::from_opened(&[0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01]).unwrap(),
+        StoreCheckpoint::Rebuild
+    );
+    assert_eq!(
+        StoreCheckpoint::from_opened(&checkpoint(3).to_bytes()).unwrap(),
+        StoreCheckpoint::At(checkpoint(3))
+    );
+    assert!(StoreCheckpoint::from_opened(&[0xf8, 0xff]).is_err());
+}
+
+#[test]
+fn an_adopted_older_checkpoint_becomes_the_last_commit_and_numbers_go_on_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = RecoveryLog::open(dir.path()).unwrap();
+        for txn in 1..=9 {
+            log.write_intent(&intent(txn)).unwrap();
+            log.commit(&checkpoint(txn)).unwrap();
+        }
+        log.write_intent(&intent(10)).unwrap();
+        assert!(
+            log.write_intent(&intent(5)).is_err(),
+            "without adopt, going back is out of order"
+        );
+        log.adopt(&checkpoint(4)).unwrap();
+        assert_eq!(log.last_commit(), Some(&checkpoint(4)));
+        assert_eq!(log.pending_intent(), None, "the later intent is dropped");
+        log.write_intent(&intent(5)).unwrap();
+    }
+    let mut log = RecoveryLog::open(dir.path()).unwrap();
+    assert_eq!(
+        log.last_commit(),
+        Some(&checkpoint(4)),
+        "durable across reopen"
+    );
+    assert_eq!(log.pending_intent(), Some(&intent(5)));
+    log.commit(&checkpoint(5)).unwrap();
+    drop(log);
+    let log = RecoveryLog::open(dir.path()).unwrap();
+    assert_eq!(log.last_commit(), Some(&checkpoint(5)));
+    assert_eq!(log.pending_intent(), None);
+}
+
+#[test]
+fn adopting_the_last_commit_or_nothing_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = RecoveryLog::open(dir.path()).unwrap();
+    log.adopt(&Checkpoint::default()).unwrap();
+    assert_eq!(std::fs::metadata(log_file(dir.path())).unwrap().len(), 0);
+    log.commit(&checkpoint(2)).unwrap();
+    log.write_intent(&intent(3)).unwrap();
+    let len = std::fs::metadata(log_file(dir.path())).unwrap().len();
+    log.adopt(&checkpoint(2)).unwrap();
+    assert_eq!(std::fs::metadata(log_file(dir.path())).unwrap().len(), len);
+    assert_eq!(
+        log.pending_intent(),
+        Some(&intent(3)),
+        "kept for its replay"
+    );
 }

@@ -33,7 +33,9 @@
 //!
 //! Invariants every source keeps:
 //! - After `seek(p)` with `p` the position of a step's `Resume`, the next `queue`
-//!   returns exactly the records that followed that step.
+//!   returns exactly the records that followed that step; a source that can no longer
+//!   read from `p` fails the seek with [`SourceError::Unavailable`] rather than skip
+//!   ahead.
 //! - `replay(r)` returns the same records as the step that produced `r`, leaves the
 //!   source positioned just after that step, and fails with
 //!   [`SourceError::ReplayMismatch`] rather than return anything else.
@@ -109,6 +111,15 @@ pub enum SourceError {
         position: Value,
         expected: u64,
         actual: u64,
+    },
+    /// The input at a committed position is gone (a file cut shorter, a retention
+    /// window passed): the source cannot resume there, and reading on would lose
+    /// what lay in between.
+    #[error("source {name}: cannot resume at {position}: {reason}")]
+    Unavailable {
+        name: String,
+        position: Value,
+        reason: String,
     },
     /// A resume the runtime handed over is not one this source produced.
     #[error("source {name}: cannot {action} {resume}: {reason}")]

@@ -7,8 +7,10 @@
 //!            create checkpoints   (its table has no columns)
 //!            per table: create it, or add its missing columns;
 //!                       then a comment per new column (dialects with comment statements)
+//!            record the version   (another one is recorded, or none: the reserved
+//!                                  range row of the checkpoints table, see crate::fence)
 //!   delete:  drop each existing table;
-//!            delete the materialization's checkpoint rows, if there are any
+//!            delete the materialization's checkpoint rows (and its version), if any
 //! ```
 //!
 //! A connector supplies two things: its [`Catalog`] (what the store holds now, and how
@@ -20,7 +22,7 @@
 //! [`validate_tables`].
 
 use crate::config::{NameLimit, TableResource};
-use crate::fence::{FenceDialect, FenceSql};
+use crate::fence::{FenceClient, FenceDialect, FenceSql, Param, VERSION_RANGE};
 use crate::validate;
 use crate::{Column, ColumnKind, Table};
 use async_trait::async_trait;
@@ -35,9 +37,10 @@ pub enum Action {
     Delete,
 }
 
-/// What Apply reads from a store, and how it runs the plan there.
+/// What Apply reads from a store, and how it runs the plan there. The fencing client's
+/// calls read the recorded version.
 #[async_trait]
-pub trait Catalog: Send {
+pub trait Catalog: FenceClient {
     /// The columns of `table`, empty if it does not exist.
     async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>>;
 
@@ -74,11 +77,37 @@ impl Catalog for Empty {
     }
 
     async fn execute(&mut self, _statements: &[String]) -> Result<()> {
-        Err(Error::store(
+        Err(Empty::missing())
+    }
+}
+
+impl Empty {
+    fn missing() -> Error {
+        Error::store(
             "applying",
             "the store does not exist (an empty catalog only plans dry runs)",
             false,
-        ))
+        )
+    }
+}
+
+/// Nothing is recorded in a store that does not exist; it runs nothing.
+#[async_trait]
+impl FenceClient for Empty {
+    async fn execute(&mut self, _sql: &str, _params: &[Param<'_>]) -> Result<u64> {
+        Err(Empty::missing())
+    }
+    async fn query_bytes(&mut self, _sql: &str, _: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    async fn query_int(&mut self, _sql: &str, _: &[Param<'_>]) -> Result<Option<i64>> {
+        Ok(None)
+    }
+    async fn begin_claim(&mut self, _materialization: &str) -> Result<()> {
+        Err(Empty::missing())
+    }
+    async fn end_claim(&mut self, _materialization: &str, _commit: bool) -> Result<()> {
+        Err(Empty::missing())
     }
 }
 
@@ -137,39 +166,75 @@ pub trait Ddl: Sync {
         )
     }
 
+    /// Bytes (given as hex digits) as a literal of the checkpoint column's type.
+    fn bytes_literal(&self, hex: &str) -> String {
+        format!("X'{hex}'")
+    }
+
+    /// Records `version` as the applied one of `materialization` (see [`crate::fence`]),
+    /// replacing the one recorded if `replace`.
+    fn record_version(&self, materialization: &str, version: &str, replace: bool) -> Vec<String> {
+        let q = Self::FENCE.quote;
+        let (m, b, e) = (q("materialization"), q("key_begin"), q("key_end"));
+        let name = self.literal(materialization);
+        let delete = format!(
+            "DELETE FROM {} WHERE {m} = {name} AND {b} = {VERSION_RANGE} AND {e} = {VERSION_RANGE}",
+            self.checkpoints()
+        );
+        // Two first starts may apply at once: the second insert of the row does nothing.
+        let (insert, ignore) = Self::FENCE.insert_ignore;
+        let insert = format!(
+            "{insert} INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {}){ignore}",
+            self.checkpoints(),
+            self.bytes_literal(&hex(version.as_bytes()))
+        );
+        match replace {
+            true => vec![delete, insert],
+            false => vec![insert],
+        }
+    }
+
     /// The fencing statements over the checkpoints table.
     fn fence_sql(&self) -> FenceSql {
         FenceSql::new(&self.checkpoints(), Self::FENCE)
     }
 }
 
-/// Plans `action` for `tables` of `materialization` from what `catalog` holds now, runs
-/// the plan unless `dry_run`, and describes it (one `statement;` per line).
+/// Hex digits of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Plans `action` for `tables` of `materialization` (of spec `version`) from what
+/// `catalog` holds now, runs the plan unless `dry_run`, and describes it (one
+/// `statement;` per line).
 pub async fn apply<D: Ddl>(
     catalog: &mut dyn Catalog,
     ddl: &D,
     tables: &[D::Table],
-    materialization: &str,
+    (materialization, version): (&str, &str),
     action: Action,
     dry_run: bool,
 ) -> Result<m::ApplyResponse> {
     let statements = match action {
-        Action::Upsert => plan_upsert(catalog, ddl, tables).await?,
+        Action::Upsert => plan_upsert(catalog, ddl, tables, (materialization, version)).await?,
         Action::Delete => plan_delete(catalog, ddl, tables, materialization).await?,
     };
     if !dry_run && !statements.is_empty() {
-        catalog.execute(&statements).await?;
+        Catalog::execute(catalog, &statements).await?;
     }
     Ok(m::ApplyResponse {
         action_description: statements.iter().map(|s| format!("{s};\n")).collect(),
     })
 }
 
-/// Creates the schema, the checkpoints table and missing tables; adds missing columns.
+/// Creates the schema, the checkpoints table and missing tables; adds missing columns;
+/// records the version.
 async fn plan_upsert<D: Ddl>(
     catalog: &mut dyn Catalog,
     ddl: &D,
     tables: &[D::Table],
+    (materialization, version): (&str, &str),
 ) -> Result<Vec<String>> {
     let mut statements = Vec::new();
     if let Some(create) = ddl.create_schema()
@@ -177,13 +242,19 @@ async fn plan_upsert<D: Ddl>(
     {
         statements.push(create);
     }
-    if catalog
+    let recorded = if catalog
         .existing_columns(D::CHECKPOINTS_TABLE)
         .await?
         .is_empty()
     {
         statements.push(ddl.create_checkpoints());
-    }
+        None
+    } else {
+        let sql = ddl.fence_sql().applied_version;
+        catalog
+            .query_bytes(&sql, &[Param::Text(materialization)])
+            .await?
+    };
     for table in tables {
         let existing = catalog.existing_columns(&table.name).await?;
         let added: Vec<_> = if existing.is_empty() {
@@ -197,6 +268,9 @@ async fn plan_upsert<D: Ddl>(
             missing
         };
         statements.extend(added.iter().filter_map(|c| ddl.comment(table, c)));
+    }
+    if recorded.as_deref() != Some(version.as_bytes()) {
+        statements.extend(ddl.record_version(materialization, version, recorded.is_some()));
     }
     Ok(statements)
 }
@@ -308,13 +382,36 @@ mod tests {
         }
     }
 
-    /// A store as a map of table → columns, plus checkpoint rows and the schema.
+    /// A store as a map of table → columns, plus checkpoint rows, the recorded version
+    /// and the schema.
     #[derive(Default)]
     struct Model {
         schema: bool,
         tables: BTreeMap<String, Vec<String>>,
         checkpoint_rows: u64,
+        version: Option<Vec<u8>>,
         executed: Vec<String>,
+    }
+
+    /// Answers only the read of the recorded version.
+    #[async_trait]
+    impl FenceClient for Model {
+        async fn execute(&mut self, sql: &str, _: &[Param<'_>]) -> Result<u64> {
+            panic!("Apply ran a fencing statement: {sql}")
+        }
+        async fn query_bytes(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+            assert!(sql.contains("= -1"), "{sql}");
+            Ok(self.version.clone())
+        }
+        async fn query_int(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<i64>> {
+            panic!("Apply read a fence: {sql}")
+        }
+        async fn begin_claim(&mut self, _: &str) -> Result<()> {
+            panic!("Apply claimed")
+        }
+        async fn end_claim(&mut self, _: &str, _: bool) -> Result<()> {
+            panic!("Apply claimed")
+        }
     }
 
     #[async_trait]
@@ -359,15 +456,37 @@ mod tests {
                 .map(|(t, cs)| (t.to_string(), cs.iter().map(|c| c.to_string()).collect()))
                 .collect(),
             checkpoint_rows,
+            version: None,
             executed: Vec::new(),
         }
     }
+
+    /// `model` with version `v1` recorded.
+    fn applied(tables: &[(&str, &[&str])], version: &[u8]) -> Model {
+        Model {
+            version: Some(version.to_vec()),
+            ..model(true, tables, 1)
+        }
+    }
+
+    /// The statement recording version `v1` of `m`, and the one replacing another.
+    const RECORD_V1: &str =
+        "INSERT INTO s.<sluice_checkpoints> VALUES ('m', -1, -1, 0, X'7631');\n";
+    const REPLACE: &str = "DELETE FROM s.<sluice_checkpoints> WHERE <materialization> = 'm' \
+                           AND <key_begin> = -1 AND <key_end> = -1;\n";
 
     fn run(catalog: &mut Model, action: Action, dry_run: bool) -> String {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let applied = runtime.block_on(apply(catalog, &TestDdl, &[table()], "m", action, dry_run));
+        let applied = runtime.block_on(apply(
+            catalog,
+            &TestDdl,
+            &[table()],
+            ("m", "v1"),
+            action,
+            dry_run,
+        ));
         applied.unwrap().action_description
     }
 
@@ -377,54 +496,79 @@ mod tests {
     fn the_plan_is_what_the_catalog_lacks() {
         let upsert = Action::Upsert;
         let delete = Action::Delete;
-        let cases: [(&str, Model, Action, &str); 8] = [
+        let all: &[(&str, &[&str])] = &[(CP, &["fence"]), ("t", &["k", "v", "doc"])];
+        let cases: [(&str, Model, Action, String); 10] = [
             (
-                "empty store: everything, comments on every column",
+                "empty store: everything, comments on every column, the version",
                 model(false, &[], 0),
                 upsert,
-                "create schema;\ncreate checkpoints;\ncreate t;\n\
-                 comment t.k;\ncomment t.v;\ncomment t.doc;\n",
+                format!(
+                    "create schema;\ncreate checkpoints;\ncreate t;\n\
+                     comment t.k;\ncomment t.v;\ncomment t.doc;\n{RECORD_V1}"
+                ),
             ),
             (
                 "schema present",
                 model(true, &[], 0),
                 upsert,
-                "create checkpoints;\ncreate t;\ncomment t.k;\ncomment t.v;\ncomment t.doc;\n",
+                format!(
+                    "create checkpoints;\ncreate t;\ncomment t.k;\ncomment t.v;\n\
+                     comment t.doc;\n{RECORD_V1}"
+                ),
             ),
             (
                 "a column missing: added, then commented",
-                model(true, &[(CP, &["fence"]), ("t", &["k", "doc"])], 0),
+                applied(&[(CP, &["fence"]), ("t", &["k", "doc"])], b"v1"),
                 upsert,
-                "add t.v;\ncomment t.v;\n",
+                "add t.v;\ncomment t.v;\n".into(),
             ),
             (
                 "all there: nothing",
-                model(true, &[(CP, &["fence"]), ("t", &["k", "v", "doc"])], 3),
+                applied(all, b"v1"),
                 upsert,
-                "",
+                String::new(),
+            ),
+            (
+                "another version recorded: the version",
+                applied(all, b"v0"),
+                upsert,
+                format!("{REPLACE}{RECORD_V1}"),
+            ),
+            (
+                "no version recorded: the version",
+                model(true, all, 3),
+                upsert,
+                RECORD_V1.into(),
             ),
             (
                 "delete: drop the table, forget the checkpoints",
                 model(true, &[(CP, &["fence"]), ("t", &["k"])], 2),
                 delete,
                 "DROP TABLE IF EXISTS s.<t>;\nDELETE FROM s.<sluice_checkpoints> \
-                 WHERE <materialization> = 'm';\n",
+                 WHERE <materialization> = 'm';\n"
+                    .into(),
             ),
             (
                 "delete without checkpoint rows",
                 model(true, &[(CP, &["fence"]), ("t", &["k"])], 0),
                 delete,
-                "DROP TABLE IF EXISTS s.<t>;\n",
+                "DROP TABLE IF EXISTS s.<t>;\n".into(),
             ),
             (
                 "delete without a checkpoints table",
                 model(true, &[("t", &["k"])], 5),
                 delete,
-                "DROP TABLE IF EXISTS s.<t>;\n",
+                "DROP TABLE IF EXISTS s.<t>;\n".into(),
             ),
-            ("delete of nothing", model(true, &[], 0), delete, ""),
+            (
+                "delete of nothing",
+                model(true, &[], 0),
+                delete,
+                String::new(),
+            ),
         ];
         for (case, mut catalog, action, want) in cases {
+            let want = want.as_str();
             let dry = run(&mut catalog, action, true);
             assert_eq!(dry, want, "{case} (dry run)");
             assert!(catalog.executed.is_empty(), "{case}: a dry run executed");
@@ -448,7 +592,7 @@ mod tests {
             &mut Empty,
             &TestDdl,
             &tables,
-            "m",
+            ("m", "v1"),
             Action::Upsert,
             true,
         ));
@@ -461,7 +605,7 @@ mod tests {
             &mut Empty,
             &TestDdl,
             &tables,
-            "m",
+            ("m", "v1"),
             Action::Upsert,
             false,
         ));

@@ -25,14 +25,23 @@
 //! older than the data. SQLite serializes writers (BEGIN IMMEDIATE), so any order holds
 //! there; it uses the same one.
 //!
+//! Apply records the applied spec's version as the row of the reserved range
+//! `[-1, -1]` ([`VERSION_RANGE`]; its checkpoint column holds the version's text): no
+//! key range overlaps or covers it, so claims never bump or recover it, and Apply's
+//! delete forgets it with the ranges. A claim reads it first and refuses an Open of
+//! another version ([`sluice_driver_sdk::fence::check_version`]).
+//!
 //! A zombie whose Loads went stale may fail before its commit's UPDATE, storing as
 //! absent a key the newer instance wrote: the store then reads [`current_fence`] and
 //! [`sluice_driver_sdk::fence::RangeFence::explain`] reports the failure as
 //! [`Error::Fenced`] if the fence moved.
 
 use async_trait::async_trait;
-use sluice_driver_sdk::fence::Claim;
+use sluice_driver_sdk::fence::{Claim, check_version};
 use sluice_driver_sdk::{Error, Result};
+
+/// The `key_begin` and `key_end` of the row recording the applied spec's version.
+pub const VERSION_RANGE: i64 = -1;
 
 /// A parameter of a fencing statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +97,8 @@ pub struct FenceSql {
     pub fence: String,
     /// Records the checkpoint where the fence is ours: binds (checkpoint, m, b, e, fence).
     pub commit: String,
+    /// The version Apply recorded ([`VERSION_RANGE`]): binds (m).
+    pub applied_version: String,
 }
 
 impl FenceSql {
@@ -140,6 +151,11 @@ impl FenceSql {
                 own(2),
                 p(5)
             ),
+            applied_version: format!(
+                "SELECT {c} FROM {table} WHERE {m} = {} AND {b} = {VERSION_RANGE} \
+                 AND {e} = {VERSION_RANGE}",
+                p(1)
+            ),
         }
     }
 }
@@ -181,7 +197,8 @@ fn within(context: &str) -> impl Fn(Error) -> Error + '_ {
 
 /// Fences every overlapping range of `materialization` and recovers the checkpoint of
 /// the narrowest stored range covering `[key_begin, key_end]` (empty if none): a split
-/// shard resumes from its parent's checkpoint, and records it as its own.
+/// shard resumes from its parent's checkpoint, and records it as its own. Refuses, and
+/// changes nothing, if `version` is not the version Apply recorded.
 ///
 /// Postcondition: after this returns, older instances of every overlapping range hold a
 /// stale fence, so their [`commit_checkpoint`] matches no row; this claim holds the
@@ -190,6 +207,7 @@ pub async fn claim_range(
     client: &mut dyn FenceClient,
     sql: &FenceSql,
     materialization: &str,
+    version: &str,
     key_begin: u32,
     key_end: u32,
 ) -> Result<(Claim, Vec<u8>)> {
@@ -204,9 +222,12 @@ pub async fn claim_range(
         .begin_claim(materialization)
         .await
         .map_err(within(&context))?;
-    let claimed = claim_locked(client, sql, &range).await;
+    let claimed = claim_locked(client, sql, (materialization, version), &range).await;
     let ended = client.end_claim(materialization, claimed.is_ok()).await;
-    let (fence, checkpoint) = claimed.map_err(within(&context))?;
+    let (fence, checkpoint) = match claimed {
+        Err(err @ Error::Config(_)) => return Err(err),
+        claimed => claimed.map_err(within(&context))?,
+    };
     ended.map_err(within(&context))?;
     Ok((
         Claim::new(materialization, key_begin, key_end, fence),
@@ -218,8 +239,14 @@ pub async fn claim_range(
 async fn claim_locked(
     client: &mut dyn FenceClient,
     sql: &FenceSql,
+    (materialization, version): (&str, &str),
     range: &[Param<'_>; 3],
 ) -> Result<(i64, Vec<u8>)> {
+    let applied = (client
+        .query_bytes(&sql.applied_version, &[range[0]])
+        .await?)
+        .map(|v| String::from_utf8_lossy(&v).into_owned());
+    check_version(materialization, applied.as_deref(), version)?;
     // Fence first: see the module docs.
     client.execute(&sql.bump, range).await?;
     let checkpoint = (client.query_bytes(&sql.covering, range).await?).unwrap_or_default();
@@ -338,6 +365,10 @@ mod tests {
                     "UPDATE \"s\".\"cp\" SET \"checkpoint\" = $1 WHERE \"materialization\" = $2 \
                          AND \"key_begin\" = $3 AND \"key_end\" = $4 AND \"fence\" = $5"
                         .into(),
+                applied_version: "SELECT \"checkpoint\" FROM \"s\".\"cp\" WHERE \
+                                  \"materialization\" = $1 AND \"key_begin\" = -1 AND \
+                                  \"key_end\" = -1"
+                    .into(),
             }
         );
         let my = FenceSql::new(
@@ -364,6 +395,7 @@ mod tests {
     struct Recorder {
         log: Vec<String>,
         covering: Option<Vec<u8>>,
+        version: Option<Vec<u8>>,
         fence: Option<i64>,
         fail: Option<&'static str>,
     }
@@ -386,6 +418,10 @@ mod tests {
             Ok(1)
         }
         async fn query_bytes(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
+            if sql.contains(&format!("= {VERSION_RANGE}")) {
+                self.run(format!("{} version", &sql[..6]))?;
+                return Ok(self.version.clone());
+            }
             self.run(format!("{} checkpoint", &sql[..6]))?;
             Ok(self.covering.clone())
         }
@@ -406,7 +442,7 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        runtime.block_on(claim_range(client, &sql, "m", 16, 31))
+        runtime.block_on(claim_range(client, &sql, "m", "v1", 16, 31))
     }
 
     #[test]
@@ -423,6 +459,7 @@ mod tests {
             client.log,
             [
                 "BEGIN m",
+                "SELECT version",
                 "UPDATE 3",
                 "SELECT checkpoint",
                 "INSERT 4",
@@ -435,11 +472,15 @@ mod tests {
     #[test]
     fn a_failed_claim_rolls_back_and_names_the_range() {
         for (fail, log) in [
-            ("UPDATE", vec!["BEGIN m", "UPDATE 3", "ROLLBACK"]),
+            (
+                "UPDATE",
+                vec!["BEGIN m", "SELECT version", "UPDATE 3", "ROLLBACK"],
+            ),
             (
                 "INSERT",
                 vec![
                     "BEGIN m",
+                    "SELECT version",
                     "UPDATE 3",
                     "SELECT checkpoint",
                     "INSERT 4",
@@ -461,6 +502,19 @@ mod tests {
             );
             assert_eq!(client.log, log, "{fail}");
         }
+        // Another version than the applied one: refused before any fence moves.
+        let mut client = Recorder {
+            version: Some(b"v0".to_vec()),
+            fence: Some(1),
+            ..Recorder::default()
+        };
+        let err = claim(&mut client).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("applied at version v0, but Open is for version v1"),
+            "{err}"
+        );
+        assert_eq!(client.log, ["BEGIN m", "SELECT version", "ROLLBACK"]);
         // The own row missing right after its insert is an error, and rolls back.
         let mut client = Recorder::default();
         let err = claim(&mut client).unwrap_err();

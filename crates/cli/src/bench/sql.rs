@@ -234,7 +234,7 @@ async fn sluice<S: Store>(
     let pipeline = Pipeline::parse(&yaml, &work.join(table), &crate::registry::registry())?;
     let connect = BenchConnect::<S>(PhantomData);
     let planned = pipeline::plan(&pipeline, &connect).await?;
-    pipeline::apply(&planned, false).await?;
+    pipeline::apply(&pipeline, &planned, pipeline::ApplyAction::Upsert, false).await?;
     let progress = Arc::new(Progress::default());
     let (_keep_running, shutdown) = tokio::sync::watch::channel(false);
     let start = Instant::now();

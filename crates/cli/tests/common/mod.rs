@@ -4,11 +4,45 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
 use std::process::Output;
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Deterministic input: `n` documents over `keys` users.
+pub fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 33
+    };
+    (0..n)
+        .map(|i| {
+            let user = next() as usize % keys;
+            json!({
+                "user_id": format!("user-{user:05}"),
+                "views": (next() % 10) as i64,
+                "bytes": (next() % 5000) as i64,
+                "last_seen": format!("2026-11-{:02}T{:02}:00:{:02}Z", 1 + next() % 28, next() % 24, i % 60),
+            })
+        })
+        .collect()
+}
+
+pub fn write_lines(path: &Path, docs: &[Value]) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for d in docs {
+        serde_json::to_writer(&mut f, d).unwrap();
+        f.write_all(b"\n").unwrap();
+    }
+}
 
 /// The expected row of one user: views and bytes summed, last_seen maximized.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -27,6 +61,28 @@ impl Row {
             self.last_seen = last_seen.to_string();
         }
     }
+}
+
+/// The rows of the `pageviews` table of the SQLite database `db`:
+/// (user_id, views, bytes, last_seen).
+pub fn sqlite_rows(db: &Path) -> Vec<(String, i64, i64, String)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut stmt = conn
+        .prepare(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "pageviews""#)
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The SQLite table `pageviews` of `db`, per user.
+pub fn sqlite_table(db: &Path) -> BTreeMap<String, Row> {
+    let mut table: BTreeMap<String, Row> = BTreeMap::new();
+    for (user, views, bytes, seen) in sqlite_rows(db) {
+        table.entry(user).or_default().add(views, bytes, &seen);
+    }
+    table
 }
 
 /// The reduction of `docs` per user, as the pipeline's schema says.

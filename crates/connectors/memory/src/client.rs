@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!  State ─ materialization ─┬─ shards: [key_begin, key_end] → (fence, checkpoint)
+//!                           ├─ applied_version (Open must carry it)
 //!                           └─ tables: name → rows (hex packed key → document JSON)
 //!                                             + a log of delta-updates documents
 //! ```
@@ -42,6 +43,9 @@ pub struct MaterializationState {
     last_fence: i64,
     shards: Vec<Shard>,
     pub tables: BTreeMap<String, Table>,
+    /// The spec version ApplyUpsert applied last, which Open must carry.
+    #[serde(default)]
+    pub applied_version: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -97,6 +101,12 @@ impl MaterializationState {
         if let Some(shard) = shard {
             shard.checkpoint = checkpoint;
         }
+    }
+
+    /// Forgets every range's fence and checkpoint (ApplyDelete): a later instance
+    /// starts over, and an earlier one finds no range of its own at commit.
+    pub fn forget_ranges(&mut self) {
+        self.shards.clear();
     }
 
     fn shard(&self, begin: u32, end: u32) -> Option<&Shard> {

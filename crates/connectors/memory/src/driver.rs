@@ -3,17 +3,19 @@
 //! Validate requires the key locations and the document (the table stores the whole
 //! document by key) and leaves every other field optional. Apply creates (or drops)
 //! one table per binding; its dry run describes exactly what the real one does.
+//! ApplyUpsert records the spec version, and Open refuses another one
+//! ([`check_version`]); ApplyDelete also forgets the ranges' fences and checkpoints.
 //! Open claims the key range (`client::MaterializationState::claim`): after `open` returns,
 //! every earlier instance of an overlapping range is fenced and can no longer commit.
 //! Tables are also created, leniently, by the first commit that writes them.
 
-use crate::client::{Backend, Row, State, Table, rows_of};
+use crate::client::{Backend, MaterializationState, Row, State, Table, rows_of};
 use crate::config::{
     ENDPOINT_SCHEMA, EndpointConfig, RESOURCE_SCHEMA, ResourceConfig, binding_tables, parse,
 };
 use crate::transactor::MemoryTransactor;
 use async_trait::async_trait;
-use sluice_driver_sdk::fence::Claim;
+use sluice_driver_sdk::fence::{Claim, check_version};
 use sluice_driver_sdk::materialize::{
     self as m, constraint, transaction_request::Open, transaction_response::Opened,
 };
@@ -127,6 +129,7 @@ impl Driver for MemoryDriver {
             |tables, name| {
                 tables.insert(name.to_string(), Table::default());
             },
+            |mat, version| mat.applied_version = Some(version.to_string()),
         )
     }
 
@@ -138,6 +141,10 @@ impl Driver for MemoryDriver {
             |tables, name| tables.contains_key(name),
             |tables, name| {
                 tables.remove(name);
+            },
+            |mat, _| {
+                mat.forget_ranges();
+                mat.applied_version = None;
             },
         )
     }
@@ -152,6 +159,11 @@ impl Driver for MemoryDriver {
                 .materializations
                 .entry(spec.materialization.clone())
                 .or_default();
+            check_version(
+                &spec.materialization,
+                mat.applied_version.as_deref(),
+                &open.version,
+            )?;
             Ok(mat.claim(begin, end))
         })?;
         // After this point every earlier instance of an overlapping range is fenced.
@@ -167,13 +179,15 @@ impl Driver for MemoryDriver {
 }
 
 /// Shared body of ApplyUpsert and ApplyDelete: `verb` each table of the materialization
-/// for which `needed` holds; describe only when `dry_run`.
+/// for which `needed` holds, then `settle` the materialization with the request's
+/// version (record it, or forget its ranges); describe only when `dry_run`.
 fn apply(
     driver: &MemoryDriver,
     req: m::ApplyRequest,
     verb: &str,
     needed: fn(&BTreeMap<String, Table>, &str) -> bool,
     act: fn(&mut BTreeMap<String, Table>, &str),
+    settle: fn(&mut MaterializationState, &str),
 ) -> Result<m::ApplyResponse> {
     let spec = req.materialization.unwrap_or_default();
     let backend = driver.backend(&spec.endpoint_spec_json)?;
@@ -204,6 +218,7 @@ fn apply(
             for table in &todo {
                 act(&mut mat.tables, table);
             }
+            settle(mat, &req.version);
             Ok(todo)
         })?
     };

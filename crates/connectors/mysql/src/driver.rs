@@ -63,7 +63,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
         &mut catalog,
         &sql::Ddl { flavor },
         &tables,
-        &spec.materialization,
+        (&spec.materialization, &req.version),
         action,
         req.dry_run,
     )

@@ -160,6 +160,7 @@ impl MysqlTransactor {
             &mut session,
             &fence,
             &spec.materialization,
+            &open.version,
             open.key_begin,
             open.key_end,
         )

@@ -124,6 +124,8 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
                 "the whole document of acme/pageviews"
             ),
         ),
+        "INSERT IGNORE INTO `sluice_checkpoints` VALUES ('acme/views-db', -1, -1, 0, X'7631');\n"
+            .to_owned(),
     ]
     .concat();
     assert_eq!(dry.action_description, expected);

@@ -75,7 +75,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
         &mut catalog,
         &ddl,
         &tables,
-        &spec.materialization,
+        (&spec.materialization, &req.version),
         action,
         req.dry_run,
     )

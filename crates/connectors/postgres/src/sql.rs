@@ -316,6 +316,11 @@ impl kit::apply::Ddl for Ddl<'_> {
         qualify(self.schema, name)
     }
 
+    /// A bytea in hex input form (`X'…'` would be a bit string here).
+    fn bytes_literal(&self, hex: &str) -> String {
+        format!("'\\x{hex}'::bytea")
+    }
+
     fn literal(&self, text: &str) -> String {
         quote_literal(text)
     }

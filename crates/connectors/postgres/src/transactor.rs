@@ -169,6 +169,7 @@ impl PostgresTransactor {
             &mut session,
             &fence,
             &spec.materialization,
+            &open.version,
             open.key_begin,
             open.key_end,
         )

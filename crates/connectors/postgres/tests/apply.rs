@@ -119,6 +119,10 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
         c("tags", "/tags of acme/pageviews"),
         c("seen_at", "/seen_at of acme/pageviews"),
         c("flow_document", "the whole document of acme/pageviews"),
+        format!(
+            "INSERT INTO \"{s}\".\"sluice_checkpoints\" VALUES ('acme/views-db', -1, -1, 0, \
+             '\\x7631'::bytea) ON CONFLICT DO NOTHING;\n"
+        ),
     ]
     .concat();
     assert_eq!(dry.action_description, expected);

@@ -62,7 +62,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
         catalog,
         &sql::Ddl,
         &tables,
-        &spec.materialization,
+        (&spec.materialization, &req.version),
         action,
         req.dry_run,
     )

@@ -102,6 +102,7 @@ impl SqliteTransactor {
             &mut Lite(&mut conn),
             &fence,
             &spec.materialization,
+            &open.version,
             open.key_begin,
             open.key_end,
         )

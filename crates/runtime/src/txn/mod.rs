@@ -46,7 +46,9 @@ mod read;
 mod state;
 mod stored;
 
-use crate::recovery::{Checkpoint, Intent, RecoveryLog, RecoveryPlan, plan_recovery};
+use crate::recovery::{
+    Checkpoint, Intent, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
+};
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
 use sluice_doc::parse::DocParser;
@@ -225,7 +227,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         progress,
         shutdown,
     } = ctx;
-    let recovered = recover(&shard, endpoint.as_ref(), &log, &mut sources).await?;
+    let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources).await?;
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
         opts,
@@ -250,7 +252,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         progress,
         summary,
     };
-    let result = committer.commit_all(batches, log).await;
+    let result = committer.commit_all(batches, recovered.log).await;
     // Every task of this run ends before it returns: a restarted loop must not meet the
     // old reader (its sources, its dead-letter files).
     reader.abort();
@@ -262,33 +264,36 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
 struct Recovered {
     tx: client::ClientSender,
     rx: client::ClientReceiver,
-    /// The last committed checkpoint (the log's or the store's, whichever is newer).
+    /// The checkpoint processing begins at (the store's, if it reported one), which the
+    /// log now holds as its last commit.
     checkpoint: Checkpoint,
     /// The interrupted transaction to replay first, exactly.
     replay: Option<Intent>,
+    log: RecoveryLog,
 }
 
 /// Opens the stream and plans recovery from the log's checkpoint and the store's
-/// (authoritative drivers), then positions every source at the chosen checkpoint.
+/// (authoritative drivers), positions every source at the chosen checkpoint, then
+/// records it in the log.
 async fn recover(
     shard: &Shard,
     endpoint: &dyn Endpoint,
-    log: &RecoveryLog,
+    mut log: RecoveryLog,
     sources: &mut [BoundSource],
 ) -> Result<Recovered, RunError> {
     let driver_err = |e| driver_err(endpoint.name(), e);
     let mut open = shard.open.clone();
-    let log_commit = log.last_commit();
+    let log_commit = log.last_commit().cloned();
     if let Some(driver_cp) =
-        log_commit.and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
+        (log_commit.as_ref()).and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
     {
         open.driver_checkpoint_json = driver_cp.to_string().into_bytes();
     }
     let stream = endpoint.transactions().await.map_err(driver_err)?;
     let (tx, rx, opened) = client::open(stream, open).await.map_err(driver_err)?;
-    let store_checkpoint = Checkpoint::from_bytes(&opened.flow_checkpoint)
+    let store = StoreCheckpoint::from_opened(&opened.flow_checkpoint)
         .map_err(|e| RunError::Recovery(format!("checkpoint recovered from the store: {e}")))?;
-    let plan = plan_recovery(log_commit, store_checkpoint.as_ref(), log.pending_intent());
+    let plan = plan_recovery(log_commit.as_ref(), &store, log.pending_intent());
     crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
     let (checkpoint, replay) = match plan {
         // Nothing was ever stored through this shard: track the highest stored key of
@@ -306,23 +311,49 @@ async fn recover(
             },
             None,
         ),
+        // The store may still hold documents of an earlier history: track no key, so
+        // every key is loaded.
+        RecoveryPlan::Rebuild => (Checkpoint::default(), None),
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
         RecoveryPlan::ReplayThenResume { from, replay } => (from, Some(replay)),
     };
     for bound in sources {
         if let Some(position) = checkpoint.sources.get(bound.source.name()) {
-            bound
-                .source
-                .seek(position)
-                .await
-                .map_err(|e| source_err(bound.source.name(), e))?;
+            bound.source.seek(position).await.map_err(|e| {
+                let name = bound.source.name();
+                match &log_commit {
+                    Some(log) if log.txn > checkpoint.txn => {
+                        let e = e.to_string();
+                        let e = e.strip_prefix(&format!("source {name}: ")).unwrap_or(&e);
+                        source_err(
+                            name,
+                            format!(
+                                "the store's checkpoint (transaction {}) is older than the \
+                                 recovery log's (transaction {}), so this source must replay \
+                                 from there, and cannot: {e}",
+                                checkpoint.txn, log.txn
+                            ),
+                        )
+                    }
+                    _ => source_err(name, e),
+                }
+            })?;
         }
     }
+    // Only once every source is there (a failed seek leaves the log as it was); durable
+    // before any intent that follows it: the next transaction is numbered from
+    // here, also when that goes back (a store restored from a backup).
+    let adopted = checkpoint.clone();
+    let log = tokio::task::spawn_blocking(move || log.adopt(&adopted).map(|()| log))
+        .await
+        .map_err(|e| RunError::Internal(e.to_string()))?
+        .map_err(|e| RunError::Recovery(e.to_string()))?;
     Ok(Recovered {
         tx,
         rx,
         checkpoint,
         replay,
+        log,
     })
 }
 

@@ -34,7 +34,8 @@
 //! ends before it, and the next `queue` scans it again from its start. `replay` reads
 //! its byte range the same way, in chunks, never past the step's end. Truncating or
 //! replacing a followed file is not detected (a later replay of a changed range fails
-//! with a hash mismatch).
+//! with a hash mismatch), except that `seek` refuses a position past the file's end
+//! ([`SourceError::Unavailable`]): what lay before it is gone.
 
 use crate::config::{FileConfig, FileFormat};
 use serde::{Deserialize, Serialize};
@@ -382,6 +383,36 @@ impl Source for FileSource {
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let span = Span::<Cursor>::from_value(&self.name, "seek to", position)?;
+        if span.end.offset > 0 {
+            // Reading on from a shorter file would silently skip what lay in between.
+            let unavailable = |reason: String| SourceError::Unavailable {
+                name: self.name.clone(),
+                position: position.clone(),
+                reason,
+            };
+            let (offset, line) = (span.end.offset, span.end.line);
+            match tokio::fs::metadata(&self.path).await {
+                Ok(meta) if meta.len() < offset => {
+                    return Err(unavailable(format!(
+                        "{} now has {} bytes, and this position is byte {offset} (line \
+                         {line}): it was truncated or replaced, so bytes {}..{offset} \
+                         cannot be read again",
+                        self.display,
+                        meta.len(),
+                        meta.len()
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(unavailable(format!(
+                        "{} no longer exists, and this position is byte {offset} (line \
+                         {line})",
+                        self.display
+                    )));
+                }
+                Err(e) => return Err(self.io_error(e)),
+            }
+        }
         self.reposition(span.end);
         self.ensure_header().await
     }

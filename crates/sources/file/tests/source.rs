@@ -97,6 +97,33 @@ async fn seek_resumes_exactly_after_the_step() {
 }
 
 #[tokio::test]
+async fn seek_past_the_end_of_a_shortened_file_is_unavailable_naming_the_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..10).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+    let path = write(&dir, "v.jsonl", lines.as_bytes());
+    let mut first = file_source(&path, FileFormat::Json, true);
+    let (_, step) = queue(&mut first, records(8)).await;
+    std::fs::write(&path, &lines.as_bytes()[..20]).unwrap();
+
+    let mut resumed = file_source(&path, FileFormat::Json, true);
+    let err = resumed.seek(position(&step)).await.unwrap_err();
+    assert!(matches!(err, SourceError::Unavailable { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("source views: cannot resume at"),
+        "{message}"
+    );
+    assert!(
+        message.contains("now has 20 bytes, and this position is byte 64 (line 9)"),
+        "{message}"
+    );
+
+    std::fs::remove_file(&path).unwrap();
+    let err = resumed.seek(position(&step)).await.unwrap_err();
+    assert!(err.to_string().contains("no longer exists"), "{err}");
+}
+
+#[tokio::test]
 async fn csv_seek_past_the_header_still_names_properties() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "v.csv", b"id,n\na,1\nb,2\n");

@@ -1,0 +1,434 @@
+//! The applied spec of a materialization: what `sluice apply` (or the first `sluice run`)
+//! last applied to its store, kept beside its recovery log, so that a store is never
+//! written under a spec it was not applied with.
+//!
+//! ```text
+//!  <recovery_log>/<materialization>/applied   {"format": 1, "version": "1a2b3c4d",
+//!                                              "spec": "<hex of the protobuf MaterializationSpec>"}
+//! ```
+//!
+//! `sluice run` reads it before anything runs ([`check`], pure): never applied → apply
+//! and record (a first start); the same version → run; another version → refuse, naming
+//! what changed ([`changes`]) and `sluice apply`. The version is also what Open carries,
+//! and a driver refuses an Open of a version other than the one it applied.
+//!
+//! The file is replaced atomically (written beside, fsync'ed, renamed over, directory
+//! fsync'ed): a crash leaves the old record or the new one. It lives with the recovery
+//! log because both describe the same store: deleting the materialization
+//! (`sluice apply --delete`) removes both.
+
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use sluice_proto::flow;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+const FILE: &str = "applied";
+const FORMAT: u32 = 1;
+
+/// A version string of a spec: changes whenever the spec does.
+pub fn version(spec: &flow::MaterializationSpec) -> String {
+    format!("{:08x}", crc32fast::hash(&spec.encode_to_vec()))
+}
+
+/// The spec last applied to a materialization's store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub version: String,
+    pub spec: flow::MaterializationSpec,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppliedFile {
+    format: u32,
+    version: String,
+    spec: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppliedError {
+    #[error("applied spec {}: cannot {action}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        error: std::io::Error,
+    },
+    /// Never guessed past: re-applying writes a good one.
+    #[error("applied spec {} is unreadable: {reason}; run `sluice apply` on the \
+             pipeline file to record it again", path.display())]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> AppliedError {
+    let path = path.to_path_buf();
+    move |error| AppliedError::Io {
+        path,
+        action,
+        error,
+    }
+}
+
+/// The applied spec recorded in the recovery log directory `dir`, if any.
+pub fn read(dir: &Path) -> Result<Option<Applied>, AppliedError> {
+    let path = dir.join(FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path, "read")(e)),
+    };
+    let corrupt = |reason: String| AppliedError::Corrupt {
+        path: path.clone(),
+        reason,
+    };
+    let file: AppliedFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if file.format != FORMAT {
+        return Err(corrupt(format!(
+            "format {} (this sluice reads {FORMAT})",
+            file.format
+        )));
+    }
+    let encoded = unhex(&file.spec).ok_or_else(|| corrupt("the spec is not hex".into()))?;
+    let spec = flow::MaterializationSpec::decode(encoded.as_slice())
+        .map_err(|e| corrupt(format!("the spec does not decode: {e}")))?;
+    Ok(Some(Applied {
+        version: file.version,
+        spec,
+    }))
+}
+
+/// Records `spec` as applied in `dir`. Returns only after the record is durable.
+pub fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
+    std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
+    let file = AppliedFile {
+        format: FORMAT,
+        version: version(spec),
+        spec: hex(&spec.encode_to_vec()),
+    };
+    let (path, tmp) = (dir.join(FILE), dir.join(format!("{FILE}.new")));
+    let mut out = std::fs::File::create(&tmp).map_err(io(&tmp, "create"))?;
+    out.write_all(&serde_json::to_vec(&file).expect("the record serializes"))
+        .map_err(io(&tmp, "write"))?;
+    out.sync_all().map_err(io(&tmp, "fsync"))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path, "replace"))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir, "fsync the directory"))
+}
+
+/// Forgets the applied spec in `dir` (a deleted materialization). Durable on return.
+pub fn forget(dir: &Path) -> Result<(), AppliedError> {
+    let path = dir.join(FILE);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(&path, "remove")(e)),
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir, "fsync the directory"))
+}
+
+/// What `sluice run` does with the spec of the pipeline file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Never applied: apply it now (a first start) and record it.
+    FirstApply,
+    /// The applied spec is the file's: run.
+    Current,
+    /// The file differs from what was applied: refuse, naming the changes.
+    Differs {
+        applied: String,
+        file: String,
+        changes: Vec<String>,
+    },
+}
+
+/// Decides, from the recorded applied spec, whether `planned` may run.
+pub fn check(applied: Option<&Applied>, planned: &flow::MaterializationSpec) -> Check {
+    let file = version(planned);
+    match applied {
+        None => Check::FirstApply,
+        Some(applied) if applied.version == file && applied.spec == *planned => Check::Current,
+        Some(applied) => Check::Differs {
+            applied: applied.version.clone(),
+            file,
+            changes: changes(&applied.spec, planned),
+        },
+    }
+}
+
+/// What differs between the applied spec and the planned one, one phrase per change:
+/// the endpoint, bindings added or removed (by resource path), and per binding its
+/// collection, resource, delta updates, selected fields and collection spec.
+pub fn changes(
+    applied: &flow::MaterializationSpec,
+    planned: &flow::MaterializationSpec,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if applied.endpoint_type != planned.endpoint_type
+        || applied.endpoint_spec_json != planned.endpoint_spec_json
+    {
+        out.push("the endpoint configuration changed".to_string());
+    }
+    let name = |b: &flow::materialization_spec::Binding| b.resource_path.join(".");
+    let find = |bindings: &[flow::materialization_spec::Binding], resource: &str| {
+        bindings.iter().position(|b| name(b) == resource)
+    };
+    for old in &applied.bindings {
+        if find(&planned.bindings, &name(old)).is_none() {
+            out.push(format!("binding {} was removed", name(old)));
+        }
+    }
+    for (i, new) in planned.bindings.iter().enumerate() {
+        let resource = name(new);
+        let Some(j) = find(&applied.bindings, &resource) else {
+            out.push(format!("binding {resource} was added"));
+            continue;
+        };
+        let old = &applied.bindings[j];
+        if i != j {
+            out.push(format!("binding {resource} moved from place {j} to {i}"));
+        }
+        binding_changes(&resource, old, new, &mut out);
+    }
+    if out.is_empty() && applied != planned {
+        out.push("the spec changed".to_string());
+    }
+    out
+}
+
+fn binding_changes(
+    resource: &str,
+    old: &flow::materialization_spec::Binding,
+    new: &flow::materialization_spec::Binding,
+    out: &mut Vec<String>,
+) {
+    let (old_c, new_c) = (
+        old.collection.clone().unwrap_or_default(),
+        new.collection.clone().unwrap_or_default(),
+    );
+    let mut change = |what: String| out.push(format!("binding {resource}: {what}"));
+    if old_c.collection != new_c.collection {
+        change(format!(
+            "collection {} → {}",
+            old_c.collection, new_c.collection
+        ));
+    } else if old_c != new_c {
+        change(format!(
+            "the spec of collection {} (schema, key or projections)",
+            new_c.collection
+        ));
+    }
+    if old.resource_spec_json != new.resource_spec_json {
+        change(format!(
+            "resource {} → {}",
+            old.resource_spec_json, new.resource_spec_json
+        ));
+    }
+    if old.delta_updates != new.delta_updates {
+        change(format!(
+            "delta updates {} → {}",
+            old.delta_updates, new.delta_updates
+        ));
+    }
+    let (old_f, new_f) = (
+        old.field_selection.clone().unwrap_or_default(),
+        new.field_selection.clone().unwrap_or_default(),
+    );
+    let list = |fields: &[String]| format!("[{}]", fields.join(", "));
+    for (what, before, after) in [
+        ("keys", &old_f.keys, &new_f.keys),
+        ("values", &old_f.values, &new_f.values),
+    ] {
+        if before != after {
+            change(format!("{what} {} → {}", list(before), list(after)));
+        }
+    }
+    if old_f.document != new_f.document {
+        let shown = |d: &str| {
+            if d.is_empty() {
+                "none".to_string()
+            } else {
+                d.to_string()
+            }
+        };
+        change(format!(
+            "document field {} → {}",
+            shown(&old_f.document),
+            shown(&new_f.document)
+        ));
+    }
+    if old_f.field_config_json != new_f.field_config_json {
+        change("field configuration".to_string());
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flow::materialization_spec::Binding;
+
+    fn binding(table: &str, collection: &str, values: &[&str]) -> Binding {
+        Binding {
+            resource_spec_json: format!(r#"{{"table":"{table}"}}"#),
+            resource_path: vec![table.to_string()],
+            collection: Some(flow::CollectionSpec {
+                collection: collection.to_string(),
+                key_ptrs: vec!["/id".to_string()],
+                ..Default::default()
+            }),
+            field_selection: Some(flow::FieldSelection {
+                keys: vec!["id".to_string()],
+                values: values.iter().map(|v| v.to_string()).collect(),
+                document: "flow_document".to_string(),
+                ..Default::default()
+            }),
+            delta_updates: false,
+        }
+    }
+
+    fn spec(bindings: Vec<Binding>) -> flow::MaterializationSpec {
+        flow::MaterializationSpec {
+            materialization: "views-db".to_string(),
+            endpoint_type: 2,
+            endpoint_spec_json: r#"{"path":"out.db"}"#.to_string(),
+            bindings,
+        }
+    }
+
+    #[test]
+    fn changes_name_the_binding_and_what_changed() {
+        let base = || spec(vec![binding("t", "acme/views", &["n"])]);
+        let cases: Vec<(&str, flow::MaterializationSpec, &[&str])> = vec![
+            ("the same spec", base(), &[]),
+            (
+                "a value field selected",
+                spec(vec![binding("t", "acme/views", &["last", "n"])]),
+                &["binding t: values [n] → [last, n]"],
+            ),
+            (
+                "a binding added",
+                spec(vec![
+                    binding("t", "acme/views", &["n"]),
+                    binding("u", "acme/users", &[]),
+                ]),
+                &["binding u was added"],
+            ),
+            (
+                "a binding renamed",
+                spec(vec![binding("t2", "acme/views", &["n"])]),
+                &["binding t was removed", "binding t2 was added"],
+            ),
+            (
+                "another collection",
+                spec(vec![binding("t", "acme/other", &["n"])]),
+                &["binding t: collection acme/views → acme/other"],
+            ),
+            (
+                "delta updates",
+                {
+                    let mut s = base();
+                    s.bindings[0].delta_updates = true;
+                    s
+                },
+                &["binding t: delta updates false → true"],
+            ),
+            (
+                "the schema",
+                {
+                    let mut s = base();
+                    s.bindings[0].collection.as_mut().unwrap().schema_json = "{}".into();
+                    s
+                },
+                &["binding t: the spec of collection acme/views (schema, key or projections)"],
+            ),
+            (
+                "the endpoint",
+                {
+                    let mut s = base();
+                    s.endpoint_spec_json = r#"{"path":"other.db"}"#.into();
+                    s
+                },
+                &["the endpoint configuration changed"],
+            ),
+            (
+                "anything else",
+                {
+                    let mut s = base();
+                    s.materialization = "renamed".into();
+                    s
+                },
+                &["the spec changed"],
+            ),
+        ];
+        for (case, planned, want) in cases {
+            assert_eq!(changes(&base(), &planned), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn run_applies_first_runs_when_current_and_refuses_a_difference() {
+        let applied = spec(vec![binding("t", "acme/views", &["n"])]);
+        let planned = spec(vec![binding("t", "acme/views", &["last", "n"])]);
+        let record = Applied {
+            version: version(&applied),
+            spec: applied.clone(),
+        };
+        assert_eq!(check(None, &planned), Check::FirstApply);
+        assert_eq!(check(Some(&record), &applied), Check::Current);
+        assert_eq!(
+            check(Some(&record), &planned),
+            Check::Differs {
+                applied: version(&applied),
+                file: version(&planned),
+                changes: vec!["binding t: values [n] → [last, n]".to_string()],
+            }
+        );
+    }
+
+    #[test]
+    fn the_record_round_trips_and_damage_is_an_error_naming_sluice_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        let s = spec(vec![binding("t", "acme/views", &["n"])]);
+        record(dir.path(), &s).unwrap();
+        let applied = read(dir.path()).unwrap().unwrap();
+        assert_eq!(
+            applied,
+            Applied {
+                version: version(&s),
+                spec: s
+            }
+        );
+        std::fs::write(
+            dir.path().join(FILE),
+            b"{\"format\":1,\"version\":\"x\",\"spec\":\"zz\"}",
+        )
+        .unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("the spec is not hex") && err.contains("sluice apply"),
+            "{err}"
+        );
+    }
+}
