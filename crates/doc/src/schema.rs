@@ -95,9 +95,10 @@ pub(crate) fn dialect(root: &Value) -> Draft {
 
 /// The options every validator of a collection schema compiles with: the whole schema's,
 /// and those of the subschemas that reductions test against a document's values. One
-/// place decides the dialect a schema is read in, so both always agree. `format` is an
-/// annotation in every draft read here (jsonschema's default for 2019-09 and 2020-12), so
-/// the fast path ([`structure`]) can skip it.
+/// place decides the dialect a schema is read in, so both always agree. `format` is left
+/// as jsonschema reads each draft: an annotation in 2019-09 and 2020-12 (so the fast path,
+/// [`structure`], skips it), an assertion in the older drafts a `$schema` may declare.
+/// (Flow asserts formats, of its own set; Sluice does not yet.)
 pub(crate) fn validator_options<'i>(
     root: &Value,
 ) -> jsonschema::ValidationOptions<'i, std::sync::Arc<dyn jsonschema::Retrieve>, CompactJson> {
