@@ -507,7 +507,7 @@ fn long_keys_sharing_their_first_bytes_stay_distinct_and_ordered() {
 fn spec_of(schema: Value, full: bool) -> BindingSpec {
     BindingSpec {
         schema: Arc::new(Schema::compile(&schema).expect("test schema compiles")),
-        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![true]),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
         name: "acme/c".to_string(),
         full,
     }
