@@ -13,9 +13,7 @@ use sluice_driver_sdk::materialize::transaction_request::{Load, Store};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The bytes a driver returns in Opened to ask for a rebuild from an empty checkpoint
-/// (`shared/protocol.md`): protobuf tag 2^29-1, varint true.
-pub const REBUILD_SENTINEL: [u8; 6] = [0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01];
+pub use sluice_driver_sdk::machine::REBUILD_SENTINEL;
 
 /// Scenarios started by this process; part of every unique suffix.
 static STARTED: AtomicU32 = AtomicU32::new(0);

@@ -450,6 +450,11 @@ impl Machine {
     }
 }
 
+/// The bytes a driver returns as `Opened.flow_checkpoint` to ask for a rebuild from an
+/// empty checkpoint: the range starts again from the beginning of its sources
+/// (`shared/protocol.md`; protobuf tag 2^29-1, varint true).
+pub const REBUILD_SENTINEL: [u8; 6] = [0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01];
+
 /// The driver checkpoint after `update` (from Prepared) over `previous` (JSON text;
 /// empty means `{}`): an RFC 7396 merge patch when `rfc7396_merge_patch` is set, a full
 /// replacement otherwise. Text that is not JSON is the driver's violation.

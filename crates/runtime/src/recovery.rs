@@ -84,9 +84,7 @@ impl Checkpoint {
     }
 }
 
-/// `Opened.flow_checkpoint` meaning "start from an empty checkpoint" (rebuild the range
-/// from the beginning of its sources), as the protocol spells it.
-pub const REBUILD_SENTINEL: [u8; 6] = [0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01];
+pub use sluice_driver_sdk::machine::REBUILD_SENTINEL;
 
 /// What a store reported in `Opened.flow_checkpoint`.
 #[derive(Debug, Clone, PartialEq)]

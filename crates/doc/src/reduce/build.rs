@@ -45,6 +45,7 @@ pub(crate) const MAX_NESTING: usize = 8;
 pub(crate) fn build(root: &Value) -> Result<Reducer, SchemaError> {
     let mut builder = Builder {
         root,
+        prefix_items: crate::schema::dialect(root) == jsonschema::Draft::Draft202012,
         nodes: vec![Node::default()],
         done: vec![true],
         conds: vec![Vec::new()],
@@ -72,6 +73,8 @@ struct Cond {
 
 struct Builder<'s> {
     root: &'s Value,
+    /// The dialect spells tuple items `prefixItems` (2020-12), not array-form `items`.
+    prefix_items: bool,
     nodes: Vec<Node>,
     /// `done[i]` once `nodes[i]` holds its final contents.
     done: Vec<bool>,
@@ -171,10 +174,26 @@ impl<'s> Builder<'s> {
             let child = self.build(sub, format!("{location}/additionalProperties"))?;
             node.additional = self.union_opt(node.additional, child)?;
         }
-        let prefix = match (keywords.get("prefixItems"), keywords.get("items")) {
-            (Some(Value::Array(prefix)), _) => Some(("prefixItems", prefix)),
-            (_, Some(Value::Array(prefix))) => Some(("items", prefix)), // draft 2019 and before
-            _ => None,
+        // Tuple items as the schema's dialect spells them (`schema::dialect`, as the
+        // validator reads them): 2020-12 `prefixItems` then `items`; 2019-09 and before,
+        // array-form `items` then `additionalItems`.
+        let (prefix, rest) = if self.prefix_items {
+            let prefix = match keywords.get("prefixItems") {
+                Some(Value::Array(prefix)) => Some(("prefixItems", prefix)),
+                _ => None,
+            };
+            (prefix, keywords.get("items").map(|sub| ("items", sub)))
+        } else {
+            match keywords.get("items") {
+                Some(Value::Array(prefix)) => (
+                    Some(("items", prefix)),
+                    keywords
+                        .get("additionalItems")
+                        .map(|sub| ("additionalItems", sub)),
+                ),
+                Some(sub) => (None, Some(("items", sub))),
+                None => (None, None),
+            }
         };
         if let Some((word, prefix)) = prefix {
             for (i, sub) in prefix.iter().enumerate() {
@@ -182,11 +201,6 @@ impl<'s> Builder<'s> {
                 self.add_prefix_item(&mut node, i, child)?;
             }
         }
-        let rest = match (keywords.get("items"), keywords.get("additionalItems")) {
-            (Some(sub @ Value::Object(_)), _) => Some(("items", sub)),
-            (Some(Value::Array(_)), Some(sub)) => Some(("additionalItems", sub)),
-            _ => None,
-        };
         if let Some((word, sub)) = rest {
             let child = self.build(sub, format!("{location}/{word}"))?;
             node.items = self.union_opt(node.items, child)?;
