@@ -364,12 +364,34 @@ fn set_of_objects_adds_intersects_and_removes_members() {
 }
 
 #[test]
+fn tuple_items_are_read_in_the_schema_dialect() {
+    let tuple = |schema: Value| fold(schema, vec![json!(["a", 1]), json!(["b", 2])]).unwrap();
+    let positions = || json!([at("firstWriteWins"), at("sum")]);
+    // No `$schema` reads as 2019-09: array-form `items`; `prefixItems` is no keyword there.
+    let merge = json!({"strategy": "merge"});
+    assert_eq!(
+        tuple(json!({"reduce": merge, "items": positions()})),
+        json!(["a", 3])
+    );
+    assert_eq!(
+        tuple(json!({"reduce": merge, "prefixItems": positions()})),
+        json!(["b", 2])
+    );
+    // A declared 2020-12 reads `prefixItems`.
+    let modern = "https://json-schema.org/draft/2020-12/schema";
+    assert_eq!(
+        tuple(json!({"$schema": modern, "reduce": merge, "prefixItems": positions()})),
+        json!(["a", 3])
+    );
+}
+
+#[test]
 fn set_of_arrays_keeps_members_sorted_by_key() {
     let schema = json!({
         "reduce": {"strategy": "set", "key": ["/0"]},
         "properties": {"add": {"items": {
             "reduce": {"strategy": "merge"},
-            "prefixItems": [{"type": "integer"}, at("sum")],
+            "items": [{"type": "integer"}, at("sum")],
         }}},
     });
     let (partial, full) = (false, true);
@@ -429,7 +451,7 @@ fn annotations_are_found_through_every_applicator() {
             "map": {"reduce": {"strategy": "merge"}, "additionalProperties": at("sum")},
             "patterned": {"reduce": {"strategy": "merge"}, "patternProperties": {"^n_": at("sum")}},
             "list": {"reduce": {"strategy": "merge"}, "items": at("sum")},
-            "tuple": {"reduce": {"strategy": "merge"}, "prefixItems": [at("firstWriteWins"), at("sum")]},
+            "tuple": {"reduce": {"strategy": "merge"}, "items": [at("firstWriteWins"), at("sum")]},
         },
     });
     let out = fold(schema, vec![
