@@ -68,6 +68,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Whether `other` records the same commit: the same transaction, source positions
+    /// and stored keys. Driver checkpoints are not compared: a store keeps the copy the
+    /// runtime sent in Prepare, before the driver returned this transaction's checkpoint,
+    /// so an authoritative store's copy of the log's last commit differs from it there.
+    pub fn same_commit(&self, other: &Checkpoint) -> bool {
+        self.txn == other.txn && self.sources == other.sources && self.max_keys == other.max_keys
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a checkpoint serializes")
     }
@@ -279,7 +287,7 @@ impl RecoveryLog {
     /// the next intent follows `from` in the log too.
     pub fn adopt(&mut self, from: &Checkpoint) -> Result<(), RecoveryError> {
         let current = match &self.last_commit {
-            Some(last) => last == from,
+            Some(last) => last.same_commit(from),
             None => from.txn == 0,
         };
         if current {
@@ -502,12 +510,17 @@ pub fn plan_recovery(
 ) -> RecoveryPlan {
     let empty = Checkpoint::default();
     let chosen = match store {
-        StoreCheckpoint::At(checkpoint) => Some(checkpoint),
+        // The store's copy of the log's last commit: the log's, which also holds the
+        // driver checkpoint that the store's copy predates.
+        StoreCheckpoint::At(checkpoint) => match log_commit {
+            Some(log) if log.same_commit(checkpoint) => Some(log),
+            _ => Some(checkpoint),
+        },
         StoreCheckpoint::Rebuild => Some(&empty),
         StoreCheckpoint::RuntimeOwn => log_commit,
     };
     let follows = |intent: &Intent| match (log_commit, chosen) {
-        (Some(log), Some(chosen)) => log == chosen && intent.txn == log.txn + 1,
+        (Some(log), Some(chosen)) => log.same_commit(chosen) && intent.txn == log.txn + 1,
         (None, chosen) => chosen.is_none_or(|c| c.txn == 0) && intent.txn == 1,
         (Some(_), None) => false,
     };
