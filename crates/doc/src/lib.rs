@@ -9,6 +9,7 @@
 //! - [`ptr`]: RFC 6901 JSON pointers.
 //! - [`tuple`]: FoundationDB tuple packing of key values (order-preserving bytes).
 //! - [`hash`]: the 32-bit key hash that key ranges are defined over.
+//! - [`hex`]: hex text of bytes (packed keys where only text goes).
 //! - [`schema`]: JSON Schema validation, `reduce` annotations and projections.
 //! - [`reduce`]: the reduction strategies.
 //! - [`combine`]: the memory-bounded combiner.
@@ -18,6 +19,7 @@
 pub mod combine;
 pub mod compact;
 pub mod hash;
+pub mod hex;
 pub mod parse;
 pub mod ptr;
 pub mod reduce;

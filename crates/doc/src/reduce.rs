@@ -427,7 +427,8 @@ impl Cx<'_> {
     ) -> Result<(), ReduceError> {
         let node = &self.nodes[n];
         let n = if node.conditional.is_some() || node.deletes {
-            if self.is_tombstone(n, &Doc::from(&*lhs)) {
+            // `Doc::from` copies the subtree: only where a tombstone is possible.
+            if node.deletes && self.is_tombstone(n, &Doc::from(&*lhs)) {
                 *lhs = rhs;
                 return Ok(());
             }

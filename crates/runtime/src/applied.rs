@@ -20,7 +20,6 @@
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_proto::flow;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -90,7 +89,8 @@ pub fn read(dir: &Path) -> Result<Option<Applied>, AppliedError> {
             file.format
         )));
     }
-    let encoded = unhex(&file.spec).ok_or_else(|| corrupt("the spec is not hex".into()))?;
+    let encoded =
+        sluice_doc::hex::decode(&file.spec).ok_or_else(|| corrupt("the spec is not hex".into()))?;
     let spec = flow::MaterializationSpec::decode(encoded.as_slice())
         .map_err(|e| corrupt(format!("the spec does not decode: {e}")))?;
     Ok(Some(Applied {
@@ -105,7 +105,7 @@ pub fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), Applie
     let file = AppliedFile {
         format: FORMAT,
         version: version(spec),
-        spec: hex(&spec.encode_to_vec()),
+        spec: sluice_doc::hex::encode(&spec.encode_to_vec()),
     };
     let (path, tmp) = (dir.join(FILE), dir.join(format!("{FILE}.new")));
     let mut out = std::fs::File::create(&tmp).map_err(io(&tmp, "create"))?;
@@ -264,23 +264,6 @@ fn binding_changes(
     if old_f.field_config_json != new_f.field_config_json {
         change("field configuration".to_string());
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]

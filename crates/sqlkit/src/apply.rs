@@ -186,7 +186,7 @@ pub trait Ddl: Sync {
         let insert = format!(
             "{insert} INTO {} VALUES ({name}, {VERSION_RANGE}, {VERSION_RANGE}, 0, {}){ignore}",
             self.checkpoints(),
-            self.bytes_literal(&hex(version.as_bytes()))
+            self.bytes_literal(&sluice_doc::hex::encode(version.as_bytes()))
         );
         match replace {
             true => vec![delete, insert],
@@ -198,11 +198,6 @@ pub trait Ddl: Sync {
     fn fence_sql(&self) -> FenceSql {
         FenceSql::new(&self.checkpoints(), Self::FENCE)
     }
-}
-
-/// Hex digits of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Plans `action` for `tables` of `materialization` (of spec `version`) from what

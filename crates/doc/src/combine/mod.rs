@@ -182,7 +182,7 @@ pub enum CombineError {
 pub(crate) fn describe_key(packed: &[u8]) -> String {
     match tuple::unpack(packed) {
         Ok(values) => Value::Array(values).to_string(),
-        Err(_) => packed.iter().map(|b| format!("{b:02x}")).collect(),
+        Err(_) => crate::hex::encode(packed),
     }
 }
 

@@ -43,21 +43,15 @@ impl Cx<'_> {
     }
 }
 
-/// Keeps the elements for which `keep(original index, element)` holds, in order; no
-/// allocation when all are kept.
+/// Keeps the elements for which `keep(original index, element)` holds, in order, calling
+/// it once per element. No allocation when all are kept (a boxed slice's vector has no
+/// spare capacity to shed).
 fn retain<T>(items: &mut Box<[T]>, mut keep: impl FnMut(usize, &mut T) -> bool) {
-    let mut dropped: Option<Vec<usize>> = None;
-    for (i, item) in items.iter_mut().enumerate() {
-        if !keep(i, item) {
-            dropped.get_or_insert_default().push(i);
-        }
-    }
-    let Some(dropped) = dropped else { return };
     let mut all = std::mem::take(items).into_vec();
     let mut index = 0;
-    all.retain(|_| {
+    all.retain_mut(|item| {
         index += 1;
-        dropped.binary_search(&(index - 1)).is_err()
+        keep(index - 1, item)
     });
     *items = all.into_boxed_slice();
 }

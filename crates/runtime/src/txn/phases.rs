@@ -138,7 +138,7 @@ impl KnownKeys {
                 checkpoint
                     .max_keys
                     .get(&b.resource)
-                    .and_then(|hex| decode_hex(hex))
+                    .and_then(|text| sluice_doc::hex::decode(text))
             })
             .collect();
         KnownKeys { max }
@@ -166,21 +166,10 @@ impl KnownKeys {
             if let Some(max) = max {
                 checkpoint
                     .max_keys
-                    .insert(binding.resource.clone(), encode_hex(&max));
+                    .insert(binding.resource.clone(), sluice_doc::hex::encode(&max));
             }
         }
     }
-}
-
-fn encode_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// Collects responses until Prepared: Acknowledged (exactly one, signalled to the
