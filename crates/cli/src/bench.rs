@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod combine;
+mod loads;
 mod mysql;
 mod postgres;
 mod sql;
@@ -12,6 +13,9 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// One transaction that loads every key of a large PostgreSQL table, under a small
+    /// memory budget: peak RSS, exactness, the reload's cost over the first load.
+    Loads(loads::LoadsArgs),
     /// Sluice into PostgreSQL against a hand-written bulk loader and row-by-row upserts.
     Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
@@ -21,6 +25,7 @@ pub enum BenchCommand {
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),
     }

@@ -16,9 +16,13 @@
 //!   ([`crate::CommitPattern::loads_await_acknowledge`]), Loads that arrive before the
 //!   transaction's Acknowledge are queued and run, in order, right after `acknowledge`
 //!   returns. The runtime keeps sending meanwhile, so no deadlock: the Acknowledge it
-//!   sent will be read behind the queued Loads.
+//!   sent will be read behind the queued Loads. The queue holds up to
+//!   [`DEFERRED_IN_MEMORY`] bytes of Loads in memory and the rest in a temporary file
+//!   ([`DeferredLoads`]), so a runtime that sends a whole transaction's Loads ahead of
+//!   its Acknowledge never grows the driver without bound.
 //! - Loaded documents are batched into bounded arena messages ([`LoadedBuilder`]); full
-//!   messages are sent as they fill, the rest at Prepare, after `flush_loads` and before
+//!   messages are sent after each `load` and whenever the transactor asks
+//!   ([`LoadedSink::send_full`]), the rest at Prepare, after `flush_loads` and before
 //!   `prepare`, so every Loaded precedes Prepared.
 //! - Any error (from the transactor, the runtime's message order, or the transport)
 //!   stops the loop before anything else is called: a transaction in progress is never
@@ -28,11 +32,14 @@
 
 use crate::arena::LoadedBuilder;
 use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
-use crate::{Driver, Error, Peer, PriorState, Result, Transactor};
+use crate::{Driver, Error, LoadedSink, Peer, PriorState, Result, Transactor};
+use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use prost::Message;
 use sluice_proto::materialize::{self as m, transaction_request::Load};
 use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::mpsc;
 
 /// A fail point of the driver side (`failpoints` feature; the catalogue is
@@ -125,16 +132,124 @@ enum LoadGate {
     /// Loads run as they arrive.
     Open,
     /// Loads are queued until `acknowledge` returns.
-    AwaitingAcknowledge(Vec<Load>),
+    AwaitingAcknowledge(DeferredLoads),
 }
 
 impl LoadGate {
     fn new(transactor: &dyn Transactor) -> Self {
         if transactor.pattern().loads_await_acknowledge() {
-            LoadGate::AwaitingAcknowledge(Vec::new())
+            LoadGate::AwaitingAcknowledge(DeferredLoads::default())
         } else {
             LoadGate::Open
         }
+    }
+}
+
+/// Bytes of deferred Loads (their arenas) held in memory before the rest go to a
+/// temporary file.
+pub const DEFERRED_IN_MEMORY: usize = 16 << 20;
+
+/// Loads waiting for `acknowledge`, in arrival order: the first
+/// [`DEFERRED_IN_MEMORY`] bytes in memory, every later one in a temporary file (each as
+/// a little-endian u32 length and the encoded message), read back after the ones in
+/// memory.
+#[derive(Default)]
+struct DeferredLoads {
+    memory: std::collections::VecDeque<Load>,
+    memory_bytes: usize,
+    spilled: Option<SpilledLoads>,
+}
+
+struct SpilledLoads {
+    writer: BufWriter<tokio::fs::File>,
+    count: u64,
+}
+
+impl DeferredLoads {
+    async fn push(&mut self, load: Load) -> Result<()> {
+        let size = load.arena.len() + 8 * load.packed_keys.len();
+        if self.spilled.is_none() && self.memory_bytes + size <= DEFERRED_IN_MEMORY {
+            self.memory_bytes += size;
+            self.memory.push_back(load);
+            return Ok(());
+        }
+        let spilled = match &mut self.spilled {
+            Some(spilled) => spilled,
+            None => {
+                let file = tokio::task::spawn_blocking(tempfile::tempfile)
+                    .await
+                    .map_err(|e| spill_error("creating", e))?
+                    .map_err(|e| spill_error("creating", e))?;
+                self.spilled.insert(SpilledLoads {
+                    writer: BufWriter::new(tokio::fs::File::from_std(file)),
+                    count: 0,
+                })
+            }
+        };
+        let encoded = load.encode_to_vec();
+        let len = u32::try_from(encoded.len())
+            .map_err(|_| spill_error("writing", "a Load of 4 GiB or more"))?;
+        spilled
+            .writer
+            .write_all(&len.to_le_bytes())
+            .await
+            .map_err(|e| spill_error("writing", e))?;
+        (spilled.writer.write_all(&encoded).await).map_err(|e| spill_error("writing", e))?;
+        spilled.count += 1;
+        Ok(())
+    }
+
+    /// Runs every deferred Load on `session`, in arrival order.
+    async fn drain(mut self, session: &mut Session) -> Result<()> {
+        while let Some(load) = self.memory.pop_front() {
+            session.load(load, true).await?;
+        }
+        let Some(SpilledLoads { mut writer, count }) = self.spilled else {
+            return Ok(());
+        };
+        writer.flush().await.map_err(|e| spill_error("writing", e))?;
+        let mut file = writer.into_inner();
+        (file.rewind().await).map_err(|e| spill_error("reading", e))?;
+        let mut reader = BufReader::new(file);
+        let mut encoded = Vec::new();
+        for _ in 0..count {
+            let len = reader.read_u32_le().await;
+            let len = len.map_err(|e| spill_error("reading", e))?;
+            encoded.resize(len as usize, 0);
+            (reader.read_exact(&mut encoded).await).map_err(|e| spill_error("reading", e))?;
+            let load = Load::decode(encoded.as_slice()).map_err(|e| spill_error("reading", e))?;
+            session.load(load, true).await?;
+        }
+        Ok(())
+    }
+}
+
+fn spill_error(action: &str, err: impl std::fmt::Display) -> Error {
+    Error::store(
+        format!("{action} the temporary file of Loads deferred until Acknowledge"),
+        err,
+        true,
+    )
+}
+
+/// What a transactor loads into: the stream's [`LoadedBuilder`], whose full messages
+/// go out to the runtime whenever the transactor asks.
+struct LoadedOut<'a> {
+    builder: &'a mut LoadedBuilder,
+    out: &'a mut Responses,
+}
+
+#[async_trait]
+impl LoadedSink for LoadedOut<'_> {
+    fn push(&mut self, binding: u32, doc_json: &[u8]) {
+        self.builder.push(binding, doc_json);
+    }
+
+    async fn send_full(&mut self) -> Result<()> {
+        for loaded in self.builder.take_ready() {
+            self.out.send(Response::Loaded(loaded)).await?;
+        }
+        Ok(())
     }
 }
 
@@ -158,23 +273,25 @@ impl Session {
                     fail_point!("driver::acknowledge");
                     self.transactor.acknowledge().await?;
                     self.out.send(Response::Acknowledged).await?;
-                    if let LoadGate::AwaitingAcknowledge(queued) =
+                    if let LoadGate::AwaitingAcknowledge(deferred) =
                         std::mem::replace(&mut self.gate, LoadGate::Open)
                     {
-                        for load in queued {
-                            self.load(load, true).await?;
-                        }
+                        deferred.drain(self).await?;
                     }
                 }
                 Request::Load(load) => match &mut self.gate {
-                    LoadGate::AwaitingAcknowledge(queued) => queued.push(load),
+                    LoadGate::AwaitingAcknowledge(deferred) => deferred.push(load).await?,
                     LoadGate::Open => {
                         let acknowledged = self.acknowledged();
                         self.load(load, acknowledged).await?;
                     }
                 },
                 Request::Prepare(prepare) => {
-                    self.transactor.flush_loads(&mut self.loaded).await?;
+                    let mut sink = LoadedOut {
+                        builder: &mut self.loaded,
+                        out: &mut self.out,
+                    };
+                    self.transactor.flush_loads(&mut sink).await?;
                     let rest = self.loaded.finish();
                     self.send_loaded(rest).await?;
                     let checkpoint = self.transactor.prepare(prepare).await?;
@@ -213,9 +330,12 @@ impl Session {
             prior_committed: true,
             prior_acknowledged,
         };
-        self.transactor.load(load, prior, &mut self.loaded).await?;
-        let full = self.loaded.take_ready();
-        self.send_loaded(full).await
+        let mut sink = LoadedOut {
+            builder: &mut self.loaded,
+            out: &mut self.out,
+        };
+        self.transactor.load(load, prior, &mut sink).await?;
+        sink.send_full().await
     }
 
     async fn send_loaded(&mut self, messages: Vec<m::transaction_response::Loaded>) -> Result<()> {

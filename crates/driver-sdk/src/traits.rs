@@ -67,12 +67,20 @@ pub struct PriorState {
     pub prior_acknowledged: bool,
 }
 
-/// Collects Loaded documents, batching them into arena messages of bounded size.
-/// The serve loop passes a [`crate::arena::LoadedBuilder`]; full messages are sent after
-/// each `load` returns, the rest at Prepare, always before Prepared.
+/// Collects Loaded documents, batching them into arena messages of bounded size
+/// ([`crate::arena::LoadedBuilder`]). The serve loop sends full messages after each
+/// `load` returns and whenever the transactor calls [`LoadedSink::send_full`], the rest
+/// at Prepare, always before Prepared.
+#[async_trait]
 pub trait LoadedSink: Send {
     /// Adds one found document of `binding` (its JSON text).
     fn push(&mut self, binding: u32, doc_json: &[u8]);
+
+    /// Sends the messages filled so far, now. A transactor that may find many documents
+    /// per Load calls it as it goes (every few thousand documents), so what it holds
+    /// stays bounded (about one message per binding) rather than a whole Load's worth.
+    /// Cheap when no message is full.
+    async fn send_full(&mut self) -> Result<()>;
 }
 
 #[async_trait]

@@ -386,6 +386,34 @@ async fn loads_awaiting_acknowledge_are_deferred_until_acknowledge_returns() {
 }
 
 #[tokio::test]
+async fn loads_deferred_past_the_memory_bound_wait_in_a_file_and_run_in_order() {
+    use sluice_driver_sdk::serve::DEFERRED_IN_MEMORY;
+    let (mut tx, mut rx, log) = connect_recorder(0).await;
+    // Loads of 50-byte keys, half again more of them than the deferral holds in memory.
+    let keys_per_load = 10_000;
+    let loads = (DEFERRED_IN_MEMORY * 3 / 2) / (keys_per_load * 50) + 1;
+    let key = |i: usize| format!("{i:08}{}", "x".repeat(42));
+    for l in 0..loads {
+        let keys: Vec<String> = (0..keys_per_load).map(|k| key(l * keys_per_load + k)).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        tx.load(load(0, &keys)).await.unwrap();
+    }
+    tx.acknowledge().await.unwrap();
+    expect(&mut rx, "Acknowledged").await;
+    tx.prepare(prepare(b"cp")).await.unwrap();
+    let docs = until_prepared(&mut rx).await;
+    let expected: Vec<String> = (0..loads * keys_per_load)
+        .map(|i| format!("\"{}\"", key(i)))
+        .collect();
+    assert!(docs == expected, "every deferred key is loaded once, in order");
+    let log = log.lock().unwrap();
+    assert_eq!(log[0], "acknowledge");
+    assert!(log[1..=loads * keys_per_load]
+        .iter()
+        .all(|l| l.ends_with("acknowledged=true")));
+}
+
+#[tokio::test]
 async fn driver_loaded_for_a_delta_binding_reaches_the_runtime_as_a_driver_violation() {
     let (mut tx, mut rx, log) = connect_recorder(1).await;
     tx.acknowledge().await.unwrap();

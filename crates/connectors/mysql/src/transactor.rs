@@ -349,6 +349,8 @@ impl FencedStore for MysqlTransactor {
                     }
                 }
             }
+            // Each statement's rows go out before the next one's arrive.
+            loaded.send_full().await?;
         }
         Ok(())
     }

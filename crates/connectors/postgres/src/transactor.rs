@@ -3,8 +3,8 @@
 //! ```text
 //!   open ──▶ claim_range (fence++ on overlapping ranges, recover narrowest covering
 //!            checkpoint); per standard binding a temp staging table (ON COMMIT DELETE ROWS)
-//!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query/Load,
-//!            started at once, its documents pushed at Prepare by `flush_loads`)
+//!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query/Load;
+//!            its rows streamed out as Loaded messages as they arrive)
 //!   prepare ─▶ remember the runtime checkpoint; driver checkpoint `{}` (merge patch)
 //!   store ──▶ BEGIN (first store); encode the message, then hand its writes to a task:
 //!               exists = false, or delta updates ─▶ COPY straight into the table
@@ -132,12 +132,12 @@ pub(crate) struct PostgresTransactor {
     in_transaction: bool,
     /// The writes of the last Store message, if they may still be running.
     in_flight: Option<JoinHandle<Result<()>>>,
-    /// Lookups of this transaction's Loads, answered at Prepare.
-    lookups: Vec<(u32, Lookup)>,
 }
 
-/// One Load's lookup, running on the connection (queries pipeline in order).
-type Lookup = JoinHandle<Result<Vec<tokio_postgres::Row>>>;
+/// Loaded documents pushed between sends of the full messages: a Load's documents
+/// reach the runtime as the rows arrive, so the driver holds about one message per
+/// binding, not a whole Load's rows.
+const ROWS_PER_SEND: usize = 1024;
 
 impl PostgresTransactor {
     /// Connects, checks every table is applied, claims the key range and prepares the
@@ -226,7 +226,6 @@ impl PostgresTransactor {
             checkpoint: PreparedCheckpoint::default(),
             in_transaction: false,
             in_flight: None,
-            lookups: Vec::new(),
         };
         Ok((transactor, checkpoint))
     }
@@ -350,7 +349,7 @@ impl FencedStore for PostgresTransactor {
         &mut self.checkpoint
     }
 
-    async fn load_keys(&mut self, load: Load, _loaded: &mut dyn LoadedSink) -> Result<()> {
+    async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()> {
         let b = self.binding(load.binding)?;
         let table = &b.table;
         let statement = b.load.as_ref().ok_or_else(|| {
@@ -367,30 +366,19 @@ impl FencedStore for PostgresTransactor {
                 array.push(sql::key_text(column, value)?);
             }
         }
-        let context = format!("loading from table {}", table.qualified());
-        let (client, statement) = (self.client.clone(), statement.clone());
-        let lookup = tokio::spawn(async move {
-            let rows = client.query_raw(&statement, keys.iter()).await;
-            rows.map_err(|err| pg_error(&context, err))?
-                .try_collect()
-                .await
-                .map_err(|err| pg_error(&context, err))
-        });
-        self.lookups.push((load.binding, lookup));
-        Ok(())
-    }
-
-    /// Pushes the documents of every lookup, in the order of their Loads.
-    async fn flush_loaded(&mut self, loaded: &mut dyn LoadedSink) -> Result<()> {
-        for (binding, lookup) in std::mem::take(&mut self.lookups) {
-            let rows = lookup.await.map_err(|join| {
-                Error::store("loading", format!("the lookup task failed: {join}"), false)
-            })??;
-            for row in rows {
-                let doc: &str = row
-                    .try_get(0)
-                    .map_err(|err| pg_error("reading a loaded document", err))?;
-                loaded.push(binding, doc.as_bytes());
+        let context = || format!("loading from table {}", table.qualified());
+        let rows = self.client.query_raw(statement, keys.iter()).await;
+        let rows = rows.map_err(|err| pg_error(context(), err))?;
+        futures::pin_mut!(rows);
+        let mut pushed = 0;
+        while let Some(row) = rows.try_next().await.map_err(|err| pg_error(context(), err))? {
+            let doc: &str = row
+                .try_get(0)
+                .map_err(|err| pg_error("reading a loaded document", err))?;
+            loaded.push(load.binding, doc.as_bytes());
+            pushed += 1;
+            if pushed % ROWS_PER_SEND == 0 {
+                loaded.send_full().await?;
             }
         }
         Ok(())

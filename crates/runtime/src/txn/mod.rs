@@ -14,9 +14,9 @@
 //!   committed transaction stored goes left into C2 as it was stored ([`stored`]: no
 //!   Load needed), any other becomes a Load (unless it lies above the highest key ever
 //!   stored, so is known to be absent), and each document moves to combiner C2 as it is
-//!   (compact). Loaded documents later go to the *left* of C2.
-//!   Two combiners keep memory bounded (both spill) even though Loaded responses may be
-//!   deferred by the driver until Prepare.
+//!   (compact). Loaded documents go to the *left* of C2 as they arrive (the two halves
+//!   of the phase run at once, [`phases`]), so C2's budget bounds them too: both
+//!   combiners spill, however many documents the store returns and whenever it does.
 //! - Decision: after DriverCommitted the checkpoint is committed to the recovery log on a
 //!   blocking task while the next transaction reads; Acknowledge is sent only once that
 //!   commit is durable.
@@ -51,15 +51,12 @@ use crate::recovery::{
 };
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
-use sluice_doc::parse::DocParser;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
-use sluice_driver_sdk::arena;
 use sluice_driver_sdk::client::{self, Response};
 use sluice_driver_sdk::machine::apply_driver_checkpoint;
 use sluice_driver_sdk::{Endpoint, Error as DriverError};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
-use sluice_proto::materialize::transaction_response::Loaded;
 use sluice_source_sdk::{Resume, Source};
 use state::{LogState, Settled};
 use std::sync::Arc;
@@ -455,14 +452,14 @@ impl Committer<'_> {
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
-        let c2 = Combiner::new(
+        let c2 = std::sync::Mutex::new(Combiner::new(
             binding_specs(&self.shared.bindings, Drains::IntoStores),
             combiner_options(&self.shared.opts),
-        );
+        ));
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
         let loads = phases::LoadPhase {
             c1,
-            c2,
+            c2: &c2,
             previous: std::mem::replace(&mut self.previous, stored::StoredDocs::empty()),
             bindings: &self.shared.bindings,
             ack: log.ack(),
@@ -470,17 +467,19 @@ impl Committer<'_> {
         };
         // Either side failing ends the phase at once: waiting for the other could hang
         // (a receiver waits for a Prepared that a failed sender will never ask for).
-        let both = tokio::try_join!(phases::send_loads(&mut self.tx, loads, acked_rx), async {
-            phases::recv_until_prepared(&mut self.rx, acked_tx)
-                .await
-                .map_err(phases::PhaseError::Driver)
-        },);
-        let ((to_store, reused), (loaded_msgs, driver_checkpoint)) = match both {
+        let both = tokio::try_join!(
+            phases::send_loads(&mut self.tx, loads, acked_rx),
+            phases::recv_loaded(&mut self.rx, acked_tx, &c2, &self.shared.bindings),
+        );
+        let ((delta_only, reused), (driver_checkpoint, loaded)) = match both {
             Ok(sent_and_received) => sent_and_received,
             Err(err) => return Err(self.phase_error(err).await),
         };
         crate::failpoint::fail_point!(AFTER_PREPARED, |e| driver_err(&self.endpoint, e));
-        let (to_store, loaded) = self.reduce_loaded(to_store, loaded_msgs)?;
+        let to_store = match delta_only {
+            Some(c1) => c1,
+            None => c2.into_inner().expect("no reduction panicked in the load phase"),
+        };
 
         // Store phase.
         let loads_took = started.elapsed();
@@ -541,43 +540,6 @@ impl Committer<'_> {
         Ok(log.commit(self.checkpoint.clone()))
     }
 
-    /// Reduces the Loaded documents to the left of what this transaction combined.
-    /// Returns the combiner and how many documents were loaded.
-    fn reduce_loaded(
-        &self,
-        mut to_store: Combiner,
-        loaded_msgs: Vec<Loaded>,
-    ) -> Result<(Combiner, u64), RunError> {
-        let driver_err = |e| driver_err(&self.endpoint, e);
-        let mut key = Vec::new();
-        let mut loaded = 0;
-        let mut parser = DocParser::default();
-        for loaded_msg in loaded_msgs {
-            let binding = &self.shared.bindings[loaded_msg.binding as usize];
-            for doc in arena::loaded_docs(&loaded_msg) {
-                let doc = parser.parse(doc.map_err(driver_err)?).map_err(|e| {
-                    driver_err(DriverError::Transport(format!(
-                        "Loaded document is not JSON: {e}"
-                    )))
-                })?;
-                key.clear();
-                binding
-                    .collection
-                    .key
-                    .pack_doc(&doc, &mut key)
-                    .map_err(|e| {
-                        RunError::Internal(format!(
-                            "Loaded document of binding {}: {e}",
-                            loaded_msg.binding
-                        ))
-                    })?;
-                to_store.reduce_left(loaded_msg.binding, &key, doc)?;
-                loaded += 1;
-            }
-        }
-        Ok((to_store, loaded))
-    }
-
     /// Counts a committed transaction: counted once committed, so a restarted run never
     /// counts a document twice.
     fn count(&mut self, n: Counts) {
@@ -608,6 +570,14 @@ impl Committer<'_> {
     async fn phase_error(&mut self, err: phases::PhaseError) -> RunError {
         match err {
             phases::PhaseError::Combine(e) => e.into(),
+            phases::PhaseError::Loaded { binding, reason } => {
+                let resource = (self.shared.bindings.get(binding as usize))
+                    .map_or("no such binding", |b| b.resource.as_str());
+                RunError::Internal(format!(
+                    "driver {}: a Loaded document of binding {binding} ({resource}): {reason}",
+                    self.endpoint
+                ))
+            }
             phases::PhaseError::Driver(e) => driver_err(
                 &self.endpoint,
                 phases::receiver_error(&mut self.rx).await.unwrap_or(e),

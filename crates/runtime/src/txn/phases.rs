@@ -1,5 +1,13 @@
 //! The protocol phases of one transaction, as the committer drives them: loads (with the
 //! Acknowledge of the prior commit and the Prepare), and stores.
+//!
+//! The load phase runs two halves at once on the committer's task: [`send_loads`]
+//! drains C1 into C2 and sends Loads, while [`recv_loaded`] reduces each Loaded
+//! document into C2, to the left of the key's new documents, as it arrives. Both reach
+//! C2 through one uncontended lock (only ever held between awaits), so Loaded documents
+//! are held under C2's memory budget (spilled like any other) rather than collected
+//! until Prepared: a transaction that loads a whole large table holds at most a budget
+//! of it.
 
 use super::Binding;
 use super::state::Ack;
@@ -7,21 +15,22 @@ use super::stored::{StoredDocs, StoredDocsBuilder};
 use crate::recovery::Checkpoint;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
 use sluice_doc::compact::Doc;
+use sluice_doc::parse::DocParser;
 use sluice_doc::tuple;
 use sluice_driver_sdk::Error as DriverError;
-use sluice_driver_sdk::arena::{LoadBuilder, StoreBuilder, StoreDoc};
+use sluice_driver_sdk::arena::{self, LoadBuilder, StoreBuilder, StoreDoc};
 use sluice_driver_sdk::client::{ClientReceiver, ClientSender, Response};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Prepare;
-use sluice_proto::materialize::transaction_response::Loaded;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The load phase's inputs: this transaction's combined documents (`c1`), the combiner
-/// they move into (`c2`), what the last transaction stored, and the checkpoint Prepare
-/// sends.
+/// they move into (`c2`, shared with [`recv_loaded`]), what the last transaction stored,
+/// and the checkpoint Prepare sends.
 pub(super) struct LoadPhase<'a> {
     pub c1: Combiner,
-    pub c2: Combiner,
+    pub c2: &'a Mutex<Combiner>,
     pub previous: StoredDocs,
     pub bindings: &'a [Binding],
     /// Whether the prior commit's Acknowledge is still owed (not sent while idle).
@@ -33,18 +42,17 @@ pub(super) struct LoadPhase<'a> {
 /// as the last transaction stored it, if `previous` has it (left into `c2`, no Load),
 /// else a Load if the store may hold the key; meanwhile each drained document moves into
 /// `c2`. Then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
-/// stored keys now include this transaction's). Returns the combiner to store from
-/// (`c2`, or `c1` itself when every binding is delta-updates: nothing to load, so the
-/// combined documents are stored as they are) and how many documents came from
-/// `previous`.
+/// stored keys now include this transaction's). Returns `c1` itself when every binding
+/// is delta-updates (nothing to load, so the combined documents are stored as they
+/// are; else the store phase drains `c2`), and how many documents came from `previous`.
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
     phase: LoadPhase<'_>,
     acked: tokio::sync::oneshot::Receiver<()>,
-) -> Result<(Combiner, u64), PhaseError> {
+) -> Result<(Option<Combiner>, u64), PhaseError> {
     let LoadPhase {
         c1,
-        mut c2,
+        c2,
         mut previous,
         bindings,
         ack,
@@ -55,7 +63,7 @@ pub(super) async fn send_loads(
     }
     if bindings.iter().all(|b| b.delta_updates) {
         send_prepare(tx, acked, checkpoint).await?;
-        return Ok((c1, 0));
+        return Ok((Some(c1), 0));
     }
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
@@ -77,7 +85,8 @@ pub(super) async fn send_loads(
             match previous.take(binding, &key) {
                 Some(Doc::Null) => {} // Deleted by the last transaction.
                 Some(stored) => {
-                    c2.reduce_left(binding, &key, stored)
+                    lock(c2)
+                        .reduce_left(binding, &key, stored)
                         .map_err(PhaseError::Combine)?;
                     reused += 1;
                 }
@@ -91,7 +100,8 @@ pub(super) async fn send_loads(
             }
         }
         known.stored(binding, &key);
-        c2.combine_right_keyed(binding, &key, doc)
+        lock(c2)
+            .combine_right_keyed(binding, &key, doc)
             .map_err(PhaseError::Combine)?;
     }
     for load in builder.finish() {
@@ -99,7 +109,13 @@ pub(super) async fn send_loads(
     }
     known.into_checkpoint(checkpoint, bindings);
     send_prepare(tx, acked, checkpoint).await?;
-    Ok((c2, reused))
+    Ok((None, reused))
+}
+
+/// The load phase's combiner, held only between awaits. A poisoned lock means a
+/// reduction panicked: nothing of this transaction may be stored.
+fn lock(c2: &Mutex<Combiner>) -> std::sync::MutexGuard<'_, Combiner> {
+    c2.lock().expect("no reduction panicked while the load phase held C2")
 }
 
 /// Prepare with `checkpoint`, once the prior commit is acknowledged.
@@ -172,27 +188,56 @@ impl KnownKeys {
     }
 }
 
-/// Collects responses until Prepared: Acknowledged (exactly one, signalled to the
-/// sender, which may then Prepare) and Loaded documents.
-pub(super) async fn recv_until_prepared(
+/// Receives responses until Prepared: Acknowledged (exactly one, signalled to the
+/// sender, which may then Prepare) and Loaded documents, each reduced into `c2` to the
+/// left of its key's new documents as it arrives. Returns the driver's checkpoint and
+/// how many documents were loaded.
+pub(super) async fn recv_loaded(
     rx: &mut ClientReceiver,
     acked: tokio::sync::oneshot::Sender<()>,
-) -> Result<(Vec<Loaded>, flow::DriverCheckpoint), DriverError> {
-    let mut loaded = Vec::new();
+    c2: &Mutex<Combiner>,
+    bindings: &[Binding],
+) -> Result<(flow::DriverCheckpoint, u64), PhaseError> {
     let mut acked = Some(acked);
+    let mut parser = DocParser::default();
+    let mut key = Vec::new();
+    let mut loaded = 0;
     loop {
         match rx.recv().await? {
-            Response::Loaded(l) => loaded.push(l),
+            Response::Loaded(msg) => {
+                let binding = msg.binding;
+                let Some(b) = bindings.get(binding as usize) else {
+                    return Err(PhaseError::Loaded {
+                        binding,
+                        reason: format!("there are only {} bindings", bindings.len()),
+                    });
+                };
+                let mut c2 = lock(c2);
+                for doc in arena::loaded_docs(&msg) {
+                    let bad = |reason: String| PhaseError::Loaded { binding, reason };
+                    let doc = parser
+                        .parse(doc?)
+                        .map_err(|e| bad(format!("a document is not JSON: {e}")))?;
+                    key.clear();
+                    b.collection
+                        .key
+                        .pack_doc(&doc, &mut key)
+                        .map_err(|e| bad(format!("a document has no key: {e}")))?;
+                    c2.reduce_left(binding, &key, doc)
+                        .map_err(PhaseError::Combine)?;
+                    loaded += 1;
+                }
+            }
             Response::Acknowledged => {
                 if let Some(acked) = acked.take() {
                     let _ = acked.send(());
                 }
             }
-            Response::Prepared(cp) => return Ok((loaded, cp)),
+            Response::Prepared(cp) => return Ok((cp, loaded)),
             Response::DriverCommitted => {
-                return Err(DriverError::Transport(
+                return Err(PhaseError::Driver(DriverError::Transport(
                     "DriverCommitted before Prepared".to_string(),
-                ));
+                )));
             }
         }
     }
@@ -215,10 +260,12 @@ pub(super) async fn receiver_error(rx: &mut ClientReceiver) -> Option<DriverErro
     }
 }
 
-/// Why a phase failed: the combiner (the transaction's documents; never retryable) or
-/// the driver stream.
+/// Why a phase failed: the combiner (the transaction's documents; never retryable), a
+/// Loaded document the driver sent that is not a document of its binding (never
+/// retryable: the store holds it), or the driver stream.
 pub(super) enum PhaseError {
     Combine(CombineError),
+    Loaded { binding: u32, reason: String },
     Driver(DriverError),
 }
 
