@@ -30,10 +30,10 @@ mod store;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use model::{Model, Table, Verdict};
+use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use store::{Dialect, Store, yaml_str};
 
 #[derive(Args)]
