@@ -153,6 +153,13 @@ fn grpc_driver_killed_mid_run_is_reconnected_and_ends_exact() {
 }
 
 #[test]
+fn mysql_stdio_driver_killed_mid_run_is_restarted_and_ends_exact() {
+    let out = torture(&["--store", "mysql", "--scenario", "driver-dies"]);
+    let [_, restarts, ..] = assert_exact_after(&out, 3);
+    assert!(restarts >= 3, "the runtime reopened the driver");
+}
+
+#[test]
 fn mysql_grpc_driver_killed_mid_run_is_reconnected_and_ends_exact() {
     let out = torture(&[
         "--store",
