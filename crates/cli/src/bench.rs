@@ -9,6 +9,8 @@ mod sql;
 
 use clap::Subcommand;
 
+pub(crate) use mysql::database_url;
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.

@@ -12,8 +12,10 @@
 //!
 //! Scenarios ([`scenarios`]): `random` (random fail points and SIGKILLs), `zombie` (two
 //! instances of one shard), `driver-dies` (an external driver killed, stdio or gRPC),
-//! `server-restart` (a private PostgreSQL restarted), `disk-full` (the recovery log's
-//! fsync fails). Fail points need a binary built with the `failpoints` feature; without
+//! `server-restart` (a private PostgreSQL or MariaDB server crashed and started again,
+//! [`server`]), `disk-full` (the recovery log's fsync fails). Every scenario runs on
+//! every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `server-restart` on the
+//! server stores only. Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
 //! A run whose outcome contradicts its fault (a crash point that fired but the process
@@ -22,15 +24,17 @@
 
 mod model;
 mod scenarios;
+mod server;
 mod store;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use model::{Model, Table, Verdict};
+use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use store::{PrivatePostgres, Store, yaml_str};
+use store::{Dialect, Store, yaml_str};
 
 #[derive(Args)]
 pub struct TortureArgs {
@@ -60,9 +64,12 @@ pub struct TortureArgs {
     /// Seed of the input and of the faults (default: from the clock, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// The PostgreSQL server (a schema of a unique name is created, then dropped).
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
-    url: String,
+    /// The server of a postgres or mysql store, where a schema (PostgreSQL) or a
+    /// database (MariaDB/MySQL) of a unique name is created, then dropped [default:
+    /// postgres://postgres@127.0.0.1:5432/test, mysql://root@127.0.0.1:3306/test].
+    /// server-restart starts a private server instead.
+    #[arg(long)]
+    url: Option<String>,
     /// Keep the torture's folder (pipeline, input, logs of every run) for inspection.
     #[arg(long)]
     keep: bool,
@@ -72,6 +79,18 @@ pub struct TortureArgs {
 enum StoreKind {
     Sqlite,
     Postgres,
+    Mysql,
+}
+
+impl StoreKind {
+    /// The server of a server store (None: SQLite).
+    fn dialect(self) -> Option<Dialect> {
+        match self {
+            StoreKind::Sqlite => None,
+            StoreKind::Postgres => Some(Dialect::Postgres),
+            StoreKind::Mysql => Some(Dialect::Mysql),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -103,17 +122,23 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or(clock.as_nanos() as u64 % 1_000_000);
     let tag = format!("{}_{}", std::process::id(), clock.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("sluice-torture-{tag}"));
+    if args.scenario == Scenario::ServerRestart && args.store.dialect().is_none() {
+        bail!("server-restart restarts a database server: --store postgres or mysql");
+    }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let server = match args.scenario {
-        Scenario::ServerRestart => Some(PrivatePostgres::start(&dir.join("pg"))?),
+    let server = match (args.scenario, args.store.dialect()) {
+        (Scenario::ServerRestart, Some(dialect)) => Some(private_server(dialect, &dir)?),
         _ => None,
     };
-    let store = match (&server, args.store) {
-        (Some(server), _) => Store::postgres(&server.url(), &tag)?,
-        (None, StoreKind::Postgres) => Store::postgres(&args.url, &tag)?,
-        (None, StoreKind::Sqlite) => Store::Sqlite {
+    let store = match (&server, args.store.dialect()) {
+        (_, None) => Store::Sqlite {
             path: dir.join("torture.db"),
         },
+        (Some(server), Some(dialect)) => Store::server(dialect, &server.url(), &tag)?,
+        (None, Some(dialect)) => {
+            let url = args.url.as_deref().unwrap_or(dialect.default_url());
+            Store::server(dialect, url, &tag)?
+        }
     };
     let mut harness = Harness {
         exe: std::env::current_exe().context("locating the sluice binary")?,
@@ -149,7 +174,7 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         .append(args.docs)
         .and_then(|()| scenarios::run(&mut harness, &args, seed));
     let verdict = result.and_then(|()| harness.verify());
-    let cleanup = harness.store.drop_schema();
+    let cleanup = harness.store.drop_namespace();
     drop(harness.server.take());
     let report = harness.report;
     let failed = !matches!(&verdict, Ok(v) if v.exact()) || !report.anomalies.is_empty();
@@ -175,6 +200,14 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A private server of `dialect`'s kind in `dir` (server-restart).
+fn private_server(dialect: Dialect, dir: &Path) -> anyhow::Result<Box<dyn PrivateServer>> {
+    Ok(match dialect {
+        Dialect::Postgres => Box::new(PrivatePostgres::start(&dir.join("pg"))?),
+        Dialect::Mysql => Box::new(PrivateMariadb::start(&dir.join("mariadb"))?),
+    })
 }
 
 /// What a torture did, for the closing table.
@@ -252,7 +285,8 @@ struct Harness {
     exe: PathBuf,
     dir: PathBuf,
     store: Store,
-    server: Option<PrivatePostgres>,
+    /// The store's server when the scenario restarts it.
+    server: Option<Box<dyn PrivateServer>>,
     delta: bool,
     txn_docs: u64,
     /// Documents appended whenever a run has consumed all the input.

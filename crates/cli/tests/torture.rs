@@ -4,9 +4,9 @@
 //! independently by the torture (lost = duplicated = mismatched = 0).
 //!
 //! Needs a binary with fail points: `cargo nextest run -p sluice --features failpoints`
-//! (this file is only built with that feature). PostgreSQL scenarios use a schema of
-//! their own in the shared server (dropped after), except `server-restart`, which
-//! starts a private server in a temporary folder.
+//! (this file is only built with that feature). PostgreSQL and MariaDB scenarios use a
+//! schema (PostgreSQL) or database (MariaDB) of their own in the shared server (dropped
+//! after), except `server-restart`, which starts a private server in a temporary folder.
 
 use std::process::{Command, Output};
 
@@ -99,6 +99,18 @@ fn postgres_delta_random_crashes_store_each_transaction_and_key_once() {
 }
 
 #[test]
+fn mysql_random_crashes_lose_and_double_nothing() {
+    assert_exact_after(&torture(&["--store", "mysql", "--faults", "8"]), 8);
+}
+
+#[test]
+fn mysql_delta_random_crashes_store_each_transaction_and_key_once() {
+    let out = torture(&["--store", "mysql", "--mode", "delta", "--faults", "8"]);
+    let [_, _, expected, ..] = assert_exact_after(&out, 8);
+    assert!(expected > 300, "delta rows are per transaction and key");
+}
+
+#[test]
 fn sqlite_zombie_is_fenced_at_its_next_commit() {
     let out = torture(&["--store", "sqlite", "--scenario", "zombie"]);
     assert_exact_after(&out, 1);
@@ -108,6 +120,13 @@ fn sqlite_zombie_is_fenced_at_its_next_commit() {
 #[test]
 fn postgres_zombie_is_fenced_at_its_next_commit() {
     let out = torture(&["--store", "postgres", "--scenario", "zombie"]);
+    assert_exact_after(&out, 1);
+    assert!(stdout(&out).contains("fenced off"), "{}", stdout(&out));
+}
+
+#[test]
+fn mysql_zombie_is_fenced_at_its_next_commit() {
+    let out = torture(&["--store", "mysql", "--scenario", "zombie"]);
     assert_exact_after(&out, 1);
     assert!(stdout(&out).contains("fenced off"), "{}", stdout(&out));
 }
@@ -134,6 +153,27 @@ fn grpc_driver_killed_mid_run_is_reconnected_and_ends_exact() {
 }
 
 #[test]
+fn mysql_stdio_driver_killed_mid_run_is_restarted_and_ends_exact() {
+    let out = torture(&["--store", "mysql", "--scenario", "driver-dies"]);
+    let [_, restarts, ..] = assert_exact_after(&out, 3);
+    assert!(restarts >= 3, "the runtime reopened the driver");
+}
+
+#[test]
+fn mysql_grpc_driver_killed_mid_run_is_reconnected_and_ends_exact() {
+    let out = torture(&[
+        "--store",
+        "mysql",
+        "--scenario",
+        "driver-dies",
+        "--transport",
+        "grpc",
+    ]);
+    let [_, restarts, ..] = assert_exact_after(&out, 3);
+    assert!(restarts >= 3, "the runtime reconnected");
+}
+
+#[test]
 fn postgres_server_restarted_mid_run_is_reconnected_and_ends_exact() {
     let out = torture(&["--store", "postgres", "--scenario", "server-restart"]);
     let [_, restarts, ..] = assert_exact_after(&out, 3);
@@ -146,4 +186,11 @@ fn recovery_log_fsync_error_stops_clearly_and_acknowledges_nothing_undurable() {
     assert_exact_after(&out, 2);
     let text = stdout(&out);
     assert!(text.contains("no space left on device"), "{text}");
+}
+
+#[test]
+fn mysql_server_restarted_mid_run_is_reconnected_and_ends_exact() {
+    let out = torture(&["--store", "mysql", "--scenario", "server-restart"]);
+    let [_, restarts, ..] = assert_exact_after(&out, 3);
+    assert!(restarts >= 1, "the pipeline reconnected");
 }

@@ -41,8 +41,8 @@ use std::time::Instant;
 /// Bytes of LOAD DATA input per packet sent to the server.
 const INFILE_CHUNK: usize = 1 << 20;
 
-/// `url` with its database (and options) replaced by `database`.
-fn database_url(url: &str, database: &str) -> String {
+/// `url` with its database (and options) replaced by `database` (also the torture's).
+pub(crate) fn database_url(url: &str, database: &str) -> String {
     let base = (url.split_once('?').map_or(url, |(u, _)| u))
         .rsplit_once('/')
         .map_or(url, |(base, _)| base);

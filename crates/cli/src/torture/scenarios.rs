@@ -5,7 +5,6 @@
 use super::model::Rng;
 use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport};
 use anyhow::{Context, bail};
-use serde_json::json;
 use sluice_runtime::failpoint::{self, MARKER, OnReturn, POINTS};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -264,12 +263,7 @@ fn disk_full(h: &mut Harness) -> anyhow::Result<()> {
 /// An external driver (stdio child or gRPC server) is SIGKILLed mid-run, three times:
 /// the runtime reopens with backoff and carries on.
 fn driver_dies(h: &mut Harness, transport: Transport) -> anyhow::Result<()> {
-    let (driver, config) = match &h.store {
-        super::Store::Sqlite { path } => ("sqlite", json!({ "path": path })),
-        super::Store::Postgres { url, schema } => {
-            ("postgres", json!({ "url": url, "schema": schema }))
-        }
-    };
+    let (driver, config) = h.store.driver();
     let mut server = match transport {
         Transport::Stdio => None,
         Transport::Grpc => Some(GrpcServer::start(h, driver, &config, "127.0.0.1:0")?),
@@ -314,7 +308,7 @@ fn driver_dies(h: &mut Harness, transport: Transport) -> anyhow::Result<()> {
     h.run_clean(&pipeline)
 }
 
-/// The private PostgreSQL server is stopped (immediate) and started again mid-run,
+/// The private server (PostgreSQL or MariaDB) is crashed and started again mid-run,
 /// three times: the pipeline reconnects by itself.
 fn server_restart(h: &mut Harness) -> anyhow::Result<()> {
     let (pipeline, log) = h.pipeline("run", &h.store.endpoint_yaml())?;
@@ -322,11 +316,10 @@ fn server_restart(h: &mut Harness) -> anyhow::Result<()> {
     let mut committed = 0;
     for _ in 0..MID_RUN_FAULTS {
         committed = Harness::await_commit(&log, committed + 1, &mut run)?;
-        h.server
-            .as_ref()
-            .context("server-restart runs on a private server")?
-            .restart()?;
-        h.report.armed("PostgreSQL restarted", true);
+        let server = (h.server.as_mut()).context("server-restart runs on a private server")?;
+        server.restart()?;
+        let restarted = format!("{} restarted", server.name());
+        h.report.armed(&restarted, true);
     }
     let out = run.wait(RUN_TIMEOUT)?;
     h.report.restarts += out.reopenings();
