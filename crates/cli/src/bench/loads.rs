@@ -272,7 +272,7 @@ async fn check(
     schema: &str,
 ) -> anyhow::Result<Verdict> {
     let table = format!("{}.{}", quote_ident(schema), quote_ident("loads"));
-    let query = format!("SELECT id, flow_document FROM {table}");
+    let query = format!("SELECT id, flow_document::text FROM {table}");
     let rows = client
         .query_raw(&query, std::iter::empty::<i64>())
         .await
