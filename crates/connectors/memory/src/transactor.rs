@@ -135,7 +135,8 @@ impl FencedStore for MemoryTransactor {
                 .filter_map(|k| rows?.rows.get(k).cloned())
                 .collect();
             found
-        })?;
+        })
+        .await?;
         for doc in found {
             loaded.push(load.binding, doc.as_bytes());
         }
@@ -189,6 +190,7 @@ impl FencedStore for MemoryTransactor {
             mat.set_checkpoint(this.claim.key_begin, this.claim.key_end, checkpoint);
             Ok(())
         })
+        .await
     }
 
     fn claim(&self) -> &Claim {
@@ -207,9 +209,11 @@ impl FencedStore for MemoryTransactor {
             self.claim.key_begin,
             self.claim.key_end,
         );
-        self.backend.read(|state| {
-            (state.materializations.get(materialization)).and_then(|m| m.fence(begin, end))
-        })
+        self.backend
+            .read(|state| {
+                (state.materializations.get(materialization)).and_then(|m| m.fence(begin, end))
+            })
+            .await
     }
 
     /// Nothing to release: the state outlives the instance.
