@@ -132,8 +132,10 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
         .unwrap();
 
     // The third dead-letter write (transaction 3's, read while transaction 2 is
-    // stored) is held in flight while transaction 2 fails at Prepared.
-    fail::cfg(DEAD_LETTER_WRITE, "2*off->1*sleep(1500)").unwrap();
+    // stored) is held in flight while transaction 2 fails at Prepared; every later
+    // write is slowed, so the next attempt is still writing when a write of the failed
+    // attempt that was not joined would land.
+    fail::cfg(DEAD_LETTER_WRITE, "2*off->1*sleep(600)->sleep(200)").unwrap();
     fail::cfg(AFTER_PREPARED, "1*off->1*return").unwrap();
     let summaries = pipeline::run(
         &pipeline,
