@@ -280,8 +280,9 @@ pub async fn apply(
         }
         if let Some(lock) = &lock {
             match action {
-                ApplyAction::Upsert => (applied::record(&dir, &m.spec).await)
-                    .map_err(|e| failed(&e))?,
+                ApplyAction::Upsert => {
+                    (applied::record(&dir, &m.spec).await).map_err(|e| failed(&e))?
+                }
                 ApplyAction::Delete => {
                     applied::forget(&dir).await.map_err(|e| failed(&e))?;
                     recovery::remove(&dir, lock).map_err(|e| failed(&e))?;

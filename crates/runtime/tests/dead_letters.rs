@@ -48,7 +48,7 @@ fn input_line(line: u64) -> String {
 }
 
 fn is_bad(line: u64) -> bool {
-    line % 5 == 0
+    line.is_multiple_of(5)
 }
 
 fn pipeline_yaml(input: &Path, dead_letters: &Path, log: &Path) -> String {
@@ -109,9 +109,7 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
     let scenario = fail::FailScenario::setup();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("input.jsonl");
-    let text: String = (1..=LINES)
-        .map(|line| input_line(line) + "\n")
-        .collect();
+    let text: String = (1..=LINES).map(|line| input_line(line) + "\n").collect();
     std::fs::write(&input, text).unwrap();
     let dead_letters = dir.path().join("rejected.jsonl");
     let registry = Registry::new()
@@ -150,7 +148,10 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
 
     let bad: Vec<u64> = (1..=LINES).filter(|&l| is_bad(l)).collect();
     let (_, summary) = &summaries[0];
-    assert_eq!(summary.restarts, 1, "the injected failure restarted the loop");
+    assert_eq!(
+        summary.restarts, 1,
+        "the injected failure restarted the loop"
+    );
     assert_eq!(summary.rejected, bad.len() as u64);
 
     let letters: Vec<DeadLetter> = std::fs::read_to_string(&dead_letters)
@@ -160,7 +161,10 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
         .collect();
     let mut lines: Vec<u64> = letters.iter().map(|l| line_of(&l.position)).collect();
     lines.sort_unstable();
-    assert_eq!(lines, bad, "each rejected document exactly once: {letters:#?}");
+    assert_eq!(
+        lines, bad,
+        "each rejected document exactly once: {letters:#?}"
+    );
     assert!(
         letters.windows(2).all(|w| w[0].txn <= w[1].txn),
         "records in transaction order: {letters:#?}"

@@ -500,7 +500,9 @@ fn a_log_of_a_newer_format_is_refused_naming_both_versions() {
     bytes.extend((FORMAT_VERSION + 1).to_le_bytes());
     bytes.extend(frame(br#"{"commit_v3":{"txn":1}}"#));
     std::fs::write(log_file(dir.path()), &bytes).unwrap();
-    let err = RecoveryLog::open(dir.path()).err().expect("a newer log is refused");
+    let err = RecoveryLog::open(dir.path())
+        .err()
+        .expect("a newer log is refused");
     let text = err.to_string();
     assert!(
         matches!(err, RecoveryError::NewerFormat { found, supported, .. }
@@ -513,7 +515,11 @@ fn a_log_of_a_newer_format_is_refused_naming_both_versions() {
             && text.contains(&format!("version {FORMAT_VERSION} this sluice reads")),
         "{text}"
     );
-    assert_eq!(std::fs::read(log_file(dir.path())).unwrap(), bytes, "left as it is");
+    assert_eq!(
+        std::fs::read(log_file(dir.path())).unwrap(),
+        bytes,
+        "left as it is"
+    );
     assert!(inspect(dir.path()).is_err(), "inspect refuses it too");
 }
 
@@ -524,7 +530,9 @@ fn a_flipped_byte_in_the_middle_is_corruption_naming_the_file_offset_and_version
     let second = record_offsets(&bytes)[1];
     bytes[second + 20] ^= 0x01;
     std::fs::write(log_file(dir.path()), &bytes).unwrap();
-    let err = RecoveryLog::open(dir.path()).err().expect("corruption is refused");
+    let err = RecoveryLog::open(dir.path())
+        .err()
+        .expect("corruption is refused");
     assert!(
         matches!(err, RecoveryError::Corrupt { offset, version, .. }
             if offset == second as u64 && version == FORMAT_VERSION),
@@ -536,7 +544,11 @@ fn a_flipped_byte_in_the_middle_is_corruption_naming_the_file_offset_and_version
         log_file(dir.path()).display()
     );
     assert!(text.starts_with(&named), "{text}");
-    assert_eq!(std::fs::read(log_file(dir.path())).unwrap(), bytes, "nothing is cut");
+    assert_eq!(
+        std::fs::read(log_file(dir.path())).unwrap(),
+        bytes,
+        "nothing is cut"
+    );
 }
 
 #[test]
@@ -565,7 +577,9 @@ fn a_checksum_valid_record_that_does_not_deserialize_is_corruption_even_last() {
     let payload = serde_json::to_vec(&json!({ "commit": future })).unwrap();
     bytes.extend(frame(&payload));
     std::fs::write(log_file(dir.path()), &bytes).unwrap();
-    let err = RecoveryLog::open(dir.path()).err().expect("an unreadable commit is refused");
+    let err = RecoveryLog::open(dir.path())
+        .err()
+        .expect("an unreadable commit is refused");
     assert!(
         matches!(err, RecoveryError::Corrupt { offset, version, .. }
             if offset == at as u64 && version == FORMAT_VERSION),
@@ -574,7 +588,9 @@ fn a_checksum_valid_record_that_does_not_deserialize_is_corruption_even_last() {
     let text = err.to_string();
     assert!(
         text.contains(&log_file(dir.path()).display().to_string())
-            && text.contains(&format!("(format {FORMAT_VERSION}) is corrupt at byte {at}"))
+            && text.contains(&format!(
+                "(format {FORMAT_VERSION}) is corrupt at byte {at}"
+            ))
             && text.contains("does not deserialize")
             && text.contains("watermark"),
         "{text}"
@@ -616,7 +632,10 @@ fn a_headerless_log_of_the_previous_release_is_read_and_rewritten_with_a_header(
     let log = RecoveryLog::open(dir.path()).unwrap();
     assert_eq!(log.last_commit(), Some(&checkpoint(2)));
     let text = inspect(dir.path()).unwrap();
-    assert!(text.contains(&format!("(format {FORMAT_VERSION}, ")), "{text}");
+    assert!(
+        text.contains(&format!("(format {FORMAT_VERSION}, ")),
+        "{text}"
+    );
 }
 
 #[test]

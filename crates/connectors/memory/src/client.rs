@@ -187,7 +187,9 @@ impl Backend {
 }
 
 /// Runs blocking file work on tokio's blocking pool.
-async fn unblock<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+async fn unblock<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     match tokio::task::spawn_blocking(work).await {
         Ok(out) => out,
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),

@@ -157,19 +157,20 @@ impl Driver for MemoryDriver {
         let backend = self.backend(&spec.endpoint_spec_json)?;
         let bindings = binding_tables(&spec)?;
         let (begin, end) = (open.key_begin, open.key_end);
-        let (fence, checkpoint) = backend.update(|state| {
-            let mat = state
-                .materializations
-                .entry(spec.materialization.clone())
-                .or_default();
-            check_version(
-                &spec.materialization,
-                mat.applied_version.as_deref(),
-                &open.version,
-            )?;
-            Ok(mat.claim(begin, end))
-        })
-        .await?;
+        let (fence, checkpoint) = backend
+            .update(|state| {
+                let mat = state
+                    .materializations
+                    .entry(spec.materialization.clone())
+                    .or_default();
+                check_version(
+                    &spec.materialization,
+                    mat.applied_version.as_deref(),
+                    &open.version,
+                )?;
+                Ok(mat.claim(begin, end))
+            })
+            .await?;
         // After this point every earlier instance of an overlapping range is fenced.
         let claim = Claim::new(&spec.materialization, begin, end, fence);
         let transactor = MemoryTransactor::new(backend, claim, bindings);
@@ -213,19 +214,20 @@ async fn apply(
     let todo = if req.dry_run {
         backend.read(describe).await?
     } else {
-        backend.update(|state| {
-            let todo = describe(state);
-            let mat = state
-                .materializations
-                .entry(spec.materialization.clone())
-                .or_default();
-            for table in &todo {
-                act(&mut mat.tables, table);
-            }
-            settle(mat, &req.version);
-            Ok(todo)
-        })
-        .await?
+        backend
+            .update(|state| {
+                let todo = describe(state);
+                let mat = state
+                    .materializations
+                    .entry(spec.materialization.clone())
+                    .or_default();
+                for table in &todo {
+                    act(&mut mat.tables, table);
+                }
+                settle(mat, &req.version);
+                Ok(todo)
+            })
+            .await?
     };
     let lines: Vec<String> = todo.iter().map(|t| format!("{verb} table {t}")).collect();
     Ok(m::ApplyResponse {

@@ -214,7 +214,9 @@ impl Lite<'_> {
         let (sql, params) = (sql.to_string(), owned(params));
         self.0
             .run(move |conn| {
-                let mut stmt = conn.prepare_cached(&sql).map_err(|err| store_error(&sql, err))?;
+                let mut stmt = conn
+                    .prepare_cached(&sql)
+                    .map_err(|err| store_error(&sql, err))?;
                 stmt.query_row(rusqlite::params_from_iter(lite_params(&params)), |row| {
                     row.get::<_, Option<T>>(0)
                 })
@@ -248,7 +250,9 @@ impl Catalog for Lite<'_> {
             "SELECT count(*) FROM {} WHERE \"materialization\" = ?1",
             sql::quote_ident(CHECKPOINTS_TABLE)
         );
-        let rows: Option<i64> = self.query_value(&sql, &[Param::Text(materialization)]).await?;
+        let rows: Option<i64> = self
+            .query_value(&sql, &[Param::Text(materialization)])
+            .await?;
         Ok(rows.and_then(|n| u64::try_from(n).ok()).unwrap_or_default())
     }
 
@@ -277,7 +281,9 @@ impl FenceClient for Lite<'_> {
         let (sql, params) = (sql.to_string(), owned(params));
         self.0
             .run(move |conn| {
-                let mut stmt = conn.prepare_cached(&sql).map_err(|err| store_error(&sql, err))?;
+                let mut stmt = conn
+                    .prepare_cached(&sql)
+                    .map_err(|err| store_error(&sql, err))?;
                 let changed = stmt
                     .execute(rusqlite::params_from_iter(lite_params(&params)))
                     .map_err(|err| store_error(&sql, err))?;
@@ -300,9 +306,10 @@ impl FenceClient for Lite<'_> {
         self.0
             .run(|conn| {
                 let begun = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
-                    conn.execute_batch(sql::CREATE_CHECKPOINTS).inspect_err(|_| {
-                        let _ = conn.execute_batch("ROLLBACK");
-                    })
+                    conn.execute_batch(sql::CREATE_CHECKPOINTS)
+                        .inspect_err(|_| {
+                            let _ = conn.execute_batch("ROLLBACK");
+                        })
                 });
                 begun.map_err(|err| store_error("beginning a claim", err))
             })

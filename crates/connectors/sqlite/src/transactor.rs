@@ -87,11 +87,7 @@ impl SqliteTransactor {
         let conn = Conn::open(&endpoint.path).await?;
         let mut bindings = Vec::with_capacity(tables.len());
         for table in tables {
-            if Lite(&conn)
-                .existing_columns(&table.name)
-                .await?
-                .is_empty()
-            {
+            if Lite(&conn).existing_columns(&table.name).await?.is_empty() {
                 return Err(Error::Config(format!(
                     "table {:?} does not exist in {}: apply the materialization first",
                     table.name,
@@ -243,7 +239,9 @@ impl FencedStore for SqliteTransactor {
             .map(|key| {
                 let key = unpack(key?, table.key_count, "a loaded key")?;
                 let params = key.iter().zip(table.keys());
-                Ok(params.map(|(v, c)| owned_value(sql::sql_value(v, c.ty))).collect())
+                Ok(params
+                    .map(|(v, c)| owned_value(sql::sql_value(v, c.ty)))
+                    .collect())
             })
             .collect::<Result<Vec<Vec<SqlValue>>>>()?;
         let mut keys = keys.into_iter();
@@ -293,8 +291,9 @@ impl FencedStore for SqliteTransactor {
         let rolled_back = (self.conn)
             .run(|conn| match conn.is_autocommit() {
                 true => Ok(()),
-                false => (conn.execute_batch("ROLLBACK"))
-                    .map_err(|err| store_error("rolling back", err)),
+                false => {
+                    (conn.execute_batch("ROLLBACK")).map_err(|err| store_error("rolling back", err))
+                }
             })
             .await;
         if let Err(err) = rolled_back {
