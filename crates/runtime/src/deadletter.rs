@@ -34,12 +34,12 @@
 //!   so the next attempt's open (which cuts the files back) never meets a write of the
 //!   last. (A write on `spawn_blocking` would not do: aborting the task that awaits it
 //!   does not stop it.)
+//! - `open` reads the whole file once; keep dead-letter files small by moving them away
+//!   once handled (a missing file is simply created again).
 //!
 //! Threads: opening, cutting, appending and fsync'ing run on the writer thread
 //! (`sluice-dead-letters`), never on an async worker; the reader's task sends it each
 //! transaction's records and awaits their durability.
-//! - `open` reads the whole file once; keep dead-letter files small by moving them away
-//!   once handled (a missing file is simply created again).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -154,9 +154,9 @@ pub enum DeadLetterError {
         line: u64,
         reason: String,
     },
-    /// The operating system refused a thread (resources exhausted).
-    #[error("cannot start the dead-letter writer thread: {0}")]
-    Thread(#[source] std::io::Error),
+    /// The writer thread could not start (resources exhausted) or panicked.
+    #[error("dead-letter writer thread: {0}")]
+    Thread(String),
 }
 
 /// An open dead-letter file: one writer, appending whole transactions.
@@ -295,13 +295,13 @@ impl DeadLetters {
 }
 
 /// A source's failure to open or write its file: the source index and the error.
-pub type SourceError = (usize, DeadLetterError);
+pub type SourceFailure = (usize, DeadLetterError);
 
 /// One transaction's records for the writer thread, and where it answers.
 struct WriteRequest {
     txn: u64,
     letters: Vec<(RecordId, DeadLetter)>,
-    durable: oneshot::Sender<Result<(), SourceError>>,
+    durable: oneshot::Sender<Result<(), SourceFailure>>,
 }
 
 /// The reader's end of the dead-letter writer thread (see the module invariants).
@@ -310,7 +310,7 @@ pub struct DeadLetterWriter {
     /// `None` when no source skips bad input: no thread, nothing to write.
     requests: Option<mpsc::Sender<WriteRequest>>,
     /// The result of opening the files, until [`opened`](Self::opened) takes it.
-    opened: Option<oneshot::Receiver<Result<(), SourceError>>>,
+    opened: Option<oneshot::Receiver<Result<(), SourceFailure>>>,
     /// The first skipping source: named by failures of the thread itself.
     first: usize,
 }
@@ -369,7 +369,8 @@ impl DeadLetterWriter {
             // The closure, with the senders it owns, is gone: answer in its place.
             Err(err) => {
                 let (report, failed) = oneshot::channel();
-                let _ = report.send(Err((first, DeadLetterError::Thread(err))));
+                let reason = format!("cannot start it: {err}");
+                let _ = report.send(Err((first, DeadLetterError::Thread(reason))));
                 failed
             }
         };
@@ -383,7 +384,7 @@ impl DeadLetterWriter {
 
     /// Whether every file opened (and was cut back); an error names the source index.
     /// Call once, before the first write.
-    pub async fn opened(&mut self) -> Result<(), SourceError> {
+    pub async fn opened(&mut self) -> Result<(), SourceFailure> {
         match self.opened.take() {
             None => Ok(()),
             Some(opened) => (opened.await).unwrap_or_else(|_| Err(self.thread_gone())),
@@ -396,7 +397,7 @@ impl DeadLetterWriter {
         &self,
         txn: u64,
         letters: Vec<(RecordId, DeadLetter)>,
-    ) -> Result<(), SourceError> {
+    ) -> Result<(), SourceFailure> {
         let Some(requests) = self.requests.as_ref().filter(|_| !letters.is_empty()) else {
             return Ok(());
         };
@@ -411,9 +412,9 @@ impl DeadLetterWriter {
     }
 
     /// The writer thread ended without answering: it panicked.
-    fn thread_gone(&self) -> SourceError {
-        let error = std::io::Error::other("the dead-letter writer thread ended unexpectedly");
-        (self.first, DeadLetterError::Thread(error))
+    fn thread_gone(&self) -> SourceFailure {
+        let reason = "it ended without answering (a panic)".to_string();
+        (self.first, DeadLetterError::Thread(reason))
     }
 }
 
