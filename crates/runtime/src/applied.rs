@@ -16,6 +16,9 @@
 //! fsync'ed): a crash leaves the old record or the new one. It lives with the recovery
 //! log because both describe the same store: deleting the materialization
 //! (`sluice apply --delete`) removes both.
+//!
+//! Threads: [`read`], [`record`] and [`forget`] are async, and do their file work
+//! (reads, fsyncs, renames) on a blocking task, never on the calling async worker.
 
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -71,7 +74,12 @@ fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> Appli
 }
 
 /// The applied spec recorded in the recovery log directory `dir`, if any.
-pub fn read(dir: &Path) -> Result<Option<Applied>, AppliedError> {
+pub async fn read(dir: &Path) -> Result<Option<Applied>, AppliedError> {
+    let dir = dir.to_path_buf();
+    crate::blocking::unblock(move || read_file(&dir)).await
+}
+
+fn read_file(dir: &Path) -> Result<Option<Applied>, AppliedError> {
     let path = dir.join(FILE);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
@@ -100,7 +108,12 @@ pub fn read(dir: &Path) -> Result<Option<Applied>, AppliedError> {
 }
 
 /// Records `spec` as applied in `dir`. Returns only after the record is durable.
-pub fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
+pub async fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
+    let (dir, spec) = (dir.to_path_buf(), spec.clone());
+    crate::blocking::unblock(move || write_file(&dir, &spec)).await
+}
+
+fn write_file(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
     std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
     let file = AppliedFile {
         format: FORMAT,
@@ -119,7 +132,12 @@ pub fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), Applie
 }
 
 /// Forgets the applied spec in `dir` (a deleted materialization). Durable on return.
-pub fn forget(dir: &Path) -> Result<(), AppliedError> {
+pub async fn forget(dir: &Path) -> Result<(), AppliedError> {
+    let dir = dir.to_path_buf();
+    crate::blocking::unblock(move || remove_file(&dir)).await
+}
+
+fn remove_file(dir: &Path) -> Result<(), AppliedError> {
     let path = dir.join(FILE);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
@@ -389,13 +407,13 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_record_round_trips_and_damage_is_an_error_naming_sluice_apply() {
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_record_round_trips_and_damage_is_an_error_naming_sluice_apply() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read(dir.path()).unwrap(), None);
+        assert_eq!(read(dir.path()).await.unwrap(), None);
         let s = spec(vec![binding("t", "acme/views", &["n"])]);
-        record(dir.path(), &s).unwrap();
-        let applied = read(dir.path()).unwrap().unwrap();
+        record(dir.path(), &s).await.unwrap();
+        let applied = read(dir.path()).await.unwrap().unwrap();
         assert_eq!(
             applied,
             Applied {
@@ -408,7 +426,7 @@ mod tests {
             b"{\"format\":1,\"version\":\"x\",\"spec\":\"zz\"}",
         )
         .unwrap();
-        let err = read(dir.path()).unwrap_err().to_string();
+        let err = read(dir.path()).await.unwrap_err().to_string();
         assert!(
             err.contains("the spec is not hex") && err.contains("sluice apply"),
             "{err}"

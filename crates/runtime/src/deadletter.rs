@@ -2,8 +2,10 @@
 //! reason and position, as JSON lines.
 //!
 //! ```text
-//!  reader ──batch of T──▶ rejected? ──append records {txn: T, ..} + fsync──▶ send T to the committer
-//!  start  ──recovered checkpoint (txn C)──▶ drop every record of a txn > C, and a torn tail
+//!  reader ──batch of T──▶ rejected? ──records {txn: T, ..}──▶ writer thread: append + fsync
+//!         ◀──────────────────────────── durable ───────────┘   ──▶ send T to the committer
+//!  start  ──recovered checkpoint (txn C)──▶ writer thread: drop every record of a txn > C,
+//!                                           and a torn tail
 //! ```
 //!
 //! One line per rejected document:
@@ -23,15 +25,29 @@
 //!   an attempt that did not commit (a replayed or abandoned transaction) are removed
 //!   before it is read again, so a replay never duplicates a record.
 //! - Records are appended in transaction order (one writer: the materialization's
-//!   reader), which is what lets `open` cut at the first newer one.
+//!   reader, through its writer thread), which is what lets `open` cut at the first
+//!   newer one.
+//! - One writer per file, also across the attempts of a run that restarts in-process:
+//!   the files are owned by one thread per attempt ([`DeadLetterWriter::spawn`]), which
+//!   ends only once the reader has dropped its [`DeadLetterWriter`] and the write in
+//!   hand (if any) is done; the run awaits [`DeadLetterThread::join`] before it returns,
+//!   so the next attempt's open (which cuts the files back) never meets a write of the
+//!   last. (A write on `spawn_blocking` would not do: aborting the task that awaits it
+//!   does not stop it.)
 //! - `open` reads the whole file once; keep dead-letter files small by moving them away
 //!   once handled (a missing file is simply created again).
+//!
+//! Threads: opening, cutting, appending and fsync'ing run on the writer thread
+//! (`sluice-dead-letters`), never on an async worker; the reader's task sends it each
+//! transaction's records and awaits their durability.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use tokio::sync::oneshot;
 
 /// The largest parsed document written whole; a larger one is cut to its first bytes.
 pub const DOCUMENT_LIMIT: usize = 64 << 10;
@@ -138,6 +154,9 @@ pub enum DeadLetterError {
         line: u64,
         reason: String,
     },
+    /// The writer thread could not start (resources exhausted) or panicked.
+    #[error("dead-letter writer thread: {0}")]
+    Thread(String),
 }
 
 /// An open dead-letter file: one writer, appending whole transactions.
@@ -222,24 +241,25 @@ pub struct DeadLetters {
 }
 
 impl DeadLetters {
-    /// Opens the files of sources given as (name, dead-letter path if skipping), each
-    /// cut to transaction `committed` (see [`DeadLetterFile::open`]). An error names the
-    /// source.
+    /// Opens the files of sources given as their dead-letter paths (`None`: the source
+    /// fails on bad input), each cut to transaction `committed` (see
+    /// [`DeadLetterFile::open`]). An error names the source index.
     pub fn open<'a>(
-        sources: impl IntoIterator<Item = (&'a str, Option<&'a Path>)>,
+        sources: impl IntoIterator<Item = Option<&'a Path>>,
         committed: u64,
-    ) -> Result<DeadLetters, (&'a str, DeadLetterError)> {
+    ) -> Result<DeadLetters, (usize, DeadLetterError)> {
         let mut out = DeadLetters {
             files: Vec::new(),
             of_source: Vec::new(),
         };
-        for (name, path) in sources {
+        for (source, path) in sources.into_iter().enumerate() {
             let index = match path {
                 None => None,
                 Some(path) => Some(match out.files.iter().position(|f| f.path == path) {
                     Some(i) => i,
                     None => {
-                        let file = DeadLetterFile::open(path, committed).map_err(|e| (name, e))?;
+                        let file =
+                            DeadLetterFile::open(path, committed).map_err(|e| (source, e))?;
                         out.files.push(file);
                         out.files.len() - 1
                     }
@@ -260,6 +280,7 @@ impl DeadLetters {
         txn: u64,
         letters: &mut [(RecordId, DeadLetter)],
     ) -> Result<(), (usize, DeadLetterError)> {
+        crate::failpoint::fail_point!(DEAD_LETTER_WRITE);
         letters.sort_by_key(|(id, _)| *id);
         let of_source = &self.of_source;
         for group in letters.chunk_by_mut(|a, b| of_source[a.0.0] == of_source[b.0.0]) {
@@ -270,6 +291,140 @@ impl DeadLetters {
                 .map_err(|e| (source, e))?;
         }
         Ok(())
+    }
+}
+
+/// A source's failure to open or write its file: the source index and the error.
+pub type SourceFailure = (usize, DeadLetterError);
+
+/// One transaction's records for the writer thread, and where it answers.
+struct WriteRequest {
+    txn: u64,
+    letters: Vec<(RecordId, DeadLetter)>,
+    durable: oneshot::Sender<Result<(), SourceFailure>>,
+}
+
+/// The reader's end of the dead-letter writer thread (see the module invariants).
+/// Dropping it lets the thread end once the write in hand is done.
+pub struct DeadLetterWriter {
+    /// `None` when no source skips bad input: no thread, nothing to write.
+    requests: Option<mpsc::Sender<WriteRequest>>,
+    /// The result of opening the files, until [`opened`](Self::opened) takes it.
+    opened: Option<oneshot::Receiver<Result<(), SourceFailure>>>,
+    /// The first skipping source: named by failures of the thread itself.
+    first: usize,
+}
+
+/// The dead-letter writer thread of one attempt, for the run to join.
+pub struct DeadLetterThread {
+    /// Closed (its sender dropped) by the thread as its last act, after its files are.
+    ended: Option<oneshot::Receiver<()>>,
+}
+
+impl DeadLetterWriter {
+    /// Starts the thread that opens the files of sources given as their dead-letter
+    /// paths (as [`DeadLetters::open`], cut to transaction `committed`) and then writes
+    /// what [`write`](Self::write) sends, until the writer drops. No source skipping:
+    /// no thread.
+    pub fn spawn(
+        paths: Vec<Option<PathBuf>>,
+        committed: u64,
+    ) -> (DeadLetterWriter, DeadLetterThread) {
+        if paths.iter().all(Option::is_none) {
+            let none = DeadLetterWriter {
+                requests: None,
+                opened: None,
+                first: 0,
+            };
+            return (none, DeadLetterThread { ended: None });
+        }
+        let first = paths.iter().position(Option::is_some).unwrap_or_default();
+        let (requests, received) = mpsc::channel::<WriteRequest>();
+        let (opened_tx, opened) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-dead-letters".into())
+            .spawn(move || {
+                let files = DeadLetters::open(paths.iter().map(Option::as_deref), committed);
+                let mut files = match files {
+                    Ok(files) => {
+                        let _ = opened_tx.send(Ok(()));
+                        files
+                    }
+                    Err(err) => {
+                        let _ = opened_tx.send(Err(err));
+                        return;
+                    }
+                };
+                while let Ok(request) = received.recv() {
+                    let mut letters = request.letters;
+                    let _ = request.durable.send(files.write(request.txn, &mut letters));
+                }
+                drop(files);
+                drop(ended_tx);
+            });
+        let opened = match spawned {
+            // Detached: `ended` is how the run joins it.
+            Ok(_) => opened,
+            // The closure, with the senders it owns, is gone: answer in its place.
+            Err(err) => {
+                let (report, failed) = oneshot::channel();
+                let reason = format!("cannot start it: {err}");
+                let _ = report.send(Err((first, DeadLetterError::Thread(reason))));
+                failed
+            }
+        };
+        let writer = DeadLetterWriter {
+            requests: Some(requests),
+            opened: Some(opened),
+            first,
+        };
+        (writer, DeadLetterThread { ended: Some(ended) })
+    }
+
+    /// Whether every file opened (and was cut back); an error names the source index.
+    /// Call once, before the first write.
+    pub async fn opened(&mut self) -> Result<(), SourceFailure> {
+        match self.opened.take() {
+            None => Ok(()),
+            Some(opened) => (opened.await).unwrap_or_else(|_| Err(self.thread_gone())),
+        }
+    }
+
+    /// Appends transaction `txn`'s records (see [`DeadLetters::write`]) on the writer
+    /// thread; returns once all are fsync'ed.
+    pub async fn write(
+        &self,
+        txn: u64,
+        letters: Vec<(RecordId, DeadLetter)>,
+    ) -> Result<(), SourceFailure> {
+        let Some(requests) = self.requests.as_ref().filter(|_| !letters.is_empty()) else {
+            return Ok(());
+        };
+        let (durable, answer) = oneshot::channel();
+        let request = WriteRequest {
+            txn,
+            letters,
+            durable,
+        };
+        requests.send(request).map_err(|_| self.thread_gone())?;
+        (answer.await).unwrap_or_else(|_| Err(self.thread_gone()))
+    }
+
+    /// The writer thread ended without answering: it panicked.
+    fn thread_gone(&self) -> SourceFailure {
+        let reason = "it ended without answering (a panic)".to_string();
+        (self.first, DeadLetterError::Thread(reason))
+    }
+}
+
+impl DeadLetterThread {
+    /// Returns once the writer thread has ended (its writer dropped first): no write of
+    /// it lands after this returns.
+    pub async fn join(self) {
+        if let Some(ended) = self.ended {
+            let _ = ended.await;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! process or make the operation fail, to prove that recovery is exact.
 //!
 //! ```text
-//!  reader     queue step ─▶ [txn::after-queue]
+//!  reader     queue step ─▶ [txn::after-queue] · dead letters [deadletter::write] (delay only)
 //!  committer  intent ─▶ [txn::after-intent] ─▶ Ack + Loads ─▶ [txn::after-loads] ─▶ Prepared
 //!             ─▶ [txn::after-prepared] ─▶ Stores … [txn::mid-store] … ─▶ Commit ─▶ DriverCommitted
 //!             ─▶ [txn::after-driver-committed] ─▶ log commit (fsync: [recovery::fsync])
@@ -27,7 +27,8 @@
 //!   connection), ENOSPC at `recovery::fsync` (not retryable: the run stops).
 //! - `sleep(ms)` slows a boundary down (tests use it to keep a run alive long enough).
 //!
-//! [`POINTS`] lists every point, so the torture command can pick one at random. The
+//! [`POINTS`] lists every point that fails an operation, so the torture command can pick
+//! one at random ([`DEAD_LETTER_WRITE`] only delays, so is not among them). The
 //! runtime's `tests/loop.rs` fails the loop at each of them in-process, then restarts it.
 
 use sluice_driver_sdk::Error as DriverError;
@@ -41,6 +42,9 @@ pub const AFTER_DRIVER_COMMITTED: &str = "txn::after-driver-committed";
 pub const AFTER_LOG_COMMIT: &str = "txn::after-log-commit";
 pub const RECOVERY_AFTER_OPEN: &str = "recovery::after-open";
 pub const RECOVERY_FSYNC: &str = "recovery::fsync";
+/// Before the dead-letter writer thread appends a transaction's records: `sleep(ms)`
+/// holds a write in flight (its `return` is not supported).
+pub const DEAD_LETTER_WRITE: &str = "deadletter::write";
 /// Driver side (`sluice_driver_sdk::serve`, which cannot depend on this crate: same names).
 pub const DRIVER_STORE: &str = "driver::store";
 pub const DRIVER_BEFORE_COMMIT: &str = "driver::before-commit";
@@ -102,9 +106,13 @@ pub fn disk_full() -> std::io::Error {
 
 /// `fail_point!(NAME, wrap)`: the fail point named by this module's constant `NAME`.
 /// Its `return` action makes the enclosing function return
-/// `Err(wrap(injected(NAME)))` (`fail_point!(NAME => error)`: `Err(error)`); without
-/// the `failpoints` feature it is nothing.
+/// `Err(wrap(injected(NAME)))` (`fail_point!(NAME => error)`: `Err(error)`;
+/// `fail_point!(NAME)`: delays and crashes only); without the `failpoints` feature it is
+/// nothing.
 macro_rules! fail_point {
+    ($point:ident) => {
+        ::fail::fail_point!($crate::failpoint::$point)
+    };
     ($point:ident => $err:expr) => {
         ::fail::fail_point!($crate::failpoint::$point, |_| Err($err))
     };

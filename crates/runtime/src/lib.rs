@@ -14,6 +14,7 @@
 //! - [`txn`]: the transaction loop.
 
 pub mod applied;
+mod blocking;
 pub mod config;
 pub mod deadletter;
 pub mod failpoint;

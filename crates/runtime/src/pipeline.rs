@@ -280,9 +280,11 @@ pub async fn apply(
         }
         if let Some(lock) = &lock {
             match action {
-                ApplyAction::Upsert => applied::record(&dir, &m.spec).map_err(|e| failed(&e))?,
+                ApplyAction::Upsert => {
+                    (applied::record(&dir, &m.spec).await).map_err(|e| failed(&e))?
+                }
                 ApplyAction::Delete => {
-                    applied::forget(&dir).map_err(|e| failed(&e))?;
+                    applied::forget(&dir).await.map_err(|e| failed(&e))?;
                     recovery::remove(&dir, lock).map_err(|e| failed(&e))?;
                 }
             }
@@ -325,12 +327,13 @@ pub async fn apply_first_start(
     for m in &planned.materializations {
         let dir = pipeline.recovery_log().join(&m.name);
         let place = format!("materializations.{}", m.name);
-        let recorded = applied::read(&dir).map_err(|e| invalid(&place, e.to_string()))?;
+        let recorded = (applied::read(&dir).await).map_err(|e| invalid(&place, e.to_string()))?;
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
                 let actions = apply_one(m, ApplyAction::Upsert, false).await?;
-                applied::record(&dir, &m.spec).map_err(|e| invalid(&place, e.to_string()))?;
+                (applied::record(&dir, &m.spec).await)
+                    .map_err(|e| invalid(&place, e.to_string()))?;
                 out.push((m.name.clone(), actions));
             }
             applied::Check::Differs {
@@ -544,8 +547,8 @@ impl Attempt {
                 dead_letter: feed.def.dead_letter_path(&self.log_dir),
             });
         }
-        let log =
-            RecoveryLog::open(&self.log_dir).map_err(|e| RunError::Recovery(e.to_string()))?;
+        let log = (RecoveryLog::open_async(&self.log_dir).await)
+            .map_err(|e| RunError::Recovery(e.to_string()))?;
         let ctx = txn::Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  <dir>/lock   flock'ed by the one writer; holds its pid for the "in use" message
-//!  <dir>/log    append-only records:  [u32 LE len][u32 LE crc32(payload)][payload JSON]
+//!  <dir>/log    [b"SLUICELG"][u32 LE format version]   the file header (12 bytes)
+//!               then append-only records:  [u32 LE len][u32 LE crc32(payload)][payload JSON]
 //!                 Intent{txn 7}  Commit{txn 7}  Intent{txn 8}  Commit{txn 8} ...
 //! ```
 //!
@@ -15,20 +16,36 @@
 //! commit, even when it is older (a store restored from a backup): transaction numbers
 //! then go back, and the log goes on from there.
 //!
+//! Formats ([`FORMAT_VERSION`]): 2 is this one. 1, the previous release's, is the same
+//! records with no file header; it is read as such (its first bytes, a record length
+//! below [`MAX_RECORD`], can never be the magic), and [`RecoveryLog::open`] rewrites it
+//! at once in format 2, as a compaction does (atomically: a crash leaves the old log or
+//! the new one). A log of a newer format is refused, naming both versions: an older
+//! release never guesses at what a newer one wrote.
+//!
 //! Invariants:
 //! - One writer per directory: [`RecoveryLog::open`] fails fast while another process
 //!   holds the lock (the OS drops the lock when a process dies, even by SIGKILL).
 //! - Every append is one write followed by fsync, and nothing is appended before the
 //!   previous append is durable, so a crash can damage only the last record. Damage
-//!   that no intact record follows (a short record, a bad checksum, zero fill) is that
+//!   that no intact frame follows (a short record, a bad checksum, zero fill) is that
 //!   torn last write: it is truncated on open with a warning. Damage followed by an
-//!   intact record is corruption, and an error (never guess past it).
+//!   intact frame (one whose checksum holds) is corruption, and an error (never guess
+//!   past it).
+//! - A frame whose checksum holds was written whole, so if its record does not
+//!   deserialize (a newer release's record: records are read with
+//!   `deny_unknown_fields`), that is corruption wherever it is, never a torn tail: it
+//!   may be a commit, and cutting it would lose it.
 //! - An intent is pending only while no commit record follows it: `Intent(T+1)` is
 //!   written only after `Commit(T)`, and a commit (or an adopted checkpoint) settles
 //!   every intent before it.
 //! - Compaction rewrites the latest state (last commit, pending intent) to a new file,
 //!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
 //!   leaves either the old log or the new one.
+//!
+//! Threads: everything here blocks (reads, fsync, rename). The loop calls it on
+//! blocking tasks: [`RecoveryLog::open_async`] opens, `txn::state` writes intents and
+//! commits on `spawn_blocking`; tests and `sluice inspect` call it directly.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -43,9 +60,20 @@ use std::path::{Path, PathBuf};
 /// (a checkpoint is ~1 KiB, so thousands of transactions), small enough that reading
 /// it all at open is instant.
 const COMPACT_AT: u64 = 4 << 20;
-/// Upper bound on one record, to tell a damaged length from a real one.
+/// Upper bound on one record, to tell a damaged length from a real one. Below
+/// 0x1000_0000, so the little-endian length that starts a format 1 log never reads as
+/// the magic (its fourth byte, `I`, is above 0x10).
 const MAX_RECORD: u32 = 256 << 20;
-const HEADER: usize = 8;
+/// A record's frame header: length and checksum.
+const FRAME_HEADER: usize = 8;
+/// The first bytes of every log of format 2 and later.
+pub const MAGIC: [u8; 8] = *b"SLUICELG";
+/// The format this release writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 2;
+/// The previous release's format: the same records, no file header.
+const FORMAT_HEADERLESS: u32 = 1;
+/// The magic and the format version.
+const FILE_HEADER: usize = MAGIC.len() + 4;
 
 /// What a committed transaction leaves behind: where each source resumes and each
 /// driver's checkpoint. Its [`to_bytes`](Checkpoint::to_bytes) form is the opaque
@@ -148,13 +176,25 @@ pub enum RecoveryError {
         error: std::io::Error,
     },
     /// Damage that is not a torn last write: never guessed past.
-    #[error("recovery log {} is corrupt at byte {offset}: {reason}; restore it from a \
-             backup, or remove it to start over (the store may then hold data twice)",
+    #[error("recovery log {} (format {version}) is corrupt at byte {offset}: {reason}; \
+             restore it from a backup, or remove it to start over (the store may then \
+             hold data twice)",
              path.display())]
     Corrupt {
         path: PathBuf,
+        /// The log's format version.
+        version: u32,
         offset: u64,
         reason: String,
+    },
+    /// Written by a newer release: run that release (or a later one) on it.
+    #[error("recovery log {} is of format version {found}, newer than the version \
+             {supported} this sluice reads: run the sluice release that wrote it, or a \
+             newer one", path.display())]
+    NewerFormat {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
     },
     #[error("invalid runtime checkpoint: {0}")]
     BadCheckpoint(String),
@@ -184,10 +224,13 @@ pub struct RecoveryLog {
 }
 
 impl RecoveryLog {
-    /// Opens (creating if needed) the log in `dir`, taking its lock.
+    /// Opens (creating if needed) the log in `dir`, taking its lock. Blocks (it reads
+    /// the whole log and may fsync): async callers use [`open_async`](Self::open_async).
     ///
-    /// After `open` returns, no other process can write this log until `self` drops,
-    /// and a torn last record has been truncated away.
+    /// After `open` returns, no other process can write this log until `self` drops, a
+    /// torn last record has been truncated away, and the file is of [`FORMAT_VERSION`]
+    /// (a format 1 log was rewritten in it). A log of a newer format, or a corrupt one,
+    /// is refused and left as it is.
     pub fn open(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
         let lock = lock_dir(dir)?;
         let path = dir.join("log");
@@ -205,35 +248,62 @@ impl RecoveryLog {
         }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io(&path, "read"))?;
-        let scan = scan(&bytes).map_err(|(offset, reason)| RecoveryError::Corrupt {
-            path: path.clone(),
-            offset,
-            reason,
-        })?;
-        if let Some(reason) = &scan.torn {
-            tracing::warn!(
-                log = %path.display(),
-                at = scan.valid_len,
-                dropped = bytes.len() as u64 - scan.valid_len,
-                "truncating a torn last record of the recovery log ({reason}); \
-                 it was never acknowledged"
-            );
-            file.set_len(scan.valid_len)
-                .map_err(io(&path, "truncate a torn tail"))?;
-            file.sync_all().map_err(io(&path, "fsync"))?;
-        }
-        file.seek(SeekFrom::Start(scan.valid_len))
-            .map_err(io(&path, "seek"))?;
-        let (last_commit, pending_intent) = latest(scan.records);
-        Ok(RecoveryLog {
+        let contents = read_log(&path, &bytes)?;
+        let (last_commit, pending_intent) = latest(contents.records);
+        let mut log = RecoveryLog {
             dir: dir.to_path_buf(),
             path,
             file,
-            len: scan.valid_len,
+            len: contents.valid_len,
             _lock: lock,
             last_commit,
             pending_intent,
-        })
+        };
+        if contents.version == FORMAT_HEADERLESS {
+            tracing::info!(
+                log = %log.path.display(),
+                "rewriting a recovery log of format {FORMAT_HEADERLESS} (the previous \
+                 release's) in format {FORMAT_VERSION}"
+            );
+            // Its latest state, with a file header; a torn tail is left behind too.
+            log.compact()?;
+            return Ok(log);
+        }
+        if let Some(reason) = &contents.torn {
+            tracing::warn!(
+                log = %log.path.display(),
+                at = contents.valid_len,
+                dropped = bytes.len() as u64 - contents.valid_len,
+                "truncating a torn last record of the recovery log ({reason}); \
+                 it was never acknowledged"
+            );
+        }
+        let file = &mut log.file;
+        if contents.valid_len < FILE_HEADER as u64 {
+            // A new log, or one torn while its header was written: nothing was ever
+            // appended to it.
+            file.set_len(0).map_err(io(&log.path, "truncate"))?;
+            file.seek(SeekFrom::Start(0))
+                .map_err(io(&log.path, "seek"))?;
+            file.write_all(&file_header())
+                .map_err(io(&log.path, "write the file header"))?;
+            file.sync_all().map_err(io(&log.path, "fsync"))?;
+            log.len = FILE_HEADER as u64;
+        } else if contents.torn.is_some() {
+            file.set_len(contents.valid_len)
+                .map_err(io(&log.path, "truncate a torn tail"))?;
+            file.sync_all().map_err(io(&log.path, "fsync"))?;
+        }
+        file.seek(SeekFrom::Start(log.len))
+            .map_err(io(&log.path, "seek"))?;
+        Ok(log)
+    }
+
+    /// [`open`](Self::open) on a blocking task: what an async caller uses, so that the
+    /// reads and fsyncs of opening never block an async worker.
+    pub async fn open_async(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
+        let dir = dir.to_path_buf();
+        crate::blocking::unblock(move || RecoveryLog::open(&dir)).await
     }
 
     pub fn dir(&self) -> &Path {
@@ -332,7 +402,7 @@ impl RecoveryLog {
     /// Rewrites the log as its latest state (see the module invariants).
     fn compact(&mut self) -> Result<(), RecoveryError> {
         let tmp = self.dir.join("log.compact");
-        let mut bytes = Vec::new();
+        let mut bytes = file_header().to_vec();
         if let Some(commit) = &self.last_commit {
             bytes.extend(frame(&LogRecord::Commit(commit.clone())));
         }
@@ -389,60 +459,124 @@ fn sync_dir(dir: &Path) -> Result<(), RecoveryError> {
         .map_err(io(dir, "fsync the directory"))
 }
 
+fn file_header() -> [u8; FILE_HEADER] {
+    let mut header = [0; FILE_HEADER];
+    header[..MAGIC.len()].copy_from_slice(&MAGIC);
+    header[MAGIC.len()..].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header
+}
+
 fn frame(record: &LogRecord) -> Vec<u8> {
     let payload = serde_json::to_vec(record).expect("a log record serializes");
-    let mut out = Vec::with_capacity(HEADER + payload.len());
+    let mut out = Vec::with_capacity(FRAME_HEADER + payload.len());
     out.extend((payload.len() as u32).to_le_bytes());
     out.extend(crc32fast::hash(&payload).to_le_bytes());
     out.extend(payload);
     out
 }
 
-struct Scan {
+/// What a log file holds.
+struct Contents {
+    /// Its format version: [`FORMAT_VERSION`], or [`FORMAT_HEADERLESS`].
+    version: u32,
     records: Vec<LogRecord>,
-    /// Bytes up to the end of the last good record.
+    /// Bytes up to the end of the last intact record (or of the file header): 0 for an
+    /// empty file, or one whose header was torn.
     valid_len: u64,
     /// Why the bytes after `valid_len` are a torn last write, if there are any.
     torn: Option<String>,
 }
 
-/// Reads every record; `Err((offset, reason))` for damage before the last record.
-fn scan(bytes: &[u8]) -> Result<Scan, (u64, String)> {
+/// Reads the log file `path` whose bytes are `bytes` (pure): its format, then every
+/// record (see the module invariants for what is torn and what is corrupt).
+fn read_log(path: &Path, bytes: &[u8]) -> Result<Contents, RecoveryError> {
+    let (version, start) = match bytes.split_first_chunk::<FILE_HEADER>() {
+        Some((header, _)) if header.starts_with(&MAGIC) => {
+            let version = u32::from_le_bytes(header[MAGIC.len()..].try_into().expect("4 bytes"));
+            if version > FORMAT_VERSION {
+                return Err(RecoveryError::NewerFormat {
+                    path: path.to_path_buf(),
+                    found: version,
+                    supported: FORMAT_VERSION,
+                });
+            }
+            if version <= FORMAT_HEADERLESS {
+                return Err(RecoveryError::Corrupt {
+                    path: path.to_path_buf(),
+                    version,
+                    offset: MAGIC.len() as u64,
+                    reason: format!("a file header of format {version}, which has none"),
+                });
+            }
+            (version, FILE_HEADER)
+        }
+        // The start of a header whose write was torn (a crash as the log was created),
+        // or an empty file: a log with nothing in it yet.
+        None if MAGIC.starts_with(&bytes[..bytes.len().min(MAGIC.len())]) => {
+            return Ok(Contents {
+                version: FORMAT_VERSION,
+                records: Vec::new(),
+                valid_len: 0,
+                torn: (!bytes.is_empty()).then(|| "a torn file header".to_string()),
+            });
+        }
+        _ => (FORMAT_HEADERLESS, 0),
+    };
+    let corrupt = |(offset, reason)| RecoveryError::Corrupt {
+        path: path.to_path_buf(),
+        version,
+        offset,
+        reason,
+    };
     let mut records = Vec::new();
-    let mut at = 0;
+    let mut at = start;
     while at < bytes.len() {
-        match read_record(&bytes[at..]) {
-            Ok((record, len)) => {
+        match read_frame(&bytes[at..]) {
+            Ok(payload) => {
+                let record = serde_json::from_slice(payload).map_err(|e| {
+                    corrupt((
+                        at as u64,
+                        format!(
+                            "a record whose checksum holds does not deserialize ({e}): \
+                             written by a newer sluice release?"
+                        ),
+                    ))
+                })?;
                 records.push(record);
-                at += len;
+                at += FRAME_HEADER + payload.len();
             }
             // Only the last append can be torn, so damage is a torn tail exactly when
-            // no intact record follows it (whatever the damaged header claims).
-            Err(reason) if !(at + 1..bytes.len()).any(|i| read_record(&bytes[i..]).is_ok()) => {
-                return Ok(Scan {
+            // no intact frame follows it (whatever the damaged header claims).
+            Err(reason) if !(at + 1..bytes.len()).any(|i| read_frame(&bytes[i..]).is_ok()) => {
+                return Ok(Contents {
+                    version,
                     records,
                     valid_len: at as u64,
                     torn: Some(reason),
                 });
             }
-            Err(reason) => return Err((at as u64, reason)),
+            Err(reason) => return Err(corrupt((at as u64, reason))),
         }
     }
-    Ok(Scan {
+    Ok(Contents {
+        version,
         records,
         valid_len: at as u64,
         torn: None,
     })
 }
 
-/// The record at the start of `bytes` and its framed length, or why there is none.
-fn read_record(bytes: &[u8]) -> Result<(LogRecord, usize), String> {
-    let Some((header, rest)) = bytes.split_first_chunk::<HEADER>() else {
+/// The payload of the frame at the start of `bytes` if its checksum holds (so it was
+/// written whole), or why it does not.
+fn read_frame(bytes: &[u8]) -> Result<&[u8], String> {
+    let Some((header, rest)) = bytes.split_first_chunk::<FRAME_HEADER>() else {
         return Err(format!("{} bytes of a record header", bytes.len()));
     };
     let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes"));
     let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-    if len > MAX_RECORD {
+    // No record is empty JSON: a zero length is zero fill (whose checksum, of nothing,
+    // would hold).
+    if len == 0 || len > MAX_RECORD {
         return Err(format!("record length {len} is implausible"));
     }
     let Some(payload) = rest.get(..len as usize) else {
@@ -454,8 +588,7 @@ fn read_record(bytes: &[u8]) -> Result<(LogRecord, usize), String> {
     if crc32fast::hash(payload) != crc {
         return Err("checksum mismatch".to_string());
     }
-    let record = serde_json::from_slice(payload).map_err(|e| format!("unreadable record: {e}"))?;
-    Ok((record, HEADER + len as usize))
+    Ok(payload)
 }
 
 /// The last commit, and the last intent if no commit follows it and it is newer than
@@ -556,21 +689,24 @@ pub fn remove(dir: &Path, _held: &File) -> Result<(), RecoveryError> {
 pub fn inspect(dir: &Path) -> Result<String, RecoveryError> {
     let path = dir.join("log");
     let bytes = std::fs::read(&path).map_err(io(&path, "read"))?;
-    let scan = scan(&bytes).map_err(|(offset, reason)| RecoveryError::Corrupt {
-        path: path.clone(),
-        offset,
-        reason,
-    })?;
-    let count = scan.records.len();
+    let contents = read_log(&path, &bytes)?;
+    let count = contents.records.len();
     let mut out = format!(
-        "recovery log {} ({} bytes, {count} records)\n",
+        "recovery log {} (format {}, {} bytes, {count} records)\n",
         path.display(),
+        contents.version,
         bytes.len()
     );
-    if let Some(reason) = &scan.torn {
+    if contents.version == FORMAT_HEADERLESS {
+        let _ = writeln!(
+            out,
+            "written by the previous release: rewritten in format {FORMAT_VERSION} at next open"
+        );
+    }
+    if let Some(reason) = &contents.torn {
         let _ = writeln!(out, "torn last record ({reason}): dropped at next open");
     }
-    let (commit, intent) = latest(scan.records);
+    let (commit, intent) = latest(contents.records);
     let json = |v: &Value| serde_json::to_string(v).expect("JSON serializes");
     match &commit {
         None => out.push_str("last commit: none\n"),

@@ -17,8 +17,14 @@
 //!   durable: written next to the file, fsync'ed, renamed over it, and the folder
 //!   fsync'ed, all under an exclusive lock on `<path>.lock`; [`Backend::read`] reads
 //!   under a shared lock. Processes sharing the file therefore fence each other and
-//!   never see a torn state. The file is rewritten whole (cost grows with the data) and
-//!   its I/O blocks the calling task: this is a reference and test driver.
+//!   never see a torn state. The file is rewritten whole (cost grows with the data):
+//!   this is a reference and test driver.
+//!
+//! Threads: with a file, the lock, the read and the rewrite (with its fsyncs) run on
+//! tokio's blocking pool; the change itself (`f`, in memory) runs on the caller's task
+//! between them. The lock is held from before the read until the rewrite is durable,
+//! also when the caller's future is dropped in between (the lock then drops unused, or
+//! the rewrite in flight completes first).
 
 use serde::{Deserialize, Serialize};
 use sluice_driver_sdk::{Error, Result};
@@ -142,28 +148,61 @@ pub enum Backend {
 impl Backend {
     /// Runs `f` over the state and keeps its changes only if it succeeds. With a file,
     /// returns only after the new state is durable (fsync of file and folder).
-    pub fn update<R>(&self, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
+    pub async fn update<R: Send>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<R> + Send,
+    ) -> Result<R> {
         match self {
             Backend::Memory(state) => f(&mut state.lock().unwrap_or_else(|p| p.into_inner())),
             Backend::File(path) => {
-                let _lock = lock_file(path, true)?;
-                let mut state = read_file(path)?;
+                let at = path.clone();
+                let (lock, mut state) = unblock(move || {
+                    let lock = lock_file(&at, true)?;
+                    Ok((lock, read_file(&at)?))
+                })
+                .await?;
                 let out = f(&mut state)?;
-                write_file(path, &state)?;
+                let at = path.clone();
+                unblock(move || {
+                    write_file(&at, &state)?;
+                    // Unlocked only once the new state is durable.
+                    drop(lock);
+                    Ok(())
+                })
+                .await?;
                 Ok(out)
             }
         }
     }
 
-    pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> Result<R> {
+    pub async fn read<R>(&self, f: impl FnOnce(&State) -> R + Send) -> Result<R> {
         match self {
             Backend::Memory(state) => Ok(f(&state.lock().unwrap_or_else(|p| p.into_inner()))),
             Backend::File(path) => {
-                let _lock = lock_file(path, false)?;
-                Ok(f(&read_file(path)?))
+                let at = path.clone();
+                Ok(f(&unblock(move || read_shared(&at)).await?))
             }
         }
     }
+}
+
+/// Runs blocking file work on tokio's blocking pool.
+async fn unblock<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(out) => out,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Only a runtime shutting down cancels a blocking task, and it drops this
+        // future first.
+        Err(err) => unreachable!("a blocking task was cancelled: {err}"),
+    }
+}
+
+/// The state in the file at `path`, read under a shared lock. Blocks.
+pub(crate) fn read_shared(path: &Path) -> Result<State> {
+    let _lock = lock_file(path, false)?;
+    read_file(path)
 }
 
 fn io_error(path: &Path, what: &str, err: std::io::Error) -> Error {

@@ -9,7 +9,7 @@
 //! every earlier instance of an overlapping range is fenced and can no longer commit.
 //! Tables are also created, leniently, by the first commit that writes them.
 
-use crate::client::{Backend, MaterializationState, Row, State, Table, rows_of};
+use crate::client::{Backend, MaterializationState, Row, State, Table, read_shared, rows_of};
 use crate::config::{
     ENDPOINT_SCHEMA, EndpointConfig, RESOURCE_SCHEMA, ResourceConfig, binding_tables, parse,
 };
@@ -53,9 +53,10 @@ impl MemoryDriver {
         )
     }
 
-    /// Like [`MemoryDriver::rows`], from the state file at `path`.
+    /// Like [`MemoryDriver::rows`], from the state file at `path`. Blocks (it locks and
+    /// reads the file): for tests and tools, not async workers.
     pub fn rows_in_file(path: &Path, materialization: &str, table: &str) -> Result<Vec<Row>> {
-        Backend::File(path.to_path_buf()).read(|s| rows_of(s, materialization, table))
+        Ok(rows_of(&read_shared(path)?, materialization, table))
     }
 
     /// The runtime checkpoint last committed by exactly the range `[key_begin, key_end]`.
@@ -131,6 +132,7 @@ impl Driver for MemoryDriver {
             },
             |mat, version| mat.applied_version = Some(version.to_string()),
         )
+        .await
     }
 
     async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
@@ -147,6 +149,7 @@ impl Driver for MemoryDriver {
                 mat.applied_version = None;
             },
         )
+        .await
     }
 
     async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
@@ -154,18 +157,20 @@ impl Driver for MemoryDriver {
         let backend = self.backend(&spec.endpoint_spec_json)?;
         let bindings = binding_tables(&spec)?;
         let (begin, end) = (open.key_begin, open.key_end);
-        let (fence, checkpoint) = backend.update(|state| {
-            let mat = state
-                .materializations
-                .entry(spec.materialization.clone())
-                .or_default();
-            check_version(
-                &spec.materialization,
-                mat.applied_version.as_deref(),
-                &open.version,
-            )?;
-            Ok(mat.claim(begin, end))
-        })?;
+        let (fence, checkpoint) = backend
+            .update(|state| {
+                let mat = state
+                    .materializations
+                    .entry(spec.materialization.clone())
+                    .or_default();
+                check_version(
+                    &spec.materialization,
+                    mat.applied_version.as_deref(),
+                    &open.version,
+                )?;
+                Ok(mat.claim(begin, end))
+            })
+            .await?;
         // After this point every earlier instance of an overlapping range is fenced.
         let claim = Claim::new(&spec.materialization, begin, end, fence);
         let transactor = MemoryTransactor::new(backend, claim, bindings);
@@ -181,7 +186,7 @@ impl Driver for MemoryDriver {
 /// Shared body of ApplyUpsert and ApplyDelete: `verb` each table of the materialization
 /// for which `needed` holds, then `settle` the materialization with the request's
 /// version (record it, or forget its ranges); describe only when `dry_run`.
-fn apply(
+async fn apply(
     driver: &MemoryDriver,
     req: m::ApplyRequest,
     verb: &str,
@@ -207,20 +212,22 @@ fn apply(
         todo
     };
     let todo = if req.dry_run {
-        backend.read(describe)?
+        backend.read(describe).await?
     } else {
-        backend.update(|state| {
-            let todo = describe(state);
-            let mat = state
-                .materializations
-                .entry(spec.materialization.clone())
-                .or_default();
-            for table in &todo {
-                act(&mut mat.tables, table);
-            }
-            settle(mat, &req.version);
-            Ok(todo)
-        })?
+        backend
+            .update(|state| {
+                let todo = describe(state);
+                let mat = state
+                    .materializations
+                    .entry(spec.materialization.clone())
+                    .or_default();
+                for table in &todo {
+                    act(&mut mat.tables, table);
+                }
+                settle(mat, &req.version);
+                Ok(todo)
+            })
+            .await?
     };
     let lines: Vec<String> = todo.iter().map(|t| format!("{verb} table {t}")).collect();
     Ok(m::ApplyResponse {

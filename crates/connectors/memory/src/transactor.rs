@@ -127,15 +127,18 @@ impl FencedStore for MemoryTransactor {
         let keys = load_keys(&load)
             .map(|k| k.map(hex))
             .collect::<Result<Vec<_>>>()?;
-        let found = self.backend.read(|state| {
-            let rows = (state.materializations.get(&self.claim.materialization))
-                .and_then(|m| m.tables.get(table));
-            let found: Vec<String> = keys
-                .iter()
-                .filter_map(|k| rows?.rows.get(k).cloned())
-                .collect();
-            found
-        })?;
+        let found = self
+            .backend
+            .read(|state| {
+                let rows = (state.materializations.get(&self.claim.materialization))
+                    .and_then(|m| m.tables.get(table));
+                let found: Vec<String> = keys
+                    .iter()
+                    .filter_map(|k| rows?.rows.get(k).cloned())
+                    .collect();
+                found
+            })
+            .await?;
         for doc in found {
             loaded.push(load.binding, doc.as_bytes());
         }
@@ -169,26 +172,28 @@ impl FencedStore for MemoryTransactor {
         let pending = std::mem::take(&mut self.pending);
         let checkpoint = self.checkpoint.take()?;
         let this = &*self;
-        this.backend.update(|state| {
-            let mat = (state.materializations)
-                .entry(this.claim.materialization.clone())
-                .or_default();
-            this.check(mat, &pending)?;
-            // Nothing below fails: the transaction is applied whole.
-            for p in pending {
-                let (table, delta) = &this.bindings[p.binding];
-                let table = mat.tables.entry(table.clone()).or_default();
-                if *delta {
-                    table.log.push((p.key, p.doc));
-                } else if p.doc.trim() == "null" {
-                    table.rows.remove(&p.key);
-                } else {
-                    table.rows.insert(p.key, p.doc);
+        this.backend
+            .update(|state| {
+                let mat = (state.materializations)
+                    .entry(this.claim.materialization.clone())
+                    .or_default();
+                this.check(mat, &pending)?;
+                // Nothing below fails: the transaction is applied whole.
+                for p in pending {
+                    let (table, delta) = &this.bindings[p.binding];
+                    let table = mat.tables.entry(table.clone()).or_default();
+                    if *delta {
+                        table.log.push((p.key, p.doc));
+                    } else if p.doc.trim() == "null" {
+                        table.rows.remove(&p.key);
+                    } else {
+                        table.rows.insert(p.key, p.doc);
+                    }
                 }
-            }
-            mat.set_checkpoint(this.claim.key_begin, this.claim.key_end, checkpoint);
-            Ok(())
-        })
+                mat.set_checkpoint(this.claim.key_begin, this.claim.key_end, checkpoint);
+                Ok(())
+            })
+            .await
     }
 
     fn claim(&self) -> &Claim {
@@ -207,9 +212,11 @@ impl FencedStore for MemoryTransactor {
             self.claim.key_begin,
             self.claim.key_end,
         );
-        self.backend.read(|state| {
-            (state.materializations.get(materialization)).and_then(|m| m.fence(begin, end))
-        })
+        self.backend
+            .read(|state| {
+                (state.materializations.get(materialization)).and_then(|m| m.fence(begin, end))
+            })
+            .await
     }
 
     /// Nothing to release: the state outlives the instance.

@@ -235,3 +235,34 @@ async fn drivers_sharing_a_state_file_fence_each_other_and_persist_commits() {
         "a third driver recovers the committed checkpoint"
     );
 }
+
+/// Which thread touches the state file: the blocking pool, never the runtime's worker.
+/// On a current-thread runtime (one worker for every task), an Open waiting for the
+/// file's lock, held by another process, must leave the worker free to run the task
+/// that releases it; waiting on the worker, it would never return.
+#[tokio::test(flavor = "current_thread")]
+async fn an_open_waiting_for_the_state_files_lock_leaves_a_current_thread_runtime_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.json");
+    let spec = views(&json!({ "path": path }).to_string());
+    MemoryDriver::new()
+        .apply_upsert(apply(&spec, false))
+        .await
+        .unwrap();
+    // What another process sharing the file holds while it commits.
+    let holder = std::fs::File::create(path.with_extension("lock")).unwrap();
+    holder.lock().unwrap();
+    let opening = tokio::spawn(async move {
+        connect(Arc::new(MemoryDriver::new()), &spec, 0, u32::MAX)
+            .await
+            .map(drop)
+    });
+    // The Open starts and waits for the lock; this task runs again (and releases the
+    // lock) only if that wait does not hold the runtime's one worker.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    holder.unlock().unwrap();
+    opening
+        .await
+        .unwrap()
+        .expect("the Open takes the lock once it is released");
+}

@@ -13,7 +13,7 @@
 //! file it plans from an empty catalog, so it describes everything a real apply would
 //! create.
 
-use crate::client::{self, Lite, blocking};
+use crate::client::{Conn, Lite};
 use crate::config::{DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, resource_schema};
 use crate::sql::{self, ColumnType, Table};
 use crate::transactor::SqliteTransactor;
@@ -49,12 +49,12 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
     let tables = spec_tables(&spec)?;
-    let mut conn = if req.dry_run {
-        blocking(|| client::connect_read_only(&endpoint.path))?
+    let conn = if req.dry_run {
+        Conn::open_read_only(&endpoint.path).await?
     } else {
-        Some(blocking(|| client::connect(&endpoint.path))?)
+        Some(Conn::open(&endpoint.path).await?)
     };
-    let catalog: &mut dyn Catalog = match &mut conn {
+    let catalog: &mut dyn Catalog = match &conn {
         Some(conn) => &mut Lite(conn),
         None => &mut Empty,
     };

@@ -6,8 +6,8 @@
 //!
 //! - [`config`]: what the user writes (`{"path": ...}`, `{"table": ...}`) and its schemas.
 //! - [`sql`]: tables, statements and value conversion (pure).
-//! - [`client`]: opening the database, error classification, the catalog and the
-//!   client calls of fencing.
+//! - [`client`]: opening the database (each connection on its own thread), error
+//!   classification, the catalog and the client calls of fencing.
 //! - [`SqliteDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
 //! - `transactor.rs`: loads, stores and commits of one shard (a `FencedStore`).
 //!

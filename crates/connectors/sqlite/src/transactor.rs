@@ -18,19 +18,20 @@
 //! - A zombie whose Loads went stale fails its store of a key the newer instance wrote
 //!   with a UNIQUE constraint error: the fence check after any failed store or commit
 //!   ([`FencedStore::fence_checked`]) reports it as [`Error::Fenced`], which it is.
-//! - rusqlite blocks: each call runs on the calling worker thread under
-//!   [`blocking`] (multi-threaded runtimes), so the connection stays owned by the
-//!   transactor and no data is copied to another thread. Statements run one by one
-//!   with cached preparations: SQLite is in-process, so a statement per document costs
-//!   no round trip.
+//! - rusqlite blocks: the connection lives on its own thread ([`Conn`]), and each
+//!   call sends it its work, owned: a Store message whole, a Load's keys
+//!   [`LOAD_CHUNK`] at a time (the rows found come back per chunk, so a Load holds at
+//!   most one chunk of documents in flight). Statements run one by one with cached
+//!   preparations: SQLite is in-process, so a statement per document costs no round
+//!   trip.
 
-use crate::client::{self, Lite, blocking, store_error};
+use crate::client::{Conn, Lite, store_error};
 use crate::config::EndpointConfig;
 use crate::driver::spec_tables;
 use crate::sql::{self, Table};
 use async_trait::async_trait;
 use rusqlite::Connection;
-use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
@@ -39,6 +40,7 @@ use sluice_sqlkit::apply::{Catalog, Ddl as _};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
+use std::sync::Arc;
 
 /// Keys looked up per SELECT. Each key binds `key columns` parameters, so 256 keys of
 /// up to 100 columns stay well under SQLite's 32766-parameter limit, while one
@@ -65,11 +67,12 @@ impl BindingSql {
 }
 
 pub(crate) struct SqliteTransactor {
-    conn: Connection,
+    conn: Conn,
     claim: Claim,
     /// The statements that check the claim.
     fence: FenceSql,
-    bindings: Vec<BindingSql>,
+    /// Shared with the work sent to the connection's thread.
+    bindings: Arc<Vec<BindingSql>>,
     /// The runtime checkpoint of the transaction in progress.
     checkpoint: PreparedCheckpoint,
 }
@@ -81,14 +84,10 @@ impl SqliteTransactor {
         let spec = materialization(open.materialization)?;
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let tables = spec_tables(&spec)?;
-        let mut conn = blocking(|| client::connect(&endpoint.path))?;
+        let conn = Conn::open(&endpoint.path).await?;
         let mut bindings = Vec::with_capacity(tables.len());
         for table in tables {
-            if Lite(&mut conn)
-                .existing_columns(&table.name)
-                .await?
-                .is_empty()
-            {
+            if Lite(&conn).existing_columns(&table.name).await?.is_empty() {
                 return Err(Error::Config(format!(
                     "table {:?} does not exist in {}: apply the materialization first",
                     table.name,
@@ -99,7 +98,7 @@ impl SqliteTransactor {
         }
         let fence = sql::Ddl.fence_sql();
         let (claim, checkpoint) = fence::claim_range(
-            &mut Lite(&mut conn),
+            &mut Lite(&conn),
             &fence,
             &spec.materialization,
             &open.version,
@@ -112,131 +111,119 @@ impl SqliteTransactor {
             conn,
             claim,
             fence,
-            bindings,
+            bindings: Arc::new(bindings),
             checkpoint: PreparedCheckpoint::default(),
         };
         Ok((transactor, checkpoint))
     }
 
-    fn binding(&self, binding: u32) -> Result<&BindingSql> {
-        sluice_sqlkit::binding(&self.bindings, binding)
+    /// Checks that `binding` is one of the opened materialization's.
+    fn check_binding(&self, binding: u32) -> Result<()> {
+        sluice_sqlkit::binding(&self.bindings, binding).map(|_| ())
     }
+}
 
-    /// Begins the transaction's write transaction, if not yet begun. IMMEDIATE takes the
-    /// write lock now, so a concurrent writer waits here rather than failing at COMMIT.
-    fn begin(&self) -> Result<()> {
-        if self.conn.is_autocommit() {
-            self.conn
-                .execute_batch("BEGIN IMMEDIATE")
-                .map_err(|err| store_error("beginning a store transaction", err))?;
-        }
-        Ok(())
+/// Begins the Sluice transaction's write transaction, if not yet begun. IMMEDIATE takes
+/// the write lock now, so a concurrent writer waits here rather than failing at COMMIT.
+fn begin(conn: &Connection) -> Result<()> {
+    if conn.is_autocommit() {
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|err| store_error("beginning a store transaction", err))?;
     }
+    Ok(())
+}
 
-    fn load_blocking(&self, load: &Load, loaded: &mut dyn LoadedSink) -> Result<()> {
-        let b = self.binding(load.binding)?;
-        let table = &b.table;
-        let context = || format!("loading from table {:?}", table.name);
-        let keys = arena::load_keys(load)
-            .map(|key| unpack(key?, table.key_count, "a loaded key"))
-            .collect::<Result<Vec<_>>>()?;
-        for chunk in keys.chunks(LOAD_CHUNK) {
-            // Full chunks share one cached statement; the last, shorter one has its own.
-            let text = table.load_sql(chunk.len()).ok_or_else(|| {
-                Error::Config(format!(
-                    "table {:?} has no document column to load",
-                    table.name
-                ))
-            })?;
-            let mut stmt = self
-                .conn
-                .prepare_cached(&text)
-                .map_err(|err| store_error(context(), err))?;
-            let params = chunk.iter().flat_map(|key| {
-                key.iter()
-                    .zip(table.keys())
-                    .map(|(v, c)| sql::sql_value(v, c.ty))
-            });
-            let mut rows = stmt
-                .query(rusqlite::params_from_iter(params))
-                .map_err(|err| store_error(context(), err))?;
-            while let Some(row) = rows.next().map_err(|err| store_error(context(), err))? {
-                let doc = row.get_ref(0).map_err(|err| store_error(context(), err))?;
-                match doc {
-                    ValueRef::Text(doc) | ValueRef::Blob(doc) => loaded.push(load.binding, doc),
-                    other => {
-                        return Err(Error::store(
-                            context(),
-                            format!(
-                                "document column holds {:?}, not JSON text",
-                                other.data_type()
-                            ),
-                            false,
-                        ));
-                    }
-                }
+/// The documents stored under `keys` (one chunk of a Load) in `table`. Blocks.
+fn load_chunk(conn: &Connection, table: &Table, keys: &[Vec<SqlValue>]) -> Result<Vec<Vec<u8>>> {
+    let context = || format!("loading from table {:?}", table.name);
+    // Full chunks share one cached statement; the last, shorter one has its own.
+    let text = table.load_sql(keys.len()).ok_or_else(|| {
+        Error::Config(format!(
+            "table {:?} has no document column to load",
+            table.name
+        ))
+    })?;
+    let mut stmt = conn
+        .prepare_cached(&text)
+        .map_err(|err| store_error(context(), err))?;
+    let mut rows = stmt
+        .query(rusqlite::params_from_iter(keys.iter().flatten()))
+        .map_err(|err| store_error(context(), err))?;
+    let mut docs = Vec::new();
+    while let Some(row) = rows.next().map_err(|err| store_error(context(), err))? {
+        match row.get_ref(0).map_err(|err| store_error(context(), err))? {
+            ValueRef::Text(doc) | ValueRef::Blob(doc) => docs.push(doc.to_vec()),
+            other => {
+                return Err(Error::store(
+                    context(),
+                    format!(
+                        "document column holds {:?}, not JSON text",
+                        other.data_type()
+                    ),
+                    false,
+                ));
             }
         }
-        Ok(())
     }
+    Ok(docs)
+}
 
-    fn store_blocking(&self, store: &Store) -> Result<()> {
-        self.begin()?;
-        let b = self.binding(store.binding)?;
-        let table = &b.table;
-        let context = |i: usize| {
-            format!(
-                "storing document {i} of binding {} into table {:?}",
-                store.binding, table.name
-            )
-        };
-        let conn = &self.conn;
-        let prepare = |text: &str, i| {
-            conn.prepare_cached(text)
-                .map_err(|err| store_error(context(i), err))
-        };
-        let mut insert = prepare(&b.insert, 0)?;
-        let (mut upsert, mut delete) = (None, None);
-        for (i, doc) in arena::store_docs(store).enumerate() {
-            let doc = doc?;
-            let keys = unpack(doc.key, table.key_count, "a stored key")?;
-            if !table.delta_updates && doc.doc == b"null" {
-                let stmt = match &mut delete {
-                    Some(stmt) => stmt,
-                    None => delete.insert(prepare(&b.delete, i)?),
-                };
-                let params = keys
-                    .iter()
-                    .zip(table.keys())
-                    .map(|(v, c)| sql::sql_value(v, c.ty));
-                stmt.execute(rusqlite::params_from_iter(params))
-                    .map_err(|err| store_error(context(i), err))?;
-                continue;
-            }
-            let values = unpack(doc.values, table.values().len(), "stored values")?;
-            let stmt = if doc.exists && !table.delta_updates {
-                match &mut upsert {
-                    Some(stmt) => stmt,
-                    None => upsert.insert(prepare(&b.upsert, i)?),
-                }
-            } else {
-                &mut insert
+/// Writes the documents of `store` into binding `b`'s table, in the open write
+/// transaction (begun if needed). Blocks.
+fn store_docs_into(conn: &Connection, b: &BindingSql, store: &Store) -> Result<()> {
+    begin(conn)?;
+    let table = &b.table;
+    let context = |i: usize| {
+        format!(
+            "storing document {i} of binding {} into table {:?}",
+            store.binding, table.name
+        )
+    };
+    let prepare = |text: &str, i| {
+        conn.prepare_cached(text)
+            .map_err(|err| store_error(context(i), err))
+    };
+    let mut insert = prepare(&b.insert, 0)?;
+    let (mut upsert, mut delete) = (None, None);
+    for (i, doc) in arena::store_docs(store).enumerate() {
+        let doc = doc?;
+        let keys = unpack(doc.key, table.key_count, "a stored key")?;
+        if !table.delta_updates && doc.doc == b"null" {
+            let stmt = match &mut delete {
+                Some(stmt) => stmt,
+                None => delete.insert(prepare(&b.delete, i)?),
             };
             let params = keys
                 .iter()
-                .chain(&values)
-                .zip(&table.columns)
-                .map(|(v, c)| sql::sql_value(v, c.ty))
-                .chain(
-                    table
-                        .has_document
-                        .then_some(ToSqlOutput::Borrowed(ValueRef::Text(doc.doc))),
-                );
+                .zip(table.keys())
+                .map(|(v, c)| sql::sql_value(v, c.ty));
             stmt.execute(rusqlite::params_from_iter(params))
                 .map_err(|err| store_error(context(i), err))?;
+            continue;
         }
-        Ok(())
+        let values = unpack(doc.values, table.values().len(), "stored values")?;
+        let stmt = if doc.exists && !table.delta_updates {
+            match &mut upsert {
+                Some(stmt) => stmt,
+                None => upsert.insert(prepare(&b.upsert, i)?),
+            }
+        } else {
+            &mut insert
+        };
+        let params = keys
+            .iter()
+            .chain(&values)
+            .zip(&table.columns)
+            .map(|(v, c)| sql::sql_value(v, c.ty))
+            .chain(
+                table
+                    .has_document
+                    .then_some(ToSqlOutput::Borrowed(ValueRef::Text(doc.doc))),
+            );
+        stmt.execute(rusqlite::params_from_iter(params))
+            .map_err(|err| store_error(context(i), err))?;
     }
+    Ok(())
 }
 
 #[async_trait]
@@ -246,22 +233,54 @@ impl FencedStore for SqliteTransactor {
     }
 
     async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()> {
-        blocking(|| self.load_blocking(&load, loaded))
+        self.check_binding(load.binding)?;
+        let table = &self.bindings[load.binding as usize].table;
+        let keys = arena::load_keys(&load)
+            .map(|key| {
+                let key = unpack(key?, table.key_count, "a loaded key")?;
+                let params = key.iter().zip(table.keys());
+                Ok(params
+                    .map(|(v, c)| owned_value(sql::sql_value(v, c.ty)))
+                    .collect())
+            })
+            .collect::<Result<Vec<Vec<SqlValue>>>>()?;
+        let mut keys = keys.into_iter();
+        loop {
+            let chunk: Vec<_> = keys.by_ref().take(LOAD_CHUNK).collect();
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let (bindings, binding) = (self.bindings.clone(), load.binding as usize);
+            let docs = (self.conn)
+                .run(move |conn| load_chunk(conn, &bindings[binding].table, &chunk))
+                .await?;
+            for doc in docs {
+                loaded.push(load.binding, &doc);
+            }
+        }
     }
 
     async fn start_writes(&mut self, store: Store) -> Result<()> {
-        blocking(|| self.store_blocking(&store))
+        self.check_binding(store.binding)?;
+        let bindings = self.bindings.clone();
+        (self.conn)
+            .run(move |conn| store_docs_into(conn, &bindings[store.binding as usize], &store))
+            .await
     }
 
     /// Records the checkpoint if the fence holds, commits.
     async fn commit_writes(&mut self) -> Result<()> {
         let checkpoint = self.checkpoint.take()?;
-        blocking(|| self.begin())?;
-        let mut session = Lite(&mut self.conn);
+        self.conn.run(|conn| begin(conn)).await?;
+        let mut session = Lite(&self.conn);
         fence::commit_checkpoint(&mut session, &self.fence, &self.claim, &checkpoint).await?;
         // Durable when this returns: synchronous=FULL fsyncs the WAL before COMMIT completes.
-        blocking(|| self.conn.execute_batch("COMMIT"))
-            .map_err(|err| store_error("committing a store transaction", err))
+        (self.conn)
+            .run(|conn| {
+                conn.execute_batch("COMMIT")
+                    .map_err(|err| store_error("committing a store transaction", err))
+            })
+            .await
     }
 
     fn claim(&self) -> &Claim {
@@ -269,18 +288,33 @@ impl FencedStore for SqliteTransactor {
     }
 
     async fn rollback(&mut self) {
-        if !self.conn.is_autocommit()
-            && let Err(err) = blocking(|| self.conn.execute_batch("ROLLBACK"))
-        {
+        let rolled_back = (self.conn)
+            .run(|conn| match conn.is_autocommit() {
+                true => Ok(()),
+                false => {
+                    (conn.execute_batch("ROLLBACK")).map_err(|err| store_error("rolling back", err))
+                }
+            })
+            .await;
+        if let Err(err) = rolled_back {
             tracing::warn!(%err, "rolling back an unfinished SQLite transaction");
         }
     }
 
     async fn current_fence(&mut self) -> Result<Option<i64>> {
-        fence::current_fence(&mut Lite(&mut self.conn), &self.fence, &self.claim).await
+        fence::current_fence(&mut Lite(&self.conn), &self.fence, &self.claim).await
     }
 
     async fn release(mut self: Box<Self>) {
         self.rollback().await;
+    }
+}
+
+/// A bound value, owned, to send to the connection's thread.
+fn owned_value(value: ToSqlOutput<'_>) -> SqlValue {
+    match value {
+        ToSqlOutput::Borrowed(value) => value.into(),
+        ToSqlOutput::Owned(value) => value,
+        other => unreachable!("sql_value binds borrowed or owned values, not {other:?}"),
     }
 }

@@ -252,8 +252,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let result = committer.commit_all(batches, recovered.log).await;
     // Every task of this run ends before it returns: a restarted loop must not meet the
     // old reader (its sources, its dead-letter files).
-    reader.abort();
-    let _ = reader.await;
+    reader.stop().await;
     result
 }
 
@@ -439,7 +438,7 @@ impl Committer<'_> {
         // Intent: durable before any effect of this transaction reaches the driver.
         let txn = self.checkpoint.txn + 1;
         let intent = Intent { txn, steps };
-        let log = log.write_intent(&intent)?;
+        let log = log.write_intent(&intent).await?;
         crate::failpoint::fail_point!(AFTER_INTENT, |e| driver_err(&self.endpoint, e));
         for (source, resumes) in &intent.steps {
             if let Some(position) = resumes.last().and_then(Resume::position) {

@@ -43,7 +43,9 @@
 //! - Rejected documents go to the dead-letter files ([`crate::deadletter`]), durably,
 //!   before the batch is sent, tagged with the transaction the batch becomes (batches
 //!   with documents or rejections become transactions `committed + 1`, `+ 2`, ... in
-//!   order). At start, each file drops what an uncommitted attempt wrote.
+//!   order). At start, each file drops what an uncommitted attempt wrote. The files
+//!   belong to a writer thread that the reader's task feeds and awaits: no file I/O on
+//!   an async worker, and [`ReaderTask::stop`] joins the thread with the task.
 //! - Reductions the committer meets (against a loaded document, or across spilled
 //!   runs) involve no single document and fail the transaction in either mode.
 
@@ -53,7 +55,7 @@ use super::{
     combiner_options,
 };
 use crate::config::OnError;
-use crate::deadletter::{DeadLetter, DeadLetters, RecordId};
+use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::recovery::Intent;
 use sluice_doc::combine::{CombineError, Combiner};
 use sluice_source_sdk::{
@@ -87,28 +89,23 @@ pub struct ReadBatch {
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
 /// exactly; then sources are queued from where they were positioned. `committed` is the
 /// recovered checkpoint's transaction: the next batch becomes transaction `committed + 1`.
-/// The caller aborts and awaits the returned task before it reads the same sources again.
+/// The caller [stops](ReaderTask::stop) the returned task before it reads the same
+/// sources (or writes the same dead-letter files) again.
 pub(super) fn spawn(
     sources: Vec<BoundSource>,
     shared: Shared,
     replay: Option<Intent>,
     committed: u64,
-) -> (
-    mpsc::Receiver<Result<ReadBatch, RunError>>,
-    tokio::task::JoinHandle<()>,
-) {
+) -> (mpsc::Receiver<Result<ReadBatch, RunError>>, ReaderTask) {
     let (tx, rx) = mpsc::channel(1);
+    let paths = sources.iter().map(|b| b.dead_letter.clone()).collect();
+    let (mut dead_letters, writer) = DeadLetterWriter::spawn(paths, committed);
     let task = tokio::spawn(async move {
-        let paths = sources
-            .iter()
-            .map(|b| (b.source.name(), b.dead_letter.as_deref()));
-        let dead_letters = match DeadLetters::open(paths, committed) {
-            Ok(files) => files,
-            Err((name, e)) => {
-                let _ = tx.send(Err(super::source_err(name, e))).await;
-                return;
-            }
-        };
+        if let Err((index, e)) = dead_letters.opened().await {
+            let name = sources[index].source.name();
+            let _ = tx.send(Err(super::source_err(name, e))).await;
+            return;
+        }
         let Shared {
             bindings,
             opts,
@@ -135,7 +132,7 @@ pub(super) fn spawn(
                 None => reader.read().await,
             };
             let batch = match batch {
-                Ok(batch) => reader.write_dead_letters(batch),
+                Ok(batch) => reader.write_dead_letters(batch).await,
                 Err(e) => Err(e),
             };
             if let Ok(b) = &batch {
@@ -152,7 +149,24 @@ pub(super) fn spawn(
             }
         }
     });
-    (rx, task)
+    (rx, ReaderTask { task, writer })
+}
+
+/// The reader's task and the dead-letter writer thread it feeds.
+pub(super) struct ReaderTask {
+    task: tokio::task::JoinHandle<()>,
+    writer: DeadLetterThread,
+}
+
+impl ReaderTask {
+    /// Aborts the reader; returns once its task and its dead-letter writer thread have
+    /// ended, so no read or dead-letter write of this run happens after.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        // The aborted task dropped its writer: the thread ends after the write in hand.
+        self.writer.join().await;
+    }
 }
 
 struct Reader {
@@ -165,7 +179,7 @@ struct Reader {
     /// committer when it is done with one. Zero means the committer waits for work.
     in_flight: Arc<AtomicUsize>,
     records: Records,
-    dead_letters: DeadLetters,
+    dead_letters: DeadLetterWriter,
     /// The transaction the next batch with documents or rejections becomes.
     next_txn: u64,
     /// The current batch's rejections.
@@ -212,18 +226,20 @@ impl Reader {
         batch.docs > 0 || !self.rejects.letters.is_empty()
     }
 
-    /// Writes the batch's rejections, durably, tagged with the transaction it becomes.
-    fn write_dead_letters(&mut self, mut batch: ReadBatch) -> Result<ReadBatch, RunError> {
+    /// Writes the batch's rejections, tagged with the transaction it becomes; returns
+    /// once they are durable (fsync'ed by the writer thread).
+    async fn write_dead_letters(&mut self, mut batch: ReadBatch) -> Result<ReadBatch, RunError> {
         if !self.has_work(&batch) {
             return Ok(batch);
         }
         let txn = self.next_txn;
         self.next_txn += 1;
-        batch.rejected = self.rejects.letters.len() as u64;
+        let rejects = std::mem::take(&mut self.rejects);
+        batch.rejected = rejects.letters.len() as u64;
         self.dead_letters
-            .write(txn, &mut self.rejects.letters)
+            .write(txn, rejects.letters)
+            .await
             .map_err(|(index, e)| super::source_err(self.sources[index].source.name(), e))?;
-        self.rejects = Rejects::default();
         Ok(batch)
     }
 

@@ -25,6 +25,10 @@
 //!   or resumes it from what the log and the store hold).
 //! - T+1 reads while T's log commit fsyncs: [`DriverCommitted::commit`] returns at once,
 //!   and the loop settles it only once the next batch is read.
+//!
+//! Threads: the log's writes (intent, commit) and their fsyncs run on tokio's blocking
+//! pool, each owning the log until it returns it; the committer's async task only
+//! awaits them, so no fsync blocks an async worker.
 
 use super::RunError;
 use crate::recovery::{Checkpoint, Intent, RecoveryLog};
@@ -104,13 +108,16 @@ impl Settled {
         }
     }
 
-    /// Journals T's intent. Returns only after it is fsync'ed.
-    pub fn write_intent(self, intent: &Intent) -> Result<IntentDurable, RunError> {
+    /// Journals T's intent, on a blocking task (fsync must not block an async worker).
+    /// Returns only after it is fsync'ed.
+    pub async fn write_intent(self, intent: &Intent) -> Result<IntentDurable, RunError> {
         let (mut log, ack) = match self {
             Settled::AckOwed(log) => (log, Ack::Owed),
             Settled::Acknowledged(log) => (log, Ack::Sent),
         };
-        log.write_intent(intent)
+        let intent = intent.clone();
+        let log = crate::blocking::unblock(move || log.write_intent(&intent).map(|()| log))
+            .await
             .map_err(|e| RunError::Recovery(e.to_string()))?;
         Ok(IntentDurable { log, ack })
     }
