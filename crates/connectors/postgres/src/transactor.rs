@@ -3,8 +3,8 @@
 //! ```text
 //!   open ──▶ claim_range (fence++ on overlapping ranges, recover narrowest covering
 //!            checkpoint); per standard binding a temp staging table (ON COMMIT DELETE ROWS)
-//!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query/Load;
-//!            its rows streamed out as Loaded messages as they arrive)
+//!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query per
+//!            5 000 keys of a Load; each query's rows sent out before the next starts)
 //!   prepare ─▶ remember the runtime checkpoint; driver checkpoint `{}` (merge patch)
 //!   store ──▶ BEGIN (first store); encode the message, then hand its writes to a task:
 //!               exists = false, or delta updates ─▶ COPY straight into the table
@@ -32,7 +32,7 @@
 //! - Loads run only between transactions (the SDK calls `load` after the prior `commit`
 //!   returned), so they read committed data through the same connection.
 //! - Never a round trip per document: a Store message costs at most two COPYs and three
-//!   statements, a Load message one query, a commit two statements.
+//!   statements, a Load message one query per 5 000 keys, a commit two statements.
 //! - A key the runtime says is absent is inserted with plain INSERT semantics (COPY):
 //!   if it is in fact present the commit fails with the server's duplicate-key error
 //!   rather than silently overwriting a row the runtime never loaded. If that key was
@@ -134,10 +134,12 @@ pub(crate) struct PostgresTransactor {
     in_flight: Option<JoinHandle<Result<()>>>,
 }
 
-/// Loaded documents pushed between sends of the full messages: a Load's documents
-/// reach the runtime as the rows arrive, so the driver holds about one message per
-/// binding, not a whole Load's rows.
-const ROWS_PER_SEND: usize = 1024;
+/// Keys per lookup query. A Load of many keys (a whole 4 MiB message may hold 200 000)
+/// is looked up in queries of this many, so that the server probes the primary key for
+/// each (a nested loop: keys arrive sorted, so the probes walk the index in order)
+/// rather than scanning the whole table once per Load (the plan it picks for a large
+/// array), and so that a query's rows, sent out before the next one starts, stay few.
+const KEYS_PER_LOOKUP: usize = 5_000;
 
 impl PostgresTransactor {
     /// Connects, checks every table is applied, claims the key range and prepares the
@@ -183,6 +185,13 @@ impl PostgresTransactor {
                     .map_err(|err| pg_error(format!("preparing `{sql}`"), err))
             }
         };
+        // The session's statements are many and short (a lookup of a few thousand keys,
+        // a merge of one Store message): compiling each with JIT costs more than it
+        // saves (about 0.9 s per lookup measured here).
+        client
+            .batch_execute("SET jit = off")
+            .await
+            .map_err(|err| pg_error(format!("configuring the session on {server}"), err))?;
         let mut bindings = Vec::with_capacity(tables.len());
         for (i, table) in tables.into_iter().enumerate() {
             let stage = if table.delta_updates {
@@ -358,28 +367,28 @@ impl FencedStore for PostgresTransactor {
                 table.qualified()
             ))
         })?;
-        let mut keys: Vec<Vec<Option<String>>> =
-            vec![Vec::with_capacity(load.packed_keys.len()); table.key_count];
-        for key in arena::load_keys(&load) {
-            let key = unpack(key?, table.key_count, "a loaded key")?;
-            for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut keys) {
-                array.push(sql::key_text(column, value)?);
-            }
-        }
         let context = || format!("loading from table {}", table.qualified());
-        let rows = self.client.query_raw(statement, keys.iter()).await;
-        let rows = rows.map_err(|err| pg_error(context(), err))?;
-        futures::pin_mut!(rows);
-        let mut pushed = 0;
-        while let Some(row) = rows.try_next().await.map_err(|err| pg_error(context(), err))? {
-            let doc: &str = row
-                .try_get(0)
-                .map_err(|err| pg_error("reading a loaded document", err))?;
-            loaded.push(load.binding, doc.as_bytes());
-            pushed += 1;
-            if pushed % ROWS_PER_SEND == 0 {
-                loaded.send_full().await?;
+        let mut keys: Vec<Vec<Option<String>>> =
+            vec![Vec::with_capacity(KEYS_PER_LOOKUP); table.key_count];
+        let mut packed = arena::load_keys(&load).peekable();
+        while packed.peek().is_some() {
+            keys.iter_mut().for_each(Vec::clear);
+            for key in packed.by_ref().take(KEYS_PER_LOOKUP) {
+                let key = unpack(key?, table.key_count, "a loaded key")?;
+                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut keys) {
+                    array.push(sql::key_text(column, value)?);
+                }
             }
+            let rows = self.client.query_raw(statement, keys.iter()).await;
+            let rows = rows.map_err(|err| pg_error(context(), err))?;
+            futures::pin_mut!(rows);
+            while let Some(row) = rows.try_next().await.map_err(|err| pg_error(context(), err))? {
+                let doc: &str = row
+                    .try_get(0)
+                    .map_err(|err| pg_error("reading a loaded document", err))?;
+                loaded.push(load.binding, doc.as_bytes());
+            }
+            loaded.send_full().await?;
         }
         Ok(())
     }
