@@ -27,7 +27,7 @@
 //!   and the loop settles it only once the next batch is read.
 
 use super::RunError;
-use crate::recovery::{Checkpoint, Intent, RecoveryLog};
+use crate::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::client::ClientSender;
 use tokio::task::JoinHandle;
@@ -37,7 +37,7 @@ pub(super) enum LogState {
     /// Nothing in flight (see [`Settled`]).
     Settled(Settled),
     /// T's commit record is being written and fsync'ed on a blocking task.
-    Committing(JoinHandle<Result<RecoveryLog, String>>),
+    Committing(JoinHandle<Result<RecoveryLog, RecoveryError>>),
 }
 
 /// The log with every record durable.
@@ -77,8 +77,7 @@ impl LogState {
             LogState::Committing(task) => {
                 let log = task
                     .await
-                    .map_err(|e| RunError::Internal(e.to_string()))?
-                    .map_err(RunError::Recovery)?;
+                    .map_err(|e| RunError::Internal(e.to_string()))??;
                 Ok(Settled::AckOwed(log))
             }
         }
@@ -110,8 +109,7 @@ impl Settled {
             Settled::AckOwed(log) => (log, Ack::Owed),
             Settled::Acknowledged(log) => (log, Ack::Sent),
         };
-        log.write_intent(intent)
-            .map_err(|e| RunError::Recovery(e.to_string()))?;
+        log.write_intent(intent)?;
         Ok(IntentDurable { log, ack })
     }
 }
@@ -136,7 +134,7 @@ impl DriverCommitted {
         let mut log = self.log;
         LogState::Committing(tokio::task::spawn_blocking(move || {
             // Returns only after the commit record is fsync'ed.
-            log.commit(&checkpoint).map_err(|e| e.to_string())?;
+            log.commit(&checkpoint)?;
             Ok(log)
         }))
     }
