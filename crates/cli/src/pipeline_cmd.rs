@@ -91,7 +91,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         });
         let started = Instant::now();
         let bar = progress_bar(progress.clone(), started);
-        let result = pipeline::run(&pipeline, planned, RunOptions { follow: args.follow }, progress.clone(), shutdown_rx).await;
+        let result = pipeline::run(
+            &pipeline,
+            planned,
+            RunOptions {
+                follow: args.follow,
+            },
+            progress.clone(),
+            shutdown_rx,
+        )
+        .await;
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
@@ -107,7 +116,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 } = &err
                 {
                     for (name, s) in summaries {
-                        let ended = if name == materialization { "failed" } else { "stopped" };
+                        let ended = if name == materialization {
+                            "failed"
+                        } else {
+                            "stopped"
+                        };
                         println!(
                             "{name} ({ended}): {}; last committed transaction {}",
                             committed(&pipeline, name, s),

@@ -19,9 +19,7 @@ use tokio::sync::watch;
 
 mod common;
 
-use common::{
-    Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines,
-};
+use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines};
 
 const POSTGRES: &str = "127.0.0.1:5432";
 
@@ -54,14 +52,18 @@ fn a_failed_run_prints_what_it_committed_before_the_error() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(!out.status.success(), "bad input must fail the run: {stdout}");
+    assert!(
+        !out.status.success(),
+        "bad input must fail the run: {stdout}"
+    );
     assert!(stderr.contains("views.jsonl:3001"), "{stderr}");
     assert!(
         stdout.starts_with("views-db (failed): 3000 documents ("),
         "{stdout}"
     );
     assert!(
-        stdout.contains(" in 3 transactions, ") && stdout.contains("; last committed transaction 3"),
+        stdout.contains(" in 3 transactions, ")
+            && stdout.contains("; last committed transaction 3"),
         "{stdout}"
     );
 }
@@ -71,7 +73,8 @@ fn a_failed_run_prints_what_it_committed_before_the_error() {
 struct Proxy {
     port: u16,
     forwarding: Arc<watch::Sender<bool>>,
-    runtime: tokio::runtime::Runtime,
+    /// Runs the proxy's tasks; they end with it.
+    _runtime: tokio::runtime::Runtime,
 }
 
 impl Proxy {
@@ -81,9 +84,7 @@ impl Proxy {
             .enable_all()
             .build()
             .unwrap();
-        let listener = runtime
-            .block_on(TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
         let port = listener.local_addr().unwrap().port();
         let forwarding = Arc::new(watch::channel(true).0);
         let to_server = Arc::new(AtomicU64::new(0));
@@ -110,7 +111,7 @@ impl Proxy {
         Proxy {
             port,
             forwarding,
-            runtime,
+            _runtime: runtime,
         }
     }
 
@@ -215,7 +216,11 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
     let dir = tempfile::tempdir().unwrap();
     let docs = generate(20_000, 3_000, 11);
     write_lines(&dir.path().join("views.jsonl"), &docs);
-    let endpoint = format!("postgres: {{url: \"{}\", schema: {}}}", proxy.url(), schema.0);
+    let endpoint = format!(
+        "postgres: {{url: \"{}\", schema: {}}}",
+        proxy.url(),
+        schema.0
+    );
     let mut pipeline = pipeline_yaml(
         "    file: {path: views.jsonl, format: json}",
         &endpoint,
@@ -256,10 +261,12 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
     assert!(timeout.contains("driver postgres: "), "{timeout}");
     assert!(timeout.contains("runtime.timeouts.driver"), "{timeout}");
     assert!(timeout.contains("reopening in"), "retried: {timeout}");
-    let out = std::process::Output { stderr: stderr.into_bytes(), ..out };
+    let out = std::process::Output {
+        stderr: stderr.into_bytes(),
+        ..out
+    };
     assert_success(&out);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("restarts"), "{stdout}");
     assert_eq!(schema.table(), reduce_expected(&docs), "the table is exact");
-    drop(proxy.runtime);
 }

@@ -67,7 +67,10 @@ pub enum Error {
     /// peer taking a request; see [`within`]). Retryable: a hung store or a stalled
     /// connection may recover, and a reopened stream starts from what was committed.
     #[error("timed out after {after:?} waiting for {waiting_for}")]
-    Timeout { waiting_for: String, after: Duration },
+    Timeout {
+        waiting_for: String,
+        after: Duration,
+    },
 }
 
 impl Error {
@@ -79,9 +82,7 @@ impl Error {
         match self {
             Error::Transport(_) | Error::Timeout { .. } => true,
             Error::Store { retryable, .. } => *retryable,
-            Error::Protocol(_) | Error::Fenced(_) | Error::Config(_) | Error::Malformed(_) => {
-                false
-            }
+            Error::Protocol(_) | Error::Fenced(_) | Error::Config(_) | Error::Malformed(_) => false,
         }
     }
 

@@ -236,7 +236,9 @@ async fn stream_closed_mid_transaction_is_an_error_naming_the_state() {
         responses,
     };
     let spec = spec(MAT, "{}", &[("views", false)]);
-    let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9), TIMEOUT).await.unwrap();
+    let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9), TIMEOUT)
+        .await
+        .unwrap();
     tx.acknowledge().await.unwrap();
     let err = rx.recv().await.unwrap_err();
     assert_eq!(
@@ -303,7 +305,10 @@ async fn holding_loaded_until_prepare_is_not_a_timeout_but_silence_after_prepare
         (rx, result)
     });
     tokio::time::sleep(SHORT * 3).await;
-    assert!(!receiving.is_finished(), "the receiver gave up while nothing was owed");
+    assert!(
+        !receiving.is_finished(),
+        "the receiver gave up while nothing was owed"
+    );
     // Once Prepare is sent, Loaded or Prepared is owed: the waiting receiver now times out.
     tx.prepare(prepare(b"cp")).await.unwrap();
     let (_rx, result) = receiving.await.unwrap();
@@ -428,9 +433,13 @@ async fn connect_recorder(
     };
     let endpoint = InProcess::new("recorder", Arc::new(driver));
     let spec = spec(MAT, "{}", &[("views", false), ("events", true)]);
-    let (tx, rx, _) = client::open(endpoint.transactions().await.unwrap(), open(&spec, 0, 9), TIMEOUT)
-        .await
-        .unwrap();
+    let (tx, rx, _) = client::open(
+        endpoint.transactions().await.unwrap(),
+        open(&spec, 0, 9),
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
     (tx, rx, log)
 }
 

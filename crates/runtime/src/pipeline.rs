@@ -173,9 +173,13 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             });
             collection_specs.push(collection_spec);
         }
-        let validated = within(timeout, || "Validate".into(), connected.endpoint.validate(validate))
-            .await
-            .map_err(driver_err)?;
+        let validated = within(
+            timeout,
+            || "Validate".into(),
+            connected.endpoint.validate(validate),
+        )
+        .await
+        .map_err(driver_err)?;
         if validated.bindings.len() != def.bindings.len() {
             return Err(invalid(
                 &place,
@@ -308,9 +312,16 @@ async fn apply_one(
         dry_run,
     };
     let response = match action {
-        ApplyAction::Upsert => within(timeout, || "Apply".into(), m.endpoint.apply_upsert(request)).await,
+        ApplyAction::Upsert => {
+            within(timeout, || "Apply".into(), m.endpoint.apply_upsert(request)).await
+        }
         ApplyAction::Delete => {
-            within(timeout, || "Apply (delete)".into(), m.endpoint.apply_delete(request)).await
+            within(
+                timeout,
+                || "Apply (delete)".into(),
+                m.endpoint.apply_delete(request),
+            )
+            .await
         }
     };
     let response = response.map_err(|source| PipelineError::Driver {
@@ -336,9 +347,13 @@ pub async fn apply_first_start(
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
-                let actions =
-                    apply_one(m, ApplyAction::Upsert, false, pipeline.runtime.timeouts.driver)
-                        .await?;
+                let actions = apply_one(
+                    m,
+                    ApplyAction::Upsert,
+                    false,
+                    pipeline.runtime.timeouts.driver,
+                )
+                .await?;
                 applied::record(&dir, &m.spec).map_err(|e| invalid(&place, e.to_string()))?;
                 out.push((m.name.clone(), actions));
             }

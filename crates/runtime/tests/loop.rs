@@ -46,8 +46,8 @@ use sluice_runtime::txn::{
     self, BoundSource, Context, Progress, RunError, Shard, Summary, TxnOptions,
 };
 use sluice_source_sdk::{
-    FaultTolerance, InvalidConfig, QueueLimits, Records, Resume, Source, SourceError,
-    SourceKind, Step, kind,
+    FaultTolerance, InvalidConfig, QueueLimits, Records, Resume, Source, SourceError, SourceKind,
+    Step, kind,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -455,8 +455,8 @@ impl Harness {
         let (_keep, shutdown) = tokio::sync::watch::channel(false);
         let progress = Arc::new(Progress::default());
         let options = pipeline::RunOptions::default();
-        let mut summaries = pipeline::run(&self.pipeline, planned, options, progress, shutdown)
-            .await?;
+        let mut summaries =
+            pipeline::run(&self.pipeline, planned, options, progress, shutdown).await?;
         Ok(summaries.remove(0).1)
     }
 
@@ -660,7 +660,10 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
 async fn a_loaded_document_that_is_not_json_fails_at_once_naming_its_binding() {
     let mut h = Harness::new().await;
     h.replace_store(Answers::GarbageLoads);
-    let err = h.run_pipeline().await.expect_err("a driver's bad document ends the run");
+    let err = h
+        .run_pipeline()
+        .await
+        .expect_err("a driver's bad document ends the run");
     let PipelineError::Run {
         source, summaries, ..
     } = &err
@@ -678,7 +681,11 @@ async fn a_loaded_document_that_is_not_json_fails_at_once_naming_its_binding() {
         "{message}"
     );
     let streams = h.streams();
-    assert_eq!(streams.len(), 1, "one attempt: the same document would load again");
+    assert_eq!(
+        streams.len(),
+        1,
+        "one attempt: the same document would load again"
+    );
     // What was committed before the failure is reported with it.
     let commits = streams[0]
         .iter()
@@ -756,7 +763,10 @@ async fn a_transient_source_error_reopens_the_loop_and_the_run_ends_exact() {
     // The fifth queue call (of ten records each): after transactions were committed.
     QUEUES_BEFORE_FAILURE.store(5, Ordering::SeqCst);
     let h = Harness::reading("flaky_file").await;
-    let summary = h.run_pipeline().await.expect("the run recovers from the reset");
+    let summary = h
+        .run_pipeline()
+        .await
+        .expect("the run recovers from the reset");
     assert_eq!(summary.restarts, 1, "{summary:?}");
     assert!(summary.transactions > 0, "{summary:?}");
     assert_eq!(h.streams().len(), 2, "reopened once");

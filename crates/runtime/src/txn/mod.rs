@@ -64,8 +64,8 @@ use sluice_doc::parse::DocParser;
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use sluice_driver_sdk::arena;
 use sluice_driver_sdk::client::{self, Response};
-use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
 use sluice_driver_sdk::error::within;
+use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
 use sluice_driver_sdk::{Endpoint, Error as DriverError, Peer};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
@@ -244,9 +244,7 @@ impl RunError {
 /// Where a driver timeout is configured, after its message.
 fn timeout_hint(err: &DriverError) -> &'static str {
     match err {
-        DriverError::Timeout { .. } => {
-            " (raise runtime.timeouts.driver if the store is only slow)"
-        }
+        DriverError::Timeout { .. } => " (raise runtime.timeouts.driver if the store is only slow)",
         _ => "",
     }
 }
@@ -663,9 +661,9 @@ impl Committer<'_> {
         for loaded_msg in loaded_msgs {
             let binding = &self.shared.bindings[loaded_msg.binding as usize];
             for doc in arena::loaded_docs(&loaded_msg) {
-                let doc = parser
-                    .parse(doc.map_err(driver_err)?)
-                    .map_err(|e| self.bad_loaded(loaded_msg.binding, format!("is not JSON: {e}")))?;
+                let doc = parser.parse(doc.map_err(driver_err)?).map_err(|e| {
+                    self.bad_loaded(loaded_msg.binding, format!("is not JSON: {e}"))
+                })?;
                 key.clear();
                 binding
                     .collection
@@ -793,4 +791,171 @@ fn merge_driver_checkpoint(
         .driver_checkpoints
         .insert(materialization.to_string(), next);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error as IoError, ErrorKind};
+    use std::path::PathBuf;
+
+    fn source_io(kind: ErrorKind) -> SourceError {
+        SourceError::Io {
+            name: "views".into(),
+            path: "views.jsonl".into(),
+            error: IoError::new(kind, "test"),
+        }
+    }
+
+    fn driver(source: DriverError) -> RunError {
+        driver_err("postgres", source)
+    }
+
+    /// Every kind of failure and whether the loop is reopened after it.
+    #[test]
+    fn only_transient_failures_reopen_the_loop() {
+        let combine = |e: CombineError| RunError::Combine(Box::new(e));
+        let cases = [
+            // Transient: a retry may succeed.
+            (
+                driver(DriverError::Transport("connection reset".into())),
+                true,
+            ),
+            (
+                driver(DriverError::Timeout {
+                    waiting_for: "DriverCommitted".into(),
+                    after: Duration::from_secs(300),
+                }),
+                true,
+            ),
+            (driver(DriverError::store("committing", "lost", true)), true),
+            (
+                RunError::Source(source_io(ErrorKind::ConnectionReset)),
+                true,
+            ),
+            (
+                RunError::Source(SourceError::Timeout {
+                    name: "views".into(),
+                    call: "queue",
+                    after: Duration::from_secs(60),
+                }),
+                true,
+            ),
+            (
+                combine(CombineError::Spill {
+                    dir: PathBuf::from("/tmp"),
+                    source: IoError::new(ErrorKind::StorageFull, "full"),
+                }),
+                true,
+            ),
+            // Deterministic: the same failure again.
+            (
+                driver(DriverError::store("storing", "constraint", false)),
+                false,
+            ),
+            (driver(DriverError::Malformed("not JSON".into())), false),
+            (driver(DriverError::Config("no table".into())), false),
+            (driver(DriverError::Fenced("newer instance".into())), false),
+            (
+                driver(DriverError::Protocol(violation(
+                    Peer::Driver,
+                    "Prepared",
+                    "Opened",
+                ))),
+                false,
+            ),
+            (
+                RunError::Loaded {
+                    endpoint: "postgres".into(),
+                    binding: 0,
+                    resource: "pageviews".into(),
+                    reason: "is not JSON".into(),
+                },
+                false,
+            ),
+            (RunError::Source(source_io(ErrorKind::NotFound)), false),
+            (
+                RunError::SeekBack {
+                    store_txn: 6,
+                    log_txn: 8,
+                    source: SourceError::Unavailable {
+                        name: "views".into(),
+                        position: Value::from(10),
+                        reason: "the file is shorter".into(),
+                    },
+                },
+                false,
+            ),
+            (
+                RunError::Input {
+                    position: "views.jsonl:3".into(),
+                    reason: "too large".into(),
+                },
+                false,
+            ),
+            (
+                RunError::Document {
+                    position: "views.jsonl:3".into(),
+                    source: Box::new(CombineError::Poisoned {
+                        first: "sum of a string".into(),
+                    }),
+                },
+                false,
+            ),
+            (
+                combine(CombineError::Poisoned {
+                    first: "sum of a string".into(),
+                }),
+                false,
+            ),
+            (
+                RunError::DeadLetter {
+                    name: "views".into(),
+                    source: DeadLetterError::Io {
+                        path: PathBuf::from("dead-letters.jsonl"),
+                        error: IoError::new(ErrorKind::StorageFull, "full"),
+                    },
+                },
+                false,
+            ),
+            (
+                RunError::StoreCheckpoint {
+                    endpoint: "postgres".into(),
+                    source: RecoveryError::BadCheckpoint("truncated".into()),
+                },
+                false,
+            ),
+            (
+                RunError::Recovery(RecoveryError::InUse {
+                    dir: PathBuf::from("log"),
+                    pid: Some(1),
+                }),
+                false,
+            ),
+            (
+                RunError::IntentSource {
+                    name: "views".into(),
+                },
+                false,
+            ),
+            (RunError::Internal("a task panicked".into()), false),
+        ];
+        for (err, retryable) in cases {
+            assert_eq!(err.is_retryable(), retryable, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_driver_timeout_names_the_endpoint_the_wait_and_the_setting() {
+        let err = driver(DriverError::Timeout {
+            waiting_for: "DriverCommitted (awaiting DriverCommitted of transaction 3)".into(),
+            after: Duration::from_secs(2),
+        });
+        assert_eq!(
+            err.to_string(),
+            "driver postgres: timed out after 2s waiting for DriverCommitted (awaiting \
+             DriverCommitted of transaction 3) (raise runtime.timeouts.driver if the store \
+             is only slow)"
+        );
+    }
 }
