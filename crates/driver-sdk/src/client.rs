@@ -19,6 +19,7 @@
 //!   During the load phase a driver may hold its Loaded responses until Prepare, so a
 //!   long drain of the runtime's own combiner never counts against the driver; every
 //!   request sent wakes a waiting receiver to re-read what is owed.
+//!
 //! The timeout bounds the wait for the next message, not a whole transaction: a large
 //! but healthy transaction, whose driver keeps answering, never trips it.
 
