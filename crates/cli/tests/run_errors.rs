@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -73,6 +73,7 @@ fn a_failed_run_prints_what_it_committed_before_the_error() {
 struct Proxy {
     port: u16,
     forwarding: Arc<watch::Sender<bool>>,
+    stalled: Arc<AtomicBool>,
     /// Runs the proxy's tasks; they end with it.
     _runtime: tokio::runtime::Runtime,
 }
@@ -88,7 +89,9 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let forwarding = Arc::new(watch::channel(true).0);
         let to_server = Arc::new(AtomicU64::new(0));
+        let stalled = Arc::new(AtomicBool::new(false));
         let accepting = forwarding.clone();
+        let stall_flag = stalled.clone();
         runtime.spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -103,7 +106,11 @@ impl Proxy {
                 };
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                let stall = Some((to_server.clone(), stall_after));
+                let stall = Some(Stall {
+                    sent: to_server.clone(),
+                    threshold: stall_after,
+                    stalled: stall_flag.clone(),
+                });
                 tokio::spawn(pump(client_read, server_write, accepting.clone(), stall));
                 tokio::spawn(pump(server_read, client_write, accepting.clone(), None));
             }
@@ -111,6 +118,7 @@ impl Proxy {
         Proxy {
             port,
             forwarding,
+            stalled,
             _runtime: runtime,
         }
     }
@@ -119,19 +127,30 @@ impl Proxy {
         format!("postgres://postgres@127.0.0.1:{}/test", self.port)
     }
 
+    /// Whether it has stopped forwarding (and not necessarily resumed since).
+    fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst)
+    }
+
     fn resume(&self) {
         self.forwarding.send_replace(true);
     }
 }
 
+/// When a pump stops forwarding everywhere: once `sent` passes `threshold`.
+struct Stall {
+    sent: Arc<AtomicU64>,
+    threshold: u64,
+    stalled: Arc<AtomicBool>,
+}
+
 /// Copies `from` to `to` while forwarding is on (bytes read meanwhile wait). With
-/// `stall`, counts the bytes in the shared counter and stops forwarding everywhere once
-/// it passes the threshold.
+/// `stall`, counts the bytes it forwards.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     forwarding: Arc<watch::Sender<bool>>,
-    stall: Option<(Arc<AtomicU64>, u64)>,
+    stall: Option<Stall>,
 ) {
     let mut on = forwarding.subscribe();
     let mut buf = vec![0; 16 << 10];
@@ -147,10 +166,11 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
-        if let Some((sent, threshold)) = &stall {
-            let before = sent.fetch_add(n as u64, Ordering::SeqCst);
-            if before < *threshold && before + n as u64 >= *threshold {
+        if let Some(stall) = &stall {
+            let before = stall.sent.fetch_add(n as u64, Ordering::SeqCst);
+            if before < stall.threshold && before + n as u64 >= stall.threshold {
                 forwarding.send_replace(false);
+                stall.stalled.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -228,7 +248,9 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
         2000,
         "10m",
     );
-    pipeline.push_str("  timeouts: {driver: 2s}\n");
+    // Longer than any healthy wait on a busy machine (a spurious timeout would only
+    // retry, but the test waits for the stall's own).
+    pipeline.push_str("  timeouts: {driver: 10s}\n");
     std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
 
     let mut child = Command::new(SLUICE)
@@ -244,9 +266,9 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
     // Until the hung stream has timed out and the loop reopens.
     for line in lines.by_ref() {
         let line = line.unwrap();
-        let timed_out = line.contains("timed out after 2s waiting for");
+        let timed_out = line.contains("timed out after 10s waiting for");
         stderr.push(line);
-        if timed_out {
+        if timed_out && proxy.stalled() {
             break;
         }
     }
@@ -256,7 +278,7 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
     let stderr = stderr.join("\n");
     let timeout = stderr
         .lines()
-        .find(|l| l.contains("timed out after 2s waiting for"))
+        .find(|l| l.contains("timed out after 10s waiting for"))
         .unwrap_or_else(|| panic!("the store never stalled the run: {stderr}"));
     assert!(timeout.contains("driver postgres: "), "{timeout}");
     assert!(timeout.contains("runtime.timeouts.driver"), "{timeout}");
