@@ -10,9 +10,9 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
-use sluice_runtime::pipeline::{self, ApplyAction, RunOptions};
+use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
-use sluice_runtime::txn::Progress;
+use sluice_runtime::txn::{Progress, Summary};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,38 +91,84 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         });
         let started = Instant::now();
         let bar = progress_bar(progress.clone(), started);
-        let result = pipeline::run(&pipeline, planned, RunOptions { follow: args.follow }, progress.clone(), shutdown_rx).await;
+        let result = pipeline::run(
+            &pipeline,
+            planned,
+            RunOptions {
+                follow: args.follow,
+            },
+            progress.clone(),
+            shutdown_rx,
+        )
+        .await;
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
         let elapsed = started.elapsed();
-        let summaries = result?;
+        let summaries = match result {
+            Ok(summaries) => summaries,
+            Err(err) => {
+                // What was committed stays committed: say so before the error.
+                if let PipelineError::Run {
+                    materialization,
+                    summaries,
+                    ..
+                } = &err
+                {
+                    for (name, s) in summaries {
+                        let ended = if name == materialization {
+                            "failed"
+                        } else {
+                            "stopped"
+                        };
+                        println!(
+                            "{name} ({ended}): {}; last committed transaction {}",
+                            committed(&pipeline, name, s),
+                            s.last_txn
+                        );
+                    }
+                }
+                return Err(err.into());
+            }
+        };
         for (name, s) in summaries {
             let rate = s.docs as f64 / elapsed.as_secs_f64().max(1e-9);
-            let restarts = match s.restarts {
-                0 => String::new(),
-                n => format!(", {n} restarts"),
-            };
-            let rejected = match s.rejected {
-                0 => String::new(),
-                n => {
-                    let paths: Vec<_> = pipeline.dead_letter_paths(&name).iter().map(|p| p.display().to_string()).collect();
-                    format!(", {n} rejected, see {}", paths.join(", "))
-                }
-            };
             println!(
-                "{name}: {} documents ({}) in {} transactions, {} loaded, {} stored{restarts}{rejected}, {:.1}s, {:.0} docs/s",
-                s.docs,
-                human_bytes(s.bytes),
-                s.transactions,
-                s.loaded,
-                s.stored,
+                "{name}: {}, {:.1}s, {rate:.0} docs/s",
+                committed(&pipeline, &name, &s),
                 elapsed.as_secs_f64(),
-                rate
             );
         }
         Ok(())
     })
+}
+
+/// What a materialization's run committed, e.g. "95 documents (12.0 KiB) in 10
+/// transactions, 13 loaded, 95 stored, 1 restarts".
+fn committed(pipeline: &Pipeline, name: &str, s: &Summary) -> String {
+    let restarts = match s.restarts {
+        0 => String::new(),
+        n => format!(", {n} restarts"),
+    };
+    let rejected = match s.rejected {
+        0 => String::new(),
+        n => {
+            let paths: Vec<_> = pipeline
+                .dead_letter_paths(name)
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            format!(", {n} rejected, see {}", paths.join(", "))
+        }
+    };
+    format!(
+        "{} documents ({}) in {} transactions, {} loaded, {} stored{restarts}{rejected}",
+        s.docs,
+        human_bytes(s.bytes),
+        s.transactions,
+        s.loaded,
+        s.stored,
+    )
 }
 
 async fn wait_for_signal() {

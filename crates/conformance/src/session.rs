@@ -26,6 +26,10 @@ use sluice_driver_sdk::materialize::transaction_response::Opened;
 use sluice_driver_sdk::{Endpoint, Error, Result};
 use tokio::sync::oneshot;
 
+/// How long a session waits for the driver under test: a hung driver fails its
+/// scenario instead of the suite hanging.
+const SESSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A runtime's side of one Transactions stream, opened.
 pub struct Session {
     tx: ClientSender,
@@ -48,7 +52,7 @@ impl Session {
     /// Starts a Transactions stream on `endpoint` and opens it with `open`.
     pub async fn open(endpoint: &dyn Endpoint, open: Open) -> Result<Session> {
         let stream = endpoint.transactions().await?;
-        let (tx, rx, opened) = client::open(stream, open).await?;
+        let (tx, rx, opened) = client::open(stream, open, SESSION_TIMEOUT).await?;
         Ok(Session { tx, rx, opened })
     }
 

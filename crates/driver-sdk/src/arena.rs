@@ -8,7 +8,7 @@
 //! it holds exactly one item.
 //!
 //! Readers ([`load_keys`], [`store_docs`], [`loaded_docs`]) check every slice against
-//! its arena and fail with [`Error::Transport`] (a malformed message) naming the slice, never panic.
+//! its arena and fail with [`Error::Malformed`] naming the slice, never panic.
 
 use crate::{Error, Result};
 use sluice_proto::flow::Slice;
@@ -37,8 +37,8 @@ pub fn slice<'a>(arena: &'a [u8], slice: &Slice) -> Result<&'a [u8]> {
     arena
         .get(slice.begin as usize..slice.end as usize)
         .ok_or_else(|| {
-            Error::Transport(format!(
-                "malformed message: slice [{}, {}) is outside an arena of {} bytes",
+            Error::Malformed(format!(
+                "slice [{}, {}) is outside an arena of {} bytes",
                 slice.begin,
                 slice.end,
                 arena.len()
@@ -70,8 +70,8 @@ pub fn store_docs(store: &Store) -> impl Iterator<Item = Result<StoreDoc<'_>>> {
         store.exists.len(),
     ];
     let mismatch = lengths.iter().any(|&l| l != n).then(|| {
-        Err(Error::Transport(format!(
-            "malformed message: Store of binding {} has {n} keys, {} values, {} documents and {} exists flags",
+        Err(Error::Malformed(format!(
+            "Store of binding {} has {n} keys, {} values, {} documents and {} exists flags",
             store.binding, lengths[0], lengths[1], lengths[2]
         )))
     });

@@ -1,6 +1,9 @@
-//! Errors of the driver SDK. Each variant says whose fault it is and whether a retry helps.
+//! Errors of the driver SDK. Each variant says whose fault it is and whether a retry
+//! helps ([`Error::is_retryable`]): the runtime reopens a stream only after a failure
+//! that says so, and fails fast on the others.
 
 use std::fmt;
+use std::time::Duration;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -52,18 +55,96 @@ pub enum Error {
         message: String,
         retryable: bool,
     },
-    /// The transport failed: connection lost, child process exited, malformed frame.
+    /// The transport failed: connection lost, child process exited. Retryable.
     #[error("transport: {0}")]
     Transport(String),
+    /// A message arrived that cannot be read (a slice outside its arena, a document that
+    /// is not JSON), or the remote peer reported a protocol violation: a bug of the
+    /// peer that sent it. Not retryable: the same message would come again.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// Nothing came within `after` while waiting for `waiting_for` (an answer, or the
+    /// peer taking a request; see [`within`]). Retryable: a hung store or a stalled
+    /// connection may recover, and a reopened stream starts from what was committed.
+    #[error("timed out after {after:?} waiting for {waiting_for}")]
+    Timeout {
+        waiting_for: String,
+        after: Duration,
+    },
 }
 
 impl Error {
+    /// Whether reopening the stream and retrying may succeed: a lost connection, a
+    /// timeout, or a store failure the store calls transient. A protocol violation, a
+    /// malformed message, a configuration error and a fenced-off instance fail the same
+    /// way again.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Transport(_) | Error::Timeout { .. } => true,
+            Error::Store { retryable, .. } => *retryable,
+            Error::Protocol(_) | Error::Fenced(_) | Error::Config(_) | Error::Malformed(_) => false,
+        }
+    }
+
     /// A store error with the context of the operation that failed.
     pub fn store(context: impl Into<String>, err: impl fmt::Display, retryable: bool) -> Self {
         Error::Store {
             context: context.into(),
             message: err.to_string(),
             retryable,
+        }
+    }
+}
+
+/// `call`, or [`Error::Timeout`] if it has not returned within `after`: how every call
+/// to a driver is bounded. `waiting_for` names the call for the error ("Spec", "the
+/// driver to take Store").
+pub async fn within<T>(
+    after: Duration,
+    waiting_for: impl FnOnce() -> String,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(after, call).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout {
+            waiting_for: waiting_for(),
+            after,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind, and whether a retry may help: decided here, where the error is born.
+    #[test]
+    fn only_transient_failures_are_retryable() {
+        let cases = [
+            (Error::Transport("connection reset".into()), true),
+            (
+                Error::Timeout {
+                    waiting_for: "Prepared".into(),
+                    after: Duration::from_secs(300),
+                },
+                true,
+            ),
+            (Error::store("committing", "connection lost", true), true),
+            (Error::store("storing", "unique violation", false), false),
+            (
+                Error::Protocol(ProtocolError {
+                    peer: Peer::Driver,
+                    expected: "Prepared".into(),
+                    got: "DriverCommitted".into(),
+                }),
+                false,
+            ),
+            (Error::Fenced("a newer instance opened".into()), false),
+            (Error::Config("no such table".into()), false),
+            (Error::Malformed("a document is not JSON".into()), false),
+        ];
+        for (err, retryable) in cases {
+            assert_eq!(err.is_retryable(), retryable, "{err}");
         }
     }
 }

@@ -138,7 +138,8 @@ fn reply<T>(result: Result<T>) -> Result<Response<T>, Status> {
 /// The status a driver error travels as. [`status_to_error`] is its inverse.
 fn error_to_status(err: &Error) -> Status {
     let code = match err {
-        Error::Protocol(_) => Code::FailedPrecondition,
+        Error::Protocol(_) | Error::Malformed(_) => Code::FailedPrecondition,
+        Error::Timeout { .. } => Code::DeadlineExceeded,
         Error::Fenced(_) => Code::Aborted,
         Error::Config(_) => Code::InvalidArgument,
         Error::Store {
@@ -162,7 +163,8 @@ fn status_to_error(address: &str, status: Status) -> Error {
         Code::Aborted => Error::Fenced(message),
         Code::InvalidArgument => Error::Config(message),
         Code::Internal => Error::store(format!("driver at {address}"), message, false),
-        Code::FailedPrecondition => Error::Transport(format!("driver at {address}: {message}")),
+        // A violation or malformed message the driver found: deterministic, as it is.
+        Code::FailedPrecondition => Error::Malformed(format!("driver at {address}: {message}")),
         code => Error::Transport(format!("driver at {address}: {code:?}: {message}")),
     }
 }

@@ -199,7 +199,7 @@ async fn open_reaches_a_driver_that_sends_headers_only_with_its_first_message() 
     open.driver_checkpoint_json = b"recovered".to_vec();
     let opened = tokio::time::timeout(Duration::from_secs(10), async {
         let stream = endpoint.transactions().await?;
-        client::open(stream, open).await
+        client::open(stream, open, Duration::from_secs(60)).await
     })
     .await
     .expect("Open hung: the Transactions call waited for response headers the driver sends only with Opened")

@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 const MAT: &str = "acme/views";
+/// Long enough never to trip in these tests, except where a test stops its driver.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn connect(
     driver: &MemoryDriver,
@@ -33,7 +35,7 @@ async fn connect(
     let endpoint = InProcess::new("memory", Arc::new(driver.clone()));
     let spec = spec(MAT, "{}", &[("views", false), ("events", true)]);
     let stream = endpoint.transactions().await.unwrap();
-    let (tx, rx, opened) = client::open(stream, open(&spec, key_begin, key_end))
+    let (tx, rx, opened) = client::open(stream, open(&spec, key_begin, key_end), TIMEOUT)
         .await
         .unwrap();
     (tx, rx, opened.flow_checkpoint)
@@ -234,12 +236,104 @@ async fn stream_closed_mid_transaction_is_an_error_naming_the_state() {
         responses,
     };
     let spec = spec(MAT, "{}", &[("views", false)]);
-    let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9)).await.unwrap();
+    let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9), TIMEOUT)
+        .await
+        .unwrap();
     tx.acknowledge().await.unwrap();
     let err = rx.recv().await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "transport: the driver closed the Transactions stream in the load phase of transaction 1, awaiting Acknowledged"
+    );
+}
+
+/// A stream whose driver is the test: it reads the requests and sends the responses.
+async fn played_stream(
+    capacity: usize,
+    timeout: std::time::Duration,
+) -> (
+    ClientSender,
+    ClientReceiver,
+    mpsc::Receiver<TransactionRequest>,
+    mpsc::Sender<Result<TransactionResponse>>,
+) {
+    let (requests, requests_rx) = mpsc::channel(capacity);
+    let (responses_tx, responses) = mpsc::channel(4);
+    let stream = TransactionStream {
+        requests,
+        responses: tokio_stream::wrappers::ReceiverStream::new(responses).boxed(),
+    };
+    let opened = TransactionResponse::from(machine::Response::Opened(Default::default()));
+    responses_tx.send(Ok(opened)).await.unwrap();
+    let spec = spec(MAT, "{}", &[("views", false)]);
+    let (tx, rx, _) = client::open(stream, open(&spec, 0, 9), timeout)
+        .await
+        .unwrap();
+    (tx, rx, requests_rx, responses_tx)
+}
+
+const SHORT: std::time::Duration = std::time::Duration::from_millis(200);
+
+#[tokio::test]
+async fn a_driver_that_owes_an_answer_and_sends_nothing_times_out_naming_what_it_owes() {
+    let (mut tx, mut rx, _requests, _responses) = played_stream(4, SHORT).await;
+    tx.acknowledge().await.unwrap();
+    let err = rx.recv().await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "timed out after 200ms waiting for Acknowledged (in the load phase of transaction 1, \
+         awaiting Acknowledged)"
+    );
+    // The stream is broken: later calls name the timeout.
+    let later = tx.load(load(0, &[b"a"])).await.unwrap_err();
+    assert!(later.to_string().contains("timed out"), "{later}");
+}
+
+#[tokio::test]
+async fn holding_loaded_until_prepare_is_not_a_timeout_but_silence_after_prepare_is() {
+    let (mut tx, mut rx, _requests, responses) = played_stream(8, SHORT).await;
+    tx.acknowledge().await.unwrap();
+    let acked = machine::Response::Acknowledged;
+    responses.send(Ok(acked.into())).await.unwrap();
+    expect(&mut rx, "Acknowledged").await;
+    tx.load(load(0, &[b"a"])).await.unwrap();
+    // The driver owes nothing while it may defer Loaded: waiting several timeouts long
+    // (the runtime draining a large combiner) is no failure.
+    let receiving = tokio::spawn(async move {
+        let result = rx.recv().await;
+        (rx, result)
+    });
+    tokio::time::sleep(SHORT * 3).await;
+    assert!(
+        !receiving.is_finished(),
+        "the receiver gave up while nothing was owed"
+    );
+    // Once Prepare is sent, Loaded or Prepared is owed: the waiting receiver now times out.
+    tx.prepare(prepare(b"cp")).await.unwrap();
+    let (_rx, result) = receiving.await.unwrap();
+    let err = result.unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "timed out after 200ms waiting for Loaded or Prepared (awaiting Prepared of \
+             transaction 1)"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_driver_that_stops_reading_requests_times_the_send_out() {
+    let (mut tx, _rx, _requests, _responses) = played_stream(2, SHORT).await;
+    // The channel holds two requests (Open, this Load): the next waits for a driver
+    // that never reads.
+    tx.load(load(0, &[b"a"])).await.unwrap();
+    let err = tx.load(load(0, &[b"b"])).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "timed out after 200ms waiting for the driver to take Load (in the load phase of \
+         transaction 1)"
     );
 }
 
@@ -339,9 +433,13 @@ async fn connect_recorder(
     };
     let endpoint = InProcess::new("recorder", Arc::new(driver));
     let spec = spec(MAT, "{}", &[("views", false), ("events", true)]);
-    let (tx, rx, _) = client::open(endpoint.transactions().await.unwrap(), open(&spec, 0, 9))
-        .await
-        .unwrap();
+    let (tx, rx, _) = client::open(
+        endpoint.transactions().await.unwrap(),
+        open(&spec, 0, 9),
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
     (tx, rx, log)
 }
 

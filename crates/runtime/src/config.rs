@@ -222,6 +222,8 @@ pub struct RuntimeDef {
     /// its documents take at most about four times this.
     #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
     pub memory_budget: u64,
+    #[serde(default)]
+    pub timeouts: Timeouts,
 }
 
 impl Default for RuntimeDef {
@@ -230,8 +232,50 @@ impl Default for RuntimeDef {
             recovery_log: None,
             transactions: TxnBounds::default(),
             memory_budget: default_memory_budget(),
+            timeouts: Timeouts::default(),
         }
     }
+}
+
+/// How long the runtime waits on an external system before it gives up on the attempt:
+/// a timeout is a retryable error (the loop reopens with backoff, and recovery makes
+/// the restart exact), so a hung store or source never stops the pipeline forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Every wait on a driver: Spec, Validate and Apply; starting a Transactions
+    /// stream; the driver taking a request; and its next message while it owes an
+    /// answer (Opened, Acknowledged, Loaded or Prepared after Prepare, DriverCommitted).
+    #[serde(default = "default_driver_timeout", deserialize_with = "de_duration")]
+    pub driver: Duration,
+    /// Every call to a source: seek, replay, queue.
+    #[serde(default = "default_source_timeout", deserialize_with = "de_duration")]
+    pub source: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            driver: default_driver_timeout(),
+            source: default_source_timeout(),
+        }
+    }
+}
+
+/// 5 minutes. The longest healthy silence of a driver is one statement of the store:
+/// the lookup of a Prepare's deferred loads before its first Loaded, the commit of a
+/// transaction of `max_bytes` (256 MiB by default) before DriverCommitted. Each takes
+/// seconds to a minute on a loaded server; the wait restarts at every message, so a
+/// large transaction of many messages never adds up against it.
+fn default_driver_timeout() -> Duration {
+    Duration::from_secs(5 * 60)
+}
+
+/// 1 minute. A source call returns what it has at once (`queue` returns an empty step
+/// when nothing is new), and one call reads at most a few thousand records, so only a
+/// hung system takes this long.
+fn default_source_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// 256 MiB: room for about 430 000 keys of small (150-byte) documents per combiner.
@@ -426,6 +470,15 @@ impl Pipeline {
                 ))
             }
         };
+        let timeouts = &self.runtime.timeouts;
+        for (what, timeout) in [("driver", timeouts.driver), ("source", timeouts.source)] {
+            if timeout.is_zero() {
+                return Err(invalid(
+                    format!("runtime.timeouts.{what}"),
+                    "a timeout must be longer than 0, e.g. \"5m\"",
+                ));
+            }
+        }
         for (name, c) in &self.collections {
             if c.key.is_empty() {
                 return Err(invalid(

@@ -27,6 +27,7 @@ use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summa
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_driver_sdk::Endpoint;
+use sluice_driver_sdk::error::within;
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
 use sluice_source_sdk::{FaultTolerance, Source, SourceError};
@@ -78,11 +79,16 @@ pub enum PipelineError {
         file: String,
         changes: String,
     },
+    /// A materialization's loop failed (and was not retried, or ran out of attempts).
+    /// The others were stopped after their transaction in progress.
     #[error("materialization {materialization}: {source}")]
     Run {
         materialization: String,
         #[source]
         source: Box<RunError>,
+        /// What every materialization committed before the run ended, the failed one
+        /// included, by name.
+        summaries: Vec<(String, Summary)>,
     },
 }
 
@@ -129,13 +135,13 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             materialization: name.clone(),
             source,
         };
+        let timeout = pipeline.runtime.timeouts.driver;
         let endpoint_spec_json = connected.config.to_string();
-        let spec = connected
-            .endpoint
-            .spec(m::SpecRequest {
-                endpoint_type: connected.endpoint_type as i32,
-                endpoint_spec_json: endpoint_spec_json.clone(),
-            })
+        let spec = connected.endpoint.spec(m::SpecRequest {
+            endpoint_type: connected.endpoint_type as i32,
+            endpoint_spec_json: endpoint_spec_json.clone(),
+        });
+        let spec = within(timeout, || "Spec".into(), spec)
             .await
             .map_err(driver_err)?;
         let resource_schema = resource_schema(&place, &spec.resource_spec_schema_json)?;
@@ -167,11 +173,13 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             });
             collection_specs.push(collection_spec);
         }
-        let validated = connected
-            .endpoint
-            .validate(validate)
-            .await
-            .map_err(driver_err)?;
+        let validated = within(
+            timeout,
+            || "Validate".into(),
+            connected.endpoint.validate(validate),
+        )
+        .await
+        .map_err(driver_err)?;
         if validated.bindings.len() != def.bindings.len() {
             return Err(invalid(
                 &place,
@@ -269,7 +277,7 @@ pub async fn apply(
             true => None,
             false => Some(recovery::lock_dir(&dir).map_err(|e| failed(&e))?),
         };
-        let mut actions = apply_one(m, action, dry_run).await?;
+        let mut actions = apply_one(m, action, dry_run, pipeline.runtime.timeouts.driver).await?;
         if action == ApplyAction::Delete {
             let verb = if dry_run { "would remove" } else { "removed" };
             actions = format!(
@@ -298,6 +306,7 @@ async fn apply_one(
     m: &PlannedMaterialization,
     action: ApplyAction,
     dry_run: bool,
+    timeout: Duration,
 ) -> Result<String, PipelineError> {
     let request = m::ApplyRequest {
         materialization: Some(m.spec.clone()),
@@ -305,8 +314,17 @@ async fn apply_one(
         dry_run,
     };
     let response = match action {
-        ApplyAction::Upsert => m.endpoint.apply_upsert(request).await,
-        ApplyAction::Delete => m.endpoint.apply_delete(request).await,
+        ApplyAction::Upsert => {
+            within(timeout, || "Apply".into(), m.endpoint.apply_upsert(request)).await
+        }
+        ApplyAction::Delete => {
+            within(
+                timeout,
+                || "Apply (delete)".into(),
+                m.endpoint.apply_delete(request),
+            )
+            .await
+        }
     };
     let response = response.map_err(|source| PipelineError::Driver {
         materialization: m.name.clone(),
@@ -331,7 +349,13 @@ pub async fn apply_first_start(
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
-                let actions = apply_one(m, ApplyAction::Upsert, false).await?;
+                let actions = apply_one(
+                    m,
+                    ApplyAction::Upsert,
+                    false,
+                    pipeline.runtime.timeouts.driver,
+                )
+                .await?;
                 (applied::record(&dir, &m.spec).await)
                     .map_err(|e| invalid(&place, e.to_string()))?;
                 out.push((m.name.clone(), actions));
@@ -360,7 +384,9 @@ pub struct RunOptions {
     pub follow: bool,
 }
 
-/// Runs every materialization until its sources are exhausted (or `shutdown`).
+/// Runs every materialization until its sources are exhausted (or `shutdown`). The
+/// first materialization to fail stops the others after their transaction in progress
+/// (as `shutdown` does); the error then carries what each one committed.
 pub async fn run(
     pipeline: &Pipeline,
     planned: Planned,
@@ -377,7 +403,18 @@ pub async fn run(
         memory_budget: pipeline.runtime.memory_budget as usize,
         follow: opts.follow,
     };
-    let mut tasks = Vec::new();
+    // Fired by the caller's shutdown, or by the first failure.
+    let (stop, stopped) = watch::channel(false);
+    let stop = Arc::new(stop);
+    let forward = {
+        let (stop, mut shutdown) = (stop.clone(), shutdown);
+        tokio::spawn(async move {
+            if shutdown.wait_for(|down| *down).await.is_ok() {
+                stop.send_replace(true);
+            }
+        })
+    };
+    let mut tasks = tokio::task::JoinSet::new();
     for m in planned.materializations {
         let place = format!("materializations.{}", m.name);
         let mut bindings = Vec::new();
@@ -446,27 +483,53 @@ pub async fn run(
             feeds,
             log_dir: pipeline.recovery_log().join(&m.name),
             opts: txn_opts.clone(),
+            timeouts: pipeline.runtime.timeouts,
             progress: progress.clone(),
-            shutdown: shutdown.clone(),
+            shutdown: stopped.clone(),
         };
         let name = m.name.clone();
-        tasks.push(tokio::spawn(async move {
-            let result = attempt.run_with_restarts(&name).await;
-            (name, result)
-        }));
+        tasks.spawn(async move {
+            let (summary, result) = attempt.run_with_restarts(&name).await;
+            (name, summary, result)
+        });
     }
     let mut summaries = Vec::new();
-    for task in tasks {
-        let (name, result) = task
-            .await
-            .map_err(|e| invalid("runtime", format!("a materialization task panicked: {e}")))?;
-        let summary = result.map_err(|source| PipelineError::Run {
-            materialization: name.clone(),
-            source: Box::new(source),
-        })?;
-        summaries.push((name, summary));
+    let mut failed = None;
+    let mut panicked = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((name, summary, result)) => {
+                if let Err(err) = result
+                    && failed.is_none()
+                {
+                    stop.send_replace(true);
+                    failed = Some((name.clone(), err));
+                }
+                summaries.push((name, summary));
+            }
+            Err(join) => {
+                stop.send_replace(true);
+                panicked.get_or_insert(join);
+            }
+        }
     }
-    Ok(summaries)
+    forward.abort();
+    let _ = forward.await;
+    if let Some(join) = panicked {
+        return Err(invalid(
+            "runtime",
+            format!("a materialization task panicked: {join}"),
+        ));
+    }
+    summaries.sort_by(|a, b| a.0.cmp(&b.0));
+    match failed {
+        None => Ok(summaries),
+        Some((materialization, source)) => Err(PipelineError::Run {
+            materialization,
+            source: Box::new(source),
+            summaries,
+        }),
+    }
 }
 
 /// A source of the pipeline file and the bindings of one materialization it feeds.
@@ -489,6 +552,7 @@ struct Attempt {
     feeds: Vec<SourceFeed>,
     log_dir: std::path::PathBuf,
     opts: TxnOptions,
+    timeouts: config::Timeouts,
     progress: Arc<Progress>,
     shutdown: watch::Receiver<bool>,
 }
@@ -502,17 +566,18 @@ const MAX_FAILED_ATTEMPTS: u32 = 10;
 
 impl Attempt {
     /// Runs the loop, reopening it with backoff after a retryable failure (a lost
-    /// connection, a driver process that died). Recovery makes every restart exact:
-    /// sources resume from the committed checkpoint and an interrupted step replays.
-    async fn run_with_restarts(&self, name: &str) -> Result<Summary, RunError> {
+    /// connection, a timeout, a source's I/O error: [`RunError::is_retryable`]), each
+    /// retry logged with its cause. Recovery makes every restart exact: sources resume
+    /// from the committed checkpoint and an interrupted step replays. Returns what was
+    /// committed, also when an error ends the run.
+    async fn run_with_restarts(&self, name: &str) -> (Summary, Result<(), RunError>) {
         let mut summary = Summary::default();
         let mut backoff = FIRST_BACKOFF;
         let mut failed = 0;
         loop {
             let committed_before = summary.transactions;
-            let result = self.run_once(&mut summary).await;
-            let err = match result {
-                Ok(()) => return Ok(summary),
+            let err = match self.run_once(&mut summary).await {
+                Ok(()) => return (summary, Ok(())),
                 Err(err) => err,
             };
             if summary.transactions > committed_before {
@@ -521,7 +586,7 @@ impl Attempt {
             }
             failed += 1;
             if !err.is_retryable() || failed >= MAX_FAILED_ATTEMPTS || *self.shutdown.borrow() {
-                return Err(err);
+                return (summary, Err(err));
             }
             summary.restarts += 1;
             tracing::warn!(
@@ -529,7 +594,11 @@ impl Attempt {
                 "{err}; reopening in {:.1}s (attempt {failed} of {MAX_FAILED_ATTEMPTS})",
                 backoff.as_secs_f64()
             );
-            tokio::time::sleep(backoff).await;
+            let mut shutdown = self.shutdown.clone();
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = shutdown.wait_for(|down| *down) => return (summary, Err(err)),
+            }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
@@ -537,24 +606,21 @@ impl Attempt {
     async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
         let mut sources = Vec::with_capacity(self.feeds.len());
         for feed in &self.feeds {
-            let source = feed.open().map_err(|e| RunError::Source {
-                name: feed.name.clone(),
-                message: e.to_string(),
-            })?;
+            let source = feed.open().map_err(RunError::Source)?;
             sources.push(BoundSource {
                 source,
                 bindings: feed.bindings.clone(),
                 dead_letter: feed.def.dead_letter_path(&self.log_dir),
             });
         }
-        let log = (RecoveryLog::open_async(&self.log_dir).await)
-            .map_err(|e| RunError::Recovery(e.to_string()))?;
+        let log = RecoveryLog::open_async(&self.log_dir).await?;
         let ctx = txn::Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
             sources,
             log,
             opts: self.opts.clone(),
+            timeouts: self.timeouts,
             progress: self.progress.clone(),
             shutdown: self.shutdown.clone(),
         };

@@ -276,6 +276,24 @@ fn runtime_bounds_accept_durations_and_sizes() {
 }
 
 #[test]
+fn timeouts_default_generously_and_read_as_durations() {
+    let defaults = parse(DESIGN_EXAMPLE).unwrap().runtime.timeouts;
+    assert_eq!(defaults.driver, Duration::from_secs(300));
+    assert_eq!(defaults.source, Duration::from_secs(60));
+    let text = format!("{DESIGN_EXAMPLE}runtime:\n  timeouts: {{driver: 2s, source: 1.5s}}\n");
+    let timeouts = parse(&text).unwrap().runtime.timeouts;
+    assert_eq!(timeouts.driver, Duration::from_secs(2));
+    assert_eq!(timeouts.source, Duration::from_millis(1500));
+}
+
+#[test]
+fn a_zero_timeout_names_its_place() {
+    let text = format!("{DESIGN_EXAMPLE}runtime:\n  timeouts: {{source: 0s}}\n");
+    let e = error(&text);
+    assert!(e.starts_with("runtime.timeouts.source: "), "{e}");
+}
+
+#[test]
 fn invalid_duration_names_its_place_and_the_expected_form() {
     let text = format!("{DESIGN_EXAMPLE}runtime:\n  transactions: {{max_duration: 5 seconds}}\n");
     let e = error(&text);

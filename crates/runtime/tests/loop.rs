@@ -16,12 +16,16 @@
 //! - every attempt of a transaction stored a prefix of what its committed attempt
 //!   stored (an attempt that reached Commit: all of it).
 //!
+//! Retries by kind, through `pipeline::run`: a malformed Loaded document fails at once
+//! (one Open), a transient source I/O error reopens the loop and the run ends exact.
+//!
 //! Built only with the `failpoints` feature. Fail points are global to the process: each
 //! test holds a `fail::FailScenario` (which serializes them under `cargo test`; nextest
 //! runs each in its own process anyway).
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use sluice_driver_sdk::arena::load_keys;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::materialize::{
     self as m,
@@ -29,19 +33,25 @@ use sluice_driver_sdk::materialize::{
     transaction_response::Opened,
 };
 use sluice_driver_sdk::{CommitPattern, Driver, LoadedSink, PriorState, Result, Transactor, flow};
-use sluice_file::FileKind;
+use sluice_file::{FileConfig, FileKind};
 use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
-use sluice_runtime::config::Pipeline;
+use sluice_runtime::config::{Pipeline, Timeouts};
 use sluice_runtime::failpoint::{self, MARKER};
-use sluice_runtime::pipeline::{self, Connect, Connected};
+use sluice_runtime::pipeline::{self, Connect, Connected, PipelineError};
 use sluice_runtime::projections::loop_binding;
 use sluice_runtime::recovery::{REBUILD_SENTINEL, RecoveryLog, StoreCheckpoint, inspect};
 use sluice_runtime::registry::{Builtin, Registry};
-use sluice_runtime::txn::{self, BoundSource, Context, Progress, Shard, Summary, TxnOptions};
-use sluice_source_sdk::kind;
+use sluice_runtime::txn::{
+    self, BoundSource, Context, Progress, RunError, Shard, Summary, TxnOptions,
+};
+use sluice_source_sdk::{
+    FaultTolerance, InvalidConfig, QueueLimits, Records, Resume, Source, SourceError, SourceKind,
+    Step, kind,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -71,7 +81,9 @@ fn expected() -> BTreeMap<String, (i64, String)> {
     out
 }
 
-fn pipeline_yaml(input: &Path, log: &Path) -> String {
+/// The pipeline over `input`, read by the source kind `kind` (`file`, or the test's
+/// `flaky_file`).
+fn pipeline_yaml(kind: &str, input: &Path, log: &Path) -> String {
     format!(
         r#"
 collections:
@@ -88,7 +100,7 @@ collections:
 sources:
   input:
     target: acme/views
-    file: {{path: {input}, format: json}}
+    {kind}: {{path: {input}, format: json}}
 materializations:
   {MATERIALIZATION}:
     endpoint: {{memory: {{}}}}
@@ -97,6 +109,8 @@ materializations:
         resource: {{table: {TABLE}}}
 runtime:
   recovery_log: {log}
+  # For pipeline::run (txn::run is given its bounds): close only at max_docs or the end.
+  transactions: {{max_docs: {FIRST_MAX_DOCS}, max_duration: 10m, min_duration: 10m}}
 "#,
         input = input.display(),
         log = log.display(),
@@ -124,14 +138,25 @@ struct Observed {
     violations: Vec<String>,
 }
 
+/// How the observed driver answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answers {
+    /// As the memory driver does.
+    AsStored,
+    /// The Open of a range that never committed with the rebuild sentinel instead of an
+    /// empty checkpoint, as the protocol lets a driver do.
+    Rebuild,
+    /// As `Rebuild` (so every key is loaded), and every Load with a document that is
+    /// not JSON: a driver's bug.
+    GarbageLoads,
+}
+
 /// The memory driver, observed.
 struct Observing {
     inner: MemoryDriver,
     log_dir: PathBuf,
     observed: Arc<Mutex<Observed>>,
-    /// Answer the Open of a range that never committed with the rebuild sentinel
-    /// instead of an empty checkpoint, as the protocol lets a driver do.
-    rebuild: bool,
+    answers: Answers,
 }
 
 #[async_trait]
@@ -150,7 +175,7 @@ impl Driver for Observing {
     }
     async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
         let (inner, mut opened) = self.inner.open(open).await?;
-        if self.rebuild && opened.flow_checkpoint.is_empty() {
+        if self.answers != Answers::AsStored && opened.flow_checkpoint.is_empty() {
             opened.flow_checkpoint = REBUILD_SENTINEL.to_vec();
         }
         let committed = checkpoint_txn(&opened.flow_checkpoint);
@@ -166,6 +191,7 @@ impl Driver for Observing {
             stream,
             committed,
             txn: 0,
+            garbage_loads: self.answers == Answers::GarbageLoads,
         };
         Ok((Box::new(transactor), opened))
     }
@@ -196,6 +222,7 @@ struct ObservingTransactor {
     committed: u64,
     /// The transaction prepared in this stream.
     txn: u64,
+    garbage_loads: bool,
 }
 
 impl ObservingTransactor {
@@ -216,6 +243,12 @@ impl Transactor for ObservingTransactor {
         prior: PriorState,
         loaded: &mut dyn LoadedSink,
     ) -> Result<()> {
+        if self.garbage_loads {
+            for _ in load_keys(&load) {
+                loaded.push(load.binding, b"{not json");
+            }
+            return Ok(());
+        }
         self.inner.load(load, prior, loaded).await
     }
 
@@ -302,7 +335,7 @@ struct Harness {
 /// A new, empty memory store behind an observing endpoint.
 fn observed_store(
     log_dir: &Path,
-    rebuild: bool,
+    answers: Answers,
 ) -> (MemoryDriver, Arc<Mutex<Observed>>, Arc<InProcess>) {
     let store = MemoryDriver::new();
     let observed = Arc::new(Mutex::new(Observed::default()));
@@ -312,20 +345,25 @@ fn observed_store(
             inner: store.clone(),
             log_dir: log_dir.to_path_buf(),
             observed: observed.clone(),
-            rebuild,
+            answers,
         }),
     ));
     (store, observed, endpoint)
 }
 
 impl Harness {
-    /// Replaces the store by a new, empty one (`rebuild`: that answers Open with the
-    /// rebuild sentinel); the recovery log stays.
-    fn replace_store(&mut self, rebuild: bool) {
-        (self.store, self.observed, self.endpoint) = observed_store(&self.log_dir, rebuild);
+    /// Replaces the store by a new, empty one answering as `answers` says; the recovery
+    /// log stays.
+    fn replace_store(&mut self, answers: Answers) {
+        (self.store, self.observed, self.endpoint) = observed_store(&self.log_dir, answers);
     }
 
     async fn new() -> Harness {
+        Harness::reading("file").await
+    }
+
+    /// A harness whose source is of kind `source_kind`.
+    async fn reading(source_kind: &str) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("input.jsonl");
         let mut text = String::new();
@@ -335,10 +373,11 @@ impl Harness {
         }
         std::fs::write(&input, text).unwrap();
         let pipeline = Pipeline::parse(
-            &pipeline_yaml(&input, &dir.path().join("log")),
+            &pipeline_yaml(source_kind, &input, &dir.path().join("log")),
             dir.path(),
             &Registry::new()
                 .with_source(kind::<FileKind>())
+                .with_source(kind::<FlakyFileKind>())
                 .with_driver(Builtin::new::<EndpointConfig>(
                     "memory",
                     flow::EndpointType::SluiceMemory,
@@ -348,7 +387,7 @@ impl Harness {
         )
         .unwrap();
         let log_dir = pipeline.recovery_log().join(MATERIALIZATION);
-        let (store, observed, endpoint) = observed_store(&log_dir, false);
+        let (store, observed, endpoint) = observed_store(&log_dir, Answers::AsStored);
         let planned = pipeline::plan(&pipeline, &Connector(endpoint.clone()))
             .await
             .unwrap();
@@ -401,10 +440,24 @@ impl Harness {
                 memory_budget: 64 << 20,
                 follow: false,
             },
+            timeouts: Timeouts::default(),
             progress: Arc::new(Progress::default()),
             shutdown: tokio::sync::watch::channel(false).1,
         };
         txn::run(ctx, summary).await.map_err(|e| e.to_string())
+    }
+
+    /// The whole pipeline, as `sluice run` runs it: reopened after retryable failures.
+    async fn run_pipeline(&self) -> std::result::Result<Summary, PipelineError> {
+        let planned = pipeline::plan(&self.pipeline, &Connector(self.endpoint.clone()))
+            .await
+            .unwrap();
+        let (_keep, shutdown) = tokio::sync::watch::channel(false);
+        let progress = Arc::new(Progress::default());
+        let options = pipeline::RunOptions::default();
+        let mut summaries =
+            pipeline::run(&self.pipeline, planned, options, progress, shutdown).await?;
+        Ok(summaries.remove(0).1)
     }
 
     /// Runs the loop until it ends cleanly, restarting it after each injected failure.
@@ -583,7 +636,7 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
     let committed = log_says(&h.log_dir, "last commit: transaction");
 
     // A new store that reports no checkpoint leaves the choice to the log: nothing to do.
-    h.replace_store(false);
+    h.replace_store(Answers::AsStored);
     assert_eq!(h.run_to_end().await, Vec::<String>::new());
     assert_eq!(
         h.rows(),
@@ -592,7 +645,7 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
     );
 
     // One that answers with the sentinel is rebuilt from the beginning of the input.
-    h.replace_store(true);
+    h.replace_store(Answers::Rebuild);
     assert_eq!(h.run_to_end().await, Vec::<String>::new());
     scenario.teardown();
     h.assert_exact();
@@ -601,4 +654,121 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
         committed,
         "transactions were numbered again from 1"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loaded_document_that_is_not_json_fails_at_once_naming_its_binding() {
+    let mut h = Harness::new().await;
+    h.replace_store(Answers::GarbageLoads);
+    let err = h
+        .run_pipeline()
+        .await
+        .expect_err("a driver's bad document ends the run");
+    let PipelineError::Run {
+        source, summaries, ..
+    } = &err
+    else {
+        panic!("not the loop's error: {err}");
+    };
+    assert!(
+        matches!(**source, RunError::Loaded { binding: 0, .. }),
+        "{source:?}"
+    );
+    assert!(!source.is_retryable(), "{source}");
+    let message = source.to_string();
+    assert!(
+        message.starts_with("driver memory: a Loaded document of binding 0 (t) is not JSON"),
+        "{message}"
+    );
+    let streams = h.streams();
+    assert_eq!(
+        streams.len(),
+        1,
+        "one attempt: the same document would load again"
+    );
+    // What was committed before the failure is reported with it.
+    let commits = streams[0]
+        .iter()
+        .filter(|e| matches!(e, Event::Commit { .. }))
+        .count() as u64;
+    assert_eq!(summaries.len(), 1);
+    assert_eq!(summaries[0].1.transactions, commits, "{summaries:?}");
+    assert_eq!(summaries[0].1.last_txn, commits, "{summaries:?}");
+}
+
+/// Queue calls of every `flaky_file` source of the process until the one that fails.
+static QUEUES_BEFORE_FAILURE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The `file` source kind, whose `QUEUES_BEFORE_FAILURE`-th queue call fails once with
+/// a transient I/O error (a connection reset, as a network file system gives).
+struct FlakyFileKind;
+
+impl SourceKind for FlakyFileKind {
+    const NAME: &'static str = "flaky_file";
+    type Config = FileConfig;
+
+    fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
+        FileKind::prepare(config, base_dir)
+    }
+
+    fn open(name: &str, config: &FileConfig) -> std::result::Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(FlakyFile {
+            inner: FileKind::open(name, config)?,
+            path: config.path.display().to_string(),
+        }))
+    }
+}
+
+struct FlakyFile {
+    inner: Box<dyn Source>,
+    path: String,
+}
+
+#[async_trait]
+impl Source for FlakyFile {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn fault_tolerance(&self) -> FaultTolerance {
+        self.inner.fault_tolerance()
+    }
+    async fn seek(&mut self, position: &Value) -> std::result::Result<(), SourceError> {
+        self.inner.seek(position).await
+    }
+    async fn replay(
+        &mut self,
+        step: &Resume,
+        out: &mut Records,
+    ) -> std::result::Result<Step, SourceError> {
+        self.inner.replay(step, out).await
+    }
+    async fn queue(
+        &mut self,
+        limits: QueueLimits,
+        out: &mut Records,
+    ) -> std::result::Result<Step, SourceError> {
+        if QUEUES_BEFORE_FAILURE.fetch_sub(1, Ordering::SeqCst) == 1 {
+            return Err(SourceError::Io {
+                name: self.inner.name().to_string(),
+                path: self.path.clone(),
+                error: std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer"),
+            });
+        }
+        self.inner.queue(limits, out).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_source_error_reopens_the_loop_and_the_run_ends_exact() {
+    // The fifth queue call (of ten records each): after transactions were committed.
+    QUEUES_BEFORE_FAILURE.store(5, Ordering::SeqCst);
+    let h = Harness::reading("flaky_file").await;
+    let summary = h
+        .run_pipeline()
+        .await
+        .expect("the run recovers from the reset");
+    assert_eq!(summary.restarts, 1, "{summary:?}");
+    assert!(summary.transactions > 0, "{summary:?}");
+    assert_eq!(h.streams().len(), 2, "reopened once");
+    h.assert_exact();
 }

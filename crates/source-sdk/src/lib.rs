@@ -77,6 +77,7 @@ pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::time::Duration;
 
 /// What a source can promise after a crash, weakest first (so `<` compares strength).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -132,6 +133,43 @@ pub enum SourceError {
     /// The source's definition cannot work (user error).
     #[error("source {name}: {reason}")]
     Config { name: String, reason: String },
+    /// A call did not return within the runtime's `runtime.timeouts.source`: the
+    /// external system hangs. Retryable, as a reopened source resumes where the last
+    /// commit left it.
+    #[error(
+        "source {name}: timed out after {after:?} waiting for {call} (raise \
+         runtime.timeouts.source if the source is only slow)"
+    )]
+    Timeout {
+        name: String,
+        call: &'static str,
+        after: Duration,
+    },
+}
+
+impl SourceError {
+    /// Whether reopening the source and reading again may succeed: a timeout, or an I/O
+    /// error that does not say the input is missing, forbidden or unreadable as it is.
+    /// Changed input, a position the source can no longer read, a resume it did not
+    /// produce and a bad definition fail the same way again.
+    pub fn is_retryable(&self) -> bool {
+        use std::io::ErrorKind;
+        match self {
+            SourceError::Io { error, .. } => !matches!(
+                error.kind(),
+                ErrorKind::NotFound
+                    | ErrorKind::PermissionDenied
+                    | ErrorKind::InvalidInput
+                    | ErrorKind::InvalidData
+                    | ErrorKind::Unsupported
+            ),
+            SourceError::Timeout { .. } => true,
+            SourceError::ReplayMismatch { .. }
+            | SourceError::Unavailable { .. }
+            | SourceError::BadResume { .. }
+            | SourceError::Config { .. } => false,
+        }
+    }
 }
 
 /// A reader driven by the runtime's commands (see the module docs).
@@ -154,4 +192,76 @@ pub trait Source: Send {
     fn pause(&mut self) {}
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::io::{Error, ErrorKind};
+
+    fn io(kind: ErrorKind) -> SourceError {
+        SourceError::Io {
+            name: "views".into(),
+            path: "views.jsonl".into(),
+            error: Error::new(kind, "test"),
+        }
+    }
+
+    /// Every kind, and whether a retry may help: decided here, where the error is born.
+    #[test]
+    fn only_transient_failures_are_retryable() {
+        let cases = [
+            (io(ErrorKind::ConnectionReset), true),
+            (io(ErrorKind::Interrupted), true),
+            (io(ErrorKind::Other), true),
+            (io(ErrorKind::NotFound), false),
+            (io(ErrorKind::PermissionDenied), false),
+            (io(ErrorKind::InvalidData), false),
+            (
+                SourceError::Timeout {
+                    name: "views".into(),
+                    call: "queue",
+                    after: Duration::from_secs(60),
+                },
+                true,
+            ),
+            (
+                SourceError::ReplayMismatch {
+                    name: "views".into(),
+                    position: json!(1),
+                    expected: 1,
+                    actual: 2,
+                },
+                false,
+            ),
+            (
+                SourceError::Unavailable {
+                    name: "views".into(),
+                    position: json!(1),
+                    reason: "the file is shorter".into(),
+                },
+                false,
+            ),
+            (
+                SourceError::BadResume {
+                    name: "views".into(),
+                    action: "seek",
+                    resume: json!(null),
+                    reason: "not a position".into(),
+                },
+                false,
+            ),
+            (
+                SourceError::Config {
+                    name: "views".into(),
+                    reason: "no path".into(),
+                },
+                false,
+            ),
+        ];
+        for (err, retryable) in cases {
+            assert_eq!(err.is_retryable(), retryable, "{err}");
+        }
+    }
 }

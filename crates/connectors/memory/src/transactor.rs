@@ -153,8 +153,8 @@ impl FencedStore for MemoryTransactor {
                 .ok()
                 .filter(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok())
                 .ok_or_else(|| {
-                    Error::Transport(format!(
-                        "malformed message: Store of binding {}: a document is not JSON",
+                    Error::Malformed(format!(
+                        "Store of binding {}: a document is not JSON",
                         store.binding
                     ))
                 })?;

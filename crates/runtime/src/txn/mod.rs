@@ -38,6 +38,12 @@
 //! - A run ends only once every task it spawned has (the reader is aborted and awaited,
 //!   a log commit in flight is awaited), so a restarted run never overlaps the last.
 //!
+//! Failures: a [`RunError`] keeps the typed error underneath, and
+//! [`RunError::is_retryable`] decides by its kind whether the caller may reopen the loop
+//! (`pipeline.rs` does, with backoff). Every wait on the driver is bounded by
+//! `Context::timeouts.driver` (the stream's client and [`recover`]'s start), and every
+//! source call by `timeouts.source` ([`timed`]); a timeout is retryable.
+//!
 //! Tested in-process with fail points at every boundary by `tests/loop.rs`.
 
 mod decide;
@@ -45,19 +51,23 @@ mod phases;
 mod read;
 mod state;
 mod stored;
+mod timed;
 
+use crate::config::Timeouts;
+use crate::deadletter::DeadLetterError;
 use crate::recovery::{
-    Checkpoint, Intent, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
+    Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
 };
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use sluice_driver_sdk::client::{self, Response};
-use sluice_driver_sdk::machine::apply_driver_checkpoint;
-use sluice_driver_sdk::{Endpoint, Error as DriverError};
+use sluice_driver_sdk::error::within;
+use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
+use sluice_driver_sdk::{Endpoint, Error as DriverError, Peer};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
-use sluice_source_sdk::{Resume, Source};
+use sluice_source_sdk::{Resume, Source, SourceError};
 use state::{LogState, Settled};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -131,54 +141,135 @@ pub struct Summary {
     pub rejected: u64,
 }
 
+/// Why a run ended. Each variant keeps the typed error underneath, so that
+/// [`RunError::is_retryable`] decides by its kind: a transient failure (a lost
+/// connection, a timeout, a source's I/O error) reopens the loop with backoff; a
+/// deterministic one (bad input, a malformed or out-of-order message, a configuration
+/// or schema error, the recovery log's disk) fails at once, as it would fail again.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// Bad input the source found, at its position (the user's data).
     #[error("{position}: {reason}")]
     Input { position: String, reason: String },
+    /// A document that does not parse, validate, key or reduce (the user's data).
     #[error("{position}: {source}")]
     Document {
         position: String,
         #[source]
         source: Box<CombineError>,
     },
+    /// A reduction against a loaded document or across spilled runs, or the spill file.
     #[error(transparent)]
     Combine(Box<CombineError>),
-    #[error("source {name}: {message}")]
-    Source { name: String, message: String },
-    #[error("driver {endpoint}: {source}")]
+    /// A source failed (its error names it).
+    #[error(transparent)]
+    Source(SourceError),
+    /// A source cannot seek back to the store's checkpoint, older than the log's.
+    #[error(
+        "{source}; the store's checkpoint (transaction {store_txn}) is older than the \
+         recovery log's (transaction {log_txn}), so this source must replay from there"
+    )]
+    SeekBack {
+        store_txn: u64,
+        log_txn: u64,
+        source: SourceError,
+    },
+    /// The dead-letter file of an `on_error: skip` source.
+    #[error("source {name}: {source}")]
+    DeadLetter {
+        name: String,
+        source: DeadLetterError,
+    },
+    #[error("driver {endpoint}: {source}{}", timeout_hint(source))]
     Driver {
         endpoint: String,
         #[source]
         source: DriverError,
     },
-    #[error("recovery log: {0}")]
-    Recovery(String),
-    #[error("{0}")]
+    /// A Loaded document the runtime cannot use (not JSON, no key): the driver's bug.
+    #[error("driver {endpoint}: a Loaded document of binding {binding} ({resource}) {reason}")]
+    Loaded {
+        endpoint: String,
+        binding: u32,
+        resource: String,
+        reason: String,
+    },
+    /// The checkpoint in the driver's Opened does not decode.
+    #[error("driver {endpoint}: the checkpoint recovered from the store: {source}")]
+    StoreCheckpoint {
+        endpoint: String,
+        source: RecoveryError,
+    },
+    /// The recovery log (its file, its lock, its records).
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+    /// The log's pending intent reads a source the pipeline file no longer has.
+    #[error(
+        "the recovery log's pending intent reads source {name}, which the pipeline file \
+         no longer has: restore the source so the interrupted transaction can replay"
+    )]
+    IntentSource { name: String },
+    /// A bug: a task that panicked, a reader that stopped without a reason.
+    #[error("internal error: {0}")]
     Internal(String),
 }
 
 impl RunError {
-    /// Whether reopening the stream may succeed: the transport failed (a lost connection,
-    /// a driver process that exited) or the store said a retry can help. A fenced-off
-    /// instance, bad input and protocol violations never are.
+    /// Whether reopening the loop may succeed, by the kind of the error underneath.
+    /// Recovery-log and dead-letter failures are never retried in-process: after a
+    /// failed fsync what the file holds is unknown (the page cache may have dropped the
+    /// write), and a lock held elsewhere or a corrupt record stays so. A spill file that
+    /// cannot be written is retried: the transaction's combiners are rebuilt from
+    /// nothing, and the disk may have room again.
     pub fn is_retryable(&self) -> bool {
         match self {
-            RunError::Driver { source, .. } => matches!(
-                source,
-                DriverError::Transport(_)
-                    | DriverError::Store {
-                        retryable: true,
-                        ..
-                    }
-            ),
-            _ => false,
+            RunError::Driver { source, .. } => source.is_retryable(),
+            RunError::Source(source) | RunError::SeekBack { source, .. } => source.is_retryable(),
+            RunError::Combine(source) => matches!(**source, CombineError::Spill { .. }),
+            RunError::Input { .. }
+            | RunError::Document { .. }
+            | RunError::DeadLetter { .. }
+            | RunError::Loaded { .. }
+            | RunError::StoreCheckpoint { .. }
+            | RunError::Recovery(_)
+            | RunError::IntentSource { .. }
+            | RunError::Internal(_) => false,
         }
+    }
+}
+
+/// Where a driver timeout is configured, after its message.
+fn timeout_hint(err: &DriverError) -> &'static str {
+    match err {
+        DriverError::Timeout { .. } => " (raise runtime.timeouts.driver if the store is only slow)",
+        _ => "",
     }
 }
 
 impl From<CombineError> for RunError {
     fn from(err: CombineError) -> Self {
         RunError::Combine(Box::new(err))
+    }
+}
+
+/// A failure of a source, or of the dead-letter file it writes, as the run's error.
+trait SourceFailure {
+    fn into_run_error(self, source: &str) -> RunError;
+}
+
+impl SourceFailure for SourceError {
+    /// The error names its source itself.
+    fn into_run_error(self, _: &str) -> RunError {
+        RunError::Source(self)
+    }
+}
+
+impl SourceFailure for DeadLetterError {
+    fn into_run_error(self, source: &str) -> RunError {
+        RunError::DeadLetter {
+            name: source.to_string(),
+            source: self,
+        }
     }
 }
 
@@ -197,6 +288,8 @@ pub struct Context {
     /// Opened by the caller: it holds the shard's lock.
     pub log: RecoveryLog,
     pub opts: TxnOptions,
+    /// Bounds on every wait for the driver and every source call.
+    pub timeouts: Timeouts,
     pub progress: Arc<Progress>,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -218,13 +311,21 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let Context {
         shard,
         endpoint,
-        mut sources,
+        sources,
         log,
         opts,
+        timeouts,
         progress,
         shutdown,
     } = ctx;
-    let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources).await?;
+    let mut sources: Vec<BoundSource> = sources
+        .into_iter()
+        .map(|bound| BoundSource {
+            source: timed::bounded(bound.source, timeouts.source),
+            ..bound
+        })
+        .collect();
+    let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources, timeouts).await?;
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
         opts,
@@ -276,6 +377,7 @@ async fn recover(
     endpoint: &dyn Endpoint,
     mut log: RecoveryLog,
     sources: &mut [BoundSource],
+    timeouts: Timeouts,
 ) -> Result<Recovered, RunError> {
     let driver_err = |e| driver_err(endpoint.name(), e);
     let mut open = shard.open.clone();
@@ -285,10 +387,22 @@ async fn recover(
     {
         open.driver_checkpoint_json = driver_cp.to_string().into_bytes();
     }
-    let stream = endpoint.transactions().await.map_err(driver_err)?;
-    let (tx, rx, opened) = client::open(stream, open).await.map_err(driver_err)?;
-    let store = StoreCheckpoint::from_opened(&opened.flow_checkpoint)
-        .map_err(|e| RunError::Recovery(format!("checkpoint recovered from the store: {e}")))?;
+    let stream = within(
+        timeouts.driver,
+        || "the Transactions stream to start".into(),
+        endpoint.transactions(),
+    )
+    .await
+    .map_err(driver_err)?;
+    let (tx, rx, opened) = client::open(stream, open, timeouts.driver)
+        .await
+        .map_err(driver_err)?;
+    let store = StoreCheckpoint::from_opened(&opened.flow_checkpoint).map_err(|source| {
+        RunError::StoreCheckpoint {
+            endpoint: endpoint.name().to_string(),
+            source,
+        }
+    })?;
     let plan = plan_recovery(log_commit.as_ref(), &store, log.pending_intent());
     crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
     let (checkpoint, replay) = match plan {
@@ -315,25 +429,18 @@ async fn recover(
     };
     for bound in sources {
         if let Some(position) = checkpoint.sources.get(bound.source.name()) {
-            bound.source.seek(position).await.map_err(|e| {
-                let name = bound.source.name();
-                match &log_commit {
-                    Some(log) if log.txn > checkpoint.txn => {
-                        let e = e.to_string();
-                        let e = e.strip_prefix(&format!("source {name}: ")).unwrap_or(&e);
-                        source_err(
-                            name,
-                            format!(
-                                "the store's checkpoint (transaction {}) is older than the \
-                                 recovery log's (transaction {}), so this source must replay \
-                                 from there, and cannot: {e}",
-                                checkpoint.txn, log.txn
-                            ),
-                        )
-                    }
-                    _ => source_err(name, e),
-                }
-            })?;
+            bound
+                .source
+                .seek(position)
+                .await
+                .map_err(|source| match &log_commit {
+                    Some(log) if log.txn > checkpoint.txn => RunError::SeekBack {
+                        store_txn: checkpoint.txn,
+                        log_txn: log.txn,
+                        source,
+                    },
+                    _ => RunError::Source(source),
+                })?;
         }
     }
     // Only once every source is there (a failed seek leaves the log as it was); durable
@@ -342,8 +449,7 @@ async fn recover(
     let adopted = checkpoint.clone();
     let log = tokio::task::spawn_blocking(move || log.adopt(&adopted).map(|()| log))
         .await
-        .map_err(|e| RunError::Internal(e.to_string()))?
-        .map_err(|e| RunError::Recovery(e.to_string()))?;
+        .map_err(|e| RunError::Internal(format!("adopting the recovered checkpoint: {e}")))??;
     Ok(Recovered {
         tx,
         rx,
@@ -501,10 +607,10 @@ impl Committer<'_> {
             .map_err(|e| driver_err(&self.endpoint, e))?
         {
             Response::DriverCommitted => {}
+            // Not reached: the client's machine accepts only DriverCommitted here.
             other => {
-                return Err(RunError::Internal(format!(
-                    "expected DriverCommitted, got {other:?}"
-                )));
+                let violation = violation(Peer::Driver, "DriverCommitted", format!("{other:?}"));
+                return Err(driver_err(&self.endpoint, violation.into()));
             }
         }
         let log = log.driver_committed();
@@ -569,14 +675,13 @@ impl Committer<'_> {
     async fn phase_error(&mut self, err: phases::PhaseError) -> RunError {
         match err {
             phases::PhaseError::Combine(e) => e.into(),
-            phases::PhaseError::Loaded { binding, reason } => {
-                let resource = (self.shared.bindings.get(binding as usize))
-                    .map_or("no such binding", |b| b.resource.as_str());
-                RunError::Internal(format!(
-                    "driver {}: a Loaded document of binding {binding} ({resource}): {reason}",
-                    self.endpoint
-                ))
-            }
+            phases::PhaseError::Loaded { binding, reason } => RunError::Loaded {
+                endpoint: self.endpoint.clone(),
+                binding,
+                resource: (self.shared.bindings.get(binding as usize))
+                    .map_or_else(|| "no such binding".into(), |b| b.resource.clone()),
+                reason,
+            },
             phases::PhaseError::Driver(e) => driver_err(
                 &self.endpoint,
                 phases::receiver_error(&mut self.rx).await.unwrap_or(e),
@@ -629,11 +734,8 @@ fn combiner_options(opts: &TxnOptions) -> CombinerOptions {
     }
 }
 
-fn source_err(name: &str, err: impl std::fmt::Display) -> RunError {
-    RunError::Source {
-        name: name.to_string(),
-        message: err.to_string(),
-    }
+fn source_err(name: &str, err: impl SourceFailure) -> RunError {
+    err.into_run_error(name)
 }
 
 /// Applies the driver's checkpoint update (replacement or RFC 7396 merge patch).
@@ -653,4 +755,171 @@ fn merge_driver_checkpoint(
         .driver_checkpoints
         .insert(materialization.to_string(), next);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error as IoError, ErrorKind};
+    use std::path::PathBuf;
+
+    fn source_io(kind: ErrorKind) -> SourceError {
+        SourceError::Io {
+            name: "views".into(),
+            path: "views.jsonl".into(),
+            error: IoError::new(kind, "test"),
+        }
+    }
+
+    fn driver(source: DriverError) -> RunError {
+        driver_err("postgres", source)
+    }
+
+    /// Every kind of failure and whether the loop is reopened after it.
+    #[test]
+    fn only_transient_failures_reopen_the_loop() {
+        let combine = |e: CombineError| RunError::Combine(Box::new(e));
+        let cases = [
+            // Transient: a retry may succeed.
+            (
+                driver(DriverError::Transport("connection reset".into())),
+                true,
+            ),
+            (
+                driver(DriverError::Timeout {
+                    waiting_for: "DriverCommitted".into(),
+                    after: Duration::from_secs(300),
+                }),
+                true,
+            ),
+            (driver(DriverError::store("committing", "lost", true)), true),
+            (
+                RunError::Source(source_io(ErrorKind::ConnectionReset)),
+                true,
+            ),
+            (
+                RunError::Source(SourceError::Timeout {
+                    name: "views".into(),
+                    call: "queue",
+                    after: Duration::from_secs(60),
+                }),
+                true,
+            ),
+            (
+                combine(CombineError::Spill {
+                    dir: PathBuf::from("/tmp"),
+                    source: IoError::new(ErrorKind::StorageFull, "full"),
+                }),
+                true,
+            ),
+            // Deterministic: the same failure again.
+            (
+                driver(DriverError::store("storing", "constraint", false)),
+                false,
+            ),
+            (driver(DriverError::Malformed("not JSON".into())), false),
+            (driver(DriverError::Config("no table".into())), false),
+            (driver(DriverError::Fenced("newer instance".into())), false),
+            (
+                driver(DriverError::Protocol(violation(
+                    Peer::Driver,
+                    "Prepared",
+                    "Opened",
+                ))),
+                false,
+            ),
+            (
+                RunError::Loaded {
+                    endpoint: "postgres".into(),
+                    binding: 0,
+                    resource: "pageviews".into(),
+                    reason: "is not JSON".into(),
+                },
+                false,
+            ),
+            (RunError::Source(source_io(ErrorKind::NotFound)), false),
+            (
+                RunError::SeekBack {
+                    store_txn: 6,
+                    log_txn: 8,
+                    source: SourceError::Unavailable {
+                        name: "views".into(),
+                        position: Value::from(10),
+                        reason: "the file is shorter".into(),
+                    },
+                },
+                false,
+            ),
+            (
+                RunError::Input {
+                    position: "views.jsonl:3".into(),
+                    reason: "too large".into(),
+                },
+                false,
+            ),
+            (
+                RunError::Document {
+                    position: "views.jsonl:3".into(),
+                    source: Box::new(CombineError::Poisoned {
+                        first: "sum of a string".into(),
+                    }),
+                },
+                false,
+            ),
+            (
+                combine(CombineError::Poisoned {
+                    first: "sum of a string".into(),
+                }),
+                false,
+            ),
+            (
+                RunError::DeadLetter {
+                    name: "views".into(),
+                    source: DeadLetterError::Io {
+                        path: PathBuf::from("dead-letters.jsonl"),
+                        error: IoError::new(ErrorKind::StorageFull, "full"),
+                    },
+                },
+                false,
+            ),
+            (
+                RunError::StoreCheckpoint {
+                    endpoint: "postgres".into(),
+                    source: RecoveryError::BadCheckpoint("truncated".into()),
+                },
+                false,
+            ),
+            (
+                RunError::Recovery(RecoveryError::InUse {
+                    dir: PathBuf::from("log"),
+                    pid: Some(1),
+                }),
+                false,
+            ),
+            (
+                RunError::IntentSource {
+                    name: "views".into(),
+                },
+                false,
+            ),
+            (RunError::Internal("a task panicked".into()), false),
+        ];
+        for (err, retryable) in cases {
+            assert_eq!(err.is_retryable(), retryable, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_driver_timeout_names_the_endpoint_the_wait_and_the_setting() {
+        let err = driver(DriverError::Timeout {
+            waiting_for: "DriverCommitted (awaiting DriverCommitted of transaction 3)".into(),
+            after: Duration::from_secs(2),
+        });
+        assert_eq!(
+            err.to_string(),
+            "driver postgres: timed out after 2s waiting for DriverCommitted (awaiting \
+             DriverCommitted of transaction 3) (raise runtime.timeouts.driver if the store \
+             is only slow)"
+        );
+    }
 }

@@ -20,6 +20,8 @@ use sluice_doc::tuple;
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::arena::{self, LoadBuilder, StoreBuilder, StoreDoc};
 use sluice_driver_sdk::client::{ClientReceiver, ClientSender, Response};
+use sluice_driver_sdk::machine::violation;
+use sluice_driver_sdk::Peer;
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Prepare;
 use std::sync::Mutex;
@@ -209,7 +211,7 @@ pub(super) async fn recv_loaded(
                 let Some(b) = bindings.get(binding as usize) else {
                     return Err(PhaseError::Loaded {
                         binding,
-                        reason: format!("there are only {} bindings", bindings.len()),
+                        reason: format!("is of no binding: there are {}", bindings.len()),
                     });
                 };
                 let mut c2 = lock(c2);
@@ -217,12 +219,12 @@ pub(super) async fn recv_loaded(
                     let bad = |reason: String| PhaseError::Loaded { binding, reason };
                     let doc = parser
                         .parse(doc?)
-                        .map_err(|e| bad(format!("a document is not JSON: {e}")))?;
+                        .map_err(|e| bad(format!("is not JSON: {e}")))?;
                     key.clear();
                     b.collection
                         .key
                         .pack_doc(&doc, &mut key)
-                        .map_err(|e| bad(format!("a document has no key: {e}")))?;
+                        .map_err(|e| bad(format!("has no key: {e}")))?;
                     c2.reduce_left(binding, &key, doc)
                         .map_err(PhaseError::Combine)?;
                     loaded += 1;
@@ -235,9 +237,10 @@ pub(super) async fn recv_loaded(
             }
             Response::Prepared(cp) => return Ok((cp, loaded)),
             Response::DriverCommitted => {
-                return Err(PhaseError::Driver(DriverError::Transport(
-                    "DriverCommitted before Prepared".to_string(),
-                )));
+                return Err(PhaseError::Driver(
+                    violation(Peer::Driver, "Loaded, Acknowledged or Prepared", "DriverCommitted")
+                        .into(),
+                ));
             }
         }
     }
@@ -246,9 +249,7 @@ pub(super) async fn recv_loaded(
 pub(super) async fn expect_acknowledged(rx: &mut ClientReceiver) -> Result<(), DriverError> {
     match rx.recv().await? {
         Response::Acknowledged => Ok(()),
-        other => Err(DriverError::Transport(format!(
-            "expected Acknowledged, got {other:?}"
-        ))),
+        other => Err(violation(Peer::Driver, "Acknowledged", other.name()).into()),
     }
 }
 

@@ -352,9 +352,7 @@ impl Reader {
                     .sources
                     .iter()
                     .position(|b| b.source.name() == name)
-                    .ok_or_else(|| {
-                        RunError::Recovery(format!("the intent names unknown source {name}"))
-                    })?;
+                    .ok_or_else(|| RunError::IntentSource { name: name.clone() })?;
                 let bound = &mut self.sources[index];
                 for resume in resumes {
                     let step = bound

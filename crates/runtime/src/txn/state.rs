@@ -31,7 +31,7 @@
 //! awaits them, so no fsync blocks an async worker.
 
 use super::RunError;
-use crate::recovery::{Checkpoint, Intent, RecoveryLog};
+use crate::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::client::ClientSender;
 use tokio::task::JoinHandle;
@@ -41,7 +41,7 @@ pub(super) enum LogState {
     /// Nothing in flight (see [`Settled`]).
     Settled(Settled),
     /// T's commit record is being written and fsync'ed on a blocking task.
-    Committing(JoinHandle<Result<RecoveryLog, String>>),
+    Committing(JoinHandle<Result<RecoveryLog, RecoveryError>>),
 }
 
 /// The log with every record durable.
@@ -81,8 +81,7 @@ impl LogState {
             LogState::Committing(task) => {
                 let log = task
                     .await
-                    .map_err(|e| RunError::Internal(e.to_string()))?
-                    .map_err(RunError::Recovery)?;
+                    .map_err(|e| RunError::Internal(e.to_string()))??;
                 Ok(Settled::AckOwed(log))
             }
         }
@@ -116,9 +115,7 @@ impl Settled {
             Settled::Acknowledged(log) => (log, Ack::Sent),
         };
         let intent = intent.clone();
-        let log = crate::blocking::unblock(move || log.write_intent(&intent).map(|()| log))
-            .await
-            .map_err(|e| RunError::Recovery(e.to_string()))?;
+        let log = crate::blocking::unblock(move || log.write_intent(&intent).map(|()| log)).await?;
         Ok(IntentDurable { log, ack })
     }
 }
@@ -143,7 +140,7 @@ impl DriverCommitted {
         let mut log = self.log;
         LogState::Committing(tokio::task::spawn_blocking(move || {
             // Returns only after the commit record is fsync'ed.
-            log.commit(&checkpoint).map_err(|e| e.to_string())?;
+            log.commit(&checkpoint)?;
             Ok(log)
         }))
     }

@@ -1,0 +1,82 @@
+//! Every call to a source, bounded by `runtime.timeouts.source`: a source that hangs (a
+//! stalled network file system, a broker that stopped answering) ends the run with a
+//! retryable [`SourceError::Timeout`] naming the source and the call, and the loop
+//! reopens it with backoff, instead of the pipeline waiting forever. [`super::run`]
+//! wraps each source once, so neither recovery (seek) nor the reader (queue, replay)
+//! calls one unbounded. A source's calls return quickly by contract (`queue` returns
+//! what it has), so the bound is on one call, never on a transaction.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sluice_source_sdk::{FaultTolerance, QueueLimits, Records, Resume, Source, SourceError, Step};
+use std::time::Duration;
+use tokio::time::{error::Elapsed, timeout};
+
+/// `source`, each of whose calls fails with a timeout after `after`.
+pub(super) fn bounded(source: Box<dyn Source>, after: Duration) -> Box<dyn Source> {
+    Box::new(Bounded {
+        inner: source,
+        after,
+    })
+}
+
+struct Bounded {
+    inner: Box<dyn Source>,
+    after: Duration,
+}
+
+impl Bounded {
+    /// The call's result, or the timeout naming it.
+    fn settle<T>(
+        &self,
+        call: &'static str,
+        result: Result<Result<T, SourceError>, Elapsed>,
+    ) -> Result<T, SourceError> {
+        result.unwrap_or_else(|_| {
+            Err(SourceError::Timeout {
+                name: self.inner.name().to_string(),
+                call,
+                after: self.after,
+            })
+        })
+    }
+}
+
+#[async_trait]
+impl Source for Bounded {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn fault_tolerance(&self) -> FaultTolerance {
+        self.inner.fault_tolerance()
+    }
+
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
+        let result = timeout(self.after, self.inner.seek(position)).await;
+        self.settle("seek", result)
+    }
+
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
+        let result = timeout(self.after, self.inner.replay(step, out)).await;
+        self.settle("replay", result)
+    }
+
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        let result = timeout(self.after, self.inner.queue(limits, out)).await;
+        self.settle("queue", result)
+    }
+
+    fn extend(&mut self) {
+        self.inner.extend();
+    }
+
+    fn pause(&mut self) {
+        self.inner.pause();
+    }
+
+    /// Bounded too; a source that hangs here is simply dropped.
+    async fn disconnect(&mut self) {
+        let _ = timeout(self.after, self.inner.disconnect()).await;
+    }
+}
