@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, DriverError, OptsBuilder, Params};
+use mysql_async::{Conn, DriverError, IoError, OptsBuilder, Params};
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::apply::Catalog;
 use sluice_sqlkit::fence::{FenceClient, Param};
@@ -133,6 +133,9 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
     }
     if let Some(why) = handshake_failure(&err) {
         return Error::store(context, format!("{}: {why}", tls.describe()), false);
+    }
+    if let mysql_async::Error::Io(IoError::Tls(setup)) = &err {
+        return Error::store(context, format!("{}: setting up TLS: {setup}", tls.describe()), false);
     }
     if let mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer) = err {
         return Error::store(

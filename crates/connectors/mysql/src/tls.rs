@@ -133,7 +133,9 @@ impl Tls {
         Ok(Some(
             SslOpts::default()
                 .with_root_certs(roots)
-                .with_disable_built_in_roots(true)
+                // Unchecked, the bundled roots are never consulted, but mysql_async
+                // refuses to build a verifier without any.
+                .with_disable_built_in_roots(check_chain)
                 .with_danger_accept_invalid_certs(!check_chain)
                 .with_danger_skip_domain_validation(!check_host),
         ))

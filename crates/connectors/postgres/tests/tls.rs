@@ -1,6 +1,6 @@
 //! TLS against a private PostgreSQL cluster that accepts TLS connections only
-//! (`hostssl` alone in pg_hba.conf), with a CA and a server certificate the test makes
-//! (`openssl`), the certificate naming `localhost` only: `verify-full` with the CA
+//! (`hostssl` alone in pg_hba.conf), with the certificates of
+//! [`sluice_conformance::testing::tls`] (the server's names `localhost` only): `verify-full` with the CA
 //! connects to `localhost` and passes the conformance suite; plain connections are
 //! refused; a wrong CA, or a host the certificate does not name, fails `verify-full`
 //! naming the certificate problem; `verify-ca` and `require` connect where libpq's do.
@@ -9,6 +9,7 @@
 //! port, as `postgres` when the test runs as root (PostgreSQL refuses to run as root).
 
 use serde_json::json;
+use sluice_conformance::testing::tls::TestCertificates;
 use sluice_conformance::{Capabilities, assert_all_pass, run_suite};
 use sluice_driver_sdk::Error;
 use sluice_driver_sdk::inprocess::InProcess;
@@ -51,58 +52,11 @@ fn is_root() -> bool {
         .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
 }
 
-/// `openssl` with `args`, in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("running openssl");
-    assert!(
-        out.status.success(),
-        "openssl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A self-signed CA `<name>.crt` (key `<name>.key`) in `dir`.
-fn make_ca(dir: &Path, name: &str) {
-    let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
-    let subject = format!("/CN=Sluice test {name}");
-    openssl(
-        dir,
-        &[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", &key,
-            "-out", &crt, "-subj", &subject,
-        ],
-    );
-}
-
-/// `server.crt` and `server.key` in `dir`, signed by the CA `ca`, for `localhost` only.
-fn make_server_certificate(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
-            "server.csr", "-subj", "/CN=localhost",
-        ],
-    );
-    std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\n").unwrap();
-    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
-    openssl(
-        dir,
-        &[
-            "x509", "-req", "-in", "server.csr", "-CA", &ca_crt, "-CAkey", &ca_key,
-            "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.crt",
-        ],
-    );
-}
-
 /// A private cluster accepting TLS only, stopped (immediately) when dropped.
 struct TlsCluster {
     _dir: tempfile::TempDir,
     root: PathBuf,
+    certificates: TestCertificates,
     bin: PathBuf,
     port: u16,
 }
@@ -117,9 +71,7 @@ impl TlsCluster {
             .expect("a /usr/lib/postgresql/*/bin/initdb");
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
-        make_ca(&root, "ca");
-        make_ca(&root, "other-ca");
-        make_server_certificate(&root, "ca");
+        let certificates = TestCertificates::make(&root);
         if is_root() {
             run(Path::new("chown"), &["-R", "postgres:postgres", &path(&root)], false);
         }
@@ -146,6 +98,7 @@ impl TlsCluster {
         let cluster = TlsCluster {
             _dir: dir,
             root,
+            certificates,
             bin,
             port,
         };
@@ -165,7 +118,7 @@ impl TlsCluster {
 
     /// The path of a file the test made, as a URL option value.
     fn file(&self, name: &str) -> String {
-        path(&self.root.join(name))
+        self.certificates.file(name)
     }
 
     /// Connects with the driver's own client as `endpoint` says.
