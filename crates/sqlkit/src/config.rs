@@ -350,11 +350,16 @@ mod tests {
     fn the_connect_timeout_defaults_to_ten_seconds_and_refuses_zero_or_junk() {
         let options = |value: &str| vec![("connect_timeout".to_owned(), value.to_owned())];
         assert_eq!(connect_timeout(&[]).unwrap(), Duration::from_secs(10));
-        assert_eq!(connect_timeout(&options("3")).unwrap(), Duration::from_secs(3));
+        assert_eq!(
+            connect_timeout(&options("3")).unwrap(),
+            Duration::from_secs(3)
+        );
         for bad in ["0", "-1", "2.5", "soon"] {
             let err = connect_timeout(&options(bad)).unwrap_err().to_string();
             assert!(
-                err.contains(&format!("url: connect_timeout={bad}: expected a whole number")),
+                err.contains(&format!(
+                    "url: connect_timeout={bad}: expected a whole number"
+                )),
                 "{err}"
             );
         }

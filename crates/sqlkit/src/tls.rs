@@ -22,7 +22,8 @@ pub fn ca_certificates(
     read: std::io::Result<Vec<u8>>,
 ) -> Result<Vec<CertificateDer<'static>>> {
     let place = format!("endpoint config: url: {option}={}", path.display());
-    let pem = read.map_err(|err| Error::Config(format!("{place}: cannot read the CA file ({err})")))?;
+    let pem =
+        read.map_err(|err| Error::Config(format!("{place}: cannot read the CA file ({err})")))?;
     let certificates = CertificateDer::pem_slice_iter(&pem)
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|err| Error::Config(format!("{place}: not a PEM CA file ({err})")))?;
@@ -45,7 +46,9 @@ pub fn handshake_failure(err: &(dyn std::error::Error + 'static)) -> Option<Stri
             .or_else(|| inner.and_then(|inner| inner.downcast_ref::<rustls::Error>()));
         match tls {
             Some(rustls::Error::InvalidCertificate(certificate)) => {
-                return Some(format!("the server's certificate does not verify: {certificate}"));
+                return Some(format!(
+                    "the server's certificate does not verify: {certificate}"
+                ));
             }
             Some(other) => return Some(format!("the TLS handshake failed: {other}")),
             None => source = err.source(),
@@ -72,7 +75,10 @@ mod tests {
         let err = ca_certificates("sslrootcert", path, Ok(b"not a certificate".to_vec()))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("sslrootcert=/nowhere/ca.pem: holds no PEM certificate"), "{err}");
+        assert!(
+            err.contains("sslrootcert=/nowhere/ca.pem: holds no PEM certificate"),
+            "{err}"
+        );
     }
 
     #[test]

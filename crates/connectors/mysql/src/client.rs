@@ -135,7 +135,11 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
         return Error::store(context, format!("{}: {why}", tls.describe()), false);
     }
     if let mysql_async::Error::Io(IoError::Tls(setup)) = &err {
-        return Error::store(context, format!("{}: setting up TLS: {setup}", tls.describe()), false);
+        return Error::store(
+            context,
+            format!("{}: setting up TLS: {setup}", tls.describe()),
+            false,
+        );
     }
     if let mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer) = err {
         return Error::store(

@@ -108,7 +108,10 @@ impl EndpointConfig {
         let options = url_query_options(&self.url);
         let tls = Tls::from_url_options(&options)?;
         let connect_timeout = connect_timeout(&options)?;
-        let url = url_without_options(&self.url, &[tls::URL_OPTIONS, &["connect_timeout"]].concat());
+        let url = url_without_options(
+            &self.url,
+            &[tls::URL_OPTIONS, &["connect_timeout"]].concat(),
+        );
         let opts = mysql_async::Opts::from_url(&url).map_err(|err| {
             Error::Config(format!(
                 "endpoint config: url: not a MySQL connection URL ({err}); \

@@ -163,14 +163,20 @@ mod tests {
         let lower = tls(&[("ssl-mode", "required")]).unwrap();
         assert_eq!(lower.mode, SslMode::Required);
         let err = tls(&[("ssl-mode", "VERIFY_FULL")]).unwrap_err().to_string();
-        assert!(err.contains("url: ssl-mode=VERIFY_FULL: expected one of DISABLED"), "{err}");
+        assert!(
+            err.contains("url: ssl-mode=VERIFY_FULL: expected one of DISABLED"),
+            "{err}"
+        );
     }
 
     #[test]
     fn verifying_modes_need_a_ca_file() {
         for mode in ["VERIFY_CA", "VERIFY_IDENTITY"] {
             let err = tls(&[("ssl-mode", mode)]).unwrap_err().to_string();
-            assert!(err.contains(&format!("ssl-mode={mode}: needs ssl-ca=")), "{err}");
+            assert!(
+                err.contains(&format!("ssl-mode={mode}: needs ssl-ca=")),
+                "{err}"
+            );
         }
     }
 
@@ -178,16 +184,27 @@ mod tests {
     async fn what_is_checked_follows_the_shared_rule() {
         let checks = async |query: &[(&str, &str)]| {
             let opts = tls(query).unwrap().ssl_opts().await;
-            opts.ok().flatten().map(|opts| {
-                (!opts.accept_invalid_certs(), !opts.skip_domain_validation())
-            })
+            opts.ok()
+                .flatten()
+                .map(|opts| (!opts.accept_invalid_certs(), !opts.skip_domain_validation()))
         };
         assert_eq!(checks(&[("ssl-mode", "DISABLED")]).await, None);
         assert_eq!(checks(&[]).await, Some((false, false)));
-        assert_eq!(checks(&[("ssl-mode", "REQUIRED")]).await, Some((false, false)));
+        assert_eq!(
+            checks(&[("ssl-mode", "REQUIRED")]).await,
+            Some((false, false))
+        );
         // The others read the CA file: an unreadable one is an error naming `ssl-ca`.
         let missing = [("ssl-mode", "VERIFY_CA"), ("ssl-ca", "/nowhere/ca.pem")];
-        let err = tls(&missing).unwrap().ssl_opts().await.unwrap_err().to_string();
-        assert!(err.contains("url: ssl-ca=/nowhere/ca.pem: cannot read the CA file"), "{err}");
+        let err = tls(&missing)
+            .unwrap()
+            .ssl_opts()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("url: ssl-ca=/nowhere/ca.pem: cannot read the CA file"),
+            "{err}"
+        );
     }
 }

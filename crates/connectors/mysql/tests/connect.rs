@@ -16,7 +16,10 @@ async fn retryable_failure(url: &str) -> String {
             message,
             retryable: true,
         }) => format!("{context}: {message}"),
-        other => panic!("expected a retryable store error, got {:?}", other.map(drop)),
+        other => panic!(
+            "expected a retryable store error, got {:?}",
+            other.map(drop)
+        ),
     }
 }
 
@@ -37,5 +40,8 @@ async fn a_port_nobody_listens_on_is_a_retryable_error_naming_the_server() {
         .unwrap()
         .port();
     let err = retryable_failure(&format!("mysql://u@127.0.0.1:{port}/db")).await;
-    assert!(err.starts_with(&format!("connecting to mysql://u@127.0.0.1:{port}/db")), "{err}");
+    assert!(
+        err.starts_with(&format!("connecting to mysql://u@127.0.0.1:{port}/db")),
+        "{err}"
+    );
 }

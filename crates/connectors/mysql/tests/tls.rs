@@ -39,7 +39,11 @@ impl TlsServer {
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .output()
             .expect("running mariadb-install-db");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .unwrap()
@@ -69,7 +73,10 @@ impl TlsServer {
 
     /// Waits until a TLS login succeeds, then creates the database `tls`.
     async fn wait_until_ready(&self) {
-        let url = format!("mysql://root@127.0.0.1:{}/mysql?require_ssl=true&verify_ca=false", self.port);
+        let url = format!(
+            "mysql://root@127.0.0.1:{}/mysql?require_ssl=true&verify_ca=false",
+            self.port
+        );
         for _ in 0..600 {
             if let Ok(mut conn) = mysql_async::Conn::from_url(&url).await {
                 conn.query_drop("CREATE DATABASE tls").await.unwrap();
@@ -77,7 +84,10 @@ impl TlsServer {
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        panic!("the private MariaDB server in {} never accepted a login", self.dir.path().display());
+        panic!(
+            "the private MariaDB server in {} never accepted a login",
+            self.dir.path().display()
+        );
     }
 
     /// The endpoint of `host` with the URL options `query`.
@@ -89,7 +99,9 @@ impl TlsServer {
     async fn connect(&self, endpoint: &serde_json::Value) -> Result<(), Error> {
         let config = EndpointConfig::parse(&endpoint.to_string())?;
         let (conn, _) = client::connect(&config).await?;
-        conn.disconnect().await.map_err(|err| client::my_error("disconnecting", err))
+        conn.disconnect()
+            .await
+            .map_err(|err| client::my_error("disconnecting", err))
     }
 }
 
@@ -115,33 +127,63 @@ fn permanent(result: Result<(), Error>) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_connections_are_verified_as_ssl_mode_says_and_plain_ones_refused() {
     let server = TlsServer::start().await;
-    let (ca, other_ca) = (server.certificates.file("ca.crt"), server.certificates.file("other-ca.crt"));
+    let (ca, other_ca) = (
+        server.certificates.file("ca.crt"),
+        server.certificates.file("other-ca.crt"),
+    );
 
     let identity = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}");
     let driver = InProcess::new("mysql", Arc::new(MysqlDriver::new()));
     let endpoint = server.endpoint("localhost", &identity);
-    let results = run_suite(&driver, Capabilities::ALL, endpoint, json!({ "table": "conf" })).await;
+    let results = run_suite(
+        &driver,
+        Capabilities::ALL,
+        endpoint,
+        json!({ "table": "conf" }),
+    )
+    .await;
     assert_all_pass(&results);
 
-    let plain = permanent(server.connect(&server.endpoint("127.0.0.1", "ssl-mode=DISABLED")).await);
+    let plain = permanent(
+        server
+            .connect(&server.endpoint("127.0.0.1", "ssl-mode=DISABLED"))
+            .await,
+    );
     assert!(plain.contains("Access denied"), "{plain}");
 
     let wrong_ca = format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={other_ca}");
-    let err = permanent(server.connect(&server.endpoint("localhost", &wrong_ca)).await);
+    let err = permanent(
+        server
+            .connect(&server.endpoint("localhost", &wrong_ca))
+            .await,
+    );
     assert!(
         err.contains(&format!("ssl-mode=VERIFY_IDENTITY ssl-ca={other_ca}: the server's certificate does not verify: UnknownIssuer")),
         "{err}"
     );
-    let err = permanent(server.connect(&server.endpoint("127.0.0.1", &identity)).await);
-    assert!(err.contains("does not verify: certificate not valid for name"), "{err}");
+    let err = permanent(
+        server
+            .connect(&server.endpoint("127.0.0.1", &identity))
+            .await,
+    );
+    assert!(
+        err.contains("does not verify: certificate not valid for name"),
+        "{err}"
+    );
     let chain = format!("ssl-mode=VERIFY_CA&ssl-ca={other_ca}");
     let err = permanent(server.connect(&server.endpoint("localhost", &chain)).await);
     assert!(err.contains("does not verify: UnknownIssuer"), "{err}");
     let chain = format!("ssl-mode=VERIFY_CA&ssl-ca={ca}");
-    server.connect(&server.endpoint("localhost", &chain)).await.unwrap();
+    server
+        .connect(&server.endpoint("localhost", &chain))
+        .await
+        .unwrap();
 
     for unchecked in ["ssl-mode=REQUIRED", "ssl-mode=PREFERRED", ""] {
-        server.connect(&server.endpoint("127.0.0.1", unchecked)).await.unwrap();
+        server
+            .connect(&server.endpoint("127.0.0.1", unchecked))
+            .await
+            .unwrap();
     }
 }
 

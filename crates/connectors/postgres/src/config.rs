@@ -130,17 +130,20 @@ impl EndpointConfig {
                  expected e.g. postgres://user@host:5432/database"
             ))
         };
-        if !["postgres://", "postgresql://"].iter().any(|scheme| self.url.starts_with(scheme)) {
-            return Err(not_a_url("it starts with neither postgres:// nor postgresql://".into()));
+        if !["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| self.url.starts_with(scheme))
+        {
+            return Err(not_a_url(
+                "it starts with neither postgres:// nor postgresql://".into(),
+            ));
         }
         let options = url_query_options(&self.url);
         let tls = Tls::from_url_options(&options)?;
         let connect_timeout = connect_timeout(&options)?;
-        let mut config = tokio_postgres::Config::from_str(&url_without_options(
-            &self.url,
-            tls::URL_OPTIONS,
-        ))
-        .map_err(|err| not_a_url(err.to_string()))?;
+        let mut config =
+            tokio_postgres::Config::from_str(&url_without_options(&self.url, tls::URL_OPTIONS))
+                .map_err(|err| not_a_url(err.to_string()))?;
         config.connect_timeout(connect_timeout);
         let unset = |option: &str| options.iter().all(|(name, _)| name != option);
         if unset("keepalives_idle") {

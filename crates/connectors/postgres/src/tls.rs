@@ -23,7 +23,9 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::tls::ca_certificates;
 use std::path::PathBuf;
@@ -151,7 +153,11 @@ impl Tls {
             None => format!("sslmode={}", self.mode.name()),
             Some(RootCert::System) => format!("sslmode={} sslrootcert=system", self.mode.name()),
             Some(RootCert::File(path)) => {
-                format!("sslmode={} sslrootcert={}", self.mode.name(), path.display())
+                format!(
+                    "sslmode={} sslrootcert={}",
+                    self.mode.name(),
+                    path.display()
+                )
             }
         }
     }
@@ -188,8 +194,11 @@ impl Tls {
             Check::Chain | Check::Nothing => {
                 let chain = (check == Check::Chain)
                     .then(|| {
-                        WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                            .build()
+                        WebPkiServerVerifier::builder_with_provider(
+                            Arc::new(roots),
+                            provider.clone(),
+                        )
+                        .build()
                     })
                     .transpose()
                     .map_err(|err| Error::store("configuring TLS", err, false))?;
@@ -228,8 +237,7 @@ impl ServerCertVerifier for LaxVerifier {
             return Ok(ServerCertVerified::assertion());
         };
         // The chain is verified before the name: a name error means the chain held.
-        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -279,16 +287,28 @@ mod tests {
             assert_eq!(tls(&[("sslmode", name), root_cert]).unwrap().mode, mode);
         }
         let err = tls(&[("sslmode", "verify_full")]).unwrap_err().to_string();
-        assert!(err.contains("url: sslmode=verify_full: expected one of disable"), "{err}");
+        assert!(
+            err.contains("url: sslmode=verify_full: expected one of disable"),
+            "{err}"
+        );
     }
 
     #[test]
     fn what_is_checked_follows_libpq() {
         let check = |query: &[(&str, &str)]| tls(query).unwrap().check();
         assert_eq!(check(&[("sslmode", "require")]), Check::Nothing);
-        assert_eq!(check(&[("sslmode", "prefer"), ("sslrootcert", "/ca")]), Check::Nothing);
-        assert_eq!(check(&[("sslmode", "require"), ("sslrootcert", "/ca")]), Check::Chain);
-        assert_eq!(check(&[("sslmode", "verify-ca"), ("sslrootcert", "/ca")]), Check::Chain);
+        assert_eq!(
+            check(&[("sslmode", "prefer"), ("sslrootcert", "/ca")]),
+            Check::Nothing
+        );
+        assert_eq!(
+            check(&[("sslmode", "require"), ("sslrootcert", "/ca")]),
+            Check::Chain
+        );
+        assert_eq!(
+            check(&[("sslmode", "verify-ca"), ("sslrootcert", "/ca")]),
+            Check::Chain
+        );
         let full = [("sslmode", "verify-full"), ("sslrootcert", "system")];
         assert_eq!(check(&full), Check::ChainAndHost);
     }
@@ -296,10 +316,16 @@ mod tests {
     #[test]
     fn verifying_modes_need_a_root_certificate_and_system_roots_need_verify_full() {
         let err = tls(&[("sslmode", "verify-ca")]).unwrap_err().to_string();
-        assert!(err.contains("url: sslmode=verify-ca: needs sslrootcert="), "{err}");
+        assert!(
+            err.contains("url: sslmode=verify-ca: needs sslrootcert="),
+            "{err}"
+        );
         let system = [("sslmode", "verify-ca"), ("sslrootcert", "system")];
         let err = tls(&system).unwrap_err().to_string();
-        assert!(err.contains("sslrootcert=system needs sslmode=verify-full"), "{err}");
+        assert!(
+            err.contains("sslrootcert=system needs sslmode=verify-full"),
+            "{err}"
+        );
     }
 
     #[test]

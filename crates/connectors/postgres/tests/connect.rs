@@ -16,14 +16,20 @@ async fn retryable_failure(url: &str) -> String {
             message,
             retryable: true,
         }) => format!("{context}: {message}"),
-        other => panic!("expected a retryable store error, got {:?}", other.map(drop)),
+        other => panic!(
+            "expected a retryable store error, got {:?}",
+            other.map(drop)
+        ),
     }
 }
 
 #[tokio::test]
 async fn a_server_that_never_answers_is_a_retryable_error_after_connect_timeout() {
     let silent = SilentServer::start().await;
-    let url = format!("postgres://u@127.0.0.1:{}/db?connect_timeout=1", silent.port);
+    let url = format!(
+        "postgres://u@127.0.0.1:{}/db?connect_timeout=1",
+        silent.port
+    );
     let err = retryable_failure(&url).await;
     let server = format!("connecting to postgres://u@127.0.0.1:{}/db", silent.port);
     assert!(err.starts_with(&server), "{err}");
@@ -37,5 +43,8 @@ async fn a_port_nobody_listens_on_is_a_retryable_error_naming_the_server() {
         .unwrap()
         .port();
     let err = retryable_failure(&format!("postgres://u@127.0.0.1:{port}/db")).await;
-    assert!(err.starts_with(&format!("connecting to postgres://u@127.0.0.1:{port}/db")), "{err}");
+    assert!(
+        err.starts_with(&format!("connecting to postgres://u@127.0.0.1:{port}/db")),
+        "{err}"
+    );
 }

@@ -73,7 +73,11 @@ impl TlsCluster {
         let root = dir.path().to_path_buf();
         let certificates = TestCertificates::make(&root);
         if is_root() {
-            run(Path::new("chown"), &["-R", "postgres:postgres", &path(&root)], false);
+            run(
+                Path::new("chown"),
+                &["-R", "postgres:postgres", &path(&root)],
+                false,
+            );
         }
         let data = path(&root.join("data"));
         run(
@@ -125,9 +129,11 @@ impl TlsCluster {
     async fn connect(&self, endpoint: &serde_json::Value) -> Result<(), Error> {
         let config = EndpointConfig::parse(&endpoint.to_string())?;
         let client = client::connect(&config).await?;
-        client.simple_query("SELECT 1").await.map(drop).map_err(|err| {
-            client::pg_error("SELECT 1", err)
-        })
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map(drop)
+            .map_err(|err| client::pg_error("SELECT 1", err))
     }
 }
 
@@ -165,10 +171,20 @@ async fn verify_full_with_the_ca_passes_the_conformance_suite_and_plain_is_refus
     let endpoint = cluster.endpoint("localhost", &ca);
 
     let driver = InProcess::new("postgres", Arc::new(PostgresDriver::new()));
-    let results = run_suite(&driver, Capabilities::ALL, endpoint, json!({ "table": "conf" })).await;
+    let results = run_suite(
+        &driver,
+        Capabilities::ALL,
+        endpoint,
+        json!({ "table": "conf" }),
+    )
+    .await;
     assert_all_pass(&results);
 
-    let plain = permanent(cluster.connect(&cluster.endpoint("127.0.0.1", "sslmode=disable")).await);
+    let plain = permanent(
+        cluster
+            .connect(&cluster.endpoint("127.0.0.1", "sslmode=disable"))
+            .await,
+    );
     assert!(plain.contains("no pg_hba.conf entry"), "{plain}");
     assert!(plain.contains("no encryption"), "{plain}");
 }
@@ -180,7 +196,11 @@ async fn certificates_are_checked_as_libpq_checks_them() {
 
     // A CA that did not sign the server's certificate.
     let wrong_ca = format!("sslmode=verify-full&sslrootcert={other_ca}");
-    let err = permanent(cluster.connect(&cluster.endpoint("localhost", &wrong_ca)).await);
+    let err = permanent(
+        cluster
+            .connect(&cluster.endpoint("localhost", &wrong_ca))
+            .await,
+    );
     assert!(
         err.contains(&format!("sslmode=verify-full sslrootcert={other_ca}: the server's certificate does not verify: UnknownIssuer")),
         "{err}"
@@ -188,7 +208,11 @@ async fn certificates_are_checked_as_libpq_checks_them() {
 
     // The right CA, but a host the certificate does not name.
     let right_ca = format!("sslmode=verify-full&sslrootcert={ca}");
-    let err = permanent(cluster.connect(&cluster.endpoint("127.0.0.1", &right_ca)).await);
+    let err = permanent(
+        cluster
+            .connect(&cluster.endpoint("127.0.0.1", &right_ca))
+            .await,
+    );
     assert!(
         err.contains("the server's certificate does not verify: certificate not valid for name"),
         "{err}"
@@ -197,27 +221,50 @@ async fn certificates_are_checked_as_libpq_checks_them() {
     // verify-ca checks the chain only; require without a CA checks nothing, and with
     // one it checks the chain (as libpq).
     let chain_only = format!("sslmode=verify-ca&sslrootcert={ca}");
-    cluster.connect(&cluster.endpoint("127.0.0.1", &chain_only)).await.unwrap();
-    let err = permanent(cluster.connect(&cluster.endpoint(
-        "127.0.0.1",
-        &format!("sslmode=verify-ca&sslrootcert={other_ca}"),
-    )).await);
+    cluster
+        .connect(&cluster.endpoint("127.0.0.1", &chain_only))
+        .await
+        .unwrap();
+    let err = permanent(
+        cluster
+            .connect(&cluster.endpoint(
+                "127.0.0.1",
+                &format!("sslmode=verify-ca&sslrootcert={other_ca}"),
+            ))
+            .await,
+    );
     assert!(err.contains("does not verify: UnknownIssuer"), "{err}");
-    cluster.connect(&cluster.endpoint("127.0.0.1", "sslmode=require")).await.unwrap();
-    let err = permanent(cluster.connect(&cluster.endpoint(
-        "127.0.0.1",
-        &format!("sslmode=require&sslrootcert={other_ca}"),
-    )).await);
+    cluster
+        .connect(&cluster.endpoint("127.0.0.1", "sslmode=require"))
+        .await
+        .unwrap();
+    let err = permanent(
+        cluster
+            .connect(&cluster.endpoint(
+                "127.0.0.1",
+                &format!("sslmode=require&sslrootcert={other_ca}"),
+            ))
+            .await,
+    );
     assert!(err.contains("does not verify: UnknownIssuer"), "{err}");
 
     // The weak modes connect too: prefer over TLS, allow after the plain refusal.
     for weak in ["sslmode=prefer", "sslmode=allow", ""] {
-        cluster.connect(&cluster.endpoint("127.0.0.1", weak)).await.unwrap();
+        cluster
+            .connect(&cluster.endpoint("127.0.0.1", weak))
+            .await
+            .unwrap();
     }
 
     // An unreadable CA file is a configuration error naming the option.
-    let missing = format!("sslmode=verify-full&sslrootcert={}", cluster.file("missing.crt"));
-    let err = cluster.connect(&cluster.endpoint("localhost", &missing)).await.unwrap_err();
+    let missing = format!(
+        "sslmode=verify-full&sslrootcert={}",
+        cluster.file("missing.crt")
+    );
+    let err = cluster
+        .connect(&cluster.endpoint("localhost", &missing))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
     assert!(err.to_string().contains("sslrootcert="), "{err}");
     assert!(err.to_string().contains("cannot read the CA file"), "{err}");
