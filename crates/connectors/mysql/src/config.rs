@@ -182,6 +182,24 @@ mod tests {
     }
 
     #[test]
+    fn the_url_takes_tls_and_timeout_options_and_sets_the_keepalive_default() {
+        let url = "mysql://u@h:3306/db?ssl-mode=VERIFY_CA&ssl-ca=/ca.pem&connect_timeout=3";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let Connection {
+            opts,
+            tls,
+            connect_timeout,
+        } = config.unwrap().connection().unwrap();
+        assert_eq!(tls.describe(), "ssl-mode=VERIFY_CA ssl-ca=/ca.pem");
+        assert_eq!(connect_timeout, Duration::from_secs(3));
+        assert_eq!(opts.tcp_keepalive(), Some(TCP_KEEPALIVE));
+        let url = "mysql://u@h:3306/db?tcp_keepalive=5000";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let opts = config.unwrap().connection().unwrap().opts;
+        assert_eq!(opts.tcp_keepalive(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
     fn table_names_may_have_64_characters_of_any_width() {
         let table = |name: String| {
             ResourceConfig::parse(&format!(r#"{{"table": "{name}"}}"#), Some(NAME_LIMIT))

@@ -69,6 +69,21 @@ impl Tls {
     /// `options`; a verifying mode without a CA file is a configuration error.
     pub fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
         let last = |name: &str| options.iter().rfind(|(n, _)| n == name).map(|(_, v)| v);
+        // mysql_async's own TLS options would be overridden by `ssl-mode`: refused.
+        if let Some((name, _)) = (options.iter()).find(|(name, _)| {
+            [
+                "require_ssl",
+                "verify_ca",
+                "verify_identity",
+                "built_in_roots",
+            ]
+            .contains(&&**name)
+        }) {
+            return Err(Error::Config(format!(
+                "endpoint config: url: {name}: TLS is set with ssl-mode (DISABLED, PREFERRED, \
+                 REQUIRED, VERIFY_CA, VERIFY_IDENTITY) and ssl-ca"
+            )));
+        }
         let mode = match last("ssl-mode") {
             None => SslMode::Preferred,
             Some(value) => (SslMode::ALL.iter())
@@ -165,6 +180,15 @@ mod tests {
         let err = tls(&[("ssl-mode", "VERIFY_FULL")]).unwrap_err().to_string();
         assert!(
             err.contains("url: ssl-mode=VERIFY_FULL: expected one of DISABLED"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mysql_async_tls_options_are_refused_for_ssl_mode() {
+        let err = tls(&[("require_ssl", "true")]).unwrap_err().to_string();
+        assert!(
+            err.contains("url: require_ssl: TLS is set with ssl-mode"),
             "{err}"
         );
     }

@@ -118,8 +118,9 @@ fn connect_error(context: &str, tls: &Tls, err: tokio_postgres::Error) -> Error 
     if let Some(why) = handshake_failure(&err) {
         return Error::store(context, format!("{}: {why}", tls.describe()), false);
     }
-    // tokio-postgres says so in words only (under `require`, the sole attempt).
-    if err.to_string().ends_with("server does not support TLS") {
+    // tokio-postgres says so in words only, in the error's source.
+    let source = std::error::Error::source(&err).map(ToString::to_string);
+    if source.as_deref() == Some("server does not support TLS") {
         return Error::store(
             context,
             format!(

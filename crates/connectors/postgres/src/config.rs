@@ -217,6 +217,35 @@ mod tests {
     }
 
     #[test]
+    fn the_url_takes_tls_options_and_sets_timeout_and_keepalive_defaults() {
+        let url = "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&keepalives_idle=5";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let Connection {
+            config,
+            tls,
+            connect_timeout,
+        } = config.unwrap().connection().unwrap();
+        assert_eq!(tls.describe(), "sslmode=verify-full sslrootcert=/ca.pem");
+        assert_eq!(connect_timeout, Duration::from_secs(10));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(10)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(5));
+        assert_eq!(config.get_keepalives_interval(), Some(KEEPALIVES_INTERVAL));
+        assert_eq!(config.get_keepalives_retries(), Some(KEEPALIVES_RETRIES));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+    }
+
+    #[test]
+    fn a_key_value_connection_string_is_refused_for_a_url() {
+        let err = EndpointConfig::parse(r#"{"url": "host=h dbname=db sslmode=require"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("neither postgres:// nor postgresql://"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn table_names_may_have_63_bytes() {
         let table = |name: String| {
             ResourceConfig::parse(&format!(r#"{{"table": "{name}"}}"#), Some(NAME_LIMIT))
