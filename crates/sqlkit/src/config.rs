@@ -10,11 +10,19 @@
 //! Every SQL store's resource is the same [`TableResource`] (a table, kept by key or
 //! appended to), checked against the store's [`NameLimit`] and described by
 //! [`table_resource_schema`]; only the limit and the title differ between stores.
+//!
+//! A SQL store's connection URL carries options its client library does not read (TLS
+//! modes and CA files as libpq or MySQL clients spell them, `connect_timeout`): the
+//! driver reads them with [`url_query_options`] and hands the library the URL
+//! [`url_without_options`] (TLS itself: [`crate::tls`]). Every connection has a
+//! [`connect_timeout`], [`DEFAULT_CONNECT_TIMEOUT`] unless the URL says otherwise.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
+use std::borrow::Cow;
+use std::time::Duration;
 
 /// Deserializes `json` as `what` (e.g. "resource config"); an error is
 /// [`Error::Config`] naming `what` and the path of the offending field, if any.
@@ -128,6 +136,68 @@ pub fn materialization(
     spec: Option<flow::MaterializationSpec>,
 ) -> Result<flow::MaterializationSpec> {
     spec.ok_or_else(|| Error::Config("request has no materialization spec".into()))
+}
+
+/// How long a connection attempt may take (TCP connect, TLS handshake, login) when the
+/// URL sets no `connect_timeout`: long enough for a server across the world, short
+/// enough that a dead host surfaces as a retryable error before an operator wonders.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `name=value` options of the query of `url` (after its first `?`), percent-decoded,
+/// in the order written. An option without `=` has an empty value.
+pub fn url_query_options(url: &str) -> Vec<(String, String)> {
+    let decode = |text: &str| -> String {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8()
+            .map_or_else(|_| text.to_owned(), Cow::into_owned)
+    };
+    let Some((_, query)) = url.split_once('?') else {
+        return Vec::new();
+    };
+    (query.split('&'))
+        .filter(|option| !option.is_empty())
+        .map(|option| {
+            let (name, value) = option.split_once('=').unwrap_or((option, ""));
+            (decode(name), decode(value))
+        })
+        .collect()
+}
+
+/// `url` without the query options named in `names`: those the driver reads itself and
+/// its client library would refuse as unknown. Other options keep their spelling.
+pub fn url_without_options(url: &str, names: &[&str]) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let kept: Vec<&str> = (query.split('&'))
+        .filter(|option| {
+            let name = option.split_once('=').map_or(*option, |(name, _)| name);
+            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            !option.is_empty() && !names.contains(&&*name)
+        })
+        .collect();
+    if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    }
+}
+
+/// The `connect_timeout` of a connection URL's `options`: whole seconds, as libpq and
+/// MySQL clients read it, [`DEFAULT_CONNECT_TIMEOUT`] when absent. Zero (libpq's "wait
+/// forever") is refused: every connection attempt ends.
+pub fn connect_timeout(options: &[(String, String)]) -> Result<Duration> {
+    let Some((_, value)) = options.iter().rfind(|(name, _)| name == "connect_timeout") else {
+        return Ok(DEFAULT_CONNECT_TIMEOUT);
+    };
+    match value.parse::<u64>() {
+        Ok(seconds) if seconds > 0 => Ok(Duration::from_secs(seconds)),
+        _ => Err(Error::Config(format!(
+            "endpoint config: url: connect_timeout={value}: expected a whole number of \
+             seconds greater than 0 (default {})",
+            DEFAULT_CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -248,5 +318,50 @@ mod tests {
         let err = materialization(None).unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");
         assert!(materialization(Some(Default::default())).is_ok());
+    }
+
+    #[test]
+    fn url_options_are_read_decoded_and_taken_out_keeping_the_rest() {
+        let url = "postgres://u:p%3Fw@h/db?sslmode=verify-full&application_name=a%20b\
+                   &sslrootcert=%2Ftmp%2Fca.pem&flag";
+        assert_eq!(
+            url_query_options(url),
+            [
+                ("sslmode", "verify-full"),
+                ("application_name", "a b"),
+                ("sslrootcert", "/tmp/ca.pem"),
+                ("flag", ""),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        );
+        assert_eq!(
+            url_without_options(url, &["sslmode", "sslrootcert"]),
+            "postgres://u:p%3Fw@h/db?application_name=a%20b&flag"
+        );
+        assert_eq!(
+            url_without_options("mysql://h/db?ssl-mode=REQUIRED", &["ssl-mode"]),
+            "mysql://h/db"
+        );
+        assert_eq!(url_without_options("mysql://h/db", &["x"]), "mysql://h/db");
+        assert!(url_query_options("mysql://h/db").is_empty());
+    }
+
+    #[test]
+    fn the_connect_timeout_defaults_to_ten_seconds_and_refuses_zero_or_junk() {
+        let options = |value: &str| vec![("connect_timeout".to_owned(), value.to_owned())];
+        assert_eq!(connect_timeout(&[]).unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            connect_timeout(&options("3")).unwrap(),
+            Duration::from_secs(3)
+        );
+        for bad in ["0", "-1", "2.5", "soon"] {
+            let err = connect_timeout(&options(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "url: connect_timeout={bad}: expected a whole number"
+                )),
+                "{err}"
+            );
+        }
     }
 }

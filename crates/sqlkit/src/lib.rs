@@ -11,6 +11,7 @@
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
 //! - [`apply`]: Apply planned once over a store's [`apply::Catalog`] and its
 //!   [`apply::Ddl`]; Spec's and Validate's answers.
+//! - [`tls`]: the CA file a connection URL names, and why a TLS handshake failed.
 //! - [`fence`]: the claim protocol and the fenced checkpoint commit over a checkpoints
 //!   table, once, over a dialect's statements and client calls.
 //!
@@ -26,6 +27,7 @@ pub mod config;
 pub mod fence;
 mod table;
 pub mod text;
+pub mod tls;
 pub mod validate;
 
 pub use table::{Column, ColumnKind, Inferred, Table, spec_tables};

@@ -13,7 +13,8 @@
 //! updates, atomic commits, as seen through the protocol) are the suite's
 //! ([`crate::run_suite`]); [`scenarios`] holds what only a table-writing store can be
 //! asked: what its tables hold afterwards. What is store-specific (a private database
-//! or schema per test, queries of the result) stays in each connector's `tests/common`.
+//! or schema per test, queries of the result) stays in each connector's `tests/common`;
+//! [`tls`] makes the certificates of their TLS tests.
 
 pub use crate::messages::{apply_request, open};
 pub use crate::session::Session;
@@ -296,3 +297,4 @@ impl TestDriver {
 }
 
 pub mod scenarios;
+pub mod tls;

@@ -19,17 +19,24 @@
 //! are retryable (the runtime reopens with backoff; the server rolled back the
 //! transaction in progress); constraint violations and bad data are not. Errors name the
 //! server without its password ([`EndpointConfig::describe`]).
+//!
+//! Connecting: a host that cannot be reached, or answers nothing within
+//! `connect_timeout`, is retryable; what retrying cannot change is not: a login the
+//! server refuses, a certificate that does not verify, a server without TLS under
+//! `ssl-mode=REQUIRED` or stronger. The TLS errors name the options ([`Tls::describe`]).
 
-use crate::config::EndpointConfig;
+use crate::config::{Connection, EndpointConfig};
 use crate::sql::{self, CHECKPOINTS_TABLE, Flavor};
+use crate::tls::Tls;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, OptsBuilder, Params};
+use mysql_async::{Conn, DriverError, IoError, OptsBuilder, Params};
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::apply::Catalog;
 use sluice_sqlkit::fence::{FenceClient, Param};
+use sluice_sqlkit::tls::handshake_failure;
 
 /// Server error codes after which reconnecting and retrying may succeed.
 const RETRYABLE_CODES: &[u16] = &[
@@ -65,11 +72,19 @@ pub fn my_error(context: impl Into<String>, err: mysql_async::Error) -> Error {
     }
 }
 
-/// Connects to the endpoint's server and sets up the session (see the module docs).
-/// Returns the connection and the server's flavor.
+/// Connects to the endpoint's server, over TLS as its `ssl-mode` says, and sets up the
+/// session (see the module docs), all within its `connect_timeout`. Returns the
+/// connection and the server's flavor.
 pub async fn connect(endpoint: &EndpointConfig) -> Result<(Conn, Flavor)> {
     let server = endpoint.describe();
-    let opts = OptsBuilder::from_opts(endpoint.connection()?)
+    let Connection {
+        opts,
+        tls,
+        connect_timeout,
+    } = endpoint.connection()?;
+    let context = format!("connecting to {server}");
+    let prefer_socket = opts.prefer_socket() && !tls.required();
+    let opts = OptsBuilder::from_opts(opts)
         .client_found_rows(true)
         .max_allowed_packet(Some(1 << 30))
         .init(vec![
@@ -77,14 +92,66 @@ pub async fn connect(endpoint: &EndpointConfig) -> Result<(Conn, Flavor)> {
             "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION'",
             "SET SESSION time_zone = '+00:00'",
         ]);
-    let mut conn = Conn::new(opts)
+    let attempt = async {
+        let ssl_opts = tls.ssl_opts().await?;
+        let secure = (opts.clone().ssl_opts(ssl_opts)).prefer_socket(prefer_socket);
+        let conn = match Conn::new(secure).await {
+            Err(mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer))
+                if tls.falls_back_to_plain() =>
+            {
+                Conn::new(opts).await
+            }
+            conn => conn,
+        };
+        let mut conn = conn.map_err(|err| connect_error(&context, &tls, err))?;
+        let version: Option<String> = conn
+            .query_first("SELECT VERSION()")
+            .await
+            .map_err(|err| my_error(format!("reading the version of {server}"), err))?;
+        Ok((conn, Flavor::of_version(&version.unwrap_or_default())))
+    };
+    tokio::time::timeout(connect_timeout, attempt)
         .await
-        .map_err(|err| my_error(format!("connecting to {server}"), err))?;
-    let version: Option<String> = conn
-        .query_first("SELECT VERSION()")
-        .await
-        .map_err(|err| my_error(format!("reading the version of {server}"), err))?;
-    Ok((conn, Flavor::of_version(&version.unwrap_or_default())))
+        .map_err(|_| {
+            Error::store(
+                &context,
+                format!(
+                    "no answer within connect_timeout={}s; retrying may succeed",
+                    connect_timeout.as_secs()
+                ),
+                true,
+            )
+        })?
+}
+
+/// The error of a failed connection attempt: the server's own refusals as
+/// [`my_error`] classifies them, TLS failures naming the options (not retryable), and
+/// every other failure to reach the server retryable.
+fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
+    if let mysql_async::Error::Server(_) = err {
+        return my_error(context, err);
+    }
+    if let Some(why) = handshake_failure(&err) {
+        return Error::store(context, format!("{}: {why}", tls.describe()), false);
+    }
+    if let mysql_async::Error::Io(IoError::Tls(setup)) = &err {
+        return Error::store(
+            context,
+            format!("{}: setting up TLS: {setup}", tls.describe()),
+            false,
+        );
+    }
+    if let mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer) = err {
+        return Error::store(
+            context,
+            format!(
+                "{}: the server does not accept TLS connections (have_ssl is DISABLED?)",
+                tls.describe()
+            ),
+            false,
+        );
+    }
+    Error::store(context, format!("{err}; retrying may succeed"), true)
 }
 
 /// Runs `statement` (a [`crate::sql::Table::load_data_sql`]) with `rows` as its input

@@ -7,10 +7,20 @@
 //! file. The URL may hold a password (`${MYSQL_PASSWORD}` expanded by the runtime): it is
 //! never printed. Everything that names the server uses [`EndpointConfig::describe`],
 //! which drops it.
+//!
+//! The URL's query takes mysql_async's options and three of MySQL clients': `ssl-mode`
+//! and `ssl-ca` (read by [`crate::tls`]) and `connect_timeout` (whole seconds, default
+//! 10, for the whole attempt: TCP connect, TLS handshake, login). `tcp_keepalive`
+//! (milliseconds, mysql_async's) defaults to [`TCP_KEEPALIVE`].
 
+use crate::tls::{self, Tls};
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::config::{NameLimit, TableResource, parse, table_resource_schema};
+use sluice_sqlkit::config::{
+    NameLimit, TableResource, connect_timeout, parse, table_resource_schema, url_query_options,
+    url_without_options,
+};
+use std::time::Duration;
 
 /// Where the documentation of this driver lives (returned by Spec).
 pub const DOCUMENTATION_URL: &str =
@@ -27,7 +37,7 @@ pub const ENDPOINT_SCHEMA: &str = r#"{
     "url": {
       "type": "string",
       "minLength": 1,
-      "description": "Connection URL naming the database, e.g. mysql://user:${MYSQL_PASSWORD}@host:3306/db (no TLS). The server must allow LOAD DATA LOCAL INFILE (local_infile=ON, the MariaDB default)."
+      "description": "Connection URL naming the database, e.g. mysql://user:${MYSQL_PASSWORD}@host:3306/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ssl/db-ca.pem. Query options as MySQL clients spell them: ssl-mode (DISABLED, PREFERRED (default), REQUIRED, VERIFY_CA, VERIFY_IDENTITY), ssl-ca (a PEM file of CA certificates), connect_timeout (seconds, default 10); and mysql_async's, e.g. tcp_keepalive (milliseconds, default 30000). The server must allow LOAD DATA LOCAL INFILE (local_infile=ON, the MariaDB default)."
     }
   }
 }"#;
@@ -53,6 +63,21 @@ impl std::fmt::Debug for EndpointConfig {
     }
 }
 
+/// The TCP keepalive time of a URL that sets no `tcp_keepalive`: after 30 s of silence
+/// the kernel probes the peer (at its own interval and count: mysql_async sets no
+/// others), so a dead server ends the connection as a retryable error instead of never.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// How to reach the server: what mysql_async reads, and what the driver adds to it.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The URL's settings, with the [`TCP_KEEPALIVE`] default set.
+    pub opts: mysql_async::Opts,
+    pub tls: Tls,
+    /// The bound of one whole connection attempt.
+    pub connect_timeout: Duration,
+}
+
 /// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
 pub type ResourceConfig = TableResource;
 
@@ -67,7 +92,7 @@ pub const NAME_LIMIT: NameLimit = NameLimit {
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
         let config: Self = parse("endpoint config", json)?;
-        let opts = config.connection()?;
+        let opts = config.connection()?.opts;
         if opts.db_name().is_none_or(str::is_empty) {
             return Err(Error::Config(
                 "endpoint config: url: names no database; expected e.g. \
@@ -79,12 +104,26 @@ impl EndpointConfig {
     }
 
     /// The parsed connection settings.
-    pub fn connection(&self) -> Result<mysql_async::Opts> {
-        mysql_async::Opts::from_url(&self.url).map_err(|err| {
+    pub fn connection(&self) -> Result<Connection> {
+        let options = url_query_options(&self.url);
+        let tls = Tls::from_url_options(&options)?;
+        let connect_timeout = connect_timeout(&options)?;
+        let url = url_without_options(
+            &self.url,
+            &[tls::URL_OPTIONS, &["connect_timeout"]].concat(),
+        );
+        let opts = mysql_async::Opts::from_url(&url).map_err(|err| {
             Error::Config(format!(
                 "endpoint config: url: not a MySQL connection URL ({err}); \
                  expected e.g. mysql://user@host:3306/database"
             ))
+        })?;
+        let keepalive = opts.tcp_keepalive().unwrap_or(TCP_KEEPALIVE);
+        let opts = mysql_async::OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive));
+        Ok(Connection {
+            opts: opts.into(),
+            tls,
+            connect_timeout,
         })
     }
 
@@ -92,14 +131,14 @@ impl EndpointConfig {
     pub fn database(&self) -> String {
         self.connection()
             .ok()
-            .and_then(|opts| opts.db_name().map(str::to_owned))
+            .and_then(|connection| connection.opts.db_name().map(str::to_owned))
             .unwrap_or_default()
     }
 
     /// The server as `mysql://user@host:port/database`, without the password: what
     /// errors and logs name.
     pub fn describe(&self) -> String {
-        let Ok(opts) = self.connection() else {
+        let Ok(Connection { opts, .. }) = self.connection() else {
             return "mysql://(invalid url)".to_owned();
         };
         format!(
@@ -140,6 +179,24 @@ mod tests {
         }
         let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
         assert!(err.to_string().contains("missing field `url`"), "{err}");
+    }
+
+    #[test]
+    fn the_url_takes_tls_and_timeout_options_and_sets_the_keepalive_default() {
+        let url = "mysql://u@h:3306/db?ssl-mode=VERIFY_CA&ssl-ca=/ca.pem&connect_timeout=3";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let Connection {
+            opts,
+            tls,
+            connect_timeout,
+        } = config.unwrap().connection().unwrap();
+        assert_eq!(tls.describe(), "ssl-mode=VERIFY_CA ssl-ca=/ca.pem");
+        assert_eq!(connect_timeout, Duration::from_secs(3));
+        assert_eq!(opts.tcp_keepalive(), Some(TCP_KEEPALIVE));
+        let url = "mysql://u@h:3306/db?tcp_keepalive=5000";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let opts = config.unwrap().connection().unwrap().opts;
+        assert_eq!(opts.tcp_keepalive(), Some(Duration::from_secs(5)));
     }
 
     #[test]

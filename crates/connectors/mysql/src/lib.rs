@@ -8,6 +8,7 @@
 //! - [`config`]: what the user writes (`{"url": ...}`, `{"table": ...}`) and its schemas.
 //! - [`sql`]: tables, statements and the text forms of values (`LOAD DATA` rows, key
 //!   lists).
+//! - [`tls`]: `ssl-mode` and `ssl-ca` as MySQL clients read them, over rustls.
 //! - [`client`]: connections, error classification, the catalog, bulk loads, and the
 //!   client calls the SQL kit's Apply planner and fencing protocol run.
 //! - [`MysqlDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
@@ -25,6 +26,7 @@ pub mod client;
 pub mod config;
 mod driver;
 pub mod sql;
+pub mod tls;
 mod transactor;
 
 pub use driver::MysqlDriver;

@@ -12,16 +12,23 @@
 //! deadlock are retryable (the runtime reopens with backoff, and the transaction in
 //! progress was rolled back by the server); constraint violations and bad data are
 //! not. Errors name the server without its password ([`EndpointConfig::describe`]).
+//!
+//! Connecting: a host that cannot be reached, or answers nothing within
+//! `connect_timeout`, is retryable; what retrying cannot change is not: a login the
+//! server refuses, a certificate that does not verify, a server without TLS under
+//! `sslmode=require` or stronger. The TLS errors name the options ([`Tls::describe`]).
 
-use crate::config::EndpointConfig;
+use crate::config::{Connection, EndpointConfig};
 use crate::sql::{self, CHECKPOINTS_TABLE};
+use crate::tls::Tls;
 use async_trait::async_trait;
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::apply::Catalog;
 use sluice_sqlkit::fence::{FenceClient, Param};
+use sluice_sqlkit::tls::handshake_failure;
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls};
 
 /// A store error from PostgreSQL, retryable when reconnecting may help.
 pub fn pg_error(context: impl Into<String>, err: tokio_postgres::Error) -> Error {
@@ -53,22 +60,77 @@ pub fn pg_error(context: impl Into<String>, err: tokio_postgres::Error) -> Error
     Error::store(context, message, retryable)
 }
 
-/// Connects to the endpoint's server. The connection runs on a spawned task that ends
-/// when the returned client is dropped or the server goes away; in-flight and later
-/// calls then fail with a retryable error.
+/// Connects to the endpoint's server, over TLS as its `sslmode` says, within its
+/// `connect_timeout`. The connection runs on a spawned task that ends when the returned
+/// client is dropped or the server goes away; in-flight and later calls then fail with
+/// a retryable error.
 pub async fn connect(endpoint: &EndpointConfig) -> Result<Client> {
     let server = endpoint.describe();
-    let (client, connection) = endpoint
-        .connection()?
-        .connect(NoTls)
+    let Connection {
+        mut config,
+        tls,
+        connect_timeout,
+    } = endpoint.connection()?;
+    let context = format!("connecting to {server}");
+    // As libpq, `connect_timeout` bounds each host's attempt.
+    let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    let attempts = async {
+        let connector = tls.connector().await?;
+        let (first, if_refused) = tls.attempts();
+        let connected = config.ssl_mode(first).connect(connector.clone()).await;
+        let connected = match (connected, if_refused) {
+            // `allow`: the server refused the plain attempt, perhaps for want of TLS.
+            (Err(err), Some(retry)) if err.as_db_error().is_some() => {
+                tracing::debug!(%server, %err, "retrying with TLS (sslmode=allow)");
+                config.ssl_mode(retry).connect(connector).await
+            }
+            (connected, _) => connected,
+        };
+        connected.map_err(|err| connect_error(&context, &tls, err))
+    };
+    let (client, connection) = tokio::time::timeout(connect_timeout * hosts, attempts)
         .await
-        .map_err(|err| pg_error(format!("connecting to {server}"), err))?;
+        .map_err(|_| {
+            Error::store(
+                &context,
+                format!(
+                    "no answer within connect_timeout={}s; retrying may succeed",
+                    connect_timeout.as_secs()
+                ),
+                true,
+            )
+        })??;
     tokio::spawn(async move {
         if let Err(err) = connection.await {
             tracing::warn!(%server, %err, "PostgreSQL connection ended");
         }
     });
     Ok(client)
+}
+
+/// The error of a failed connection attempt: the server's own refusals as
+/// [`pg_error`] classifies them, TLS failures naming the options (not retryable), and
+/// every other failure to reach the server retryable.
+fn connect_error(context: &str, tls: &Tls, err: tokio_postgres::Error) -> Error {
+    if err.as_db_error().is_some() {
+        return pg_error(context, err);
+    }
+    if let Some(why) = handshake_failure(&err) {
+        return Error::store(context, format!("{}: {why}", tls.describe()), false);
+    }
+    // tokio-postgres says so in words only, in the error's source.
+    let source = std::error::Error::source(&err).map(ToString::to_string);
+    if source.as_deref() == Some("server does not support TLS") {
+        return Error::store(
+            context,
+            format!(
+                "{}: the server does not accept TLS connections (is ssl off?)",
+                tls.describe()
+            ),
+            false,
+        );
+    }
+    Error::store(context, format!("{err}; retrying may succeed"), true)
 }
 
 /// One connection working in the endpoint's schema.

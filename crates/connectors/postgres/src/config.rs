@@ -7,13 +7,22 @@
 //! file. The URL may hold a password (`${PGPASSWORD}` expanded by the runtime): it is
 //! never printed. Everything that names the server uses [`EndpointConfig::describe`],
 //! which drops it.
+//!
+//! The URL's query takes libpq's options: `sslmode` and `sslrootcert` (read by
+//! [`crate::tls`]), `connect_timeout` (whole seconds, default 10: the TCP connect to each
+//! address and, in all, the TLS handshake and login), and the TCP keepalive options,
+//! whose defaults here ([`KEEPALIVES_IDLE`] and the next) end a connection to a dead peer within about a
+//! minute instead of the two hours of the kernel's.
 
+use crate::tls::{self, Tls};
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::config::{
-    NameLimit, TableResource, check_identifier, parse, table_resource_schema,
+    NameLimit, TableResource, check_identifier, connect_timeout, parse, table_resource_schema,
+    url_query_options, url_without_options,
 };
 use std::str::FromStr;
+use std::time::Duration;
 
 /// Where the documentation of this driver lives (returned by Spec).
 pub const DOCUMENTATION_URL: &str =
@@ -33,7 +42,7 @@ pub const ENDPOINT_SCHEMA: &str = r#"{
     "url": {
       "type": "string",
       "minLength": 1,
-      "description": "Connection URL, e.g. postgres://user:${PGPASSWORD}@host:5432/db (no TLS)."
+      "description": "Connection URL, e.g. postgres://user:${PGPASSWORD}@host:5432/db?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem. Query options as libpq reads them: sslmode (disable, allow, prefer (default), require, verify-ca, verify-full), sslrootcert (a PEM file of CA certificates, or system for the bundled public roots with verify-full), connect_timeout (seconds, default 10), keepalives_idle (default 30), keepalives_interval (default 10), keepalives_retries (default 3), tcp_user_timeout (default 60), application_name."
     },
     "schema": {
       "type": "string",
@@ -68,6 +77,25 @@ impl std::fmt::Debug for EndpointConfig {
     }
 }
 
+/// TCP keepalive defaults for a URL that sets none: after [`KEEPALIVES_IDLE`] of
+/// silence, [`KEEPALIVES_RETRIES`] probes [`KEEPALIVES_INTERVAL`] apart, so a dead peer
+/// ends the connection (a retryable error) in about a minute; [`TCP_USER_TIMEOUT`]
+/// bounds the same for data sent and never acknowledged.
+pub const KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+pub const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEPALIVES_RETRIES: u32 = 3;
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to reach the server: what tokio-postgres reads, and what the driver adds to it.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The URL's settings, with `connect_timeout` and the keepalive defaults set.
+    pub config: tokio_postgres::Config,
+    pub tls: Tls,
+    /// The bound of one whole connection attempt.
+    pub connect_timeout: Duration,
+}
+
 /// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
 pub type ResourceConfig = TableResource;
 
@@ -95,19 +123,52 @@ impl EndpointConfig {
     }
 
     /// The parsed connection settings.
-    pub fn connection(&self) -> Result<tokio_postgres::Config> {
-        tokio_postgres::Config::from_str(&self.url).map_err(|err| {
+    pub fn connection(&self) -> Result<Connection> {
+        let not_a_url = |why: String| {
             Error::Config(format!(
-                "endpoint config: url: not a PostgreSQL connection URL ({err}); \
+                "endpoint config: url: not a PostgreSQL connection URL ({why}); \
                  expected e.g. postgres://user@host:5432/database"
             ))
+        };
+        if !["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| self.url.starts_with(scheme))
+        {
+            return Err(not_a_url(
+                "it starts with neither postgres:// nor postgresql://".into(),
+            ));
+        }
+        let options = url_query_options(&self.url);
+        let tls = Tls::from_url_options(&options)?;
+        let connect_timeout = connect_timeout(&options)?;
+        let mut config =
+            tokio_postgres::Config::from_str(&url_without_options(&self.url, tls::URL_OPTIONS))
+                .map_err(|err| not_a_url(err.to_string()))?;
+        config.connect_timeout(connect_timeout);
+        let unset = |option: &str| options.iter().all(|(name, _)| name != option);
+        if unset("keepalives_idle") {
+            config.keepalives_idle(KEEPALIVES_IDLE);
+        }
+        if unset("keepalives_interval") {
+            config.keepalives_interval(KEEPALIVES_INTERVAL);
+        }
+        if unset("keepalives_retries") {
+            config.keepalives_retries(KEEPALIVES_RETRIES);
+        }
+        if unset("tcp_user_timeout") {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        Ok(Connection {
+            config,
+            tls,
+            connect_timeout,
         })
     }
 
     /// The server as `postgres://user@host:port/database`, without the password: what
     /// errors and logs name.
     pub fn describe(&self) -> String {
-        let Ok(config) = self.connection() else {
+        let Ok(Connection { config, .. }) = self.connection() else {
             return "postgres://(invalid url)".to_owned();
         };
         let host = match config.get_hosts().first() {
@@ -153,6 +214,35 @@ mod tests {
         assert!(err.to_string().contains("endpoint config: url:"), "{err}");
         let err = EndpointConfig::parse(r#"{}"#).unwrap_err();
         assert!(err.to_string().contains("missing field `url`"), "{err}");
+    }
+
+    #[test]
+    fn the_url_takes_tls_options_and_sets_timeout_and_keepalive_defaults() {
+        let url = "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&keepalives_idle=5";
+        let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
+        let Connection {
+            config,
+            tls,
+            connect_timeout,
+        } = config.unwrap().connection().unwrap();
+        assert_eq!(tls.describe(), "sslmode=verify-full sslrootcert=/ca.pem");
+        assert_eq!(connect_timeout, Duration::from_secs(10));
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(10)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(5));
+        assert_eq!(config.get_keepalives_interval(), Some(KEEPALIVES_INTERVAL));
+        assert_eq!(config.get_keepalives_retries(), Some(KEEPALIVES_RETRIES));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+    }
+
+    #[test]
+    fn a_key_value_connection_string_is_refused_for_a_url() {
+        let err = EndpointConfig::parse(r#"{"url": "host=h dbname=db sslmode=require"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("neither postgres:// nor postgresql://"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!   and its schemas.
 //! - [`sql`]: tables, statements (Apply's DDL and the fencing statements included) and
 //!   the text forms of values (COPY rows, key arrays); pure.
+//! - [`tls`]: `sslmode` and `sslrootcert` as libpq reads them, over rustls.
 //! - [`client`]: connections, error classification, the catalog, and the client calls
 //!   the SQL kit's Apply planner and fencing protocol run.
 //! - [`PostgresDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
@@ -22,6 +23,7 @@ pub mod client;
 pub mod config;
 mod driver;
 pub mod sql;
+pub mod tls;
 mod transactor;
 
 pub use driver::PostgresDriver;

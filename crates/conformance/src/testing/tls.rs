@@ -1,0 +1,115 @@
+//! Certificates for the SQL drivers' TLS tests, made by the `openssl` command in a
+//! directory of the test's: a CA, a second CA that signed nothing here, and a server
+//! certificate signed by the first that names `localhost` only (no IP address), so a
+//! test can tell a chain check (`verify-ca`) from a host check (`verify-full`) by
+//! connecting to `localhost` or to `127.0.0.1`. And [`SilentServer`], a server hung
+//! after accepting, for the drivers' connect timeouts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The files [`TestCertificates::make`] wrote.
+pub struct TestCertificates {
+    dir: PathBuf,
+}
+
+impl TestCertificates {
+    /// Writes `ca.crt`, `other-ca.crt`, `server.crt` and `server.key` (and their
+    /// by-products) into `dir`; panics with openssl's output if it fails.
+    pub fn make(dir: &Path) -> TestCertificates {
+        let certificates = TestCertificates {
+            dir: dir.to_path_buf(),
+        };
+        for ca in ["ca", "other-ca"] {
+            let (key, crt, subject) = (
+                format!("{ca}.key"),
+                format!("{ca}.crt"),
+                format!("/CN=Sluice test {ca}"),
+            );
+            certificates.openssl(&[
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", &key,
+                "-out", &crt, "-subj", &subject,
+            ]);
+        }
+        certificates.openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\n")
+            .expect("writing server.ext");
+        certificates.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ]);
+        certificates
+    }
+
+    /// The path of one of the files, e.g. `ca.crt`, as a URL option's value.
+    pub fn file(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .current_dir(&self.dir)
+            .args(args)
+            .output()
+            .expect("running openssl");
+        assert!(
+            out.status.success(),
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A port on 127.0.0.1 that accepts TCP connections and never answers, as a hung server
+/// does; it stops listening when dropped.
+pub struct SilentServer {
+    pub port: u16,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl SilentServer {
+    pub async fn start() -> SilentServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a silent server");
+        let port = listener.local_addr().expect("its address").port();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                held.push(connection);
+            }
+        });
+        SilentServer { port, accepting }
+    }
+}
+
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}

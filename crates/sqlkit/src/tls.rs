@@ -1,0 +1,95 @@
+//! What the SQL drivers' TLS shares, whatever the client library: reading the CA file
+//! the URL names, and saying why a handshake failed.
+//!
+//! Both drivers verify by one rule, libpq's: a weak mode (`prefer`, MySQL's
+//! `PREFERRED`) encrypts when it can and checks nothing; `require`/`REQUIRED`
+//! encrypts or fails, and checks the chain only when a CA file is given; `verify-ca`/
+//! `VERIFY_CA` checks the chain up to the CA file; `verify-full`/`VERIFY_IDENTITY` also
+//! checks that the certificate names the host. Failures that retrying cannot change (an
+//! unreadable CA file, a certificate that does not verify) are not retryable.
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use sluice_driver_sdk::{Error, Result};
+use std::path::Path;
+
+/// The certificates of the PEM CA file `path`, as `read` from it, named by the URL
+/// option `option` (e.g. `sslrootcert`) in errors: an unreadable file, one that is not
+/// PEM, and one holding no certificate are configuration errors.
+pub fn ca_certificates(
+    option: &str,
+    path: &Path,
+    read: std::io::Result<Vec<u8>>,
+) -> Result<Vec<CertificateDer<'static>>> {
+    let place = format!("endpoint config: url: {option}={}", path.display());
+    let pem =
+        read.map_err(|err| Error::Config(format!("{place}: cannot read the CA file ({err})")))?;
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|err| Error::Config(format!("{place}: not a PEM CA file ({err})")))?;
+    if certificates.is_empty() {
+        return Err(Error::Config(format!(
+            "{place}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        )));
+    }
+    Ok(certificates)
+}
+
+/// Why a TLS handshake failed, when `err` or one of its sources is a rustls error
+/// (directly, or inside the `io::Error` a TLS stream returns): a certificate that does
+/// not verify, or another handshake failure.
+pub fn handshake_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(err);
+    while let Some(err) = source {
+        let inner = (err.downcast_ref::<std::io::Error>()).and_then(|io| io.get_ref());
+        let tls = (err.downcast_ref::<rustls::Error>())
+            .or_else(|| inner.and_then(|inner| inner.downcast_ref::<rustls::Error>()));
+        match tls {
+            Some(rustls::Error::InvalidCertificate(certificate)) => {
+                return Some(format!(
+                    "the server's certificate does not verify: {certificate}"
+                ));
+            }
+            Some(other) => return Some(format!("the TLS handshake failed: {other}")),
+            None => source = err.source(),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_that_is_unreadable_or_holds_no_certificate_names_the_option() {
+        let path = Path::new("/nowhere/ca.pem");
+        let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let err = ca_certificates("ssl-ca", path, Err(missing)).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            err.to_string()
+                .contains("url: ssl-ca=/nowhere/ca.pem: cannot read the CA file (No such file)"),
+            "{err}"
+        );
+        let err = ca_certificates("sslrootcert", path, Ok(b"not a certificate".to_vec()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sslrootcert=/nowhere/ca.pem: holds no PEM certificate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_failure_inside_an_io_error_is_named() {
+        let invalid = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, invalid);
+        assert_eq!(
+            handshake_failure(&io).as_deref(),
+            Some("the server's certificate does not verify: UnknownIssuer")
+        );
+        let plain = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(handshake_failure(&plain), None);
+    }
+}
