@@ -33,7 +33,9 @@ fn loading_a_whole_table_stays_within_the_memory_budget_and_is_exact() {
     // release build); holding the loaded documents whole, in the runtime or in the
     // driver (before: both, until Prepared), takes twice the limit or more.
     let loaded_text = keys * (payload_bytes + 40);
-    let peak = figures["second_peak_rss_bytes"].as_u64().expect("a peak RSS");
+    let peak = figures["second_peak_rss_bytes"]
+        .as_u64()
+        .expect("a peak RSS");
     assert!(
         peak < loaded_text,
         "peak RSS {peak} bytes while loading {loaded_text} bytes of documents: {figures}"

@@ -207,7 +207,10 @@ impl DeferredLoads {
         let Some(SpilledLoads { mut writer, count }) = self.spilled else {
             return Ok(());
         };
-        writer.flush().await.map_err(|e| spill_error("writing", e))?;
+        writer
+            .flush()
+            .await
+            .map_err(|e| spill_error("writing", e))?;
         let mut file = writer.into_inner();
         (file.rewind().await).map_err(|e| spill_error("reading", e))?;
         let mut reader = BufReader::new(file);

@@ -492,7 +492,9 @@ async fn loads_deferred_past_the_memory_bound_wait_in_a_file_and_run_in_order() 
     let loads = (DEFERRED_IN_MEMORY * 3 / 2) / (keys_per_load * 50) + 1;
     let key = |i: usize| format!("{i:08}{}", "x".repeat(42));
     for l in 0..loads {
-        let keys: Vec<String> = (0..keys_per_load).map(|k| key(l * keys_per_load + k)).collect();
+        let keys: Vec<String> = (0..keys_per_load)
+            .map(|k| key(l * keys_per_load + k))
+            .collect();
         let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
         tx.load(load(0, &keys)).await.unwrap();
     }
@@ -503,12 +505,17 @@ async fn loads_deferred_past_the_memory_bound_wait_in_a_file_and_run_in_order() 
     let expected: Vec<String> = (0..loads * keys_per_load)
         .map(|i| format!("\"{}\"", key(i)))
         .collect();
-    assert!(docs == expected, "every deferred key is loaded once, in order");
+    assert!(
+        docs == expected,
+        "every deferred key is loaded once, in order"
+    );
     let log = log.lock().unwrap();
     assert_eq!(log[0], "acknowledge");
-    assert!(log[1..=loads * keys_per_load]
-        .iter()
-        .all(|l| l.ends_with("acknowledged=true")));
+    assert!(
+        log[1..=loads * keys_per_load]
+            .iter()
+            .all(|l| l.ends_with("acknowledged=true"))
+    );
 }
 
 #[tokio::test]

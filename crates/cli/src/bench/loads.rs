@@ -46,7 +46,10 @@ pub struct LoadsArgs {
     payload_bytes: usize,
     /// The PostgreSQL server (a schema of a unique name is created, then dropped). Plain
     /// text by default: the figures are the loop's and the server's, not a cipher's.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")]
+    #[arg(
+        long,
+        default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+    )]
     url: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -184,7 +187,8 @@ fn gcd(a: u64, b: u64) -> u64 {
 
 /// The payload of `key` written by `run`: a deterministic letter string.
 fn payload(key: u64, run: u64, len: usize) -> String {
-    let mut state = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ run.wrapping_mul(0xd1b5_4a32_d192_ed03);
+    let mut state =
+        key.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ run.wrapping_mul(0xd1b5_4a32_d192_ed03);
     (0..len)
         .map(|_| {
             state ^= state << 13;
@@ -228,7 +232,10 @@ fn sluice_run(pipeline: &Path, log: &Path) -> anyhow::Result<Run> {
         .arg("run")
         .arg(pipeline)
         // `RUST_LOG=sluice_runtime=debug` shows each transaction's phases.
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(log_file.try_clone()?)
         .stderr(log_file)
         .stdin(Stdio::null())
@@ -293,7 +300,8 @@ async fn check(
             return Ok(Err(format!("key {id} has two rows")));
         }
         let id = id as u64;
-        let expected = json!({"id": id, "n": 2, "run": 2, "payload": payload(id, 2, args.payload_bytes)});
+        let expected =
+            json!({"id": id, "n": 2, "run": 2, "payload": payload(id, 2, args.payload_bytes)});
         if doc != expected {
             mismatched += 1;
             first_mismatch.get_or_insert_with(|| format!("key {id}: {doc}, wanted {expected}"));
@@ -304,7 +312,9 @@ async fn check(
         (0, None) => Ok(()),
         (missing, mismatch) => Err(format!(
             "{missing} keys missing, {mismatched} rows differ{}",
-            mismatch.map(|m| format!(" (first: {m})")).unwrap_or_default()
+            mismatch
+                .map(|m| format!(" (first: {m})"))
+                .unwrap_or_default()
         )),
     })
 }

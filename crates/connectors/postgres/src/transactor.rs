@@ -382,7 +382,11 @@ impl FencedStore for PostgresTransactor {
             let rows = self.client.query_raw(statement, keys.iter()).await;
             let rows = rows.map_err(|err| pg_error(context(), err))?;
             futures::pin_mut!(rows);
-            while let Some(row) = rows.try_next().await.map_err(|err| pg_error(context(), err))? {
+            while let Some(row) = rows
+                .try_next()
+                .await
+                .map_err(|err| pg_error(context(), err))?
+            {
                 let doc: &str = row
                     .try_get(0)
                     .map_err(|err| pg_error("reading a loaded document", err))?;

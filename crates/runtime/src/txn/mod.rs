@@ -583,7 +583,9 @@ impl Committer<'_> {
         crate::failpoint::fail_point!(AFTER_PREPARED, |e| driver_err(&self.endpoint, e));
         let to_store = match delta_only {
             Some(c1) => c1,
-            None => c2.into_inner().expect("no reduction panicked in the load phase"),
+            None => c2
+                .into_inner()
+                .expect("no reduction panicked in the load phase"),
         };
 
         // Store phase.

@@ -18,10 +18,10 @@ use sluice_doc::compact::Doc;
 use sluice_doc::parse::DocParser;
 use sluice_doc::tuple;
 use sluice_driver_sdk::Error as DriverError;
+use sluice_driver_sdk::Peer;
 use sluice_driver_sdk::arena::{self, LoadBuilder, StoreBuilder, StoreDoc};
 use sluice_driver_sdk::client::{ClientReceiver, ClientSender, Response};
 use sluice_driver_sdk::machine::violation;
-use sluice_driver_sdk::Peer;
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Prepare;
 use std::sync::Mutex;
@@ -117,7 +117,8 @@ pub(super) async fn send_loads(
 /// The load phase's combiner, held only between awaits. A poisoned lock means a
 /// reduction panicked: nothing of this transaction may be stored.
 fn lock(c2: &Mutex<Combiner>) -> std::sync::MutexGuard<'_, Combiner> {
-    c2.lock().expect("no reduction panicked while the load phase held C2")
+    c2.lock()
+        .expect("no reduction panicked while the load phase held C2")
 }
 
 /// Prepare with `checkpoint`, once the prior commit is acknowledged.
@@ -238,8 +239,12 @@ pub(super) async fn recv_loaded(
             Response::Prepared(cp) => return Ok((cp, loaded)),
             Response::DriverCommitted => {
                 return Err(PhaseError::Driver(
-                    violation(Peer::Driver, "Loaded, Acknowledged or Prepared", "DriverCommitted")
-                        .into(),
+                    violation(
+                        Peer::Driver,
+                        "Loaded, Acknowledged or Prepared",
+                        "DriverCommitted",
+                    )
+                    .into(),
                 ));
             }
         }
