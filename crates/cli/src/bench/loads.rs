@@ -174,7 +174,7 @@ runtime:
 /// The key of the `i`-th document of a run: a stride through the keys, coprime to their
 /// count, so every key comes once, scattered.
 fn key_at(keys: u64, i: u64) -> u64 {
-    let mut stride = 7_919 % keys.max(2) | 1;
+    let mut stride = (7_919 % keys.max(2)) | 1;
     while gcd(stride, keys) != 1 {
         stride += 2;
     }
