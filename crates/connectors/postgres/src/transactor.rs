@@ -4,7 +4,7 @@
 //!   open ──▶ claim_range (fence++ on overlapping ranges, recover narrowest covering
 //!            checkpoint); per standard binding a temp staging table (ON COMMIT DELETE ROWS)
 //!   load ──▶ SELECT doc FROM t JOIN unnest($1::text[]::<type>[], …) ON keys   (1 query per
-//!            5 000 keys of a Load; each query's rows sent out before the next starts)
+//!            5 000 keys of a Load; the next one runs while the last one's rows go out)
 //!   prepare ─▶ remember the runtime checkpoint; driver checkpoint `{}` (merge patch)
 //!   store ──▶ BEGIN (first store); encode the message, then hand its writes to a task:
 //!               exists = false, or delta updates ─▶ COPY straight into the table
@@ -134,11 +134,29 @@ pub(crate) struct PostgresTransactor {
     in_flight: Option<JoinHandle<Result<()>>>,
 }
 
+/// One lookup query of a Load, running on the connection (queries pipeline in order).
+type Lookup = JoinHandle<Result<Vec<tokio_postgres::Row>>>;
+
+/// Sends a lookup's documents out as Loaded messages.
+async fn push_rows(lookup: Lookup, binding: u32, loaded: &mut dyn LoadedSink) -> Result<()> {
+    let rows = lookup.await.map_err(|join| {
+        Error::store("loading", format!("the lookup task failed: {join}"), false)
+    })??;
+    for row in rows {
+        let doc: &str = row
+            .try_get(0)
+            .map_err(|err| pg_error("reading a loaded document", err))?;
+        loaded.push(binding, doc.as_bytes());
+    }
+    loaded.send_full().await
+}
+
 /// Keys per lookup query. A Load of many keys (a whole 4 MiB message may hold 200 000)
 /// is looked up in queries of this many, so that the server probes the primary key for
 /// each (a nested loop: keys arrive sorted, so the probes walk the index in order)
 /// rather than scanning the whole table once per Load (the plan it picks for a large
-/// array), and so that a query's rows, sent out before the next one starts, stay few.
+/// array), and so that the rows held (those of two lookups: the next one runs while the
+/// last one's rows are sent out) stay few.
 const KEYS_PER_LOOKUP: usize = 5_000;
 
 impl PostgresTransactor {
@@ -361,40 +379,42 @@ impl FencedStore for PostgresTransactor {
     async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()> {
         let b = self.binding(load.binding)?;
         let table = &b.table;
-        let statement = b.load.as_ref().ok_or_else(|| {
+        let statement = b.load.clone().ok_or_else(|| {
             Error::Config(format!(
                 "table {} has no document column to load from",
                 table.qualified()
             ))
         })?;
-        let context = || format!("loading from table {}", table.qualified());
-        let mut keys: Vec<Vec<Option<String>>> =
-            vec![Vec::with_capacity(KEYS_PER_LOOKUP); table.key_count];
         let mut packed = arena::load_keys(&load).peekable();
-        while packed.peek().is_some() {
-            keys.iter_mut().for_each(Vec::clear);
-            for key in packed.by_ref().take(KEYS_PER_LOOKUP) {
-                let key = unpack(key?, table.key_count, "a loaded key")?;
-                for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut keys) {
-                    array.push(sql::key_text(column, value)?);
+        // One lookup runs on the server while the rows of the one before are sent out.
+        let mut next = None;
+        loop {
+            if packed.peek().is_some() {
+                let mut keys = vec![Vec::with_capacity(KEYS_PER_LOOKUP); table.key_count];
+                for key in packed.by_ref().take(KEYS_PER_LOOKUP) {
+                    let key = unpack(key?, table.key_count, "a loaded key")?;
+                    for ((column, value), array) in table.keys().iter().zip(&key).zip(&mut keys) {
+                        array.push(sql::key_text(column, value)?);
+                    }
                 }
+                let (client, statement) = (self.client.clone(), statement.clone());
+                let context = format!("loading from table {}", table.qualified());
+                let lookup = tokio::spawn(async move {
+                    let rows = client.query_raw(&statement, keys.iter()).await;
+                    let rows = rows.map_err(|err| pg_error(&context, err))?;
+                    rows.try_collect::<Vec<_>>()
+                        .await
+                        .map_err(|err| pg_error(&context, err))
+                });
+                if let Some(previous) = next.replace(lookup) {
+                    push_rows(previous, load.binding, loaded).await?;
+                }
+            } else if let Some(last) = next.take() {
+                push_rows(last, load.binding, loaded).await?;
+            } else {
+                return Ok(());
             }
-            let rows = self.client.query_raw(statement, keys.iter()).await;
-            let rows = rows.map_err(|err| pg_error(context(), err))?;
-            futures::pin_mut!(rows);
-            while let Some(row) = rows
-                .try_next()
-                .await
-                .map_err(|err| pg_error(context(), err))?
-            {
-                let doc: &str = row
-                    .try_get(0)
-                    .map_err(|err| pg_error("reading a loaded document", err))?;
-                loaded.push(load.binding, doc.as_bytes());
-            }
-            loaded.send_full().await?;
         }
-        Ok(())
     }
 
     async fn release(mut self: Box<Self>) {
