@@ -257,6 +257,8 @@ impl FencedStore for SqliteTransactor {
             for doc in docs {
                 loaded.push(load.binding, &doc);
             }
+            // Each chunk's documents go out before the next chunk is looked up.
+            loaded.send_full().await?;
         }
     }
 
