@@ -143,6 +143,43 @@ pub fn materialization(
 /// enough that a dead host surfaces as a retryable error before an operator wonders.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The values a URL option may take, each a name and what it means (`sslmode`'s
+/// `verify-full`, `ssl-mode`'s `VERIFY_IDENTITY`).
+pub struct OptionValues<T: 'static> {
+    /// The option, as errors name it.
+    pub option: &'static str,
+    pub values: &'static [(&'static str, T)],
+    /// Whether `VERIFY_CA` and `verify_ca` are the same value (MySQL clients: yes).
+    pub ignore_case: bool,
+}
+
+impl<T: Copy + PartialEq> OptionValues<T> {
+    /// The value named `written`; another name is a configuration error listing them.
+    pub fn parse(&self, written: &str) -> Result<T, sluice_driver_sdk::Error> {
+        let same = |name: &str| match self.ignore_case {
+            true => name.eq_ignore_ascii_case(written),
+            false => name == written,
+        };
+        (self.values.iter())
+            .find_map(|&(name, value)| same(name).then_some(value))
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.values.iter().map(|(name, _)| *name).collect();
+                sluice_driver_sdk::Error::Config(format!(
+                    "endpoint config: url: {}={written}: expected one of {}",
+                    self.option,
+                    names.join(", ")
+                ))
+            })
+    }
+
+    /// The name of `value`.
+    pub fn name(&self, value: T) -> &'static str {
+        (self.values.iter())
+            .find_map(|&(name, v)| (v == value).then_some(name))
+            .unwrap_or_default()
+    }
+}
+
 /// The `name=value` options of the query of `url` (after its first `?`), percent-decoded,
 /// in the order written. An option without `=` has an empty value.
 pub fn url_query_options(url: &str) -> Vec<(String, String)> {

@@ -23,6 +23,7 @@
 
 use mysql_async::SslOpts;
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::config::OptionValues;
 use sluice_sqlkit::tls::ca_certificates;
 use std::path::PathBuf;
 
@@ -41,18 +42,21 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    const ALL: [(&str, SslMode); 5] = [
-        ("DISABLED", SslMode::Disabled),
-        ("PREFERRED", SslMode::Preferred),
-        ("REQUIRED", SslMode::Required),
-        ("VERIFY_CA", SslMode::VerifyCa),
-        ("VERIFY_IDENTITY", SslMode::VerifyIdentity),
-    ];
+    /// `ssl-mode`'s values, as MySQL clients spell them (any case).
+    pub const VALUES: OptionValues<SslMode> = OptionValues {
+        option: "ssl-mode",
+        values: &[
+            ("DISABLED", SslMode::Disabled),
+            ("PREFERRED", SslMode::Preferred),
+            ("REQUIRED", SslMode::Required),
+            ("VERIFY_CA", SslMode::VerifyCa),
+            ("VERIFY_IDENTITY", SslMode::VerifyIdentity),
+        ],
+        ignore_case: true,
+    };
 
     fn name(self) -> &'static str {
-        (Self::ALL.iter())
-            .find_map(|&(name, mode)| (mode == self).then_some(name))
-            .unwrap_or_default()
+        Self::VALUES.name(self)
     }
 }
 
@@ -86,14 +90,7 @@ impl Tls {
         }
         let mode = match last("ssl-mode") {
             None => SslMode::Preferred,
-            Some(value) => (SslMode::ALL.iter())
-                .find_map(|&(name, mode)| name.eq_ignore_ascii_case(value).then_some(mode))
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "endpoint config: url: ssl-mode={value}: expected one of DISABLED, \
-                         PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY"
-                    ))
-                })?,
+            Some(value) => SslMode::VALUES.parse(value)?,
         };
         let tls = Tls {
             mode,
@@ -171,7 +168,7 @@ mod tests {
     #[test]
     fn ssl_mode_reads_every_mysql_value_in_any_case_and_defaults_to_preferred() {
         assert_eq!(tls(&[]).unwrap().mode, SslMode::Preferred);
-        for (name, mode) in SslMode::ALL {
+        for &(name, mode) in SslMode::VALUES.values {
             let ca = ("ssl-ca", "/ca.pem");
             assert_eq!(tls(&[("ssl-mode", name), ca]).unwrap().mode, mode);
         }

@@ -27,6 +27,7 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use sluice_driver_sdk::{Error, Result};
+use sluice_sqlkit::config::OptionValues;
 use sluice_sqlkit::tls::ca_certificates;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,19 +50,22 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    const ALL: [(&str, SslMode); 6] = [
-        ("disable", SslMode::Disable),
-        ("allow", SslMode::Allow),
-        ("prefer", SslMode::Prefer),
-        ("require", SslMode::Require),
-        ("verify-ca", SslMode::VerifyCa),
-        ("verify-full", SslMode::VerifyFull),
-    ];
+    /// `sslmode`'s values, as libpq spells them.
+    pub const VALUES: OptionValues<SslMode> = OptionValues {
+        option: "sslmode",
+        values: &[
+            ("disable", SslMode::Disable),
+            ("allow", SslMode::Allow),
+            ("prefer", SslMode::Prefer),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("verify-full", SslMode::VerifyFull),
+        ],
+        ignore_case: false,
+    };
 
     fn name(self) -> &'static str {
-        (Self::ALL.iter())
-            .find_map(|&(name, mode)| (mode == self).then_some(name))
-            .unwrap_or_default()
+        Self::VALUES.name(self)
     }
 }
 
@@ -95,14 +99,7 @@ impl Tls {
         let last = |name: &str| options.iter().rfind(|(n, _)| n == name).map(|(_, v)| v);
         let mode = match last("sslmode") {
             None => SslMode::Prefer,
-            Some(value) => (SslMode::ALL.iter())
-                .find_map(|&(name, mode)| (name == value).then_some(mode))
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "endpoint config: url: sslmode={value}: expected one of disable, \
-                         allow, prefer, require, verify-ca, verify-full"
-                    ))
-                })?,
+            Some(value) => SslMode::VALUES.parse(value)?,
         };
         let root_cert = last("sslrootcert").map(|value| match value.as_str() {
             "system" => RootCert::System,
@@ -282,7 +279,7 @@ mod tests {
     #[test]
     fn sslmode_reads_every_libpq_value_and_defaults_to_prefer() {
         assert_eq!(tls(&[]).unwrap().mode, SslMode::Prefer);
-        for (name, mode) in SslMode::ALL {
+        for &(name, mode) in SslMode::VALUES.values {
             let root_cert = ("sslrootcert", "/ca.pem");
             assert_eq!(tls(&[("sslmode", name), root_cert]).unwrap().mode, mode);
         }
