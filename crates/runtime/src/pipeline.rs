@@ -275,7 +275,11 @@ pub async fn apply(
         // A dry run changes nothing, not even the lock file.
         let lock = match dry_run {
             true => None,
-            false => Some(recovery::lock_dir(&dir).map_err(|e| failed(&e))?),
+            false => {
+                let dir = dir.clone();
+                let lock = crate::blocking::unblock(move || recovery::lock_dir(&dir)).await;
+                Some(lock.map_err(|e| failed(&e))?)
+            }
         };
         let mut actions = apply_one(m, action, dry_run, pipeline.runtime.timeouts.driver).await?;
         if action == ApplyAction::Delete {
@@ -286,14 +290,17 @@ pub async fn apply(
                 dir.display()
             );
         }
-        if let Some(lock) = &lock {
+        if let Some(lock) = lock {
             match action {
                 ApplyAction::Upsert => {
                     (applied::record(&dir, &m.spec).await).map_err(|e| failed(&e))?
                 }
                 ApplyAction::Delete => {
                     applied::forget(&dir).await.map_err(|e| failed(&e))?;
-                    recovery::remove(&dir, lock).map_err(|e| failed(&e))?;
+                    let dir = dir.clone();
+                    let removed =
+                        crate::blocking::unblock(move || recovery::remove(&dir, &lock)).await;
+                    removed.map_err(|e| failed(&e))?;
                 }
             }
         }
