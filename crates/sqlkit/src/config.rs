@@ -163,13 +163,18 @@ impl<T: Copy + PartialEq> OptionValues<T> {
         (self.values.iter())
             .find_map(|&(name, value)| same(name).then_some(value))
             .ok_or_else(|| {
-                let names: Vec<&str> = self.values.iter().map(|(name, _)| *name).collect();
                 sluice_driver_sdk::Error::Config(format!(
                     "endpoint config: url: {}={written}: expected one of {}",
                     self.option,
-                    names.join(", ")
+                    self.names()
                 ))
             })
+    }
+
+    /// Every value's name, as errors list them: `disable, allow, prefer`.
+    pub fn names(&self) -> String {
+        let names: Vec<&str> = self.values.iter().map(|(name, _)| *name).collect();
+        names.join(", ")
     }
 
     /// The name of `value`.
@@ -178,6 +183,12 @@ impl<T: Copy + PartialEq> OptionValues<T> {
             .find_map(|&(name, v)| (v == value).then_some(name))
             .unwrap_or_default()
     }
+}
+
+/// The value of option `name` among `options` ([`url_query_options`]): the last one
+/// written wins, as libpq and MySQL clients read a repeated option.
+pub fn url_option<'a>(options: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    (options.iter().rfind(|(n, _)| n == name)).map(|(_, value)| value.as_str())
 }
 
 /// The `name=value` options of the query of `url` (after its first `?`), percent-decoded,
@@ -224,7 +235,7 @@ pub fn url_without_options(url: &str, names: &[&str]) -> String {
 /// MySQL clients read it, [`DEFAULT_CONNECT_TIMEOUT`] when absent. Zero (libpq's "wait
 /// forever") is refused: every connection attempt ends.
 pub fn connect_timeout(options: &[(String, String)]) -> Result<Duration> {
-    let Some((_, value)) = options.iter().rfind(|(name, _)| name == "connect_timeout") else {
+    let Some(value) = url_option(options, "connect_timeout") else {
         return Ok(DEFAULT_CONNECT_TIMEOUT);
     };
     match value.parse::<u64>() {

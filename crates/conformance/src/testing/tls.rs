@@ -3,7 +3,8 @@
 //! certificate signed by the first that names `localhost` only (no IP address), so a
 //! test can tell a chain check (`verify-ca`) from a host check (`verify-full`) by
 //! connecting to `localhost` or to `127.0.0.1`. And [`SilentServer`], a server hung
-//! after accepting, for the drivers' connect timeouts.
+//! after accepting, [`closed_port`] and [`retryable_failure`], for the drivers' connect
+//! tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -111,5 +112,29 @@ impl SilentServer {
 impl Drop for SilentServer {
     fn drop(&mut self) {
         self.accepting.abort();
+    }
+}
+
+/// A port on 127.0.0.1 that nobody listens on (bound once by the OS, then released).
+pub fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
+/// The context and message of a connection that failed as a retryable store error;
+/// any other outcome fails the test.
+pub fn retryable_failure<T>(connected: Result<T, sluice_driver_sdk::Error>) -> String {
+    match connected {
+        Err(sluice_driver_sdk::Error::Store {
+            context,
+            message,
+            retryable: true,
+        }) => format!("{context}: {message}"),
+        other => panic!(
+            "expected a retryable store error, got {:?}",
+            other.map(drop)
+        ),
     }
 }

@@ -23,7 +23,7 @@
 
 use mysql_async::SslOpts;
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::config::OptionValues;
+use sluice_sqlkit::config::{OptionValues, url_option};
 use sluice_sqlkit::tls::ca_certificates;
 use std::path::PathBuf;
 
@@ -72,7 +72,6 @@ impl Tls {
     /// Reads `ssl-mode` (default `PREFERRED`, any case) and `ssl-ca` from the URL's
     /// `options`; a verifying mode without a CA file is a configuration error.
     pub fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
-        let last = |name: &str| options.iter().rfind(|(n, _)| n == name).map(|(_, v)| v);
         // mysql_async's own TLS options would be overridden by `ssl-mode`: refused.
         if let Some((name, _)) = (options.iter()).find(|(name, _)| {
             [
@@ -84,17 +83,17 @@ impl Tls {
             .contains(&&**name)
         }) {
             return Err(Error::Config(format!(
-                "endpoint config: url: {name}: TLS is set with ssl-mode (DISABLED, PREFERRED, \
-                 REQUIRED, VERIFY_CA, VERIFY_IDENTITY) and ssl-ca"
+                "endpoint config: url: {name}: TLS is set with ssl-mode ({}) and ssl-ca",
+                SslMode::VALUES.names()
             )));
         }
-        let mode = match last("ssl-mode") {
+        let mode = match url_option(options, "ssl-mode") {
             None => SslMode::Preferred,
             Some(value) => SslMode::VALUES.parse(value)?,
         };
         let tls = Tls {
             mode,
-            ca: last("ssl-ca").map(PathBuf::from),
+            ca: url_option(options, "ssl-ca").map(PathBuf::from),
         };
         if tls.ca.is_none() && matches!(mode, SslMode::VerifyCa | SslMode::VerifyIdentity) {
             return Err(Error::Config(format!(

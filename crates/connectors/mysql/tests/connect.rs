@@ -2,25 +2,14 @@
 //! a server that accepts and never answers, within `connect_timeout`; a port nobody
 //! listens on, at once.
 
-use sluice_conformance::testing::tls::SilentServer;
-use sluice_driver_sdk::Error;
+use sluice_conformance::testing::tls::{self, SilentServer};
 use sluice_mysql::client;
 use sluice_mysql::config::EndpointConfig;
 
 /// The context and message of a connection to `url` that failed retryably.
 async fn retryable_failure(url: &str) -> String {
     let endpoint = serde_json::json!({ "url": url }).to_string();
-    match client::connect(&EndpointConfig::parse(&endpoint).unwrap()).await {
-        Err(Error::Store {
-            context,
-            message,
-            retryable: true,
-        }) => format!("{context}: {message}"),
-        other => panic!(
-            "expected a retryable store error, got {:?}",
-            other.map(drop)
-        ),
-    }
+    tls::retryable_failure(client::connect(&EndpointConfig::parse(&endpoint).unwrap()).await)
 }
 
 #[tokio::test]
@@ -35,10 +24,7 @@ async fn a_server_that_never_answers_is_a_retryable_error_after_connect_timeout(
 
 #[tokio::test]
 async fn a_port_nobody_listens_on_is_a_retryable_error_naming_the_server() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap()
-        .port();
+    let port = tls::closed_port();
     let err = retryable_failure(&format!("mysql://u@127.0.0.1:{port}/db")).await;
     assert!(
         err.starts_with(&format!("connecting to mysql://u@127.0.0.1:{port}/db")),

@@ -27,7 +27,7 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::config::OptionValues;
+use sluice_sqlkit::config::{OptionValues, url_option};
 use sluice_sqlkit::tls::ca_certificates;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -96,12 +96,11 @@ impl Tls {
     /// Reads `sslmode` (default `prefer`) and `sslrootcert` from the URL's `options`;
     /// combinations libpq refuses are configuration errors naming the options.
     pub fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
-        let last = |name: &str| options.iter().rfind(|(n, _)| n == name).map(|(_, v)| v);
-        let mode = match last("sslmode") {
+        let mode = match url_option(options, "sslmode") {
             None => SslMode::Prefer,
             Some(value) => SslMode::VALUES.parse(value)?,
         };
-        let root_cert = last("sslrootcert").map(|value| match value.as_str() {
+        let root_cert = url_option(options, "sslrootcert").map(|value| match value {
             "system" => RootCert::System,
             path => RootCert::File(PathBuf::from(path)),
         });
