@@ -61,10 +61,13 @@
 //! - [`config`]: parsing a kind's configuration (errors that name their place, byte
 //!   sizes, relative paths).
 //! - [`kind`]: what a registered source kind provides.
+//! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
+//!   a broker): Extend, Pause and the wake-up, written once.
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub mod config;
 pub mod kind;
+pub mod prefetch;
 pub mod records;
 pub mod step;
 #[cfg(feature = "testing")]
@@ -72,7 +75,8 @@ pub mod testing;
 
 pub use config::InvalidConfig;
 pub use kind::{Kind, SourceConfig, SourceKind, kind};
-pub use records::{InputError, Position, Record, RecordDoc, Records, bad_json};
+pub use prefetch::{Fetch, Prefetch};
+pub use records::{InputError, Position, Record, RecordDoc, Records, Unit, bad_json};
 pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
 
 use serde::{Deserialize, Serialize};
@@ -186,12 +190,38 @@ pub trait Source: Send {
     /// bounds; a source returns less only when it has caught up, else transactions stay
     /// small while it is behind.
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError>;
-    /// Start or continue reading ahead.
+    /// Returns when `queue` may have something new: at once when input is buffered, or
+    /// the source failed or ended; otherwise when it is told of new input (a broker's
+    /// message, a file-change notification). A source with no way to be told (the
+    /// default) waits [`IDLE_POLL`]. The runtime waits on this, never on a timer, when
+    /// it has nothing to do, so a trickle is read as it arrives. Cancel-safe: the runtime
+    /// drops the wait when something else wakes it.
+    async fn ready(&mut self) {
+        tokio::time::sleep(IDLE_POLL).await;
+    }
+    /// What the source has read ahead and buffered, not yet queued; the runtime
+    /// [pauses](Source::pause) it above its `max_queued_records` / `max_queued_bytes`.
+    fn queued(&self) -> Queued {
+        Queued::default()
+    }
+    /// Start or continue reading ahead (the runtime extends every source once it is
+    /// positioned, and again when its buffer drained below the limits after a pause).
     fn extend(&mut self) {}
-    /// Stop reading ahead.
+    /// Stop reading ahead, keeping the connection: the runtime's backpressure.
     fn pause(&mut self) {}
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
+}
+
+/// How long a source with no way to be told of new input waits before it is asked
+/// again ([`Source::ready`]).
+pub const IDLE_POLL: Duration = Duration::from_millis(50);
+
+/// What a source has buffered ahead of `queue` ([`Source::queued`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Queued {
+    pub records: usize,
+    pub bytes: u64,
 }
 
 #[cfg(test)]

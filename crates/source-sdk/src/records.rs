@@ -9,24 +9,58 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Where a record came from, for error messages.
+/// Where a record came from, for error messages and dead letters. `(line,
+/// byte_offset)` identifies a record within its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
-    /// The file path, or a source-specific name (e.g. `datagen views`). Shared: every
-    /// record carries one, so a clone must not allocate.
+    /// The file path, or a source-specific name (`datagen views`, `topic views
+    /// partition 2`). Shared: every record carries one, so a clone must not allocate.
     pub source: Arc<str>,
-    /// 1-based line (file) or sequence number (datagen).
+    /// 1-based line (file), sequence number (datagen, a stream), or offset (a log
+    /// partition): see `unit`.
     pub line: u64,
+    /// The byte offset in a file; for a log, what tells its records apart besides
+    /// `line` (a Kafka partition), else 0.
     pub byte_offset: u64,
+    pub unit: Unit,
+}
+
+/// What [`Position::line`] counts, which is how the position reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unit {
+    /// `path:line (byte N)`.
+    #[default]
+    Line,
+    /// `source offset N` (a Kafka partition's offset).
+    Offset,
+    /// `source sequence N` (a stream's sequence number).
+    Sequence,
+}
+
+impl Position {
+    /// The position of record `at` of a log: `unit` says whether it is an offset or a
+    /// sequence number; `part` tells apart records of one `at` (a partition), else 0.
+    pub fn in_log(source: Arc<str>, unit: Unit, at: u64, part: u64) -> Position {
+        Position {
+            source,
+            line: at,
+            byte_offset: part,
+            unit,
+        }
+    }
 }
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{} (byte {})",
-            self.source, self.line, self.byte_offset
-        )
+        match self.unit {
+            Unit::Line => write!(
+                f,
+                "{}:{} (byte {})",
+                self.source, self.line, self.byte_offset
+            ),
+            Unit::Offset => write!(f, "{} offset {}", self.source, self.line),
+            Unit::Sequence => write!(f, "{} sequence {}", self.source, self.line),
+        }
     }
 }
 

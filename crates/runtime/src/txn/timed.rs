@@ -8,7 +8,9 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
-use sluice_source_sdk::{FaultTolerance, QueueLimits, Records, Resume, Source, SourceError, Step};
+use sluice_source_sdk::{
+    FaultTolerance, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+};
 use std::time::Duration;
 use tokio::time::{error::Elapsed, timeout};
 
@@ -65,6 +67,15 @@ impl Source for Bounded {
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
         let result = timeout(self.after, self.inner.queue(limits, out)).await;
         self.settle("queue", result)
+    }
+
+    /// Unbounded: waiting for input is not a call that hangs.
+    async fn ready(&mut self) {
+        self.inner.ready().await;
+    }
+
+    fn queued(&self) -> Queued {
+        self.inner.queued()
     }
 
     fn extend(&mut self) {

@@ -14,7 +14,7 @@ use crate::pageview::pageview;
 use serde_json::Value;
 use sluice_source_sdk::{
     FaultTolerance, Position, QueueLimits, Records, Resume, Source, SourceError, Span, Step,
-    StepHasher, check_replay, replay_target,
+    StepHasher, Unit, check_replay, replay_target,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -59,6 +59,7 @@ impl DatagenSource {
                 source: self.label.clone(),
                 line: end,
                 byte_offset: 0,
+                unit: Unit::Line,
             };
             let text = out.push_json_with(position, |out| doc.write_json(out));
             hasher.append(text);

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sluice_source_sdk::{
     FaultTolerance, InputError, Position, QueueLimits, Records, Resume, Source, SourceError, Span,
-    Step, StepHasher, check_replay, replay_target,
+    Step, StepHasher, Unit, check_replay, replay_target,
 };
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -212,6 +212,7 @@ impl FileSource {
                 source: self.display.clone(),
                 line: self.cursor.line,
                 byte_offset: self.cursor.offset,
+                unit: Unit::Line,
             };
             let Some((len, newlines)) = record_len(self.format, data, at_end) else {
                 if data.len() as u64 > self.max_document {
