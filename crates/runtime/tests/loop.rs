@@ -424,6 +424,7 @@ impl Harness {
                 source: def.config.open(name).unwrap(),
                 bindings: vec![0],
                 dead_letter: None,
+                read_ahead: def.read_ahead,
             })
             .collect();
         let ctx = Context {
