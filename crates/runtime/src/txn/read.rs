@@ -722,3 +722,117 @@ fn reject_input_errors(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) {
             .push((feed.record_id(&err.position), letter));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ReadAhead;
+    use sluice_source_sdk::{Queued, SourceError};
+    use std::sync::Mutex;
+
+    /// A source whose buffer the test sets, recording the commands it is given.
+    struct Buffering {
+        queued: Arc<Mutex<Queued>>,
+        commands: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl sluice_source_sdk::Source for Buffering {
+        fn name(&self) -> &str {
+            "buffering"
+        }
+        fn fault_tolerance(&self) -> FaultTolerance {
+            FaultTolerance::ExactlyOnce
+        }
+        async fn seek(&mut self, _: &serde_json::Value) -> Result<(), SourceError> {
+            Ok(())
+        }
+        async fn replay(&mut self, _: &Resume, _: &mut Records) -> Result<Step, SourceError> {
+            unreachable!("not replayed")
+        }
+        async fn queue(&mut self, _: QueueLimits, _: &mut Records) -> Result<Step, SourceError> {
+            unreachable!("not queued")
+        }
+        fn queued(&self) -> Queued {
+            *self.queued.lock().unwrap()
+        }
+        fn extend(&mut self) {
+            self.commands.lock().unwrap().push("extend");
+        }
+        fn pause(&mut self) {
+            self.commands.lock().unwrap().push("pause");
+        }
+    }
+
+    /// Extend once positioned; Pause above either bound, once; Extend again below both.
+    #[test]
+    fn a_source_is_paused_above_its_read_ahead_and_extended_below_it() {
+        let queued = Arc::new(Mutex::new(Queued::default()));
+        let commands = Arc::new(Mutex::new(Vec::new()));
+        let mut reading = ReaderSource::extended(BoundSource {
+            source: Box::new(Buffering {
+                queued: queued.clone(),
+                commands: commands.clone(),
+            }),
+            bindings: vec![0],
+            dead_letter: None,
+            read_ahead: ReadAhead {
+                max_queued_records: 100,
+                max_queued_bytes: 1000,
+            },
+        });
+        let steps = [
+            (
+                Queued {
+                    records: 99,
+                    bytes: 999,
+                },
+                false,
+            ),
+            (
+                Queued {
+                    records: 100,
+                    bytes: 10,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 150,
+                    bytes: 10,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 10,
+                    bytes: 10,
+                },
+                false,
+            ),
+            (
+                Queued {
+                    records: 10,
+                    bytes: 1000,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 0,
+                    bytes: 0,
+                },
+                false,
+            ),
+        ];
+        for (buffered, paused) in steps {
+            *queued.lock().unwrap() = buffered;
+            reading.apply_backpressure();
+            assert_eq!(reading.paused, paused, "{buffered:?}");
+        }
+        assert_eq!(
+            *commands.lock().unwrap(),
+            ["extend", "pause", "extend", "pause", "extend"]
+        );
+    }
+}
