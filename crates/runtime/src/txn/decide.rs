@@ -88,7 +88,8 @@ pub(super) enum Close {
     Timeout,
     /// Keep it open and read another round at once.
     ReadOn,
-    /// Keep it open; nothing progressed, so poll again after a pause.
+    /// Keep it open; nothing progressed, so wait for a wake-up (a source, the
+    /// committer, the deadline).
     Wait,
 }
 

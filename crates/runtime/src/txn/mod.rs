@@ -83,7 +83,7 @@ pub struct TxnOptions {
     /// A transaction waits at least this long for documents (batching a trickle).
     pub min_duration: Duration,
     pub memory_budget: usize,
-    /// Keep polling sources that are exhausted for now (follow mode).
+    /// Keep asking (and waiting on) sources that are exhausted for now (follow mode).
     pub follow: bool,
 }
 
