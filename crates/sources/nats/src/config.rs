@@ -168,7 +168,7 @@ mod tests {
             ),
             (
                 json!({"url": "nats://h:4222", "stream": "S", "topic": "x"}),
-                "",
+                "topic",
                 "unknown field `topic`",
             ),
             (
