@@ -64,6 +64,8 @@ pub struct KafkaSource {
     /// The high watermark last seen of each partition.
     high: BTreeMap<i32, i64>,
     prefetch: Option<Prefetch<Fetched>>,
+    /// Reading ahead (not paused). From the start: a prefetch begins once the source
+    /// is positioned, which is when the runtime would extend it anyway.
     extended: bool,
     /// A failure to start reading met in `ready`, reported by the next `queue`.
     failed: Option<SourceError>,
@@ -79,7 +81,7 @@ impl KafkaSource {
             next: None,
             high: BTreeMap::new(),
             prefetch: None,
-            extended: false,
+            extended: true,
             failed: None,
         }
     }
