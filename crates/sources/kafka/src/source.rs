@@ -23,6 +23,7 @@ use crate::broker::Broker;
 use crate::config::{KafkaConfig, Start};
 use crate::fetch::{FETCH_BYTES, Fetched, PartitionFetch};
 use crate::message::{Acc, Documents};
+use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_source_sdk::{
@@ -258,17 +259,11 @@ impl KafkaSource {
                 .map_err(|e| broker.error(Some(partition), e))?;
             messages.sort_by_key(|m| m.offset);
             let before = at;
-            for message in &messages {
-                if message.offset < at {
-                    continue;
-                }
-                if message.offset >= end {
-                    at = end;
-                    break;
-                }
+            let (within, next) = within_range(&messages, at, end);
+            for message in within {
                 self.documents.emit(partition, message, out, acc);
-                at = message.offset + 1;
             }
+            at = next;
             if at == before {
                 // Nothing readable up to the range's end: the hash check tells whether
                 // that is what the step read.
@@ -448,5 +443,65 @@ impl Source for KafkaSource {
     async fn disconnect(&mut self) {
         self.prefetch = None;
         self.broker = None;
+    }
+}
+
+/// Of fetched `messages` (in offset order), those in `[at, end)`, one per offset, and
+/// where reading goes on: `end` once a message at or past it shows that the range is
+/// complete, else after the last one (offsets missing in between, left by compaction
+/// or transaction markers, are simply not there).
+fn within_range(messages: &[RecordAndOffset], at: i64, end: i64) -> (Vec<&RecordAndOffset>, i64) {
+    let mut within: Vec<&RecordAndOffset> = Vec::new();
+    for message in messages.iter().filter(|m| m.offset >= at) {
+        if message.offset >= end {
+            return (within, end);
+        }
+        if within
+            .last()
+            .is_none_or(|last| last.offset < message.offset)
+        {
+            within.push(message);
+        }
+    }
+    let next = within.last().map_or(at, |last| last.offset + 1);
+    (within, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rskafka::record::Record;
+
+    fn at(offsets: &[i64]) -> Vec<RecordAndOffset> {
+        offsets
+            .iter()
+            .map(|&offset| RecordAndOffset {
+                record: Record {
+                    key: None,
+                    value: Some(offset.to_string().into_bytes()),
+                    headers: Default::default(),
+                    timestamp: Default::default(),
+                },
+                offset,
+            })
+            .collect()
+    }
+
+    fn offsets(messages: &[RecordAndOffset], begin: i64, end: i64) -> (Vec<i64>, i64) {
+        let (within, next) = within_range(messages, begin, end);
+        (within.iter().map(|m| m.offset).collect(), next)
+    }
+
+    #[test]
+    fn a_range_is_read_across_gaps_and_ends_at_its_end() {
+        // A fetch from the middle of a batch returns the batch from its start.
+        let gappy = at(&[2, 3, 5, 9, 12]);
+        assert_eq!(offsets(&gappy, 3, 10), (vec![3, 5, 9], 10));
+        // The range's end not reached yet: go on after the last message.
+        assert_eq!(offsets(&gappy, 3, 20), (vec![3, 5, 9, 12], 13));
+        // Nothing readable: stay (the caller stops, and the hash decides).
+        assert_eq!(offsets(&gappy, 13, 20), (vec![], 13));
+        // A batch returned twice does not duplicate a message.
+        assert_eq!(offsets(&at(&[4, 4, 5, 5, 6]), 4, 6), (vec![4, 5], 6));
     }
 }
