@@ -363,8 +363,13 @@ impl Source for KafkaSource {
             return Err(e);
         }
         let prefetch = self.reading().await?;
-        let mut taken = prefetch.take(limits)?;
+        let taken = prefetch.take(limits);
         let more = prefetch.queued().records > 0;
+        let mut taken = taken.inspect_err(|_| {
+            // Its task ended with the error: the next call starts a new one, after what
+            // was queued.
+            self.prefetch = None;
+        })?;
         // Grouped by partition, each in offset order (a stable sort of a FIFO): the
         // order a replay reads the ranges in.
         taken.sort_by_key(Fetched::partition);
