@@ -47,6 +47,10 @@ pub struct LatencyArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
     )]
     url: String,
+    /// The NATS server of `--source nats` (a stream of a unique name is created, then
+    /// deleted).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -58,6 +62,7 @@ pub struct LatencyArgs {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SourceKind {
     File,
+    Nats,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -70,6 +75,7 @@ impl SourceKind {
     fn name(self) -> &'static str {
         match self {
             SourceKind::File => "file",
+            SourceKind::Nats => "nats",
         }
     }
 }
@@ -86,11 +92,31 @@ impl StoreKind {
 /// Where the bench's documents go in.
 enum Input {
     File(std::fs::File),
+    Nats {
+        admin: sluice_nats::admin::Admin,
+        stream: String,
+    },
 }
 
 impl Input {
-    async fn open(kind: SourceKind, work: &Path) -> anyhow::Result<(Input, String)> {
-        match kind {
+    /// Opens where documents go in, and the pipeline's source that reads them.
+    async fn open(args: &LatencyArgs, work: &Path, name: &str) -> anyhow::Result<(Input, String)> {
+        match args.source {
+            SourceKind::Nats => {
+                let admin = sluice_nats::admin::Admin::connect(&args.nats_url)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("connecting to {}: {e}", args.nats_url))?;
+                let stream = name.to_uppercase();
+                admin
+                    .create_stream(&stream, &[&stream])
+                    .await
+                    .map_err(|e| anyhow::anyhow!("creating stream {stream}: {e}"))?;
+                let yaml = format!(
+                    "nats: {{url: {:?}, stream: {stream}, start: first}}",
+                    args.nats_url
+                );
+                Ok((Input::Nats { admin, stream }, yaml))
+            }
             SourceKind::File => {
                 let path = work.join("input.jsonl");
                 let file = std::fs::File::create(&path)?;
@@ -111,12 +137,24 @@ impl Input {
                 file.write_all(&line)?;
                 Ok(())
             }
+            Input::Nats { admin, stream } => {
+                admin
+                    .publish(stream, &[], doc.to_vec().into())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("publishing to {stream}: {e}"))?;
+                Ok(())
+            }
         }
     }
 
+    /// Removes what [`Input::open`] created on a server.
     async fn close(self) -> anyhow::Result<()> {
         match self {
             Input::File(_) => Ok(()),
+            Input::Nats { admin, stream } => admin
+                .delete_stream(&stream)
+                .await
+                .map_err(|e| anyhow::anyhow!("deleting stream {stream}: {e}")),
         }
     }
 }
@@ -207,14 +245,31 @@ async fn measure(
     schema: &str,
     pg: Option<tokio_postgres::Client>,
 ) -> anyhow::Result<Vec<Duration>> {
-    let (mut input, source_yaml) = Input::open(args.source, work).await?;
+    let (mut input, source_yaml) = Input::open(args, work, schema).await?;
+    let sampled = sample(args, work, schema, pg, &mut input, &source_yaml).await;
+    // Also after a failure: the stream or topic is the bench's own.
+    let closed = input.close().await;
+    let latencies = sampled?;
+    closed?;
+    Ok(latencies)
+}
+
+/// Runs the pipeline over `input` and measures each document's latency.
+async fn sample(
+    args: &LatencyArgs,
+    work: &Path,
+    schema: &str,
+    pg: Option<tokio_postgres::Client>,
+    input: &mut Input,
+    source_yaml: &str,
+) -> anyhow::Result<Vec<Duration>> {
     let db = work.join("latency.db");
     let endpoint = match args.store {
         StoreKind::Sqlite => format!("sqlite: {{path: {}}}", db.display()),
         StoreKind::Postgres => format!("postgres: {{url: {:?}, schema: {schema}}}", args.url),
     };
     let pipeline = work.join("pipeline.yaml");
-    std::fs::write(&pipeline, pipeline_yaml(&source_yaml, &endpoint))?;
+    std::fs::write(&pipeline, pipeline_yaml(source_yaml, &endpoint))?;
     let mut child = SluiceRun::start(&pipeline, &work.join("run.log"))?;
     let output = match pg {
         Some(client) => Output::Postgres(client, format!("{}.latency", quote_ident(schema))),
@@ -266,7 +321,6 @@ async fn measure(
         latencies.push(seen.duration_since(sent));
         tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
     }
-    input.close().await?;
     child.stop()?;
     Ok(latencies)
 }
