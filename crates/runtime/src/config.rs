@@ -23,7 +23,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use serde_yaml_ng::Value as Yaml;
 use sluice_doc::Pointer;
-use sluice_source_sdk::config::{de_bytes, resolve_path};
+pub use sluice_source_sdk::config::parse_duration;
+use sluice_source_sdk::config::{de_bytes, de_duration, resolve_path};
 use sluice_source_sdk::{InvalidConfig, SourceConfig};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -359,34 +360,6 @@ fn default_max_bytes() -> u64 {
 }
 fn default_max_duration() -> Duration {
     Duration::from_secs(5)
-}
-
-/// Parses `"250ms"`, `"2s"`, `"1m"`, `"1h"` (an integer or decimal and a unit).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let unit_secs = match unit.trim() {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""
-            ));
-        }
-    };
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""))?;
-    Ok(Duration::from_secs_f64(n * unit_secs))
-}
-
-fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 impl Pipeline {

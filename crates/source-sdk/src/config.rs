@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A configuration that cannot work (the user's error: change the pipeline file).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +96,35 @@ pub fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         Size::Int(n) => Ok(n),
         Size::Text(s) => parse_bytes(&s).map_err(serde::de::Error::custom),
     }
+}
+
+/// Parses `"250ms"`, `"2s"`, `"1m"`, `"1h"` (an integer or decimal and a unit).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let unit_secs = match unit.trim() {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""
+            ));
+        }
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: write e.g. \"250ms\", \"2s\", \"1m\""))?;
+    Ok(Duration::from_secs_f64(n * unit_secs))
+}
+
+/// Deserializes a duration written as [`parse_duration`] reads it.
+pub fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

@@ -47,6 +47,13 @@ pub struct LatencyArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
     )]
     url: String,
+    /// The broker of `--source kafka` (a one-partition topic of a unique name is created,
+    /// and left: tansu cannot delete topics reliably).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// The Kafka source's `fetch_wait` (tansu holds each fetch this long).
+    #[arg(long, default_value = "10ms")]
+    fetch_wait: String,
     /// The NATS server of `--source nats` (a stream of a unique name is created, then
     /// deleted).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
@@ -62,6 +69,7 @@ pub struct LatencyArgs {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SourceKind {
     File,
+    Kafka,
     Nats,
 }
 
@@ -75,6 +83,7 @@ impl SourceKind {
     fn name(self) -> &'static str {
         match self {
             SourceKind::File => "file",
+            SourceKind::Kafka => "kafka",
             SourceKind::Nats => "nats",
         }
     }
@@ -92,6 +101,10 @@ impl StoreKind {
 /// Where the bench's documents go in.
 enum Input {
     File(std::fs::File),
+    Kafka {
+        admin: sluice_kafka::admin::Admin,
+        topic: String,
+    },
     Nats {
         admin: sluice_nats::admin::Admin,
         stream: String,
@@ -102,6 +115,23 @@ impl Input {
     /// Opens where documents go in, and the pipeline's source that reads them.
     async fn open(args: &LatencyArgs, work: &Path, name: &str) -> anyhow::Result<(Input, String)> {
         match args.source {
+            SourceKind::Kafka => {
+                let brokers = vec![args.brokers.clone()];
+                let admin = sluice_kafka::admin::Admin::connect(&brokers)
+                    .await
+                    .with_context(|| format!("connecting to {}", args.brokers))?;
+                let topic = name.to_string();
+                admin
+                    .create_topic(&topic, 1)
+                    .await
+                    .with_context(|| format!("creating topic {topic}"))?;
+                let yaml = format!(
+                    "kafka: {{brokers: [{:?}], topic: {topic}, start: earliest, format: json, \
+                     fetch_wait: {}}}",
+                    args.brokers, args.fetch_wait
+                );
+                Ok((Input::Kafka { admin, topic }, yaml))
+            }
             SourceKind::Nats => {
                 let admin = sluice_nats::admin::Admin::connect(&args.nats_url)
                     .await
@@ -137,6 +167,13 @@ impl Input {
                 file.write_all(&line)?;
                 Ok(())
             }
+            Input::Kafka { admin, topic } => {
+                admin
+                    .produce(topic, 0, [(None, doc.to_vec())])
+                    .await
+                    .with_context(|| format!("producing to {topic}"))?;
+                Ok(())
+            }
             Input::Nats { admin, stream } => {
                 admin
                     .publish(stream, &[], doc.to_vec().into())
@@ -150,7 +187,7 @@ impl Input {
     /// Removes what [`Input::open`] created on a server.
     async fn close(self) -> anyhow::Result<()> {
         match self {
-            Input::File(_) => Ok(()),
+            Input::File(_) | Input::Kafka { .. } => Ok(()),
             Input::Nats { admin, stream } => admin
                 .delete_stream(&stream)
                 .await
@@ -244,14 +281,14 @@ async fn measure(
     work: &Path,
     schema: &str,
     pg: Option<tokio_postgres::Client>,
-) -> anyhow::Result<Vec<Duration>> {
+) -> anyhow::Result<Samples> {
     let (mut input, source_yaml) = Input::open(args, work, schema).await?;
     let sampled = sample(args, work, schema, pg, &mut input, &source_yaml).await;
     // Also after a failure: the stream or topic is the bench's own.
     let closed = input.close().await;
-    let latencies = sampled?;
+    let samples = sampled?;
     closed?;
-    Ok(latencies)
+    Ok(samples)
 }
 
 /// Runs the pipeline over `input` and measures each document's latency.
@@ -262,7 +299,7 @@ async fn sample(
     pg: Option<tokio_postgres::Client>,
     input: &mut Input,
     source_yaml: &str,
-) -> anyhow::Result<Vec<Duration>> {
+) -> anyhow::Result<Samples> {
     let db = work.join("latency.db");
     let endpoint = match args.store {
         StoreKind::Sqlite => format!("sqlite: {{path: {}}}", db.display()),
@@ -311,18 +348,27 @@ async fn sample(
             args.store.name()
         ),
     );
-    let mut latencies = Vec::with_capacity(args.samples);
+    let mut samples = Samples::default();
     for i in 0..args.samples {
         let id = format!("doc-{i}");
         let doc = document(&id);
         let sent = Instant::now();
         input.send(&doc).await?;
+        samples.sends.push(sent.elapsed());
         let seen = wait_visible(&output, &id, Duration::from_secs(30), poll, &mut child).await?;
-        latencies.push(seen.duration_since(sent));
+        samples.latencies.push(seen.duration_since(sent));
         tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
     }
     child.stop()?;
-    Ok(latencies)
+    Ok(samples)
+}
+
+/// Per document: from before its send until its row was seen, and its send alone (an
+/// acknowledged publish or produce: the broker's part of the latency).
+#[derive(Default)]
+struct Samples {
+    latencies: Vec<Duration>,
+    sends: Vec<Duration>,
 }
 
 fn document(id: &str) -> Vec<u8> {
@@ -445,9 +491,12 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
     sorted[rank - 1].as_secs_f64() * 1e3
 }
 
-fn report(args: &LatencyArgs, latencies: &[Duration]) {
-    let mut sorted = latencies.to_vec();
+fn report(args: &LatencyArgs, samples: &Samples) {
+    let mut sorted = samples.latencies.clone();
     sorted.sort();
+    let mut sends = samples.sends.clone();
+    sends.sort();
+    let send_p50 = quantile_ms(&sends, 0.50);
     let (p50, p90, p99) = (
         quantile_ms(&sorted, 0.50),
         quantile_ms(&sorted, 0.90),
@@ -466,13 +515,14 @@ fn report(args: &LatencyArgs, latencies: &[Duration]) {
             "p90_ms": round(p90),
             "p99_ms": round(p99),
             "max_ms": round(max),
+            "send_p50_ms": round(send_p50),
             "cores": cores,
         });
         println!("{out}");
     } else {
         println!(
             "{} into {}: {} documents, p50 {p50:.2} ms, p90 {p90:.2} ms, p99 {p99:.2} ms, \
-             max {max:.2} ms ({cores} cores)",
+             max {max:.2} ms; the send alone p50 {send_p50:.2} ms ({cores} cores)",
             args.source.name(),
             args.store.name(),
             sorted.len()

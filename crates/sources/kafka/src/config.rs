@@ -7,6 +7,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use sluice_source_sdk::InvalidConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +27,21 @@ pub struct KafkaConfig {
     /// partition, offset, timestamp, key, headers); `null` for none.
     #[serde(default = "default_meta")]
     pub meta: Option<String>,
+    /// How long one fetch waits for new messages (`"10ms"`). A Kafka broker answers as
+    /// soon as messages arrive, so a longer wait costs no latency there and saves
+    /// requests; tansu holds every fetch for its whole wait, which then bounds the
+    /// latency of a trickle.
+    #[serde(
+        default = "default_fetch_wait",
+        deserialize_with = "sluice_source_sdk::config::de_duration"
+    )]
+    pub fetch_wait: Duration,
+}
+
+/// Short, for brokers that hold a fetch for its whole wait (tansu): about 100 fetches a
+/// second per partition while idle.
+fn default_fetch_wait() -> Duration {
+    Duration::from_millis(10)
 }
 
 fn default_meta() -> Option<String> {

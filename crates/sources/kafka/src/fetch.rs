@@ -18,11 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long one fetch waits for new messages. tansu answers a fetch only when this
-/// has passed, even once messages arrived, so it bounds the latency of a trickle; a
-/// Kafka broker answers as soon as messages arrive.
-pub(crate) const FETCH_WAIT: Duration = Duration::from_millis(10);
-
 /// The most bytes one fetch of one partition asks for.
 pub(crate) const FETCH_BYTES: i32 = 4 << 20;
 
@@ -61,6 +56,8 @@ pub(crate) struct PartitionFetch {
     checked: Instant,
     in_flight: FuturesUnordered<BoxFuture<'static, Polled>>,
     polling: BTreeSet<i32>,
+    /// How long one fetch waits for messages (`fetch_wait`).
+    wait: Duration,
 }
 
 impl PartitionFetch {
@@ -69,6 +66,7 @@ impl PartitionFetch {
         follow_new: bool,
         next: BTreeMap<i32, i64>,
         count: usize,
+        wait: Duration,
     ) -> PartitionFetch {
         PartitionFetch {
             broker,
@@ -78,6 +76,7 @@ impl PartitionFetch {
             checked: Instant::now(),
             in_flight: FuturesUnordered::new(),
             polling: BTreeSet::new(),
+            wait,
         }
     }
 
@@ -106,11 +105,11 @@ impl PartitionFetch {
 
     fn poll_partition(&mut self, partition: i32, offset: i64) {
         let broker = self.broker.clone();
+        let wait = i32::try_from(self.wait.as_millis()).unwrap_or(i32::MAX);
         self.in_flight.push(
             async move {
                 let fetched = async {
                     let client = broker.partition(partition).await?;
-                    let wait = FETCH_WAIT.as_millis() as i32;
                     client
                         .fetch_records(offset, 1..FETCH_BYTES, wait)
                         .await
@@ -173,7 +172,7 @@ impl Fetch for PartitionFetch {
         }
         match self.in_flight.next().await {
             Some(polled) => self.take_polled(polled, &mut out)?,
-            None => tokio::time::sleep(FETCH_WAIT).await,
+            None => tokio::time::sleep(self.wait).await,
         }
         while let Some(Some(polled)) = self.in_flight.next().now_or_never() {
             self.take_polled(polled, &mut out)?;

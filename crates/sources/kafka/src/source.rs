@@ -210,6 +210,7 @@ impl KafkaSource {
                 self.config.partitions.is_none(),
                 next.clone(),
                 partitions.len(),
+                self.config.fetch_wait,
             );
             self.next = Some(next);
             self.high = high;

@@ -40,6 +40,7 @@ impl Topic {
             start: Start::Earliest,
             format: KafkaFormat::Json,
             meta: None,
+            fetch_wait: std::time::Duration::from_millis(10),
         }
     }
 
