@@ -108,8 +108,7 @@ impl<T: Send + 'static> Prefetch<T> {
     pub fn take(&self, limits: QueueLimits) -> Result<Vec<T>, SourceError> {
         let mut buffer = self.shared.buffer.lock().expect("the prefetch buffer");
         let (mut taken, mut bytes) = (Vec::new(), 0u64);
-        while taken.len() < limits.max_records && (taken.is_empty() || bytes < limits.max_bytes)
-        {
+        while taken.len() < limits.max_records && (taken.is_empty() || bytes < limits.max_bytes) {
             let Some((item, size)) = buffer.items.pop_front() else {
                 break;
             };
@@ -226,7 +225,11 @@ mod tests {
             max_records: 10,
             max_bytes: 1,
         };
-        assert_eq!(prefetch.take(tiny).unwrap(), vec![3], "one item, however large");
+        assert_eq!(
+            prefetch.take(tiny).unwrap(),
+            vec![3],
+            "one item, however large"
+        );
         assert_eq!(prefetch.take(ALL).unwrap(), Vec::<u32>::new());
         assert_eq!(prefetch.queued(), Queued::default());
     }
@@ -236,7 +239,11 @@ mod tests {
         let (tx, prefetch) = scripted(true);
         tx.send(vec![1]).unwrap();
         tokio::time::sleep(Duration::from_millis(30)).await;
-        assert_eq!(prefetch.queued(), Queued::default(), "paused from the start");
+        assert_eq!(
+            prefetch.queued(),
+            Queued::default(),
+            "paused from the start"
+        );
         prefetch.extend();
         prefetch.ready().await;
         assert_eq!(prefetch.take(ALL).unwrap(), vec![1]);
