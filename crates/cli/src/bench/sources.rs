@@ -22,6 +22,7 @@
 use super::loads::sluice_run;
 use crate::pending_admin::{kafka, nats};
 use anyhow::{Context, bail, ensure};
+use bytes::Bytes;
 use serde_json::json;
 use sluice_datagen::pageview;
 use sluice_postgres::sql::quote_ident;
@@ -202,11 +203,17 @@ struct Expected {
 /// Writes the documents to the file, produces them to a new topic and publishes them
 /// to a new stream, in batches; returns what their reduction holds.
 async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Result<Expected> {
-    let brokers = [args.kafka.clone()];
-    kafka::create_topic(&brokers, &names.topic, PARTITIONS)
+    let kafka = kafka::Admin::connect(&[args.kafka.clone()])
+        .await
+        .with_context(|| format!("connecting to Kafka at {}", args.kafka))?;
+    kafka
+        .create_topic(&names.topic, PARTITIONS)
         .await
         .with_context(|| format!("creating topic {} at {}", names.topic, args.kafka))?;
-    nats::create_stream(&args.nats, &names.stream, &[names.subject.as_str()])
+    let nats = nats::Admin::connect(&args.nats)
+        .await
+        .with_context(|| format!("connecting to NATS at {}", args.nats))?;
+    nats.create_stream(&names.stream, &[names.subject.as_str()])
         .await
         .with_context(|| format!("creating stream {} at {}", names.stream, args.nats))?;
     let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(input)?);
@@ -227,14 +234,15 @@ async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Res
             file.write_all(b"\n")?;
             let partition = (doc.key % PARTITIONS as u64) as usize;
             partitions[partition].push((doc.user_id().into_bytes(), text.clone()));
-            payloads.push(text);
+            payloads.push(Bytes::from(text));
         }
-        for (partition, records) in partitions.into_iter().enumerate() {
-            kafka::produce(&brokers, &names.topic, partition as i32, records)
+        for (partition, records) in (0..).zip(partitions) {
+            kafka
+                .produce(&names.topic, partition, records)
                 .await
                 .with_context(|| format!("producing to topic {}", names.topic))?;
         }
-        nats::publish(&args.nats, &names.subject, payloads)
+        nats.publish_batch(&names.subject, payloads)
             .await
             .with_context(|| format!("publishing to stream {}", names.stream))?;
         seq = end;
@@ -263,12 +271,16 @@ async fn cleanup(
         ))
         .await
         .with_context(|| format!("dropping schema {}", names.schema));
-    let topic = kafka::delete_topic(&[args.kafka.clone()], &names.topic)
-        .await
-        .with_context(|| format!("deleting topic {}", names.topic));
-    let stream = nats::delete_stream(&args.nats, &names.stream)
-        .await
-        .with_context(|| format!("deleting stream {}", names.stream));
+    let topic = async {
+        let admin = kafka::Admin::connect(&[args.kafka.clone()]).await?;
+        Ok::<_, anyhow::Error>(admin.delete_topic(&names.topic).await?)
+    };
+    let topic = (topic.await).with_context(|| format!("deleting topic {}", names.topic));
+    let stream = async {
+        let admin = nats::Admin::connect(&args.nats).await?;
+        Ok::<_, anyhow::Error>(admin.delete_stream(&names.stream).await?)
+    };
+    let stream = (stream.await).with_context(|| format!("deleting stream {}", names.stream));
     schema.and(topic).and(stream)
 }
 

@@ -12,6 +12,7 @@ use super::server::{PrivateBroker, PrivateServer};
 use super::store::{block_on, yaml_str};
 use crate::pending_admin::{kafka, nats};
 use anyhow::Context;
+use bytes::Bytes;
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -47,15 +48,20 @@ impl Input {
             },
             SourceKind::Kafka => {
                 let broker = PrivateBroker::tansu(&dir.join("tansu"))?;
-                let brokers = [broker.url()];
-                block_on(kafka::create_topic(&brokers, TOPIC, PARTITIONS))
-                    .with_context(|| format!("creating topic {TOPIC} at {}", brokers[0]))?;
+                block_on(async {
+                    let admin = kafka::Admin::connect(&[broker.url()]).await?;
+                    Ok(admin.create_topic(TOPIC, PARTITIONS).await?)
+                })
+                .with_context(|| format!("creating topic {TOPIC} at {}", broker.url()))?;
                 Input::Kafka { broker }
             }
             SourceKind::Nats => {
                 let broker = PrivateBroker::nats(&dir.join("nats"))?;
-                block_on(nats::create_stream(&broker.url(), STREAM, &[SUBJECT]))
-                    .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
+                block_on(async {
+                    let admin = nats::Admin::connect(&broker.url()).await?;
+                    Ok(admin.create_stream(STREAM, &[SUBJECT]).await?)
+                })
+                .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
                 Input::Nats { broker }
             }
         })
@@ -105,27 +111,31 @@ impl Input {
                 append_lines(path, docs).with_context(|| format!("writing {}", path.display()))
             }
             Input::Kafka { broker } => {
-                let brokers = [broker.url()];
                 let mut partitions = vec![Vec::new(); PARTITIONS as usize];
                 for doc in docs {
                     let key = doc["key"].as_str().unwrap_or_default().as_bytes().to_vec();
                     partitions[partition_of(&key)].push((key, serde_json::to_vec(doc)?));
                 }
                 block_on(async {
-                    for (partition, records) in partitions.into_iter().enumerate() {
-                        kafka::produce(&brokers, TOPIC, partition as i32, records).await?;
+                    let admin = kafka::Admin::connect(&[broker.url()]).await?;
+                    for (partition, records) in (0..).zip(partitions) {
+                        admin.produce(TOPIC, partition, records).await?;
                     }
                     Ok(())
                 })
-                .with_context(|| format!("producing to topic {TOPIC} at {}", brokers[0]))
+                .with_context(|| format!("producing to topic {TOPIC} at {}", broker.url()))
             }
             Input::Nats { broker } => {
                 let payloads = docs
                     .iter()
-                    .map(serde_json::to_vec)
+                    .map(|doc| serde_json::to_vec(doc).map(Bytes::from))
                     .collect::<Result<Vec<_>, _>>()?;
-                block_on(nats::publish(&broker.url(), SUBJECT, payloads))
-                    .with_context(|| format!("publishing to stream {STREAM} at {}", broker.url()))
+                block_on(async {
+                    let admin = nats::Admin::connect(&broker.url()).await?;
+                    admin.publish_batch(SUBJECT, payloads).await?;
+                    Ok(())
+                })
+                .with_context(|| format!("publishing to stream {STREAM} at {}", broker.url()))
             }
         }
     }
