@@ -21,9 +21,9 @@ pub mod kafka {
             &self,
             _: &str,
             _: i32,
-            _: Vec<(Vec<u8>, Vec<u8>)>,
-        ) -> anyhow::Result<()> {
-            Ok(())
+            _: impl IntoIterator<Item = (Option<Vec<u8>>, Vec<u8>)>,
+        ) -> anyhow::Result<Vec<i64>> {
+            Ok(Vec::new())
         }
 
         pub async fn delete_topic(&self, _: &str) -> anyhow::Result<()> {

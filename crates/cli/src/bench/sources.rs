@@ -203,7 +203,7 @@ struct Expected {
 /// Writes the documents to the file, produces them to a new topic and publishes them
 /// to a new stream, in batches; returns what their reduction holds.
 async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Result<Expected> {
-    let kafka = kafka::Admin::connect(&[args.kafka.clone()])
+    let kafka = kafka::Admin::connect(std::slice::from_ref(&args.kafka))
         .await
         .with_context(|| format!("connecting to Kafka at {}", args.kafka))?;
     kafka
@@ -233,7 +233,7 @@ async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Res
             file.write_all(&text)?;
             file.write_all(b"\n")?;
             let partition = (doc.key % PARTITIONS as u64) as usize;
-            partitions[partition].push((doc.user_id().into_bytes(), text.clone()));
+            partitions[partition].push((Some(doc.user_id().into_bytes()), text.clone()));
             payloads.push(Bytes::from(text));
         }
         for (partition, records) in (0..).zip(partitions) {
@@ -272,7 +272,7 @@ async fn cleanup(
         .await
         .with_context(|| format!("dropping schema {}", names.schema));
     let topic = async {
-        let admin = kafka::Admin::connect(&[args.kafka.clone()]).await?;
+        let admin = kafka::Admin::connect(std::slice::from_ref(&args.kafka)).await?;
         Ok::<_, anyhow::Error>(admin.delete_topic(&names.topic).await?)
     };
     let topic = (topic.await).with_context(|| format!("deleting topic {}", names.topic));

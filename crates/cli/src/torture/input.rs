@@ -114,7 +114,8 @@ impl Input {
                 let mut partitions = vec![Vec::new(); PARTITIONS as usize];
                 for doc in docs {
                     let key = doc["key"].as_str().unwrap_or_default().as_bytes().to_vec();
-                    partitions[partition_of(&key)].push((key, serde_json::to_vec(doc)?));
+                    let partition = partition_of(&key);
+                    partitions[partition].push((Some(key), serde_json::to_vec(doc)?));
                 }
                 block_on(async {
                     let admin = kafka::Admin::connect(&[broker.url()]).await?;
