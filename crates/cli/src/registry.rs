@@ -10,6 +10,7 @@
 use sluice_datagen::DatagenKind;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
+use sluice_kafka::KafkaKind;
 use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
 use sluice_postgres::PostgresDriver;
@@ -24,6 +25,7 @@ pub fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
+        .with_source(kind::<KafkaKind>())
         .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,

@@ -1,0 +1,130 @@
+//! The connection to the brokers that a source shares between its fetch task and its
+//! own calls (seek, replay): one client, a partition client per partition, offsets
+//! looked up per partition, and client errors as [`SourceError`]s that name the topic.
+
+use rskafka::BackoffConfig;
+use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
+use rskafka::client::{Client, ClientBuilder};
+use sluice_source_sdk::SourceError;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long the client retries a failing request (a broker restarting, a leader
+/// moving) before the call fails; the runtime then reopens the source.
+const RETRY_FOR: Duration = Duration::from_secs(30);
+
+pub(crate) struct Broker {
+    /// The source's name, for errors.
+    name: String,
+    topic: String,
+    client: Client,
+    partitions: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
+}
+
+/// The retry policy of every client this crate builds.
+pub(crate) fn client_builder(brokers: &[String]) -> ClientBuilder {
+    ClientBuilder::new(brokers.to_vec())
+        .client_id("sluice")
+        .backoff_config(BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(1),
+            base: 2.0,
+            deadline: Some(RETRY_FOR),
+        })
+}
+
+impl Broker {
+    pub(crate) async fn connect(
+        name: &str,
+        brokers: &[String],
+        topic: &str,
+    ) -> Result<Arc<Broker>, SourceError> {
+        let client = client_builder(brokers).build().await.map_err(|e| SourceError::Io {
+            name: name.to_string(),
+            path: format!("brokers {}", brokers.join(",")),
+            error: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(Arc::new(Broker {
+            name: name.to_string(),
+            topic: topic.to_string(),
+            client,
+            partitions: Mutex::default(),
+        }))
+    }
+
+    /// A client error on `partition` (or the topic as a whole): retryable, as the
+    /// broker may come back.
+    pub(crate) fn error(&self, partition: Option<i32>, error: impl ToString) -> SourceError {
+        let path = match partition {
+            Some(p) => format!("topic {} partition {p}", self.topic),
+            None => format!("topic {}", self.topic),
+        };
+        SourceError::Io {
+            name: self.name.clone(),
+            path,
+            error: std::io::Error::other(error.to_string()),
+        }
+    }
+
+    /// The topic's partitions now; an error when the topic does not exist.
+    pub(crate) async fn partitions(&self) -> Result<BTreeSet<i32>, SourceError> {
+        let topics = self
+            .client
+            .list_topics()
+            .await
+            .map_err(|e| self.error(None, e))?;
+        match topics.into_iter().find(|t| t.name == self.topic) {
+            Some(topic) => Ok(topic.partitions),
+            None => Err(SourceError::Config {
+                name: self.name.clone(),
+                reason: format!("topic {} does not exist", self.topic),
+            }),
+        }
+    }
+
+    pub(crate) async fn partition(&self, p: i32) -> Result<Arc<PartitionClient>, SourceError> {
+        if let Some(client) = self.partitions.lock().expect("partition clients").get(&p) {
+            return Ok(client.clone());
+        }
+        let client = self
+            .client
+            .partition_client(self.topic.clone(), p, UnknownTopicHandling::Retry)
+            .await
+            .map_err(|e| self.error(Some(p), e))?;
+        let client = Arc::new(client);
+        self.partitions
+            .lock()
+            .expect("partition clients")
+            .insert(p, client.clone());
+        Ok(client)
+    }
+
+    /// The partition's earliest retained offset and its high watermark.
+    pub(crate) async fn offsets(&self, p: i32) -> Result<(i64, i64), SourceError> {
+        let client = self.partition(p).await?;
+        let earliest = client
+            .get_offset(OffsetAt::Earliest)
+            .await
+            .map_err(|e| self.error(Some(p), e))?;
+        let latest = client
+            .get_offset(OffsetAt::Latest)
+            .await
+            .map_err(|e| self.error(Some(p), e))?;
+        Ok((earliest, latest))
+    }
+
+    /// The error for a topic that now has fewer partitions than it had.
+    pub(crate) fn shrunk(&self, had: usize, has: usize) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason: format!(
+                "topic {} has {has} partitions, fewer than the {had} it had: a partition \
+                 count cannot shrink (was the topic deleted and created again?), so the \
+                 recorded offsets no longer mean anything; reset the pipeline's recovery \
+                 log and store to read it anew",
+                self.topic
+            ),
+        }
+    }
+}

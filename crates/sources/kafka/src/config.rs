@@ -1,0 +1,150 @@
+//! What the user writes: `kafka: {brokers: [host:port], topic, format: json}`, with
+//! `partitions`, `start` and `meta` optional. Strict: unknown keys are errors, and the
+//! cross-field checks ([`KafkaConfig::check`]) name their place.
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use sluice_source_sdk::InvalidConfig;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port` each.
+    pub brokers: Vec<String>,
+    pub topic: String,
+    /// The partitions to read; all of the topic's when absent, and then partitions
+    /// added later are read too, from their beginning.
+    #[serde(default)]
+    pub partitions: Option<Vec<u32>>,
+    /// Where a source with no committed position begins.
+    #[serde(default)]
+    pub start: Start,
+    pub format: KafkaFormat,
+    /// The property of each document that receives the message's metadata (topic,
+    /// partition, offset, timestamp, key, headers); `null` for none.
+    #[serde(default = "default_meta")]
+    pub meta: Option<String>,
+}
+
+fn default_meta() -> Option<String> {
+    Some("_meta".to_string())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaFormat {
+    /// Each message's value is one JSON document.
+    Json,
+}
+
+/// Where reading begins without a committed position.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Start {
+    /// Each partition's earliest retained offset.
+    #[default]
+    Earliest,
+    /// Each partition's high watermark: only messages produced from now on.
+    Latest,
+    /// These offsets; partitions not named begin at their earliest.
+    Offsets(BTreeMap<u32, u64>),
+}
+
+impl<'de> Deserialize<'de> for Start {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Start, D::Error> {
+        struct StartVisitor;
+
+        impl<'de> Visitor<'de> for StartVisitor {
+            type Value = Start;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"earliest, latest, or offsets by partition ({"0": 120, "1": 0})"#)
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Start, E> {
+                match s {
+                    "earliest" => Ok(Start::Earliest),
+                    "latest" => Ok(Start::Latest),
+                    other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+                }
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Start, M::Error> {
+                let mut offsets = BTreeMap::new();
+                while let Some(partition) = map.next_key::<String>()? {
+                    let number = partition.parse::<u32>().map_err(|_| {
+                        de::Error::custom(format!(
+                            "start: {partition:?} is not a partition number"
+                        ))
+                    })?;
+                    let offset = map.next_value::<u64>()?;
+                    offsets.insert(number, offset);
+                }
+                Ok(Start::Offsets(offsets))
+            }
+        }
+
+        d.deserialize_any(StartVisitor)
+    }
+}
+
+impl KafkaConfig {
+    /// What serde cannot check: non-empty names, no duplicate partitions, start
+    /// offsets only for partitions that are read.
+    pub fn check(&self) -> Result<(), InvalidConfig> {
+        if self.brokers.is_empty() {
+            return Err(InvalidConfig::new("brokers", "name at least one broker (host:port)"));
+        }
+        for (i, broker) in self.brokers.iter().enumerate() {
+            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+                return Err(InvalidConfig::new(
+                    format!("brokers[{i}]"),
+                    format!("{broker:?} is not host:port"),
+                ));
+            }
+        }
+        if self.topic.is_empty() {
+            return Err(InvalidConfig::new("topic", "the topic name is empty"));
+        }
+        if let Some(partitions) = &self.partitions {
+            if partitions.is_empty() {
+                return Err(InvalidConfig::new(
+                    "partitions",
+                    "name at least one partition, or leave partitions out to read them all",
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            for (i, p) in partitions.iter().enumerate() {
+                if i32::try_from(*p).is_err() {
+                    return Err(InvalidConfig::new(
+                        format!("partitions[{i}]"),
+                        format!("partition {p} is above the largest Kafka partition number"),
+                    ));
+                }
+                if !seen.insert(p) {
+                    return Err(InvalidConfig::new(
+                        format!("partitions[{i}]"),
+                        format!("partition {p} is named twice"),
+                    ));
+                }
+            }
+            if let Start::Offsets(offsets) = &self.start
+                && let Some(p) = offsets.keys().find(|p| !seen.contains(p))
+            {
+                return Err(InvalidConfig::new(
+                    format!("start.{p}"),
+                    format!("partition {p} is not among the partitions read ({partitions:?})"),
+                ));
+            }
+        }
+        if self.meta.as_deref() == Some("") {
+            return Err(InvalidConfig::new(
+                "meta",
+                "name the property for the metadata (e.g. _meta), or null for none",
+            ));
+        }
+        Ok(())
+    }
+}

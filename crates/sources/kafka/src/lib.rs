@@ -1,0 +1,36 @@
+//! The `kafka` source: one topic's partitions, assigned by the source itself (no
+//! consumer group; offsets live in the recovery log), exactly-once: a step is an offset
+//! range per partition, replayed and checked by its hash.
+//!
+//! - [`config`]: what the user writes under `kafka:` in a pipeline file.
+//! - [`source`]: the [`Source`](sluice_source_sdk::Source) that reads it.
+//! - [`admin`]: creating, filling and deleting topics (tests, benchmarks, torture).
+
+pub mod admin;
+mod broker;
+pub mod config;
+mod fetch;
+mod message;
+pub mod source;
+
+pub use config::{KafkaConfig, KafkaFormat, Start};
+pub use source::KafkaSource;
+
+use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use std::path::Path;
+
+/// The `kafka` kind, as the binary registers it.
+pub struct KafkaKind;
+
+impl SourceKind for KafkaKind {
+    const NAME: &'static str = "kafka";
+    type Config = KafkaConfig;
+
+    fn prepare(config: &mut KafkaConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
+        config.check()
+    }
+
+    fn open(name: &str, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(KafkaSource::new(name, config)))
+    }
+}

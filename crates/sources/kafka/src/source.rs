@@ -1,0 +1,435 @@
+//! The Kafka source: a topic's partitions, assigned by the source (no consumer group),
+//! read ahead by a [`Prefetch`] task and handed out as steps that replay exactly.
+//!
+//! ```text
+//!  brokers ──long-poll per partition (fetch task)──▶ Prefetch buffer ──queue──▶ one step:
+//!                                                     records grouped by partition, in offset order
+//!  position = {next: {partition: next offset}, read: {partition: [begin, end)}}
+//! ```
+//!
+//! A step's position holds the offset range it read of each partition (`end` = last
+//! offset read + 1) and the next offset of every assigned partition. `seek` restores
+//! the next offsets; `replay` re-reads each range directly (not through the prefetch),
+//! keeping only offsets inside it and stopping at its end rather than counting, so
+//! gaps (compaction, transaction markers) are crossed, and checks the step hash. A
+//! range or position below a partition's earliest offset (retention deleted it), or
+//! above its high watermark (the topic was recreated), is
+//! [`SourceError::Unavailable`], naming the topic, partition and offsets.
+//!
+//! A step ends the input (for now) when every assigned partition has been read up to
+//! the high watermark last seen: `sluice run` stops there, `--follow` reads on.
+
+use crate::broker::Broker;
+use crate::config::{KafkaConfig, Start};
+use crate::fetch::{FETCH_BYTES, Fetched, PartitionFetch};
+use crate::message::{Acc, Documents};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sluice_source_sdk::{
+    FaultTolerance, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+    check_replay,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Where a step leaves the source, and what it read.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaPosition {
+    /// The next offset of every assigned partition after the step.
+    pub next: BTreeMap<i32, i64>,
+    /// The offsets the step read of each partition it read: `[begin, end)`.
+    pub read: BTreeMap<i32, [i64; 2]>,
+}
+
+impl KafkaPosition {
+    fn from_value(name: &str, action: &'static str, value: &Value) -> Result<Self, SourceError> {
+        serde_json::from_value(value.clone()).map_err(|e| SourceError::BadResume {
+            name: name.to_string(),
+            action,
+            resume: value.clone(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+pub struct KafkaSource {
+    name: String,
+    config: KafkaConfig,
+    broker: Option<Arc<Broker>>,
+    documents: Documents,
+    /// The next offset of every assigned partition after the last step; `None` until
+    /// positioned (a seek, a replay, or the configured start).
+    next: Option<BTreeMap<i32, i64>>,
+    /// The high watermark last seen of each partition.
+    high: BTreeMap<i32, i64>,
+    prefetch: Option<Prefetch<Fetched>>,
+    extended: bool,
+    /// A failure to start reading met in `ready`, reported by the next `queue`.
+    failed: Option<SourceError>,
+}
+
+impl KafkaSource {
+    pub fn new(name: &str, config: &KafkaConfig) -> KafkaSource {
+        KafkaSource {
+            name: name.to_string(),
+            documents: Documents::new(&config.topic, config.meta.as_deref()),
+            config: config.clone(),
+            broker: None,
+            next: None,
+            high: BTreeMap::new(),
+            prefetch: None,
+            extended: false,
+            failed: None,
+        }
+    }
+
+    async fn broker(&mut self) -> Result<Arc<Broker>, SourceError> {
+        if let Some(broker) = &self.broker {
+            return Ok(broker.clone());
+        }
+        let broker = Broker::connect(&self.name, &self.config.brokers, &self.config.topic).await?;
+        self.broker = Some(broker.clone());
+        Ok(broker)
+    }
+
+    fn unavailable(&self, position: &Value, partition: i32, reason: String) -> SourceError {
+        SourceError::Unavailable {
+            name: self.name.clone(),
+            position: position.clone(),
+            reason: format!("topic {} partition {partition}: {reason}", self.config.topic),
+        }
+    }
+
+    fn config_error(&self, reason: String) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason,
+        }
+    }
+
+    /// The partitions to read, of those the topic has.
+    fn assigned(&self, partitions: &BTreeSet<i32>) -> Result<BTreeSet<i32>, SourceError> {
+        let Some(wanted) = &self.config.partitions else {
+            return Ok(partitions.clone());
+        };
+        let wanted: BTreeSet<i32> = wanted.iter().map(|&p| p as i32).collect();
+        match wanted.iter().find(|p| !partitions.contains(p)) {
+            Some(p) => Err(self.config_error(format!(
+                "topic {} has no partition {p} (it has {} partitions)",
+                self.config.topic,
+                partitions.len()
+            ))),
+            None => Ok(wanted),
+        }
+    }
+
+    /// The configured start of each assigned partition.
+    async fn start(
+        &self,
+        broker: &Broker,
+        assigned: &BTreeSet<i32>,
+    ) -> Result<BTreeMap<i32, i64>, SourceError> {
+        let mut next = BTreeMap::new();
+        for &p in assigned {
+            let (earliest, latest) = broker.offsets(p).await?;
+            let offset = match &self.config.start {
+                Start::Earliest => earliest,
+                Start::Latest => latest,
+                Start::Offsets(offsets) => match offsets.get(&(p as u32)) {
+                    None => earliest,
+                    Some(&offset) if (earliest as u64..=latest as u64).contains(&offset) => {
+                        offset as i64
+                    }
+                    Some(offset) => {
+                        return Err(self.config_error(format!(
+                            "start offset {offset} of topic {} partition {p} is outside its \
+                             offsets {earliest}..{latest}",
+                            self.config.topic
+                        )));
+                    }
+                },
+            };
+            next.insert(p, offset);
+        }
+        if let Start::Offsets(offsets) = &self.config.start
+            && let Some(p) = offsets.keys().find(|&&p| !assigned.contains(&(p as i32)))
+        {
+            return Err(self.config_error(format!(
+                "start names partition {p}, which topic {} does not have",
+                self.config.topic
+            )));
+        }
+        Ok(next)
+    }
+
+    /// The prefetch, started when missing: positioned at `next` (or the configured
+    /// start), with partitions added since read from their beginning.
+    async fn reading(&mut self) -> Result<&Prefetch<Fetched>, SourceError> {
+        if self.prefetch.is_none() {
+            let broker = self.broker().await?;
+            let partitions = broker.partitions().await?;
+            let assigned = self.assigned(&partitions)?;
+            let mut next = match &self.next {
+                Some(next) => next.clone(),
+                None => self.start(&broker, &assigned).await?,
+            };
+            if let Some(gone) = next.keys().find(|p| !partitions.contains(p)) {
+                return Err(self.config_error(format!(
+                    "topic {} has {} partitions, but partition {gone} was read: a partition \
+                     count cannot shrink (was the topic deleted and created again?); reset \
+                     the pipeline's recovery log and store to read it anew",
+                    self.config.topic,
+                    partitions.len()
+                )));
+            }
+            let mut high = BTreeMap::new();
+            for &p in &assigned {
+                let (earliest, latest) = broker.offsets(p).await?;
+                next.entry(p).or_insert(earliest);
+                high.insert(p, latest);
+            }
+            let fetch = PartitionFetch::new(
+                broker,
+                self.config.partitions.is_none(),
+                next.clone(),
+                partitions.len(),
+            );
+            self.next = Some(next);
+            self.high = high;
+            self.prefetch = Some(Prefetch::spawn(fetch, !self.extended));
+        }
+        Ok(self.prefetch.as_ref().expect("started above"))
+    }
+
+    /// Re-reads `[begin, end)` of `partition`, skipping offsets missing from it.
+    async fn replay_range(
+        &mut self,
+        broker: &Broker,
+        position: &Value,
+        partition: i32,
+        [begin, end]: [i64; 2],
+        out: &mut Records,
+        acc: &mut Acc,
+    ) -> Result<(), SourceError> {
+        let (earliest, latest) = broker.offsets(partition).await?;
+        if begin < earliest {
+            return Err(self.unavailable(
+                position,
+                partition,
+                format!(
+                    "the step read offsets {begin}..{end}, but the partition now begins at \
+                     offset {earliest}: retention deleted offsets {begin}..{}",
+                    earliest.min(end)
+                ),
+            ));
+        }
+        if latest < end {
+            return Err(self.unavailable(
+                position,
+                partition,
+                format!(
+                    "the step read offsets {begin}..{end}, but the partition now ends at \
+                     offset {latest} (was the topic deleted and created again?)"
+                ),
+            ));
+        }
+        let client = broker.partition(partition).await?;
+        let mut at = begin;
+        while at < end {
+            let (mut messages, _) = client
+                .fetch_records(at, 1..FETCH_BYTES, 0)
+                .await
+                .map_err(|e| broker.error(Some(partition), e))?;
+            messages.sort_by_key(|m| m.offset);
+            let before = at;
+            for message in &messages {
+                if message.offset < at {
+                    continue;
+                }
+                if message.offset >= end {
+                    at = end;
+                    break;
+                }
+                self.documents.emit(partition, message, out, acc);
+                at = message.offset + 1;
+            }
+            if at == before {
+                // Nothing readable up to the range's end: the hash check tells whether
+                // that is what the step read.
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for KafkaSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn fault_tolerance(&self) -> FaultTolerance {
+        FaultTolerance::ExactlyOnce
+    }
+
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
+        let target = KafkaPosition::from_value(&self.name, "seek to", position)?;
+        let broker = self.broker().await?;
+        for (&p, &next) in &target.next {
+            let (earliest, latest) = broker.offsets(p).await?;
+            if next < earliest {
+                return Err(self.unavailable(
+                    position,
+                    p,
+                    format!(
+                        "the committed position is offset {next}, but the partition now \
+                         begins at offset {earliest}: retention deleted offsets \
+                         {next}..{earliest} before they were read"
+                    ),
+                ));
+            }
+            if next > latest {
+                return Err(self.unavailable(
+                    position,
+                    p,
+                    format!(
+                        "the committed position is offset {next}, but the partition now \
+                         ends at offset {latest} (was the topic deleted and created again?)"
+                    ),
+                ));
+            }
+        }
+        self.prefetch = None;
+        self.next = Some(target.next);
+        Ok(())
+    }
+
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
+        let (position, target) = match step {
+            Resume::Replay {
+                position,
+                data: None,
+                ..
+            } => (
+                position,
+                KafkaPosition::from_value(&self.name, "replay", position)?,
+            ),
+            other => {
+                return Err(SourceError::BadResume {
+                    name: self.name.clone(),
+                    action: "replay",
+                    resume: serde_json::to_value(other).expect("a resume serializes"),
+                    reason: "this source only replays by position".to_string(),
+                });
+            }
+        };
+        let broker = self.broker().await?;
+        self.prefetch = None;
+        let first = out.len();
+        let mut acc = Acc::default();
+        for (&partition, &range) in &target.read {
+            let replayed = self
+                .replay_range(&broker, position, partition, range, out, &mut acc)
+                .await;
+            if let Err(e) = replayed {
+                out.truncate(first);
+                return Err(e);
+            }
+        }
+        if let Err(e) = check_replay(&self.name, step, acc.hasher.clone().finish()) {
+            out.truncate(first);
+            return Err(e);
+        }
+        self.next = Some(target.next);
+        Ok(acc.into_step(false, step.clone()))
+    }
+
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        let prefetch = self.reading().await?;
+        let mut taken = prefetch.take(limits)?;
+        let more = prefetch.queued().records > 0;
+        // Grouped by partition, each in offset order (a stable sort of a FIFO): the
+        // order a replay reads the ranges in.
+        taken.sort_by_key(Fetched::partition);
+        let mut next = self.next.clone().expect("positioned by reading");
+        let mut read = BTreeMap::<i32, [i64; 2]>::new();
+        let mut acc = Acc::default();
+        for fetched in taken {
+            match fetched {
+                Fetched::Added { partition, offset } => {
+                    next.entry(partition).or_insert(offset);
+                }
+                Fetched::Message {
+                    partition,
+                    high_watermark,
+                    message,
+                } => {
+                    let offset = message.offset;
+                    next.insert(partition, offset + 1);
+                    let high = self.high.entry(partition).or_default();
+                    *high = (*high).max(high_watermark);
+                    read.entry(partition)
+                        .and_modify(|range| range[1] = offset + 1)
+                        .or_insert([offset, offset + 1]);
+                    self.documents.emit(partition, &message, out, &mut acc);
+                }
+            }
+        }
+        let caught_up = next
+            .iter()
+            .all(|(p, &n)| n >= self.high.get(p).copied().unwrap_or_default());
+        let position = KafkaPosition {
+            next: next.clone(),
+            read,
+        };
+        self.next = Some(next);
+        let hash = acc.hasher.clone().finish();
+        let resume = Resume::Replay {
+            position: serde_json::to_value(&position).expect("a position serializes"),
+            data: None,
+            hash,
+        };
+        Ok(acc.into_step(!more && caught_up, resume))
+    }
+
+    async fn ready(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
+        match self.reading().await {
+            Ok(prefetch) => prefetch.ready().await,
+            Err(e) => self.failed = Some(e),
+        }
+    }
+
+    fn queued(&self) -> Queued {
+        self.prefetch
+            .as_ref()
+            .map(Prefetch::queued)
+            .unwrap_or_default()
+    }
+
+    fn extend(&mut self) {
+        self.extended = true;
+        if let Some(prefetch) = &self.prefetch {
+            prefetch.extend();
+        }
+    }
+
+    fn pause(&mut self) {
+        self.extended = false;
+        if let Some(prefetch) = &self.prefetch {
+            prefetch.pause();
+        }
+    }
+
+    async fn disconnect(&mut self) {
+        self.prefetch = None;
+        self.broker = None;
+    }
+}
