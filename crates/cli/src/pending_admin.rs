@@ -1,36 +1,7 @@
-//! TEMPORARY: stands in for `sluice_kafka::admin` and `sluice_nats::admin` until the
-//! branches wt-kafka and wt-nats are merged; every call fails, naming that.
+//! TEMPORARY: stands in for `sluice_nats::admin` until the branch wt-nats is merged;
+//! every call fails, naming that.
 
 #![allow(clippy::unused_async)]
-
-pub mod kafka {
-    use anyhow::bail;
-
-    pub struct Admin;
-
-    impl Admin {
-        pub async fn connect(_: &[String]) -> anyhow::Result<Admin> {
-            bail!("the kafka source is not merged into this branch yet")
-        }
-
-        pub async fn create_topic(&self, _: &str, _: i32) -> anyhow::Result<()> {
-            Ok(())
-        }
-
-        pub async fn produce(
-            &self,
-            _: &str,
-            _: i32,
-            _: impl IntoIterator<Item = (Option<Vec<u8>>, Vec<u8>)>,
-        ) -> anyhow::Result<Vec<i64>> {
-            Ok(Vec::new())
-        }
-
-        pub async fn delete_topic(&self, _: &str) -> anyhow::Result<()> {
-            Ok(())
-        }
-    }
-}
 
 pub mod nats {
     use anyhow::bail;

@@ -20,7 +20,8 @@
 //! partition of its key, its key as the record's key.
 
 use super::loads::sluice_run;
-use crate::pending_admin::{kafka, nats};
+use crate::pending_admin::nats;
+use sluice_kafka::admin as kafka;
 use anyhow::{Context, bail, ensure};
 use bytes::Bytes;
 use serde_json::json;

@@ -10,7 +10,8 @@
 
 use super::server::{PrivateBroker, PrivateServer};
 use super::store::{block_on, yaml_str};
-use crate::pending_admin::{kafka, nats};
+use crate::pending_admin::nats;
+use sluice_kafka::admin as kafka;
 use anyhow::Context;
 use bytes::Bytes;
 use serde_json::Value;
