@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod combine;
+mod latency;
 mod loads;
 mod mysql;
 mod postgres;
@@ -16,6 +17,9 @@ pub(crate) use mysql::database_url;
 pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// One document at a time through `sluice run --follow`: the time from its source
+    /// until its row is visible in the store (p50, p90, p99).
+    Latency(latency::LatencyArgs),
     /// One transaction that loads every key of a large PostgreSQL table, under a small
     /// memory budget: peak RSS, exactness, the reload's cost over the first load.
     Loads(loads::LoadsArgs),
@@ -31,6 +35,7 @@ pub enum BenchCommand {
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),

@@ -94,8 +94,41 @@ pub struct SourceDef {
     /// With `on_error: skip`: the JSON-lines file rejected documents are appended to;
     /// defaults to `<recovery_log>/<materialization>/dead-letters.jsonl`.
     pub dead_letter: Option<PathBuf>,
+    /// How much the source may read ahead before the runtime pauses it.
+    pub read_ahead: ReadAhead,
     /// The source's kind (`file`, `datagen`) and its configuration, parsed by the kind.
     pub config: SourceConfig,
+}
+
+/// The runtime's backpressure on a source that reads ahead (a broker's): above either
+/// bound of what it buffered, not yet queued, it is paused (`Source::pause`), and
+/// extended again once its buffer is below both. Sources that read on demand (files,
+/// datagen) buffer nothing and are never paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAhead {
+    pub max_queued_records: usize,
+    pub max_queued_bytes: u64,
+}
+
+impl Default for ReadAhead {
+    fn default() -> Self {
+        ReadAhead {
+            max_queued_records: default_max_queued_records(),
+            max_queued_bytes: default_max_queued_bytes(),
+        }
+    }
+}
+
+/// Enough for several fetches of a broker ahead of the loop, so reading never waits
+/// on the network while a transaction commits.
+fn default_max_queued_records() -> usize {
+    100_000
+}
+
+/// 16 MiB: a few of a broker's fetches, and small beside the combiners' budgets (the
+/// README's memory bound counts it per source).
+fn default_max_queued_bytes() -> u64 {
+    16 << 20
 }
 
 /// A source as written: the runtime's keys, and the others (exactly one: its kind).
@@ -106,6 +139,10 @@ struct SourceFile {
     on_error: OnError,
     #[serde(default)]
     dead_letter: Option<PathBuf>,
+    #[serde(default = "default_max_queued_records")]
+    max_queued_records: usize,
+    #[serde(default = "default_max_queued_bytes", deserialize_with = "de_bytes")]
+    max_queued_bytes: u64,
     #[serde(flatten)]
     kinds: Map<String, Value>,
 }
@@ -562,6 +599,10 @@ impl PipelineFile {
                 target: source.target,
                 on_error: source.on_error,
                 dead_letter: source.dead_letter,
+                read_ahead: ReadAhead {
+                    max_queued_records: source.max_queued_records,
+                    max_queued_bytes: source.max_queued_bytes,
+                },
                 config,
             };
             sources.insert(name, def);

@@ -618,6 +618,7 @@ impl Attempt {
                 source,
                 bindings: feed.bindings.clone(),
                 dead_letter: feed.def.dead_letter_path(&self.log_dir),
+                read_ahead: feed.def.read_ahead,
             });
         }
         let log = RecoveryLog::open_async(&self.log_dir).await?;

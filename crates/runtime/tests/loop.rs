@@ -45,6 +45,7 @@ use sluice_runtime::registry::{Builtin, Registry};
 use sluice_runtime::txn::{
     self, BoundSource, Context, Progress, RunError, Shard, Summary, TxnOptions,
 };
+use sluice_source_sdk::testing::{Script, Scripted};
 use sluice_source_sdk::{
     FaultTolerance, InvalidConfig, QueueLimits, Records, Resume, Source, SourceError, SourceKind,
     Step, kind,
@@ -378,6 +379,8 @@ impl Harness {
             &Registry::new()
                 .with_source(kind::<FileKind>())
                 .with_source(kind::<FlakyFileKind>())
+                .with_source(kind::<ScriptedFileKind<SeekOnly>>())
+                .with_source(kind::<ScriptedFileKind<Barriers>>())
                 .with_driver(Builtin::new::<EndpointConfig>(
                     "memory",
                     flow::EndpointType::SluiceMemory,
@@ -424,6 +427,7 @@ impl Harness {
                 source: def.config.open(name).unwrap(),
                 bindings: vec![0],
                 dead_letter: None,
+                read_ahead: def.read_ahead,
             })
             .collect();
         let ctx = Context {
@@ -545,9 +549,14 @@ impl Harness {
 /// Runs the input to the end with `actions` at `point`; asserts the failure fired,
 /// then every property.
 async fn crash_and_recover(point: &str, actions: &str) -> Harness {
+    crash_and_recover_reading("file", point, actions).await
+}
+
+/// [`crash_and_recover`], the input read by the source kind `source_kind`.
+async fn crash_and_recover_reading(source_kind: &str, point: &str, actions: &str) -> Harness {
     let scenario = fail::FailScenario::setup();
     fail::cfg(point, actions).unwrap();
-    let h = Harness::new().await;
+    let h = Harness::reading(source_kind).await;
     let failures = h.run_to_end().await;
     fail::remove(point);
     scenario.teardown();
@@ -694,6 +703,69 @@ async fn a_loaded_document_that_is_not_json_fails_at_once_naming_its_binding() {
     assert_eq!(summaries.len(), 1);
     assert_eq!(summaries[0].1.transactions, commits, "{summaries:?}");
     assert_eq!(summaries[0].1.last_txn, commits, "{summaries:?}");
+}
+
+/// A file whose steps can only be resumed after (`seek_file`: every step a `Seek`), or
+/// have barriers (`barrier_file`: two steps of three a `Barrier`): an interrupted
+/// transaction cannot be replayed, its source reads on anew from the committed position,
+/// and no transaction may end at a barrier (there is no position to resume it from).
+/// With either, a committed document read twice would show as a sum too large.
+struct ScriptedFileKind<S>(std::marker::PhantomData<S>);
+
+trait ScriptOf: 'static {
+    const NAME: &'static str;
+    const SCRIPT: Script;
+}
+
+struct SeekOnly;
+impl ScriptOf for SeekOnly {
+    const NAME: &'static str = "seek_file";
+    const SCRIPT: Script = Script::Seek;
+}
+
+struct Barriers;
+impl ScriptOf for Barriers {
+    const NAME: &'static str = "barrier_file";
+    const SCRIPT: Script = Script::BarrierEvery(3);
+}
+
+impl<S: ScriptOf> SourceKind for ScriptedFileKind<S> {
+    const NAME: &'static str = S::NAME;
+    type Config = FileConfig;
+
+    fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
+        FileKind::prepare(config, base_dir)
+    }
+
+    fn open(name: &str, config: &FileConfig) -> std::result::Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(Scripted::new(
+            FileKind::open(name, config)?,
+            S::SCRIPT,
+        )))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_transaction_of_a_seek_only_source_is_read_anew() {
+    crash_and_recover_reading("seek_file", failpoint::AFTER_INTENT, THIRD).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_transaction_with_barriers_is_read_anew() {
+    crash_and_recover_reading("barrier_file", failpoint::AFTER_INTENT, THIRD).await;
+}
+
+/// The first transaction's first two steps are barriers. Had it ended at one, its
+/// checkpoint would hold no position for the source, and the restart after the second
+/// commit would read the committed documents again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_transaction_ends_at_a_barrier() {
+    crash_and_recover_reading(
+        "barrier_file",
+        failpoint::AFTER_LOG_COMMIT,
+        "1*off->1*return",
+    )
+    .await;
 }
 
 /// Queue calls of every `flaky_file` source of the process until the one that fails.

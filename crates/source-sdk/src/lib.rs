@@ -6,9 +6,10 @@
 //! ```text
 //!  Kind::parse(config) ─▶ SourceConfig::open ─▶ seek(committed position)? ─▶ replay(journaled step)* ─▶ extend
 //!                                                                                                       │
-//!                                                 ┌─────────────── queue(limits, &mut Records) ◀────────┤
-//!                                                 └──▶ Step { records, errors, end_of_input, resume } ──┘
-//!                                                                                              pause ─▶ disconnect
+//!          ┌── ready (wake-up) ─▶ queue(limits, &mut Records) ◀──────────────────────────────────────┤
+//!          │                        └──▶ Step { records, errors, end_of_input, resume } ──────────────┤
+//!          └─ queued() above the source's read-ahead bounds ─▶ pause … below them ─▶ extend ─────────┘
+//!                                                                            end of the run ─▶ disconnect
 //! ```
 //!
 //! A step appends its documents to [`Records`], in order. A document is handed over as

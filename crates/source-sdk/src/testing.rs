@@ -1,7 +1,10 @@
-//! What the tests of every source share (feature `testing`): queue limits, and reading
-//! a step's records back as documents or texts.
+//! What the tests of every source share (feature `testing`): queue limits, reading a
+//! step's records back as documents or texts, and [`Scripted`], a source whose steps
+//! resume as a script says (the runtime's tests of `Seek` and `Barrier` steps).
 
-use crate::{QueueLimits, RecordDoc, Records, Source, Step};
+use crate::{
+    FaultTolerance, QueueLimits, Queued, RecordDoc, Records, Resume, Source, SourceError, Step,
+};
 use serde_json::Value;
 
 /// No bound: a step takes everything ready.
@@ -53,4 +56,94 @@ pub fn position(step: &Step) -> &Value {
     step.resume
         .position()
         .expect("the source resumes by position")
+}
+
+/// How a [`Scripted`] source's steps resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// Every step is `Seek`: it can be resumed after, never replayed (at-least-once).
+    Seek,
+    /// Of every `n` steps with records, all but the last are `Barrier`s: no position to
+    /// resume from; the last is a `Seek`.
+    BarrierEvery(usize),
+}
+
+/// A source read through another (`inner`, which resumes by position), its steps'
+/// resumes rewritten by `script`: what a source that cannot replay hands the runtime.
+pub struct Scripted {
+    inner: Box<dyn Source>,
+    script: Script,
+    /// Steps with records queued so far.
+    steps: usize,
+}
+
+impl Scripted {
+    pub fn new(inner: Box<dyn Source>, script: Script) -> Scripted {
+        Scripted {
+            inner,
+            script,
+            steps: 0,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for Scripted {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn fault_tolerance(&self) -> FaultTolerance {
+        FaultTolerance::AtLeastOnce
+    }
+
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
+        self.inner.seek(position).await
+    }
+
+    /// Never asked by a runtime that keeps the contract: no step of this source is a
+    /// `Replay`.
+    async fn replay(&mut self, step: &Resume, _out: &mut Records) -> Result<Step, SourceError> {
+        Err(SourceError::BadResume {
+            name: self.inner.name().to_string(),
+            action: "replay",
+            resume: serde_json::to_value(step).expect("a resume serializes"),
+            reason: "a scripted source never replays".into(),
+        })
+    }
+
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        let mut step = self.inner.queue(limits, out).await?;
+        if step.records == 0 && step.errors.is_empty() {
+            return Ok(step);
+        }
+        self.steps += 1;
+        let position = step.resume.position().cloned();
+        step.resume = match (self.script, position) {
+            (Script::BarrierEvery(n), _) if !self.steps.is_multiple_of(n) => Resume::Barrier,
+            (_, Some(position)) => Resume::Seek { position },
+            (_, None) => Resume::Barrier,
+        };
+        Ok(step)
+    }
+
+    async fn ready(&mut self) {
+        self.inner.ready().await;
+    }
+
+    fn queued(&self) -> Queued {
+        self.inner.queued()
+    }
+
+    fn extend(&mut self) {
+        self.inner.extend();
+    }
+
+    fn pause(&mut self) {
+        self.inner.pause();
+    }
+
+    async fn disconnect(&mut self) {
+        self.inner.disconnect().await;
+    }
 }

@@ -5,12 +5,19 @@
 //! Why a batch closes when it does (see also [`super::read`]):
 //!
 //! ```text
-//!  full (max_docs / max_bytes) ─────────────────────────────▶ Full
+//!  full (max_docs / max_bytes), no source at a barrier ─────▶ Full
 //!  every source exhausted (not following), or shutdown ─────▶ End { last: no work }
+//!  a source's last step was a barrier ─▶ ReadOn, or Wait (never closes there)
 //!  work ∧ committer idle ∧ no source backlogged ∧ ≥ min_duration ─▶ Early
 //!  ≥ max_duration ∧ (work ∨ nothing progressed) ────────────▶ Timeout
-//!  otherwise: progressed ─▶ ReadOn, nothing progressed ─▶ Wait (poll again)
+//!  otherwise: progressed ─▶ ReadOn, nothing progressed ─▶ Wait (for a wake-up)
 //! ```
+//!
+//! - A barrier step (`Resume::Barrier`) has no position to resume from, so no
+//!   transaction ends right after one: the reader reads on (from the sources at a
+//!   barrier only, once full) until that source's next step can be checkpointed. Only
+//!   the end of input or shutdown closes such a batch; its source then resumes from its
+//!   last position (at-least-once, which is what a barrier source offers).
 //!
 //! - A backlogged source (its last step filled the limits it was given) fills
 //!   transactions to their bounds: each commit costs about one store write per distinct
@@ -60,6 +67,8 @@ pub(super) struct RoundFacts {
     pub progressed: bool,
     /// Some source filled the limits it was given: more input is ready at once.
     pub backlogged: bool,
+    /// Some source's last step was a barrier: no position to checkpoint it at yet.
+    pub at_barrier: bool,
     /// The committer has no batch: it waits for this one.
     pub committer_idle: bool,
     /// No more input will come: shutdown, or every source exhausted (not following).
@@ -79,17 +88,24 @@ pub(super) enum Close {
     Timeout,
     /// Keep it open and read another round at once.
     ReadOn,
-    /// Keep it open; nothing progressed, so poll again after a pause.
+    /// Keep it open; nothing progressed, so wait for a wake-up (a source, the
+    /// committer, the deadline).
     Wait,
 }
 
 /// When a batch closes (see the module docs).
 pub(super) fn close_batch(bounds: &TxnOptions, facts: &RoundFacts) -> Close {
-    if bounds.full(facts.docs, facts.bytes) {
+    if bounds.full(facts.docs, facts.bytes) && !facts.at_barrier {
         Close::Full
     } else if facts.ending {
         Close::End {
             last: !facts.has_work,
+        }
+    } else if facts.at_barrier {
+        if facts.progressed {
+            Close::ReadOn
+        } else {
+            Close::Wait
         }
     } else if facts.has_work
         && facts.committer_idle
@@ -188,6 +204,7 @@ mod tests {
             elapsed: 20 * MS,
             progressed: true,
             backlogged: false,
+            at_barrier: false,
             committer_idle: false,
             ending: false,
         }
@@ -222,6 +239,10 @@ mod tests {
             ("max_duration, empty, idle sources", RoundFacts { elapsed: 50 * MS, progressed: false, ..empty }, Close::Timeout),
             ("max_duration, empty, sources still reading", RoundFacts { elapsed: 50 * MS, ..empty }, Close::ReadOn),
             ("nothing progressed, before max_duration", RoundFacts { progressed: false, ..base }, Close::Wait),
+            ("a barrier holds a full batch open", RoundFacts { docs: 100, at_barrier: true, ..base }, Close::ReadOn),
+            ("a barrier holds an early close", RoundFacts { committer_idle: true, at_barrier: true, ..base }, Close::ReadOn),
+            ("a barrier holds past max_duration", RoundFacts { elapsed: 50 * MS, at_barrier: true, progressed: false, ..base }, Close::Wait),
+            ("the end of input closes at a barrier", RoundFacts { ending: true, at_barrier: true, ..base }, Close::End { last: false }),
         ];
         for (case, facts, expected) in table {
             assert_eq!(close_batch(&bounds(), facts), *expected, "{case}");

@@ -83,7 +83,7 @@ pub struct TxnOptions {
     /// A transaction waits at least this long for documents (batching a trickle).
     pub min_duration: Duration,
     pub memory_budget: usize,
-    /// Keep polling sources that are exhausted for now (follow mode).
+    /// Keep asking (and waiting on) sources that are exhausted for now (follow mode).
     pub follow: bool,
 }
 
@@ -114,6 +114,8 @@ pub struct BoundSource {
     pub bindings: Vec<u32>,
     /// `on_error: skip`: where rejected documents go. `None`: bad input fails the run.
     pub dead_letter: Option<std::path::PathBuf>,
+    /// Above this much read ahead, the reader pauses the source.
+    pub read_ahead: crate::config::ReadAhead,
 }
 
 /// Live counters, read by the CLI's progress bar.
@@ -301,7 +303,36 @@ struct Shared {
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
     /// Batches handed to the committer and not yet committed (see `read`).
-    in_flight: Arc<AtomicUsize>,
+    in_flight: Arc<InFlight>,
+}
+
+/// Batches sent by the reader and not yet done by the committer; zero means the
+/// committer waits for work. The reader waits on [`InFlight::done`] when a batch of its
+/// waits for the committer, so it sends it the moment the committer is free.
+#[derive(Default)]
+struct InFlight {
+    batches: AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+impl InFlight {
+    fn sent(&self) {
+        self.batches.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        self.batches.fetch_sub(1, Ordering::AcqRel);
+        self.done.notify_one();
+    }
+
+    fn committer_idle(&self) -> bool {
+        self.batches.load(Ordering::Acquire) == 0
+    }
+
+    /// Returns after the next [`InFlight::done`] (at once if one came unawaited).
+    async fn next_done(&self) {
+        self.done.notified().await;
+    }
 }
 
 /// Runs one materialization shard until its sources are exhausted (or `shutdown` fires),
@@ -330,7 +361,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         bindings: Arc::new(shard.bindings),
         opts,
         shutdown,
-        in_flight: Arc::new(AtomicUsize::new(0)),
+        in_flight: Arc::new(InFlight::default()),
     };
     let (batches, reader) = read::spawn(
         sources,
@@ -522,7 +553,7 @@ impl Committer<'_> {
             } else {
                 self.transaction(batch, settled).await?
             };
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.shared.in_flight.done();
         }
     }
 

@@ -51,27 +51,24 @@
 
 use super::decide::{Close, Fault, RoundFacts, Triage, close_batch, triage};
 use super::{
-    Binding, BoundSource, Collection, Drains, RunError, Shared, TxnOptions, binding_specs,
-    combiner_options,
+    Binding, BoundSource, Collection, Drains, InFlight, RunError, Shared, TxnOptions,
+    binding_specs, combiner_options,
 };
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::recovery::Intent;
 use sluice_doc::combine::{CombineError, Combiner};
 use sluice_source_sdk::{
-    InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
+    FaultTolerance, InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 /// Records queued from one source per call: small enough to interleave sources fairly,
 /// large enough to amortise the call.
 const READ_BATCH: u64 = 8192;
-/// How often an idle (following) source is polled.
-const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// One transaction's input, combined.
 pub struct ReadBatch {
@@ -114,7 +111,7 @@ pub(super) fn spawn(
         } = shared;
         let mut reader = Reader {
             exhausted: vec![false; sources.len()],
-            sources,
+            sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
             opts,
             shutdown,
@@ -143,10 +140,15 @@ pub(super) fn spawn(
                 );
             }
             let last = batch.as_ref().map_or(true, |b| b.last);
-            reader.in_flight.fetch_add(1, Ordering::AcqRel);
+            reader.in_flight.sent();
             if tx.send(batch).await.is_err() || last {
-                return;
+                break;
             }
+        }
+        // Disconnect: no command follows. (A stopped reader's sources are dropped
+        // instead, which ends their read-ahead tasks too.)
+        for reading in &mut reader.sources {
+            reading.bound.source.disconnect().await;
         }
     });
     (rx, ReaderTask { task, writer })
@@ -169,15 +171,57 @@ impl ReaderTask {
     }
 }
 
+/// A source as the reader drives it.
+struct ReaderSource {
+    bound: BoundSource,
+    /// Its last step in the batch was a [`Resume::Barrier`].
+    at_barrier: bool,
+    /// Paused for having read ahead beyond its limits.
+    paused: bool,
+}
+
+impl ReaderSource {
+    /// The source, positioned by recovery, told to read ahead (Extend).
+    fn extended(mut bound: BoundSource) -> ReaderSource {
+        bound.source.extend();
+        ReaderSource {
+            bound,
+            at_barrier: false,
+            paused: false,
+        }
+    }
+
+    /// Pauses the source while it buffered beyond either bound of its read-ahead, and
+    /// extends it again once below both.
+    fn apply_backpressure(&mut self) {
+        let queued = self.bound.source.queued();
+        let limits = self.bound.read_ahead;
+        let over =
+            queued.records >= limits.max_queued_records || queued.bytes >= limits.max_queued_bytes;
+        if over && !self.paused {
+            tracing::debug!(
+                source = self.bound.source.name(),
+                records = queued.records,
+                bytes = queued.bytes,
+                "read-ahead full: pausing the source"
+            );
+            self.bound.source.pause();
+        } else if !over && self.paused {
+            self.bound.source.extend();
+        }
+        self.paused = over;
+    }
+}
+
 struct Reader {
-    sources: Vec<BoundSource>,
+    sources: Vec<ReaderSource>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
-    /// Batches sent and not yet committed: incremented here, decremented by the
-    /// committer when it is done with one. Zero means the committer waits for work.
-    in_flight: Arc<AtomicUsize>,
+    /// Batches sent and not yet committed: counted up here, down by the committer when
+    /// it is done with one.
+    in_flight: Arc<InFlight>,
     records: Records,
     dead_letters: DeadLetterWriter,
     /// The transaction the next batch with documents or rejections becomes.
@@ -239,7 +283,7 @@ impl Reader {
         self.dead_letters
             .write(txn, rejects.letters)
             .await
-            .map_err(|(index, e)| super::source_err(self.sources[index].source.name(), e))?;
+            .map_err(|(index, e)| super::source_err(self.sources[index].bound.source.name(), e))?;
         Ok(batch)
     }
 
@@ -253,21 +297,28 @@ impl Reader {
         let mut batch = self.batch();
         loop {
             let (mut progressed, mut backlogged) = (false, false);
+            // Full, but a source's last step was a barrier: read on only from those.
+            let barriers_only = self.opts.full(batch.docs, batch.bytes);
             for index in 0..self.sources.len() {
-                if self.exhausted[index] && !self.opts.follow {
+                if (self.exhausted[index] && !self.opts.follow)
+                    || (barriers_only && !self.sources[index].at_barrier)
+                {
                     continue;
                 }
                 let limits = QueueLimits {
-                    max_records: (self.opts.max_docs - batch.docs).min(READ_BATCH) as usize,
-                    max_bytes: self.opts.max_bytes.saturating_sub(batch.bytes),
+                    max_records: (self.opts.max_docs.saturating_sub(batch.docs))
+                        .clamp(1, READ_BATCH) as usize,
+                    max_bytes: self.opts.max_bytes.saturating_sub(batch.bytes).max(1),
                 };
-                let bound = &mut self.sources[index];
-                let step = bound
+                let reading = &mut self.sources[index];
+                let step = reading
+                    .bound
                     .source
                     .queue(limits, &mut self.records)
                     .await
-                    .map_err(|e| super::source_err(bound.source.name(), e))?;
-                let feed = Feed::new(index, bound, &self.bindings);
+                    .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
+                reading.apply_backpressure();
+                let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
                 backlogged |= !step.end_of_input
                     && (step.records + step.errors.len() >= limits.max_records
@@ -281,16 +332,18 @@ impl Reader {
                         &mut batch,
                         &mut self.rejects,
                     )?;
+                    let reading = &mut self.sources[index];
+                    reading.at_barrier = step.resume == Resume::Barrier;
                     batch
                         .steps
-                        .entry(bound.source.name().to_string())
+                        .entry(reading.bound.source.name().to_string())
                         .or_default()
                         .push(step.resume);
                     if let Combined::Rebuild = combined {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if self.opts.full(batch.docs, batch.bytes) {
+                if self.opts.full(batch.docs, batch.bytes) && !self.at_barrier() {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
@@ -305,7 +358,8 @@ impl Reader {
                 elapsed: started.elapsed(),
                 progressed,
                 backlogged,
-                committer_idle: self.in_flight.load(Ordering::Acquire) == 0,
+                at_barrier: self.at_barrier(),
+                committer_idle: self.in_flight.committer_idle(),
                 ending: *self.shutdown.borrow() || self.all_exhausted(),
             };
             match close_batch(&self.opts, &facts) {
@@ -317,18 +371,62 @@ impl Reader {
                     return Ok(batch);
                 }
                 Close::ReadOn => {}
-                Close::Wait => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(IDLE_POLL) => {}
-                        _ = self.shutdown.changed() => {}
-                    }
-                }
+                Close::Wait => self.wait(&facts, started).await,
             }
         }
     }
 
+    /// Whether some source's last step in the batch was a barrier: the batch cannot
+    /// close there (no position to checkpoint that source at).
+    fn at_barrier(&self) -> bool {
+        self.sources.iter().any(|s| s.at_barrier)
+    }
+
+    /// Waits, after a round in which nothing progressed, for whatever may change the
+    /// decision: a source told of new input ([`Source::ready`]), the committer taking
+    /// no more of our time (when the batch waits for it), the deadline of the batch
+    /// (`min_duration` for a batch with work, else `max_duration`), or shutdown. No
+    /// timer polls: a trickle is read the moment it arrives.
+    async fn wait(&mut self, facts: &RoundFacts, started: Instant) {
+        let deadline = if facts.has_work && facts.elapsed < self.opts.min_duration {
+            self.opts.min_duration
+        } else {
+            self.opts.max_duration
+        };
+        let follow = self.opts.follow;
+        let ready = self
+            .sources
+            .iter_mut()
+            .zip(&self.exhausted)
+            .filter(|(_, exhausted)| follow || !**exhausted)
+            .map(|(reading, _)| reading.bound.source.ready())
+            .collect::<Vec<_>>();
+        let any_ready = async {
+            if ready.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            futures::future::select_all(ready).await;
+        };
+        let committer_done = async {
+            if facts.has_work && !facts.committer_idle {
+                self.in_flight.next_done().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = any_ready => {}
+            () = committer_done => {}
+            () = tokio::time::sleep_until((started + deadline).into()) => {}
+            _ = self.shutdown.changed() => {}
+        }
+    }
+
     /// Re-reads exactly the steps of an interrupted transaction; a source whose data
-    /// changed fails with a hash mismatch rather than diverging silently.
+    /// changed fails with a hash mismatch rather than diverging silently. A source
+    /// with a step that cannot be replayed (`Seek`, `Barrier`: at-least-once) is not
+    /// replayed: recovery positioned it at its committed position, and it reads on from
+    /// there, anew.
     async fn replay(&mut self, intent: &Intent) -> Result<ReadBatch, RunError> {
         tracing::info!(
             txn = intent.txn,
@@ -336,7 +434,19 @@ impl Reader {
         );
         self.next_txn = intent.txn;
         self.rejects = Rejects::default();
-        self.rebuild(intent.steps.clone()).await
+        let (replayable, anew): (BTreeMap<_, _>, BTreeMap<_, _>) =
+            intent.steps.clone().into_iter().partition(|(_, resumes)| {
+                resumes.iter().all(|r| matches!(r, Resume::Replay { .. }))
+            });
+        for source in anew.keys() {
+            tracing::warn!(
+                txn = intent.txn,
+                source,
+                "the source cannot replay its steps of the interrupted transaction \
+                 exactly (at-least-once): reading on from its committed position"
+            );
+        }
+        self.rebuild(replayable).await
     }
 
     /// Reads `steps` again into a new batch, until no reduction fails (each failure
@@ -351,9 +461,9 @@ impl Reader {
                 let index = self
                     .sources
                     .iter()
-                    .position(|b| b.source.name() == name)
+                    .position(|s| s.bound.source.name() == name)
                     .ok_or_else(|| RunError::IntentSource { name: name.clone() })?;
-                let bound = &mut self.sources[index];
+                let bound = &mut self.sources[index].bound;
                 for resume in resumes {
                     let step = bound
                         .source
@@ -388,6 +498,9 @@ struct Feed<'a> {
     on_error: OnError,
     /// `on_error: skip`: the collection its documents are checked against first.
     skip: Option<&'a Collection>,
+    /// Its steps can be re-read exactly, so a batch can be rebuilt without a document
+    /// that failed to reduce.
+    replayable: bool,
 }
 
 impl<'a> Feed<'a> {
@@ -410,6 +523,7 @@ impl<'a> Feed<'a> {
                 .dead_letter
                 .is_some()
                 .then(|| &*bindings[first as usize].collection),
+            replayable: bound.source.fault_tolerance() == FaultTolerance::ExactlyOnce,
         }
     }
 
@@ -520,7 +634,7 @@ fn combine_records(
         };
         // The position is formatted only for an error: this loop is hot.
         match (triage(Fault::of(&err), feed.on_error), err, text) {
-            (Triage::Rebuild, err, _) => {
+            (Triage::Rebuild, err, _) if feed.replayable => {
                 rejects.unreducible.insert(id, err.to_string());
                 return Ok(Combined::Rebuild);
             }
@@ -536,7 +650,8 @@ fn combine_records(
                 return Err(feed.input_error(position, &bad_json(text, &source)));
             }
             // A `Value` was checked before it was combined (and is gone now).
-            (Triage::Reject | Triage::FailInput | Triage::Fail, err, _) => {
+            // A reduction failed, and the batch cannot be re-read without the document.
+            (Triage::Reject | Triage::FailInput | Triage::Fail | Triage::Rebuild, err, _) => {
                 return Err(RunError::Document {
                     position: position.to_string(),
                     source: Box::new(err),
@@ -605,5 +720,119 @@ fn reject_input_errors(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) {
         rejects
             .letters
             .push((feed.record_id(&err.position), letter));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ReadAhead;
+    use sluice_source_sdk::{Queued, SourceError};
+    use std::sync::Mutex;
+
+    /// A source whose buffer the test sets, recording the commands it is given.
+    struct Buffering {
+        queued: Arc<Mutex<Queued>>,
+        commands: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl sluice_source_sdk::Source for Buffering {
+        fn name(&self) -> &str {
+            "buffering"
+        }
+        fn fault_tolerance(&self) -> FaultTolerance {
+            FaultTolerance::ExactlyOnce
+        }
+        async fn seek(&mut self, _: &serde_json::Value) -> Result<(), SourceError> {
+            Ok(())
+        }
+        async fn replay(&mut self, _: &Resume, _: &mut Records) -> Result<Step, SourceError> {
+            unreachable!("not replayed")
+        }
+        async fn queue(&mut self, _: QueueLimits, _: &mut Records) -> Result<Step, SourceError> {
+            unreachable!("not queued")
+        }
+        fn queued(&self) -> Queued {
+            *self.queued.lock().unwrap()
+        }
+        fn extend(&mut self) {
+            self.commands.lock().unwrap().push("extend");
+        }
+        fn pause(&mut self) {
+            self.commands.lock().unwrap().push("pause");
+        }
+    }
+
+    /// Extend once positioned; Pause above either bound, once; Extend again below both.
+    #[test]
+    fn a_source_is_paused_above_its_read_ahead_and_extended_below_it() {
+        let queued = Arc::new(Mutex::new(Queued::default()));
+        let commands = Arc::new(Mutex::new(Vec::new()));
+        let mut reading = ReaderSource::extended(BoundSource {
+            source: Box::new(Buffering {
+                queued: queued.clone(),
+                commands: commands.clone(),
+            }),
+            bindings: vec![0],
+            dead_letter: None,
+            read_ahead: ReadAhead {
+                max_queued_records: 100,
+                max_queued_bytes: 1000,
+            },
+        });
+        let steps = [
+            (
+                Queued {
+                    records: 99,
+                    bytes: 999,
+                },
+                false,
+            ),
+            (
+                Queued {
+                    records: 100,
+                    bytes: 10,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 150,
+                    bytes: 10,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 10,
+                    bytes: 10,
+                },
+                false,
+            ),
+            (
+                Queued {
+                    records: 10,
+                    bytes: 1000,
+                },
+                true,
+            ),
+            (
+                Queued {
+                    records: 0,
+                    bytes: 0,
+                },
+                false,
+            ),
+        ];
+        for (buffered, paused) in steps {
+            *queued.lock().unwrap() = buffered;
+            reading.apply_backpressure();
+            assert_eq!(reading.paused, paused, "{buffered:?}");
+        }
+        assert_eq!(
+            *commands.lock().unwrap(),
+            ["extend", "pause", "extend", "pause", "extend"]
+        );
     }
 }

@@ -17,7 +17,7 @@ use sluice_source_sdk::{
     StepHasher, Unit, check_replay, replay_target,
 };
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub struct DatagenSource {
     name: String,
@@ -126,5 +126,22 @@ impl Source for DatagenSource {
             .map_or(u64::MAX, |n| n.saturating_sub(self.next));
         let count = remaining.min(limits.max_records as u64).min(self.due());
         Ok(self.step(self.next, count, limits.max_bytes, out))
+    }
+
+    /// With a rate: sleeps until the next document is due (at once if one is); without
+    /// one, a document is always ready. A finite generator at its end has none to come.
+    async fn ready(&mut self) {
+        if self.def.documents.is_some_and(|n| self.next >= n) {
+            std::future::pending::<()>().await;
+        }
+        let Some(rate) = self.def.rate else {
+            return;
+        };
+        if self.due() > 0 {
+            return;
+        }
+        let (start, first) = self.schedule.expect("due() set the schedule");
+        let next_due = Duration::from_secs_f64((self.next - first) as f64 / rate);
+        tokio::time::sleep_until((start + next_due).into()).await;
     }
 }

@@ -117,3 +117,40 @@ async fn replay_rejects_a_resume_that_cannot_be_replayed() {
         .unwrap_err();
     assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
 }
+
+/// `ready` says when the next document is due: a rate-limited generator wakes its
+/// reader on schedule, not before, and a finite one at its end never does.
+#[tokio::test]
+async fn ready_waits_for_the_next_due_document_and_never_after_the_last() {
+    use std::time::{Duration, Instant};
+    use tokio::time::timeout;
+    let def = DatagenConfig {
+        seed: 7,
+        documents: Some(3),
+        keys: 10,
+        rate: Some(10.0),
+        shape: DatagenShape::Pageviews,
+    };
+    let mut source = DatagenSource::new("gen", &def).unwrap();
+    let (docs, _) = queue(&mut source, ALL).await;
+    assert_eq!(docs.len(), 1, "the first document is due at once");
+    let asked = Instant::now();
+    source.ready().await;
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_millis(95),
+        "the second document is due 100 ms after the first: ready after {waited:?}"
+    );
+    let (docs, _) = queue(&mut source, ALL).await;
+    assert_eq!(docs.len(), 1);
+    source.ready().await;
+    let (docs, step) = queue(&mut source, ALL).await;
+    assert_eq!(docs.len(), 1);
+    assert!(step.end_of_input);
+    assert!(
+        timeout(Duration::from_millis(300), source.ready())
+            .await
+            .is_err(),
+        "nothing comes after the last document"
+    );
+}

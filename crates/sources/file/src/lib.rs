@@ -4,9 +4,11 @@
 //!
 //! - [`config`]: what the user writes under `file:` in a pipeline file.
 //! - [`source`]: the [`Source`](sluice_source_sdk::Source) that reads it.
+//! - [`watch`]: the change notifications that wake the reader of a followed file.
 
 pub mod config;
 pub mod source;
+pub mod watch;
 
 pub use config::{FileConfig, FileFormat};
 pub use source::FileSource;

@@ -38,6 +38,7 @@
 //! ([`SourceError::Unavailable`]): what lay before it is gone.
 
 use crate::config::{FileConfig, FileFormat};
+use crate::watch::FileWatch;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sluice_source_sdk::{
@@ -88,6 +89,8 @@ pub struct FileSource {
     limit: Option<u64>,
     /// The record being streamed past for being above `max_document`.
     oversized: Option<Oversized>,
+    /// Followed: its change notifications, from the first wait on.
+    watch: Option<FileWatch>,
 }
 
 /// A record above the size limit, consumed so far up to the cursor.
@@ -130,6 +133,7 @@ impl FileSource {
             max_document: def.max_document_size,
             limit: None,
             oversized: None,
+            watch: None,
         }
     }
 
@@ -443,6 +447,23 @@ impl Source for FileSource {
         }
         self.reposition(span.end);
         Ok(replayed)
+    }
+
+    /// A followed file waits for a change notification ([`FileWatch`]); the watch
+    /// starts at the first wait, which returns at once (a line written before the watch
+    /// began sends no notification). An unfollowed file reads on demand, and once read
+    /// to its end nothing more comes.
+    async fn ready(&mut self) {
+        if !self.follow {
+            if self.eof {
+                std::future::pending::<()>().await;
+            }
+            return;
+        }
+        match &self.watch {
+            Some(watch) => watch.changed().await,
+            None => self.watch = Some(FileWatch::new(&self.name, &self.path)),
+        }
     }
 
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {

@@ -195,6 +195,40 @@ async fn followed_file_picks_up_appended_lines_and_waits_for_partial_ones() {
     assert!(!step.end_of_input);
 }
 
+/// The reader of a followed file waits on `ready`: it returns when the file is written
+/// (a change notification), not at a poll: well before the watch's safety poll, and
+/// not at all while nothing is written, not even when another file of the folder is.
+#[tokio::test]
+async fn a_followed_file_is_ready_when_written_and_not_before() {
+    use sluice_file::watch::SAFETY_POLL;
+    use tokio::time::timeout;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"i\":1}\n");
+    let mut source = file_source(&path, FileFormat::Json, true);
+    let (docs, _) = queue(&mut source, ALL).await;
+    assert_eq!(docs.len(), 1);
+    // The first wait starts the watch and returns at once.
+    timeout(SAFETY_POLL / 2, source.ready())
+        .await
+        .expect("the first wait returns at once");
+    let quiet = SAFETY_POLL / 2;
+    write(&dir, "other.db", b"another file of the folder");
+    assert!(
+        timeout(quiet, source.ready()).await.is_err(),
+        "ready while nothing was written to the file"
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"{\"i\":2}\n").unwrap();
+    timeout(quiet, source.ready())
+        .await
+        .expect("a write wakes the reader before any poll would");
+    let (docs, _) = queue(&mut source, ALL).await;
+    assert_eq!(docs, vec![json!({"i": 2})]);
+}
+
 /// Whoever parses a JSON line (the reader's combiner) reports it at its position, with
 /// these words: `bad_input.rs` checks them end to end.
 #[tokio::test]
