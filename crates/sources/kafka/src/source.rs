@@ -108,6 +108,24 @@ impl KafkaSource {
         }
     }
 
+    /// Fails unless the topic still has every partition in `read`.
+    fn check_partitions<'a>(
+        &self,
+        partitions: &BTreeSet<i32>,
+        mut read: impl Iterator<Item = &'a i32>,
+    ) -> Result<(), SourceError> {
+        match read.find(|p| !partitions.contains(p)) {
+            None => Ok(()),
+            Some(gone) => Err(self.config_error(format!(
+                "topic {} has {} partitions, but partition {gone} was read: a partition \
+                 count cannot shrink (was the topic deleted and created again?); reset the \
+                 pipeline's recovery log and store to read it anew",
+                self.config.topic,
+                partitions.len()
+            ))),
+        }
+    }
+
     /// The partitions to read, of those the topic has.
     fn assigned(&self, partitions: &BTreeSet<i32>) -> Result<BTreeSet<i32>, SourceError> {
         let Some(wanted) = &self.config.partitions else {
@@ -174,15 +192,7 @@ impl KafkaSource {
                 Some(next) => next.clone(),
                 None => self.start(&broker, &assigned).await?,
             };
-            if let Some(gone) = next.keys().find(|p| !partitions.contains(p)) {
-                return Err(self.config_error(format!(
-                    "topic {} has {} partitions, but partition {gone} was read: a partition \
-                     count cannot shrink (was the topic deleted and created again?); reset \
-                     the pipeline's recovery log and store to read it anew",
-                    self.config.topic,
-                    partitions.len()
-                )));
-            }
+            self.check_partitions(&partitions, next.keys())?;
             let mut high = BTreeMap::new();
             for &p in &assigned {
                 let (earliest, latest) = broker.offsets(p).await?;
@@ -277,6 +287,7 @@ impl Source for KafkaSource {
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let target = KafkaPosition::from_value(&self.name, "seek to", position)?;
         let broker = self.broker().await?;
+        self.check_partitions(&broker.partitions().await?, target.next.keys())?;
         for (&p, &next) in &target.next {
             let (earliest, latest) = broker.offsets(p).await?;
             if next < earliest {
@@ -326,6 +337,7 @@ impl Source for KafkaSource {
             }
         };
         let broker = self.broker().await?;
+        self.check_partitions(&broker.partitions().await?, target.next.keys())?;
         self.prefetch = None;
         let first = out.len();
         let mut acc = Acc::default();
