@@ -13,6 +13,7 @@ use sluice_file::FileKind;
 use sluice_kafka::KafkaKind;
 use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
+use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
 use sluice_runtime::registry::{Builtin, Command, Grpc, Registry};
 use sluice_source_sdk::kind;
@@ -26,6 +27,7 @@ pub fn registry() -> Registry {
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
         .with_source(kind::<KafkaKind>())
+        .with_source(kind::<NatsKind>())
         .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,

@@ -1,0 +1,225 @@
+//! What the user writes: `nats: {url: nats://127.0.0.1:4222, stream: EVENTS}`, with
+//! `subject`, `start` and `meta` optional. Strict: unknown keys are errors.
+
+use serde::{Deserialize, Deserializer};
+use sluice_source_sdk::InvalidConfig;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// The server, `nats://host:port` (or `host:port`).
+    pub url: String,
+    /// The JetStream stream read; its retention must be `limits`.
+    pub stream: String,
+    /// Only messages whose subject matches this filter (`events.>`, `events.*.eu`).
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// Where a source with no committed position begins.
+    #[serde(default)]
+    pub start: Start,
+    /// The top-level property each document gets the message's metadata under;
+    /// `null` hands the message over as it is.
+    #[serde(default = "default_meta")]
+    pub meta: Option<String>,
+}
+
+/// The default `meta` property.
+pub const DEFAULT_META: &str = "_meta";
+
+fn default_meta() -> Option<String> {
+    Some(DEFAULT_META.to_string())
+}
+
+/// Where reading begins when no committed position says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Start {
+    /// The stream's first message still held.
+    #[default]
+    First,
+    /// The last message (matching `subject`) held at start, then what follows.
+    Last,
+    /// Only messages published after the source started.
+    New,
+    /// This stream sequence (1-based).
+    Sequence(u64),
+}
+
+impl<'de> Deserialize<'de> for Start {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Start, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            Sequence(u64),
+        }
+        let expected = "expected first, last, new or a stream sequence (an integer from 1)";
+        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
+            Raw::Word(w) if w == "first" => Ok(Start::First),
+            Raw::Word(w) if w == "last" => Ok(Start::Last),
+            Raw::Word(w) if w == "new" => Ok(Start::New),
+            Raw::Sequence(n) if n >= 1 => Ok(Start::Sequence(n)),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!("{w:?}: {expected}"))),
+            Raw::Sequence(n) => Err(serde::de::Error::custom(format!("{n}: {expected}"))),
+        }
+    }
+}
+
+impl NatsConfig {
+    /// What serde cannot check: names the server would refuse or misread.
+    pub fn check(&self) -> Result<(), InvalidConfig> {
+        let bad_url = |why: String| {
+            InvalidConfig::new(
+                "url",
+                format!(
+                    "{:?} is not a NATS server address ({why}); write e.g. \
+                     nats://127.0.0.1:4222",
+                    self.url
+                ),
+            )
+        };
+        match self.url.parse::<async_nats::ServerAddr>() {
+            Err(e) => return Err(bad_url(e.to_string())),
+            // TLS and WebSocket transports are not built in.
+            Ok(addr) if addr.clone().into_inner().scheme() != "nats" => {
+                return Err(bad_url("only plain nats:// is supported".to_string()));
+            }
+            Ok(_) => {}
+        }
+        if self.stream.is_empty()
+            || self
+                .stream
+                .contains(|c: char| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
+        {
+            return Err(InvalidConfig::new(
+                "stream",
+                format!(
+                    "{:?} is not a stream name: a name is not empty and has no spaces, \
+                     '.', '*', '>', '/' or '\\'",
+                    self.stream
+                ),
+            ));
+        }
+        if let Some(subject) = &self.subject
+            && (subject.is_empty()
+                || subject.contains(char::is_whitespace)
+                || subject.split('.').any(str::is_empty))
+        {
+            return Err(InvalidConfig::new(
+                "subject",
+                format!(
+                    "{subject:?} is not a subject filter: dot-separated tokens, none \
+                     empty, no spaces (e.g. events.> or events.*.eu)"
+                ),
+            ));
+        }
+        if self.meta.as_deref() == Some("") {
+            return Err(InvalidConfig::new(
+                "meta",
+                "an empty property name; name one (the default is _meta), or write \
+                 meta: null for no metadata",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_source_sdk::config::parse;
+
+    fn parsed(value: serde_json::Value) -> Result<NatsConfig, InvalidConfig> {
+        let config: NatsConfig = parse(value)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn defaults_read_from_the_first_message_with_metadata_under_meta() {
+        let config = parsed(json!({"url": "nats://127.0.0.1:4222", "stream": "EVENTS"})).unwrap();
+        assert_eq!(config.start, Start::First);
+        assert_eq!(config.subject, None);
+        assert_eq!(config.meta.as_deref(), Some("_meta"));
+        let config = parsed(json!({
+            "url": "127.0.0.1:4222", "stream": "EVENTS", "subject": "events.>",
+            "start": 17, "meta": null
+        }))
+        .unwrap();
+        assert_eq!(config.start, Start::Sequence(17));
+        assert_eq!(config.meta, None);
+        for (word, start) in [
+            ("first", Start::First),
+            ("last", Start::Last),
+            ("new", Start::New),
+        ] {
+            let config = parsed(json!({"url": "nats://h:4222", "stream": "S", "start": word}));
+            assert_eq!(config.unwrap().start, start);
+        }
+    }
+
+    #[test]
+    fn errors_name_their_place() {
+        for (config, place, needle) in [
+            (
+                json!({"url": "nats://h:4222"}),
+                "",
+                "missing field `stream`",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "topic": "x"}),
+                "topic",
+                "unknown field `topic`",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "start": "earliest"}),
+                "start",
+                "\"earliest\": expected first, last, new",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "start": 0}),
+                "start",
+                "0: expected",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "start": -3}),
+                "start",
+                "expected first",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "EV.X"}),
+                "stream",
+                "not a stream name",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": ""}),
+                "stream",
+                "not a stream name",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "subject": "a..b"}),
+                "subject",
+                "not a subject filter",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S", "meta": ""}),
+                "meta",
+                "meta: null",
+            ),
+            (
+                json!({"url": "http://h:80:9", "stream": "S"}),
+                "url",
+                "not a NATS server address",
+            ),
+            (
+                json!({"url": "tls://h:4222", "stream": "S"}),
+                "url",
+                "only plain nats://",
+            ),
+        ] {
+            let error = parsed(config.clone()).unwrap_err();
+            assert_eq!(error.place, place, "{config}: {error}");
+            assert!(error.message.contains(needle), "{config}: {error}");
+        }
+    }
+}
