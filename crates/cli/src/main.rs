@@ -4,7 +4,6 @@
 mod bench;
 mod driver_cmd;
 mod drivers;
-mod pending_admin;
 mod pipeline_cmd;
 mod registry;
 mod torture;

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
 
-use common::{
-    SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table,
-};
+use common::{SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table};
 
 const PARTITIONS: i32 = 4;
 
@@ -37,7 +35,10 @@ impl Fixture {
         let admin = runtime
             .block_on(Admin::connect(&[LOCAL_BROKER.to_string()]))
             .unwrap();
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let topic = format!("cli-{test}-{}-{nanos}", std::process::id());
         runtime
             .block_on(admin.create_topic(&topic, PARTITIONS))
@@ -106,7 +107,10 @@ fn a_topic_materializes_to_its_reduction_and_follows_what_is_produced() {
     let docs = generate(3_000, 200, 11);
     fx.produce_docs(&docs);
     assert_success(&fx.run());
-    assert_eq!(sqlite_table(&fx.path("out/views.db")), reduce_expected(&docs));
+    assert_eq!(
+        sqlite_table(&fx.path("out/views.db")),
+        reduce_expected(&docs)
+    );
 
     let mut child = fx
         .command()
@@ -125,7 +129,10 @@ fn a_topic_materializes_to_its_reduction_and_follows_what_is_produced() {
             child.try_wait().unwrap().is_none(),
             "sluice run --follow exited"
         );
-        assert!(Instant::now() < deadline, "the produced documents never reduced in");
+        assert!(
+            Instant::now() < deadline,
+            "the produced documents never reduced in"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     child.kill().unwrap();
@@ -161,14 +168,20 @@ fn on_error_skip_dead_letters_a_bad_message_with_its_position() {
     let fx = Fixture::new("skip", "    on_error: skip");
     let docs = with_bad_message(&fx);
     assert_success(&fx.run());
-    assert_eq!(sqlite_table(&fx.path("out/views.db")), reduce_expected(&docs));
-    let letters = std::fs::read_to_string(fx.path(".sluice/pipeline/views-db/dead-letters.jsonl"))
-        .unwrap();
+    assert_eq!(
+        sqlite_table(&fx.path("out/views.db")),
+        reduce_expected(&docs)
+    );
+    let letters =
+        std::fs::read_to_string(fx.path(".sluice/pipeline/views-db/dead-letters.jsonl")).unwrap();
     let letters: Vec<Value> = letters
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(letters.len(), 1, "{letters:?}");
     let position = letters[0]["position"].as_str().unwrap();
-    assert_eq!(position, format!("topic {} partition 1 offset 10", fx.topic));
+    assert_eq!(
+        position,
+        format!("topic {} partition 1 offset 10", fx.topic)
+    );
 }

@@ -20,12 +20,12 @@
 //! partition of its key, its key as the record's key.
 
 use super::loads::sluice_run;
-use crate::pending_admin::nats;
-use sluice_kafka::admin as kafka;
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, Error, bail, ensure};
 use bytes::Bytes;
 use serde_json::json;
 use sluice_datagen::pageview;
+use sluice_kafka::admin as kafka;
+use sluice_nats::admin as nats;
 use sluice_postgres::sql::quote_ident;
 use std::collections::HashSet;
 use std::io::Write;
@@ -213,9 +213,11 @@ async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Res
         .with_context(|| format!("creating topic {} at {}", names.topic, args.kafka))?;
     let nats = nats::Admin::connect(&args.nats)
         .await
+        .map_err(Error::from_boxed)
         .with_context(|| format!("connecting to NATS at {}", args.nats))?;
     nats.create_stream(&names.stream, &[names.subject.as_str()])
         .await
+        .map_err(Error::from_boxed)
         .with_context(|| format!("creating stream {} at {}", names.stream, args.nats))?;
     let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(input)?);
     let mut keys = HashSet::new();
@@ -245,6 +247,7 @@ async fn preload(args: &SourcesArgs, names: &Names, input: &Path) -> anyhow::Res
         }
         nats.publish_batch(&names.subject, payloads)
             .await
+            .map_err(Error::from_boxed)
             .with_context(|| format!("publishing to stream {}", names.stream))?;
         seq = end;
         if seq % 100_000 == 0 {
@@ -274,14 +277,15 @@ async fn cleanup(
         .with_context(|| format!("dropping schema {}", names.schema));
     let topic = async {
         let admin = kafka::Admin::connect(std::slice::from_ref(&args.kafka)).await?;
-        Ok::<_, anyhow::Error>(admin.delete_topic(&names.topic).await?)
+        admin.delete_topic(&names.topic).await
     };
     let topic = (topic.await).with_context(|| format!("deleting topic {}", names.topic));
     let stream = async {
         let admin = nats::Admin::connect(&args.nats).await?;
-        Ok::<_, anyhow::Error>(admin.delete_stream(&names.stream).await?)
+        admin.delete_stream(&names.stream).await
     };
-    let stream = (stream.await).with_context(|| format!("deleting stream {}", names.stream));
+    let stream = (stream.await.map_err(Error::from_boxed))
+        .with_context(|| format!("deleting stream {}", names.stream));
     schema.and(topic).and(stream)
 }
 

@@ -10,11 +10,11 @@
 
 use super::server::{PrivateBroker, PrivateServer};
 use super::store::{block_on, yaml_str};
-use crate::pending_admin::nats;
-use sluice_kafka::admin as kafka;
-use anyhow::Context;
+use anyhow::{Context, Error};
 use bytes::Bytes;
 use serde_json::Value;
+use sluice_kafka::admin as kafka;
+use sluice_nats::admin as nats;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -59,8 +59,10 @@ impl Input {
             SourceKind::Nats => {
                 let broker = PrivateBroker::nats(&dir.join("nats"))?;
                 block_on(async {
-                    let admin = nats::Admin::connect(&broker.url()).await?;
-                    Ok(admin.create_stream(STREAM, &[SUBJECT]).await?)
+                    let admin = nats::Admin::connect(&broker.url())
+                        .await
+                        .map_err(Error::from_boxed)?;
+                    (admin.create_stream(STREAM, &[SUBJECT]).await).map_err(Error::from_boxed)
                 })
                 .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
                 Input::Nats { broker }
@@ -133,8 +135,10 @@ impl Input {
                     .map(|doc| serde_json::to_vec(doc).map(Bytes::from))
                     .collect::<Result<Vec<_>, _>>()?;
                 block_on(async {
-                    let admin = nats::Admin::connect(&broker.url()).await?;
-                    admin.publish_batch(SUBJECT, payloads).await?;
+                    let admin = nats::Admin::connect(&broker.url())
+                        .await
+                        .map_err(Error::from_boxed)?;
+                    (admin.publish_batch(SUBJECT, payloads).await).map_err(Error::from_boxed)?;
                     Ok(())
                 })
                 .with_context(|| format!("publishing to stream {STREAM} at {}", broker.url()))

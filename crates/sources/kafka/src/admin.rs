@@ -37,7 +37,10 @@ impl Admin {
     }
 
     pub async fn delete_topic(&self, topic: &str) -> Result<(), Error> {
-        self.client.controller_client()?.delete_topic(topic, 10_000).await
+        self.client
+            .controller_client()?
+            .delete_topic(topic, 10_000)
+            .await
     }
 
     /// How many partitions `topic` has; `None` when it does not exist.
@@ -122,7 +125,13 @@ pub fn ensure_local_broker() -> Result<(), String> {
     let url = format!("tcp://{LOCAL_BROKER}");
     let mut command = Command::new(&binary);
     command
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
         .args(["--storage-engine", "sqlite://tansu.db"])
         .current_dir(&dir)
         .stdin(Stdio::null())

@@ -40,11 +40,14 @@ impl Broker {
         brokers: &[String],
         topic: &str,
     ) -> Result<Arc<Broker>, SourceError> {
-        let client = client_builder(brokers).build().await.map_err(|e| SourceError::Io {
-            name: name.to_string(),
-            path: format!("brokers {}", brokers.join(",")),
-            error: std::io::Error::other(e.to_string()),
-        })?;
+        let client = client_builder(brokers)
+            .build()
+            .await
+            .map_err(|e| SourceError::Io {
+                name: name.to_string(),
+                path: format!("brokers {}", brokers.join(",")),
+                error: std::io::Error::other(e.to_string()),
+            })?;
         Ok(Arc::new(Broker {
             name: name.to_string(),
             topic: topic.to_string(),

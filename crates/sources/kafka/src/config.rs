@@ -2,8 +2,8 @@
 //! `partitions`, `start` and `meta` optional. Strict: unknown keys are errors, and the
 //! cross-field checks ([`KafkaConfig::check`]) name their place.
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use sluice_source_sdk::InvalidConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -74,9 +74,7 @@ impl<'de> Deserialize<'de> for Start {
                 let mut offsets = BTreeMap::new();
                 while let Some(partition) = map.next_key::<String>()? {
                     let number = partition.parse::<u32>().map_err(|_| {
-                        de::Error::custom(format!(
-                            "start: {partition:?} is not a partition number"
-                        ))
+                        de::Error::custom(format!("start: {partition:?} is not a partition number"))
                     })?;
                     let offset = map.next_value::<u64>()?;
                     offsets.insert(number, offset);
@@ -94,10 +92,15 @@ impl KafkaConfig {
     /// offsets only for partitions that are read.
     pub fn check(&self) -> Result<(), InvalidConfig> {
         if self.brokers.is_empty() {
-            return Err(InvalidConfig::new("brokers", "name at least one broker (host:port)"));
+            return Err(InvalidConfig::new(
+                "brokers",
+                "name at least one broker (host:port)",
+            ));
         }
         for (i, broker) in self.brokers.iter().enumerate() {
-            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+            let port = broker
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
             if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
                 return Err(InvalidConfig::new(
                     format!("brokers[{i}]"),

@@ -165,7 +165,10 @@ fn write_string(buf: &mut Vec<u8>, s: &str) {
 fn write_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
     match std::str::from_utf8(bytes) {
         Ok(text) => write_string(buf, text),
-        Err(_) => write_string(buf, &base64::engine::general_purpose::STANDARD.encode(bytes)),
+        Err(_) => write_string(
+            buf,
+            &base64::engine::general_purpose::STANDARD.encode(bytes),
+        ),
     }
 }
 
@@ -206,8 +209,11 @@ mod tests {
             record: Record {
                 key: key.map(<[u8]>::to_vec),
                 value: value.map(<[u8]>::to_vec),
-                headers: [("h".to_string(), b"v".to_vec()), ("bin".to_string(), vec![0xff, 0])]
-                    .into(),
+                headers: [
+                    ("h".to_string(), b"v".to_vec()),
+                    ("bin".to_string(), vec![0xff, 0]),
+                ]
+                .into(),
                 timestamp: DateTime::from_timestamp_millis(1_700_000_000_123).unwrap(),
             },
             offset: 17,
@@ -254,7 +260,10 @@ mod tests {
             assert!(docs.is_empty());
             assert_eq!(acc.errors.len(), 1);
             let error = acc.errors[0].to_string();
-            assert!(error.starts_with("topic views partition 2 offset 17: "), "{error}");
+            assert!(
+                error.starts_with("topic views partition 2 offset 17: "),
+                "{error}"
+            );
         }
     }
 

@@ -97,7 +97,10 @@ impl KafkaSource {
         SourceError::Unavailable {
             name: self.name.clone(),
             position: position.clone(),
-            reason: format!("topic {} partition {partition}: {reason}", self.config.topic),
+            reason: format!(
+                "topic {} partition {partition}: {reason}",
+                self.config.topic
+            ),
         }
     }
 

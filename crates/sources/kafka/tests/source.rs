@@ -23,7 +23,10 @@ impl Topic {
     async fn new(test: &str, partitions: i32) -> Topic {
         ensure_local_broker().unwrap();
         let admin = Admin::connect(&[LOCAL_BROKER.to_string()]).await.unwrap();
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let name = format!("{test}-{}-{nanos}", std::process::id());
         admin.create_topic(&name, partitions).await.unwrap();
         Topic { admin, name }
@@ -49,7 +52,10 @@ impl Topic {
                 let value = json!({"p": partition, "i": i}).to_string().into_bytes();
                 (Some(format!("k{i}").into_bytes()), value)
             });
-            self.admin.produce(&self.name, partition, messages).await.unwrap();
+            self.admin
+                .produce(&self.name, partition, messages)
+                .await
+                .unwrap();
         }
     }
 }
@@ -119,15 +125,31 @@ fn configuration_is_strict_and_errors_name_their_place() {
         Start::Offsets([(0, 120), (3, 0)].into())
     );
     for (key, value, error) in [
-        ("start", json!("first"), "start: invalid value: string \"first\""),
+        (
+            "start",
+            json!("first"),
+            "start: invalid value: string \"first\"",
+        ),
         ("start", json!({"x": 1}), "\"x\" is not a partition number"),
         ("start", json!({"0": -1}), "start"),
         ("format", json!("csv"), "format: unknown variant `csv`"),
         ("brokers", json!([]), "brokers: name at least one broker"),
-        ("brokers", json!(["localhost"]), "brokers[0]: \"localhost\" is not host:port"),
+        (
+            "brokers",
+            json!(["localhost"]),
+            "brokers[0]: \"localhost\" is not host:port",
+        ),
         ("topic", json!(""), "topic: the topic name is empty"),
-        ("partitions", json!([]), "partitions: name at least one partition"),
-        ("partitions", json!([0, 1, 0]), "partitions[2]: partition 0 is named twice"),
+        (
+            "partitions",
+            json!([]),
+            "partitions: name at least one partition",
+        ),
+        (
+            "partitions",
+            json!([0, 1, 0]),
+            "partitions[2]: partition 0 is named twice",
+        ),
         ("partitions", json!([-1]), "partitions"),
         ("meta", json!(""), "meta: name the property"),
         ("group", json!("g"), "unknown field `group`"),
@@ -139,7 +161,10 @@ fn configuration_is_strict_and_errors_name_their_place() {
     both["partitions"] = json!([0, 1]);
     both["start"] = json!({"2": 5});
     let got = parse(both).unwrap_err();
-    assert!(got.starts_with("start.2: partition 2 is not among"), "{got}");
+    assert!(
+        got.starts_with("start.2: partition 2 is not among"),
+        "{got}"
+    );
 }
 
 #[tokio::test]
@@ -155,7 +180,10 @@ async fn steps_seek_and_replay_exactly() {
     for (docs, step) in &steps {
         assert!(step.records <= 7);
         // Grouped by partition in partition order, each partition in offset order.
-        let order: Vec<_> = docs.iter().map(|d| (d["p"].as_i64(), d["i"].as_i64())).collect();
+        let order: Vec<_> = docs
+            .iter()
+            .map(|d| (d["p"].as_i64(), d["i"].as_i64()))
+            .collect();
         let mut in_order = order.clone();
         in_order.sort();
         assert_eq!(order, in_order);
@@ -186,7 +214,11 @@ async fn steps_seek_and_replay_exactly() {
         sought.seek(position(step)).await.unwrap();
         let after_seek = read_to_end(&mut sought, ALL).await.unwrap();
         let rest: Vec<Value> = docs_of(&steps[i + 1..]);
-        assert_eq!(sorted(docs_of(&after_replay)), sorted(rest.clone()), "step {i}");
+        assert_eq!(
+            sorted(docs_of(&after_replay)),
+            sorted(rest.clone()),
+            "step {i}"
+        );
         assert_eq!(sorted(docs_of(&after_seek)), sorted(rest), "step {i}");
     }
 
@@ -254,14 +286,23 @@ async fn replaying_other_or_missing_offsets_is_refused() {
         .unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, SourceError::Unavailable { .. }), "{text}");
-    let at = format!("topic {} partition 0: the step read offsets 5..20", topic.name);
-    assert!(text.contains(&at) && text.contains("now ends at offset 10"), "{text}");
+    let at = format!(
+        "topic {} partition 0: the step read offsets 5..20",
+        topic.name
+    );
+    assert!(
+        text.contains(&at) && text.contains("now ends at offset 10"),
+        "{text}"
+    );
     let err = KafkaSource::new("views", &topic.config())
         .seek(&position_of(&[(0, 20), (1, 0)], &[]))
         .await
         .unwrap_err();
     let text = err.to_string();
-    let at = format!("topic {} partition 0: the committed position is offset 20", topic.name);
+    let at = format!(
+        "topic {} partition 0: the committed position is offset 20",
+        topic.name
+    );
     assert!(text.contains(&at), "{text}");
 }
 
@@ -278,7 +319,11 @@ async fn start_latest_and_start_offsets() {
         },
     );
     let steps = read_to_end(&mut latest, ALL).await.unwrap();
-    assert_eq!(docs_of(&steps), Vec::<Value>::new(), "nothing before the start");
+    assert_eq!(
+        docs_of(&steps),
+        Vec::<Value>::new(),
+        "nothing before the start"
+    );
     topic.produce(1, 5..7, 2).await;
     let mut seen = Vec::new();
     while seen.len() < 2 {
@@ -305,7 +350,10 @@ async fn start_latest_and_start_offsets() {
         },
     );
     let err = read_to_end(&mut beyond, ALL).await.unwrap_err().to_string();
-    assert!(err.contains("start offset 9 of topic") && err.contains("outside its offsets 0..5"), "{err}");
+    assert!(
+        err.contains("start offset 9 of topic") && err.contains("outside its offsets 0..5"),
+        "{err}"
+    );
     let mut missing = KafkaSource::new(
         "views",
         &KafkaConfig {
@@ -313,8 +361,14 @@ async fn start_latest_and_start_offsets() {
             ..topic.config()
         },
     );
-    let err = read_to_end(&mut missing, ALL).await.unwrap_err().to_string();
-    assert!(err.contains("has no partition 7 (it has 2 partitions)"), "{err}");
+    let err = read_to_end(&mut missing, ALL)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("has no partition 7 (it has 2 partitions)"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -327,12 +381,16 @@ async fn partitions_missing_from_a_position_are_read_from_their_beginning() {
         topic.produce(p, 0..3, 3).await;
     }
     let mut source = KafkaSource::new("views", &topic.config());
-    source.seek(&position_of(&[(0, 3), (1, 1)], &[])).await.unwrap();
+    source
+        .seek(&position_of(&[(0, 3), (1, 1)], &[]))
+        .await
+        .unwrap();
     let steps = read_to_end(&mut source, ALL).await.unwrap();
     let mut want = expected(4, 3);
     want.retain(|d| d["p"] != 0 && !(d["p"] == 1 && d["i"] == 0));
     assert_eq!(sorted(docs_of(&steps)), want);
-    let last: KafkaPosition = serde_json::from_value(position(&steps.last().unwrap().1).clone()).unwrap();
+    let last: KafkaPosition =
+        serde_json::from_value(position(&steps.last().unwrap().1).clone()).unwrap();
     assert_eq!(last.next, [(0, 3), (1, 3), (2, 3), (3, 3)].into());
 }
 
@@ -344,8 +402,14 @@ async fn a_position_with_more_partitions_than_the_topic_is_refused() {
         .await
         .unwrap_err()
         .to_string();
-    let counts = format!("topic {} has 2 partitions, but partition 2 was read", topic.name);
-    assert!(err.contains(&counts) && err.contains("cannot shrink"), "{err}");
+    let counts = format!(
+        "topic {} has 2 partitions, but partition 2 was read",
+        topic.name
+    );
+    assert!(
+        err.contains(&counts) && err.contains("cannot shrink"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -364,7 +428,11 @@ async fn metadata_is_added_and_bad_input_is_placed_by_offset() {
         record(None, b"[1, 2]"),
         record(Some(&[0xff]), b"not json"),
     ];
-    topic.admin.produce_records(&topic.name, 2, records).await.unwrap();
+    topic
+        .admin
+        .produce_records(&topic.name, 2, records)
+        .await
+        .unwrap();
 
     let config = KafkaConfig {
         meta: Some("_meta".to_string()),
@@ -375,8 +443,10 @@ async fn metadata_is_added_and_bad_input_is_placed_by_offset() {
     let docs = docs_of(&steps);
     assert_eq!(
         docs,
-        vec![json!({"views": 3, "_meta": {"topic": topic.name, "partition": 2, "offset": 0,
-            "timestamp": 1_700_000_000_007i64, "key": "user-1", "headers": {"trace": "t-1"}}})]
+        vec![
+            json!({"views": 3, "_meta": {"topic": topic.name, "partition": 2, "offset": 0,
+            "timestamp": 1_700_000_000_007i64, "key": "user-1", "headers": {"trace": "t-1"}}})
+        ]
     );
     let errors: Vec<String> = steps
         .iter()
@@ -400,6 +470,8 @@ async fn metadata_is_added_and_bad_input_is_placed_by_offset() {
     let source = format!("topic {} partition 2", topic.name);
     assert_eq!(
         positions,
-        (0..3).map(|o| format!("{source} offset {o}")).collect::<Vec<_>>()
+        (0..3)
+            .map(|o| format!("{source} offset {o}"))
+            .collect::<Vec<_>>()
     );
 }
