@@ -369,10 +369,14 @@ impl Outcome {
         lines[lines.len().saturating_sub(6)..].join("\n    ")
     }
 
-    /// Whether the run's error names the broker at `address` as unreachable: what a run
-    /// may end with while its broker is down.
+    /// Whether the run's error (its last `error:` line) names the broker at `address`
+    /// as unreachable: what a run may end with while its broker is down, e.g. "cannot
+    /// read brokers 127.0.0.1:9092: … Connection refused".
     fn names_unreachable(&self, address: &str) -> bool {
-        let error = self.stderr.to_lowercase();
+        let Some(error) = self.stderr.lines().rfind(|l| l.starts_with("error: ")) else {
+            return false;
+        };
+        let error = error.to_lowercase();
         error.contains(address) && UNREACHABLE.iter().any(|cause| error.contains(cause))
     }
 
@@ -590,5 +594,35 @@ runtime:
         let found = self.found()?;
         Ok((0..=self.model.transaction_count(txn_docs))
             .find(|&n| self.model.expected(txn_docs, self.delta, n) == found))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn failed_with(stderr: &str) -> Outcome {
+        Outcome {
+            name: "run-0001".into(),
+            status: ExitStatus::from_raw(256),
+            killed: false,
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn only_an_error_naming_the_broker_unreachable_is_the_broker_down() {
+        let kafka = "WARN source e: …; reopening in 1s\nerror: materialization m: source e: \
+                     cannot read brokers 127.0.0.1:4711: Connection error: all retries \
+                     failed. Source: IO Error: Connection refused (os error 111)\n";
+        assert!(failed_with(kafka).names_unreachable("127.0.0.1:4711"));
+        assert!(!failed_with(kafka).names_unreachable("127.0.0.1:4712"));
+        let nats = "error: materialization m: source e: cannot read nats://127.0.0.1:4711 \
+                    stream X: IO error: Connection refused (os error 111)\n";
+        assert!(failed_with(nats).names_unreachable("127.0.0.1:4711"));
+        let other = "WARN cannot read 127.0.0.1:4711: connection refused; reopening\n\
+                     error: materialization m: the table holds a newer checkpoint\n";
+        assert!(!failed_with(other).names_unreachable("127.0.0.1:4711"));
     }
 }
