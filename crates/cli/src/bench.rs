@@ -6,6 +6,7 @@ mod latency;
 mod loads;
 mod mysql;
 mod postgres;
+mod sources;
 mod sql;
 
 use clap::Subcommand;
@@ -26,6 +27,9 @@ pub enum BenchCommand {
     Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
     Mysql(sql::SqlArgs<mysql::Mysql>),
+    /// The same documents preloaded into a file, a 4-partition Kafka topic and a NATS
+    /// stream, each materialized into PostgreSQL: docs/s of each, brokers over file.
+    Sources(sources::SourcesArgs),
 }
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -35,5 +39,6 @@ pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),
+        BenchCommand::Sources(args) => sources::run(args),
     }
 }

@@ -26,8 +26,8 @@ pub fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
-        .with_source(kind::<NatsKind>())
         .with_source(kind::<KafkaKind>())
+        .with_source(kind::<NatsKind>())
         .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,

@@ -1,5 +1,6 @@
 //! `sluice torture`: proves exactly-once under faults. It writes a pipeline of generated
-//! documents (sum, merge and maximize reductions) into a store of its own, runs
+//! documents (sum, merge and maximize reductions) from an input of its own (a file, or
+//! a Kafka topic or NATS stream in a private broker, [`input`]) into a store of its own, runs
 //! `sluice run` as a child process while injecting faults, restarts it after each, and
 //! finally compares the store with the reduction computed independently
 //! ([`model`]).
@@ -13,15 +14,20 @@
 //! Scenarios ([`scenarios`]): `random` (random fail points and SIGKILLs), `zombie` (two
 //! instances of one shard), `driver-dies` (an external driver killed, stdio or gRPC),
 //! `server-restart` (a private PostgreSQL or MariaDB server crashed and started again,
-//! [`server`]), `disk-full` (the recovery log's fsync fails). Every scenario runs on
-//! every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `server-restart` on the
-//! server stores only. Fail points need a binary built with the `failpoints` feature; without
+//! [`server`]), `broker-restart` (the private Kafka or NATS broker crashed and started
+//! again, repeatedly), `disk-full` (the recovery log's fsync fails). Every scenario runs
+//! on every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `server-restart` on the
+//! server stores only, `broker-restart` on the broker sources only. A Kafka topic's four
+//! partitions interleave in no fixed order, so the model does not know the documents of
+//! each transaction: `--mode delta` and `disk-full` (which check them) read a file or a
+//! NATS stream. Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
 //! A run whose outcome contradicts its fault (a crash point that fired but the process
 //! exited 0, an unexpected error, a run that hangs) is an **anomaly**: reported with
 //! its log, and the torture fails, whatever the final comparison says.
 
+mod input;
 mod model;
 mod scenarios;
 mod server;
@@ -29,6 +35,7 @@ mod store;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use input::{Input, SourceKind};
 use model::{Model, Table, Verdict};
 use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use std::path::{Path, PathBuf};
@@ -41,6 +48,10 @@ pub struct TortureArgs {
     /// The store to materialize into.
     #[arg(long, value_enum)]
     store: StoreKind,
+    /// Where the input lives: a JSON-lines file, a 4-partition topic of a private
+    /// Kafka broker (tansu), or a stream of a private NATS JetStream server.
+    #[arg(long, value_enum, default_value = "file")]
+    source: SourceKind,
     /// standard (one reduced row per key) or delta (one row per transaction and key).
     #[arg(long, value_enum, default_value = "standard")]
     mode: Mode,
@@ -58,7 +69,8 @@ pub struct TortureArgs {
     /// Documents per transaction.
     #[arg(long, default_value_t = 500)]
     txn_docs: u64,
-    /// Faults to inject (random scenario); runs whose fault did not fire do not count.
+    /// Faults to inject (random, broker-restart); runs whose fault did not fire do not
+    /// count.
     #[arg(long, default_value_t = 20)]
     faults: u64,
     /// Seed of the input and of the faults (default: from the clock, printed).
@@ -105,6 +117,7 @@ enum Scenario {
     Zombie,
     DriverDies,
     ServerRestart,
+    BrokerRestart,
     DiskFull,
 }
 
@@ -113,6 +126,17 @@ enum Transport {
     Stdio,
     Grpc,
 }
+
+/// How an error says that a broker cannot be reached (lower case).
+const UNREACHABLE: &[&str] = &[
+    "connection refused",
+    "connection reset",
+    "broken pipe",
+    "unexpected eof",
+    "timed out",
+    "disconnected",
+    "unreachable",
+];
 
 /// A run that takes longer than this hangs.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -125,7 +149,20 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::ServerRestart && args.store.dialect().is_none() {
         bail!("server-restart restarts a database server: --store postgres or mysql");
     }
+    if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
+        bail!("broker-restart restarts a log broker: --source kafka or nats");
+    }
+    if args.source == SourceKind::Kafka
+        && (args.mode == Mode::Delta || args.scenario == Scenario::DiskFull)
+    {
+        bail!(
+            "--source kafka interleaves four partitions in no fixed order, so the model cannot \
+             tell which documents each transaction held, which --mode delta and disk-full \
+             check: use --source file or nats for them"
+        );
+    }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let input = Input::create(args.source, &dir)?;
     let server = match (args.scenario, args.store.dialect()) {
         (Scenario::ServerRestart, Some(dialect)) => Some(private_server(dialect, &dir)?),
         _ => None,
@@ -145,6 +182,7 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         dir: dir.clone(),
         store,
         server,
+        input,
         delta: args.mode == Mode::Delta,
         txn_docs: args.txn_docs.max(1),
         segment: (args.docs / 4).max(args.txn_docs as usize * 8),
@@ -157,8 +195,12 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         .scenario
         .to_possible_value()
         .expect("no skipped values");
+    let source = match args.source {
+        SourceKind::File => String::new(),
+        _ => format!("{}/", harness.input.describe()),
+    };
     harness.report.scenario = format!(
-        "{}/{mode}/{}",
+        "{source}{}/{mode}/{}",
         harness.store.describe(),
         scenario.get_name()
     );
@@ -176,6 +218,7 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     let verdict = result.and_then(|()| harness.verify());
     let cleanup = harness.store.drop_namespace();
     drop(harness.server.take());
+    drop(harness.input);
     let report = harness.report;
     let failed = !matches!(&verdict, Ok(v) if v.exact()) || !report.anomalies.is_empty();
     if args.keep || failed {
@@ -254,7 +297,7 @@ impl Report {
             }
         }
         println!(
-            "\n{:<32} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
+            "\n{:<38} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
             "scenario",
             "faults",
             "restarts",
@@ -266,7 +309,7 @@ impl Report {
             "anomalies"
         );
         println!(
-            "{:<32} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
+            "{:<38} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
             self.scenario,
             self.faults,
             self.restarts,
@@ -287,6 +330,8 @@ struct Harness {
     store: Store,
     /// The store's server when the scenario restarts it.
     server: Option<Box<dyn PrivateServer>>,
+    /// Where the generated segments go (and the broker that holds them).
+    input: Input,
     delta: bool,
     txn_docs: u64,
     /// Documents appended whenever a run has consumed all the input.
@@ -324,6 +369,17 @@ impl Outcome {
         lines[lines.len().saturating_sub(6)..].join("\n    ")
     }
 
+    /// Whether the run's error (its last `error:` line) names the broker at `address`
+    /// as unreachable: what a run may end with while its broker is down, e.g. "cannot
+    /// read brokers 127.0.0.1:9092: … Connection refused".
+    fn names_unreachable(&self, address: &str) -> bool {
+        let Some(error) = self.stderr.lines().rfind(|l| l.starts_with("error: ")) else {
+            return false;
+        };
+        let error = error.to_lowercase();
+        error.contains(address) && UNREACHABLE.iter().any(|cause| error.contains(cause))
+    }
+
     /// Times the runtime reopened a stream after a retryable failure.
     fn reopenings(&self) -> u64 {
         self.stderr.matches("; reopening in ").count() as u64
@@ -331,6 +387,18 @@ impl Outcome {
 }
 
 impl Running {
+    /// Whether the child exits within `delay` (it is left running otherwise).
+    fn exits_within(&mut self, delay: Duration) -> anyhow::Result<bool> {
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            if self.child.try_wait()?.is_some() {
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(5).min(delay));
+        }
+        Ok(false)
+    }
+
     fn wait(mut self, timeout: Duration) -> anyhow::Result<Outcome> {
         let started = Instant::now();
         let mut killed = false;
@@ -375,16 +443,10 @@ impl Running {
 }
 
 impl Harness {
-    fn input(&self) -> PathBuf {
-        self.dir.join("events.jsonl")
-    }
-
     /// Appends a new segment of `n` documents to the input.
     fn append(&mut self, n: usize) -> anyhow::Result<()> {
-        let input = self.input();
-        self.model
-            .append(n, &input)
-            .with_context(|| format!("writing {}", input.display()))
+        let segment = self.model.generate(n);
+        self.input.append(segment)
     }
 
     /// Writes pipeline `name` into `endpoint` with a recovery log of its own; returns
@@ -412,7 +474,7 @@ collections:
 sources:
   events:
     target: torture/events
-    file: {{path: {input}, format: json}}
+    {source}
 materializations:
   torture:
     endpoint:
@@ -425,7 +487,7 @@ runtime:
   recovery_log: {log}
   transactions: {{max_docs: {txn_docs}, max_duration: 600s, min_duration: 600s}}
 "#,
-            input = yaml_str(&self.input()),
+            source = self.input.source_yaml(),
             table = store::TABLE,
             delta = self.delta,
             log = yaml_str(&log),
@@ -532,5 +594,35 @@ runtime:
         let found = self.found()?;
         Ok((0..=self.model.transaction_count(txn_docs))
             .find(|&n| self.model.expected(txn_docs, self.delta, n) == found))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn failed_with(stderr: &str) -> Outcome {
+        Outcome {
+            name: "run-0001".into(),
+            status: ExitStatus::from_raw(256),
+            killed: false,
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn only_an_error_naming_the_broker_unreachable_is_the_broker_down() {
+        let kafka = "WARN source e: …; reopening in 1s\nerror: materialization m: source e: \
+                     cannot read brokers 127.0.0.1:4711: Connection error: all retries \
+                     failed. Source: IO Error: Connection refused (os error 111)\n";
+        assert!(failed_with(kafka).names_unreachable("127.0.0.1:4711"));
+        assert!(!failed_with(kafka).names_unreachable("127.0.0.1:4712"));
+        let nats = "error: materialization m: source e: cannot read nats://127.0.0.1:4711 \
+                    stream X: IO error: Connection refused (os error 111)\n";
+        assert!(failed_with(nats).names_unreachable("127.0.0.1:4711"));
+        let other = "WARN cannot read 127.0.0.1:4711: connection refused; reopening\n\
+                     error: materialization m: the table holds a newer checkpoint\n";
+        assert!(!failed_with(other).names_unreachable("127.0.0.1:4711"));
     }
 }

@@ -7,6 +7,8 @@
 //! (this file is only built with that feature). PostgreSQL and MariaDB scenarios use a
 //! schema (PostgreSQL) or database (MariaDB) of their own in the shared server (dropped
 //! after), except `server-restart`, which starts a private server in a temporary folder.
+//! Kafka and NATS inputs always live in a private broker the torture starts (tansu,
+//! nats-server), never the shared one.
 
 use std::process::{Command, Output};
 
@@ -193,4 +195,68 @@ fn mysql_server_restarted_mid_run_is_reconnected_and_ends_exact() {
     let out = torture(&["--store", "mysql", "--scenario", "server-restart"]);
     let [_, restarts, ..] = assert_exact_after(&out, 3);
     assert!(restarts >= 1, "the pipeline reconnected");
+}
+
+#[test]
+fn kafka_random_crashes_lose_and_double_nothing() {
+    let out = torture(&["--store", "sqlite", "--source", "kafka", "--faults", "8"]);
+    assert_exact_after(&out, 8);
+}
+
+#[test]
+fn nats_random_crashes_lose_and_double_nothing() {
+    let out = torture(&["--store", "sqlite", "--source", "nats", "--faults", "8"]);
+    assert_exact_after(&out, 8);
+}
+
+#[test]
+fn nats_delta_random_crashes_store_each_transaction_and_key_once() {
+    let out = torture(&[
+        "--store", "sqlite", "--source", "nats", "--mode", "delta", "--faults", "4",
+    ]);
+    let [_, _, expected, ..] = assert_exact_after(&out, 4);
+    assert!(expected > 300, "delta rows are per transaction and key");
+}
+
+#[test]
+fn kafka_broker_restarted_mid_run_is_reconnected_and_ends_exact() {
+    let out = torture(&[
+        "--store",
+        "sqlite",
+        "--source",
+        "kafka",
+        "--scenario",
+        "broker-restart",
+        "--faults",
+        "4",
+    ]);
+    assert_exact_after(&out, 4);
+    assert!(stdout(&out).contains("tansu restarted"), "{}", stdout(&out));
+}
+
+#[test]
+fn nats_broker_restarted_mid_run_is_reconnected_and_ends_exact() {
+    let out = torture(&[
+        "--store",
+        "sqlite",
+        "--source",
+        "nats",
+        "--scenario",
+        "broker-restart",
+        "--faults",
+        "4",
+    ]);
+    assert_exact_after(&out, 4);
+    assert!(stdout(&out).contains("NATS restarted"), "{}", stdout(&out));
+}
+
+#[test]
+fn kafka_delta_is_refused_naming_why() {
+    let out = torture(&["--store", "sqlite", "--source", "kafka", "--mode", "delta"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("four partitions in no fixed order"),
+        "{stderr}"
+    );
 }

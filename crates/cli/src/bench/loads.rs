@@ -60,8 +60,8 @@ pub struct LoadsArgs {
 }
 
 /// One `sluice run` as measured.
-struct Run {
-    elapsed: Duration,
+pub(super) struct Run {
+    pub(super) elapsed: Duration,
     peak_rss_bytes: u64,
 }
 
@@ -225,7 +225,7 @@ fn append_input(path: &Path, args: &LoadsArgs, run: u64) -> anyhow::Result<u64> 
 
 /// Runs `sluice run <pipeline>` (this binary), its output to `log`, sampling its peak
 /// resident set until it exits.
-fn sluice_run(pipeline: &Path, log: &Path) -> anyhow::Result<Run> {
+pub(super) fn sluice_run(pipeline: &Path, log: &Path) -> anyhow::Result<Run> {
     let log_file = std::fs::File::create(log)?;
     let start = Instant::now();
     let mut child = Command::new(std::env::current_exe()?)

@@ -14,8 +14,6 @@
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::path::Path;
 
 /// A small deterministic generator (SplitMix64): the same seed, the same torture.
 pub struct Rng(u64);
@@ -98,8 +96,8 @@ impl Model {
         }
     }
 
-    /// Generates `n` more documents as a new segment and appends them to `input`.
-    pub fn append(&mut self, n: usize, input: &Path) -> std::io::Result<()> {
+    /// Generates `n` more documents as a new segment; returns them, for the input.
+    pub fn generate(&mut self, n: usize) -> &[Value] {
         let first = self.docs.len();
         for i in first..first + n {
             let rng = &mut self.rng;
@@ -117,17 +115,7 @@ impl Model {
             }));
         }
         self.segments.push(self.docs.len());
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(input)?;
-        let mut out = std::io::BufWriter::new(file);
-        for doc in &self.docs[first..] {
-            serde_json::to_writer(&mut out, doc)?;
-            out.write_all(b"\n")?;
-        }
-        out.flush()?;
-        out.get_ref().sync_all()
+        &self.docs[first..]
     }
 
     /// The transactions of the input: `[begin, end)` document ranges.

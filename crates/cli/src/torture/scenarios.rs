@@ -3,6 +3,7 @@
 //! fully committed for the final comparison.
 
 use super::model::Rng;
+use super::server::PrivateServer;
 use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport};
 use anyhow::{Context, bail};
 use sluice_runtime::failpoint::{self, MARKER, OnReturn, POINTS};
@@ -30,6 +31,7 @@ pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Res
         Scenario::Zombie => zombie(h),
         Scenario::DriverDies => driver_dies(h, args.transport),
         Scenario::ServerRestart => server_restart(h),
+        Scenario::BrokerRestart => broker_restart(h, args.faults, &mut Rng::new(seed ^ 0xb0b)),
         Scenario::DiskFull => disk_full(h),
     }
 }
@@ -317,7 +319,7 @@ fn server_restart(h: &mut Harness) -> anyhow::Result<()> {
     for _ in 0..MID_RUN_FAULTS {
         committed = Harness::await_commit(&log, committed + 1, &mut run)?;
         let server = (h.server.as_mut()).context("server-restart runs on a private server")?;
-        server.restart()?;
+        server.restart(Duration::ZERO)?;
         let restarted = format!("{} restarted", server.name());
         h.report.armed(&restarted, true);
     }
@@ -330,6 +332,57 @@ fn server_restart(h: &mut Harness) -> anyhow::Result<()> {
             out.reopenings(),
             out.tail()
         ));
+    }
+    h.run_clean(&pipeline)
+}
+
+/// The private broker (tansu or nats-server) is SIGKILLed at random moments of the
+/// runs and started again after a random pause, until `faults` restarts hit a running
+/// pipeline. A run either rides a restart out (the runtime reopens its source with
+/// backoff) or fails with an error naming the broker unreachable, and is started
+/// again; any other failure is an anomaly. A run that reads all the input gets a new
+/// segment appended (the broker is up then: a restart returns once it accepts
+/// connections).
+fn broker_restart(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
+    let (pipeline, _) = h.pipeline("run", &h.store.endpoint_yaml())?;
+    let mut attempts = 0;
+    while h.report.faults < faults {
+        attempts += 1;
+        if attempts > faults * 4 + 10 {
+            h.report.anomaly(format!(
+                "only {} of {faults} restarts hit a run",
+                h.report.faults
+            ));
+            break;
+        }
+        let mut run = h.run(&pipeline, Some(SLOW))?;
+        while h.report.faults < faults
+            && !run.exits_within(Duration::from_millis(100 + rng.below(900)))?
+        {
+            let down = Duration::from_millis(rng.below(1_500));
+            let broker = (h.input.broker()).context("broker-restart runs on a private broker")?;
+            broker.restart(down)?;
+            let restarted = format!("{} restarted", broker.name());
+            h.report.armed(&restarted, true);
+        }
+        let out = run.wait(RUN_TIMEOUT)?;
+        h.report.restarts += out.reopenings();
+        let broker = (h.input.broker()).context("broker-restart runs on a private broker")?;
+        if out.success() {
+            if h.report.faults < faults {
+                h.append(h.segment)?;
+            }
+        } else if !out.killed && out.names_unreachable(&broker.address()) {
+            h.report.restarts += 1;
+        } else {
+            h.report.anomaly(format!(
+                "{}: a run may fail only naming the broker {} unreachable ({}):\n    {}",
+                out.name,
+                broker.address(),
+                out.status,
+                out.tail()
+            ));
+        }
     }
     h.run_clean(&pipeline)
 }

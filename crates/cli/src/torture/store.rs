@@ -198,7 +198,7 @@ pub fn yaml_str(path: &Path) -> String {
 }
 
 /// Runs `f` to its end on a runtime of its own (the torture itself is synchronous).
-fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

@@ -164,6 +164,7 @@ impl Connection {
         let messages = consumer.messages().await.map_err(|e| self.io(e))?;
         let reading = Reading {
             messages,
+            from,
             failed: None,
             name: self.name.clone(),
             place: self.place.clone(),
@@ -183,6 +184,10 @@ fn io(name: &str, place: &str, error: impl std::fmt::Display) -> SourceError {
 /// An ordered consumer's delivery, fetched by the source's prefetch task.
 pub struct Reading {
     messages: Ordered,
+    /// The lowest stream sequence still to hand out. An ordered consumer that recreates
+    /// itself before its first delivery may start over at the stream's beginning (seen
+    /// on nats-server 2.9): what lies below is dropped, never handed out again.
+    from: u64,
     /// An error met after messages of the same fetch: the next fetch returns it.
     failed: Option<SourceError>,
     name: String,
@@ -195,8 +200,21 @@ impl Reading {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        let next = self.messages.next().await;
-        self.message(next)
+        loop {
+            let next = self.messages.next().await;
+            if let Some(message) = self.accept(self.message(next)?) {
+                return Ok(message);
+            }
+        }
+    }
+
+    /// `message`, unless its sequence was handed out already (or lies before the start).
+    fn accept(&mut self, message: Message) -> Option<Message> {
+        if message.sequence < self.from {
+            return None;
+        }
+        self.from = message.sequence + 1;
+        Some(message)
     }
 
     fn message(
@@ -235,7 +253,11 @@ impl Fetch for Reading {
                 break;
             };
             match self.message(next) {
-                Ok(message) => batch.push((message.payload.len() as u64, message)),
+                Ok(message) => {
+                    if let Some(message) = self.accept(message) {
+                        batch.push((message.payload.len() as u64, message));
+                    }
+                }
                 Err(e) => {
                     self.failed = Some(e);
                     break;

@@ -1,0 +1,171 @@
+//! Where the torture's generated segments go, and the pipeline's source that reads
+//! them: a JSON-lines file it appends to, a 4-partition Kafka topic it produces to
+//! (each document to the partition of its key), or a NATS JetStream stream it
+//! publishes to. Kafka and NATS inputs live in a private broker ([`PrivateBroker`]) of
+//! the torture's own, never the shared one, so that runs are isolated and the
+//! `broker-restart` scenario may crash it.
+//!
+//! A segment is produced only while no run reads (between runs), and whole: the
+//! model's segments are then exactly what the broker holds.
+
+use super::server::{PrivateBroker, PrivateServer};
+use super::store::{block_on, yaml_str};
+use anyhow::{Context, Error};
+use bytes::Bytes;
+use serde_json::Value;
+use sluice_kafka::admin as kafka;
+use sluice_nats::admin as nats;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Partitions of the torture's Kafka topic.
+pub const PARTITIONS: i32 = 4;
+/// The topic, or the stream, in the private broker.
+const TOPIC: &str = "torture-events";
+const STREAM: &str = "TORTURE";
+const SUBJECT: &str = "torture.events";
+
+/// The kind of input, as `--source` names it.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceKind {
+    File,
+    Kafka,
+    Nats,
+}
+
+pub enum Input {
+    File { path: PathBuf },
+    Kafka { broker: PrivateBroker },
+    Nats { broker: PrivateBroker },
+}
+
+impl Input {
+    /// An empty input of `kind` in the torture's folder `dir` (a broker started there,
+    /// its topic or stream created).
+    pub fn create(kind: SourceKind, dir: &Path) -> anyhow::Result<Input> {
+        Ok(match kind {
+            SourceKind::File => Input::File {
+                path: dir.join("events.jsonl"),
+            },
+            SourceKind::Kafka => {
+                let broker = PrivateBroker::tansu(&dir.join("tansu"))?;
+                block_on(async {
+                    let admin = kafka::Admin::connect(&[broker.url()]).await?;
+                    Ok(admin.create_topic(TOPIC, PARTITIONS).await?)
+                })
+                .with_context(|| format!("creating topic {TOPIC} at {}", broker.url()))?;
+                Input::Kafka { broker }
+            }
+            SourceKind::Nats => {
+                let broker = PrivateBroker::nats(&dir.join("nats"))?;
+                block_on(async {
+                    let admin = nats::Admin::connect(&broker.url())
+                        .await
+                        .map_err(Error::from_boxed)?;
+                    (admin.create_stream(STREAM, &[SUBJECT]).await).map_err(Error::from_boxed)
+                })
+                .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
+                Input::Nats { broker }
+            }
+        })
+    }
+
+    /// What reports call it.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Input::File { .. } => "file",
+            Input::Kafka { .. } => "kafka",
+            Input::Nats { .. } => "nats",
+        }
+    }
+
+    /// The private broker, if the input lives in one.
+    pub fn broker(&mut self) -> Option<&mut PrivateBroker> {
+        match self {
+            Input::File { .. } => None,
+            Input::Kafka { broker } | Input::Nats { broker } => Some(broker),
+        }
+    }
+
+    /// The source of a pipeline file reading this input (YAML flow style).
+    pub fn source_yaml(&self) -> String {
+        match self {
+            Input::File { path } => {
+                format!("file: {{path: {}, format: json}}", yaml_str(path))
+            }
+            Input::Kafka { broker } => format!(
+                r#"kafka: {{brokers: ["{}"], topic: {TOPIC}, start: earliest, format: json}}"#,
+                broker.url()
+            ),
+            Input::Nats { broker } => {
+                format!(
+                    r#"nats: {{url: "{}", stream: {STREAM}, start: first}}"#,
+                    broker.url()
+                )
+            }
+        }
+    }
+
+    /// Appends a segment of documents, durably: synced to disk (file) or acknowledged
+    /// by the broker.
+    pub fn append(&mut self, docs: &[Value]) -> anyhow::Result<()> {
+        match self {
+            Input::File { path } => {
+                append_lines(path, docs).with_context(|| format!("writing {}", path.display()))
+            }
+            Input::Kafka { broker } => {
+                let mut partitions = vec![Vec::new(); PARTITIONS as usize];
+                for doc in docs {
+                    let key = doc["key"].as_str().unwrap_or_default().as_bytes().to_vec();
+                    let partition = partition_of(&key);
+                    partitions[partition].push((Some(key), serde_json::to_vec(doc)?));
+                }
+                block_on(async {
+                    let admin = kafka::Admin::connect(&[broker.url()]).await?;
+                    for (partition, records) in (0..).zip(partitions) {
+                        admin.produce(TOPIC, partition, records).await?;
+                    }
+                    Ok(())
+                })
+                .with_context(|| format!("producing to topic {TOPIC} at {}", broker.url()))
+            }
+            Input::Nats { broker } => {
+                let payloads = docs
+                    .iter()
+                    .map(|doc| serde_json::to_vec(doc).map(Bytes::from))
+                    .collect::<Result<Vec<_>, _>>()?;
+                block_on(async {
+                    let admin = nats::Admin::connect(&broker.url())
+                        .await
+                        .map_err(Error::from_boxed)?;
+                    (admin.publish_batch(SUBJECT, payloads).await).map_err(Error::from_boxed)?;
+                    Ok(())
+                })
+                .with_context(|| format!("publishing to stream {STREAM} at {}", broker.url()))
+            }
+        }
+    }
+}
+
+/// The partition of a record's key: a hash (FNV-1a) of its bytes.
+fn partition_of(key: &[u8]) -> usize {
+    let hash = key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % PARTITIONS as u64) as usize
+}
+
+/// Appends one JSON line per document to `path`, then syncs it.
+fn append_lines(path: &Path, docs: &[Value]) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut out = std::io::BufWriter::new(file);
+    for doc in docs {
+        serde_json::to_writer(&mut out, doc)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    out.get_ref().sync_all()
+}
