@@ -77,11 +77,15 @@ fn error_chain(err: &anyhow::Error) -> String {
     text
 }
 
+/// What is logged without `RUST_LOG`: our own information, and the client libraries'
+/// warnings only (rskafka and tokio-postgres log every connection and server notice).
+const DEFAULT_LOG: &str = "info,rskafka=warn,tokio_postgres=warn";
+
 fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .with_writer(std::io::stderr)
         .init();

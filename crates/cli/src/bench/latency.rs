@@ -102,11 +102,11 @@ impl StoreKind {
 enum Input {
     File(std::fs::File),
     Kafka {
-        admin: sluice_kafka::admin::Admin,
+        admin: Box<sluice_kafka::admin::Admin>,
         topic: String,
     },
     Nats {
-        admin: sluice_nats::admin::Admin,
+        admin: Box<sluice_nats::admin::Admin>,
         stream: String,
     },
 }
@@ -130,6 +130,7 @@ impl Input {
                      fetch_wait: {}}}",
                     args.brokers, args.fetch_wait
                 );
+                let admin = Box::new(admin);
                 Ok((Input::Kafka { admin, topic }, yaml))
             }
             SourceKind::Nats => {
@@ -145,6 +146,7 @@ impl Input {
                     "nats: {{url: {:?}, stream: {stream}, start: first}}",
                     args.nats_url
                 );
+                let admin = Box::new(admin);
                 Ok((Input::Nats { admin, stream }, yaml))
             }
             SourceKind::File => {
