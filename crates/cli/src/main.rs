@@ -78,8 +78,9 @@ fn error_chain(err: &anyhow::Error) -> String {
 }
 
 /// What is logged without `RUST_LOG`: our own information, and the client libraries'
-/// warnings only (rskafka and tokio-postgres log every connection and server notice).
-const DEFAULT_LOG: &str = "info,rskafka=warn,tokio_postgres=warn";
+/// warnings only (rskafka, async-nats and tokio-postgres log every connection and server
+/// notice).
+const DEFAULT_LOG: &str = "info,rskafka=warn,async_nats=warn,tokio_postgres=warn";
 
 fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()

@@ -162,7 +162,7 @@ async fn runs(
                 json!(names.topic)
             ),
             _ => format!(
-                "nats: {{url: {}, stream: {}, start: first}}",
+                "nats: {{url: {}, stream: {}, start: first, meta: null}}",
                 json!(args.nats),
                 json!(names.stream)
             ),
