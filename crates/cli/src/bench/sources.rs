@@ -20,6 +20,7 @@
 //! partition of its key, its key as the record's key.
 
 use super::loads::sluice_run;
+use super::sql::PAGEVIEWS_COLLECTION;
 use anyhow::{Context, Error, bail, ensure};
 use bytes::Bytes;
 use serde_json::json;
@@ -299,20 +300,7 @@ fn progress(args: &SourcesArgs, line: String) {
 fn pipeline_yaml(url: &str, schema: &str, table: &str, source: &str) -> String {
     format!(
         r#"
-collections:
-  bench/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
-        tags: {{type: object, additionalProperties: {{type: string}}}}
-sources:
+{PAGEVIEWS_COLLECTION}sources:
   pageviews:
     target: bench/pageviews
     {source}

@@ -389,6 +389,23 @@ fn row_of(doc: &Pageview) -> Row {
     )
 }
 
+/// The pageviews collection of the benches' pipelines (the datagen documents, reduced per
+/// user), as the `collections:` section of a pipeline file.
+pub(super) const PAGEVIEWS_COLLECTION: &str = "collections:
+  bench/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {strategy: merge}
+      properties:
+        user_id: {type: string}
+        views: {type: integer, reduce: {strategy: sum}}
+        bytes: {type: integer, reduce: {strategy: sum}}
+        last_seen: {type: string, format: date-time, reduce: {strategy: maximize}}
+        tags: {type: object, additionalProperties: {type: string}}
+";
+
 /// The pipeline of (a) (or, with `delta`, (d)): datagen into `table` of `endpoint`.
 fn pipeline_yaml<S: Store>(
     args: &SqlArgs<S>,
@@ -398,20 +415,7 @@ fn pipeline_yaml<S: Store>(
 ) -> String {
     format!(
         r#"
-collections:
-  bench/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
-        tags: {{type: object, additionalProperties: {{type: string}}}}
-sources:
+{PAGEVIEWS_COLLECTION}sources:
   gen:
     target: bench/pageviews
     datagen: {{seed: {SEED}, documents: {docs}, keys: {keys}, shape: pageviews}}
