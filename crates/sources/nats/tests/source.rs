@@ -99,6 +99,20 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
 
 /// Steps of at most `limits` until one says the source caught up; waits on `ready`
 /// between empty steps. Returns the non-empty steps with their documents.
+/// Starts the source's read-ahead and waits until it buffered `n` messages, so the
+/// steps that follow are cut by their limits alone, not by how fast delivery was.
+async fn buffered(source: &mut NatsSource, n: usize) {
+    bounded(async {
+        let mut out = Records::default();
+        source.queue(records(0), &mut out).await.unwrap();
+        assert!(out.is_empty());
+        while source.queued().records < n {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
 async fn until_caught_up(source: &mut NatsSource, limits: QueueLimits) -> Vec<(Vec<Value>, Step)> {
     bounded(async {
         let mut steps = Vec::new();
@@ -197,6 +211,7 @@ async fn steps_resume_and_replay_exactly_by_sequence_range() {
     fx.publish(&input).await;
 
     let mut source = fx.source(json!({}));
+    buffered(&mut source, input.len()).await;
     let steps = until_caught_up(&mut source, records(10)).await;
     let read: Vec<Value> = steps.iter().flat_map(|(d, _)| d.clone()).collect();
     assert_eq!(read, input, "every message once, in stream order");
@@ -240,7 +255,10 @@ async fn steps_resume_and_replay_exactly_by_sequence_range() {
         .into_iter()
         .flat_map(|(d, _)| d)
         .collect();
-    assert_eq!(rest, [&input[10..], &more[..]].concat());
+    // A step holds what the read-ahead had when it was queued: up to 10 messages.
+    let (_, first_end) = span(&steps[0].1);
+    let after_first = first_end as usize - 1;
+    assert_eq!(rest, [&input[after_first..], &more[..]].concat());
 }
 
 #[tokio::test]
@@ -279,6 +297,7 @@ async fn a_deleted_message_inside_a_step_is_a_gap_the_replay_reproduces() {
     fx.admin.delete_message(&fx.stream, 5).await.unwrap();
 
     let mut source = fx.source(json!({}));
+    buffered(&mut source, 9).await;
     let steps = until_caught_up(&mut source, ALL).await;
     let read: Vec<Value> = steps.iter().flat_map(|(d, _)| d.clone()).collect();
     let mut expected = input.clone();
@@ -296,6 +315,7 @@ async fn a_purged_range_cannot_be_replayed_or_sought_and_says_which_sequences() 
     let fx = Fixture::new().await;
     fx.publish(&docs(0..10)).await;
     let mut source = fx.source(json!({}));
+    buffered(&mut source, 10).await;
     let steps = until_caught_up(&mut source, records(4)).await;
     assert_eq!(span(&steps[0].1), (1, 5));
     fx.admin.purge_below(&fx.stream, 7).await.unwrap();
