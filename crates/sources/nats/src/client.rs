@@ -184,9 +184,9 @@ fn io(name: &str, place: &str, error: impl std::fmt::Display) -> SourceError {
 /// An ordered consumer's delivery, fetched by the source's prefetch task.
 pub struct Reading {
     messages: Ordered,
-    /// The lowest stream sequence still to hand out. An ordered consumer that recreates
-    /// itself before its first delivery may start over at the stream's beginning (seen
-    /// on nats-server 2.9): what lies below is dropped, never handed out again.
+    /// The lowest stream sequence still to hand out: a delivery below it (an ordered
+    /// consumer recreating itself, a server re-sending) is dropped, never handed out
+    /// twice, as the Kafka fetch drops offsets it handed out.
     from: u64,
     /// An error met after messages of the same fetch: the next fetch returns it.
     failed: Option<SourceError>,
