@@ -5,10 +5,11 @@
 //! or dead-lettered with `on_error: skip`).
 
 use serde_json::Value;
+use sluice_conformance::testing::unique_name;
 use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 mod common;
 
@@ -35,11 +36,7 @@ impl Fixture {
         let admin = runtime
             .block_on(Admin::connect(&[LOCAL_BROKER.to_string()]))
             .unwrap();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let topic = format!("cli-{test}-{}-{nanos}", std::process::id());
+        let topic = format!("cli-{test}-{}", unique_name());
         runtime
             .block_on(admin.create_topic(&topic, PARTITIONS))
             .unwrap();

@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 use serde_json::Value;
+use sluice_conformance::testing::unique_name;
 use sluice_nats::admin::Admin;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -35,16 +36,7 @@ impl Fixture {
     /// `, key: value`; `extra`: more source settings, YAML indented for the source)
     /// into SQLite, in transactions of `max_docs`.
     fn new(nats: &str, extra: &str, max_docs: u64) -> Fixture {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let stream = format!(
-            "E2E_{}_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        );
+        let stream = format!("E2E_{}", unique_name());
         block_on(async {
             let admin = Admin::connect(URL).await.unwrap();
             admin

@@ -3,13 +3,14 @@
 //! added and removed, metadata, and where bad input is said to be.
 
 use serde_json::{Value, json};
+use sluice_conformance::testing::unique_name;
 use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
 use sluice_kafka::source::KafkaPosition;
 use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaKind, KafkaSource, Start};
 use sluice_source_sdk::testing::{ALL, parsed_docs, position, records};
 use sluice_source_sdk::{QueueLimits, Records, Resume, Source, SourceError, Step, kind};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// A topic of its own for one test. It is not deleted after: tansu 0.6.0 panics (and
 /// serves nothing more) when a topic is deleted while fetches are in flight, as they
@@ -23,11 +24,7 @@ impl Topic {
     async fn new(test: &str, partitions: i32) -> Topic {
         ensure_local_broker().unwrap();
         let admin = Admin::connect(&[LOCAL_BROKER.to_string()]).await.unwrap();
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let name = format!("{test}-{}-{nanos}", std::process::id());
+        let name = format!("{test}-{}", unique_name());
         admin.create_topic(&name, partitions).await.unwrap();
         Topic { admin, name }
     }

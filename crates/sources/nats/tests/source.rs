@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use serde_json::{Value, json};
+use sluice_conformance::testing::unique_name;
 use sluice_nats::admin::Admin;
 use sluice_nats::{NatsConfig, NatsSource};
 use sluice_source_sdk::testing::{ALL, parsed_docs, records, texts};
@@ -29,16 +30,7 @@ impl Fixture {
 
     /// A unique name; no stream made yet.
     async fn named() -> Fixture {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let stream = format!(
-            "SRC_{}_{}_{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        );
+        let stream = format!("SRC_{}", unique_name());
         Fixture {
             stream,
             admin: Admin::connect(URL).await.unwrap(),
