@@ -452,6 +452,15 @@ impl Pipeline {
     }
 
     /// The dead-letter files materialization `name` writes (one per path, sorted).
+    /// The folder a source keeps its own state in, for one materialization it feeds
+    /// (`Opening::state_dir`): beside that materialization's recovery log.
+    pub fn source_state_dir(&self, materialization: &str, source: &str) -> PathBuf {
+        self.recovery_log()
+            .join(materialization)
+            .join("sources")
+            .join(source)
+    }
+
     pub fn dead_letter_paths(&self, name: &str) -> Vec<PathBuf> {
         let log_dir = self.recovery_log().join(name);
         let paths: std::collections::BTreeSet<PathBuf> = self

@@ -453,6 +453,8 @@ pub async fn run(
                 .collect();
             if !bindings.is_empty() {
                 feeds.push(SourceFeed {
+                    materialization: m.name.clone(),
+                    state_dir: pipeline.source_state_dir(&m.name, name),
                     name: name.clone(),
                     def: def.clone(),
                     bindings,
@@ -542,13 +544,19 @@ pub async fn run(
 /// A source of the pipeline file and the bindings of one materialization it feeds.
 struct SourceFeed {
     name: String,
+    materialization: String,
+    state_dir: std::path::PathBuf,
     def: config::SourceDef,
     bindings: Vec<u32>,
 }
 
 impl SourceFeed {
     fn open(&self) -> Result<Box<dyn Source>, SourceError> {
-        self.def.config.open(&self.name)
+        self.def.config.open(&sluice_source_sdk::Opening {
+            name: &self.name,
+            materialization: &self.materialization,
+            state_dir: &self.state_dir,
+        })
     }
 }
 

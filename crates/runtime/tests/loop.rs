@@ -47,8 +47,8 @@ use sluice_runtime::txn::{
 };
 use sluice_source_sdk::testing::{Script, Scripted};
 use sluice_source_sdk::{
-    FaultTolerance, InvalidConfig, QueueLimits, Records, Resume, Source, SourceError, SourceKind,
-    Step, kind,
+    FaultTolerance, InvalidConfig, Opening, QueueLimits, Records, Resume, Source, SourceError,
+    SourceKind, Step, kind,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -424,7 +424,10 @@ impl Harness {
             .sources
             .iter()
             .map(|(name, def)| BoundSource {
-                source: def.config.open(name).unwrap(),
+                source: def
+                    .config
+                    .open(&Opening::standalone(name, &self.log_dir.join(name)))
+                    .unwrap(),
                 bindings: vec![0],
                 dead_letter: None,
                 read_ahead: def.read_ahead,
@@ -737,9 +740,12 @@ impl<S: ScriptOf> SourceKind for ScriptedFileKind<S> {
         FileKind::prepare(config, base_dir)
     }
 
-    fn open(name: &str, config: &FileConfig) -> std::result::Result<Box<dyn Source>, SourceError> {
+    fn open(
+        opening: &Opening<'_>,
+        config: &FileConfig,
+    ) -> std::result::Result<Box<dyn Source>, SourceError> {
         Ok(Box::new(Scripted::new(
-            FileKind::open(name, config)?,
+            FileKind::open(opening, config)?,
             S::SCRIPT,
         )))
     }
@@ -783,9 +789,12 @@ impl SourceKind for FlakyFileKind {
         FileKind::prepare(config, base_dir)
     }
 
-    fn open(name: &str, config: &FileConfig) -> std::result::Result<Box<dyn Source>, SourceError> {
+    fn open(
+        opening: &Opening<'_>,
+        config: &FileConfig,
+    ) -> std::result::Result<Box<dyn Source>, SourceError> {
         Ok(Box::new(FlakyFile {
-            inner: FileKind::open(name, config)?,
+            inner: FileKind::open(opening, config)?,
             path: config.path.display().to_string(),
         }))
     }

@@ -4,7 +4,7 @@
 //! ```text
 //!  pipeline file  sources.views: {target, file: {path: v.jsonl, format: json}}
 //!                                         └─ key ─┘└──────── config ─────────┘
-//!  registry       Kind "file" ──parse(config, base_dir)──▶ SourceConfig ──open(name)──▶ Box<dyn Source>
+//!  registry       Kind "file" ──parse(config, base_dir)──▶ SourceConfig ──open(&Opening)──▶ Box<dyn Source>
 //! ```
 //!
 //! A kind is a type implementing [`SourceKind`]; [`kind`] erases it into the [`Kind`] a
@@ -12,7 +12,8 @@
 //! After `parse` returns, the configuration is complete (defaults filled, relative
 //! paths resolved) and checked: `open` fails only for what cannot be known without
 //! opening. A [`SourceConfig`] opens as often as the runtime restarts its loop, each
-//! time a source at the start of its input.
+//! time a source at the start of its input, and once more for `sluice check`: `open`
+//! connects to nothing and binds nothing (a source does that on its first command).
 
 use crate::config::{self, InvalidConfig};
 use crate::{Source, SourceError};
@@ -35,8 +36,35 @@ pub trait SourceKind: 'static {
     /// relative to the pipeline file's folder `base_dir` ([`config::resolve_path`]).
     fn prepare(config: &mut Self::Config, base_dir: &Path) -> Result<(), InvalidConfig>;
 
-    /// Opens the source `name` at the start of its input.
-    fn open(name: &str, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
+    /// Opens the source `opening.name` at the start of its input.
+    fn open(opening: &Opening<'_>, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
+}
+
+/// What the runtime tells a source it opens: its name, and the materialization shard it
+/// is opened for (each materialization reads its own instance of a source).
+#[derive(Debug, Clone, Copy)]
+pub struct Opening<'a> {
+    /// The source's name in the pipeline file.
+    pub name: &'a str,
+    /// The materialization this instance feeds.
+    pub materialization: &'a str,
+    /// A folder of this source's own, beside the materialization's recovery log, for
+    /// what it must keep across restarts outside the log (an HTTP source's idempotency
+    /// keys). Created by the source when it needs it; one process holds it at a time
+    /// (the recovery log's lock).
+    pub state_dir: &'a Path,
+}
+
+impl<'a> Opening<'a> {
+    /// An opening for tests and tools that run a source outside a pipeline: its state
+    /// in `state_dir`, for a materialization named after the source.
+    pub fn standalone(name: &'a str, state_dir: &'a Path) -> Opening<'a> {
+        Opening {
+            name,
+            materialization: name,
+            state_dir,
+        }
+    }
 }
 
 /// A source kind as a registry lists it (see [`kind`]).
@@ -86,7 +114,7 @@ pub struct SourceConfig(Arc<dyn Parsed>);
 /// A configuration of some kind `K` ([`Typed`]), its type erased.
 trait Parsed: Send + Sync {
     fn kind(&self) -> &'static str;
-    fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError>;
+    fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError>;
     fn config(&self) -> &dyn Any;
     fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
 }
@@ -98,8 +126,8 @@ impl<K: SourceKind> Parsed for Typed<K> {
         K::NAME
     }
 
-    fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError> {
-        K::open(name, &self.0)
+    fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError> {
+        K::open(opening, &self.0)
     }
 
     fn config(&self) -> &dyn Any {
@@ -117,9 +145,9 @@ impl SourceConfig {
         self.0.kind()
     }
 
-    /// Opens the source `name` at the start of its input.
-    pub fn open(&self, name: &str) -> Result<Box<dyn Source>, SourceError> {
-        self.0.open(name)
+    /// Opens the source `opening.name` at the start of its input.
+    pub fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError> {
+        self.0.open(opening)
     }
 
     /// The configuration, if its kind's configuration type is `C`.

@@ -75,7 +75,7 @@ pub mod step;
 pub mod testing;
 
 pub use config::InvalidConfig;
-pub use kind::{Kind, SourceConfig, SourceKind, kind};
+pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch};
 pub use records::{InputError, Position, Record, RecordDoc, Records, Unit, bad_json};
 pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
@@ -210,6 +210,18 @@ pub trait Source: Send {
     fn extend(&mut self) {}
     /// Stop reading ahead, keeping the connection: the runtime's backpressure.
     fn pause(&mut self) {}
+    /// The transaction `txn`, holding this source's steps up to the one whose resume
+    /// position is `position`, is durable in the recovery log: it will never be read
+    /// again from the source, only replayed from the log or skipped. Called after every
+    /// commit holding steps of this source, in order, and once at start with the
+    /// recovered checkpoint (where the source was [sought](Source::seek)). A source
+    /// that holds input for the system it reads from releases it here and never
+    /// earlier: a replication slot confirms its position, a push source answers the
+    /// clients whose data that transaction holds. Cheap and non-blocking: it runs on
+    /// the reader (hand slow work to a task of the source's own).
+    fn committed(&mut self, txn: u64, position: &Value) {
+        let _ = (txn, position);
+    }
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
 }

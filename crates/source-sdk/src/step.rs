@@ -16,8 +16,13 @@ pub enum Resume {
     },
     Replay {
         position: Value,
-        /// The step's raw input, for sources that cannot re-read it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// The step's raw input, for sources that cannot re-read it (journaled in the
+        /// intent; base64 in the log's JSON).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "base64_bytes"
+        )]
         data: Option<Vec<u8>>,
         hash: u64,
     },
@@ -174,5 +179,52 @@ impl StepHasher {
 impl Default for StepHasher {
     fn default() -> Self {
         StepHasher::new()
+    }
+}
+
+/// Journaled step data as one base64 string in the recovery log's JSON (a JSON array of
+/// numbers would take about four bytes per byte).
+mod base64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(data: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match data {
+            Some(bytes) => s.serialize_str(&STANDARD.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| STANDARD.decode(text).map_err(D::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Journaled data goes into the log as base64 and comes back byte for byte.
+    #[test]
+    fn journaled_data_round_trips_as_base64() {
+        let resume = Resume::Replay {
+            position: serde_json::json!({"seq": 3}),
+            data: Some(b"{\"a\":1}\n\xff".to_vec()),
+            hash: 7,
+        };
+        let text = serde_json::to_string(&resume).unwrap();
+        assert!(text.contains("\"data\":\"eyJhIjoxfQr/\""), "{text}");
+        assert_eq!(serde_json::from_str::<Resume>(&text).unwrap(), resume);
+        let none = Resume::Replay {
+            position: serde_json::json!(1),
+            data: None,
+            hash: 7,
+        };
+        let text = serde_json::to_string(&none).unwrap();
+        assert!(!text.contains("data"), "{text}");
+        assert_eq!(serde_json::from_str::<Resume>(&text).unwrap(), none);
     }
 }

@@ -143,6 +143,10 @@ impl Source for Scripted {
         self.inner.pause();
     }
 
+    fn committed(&mut self, txn: u64, position: &Value) {
+        self.inner.committed(txn, position);
+    }
+
     async fn disconnect(&mut self) {
         self.inner.disconnect().await;
     }

@@ -304,6 +304,9 @@ struct Shared {
     shutdown: watch::Receiver<bool>,
     /// Batches handed to the committer and not yet committed (see `read`).
     in_flight: Arc<InFlight>,
+    /// The last transaction whose recovery-log commit is durable: the reader tells the
+    /// sources ([`Source::committed`]).
+    durable: Arc<watch::Sender<u64>>,
 }
 
 /// Batches sent by the reader and not yet done by the committer; zero means the
@@ -362,12 +365,13 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         opts,
         shutdown,
         in_flight: Arc::new(InFlight::default()),
+        durable: Arc::new(watch::Sender::new(recovered.checkpoint.txn)),
     };
     let (batches, reader) = read::spawn(
         sources,
         shared.clone(),
         recovered.replay,
-        recovered.checkpoint.txn,
+        &recovered.checkpoint,
     );
     summary.last_txn = recovered.checkpoint.txn;
     let committer = Committer {
@@ -383,8 +387,12 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     };
     let result = committer.commit_all(batches, recovered.log).await;
     // Every task of this run ends before it returns: a restarted loop must not meet the
-    // old reader (its sources, its dead-letter files).
-    reader.stop().await;
+    // old reader (its sources, its dead-letter files). A run that ended well lets the
+    // reader tell its sources of the last commits first.
+    match result {
+        Ok(()) => reader.join().await,
+        Err(_) => reader.stop().await,
+    }
     result
 }
 
@@ -675,7 +683,7 @@ impl Committer<'_> {
             &driver_checkpoint,
         )
         .map_err(|e| driver_err(&self.endpoint, e))?;
-        Ok(log.commit(self.checkpoint.clone()))
+        Ok(log.commit(self.checkpoint.clone(), self.shared.durable.clone()))
     }
 
     /// Counts a committed transaction: counted once committed, so a restarted run never

@@ -56,12 +56,13 @@ use super::{
 };
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
-use crate::recovery::Intent;
+use crate::recovery::{Checkpoint, Intent};
+use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner};
 use sluice_source_sdk::{
     FaultTolerance, InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
@@ -92,8 +93,17 @@ pub(super) fn spawn(
     sources: Vec<BoundSource>,
     shared: Shared,
     replay: Option<Intent>,
-    committed: u64,
+    recovered: &Checkpoint,
 ) -> (mpsc::Receiver<Result<ReadBatch, RunError>>, ReaderTask) {
+    let committed = recovered.txn;
+    // The recovered checkpoint is durable: each source positioned there hears so first.
+    let mut commits = VecDeque::new();
+    let positions = sources
+        .iter()
+        .enumerate()
+        .filter_map(|(index, b)| Some((index, recovered.sources.get(b.source.name())?.clone())))
+        .collect();
+    commits.push_back((committed, positions));
     let (tx, rx) = mpsc::channel(1);
     let paths = sources.iter().map(|b| b.dead_letter.clone()).collect();
     let (mut dead_letters, writer) = DeadLetterWriter::spawn(paths, committed);
@@ -108,6 +118,7 @@ pub(super) fn spawn(
             opts,
             shutdown,
             in_flight,
+            durable,
         } = shared;
         let mut reader = Reader {
             exhausted: vec![false; sources.len()],
@@ -120,7 +131,12 @@ pub(super) fn spawn(
             dead_letters,
             next_txn: committed + 1,
             rejects: Rejects::default(),
+            durable: durable.subscribe(),
+            commits,
         };
+        // Only the committer may keep the sender: if it goes, so do the commits.
+        drop(durable);
+        reader.tell_committed();
         let mut replay = replay;
         loop {
             let started = Instant::now();
@@ -145,6 +161,12 @@ pub(super) fn spawn(
                 break;
             }
         }
+        // The last transactions' commits, as they become durable, before the sources
+        // go: a source may owe someone word of them (a client its answer). Ends when
+        // the committer does.
+        while !reader.commits.is_empty() && reader.durable.changed().await.is_ok() {
+            reader.tell_committed();
+        }
         // Disconnect: no command follows. (A stopped reader's sources are dropped
         // instead, which ends their read-ahead tasks too.)
         for reading in &mut reader.sources {
@@ -161,6 +183,14 @@ pub(super) struct ReaderTask {
 }
 
 impl ReaderTask {
+    /// Waits for a reader that sent its last batch to tell its sources of the last
+    /// commits and disconnect them (see [`spawn`]); the committer has ended, so this
+    /// does not wait long.
+    pub async fn join(self) {
+        let _ = self.task.await;
+        self.writer.join().await;
+    }
+
     /// Aborts the reader; returns once its task and its dead-letter writer thread have
     /// ended, so no read or dead-letter write of this run happens after.
     pub async fn stop(self) {
@@ -228,6 +258,11 @@ struct Reader {
     next_txn: u64,
     /// The current batch's rejections.
     rejects: Rejects,
+    /// The last transaction whose log commit is durable.
+    durable: watch::Receiver<u64>,
+    /// Transactions sent and not yet told to their sources: each with the position of
+    /// every source's last step in it, in order.
+    commits: VecDeque<(u64, Vec<(usize, Value)>)>,
 }
 
 /// What a batch rejected so far (sources with `on_error: skip`).
@@ -278,6 +313,18 @@ impl Reader {
         }
         let txn = self.next_txn;
         self.next_txn += 1;
+        let positions = batch
+            .steps
+            .iter()
+            .filter_map(|(name, resumes)| {
+                let index = self
+                    .sources
+                    .iter()
+                    .position(|s| s.bound.source.name() == name)?;
+                Some((index, resumes.last()?.position()?.clone()))
+            })
+            .collect();
+        self.commits.push_back((txn, positions));
         let rejects = std::mem::take(&mut self.rejects);
         batch.rejected = rejects.letters.len() as u64;
         self.dead_letters
@@ -285,6 +332,20 @@ impl Reader {
             .await
             .map_err(|(index, e)| super::source_err(self.sources[index].bound.source.name(), e))?;
         Ok(batch)
+    }
+
+    /// Tells each source of every transaction now durable
+    /// ([`sluice_source_sdk::Source::committed`]).
+    fn tell_committed(&mut self) {
+        let durable = *self.durable.borrow_and_update();
+        while let Some((txn, _)) = self.commits.front()
+            && *txn <= durable
+        {
+            let (txn, positions) = self.commits.pop_front().expect("a front");
+            for (index, position) in positions {
+                self.sources[index].bound.source.committed(txn, &position);
+            }
+        }
     }
 
     fn all_exhausted(&self) -> bool {
@@ -296,6 +357,7 @@ impl Reader {
         let started = Instant::now();
         let mut batch = self.batch();
         loop {
+            self.tell_committed();
             let (mut progressed, mut backlogged) = (false, false);
             // Full, but a source's last step was a barrier: read on only from those.
             let barriers_only = self.opts.full(batch.docs, batch.bytes);
@@ -419,6 +481,7 @@ impl Reader {
             () = committer_done => {}
             () = tokio::time::sleep_until((started + deadline).into()) => {}
             _ = self.shutdown.changed() => {}
+            _ = self.durable.changed() => {}
         }
     }
 

@@ -34,6 +34,8 @@ use super::RunError;
 use crate::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::client::ClientSender;
+use std::sync::Arc;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// The log between transactions.
@@ -136,11 +138,15 @@ impl DriverCommitted {
     /// Starts recording `checkpoint` as committed, on a blocking task (fsync must not
     /// block an async worker), and returns at once: the next transaction reads
     /// meanwhile, and [`LogState::settle`] awaits it.
-    pub fn commit(self, checkpoint: Checkpoint) -> LogState {
+    /// `durable` is told the transaction's number the moment its fsync returns, so the
+    /// sources that wait on it (a slot to confirm, clients to answer) need not wait for
+    /// the next transaction to settle it.
+    pub fn commit(self, checkpoint: Checkpoint, durable: Arc<watch::Sender<u64>>) -> LogState {
         let mut log = self.log;
         LogState::Committing(tokio::task::spawn_blocking(move || {
             // Returns only after the commit record is fsync'ed.
             log.commit(&checkpoint)?;
+            durable.send_replace(checkpoint.txn);
             Ok(log)
         }))
     }

@@ -86,6 +86,10 @@ impl Source for Bounded {
         self.inner.pause();
     }
 
+    fn committed(&mut self, txn: u64, position: &Value) {
+        self.inner.committed(txn, position);
+    }
+
     /// Bounded too; a source that hangs here is simply dropped.
     async fn disconnect(&mut self) {
         let _ = timeout(self.after, self.inner.disconnect()).await;

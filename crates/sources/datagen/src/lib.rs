@@ -15,7 +15,7 @@ pub use config::{DatagenConfig, DatagenShape};
 pub use pageview::{Pageview, key_of, pageview, write_decimal};
 pub use source::DatagenSource;
 
-use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};
 use std::path::Path;
 
 /// The `datagen` kind, as the binary registers it.
@@ -29,7 +29,7 @@ impl SourceKind for DatagenKind {
         config.check()
     }
 
-    fn open(name: &str, config: &DatagenConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(DatagenSource::new(name, config)?))
+    fn open(opening: &Opening<'_>, config: &DatagenConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(DatagenSource::new(opening.name, config)?))
     }
 }

@@ -14,7 +14,7 @@ pub use config::{FileConfig, FileFormat};
 pub use source::FileSource;
 
 use sluice_source_sdk::config::resolve_path;
-use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};
 use std::path::Path;
 
 /// The `file` kind, as the binary registers it.
@@ -29,7 +29,7 @@ impl SourceKind for FileKind {
         Ok(())
     }
 
-    fn open(name: &str, config: &FileConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(FileSource::new(name, config)))
+    fn open(opening: &Opening<'_>, config: &FileConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(FileSource::new(opening.name, config)))
     }
 }

@@ -16,7 +16,7 @@ pub mod source;
 pub use config::{KafkaConfig, KafkaFormat, Start};
 pub use source::KafkaSource;
 
-use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};
 use std::path::Path;
 
 /// The `kafka` kind, as the binary registers it.
@@ -30,7 +30,7 @@ impl SourceKind for KafkaKind {
         config.check()
     }
 
-    fn open(name: &str, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(KafkaSource::new(name, config)))
+    fn open(opening: &Opening<'_>, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(KafkaSource::new(opening.name, config)))
     }
 }

@@ -15,7 +15,7 @@ pub mod source;
 pub use config::{NatsConfig, Start};
 pub use source::NatsSource;
 
-use sluice_source_sdk::{InvalidConfig, Source, SourceError, SourceKind};
+use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};
 use std::path::Path;
 
 /// The `nats` kind, as the binary registers it.
@@ -29,7 +29,7 @@ impl SourceKind for NatsKind {
         config.check()
     }
 
-    fn open(name: &str, config: &NatsConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(NatsSource::new(name, config)))
+    fn open(opening: &Opening<'_>, config: &NatsConfig) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(NatsSource::new(opening.name, config)))
     }
 }
