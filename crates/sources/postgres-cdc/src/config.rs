@@ -1,0 +1,257 @@
+//! What the user writes: `postgres_cdc: {url: postgres://…, publication: p}` or
+//! `{url: …, tables: [public.orders, items]}`, with `slot`, `chunk_rows` and
+//! `truncate` optional. Strict: unknown keys are errors.
+
+use crate::wire::Target;
+use serde::Deserialize;
+use sluice_source_sdk::InvalidConfig;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresCdcConfig {
+    /// `postgres://user[:password]@host[:port]/database` (plain TCP).
+    pub url: String,
+    /// The publication read. Must exist, unless `tables` is given: then it is created
+    /// for them if missing (named `sluice_<slot>` when not given).
+    #[serde(default)]
+    pub publication: Option<String>,
+    /// The tables (`schema.table`, or `table` in `public`) of the publication Sluice
+    /// creates when it does not exist.
+    #[serde(default)]
+    pub tables: Option<Vec<String>>,
+    /// The replication slot; by default `sluice_<materialization>_<source>`, made a
+    /// valid slot name.
+    #[serde(default)]
+    pub slot: Option<String>,
+    /// Rows read per backfill query (the most a query reads; a step takes fewer when
+    /// its limits are smaller).
+    #[serde(default = "default_chunk_rows")]
+    pub chunk_rows: usize,
+    /// What a TRUNCATE of a published table does.
+    #[serde(default)]
+    pub truncate: Truncate,
+}
+
+fn default_chunk_rows() -> usize {
+    10_000
+}
+
+/// What a TRUNCATE becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncate {
+    /// The source fails, naming the table: a truncate is not a change of some keys.
+    #[default]
+    Error,
+    /// Refused when the configuration is read: a delete of every key of a table
+    /// needs those keys, which a truncate does not carry, and no store takes a
+    /// "delete all" change yet.
+    DeleteAll,
+}
+
+/// The longest slot name PostgreSQL takes (NAMEDATALEN - 1).
+const MAX_SLOT: usize = 63;
+
+impl PostgresCdcConfig {
+    /// What serde cannot check.
+    pub fn check(&self) -> Result<(), InvalidConfig> {
+        self.target()?;
+        if self.publication.is_none() && self.tables.is_none() {
+            return Err(InvalidConfig::new(
+                "",
+                "name a publication (publication: my_pub, created with CREATE PUBLICATION \
+                 my_pub FOR TABLE …) or list tables: [schema.table, …] for Sluice to \
+                 create one",
+            ));
+        }
+        if let Some(tables) = &self.tables {
+            if tables.is_empty() {
+                return Err(InvalidConfig::new("tables", "an empty list: name a table"));
+            }
+            for (i, table) in tables.iter().enumerate() {
+                if split_table(table).is_none() {
+                    return Err(InvalidConfig::new(
+                        format!("tables[{i}]"),
+                        format!("{table:?} is not a table name: write table or schema.table"),
+                    ));
+                }
+            }
+        }
+        if let Some(slot) = &self.slot
+            && sanitize_slot(slot) != *slot
+        {
+            return Err(InvalidConfig::new(
+                "slot",
+                format!(
+                    "{slot:?} is not a replication slot name: lower-case letters, digits \
+                     and _, at most {MAX_SLOT} characters (e.g. {:?})",
+                    sanitize_slot(slot)
+                ),
+            ));
+        }
+        if self.chunk_rows == 0 {
+            return Err(InvalidConfig::new("chunk_rows", "must be at least 1"));
+        }
+        if self.truncate == Truncate::DeleteAll {
+            return Err(InvalidConfig::new(
+                "truncate",
+                "delete_all is not supported yet: a TRUNCATE does not carry the keys it \
+                 removes and no store takes a delete of every key; leave truncate: error \
+                 (the source stops, naming the table) and reset the pipeline after a \
+                 truncate",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Where the URL points.
+    pub fn target(&self) -> Result<Target, InvalidConfig> {
+        let bad = |why: &str| {
+            InvalidConfig::new(
+                "url",
+                format!(
+                    "{:?} is not a PostgreSQL URL ({why}); write e.g. \
+                     postgres://user@127.0.0.1:5432/db",
+                    redact(&self.url)
+                ),
+            )
+        };
+        let config: tokio_postgres::Config = self.url.parse().map_err(|_| bad("unreadable"))?;
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            Some(_) => return Err(bad("a Unix socket: only TCP hosts are supported")),
+            None => return Err(bad("no host")),
+        };
+        Ok(Target {
+            host,
+            port: config.get_ports().first().copied().unwrap_or(5432),
+            user: config.get_user().unwrap_or("postgres").to_string(),
+            password: config.get_password().map(<[u8]>::to_vec),
+            database: config
+                .get_dbname()
+                .or(config.get_user())
+                .unwrap_or("postgres")
+                .to_string(),
+        })
+    }
+
+    /// The slot this source (of `materialization`) reads.
+    pub fn slot_name(&self, materialization: &str, source: &str) -> String {
+        match &self.slot {
+            Some(slot) => slot.clone(),
+            None => sanitize_slot(&format!("sluice_{materialization}_{source}")),
+        }
+    }
+
+    /// The publication read: as given, or `sluice_<slot>` for a table list.
+    pub fn publication_name(&self, slot: &str) -> String {
+        self.publication
+            .clone()
+            .unwrap_or_else(|| format!("sluice_{slot}"))
+    }
+}
+
+/// `schema.table` or `table` (in `public`).
+pub fn split_table(name: &str) -> Option<(String, String)> {
+    let (schema, table) = name.split_once('.').unwrap_or(("public", name));
+    (!schema.is_empty() && !table.is_empty() && !table.contains('.'))
+        .then(|| (schema.to_string(), table.to_string()))
+}
+
+/// A valid slot name from any text: lower case, every other character `_`; a long
+/// name keeps its start and ends with a hash of the whole, so names stay distinct.
+pub fn sanitize_slot(name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    if clean.len() <= MAX_SLOT {
+        return clean;
+    }
+    // FNV-1a: stable across releases.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}_{:016x}", &clean[..MAX_SLOT - 17], hash)
+}
+
+/// The URL with its password hidden, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_source_sdk::config::parse;
+
+    fn parsed(value: serde_json::Value) -> Result<PostgresCdcConfig, InvalidConfig> {
+        let config: PostgresCdcConfig = parse(value)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn slot_names_derive_from_materialization_and_source() {
+        let config = parsed(json!({"url": "postgres://u@h/db", "publication": "p"})).unwrap();
+        assert_eq!(config.slot_name("Views-DB", "orders.cdc"), "sluice_views_db_orders_cdc");
+        let long = config.slot_name(&"m".repeat(80), "s");
+        assert_eq!(long.len(), MAX_SLOT);
+        assert_ne!(long, config.slot_name(&"m".repeat(81), "s"));
+        assert_eq!(sanitize_slot(&long), long);
+        let target = config.target().unwrap();
+        assert_eq!((target.host.as_str(), target.port, target.database.as_str()), ("h", 5432, "db"));
+    }
+
+    #[test]
+    fn errors_name_their_place() {
+        for (config, place, needle) in [
+            (json!({"url": "postgres://h/db"}), "", "name a publication"),
+            (json!({"url": "nope://", "publication": "p"}), "url", "not a PostgreSQL URL"),
+            (
+                json!({"url": "postgres://h/db", "tables": ["a.b.c"]}),
+                "tables[0]",
+                "not a table name",
+            ),
+            (json!({"url": "postgres://h/db", "tables": []}), "tables", "empty"),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "slot": "Bad-Slot"}),
+                "slot",
+                "\"bad_slot\"",
+            ),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "truncate": "delete_all"}),
+                "truncate",
+                "not supported",
+            ),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "truncat": "error"}),
+                "truncat",
+                "unknown field",
+            ),
+        ] {
+            let error = parsed(config.clone()).unwrap_err();
+            assert_eq!(error.place, place, "{config}: {error}");
+            assert!(error.message.contains(needle), "{config}: {error}");
+        }
+    }
+
+    #[test]
+    fn urls_in_messages_hide_passwords() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

@@ -1,0 +1,730 @@
+//! The PostgreSQL CDC source: a backfill consistent with the slot, then the slot's
+//! changes, exactly once.
+//!
+//! ```text
+//!  first command, no checkpoint:  checks ─▶ CREATE_REPLICATION_SLOT s LOGICAL pgoutput EXPORT_SNAPSHOT (at C)
+//!      backfill: SET TRANSACTION SNAPSHOT; per table, chunks in primary-key order ─▶ steps (journaled)
+//!      stream:   START_REPLICATION SLOT s LOGICAL C ─▶ whole transactions ─▶ steps (replayed by LSN range)
+//!  Source::committed(stream step ending at E) ─▶ the slot confirms E (never earlier)
+//! ```
+//!
+//! **Backfill steps** journal their documents (`Resume::Replay` with data): the
+//! snapshot they were read under is gone after a crash. A crash mid-backfill resumes
+//! after the last committed key under a new snapshot, exported by a temporary slot at
+//! L2 ≥ C, and records the range read before as a segment ([`crate::position`]), so
+//! that streaming from C skips exactly the changes each snapshot already held. A table
+//! whose primary key cannot be compared outside PostgreSQL (not integers, text or uuid)
+//! is read whole, as one step.
+//!
+//! **Streaming steps** are whole transactions cut at commit boundaries, their position
+//! the range of commit ends `(begin, end]` (a transaction larger than the limits is one
+//! step). They are replayed by position: the slot confirms only what the recovery log
+//! holds ([`Source::committed`]), so after a crash it still holds the step, which is
+//! re-read from `begin` and checked by its hash; transactions ending at or below the
+//! committed `end` are skipped.
+//!
+//! `end_of_input` is never said during the backfill; while streaming it says the
+//! server has sent everything written before the stream started and nothing is
+//! buffered (the runtime ends a run there; `--follow` goes on).
+
+use crate::catalog::{Catalog, Table};
+use crate::config::{PostgresCdcConfig, split_table};
+use crate::doc::Layout;
+use crate::position::{CdcPosition, Segments, TableName};
+use crate::stream::{Confirmed, Fetcher, Item, Start, Stream, Txn};
+use crate::types::Types;
+use crate::wire::{self, Target, WireError, format_lsn, parse_lsn};
+use serde_json::Value;
+use sluice_source_sdk::{
+    FaultTolerance, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError,
+    Step, StepHasher, Unit, check_replay,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a start waits for the slot to be released by an earlier walsender (one
+/// of a killed process lingers until it notices).
+const SLOT_BUSY_WAIT: Duration = Duration::from_secs(60);
+
+pub struct PostgresCdcSource {
+    name: String,
+    config: PostgresCdcConfig,
+    target: Target,
+    /// The URL without its password, for messages.
+    url: String,
+    slot: String,
+    publication: String,
+    /// Where records come from, as positions read: `slot s`.
+    origin: Arc<str>,
+    confirmed: Arc<Confirmed>,
+    /// Where the next open continues (a seek or a replay); none: from scratch.
+    resume: Option<CdcPosition>,
+    phase: Phase,
+    paused: bool,
+}
+
+enum Phase {
+    /// Nothing open: the next command opens from `resume`.
+    Idle,
+    Backfill(Box<Backfill>),
+    Stream(Box<Streaming>),
+}
+
+struct Backfill {
+    /// The replication connection whose snapshot the catalog's transaction uses (and
+    /// whose temporary slot, after a restart, lives as long as it does).
+    _holder: wire::Connection,
+    catalog: Catalog,
+    types: Types,
+    tables: Vec<Table>,
+    layouts: Vec<Layout>,
+    consistent: u64,
+    table: usize,
+    after: Option<Vec<String>>,
+    snapshot: u64,
+    segments: Segments,
+    /// Rows of `table` read and not yet emitted, and whether they are its last.
+    rows: VecDeque<Vec<Option<String>>>,
+    exhausted: bool,
+}
+
+struct Streaming {
+    /// A stream not yet reading ahead (after a replay), or the read-ahead.
+    stream: Option<Stream>,
+    prefetch: Option<Prefetch<Item>>,
+    pending: Option<Txn>,
+    /// The commit end of the last transaction handed over.
+    end: u64,
+    segments: Segments,
+    caught_up: bool,
+}
+
+impl PostgresCdcSource {
+    pub fn new(name: &str, materialization: &str, config: &PostgresCdcConfig) -> Result<Self, SourceError> {
+        let target = config.target().map_err(|e| SourceError::Config {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        let slot = config.slot_name(materialization, name);
+        let url = format!(
+            "postgres://{}@{}:{}/{}",
+            target.user, target.host, target.port, target.database
+        );
+        Ok(PostgresCdcSource {
+            name: name.to_string(),
+            config: config.clone(),
+            target,
+            url,
+            publication: config.publication_name(&slot),
+            origin: format!("slot {slot}").into(),
+            slot,
+            confirmed: Arc::new(Confirmed::default()),
+            resume: None,
+            phase: Phase::Idle,
+            paused: false,
+        })
+    }
+
+    /// The replication slot this source reads.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    fn config_error(&self, reason: String) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason,
+        }
+    }
+
+    fn wire_error(&self, what: &str, e: WireError) -> SourceError {
+        match e {
+            WireError::Server { code, message } if code == "55000" && message.contains("wal_level") => {
+                self.config_error(format!("{what} at {}: {message}: set wal_level = logical and restart the server", self.url))
+            }
+            WireError::Server { code, message } if code == "42501" => self.config_error(format!(
+                "{what} at {}: {message}: the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION)",
+                self.url
+            )),
+            e => SourceError::Io {
+                name: self.name.clone(),
+                path: self.url.clone(),
+                error: std::io::Error::other(format!("{what}: {e}")),
+            },
+        }
+    }
+
+    fn slot_gone(&self, position: u64) -> SourceError {
+        SourceError::Unavailable {
+            name: self.name.clone(),
+            position: Value::from(format_lsn(position)),
+            reason: format!(
+                "replication slot `{}` no longer exists at {}: the changes after LSN {} \
+                 are lost to this pipeline; reset its recovery log and store, and it \
+                 snapshots the tables again in a new slot",
+                self.slot,
+                self.url,
+                format_lsn(position)
+            ),
+        }
+    }
+
+    async fn catalog(&self) -> Result<Catalog, SourceError> {
+        let catalog = Catalog::connect(&self.name, &self.config.url, &self.url).await?;
+        catalog.check_wal_level().await?;
+        Ok(catalog)
+    }
+
+    async fn replication(&self) -> Result<wire::Connection, SourceError> {
+        wire::Connection::connect(&self.target)
+            .await
+            .map_err(|e| self.wire_error("cannot open a replication connection", e))
+    }
+
+    /// Creates a slot exporting its snapshot on `conn`; returns (consistent point,
+    /// snapshot name).
+    async fn create_slot(
+        &self,
+        conn: &mut wire::Connection,
+        slot: &str,
+        temporary: bool,
+    ) -> Result<(u64, String), SourceError> {
+        let temporary = if temporary { " TEMPORARY" } else { "" };
+        let rows = conn
+            .query(&format!("CREATE_REPLICATION_SLOT {slot}{temporary} LOGICAL pgoutput EXPORT_SNAPSHOT"))
+            .await
+            .map_err(|e| self.wire_error(&format!("cannot create replication slot {slot}"), e))?;
+        let row = rows.first().ok_or_else(|| self.wire_error("CREATE_REPLICATION_SLOT", WireError::Io(std::io::Error::other("no row"))))?;
+        let lsn = row.get(1).cloned().flatten().as_deref().and_then(parse_lsn).unwrap_or(0);
+        let snapshot = row.get(2).cloned().flatten().unwrap_or_default();
+        Ok((lsn, snapshot))
+    }
+
+    /// Opens from `resume`, if nothing is open.
+    async fn open(&mut self) -> Result<(), SourceError> {
+        if !matches!(self.phase, Phase::Idle) {
+            return Ok(());
+        }
+        self.phase = match self.resume.clone() {
+            None => self.fresh().await?,
+            Some(CdcPosition::Backfill {
+                consistent,
+                tables,
+                table,
+                after,
+                snapshot,
+                segments,
+            }) => {
+                let mut segments = Segments(segments);
+                if table >= tables.len() {
+                    self.streaming(consistent, segments).await?
+                } else {
+                    if let Some(after) = &after {
+                        segments.push(&tables[table], Some(after.clone()), snapshot);
+                    }
+                    self.restart_backfill(consistent, tables, table, after, segments).await?
+                }
+            }
+            Some(CdcPosition::Stream { end, segments, .. }) => {
+                self.streaming(end, Segments(segments)).await?
+            }
+        };
+        Ok(())
+    }
+
+    /// No checkpoint: the checks, the publication, a new slot and its snapshot.
+    async fn fresh(&mut self) -> Result<Phase, SourceError> {
+        let catalog = self.catalog().await?;
+        let listed: Option<Vec<TableName>> = self.config.tables.as_ref().map(|tables| {
+            tables
+                .iter()
+                .filter_map(|t| split_table(t))
+                .map(|(schema, table)| TableName { schema, table })
+                .collect()
+        });
+        catalog.ensure_publication(&self.publication, listed.as_deref()).await?;
+        let tables = catalog.tables(&self.publication).await?;
+        if catalog.slot(&self.slot).await?.is_some() {
+            // Nothing was committed from it (there is no checkpoint): a start that
+            // crashed before its first commit, or a pipeline reset.
+            tracing::warn!(source = %self.name, slot = %self.slot, "the slot exists but no checkpoint does: dropping it to snapshot anew");
+            catalog.drop_slot(&self.slot).await?;
+        }
+        let mut holder = self.replication().await?;
+        let slot = self.slot.clone();
+        let (consistent, snapshot) = self.create_slot(&mut holder, &slot, false).await?;
+        catalog.begin_snapshot(&snapshot).await?;
+        let types = catalog.types().await?;
+        Ok(self.backfill(holder, catalog, types, tables, consistent, 0, None, consistent, Segments::default()))
+    }
+
+    /// A checkpoint mid-backfill: the rest under a new snapshot.
+    async fn restart_backfill(
+        &mut self,
+        consistent: u64,
+        names: Vec<TableName>,
+        table: usize,
+        after: Option<Vec<String>>,
+        segments: Segments,
+    ) -> Result<Phase, SourceError> {
+        let catalog = self.catalog().await?;
+        if catalog.slot(&self.slot).await?.is_none() {
+            return Err(self.slot_gone(consistent));
+        }
+        let mut tables = Vec::new();
+        for name in &names {
+            tables.push(catalog.table(name).await?);
+        }
+        let mut holder = self.replication().await?;
+        let temporary = crate::config::sanitize_slot(&format!("{}_snap_{}", self.slot, std::process::id()));
+        let (snapshot_lsn, snapshot) = self.create_slot(&mut holder, &temporary, true).await?;
+        catalog.begin_snapshot(&snapshot).await?;
+        let types = catalog.types().await?;
+        Ok(self.backfill(holder, catalog, types, tables, consistent, table, after, snapshot_lsn, segments))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backfill(
+        &self,
+        holder: wire::Connection,
+        catalog: Catalog,
+        types: Types,
+        tables: Vec<Table>,
+        consistent: u64,
+        table: usize,
+        after: Option<Vec<String>>,
+        snapshot: u64,
+        segments: Segments,
+    ) -> Phase {
+        let layouts = tables.iter().map(|t| Layout::new(&t.name, &t.columns)).collect();
+        Phase::Backfill(Box::new(Backfill {
+            _holder: holder,
+            catalog,
+            types,
+            tables,
+            layouts,
+            consistent,
+            table,
+            after,
+            snapshot,
+            segments,
+            rows: VecDeque::new(),
+            exhausted: false,
+        }))
+    }
+
+    /// Streams from `from` (a commit end, or the consistent point).
+    async fn streaming(&mut self, from: u64, segments: Segments) -> Result<Phase, SourceError> {
+        let stream = self.stream_from(from, segments.clone()).await?;
+        Ok(Phase::Stream(Box::new(Streaming {
+            stream: Some(stream),
+            prefetch: None,
+            pending: None,
+            end: from,
+            segments,
+            caught_up: false,
+        })))
+    }
+
+    async fn stream_from(&mut self, from: u64, segments: Segments) -> Result<Stream, SourceError> {
+        let catalog = self.catalog().await?;
+        if catalog.slot(&self.slot).await?.is_none() {
+            return Err(self.slot_gone(from));
+        }
+        let types = catalog.types().await?;
+        let target = catalog.current_lsn().await?;
+        let command = format!(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            self.slot,
+            format_lsn(from),
+            crate::catalog::quote_literal(&crate::catalog::quote_ident(&self.publication))
+        );
+        let started = Instant::now();
+        let halves = loop {
+            let conn = self.replication().await?;
+            match conn.start(&command).await {
+                Ok(halves) => break halves,
+                // An earlier walsender of this slot has not noticed its client died.
+                Err(WireError::Server { code, .. }) if code == "55006" && started.elapsed() < SLOT_BUSY_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(WireError::Server { code, .. }) if code == "42704" => return Err(self.slot_gone(from)),
+                Err(e) => return Err(self.wire_error("cannot start replication", e)),
+            }
+        };
+        self.confirmed.confirm(0);
+        Ok(Stream::new(
+            &self.name,
+            halves,
+            catalog,
+            types,
+            self.confirmed.clone(),
+            Start {
+                skip_through: from,
+                segments,
+                target,
+            },
+        ))
+    }
+
+    fn position_of(&self, at: u64, index: u64) -> Position {
+        Position::in_log(self.origin.clone(), Unit::Offset, at, index)
+    }
+
+    async fn queue_backfill(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Option<Step>, SourceError> {
+        let Phase::Backfill(b) = &mut self.phase else {
+            return Ok(None);
+        };
+        let chunk_rows = self.config.chunk_rows;
+        let mut data = Vec::new();
+        let mut records = 0usize;
+        let mut doc = Vec::new();
+        'step: while b.table < b.tables.len() {
+            let table = &b.tables[b.table];
+            let whole = table.kinds.is_none();
+            if whole && records > 0 {
+                break; // a table read whole is a step of its own
+            }
+            while let Some(row) = b.rows.pop_front() {
+                if !whole && records > 0 && (records >= limits.max_records || data.len() as u64 >= limits.max_bytes) {
+                    b.rows.push_front(row);
+                    break 'step;
+                }
+                doc.clear();
+                let values = row.iter().enumerate().map(|(i, v)| (i, table.columns[i].1, v.as_deref()));
+                b.layouts[b.table].write(&mut doc, &b.types, "r", b.snapshot, values);
+                out.push_json(&doc, Position::in_log(self.origin.clone(), Unit::Offset, b.snapshot, records as u64), doc.len());
+                data.extend_from_slice(&doc);
+                data.push(b'\n');
+                records += 1;
+                if !whole {
+                    b.after = Some(table.key.iter().map(|&i| row[i].clone().unwrap_or_default()).collect());
+                }
+            }
+            if b.exhausted {
+                let name = table.name.clone();
+                b.segments.push(&name, None, b.snapshot);
+                b.table += 1;
+                b.after = None;
+                b.exhausted = false;
+                continue;
+            }
+            let limit = if whole { usize::MAX } else { chunk_rows.min(limits.max_records.max(1)) };
+            let rows = b.catalog.chunk(table, b.after.as_deref(), limit).await?;
+            b.exhausted = whole || rows.len() < limit;
+            b.rows.extend(rows);
+        }
+        let position = CdcPosition::Backfill {
+            consistent: b.consistent,
+            tables: b.tables.iter().map(|t| t.name.clone()).collect(),
+            table: b.table,
+            after: b.after.clone(),
+            snapshot: b.snapshot,
+            segments: b.segments.0.clone(),
+        };
+        let done = b.table >= b.tables.len();
+        if done && records == 0 {
+            // Nothing left to read: stream from the consistent point.
+            let (consistent, segments) = (b.consistent, b.segments.clone());
+            self.phase = Phase::Idle;
+            self.resume = Some(CdcPosition::Stream { begin: consistent, end: consistent, segments: segments.0 });
+            return Ok(None);
+        }
+        let mut hasher = StepHasher::new();
+        hasher.append(&data);
+        Ok(Some(Step {
+            records,
+            bytes: data.len() as u64,
+            errors: Vec::new(),
+            end_of_input: false,
+            resume: Resume::Replay {
+                position: serde_json::to_value(&position).expect("a position serializes"),
+                data: Some(data),
+                hash: hasher.finish(),
+            },
+        }))
+    }
+
+    /// Hands over one transaction's documents.
+    fn emit_txn(&self, txn: &Txn, out: &mut Records, hasher: &mut StepHasher) -> u64 {
+        let mut bytes = 0;
+        for (i, doc) in txn.docs().enumerate() {
+            out.push_json(doc, self.position_of(txn.final_lsn, i as u64), doc.len());
+            hasher.append(doc);
+            hasher.append(b"\n");
+            bytes += doc.len() as u64;
+        }
+        bytes
+    }
+
+    fn stream_step(&self, begin: u64, end: u64, segments: &Segments, records: usize, bytes: u64, hasher: StepHasher, end_of_input: bool) -> Step {
+        let position = CdcPosition::Stream {
+            begin,
+            end,
+            segments: segments.after(begin).0,
+        };
+        Step {
+            records,
+            bytes,
+            errors: Vec::new(),
+            end_of_input,
+            resume: Resume::Replay {
+                position: serde_json::to_value(&position).expect("a position serializes"),
+                data: None,
+                hash: hasher.finish(),
+            },
+        }
+    }
+
+    fn bad_resume(&self, action: &'static str, resume: &Value, reason: String) -> SourceError {
+        SourceError::BadResume {
+            name: self.name.clone(),
+            action,
+            resume: resume.clone(),
+            reason,
+        }
+    }
+
+    fn parse_position(&self, action: &'static str, value: &Value) -> Result<CdcPosition, SourceError> {
+        serde_json::from_value(value.clone()).map_err(|e| self.bad_resume(action, value, e.to_string()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for PostgresCdcSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn fault_tolerance(&self) -> FaultTolerance {
+        FaultTolerance::ExactlyOnce
+    }
+
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
+        let position = self.parse_position("seek to", position)?;
+        self.phase = Phase::Idle;
+        self.resume = Some(position);
+        Ok(())
+    }
+
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
+        let Resume::Replay { position, data, .. } = step else {
+            let resume = serde_json::to_value(step).expect("a resume serializes");
+            return Err(self.bad_resume("replay", &resume, "not a step of this source".into()));
+        };
+        let parsed = self.parse_position("replay", position)?;
+        let first = out.len();
+        let replayed = match (&parsed, data) {
+            (CdcPosition::Backfill { snapshot, .. }, Some(data)) => {
+                let mut hasher = StepHasher::new();
+                hasher.append(data);
+                let mut records = 0;
+                for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                    out.push_json(line, self.position_of(*snapshot, records as u64), line.len());
+                    records += 1;
+                }
+                self.phase = Phase::Idle;
+                Step {
+                    records,
+                    bytes: data.len() as u64,
+                    errors: Vec::new(),
+                    end_of_input: false,
+                    resume: Resume::Replay { position: position.clone(), data: Some(data.clone()), hash: hasher.finish() },
+                }
+            }
+            (CdcPosition::Stream { begin, end, segments }, None) => {
+                match self.replay_stream(*begin, *end, Segments(segments.clone()), out).await {
+                    Ok(step) => step,
+                    Err(e) => {
+                        out.truncate(first);
+                        self.phase = Phase::Idle;
+                        return Err(e);
+                    }
+                }
+            }
+            _ => return Err(self.bad_resume("replay", position, "a backfill step journals its rows; a streamed one does not".into())),
+        };
+        if let Err(e) = check_replay(&self.name, step, replayed.resume.hash()) {
+            out.truncate(first);
+            self.phase = Phase::Idle;
+            return Err(e);
+        }
+        self.resume = Some(parsed);
+        Ok(replayed)
+    }
+
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        self.open().await?;
+        if let Some(step) = self.queue_backfill(limits, out).await? {
+            return Ok(step);
+        }
+        self.open().await?; // the backfill may have just ended
+        let paused = self.paused;
+        let Phase::Stream(s) = &mut self.phase else {
+            unreachable!("opened above: a backfill returns its step, else the stream is open")
+        };
+        if let Some(stream) = s.stream.take() {
+            s.prefetch = Some(Prefetch::spawn(Fetcher(stream), paused));
+        }
+        let prefetch = s.prefetch.as_ref().expect("spawned above");
+        let begin = s.end;
+        let (mut records, mut bytes, mut hasher) = (0usize, 0u64, StepHasher::new());
+        let mut taken = Vec::new();
+        loop {
+            let txn = match s.pending.take() {
+                Some(txn) => txn,
+                None => {
+                    let one = QueueLimits { max_records: 1, max_bytes: u64::MAX };
+                    let mut items = match prefetch.take(one) {
+                        Ok(items) => items,
+                        Err(e) => {
+                            let segments = s.segments.0.clone();
+                            self.phase = Phase::Idle;
+                            self.resume = Some(CdcPosition::Stream { begin, end: begin, segments });
+                            return Err(e);
+                        }
+                    };
+                    match items.pop() {
+                        None => break,
+                        Some(Item::CaughtUp) => {
+                            s.caught_up = true;
+                            continue;
+                        }
+                        Some(Item::Txn(txn)) => txn,
+                    }
+                }
+            };
+            let docs = txn.ends.len();
+            if records > 0 && (records + docs > limits.max_records || bytes >= limits.max_bytes) {
+                s.pending = Some(txn);
+                break;
+            }
+            records += docs;
+            bytes += txn.text.len() as u64;
+            s.end = txn.end_lsn;
+            taken.push(txn);
+        }
+        let (end, segments) = (s.end, s.segments.clone());
+        let end_of_input = s.caught_up && s.pending.is_none() && prefetch.queued().records == 0;
+        let mut bytes = 0;
+        for txn in &taken {
+            bytes += self.emit_txn(txn, out, &mut hasher);
+        }
+        Ok(self.stream_step(begin, end, &segments, records, bytes, hasher, end_of_input))
+    }
+
+    async fn ready(&mut self) {
+        if let Phase::Stream(s) = &self.phase
+            && let Some(prefetch) = &s.prefetch
+            && s.pending.is_none()
+        {
+            prefetch.ready().await;
+        }
+    }
+
+    fn queued(&self) -> Queued {
+        match &self.phase {
+            Phase::Stream(s) => {
+                let mut queued = s.prefetch.as_ref().map(|p| p.queued()).unwrap_or_default();
+                if let Some(txn) = &s.pending {
+                    queued.records += txn.ends.len();
+                    queued.bytes += txn.text.len() as u64;
+                }
+                queued
+            }
+            _ => Queued::default(),
+        }
+    }
+
+    fn extend(&mut self) {
+        self.paused = false;
+        if let Phase::Stream(s) = &self.phase
+            && let Some(p) = &s.prefetch
+        {
+            p.extend();
+        }
+    }
+
+    fn pause(&mut self) {
+        self.paused = true;
+        if let Phase::Stream(s) = &self.phase
+            && let Some(p) = &s.prefetch
+        {
+            p.pause();
+        }
+    }
+
+    /// Confirms a durable streaming step's commit end to the slot (through the
+    /// feedback task); a backfill position confirms nothing.
+    fn committed(&mut self, _txn: u64, position: &Value) {
+        if position.get("phase").and_then(Value::as_str) == Some("stream")
+            && let Some(end) = position.get("end").and_then(Value::as_u64)
+        {
+            self.confirmed.confirm(end);
+        }
+    }
+
+    async fn disconnect(&mut self) {
+        self.phase = Phase::Idle;
+    }
+}
+
+impl PostgresCdcSource {
+    /// Re-reads the transactions ending in `(begin, end]` from the slot, leaving the
+    /// stream after them for the steps that follow.
+    async fn replay_stream(&mut self, begin: u64, end: u64, segments: Segments, out: &mut Records) -> Result<Step, SourceError> {
+        let reuse = matches!(&self.phase, Phase::Stream(s) if s.stream.is_some() && s.end == begin && s.pending.is_none());
+        if !reuse {
+            self.phase = Phase::Idle;
+            let stream = self.stream_from(begin, segments.clone()).await?;
+            self.phase = Phase::Stream(Box::new(Streaming {
+                stream: Some(stream),
+                prefetch: None,
+                pending: None,
+                end: begin,
+                segments: segments.clone(),
+                caught_up: false,
+            }));
+        }
+        let mut taken = Vec::new();
+        let mut records = 0;
+        if begin < end {
+            let Phase::Stream(s) = &mut self.phase else { unreachable!("set above") };
+            let stream = s.stream.as_mut().expect("set above");
+            loop {
+                match stream.next().await? {
+                    Item::CaughtUp => s.caught_up = true,
+                    Item::Txn(txn) if txn.end_lsn <= end => {
+                        records += txn.ends.len();
+                        let last = txn.end_lsn == end;
+                        taken.push(txn);
+                        if last {
+                            break;
+                        }
+                    }
+                    Item::Txn(txn) => {
+                        return Err(SourceError::Unavailable {
+                            name: self.name.clone(),
+                            position: Value::from(format_lsn(end)),
+                            reason: format!(
+                                "the step ended with the transaction committing at {}, and the \
+                                 slot now has none ending there (next: {}): was it dropped and \
+                                 created again?",
+                                format_lsn(end),
+                                format_lsn(txn.end_lsn)
+                            ),
+                        });
+                    }
+                }
+            }
+            s.end = end;
+        }
+        let mut hasher = StepHasher::new();
+        let mut bytes = 0;
+        for txn in &taken {
+            bytes += self.emit_txn(txn, out, &mut hasher);
+        }
+        Ok(self.stream_step(begin, end, &segments, records, bytes, hasher, false))
+    }
+}
