@@ -15,6 +15,7 @@ use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
 use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
+use sluice_postgres_cdc::PostgresCdcKind;
 use sluice_runtime::registry::{Builtin, Command, Grpc, Registry};
 use sluice_source_sdk::kind;
 use sluice_sqlite::SqliteDriver;
@@ -28,6 +29,7 @@ pub fn registry() -> Registry {
         .with_source(kind::<DatagenKind>())
         .with_source(kind::<KafkaKind>())
         .with_source(kind::<NatsKind>())
+        .with_source(kind::<PostgresCdcKind>())
         .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,
