@@ -1,6 +1,7 @@
 //! `sluice bench ...`: benchmarks that print figures. Each benchmark is a sub-module with
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
+mod cdc;
 mod combine;
 mod latency;
 mod loads;
@@ -15,6 +16,9 @@ pub(crate) use mysql::database_url;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// PostgreSQL change data capture while a load inserts rows, against the same rows
+    /// read from a file: rows/s of each, their ratio, replication lag p99.
+    Cdc(cdc::CdcArgs),
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
     /// One document at a time through `sluice run --follow`: the time from its source
@@ -34,6 +38,7 @@ pub enum BenchCommand {
 
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Cdc(args) => cdc::run(args),
         BenchCommand::Combine(args) => combine::run(args),
         BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
