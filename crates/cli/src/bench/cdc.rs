@@ -146,7 +146,7 @@ async fn follow(
     url: &str,
     child: &mut std::process::Child,
 ) -> anyhow::Result<(f64, f64, usize)> {
-    let slot = "sluice_bench_events";
+    let slot = "sluice_bench_cdc_events";
     let started = Instant::now();
     loop {
         let active = client
@@ -290,7 +290,7 @@ sources:
     target: bench/events
     {source}
 materializations:
-  bench:
+  bench-{table}:
     endpoint: {{postgres: {{url: {url}, schema: bench}}}}
     bindings:
       - source: bench/events
