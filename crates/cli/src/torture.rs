@@ -49,7 +49,8 @@ pub struct TortureArgs {
     #[arg(long, value_enum)]
     store: StoreKind,
     /// Where the input lives: a JSON-lines file, a 4-partition topic of a private
-    /// Kafka broker (tansu), or a stream of a private NATS JetStream server.
+    /// Kafka broker (tansu), a stream of a private NATS JetStream server, or a table of
+    /// a private PostgreSQL read by change data capture (postgres_cdc).
     #[arg(long, value_enum, default_value = "file")]
     source: SourceKind,
     /// standard (one reduced row per key) or delta (one row per transaction and key).
@@ -151,6 +152,15 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     }
     if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
         bail!("broker-restart restarts a log broker: --source kafka or nats");
+    }
+    if args.source == SourceKind::PostgresCdc
+        && (args.mode == Mode::Delta || args.scenario != Scenario::Random)
+    {
+        bail!(
+            "--source postgres_cdc runs the random scenario in standard mode: a CDC step is \
+             a whole PostgreSQL transaction or a backfill chunk, not the model's fixed \
+             transactions, which --mode delta and the other scenarios check"
+        );
     }
     if args.source == SourceKind::Kafka
         && (args.mode == Mode::Delta || args.scenario == Scenario::DiskFull)

@@ -5,6 +5,12 @@
 //! the torture's own, never the shared one, so that runs are isolated and the
 //! `broker-restart` scenario may crash it.
 //!
+//! A `postgres_cdc` input is a table of a private PostgreSQL with `wal_level=logical`
+//! (one row per document, columns named as its properties): the first run snapshots
+//! what the table holds (in small chunks, so that kills land mid-backfill), later
+//! segments are inserted between runs and streamed. A row read twice would be summed
+//! twice, a row lost would be missing from the sums: the model's comparison tells.
+//!
 //! A segment is produced only while no run reads (between runs), and whole: the
 //! model's segments are then exactly what the broker holds.
 
@@ -15,6 +21,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use sluice_kafka::admin as kafka;
 use sluice_nats::admin as nats;
+use sluice_postgres_cdc::testing::LogicalPostgres;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -31,13 +38,22 @@ pub enum SourceKind {
     File,
     Kafka,
     Nats,
+    #[value(name = "postgres_cdc")]
+    PostgresCdc,
 }
 
 pub enum Input {
     File { path: PathBuf },
     Kafka { broker: PrivateBroker },
     Nats { broker: PrivateBroker },
+    PostgresCdc { server: LogicalPostgres, rows: u64 },
 }
+
+/// Backfill rows per query of a postgres_cdc input: small, so that a backfill takes
+/// many steps.
+const CDC_CHUNK_ROWS: usize = 200;
+/// Rows per INSERT (a transaction each) when a segment goes into the table.
+const CDC_INSERT_ROWS: usize = 250;
 
 impl Input {
     /// An empty input of `kind` in the torture's folder `dir` (a broker started there,
@@ -67,6 +83,22 @@ impl Input {
                 .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
                 Input::Nats { broker }
             }
+            SourceKind::PostgresCdc => {
+                let server = LogicalPostgres::start();
+                block_on(async {
+                    let client = connect(&server.url()).await?;
+                    client
+                        .batch_execute(
+                            "CREATE TABLE events (seq bigint PRIMARY KEY, key text NOT NULL, \
+                             views bigint NOT NULL, bytes bigint NOT NULL, last_seen text NOT \
+                             NULL, attrs jsonb NOT NULL)",
+                        )
+                        .await?;
+                    Ok(())
+                })
+                .with_context(|| format!("creating table events at {}", server.url()))?;
+                Input::PostgresCdc { server, rows: 0 }
+            }
         })
     }
 
@@ -76,13 +108,14 @@ impl Input {
             Input::File { .. } => "file",
             Input::Kafka { .. } => "kafka",
             Input::Nats { .. } => "nats",
+            Input::PostgresCdc { .. } => "postgres_cdc",
         }
     }
 
     /// The private broker, if the input lives in one.
     pub fn broker(&mut self) -> Option<&mut PrivateBroker> {
         match self {
-            Input::File { .. } => None,
+            Input::File { .. } | Input::PostgresCdc { .. } => None,
             Input::Kafka { broker } | Input::Nats { broker } => Some(broker),
         }
     }
@@ -103,6 +136,10 @@ impl Input {
                     broker.url()
                 )
             }
+            Input::PostgresCdc { server, .. } => format!(
+                r#"postgres_cdc: {{url: "{}", tables: [public.events], chunk_rows: {CDC_CHUNK_ROWS}}}"#,
+                server.url()
+            ),
         }
     }
 
@@ -143,8 +180,47 @@ impl Input {
                 })
                 .with_context(|| format!("publishing to stream {STREAM} at {}", broker.url()))
             }
+            Input::PostgresCdc { server, rows } => {
+                let first = *rows;
+                block_on(async {
+                    let client = connect(&server.url()).await?;
+                    for (n, chunk) in docs.chunks(CDC_INSERT_ROWS).enumerate() {
+                        let seq = first + (n * CDC_INSERT_ROWS) as u64;
+                        client.batch_execute(&insert_rows(seq, chunk)?).await?;
+                    }
+                    Ok(())
+                })
+                .with_context(|| format!("inserting into table events at {}", server.url()))?;
+                *rows += docs.len() as u64;
+                Ok(())
+            }
         }
     }
+}
+
+async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// One INSERT of `docs` as rows of `events`, numbered from `first`.
+fn insert_rows(first: u64, docs: &[Value]) -> anyhow::Result<String> {
+    let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let mut values = Vec::with_capacity(docs.len());
+    for (seq, doc) in (first..).zip(docs) {
+        let int = |name: &str| doc[name].as_i64().with_context(|| format!("{name} in {doc}"));
+        let text = |name: &str| doc[name].as_str().with_context(|| format!("{name} in {doc}"));
+        values.push(format!(
+            "({seq}, {}, {}, {}, {}, {})",
+            literal(text("key")?),
+            int("views")?,
+            int("bytes")?,
+            literal(text("last_seen")?),
+            literal(&doc["attrs"].to_string())
+        ));
+    }
+    Ok(format!("INSERT INTO events VALUES {}", values.join(", ")))
 }
 
 /// The partition of a record's key: a hash (FNV-1a) of its bytes.
