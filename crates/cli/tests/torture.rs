@@ -209,6 +209,22 @@ fn nats_random_crashes_lose_and_double_nothing() {
     assert_exact_after(&out, 8);
 }
 
+/// SIGKILLs and fail points during the backfill of a table (the first run snapshots
+/// it) and during streaming (later segments are inserted and streamed).
+#[test]
+fn postgres_cdc_random_crashes_lose_and_double_nothing() {
+    let out = torture(&["--store", "sqlite", "--source", "postgres_cdc", "--faults", "8"]);
+    assert_exact_after(&out, 8);
+}
+
+#[test]
+fn postgres_cdc_delta_is_refused_naming_why() {
+    let out = torture(&["--store", "sqlite", "--source", "postgres_cdc", "--mode", "delta"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--source postgres_cdc runs the random scenario in standard mode"), "{err}");
+}
+
 #[test]
 fn nats_delta_random_crashes_store_each_transaction_and_key_once() {
     let out = torture(&[
