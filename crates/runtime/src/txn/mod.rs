@@ -764,6 +764,7 @@ fn binding_specs(bindings: &[Binding], drains: Drains) -> Vec<BindingSpec> {
             key: b.collection.key.clone(),
             name: b.collection.name.clone(),
             full: drains == Drains::IntoStores && !b.delta_updates,
+            deletions: !b.delta_updates,
         })
         .collect()
 }

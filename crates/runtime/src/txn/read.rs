@@ -758,6 +758,10 @@ fn check_document(
             .to_string(),
         );
     }
+    // A deletion needs only its key (as the combiner checks it).
+    if doc.pointer("/_meta/op").and_then(|op| op.as_str()) == Some("d") {
+        return None;
+    }
     let source = collection.schema.validate(doc).err()?;
     Some(
         CombineError::Invalid {
