@@ -431,6 +431,7 @@ impl Harness {
                 bindings: vec![0],
                 dead_letter: None,
                 read_ahead: def.read_ahead,
+                envelope: def.envelope,
             })
             .collect();
         let ctx = Context {

@@ -116,6 +116,8 @@ pub struct BoundSource {
     pub dead_letter: Option<std::path::PathBuf>,
     /// Above this much read ahead, the reader pauses the source.
     pub read_ahead: crate::config::ReadAhead,
+    /// How its records wrap their documents.
+    pub envelope: crate::envelope::Envelope,
 }
 
 /// Live counters, read by the CLI's progress bar.

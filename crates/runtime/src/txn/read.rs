@@ -56,6 +56,7 @@ use super::{
 };
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
+use crate::envelope::{Envelope, Unwrapped};
 use crate::recovery::{Checkpoint, Intent};
 use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner};
@@ -564,6 +565,8 @@ struct Feed<'a> {
     /// Its steps can be re-read exactly, so a batch can be rebuilt without a document
     /// that failed to reduce.
     replayable: bool,
+    /// How its records wrap their documents.
+    envelope: Envelope,
 }
 
 impl<'a> Feed<'a> {
@@ -587,6 +590,7 @@ impl<'a> Feed<'a> {
                 .is_some()
                 .then(|| &*bindings[first as usize].collection),
             replayable: bound.source.fault_tolerance() == FaultTolerance::ExactlyOnce,
+            envelope: bound.envelope,
         }
     }
 
@@ -654,6 +658,7 @@ fn combine_records(
 ) -> Result<Combined, RunError> {
     let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
     let mut key = Vec::new();
+    let mut unwrapped = Vec::new();
     for record in records.iter_mut() {
         let position = record.position;
         if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
@@ -667,7 +672,26 @@ fn combine_records(
             rejects.letters.push((id, letter));
             continue;
         }
-        let (combined, text) = match record.doc {
+        let doc = match feed.envelope {
+            Envelope::None => record.doc,
+            envelope => match unwrap_envelope(envelope, &record.doc, &mut unwrapped) {
+                Ok(true) => RecordDoc::Json(&unwrapped),
+                // Nothing to apply (a tombstone after a deletion); its bytes still count.
+                Ok(false) => {
+                    batch.bytes += record.bytes as u64;
+                    continue;
+                }
+                Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
+                    Triage::Reject => {
+                        let letter = feed.dead_letter(position, reason, record.doc);
+                        rejects.letters.push((id, letter));
+                        continue;
+                    }
+                    _ => return Err(feed.input_error(position, &reason)),
+                },
+            },
+        };
+        let (combined, text) = match doc {
             RecordDoc::Json(text) => {
                 let combined = feed
                     .targets
@@ -724,6 +748,26 @@ fn combine_records(
     }
     crate::failpoint::fail_point!(AFTER_QUEUE, crate::failpoint::in_reader);
     Ok(Combined::All)
+}
+
+/// Writes the text of the document `doc` carries under `envelope` ([`crate::envelope`])
+/// to `buf`; `false` for a record with nothing to apply; `Err` names why the record is
+/// not such an envelope (the record is left as it was, for its dead letter).
+fn unwrap_envelope(envelope: Envelope, doc: &RecordDoc<'_>, buf: &mut Vec<u8>) -> Result<bool, String> {
+    let record = match doc {
+        RecordDoc::Json(text) => serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?,
+        RecordDoc::Value(value) => (**value).clone(),
+    };
+    let unwrapped = (envelope.unwrap(record))
+        .map_err(|reason| format!("envelope {}: {reason}", envelope.name()))?;
+    match unwrapped {
+        Unwrapped::Nothing => Ok(false),
+        Unwrapped::Document(doc) => {
+            buf.clear();
+            serde_json::to_writer(&mut *buf, &doc).expect("a document serializes");
+            Ok(true)
+        }
+    }
 }
 
 /// Combines a source's `Value` into every target binding (moved into the last).
@@ -847,6 +891,7 @@ mod tests {
                 max_queued_records: 100,
                 max_queued_bytes: 1000,
             },
+            envelope: Envelope::None,
         });
         let steps = [
             (
