@@ -101,7 +101,10 @@ impl Run {
     fn new(envelope: &str, in_postgres: bool, delta_updates: bool, lines: &[String]) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let schema = in_postgres.then(|| {
-            let schema = format!("sluice_deletes_{}", sluice_conformance::testing::unique_name());
+            let schema = format!(
+                "sluice_deletes_{}",
+                sluice_conformance::testing::unique_name()
+            );
             let sql = format!(r#"CREATE SCHEMA "{schema}""#);
             postgres(async |c| c.batch_execute(&sql).await.unwrap());
             schema
@@ -154,7 +157,8 @@ runtime:
     fn documents(&self) -> Vec<Value> {
         let texts: Vec<String> = match &self.schema {
             None => {
-                let conn = rusqlite::Connection::open(self.dir.path().join("out/things.db")).unwrap();
+                let conn =
+                    rusqlite::Connection::open(self.dir.path().join("out/things.db")).unwrap();
                 let mut stmt = conn
                     .prepare(r#"SELECT "flow_document" FROM "things" ORDER BY "k", rowid"#)
                     .unwrap();
@@ -164,7 +168,9 @@ runtime:
                     .collect()
             }
             Some(schema) => {
-                let sql = format!(r#"SELECT "flow_document"::text FROM "{schema}"."things" ORDER BY "k""#);
+                let sql = format!(
+                    r#"SELECT "flow_document"::text FROM "{schema}"."things" ORDER BY "k""#
+                );
                 postgres(async |c| {
                     c.query(&sql, &[])
                         .await
@@ -244,13 +250,17 @@ fn in_a_delta_updates_binding_a_deletion_is_a_row_like_any_other() {
 #[test]
 fn a_record_that_is_not_an_envelope_is_refused_at_its_position() {
     let mut lines = lines("debezium");
-    lines.insert(6, json!({"op": "x", "after": {"k": "z", "n": 1}}).to_string());
+    lines.insert(
+        6,
+        json!({"op": "x", "after": {"k": "z", "n": 1}}).to_string(),
+    );
     let run = Run::new("debezium", false, false, &lines);
     let out = run.run();
     assert!(!out.status.success(), "the run should fail");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("things.jsonl:7") && stderr.contains("envelope debezium")
+        stderr.contains("things.jsonl:7")
+            && stderr.contains("envelope debezium")
             && stderr.contains(r#"`op` is "x""#),
         "{stderr}"
     );

@@ -65,7 +65,12 @@ fn debezium(record: Value) -> Result<Unwrapped, String> {
     let mut event = match record {
         Value::Null => return Ok(Unwrapped::Nothing),
         Value::Object(event) => event,
-        other => return Err(format!("a Debezium event is an object, not {}", kind(&other))),
+        other => {
+            return Err(format!(
+                "a Debezium event is an object, not {}",
+                kind(&other)
+            ));
+        }
     };
     // The JSON converter with schemas enabled wraps the event.
     if !event.contains_key("op")
@@ -116,12 +121,16 @@ fn insert_delete(record: Value) -> Result<Unwrapped, String> {
     let (name, op) = match (change.contains_key("insert"), change.contains_key("delete")) {
         (true, false) => ("insert", "c"),
         (false, true) => ("delete", "d"),
-        (true, true) => return Err("an insert_delete record has `insert` or `delete`, not both".into()),
+        (true, true) => {
+            return Err("an insert_delete record has `insert` or `delete`, not both".into());
+        }
         (false, false) => return Err("an insert_delete record has `insert` or `delete`".into()),
     };
     if change.len() != 1 {
         let extra: Vec<&String> = change.keys().filter(|k| *k != name).collect();
-        return Err(format!("an insert_delete record has only `{name}`, not also {extra:?}"));
+        return Err(format!(
+            "an insert_delete record has only `{name}`, not also {extra:?}"
+        ));
     }
     match change.remove(name) {
         Some(Value::Object(doc)) => Ok(Unwrapped::Document(with_op(doc, op))),
@@ -188,7 +197,10 @@ mod tests {
             json!({"id": 1, "_meta": {"op": "d"}})
         );
         assert_eq!(
-            doc(e, json!({"schema": {}, "payload": {"op": "d", "before": {"id": 2}}})),
+            doc(
+                e,
+                json!({"schema": {}, "payload": {"op": "d", "before": {"id": 2}}})
+            ),
             json!({"id": 2, "_meta": {"op": "d"}})
         );
         assert_eq!(e.unwrap(Value::Null), Ok(Unwrapped::Nothing));
@@ -216,14 +228,42 @@ mod tests {
             (Envelope::Debezium, json!({"after": {}}), "has an `op`"),
             (Envelope::Debezium, json!({"op": 1}), "`op` is a number"),
             (Envelope::Debezium, json!({"op": "t"}), "truncate"),
-            (Envelope::Debezium, json!({"op": "d", "before": null}), "REPLICA IDENTITY"),
+            (
+                Envelope::Debezium,
+                json!({"op": "d", "before": null}),
+                "REPLICA IDENTITY",
+            ),
             (Envelope::Debezium, json!({"op": "c"}), "needs `after`"),
-            (Envelope::Debezium, json!({"op": "u", "after": 3}), "`after` is a number"),
-            (Envelope::InsertDelete, json!({"upsert": {}}), "has `insert` or `delete`"),
-            (Envelope::InsertDelete, json!({"insert": {}, "delete": {}}), "not both"),
-            (Envelope::InsertDelete, json!({"insert": {}, "x": 1}), "not also [\"x\"]"),
-            (Envelope::InsertDelete, json!({"delete": "k"}), "is a string"),
-            (Envelope::InsertDelete, json!(null), "is an object, not null"),
+            (
+                Envelope::Debezium,
+                json!({"op": "u", "after": 3}),
+                "`after` is a number",
+            ),
+            (
+                Envelope::InsertDelete,
+                json!({"upsert": {}}),
+                "has `insert` or `delete`",
+            ),
+            (
+                Envelope::InsertDelete,
+                json!({"insert": {}, "delete": {}}),
+                "not both",
+            ),
+            (
+                Envelope::InsertDelete,
+                json!({"insert": {}, "x": 1}),
+                "not also [\"x\"]",
+            ),
+            (
+                Envelope::InsertDelete,
+                json!({"delete": "k"}),
+                "is a string",
+            ),
+            (
+                Envelope::InsertDelete,
+                json!(null),
+                "is an object, not null",
+            ),
         ];
         for (envelope, record, expected) in cases {
             let err = envelope.unwrap(record.clone()).unwrap_err();

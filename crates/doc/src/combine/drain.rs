@@ -174,8 +174,8 @@ impl Drainer {
                 });
             }
         }
-        let deleted = spec.full
-            && ((resets && doc.is_deletion()) || spec.schema.reducer().finish(&mut doc));
+        let deleted =
+            spec.full && ((resets && doc.is_deletion()) || spec.schema.reducer().finish(&mut doc));
         if deleted {
             doc = Doc::Null;
         }

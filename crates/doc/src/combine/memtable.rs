@@ -292,8 +292,8 @@ impl MemTable {
                 Docs::Held(held) => (held.left.as_ref(), held.rights.as_slice()),
             };
             let left = left.map(|doc| (key, Flags::LOADED, doc));
-            let rights = (rights.iter().enumerate())
-                .map(move |(i, doc)| (key, entry.right_flags(i), doc));
+            let rights =
+                (rights.iter().enumerate()).map(move |(i, doc)| (key, entry.right_flags(i), doc));
             left.into_iter().chain(rights)
         })
     }
@@ -467,9 +467,10 @@ impl SortedTable {
                     doc,
                 };
                 let mut all: Vec<Record> = (left.map(|doc| record(Flags::LOADED, doc)).into_iter())
-                    .chain((rights.into_iter().enumerate()).map(|(i, doc)| {
-                        record(if i == 0 { right } else { Flags::NEW }, doc)
-                    }))
+                    .chain(
+                        (rights.into_iter().enumerate())
+                            .map(|(i, doc)| record(if i == 0 { right } else { Flags::NEW }, doc)),
+                    )
                     .collect();
                 all.reverse();
                 self.pending = all;

@@ -274,8 +274,8 @@ impl RunReader {
         let key_len = self.take_u32()? as usize;
         let key = self.take(key_len)?.to_vec();
         let byte = self.take(1)?[0];
-        let flags = Flags::from_byte(byte)
-            .ok_or_else(|| corrupt(at, format!("flags byte is {byte}")))?;
+        let flags =
+            Flags::from_byte(byte).ok_or_else(|| corrupt(at, format!("flags byte is {byte}")))?;
         let doc_len = self.take_u32()? as usize;
         let mut bytes = self.take(doc_len)?;
         let doc = decode(&mut bytes)

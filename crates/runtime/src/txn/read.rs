@@ -72,6 +72,11 @@ use tokio::sync::{mpsc, watch};
 /// large enough to amortise the call.
 const READ_BATCH: u64 = 8192;
 
+/// Step data a transaction's intent may journal (sources that cannot re-read their
+/// input, `Resume::Replay` with data): a batch closes beyond it, keeping each intent
+/// far below the recovery log's largest record whatever `max_bytes` allows.
+const MAX_JOURNALED: usize = 64 << 20;
+
 /// One transaction's input, combined.
 pub struct ReadBatch {
     pub combiner: Combiner,
@@ -357,6 +362,7 @@ impl Reader {
     async fn read(&mut self) -> Result<ReadBatch, RunError> {
         let started = Instant::now();
         let mut batch = self.batch();
+        let mut journaled = 0;
         loop {
             self.tell_committed();
             let (mut progressed, mut backlogged) = (false, false);
@@ -397,6 +403,12 @@ impl Reader {
                     )?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
+                    if let Resume::Replay {
+                        data: Some(data), ..
+                    } = &step.resume
+                    {
+                        journaled += data.len();
+                    }
                     batch
                         .steps
                         .entry(reading.bound.source.name().to_string())
@@ -406,7 +418,9 @@ impl Reader {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if self.opts.full(batch.docs, batch.bytes) && !self.at_barrier() {
+                if (self.opts.full(batch.docs, batch.bytes) || journaled >= MAX_JOURNALED)
+                    && !self.at_barrier()
+                {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
@@ -753,7 +767,11 @@ fn combine_records(
 /// Writes the text of the document `doc` carries under `envelope` ([`crate::envelope`])
 /// to `buf`; `false` for a record with nothing to apply; `Err` names why the record is
 /// not such an envelope (the record is left as it was, for its dead letter).
-fn unwrap_envelope(envelope: Envelope, doc: &RecordDoc<'_>, buf: &mut Vec<u8>) -> Result<bool, String> {
+fn unwrap_envelope(
+    envelope: Envelope,
+    doc: &RecordDoc<'_>,
+    buf: &mut Vec<u8>,
+) -> Result<bool, String> {
     let record = match doc {
         RecordDoc::Json(text) => serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?,
         RecordDoc::Value(value) => (**value).clone(),
