@@ -461,7 +461,8 @@ impl Reader {
 
     /// Waits, after a round in which nothing progressed, for whatever may change the
     /// decision: a source told of new input ([`Source::ready`]), the committer taking
-    /// no more of our time (when the batch waits for it), the deadline of the batch
+    /// no more of our time (when the batch waits for it), a log commit becoming durable
+    /// (its sources are told at once: clients may wait on it), the deadline of the batch
     /// (`min_duration` for a batch with work, else `max_duration`), or shutdown. No
     /// timer polls: a trickle is read the moment it arrives.
     async fn wait(&mut self, facts: &RoundFacts, started: Instant) {
