@@ -269,6 +269,15 @@ impl Doc {
         field_named(fields, name).map(|field| &field.value)
     }
 
+    /// Whether this is a deletion of its key: its `/_meta/op` is `"d"` (Estuary Flow's
+    /// convention, which change-data sources and envelopes produce).
+    pub fn is_deletion(&self) -> bool {
+        matches!(
+            self.get("_meta").and_then(|meta| meta.get("op")),
+            Some(Doc::String(op)) if op.as_str() == "d"
+        )
+    }
+
     /// The unsigned integer this is, if it is one.
     pub fn as_u64(&self) -> Option<u64> {
         match *self {

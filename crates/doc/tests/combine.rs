@@ -36,6 +36,7 @@ fn binding(name: &str) -> BindingSpec {
         key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
         name: name.to_string(),
         full: false,
+        deletions: false,
     }
 }
 
@@ -129,7 +130,7 @@ proptest! {
                     model.entry((binding, key(k))).or_default().1.push(doc.clone());
                     match route {
                         Route::Value => combiner.combine_right(binding, doc).unwrap(),
-                        Route::Keyed => combiner.combine_right_keyed(binding, &key(k), Doc::from(doc)).unwrap(),
+                        Route::Keyed => combiner.combine_right_keyed(binding, &key(k), Doc::from(doc), false).unwrap(),
                         Route::JsonText => {
                             combiner.combine_right_json(binding, doc.to_string().as_bytes()).unwrap()
                         }
@@ -161,7 +162,7 @@ proptest! {
                 for rhs in docs {
                     reducer_schema.reducer().reduce(&mut doc, rhs, full).unwrap();
                 }
-                Drained { binding, key, doc: Doc::from(doc), full, deleted: false }
+                Drained { binding, key, doc: Doc::from(doc), full, deleted: false, resets: false }
             })
             .collect();
         prop_assert_eq!(drain_all(combiner), expected);
@@ -243,6 +244,7 @@ fn loaded_document_alone_drains_unchanged_and_full() {
             doc: Doc::from(doc),
             full: true,
             deleted: false,
+            resets: false,
         }]
     );
 }
@@ -458,7 +460,7 @@ proptest! {
     fn documents_of_any_shape_drain_unchanged_after_spilling(docs in prop::collection::vec(wide_json(), 1..8)) {
         let mut combiner = new_combiner(1, 0);
         for (k, doc) in docs.iter().enumerate() {
-            combiner.combine_right_keyed(0, &key(k as i64), Doc::from(doc)).unwrap();
+            combiner.combine_right_keyed(0, &key(k as i64), Doc::from(doc), false).unwrap();
         }
         prop_assert_eq!(combiner.stats().spilled_runs, docs.len());
         let drained: Vec<Value> = (drain_all(combiner).into_iter()).map(|d| Value::from(d.doc)).collect();
@@ -483,7 +485,7 @@ fn long_keys_sharing_their_first_bytes_stay_distinct_and_ordered() {
             for binding in [1u32, 0] {
                 let doc = json!({"k": i, "n": round * u64::from(i + binding)});
                 combiner
-                    .combine_right_keyed(binding, &long_key(i), Doc::from(doc))
+                    .combine_right_keyed(binding, &long_key(i), Doc::from(doc), false)
                     .unwrap();
                 *expected.entry((binding, long_key(i))).or_insert(0) +=
                     round * u64::from(i + binding);
@@ -510,6 +512,7 @@ fn spec_of(schema: Value, full: bool) -> BindingSpec {
         key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
         name: "acme/c".to_string(),
         full,
+        deletions: full,
     }
 }
 
@@ -602,5 +605,160 @@ fn a_non_associative_binding_never_combines_new_documents_with_each_other() {
             drain_docs(non_associative(), true, Some(loaded), &docs, budget),
             vec![(json!({"k": 1, "n": 16, "at": "b"}), false)]
         );
+    }
+}
+
+// ---- Deletions (`/_meta/op` = "d") in standard bindings ----
+
+#[derive(Debug, Clone)]
+enum Change {
+    Upsert { k: i64, n: i64 },
+    Delete { k: i64 },
+    Load { k: i64, n: i64 },
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        5 => (0..8i64, -5..5i64).prop_map(|(k, n)| Change::Upsert { k, n }),
+        2 => (0..8i64).prop_map(|k| Change::Delete { k }),
+        1 => (0..8i64, -5..5i64).prop_map(|(k, n)| Change::Load { k, n }),
+    ]
+}
+
+fn standard(full: bool) -> BindingSpec {
+    BindingSpec {
+        schema: schema(),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
+        name: "acme/c".to_string(),
+        full,
+        deletions: true,
+    }
+}
+
+fn combiner_of(spec: BindingSpec, memory_budget: usize) -> Combiner {
+    Combiner::new(
+        vec![spec],
+        CombinerOptions {
+            memory_budget,
+            spill_dir: None,
+        },
+    )
+}
+
+fn deletion(k: i64) -> Value {
+    json!({"k": k, "_meta": {"op": "d"}})
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A deletion starts its key over: the reference keeps, per key, only the documents
+    /// after the last deletion, reduced from nothing (the loaded document counts only if
+    /// no deletion came), and a key whose last document is a deletion drains deleted. The
+    /// combiner must drain exactly that whatever its spills, both directly and through a
+    /// partial combiner first (the reader's C1 into the committer's C2).
+    #[test]
+    fn a_deletion_starts_its_key_over_under_random_spills(
+        changes in proptest::collection::vec(change(), 0..200),
+        budget in budget(),
+        through_partial in any::<bool>(),
+    ) {
+        let reducer_schema = schema();
+        let mut model: BTreeMap<i64, (Option<Value>, Vec<Value>)> = BTreeMap::new();
+        let mut full = combiner_of(standard(true), budget);
+        let mut partial = combiner_of(standard(false), budget);
+        let mut loads = Vec::new();
+        for (seq, change) in changes.iter().enumerate() {
+            let (k, doc) = match *change {
+                Change::Upsert { k, n } => (k, json!({"k": k, "n": n, "log": [seq], "last": seq})),
+                Change::Delete { k } => (k, deletion(k)),
+                Change::Load { k, n } => {
+                    let entry = model.entry(k).or_default();
+                    if entry.0.is_none() {
+                        let doc = json!({"k": k, "n": n * 100, "log": [-1], "last": -1});
+                        entry.0 = Some(doc.clone());
+                        loads.push((k, doc));
+                    }
+                    continue;
+                }
+            };
+            model.entry(k).or_default().1.push(doc.clone());
+            let into = if through_partial { &mut partial } else { &mut full };
+            into.combine_right_json(0, doc.to_string().as_bytes()).unwrap();
+        }
+        // The committer loads while it moves C1's documents in, in any order.
+        for (k, doc) in &loads {
+            full.reduce_left(0, &key(*k), Doc::from(doc.clone())).unwrap();
+        }
+        if through_partial {
+            for drained in drain_all(partial) {
+                full.combine_right_keyed(0, &drained.key, drained.doc, drained.resets).unwrap();
+            }
+        }
+
+        let expected: Vec<Drained> = model
+            .into_iter()
+            .filter(|(_, (left, rights))| left.is_some() || !rights.is_empty())
+            .map(|(k, (left, rights))| {
+                let loaded = left.is_some();
+                let last_delete = rights.iter().rposition(|d| d.get("_meta").is_some());
+                let docs: Vec<Value> = match last_delete {
+                    Some(at) => rights[at + 1..].to_vec(),
+                    None => left.into_iter().chain(rights).collect(),
+                };
+                let mut docs = docs.into_iter();
+                let (doc, deleted) = match docs.next() {
+                    None => (Value::Null, true),
+                    Some(mut doc) => {
+                        for rhs in docs {
+                            reducer_schema.reducer().reduce(&mut doc, rhs, true).unwrap();
+                        }
+                        (doc, false)
+                    }
+                };
+                Drained { binding: 0, key: key(k), doc: Doc::from(doc), full: loaded, deleted, resets: false }
+            })
+            .collect();
+        prop_assert_eq!(drain_all(full), expected);
+    }
+}
+
+/// A deletion is checked for its key only: the schema's required fields need not be
+/// there. A delta-updates binding (no `deletions`) takes it as a document like any other.
+#[test]
+fn a_deletion_needs_only_its_key() {
+    let schema = json!({
+        "type": "object",
+        "required": ["k", "n"],
+        "properties": {"k": {"type": "integer"}, "n": {"type": "integer"}}
+    });
+    let mut standard = combiner_of(spec_with(schema.clone(), true), usize::MAX);
+    standard.combine_right(0, deletion(1)).unwrap();
+    let err = standard
+        .combine_right(0, json!({"_meta": {"op": "d"}}))
+        .unwrap_err();
+    assert!(matches!(err, CombineError::Key { .. }), "{err}");
+    let drained = drain_all(standard);
+    assert!(drained[0].deleted, "{drained:?}");
+
+    let mut delta = combiner_of(spec_with(schema, false), usize::MAX);
+    delta.combine_right(0, json!({"k": 1, "n": 2})).unwrap();
+    delta.combine_right(0, deletion(1)).unwrap();
+    let drained = drain_all(delta);
+    assert_eq!(
+        Value::from(drained[0].doc.clone()),
+        deletion(1),
+        "the schema's last-write-wins reduction, as for any document"
+    );
+    assert!(!drained[0].deleted && !drained[0].resets, "{drained:?}");
+}
+
+fn spec_with(schema: Value, deletions: bool) -> BindingSpec {
+    BindingSpec {
+        schema: Arc::new(Schema::compile(&schema).expect("test schema compiles")),
+        key: KeyExtractor::new(vec![Pointer::parse("/k").unwrap()], vec![None]),
+        name: "acme/c".to_string(),
+        full: deletions,
+        deletions,
     }
 }

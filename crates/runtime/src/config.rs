@@ -18,6 +18,7 @@
 //! and checks its own configuration (and resolves its own paths), and its errors are
 //! placed under its key (`sources.views.file.path: ...`). This file knows no kind.
 
+use crate::envelope::Envelope;
 use crate::registry::Registry;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -97,6 +98,8 @@ pub struct SourceDef {
     pub dead_letter: Option<PathBuf>,
     /// How much the source may read ahead before the runtime pauses it.
     pub read_ahead: ReadAhead,
+    /// How its records wrap their documents (change events).
+    pub envelope: Envelope,
     /// The source's kind (`file`, `datagen`) and its configuration, parsed by the kind.
     pub config: SourceConfig,
 }
@@ -144,6 +147,8 @@ struct SourceFile {
     max_queued_records: usize,
     #[serde(default = "default_max_queued_bytes", deserialize_with = "de_bytes")]
     max_queued_bytes: u64,
+    #[serde(default)]
+    envelope: Envelope,
     #[serde(flatten)]
     kinds: Map<String, Value>,
 }
@@ -585,6 +590,7 @@ impl PipelineFile {
                     max_queued_records: source.max_queued_records,
                     max_queued_bytes: source.max_queued_bytes,
                 },
+                envelope: source.envelope,
                 config,
             };
             sources.insert(name, def);

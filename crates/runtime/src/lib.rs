@@ -17,6 +17,7 @@ pub mod applied;
 mod blocking;
 pub mod config;
 pub mod deadletter;
+pub mod envelope;
 pub mod failpoint;
 pub mod pipeline;
 pub mod projections;

@@ -627,6 +627,7 @@ impl Attempt {
                 bindings: feed.bindings.clone(),
                 dead_letter: feed.def.dead_letter_path(&self.log_dir),
                 read_ahead: feed.def.read_ahead,
+                envelope: feed.def.envelope,
             });
         }
         let log = RecoveryLog::open_async(&self.log_dir).await?;

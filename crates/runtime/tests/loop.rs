@@ -431,6 +431,7 @@ impl Harness {
                 bindings: vec![0],
                 dead_letter: None,
                 read_ahead: def.read_ahead,
+                envelope: def.envelope,
             })
             .collect();
         let ctx = Context {
@@ -777,8 +778,14 @@ async fn no_transaction_ends_at_a_barrier() {
 /// Queue calls of every `flaky_file` source of the process until the one that fails.
 static QUEUES_BEFORE_FAILURE: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// What every `flaky_file` source of the process was told of commits
+/// (`Source::committed`): (which open of the source, transaction, position).
+static TOLD_COMMITTED: Mutex<Vec<(usize, u64, Value)>> = Mutex::new(Vec::new());
+static OPENS: AtomicU64 = AtomicU64::new(0);
+
 /// The `file` source kind, whose `QUEUES_BEFORE_FAILURE`-th queue call fails once with
-/// a transient I/O error (a connection reset, as a network file system gives).
+/// a transient I/O error (a connection reset, as a network file system gives), and
+/// which notes what it is told of commits in `TOLD_COMMITTED`.
 struct FlakyFileKind;
 
 impl SourceKind for FlakyFileKind {
@@ -796,6 +803,7 @@ impl SourceKind for FlakyFileKind {
         Ok(Box::new(FlakyFile {
             inner: FileKind::open(opening, config)?,
             path: config.path.display().to_string(),
+            open: OPENS.fetch_add(1, Ordering::SeqCst) as usize,
         }))
     }
 }
@@ -803,6 +811,7 @@ impl SourceKind for FlakyFileKind {
 struct FlakyFile {
     inner: Box<dyn Source>,
     path: String,
+    open: usize,
 }
 
 #[async_trait]
@@ -837,6 +846,49 @@ impl Source for FlakyFile {
         }
         self.inner.queue(limits, out).await
     }
+    fn committed(&mut self, txn: u64, position: &Value) {
+        (TOLD_COMMITTED.lock().unwrap()).push((self.open, txn, position.clone()));
+    }
+}
+
+/// A source hears of a transaction only once its log commit is durable: never of one
+/// the crash interrupted before that (the third, between the driver's commit and the
+/// log's), first of the recovered checkpoint after a restart (the third: the store
+/// committed it, and the log adopts the store's checkpoint), then of every commit in
+/// order, the last with the position the log holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_are_told_of_each_commit_once_it_is_durable() {
+    let h = crash_and_recover_reading("flaky_file", failpoint::AFTER_DRIVER_COMMITTED, THIRD).await;
+    let told = TOLD_COMMITTED.lock().unwrap().clone();
+    let runs: Vec<usize> = told.iter().map(|(open, ..)| *open).collect();
+    let (first, second) = (runs[0], *runs.last().unwrap());
+    assert_ne!(first, second, "told in both runs: {told:?}");
+    let txns = |run| -> Vec<u64> {
+        (told.iter())
+            .filter(|(open, ..)| *open == run)
+            .map(|(_, txn, _)| *txn)
+            .collect()
+    };
+    let before = txns(first);
+    assert!(
+        before.iter().all(|txn| *txn <= 2),
+        "the first run heard of 3: {told:?}"
+    );
+    assert!(before.windows(2).all(|w| w[0] + 1 == w[1]), "{told:?}");
+    let after = txns(second);
+    let last = log_says(&h.log_dir, "last commit: transaction");
+    assert_eq!(after, (3..=last).collect::<Vec<_>>(), "{told:?}");
+    // One transaction's position is the same whichever run tells it.
+    for (_, txn, position) in &told {
+        let same = told.iter().filter(|(_, t, _)| t == txn);
+        assert!(same.clone().all(|(_, _, p)| p == position), "{told:?}");
+    }
+    let log = RecoveryLog::open(&h.log_dir).unwrap();
+    let checkpoint = log.last_commit().unwrap();
+    assert_eq!(
+        Some(&told.last().unwrap().2),
+        checkpoint.sources.get("input")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

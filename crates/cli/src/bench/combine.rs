@@ -247,6 +247,7 @@ fn binding() -> anyhow::Result<BindingSpec> {
         key: KeyExtractor::new(vec![Pointer::parse("/user")?], vec![None]),
         name: "bench/pageviews".to_string(),
         full: true,
+        deletions: true,
     })
 }
 

@@ -14,10 +14,15 @@
 //! A binding with `full` reductions reduces every later record onto the key's first one
 //! as onto a whole document, then finishes the result (deletions, set removals). A
 //! partial drain of a non-associative binding yields every record of a key apart.
+//!
+//! A record that resets its key (a deletion, or documents that began with one) replaces
+//! what was reduced so far, and a document after a deletion replaces it (it reduces from
+//! nothing): `a ⊕ reset(b) = reset(b)`, `reset(deletion) ⊕ c = reset(c)`. A full drain
+//! whose result is a deletion drains it deleted.
 
 use super::memtable::{MemTable, SortedTable};
 use super::spill::{RunReader, SpillFile};
-use super::{BindingSpec, CombineError, Drained, Record, describe_key};
+use super::{BindingSpec, CombineError, Drained, Flags, Record, describe_key};
 use crate::compact::Doc;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -50,7 +55,7 @@ impl Head {
             .record
             .key
             .cmp(&self.record.key)
-            .then(self.record.full.cmp(&other.record.full))
+            .then(self.record.flags.full.cmp(&other.record.flags.full))
             .then(other.source.cmp(&self.source))
     }
 }
@@ -124,7 +129,7 @@ impl Drainer {
     fn next_drained(&mut self) -> Result<Option<Drained>, CombineError> {
         let Some(Record {
             mut key,
-            full,
+            flags: Flags { full, mut resets },
             mut doc,
         }) = self.pop()?
         else {
@@ -143,11 +148,18 @@ impl Drainer {
         let groups = spec.full || spec.schema.reducer().associative();
         while groups && self.heap.peek().is_some_and(|head| head.record.key == key) {
             let Some(next) = self.pop()? else { break };
-            if next.full {
+            if next.flags.full {
                 return Err(CombineError::DuplicateLoad {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),
                 });
+            }
+            if next.flags.resets || (resets && doc.is_deletion()) {
+                // It starts the key over, or follows a deletion: it replaces what is
+                // left of it (a loaded document leaves only that it was loaded, `full`).
+                doc = next.doc;
+                resets = true;
+                continue;
             }
             // A loaded document and the new ones, or the new ones of several runs; in a
             // full reduction the first of them is the left-most whole document.
@@ -162,7 +174,8 @@ impl Drainer {
                 });
             }
         }
-        let deleted = spec.full && spec.schema.reducer().finish(&mut doc);
+        let deleted =
+            spec.full && ((resets && doc.is_deletion()) || spec.schema.reducer().finish(&mut doc));
         if deleted {
             doc = Doc::Null;
         }
@@ -173,6 +186,8 @@ impl Drainer {
             doc,
             full,
             deleted,
+            // A full drain has applied it.
+            resets: resets && !spec.full,
         }))
     }
 }

@@ -24,7 +24,7 @@
 //! reduction reports ([`Reducer::reduce_docs`]), so a growing document (e.g. one with
 //! `append`) is never walked again.
 
-use super::{CombineError, Record, describe_key};
+use super::{CombineError, Flags, Record, describe_key};
 use crate::compact::Doc;
 use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -38,6 +38,9 @@ pub(super) enum Side {
     Left,
     /// New: right of everything before it.
     Right,
+    /// New, and starting the key over (a deletion, or documents that began with one):
+    /// the new documents before it are dropped, and the loaded one no longer counts.
+    Reset,
 }
 
 /// One key's documents. The loaded document stays apart from the new ones until the drain
@@ -69,9 +72,11 @@ struct Entry {
     binding: u32,
     key_len: u32,
     key_start: u32,
-    /// Estimated heap bytes of `docs`, saturating (a single key past 4 GiB of documents
-    /// has long broken any budget).
-    heap: u32,
+    /// Estimated heap bytes of `docs` in the low 31 bits, saturating (a single key past
+    /// 2 GiB of documents has long broken any budget); the top bit: the new documents
+    /// start the key over (the first of them resets, see [`Side::Reset`]). Packed so an
+    /// entry stays one cache line.
+    heap_and_resets: u32,
     docs: Docs,
 }
 
@@ -97,13 +102,35 @@ impl Entry {
     }
 
     fn heap(&self) -> usize {
-        self.heap as usize
+        (self.heap_and_resets & HEAP_MASK) as usize
     }
 
     fn set_heap(&mut self, heap: usize) {
-        self.heap = u32::try_from(heap).unwrap_or(u32::MAX);
+        let heap = u32::try_from(heap).unwrap_or(HEAP_MASK).min(HEAP_MASK);
+        self.heap_and_resets = (self.heap_and_resets & !HEAP_MASK) | heap;
+    }
+
+    /// Whether the first new document starts the key over.
+    fn resets(&self) -> bool {
+        self.heap_and_resets & !HEAP_MASK != 0
+    }
+
+    fn set_resets(&mut self) {
+        self.heap_and_resets |= !HEAP_MASK;
+    }
+
+    /// The flags of the entry's new documents, the `i`-th of them.
+    fn right_flags(&self, i: usize) -> Flags {
+        if i == 0 && self.resets() {
+            Flags::RESETS
+        } else {
+            Flags::NEW
+        }
     }
 }
+
+/// The estimate's bits of [`Entry::heap_and_resets`].
+const HEAP_MASK: u32 = u32::MAX >> 1;
 
 /// The key arena's size past which the table reports itself full (so the combiner
 /// spills), keeping every offset within an entry's `u32`: far above any budget's keys.
@@ -201,17 +228,20 @@ impl MemTable {
             let heap = doc.heap_size();
             let docs = match side {
                 Side::Left => Docs::Left(Box::new(doc)),
-                Side::Right => Docs::Right(doc),
+                Side::Right | Side::Reset => Docs::Right(doc),
             };
             let mut entry = Entry {
                 prefix: head.prefix,
                 binding: head.binding,
                 key_len: u32::try_from(key.len()).expect("a key within the arena limit"),
                 key_start: u32::try_from(self.keys.len()).expect("the arena within its limit"),
-                heap: 0,
+                heap_and_resets: 0,
                 docs,
             };
             entry.set_heap(heap);
+            if side == Side::Reset {
+                entry.set_resets();
+            }
             self.keys.extend_from_slice(key);
             self.heap += entry.heap();
             let (keys, hasher) = (&self.keys, &self.hasher);
@@ -247,9 +277,9 @@ impl MemTable {
         order.into_iter().map(|(_, i)| i).collect()
     }
 
-    /// Every document as `(table key, full, doc)` in table-key order, a key's loaded
+    /// Every document as `(table key, flags, doc)` in table-key order, a key's loaded
     /// document before its new ones: the order of a spilled run.
-    pub(super) fn sorted_docs(&mut self) -> impl Iterator<Item = (&[u8], bool, &Doc)> {
+    pub(super) fn sorted_docs(&mut self) -> impl Iterator<Item = (&[u8], Flags, &Doc)> {
         let order = self.sorted();
         let this = &*self;
         order.into_iter().flat_map(move |i| {
@@ -261,8 +291,9 @@ impl MemTable {
                 Docs::Both { left, right } => (Some(&**left), std::slice::from_ref(right)),
                 Docs::Held(held) => (held.left.as_ref(), held.rights.as_slice()),
             };
-            let left = left.map(|doc| (key, true, doc));
-            let rights = rights.iter().map(move |doc| (key, false, doc));
+            let left = left.map(|doc| (key, Flags::LOADED, doc));
+            let rights =
+                (rights.iter().enumerate()).map(move |(i, doc)| (key, entry.right_flags(i), doc));
             left.into_iter().chain(rights)
         })
     }
@@ -291,16 +322,30 @@ fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<
     if !reducer.associative() {
         return hold(entry, side, doc);
     }
+    let resets = entry.resets();
     let grown = match (&mut entry.docs, side) {
+        // After a deletion, the next document starts from nothing: it replaces it.
+        (Docs::Right(right) | Docs::Both { right, .. }, Side::Right)
+            if resets && right.is_deletion() =>
+        {
+            replace(right, doc)
+        }
         // In place: most documents go here, and moving the entry's out and back costs a drop.
         (Docs::Right(right) | Docs::Both { right, .. }, Side::Right) => reducer
             .reduce_docs(right, doc, false)
             .map_err(InsertError::Reduce)?,
+        (Docs::Right(right) | Docs::Both { right, .. }, Side::Reset) => {
+            entry.heap_and_resets |= !HEAP_MASK;
+            replace(right, doc)
+        }
         (Docs::Left(_) | Docs::Both { .. }, Side::Left) => {
             return Err(InsertError::DuplicateLoad);
         }
         (Docs::Held(_), _) => unreachable!("only a non-associative binding holds documents"),
         (docs @ (Docs::Right(_) | Docs::Left(_)), _) => {
+            if side == Side::Reset {
+                entry.heap_and_resets |= !HEAP_MASK;
+            }
             let grown = doc.heap_size() as isize;
             *docs = match std::mem::replace(docs, Docs::Right(Doc::Null)) {
                 Docs::Right(right) => Docs::Both {
@@ -317,9 +362,16 @@ fn update(entry: &mut Entry, side: Side, doc: Doc, reducer: &Reducer) -> Result<
     Ok(())
 }
 
+/// Puts `doc` in the place of `right`; returns the change of the estimate.
+fn replace(right: &mut Doc, doc: Doc) -> isize {
+    let grown = doc.heap_size() as isize - right.heap_size() as isize;
+    *right = doc;
+    grown
+}
+
 /// Adds `doc` to a non-associative binding's documents without reducing it.
 fn hold(entry: &mut Entry, side: Side, doc: Doc) -> Result<(), InsertError> {
-    let grown = (doc.heap_size() + size_of::<Doc>()) as isize;
+    let mut grown = (doc.heap_size() + size_of::<Doc>()) as isize;
     let held = match std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null)) {
         Docs::Right(right) => Held {
             left: None,
@@ -346,7 +398,17 @@ fn hold(entry: &mut Entry, side: Side, doc: Doc) -> Result<(), InsertError> {
             held.rights.push(doc);
             Ok(())
         }
+        Side::Reset => {
+            for dropped in held.rights.drain(..) {
+                grown -= (dropped.heap_size() + size_of::<Doc>()) as isize;
+            }
+            held.rights.push(doc);
+            Ok(())
+        }
     };
+    if side == Side::Reset {
+        entry.set_resets();
+    }
     entry.docs = Docs::Held(held);
     entry.set_heap(entry.heap().saturating_add_signed(grown));
     result
@@ -373,38 +435,42 @@ impl SortedTable {
         let entry = &mut self.table.entries[self.order.next()?];
         let key = entry.key(&self.table.keys).to_vec();
         let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
+        let right = entry.right_flags(0);
         Some(match docs {
             Docs::Right(doc) => Record {
                 key,
-                full: false,
+                flags: right,
                 doc,
             },
             Docs::Left(left) => Record {
                 key,
-                full: true,
+                flags: Flags::LOADED,
                 doc: *left,
             },
-            Docs::Both { left, right } => {
+            Docs::Both { left, right: doc } => {
                 self.pending.push(Record {
                     key: key.clone(),
-                    full: false,
-                    doc: right,
+                    flags: right,
+                    doc,
                 });
                 Record {
                     key,
-                    full: true,
+                    flags: Flags::LOADED,
                     doc: *left,
                 }
             }
             Docs::Held(held) => {
                 let Held { left, rights } = *held;
-                let record = |full, doc| Record {
+                let record = |flags, doc| Record {
                     key: key.clone(),
-                    full,
+                    flags,
                     doc,
                 };
-                let mut all: Vec<Record> = (left.map(|doc| record(true, doc)).into_iter())
-                    .chain(rights.into_iter().map(|doc| record(false, doc)))
+                let mut all: Vec<Record> = (left.map(|doc| record(Flags::LOADED, doc)).into_iter())
+                    .chain(
+                        (rights.into_iter().enumerate())
+                            .map(|(i, doc)| record(if i == 0 { right } else { Flags::NEW }, doc)),
+                    )
                     .collect();
                 all.reverse();
                 self.pending = all;

@@ -28,6 +28,16 @@
 //!   Reductions are associative, so reducing per run and then across runs equals
 //!   reducing all in order.
 //! - At most one loaded document per key per drain; a second one is an error.
+//! - In a binding with `deletions` (a standard materialization), a deletion (a document
+//!   whose `/_meta/op` is `"d"`, [`Doc::is_deletion`]) starts its key over: the new
+//!   documents before it are dropped, the documents after it reduce from nothing, and
+//!   the loaded document no longer counts (the drain keeps only that the key was
+//!   loaded, `full`, so that a store replaces or deletes its row). Such a run of
+//!   documents is a *reset* one: it is marked so in the table, in spilled runs and in
+//!   what a partial drain hands to the next combiner ([`Drained::resets`]), so a reset
+//!   in any grouping drops what lies left of it. A deletion is not validated against
+//!   the schema in any binding: it needs only its key (and `_meta`). In a binding
+//!   without `deletions` (delta updates) it is then a document like any other.
 //! - A binding whose schema has an `associative: false` location never combines its new
 //!   documents with each other (Flow holds them back likewise): they are kept apart, in
 //!   order, and either reduce in order onto the key's left-most document in a full drain,
@@ -70,9 +80,14 @@ pub struct Drained {
     pub doc: Doc,
     /// Combined from a loaded full document ("left"), not only from new ones.
     pub full: bool,
-    /// The full reduction deleted the document (its root reduced to a value a
-    /// `delete: true` annotation applies to); `doc` is then `null`.
+    /// The full reduction deleted the document (a deletion was its last document, or
+    /// its root reduced to a value a `delete: true` annotation applies to); `doc` is
+    /// then `null`.
     pub deleted: bool,
+    /// The key's documents start from a deletion: whatever lies left of them (a loaded
+    /// document, earlier documents) does not count. Set by partial drains only; a full
+    /// drain has applied it.
+    pub resets: bool,
 }
 
 /// What the combiner needs to know about one binding's collection.
@@ -86,6 +101,10 @@ pub struct BindingSpec {
     /// and deletions apply ([`crate::Reducer::finish`]). Off: a partial reduction, which
     /// keeps tombstones (delta updates, or a combiner whose output is combined again).
     pub full: bool,
+    /// A deletion document (`/_meta/op` = `"d"`) starts its key over (a standard
+    /// materialization; see the module docs). Off (delta updates): it is a document
+    /// like any other.
+    pub deletions: bool,
 }
 
 /// Tuning of a [`Combiner`].
@@ -240,14 +259,27 @@ impl Combiner {
     /// document takes.
     pub fn combine_right_doc(&mut self, binding: u32, doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
-        self.validate_and_key(binding, &doc)?;
-        self.insert(binding, Side::Right, doc)
+        let deletion = doc.is_deletion();
+        self.validate_and_key(binding, &doc, deletion)?;
+        let side = if deletion && self.bindings[binding as usize].deletions {
+            Side::Reset
+        } else {
+            Side::Right
+        };
+        self.insert(binding, side, doc)
     }
 
-    /// Validates `doc` against its binding's schema and packs its table key into `scratch`.
-    fn validate_and_key(&mut self, binding: u32, doc: &Doc) -> Result<(), CombineError> {
+    /// Validates `doc` against its binding's schema (a deletion needs only its key, in
+    /// every binding, so a text one binding of a collection accepts all accept) and packs
+    /// its table key into `scratch`.
+    fn validate_and_key(
+        &mut self,
+        binding: u32,
+        doc: &Doc,
+        deletion: bool,
+    ) -> Result<(), CombineError> {
         let spec = spec(&self.bindings, binding)?;
-        if let Err(source) = spec.schema.validate_doc(doc) {
+        if !deletion && let Err(source) = spec.schema.validate_doc(doc) {
             let mut packed = Vec::new();
             let key = match spec.key.pack_doc(doc, &mut packed) {
                 Ok(()) => describe_key(&packed),
@@ -271,16 +303,22 @@ impl Combiner {
 
     /// Like [`Combiner::combine_right`] for a document that was already validated and
     /// whose packed key the caller has: a drained document moving on to the next
-    /// combiner as it is.
+    /// combiner as it is, with its [`Drained::resets`].
     pub fn combine_right_keyed(
         &mut self,
         binding: u32,
         key: &[u8],
         doc: Doc,
+        resets: bool,
     ) -> Result<(), CombineError> {
         self.check_poisoned()?;
         self.set_scratch(binding, key)?;
-        self.insert(binding, Side::Right, doc)
+        let side = if resets && self.bindings[binding as usize].deletions {
+            Side::Reset
+        } else {
+            Side::Right
+        };
+        self.insert(binding, side, doc)
     }
 
     /// A full document loaded from the store: it goes to the left of everything combined
@@ -381,7 +419,44 @@ fn spec(bindings: &[BindingSpec], binding: u32) -> Result<&BindingSpec, CombineE
 struct Record {
     /// The table key: binding (4 bytes, big-endian) then the packed key.
     key: Vec<u8>,
+    flags: Flags,
+    doc: Doc,
+}
+
+/// How a record joins its key's reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Flags {
     /// A loaded document (the left-most operand of its key).
     full: bool,
-    doc: Doc,
+    /// A new document that starts its key over: what lies left of it does not count.
+    resets: bool,
+}
+
+impl Flags {
+    const LOADED: Flags = Flags {
+        full: true,
+        resets: false,
+    };
+    const NEW: Flags = Flags {
+        full: false,
+        resets: false,
+    };
+    const RESETS: Flags = Flags {
+        full: false,
+        resets: true,
+    };
+
+    /// The flags byte of a spilled record: bit 0 `full`, bit 1 `resets`.
+    fn to_byte(self) -> u8 {
+        u8::from(self.full) | (u8::from(self.resets) << 1)
+    }
+
+    fn from_byte(byte: u8) -> Option<Flags> {
+        match byte {
+            0 => Some(Flags::NEW),
+            1 => Some(Flags::LOADED),
+            2 => Some(Flags::RESETS),
+            _ => None,
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! ```text
 //!  spill file: [ run 0 ][ run 1 ] … [ run n ]        (unnamed temp file, gone on drop)
 //!  run:        record record record …               (table-key order; loaded doc first)
-//!  record:     key_len u32le | table key | full u8 | doc_len u32le | doc (binary, below)
+//!  record:     key_len u32le | table key | flags u8 | doc_len u32le | doc (binary, below)
+//!  flags:      0 new | 1 loaded (full) | 2 new, starting its key over (resets)
 //!  doc:        tag u8, then: null 0 | false 1 | true 2 | u64 3 (8 bytes le) | i64 4 (8 le)
 //!              | f64 5 (8 le) | string 6 (len u32le, UTF-8) | array 7 (count u32le, docs)
 //!              | object 8 (count u32le, then per field: name len u32le, name, doc)
@@ -18,7 +19,7 @@
 //! same file handle. A reader holds at most [`READ_CHUNK`] bytes (or one larger record),
 //! which keeps the drain's memory at `runs × READ_CHUNK` whatever the runs' sizes.
 
-use super::{CombineError, Record};
+use super::{CombineError, Flags, Record};
 use crate::compact::{Doc, Field, Str};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -66,7 +67,7 @@ impl SpillFile {
     /// Appends one run of `records`, which must come in table-key order.
     pub(super) fn write_run<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], bool, &'a Doc)>,
+        records: impl Iterator<Item = (&'a [u8], Flags, &'a Doc)>,
     ) -> Result<(), CombineError> {
         let start = self.len;
         let written = self
@@ -82,16 +83,16 @@ impl SpillFile {
 
     fn write_records<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], bool, &'a Doc)>,
+        records: impl Iterator<Item = (&'a [u8], Flags, &'a Doc)>,
     ) -> std::io::Result<u64> {
         let mut out = BufWriter::with_capacity(WRITE_BUFFER, &*self.file);
         let mut written = 0;
-        for (key, full, doc) in records {
+        for (key, flags, doc) in records {
             self.doc_buf.clear();
             encode(doc, &mut self.doc_buf)?;
             out.write_all(&len_u32(key.len())?.to_le_bytes())?;
             out.write_all(key)?;
-            out.write_all(&[u8::from(full)])?;
+            out.write_all(&[flags.to_byte()])?;
             out.write_all(&len_u32(self.doc_buf.len())?.to_le_bytes())?;
             out.write_all(&self.doc_buf)?;
             written += (4 + key.len() + 1 + 4 + self.doc_buf.len()) as u64;
@@ -272,11 +273,9 @@ impl RunReader {
         let at = self.offset - (self.buf.len() - self.pos) as u64;
         let key_len = self.take_u32()? as usize;
         let key = self.take(key_len)?.to_vec();
-        let full = match self.take(1)?[0] {
-            0 => false,
-            1 => true,
-            other => return Err(corrupt(at, format!("full flag is {other}"))),
-        };
+        let byte = self.take(1)?[0];
+        let flags =
+            Flags::from_byte(byte).ok_or_else(|| corrupt(at, format!("flags byte is {byte}")))?;
         let doc_len = self.take_u32()? as usize;
         let mut bytes = self.take(doc_len)?;
         let doc = decode(&mut bytes)
@@ -288,7 +287,7 @@ impl RunReader {
         if key.len() < 4 {
             return Err(corrupt(at, format!("table key of {key_len} bytes")));
         }
-        Ok(Some(Record { key, full, doc }))
+        Ok(Some(Record { key, flags, doc }))
     }
 
     fn take_u32(&mut self) -> Result<u32, CombineError> {

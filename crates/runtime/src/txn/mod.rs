@@ -116,6 +116,8 @@ pub struct BoundSource {
     pub dead_letter: Option<std::path::PathBuf>,
     /// Above this much read ahead, the reader pauses the source.
     pub read_ahead: crate::config::ReadAhead,
+    /// How its records wrap their documents.
+    pub envelope: crate::envelope::Envelope,
 }
 
 /// Live counters, read by the CLI's progress bar.
@@ -764,6 +766,7 @@ fn binding_specs(bindings: &[Binding], drains: Drains) -> Vec<BindingSpec> {
             key: b.collection.key.clone(),
             name: b.collection.name.clone(),
             full: drains == Drains::IntoStores && !b.delta_updates,
+            deletions: !b.delta_updates,
         })
         .collect()
 }

@@ -75,7 +75,11 @@ pub(super) async fn send_loads(
     let (mut last_binding, mut last_key) = (None, Vec::new());
     for drained in drain {
         let Drained {
-            binding, key, doc, ..
+            binding,
+            key,
+            doc,
+            resets,
+            ..
         } = drained.map_err(PhaseError::Combine)?;
         let repeated = last_binding == Some(binding) && last_key == key;
         if !repeated {
@@ -103,7 +107,7 @@ pub(super) async fn send_loads(
         }
         known.stored(binding, &key);
         lock(c2)
-            .combine_right_keyed(binding, &key, doc)
+            .combine_right_keyed(binding, &key, doc, resets)
             .map_err(PhaseError::Combine)?;
     }
     for load in builder.finish() {
@@ -302,6 +306,7 @@ pub(super) async fn send_stores(
             doc,
             full,
             deleted,
+            resets: _,
         } = drained.map_err(PhaseError::Combine)?;
         let standard = !bindings[binding as usize].delta_updates;
         if deleted && !full {

@@ -56,6 +56,7 @@ use super::{
 };
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
+use crate::envelope::{Envelope, Unwrapped};
 use crate::recovery::{Checkpoint, Intent};
 use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner};
@@ -70,6 +71,11 @@ use tokio::sync::{mpsc, watch};
 /// Records queued from one source per call: small enough to interleave sources fairly,
 /// large enough to amortise the call.
 const READ_BATCH: u64 = 8192;
+
+/// Step data a transaction's intent may journal (sources that cannot re-read their
+/// input, `Resume::Replay` with data): a batch closes beyond it, keeping each intent
+/// far below the recovery log's largest record whatever `max_bytes` allows.
+const MAX_JOURNALED: usize = 64 << 20;
 
 /// One transaction's input, combined.
 pub struct ReadBatch {
@@ -356,6 +362,7 @@ impl Reader {
     async fn read(&mut self) -> Result<ReadBatch, RunError> {
         let started = Instant::now();
         let mut batch = self.batch();
+        let mut journaled = 0;
         loop {
             self.tell_committed();
             let (mut progressed, mut backlogged) = (false, false);
@@ -396,6 +403,12 @@ impl Reader {
                     )?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
+                    if let Resume::Replay {
+                        data: Some(data), ..
+                    } = &step.resume
+                    {
+                        journaled += data.len();
+                    }
                     batch
                         .steps
                         .entry(reading.bound.source.name().to_string())
@@ -405,7 +418,9 @@ impl Reader {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if self.opts.full(batch.docs, batch.bytes) && !self.at_barrier() {
+                if (self.opts.full(batch.docs, batch.bytes) || journaled >= MAX_JOURNALED)
+                    && !self.at_barrier()
+                {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
@@ -446,7 +461,8 @@ impl Reader {
 
     /// Waits, after a round in which nothing progressed, for whatever may change the
     /// decision: a source told of new input ([`Source::ready`]), the committer taking
-    /// no more of our time (when the batch waits for it), the deadline of the batch
+    /// no more of our time (when the batch waits for it), a log commit becoming durable
+    /// (its sources are told at once: clients may wait on it), the deadline of the batch
     /// (`min_duration` for a batch with work, else `max_duration`), or shutdown. No
     /// timer polls: a trickle is read the moment it arrives.
     async fn wait(&mut self, facts: &RoundFacts, started: Instant) {
@@ -564,6 +580,8 @@ struct Feed<'a> {
     /// Its steps can be re-read exactly, so a batch can be rebuilt without a document
     /// that failed to reduce.
     replayable: bool,
+    /// How its records wrap their documents.
+    envelope: Envelope,
 }
 
 impl<'a> Feed<'a> {
@@ -587,6 +605,7 @@ impl<'a> Feed<'a> {
                 .is_some()
                 .then(|| &*bindings[first as usize].collection),
             replayable: bound.source.fault_tolerance() == FaultTolerance::ExactlyOnce,
+            envelope: bound.envelope,
         }
     }
 
@@ -654,6 +673,7 @@ fn combine_records(
 ) -> Result<Combined, RunError> {
     let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
     let mut key = Vec::new();
+    let mut unwrapped = Vec::new();
     for record in records.iter_mut() {
         let position = record.position;
         if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
@@ -667,7 +687,26 @@ fn combine_records(
             rejects.letters.push((id, letter));
             continue;
         }
-        let (combined, text) = match record.doc {
+        let doc = match feed.envelope {
+            Envelope::None => record.doc,
+            envelope => match unwrap_envelope(envelope, &record.doc, &mut unwrapped) {
+                Ok(true) => RecordDoc::Json(&unwrapped),
+                // Nothing to apply (a tombstone after a deletion); its bytes still count.
+                Ok(false) => {
+                    batch.bytes += record.bytes as u64;
+                    continue;
+                }
+                Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
+                    Triage::Reject => {
+                        let letter = feed.dead_letter(position, reason, record.doc);
+                        rejects.letters.push((id, letter));
+                        continue;
+                    }
+                    _ => return Err(feed.input_error(position, &reason)),
+                },
+            },
+        };
+        let (combined, text) = match doc {
             RecordDoc::Json(text) => {
                 let combined = feed
                     .targets
@@ -726,6 +765,30 @@ fn combine_records(
     Ok(Combined::All)
 }
 
+/// Writes the text of the document `doc` carries under `envelope` ([`crate::envelope`])
+/// to `buf`; `false` for a record with nothing to apply; `Err` names why the record is
+/// not such an envelope (the record is left as it was, for its dead letter).
+fn unwrap_envelope(
+    envelope: Envelope,
+    doc: &RecordDoc<'_>,
+    buf: &mut Vec<u8>,
+) -> Result<bool, String> {
+    let record = match doc {
+        RecordDoc::Json(text) => serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?,
+        RecordDoc::Value(value) => (**value).clone(),
+    };
+    let unwrapped = (envelope.unwrap(record))
+        .map_err(|reason| format!("envelope {}: {reason}", envelope.name()))?;
+    match unwrapped {
+        Unwrapped::Nothing => Ok(false),
+        Unwrapped::Document(doc) => {
+            buf.clear();
+            serde_json::to_writer(&mut *buf, &doc).expect("a document serializes");
+            Ok(true)
+        }
+    }
+}
+
 /// Combines a source's `Value` into every target binding (moved into the last).
 fn combine_value(
     combiner: &mut Combiner,
@@ -757,6 +820,10 @@ fn check_document(
             }
             .to_string(),
         );
+    }
+    // A deletion needs only its key (as the combiner checks it).
+    if doc.pointer("/_meta/op").and_then(|op| op.as_str()) == Some("d") {
+        return None;
     }
     let source = collection.schema.validate(doc).err()?;
     Some(
@@ -843,6 +910,7 @@ mod tests {
                 max_queued_records: 100,
                 max_queued_bytes: 1000,
             },
+            envelope: Envelope::None,
         });
         let steps = [
             (
