@@ -1,7 +1,7 @@
 //! End-to-end: `sluice run` of a `postgres_cdc` source (a private PostgreSQL with
 //! `wal_level=logical`) into SQLite: the first run snapshots the table and streams what
 //! changed meanwhile, a second run resumes from the slot; each time the store equals
-//! the source table.
+//! the source table (deleted rows, and the old keys of rows whose key changed, gone).
 
 use sluice_postgres_cdc::testing::LogicalPostgres;
 use std::collections::BTreeMap;
@@ -22,7 +22,9 @@ fn block_on<T>(f: impl Future<Output = T>) -> T {
 
 fn execute(url: &str, sql: &str) {
     block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
         tokio::spawn(connection);
         client.batch_execute(sql).await.unwrap();
     })
@@ -32,16 +34,25 @@ type Rows = BTreeMap<i64, (Option<String>, Option<i64>)>;
 
 fn source_rows(url: &str) -> Rows {
     block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
         tokio::spawn(connection);
-        let rows = client.query("SELECT id, name, qty::bigint FROM items", &[]).await.unwrap();
-        rows.iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect()
+        let rows = client
+            .query("SELECT id, name, qty::bigint FROM items", &[])
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2))))
+            .collect()
     })
 }
 
 fn store_rows(db: &Path) -> Rows {
     let conn = rusqlite::Connection::open(db).unwrap();
-    let mut stmt = conn.prepare(r#"SELECT "id", "name", "qty" FROM "items""#).unwrap();
+    let mut stmt = conn
+        .prepare(r#"SELECT "id", "name", "qty" FROM "items""#)
+        .unwrap();
     stmt.query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
         .unwrap()
         .map(Result::unwrap)
@@ -91,17 +102,30 @@ fn snapshot_and_streamed_changes_equal_the_source_table() {
     let file = dir.path().join("pipeline.yaml");
     std::fs::write(&file, pipeline(&url)).unwrap();
     let run = || {
-        let out = Command::new(SLUICE).arg("run").arg(&file).env("RUST_LOG", "warn").output().unwrap();
+        let out = Command::new(SLUICE)
+            .arg("run")
+            .arg(&file)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
         assert_success(&out);
     };
     run();
-    assert_eq!(store_rows(&dir.path().join("out/items.db")), source_rows(&url));
+    assert_eq!(
+        store_rows(&dir.path().join("out/items.db")),
+        source_rows(&url)
+    );
     execute(
         &url,
         "UPDATE items SET qty = qty * 2 WHERE id % 7 = 0;
          INSERT INTO items SELECT g, NULL, NULL FROM generate_series(3001, 3500) g;
-         UPDATE items SET name = 'renamed' WHERE id BETWEEN 10 AND 20;",
+         UPDATE items SET name = 'renamed' WHERE id BETWEEN 10 AND 20;
+         DELETE FROM items WHERE id % 5 = 0;
+         UPDATE items SET id = id + 10000 WHERE id BETWEEN 100 AND 104;",
     );
     run();
-    assert_eq!(store_rows(&dir.path().join("out/items.db")), source_rows(&url));
+    assert_eq!(
+        store_rows(&dir.path().join("out/items.db")),
+        source_rows(&url)
+    );
 }

@@ -213,16 +213,33 @@ fn nats_random_crashes_lose_and_double_nothing() {
 /// it) and during streaming (later segments are inserted and streamed).
 #[test]
 fn postgres_cdc_random_crashes_lose_and_double_nothing() {
-    let out = torture(&["--store", "sqlite", "--source", "postgres_cdc", "--faults", "8"]);
+    let out = torture(&[
+        "--store",
+        "sqlite",
+        "--source",
+        "postgres_cdc",
+        "--faults",
+        "8",
+    ]);
     assert_exact_after(&out, 8);
 }
 
 #[test]
 fn postgres_cdc_delta_is_refused_naming_why() {
-    let out = torture(&["--store", "sqlite", "--source", "postgres_cdc", "--mode", "delta"]);
+    let out = torture(&[
+        "--store",
+        "sqlite",
+        "--source",
+        "postgres_cdc",
+        "--mode",
+        "delta",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--source postgres_cdc runs the random scenario in standard mode"), "{err}");
+    assert!(
+        err.contains("--source postgres_cdc runs the random scenario in standard mode"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -49,7 +49,10 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 const CATCH_UP: Duration = Duration::from_secs(600);
 
 pub fn run(args: CdcArgs) -> anyhow::Result<()> {
-    ensure!(args.rows > 0 && args.batch > 0, "--rows and --batch must be at least 1");
+    ensure!(
+        args.rows > 0 && args.batch > 0,
+        "--rows and --batch must be at least 1"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -79,7 +82,10 @@ fn progress(args: &CdcArgs, line: String) {
 }
 
 async fn bench(args: &CdcArgs) -> anyhow::Result<()> {
-    progress(args, "starting a private PostgreSQL with wal_level=logical".into());
+    progress(
+        args,
+        "starting a private PostgreSQL with wal_level=logical".into(),
+    );
     let server = tokio::task::block_in_place(LogicalPostgres::start);
     let url = server.url();
     let client = connect(&url).await?;
@@ -98,15 +104,26 @@ async fn bench(args: &CdcArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(args: &CdcArgs, client: &Client, url: &str, work: &Path) -> anyhow::Result<Figures> {
+async fn measure(
+    args: &CdcArgs,
+    client: &Client,
+    url: &str,
+    work: &Path,
+) -> anyhow::Result<Figures> {
     let cdc = work.join("cdc.yaml");
-    let source = format!("postgres_cdc: {{url: {}, tables: [src.events]}}", json!(url));
+    let source = format!(
+        "postgres_cdc: {{url: {}, tables: [src.events]}}",
+        json!(url)
+    );
     std::fs::write(&cdc, pipeline_yaml(url, "cdc", &source))?;
     let log = std::fs::File::create(work.join("cdc.log"))?;
     let mut child = Command::new(std::env::current_exe()?)
         .args(["run", "--follow"])
         .arg(&cdc)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(log.try_clone()?)
         .stderr(log)
         .stdin(Stdio::null())
@@ -125,7 +142,10 @@ async fn measure(args: &CdcArgs, client: &Client, url: &str, work: &Path) -> any
     let input = work.join("events.jsonl");
     write_lines(client, &input).await?;
     let file = work.join("file.yaml");
-    let source = format!("file: {{path: {}, format: json}}", json!(input.to_string_lossy()));
+    let source = format!(
+        "file: {{path: {}, format: json}}",
+        json!(input.to_string_lossy())
+    );
     std::fs::write(&file, pipeline_yaml(url, "file", &source))?;
     progress(args, "file: sluice run into PostgreSQL".into());
     let run = tokio::task::block_in_place(|| sluice_run(&file, &work.join("file.log")))?;
@@ -161,10 +181,19 @@ async fn follow(
         if let Some(status) = child.try_wait()? {
             bail!("sluice run --follow exited ({status}) before streaming");
         }
-        ensure!(started.elapsed() < Duration::from_secs(120), "the CDC run did not start streaming");
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "the CDC run did not start streaming"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    progress(args, format!("cdc: inserting {} rows in batches of {}", args.rows, args.batch));
+    progress(
+        args,
+        format!(
+            "cdc: inserting {} rows in batches of {}",
+            args.rows, args.batch
+        ),
+    );
     let load_start = Instant::now();
     let loader = tokio::spawn(load(connect(url).await?, args.rows, args.batch));
     let sampler = connect(url).await?;
@@ -184,10 +213,20 @@ async fn follow(
         samples.push((Instant::now(), current as u64, confirmed as u64));
         if !loaded && loader.is_finished() {
             loaded = true;
-            progress(args, format!("cdc: loaded in {:.2} s; waiting for the store", load_start.elapsed().as_secs_f64()));
+            progress(
+                args,
+                format!(
+                    "cdc: loaded in {:.2} s; waiting for the store",
+                    load_start.elapsed().as_secs_f64()
+                ),
+            );
         }
         if loaded {
-            let count: i64 = sampler.query_one("SELECT count(*) FROM bench.cdc", &[]).await.map(|r| r.get(0)).unwrap_or(0);
+            let count: i64 = sampler
+                .query_one("SELECT count(*) FROM bench.cdc", &[])
+                .await
+                .map(|r| r.get(0))
+                .unwrap_or(0);
             if count as u64 >= args.rows {
                 complete = Some(load_start.elapsed());
             }
@@ -195,13 +234,19 @@ async fn follow(
         if let Some(status) = child.try_wait()? {
             bail!("sluice run --follow exited ({status}) while following");
         }
-        ensure!(load_start.elapsed() < CATCH_UP, "the store did not catch up within {CATCH_UP:?}");
+        ensure!(
+            load_start.elapsed() < CATCH_UP,
+            "the store did not catch up within {CATCH_UP:?}"
+        );
         tokio::time::sleep(SAMPLE_EVERY).await;
     }
     loader.await??;
     let lags = lags(&samples);
     let secs = complete.expect("the loop ends once complete").as_secs_f64();
-    progress(args, format!("cdc: {secs:.2} s, {:.0} rows/s", args.rows as f64 / secs));
+    progress(
+        args,
+        format!("cdc: {secs:.2} s, {:.0} rows/s", args.rows as f64 / secs),
+    );
     Ok((secs, percentile(lags.clone(), 0.99), lags.len()))
 }
 
@@ -341,9 +386,17 @@ fn report(args: &CdcArgs, f: &Figures) {
         "{} rows inserted in batches of {} into PostgreSQL (wal_level=logical), materialized into PostgreSQL, {cores} cores",
         args.rows, args.batch
     );
-    println!("  cdc  {:>7.2} s  {cdc:>9.0} rows/s (from the load's start to the last row stored)", f.cdc_secs);
+    println!(
+        "  cdc  {:>7.2} s  {cdc:>9.0} rows/s (from the load's start to the last row stored)",
+        f.cdc_secs
+    );
     println!("  file {:>7.2} s  {file:>9.0} rows/s", f.file_secs);
-    println!("  ratio {:.2} (cdc over file), replication lag p99 {:.0} ms over {} samples", cdc / file, f.lag_p99_ms, f.samples);
+    println!(
+        "  ratio {:.2} (cdc over file), replication lag p99 {:.0} ms over {} samples",
+        cdc / file,
+        f.lag_p99_ms,
+        f.samples
+    );
 }
 
 #[cfg(test)]
@@ -354,7 +407,12 @@ mod tests {
     fn lag_is_how_long_ago_the_wal_reached_the_confirmed_position() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let samples = [(at(0), 100, 100), (at(50), 200, 100), (at(100), 300, 200), (at(150), 300, 300)];
+        let samples = [
+            (at(0), 100, 100),
+            (at(50), 200, 100),
+            (at(100), 300, 200),
+            (at(150), 300, 300),
+        ];
         assert_eq!(lags(&samples), [0.0, 50.0, 50.0, 0.0]);
         assert_eq!(percentile(vec![1.0, 2.0, 3.0, 4.0], 0.5), 2.0);
     }

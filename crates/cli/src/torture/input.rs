@@ -209,8 +209,16 @@ fn insert_rows(first: u64, docs: &[Value]) -> anyhow::Result<String> {
     let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
     let mut values = Vec::with_capacity(docs.len());
     for (seq, doc) in (first..).zip(docs) {
-        let int = |name: &str| doc[name].as_i64().with_context(|| format!("{name} in {doc}"));
-        let text = |name: &str| doc[name].as_str().with_context(|| format!("{name} in {doc}"));
+        let int = |name: &str| {
+            doc[name]
+                .as_i64()
+                .with_context(|| format!("{name} in {doc}"))
+        };
+        let text = |name: &str| {
+            doc[name]
+                .as_str()
+                .with_context(|| format!("{name} in {doc}"))
+        };
         values.push(format!(
             "({seq}, {}, {}, {}, {}, {})",
             literal(text("key")?),

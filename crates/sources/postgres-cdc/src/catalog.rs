@@ -62,7 +62,12 @@ impl Catalog {
         let connect = tokio_postgres::connect(url, NoTls);
         let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
             .await
-            .map_err(|_| io(format!("connecting took over {}s", CONNECT_TIMEOUT.as_secs())))?
+            .map_err(|_| {
+                io(format!(
+                    "connecting took over {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(|e| io(e.to_string()))?;
         let task = tokio::spawn(async move {
             let _ = connection.await;
@@ -100,18 +105,27 @@ impl Catalog {
 
     /// Runs statements whose results are not needed.
     pub async fn batch(&self, sql: &str) -> Result<(), SourceError> {
-        self.client.batch_execute(sql).await.map_err(|e| self.io(db_error(&e)))
+        self.client
+            .batch_execute(sql)
+            .await
+            .map_err(|e| self.io(db_error(&e)))
     }
 
     /// Rows of a simple query, each value as text.
     pub async fn rows(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>, SourceError> {
-        let messages = self.client.simple_query(sql).await.map_err(|e| self.io(db_error(&e)))?;
+        let messages = self
+            .client
+            .simple_query(sql)
+            .await
+            .map_err(|e| self.io(db_error(&e)))?;
         Ok(messages
             .into_iter()
             .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => {
-                    Some((0..row.len()).map(|i| row.get(i).map(str::to_string)).collect())
-                }
+                SimpleQueryMessage::Row(row) => Some(
+                    (0..row.len())
+                        .map(|i| row.get(i).map(str::to_string))
+                        .collect(),
+                ),
                 _ => None,
             })
             .collect())
@@ -159,7 +173,10 @@ impl Catalog {
                     list.join(", ")
                 );
                 self.client.batch_execute(&sql).await.map_err(|e| {
-                    self.config(format!("cannot create publication {publication}: {}", db_error(&e)))
+                    self.config(format!(
+                        "cannot create publication {publication}: {}",
+                        db_error(&e)
+                    ))
                 })
             }
             (false, None) => Err(self.config(format!(
@@ -193,7 +210,11 @@ impl Catalog {
     }
 
     pub async fn table(&self, name: &TableName) -> Result<Table, SourceError> {
-        let regclass = quote_literal(&format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.table)));
+        let regclass = quote_literal(&format!(
+            "{}.{}",
+            quote_ident(&name.schema),
+            quote_ident(&name.table)
+        ));
         let columns: Vec<(String, u32)> = self
             .rows(&format!(
                 "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = {regclass}::regclass \
@@ -238,7 +259,9 @@ impl Catalog {
 
     /// The whole type catalog: array element types.
     pub async fn types(&self) -> Result<Types, SourceError> {
-        let rows = self.rows("SELECT oid, typcategory = 'A', typelem FROM pg_type").await?;
+        let rows = self
+            .rows("SELECT oid, typcategory = 'A', typelem FROM pg_type")
+            .await?;
         Ok(Types::from_rows(rows.into_iter().map(|r| {
             let num = |i: usize| r[i].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0);
             (num(0), r[1].as_deref() == Some("t"), num(2))
@@ -255,7 +278,9 @@ impl Catalog {
                 quote_literal(slot)
             ))
             .await?;
-        Ok(rows.first().and_then(|r| r[0].as_deref().and_then(parse_lsn)))
+        Ok(rows
+            .first()
+            .and_then(|r| r[0].as_deref().and_then(parse_lsn)))
     }
 
     /// Drops `slot` (inactive) if it exists.
@@ -271,7 +296,10 @@ impl Catalog {
     /// The server's current WAL position.
     pub async fn current_lsn(&self) -> Result<u64, SourceError> {
         let rows = self.rows("SELECT pg_current_wal_lsn()::text").await?;
-        Ok(rows.first().and_then(|r| r[0].as_deref().and_then(parse_lsn)).unwrap_or(0))
+        Ok(rows
+            .first()
+            .and_then(|r| r[0].as_deref().and_then(parse_lsn))
+            .unwrap_or(0))
     }
 
     /// Starts the read-only transaction of the backfill, under an exported snapshot.
@@ -292,7 +320,11 @@ impl Catalog {
         limit: usize,
     ) -> Result<Vec<Vec<Option<String>>>, SourceError> {
         let columns: Vec<String> = table.columns.iter().map(|(c, _)| quote_ident(c)).collect();
-        let from = format!("{}.{}", quote_ident(&table.name.schema), quote_ident(&table.name.table));
+        let from = format!(
+            "{}.{}",
+            quote_ident(&table.name.schema),
+            quote_ident(&table.name.table)
+        );
         let sql = match &table.kinds {
             None => format!("SELECT {} FROM ONLY {from}", columns.join(", ")),
             Some(kinds) => {

@@ -207,26 +207,40 @@ mod tests {
     #[test]
     fn slot_names_derive_from_materialization_and_source() {
         let config = parsed(json!({"url": "postgres://u@h/db", "publication": "p"})).unwrap();
-        assert_eq!(config.slot_name("Views-DB", "orders.cdc"), "sluice_views_db_orders_cdc");
+        assert_eq!(
+            config.slot_name("Views-DB", "orders.cdc"),
+            "sluice_views_db_orders_cdc"
+        );
         let long = config.slot_name(&"m".repeat(80), "s");
         assert_eq!(long.len(), MAX_SLOT);
         assert_ne!(long, config.slot_name(&"m".repeat(81), "s"));
         assert_eq!(sanitize_slot(&long), long);
         let target = config.target().unwrap();
-        assert_eq!((target.host.as_str(), target.port, target.database.as_str()), ("h", 5432, "db"));
+        assert_eq!(
+            (target.host.as_str(), target.port, target.database.as_str()),
+            ("h", 5432, "db")
+        );
     }
 
     #[test]
     fn errors_name_their_place() {
         for (config, place, needle) in [
             (json!({"url": "postgres://h/db"}), "", "name a publication"),
-            (json!({"url": "nope://", "publication": "p"}), "url", "not a PostgreSQL URL"),
+            (
+                json!({"url": "nope://", "publication": "p"}),
+                "url",
+                "not a PostgreSQL URL",
+            ),
             (
                 json!({"url": "postgres://h/db", "tables": ["a.b.c"]}),
                 "tables[0]",
                 "not a table name",
             ),
-            (json!({"url": "postgres://h/db", "tables": []}), "tables", "empty"),
+            (
+                json!({"url": "postgres://h/db", "tables": []}),
+                "tables",
+                "empty",
+            ),
             (
                 json!({"url": "postgres://h/db", "publication": "p", "slot": "Bad-Slot"}),
                 "slot",

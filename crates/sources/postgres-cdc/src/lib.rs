@@ -49,7 +49,10 @@ impl SourceKind for PostgresCdcKind {
         config.check()
     }
 
-    fn open(opening: &Opening<'_>, config: &PostgresCdcConfig) -> Result<Box<dyn Source>, SourceError> {
+    fn open(
+        opening: &Opening<'_>,
+        config: &PostgresCdcConfig,
+    ) -> Result<Box<dyn Source>, SourceError> {
         Ok(Box::new(PostgresCdcSource::new(
             opening.name,
             opening.materialization,

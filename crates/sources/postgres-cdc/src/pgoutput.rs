@@ -26,16 +26,32 @@ pub struct Relation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// `final_lsn`: where the commit record starts.
-    Begin { final_lsn: u64 },
+    Begin {
+        final_lsn: u64,
+    },
     /// `end_lsn`: just past the commit record (what a slot confirms).
-    Commit { end_lsn: u64 },
+    Commit {
+        end_lsn: u64,
+    },
     Relation(Relation),
-    Insert { relation: u32, new: Vec<Datum> },
+    Insert {
+        relation: u32,
+        new: Vec<Datum>,
+    },
     /// `old`: the old key (its key changed) or the whole old row (`REPLICA IDENTITY FULL`).
-    Update { relation: u32, old: Option<Vec<Datum>>, new: Vec<Datum> },
+    Update {
+        relation: u32,
+        old: Option<Vec<Datum>>,
+        new: Vec<Datum>,
+    },
     /// `old`: the key columns (others null), or the whole old row under FULL.
-    Delete { relation: u32, old: Vec<Datum> },
-    Truncate { relations: Vec<u32> },
+    Delete {
+        relation: u32,
+        old: Vec<Datum>,
+    },
+    Truncate {
+        relations: Vec<u32>,
+    },
     /// Type, Origin, logical messages.
     Other,
 }
@@ -47,7 +63,10 @@ pub struct Malformed(pub String);
 pub fn decode(mut b: BytesMut) -> Result<Message, Malformed> {
     let need = |b: &BytesMut, n: usize| {
         if b.remaining() < n {
-            Err(Malformed(format!("a message cut short ({} bytes left, {n} needed)", b.remaining())))
+            Err(Malformed(format!(
+                "a message cut short ({} bytes left, {n} needed)",
+                b.remaining()
+            )))
         } else {
             Ok(())
         }
@@ -57,12 +76,16 @@ pub fn decode(mut b: BytesMut) -> Result<Message, Malformed> {
     Ok(match tag {
         b'B' => {
             need(&b, 8)?;
-            Message::Begin { final_lsn: b.get_u64() }
+            Message::Begin {
+                final_lsn: b.get_u64(),
+            }
         }
         b'C' => {
             need(&b, 17)?;
             b.advance(1 + 8); // flags, the commit record's LSN
-            Message::Commit { end_lsn: b.get_u64() }
+            Message::Commit {
+                end_lsn: b.get_u64(),
+            }
         }
         b'R' => {
             need(&b, 4)?;
@@ -82,13 +105,21 @@ pub fn decode(mut b: BytesMut) -> Result<Message, Malformed> {
                 b.advance(4); // typmod
                 columns.push((name, oid));
             }
-            Message::Relation(Relation { id, schema, table, columns })
+            Message::Relation(Relation {
+                id,
+                schema,
+                table,
+                columns,
+            })
         }
         b'I' => {
             need(&b, 5)?;
             let relation = b.get_u32();
             b.advance(1); // 'N'
-            Message::Insert { relation, new: tuple(&mut b)? }
+            Message::Insert {
+                relation,
+                new: tuple(&mut b)?,
+            }
         }
         b'U' => {
             need(&b, 5)?;
@@ -101,22 +132,34 @@ pub fn decode(mut b: BytesMut) -> Result<Message, Malformed> {
                 kind = b.get_u8();
             }
             if kind != b'N' {
-                return Err(Malformed(format!("an update without a new tuple ({:?})", kind as char)));
+                return Err(Malformed(format!(
+                    "an update without a new tuple ({:?})",
+                    kind as char
+                )));
             }
-            Message::Update { relation, old, new: tuple(&mut b)? }
+            Message::Update {
+                relation,
+                old,
+                new: tuple(&mut b)?,
+            }
         }
         b'D' => {
             need(&b, 5)?;
             let relation = b.get_u32();
             b.advance(1); // 'K' or 'O'
-            Message::Delete { relation, old: tuple(&mut b)? }
+            Message::Delete {
+                relation,
+                old: tuple(&mut b)?,
+            }
         }
         b'T' => {
             need(&b, 5)?;
             let n = b.get_u32();
             b.advance(1); // options
             need(&b, 4 * n as usize)?;
-            Message::Truncate { relations: (0..n).map(|_| b.get_u32()).collect() }
+            Message::Truncate {
+                relations: (0..n).map(|_| b.get_u32()).collect(),
+            }
         }
         _ => Message::Other,
     })

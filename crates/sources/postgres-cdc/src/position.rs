@@ -202,7 +202,10 @@ mod tests {
         assert!(!holds("10", 200));
         assert!(holds("11", 200), "read at 300: already held");
         assert!(holds("100", 299));
-        assert!(!holds("100", 300), "the commit at the snapshot's LSN is not in it");
+        assert!(
+            !holds("100", 300),
+            "the commit at the snapshot's LSN is not in it"
+        );
         assert!(holds("2", 50), "older than both snapshots");
         assert!(!segments.holds(&name("other"), Some(&ints), &key(&["1"]), 0));
         assert_eq!(segments.after(300), Segments::default());
@@ -212,9 +215,18 @@ mod tests {
     #[test]
     fn keys_compare_as_the_chunk_query_orders_them() {
         let kinds = [KeyKind::Int, KeyKind::Text];
-        assert_eq!(compare_keys(&kinds, &key(&["9", "b"]), &key(&["10", "a"])), Ordering::Less);
-        assert_eq!(compare_keys(&kinds, &key(&["10", "B"]), &key(&["10", "a"])), Ordering::Less);
-        assert_eq!(compare_keys(&kinds, &key(&["-1", "é"]), &key(&["-1", "z"])), Ordering::Greater);
+        assert_eq!(
+            compare_keys(&kinds, &key(&["9", "b"]), &key(&["10", "a"])),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_keys(&kinds, &key(&["10", "B"]), &key(&["10", "a"])),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_keys(&kinds, &key(&["-1", "é"]), &key(&["-1", "z"])),
+            Ordering::Greater
+        );
     }
 
     #[test]

@@ -101,7 +101,11 @@ struct Streaming {
 }
 
 impl PostgresCdcSource {
-    pub fn new(name: &str, materialization: &str, config: &PostgresCdcConfig) -> Result<Self, SourceError> {
+    pub fn new(
+        name: &str,
+        materialization: &str,
+        config: &PostgresCdcConfig,
+    ) -> Result<Self, SourceError> {
         let target = config.target().map_err(|e| SourceError::Config {
             name: name.to_string(),
             reason: e.to_string(),
@@ -192,11 +196,24 @@ impl PostgresCdcSource {
     ) -> Result<(u64, String), SourceError> {
         let temporary = if temporary { " TEMPORARY" } else { "" };
         let rows = conn
-            .query(&format!("CREATE_REPLICATION_SLOT {slot}{temporary} LOGICAL pgoutput EXPORT_SNAPSHOT"))
+            .query(&format!(
+                "CREATE_REPLICATION_SLOT {slot}{temporary} LOGICAL pgoutput EXPORT_SNAPSHOT"
+            ))
             .await
             .map_err(|e| self.wire_error(&format!("cannot create replication slot {slot}"), e))?;
-        let row = rows.first().ok_or_else(|| self.wire_error("CREATE_REPLICATION_SLOT", WireError::Io(std::io::Error::other("no row"))))?;
-        let lsn = row.get(1).cloned().flatten().as_deref().and_then(parse_lsn).unwrap_or(0);
+        let row = rows.first().ok_or_else(|| {
+            self.wire_error(
+                "CREATE_REPLICATION_SLOT",
+                WireError::Io(std::io::Error::other("no row")),
+            )
+        })?;
+        let lsn = row
+            .get(1)
+            .cloned()
+            .flatten()
+            .as_deref()
+            .and_then(parse_lsn)
+            .unwrap_or(0);
         let snapshot = row.get(2).cloned().flatten().unwrap_or_default();
         Ok((lsn, snapshot))
     }
@@ -223,7 +240,8 @@ impl PostgresCdcSource {
                     if let Some(after) = &after {
                         segments.push(&tables[table], Some(after.clone()), snapshot);
                     }
-                    self.restart_backfill(consistent, tables, table, after, segments).await?
+                    self.restart_backfill(consistent, tables, table, after, segments)
+                        .await?
                 }
             }
             Some(CdcPosition::Stream { end, segments, .. }) => {
@@ -243,7 +261,9 @@ impl PostgresCdcSource {
                 .map(|(schema, table)| TableName { schema, table })
                 .collect()
         });
-        catalog.ensure_publication(&self.publication, listed.as_deref()).await?;
+        catalog
+            .ensure_publication(&self.publication, listed.as_deref())
+            .await?;
         let tables = catalog.tables(&self.publication).await?;
         if catalog.slot(&self.slot).await?.is_some() {
             // Nothing was committed from it (there is no checkpoint): a start that
@@ -256,7 +276,17 @@ impl PostgresCdcSource {
         let (consistent, snapshot) = self.create_slot(&mut holder, &slot, false).await?;
         catalog.begin_snapshot(&snapshot).await?;
         let types = catalog.types().await?;
-        Ok(self.backfill(holder, catalog, types, tables, consistent, 0, None, consistent, Segments::default()))
+        Ok(self.backfill(
+            holder,
+            catalog,
+            types,
+            tables,
+            consistent,
+            0,
+            None,
+            consistent,
+            Segments::default(),
+        ))
     }
 
     /// A checkpoint mid-backfill: the rest under a new snapshot.
@@ -277,11 +307,22 @@ impl PostgresCdcSource {
             tables.push(catalog.table(name).await?);
         }
         let mut holder = self.replication().await?;
-        let temporary = crate::config::sanitize_slot(&format!("{}_snap_{}", self.slot, std::process::id()));
+        let temporary =
+            crate::config::sanitize_slot(&format!("{}_snap_{}", self.slot, std::process::id()));
         let (snapshot_lsn, snapshot) = self.create_slot(&mut holder, &temporary, true).await?;
         catalog.begin_snapshot(&snapshot).await?;
         let types = catalog.types().await?;
-        Ok(self.backfill(holder, catalog, types, tables, consistent, table, after, snapshot_lsn, segments))
+        Ok(self.backfill(
+            holder,
+            catalog,
+            types,
+            tables,
+            consistent,
+            table,
+            after,
+            snapshot_lsn,
+            segments,
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -297,7 +338,10 @@ impl PostgresCdcSource {
         snapshot: u64,
         segments: Segments,
     ) -> Phase {
-        let layouts = tables.iter().map(|t| Layout::new(&t.name, &t.columns)).collect();
+        let layouts = tables
+            .iter()
+            .map(|t| Layout::new(&t.name, &t.columns))
+            .collect();
         Phase::Backfill(Box::new(Backfill {
             _holder: holder,
             catalog,
@@ -346,10 +390,14 @@ impl PostgresCdcSource {
             match conn.start(&command).await {
                 Ok(halves) => break halves,
                 // An earlier walsender of this slot has not noticed its client died.
-                Err(WireError::Server { code, .. }) if code == "55006" && started.elapsed() < SLOT_BUSY_WAIT => {
+                Err(WireError::Server { code, .. })
+                    if code == "55006" && started.elapsed() < SLOT_BUSY_WAIT =>
+                {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                Err(WireError::Server { code, .. }) if code == "42704" => return Err(self.slot_gone(from)),
+                Err(WireError::Server { code, .. }) if code == "42704" => {
+                    return Err(self.slot_gone(from));
+                }
                 Err(e) => return Err(self.wire_error("cannot start replication", e)),
             }
         };
@@ -372,7 +420,11 @@ impl PostgresCdcSource {
         Position::in_log(self.origin.clone(), Unit::Offset, at, index)
     }
 
-    async fn queue_backfill(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Option<Step>, SourceError> {
+    async fn queue_backfill(
+        &mut self,
+        limits: QueueLimits,
+        out: &mut Records,
+    ) -> Result<Option<Step>, SourceError> {
         let Phase::Backfill(b) = &mut self.phase else {
             return Ok(None);
         };
@@ -387,19 +439,40 @@ impl PostgresCdcSource {
                 break; // a table read whole is a step of its own
             }
             while let Some(row) = b.rows.pop_front() {
-                if !whole && records > 0 && (records >= limits.max_records || data.len() as u64 >= limits.max_bytes) {
+                if !whole
+                    && records > 0
+                    && (records >= limits.max_records || data.len() as u64 >= limits.max_bytes)
+                {
                     b.rows.push_front(row);
                     break 'step;
                 }
                 doc.clear();
-                let values = row.iter().enumerate().map(|(i, v)| (i, table.columns[i].1, v.as_deref()));
+                let values = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (i, table.columns[i].1, v.as_deref()));
                 b.layouts[b.table].write(&mut doc, &b.types, "r", b.snapshot, values);
-                out.push_json(&doc, Position::in_log(self.origin.clone(), Unit::Offset, b.snapshot, records as u64), doc.len());
+                out.push_json(
+                    &doc,
+                    Position::in_log(
+                        self.origin.clone(),
+                        Unit::Offset,
+                        b.snapshot,
+                        records as u64,
+                    ),
+                    doc.len(),
+                );
                 data.extend_from_slice(&doc);
                 data.push(b'\n');
                 records += 1;
                 if !whole {
-                    b.after = Some(table.key.iter().map(|&i| row[i].clone().unwrap_or_default()).collect());
+                    b.after = Some(
+                        table
+                            .key
+                            .iter()
+                            .map(|&i| row[i].clone().unwrap_or_default())
+                            .collect(),
+                    );
                 }
             }
             if b.exhausted {
@@ -410,7 +483,11 @@ impl PostgresCdcSource {
                 b.exhausted = false;
                 continue;
             }
-            let limit = if whole { usize::MAX } else { chunk_rows.min(limits.max_records.max(1)) };
+            let limit = if whole {
+                usize::MAX
+            } else {
+                chunk_rows.min(limits.max_records.max(1))
+            };
             let rows = b.catalog.chunk(table, b.after.as_deref(), limit).await?;
             b.exhausted = whole || rows.len() < limit;
             b.rows.extend(rows);
@@ -428,7 +505,11 @@ impl PostgresCdcSource {
             // Nothing left to read: stream from the consistent point.
             let (consistent, segments) = (b.consistent, b.segments.clone());
             self.phase = Phase::Idle;
-            self.resume = Some(CdcPosition::Stream { begin: consistent, end: consistent, segments: segments.0 });
+            self.resume = Some(CdcPosition::Stream {
+                begin: consistent,
+                end: consistent,
+                segments: segments.0,
+            });
             return Ok(None);
         }
         let mut hasher = StepHasher::new();
@@ -458,7 +539,16 @@ impl PostgresCdcSource {
         bytes
     }
 
-    fn stream_step(&self, begin: u64, end: u64, segments: &Segments, records: usize, bytes: u64, hasher: StepHasher, end_of_input: bool) -> Step {
+    fn stream_step(
+        &self,
+        begin: u64,
+        end: u64,
+        segments: &Segments,
+        records: usize,
+        bytes: u64,
+        hasher: StepHasher,
+        end_of_input: bool,
+    ) -> Step {
         let position = CdcPosition::Stream {
             begin,
             end,
@@ -486,8 +576,13 @@ impl PostgresCdcSource {
         }
     }
 
-    fn parse_position(&self, action: &'static str, value: &Value) -> Result<CdcPosition, SourceError> {
-        serde_json::from_value(value.clone()).map_err(|e| self.bad_resume(action, value, e.to_string()))
+    fn parse_position(
+        &self,
+        action: &'static str,
+        value: &Value,
+    ) -> Result<CdcPosition, SourceError> {
+        serde_json::from_value(value.clone())
+            .map_err(|e| self.bad_resume(action, value, e.to_string()))
     }
 }
 
@@ -521,7 +616,11 @@ impl Source for PostgresCdcSource {
                 hasher.append(data);
                 let mut records = 0;
                 for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                    out.push_json(line, self.position_of(*snapshot, records as u64), line.len());
+                    out.push_json(
+                        line,
+                        self.position_of(*snapshot, records as u64),
+                        line.len(),
+                    );
                     records += 1;
                 }
                 self.phase = Phase::Idle;
@@ -530,11 +629,25 @@ impl Source for PostgresCdcSource {
                     bytes: data.len() as u64,
                     errors: Vec::new(),
                     end_of_input: false,
-                    resume: Resume::Replay { position: position.clone(), data: Some(data.clone()), hash: hasher.finish() },
+                    resume: Resume::Replay {
+                        position: position.clone(),
+                        data: Some(data.clone()),
+                        hash: hasher.finish(),
+                    },
                 }
             }
-            (CdcPosition::Stream { begin, end, segments }, None) => {
-                match self.replay_stream(*begin, *end, Segments(segments.clone()), out).await {
+            (
+                CdcPosition::Stream {
+                    begin,
+                    end,
+                    segments,
+                },
+                None,
+            ) => {
+                match self
+                    .replay_stream(*begin, *end, Segments(segments.clone()), out)
+                    .await
+                {
                     Ok(step) => step,
                     Err(e) => {
                         out.truncate(first);
@@ -543,7 +656,13 @@ impl Source for PostgresCdcSource {
                     }
                 }
             }
-            _ => return Err(self.bad_resume("replay", position, "a backfill step journals its rows; a streamed one does not".into())),
+            _ => {
+                return Err(self.bad_resume(
+                    "replay",
+                    position,
+                    "a backfill step journals its rows; a streamed one does not".into(),
+                ));
+            }
         };
         if let Err(e) = check_replay(&self.name, step, replayed.resume.hash()) {
             out.truncate(first);
@@ -575,13 +694,20 @@ impl Source for PostgresCdcSource {
             let txn = match s.pending.take() {
                 Some(txn) => txn,
                 None => {
-                    let one = QueueLimits { max_records: 1, max_bytes: u64::MAX };
+                    let one = QueueLimits {
+                        max_records: 1,
+                        max_bytes: u64::MAX,
+                    };
                     let mut items = match prefetch.take(one) {
                         Ok(items) => items,
                         Err(e) => {
                             let segments = s.segments.0.clone();
                             self.phase = Phase::Idle;
-                            self.resume = Some(CdcPosition::Stream { begin, end: begin, segments });
+                            self.resume = Some(CdcPosition::Stream {
+                                begin,
+                                end: begin,
+                                segments,
+                            });
                             return Err(e);
                         }
                     };
@@ -673,7 +799,13 @@ impl Source for PostgresCdcSource {
 impl PostgresCdcSource {
     /// Re-reads the transactions ending in `(begin, end]` from the slot, leaving the
     /// stream after them for the steps that follow.
-    async fn replay_stream(&mut self, begin: u64, end: u64, segments: Segments, out: &mut Records) -> Result<Step, SourceError> {
+    async fn replay_stream(
+        &mut self,
+        begin: u64,
+        end: u64,
+        segments: Segments,
+        out: &mut Records,
+    ) -> Result<Step, SourceError> {
         let reuse = matches!(&self.phase, Phase::Stream(s) if s.stream.is_some() && s.end == begin && s.pending.is_none());
         if !reuse {
             self.phase = Phase::Idle;
@@ -690,7 +822,9 @@ impl PostgresCdcSource {
         let mut taken = Vec::new();
         let mut records = 0;
         if begin < end {
-            let Phase::Stream(s) = &mut self.phase else { unreachable!("set above") };
+            let Phase::Stream(s) = &mut self.phase else {
+                unreachable!("set above")
+            };
             let stream = s.stream.as_mut().expect("set above");
             loop {
                 match stream.next().await? {

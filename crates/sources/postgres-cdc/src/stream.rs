@@ -180,7 +180,10 @@ impl Stream {
                     if reply {
                         self.reply.notify_one();
                     }
-                    if !self.caught.load(Ordering::SeqCst) && wal_end >= self.target && self.txn.is_none() {
+                    if !self.caught.load(Ordering::SeqCst)
+                        && wal_end >= self.target
+                        && self.txn.is_none()
+                    {
                         self.caught.store(true, Ordering::SeqCst);
                         return Ok(Item::CaughtUp);
                     }
@@ -247,7 +250,11 @@ impl Stream {
         let key: Vec<usize> = table
             .key
             .iter()
-            .filter_map(|&k| rel.columns.iter().position(|(c, _)| *c == table.columns[k].0))
+            .filter_map(|&k| {
+                rel.columns
+                    .iter()
+                    .position(|(c, _)| *c == table.columns[k].0)
+            })
             .collect();
         let layout = Layout::new(&name, &rel.columns);
         self.relations.insert(
@@ -274,7 +281,9 @@ impl Stream {
         new: &[Datum],
     ) -> Result<(), SourceError> {
         let Some(rel) = self.relations.get(&relation) else {
-            return Err(self.malformed(format!("a change of relation {relation} before its description")));
+            return Err(self.malformed(format!(
+                "a change of relation {relation} before its description"
+            )));
         };
         let Some(txn) = self.txn.as_mut() else {
             return Err(self.malformed("a change outside a transaction".into()));
@@ -306,13 +315,17 @@ impl Stream {
                     Datum::Text(t) => Some((i, oid, Some(t.as_str()))),
                 }
             });
-            rel.layout.write(&mut txn.text, types, op, txn.final_lsn, values);
+            rel.layout
+                .write(&mut txn.text, types, op, txn.final_lsn, values);
             txn.ends.push(txn.text.len());
         };
         if op == "d" {
             let old = old.unwrap_or_default();
             // Only the key columns are sent unless the identity is FULL.
-            let full = old.iter().enumerate().any(|(i, d)| !rel.key.contains(&i) && *d != Datum::Null);
+            let full = old
+                .iter()
+                .enumerate()
+                .any(|(i, d)| !rel.key.contains(&i) && *d != Datum::Null);
             if !held(&key_of(old)) {
                 emit(txn, "d", old, !full);
             }
@@ -346,7 +359,11 @@ async fn feedback(
         if writer.status(flushed, catching_up).await.is_err() {
             return; // the reader sees the broken connection
         }
-        let every = if catching_up { STATUS_CATCHING_UP } else { STATUS_EVERY };
+        let every = if catching_up {
+            STATUS_CATCHING_UP
+        } else {
+            STATUS_EVERY
+        };
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = reply.notified() => {}

@@ -45,17 +45,25 @@ impl LogicalPostgres {
             port,
         };
         if is_root() {
-            run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&server.dir.0));
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&server.dir.0));
         }
         let data = server.data();
-        server.tool("initdb", &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"]);
+        server.tool(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync"],
+        );
         let options = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical \
              -c max_replication_slots=64 -c max_wal_senders=64 -c fsync=off",
             server.dir.0.display()
         );
         let log = format!("{}/server.log", server.dir.0.display());
-        server.tool("pg_ctl", &["-D", &data, "-l", &log, "-o", &options, "-w", "start"]);
+        server.tool(
+            "pg_ctl",
+            &["-D", &data, "-l", &log, "-o", &options, "-w", "start"],
+        );
         server
     }
 

@@ -217,7 +217,10 @@ fn write_bytea(text: &str, out: &mut Vec<u8>) {
             (digit(pair[0]) << 4) | pair.get(1).map_or(0, |&c| digit(c))
         })
         .collect();
-    write_string(&base64::engine::general_purpose::STANDARD.encode(bytes), out);
+    write_string(
+        &base64::engine::general_purpose::STANDARD.encode(bytes),
+        out,
+    );
 }
 
 fn write_string(text: &str, out: &mut Vec<u8>) {
@@ -232,7 +235,8 @@ mod tests {
     fn json_of(types: &Types, oid: u32, text: Option<&str>) -> Value {
         let mut out = Vec::new();
         types.write(oid, text, &mut out);
-        serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(&out)))
+        serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(&out)))
     }
 
     #[test]
@@ -253,7 +257,10 @@ mod tests {
     fn arrays_nest_and_decode_their_elements() {
         let t = Types::from_rows([(1007, true, 23), (1009, true, 25), (23, false, 0)]);
         assert_eq!(json_of(&t, 1007, Some("{1,2,NULL}")), json!([1, 2, null]));
-        assert_eq!(json_of(&t, 1007, Some("{{1,2},{3,4}}")), json!([[1, 2], [3, 4]]));
+        assert_eq!(
+            json_of(&t, 1007, Some("{{1,2},{3,4}}")),
+            json!([[1, 2], [3, 4]])
+        );
         assert_eq!(json_of(&t, 1007, Some("[0:1]={5,6}")), json!([5, 6]));
         assert_eq!(json_of(&t, 1007, Some("{}")), json!([]));
         assert_eq!(
@@ -273,7 +280,10 @@ mod tests {
             json_of(&t, oid::TIMESTAMP, Some("2024-01-02 03:04:05")),
             json!("2024-01-02T03:04:05")
         );
-        assert_eq!(json_of(&t, oid::TIMESTAMP, Some("infinity")), json!("infinity"));
+        assert_eq!(
+            json_of(&t, oid::TIMESTAMP, Some("infinity")),
+            json!("infinity")
+        );
         assert_eq!(json_of(&t, oid::BYTEA, Some("\\x00ff")), json!("AP8="));
     }
 }

@@ -218,20 +218,22 @@ impl Connection {
                     if !mechanisms.split('\0').any(|m| m == sasl::SCRAM_SHA_256) {
                         return Err(protocol(format!("no SASL mechanism we know: {mechanisms}")));
                     }
-                    let s = sasl::ScramSha256::new(
-                        &password()?,
-                        sasl::ChannelBinding::unsupported(),
-                    );
+                    let s =
+                        sasl::ScramSha256::new(&password()?, sasl::ChannelBinding::unsupported());
                     frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf)?;
                     scram = Some(s);
                 }
                 11 => {
-                    let s = scram.as_mut().ok_or_else(|| protocol("SASL out of order"))?;
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| protocol("SASL out of order"))?;
                     s.update(&message.body)?;
                     frontend::sasl_response(s.message(), &mut buf)?;
                 }
                 12 => {
-                    let s = scram.as_mut().ok_or_else(|| protocol("SASL out of order"))?;
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| protocol("SASL out of order"))?;
                     s.finish(&message.body)?;
                     continue;
                 }

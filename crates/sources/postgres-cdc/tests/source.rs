@@ -21,7 +21,10 @@ async fn sql(url: &str) -> Client {
 
 fn config(url: &str, extra: Value) -> PostgresCdcConfig {
     let mut value = json!({"url": url, "tables": ["public.items"], "chunk_rows": 3});
-    value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    value
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
     let config: PostgresCdcConfig = sluice_source_sdk::config::parse(value).unwrap();
     config.check().unwrap();
     config
@@ -56,9 +59,15 @@ async fn until(
         if finished {
             return;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "no end after {} docs: {docs:?}", docs.len());
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no end after {} docs: {docs:?}",
+            docs.len()
+        );
         if steps.last().unwrap().records == 0 {
-            tokio::time::timeout(Duration::from_millis(200), source.ready()).await.ok();
+            tokio::time::timeout(Duration::from_millis(200), source.ready())
+                .await
+                .ok();
         }
     }
 }
@@ -119,7 +128,10 @@ async fn snapshot_then_streamed_changes_fold_to_the_table() {
     // The backfill: chunks of 3 rows (chunk_rows), steps of at most 4 documents.
     until(&mut cdc, 4, &mut docs, &mut steps, |d, _| d.len() >= 10).await;
     assert!(docs.iter().all(|d| d["_meta"]["op"] == "r"), "{docs:?}");
-    assert_eq!(docs[0]["_meta"]["source"], json!({"schema": "public", "table": "items"}));
+    assert_eq!(
+        docs[0]["_meta"]["source"],
+        json!({"schema": "public", "table": "items"})
+    );
     assert!(steps.iter().all(|s| s.records <= 4));
     client
         .batch_execute(
@@ -131,9 +143,20 @@ async fn snapshot_then_streamed_changes_fold_to_the_table() {
         .await
         .unwrap();
     until(&mut cdc, 1000, &mut docs, &mut steps, caught_up).await;
-    let ops: Vec<&str> = docs[10..].iter().map(|d| d["_meta"]["op"].as_str().unwrap()).collect();
-    assert_eq!(ops, ["c", "c", "u", "u", "d", "d", "d", "u", "c"], "{docs:?}");
-    assert_eq!(docs[10 + 4], json!({"_meta": docs[10 + 4]["_meta"], "id": 3}), "a delete carries the key");
+    let ops: Vec<&str> = docs[10..]
+        .iter()
+        .map(|d| d["_meta"]["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ops,
+        ["c", "c", "u", "u", "d", "d", "d", "u", "c"],
+        "{docs:?}"
+    );
+    assert_eq!(
+        docs[10 + 4],
+        json!({"_meta": docs[10 + 4]["_meta"], "id": 3}),
+        "a delete carries the key"
+    );
     assert_eq!(fold(&docs), table_rows(&client).await);
     // Each streamed step is whole transactions: the last one both of its changes.
     let last = steps.iter().rev().find(|s| s.records > 0).unwrap();
@@ -256,17 +279,34 @@ async fn a_restart_mid_stream_replays_the_step_by_its_lsn_range() {
     let committed = commit(&mut first, &steps);
     // The step the crash interrupts: read and journaled, not committed.
     let (mut interrupted_docs, mut interrupted) = (Vec::new(), Vec::new());
-    until(&mut first, 2, &mut interrupted_docs, &mut interrupted, |d, _| !d.is_empty()).await;
+    until(
+        &mut first,
+        2,
+        &mut interrupted_docs,
+        &mut interrupted,
+        |d, _| !d.is_empty(),
+    )
+    .await;
     let journaled = interrupted.pop().unwrap().resume;
     assert!(interrupted.iter().all(|s| s.records == 0));
-    assert!(matches!(&journaled, Resume::Replay { data: None, .. }), "{journaled:?}");
+    assert!(
+        matches!(&journaled, Resume::Replay { data: None, .. }),
+        "{journaled:?}"
+    );
     drop(first);
     let mut second = source(&config);
     second.seek(&committed).await.unwrap();
     // A replay with another hash is refused.
     if let Resume::Replay { position, hash, .. } = &journaled {
-        let tampered = Resume::Replay { position: position.clone(), data: None, hash: hash ^ 1 };
-        let err = second.replay(&tampered, &mut Records::default()).await.unwrap_err();
+        let tampered = Resume::Replay {
+            position: position.clone(),
+            data: None,
+            hash: hash ^ 1,
+        };
+        let err = second
+            .replay(&tampered, &mut Records::default())
+            .await
+            .unwrap_err();
         assert!(matches!(err, SourceError::ReplayMismatch { .. }), "{err}");
     }
     second.seek(&committed).await.unwrap();
@@ -277,7 +317,10 @@ async fn a_restart_mid_stream_replays_the_step_by_its_lsn_range() {
     docs.extend(interrupted_docs);
     until(&mut second, 100, &mut docs, &mut Vec::new(), caught_up).await;
     assert_eq!(fold(&docs), table_rows(&client).await);
-    let ids: Vec<i64> = docs[2..].iter().map(|d| d["id"].as_i64().unwrap()).collect();
+    let ids: Vec<i64> = docs[2..]
+        .iter()
+        .map(|d| d["id"].as_i64().unwrap())
+        .collect();
     assert_eq!(ids, [10, 11, 12, 13, 14], "each change handed over once");
 }
 
@@ -301,13 +344,34 @@ async fn bad_setups_get_errors_naming_what_to_change() {
         .batch_execute("CREATE TABLE nokey (a int); CREATE TABLE items (id bigint PRIMARY KEY);")
         .await
         .unwrap();
-    let err = error_of(&mut source(&config(&pg.url(), json!({"tables": null, "publication": "nope"})))).await;
-    assert!(err.contains("publication `nope` does not exist") && err.contains("tables:"), "{err}");
-    let err = error_of(&mut source(&config(&pg.url(), json!({"tables": ["nokey"], "slot": "nokey"})))).await;
-    assert!(err.contains("table public.nokey has no primary key"), "{err}");
+    let err = error_of(&mut source(&config(
+        &pg.url(),
+        json!({"tables": null, "publication": "nope"}),
+    )))
+    .await;
+    assert!(
+        err.contains("publication `nope` does not exist") && err.contains("tables:"),
+        "{err}"
+    );
+    let err = error_of(&mut source(&config(
+        &pg.url(),
+        json!({"tables": ["nokey"], "slot": "nokey"}),
+    )))
+    .await;
+    assert!(
+        err.contains("table public.nokey has no primary key"),
+        "{err}"
+    );
     // The shared server runs wal_level=replica.
-    let err = error_of(&mut source(&config("postgres://postgres@127.0.0.1:5432/test", json!({})))).await;
-    assert!(err.contains("wal_level = replica") && err.contains("logical"), "{err}");
+    let err = error_of(&mut source(&config(
+        "postgres://postgres@127.0.0.1:5432/test",
+        json!({}),
+    )))
+    .await;
+    assert!(
+        err.contains("wal_level = replica") && err.contains("logical"),
+        "{err}"
+    );
     // A slot dropped under a committed position.
     let config = config(&pg.url(), json!({}));
     let mut cdc = source(&config);
@@ -328,7 +392,10 @@ async fn bad_setups_get_errors_naming_what_to_change() {
     let mut cdc = source(&config);
     cdc.seek(&committed).await.unwrap();
     let err = error_of(&mut cdc).await;
-    assert!(err.contains(&format!("replication slot `{slot}` no longer exists")), "{err}");
+    assert!(
+        err.contains(&format!("replication slot `{slot}` no longer exists")),
+        "{err}"
+    );
 }
 
 #[tokio::test]
