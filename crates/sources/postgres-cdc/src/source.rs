@@ -26,6 +26,10 @@
 //! `end_of_input` is never said during the backfill; while streaming it says the
 //! server has sent everything written before the stream started and nothing is
 //! buffered (the runtime ends a run there; `--follow` goes on).
+//!
+//! Length: about 850 lines, over the house's 800, as the phases share the opening and
+//! the step-making code; the pure rules already live in `position`, the I/O in
+//! `catalog`, `wire` and `stream`. Splitting the backfill phase out is the next cut.
 
 use crate::catalog::{Catalog, Table};
 use crate::config::{PostgresCdcConfig, split_table};
@@ -527,28 +531,26 @@ impl PostgresCdcSource {
         }))
     }
 
-    /// Hands over one transaction's documents.
-    fn emit_txn(&self, txn: &Txn, out: &mut Records, hasher: &mut StepHasher) -> u64 {
-        let mut bytes = 0;
-        for (i, doc) in txn.docs().enumerate() {
-            out.push_json(doc, self.position_of(txn.final_lsn, i as u64), doc.len());
-            hasher.append(doc);
-            hasher.append(b"\n");
-            bytes += doc.len() as u64;
-        }
-        bytes
-    }
-
+    /// The step of the whole transactions `txns`, ending at `end`: their documents
+    /// handed over, hashed as the replay will hash them.
     fn stream_step(
         &self,
-        begin: u64,
-        end: u64,
+        (begin, end): (u64, u64),
         segments: &Segments,
-        records: usize,
-        bytes: u64,
-        hasher: StepHasher,
+        txns: &[Txn],
+        out: &mut Records,
         end_of_input: bool,
     ) -> Step {
+        let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
+        for txn in txns {
+            for (i, doc) in txn.docs().enumerate() {
+                out.push_json(doc, self.position_of(txn.final_lsn, i as u64), doc.len());
+                hasher.append(doc);
+                hasher.append(b"\n");
+                records += 1;
+                bytes += doc.len() as u64;
+            }
+        }
         let position = CdcPosition::Stream {
             begin,
             end,
@@ -688,7 +690,7 @@ impl Source for PostgresCdcSource {
         }
         let prefetch = s.prefetch.as_ref().expect("spawned above");
         let begin = s.end;
-        let (mut records, mut bytes, mut hasher) = (0usize, 0u64, StepHasher::new());
+        let (mut records, mut bytes) = (0usize, 0u64);
         let mut taken = Vec::new();
         loop {
             let txn = match s.pending.take() {
@@ -733,11 +735,7 @@ impl Source for PostgresCdcSource {
         }
         let (end, segments) = (s.end, s.segments.clone());
         let end_of_input = s.caught_up && s.pending.is_none() && prefetch.queued().records == 0;
-        let mut bytes = 0;
-        for txn in &taken {
-            bytes += self.emit_txn(txn, out, &mut hasher);
-        }
-        Ok(self.stream_step(begin, end, &segments, records, bytes, hasher, end_of_input))
+        Ok(self.stream_step((begin, end), &segments, &taken, out, end_of_input))
     }
 
     async fn ready(&mut self) {
@@ -820,7 +818,6 @@ impl PostgresCdcSource {
             }));
         }
         let mut taken = Vec::new();
-        let mut records = 0;
         if begin < end {
             let Phase::Stream(s) = &mut self.phase else {
                 unreachable!("set above")
@@ -830,7 +827,6 @@ impl PostgresCdcSource {
                 match stream.next().await? {
                     Item::CaughtUp => s.caught_up = true,
                     Item::Txn(txn) if txn.end_lsn <= end => {
-                        records += txn.ends.len();
                         let last = txn.end_lsn == end;
                         taken.push(txn);
                         if last {
@@ -854,11 +850,6 @@ impl PostgresCdcSource {
             }
             s.end = end;
         }
-        let mut hasher = StepHasher::new();
-        let mut bytes = 0;
-        for txn in &taken {
-            bytes += self.emit_txn(txn, out, &mut hasher);
-        }
-        Ok(self.stream_step(begin, end, &segments, records, bytes, hasher, false))
+        Ok(self.stream_step((begin, end), &segments, &taken, out, false))
     }
 }
