@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod combine;
+mod http;
 mod latency;
 mod loads;
 mod mysql;
@@ -17,6 +18,9 @@ pub(crate) use mysql::database_url;
 pub enum BenchCommand {
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// Clients pushing to the HTTP source into SQLite: batches' docs/s, then the time
+    /// of one-document requests to their durable 200 (p50, p99).
+    Http(http::HttpArgs),
     /// One document at a time through `sluice run --follow`: the time from its source
     /// until its row is visible in the store (p50, p90, p99).
     Latency(latency::LatencyArgs),
@@ -35,6 +39,7 @@ pub enum BenchCommand {
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Http(args) => http::run(args),
         BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),

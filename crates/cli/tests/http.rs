@@ -120,7 +120,12 @@ fn posted_documents_are_in_the_store_when_the_200_comes() {
     let running = fx.start();
     let docs = generate(500, 37, 3);
     let first = fx.post(None, &lines(&docs[..300]));
-    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
     assert_eq!(first.json()["documents"], 300);
     // Durable before the answer: the store holds the body now.
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs[..300]));

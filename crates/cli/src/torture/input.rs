@@ -7,6 +7,10 @@
 //!
 //! A segment is produced only while no run reads (between runs), and whole: the
 //! model's segments are then exactly what the broker holds.
+//!
+//! The HTTP input is pushed instead: its segments wait here, and the `http` scenario's
+//! clients post them (in bodies with Idempotency-Keys) while runs are killed under
+//! them.
 
 use super::server::{PrivateBroker, PrivateServer};
 use super::store::{block_on, yaml_str};
@@ -31,12 +35,29 @@ pub enum SourceKind {
     File,
     Kafka,
     Nats,
+    Http,
 }
 
+/// The bearer token of the torture's HTTP source.
+pub const HTTP_TOKEN: &str = "torture";
+/// The HTTP source's name, as its route says it.
+pub const HTTP_SOURCE: &str = "events";
+
 pub enum Input {
-    File { path: PathBuf },
-    Kafka { broker: PrivateBroker },
-    Nats { broker: PrivateBroker },
+    File {
+        path: PathBuf,
+    },
+    Kafka {
+        broker: PrivateBroker,
+    },
+    Nats {
+        broker: PrivateBroker,
+    },
+    Http {
+        address: std::net::SocketAddr,
+        /// Documents generated, not yet handed to the clients.
+        unsent: Vec<Value>,
+    },
 }
 
 impl Input {
@@ -67,6 +88,13 @@ impl Input {
                 .with_context(|| format!("creating stream {STREAM} at {}", broker.url()))?;
                 Input::Nats { broker }
             }
+            SourceKind::Http => {
+                let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+                Input::Http {
+                    address: probe.local_addr()?,
+                    unsent: Vec::new(),
+                }
+            }
         })
     }
 
@@ -76,13 +104,14 @@ impl Input {
             Input::File { .. } => "file",
             Input::Kafka { .. } => "kafka",
             Input::Nats { .. } => "nats",
+            Input::Http { .. } => "http",
         }
     }
 
     /// The private broker, if the input lives in one.
     pub fn broker(&mut self) -> Option<&mut PrivateBroker> {
         match self {
-            Input::File { .. } => None,
+            Input::File { .. } | Input::Http { .. } => None,
             Input::Kafka { broker } | Input::Nats { broker } => Some(broker),
         }
     }
@@ -103,6 +132,9 @@ impl Input {
                     broker.url()
                 )
             }
+            Input::Http { address, .. } => {
+                format!(r#"http: {{listen: "{address}", token: {HTTP_TOKEN}}}"#)
+            }
         }
     }
 
@@ -110,6 +142,10 @@ impl Input {
     /// by the broker.
     pub fn append(&mut self, docs: &[Value]) -> anyhow::Result<()> {
         match self {
+            Input::Http { unsent, .. } => {
+                unsent.extend_from_slice(docs);
+                Ok(())
+            }
             Input::File { path } => {
                 append_lines(path, docs).with_context(|| format!("writing {}", path.display()))
             }

@@ -125,12 +125,9 @@ impl Batch {
     /// Each document's text, in order, with its byte offset in the batch.
     pub fn docs(&self) -> impl Iterator<Item = (u64, &[u8])> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts.zip(&self.ends).map(|(start, &end)| {
-            (
-                u64::from(start),
-                &self.text[start as usize..end as usize],
-            )
-        })
+        starts
+            .zip(&self.ends)
+            .map(|(start, &end)| (u64::from(start), &self.text[start as usize..end as usize]))
     }
 }
 
@@ -272,10 +269,19 @@ mod tests {
                 "line 2: invalid JSON at column 5: EOF while parsing a value",
             ),
             (b"{\"a\":1}\n\n[1]\n", "line 3: an array, not a JSON object"),
-            (b"{\"a\":1} {\"b\":2}", "line 1: invalid JSON at column 9: trailing characters"),
+            (
+                b"{\"a\":1} {\"b\":2}",
+                "line 1: invalid JSON at column 9: trailing characters",
+            ),
             (b"{\"a\":1}\n42", "line 2: a number, not a JSON object"),
-            (b"[{\"a\":1}, \"x\"]", "element 2: a string, not a JSON object"),
-            (b"[{\"a\":1},\n {\"a\" 2}]", "line 2 column 7: invalid JSON at column 7"),
+            (
+                b"[{\"a\":1}, \"x\"]",
+                "element 2: a string, not a JSON object",
+            ),
+            (
+                b"[{\"a\":1},\n {\"a\" 2}]",
+                "line 2 column 7: invalid JSON at column 7",
+            ),
             (b"\xff", "line 1: invalid JSON"),
             (b"", "the body holds no documents"),
             (b" \n\n", "the body holds no documents"),
@@ -317,7 +323,11 @@ mod tests {
         );
         assert_eq!(unframe(&[]).unwrap(), []);
         assert!(unframe(b"XXXX").unwrap_err().contains("SLH1"));
-        assert!(unframe(&data[..data.len() - 1]).unwrap_err().contains("body 2"));
+        assert!(
+            unframe(&data[..data.len() - 1])
+                .unwrap_err()
+                .contains("body 2")
+        );
     }
 
     /// The step hash is over the framed data, fixed across releases: a change of the
@@ -325,7 +335,13 @@ mod tests {
     #[test]
     fn the_step_hash_of_a_frozen_step_is_stable() {
         let mut data = Vec::new();
-        frame(&mut data, 1, Some("k"), 2, &Batch::parse(b"{\"a\":1}").unwrap());
+        frame(
+            &mut data,
+            1,
+            Some("k"),
+            2,
+            &Batch::parse(b"{\"a\":1}").unwrap(),
+        );
         assert_eq!(
             data,
             b"SLH1\x01\0\0\0\0\0\0\0\x01\0k\x02\0\0\0\0\0\0\0\x01\0\0\0\x07\0\0\0{\"a\":1}"

@@ -52,7 +52,9 @@ fn default_idempotency_window() -> Duration {
 impl HttpConfig {
     /// The listening address, checked by [`HttpConfig::check`].
     pub fn address(&self) -> SocketAddr {
-        self.listen.parse().expect("checked when the pipeline was read")
+        self.listen
+            .parse()
+            .expect("checked when the pipeline was read")
     }
 
     /// What serde cannot check.
@@ -132,7 +134,11 @@ mod tests {
     #[test]
     fn errors_name_their_place() {
         for (config, place, needle) in [
-            (json!({"listen": "127.0.0.1:8080"}), "", "missing field `token`"),
+            (
+                json!({"listen": "127.0.0.1:8080"}),
+                "",
+                "missing field `token`",
+            ),
             (
                 json!({"listen": "localhost", "token": "t"}),
                 "listen",

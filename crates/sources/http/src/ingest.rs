@@ -182,9 +182,8 @@ impl Shared {
             }
             Err(e) => {
                 if state.phase == Phase::Running {
-                    state.phase = Phase::Failed(format!(
-                        "cannot write the idempotency keys file {e}"
-                    ));
+                    state.phase =
+                        Phase::Failed(format!("cannot write the idempotency keys file {e}"));
                 }
             }
         }
@@ -273,7 +272,8 @@ impl Shared {
         while let Some(front) = state.queue.front() {
             let (n, b) = (front.batch.len(), front.batch.bytes());
             if !front.durable
-                || (records > 0 && (records + n > limits.max_records || bytes + b > limits.max_bytes))
+                || (records > 0
+                    && (records + n > limits.max_records || bytes + b > limits.max_bytes))
             {
                 break;
             }
@@ -384,9 +384,7 @@ impl Shared {
                      Idempotency-Key (a retry without one may apply them twice)"
                 ))
             } else {
-                Answer::NotApplied(format!(
-                    "{why}: this request was not applied; retry it"
-                ))
+                Answer::NotApplied(format!("{why}: this request was not applied; retry it"))
             };
             for waiter in waiting.waiters {
                 let _ = waiter.send(answer.clone());

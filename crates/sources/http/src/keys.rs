@@ -442,7 +442,13 @@ impl WriterThread {
                     seq,
                     then: answer,
                 } => {
-                    serde_json::to_writer(&mut text, &Line::Marker { committed: txn, seq })?;
+                    serde_json::to_writer(
+                        &mut text,
+                        &Line::Marker {
+                            committed: txn,
+                            seq,
+                        },
+                    )?;
                     self.table.commit(txn, seq);
                     then.push(answer);
                 }
@@ -611,7 +617,10 @@ mod tests {
             txn: None,
         };
         table.insert(entry.clone());
-        let file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         let writer = Writer::spawn(path.clone(), file, table, Box::new(|_| {}));
         assert!(writer.send(Command::Record(entry)));
         writer.join();
@@ -627,7 +636,10 @@ mod tests {
         // A whole line that does not read is corruption, named by line.
         std::fs::write(&path, format!("{text}{{\"nonsense\":1}}\n")).unwrap();
         let error = open(dir.path(), at(7, 1), &[], NOW, WINDOW).unwrap_err();
-        assert!(error.to_string().contains("keys.jsonl:3: not a line"), "{error}");
+        assert!(
+            error.to_string().contains("keys.jsonl:3: not a line"),
+            "{error}"
+        );
         std::fs::write(&path, "{\"format\":\"sluice-http-keys\",\"version\":2}\n").unwrap();
         let error = open(dir.path(), None, &[], NOW, WINDOW).unwrap_err();
         assert!(error.to_string().contains("newer than"), "{error}");

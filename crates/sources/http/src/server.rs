@@ -144,7 +144,10 @@ async fn bind(name: &str, address: SocketAddr) -> Result<tokio::net::TcpListener
 fn reply(status: StatusCode, body: Value) -> Response {
     let mut response = (
         status,
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         body.to_string(),
     )
         .into_response();
@@ -217,7 +220,9 @@ async fn ingest(
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than this source's max_body_bytes ({limit} bytes): send smaller batches"),
+            format!(
+                "the body is larger than this source's max_body_bytes ({limit} bytes): send smaller batches"
+            ),
         )
     };
     let declared = headers
@@ -279,10 +284,9 @@ fn authorize(headers: &HeaderMap, token: &str) -> Result<(), Response> {
                 StatusCode::UNAUTHORIZED,
                 "no bearer token: send Authorization: Bearer <token>, the source's token",
             );
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             Err(response)
         }
         Some(presented) if bool::from(presented.as_bytes().ct_eq(token.as_bytes())) => Ok(()),

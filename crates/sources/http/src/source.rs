@@ -26,8 +26,7 @@ use crate::server::Server;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
-    check_replay,
+    FaultTolerance, QueueLimits, Queued, Records, Resume, Source, SourceError, Step, check_replay,
 };
 use std::path::PathBuf;
 use std::sync::Arc;

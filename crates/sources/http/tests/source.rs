@@ -143,7 +143,10 @@ async fn a_committed_key_answers_its_original_outcome_across_restarts() {
     // A retry while the first is pending waits for the same outcome.
     let retry = post(address, Some("order-17"), "{\"n\": 1}");
     source.committed(4, &seq(&step));
-    assert_eq!(join(request).await.json(), json!({"txn": 4, "documents": 1}));
+    assert_eq!(
+        join(request).await.json(),
+        json!({"txn": 4, "documents": 1})
+    );
     assert_eq!(join(retry).await.json(), json!({"txn": 4, "documents": 1}));
     // After the commit: answered at once, nothing queued.
     let late = join(post(address, Some("order-17"), "{\"n\": 1}")).await;
@@ -268,7 +271,8 @@ async fn a_second_instance_on_the_same_address_names_it() {
         .unwrap_err();
     let text = error.to_string();
     assert!(
-        text.contains(&format!("cannot listen on {address}")) && text.contains("two materializations"),
+        text.contains(&format!("cannot listen on {address}"))
+            && text.contains("two materializations"),
         "{text}"
     );
     drop(source);
