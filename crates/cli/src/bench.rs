@@ -3,6 +3,7 @@
 
 mod cdc;
 mod combine;
+mod http;
 mod latency;
 mod loads;
 mod mysql;
@@ -21,6 +22,9 @@ pub enum BenchCommand {
     Cdc(cdc::CdcArgs),
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// Clients pushing to the HTTP source into SQLite: batches' docs/s, then the time
+    /// of one-document requests to their durable 200 (p50, p99).
+    Http(http::HttpArgs),
     /// One document at a time through `sluice run --follow`: the time from its source
     /// until its row is visible in the store (p50, p90, p99).
     Latency(latency::LatencyArgs),
@@ -40,6 +44,7 @@ pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Cdc(args) => cdc::run(args),
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Http(args) => http::run(args),
         BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),

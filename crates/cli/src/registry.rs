@@ -10,6 +10,7 @@
 use sluice_datagen::DatagenKind;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
+use sluice_http::HttpKind;
 use sluice_kafka::KafkaKind;
 use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
@@ -30,6 +31,7 @@ pub fn registry() -> Registry {
         .with_source(kind::<KafkaKind>())
         .with_source(kind::<NatsKind>())
         .with_source(kind::<PostgresCdcKind>())
+        .with_source(kind::<HttpKind>())
         .with_driver(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,

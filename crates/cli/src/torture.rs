@@ -15,7 +15,9 @@
 //! instances of one shard), `driver-dies` (an external driver killed, stdio or gRPC),
 //! `server-restart` (a private PostgreSQL or MariaDB server crashed and started again,
 //! [`server`]), `broker-restart` (the private Kafka or NATS broker crashed and started
-//! again, repeatedly), `disk-full` (the recovery log's fsync fails). Every scenario runs
+//! again, repeatedly), `disk-full` (the recovery log's fsync fails). `--source http`
+//! runs `random` its own way ([`pushed`]): clients post the input while runs are
+//! SIGKILLed, retrying with their Idempotency-Keys until acknowledged. Every scenario runs
 //! on every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `server-restart` on the
 //! server stores only, `broker-restart` on the broker sources only. A Kafka topic's four
 //! partitions interleave in no fixed order, so the model does not know the documents of
@@ -29,6 +31,7 @@
 
 mod input;
 mod model;
+mod pushed;
 mod scenarios;
 mod server;
 mod store;
@@ -49,8 +52,9 @@ pub struct TortureArgs {
     #[arg(long, value_enum)]
     store: StoreKind,
     /// Where the input lives: a JSON-lines file, a 4-partition topic of a private
-    /// Kafka broker (tansu), a stream of a private NATS JetStream server, or a table of
-    /// a private PostgreSQL read by change data capture (postgres_cdc).
+    /// Kafka broker (tansu), a stream of a private NATS JetStream server, a table of a
+    /// private PostgreSQL read by change data capture (postgres_cdc), or clients posting
+    /// to an HTTP source (and retrying with their Idempotency-Keys).
     #[arg(long, value_enum, default_value = "file")]
     source: SourceKind,
     /// standard (one reduced row per key) or delta (one row per transaction and key).
@@ -169,6 +173,15 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
             "--source kafka interleaves four partitions in no fixed order, so the model cannot \
              tell which documents each transaction held, which --mode delta and disk-full \
              check: use --source file or nats for them"
+        );
+    }
+    if args.source == SourceKind::Http
+        && (args.mode == Mode::Delta || args.scenario != Scenario::Random)
+    {
+        bail!(
+            "--source http pushes its documents from clients that retry while runs are \
+             killed under them, in no fixed transactions: it runs --scenario random in \
+             --mode standard"
         );
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -495,13 +508,20 @@ materializations:
         delta_updates: {delta}
 runtime:
   recovery_log: {log}
-  transactions: {{max_docs: {txn_docs}, max_duration: 600s, min_duration: 600s}}
+  transactions: {{max_docs: {txn_docs}, {durations}}}
 "#,
             source = self.input.source_yaml(),
             table = store::TABLE,
             delta = self.delta,
             log = yaml_str(&log),
             txn_docs = self.txn_docs,
+            // Transactions of exactly `txn_docs` documents, except for pushed input:
+            // its clients wait for their answers, so a transaction closes when they
+            // have all been heard.
+            durations = match self.input {
+                Input::Http { .. } => "max_duration: 200ms",
+                _ => "max_duration: 600s, min_duration: 600s",
+            },
         );
         let path = self.dir.join(format!("{name}.yaml"));
         std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;

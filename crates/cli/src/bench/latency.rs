@@ -428,13 +428,13 @@ async fn wait_visible(
 }
 
 /// The pipeline, running as a child process.
-struct SluiceRun {
+pub(super) struct SluiceRun {
     child: Child,
     log: PathBuf,
 }
 
 impl SluiceRun {
-    fn start(pipeline: &Path, log: &Path) -> anyhow::Result<SluiceRun> {
+    pub(super) fn start(pipeline: &Path, log: &Path) -> anyhow::Result<SluiceRun> {
         let child = Command::new(std::env::current_exe()?)
             .args(["run", "--follow"])
             .arg(pipeline)
@@ -458,7 +458,7 @@ impl SluiceRun {
     }
 
     /// Fails if the run ended (with its log).
-    fn check(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             bail!("sluice run ended ({status}) during the bench:\n{log}");
@@ -466,7 +466,7 @@ impl SluiceRun {
         Ok(())
     }
 
-    fn stop(mut self) -> anyhow::Result<()> {
+    pub(super) fn stop(mut self) -> anyhow::Result<()> {
         self.check()?;
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -488,7 +488,7 @@ fn progress(args: &LatencyArgs, line: String) {
 }
 
 /// The `q`-quantile (nearest rank) of sorted `values`, in milliseconds.
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+pub(super) fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1].as_secs_f64() * 1e3
 }
@@ -532,7 +532,7 @@ fn report(args: &LatencyArgs, samples: &Samples) {
     }
 }
 
-fn round(ms: f64) -> f64 {
+pub(super) fn round(ms: f64) -> f64 {
     (ms * 100.0).round() / 100.0
 }
 

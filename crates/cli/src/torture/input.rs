@@ -13,6 +13,10 @@
 //!
 //! A segment is produced only while no run reads (between runs), and whole: the
 //! model's segments are then exactly what the broker holds.
+//!
+//! The HTTP input is pushed instead: its segments wait here, and the `http` scenario's
+//! clients post them (in bodies with Idempotency-Keys) while runs are killed under
+//! them.
 
 use super::server::{PrivateBroker, PrivateServer};
 use super::store::{block_on, yaml_str};
@@ -40,13 +44,33 @@ pub enum SourceKind {
     Nats,
     #[value(name = "postgres_cdc")]
     PostgresCdc,
+    Http,
 }
 
+/// The bearer token of the torture's HTTP source.
+pub const HTTP_TOKEN: &str = "torture";
+/// The HTTP source's name, as its route says it.
+pub const HTTP_SOURCE: &str = "events";
+
 pub enum Input {
-    File { path: PathBuf },
-    Kafka { broker: PrivateBroker },
-    Nats { broker: PrivateBroker },
-    PostgresCdc { server: LogicalPostgres, rows: u64 },
+    File {
+        path: PathBuf,
+    },
+    Kafka {
+        broker: PrivateBroker,
+    },
+    Nats {
+        broker: PrivateBroker,
+    },
+    PostgresCdc {
+        server: LogicalPostgres,
+        rows: u64,
+    },
+    Http {
+        address: std::net::SocketAddr,
+        /// Documents generated, not yet handed to the clients.
+        unsent: Vec<Value>,
+    },
 }
 
 /// Backfill rows per query of a postgres_cdc input: small, so that a backfill takes
@@ -99,6 +123,13 @@ impl Input {
                 .with_context(|| format!("creating table events at {}", server.url()))?;
                 Input::PostgresCdc { server, rows: 0 }
             }
+            SourceKind::Http => {
+                let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+                Input::Http {
+                    address: probe.local_addr()?,
+                    unsent: Vec::new(),
+                }
+            }
         })
     }
 
@@ -109,13 +140,14 @@ impl Input {
             Input::Kafka { .. } => "kafka",
             Input::Nats { .. } => "nats",
             Input::PostgresCdc { .. } => "postgres_cdc",
+            Input::Http { .. } => "http",
         }
     }
 
     /// The private broker, if the input lives in one.
     pub fn broker(&mut self) -> Option<&mut PrivateBroker> {
         match self {
-            Input::File { .. } | Input::PostgresCdc { .. } => None,
+            Input::File { .. } | Input::PostgresCdc { .. } | Input::Http { .. } => None,
             Input::Kafka { broker } | Input::Nats { broker } => Some(broker),
         }
     }
@@ -140,6 +172,9 @@ impl Input {
                 r#"postgres_cdc: {{url: "{}", tables: [public.events], chunk_rows: {CDC_CHUNK_ROWS}}}"#,
                 server.url()
             ),
+            Input::Http { address, .. } => {
+                format!(r#"http: {{listen: "{address}", token: {HTTP_TOKEN}}}"#)
+            }
         }
     }
 
@@ -147,6 +182,10 @@ impl Input {
     /// by the broker.
     pub fn append(&mut self, docs: &[Value]) -> anyhow::Result<()> {
         match self {
+            Input::Http { unsent, .. } => {
+                unsent.extend_from_slice(docs);
+                Ok(())
+            }
             Input::File { path } => {
                 append_lines(path, docs).with_context(|| format!("writing {}", path.display()))
             }

@@ -2,6 +2,7 @@
 //! every run ended as its fault says it must (else an anomaly), and leaves the input
 //! fully committed for the final comparison.
 
+use super::input::SourceKind;
 use super::model::Rng;
 use super::server::PrivateServer;
 use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport};
@@ -27,6 +28,9 @@ pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Res
         println!("built without fail points: SIGKILLs only");
     }
     match args.scenario {
+        Scenario::Random if args.source == SourceKind::Http => {
+            super::pushed::random_kills(h, args.faults, &mut Rng::new(seed ^ 0x5eed))
+        }
         Scenario::Random => random(h, args.faults, &mut Rng::new(seed ^ 0x5eed)),
         Scenario::Zombie => zombie(h),
         Scenario::DriverDies => driver_dies(h, args.transport),
@@ -465,7 +469,7 @@ fn kill_children(parent: u32, needle: &str) -> anyhow::Result<bool> {
 }
 
 /// Sends signal `name` (KILL, STOP, CONT) to process `pid`.
-fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+pub(super) fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())

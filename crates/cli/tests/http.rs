@@ -1,0 +1,213 @@
+//! End-to-end: `sluice run` of an HTTP source into SQLite. A 200 comes only once the
+//! body's transaction is durable, so the store holds the documents by then; bad
+//! requests get their named refusal and leave the store alone; a retried
+//! Idempotency-Key answers its original transaction and is applied once, also after
+//! the server was SIGKILLed and restarted. Each test's server listens on a port of its
+//! own; the token comes from the environment (`${SLUICE_TEST_TOKEN}`).
+
+use serde_json::Value;
+use sluice_http::client::{Client, Response};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{SLUICE, generate, pipeline_yaml, reduce_expected, sqlite_table};
+
+const TOKEN: &str = "e2e-token";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    address: SocketAddr,
+}
+
+/// A running `sluice run`, killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Fixture {
+    /// A pipeline whose source is `http:` on a free port (`http`: more settings,
+    /// `, key: value`), into SQLite.
+    fn new(http: &str) -> Fixture {
+        let address = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let source = format!(
+            "    http: {{listen: \"{address}\", token: \"${{SLUICE_TEST_TOKEN}}\"{http}}}\n"
+        );
+        let pipeline = pipeline_yaml(
+            &source,
+            "sqlite: {path: out/views.db}",
+            false,
+            100_000,
+            "20ms",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
+        Fixture { dir, address }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("out/views.db")
+    }
+
+    /// Starts the pipeline and waits until its server is healthy.
+    fn start(&self) -> Running {
+        let child = Command::new(SLUICE)
+            .arg("run")
+            .arg(self.dir.path().join("pipeline.yaml"))
+            .env("RUST_LOG", "warn")
+            .env("SLUICE_TEST_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut running = Running(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(
+                running.0.try_wait().unwrap().is_none(),
+                "sluice run exited before serving"
+            );
+            let health = Client::new(self.address, TOKEN).request("GET", "/health", &[], b"");
+            if let Ok(health) = health
+                && health.status == 200
+            {
+                assert_eq!(health.json()["source"], "views-file");
+                return running;
+            }
+            assert!(Instant::now() < deadline, "the server did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn post(&self, key: Option<&str>, body: &[u8]) -> Response {
+        Client::new(self.address, TOKEN)
+            .ingest("views-file", key, body)
+            .unwrap()
+    }
+}
+
+fn lines(docs: &[Value]) -> Vec<u8> {
+    docs.iter()
+        .flat_map(|d| format!("{d}\n").into_bytes())
+        .collect()
+}
+
+/// SIGTERM: the run finishes its transaction and stops.
+fn terminate(mut running: Running) {
+    let status = Command::new("kill")
+        .args(["-TERM", &running.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = running.0.wait().unwrap();
+    assert!(status.success(), "sluice run after SIGTERM: {status}");
+}
+
+#[test]
+fn posted_documents_are_in_the_store_when_the_200_comes() {
+    let fx = Fixture::new("");
+    let running = fx.start();
+    let docs = generate(500, 37, 3);
+    let first = fx.post(None, &lines(&docs[..300]));
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["documents"], 300);
+    // Durable before the answer: the store holds the body now.
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs[..300]));
+
+    let array = serde_json::to_vec(&docs[300..]).unwrap();
+    let second = fx.post(None, &array);
+    assert_eq!(second.status, 200);
+    assert_eq!(second.json()["documents"], 200);
+    assert!(second.json()["txn"].as_u64() > first.json()["txn"].as_u64());
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}
+
+#[test]
+fn bad_requests_are_refused_by_name_and_leave_the_store_alone() {
+    let fx = Fixture::new(", max_body_bytes: 4KiB, max_buffered_bytes: 1MiB");
+    let running = fx.start();
+    let docs = generate(10, 5, 9);
+    let body = lines(&docs);
+    let mut client = Client::new(fx.address, TOKEN);
+
+    let anonymous = client
+        .request("POST", "/ingest/views-file", &[], &body)
+        .unwrap();
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(anonymous.header("www-authenticate"), Some("Bearer"));
+    let wrong = client
+        .request(
+            "POST",
+            "/ingest/views-file",
+            &[("Authorization", "Bearer nope")],
+            &body,
+        )
+        .unwrap();
+    assert_eq!(wrong.status, 403);
+    let other = fx.post(None, &body);
+    assert_eq!(other.status, 200);
+    let mut elsewhere = Client::new(fx.address, TOKEN);
+    assert_eq!(elsewhere.ingest("orders", None, &body).unwrap().status, 404);
+
+    let large = lines(&generate(60, 5, 1));
+    assert!(large.len() > 4096);
+    let too_large = fx.post(None, &large);
+    assert_eq!(too_large.status, 413);
+    assert!(String::from_utf8_lossy(&too_large.body).contains("max_body_bytes"));
+
+    let mut bad = lines(&docs[..2]);
+    bad.extend_from_slice(b"{\"user_id\": oops}\n");
+    bad.extend_from_slice(&lines(&docs[2..]));
+    let refused = fx.post(None, &bad);
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.json()["at"], "line 3");
+    let error = refused.json()["error"].as_str().unwrap().to_string();
+    assert!(error.starts_with("line 3: invalid JSON"), "{error}");
+
+    // Only the one accepted body is stored.
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}
+
+#[test]
+fn a_retried_key_is_applied_once_also_after_a_sigkill() {
+    let fx = Fixture::new("");
+    let running = fx.start();
+    let docs = generate(200, 19, 4);
+    let first = fx.post(Some("batch-1"), &lines(&docs[..100]));
+    assert_eq!(first.status, 200);
+    let answer = first.json();
+    assert_eq!(answer["documents"], 100);
+    let retry = fx.post(Some("batch-1"), &lines(&docs[..100]));
+    assert_eq!(retry.json(), answer);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs[..100]));
+
+    drop(running); // SIGKILL
+    let running = fx.start();
+    let after_restart = fx.post(Some("batch-1"), &lines(&docs[..100]));
+    assert_eq!(after_restart.status, 200);
+    assert_eq!(after_restart.json(), answer);
+    let next = fx.post(Some("batch-2"), &lines(&docs[100..]));
+    assert_eq!(next.status, 200);
+    assert_eq!(next.json()["documents"], 100);
+    assert!(next.json()["txn"].as_u64() > answer["txn"].as_u64());
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}

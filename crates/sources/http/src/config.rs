@@ -1,0 +1,178 @@
+//! What the user writes: `http: {listen: 127.0.0.1:8080, token: "${INGEST_TOKEN}"}`,
+//! with the limits and the idempotency window optional. Strict: unknown keys are
+//! errors. `${ENV}` in the token is expanded by the pipeline loader, so the token need
+//! not be written in the file.
+
+use serde::Deserialize;
+use sluice_source_sdk::InvalidConfig;
+use sluice_source_sdk::config::{de_bytes, de_duration};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// The address the server listens on, `host:port` (`127.0.0.1:8080`,
+    /// `0.0.0.0:8080` for every interface).
+    pub listen: String,
+    /// The bearer token every `POST` must carry (`Authorization: Bearer <token>`).
+    pub token: String,
+    /// A body above this size is refused with a 413.
+    #[serde(default = "default_max_body_bytes", deserialize_with = "de_bytes")]
+    pub max_body_bytes: u64,
+    /// Accepted bodies not yet taken into a transaction: above this, a `POST` is
+    /// refused with a 429 and `Retry-After`, instead of buffering without bound.
+    #[serde(default = "default_max_buffered_bytes", deserialize_with = "de_bytes")]
+    pub max_buffered_bytes: u64,
+    /// How long an `Idempotency-Key` is remembered after its request was accepted: a
+    /// retry within it is answered with the original outcome.
+    #[serde(
+        default = "default_idempotency_window",
+        deserialize_with = "de_duration"
+    )]
+    pub idempotency_window: Duration,
+}
+
+/// 16 MiB: a batch of tens of thousands of documents, small beside a transaction.
+fn default_max_body_bytes() -> u64 {
+    16 << 20
+}
+
+/// 64 MiB: four bodies of the largest size, or seconds of a heavy load, while a
+/// transaction commits.
+fn default_max_buffered_bytes() -> u64 {
+    64 << 20
+}
+
+/// Ten minutes: longer than any client's retry loop is expected to run.
+fn default_idempotency_window() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl HttpConfig {
+    /// The listening address, checked by [`HttpConfig::check`].
+    pub fn address(&self) -> SocketAddr {
+        self.listen
+            .parse()
+            .expect("checked when the pipeline was read")
+    }
+
+    /// What serde cannot check.
+    pub fn check(&self) -> Result<(), InvalidConfig> {
+        if self.listen.parse::<SocketAddr>().is_err() {
+            return Err(InvalidConfig::new(
+                "listen",
+                format!(
+                    "{:?} is not an address to listen on: write an IP address and a port, \
+                     e.g. 127.0.0.1:8080 (or 0.0.0.0:8080 for every interface)",
+                    self.listen
+                ),
+            ));
+        }
+        if self.token.is_empty() {
+            return Err(InvalidConfig::new(
+                "token",
+                "an empty token would let anyone write: set one, e.g. token: \
+                 \"${INGEST_TOKEN}\" with INGEST_TOKEN in the environment",
+            ));
+        }
+        if self.max_body_bytes == 0 {
+            return Err(InvalidConfig::new(
+                "max_body_bytes",
+                "0 refuses every body: write e.g. \"16MiB\"",
+            ));
+        }
+        if self.max_buffered_bytes < self.max_body_bytes {
+            return Err(InvalidConfig::new(
+                "max_buffered_bytes",
+                format!(
+                    "{} is below max_body_bytes ({}): a body of the largest size could \
+                     never be buffered; raise it, or lower max_body_bytes",
+                    self.max_buffered_bytes, self.max_body_bytes
+                ),
+            ));
+        }
+        if self.idempotency_window.is_zero() {
+            return Err(InvalidConfig::new(
+                "idempotency_window",
+                "0 forgets every key at once, so a retry would apply twice: write e.g. \"10m\"",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_source_sdk::config::parse;
+
+    fn parsed(value: serde_json::Value) -> Result<HttpConfig, InvalidConfig> {
+        let config: HttpConfig = parse(value)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn defaults_fill_the_limits_and_the_window() {
+        let config = parsed(json!({"listen": "127.0.0.1:8080", "token": "t"})).unwrap();
+        assert_eq!(config.max_body_bytes, 16 << 20);
+        assert_eq!(config.max_buffered_bytes, 64 << 20);
+        assert_eq!(config.idempotency_window, Duration::from_secs(600));
+        assert_eq!(config.address(), "127.0.0.1:8080".parse().unwrap());
+        let config = parsed(json!({
+            "listen": "[::1]:9000", "token": "t", "max_body_bytes": "1MiB",
+            "max_buffered_bytes": 4194304, "idempotency_window": "1h"
+        }))
+        .unwrap();
+        assert_eq!(config.max_body_bytes, 1 << 20);
+        assert_eq!(config.max_buffered_bytes, 4 << 20);
+        assert_eq!(config.idempotency_window, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn errors_name_their_place() {
+        for (config, place, needle) in [
+            (
+                json!({"listen": "127.0.0.1:8080"}),
+                "",
+                "missing field `token`",
+            ),
+            (
+                json!({"listen": "localhost", "token": "t"}),
+                "listen",
+                "not an address to listen on",
+            ),
+            (
+                json!({"listen": "127.0.0.1:8080", "token": ""}),
+                "token",
+                "INGEST_TOKEN",
+            ),
+            (
+                json!({"listen": "127.0.0.1:8080", "token": "t", "max_body_bytes": 0}),
+                "max_body_bytes",
+                "refuses every body",
+            ),
+            (
+                json!({"listen": "127.0.0.1:8080", "token": "t", "max_buffered_bytes": "1MiB"}),
+                "max_buffered_bytes",
+                "below max_body_bytes",
+            ),
+            (
+                json!({"listen": "127.0.0.1:8080", "token": "t", "idempotency_window": "0s"}),
+                "idempotency_window",
+                "apply twice",
+            ),
+            (
+                json!({"listen": "127.0.0.1:8080", "token": "t", "port": 1}),
+                "port",
+                "unknown field `port`",
+            ),
+        ] {
+            let error = parsed(config.clone()).unwrap_err();
+            assert_eq!(error.place, place, "{config}: {error}");
+            assert!(error.message.contains(needle), "{config}: {error}");
+        }
+    }
+}
