@@ -203,6 +203,14 @@ fn kafka_random_crashes_lose_and_double_nothing() {
     assert_exact_after(&out, 8);
 }
 
+/// Clients that retry with their Idempotency-Keys after each SIGKILL of the server:
+/// every body, acknowledged before a kill or only after its retries, is stored once.
+#[test]
+fn http_clients_retrying_across_kills_store_every_body_once() {
+    let out = torture(&["--store", "sqlite", "--source", "http", "--faults", "8"]);
+    assert_exact_after(&out, 8);
+}
+
 #[test]
 fn nats_random_crashes_lose_and_double_nothing() {
     let out = torture(&["--store", "sqlite", "--source", "nats", "--faults", "8"]);
