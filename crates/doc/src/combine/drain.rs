@@ -22,7 +22,7 @@
 
 use super::memtable::{MemTable, SortedTable};
 use super::spill::{RunReader, SpillFile};
-use super::{BindingSpec, CombineError, Drained, Flags, Record, describe_key};
+use super::{BindingSpec, CombineError, Drained, Record, Side, describe_key};
 use crate::compact::Doc;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -55,7 +55,7 @@ impl Head {
             .record
             .key
             .cmp(&self.record.key)
-            .then(self.record.flags.full.cmp(&other.record.flags.full))
+            .then((self.record.side == Side::Left).cmp(&(other.record.side == Side::Left)))
             .then(other.source.cmp(&self.source))
     }
 }
@@ -129,12 +129,14 @@ impl Drainer {
     fn next_drained(&mut self) -> Result<Option<Drained>, CombineError> {
         let Some(Record {
             mut key,
-            flags: Flags { full, mut resets },
+            side,
             mut doc,
         }) = self.pop()?
         else {
             return Ok(None);
         };
+        let full = side == Side::Left;
+        let mut resets = side == Side::Reset;
         let binding = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
         let bindings = Arc::clone(&self.bindings);
         let Some(spec) = bindings.get(binding as usize) else {
@@ -148,13 +150,13 @@ impl Drainer {
         let groups = spec.full || spec.schema.reducer().associative();
         while groups && self.heap.peek().is_some_and(|head| head.record.key == key) {
             let Some(next) = self.pop()? else { break };
-            if next.flags.full {
+            if next.side == Side::Left {
                 return Err(CombineError::DuplicateLoad {
                     collection: spec.name.clone(),
                     key: describe_key(&key[4..]),
                 });
             }
-            if next.flags.resets || (resets && doc.is_deletion()) {
+            if next.side == Side::Reset || (resets && doc.is_deletion()) {
                 // It starts the key over, or follows a deletion: it replaces what is
                 // left of it (a loaded document leaves only that it was loaded, `full`).
                 doc = next.doc;

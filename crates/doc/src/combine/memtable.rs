@@ -24,24 +24,12 @@
 //! reduction reports ([`Reducer::reduce_docs`]), so a growing document (e.g. one with
 //! `append`) is never walked again.
 
-use super::{CombineError, Flags, Record, describe_key};
+use super::{CombineError, Record, Side, describe_key};
 use crate::compact::Doc;
 use crate::reduce::{ReduceError, Reducer};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 use std::mem::size_of;
-
-/// Which side of a key's reduction a document joins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Side {
-    /// Loaded from the store: left of everything else.
-    Left,
-    /// New: right of everything before it.
-    Right,
-    /// New, and starting the key over (a deletion, or documents that began with one):
-    /// the new documents before it are dropped, and the loaded one no longer counts.
-    Reset,
-}
 
 /// One key's documents. The loaded document stays apart from the new ones until the drain
 /// (see the module docs of `combine`), so both may be present.
@@ -119,12 +107,12 @@ impl Entry {
         self.heap_and_resets |= !HEAP_MASK;
     }
 
-    /// The flags of the entry's new documents, the `i`-th of them.
-    fn right_flags(&self, i: usize) -> Flags {
+    /// The side the `i`-th of the entry's new documents joins.
+    fn right_side(&self, i: usize) -> Side {
         if i == 0 && self.resets() {
-            Flags::RESETS
+            Side::Reset
         } else {
-            Flags::NEW
+            Side::Right
         }
     }
 }
@@ -277,9 +265,9 @@ impl MemTable {
         order.into_iter().map(|(_, i)| i).collect()
     }
 
-    /// Every document as `(table key, flags, doc)` in table-key order, a key's loaded
+    /// Every document as `(table key, side, doc)` in table-key order, a key's loaded
     /// document before its new ones: the order of a spilled run.
-    pub(super) fn sorted_docs(&mut self) -> impl Iterator<Item = (&[u8], Flags, &Doc)> {
+    pub(super) fn sorted_docs(&mut self) -> impl Iterator<Item = (&[u8], Side, &Doc)> {
         let order = self.sorted();
         let this = &*self;
         order.into_iter().flat_map(move |i| {
@@ -291,9 +279,9 @@ impl MemTable {
                 Docs::Both { left, right } => (Some(&**left), std::slice::from_ref(right)),
                 Docs::Held(held) => (held.left.as_ref(), held.rights.as_slice()),
             };
-            let left = left.map(|doc| (key, Flags::LOADED, doc));
+            let left = left.map(|doc| (key, Side::Left, doc));
             let rights =
-                (rights.iter().enumerate()).map(move |(i, doc)| (key, entry.right_flags(i), doc));
+                (rights.iter().enumerate()).map(move |(i, doc)| (key, entry.right_side(i), doc));
             left.into_iter().chain(rights)
         })
     }
@@ -435,41 +423,41 @@ impl SortedTable {
         let entry = &mut self.table.entries[self.order.next()?];
         let key = entry.key(&self.table.keys).to_vec();
         let docs = std::mem::replace(&mut entry.docs, Docs::Right(Doc::Null));
-        let right = entry.right_flags(0);
+        let right = entry.right_side(0);
         Some(match docs {
             Docs::Right(doc) => Record {
                 key,
-                flags: right,
+                side: right,
                 doc,
             },
             Docs::Left(left) => Record {
                 key,
-                flags: Flags::LOADED,
+                side: Side::Left,
                 doc: *left,
             },
             Docs::Both { left, right: doc } => {
                 self.pending.push(Record {
                     key: key.clone(),
-                    flags: right,
+                    side: right,
                     doc,
                 });
                 Record {
                     key,
-                    flags: Flags::LOADED,
+                    side: Side::Left,
                     doc: *left,
                 }
             }
             Docs::Held(held) => {
                 let Held { left, rights } = *held;
-                let record = |flags, doc| Record {
+                let record = |side, doc| Record {
                     key: key.clone(),
-                    flags,
+                    side,
                     doc,
                 };
-                let mut all: Vec<Record> = (left.map(|doc| record(Flags::LOADED, doc)).into_iter())
+                let mut all: Vec<Record> = (left.map(|doc| record(Side::Left, doc)).into_iter())
                     .chain(
                         (rights.into_iter().enumerate())
-                            .map(|(i, doc)| record(if i == 0 { right } else { Flags::NEW }, doc)),
+                            .map(|(i, doc)| record(if i == 0 { right } else { Side::Right }, doc)),
                     )
                     .collect();
                 all.reverse();

@@ -63,7 +63,7 @@ use crate::parse::DocParser;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
 use crate::tuple::{self, KeyError, KeyExtractor};
-use memtable::{MemTable, Side};
+use memtable::MemTable;
 use serde_json::Value;
 use spill::SpillFile;
 use std::path::PathBuf;
@@ -419,43 +419,37 @@ fn spec(bindings: &[BindingSpec], binding: u32) -> Result<&BindingSpec, CombineE
 struct Record {
     /// The table key: binding (4 bytes, big-endian) then the packed key.
     key: Vec<u8>,
-    flags: Flags,
+    side: Side,
     doc: Doc,
 }
 
-/// How a record joins its key's reduction.
+/// Which side of a key's reduction a document joins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Flags {
-    /// A loaded document (the left-most operand of its key).
-    full: bool,
-    /// A new document that starts its key over: what lies left of it does not count.
-    resets: bool,
+enum Side {
+    /// Loaded from the store ("full"): left of everything else.
+    Left,
+    /// New: right of everything before it.
+    Right,
+    /// New, and starting the key over (a deletion, or documents that began with one):
+    /// the new documents before it are dropped, and the loaded one no longer counts.
+    Reset,
 }
 
-impl Flags {
-    const LOADED: Flags = Flags {
-        full: true,
-        resets: false,
-    };
-    const NEW: Flags = Flags {
-        full: false,
-        resets: false,
-    };
-    const RESETS: Flags = Flags {
-        full: false,
-        resets: true,
-    };
-
-    /// The flags byte of a spilled record: bit 0 `full`, bit 1 `resets`.
+impl Side {
+    /// The side byte of a spilled record.
     fn to_byte(self) -> u8 {
-        u8::from(self.full) | (u8::from(self.resets) << 1)
+        match self {
+            Side::Right => 0,
+            Side::Left => 1,
+            Side::Reset => 2,
+        }
     }
 
-    fn from_byte(byte: u8) -> Option<Flags> {
+    fn from_byte(byte: u8) -> Option<Side> {
         match byte {
-            0 => Some(Flags::NEW),
-            1 => Some(Flags::LOADED),
-            2 => Some(Flags::RESETS),
+            0 => Some(Side::Right),
+            1 => Some(Side::Left),
+            2 => Some(Side::Reset),
             _ => None,
         }
     }

@@ -3,8 +3,8 @@
 //! ```text
 //!  spill file: [ run 0 ][ run 1 ] … [ run n ]        (unnamed temp file, gone on drop)
 //!  run:        record record record …               (table-key order; loaded doc first)
-//!  record:     key_len u32le | table key | flags u8 | doc_len u32le | doc (binary, below)
-//!  flags:      0 new | 1 loaded (full) | 2 new, starting its key over (resets)
+//!  record:     key_len u32le | table key | side u8 | doc_len u32le | doc (binary, below)
+//!  side:       0 new | 1 loaded (full) | 2 new, starting its key over (resets)
 //!  doc:        tag u8, then: null 0 | false 1 | true 2 | u64 3 (8 bytes le) | i64 4 (8 le)
 //!              | f64 5 (8 le) | string 6 (len u32le, UTF-8) | array 7 (count u32le, docs)
 //!              | object 8 (count u32le, then per field: name len u32le, name, doc)
@@ -19,7 +19,7 @@
 //! same file handle. A reader holds at most [`READ_CHUNK`] bytes (or one larger record),
 //! which keeps the drain's memory at `runs × READ_CHUNK` whatever the runs' sizes.
 
-use super::{CombineError, Flags, Record};
+use super::{CombineError, Record, Side};
 use crate::compact::{Doc, Field, Str};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -67,7 +67,7 @@ impl SpillFile {
     /// Appends one run of `records`, which must come in table-key order.
     pub(super) fn write_run<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], Flags, &'a Doc)>,
+        records: impl Iterator<Item = (&'a [u8], Side, &'a Doc)>,
     ) -> Result<(), CombineError> {
         let start = self.len;
         let written = self
@@ -83,16 +83,16 @@ impl SpillFile {
 
     fn write_records<'a>(
         &mut self,
-        records: impl Iterator<Item = (&'a [u8], Flags, &'a Doc)>,
+        records: impl Iterator<Item = (&'a [u8], Side, &'a Doc)>,
     ) -> std::io::Result<u64> {
         let mut out = BufWriter::with_capacity(WRITE_BUFFER, &*self.file);
         let mut written = 0;
-        for (key, flags, doc) in records {
+        for (key, side, doc) in records {
             self.doc_buf.clear();
             encode(doc, &mut self.doc_buf)?;
             out.write_all(&len_u32(key.len())?.to_le_bytes())?;
             out.write_all(key)?;
-            out.write_all(&[flags.to_byte()])?;
+            out.write_all(&[side.to_byte()])?;
             out.write_all(&len_u32(self.doc_buf.len())?.to_le_bytes())?;
             out.write_all(&self.doc_buf)?;
             written += (4 + key.len() + 1 + 4 + self.doc_buf.len()) as u64;
@@ -274,8 +274,8 @@ impl RunReader {
         let key_len = self.take_u32()? as usize;
         let key = self.take(key_len)?.to_vec();
         let byte = self.take(1)?[0];
-        let flags =
-            Flags::from_byte(byte).ok_or_else(|| corrupt(at, format!("flags byte is {byte}")))?;
+        let side =
+            Side::from_byte(byte).ok_or_else(|| corrupt(at, format!("side byte is {byte}")))?;
         let doc_len = self.take_u32()? as usize;
         let mut bytes = self.take(doc_len)?;
         let doc = decode(&mut bytes)
@@ -287,7 +287,7 @@ impl RunReader {
         if key.len() < 4 {
             return Err(corrupt(at, format!("table key of {key_len} bytes")));
         }
-        Ok(Some(Record { key, flags, doc }))
+        Ok(Some(Record { key, side, doc }))
     }
 
     fn take_u32(&mut self) -> Result<u32, CombineError> {
