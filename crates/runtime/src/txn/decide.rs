@@ -45,12 +45,18 @@ use crate::config::OnError;
 use sluice_doc::combine::CombineError;
 use std::time::Duration;
 
+/// Step data a transaction's intent may journal (sources that cannot re-read their
+/// input, `Resume::Replay` with data): a batch is full beyond it, keeping each intent
+/// far below the recovery log's largest record whatever `max_bytes` allows.
+pub(super) const MAX_JOURNALED: u64 = 64 << 20;
+
 impl TxnOptions {
-    /// Whether a batch of `docs` documents and `bytes` bytes has reached a size bound.
-    /// Asked after every step: it is on the reading's hot path.
+    /// Whether a batch of `docs` documents and `bytes` bytes, whose intent journals
+    /// `journaled` bytes of step data, has reached a size bound. Asked after every step:
+    /// it is on the reading's hot path.
     #[inline]
-    pub(super) fn full(&self, docs: u64, bytes: u64) -> bool {
-        docs >= self.max_docs || bytes >= self.max_bytes
+    pub(super) fn full(&self, docs: u64, bytes: u64, journaled: u64) -> bool {
+        docs >= self.max_docs || bytes >= self.max_bytes || journaled >= MAX_JOURNALED
     }
 }
 
@@ -59,6 +65,8 @@ impl TxnOptions {
 pub(super) struct RoundFacts {
     pub docs: u64,
     pub bytes: u64,
+    /// Step data its intent journals.
+    pub journaled: u64,
     /// The batch becomes a transaction: it has documents or rejections.
     pub has_work: bool,
     /// Since the batch began.
@@ -95,7 +103,7 @@ pub(super) enum Close {
 
 /// When a batch closes (see the module docs).
 pub(super) fn close_batch(bounds: &TxnOptions, facts: &RoundFacts) -> Close {
-    if bounds.full(facts.docs, facts.bytes) && !facts.at_barrier {
+    if bounds.full(facts.docs, facts.bytes, facts.journaled) && !facts.at_barrier {
         Close::Full
     } else if facts.ending {
         Close::End {
@@ -200,6 +208,7 @@ mod tests {
         RoundFacts {
             docs: 10,
             bytes: 100,
+            journaled: 0,
             has_work: true,
             elapsed: 20 * MS,
             progressed: true,
@@ -224,6 +233,8 @@ mod tests {
             ("committer busy, below every bound", base, Close::ReadOn),
             ("max_docs reached", RoundFacts { docs: 100, ..base }, Close::Full),
             ("max_bytes reached", RoundFacts { bytes: 1000, ..base }, Close::Full),
+            ("journaled data at its cap", RoundFacts { journaled: MAX_JOURNALED, ..base }, Close::Full),
+            ("journaled data below its cap", RoundFacts { journaled: MAX_JOURNALED - 1, ..base }, Close::ReadOn),
             ("full wins over ending", RoundFacts { docs: 100, ending: true, ..base }, Close::Full),
             ("full wins over a backlog", RoundFacts { docs: 100, backlogged: true, ..base }, Close::Full),
             ("end of input with work", RoundFacts { ending: true, ..base }, Close::End { last: false }),
@@ -250,16 +261,21 @@ mod tests {
     }
 
     #[test]
-    fn a_size_bound_is_reached_at_either_limit() {
+    fn a_size_bound_is_reached_at_any_limit() {
         let b = bounds();
-        for (docs, bytes, full) in [
-            (0, 0, false),
-            (99, 999, false),
-            (100, 0, true),
-            (0, 1000, true),
-            (101, 1001, true),
+        for (docs, bytes, journaled, full) in [
+            (0, 0, 0, false),
+            (99, 999, MAX_JOURNALED - 1, false),
+            (100, 0, 0, true),
+            (0, 1000, 0, true),
+            (0, 0, MAX_JOURNALED, true),
+            (101, 1001, 0, true),
         ] {
-            assert_eq!(b.full(docs, bytes), full, "{docs} docs, {bytes} bytes");
+            assert_eq!(
+                b.full(docs, bytes, journaled),
+                full,
+                "{docs} docs, {bytes} bytes, {journaled} journaled"
+            );
         }
     }
 

@@ -580,6 +580,7 @@ impl Committer<'_> {
             docs,
             bytes,
             rejected,
+            journaled: _,
             last: _,
         } = batch;
         // Intent: durable before any effect of this transaction reaches the driver.

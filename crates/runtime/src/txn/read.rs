@@ -72,10 +72,12 @@ use tokio::sync::{mpsc, watch};
 /// large enough to amortise the call.
 const READ_BATCH: u64 = 8192;
 
-/// Step data a transaction's intent may journal (sources that cannot re-read their
-/// input, `Resume::Replay` with data): a batch closes beyond it, keeping each intent
-/// far below the recovery log's largest record whatever `max_bytes` allows.
-const MAX_JOURNALED: usize = 64 << 20;
+impl ReadBatch {
+    /// Whether it reached a size bound.
+    fn full(&self, opts: &TxnOptions) -> bool {
+        opts.full(self.docs, self.bytes, self.journaled)
+    }
+}
 
 /// One transaction's input, combined.
 pub struct ReadBatch {
@@ -84,6 +86,8 @@ pub struct ReadBatch {
     pub steps: BTreeMap<String, Vec<Resume>>,
     pub docs: u64,
     pub bytes: u64,
+    /// Step data the intent journals (`Resume::Replay` with data).
+    pub journaled: u64,
     /// Documents rejected (`on_error: skip`), already durable in dead-letter files.
     pub rejected: u64,
     /// No more batches will follow (sources exhausted, or shutdown).
@@ -151,7 +155,10 @@ pub(super) fn spawn(
                 None => reader.read().await,
             };
             let batch = match batch {
-                Ok(batch) => reader.write_dead_letters(batch).await,
+                Ok(batch) => match reader.number(&batch) {
+                    Some(txn) => reader.write_dead_letters(txn, batch).await,
+                    None => Ok(batch),
+                },
                 Err(e) => Err(e),
             };
             if let Ok(b) = &batch {
@@ -300,6 +307,7 @@ impl Reader {
             steps: BTreeMap::new(),
             docs: 0,
             bytes: 0,
+            journaled: 0,
             rejected: 0,
             last: false,
         }
@@ -311,11 +319,11 @@ impl Reader {
         batch.docs > 0 || !self.rejects.letters.is_empty()
     }
 
-    /// Writes the batch's rejections, tagged with the transaction it becomes; returns
-    /// once they are durable (fsync'ed by the writer thread).
-    async fn write_dead_letters(&mut self, mut batch: ReadBatch) -> Result<ReadBatch, RunError> {
-        if !self.has_work(&batch) {
-            return Ok(batch);
+    /// The transaction the batch becomes, if it has work: numbered in order, and noted
+    /// (with each source's last position in it) to be told to its sources once durable.
+    fn number(&mut self, batch: &ReadBatch) -> Option<u64> {
+        if !self.has_work(batch) {
+            return None;
         }
         let txn = self.next_txn;
         self.next_txn += 1;
@@ -331,6 +339,16 @@ impl Reader {
             })
             .collect();
         self.commits.push_back((txn, positions));
+        Some(txn)
+    }
+
+    /// Writes the batch's rejections, tagged with the transaction `txn` it becomes;
+    /// returns once they are durable (fsync'ed by the writer thread).
+    async fn write_dead_letters(
+        &mut self,
+        txn: u64,
+        mut batch: ReadBatch,
+    ) -> Result<ReadBatch, RunError> {
         let rejects = std::mem::take(&mut self.rejects);
         batch.rejected = rejects.letters.len() as u64;
         self.dead_letters
@@ -362,12 +380,11 @@ impl Reader {
     async fn read(&mut self) -> Result<ReadBatch, RunError> {
         let started = Instant::now();
         let mut batch = self.batch();
-        let mut journaled = 0;
         loop {
             self.tell_committed();
             let (mut progressed, mut backlogged) = (false, false);
             // Full, but a source's last step was a barrier: read on only from those.
-            let barriers_only = self.opts.full(batch.docs, batch.bytes);
+            let barriers_only = batch.full(&self.opts);
             for index in 0..self.sources.len() {
                 if (self.exhausted[index] && !self.opts.follow)
                     || (barriers_only && !self.sources[index].at_barrier)
@@ -403,12 +420,7 @@ impl Reader {
                     )?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
-                    if let Resume::Replay {
-                        data: Some(data), ..
-                    } = &step.resume
-                    {
-                        journaled += data.len();
-                    }
+                    batch.journaled += journaled(&step.resume);
                     batch
                         .steps
                         .entry(reading.bound.source.name().to_string())
@@ -418,9 +430,7 @@ impl Reader {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if (self.opts.full(batch.docs, batch.bytes) || journaled >= MAX_JOURNALED)
-                    && !self.at_barrier()
-                {
+                if batch.full(&self.opts) && !self.at_barrier() {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
@@ -431,6 +441,7 @@ impl Reader {
             let facts = RoundFacts {
                 docs: batch.docs,
                 bytes: batch.bytes,
+                journaled: batch.journaled,
                 has_work,
                 elapsed: started.elapsed(),
                 progressed,
@@ -562,9 +573,20 @@ impl Reader {
                     }
                 }
             }
+            batch.journaled = steps.values().flatten().map(journaled).sum();
             batch.steps = steps;
             return Ok(batch);
         }
+    }
+}
+
+/// The step data a step's resume journals in the intent.
+fn journaled(resume: &Resume) -> u64 {
+    match resume {
+        Resume::Replay {
+            data: Some(data), ..
+        } => data.len() as u64,
+        _ => 0,
     }
 }
 
