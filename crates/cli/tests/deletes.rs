@@ -12,9 +12,7 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{SLUICE, assert_success};
-
-const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+use common::{POSTGRES_URL, SLUICE, assert_success, postgres};
 
 /// `n` sums; `n` is required, and a deletion (which has only the key) is still valid.
 const SCHEMA: &str = r#"
@@ -79,20 +77,6 @@ impl Drop for Run {
             postgres(async |c| c.batch_execute(&sql).await.unwrap());
         }
     }
-}
-
-fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        f(&client).await
-    })
 }
 
 impl Run {

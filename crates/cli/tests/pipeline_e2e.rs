@@ -13,8 +13,8 @@ use std::time::Duration;
 mod common;
 
 use common::{
-    Row as Expected, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_rows,
-    write_lines,
+    POSTGRES_URL, Row as Expected, SLUICE, assert_success, generate, pipeline_yaml, postgres,
+    reduce_expected, sqlite_rows, write_lines,
 };
 
 /// Where a fixture's pipeline materializes.
@@ -24,22 +24,6 @@ enum Store {
     Postgres {
         schema: String,
     },
-}
-
-const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        f(&client).await
-    })
 }
 
 struct Fixture {

@@ -12,6 +12,25 @@ use std::process::Output;
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// The shared PostgreSQL server's test database.
+pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// Runs `f` with a client of the shared PostgreSQL server, on a runtime of its own
+/// (the tests themselves are synchronous).
+pub fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        f(&client).await
+    })
+}
+
 /// Deterministic input: `n` documents over `keys` users.
 pub fn generate(n: usize, keys: usize, seed: u64) -> Vec<Value> {
     let mut state = seed
