@@ -275,11 +275,8 @@ impl PostgresCdcSource {
             tracing::warn!(source = %self.name, slot = %self.slot, "the slot exists but no checkpoint does: dropping it to snapshot anew");
             catalog.drop_slot(&self.slot).await?;
         }
-        let mut holder = self.replication().await?;
         let slot = self.slot.clone();
-        let (consistent, snapshot) = self.create_slot(&mut holder, &slot, false).await?;
-        catalog.begin_snapshot(&snapshot).await?;
-        let types = catalog.types().await?;
+        let (holder, consistent, types) = self.exported_snapshot(&catalog, &slot, false).await?;
         Ok(self.backfill(
             holder,
             catalog,
@@ -310,12 +307,10 @@ impl PostgresCdcSource {
         for name in &names {
             tables.push(catalog.table(name).await?);
         }
-        let mut holder = self.replication().await?;
         let temporary =
             crate::config::sanitize_slot(&format!("{}_snap_{}", self.slot, std::process::id()));
-        let (snapshot_lsn, snapshot) = self.create_slot(&mut holder, &temporary, true).await?;
-        catalog.begin_snapshot(&snapshot).await?;
-        let types = catalog.types().await?;
+        let (holder, snapshot_lsn, types) =
+            self.exported_snapshot(&catalog, &temporary, true).await?;
         Ok(self.backfill(
             holder,
             catalog,
@@ -330,6 +325,22 @@ impl PostgresCdcSource {
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// Creates `slot` (temporary or not) exporting its snapshot, and has `catalog` read
+    /// in it: the replication connection that must stay open while the snapshot is read,
+    /// the LSN it is consistent with, and the type catalog as of it.
+    async fn exported_snapshot(
+        &mut self,
+        catalog: &Catalog,
+        slot: &str,
+        temporary: bool,
+    ) -> Result<(wire::Connection, u64, Types), SourceError> {
+        let mut holder = self.replication().await?;
+        let (lsn, snapshot) = self.create_slot(&mut holder, slot, temporary).await?;
+        catalog.begin_snapshot(&snapshot).await?;
+        let types = catalog.types().await?;
+        Ok((holder, lsn, types))
+    }
+
     fn backfill(
         &self,
         holder: wire::Connection,
