@@ -410,3 +410,58 @@ async fn a_truncate_stops_the_source_naming_the_table() {
     let err = error_of(&mut cdc).await;
     assert!(err.contains("table public.items was truncated"), "{err}");
 }
+
+/// The slot's `confirmed_flush_lsn`, as a byte position.
+async fn confirmed_flush(client: &Client, slot: &str) -> u64 {
+    let row = client
+        .query_one(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    row.get::<_, String>(0).parse().unwrap()
+}
+
+/// The slot never confirms what the recovery log does not hold: streamed steps read
+/// (and status updates sent meanwhile) leave it where it was; once the source is told
+/// their transaction is durable, it confirms exactly their end.
+#[tokio::test]
+async fn the_slot_confirms_a_step_only_once_told_it_is_committed() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 3).await;
+    let config = config(&pg.url(), json!({}));
+    let mut cdc = source(&config);
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut cdc, 100, &mut docs, &mut steps, |d, _| d.len() >= 3).await;
+    client
+        .batch_execute(
+            "INSERT INTO items VALUES (4, 'a', 1); INSERT INTO items VALUES (5, 'b', 2);",
+        )
+        .await
+        .unwrap();
+    until(&mut cdc, 100, &mut docs, &mut steps, |d, _| d.len() >= 5).await;
+    let position = steps.last().unwrap().resume.position().unwrap().clone();
+    assert_eq!(position["phase"], "stream", "{position}");
+    let end = position["end"].as_u64().unwrap();
+    let slot = cdc.slot().to_string();
+    // Several status updates go out meanwhile (every 200 ms while catching up).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = confirmed_flush(&client, &slot).await;
+    assert!(
+        before < end,
+        "confirmed {before} before the commit of {end}"
+    );
+    cdc.committed(1, &position);
+    let started = Instant::now();
+    while confirmed_flush(&client, &slot).await != end {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "confirmed {} after the commit of {end}",
+            confirmed_flush(&client, &slot).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
