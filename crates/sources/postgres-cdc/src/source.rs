@@ -93,6 +93,18 @@ struct Backfill {
     exhausted: bool,
 }
 
+/// A slot's exported snapshot, being read.
+struct Exported {
+    /// The replication connection that must stay open while the snapshot is read.
+    holder: wire::Connection,
+    /// The connection whose transaction reads in the snapshot.
+    catalog: Catalog,
+    /// The type catalog as of the snapshot.
+    types: Types,
+    /// The LSN the snapshot is consistent with.
+    lsn: u64,
+}
+
 struct Streaming {
     /// A stream not yet reading ahead (after a replay), or the read-ahead.
     stream: Option<Stream>,
@@ -276,16 +288,14 @@ impl PostgresCdcSource {
             catalog.drop_slot(&self.slot).await?;
         }
         let slot = self.slot.clone();
-        let (holder, consistent, types) = self.exported_snapshot(&catalog, &slot, false).await?;
-        Ok(self.backfill(
-            holder,
-            catalog,
-            types,
+        let exported = self.exported_snapshot(catalog, &slot, false).await?;
+        let consistent = exported.lsn;
+        Ok(Self::backfill(
+            exported,
             tables,
             consistent,
             0,
             None,
-            consistent,
             Segments::default(),
         ))
     }
@@ -309,48 +319,39 @@ impl PostgresCdcSource {
         }
         let temporary =
             crate::config::sanitize_slot(&format!("{}_snap_{}", self.slot, std::process::id()));
-        let (holder, snapshot_lsn, types) =
-            self.exported_snapshot(&catalog, &temporary, true).await?;
-        Ok(self.backfill(
-            holder,
-            catalog,
-            types,
-            tables,
-            consistent,
-            table,
-            after,
-            snapshot_lsn,
-            segments,
+        let exported = self.exported_snapshot(catalog, &temporary, true).await?;
+        Ok(Self::backfill(
+            exported, tables, consistent, table, after, segments,
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
     /// Creates `slot` (temporary or not) exporting its snapshot, and has `catalog` read
-    /// in it: the replication connection that must stay open while the snapshot is read,
-    /// the LSN it is consistent with, and the type catalog as of it.
+    /// in it.
     async fn exported_snapshot(
         &mut self,
-        catalog: &Catalog,
+        catalog: Catalog,
         slot: &str,
         temporary: bool,
-    ) -> Result<(wire::Connection, u64, Types), SourceError> {
+    ) -> Result<Exported, SourceError> {
         let mut holder = self.replication().await?;
         let (lsn, snapshot) = self.create_slot(&mut holder, slot, temporary).await?;
         catalog.begin_snapshot(&snapshot).await?;
         let types = catalog.types().await?;
-        Ok((holder, lsn, types))
+        Ok(Exported {
+            holder,
+            catalog,
+            types,
+            lsn,
+        })
     }
 
+    /// The backfill of `tables` from `table` (after the key `after`), read in `exported`.
     fn backfill(
-        &self,
-        holder: wire::Connection,
-        catalog: Catalog,
-        types: Types,
+        exported: Exported,
         tables: Vec<Table>,
         consistent: u64,
         table: usize,
         after: Option<Vec<String>>,
-        snapshot: u64,
         segments: Segments,
     ) -> Phase {
         let layouts = tables
@@ -358,15 +359,15 @@ impl PostgresCdcSource {
             .map(|t| Layout::new(&t.name, &t.columns))
             .collect();
         Phase::Backfill(Box::new(Backfill {
-            _holder: holder,
-            catalog,
-            types,
+            _holder: exported.holder,
+            catalog: exported.catalog,
+            types: exported.types,
             tables,
             layouts,
             consistent,
             table,
             after,
-            snapshot,
+            snapshot: exported.lsn,
             segments,
             rows: VecDeque::new(),
             exhausted: false,
