@@ -34,6 +34,7 @@
 use crate::compact::Doc;
 use crate::ptr::Pointer;
 use serde_json::{Number, Value};
+use std::borrow::Cow;
 
 const NULL: u8 = 0x00;
 const BYTES: u8 = 0x01;
@@ -176,12 +177,67 @@ pub fn unpack_json_array(packed: &[u8]) -> Result<Value, TupleError> {
     unpack(packed).map(Value::Array)
 }
 
+/// One element of a packed tuple, its text borrowed from the packed bytes where it holds
+/// no escape: how a store reads a value without building a [`Value`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Element<'b> {
+    Null,
+    Bool(bool),
+    /// An integer that fits `i64`.
+    Int(i64),
+    /// An integer above `i64::MAX`.
+    UInt(u64),
+    Float(f64),
+    Str(Cow<'b, str>),
+    /// An array or object: its compact JSON text.
+    Json(Cow<'b, [u8]>),
+    /// A nested tuple (written by other packers; read as a JSON array).
+    Tuple(Vec<Element<'b>>),
+}
+
+impl Element<'_> {
+    fn into_value(self) -> Result<Value, String> {
+        Ok(match self {
+            Element::Null => Value::Null,
+            Element::Bool(b) => Value::Bool(b),
+            Element::Int(i) => Value::from(i),
+            Element::UInt(u) => Value::from(u),
+            Element::Float(f) => Value::Number(
+                Number::from_f64(f).ok_or_else(|| format!("double {f} is not a JSON number"))?,
+            ),
+            Element::Str(s) => Value::String(s.into_owned()),
+            Element::Json(text) => serde_json::from_slice(&text)
+                .map_err(|err| format!("bytes element is not JSON text: {err}"))?,
+            Element::Tuple(items) => Value::Array(
+                items
+                    .into_iter()
+                    .map(Element::into_value)
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+}
+
+/// Decodes a packed tuple element by element, borrowing text from `packed`.
+pub fn elements(packed: &[u8]) -> impl Iterator<Item = Result<Element<'_>, TupleError>> {
+    let mut reader = Reader { buf: packed, at: 0 };
+    std::iter::from_fn(move || {
+        (reader.at < reader.buf.len()).then(|| {
+            let element = reader.borrowed(false);
+            if element.is_err() {
+                reader.at = reader.buf.len();
+            }
+            element
+        })
+    })
+}
+
 struct Reader<'b> {
     buf: &'b [u8],
     at: usize,
 }
 
-impl Reader<'_> {
+impl<'b> Reader<'b> {
     fn malformed(&self, offset: usize, reason: impl Into<String>) -> TupleError {
         TupleError::Malformed {
             offset,
@@ -200,9 +256,33 @@ impl Reader<'_> {
         Ok(bytes)
     }
 
-    /// Reads one element whose type code starts at `self.at`. Inside a nested tuple a
-    /// null is `00 ff`.
+    /// Reads one element whose type code starts at `self.at`, as JSON.
     fn element(&mut self, nested: bool) -> Result<Value, TupleError> {
+        let start = self.at;
+        Ok(match self.borrowed(nested)? {
+            Element::Null => Value::Null,
+            Element::Bool(b) => Value::Bool(b),
+            Element::Int(i) => Value::from(i),
+            Element::UInt(u) => Value::from(u),
+            Element::Float(f) => Value::Number(Number::from_f64(f).ok_or_else(|| {
+                self.malformed(start, format!("double {f} is not a JSON number"))
+            })?),
+            Element::Str(s) => Value::String(s.into_owned()),
+            Element::Json(text) => serde_json::from_slice(&text).map_err(|err| {
+                self.malformed(start, format!("bytes element is not JSON text: {err}"))
+            })?,
+            Element::Tuple(items) => Value::Array(
+                items
+                    .into_iter()
+                    .map(|item| item.into_value().map_err(|r| self.malformed(start, r)))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+
+    /// Reads one element whose type code starts at `self.at`, borrowing its text. Inside
+    /// a nested tuple a null is `00 ff`.
+    fn borrowed(&mut self, nested: bool) -> Result<Element<'b>, TupleError> {
         let start = self.at;
         let code = self.take(1, "a type code")?[0];
         Ok(match code {
@@ -210,22 +290,21 @@ impl Reader<'_> {
                 if nested {
                     self.take(1, "a nested null")?;
                 }
-                Value::Null
+                Element::Null
             }
-            FALSE => Value::Bool(false),
-            TRUE => Value::Bool(true),
-            BYTES => {
-                let bytes = self.unescape()?;
-                serde_json::from_slice(&bytes).map_err(|err| {
-                    self.malformed(start, format!("bytes element is not JSON text: {err}"))
-                })?
-            }
-            STRING => {
-                let bytes = self.unescape()?;
-                Value::String(String::from_utf8(bytes).map_err(|err| {
+            FALSE => Element::Bool(false),
+            TRUE => Element::Bool(true),
+            BYTES => Element::Json(self.unescape()?),
+            STRING => Element::Str(match self.unescape()? {
+                Cow::Borrowed(bytes) => {
+                    Cow::Borrowed(std::str::from_utf8(bytes).map_err(|err| {
+                        self.malformed(start, format!("string element is not UTF-8: {err}"))
+                    })?)
+                }
+                Cow::Owned(bytes) => Cow::Owned(String::from_utf8(bytes).map_err(|err| {
                     self.malformed(start, format!("string element is not UTF-8: {err}"))
-                })?)
-            }
+                })?),
+            }),
             NESTED => {
                 let mut items = Vec::new();
                 loop {
@@ -237,25 +316,25 @@ impl Reader<'_> {
                         }
                         _ => {}
                     }
-                    items.push(self.element(true)?);
+                    items.push(self.borrowed(true)?);
                 }
                 self.at += 1;
-                Value::Array(items)
+                Element::Tuple(items)
             }
             0x0c..=0x13 => {
                 let len = (INT_ZERO - code) as usize;
                 let body = self.be_u64(len, "a negative integer")?;
                 // Undo the one's complement within `len` bytes.
                 let m = !body & (u64::MAX >> (64 - 8 * len));
-                let i = 0i64.checked_sub_unsigned(m).ok_or_else(|| {
+                Element::Int(0i64.checked_sub_unsigned(m).ok_or_else(|| {
                     self.malformed(start, format!("-{m} is below the JSON integer range"))
-                })?;
-                Value::from(i)
+                })?)
             }
-            INT_ZERO => Value::from(0u64),
+            INT_ZERO => Element::Int(0),
             0x15..=0x1c => {
                 let len = (code - INT_ZERO) as usize;
-                Value::from(self.be_u64(len, "a positive integer")?)
+                let u = self.be_u64(len, "a positive integer")?;
+                i64::try_from(u).map_or(Element::UInt(u), Element::Int)
             }
             DOUBLE => {
                 let bits = self.be_u64(8, "a double")?;
@@ -264,10 +343,7 @@ impl Reader<'_> {
                 } else {
                     !bits
                 };
-                let f = f64::from_bits(bits);
-                Value::Number(Number::from_f64(f).ok_or_else(|| {
-                    self.malformed(start, format!("double {f} is not a JSON number"))
-                })?)
+                Element::Float(f64::from_bits(bits))
             }
             0x0b | 0x1d => {
                 return Err(self.malformed(start, "integers wider than 8 bytes are not JSON"));
@@ -283,21 +359,33 @@ impl Reader<'_> {
         Ok(bytes.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b)))
     }
 
-    /// Reads escaped content up to its `00` terminator (consumed), undoing `00 ff`.
-    fn unescape(&mut self) -> Result<Vec<u8>, TupleError> {
+    /// Reads escaped content up to its `00` terminator (consumed), undoing `00 ff`;
+    /// borrowed when it holds no escape.
+    fn unescape(&mut self) -> Result<Cow<'b, [u8]>, TupleError> {
         let start = self.at - 1;
-        let mut out = Vec::new();
+        let buf: &'b [u8] = self.buf;
+        let mut owned: Option<Vec<u8>> = None;
         loop {
-            let Some(at) = self.buf[self.at..].iter().position(|&b| b == NULL) else {
+            let Some(at) = buf[self.at..].iter().position(|&b| b == NULL) else {
                 return Err(self.malformed(start, "element has no 00 terminator"));
             };
-            out.extend_from_slice(&self.buf[self.at..self.at + at]);
+            let piece = &buf[self.at..self.at + at];
             self.at += at + 1;
-            if self.buf.get(self.at) == Some(&ESCAPE) {
-                out.push(NULL);
+            let escaped = buf.get(self.at) == Some(&ESCAPE);
+            if escaped {
                 self.at += 1;
-            } else {
-                return Ok(out);
+            }
+            match (owned.as_mut(), escaped) {
+                (None, false) => return Ok(Cow::Borrowed(piece)),
+                (None, true) => owned = Some([piece, &[NULL]].concat()),
+                (Some(out), true) => {
+                    out.extend_from_slice(piece);
+                    out.push(NULL);
+                }
+                (Some(out), false) => {
+                    out.extend_from_slice(piece);
+                    return Ok(Cow::Owned(std::mem::take(out)));
+                }
             }
         }
     }
@@ -376,6 +464,38 @@ impl KeyExtractor {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn elements_borrow_text_without_escapes_and_agree_with_unpack() {
+        let values = [
+            json!("plain"),
+            json!("nul\u{0}in\u{0}side"),
+            json!(""),
+            json!(-7),
+            json!(0),
+            json!(u64::MAX),
+            json!(1.5),
+            json!(null),
+            json!(true),
+            json!({"a": [1, 2]}),
+        ];
+        let packed = pack_key(&values);
+        let elements: Vec<Element<'_>> = elements(&packed).collect::<Result<_, _>>().unwrap();
+        assert!(matches!(&elements[0], Element::Str(Cow::Borrowed("plain"))));
+        assert_eq!(
+            elements[1],
+            Element::Str(Cow::Owned("nul\u{0}in\u{0}side".into()))
+        );
+        assert_eq!(elements[3], Element::Int(-7));
+        assert_eq!(elements[5], Element::UInt(u64::MAX));
+        let again: Vec<Value> = elements
+            .into_iter()
+            .map(|e| e.into_value().unwrap())
+            .collect();
+        assert_eq!(again, unpack(&packed).unwrap());
+        assert_eq!(again, values);
+        assert!(super::elements(b"\x02abc").next().unwrap().is_err());
+    }
 
     #[test]
     fn object_properties_pack_in_ascending_order() {

@@ -1,0 +1,370 @@
+//! Documents to Arrow: a binding's projections become an Arrow schema, and its stored
+//! documents become `RecordBatch`es of bounded size.
+//!
+//! A column's type comes from its projection's inferred types (`null` aside): `integer`
+//! is Int64, `number` (or integer and number) Float64, `boolean` Boolean, `string` Utf8,
+//! anything else (objects, arrays, several types) Utf8 holding the value's JSON text. A
+//! column is nullable unless the location must exist and cannot be null; key columns
+//! never are. The document itself is a Utf8 column of JSON text. A keyed binding ends
+//! with `_op`: `U` (the key's new value) or `D` (the key was deleted: `/_meta/op` is `d`).
+//!
+//! Values are read straight from the packed tuples of a Store (borrowed text), so a
+//! batch is built without a `serde_json::Value` per document.
+
+use crate::{Result, SinkError};
+use arrow_array::builder::{BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use sluice_doc::tuple::{Element, elements};
+use sluice_driver_sdk::flow::{self, materialization_spec::Binding};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The trailing column of a keyed binding.
+pub const OP_COLUMN: &str = "_op";
+/// The field metadata key marking a Utf8 column that holds JSON text.
+pub const JSON_METADATA: &str = "sluice.json";
+
+/// How a column holds its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    Int64,
+    Float64,
+    Boolean,
+    Utf8,
+    /// Utf8 holding JSON text.
+    Json,
+}
+
+impl ColumnKind {
+    /// From a projection's inferred JSON types.
+    pub fn infer(types: &[String]) -> ColumnKind {
+        let mut types: Vec<&str> = types
+            .iter()
+            .map(String::as_str)
+            .filter(|t| *t != "null")
+            .collect();
+        types.sort_unstable();
+        match types.as_slice() {
+            ["integer"] => ColumnKind::Int64,
+            ["number"] | ["integer", "number"] => ColumnKind::Float64,
+            ["boolean"] => ColumnKind::Boolean,
+            ["string"] => ColumnKind::Utf8,
+            _ => ColumnKind::Json,
+        }
+    }
+
+    fn data_type(self) -> DataType {
+        match self {
+            ColumnKind::Int64 => DataType::Int64,
+            ColumnKind::Float64 => DataType::Float64,
+            ColumnKind::Boolean => DataType::Boolean,
+            ColumnKind::Utf8 | ColumnKind::Json => DataType::Utf8,
+        }
+    }
+}
+
+/// The columns of a binding, in Store order: keys, values, the document, then `_op`
+/// when `keyed`.
+#[derive(Debug, Clone)]
+pub struct BindingColumns {
+    pub schema: SchemaRef,
+    pub kinds: Vec<ColumnKind>,
+    /// The key columns' names.
+    pub key: Vec<String>,
+    /// Whether the document is a column.
+    pub document: bool,
+    pub keyed: bool,
+}
+
+/// The Arrow schema of a binding's field selection.
+pub fn binding_schema(binding: &Binding, keyed: bool) -> Result<BindingColumns> {
+    let collection = binding.collection.as_ref();
+    let projections: HashMap<&str, &flow::Projection> = collection
+        .map(|c| {
+            c.projections
+                .iter()
+                .map(|p| (p.field.as_str(), p))
+                .collect()
+        })
+        .unwrap_or_default();
+    let selection = binding.field_selection.clone().unwrap_or_default();
+    let mut fields = Vec::new();
+    let mut kinds = Vec::new();
+    let mut column = |name: &str, is_key: bool| -> Result<()> {
+        let projection = projections.get(name).ok_or_else(|| {
+            SinkError::Config(format!("field {name:?} is selected but has no projection"))
+        })?;
+        let inference = projection.inference.clone().unwrap_or_default();
+        let kind = ColumnKind::infer(&inference.types);
+        let nullable =
+            !is_key && (!inference.must_exist || inference.types.iter().any(|t| t == "null"));
+        let mut field = Field::new(name, kind.data_type(), nullable);
+        if kind == ColumnKind::Json {
+            field = field.with_metadata([(JSON_METADATA.to_string(), "true".into())].into());
+        }
+        fields.push(field);
+        kinds.push(kind);
+        Ok(())
+    };
+    for key in &selection.keys {
+        column(key, true)?;
+    }
+    for value in &selection.values {
+        column(value, false)?;
+    }
+    let document = !selection.document.is_empty();
+    if document {
+        fields.push(
+            Field::new(&selection.document, DataType::Utf8, false)
+                .with_metadata([(JSON_METADATA.to_string(), "true".into())].into()),
+        );
+        kinds.push(ColumnKind::Json);
+    }
+    if keyed {
+        fields.push(Field::new(OP_COLUMN, DataType::Utf8, false));
+        kinds.push(ColumnKind::Utf8);
+    }
+    Ok(BindingColumns {
+        schema: Arc::new(Schema::new(fields)),
+        kinds,
+        key: selection.keys.clone(),
+        document,
+        keyed,
+    })
+}
+
+/// Whether a document's JSON text is a deletion (`/_meta/op` is `"d"`). Only a text
+/// that holds `"d"` at all is parsed.
+pub fn is_deletion(doc_json: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, default)]
+        op: Option<&'a str>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Doc<'a> {
+        #[serde(borrow, rename = "_meta", default)]
+        meta: Option<Meta<'a>>,
+    }
+    if !doc_json.windows(3).any(|w| w == b"\"d\"") {
+        return false;
+    }
+    serde_json::from_slice::<Doc<'_>>(doc_json)
+        .ok()
+        .and_then(|d| d.meta)
+        .and_then(|m| m.op)
+        == Some("d")
+}
+
+enum Builder {
+    Int64(Int64Builder),
+    Float64(Float64Builder),
+    Boolean(BooleanBuilder),
+    Utf8(StringBuilder),
+}
+
+/// Builds one binding's batches, closing each at `max_rows` rows or `max_bytes` of
+/// values, whichever comes first.
+pub struct BatchBuilder {
+    columns: BindingColumns,
+    builders: Vec<Builder>,
+    rows: usize,
+    bytes: usize,
+    max_rows: usize,
+    max_bytes: usize,
+    /// A reusable buffer for JSON text of a non-text element.
+    text: String,
+}
+
+impl BatchBuilder {
+    pub fn new(columns: BindingColumns, max_rows: usize, max_bytes: usize) -> BatchBuilder {
+        let builders = columns
+            .kinds
+            .iter()
+            .map(|_| Builder::Int64(Int64Builder::new()))
+            .collect();
+        let mut builder = BatchBuilder {
+            columns,
+            builders,
+            rows: 0,
+            bytes: 0,
+            max_rows: max_rows.max(1),
+            max_bytes: max_bytes.max(1),
+            text: String::new(),
+        };
+        builder.reset();
+        builder
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.columns.schema.clone()
+    }
+
+    fn reset(&mut self) {
+        self.builders = self
+            .columns
+            .kinds
+            .iter()
+            .map(|kind| match kind {
+                ColumnKind::Int64 => Builder::Int64(Int64Builder::new()),
+                ColumnKind::Float64 => Builder::Float64(Float64Builder::new()),
+                ColumnKind::Boolean => Builder::Boolean(BooleanBuilder::new()),
+                ColumnKind::Utf8 | ColumnKind::Json => Builder::Utf8(StringBuilder::new()),
+            })
+            .collect();
+        self.rows = 0;
+        self.bytes = 0;
+    }
+
+    /// Rows added since the last batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether the batch reached a bound.
+    pub fn is_full(&self) -> bool {
+        self.rows >= self.max_rows || self.bytes >= self.max_bytes
+    }
+
+    /// Adds one stored document: its packed key, packed values and JSON text.
+    pub fn push(&mut self, packed_key: &[u8], packed_values: &[u8], doc_json: &[u8]) -> Result<()> {
+        let mut at = 0;
+        for packed in [packed_key, packed_values] {
+            for element in elements(packed) {
+                let element = element.map_err(|e| SinkError::Corrupt(e.to_string()))?;
+                let Some(builder) = self.builders.get_mut(at) else {
+                    return Err(self.shape_error(at));
+                };
+                let name = self.columns.schema.field(at).name();
+                append(
+                    builder,
+                    self.columns.kinds[at],
+                    element,
+                    name,
+                    &mut self.text,
+                )?;
+                at += 1;
+            }
+        }
+        let document = usize::from(self.columns.document);
+        let keyed = usize::from(self.columns.keyed);
+        if at + document + keyed != self.builders.len() {
+            return Err(self.shape_error(at));
+        }
+        if self.columns.document {
+            let text = std::str::from_utf8(doc_json)
+                .map_err(|e| SinkError::Corrupt(format!("document is not UTF-8: {e}")))?;
+            let Builder::Utf8(b) = &mut self.builders[at] else {
+                unreachable!("the document column is Utf8")
+            };
+            b.append_value(text);
+            at += 1;
+        }
+        if self.columns.keyed {
+            let Builder::Utf8(b) = &mut self.builders[at] else {
+                unreachable!("the _op column is Utf8")
+            };
+            b.append_value(if is_deletion(doc_json) { "D" } else { "U" });
+        }
+        self.rows += 1;
+        self.bytes += packed_key.len() + packed_values.len() + doc_json.len();
+        Ok(())
+    }
+
+    fn shape_error(&self, at: usize) -> SinkError {
+        SinkError::Corrupt(format!(
+            "a stored document has {at} or more key and value fields, but the binding selects {}",
+            self.builders.len()
+                - usize::from(self.columns.document)
+                - usize::from(self.columns.keyed)
+        ))
+    }
+
+    /// The rows added so far as a batch (none when empty); starts the next.
+    pub fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        let arrays: Vec<ArrayRef> = self
+            .builders
+            .iter_mut()
+            .map(|b| -> ArrayRef {
+                match b {
+                    Builder::Int64(b) => Arc::new(b.finish()),
+                    Builder::Float64(b) => Arc::new(b.finish()),
+                    Builder::Boolean(b) => Arc::new(b.finish()),
+                    Builder::Utf8(b) => Arc::new(b.finish()),
+                }
+            })
+            .collect();
+        let batch = RecordBatch::try_new(self.columns.schema.clone(), arrays)
+            .map_err(|e| SinkError::Schema(format!("cannot build a batch: {e}")))?;
+        self.reset();
+        Ok(Some(batch))
+    }
+}
+
+fn append(
+    builder: &mut Builder,
+    kind: ColumnKind,
+    element: Element<'_>,
+    field: &str,
+    text: &mut String,
+) -> Result<()> {
+    let mismatch = |element: &Element<'_>| {
+        SinkError::Schema(format!(
+            "field {field:?} is a {kind:?} column, but a document holds {element:?} there"
+        ))
+    };
+    match (builder, element) {
+        (Builder::Int64(b), Element::Null) => b.append_null(),
+        (Builder::Float64(b), Element::Null) => b.append_null(),
+        (Builder::Boolean(b), Element::Null) => b.append_null(),
+        (Builder::Utf8(b), Element::Null) => b.append_null(),
+        (Builder::Int64(b), Element::Int(i)) => b.append_value(i),
+        (Builder::Float64(b), Element::Float(f)) => b.append_value(f),
+        (Builder::Float64(b), Element::Int(i)) => b.append_value(i as f64),
+        (Builder::Float64(b), Element::UInt(u)) => b.append_value(u as f64),
+        (Builder::Boolean(b), Element::Bool(v)) => b.append_value(v),
+        (Builder::Utf8(b), Element::Str(s)) if kind == ColumnKind::Utf8 => b.append_value(&s),
+        (Builder::Utf8(b), Element::Json(json)) if kind == ColumnKind::Json => b.append_value(
+            std::str::from_utf8(&json).map_err(|e| SinkError::Corrupt(e.to_string()))?,
+        ),
+        (Builder::Utf8(b), element) if kind == ColumnKind::Json => {
+            text.clear();
+            json_text(&element, text).map_err(|_| mismatch(&element))?;
+            b.append_value(&*text);
+        }
+        (_, element) => return Err(mismatch(&element)),
+    }
+    Ok(())
+}
+
+/// Writes `element` as JSON text.
+fn json_text(element: &Element<'_>, out: &mut String) -> std::result::Result<(), ()> {
+    use std::fmt::Write;
+    match element {
+        Element::Null => out.push_str("null"),
+        Element::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Element::Int(i) => write!(out, "{i}").map_err(drop)?,
+        Element::UInt(u) => write!(out, "{u}").map_err(drop)?,
+        Element::Float(f) => {
+            let n = serde_json::Number::from_f64(*f).ok_or(())?;
+            write!(out, "{n}").map_err(drop)?
+        }
+        Element::Str(s) => out.push_str(&serde_json::to_string(&**s).map_err(drop)?),
+        Element::Json(json) => out.push_str(std::str::from_utf8(json).map_err(drop)?),
+        Element::Tuple(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_text(item, out)?;
+            }
+            out.push(']');
+        }
+    }
+    Ok(())
+}
