@@ -8,6 +8,7 @@
 //! endpoint type, the configuration keys that hold paths, and its constructor.
 
 use sluice_datagen::DatagenKind;
+use sluice_driver_sdk::CommitPattern::RemoteAuthoritative;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
 use sluice_http::HttpKind;
@@ -36,24 +37,28 @@ pub fn registry() -> Registry {
             "memory",
             SluiceMemory,
             &["path"],
+            RemoteAuthoritative,
             || Arc::new(MemoryDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_mysql::config::EndpointConfig>(
             "mysql",
             SluiceMysql,
             &[],
+            RemoteAuthoritative,
             || Arc::new(MysqlDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_postgres::config::EndpointConfig>(
             "postgres",
             SluicePostgres,
             &[],
+            RemoteAuthoritative,
             || Arc::new(PostgresDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_sqlite::config::EndpointConfig>(
             "sqlite",
             Sqlite,
             &["path"],
+            RemoteAuthoritative,
             || Arc::new(SqliteDriver::new()),
         ))
         .with_driver(Grpc)

@@ -194,7 +194,10 @@ fn a_grpcio_driver_materializes_the_reduction_and_a_second_run_changes_nothing()
         writeln!(input, "{doc}").unwrap();
     }
     // A plain HOST:PORT address, as users write it.
-    let endpoint = format!("grpc: {{address: \"{}\"}}", driver.address);
+    let endpoint = format!(
+        "grpc: {{address: \"{}\", pattern: authoritative}}",
+        driver.address
+    );
     let pipeline = dir.path().join("pipeline.yaml");
     let yaml = pipeline_yaml(
         "    file: {path: views.jsonl, format: json}",

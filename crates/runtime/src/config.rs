@@ -65,6 +65,8 @@ pub struct Pipeline {
     pub sources: BTreeMap<String, SourceDef>,
     pub materializations: BTreeMap<String, MaterializationDef>,
     pub runtime: RuntimeDef,
+    /// What every materialization must give (`delivery:`; admission checks each part).
+    pub delivery: crate::admission::Delivery,
 }
 
 /// The pipeline file as written: sources and endpoints not yet read by their kinds.
@@ -78,6 +80,8 @@ struct PipelineFile {
     materializations: BTreeMap<String, MaterializationFile>,
     #[serde(default)]
     runtime: RuntimeDef,
+    #[serde(default)]
+    delivery: crate::admission::Delivery,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -618,6 +622,7 @@ impl PipelineFile {
             sources,
             materializations,
             runtime: self.runtime,
+            delivery: self.delivery,
         })
     }
 }

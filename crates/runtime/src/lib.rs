@@ -13,6 +13,7 @@
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
 //! - [`txn`]: the transaction loop.
 
+pub mod admission;
 pub mod applied;
 mod blocking;
 pub mod config;

@@ -19,6 +19,7 @@
 //! [`Registry`](crate::registry::Registry)): the runtime does not know which connectors
 //! are linked into the binary.
 
+use crate::admission::{self, Refusal, SinkGuarantee};
 use crate::applied;
 use crate::config::{self, Pipeline};
 use crate::projections::{self, BuildError};
@@ -26,11 +27,12 @@ use crate::recovery::{self, RecoveryLog};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
 use async_trait::async_trait;
 use serde_json::Value;
-use sluice_driver_sdk::Endpoint;
 use sluice_driver_sdk::error::within;
+use sluice_driver_sdk::{CommitPattern, Endpoint};
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
-use sluice_source_sdk::{FaultTolerance, Source, SourceError};
+use sluice_sink_sdk::EpochParticipant;
+use sluice_source_sdk::{Source, SourceError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +44,28 @@ pub struct Connected {
     pub endpoint_type: flow::EndpointType,
     /// The endpoint configuration JSON sent in requests.
     pub config: Value,
+    /// What the endpoint declares it gives (admission).
+    pub guarantee: SinkGuarantee,
+    /// An epoch sink's handle: what the loop records for it in the recovery log.
+    pub participant: Option<Arc<dyn EpochParticipant>>,
+}
+
+impl Connected {
+    /// A Flow driver declaring `pattern` (`None`: undeclared).
+    pub fn flow(
+        endpoint: Arc<dyn Endpoint>,
+        endpoint_type: flow::EndpointType,
+        config: Value,
+        pattern: Option<CommitPattern>,
+    ) -> Connected {
+        Connected {
+            endpoint,
+            endpoint_type,
+            config,
+            guarantee: SinkGuarantee::Flow(pattern),
+            participant: None,
+        }
+    }
 }
 
 /// Connects the endpoints a pipeline names: the [`Registry`](crate::registry::Registry)
@@ -61,6 +85,14 @@ pub enum PipelineError {
     Build(#[from] BuildError),
     #[error("{place}: {reason}")]
     Invalid { place: String, reason: String },
+    /// Admission: parts that cannot give the delivery the pipeline asks for.
+    #[error("the pipeline asks for {delivery} delivery, which {} cannot give:{}",
+        if refusals.len() == 1 { "this part" } else { "these parts" },
+        refusals.iter().map(|r| format!("\n  - {r}")).collect::<String>())]
+    Refused {
+        delivery: &'static str,
+        refusals: Vec<Refusal>,
+    },
     #[error("materialization {materialization}: {source}")]
     Driver {
         materialization: String,
@@ -102,6 +134,8 @@ fn invalid(place: impl Into<String>, reason: impl Into<String>) -> PipelineError
 pub struct PlannedMaterialization {
     pub name: String,
     pub endpoint: Arc<dyn Endpoint>,
+    /// An epoch sink's handle (see [`Connected::participant`]).
+    pub participant: Option<Arc<dyn EpochParticipant>>,
     pub spec: flow::MaterializationSpec,
     pub validated: m::ValidateResponse,
     pub shard: config::ShardDef,
@@ -131,6 +165,18 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             .connect(name, &def.endpoint)
             .await
             .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
+        // Admission first: a part that cannot give the delivery asked for is refused
+        // before any driver is asked anything.
+        let refusals = admit(pipeline, name, connected.guarantee)?;
+        if !refusals.is_empty() {
+            return Err(PipelineError::Refused {
+                delivery: match pipeline.delivery {
+                    admission::Delivery::ExactlyOnce => "exactly-once",
+                    admission::Delivery::AtLeastOnce => "at-least-once",
+                },
+                refusals,
+            });
+        }
         let driver_err = |source| PipelineError::Driver {
             materialization: name.clone(),
             source,
@@ -217,6 +263,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
         materializations.push(PlannedMaterialization {
             name: name.clone(),
             endpoint: connected.endpoint,
+            participant: connected.participant,
             spec: flow::MaterializationSpec {
                 materialization: name.clone(),
                 endpoint_type: connected.endpoint_type as i32,
@@ -231,6 +278,38 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
         collections,
         materializations,
     })
+}
+
+/// Admission of materialization `name`: its sources, as each declares itself once
+/// opened (which connects nothing), and its endpoint's `guarantee`.
+fn admit(
+    pipeline: &Pipeline,
+    name: &str,
+    guarantee: SinkGuarantee,
+) -> Result<Vec<Refusal>, PipelineError> {
+    let def = &pipeline.materializations[name];
+    let mut sources = Vec::new();
+    for (source, source_def) in &pipeline.sources {
+        if !def.bindings.iter().any(|b| b.source == source_def.target) {
+            continue;
+        }
+        let state_dir = pipeline.source_state_dir(name, source);
+        let opened = source_def
+            .config
+            .open(&sluice_source_sdk::Opening {
+                name: source,
+                materialization: name,
+                state_dir: &state_dir,
+            })
+            .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
+        sources.push((source.clone(), opened.fault_tolerance()));
+    }
+    let place = format!("materializations.{name}.endpoint");
+    Ok(admission::admit(
+        pipeline.delivery,
+        &sources,
+        (&place, guarantee),
+    ))
 }
 
 fn resource_schema(place: &str, json: &str) -> Result<sluice_doc::Schema, PipelineError> {
@@ -421,9 +500,18 @@ pub async fn run(
             }
         })
     };
+    let deployment_id = if planned
+        .materializations
+        .iter()
+        .any(|m| m.participant.is_some())
+    {
+        recovery::deployment_id(&pipeline.recovery_log())
+            .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
+    } else {
+        String::new()
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for m in planned.materializations {
-        let place = format!("materializations.{}", m.name);
         let mut bindings = Vec::new();
         for (i, binding) in m.spec.bindings.iter().enumerate() {
             let collection = binding
@@ -461,21 +549,6 @@ pub async fn run(
                 });
             }
         }
-        // Refuse, before anything runs, a source weaker than the store's promise.
-        for feed in &feeds {
-            let source = feed
-                .open()
-                .map_err(|e| invalid(format!("sources.{}", feed.name), e.to_string()))?;
-            if source.fault_tolerance() != FaultTolerance::ExactlyOnce {
-                return Err(invalid(
-                    format!("sources.{}", feed.name),
-                    format!(
-                        "this source gives only {:?} delivery, but {place} promises exactly-once",
-                        source.fault_tolerance()
-                    ),
-                ));
-            }
-        }
         let shard = Shard {
             open: Open {
                 version: applied::version(&m.spec),
@@ -489,6 +562,8 @@ pub async fn run(
         let attempt = Attempt {
             shard,
             endpoint: m.endpoint.clone(),
+            participant: m.participant.clone(),
+            deployment_id: deployment_id.clone(),
             feeds,
             log_dir: pipeline.recovery_log().join(&m.name),
             opts: txn_opts.clone(),
@@ -564,6 +639,8 @@ impl SourceFeed {
 struct Attempt {
     shard: Shard,
     endpoint: Arc<dyn Endpoint>,
+    participant: Option<Arc<dyn EpochParticipant>>,
+    deployment_id: String,
     feeds: Vec<SourceFeed>,
     log_dir: std::path::PathBuf,
     opts: TxnOptions,
@@ -634,6 +711,8 @@ impl Attempt {
         let ctx = txn::Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
+            participant: self.participant.clone(),
+            deployment_id: self.deployment_id.clone(),
             sources,
             log,
             opts: self.opts.clone(),

@@ -75,6 +75,43 @@ const FORMAT_HEADERLESS: u32 = 1;
 /// The magic and the format version.
 const FILE_HEADER: usize = MAGIC.len() + 4;
 
+/// The pipeline's deployment id, kept in `<root>/deployment`: created once (by the
+/// first run that needs it), then the same across restarts. Epoch sinks name their
+/// staging by it.
+pub fn deployment_id(root: &Path) -> Result<String, RecoveryError> {
+    let path = root.join("deployment");
+    let io = |action, error| RecoveryError::Io {
+        path: path.clone(),
+        action,
+        error,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("read the deployment id", e)),
+    }
+    std::fs::create_dir_all(root).map_err(|e| io("create the folder", e))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let id = format!(
+        "{:016x}{:08x}",
+        now.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32),
+        crc32fast::hash(format!("{:?}{}", now, std::process::id()).as_bytes())
+    );
+    let tmp = root.join("deployment.tmp");
+    let mut file = File::create(&tmp).map_err(|e| io("write the deployment id", e))?;
+    file.write_all(id.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io("write the deployment id", e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io("write the deployment id", e))?;
+    File::open(root)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| io("sync the folder", e))?;
+    Ok(id)
+}
+
 /// What a committed transaction leaves behind: where each source resumes and each
 /// driver's checkpoint. Its [`to_bytes`](Checkpoint::to_bytes) form is the opaque
 /// runtime checkpoint sent to drivers in Prepare and recovered from Opened.
@@ -153,6 +190,10 @@ pub struct Intent {
     /// Source name → the steps (`queue` calls) it contributed, in order; replaying
     /// them in order reproduces the transaction's input.
     pub steps: BTreeMap<String, Vec<Resume>>,
+    /// Materialization name → its epoch sink's artifact intent (where this
+    /// transaction's staging goes), durable before the sink begins the epoch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub artifacts: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -24,17 +24,19 @@
 //!   driver does; the JSON sent to the driver is what the user wrote, with paths
 //!   resolved.
 
+use crate::admission::{DeclaredPattern, SinkGuarantee};
 use crate::config::EndpointDef;
 use crate::pipeline::{Connect, Connected};
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sluice_driver_sdk::Driver;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::StdioEndpoint;
+use sluice_driver_sdk::{CommitPattern, Driver};
+use sluice_sink_sdk::{EpochDriver, SinkKind};
 use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
 use std::path::{Path, PathBuf};
@@ -152,16 +154,19 @@ pub struct Builtin {
     paths: &'static [&'static str],
     check: fn(Value) -> Result<(), InvalidConfig>,
     driver: fn() -> Arc<dyn Driver>,
+    pattern: CommitPattern,
 }
 
 impl Builtin {
     /// The driver `name`, reporting itself as `endpoint_type`, whose endpoint
     /// configuration the driver parses as `C` (strict, so the pipeline file is checked
-    /// against it) and whose keys `paths` hold paths; `driver` makes an instance.
+    /// against it) and whose keys `paths` hold paths; `driver` makes an instance, which
+    /// commits by `pattern` (what admission knows of it).
     pub fn new<C: DeserializeOwned>(
         name: &'static str,
         endpoint_type: EndpointType,
         paths: &'static [&'static str],
+        pattern: CommitPattern,
         driver: fn() -> Arc<dyn Driver>,
     ) -> Builtin {
         Builtin {
@@ -170,6 +175,18 @@ impl Builtin {
             paths,
             check: |config| parse::<C>(config).map(drop),
             driver,
+            pattern,
+        }
+    }
+}
+
+/// Makes the values of `paths` (top-level keys of `config`) relative to `base_dir`.
+fn resolve_paths(config: &mut Value, paths: &[&str], base_dir: &Path) {
+    for key in paths {
+        if let Some(Value::String(text)) = config.get_mut(*key) {
+            let mut path = PathBuf::from(&*text);
+            resolve_path(&mut path, base_dir);
+            *text = path.to_string_lossy().into_owned();
         }
     }
 }
@@ -182,22 +199,17 @@ impl DriverKind for Builtin {
 
     fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
         (self.check)(config.clone())?;
-        for key in self.paths {
-            if let Some(Value::String(text)) = config.get_mut(*key) {
-                let mut path = PathBuf::from(&*text);
-                resolve_path(&mut path, base_dir);
-                *text = path.to_string_lossy().into_owned();
-            }
-        }
+        resolve_paths(&mut config, self.paths, base_dir);
         Ok(config)
     }
 
     async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
-        Ok(Connected {
-            endpoint: Arc::new(InProcess::new(self.name, (self.driver)())),
-            endpoint_type: self.endpoint_type,
-            config: config.clone(),
-        })
+        Ok(Connected::flow(
+            Arc::new(InProcess::new(self.name, (self.driver)())),
+            self.endpoint_type,
+            config.clone(),
+            Some(self.pattern),
+        ))
     }
 
     fn driver(&self) -> Option<Arc<dyn Driver>> {
@@ -220,6 +232,9 @@ struct GrpcConfig {
     /// The endpoint configuration sent to the driver.
     #[serde(default = "empty_object")]
     config: Value,
+    /// How the driver commits, as its author says (undeclared: non-transactional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pattern: Option<DeclaredPattern>,
 }
 
 #[async_trait]
@@ -235,16 +250,20 @@ impl DriverKind for Grpc {
     }
 
     async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
-        let GrpcConfig { address, config } =
-            serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
+        let GrpcConfig {
+            address,
+            config,
+            pattern,
+        } = serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
         let endpoint = GrpcEndpoint::connect(&address)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Connected {
-            endpoint: Arc::new(endpoint),
-            endpoint_type: EndpointType::SluiceGrpc,
+        Ok(Connected::flow(
+            Arc::new(endpoint),
+            EndpointType::SluiceGrpc,
             config,
-        })
+            pattern.map(Into::into),
+        ))
     }
 }
 
@@ -263,6 +282,9 @@ struct CommandConfig {
     /// The endpoint configuration sent to the driver.
     #[serde(default = "empty_object")]
     config: Value,
+    /// How the driver commits, as its author says (undeclared: non-transactional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pattern: Option<DeclaredPattern>,
 }
 
 #[async_trait]
@@ -284,15 +306,51 @@ impl DriverKind for Command {
             program,
             args,
             config,
+            pattern,
         } = serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
-        Ok(Connected {
-            endpoint: Arc::new(StdioEndpoint::new(
+        Ok(Connected::flow(
+            Arc::new(StdioEndpoint::new(
                 materialization,
                 program.to_string_lossy().as_ref(),
                 args,
             )),
-            endpoint_type: EndpointType::SluiceCommand,
+            EndpointType::SluiceCommand,
             config,
+            pattern.map(Into::into),
+        ))
+    }
+}
+
+/// An epoch sink built into the binary (`sluice_sink_sdk::SinkKind`), run in-process
+/// as an [`EpochDriver`]: admission reads its contract, the loop records its intents
+/// and descriptors through its participant.
+pub struct Epoch(pub SinkKind);
+
+#[async_trait]
+impl DriverKind for Epoch {
+    fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
+        resolve_paths(&mut config, self.0.paths, base_dir);
+        (self.0.build)(&config).map_err(|e| InvalidConfig::new("", e.to_string()))?;
+        Ok(config)
+    }
+
+    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+        let contract = self.0.contract(config).map_err(|e| e.to_string())?;
+        let driver = EpochDriver::new(self.0);
+        Ok(Connected {
+            participant: Some(driver.participant()),
+            endpoint: Arc::new(InProcess::new(self.0.name, Arc::new(driver))),
+            endpoint_type: EndpointType::SluiceEpochSink,
+            config: config.clone(),
+            guarantee: SinkGuarantee::Epoch(contract),
         })
+    }
+
+    fn driver(&self) -> Option<Arc<dyn Driver>> {
+        Some(Arc::new(EpochDriver::new(self.0)))
     }
 }

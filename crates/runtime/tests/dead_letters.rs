@@ -16,8 +16,8 @@
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sluice_driver_sdk::flow;
 use sluice_driver_sdk::inprocess::InProcess;
+use sluice_driver_sdk::{CommitPattern, flow};
 use sluice_file::FileKind;
 use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
@@ -96,11 +96,12 @@ impl Connect for Connector {
         _materialization: &str,
         _endpoint: &EndpointDef,
     ) -> Result<Connected, String> {
-        Ok(Connected {
-            endpoint: self.0.clone(),
-            endpoint_type: flow::EndpointType::SluiceMemory,
-            config: json!({}),
-        })
+        Ok(Connected::flow(
+            self.0.clone(),
+            flow::EndpointType::SluiceMemory,
+            json!({}),
+            Some(CommitPattern::RemoteAuthoritative),
+        ))
     }
 }
 
@@ -118,6 +119,7 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
             "memory",
             flow::EndpointType::SluiceMemory,
             &["path"],
+            CommitPattern::RemoteAuthoritative,
             || Arc::new(MemoryDriver::new()),
         ));
     let yaml = pipeline_yaml(&input, &dead_letters, &dir.path().join("log"));

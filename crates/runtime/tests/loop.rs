@@ -83,10 +83,17 @@ fn expected() -> BTreeMap<String, (i64, String)> {
 }
 
 /// The pipeline over `input`, read by the source kind `kind` (`file`, or the test's
-/// `flaky_file`).
+/// `flaky_file`); the scripted kinds seek, so their pipelines ask for at-least-once
+/// delivery (admission refuses them exactly-once).
 fn pipeline_yaml(kind: &str, input: &Path, log: &Path) -> String {
+    let delivery = if matches!(kind, "seek_file" | "barrier_file") {
+        "at_least_once"
+    } else {
+        "exactly_once"
+    };
     format!(
         r#"
+delivery: {delivery}
 collections:
   acme/views:
     key: [/id]
@@ -314,11 +321,12 @@ impl Connect for Connector {
         _materialization: &str,
         _endpoint: &sluice_runtime::config::EndpointDef,
     ) -> std::result::Result<Connected, String> {
-        Ok(Connected {
-            endpoint: self.0.clone(),
-            endpoint_type: flow::EndpointType::SluiceMemory,
-            config: json!({}),
-        })
+        Ok(Connected::flow(
+            self.0.clone(),
+            flow::EndpointType::SluiceMemory,
+            json!({}),
+            Some(CommitPattern::RemoteAuthoritative),
+        ))
     }
 }
 
@@ -385,6 +393,7 @@ impl Harness {
                     "memory",
                     flow::EndpointType::SluiceMemory,
                     &["path"],
+                    CommitPattern::RemoteAuthoritative,
                     || Arc::new(MemoryDriver::new()),
                 )),
         )
@@ -437,6 +446,8 @@ impl Harness {
         let ctx = Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
+            participant: None,
+            deployment_id: String::new(),
             sources,
             log: RecoveryLog::open(&self.log_dir).map_err(|e| e.to_string())?,
             opts: TxnOptions {

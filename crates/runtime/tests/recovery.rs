@@ -31,6 +31,7 @@ fn intent(txn: u64) -> Intent {
                 hash: 0xfeed + txn,
             }],
         )]),
+        artifacts: BTreeMap::new(),
     }
 }
 

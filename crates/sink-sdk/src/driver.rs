@@ -1,1 +1,476 @@
+//! An [`EpochSink`] on the one loop: [`EpochDriver`] speaks the Flow driver protocol in
+//! process, as a driver of the idempotent-apply pattern, and hands the runtime the
+//! sink's artifact intents and descriptors through its [`EpochParticipant`].
+//!
+//! ```text
+//!  Open(checkpoint {epoch, descriptor})  build, bind context, open, recover(decided, undecided)
+//!  Prepare(runtime checkpoint of N)      begin_epoch(N)              Prepared: no change
+//!  Store*                                Arrow batches of bounded size → write_batch
+//!  Commit                                last batches; pre_commit(N) → descriptor for the runtime
+//!  Acknowledge                           commit_epoch(N, descriptor): the decision is durable
+//! ```
+//!
+//! An epoch sink receives each transaction's reduced changes (its bindings are delta
+//! updates: Validate says so, and nothing is loaded). A failure before `pre_commit`
+//! returned rolls the epoch back; after it only recovery decides, from what the
+//! recovery log holds: the last descriptor is re-applied and undecided staging removed.
 
+use crate::arrow::{BatchBuilder, binding_schema};
+use crate::{
+    Decided, EpochParticipant, EpochSink, InputMode, Recovery, RuntimeContext, SinkBinding,
+    SinkContract, SinkError, Undecided,
+};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sluice_driver_sdk::arena::store_docs;
+use sluice_driver_sdk::flow::{self, MaterializationSpec};
+use sluice_driver_sdk::materialize::{
+    self as m, constraint,
+    transaction_request::{Load, Open, Prepare, Store},
+    transaction_response::Opened,
+};
+use sluice_driver_sdk::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
+use std::sync::{Arc, Mutex};
+
+/// Rows per Arrow batch, at most.
+const BATCH_ROWS: usize = 16 * 1024;
+/// Bytes of packed values and documents per Arrow batch, about.
+const BATCH_BYTES: usize = 16 << 20;
+
+/// An epoch sink kind, as a binary registers it.
+#[derive(Clone, Copy)]
+pub struct SinkKind {
+    /// Its key in an endpoint of the pipeline file (`iceberg`).
+    pub name: &'static str,
+    /// Top-level keys of its configuration that hold paths.
+    pub paths: &'static [&'static str],
+    pub endpoint_schema: &'static str,
+    pub resource_schema: &'static str,
+    /// A sink of this configuration, checked strictly; opens nothing.
+    pub build: fn(&Value) -> Result<Box<dyn EpochSink>, SinkError>,
+    /// The resource path of a binding's resource configuration (its table).
+    pub resource_path: fn(&Value) -> Result<Vec<String>, SinkError>,
+}
+
+impl SinkKind {
+    /// The contract a configuration declares, without opening anything.
+    pub fn contract(&self, config: &Value) -> Result<SinkContract, SinkError> {
+        Ok((self.build)(config)?.contract())
+    }
+}
+
+/// The descriptor of the last decided epoch, as the recovery log keeps it (the driver
+/// checkpoint of the materialization).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DecidedRecord {
+    pub epoch: u64,
+    pub descriptor: Value,
+}
+
+impl DecidedRecord {
+    pub fn to_value(&self) -> Value {
+        json!({"epoch": self.epoch, "descriptor": self.descriptor})
+    }
+}
+
+/// What the driver and the runtime's participant handle share.
+#[derive(Default)]
+struct Shared {
+    /// The open stream's sink; `None` between streams.
+    sink: tokio::sync::Mutex<Option<Box<dyn EpochSink>>>,
+    deployment: Mutex<String>,
+    undecided: Mutex<Vec<Undecided>>,
+    /// The descriptor `pre_commit` returned for the epoch the driver just committed.
+    descriptor: Mutex<Option<(u64, Value)>>,
+}
+
+/// An epoch sink as an in-process driver of the idempotent-apply pattern.
+pub struct EpochDriver {
+    kind: SinkKind,
+    shared: Arc<Shared>,
+}
+
+impl EpochDriver {
+    pub fn new(kind: SinkKind) -> EpochDriver {
+        EpochDriver {
+            kind,
+            shared: Arc::default(),
+        }
+    }
+
+    /// The runtime's handle: what it records in the recovery log for this sink.
+    pub fn participant(&self) -> Arc<dyn EpochParticipant> {
+        Arc::new(Participant(self.shared.clone()))
+    }
+
+    fn build(&self, endpoint_spec_json: &str) -> Result<Box<dyn EpochSink>> {
+        let config: Value = serde_json::from_str(endpoint_spec_json)
+            .map_err(|e| Error::Config(format!("endpoint config is not JSON: {e}")))?;
+        (self.kind.build)(&config).map_err(sink_error)
+    }
+
+    /// The sink's bindings of `spec`, their Arrow schemas as `contract` shapes them.
+    fn bindings(
+        &self,
+        spec: &MaterializationSpec,
+        contract: SinkContract,
+    ) -> Result<Vec<(SinkBinding, BatchBuilder)>> {
+        let keyed = contract.input != InputMode::AppendOnly;
+        spec.bindings
+            .iter()
+            .map(|binding| {
+                let columns = binding_schema(binding, keyed).map_err(sink_error)?;
+                let resource = serde_json::from_str(&binding.resource_spec_json)
+                    .map_err(|e| Error::Config(format!("resource config is not JSON: {e}")))?;
+                let sink_binding = SinkBinding {
+                    resource,
+                    schema: columns.schema.clone(),
+                    key: columns.key.clone(),
+                };
+                Ok((
+                    sink_binding,
+                    BatchBuilder::new(columns, BATCH_ROWS, BATCH_BYTES),
+                ))
+            })
+            .collect()
+    }
+
+    async fn apply(&self, req: m::ApplyRequest, delete: bool) -> Result<m::ApplyResponse> {
+        let spec = req
+            .materialization
+            .ok_or_else(|| Error::Config("Apply without a materialization".into()))?;
+        let mut sink = self.build(&spec.endpoint_spec_json)?;
+        let bindings: Vec<SinkBinding> = self
+            .bindings(&spec, sink.contract())?
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect();
+        let actions = if delete {
+            sink.drop_schema(&bindings, req.dry_run)
+                .await
+                .map_err(sink_error)?
+        } else {
+            let plan = sink.resolve_schema(&bindings).await.map_err(sink_error)?;
+            if !req.dry_run {
+                sink.prepare_schema(&plan).await.map_err(sink_error)?;
+            }
+            plan.actions
+        };
+        Ok(m::ApplyResponse {
+            action_description: actions.join("\n"),
+        })
+    }
+}
+
+/// A sink's error as a driver error, retryable as the sink says.
+fn sink_error(err: SinkError) -> Error {
+    match err {
+        SinkError::Config(message) => Error::Config(message),
+        other => Error::Store {
+            context: "epoch sink".into(),
+            retryable: other.is_retryable(),
+            message: other.to_string(),
+        },
+    }
+}
+
+#[async_trait]
+impl Driver for EpochDriver {
+    async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
+        Ok(m::SpecResponse {
+            endpoint_spec_schema_json: self.kind.endpoint_schema.into(),
+            resource_spec_schema_json: self.kind.resource_schema.into(),
+            documentation_url: String::new(),
+        })
+    }
+
+    /// Keys are required; the document is recommended (a change log keeps it), every
+    /// other field optional. Always delta updates: the sink takes each transaction's
+    /// changes and loads nothing.
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        self.build(&req.endpoint_spec_json)?;
+        let bindings = req.bindings.iter().map(|binding| {
+            let resource: Value = serde_json::from_str(&binding.resource_spec_json)
+                .map_err(|e| Error::Config(format!("resource config is not JSON: {e}")))?;
+            let resource_path = (self.kind.resource_path)(&resource).map_err(sink_error)?;
+            let collection = binding.collection.clone().unwrap_or_default();
+            let constraints = collection.projections.iter().map(|p| {
+                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
+                    (constraint::Type::LocationRequired, "part of the key")
+                } else if p.ptr.is_empty() {
+                    (
+                        constraint::Type::LocationRecommended,
+                        "the document, as JSON text",
+                    )
+                } else if p.ptr.matches('/').count() == 1 {
+                    (constraint::Type::LocationRecommended, "a top-level field")
+                } else {
+                    (constraint::Type::FieldOptional, "a nested field")
+                };
+                let c = m::Constraint {
+                    r#type: kind as i32,
+                    reason: reason.into(),
+                };
+                (p.field.clone(), c)
+            });
+            Ok(m::validate_response::Binding {
+                constraints: constraints.collect(),
+                resource_path,
+                delta_updates: true,
+            })
+        });
+        Ok(m::ValidateResponse {
+            bindings: bindings.collect::<Result<_>>()?,
+        })
+    }
+
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.apply(req, false).await
+    }
+
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        self.apply(req, true).await
+    }
+
+    async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
+        let spec = open
+            .materialization
+            .clone()
+            .ok_or_else(|| Error::Config("Open without a materialization".into()))?;
+        let mut sink = self.build(&spec.endpoint_spec_json)?;
+        let (bindings, builders): (Vec<_>, Vec<_>) =
+            self.bindings(&spec, sink.contract())?.into_iter().unzip();
+        let deployment_id = self.shared.deployment.lock().expect("not poisoned").clone();
+        sink.bind_runtime_context(RuntimeContext {
+            deployment_id,
+            sink_id: spec.materialization.clone(),
+            participant_id: u64::from(open.key_begin) + 1,
+        })
+        .map_err(sink_error)?;
+        sink.open(&bindings).await.map_err(sink_error)?;
+        let decided = if open.driver_checkpoint_json.is_empty() {
+            None
+        } else {
+            // A checkpoint of another shape (`{}`: nothing decided yet) holds no epoch.
+            serde_json::from_slice::<DecidedRecord>(&open.driver_checkpoint_json)
+                .ok()
+                .map(|r| Decided {
+                    epoch: r.epoch,
+                    descriptor: r.descriptor,
+                })
+        };
+        let undecided = std::mem::take(&mut *self.shared.undecided.lock().expect("not poisoned"));
+        sink.recover(&Recovery { decided, undecided })
+            .await
+            .map_err(sink_error)?;
+        *self.shared.sink.lock().await = Some(sink);
+        let transactor = EpochTransactor {
+            shared: self.shared.clone(),
+            builders,
+            epoch: None,
+            to_apply: None,
+        };
+        Ok((Box::new(transactor), Opened::default()))
+    }
+}
+
+/// One Transactions stream of an epoch sink.
+struct EpochTransactor {
+    shared: Arc<Shared>,
+    builders: Vec<BatchBuilder>,
+    /// The epoch begun and not yet pre-committed.
+    epoch: Option<u64>,
+    /// The descriptor to apply once the runtime acknowledges its epoch.
+    to_apply: Option<(u64, Value)>,
+}
+
+impl EpochTransactor {
+    /// Runs `step` of the epoch in progress; on failure, rolls the epoch back (the
+    /// failure comes before its decision) and returns the step's error.
+    async fn or_rollback<T>(&mut self, step: Result<T>) -> Result<T> {
+        if step.is_err()
+            && let Some(epoch) = self.epoch.take()
+        {
+            let mut sink = self.shared.sink.lock().await;
+            let rolled = match sink.as_mut() {
+                Some(sink) => sink.rollback_epoch(epoch).await.map_err(sink_error),
+                None => Err(closed()),
+            };
+            if let Err(err) = rolled {
+                tracing::warn!(epoch, %err, "rolling back a failed epoch failed; recovery removes its staging");
+            }
+        }
+        step
+    }
+}
+
+fn closed() -> Error {
+    Error::Config("the epoch sink is closed".into())
+}
+
+/// The transaction number of a runtime checkpoint (the epoch it commits).
+fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
+    #[derive(serde::Deserialize)]
+    struct Txn {
+        txn: u64,
+    }
+    serde_json::from_slice::<Txn>(flow_checkpoint)
+        .map(|t| t.txn)
+        .map_err(|e| Error::Malformed(format!("Prepare's runtime checkpoint has no txn: {e}")))
+}
+
+#[async_trait]
+impl Transactor for EpochTransactor {
+    fn pattern(&self) -> CommitPattern {
+        CommitPattern::RecoveryLogIdempotentApply
+    }
+
+    async fn load(&mut self, load: Load, _: PriorState, _: &mut dyn LoadedSink) -> Result<()> {
+        Err(Error::Malformed(format!(
+            "Load of binding {}: an epoch sink's bindings are delta updates",
+            load.binding
+        )))
+    }
+
+    async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
+        let epoch = epoch_of(&prepare.flow_checkpoint)?;
+        self.epoch = Some(epoch);
+        let begun = self
+            .shared
+            .sink
+            .lock()
+            .await
+            .as_mut()
+            .ok_or_else(closed)?
+            .begin_epoch(epoch)
+            .await
+            .map_err(sink_error);
+        self.or_rollback(begun).await?;
+        Ok(flow::DriverCheckpoint {
+            driver_checkpoint_json: b"{}".to_vec(),
+            rfc7396_merge_patch: true,
+        })
+    }
+
+    async fn store(&mut self, store: Store) -> Result<()> {
+        let stored = self.push_store(&store).await;
+        self.or_rollback(stored).await
+    }
+
+    async fn commit(&mut self) -> Result<()> {
+        let epoch = self
+            .epoch
+            .ok_or_else(|| Error::Malformed("Commit without a Prepare".into()))?;
+        for binding in 0..self.builders.len() {
+            let written = self.write_batch(binding).await;
+            self.or_rollback(written).await?;
+        }
+        let pre_committed = self
+            .shared
+            .sink
+            .lock()
+            .await
+            .as_mut()
+            .ok_or_else(closed)?
+            .pre_commit(epoch)
+            .await
+            .map_err(sink_error);
+        let descriptor = self.or_rollback(pre_committed).await?;
+        self.epoch = None;
+        if let Some(descriptor) = &descriptor {
+            self.to_apply = Some((epoch, descriptor.clone()));
+        }
+        *self.shared.descriptor.lock().expect("not poisoned") = descriptor.map(|d| (epoch, d));
+        Ok(())
+    }
+
+    async fn acknowledge(&mut self) -> Result<()> {
+        if let Some((epoch, descriptor)) = self.to_apply.take() {
+            self.shared
+                .sink
+                .lock()
+                .await
+                .as_mut()
+                .ok_or_else(closed)?
+                .commit_epoch(epoch, &descriptor)
+                .await
+                .map_err(sink_error)?;
+        }
+        Ok(())
+    }
+
+    async fn destroy(self: Box<Self>) {
+        if let Some(mut sink) = self.shared.sink.lock().await.take()
+            && let Err(err) = sink.close().await
+        {
+            tracing::warn!(%err, "closing the epoch sink failed");
+        }
+    }
+}
+
+impl EpochTransactor {
+    /// Pushes a Store's documents into its binding's batch, writing each batch that fills.
+    async fn push_store(&mut self, store: &Store) -> Result<()> {
+        let binding = store.binding as usize;
+        if binding >= self.builders.len() {
+            return Err(Error::Malformed(format!(
+                "Store of binding {binding}, which does not exist"
+            )));
+        }
+        for doc in store_docs(store) {
+            let doc = doc?;
+            let builder = &mut self.builders[binding];
+            builder
+                .push(doc.key, doc.values, doc.doc)
+                .map_err(sink_error)?;
+            if builder.is_full() {
+                self.write_batch(binding).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the rows binding `binding`'s batch holds, if any.
+    async fn write_batch(&mut self, binding: usize) -> Result<()> {
+        if let Some(batch) = self.builders[binding].finish().map_err(sink_error)? {
+            self.shared
+                .sink
+                .lock()
+                .await
+                .as_mut()
+                .ok_or_else(closed)?
+                .write_batch(binding, &batch)
+                .await
+                .map_err(sink_error)?;
+        }
+        Ok(())
+    }
+}
+
+struct Participant(Arc<Shared>);
+
+#[async_trait]
+impl EpochParticipant for Participant {
+    async fn artifact_intent(&self, epoch: u64) -> Result<Option<Value>, SinkError> {
+        let sink = self.0.sink.lock().await;
+        let sink = sink
+            .as_ref()
+            .ok_or_else(|| SinkError::Config("the epoch sink is not open".into()))?;
+        Ok(sink.checkpoint_artifact_intent(epoch))
+    }
+
+    async fn take_descriptor(&self, epoch: u64) -> Option<Value> {
+        let mut slot = self.0.descriptor.lock().expect("not poisoned");
+        match slot.take() {
+            Some((e, descriptor)) if e == epoch => {
+                Some(DecidedRecord { epoch, descriptor }.to_value())
+            }
+            _ => None,
+        }
+    }
+
+    async fn recovering(&self, deployment_id: &str, undecided: Vec<Undecided>) {
+        *self.0.deployment.lock().expect("not poisoned") = deployment_id.to_string();
+        *self.0.undecided.lock().expect("not poisoned") = undecided;
+    }
+}

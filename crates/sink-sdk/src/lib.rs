@@ -32,6 +32,7 @@ pub mod driver;
 pub use arrow_array::RecordBatch;
 pub use arrow_schema::{DataType, Field, Schema, SchemaRef};
 pub use contract::{Consistency, InputMode, Placement, SinkContract};
+pub use driver::{EpochDriver, SinkKind};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -158,6 +159,18 @@ pub trait EpochSink: Send + 'static {
     /// Runs `plan` (explicit, idempotent DDL).
     async fn prepare_schema(&mut self, plan: &SchemaPlan) -> Result<()>;
 
+    /// Drops what `prepare_schema` created for these bindings (`sluice apply --delete`),
+    /// or with `dry_run` only says what it would drop.
+    async fn drop_schema(
+        &mut self,
+        _bindings: &[SinkBinding],
+        _dry_run: bool,
+    ) -> Result<Vec<String>> {
+        Err(SinkError::Config(
+            "this sink cannot drop what it created".into(),
+        ))
+    }
+
     /// Connects, ready to write `bindings` (whose schemas were prepared).
     async fn open(&mut self, bindings: &[SinkBinding]) -> Result<()>;
 
@@ -205,6 +218,7 @@ pub trait EpochParticipant: Send + Sync {
     /// `pre_commit` returned, recorded in the commit as the driver's checkpoint (`None`:
     /// nothing staged; the last descriptor stays).
     async fn take_descriptor(&self, epoch: u64) -> Option<Value>;
-    /// Before Open: the artifact intents of epochs the log began and never decided.
-    async fn undecided(&self, intents: Vec<Undecided>);
+    /// Before Open: the pipeline's deployment id, and the artifact intents of epochs the
+    /// log began and never decided.
+    async fn recovering(&self, deployment_id: &str, undecided: Vec<Undecided>);
 }

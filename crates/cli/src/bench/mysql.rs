@@ -85,14 +85,15 @@ impl Store for Mysql {
         if endpoint.kind != "mysql" {
             return Err("the bench connects only mysql endpoints".into());
         }
-        Ok(Connected {
-            endpoint: Arc::new(InProcess::new(
+        Ok(Connected::flow(
+            Arc::new(InProcess::new(
                 materialization,
                 Arc::new(MysqlDriver::new()),
             )),
-            endpoint_type: EndpointType::SluiceMysql,
-            config: endpoint.config.clone(),
-        })
+            EndpointType::SluiceMysql,
+            endpoint.config.clone(),
+            Some(sluice_driver_sdk::CommitPattern::RemoteAuthoritative),
+        ))
     }
 
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64> {

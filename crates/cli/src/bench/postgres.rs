@@ -75,14 +75,15 @@ impl Store for Postgres {
         if endpoint.kind != "postgres" {
             return Err("the bench connects only postgres endpoints".into());
         }
-        Ok(Connected {
-            endpoint: Arc::new(InProcess::new(
+        Ok(Connected::flow(
+            Arc::new(InProcess::new(
                 materialization,
                 Arc::new(PostgresDriver::new()),
             )),
-            endpoint_type: EndpointType::SluicePostgres,
-            config: endpoint.config.clone(),
-        })
+            EndpointType::SluicePostgres,
+            endpoint.config.clone(),
+            Some(sluice_driver_sdk::CommitPattern::RemoteAuthoritative),
+        ))
     }
 
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64> {

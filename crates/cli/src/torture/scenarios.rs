@@ -276,11 +276,12 @@ fn driver_dies(h: &mut Harness, transport: Transport) -> anyhow::Result<()> {
     };
     let endpoint = match &server {
         None => format!(
-            "command: {{program: {}, args: [driver, stdio, {driver}], config: {config}}}",
+            "command: {{program: {}, args: [driver, stdio, {driver}], config: {config}, \
+             pattern: authoritative}}",
             super::yaml_str(&h.exe)
         ),
         Some(server) => format!(
-            "grpc: {{address: \"{}\", config: {config}}}",
+            "grpc: {{address: \"{}\", config: {config}, pattern: authoritative}}",
             server.address
         ),
     };

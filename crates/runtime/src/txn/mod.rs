@@ -67,6 +67,7 @@ use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
 use sluice_driver_sdk::{Endpoint, Error as DriverError, Peer};
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
+use sluice_sink_sdk::EpochParticipant;
 use sluice_source_sdk::{Resume, Source, SourceError};
 use state::{LogState, Settled};
 use std::sync::Arc;
@@ -288,6 +289,11 @@ pub struct Shard {
 pub struct Context {
     pub shard: Shard,
     pub endpoint: Arc<dyn Endpoint>,
+    /// An epoch sink's handle: its artifact intents go into each intent, its
+    /// descriptors into each commit.
+    pub participant: Option<Arc<dyn EpochParticipant>>,
+    /// The pipeline's deployment id, told to an epoch sink before Open.
+    pub deployment_id: String,
     pub sources: Vec<BoundSource>,
     /// Opened by the caller: it holds the shard's lock.
     pub log: RecoveryLog,
@@ -347,6 +353,8 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let Context {
         shard,
         endpoint,
+        participant,
+        deployment_id,
         sources,
         log,
         opts,
@@ -361,6 +369,14 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             ..bound
         })
         .collect();
+    if let Some(participant) = &participant {
+        participant
+            .recovering(
+                &deployment_id,
+                undecided(&log, &materialization_name(&shard.open)),
+            )
+            .await;
+    }
     let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources, timeouts).await?;
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
@@ -379,6 +395,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let committer = Committer {
         endpoint: endpoint.name().to_string(),
         materialization: materialization_name(&shard.open),
+        participant,
         tx: recovered.tx,
         rx: recovered.rx,
         checkpoint: recovered.checkpoint,
@@ -504,6 +521,7 @@ async fn recover(
 struct Committer<'s> {
     endpoint: String,
     materialization: String,
+    participant: Option<Arc<dyn EpochParticipant>>,
     tx: client::ClientSender,
     rx: client::ClientReceiver,
     /// The last committed checkpoint; during a transaction, the one it will commit.
@@ -585,7 +603,22 @@ impl Committer<'_> {
         } = batch;
         // Intent: durable before any effect of this transaction reaches the driver.
         let txn = self.checkpoint.txn + 1;
-        let intent = Intent { txn, steps };
+        let mut intent = Intent {
+            txn,
+            steps,
+            artifacts: Default::default(),
+        };
+        if let Some(participant) = &self.participant {
+            let artifact = participant
+                .artifact_intent(txn)
+                .await
+                .map_err(|e| sink_err(&self.endpoint, e))?;
+            if let Some(artifact) = artifact {
+                intent
+                    .artifacts
+                    .insert(self.materialization.clone(), artifact);
+            }
+        }
         let log = log.write_intent(&intent).await?;
         crate::failpoint::fail_point!(AFTER_INTENT, |e| driver_err(&self.endpoint, e));
         for (source, resumes) in &intent.steps {
@@ -686,6 +719,14 @@ impl Committer<'_> {
             &driver_checkpoint,
         )
         .map_err(|e| driver_err(&self.endpoint, e))?;
+        // An epoch sink's descriptor of what it staged: the decision holds it.
+        if let Some(participant) = &self.participant
+            && let Some(descriptor) = participant.take_descriptor(txn).await
+        {
+            self.checkpoint
+                .driver_checkpoints
+                .insert(self.materialization.clone(), descriptor);
+        }
         Ok(log.commit(self.checkpoint.clone(), self.shared.durable.clone()))
     }
 
@@ -739,6 +780,33 @@ fn driver_err(endpoint: &str, source: DriverError) -> RunError {
         endpoint: endpoint.to_string(),
         source,
     }
+}
+
+/// An epoch sink's failure outside the protocol (its artifact intent), as a driver error.
+fn sink_err(endpoint: &str, err: sluice_sink_sdk::SinkError) -> RunError {
+    driver_err(
+        endpoint,
+        DriverError::Store {
+            context: "epoch sink".into(),
+            retryable: err.is_retryable(),
+            message: err.to_string(),
+        },
+    )
+}
+
+/// The artifact intents of `materialization` the log holds undecided: its pending
+/// intent's, if any.
+fn undecided(log: &RecoveryLog, materialization: &str) -> Vec<sluice_sink_sdk::Undecided> {
+    log.pending_intent()
+        .and_then(|intent| {
+            let artifact = intent.artifacts.get(materialization)?;
+            Some(sluice_sink_sdk::Undecided {
+                epoch: intent.txn,
+                intent: artifact.clone(),
+            })
+        })
+        .into_iter()
+        .collect()
 }
 
 fn materialization_name(open: &Open) -> String {

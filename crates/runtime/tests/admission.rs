@@ -1,0 +1,271 @@
+//! Admission: every combination of delivery, source fault tolerance and sink guarantee
+//! against the table in `admission.rs`, and `plan` refusing a pipeline before it asks any
+//! driver anything, naming the part, what it declares and what would admit it.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sluice_datagen::DatagenKind;
+use sluice_driver_sdk::CommitPattern::{self, *};
+use sluice_driver_sdk::flow::EndpointType;
+use sluice_memory::MemoryDriver;
+use sluice_memory::config::EndpointConfig;
+use sluice_runtime::admission::{Delivery, SinkGuarantee, admit};
+use sluice_runtime::config::Pipeline;
+use sluice_runtime::pipeline::{PipelineError, plan};
+use sluice_runtime::registry::{Builtin, Command, Epoch, Registry};
+use sluice_sink_sdk::{
+    Consistency, EpochSink, InputMode, Placement, RecordBatch, Recovery, SchemaPlan, SinkBinding,
+    SinkContract, SinkError, SinkKind, WriteResult,
+};
+use sluice_source_sdk::FaultTolerance;
+use sluice_source_sdk::kind;
+use std::path::Path;
+use std::sync::Arc;
+
+const TOLERANCES: [FaultTolerance; 3] = [
+    FaultTolerance::None,
+    FaultTolerance::AtLeastOnce,
+    FaultTolerance::ExactlyOnce,
+];
+
+fn guarantees() -> Vec<SinkGuarantee> {
+    let mut all = vec![SinkGuarantee::Flow(None)];
+    for p in [
+        RemoteAuthoritative,
+        RecoveryLogIdempotentApply,
+        RecoveryLogNonTransactional,
+    ] {
+        all.push(SinkGuarantee::Flow(Some(p)));
+    }
+    for consistency in [
+        Consistency::Ephemeral,
+        Consistency::AtLeastOnce,
+        Consistency::CheckpointCommittable,
+    ] {
+        for placement in [Placement::Singleton, Placement::MultiWriter] {
+            for input in [
+                InputMode::AppendOnly,
+                InputMode::KeyedUpsert,
+                InputMode::FullChangelog,
+            ] {
+                all.push(SinkGuarantee::Epoch(SinkContract {
+                    consistency,
+                    placement,
+                    input,
+                }));
+            }
+        }
+    }
+    all
+}
+
+/// The table of `admission.rs`, written out independently.
+fn source_admitted(delivery: Delivery, t: FaultTolerance) -> bool {
+    match delivery {
+        Delivery::ExactlyOnce => t == FaultTolerance::ExactlyOnce,
+        Delivery::AtLeastOnce => t != FaultTolerance::None,
+    }
+}
+
+fn sink_admitted(delivery: Delivery, g: SinkGuarantee) -> bool {
+    match (delivery, g) {
+        (Delivery::AtLeastOnce, SinkGuarantee::Flow(_)) => true,
+        (Delivery::ExactlyOnce, SinkGuarantee::Flow(p)) => {
+            matches!(p, Some(RemoteAuthoritative | RecoveryLogIdempotentApply))
+        }
+        (Delivery::ExactlyOnce, SinkGuarantee::Epoch(c)) => {
+            c.consistency == Consistency::CheckpointCommittable
+        }
+        (Delivery::AtLeastOnce, SinkGuarantee::Epoch(c)) => c.consistency != Consistency::Ephemeral,
+    }
+}
+
+#[test]
+fn every_combination_is_admitted_exactly_as_the_table_says() {
+    let mut combinations = 0;
+    for delivery in [Delivery::ExactlyOnce, Delivery::AtLeastOnce] {
+        for a in TOLERANCES {
+            for b in TOLERANCES {
+                for guarantee in guarantees() {
+                    combinations += 1;
+                    let sources = [("a".to_string(), a), ("b".to_string(), b)];
+                    let refusals = admit(
+                        delivery,
+                        &sources,
+                        ("materializations.m.endpoint", guarantee),
+                    );
+                    let mut expected = Vec::new();
+                    for (name, t) in &sources {
+                        if !source_admitted(delivery, *t) {
+                            expected.push(format!("sources.{name}"));
+                        }
+                    }
+                    if !sink_admitted(delivery, guarantee) {
+                        expected.push("materializations.m.endpoint".to_string());
+                    }
+                    let places: Vec<String> = refusals.iter().map(|r| r.place.clone()).collect();
+                    assert_eq!(places, expected, "{delivery:?} {a:?} {b:?} {guarantee:?}");
+                    for r in &refusals {
+                        assert!(!r.declares.is_empty() && !r.remedy.is_empty(), "{r}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(combinations, 2 * 3 * 3 * (4 + 18));
+}
+
+#[test]
+fn refusals_say_what_the_part_declares_and_what_would_admit_it() {
+    let r = admit(
+        Delivery::ExactlyOnce,
+        &[("events".into(), FaultTolerance::AtLeastOnce)],
+        ("materializations.v.endpoint", SinkGuarantee::Flow(None)),
+    );
+    assert!(
+        r[0].to_string()
+            .starts_with("sources.events: declares at-least-once"),
+        "{}",
+        r[0]
+    );
+    assert!(r[0].remedy.contains("delivery: at_least_once"), "{}", r[0]);
+    assert!(
+        r[1].declares.contains("undeclared commit pattern"),
+        "{}",
+        r[1]
+    );
+    assert!(r[1].remedy.contains("pattern: authoritative"), "{}", r[1]);
+}
+
+/// An epoch sink that only declares its contract (`{consistency: …}`).
+struct Declaring(SinkContract);
+
+#[async_trait]
+impl EpochSink for Declaring {
+    fn contract(&self) -> SinkContract {
+        self.0
+    }
+    async fn resolve_schema(&mut self, _: &[SinkBinding]) -> Result<SchemaPlan, SinkError> {
+        Ok(SchemaPlan::default())
+    }
+    async fn prepare_schema(&mut self, _: &SchemaPlan) -> Result<(), SinkError> {
+        Ok(())
+    }
+    async fn open(&mut self, _: &[SinkBinding]) -> Result<(), SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn recover(&mut self, _: &Recovery) -> Result<(), SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn begin_epoch(&mut self, _: u64) -> Result<(), SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn write_batch(&mut self, _: usize, _: &RecordBatch) -> Result<WriteResult, SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn pre_commit(&mut self, _: u64) -> Result<Option<Value>, SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn commit_epoch(&mut self, _: u64, _: &Value) -> Result<(), SinkError> {
+        unreachable!("admission opens nothing")
+    }
+    async fn rollback_epoch(&mut self, _: u64) -> Result<(), SinkError> {
+        unreachable!("admission opens nothing")
+    }
+}
+
+fn declaring(config: &Value) -> Result<Box<dyn EpochSink>, SinkError> {
+    let consistency = match config["consistency"].as_str() {
+        Some("checkpoint") => Consistency::CheckpointCommittable,
+        Some("at_least_once") => Consistency::AtLeastOnce,
+        _ => Consistency::Ephemeral,
+    };
+    Ok(Box::new(Declaring(SinkContract {
+        consistency,
+        ..SinkContract::default()
+    })))
+}
+
+fn registry() -> Registry {
+    Registry::new()
+        .with_source(kind::<DatagenKind>())
+        .with_driver(Builtin::new::<EndpointConfig>(
+            "memory",
+            EndpointType::SluiceMemory,
+            &["path"],
+            CommitPattern::RemoteAuthoritative,
+            || Arc::new(MemoryDriver::new()),
+        ))
+        .with_driver(Command)
+        .with_driver(Epoch(SinkKind {
+            name: "declaring",
+            paths: &[],
+            endpoint_schema: "{}",
+            resource_schema: r#"{"type":"object"}"#,
+            build: declaring,
+            resource_path: |r| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
+        }))
+}
+
+fn pipeline(delivery: &str, endpoint: &str) -> Pipeline {
+    let yaml = format!(
+        r#"
+delivery: {delivery}
+collections:
+  acme/views:
+    key: [/user]
+    schema: {{type: object, required: [user], properties: {{user: {{type: string}}}}}}
+sources:
+  gen: {{target: acme/views, datagen: {{seed: 1, documents: 10, keys: 3}}}}
+materializations:
+  views:
+    endpoint: {{{endpoint}}}
+    bindings: [{{source: acme/views, resource: {{table: t}}}}]
+"#
+    );
+    Pipeline::parse(&yaml, Path::new("/tmp"), &registry()).unwrap()
+}
+
+async fn refusal(delivery: &str, endpoint: &str) -> Option<String> {
+    match plan(&pipeline(delivery, endpoint), &registry()).await {
+        Ok(_) => None,
+        Err(e @ PipelineError::Refused { .. }) => Some(e.to_string()),
+        Err(other) => panic!("{endpoint}: not a refusal: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn plan_refuses_weaker_parts_before_asking_any_driver() {
+    // The command does not exist: a refusal must come before it is ever started.
+    let undeclared = refusal("exactly_once", "command: {program: /nonexistent/driver}")
+        .await
+        .expect("an undeclared external driver is refused");
+    assert!(
+        undeclared
+            .contains("materializations.views.endpoint: is a driver of undeclared commit pattern"),
+        "{undeclared}"
+    );
+    let ephemeral = refusal("at_least_once", "declaring: {}")
+        .await
+        .expect("refused");
+    assert!(ephemeral.contains("at-least-once delivery"), "{ephemeral}");
+    assert!(
+        ephemeral.contains("epoch sink of ephemeral consistency"),
+        "{ephemeral}"
+    );
+    let durable = refusal("exactly_once", "declaring: {consistency: at_least_once}")
+        .await
+        .expect("refused");
+    assert!(durable.contains("checkpoint-committable"), "{durable}");
+
+    assert_eq!(
+        refusal("at_least_once", "declaring: {consistency: at_least_once}").await,
+        None
+    );
+    assert_eq!(
+        refusal("exactly_once", "declaring: {consistency: checkpoint}").await,
+        None
+    );
+    assert_eq!(refusal("exactly_once", "memory: {}").await, None);
+    assert_eq!(refusal("at_least_once", "memory: {}").await, None);
+}
