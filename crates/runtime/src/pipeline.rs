@@ -505,7 +505,7 @@ pub async fn run(
         .iter()
         .any(|m| m.participant.is_some())
     {
-        recovery::deployment_id(&pipeline.recovery_log())
+        recovery::deployment_id(pipeline.recovery_log())
             .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
     } else {
         String::new()

@@ -78,7 +78,8 @@ const FILE_HEADER: usize = MAGIC.len() + 4;
 /// The pipeline's deployment id, kept in `<root>/deployment`: created once (by the
 /// first run that needs it), then the same across restarts. Epoch sinks name their
 /// staging by it.
-pub fn deployment_id(root: &Path) -> Result<String, RecoveryError> {
+pub fn deployment_id(root: impl AsRef<Path>) -> Result<String, RecoveryError> {
+    let root = root.as_ref();
     let path = root.join("deployment");
     let io = |action, error| RecoveryError::Io {
         path: path.clone(),
@@ -261,7 +262,7 @@ pub struct RecoveryLog {
     len: u64,
     _lock: File,
     last_commit: Option<Checkpoint>,
-    pending_intent: Option<Intent>,
+    pending_intent: Option<Box<Intent>>,
 }
 
 impl RecoveryLog {
@@ -298,7 +299,7 @@ impl RecoveryLog {
             len: contents.valid_len,
             _lock: lock,
             last_commit,
-            pending_intent,
+            pending_intent: pending_intent.map(Box::new),
         };
         if contents.version == FORMAT_HEADERLESS {
             tracing::info!(
@@ -358,7 +359,7 @@ impl RecoveryLog {
 
     /// An intent for a transaction newer than the last commit, if any.
     pub fn pending_intent(&self) -> Option<&Intent> {
-        self.pending_intent.as_ref()
+        self.pending_intent.as_deref()
     }
 
     /// Journals the steps of transaction `intent.txn`.
@@ -366,7 +367,7 @@ impl RecoveryLog {
         self.check_newer(intent.txn, "intent")?;
         // Returns only after fsync: the steps can be replayed after any later crash.
         self.append(&LogRecord::Intent(intent.clone()))?;
-        self.pending_intent = Some(intent.clone());
+        self.pending_intent = Some(Box::new(intent.clone()));
         Ok(())
     }
 
@@ -448,7 +449,7 @@ impl RecoveryLog {
             bytes.extend(frame(&LogRecord::Commit(commit.clone())));
         }
         if let Some(intent) = &self.pending_intent {
-            bytes.extend(frame(&LogRecord::Intent(intent.clone())));
+            bytes.extend(frame(&LogRecord::Intent(Intent::clone(intent))));
         }
         let mut file = File::create(&tmp).map_err(io(&tmp, "create"))?;
         file.write_all(&bytes).map_err(io(&tmp, "write"))?;

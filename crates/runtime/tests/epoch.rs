@@ -277,10 +277,7 @@ async fn run_with_failure(point: &str, actions: &str) {
         log.contains(r#""artifacts":{"counts":{"staging":"#),
         "{log}"
     );
-    assert!(
-        log.contains(&format!(r#""counts":{{"descriptor":{{"file":"#)),
-        "{log}"
-    );
+    assert!(log.contains(r#""counts":{"descriptor":{"file":"#), "{log}");
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
