@@ -368,3 +368,171 @@ fn json_text(element: &Element<'_>, out: &mut String) -> std::result::Result<(),
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Array, BooleanArray, Float64Array, Int64Array, StringArray};
+    use serde_json::{Value, json};
+    use sluice_doc::tuple::pack_key;
+    use sluice_driver_sdk::flow::{CollectionSpec, FieldSelection, Inference, Projection};
+
+    fn projection(field: &str, types: &[&str], must_exist: bool) -> Projection {
+        Projection {
+            ptr: format!("/{field}"),
+            field: field.into(),
+            inference: Some(Inference {
+                types: types.iter().map(|t| t.to_string()).collect(),
+                must_exist,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn binding() -> Binding {
+        let mut projections = vec![
+            projection("id", &["string"], true),
+            projection("n", &["integer"], true),
+            projection("score", &["integer", "number", "null"], false),
+            projection("ok", &["boolean"], false),
+            projection("tags", &["object"], false),
+        ];
+        projections.push(Projection {
+            field: "flow_document".into(),
+            ..Default::default()
+        });
+        Binding {
+            collection: Some(CollectionSpec {
+                projections,
+                ..Default::default()
+            }),
+            field_selection: Some(FieldSelection {
+                keys: vec!["id".into()],
+                values: vec!["n".into(), "score".into(), "ok".into(), "tags".into()],
+                document: "flow_document".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn push(b: &mut BatchBuilder, id: &str, values: &[Value], doc: &Value) {
+        let key = pack_key(&[json!(id)]);
+        let values = pack_key(values);
+        b.push(&key, &values, doc.to_string().as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn projections_become_typed_columns_and_rows_keep_their_values() {
+        let columns = binding_schema(&binding(), true).unwrap();
+        let schema = columns.schema.clone();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            ["id", "n", "score", "ok", "tags", "flow_document", "_op"]
+        );
+        let types: Vec<&DataType> = schema.fields().iter().map(|f| f.data_type()).collect();
+        assert_eq!(
+            types,
+            [
+                &DataType::Utf8,
+                &DataType::Int64,
+                &DataType::Float64,
+                &DataType::Boolean,
+                &DataType::Utf8,
+                &DataType::Utf8,
+                &DataType::Utf8
+            ]
+        );
+        assert!(!schema.field(0).is_nullable() && !schema.field(1).is_nullable());
+        assert!(schema.field(2).is_nullable() && schema.field(3).is_nullable());
+        assert_eq!(
+            schema.field(4).metadata().get(JSON_METADATA).unwrap(),
+            "true"
+        );
+
+        let mut b = BatchBuilder::new(columns, 100, 1 << 20);
+        push(
+            &mut b,
+            "a",
+            &[json!(3), json!(2), json!(true), json!({"x": [1]})],
+            &json!({"id": "a", "n": 3}),
+        );
+        push(
+            &mut b,
+            "b\u{0}z",
+            &[json!(-4), json!(null), json!(null), json!(null)],
+            &json!({"id": "b", "_meta": {"op": "d"}}),
+        );
+        let batch = b.finish().unwrap().unwrap();
+        assert!(
+            b.finish().unwrap().is_none(),
+            "a finished batch starts the next"
+        );
+        let col = |i: usize| batch.column(i).clone();
+        let ids = col(0);
+        let ids = ids.as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!((ids.value(0), ids.value(1)), ("a", "b\u{0}z"));
+        let n = col(1);
+        assert_eq!(
+            n.as_any().downcast_ref::<Int64Array>().unwrap().value(1),
+            -4
+        );
+        let score = col(2);
+        let score = score.as_any().downcast_ref::<Float64Array>().unwrap();
+        assert_eq!(score.value(0), 2.0);
+        assert!(score.is_null(1));
+        let ok = col(3);
+        assert!(ok.as_any().downcast_ref::<BooleanArray>().unwrap().value(0));
+        let tags = col(4);
+        let tags = tags.as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!(tags.value(0), r#"{"x":[1]}"#);
+        assert!(tags.is_null(1));
+        let ops = col(6);
+        let ops = ops.as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!((ops.value(0), ops.value(1)), ("U", "D"));
+    }
+
+    #[test]
+    fn a_batch_is_full_at_its_row_or_byte_bound() {
+        let columns = binding_schema(&binding(), false).unwrap();
+        assert_eq!(
+            columns.schema.fields().len(),
+            6,
+            "no _op without keyed mutations"
+        );
+        let values = [json!(1), json!(1.5), json!(false), json!([])];
+        let mut rows = BatchBuilder::new(columns.clone(), 2, 1 << 20);
+        push(&mut rows, "a", &values, &json!({}));
+        assert!(!rows.is_full());
+        push(&mut rows, "b", &values, &json!({}));
+        assert!(rows.is_full());
+        let mut bytes = BatchBuilder::new(columns, 1000, 64);
+        push(&mut bytes, "a", &values, &json!({"pad": "x".repeat(64)}));
+        assert!(bytes.is_full());
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_field() {
+        let mut b = BatchBuilder::new(binding_schema(&binding(), true).unwrap(), 10, 1 << 20);
+        let key = pack_key(&[json!("a")]);
+        let values = pack_key(&[json!("three"), json!(1), json!(true), json!({})]);
+        let err = b.push(&key, &values, b"{}").unwrap_err();
+        assert!(
+            err.to_string().contains("field \"n\" is a Int64 column"),
+            "{err}"
+        );
+        let short = pack_key(&[json!(1)]);
+        let err = b.push(&key, &short, b"{}").unwrap_err();
+        assert!(err.to_string().contains("binding selects"), "{err}");
+    }
+
+    #[test]
+    fn only_a_meta_op_of_d_is_a_deletion() {
+        assert!(is_deletion(br#"{"_meta":{"op":"d"},"id":1}"#));
+        assert!(!is_deletion(br#"{"_meta":{"op":"u"},"v":"d"}"#));
+        assert!(!is_deletion(br#"{"op":"d"}"#));
+        assert!(!is_deletion(b"{}"));
+    }
+}
