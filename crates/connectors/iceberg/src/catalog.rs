@@ -28,7 +28,7 @@
 //! (`spawn_blocking`), one at a time through the connection's mutex.
 
 use async_trait::async_trait;
-use iceberg::io::{FileIO, LocalFsStorageFactory};
+use iceberg::io::FileIO;
 use iceberg::spec::{TableMetadata, TableMetadataBuilder};
 use iceberg::table::Table;
 use iceberg::{
@@ -102,7 +102,10 @@ impl SqlCatalog {
     /// Must run inside a tokio runtime (tables spawn their scans on it).
     pub async fn open(path: &Path, warehouse: &Path) -> Result<SqlCatalog> {
         let warehouse = warehouse_url(warehouse).map_err(|e| {
-            io_error(format!("cannot create the warehouse {}", warehouse.display()), e)
+            io_error(
+                format!("cannot create the warehouse {}", warehouse.display()),
+                e,
+            )
         })?;
         let path = path.to_path_buf();
         let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
@@ -190,7 +193,12 @@ impl SqlCatalog {
         .await
     }
 
-    fn build_table(&self, ident: TableIdent, location: String, metadata: TableMetadata) -> Result<Table> {
+    fn build_table(
+        &self,
+        ident: TableIdent,
+        location: String,
+        metadata: TableMetadata,
+    ) -> Result<Table> {
         Table::builder()
             .file_io(self.inner.file_io.clone())
             .identifier(ident)
@@ -268,11 +276,10 @@ fn ns_string(ns: &NamespaceIdent) -> String {
 }
 
 fn sql_error(e: rusqlite::Error) -> Error {
-    Error::new(ErrorKind::Unexpected, format!("SQLite catalog: {e}"))
-        .with_retryable(matches!(
-            e.sqlite_error_code(),
-            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-        ))
+    Error::new(ErrorKind::Unexpected, format!("SQLite catalog: {e}")).with_retryable(matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    ))
 }
 
 fn io_error(what: String, e: std::io::Error) -> Error {
@@ -284,7 +291,10 @@ fn join_error(e: tokio::task::JoinError) -> Error {
 }
 
 fn no_namespace(ns: &NamespaceIdent) -> Error {
-    Error::new(ErrorKind::NamespaceNotFound, format!("no namespace {}", ns_string(ns)))
+    Error::new(
+        ErrorKind::NamespaceNotFound,
+        format!("no namespace {}", ns_string(ns)),
+    )
 }
 
 fn no_table(ident: &TableIdent) -> Error {
@@ -293,7 +303,10 @@ fn no_table(ident: &TableIdent) -> Error {
 
 #[async_trait]
 impl Catalog for SqlCatalog {
-    async fn list_namespaces(&self, parent: Option<&NamespaceIdent>) -> Result<Vec<NamespaceIdent>> {
+    async fn list_namespaces(
+        &self,
+        parent: Option<&NamespaceIdent>,
+    ) -> Result<Vec<NamespaceIdent>> {
         let all = self.namespace_rows().await?;
         let depth = parent.map_or(0, |p| p.len());
         let prefix = parent.map(|p| format!("{}.", ns_string(p)));
@@ -349,7 +362,8 @@ impl Catalog for SqlCatalog {
         if !self.namespace_exists(namespace).await? {
             return Err(no_namespace(namespace));
         }
-        self.write_properties(&ns_string(namespace), properties).await
+        self.write_properties(&ns_string(namespace), properties)
+            .await
     }
 
     async fn drop_namespace(&self, namespace: &NamespaceIdent) -> Result<()> {
@@ -392,7 +406,11 @@ impl Catalog for SqlCatalog {
             .collect())
     }
 
-    async fn create_table(&self, namespace: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+    async fn create_table(
+        &self,
+        namespace: &NamespaceIdent,
+        creation: TableCreation,
+    ) -> Result<Table> {
         if !self.namespace_exists(namespace).await? {
             return Err(no_namespace(namespace));
         }

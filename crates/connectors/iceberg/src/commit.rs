@@ -82,8 +82,9 @@ pub struct Descriptor {
 
 impl Descriptor {
     pub fn parse(value: &serde_json::Value, owner: &Owner) -> Result<Descriptor, SinkError> {
-        let d: Descriptor = serde_json::from_value(value.clone())
-            .map_err(|e| SinkError::Corrupt(format!("an Iceberg descriptor cannot be read: {e}")))?;
+        let d: Descriptor = serde_json::from_value(value.clone()).map_err(|e| {
+            SinkError::Corrupt(format!("an Iceberg descriptor cannot be read: {e}"))
+        })?;
         if d.version != DESCRIPTOR_VERSION {
             return Err(SinkError::Corrupt(format!(
                 "an Iceberg descriptor has version {}, this sink writes {DESCRIPTOR_VERSION}",
@@ -114,18 +115,23 @@ pub fn committed_txn(metadata: &TableMetadata, owner: &Owner) -> Result<Option<u
         if p.get(SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
             && p.get(SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
         {
-            let txn = p.get(SUMMARY_TXN).and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| {
-                SinkError::Corrupt(format!(
-                    "snapshot {id} of {} has no readable {SUMMARY_TXN}",
-                    owner.materialization
-                ))
-            })?;
+            let txn = p
+                .get(SUMMARY_TXN)
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    SinkError::Corrupt(format!(
+                        "snapshot {id} of {} has no readable {SUMMARY_TXN}",
+                        owner.materialization
+                    ))
+                })?;
             best = best.max(Some(txn));
         }
         next = snapshot.parent_snapshot_id();
         steps += 1;
         if steps > metadata.snapshots().len() {
-            return Err(SinkError::Corrupt("the table's snapshot ancestry has a cycle".into()));
+            return Err(SinkError::Corrupt(
+                "the table's snapshot ancestry has a cycle".into(),
+            ));
         }
     }
     Ok(best)
@@ -198,11 +204,16 @@ pub async fn commit_table(
                 )));
             }
         }
-        let base = table.metadata_location_result().map_err(|e| external("table", e))?;
+        let base = table
+            .metadata_location_result()
+            .map_err(|e| external("table", e))?;
         let pinned = catalog.pinned(base);
         let properties = HashMap::from([
             (SUMMARY_DEPLOYMENT.to_string(), owner.deployment.clone()),
-            (SUMMARY_MATERIALIZATION.to_string(), owner.materialization.clone()),
+            (
+                SUMMARY_MATERIALIZATION.to_string(),
+                owner.materialization.clone(),
+            ),
             (SUMMARY_TXN.to_string(), txn.to_string()),
         ]);
         let tx = Transaction::new(&table);
@@ -219,7 +230,12 @@ pub async fn commit_table(
                 tracing::info!(table = %ident, txn, "Iceberg commit lost a swap; reading the table again");
                 continue;
             }
-            Err(e) => return Err(external(&format!("cannot commit to Iceberg table {ident}"), e)),
+            Err(e) => {
+                return Err(external(
+                    &format!("cannot commit to Iceberg table {ident}"),
+                    e,
+                ));
+            }
         }
     }
     Err(SinkError::External(format!(
@@ -235,7 +251,10 @@ fn rebuild_data_file(metadata: &TableMetadata, f: &StagedFile) -> Result<DataFil
         ))
     })?;
     let spec = metadata.partition_spec_by_id(f.spec_id).ok_or_else(|| {
-        SinkError::Corrupt(format!("staged file {} names partition spec {}", f.path, f.spec_id))
+        SinkError::Corrupt(format!(
+            "staged file {} names partition spec {}",
+            f.path, f.spec_id
+        ))
     })?;
     let partition_type = spec
         .partition_type(schema)
@@ -262,9 +281,18 @@ mod tests {
 
     fn pending() -> Vec<EpochFiles> {
         vec![
-            EpochFiles { epoch: 4, files: vec![file("a", "a4"), file("b", "b4")] },
-            EpochFiles { epoch: 5, files: vec![] },
-            EpochFiles { epoch: 6, files: vec![file("a", "a6")] },
+            EpochFiles {
+                epoch: 4,
+                files: vec![file("a", "a4"), file("b", "b4")],
+            },
+            EpochFiles {
+                epoch: 5,
+                files: vec![],
+            },
+            EpochFiles {
+                epoch: 6,
+                files: vec![file("a", "a6")],
+            },
         ]
     }
 
@@ -283,7 +311,10 @@ mod tests {
     #[test]
     fn epochs_already_committed_are_left_out() {
         // Epoch 4 went in with an earlier commit (at close): only 6 remains.
-        assert_eq!(decide(Some(4), 6, "a", &pending()), Decision::Append(vec![file("a", "a6")]));
+        assert_eq!(
+            decide(Some(4), 6, "a", &pending()),
+            Decision::Append(vec![file("a", "a6")])
+        );
         assert_eq!(decide(Some(4), 6, "b", &pending()), Decision::Skip);
     }
 }

@@ -57,8 +57,10 @@ fn default_commit_every() -> u64 {
 impl EndpointConfig {
     /// Parses and checks the endpoint configuration.
     pub fn parse(value: &Value) -> Result<EndpointConfig, SinkError> {
-        let config: EndpointConfig = serde_path_to_error::deserialize(value.clone())
-            .map_err(|e| SinkError::Config(format!("iceberg endpoint: {} ({})", e.inner(), e.path())))?;
+        let config: EndpointConfig =
+            serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+                SinkError::Config(format!("iceberg endpoint: {} ({})", e.inner(), e.path()))
+            })?;
         if config.catalog.starts_with("postgres://") || config.catalog.starts_with("postgresql://")
         {
             return Err(SinkError::Config(
@@ -66,10 +68,14 @@ impl EndpointConfig {
             ));
         }
         if config.catalog.is_empty() {
-            return Err(SinkError::Config("iceberg endpoint: `catalog` is empty".into()));
+            return Err(SinkError::Config(
+                "iceberg endpoint: `catalog` is empty".into(),
+            ));
         }
         if config.warehouse.as_os_str().is_empty() {
-            return Err(SinkError::Config("iceberg endpoint: `warehouse` is empty".into()));
+            return Err(SinkError::Config(
+                "iceberg endpoint: `warehouse` is empty".into(),
+            ));
         }
         if !valid_name(&config.namespace) {
             return Err(SinkError::Config(format!(
@@ -105,8 +111,10 @@ impl EndpointConfig {
 
 impl ResourceConfig {
     pub fn parse(value: &Value) -> Result<ResourceConfig, SinkError> {
-        let config: ResourceConfig = serde_path_to_error::deserialize(value.clone())
-            .map_err(|e| SinkError::Config(format!("iceberg binding: {} ({})", e.inner(), e.path())))?;
+        let config: ResourceConfig =
+            serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+                SinkError::Config(format!("iceberg binding: {} ({})", e.inner(), e.path()))
+            })?;
         if !valid_name(&config.table) || config.table.contains('.') {
             return Err(SinkError::Config(format!(
                 "iceberg binding: table {:?} must be letters, digits and `_`",
@@ -147,7 +155,10 @@ mod tests {
             json!({"catalog": "postgres://x/y", "warehouse": "/wh"}),
             json!({"warehouse": "/wh"}),
         ] {
-            assert!(matches!(EndpointConfig::parse(&bad), Err(SinkError::Config(_))), "{bad}");
+            assert!(
+                matches!(EndpointConfig::parse(&bad), Err(SinkError::Config(_))),
+                "{bad}"
+            );
         }
         assert!(matches!(
             ResourceConfig::parse(&json!({"table": "t", "x": 1})),
@@ -161,7 +172,9 @@ mod tests {
 
     #[test]
     fn sqlite_url_prefixes_become_paths() {
-        let mut c = EndpointConfig::parse(&json!({"catalog": "sqlite:///tmp/c.db", "warehouse": "/wh"})).unwrap();
+        let mut c =
+            EndpointConfig::parse(&json!({"catalog": "sqlite:///tmp/c.db", "warehouse": "/wh"}))
+                .unwrap();
         assert_eq!(c.catalog_path(), PathBuf::from("/tmp/c.db"));
         c.catalog = "rel/c.db".into();
         assert_eq!(c.catalog_path(), PathBuf::from("rel/c.db"));

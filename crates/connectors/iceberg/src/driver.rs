@@ -51,7 +51,8 @@ use sluice_sink_sdk::{
 use std::collections::HashSet;
 use std::sync::Arc;
 
-type Writer = DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+type Writer =
+    DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 
 /// The folder under a table's data location that holds this sink's staging.
 pub const STAGING_DIR: &str = "_sluice";
@@ -129,9 +130,11 @@ impl IcebergSink {
     }
 
     fn context(&self) -> Result<&RuntimeContext> {
-        self.context
-            .as_ref()
-            .ok_or_else(|| SinkError::Config("the Iceberg sink was opened before its runtime context was bound".into()))
+        self.context.as_ref().ok_or_else(|| {
+            SinkError::Config(
+                "the Iceberg sink was opened before its runtime context was bound".into(),
+            )
+        })
     }
 
     fn owner(&self) -> Result<Owner> {
@@ -148,7 +151,13 @@ impl IcebergSink {
         let raw = format!("{}-{}-{}", c.deployment_id, c.sink_id, c.participant_id);
         Ok(raw
             .chars()
-            .map(|ch| if ch.is_ascii_alphanumeric() || "_.-".contains(ch) { ch } else { '_' })
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() || "_.-".contains(ch) {
+                    ch
+                } else {
+                    '_'
+                }
+            })
             .collect())
     }
 
@@ -159,7 +168,11 @@ impl IcebergSink {
     async fn plan(&mut self, bindings: &[SinkBinding]) -> Result<Vec<TableChange>> {
         let ns = self.namespace()?;
         let catalog_exists = self.config.catalog_path().exists();
-        let catalog = if catalog_exists { Some(self.catalog().await?) } else { None };
+        let catalog = if catalog_exists {
+            Some(self.catalog().await?)
+        } else {
+            None
+        };
         let mut changes = Vec::new();
         let mut seen = HashSet::new();
         for b in bindings {
@@ -200,20 +213,27 @@ impl IcebergSink {
     }
 
     /// Closes epoch `epoch`'s writers: the files it staged (fsynced).
-    async fn close_writers(&mut self, epoch: u64, writers: Vec<Option<Writer>>) -> Result<EpochFiles> {
+    async fn close_writers(
+        &mut self,
+        epoch: u64,
+        writers: Vec<Option<Writer>>,
+    ) -> Result<EpochFiles> {
         let mut files = Vec::new();
         for (bound, writer) in self.tables.iter().zip(writers) {
             let Some(mut writer) = writer else { continue };
             // Returns only after every file is closed, and LocalFsStorage fsyncs on close.
-            let data_files = writer
-                .close()
-                .await
-                .map_err(|e| SinkError::External(format!("cannot close a data file of {}: {e}", bound.ident)))?;
+            let data_files = writer.close().await.map_err(|e| {
+                SinkError::External(format!("cannot close a data file of {}: {e}", bound.ident))
+            })?;
             for df in data_files {
-                let (path, size, records) =
-                    (df.file_path().to_string(), df.file_size_in_bytes(), df.record_count());
-                let data_file = serialize_data_file_to_json(df, &bound.partition_type, bound.format_version)
-                    .map_err(|e| SinkError::External(format!("cannot describe {path}: {e}")))?;
+                let (path, size, records) = (
+                    df.file_path().to_string(),
+                    df.file_size_in_bytes(),
+                    df.record_count(),
+                );
+                let data_file =
+                    serialize_data_file_to_json(df, &bound.partition_type, bound.format_version)
+                        .map_err(|e| SinkError::External(format!("cannot describe {path}: {e}")))?;
                 files.push(StagedFile {
                     table: bound.ident.name().to_string(),
                     path,
@@ -323,7 +343,10 @@ impl IcebergSink {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(SinkError::External(format!("cannot remove {}: {e}", dir.display()))),
+            Err(e) => Err(SinkError::External(format!(
+                "cannot remove {}: {e}",
+                dir.display()
+            ))),
         }
     }
 }
@@ -352,7 +375,9 @@ async fn new_writer(spec: WriterSpec) -> Result<Writer> {
     DataFileWriterBuilder::new(rolling)
         .build(None)
         .await
-        .map_err(|e| SinkError::External(format!("cannot start a data file of {}: {e}", spec.ident)))
+        .map_err(|e| {
+            SinkError::External(format!("cannot start a data file of {}: {e}", spec.ident))
+        })
 }
 
 async fn load_optional(catalog: &SqlCatalog, ident: &TableIdent) -> Result<Option<Table>> {
@@ -430,7 +455,9 @@ fn table_batch(bound: &Bound, batch: &RecordBatch, epoch: u64) -> Result<RecordB
             }
             c.clone()
         } else if name == OP_COLUMN {
-            Arc::new(StringArray::from_iter_values(std::iter::repeat_n("U", rows)))
+            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                "U", rows,
+            )))
         } else if field.is_nullable() {
             new_null_array(field.data_type(), rows)
         } else {
@@ -476,15 +503,21 @@ impl EpochSink for IcebergSink {
     }
 
     async fn prepare_schema(&mut self, plan: &SchemaPlan) -> Result<()> {
-        let changes: Vec<TableChange> = serde_json::from_value(plan.state.clone())
-            .map_err(|e| SinkError::Corrupt(format!("an Iceberg schema plan cannot be read: {e}")))?;
+        let changes: Vec<TableChange> =
+            serde_json::from_value(plan.state.clone()).map_err(|e| {
+                SinkError::Corrupt(format!("an Iceberg schema plan cannot be read: {e}"))
+            })?;
         if changes.is_empty() {
             return Ok(());
         }
         let catalog = self.catalog().await?;
         let ns = self.namespace()?;
         let ext = |what: &str, e: iceberg::Error| SinkError::External(format!("{what}: {e}"));
-        if !catalog.namespace_exists(&ns).await.map_err(|e| ext("catalog", e))? {
+        if !catalog
+            .namespace_exists(&ns)
+            .await
+            .map_err(|e| ext("catalog", e))?
+        {
             match catalog.create_namespace(&ns, Default::default()).await {
                 Ok(_) => {}
                 Err(e) if e.kind() == iceberg::ErrorKind::NamespaceAlreadyExists => {}
@@ -527,7 +560,7 @@ impl EpochSink for IcebergSink {
                     }
                     let mut update = Transaction::new(&table).update_schema();
                     for c in missing {
-                        update = update.add_column(iceberg::transaction::update_schema::AddColumn::optional(
+                        update = update.add_column(iceberg::transaction::AddColumn::optional(
                             &c.name,
                             c.iceberg_type()?,
                         ));
@@ -553,7 +586,9 @@ impl EpochSink for IcebergSink {
             let resource = ResourceConfig::parse(&b.resource)?;
             let ident = TableIdent::new(ns.clone(), resource.table);
             let table = load_optional(&catalog, &ident).await?.ok_or_else(|| {
-                SinkError::Schema(format!("Iceberg table {ident} does not exist: run `sluice apply`"))
+                SinkError::Schema(format!(
+                    "Iceberg table {ident} does not exist: run `sluice apply`"
+                ))
             })?;
             let md = table.metadata();
             let wanted = schema::table_columns(&b.schema)?;
@@ -617,7 +652,11 @@ impl EpochSink for IcebergSink {
         if self.tables.is_empty() {
             return None;
         }
-        let prefixes: Vec<String> = self.tables.iter().map(|t| Self::epoch_prefix(t, epoch)).collect();
+        let prefixes: Vec<String> = self
+            .tables
+            .iter()
+            .map(|t| Self::epoch_prefix(t, epoch))
+            .collect();
         Some(json!({ "epoch": epoch, "prefixes": prefixes }))
     }
 
@@ -646,10 +685,14 @@ impl EpochSink for IcebergSink {
         let out = table_batch(bound, batch, epoch)?;
         if writers[binding].is_none() {
             let w = new_writer(self.writer_spec(binding, epoch)).await?;
-            let Epoch::Staging { writers, .. } = &mut self.epoch else { unreachable!() };
+            let Epoch::Staging { writers, .. } = &mut self.epoch else {
+                unreachable!()
+            };
             writers[binding] = Some(w);
         }
-        let Epoch::Staging { writers, .. } = &mut self.epoch else { unreachable!() };
+        let Epoch::Staging { writers, .. } = &mut self.epoch else {
+            unreachable!()
+        };
         let bytes = out.get_array_memory_size() as u64;
         let records = out.num_rows();
         writers[binding]
@@ -665,12 +708,14 @@ impl EpochSink for IcebergSink {
         let writers = match std::mem::replace(&mut self.epoch, Epoch::Idle) {
             Epoch::Staging { epoch: e, writers } if e == epoch => writers,
             Epoch::Staging { epoch: e, .. } => {
-                return Err(SinkError::Corrupt(format!("pre_commit({epoch}) while staging epoch {e}")));
+                return Err(SinkError::Corrupt(format!(
+                    "pre_commit({epoch}) while staging epoch {e}"
+                )));
             }
             Epoch::Idle => self.tables.iter().map(|_| None).collect(),
         };
         let staged = self.close_writers(epoch, writers).await?;
-        let due = epoch % self.config.commit_every == 0;
+        let due = epoch.is_multiple_of(self.config.commit_every);
         let mut epochs: Vec<EpochFiles> = self
             .pending
             .iter()
@@ -731,7 +776,10 @@ impl EpochSink for IcebergSink {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    return Err(SinkError::External(format!("cannot remove {}: {e}", dir.display())));
+                    return Err(SinkError::External(format!(
+                        "cannot remove {}: {e}",
+                        dir.display()
+                    )));
                 }
             }
         }

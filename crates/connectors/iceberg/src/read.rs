@@ -4,7 +4,9 @@
 
 use crate::catalog::SqlCatalog;
 use crate::driver::{list_files, local_path};
-use arrow_array::{Array, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{
+    Array, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
 use arrow_schema::DataType;
 use futures::TryStreamExt;
 use iceberg::table::Table;
@@ -27,8 +29,13 @@ pub async fn open_catalog(catalog: &Path, warehouse: &Path) -> Result<SqlCatalog
 
 /// Every row of table `namespace.table` at its current snapshot, as JSON objects (in
 /// file order; no rows when the table has no snapshot).
-pub async fn read_rows(catalog: &SqlCatalog, namespace: &str, table: &str) -> Result<Vec<Map<String, Value>>, SinkError> {
-    let ns = NamespaceIdent::from_strs(namespace.split('.')).map_err(|e| SinkError::Config(e.to_string()))?;
+pub async fn read_rows(
+    catalog: &SqlCatalog,
+    namespace: &str,
+    table: &str,
+) -> Result<Vec<Map<String, Value>>, SinkError> {
+    let ns = NamespaceIdent::from_strs(namespace.split('.'))
+        .map_err(|e| SinkError::Config(e.to_string()))?;
     let ident = TableIdent::new(ns, table.to_string());
     let table = catalog
         .load_table(&ident)
@@ -70,11 +77,21 @@ fn json_value(column: &dyn Array, i: usize) -> Result<Value, SinkError> {
     Ok(match column.data_type() {
         DataType::Int64 => Value::from(any.downcast_ref::<Int64Array>().expect("Int64").value(i)),
         DataType::Int32 => Value::from(any.downcast_ref::<Int32Array>().expect("Int32").value(i)),
-        DataType::Float64 => Value::from(any.downcast_ref::<Float64Array>().expect("Float64").value(i)),
-        DataType::Boolean => Value::from(any.downcast_ref::<BooleanArray>().expect("Boolean").value(i)),
+        DataType::Float64 => Value::from(
+            any.downcast_ref::<Float64Array>()
+                .expect("Float64")
+                .value(i),
+        ),
+        DataType::Boolean => Value::from(
+            any.downcast_ref::<BooleanArray>()
+                .expect("Boolean")
+                .value(i),
+        ),
         DataType::Utf8 => Value::from(any.downcast_ref::<StringArray>().expect("Utf8").value(i)),
         other => {
-            return Err(SinkError::Corrupt(format!("a column of type {other} cannot be read back")));
+            return Err(SinkError::Corrupt(format!(
+                "a column of type {other} cannot be read back"
+            )));
         }
     })
 }
@@ -97,13 +114,17 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<String>, SinkErro
             .manifest_list_reader(snapshot)
             .load()
             .await
-            .map_err(|e| external(format!("cannot read the manifest list of {}", table.identifier()), e))?;
+            .map_err(|e| {
+                external(
+                    format!("cannot read the manifest list of {}", table.identifier()),
+                    e,
+                )
+            })?;
         for m in list.entries() {
             if manifests.insert(m.manifest_path.clone()) {
-                let manifest = m
-                    .load_manifest(table.file_io())
-                    .await
-                    .map_err(|e| external(format!("cannot read manifest {}", m.manifest_path), e))?;
+                let manifest = m.load_manifest(table.file_io()).await.map_err(|e| {
+                    external(format!("cannot read manifest {}", m.manifest_path), e)
+                })?;
                 for entry in manifest.entries() {
                     out.insert(entry.file_path().to_string());
                 }

@@ -64,7 +64,12 @@ impl TableChange {
             )],
             TableChange::AddColumns { table, columns } => columns
                 .iter()
-                .map(|c| format!("add optional column {} {} to {namespace}.{table}", c.name, c.r#type))
+                .map(|c| {
+                    format!(
+                        "add optional column {} {} to {namespace}.{table}",
+                        c.name, c.r#type
+                    )
+                })
                 .collect(),
         }
     }
@@ -94,7 +99,9 @@ impl Column {
     pub fn iceberg_type(&self) -> Result<Type, SinkError> {
         iceberg_type(&self.r#type)
             .map(Type::Primitive)
-            .ok_or_else(|| SinkError::Corrupt(format!("a schema plan names type {:?}", self.r#type)))
+            .ok_or_else(|| {
+                SinkError::Corrupt(format!("a schema plan names type {:?}", self.r#type))
+            })
     }
 }
 
@@ -161,7 +168,11 @@ pub fn create_schema(columns: &[Column]) -> Result<Schema, SinkError> {
 
 /// The optional columns to add so that `table` takes `binding`'s columns; an error when
 /// it cannot take them at all. `name` is the table's, for messages.
-pub fn columns_to_add(name: &str, table: &Schema, wanted: &[Column]) -> Result<Vec<Column>, SinkError> {
+pub fn columns_to_add(
+    name: &str,
+    table: &Schema,
+    wanted: &[Column],
+) -> Result<Vec<Column>, SinkError> {
     for reserved in [TXN_COLUMN, OP_COLUMN] {
         if table.field_by_name(reserved).is_none() {
             return Err(SinkError::Corrupt(format!(
@@ -243,12 +254,19 @@ mod tests {
         assert_eq!(add.len(), 1);
         assert!(!add[0].required && add[0].name == "n");
 
-        let changed = table_columns(&binding(vec![Field::new("id", DataType::Utf8, false)])).unwrap();
+        let changed =
+            table_columns(&binding(vec![Field::new("id", DataType::Utf8, false)])).unwrap();
         let err = columns_to_add("t", &table, &changed).unwrap_err();
-        assert!(matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")), "{err}");
+        assert!(
+            matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")),
+            "{err}"
+        );
 
         let dropped = table_columns(&binding(vec![Field::new("x", DataType::Utf8, true)])).unwrap();
         let err = columns_to_add("t", &table, &dropped).unwrap_err();
-        assert!(matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")), "{err}");
+        assert!(
+            matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")),
+            "{err}"
+        );
     }
 }

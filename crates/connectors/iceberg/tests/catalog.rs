@@ -8,7 +8,9 @@ use sluice_iceberg::SqlCatalog;
 use std::collections::HashMap;
 
 async fn catalog(dir: &tempfile::TempDir) -> SqlCatalog {
-    SqlCatalog::open(&dir.path().join("c.db"), &dir.path().join("wh")).await.unwrap()
+    SqlCatalog::open(&dir.path().join("c.db"), &dir.path().join("wh"))
+        .await
+        .unwrap()
 }
 
 fn creation(name: &str) -> TableCreation {
@@ -16,7 +18,9 @@ fn creation(name: &str) -> TableCreation {
         .name(name.into())
         .schema(
             Schema::builder()
-                .with_fields(vec![NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into()])
+                .with_fields(vec![
+                    NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+                ])
                 .build()
                 .unwrap(),
         )
@@ -29,12 +33,22 @@ async fn namespaces_are_created_listed_and_refused_twice() {
     let c = catalog(&dir).await;
     let ns = NamespaceIdent::new("lake".into());
     assert!(!c.namespace_exists(&ns).await.unwrap());
-    c.create_namespace(&ns, HashMap::from([("owner".into(), "me".into())])).await.unwrap();
+    c.create_namespace(&ns, HashMap::from([("owner".into(), "me".into())]))
+        .await
+        .unwrap();
     assert!(c.namespace_exists(&ns).await.unwrap());
-    assert_eq!(c.get_namespace(&ns).await.unwrap().properties()["owner"], "me");
+    assert_eq!(
+        c.get_namespace(&ns).await.unwrap().properties()["owner"],
+        "me"
+    );
     let err = c.create_namespace(&ns, HashMap::new()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NamespaceAlreadyExists);
-    c.create_namespace(&NamespaceIdent::from_strs(["lake", "raw"]).unwrap(), HashMap::new()).await.unwrap();
+    c.create_namespace(
+        &NamespaceIdent::from_strs(["lake", "raw"]).unwrap(),
+        HashMap::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(c.list_namespaces(None).await.unwrap(), vec![ns.clone()]);
     assert_eq!(
         c.list_namespaces(Some(&ns)).await.unwrap(),
@@ -57,12 +71,22 @@ async fn a_created_table_loads_back_from_a_second_catalog_on_the_same_file() {
     let other = catalog(&dir).await;
     let loaded = other.load_table(&ident).await.unwrap();
     assert_eq!(loaded.metadata_location(), created.metadata_location());
-    assert_eq!(loaded.metadata().current_schema().as_struct(), created.metadata().current_schema().as_struct());
-    assert!(loaded.metadata().location().ends_with("/wh/lake.db/t"), "{}", loaded.metadata().location());
+    assert_eq!(
+        loaded.metadata().current_schema().as_struct(),
+        created.metadata().current_schema().as_struct()
+    );
+    assert!(
+        loaded.metadata().location().ends_with("/wh/lake.db/t"),
+        "{}",
+        loaded.metadata().location()
+    );
     assert_eq!(other.list_tables(&ns).await.unwrap(), vec![ident.clone()]);
 
     let missing = TableIdent::new(ns, "nope".into());
-    assert_eq!(other.load_table(&missing).await.unwrap_err().kind(), ErrorKind::TableNotFound);
+    assert_eq!(
+        other.load_table(&missing).await.unwrap_err().kind(),
+        ErrorKind::TableNotFound
+    );
 }
 
 #[tokio::test]
@@ -106,12 +130,20 @@ async fn a_commit_on_a_stale_pinned_base_is_a_conflict_and_changes_nothing() {
 
     // Another writer moves the table on.
     let tx = Transaction::new(&t0);
-    let tx = tx.update_table_properties().set("a".into(), "1".into()).apply(tx).unwrap();
+    let tx = tx
+        .update_table_properties()
+        .set("a".into(), "1".into())
+        .apply(tx)
+        .unwrap();
     let t1 = tx.commit(&c).await.unwrap();
 
     // A commit pinned to the old location loses the swap, and is not retried.
     let tx = Transaction::new(&t1);
-    let tx = tx.update_table_properties().set("b".into(), "2".into()).apply(tx).unwrap();
+    let tx = tx
+        .update_table_properties()
+        .set("b".into(), "2".into())
+        .apply(tx)
+        .unwrap();
     let err = tx.commit(&c.pinned(&stale)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::CatalogCommitConflicts);
     assert!(!err.retryable());
@@ -130,14 +162,28 @@ async fn the_swap_itself_refuses_a_base_that_moved_underneath() {
     c.create_namespace(&ns, HashMap::new()).await.unwrap();
     let t0 = c.create_table(&ns, creation("t")).await.unwrap();
     let tx = Transaction::new(&t0);
-    let tx = tx.update_table_properties().set("a".into(), "1".into()).apply(tx).unwrap();
+    let tx = tx
+        .update_table_properties()
+        .set("a".into(), "1".into())
+        .apply(tx)
+        .unwrap();
     let t1 = tx.commit(&c).await.unwrap();
     // Point the row back at t0's file: a pinned commit from t1 must now fail.
     let conn = rusqlite::Connection::open(dir.path().join("c.db")).unwrap();
-    conn.execute("UPDATE iceberg_tables SET metadata_location = ?1", [t0.metadata_location().unwrap()])
-        .unwrap();
+    conn.execute(
+        "UPDATE iceberg_tables SET metadata_location = ?1",
+        [t0.metadata_location().unwrap()],
+    )
+    .unwrap();
     let tx = Transaction::new(&t1);
-    let tx = tx.update_table_properties().set("b".into(), "2".into()).apply(tx).unwrap();
-    let err = tx.commit(&c.pinned(t1.metadata_location().unwrap())).await.unwrap_err();
+    let tx = tx
+        .update_table_properties()
+        .set("b".into(), "2".into())
+        .apply(tx)
+        .unwrap();
+    let err = tx
+        .commit(&c.pinned(t1.metadata_location().unwrap()))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::CatalogCommitConflicts);
 }

@@ -14,14 +14,18 @@ fn u(ids: &[i64], txn: i64) -> Vec<(i64, i64, String)> {
 
 async fn snapshots(f: &Fixture, table: &str) -> Vec<std::collections::HashMap<String, String>> {
     use iceberg::Catalog;
-    let c = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse()).await.unwrap();
+    let c = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+        .await
+        .unwrap();
     let t = c
         .load_table(&iceberg::TableIdent::from_strs(["sluice", table]).unwrap())
         .await
         .unwrap();
     let mut s: Vec<_> = t.metadata().snapshots().cloned().collect();
     s.sort_by_key(|s| s.sequence_number());
-    s.iter().map(|s| s.summary().additional_properties.clone()).collect()
+    s.iter()
+        .map(|s| s.summary().additional_properties.clone())
+        .collect()
 }
 
 #[tokio::test]
@@ -30,9 +34,13 @@ async fn three_epochs_commit_three_snapshots_of_their_rows() {
     let bindings = [binding("events")];
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery::default()).await.unwrap();
-    epoch(&mut sink, 1, &[(1, Some("a"), "U"), (2, Some("b"), "U")]).await.unwrap();
+    epoch(&mut sink, 1, &[(1, Some("a"), "U"), (2, Some("b"), "U")])
+        .await
+        .unwrap();
     epoch(&mut sink, 2, &[(3, None, "U")]).await.unwrap();
-    epoch(&mut sink, 3, &[(1, Some("a2"), "U"), (2, None, "D")]).await.unwrap();
+    epoch(&mut sink, 3, &[(1, Some("a2"), "U"), (2, None, "D")])
+        .await
+        .unwrap();
     sink.close().await.unwrap();
 
     let mut want = u(&[1, 2], 1);
@@ -62,9 +70,15 @@ async fn reopening_and_recovering_an_applied_decision_adds_nothing() {
     drop(sink); // a crash after the commit, before anything else
 
     let mut sink = f.sink(json!({}), &bindings).await;
-    sink.recover(&Recovery { decided: Some(Decided { epoch: 2, descriptor: d2.clone() }), undecided: vec![] })
-        .await
-        .unwrap();
+    sink.recover(&Recovery {
+        decided: Some(Decided {
+            epoch: 2,
+            descriptor: d2.clone(),
+        }),
+        undecided: vec![],
+    })
+    .await
+    .unwrap();
     // And applied once more, as commit_epoch may be after a crash.
     sink.commit_epoch(2, &d2).await.unwrap();
     let mut want = u(&[1], 1);
@@ -85,14 +99,22 @@ async fn a_decision_never_applied_is_applied_by_recovery() {
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery::default()).await.unwrap();
     sink.begin_epoch(1).await.unwrap();
-    sink.write_batch(0, &batch(&[(7, Some("x"), "U")])).await.unwrap();
+    sink.write_batch(0, &batch(&[(7, Some("x"), "U")]))
+        .await
+        .unwrap();
     let d1 = sink.pre_commit(1).await.unwrap().unwrap();
     drop(sink); // the decision is durable, the commit never ran
 
     let mut sink = f.sink(json!({}), &bindings).await;
-    sink.recover(&Recovery { decided: Some(Decided { epoch: 1, descriptor: d1 }), undecided: vec![] })
-        .await
-        .unwrap();
+    sink.recover(&Recovery {
+        decided: Some(Decided {
+            epoch: 1,
+            descriptor: d1,
+        }),
+        undecided: vec![],
+    })
+    .await
+    .unwrap();
     assert_eq!(rows(&f, "events").await, u(&[7], 1));
 }
 
@@ -105,20 +127,31 @@ async fn undecided_staging_is_removed_by_recovery() {
     let d1 = epoch(&mut sink, 1, &[(1, Some("a"), "U")]).await.unwrap();
     let intent = sink.checkpoint_artifact_intent(2).unwrap();
     sink.begin_epoch(2).await.unwrap();
-    sink.write_batch(0, &batch(&[(2, Some("b"), "U")])).await.unwrap();
+    sink.write_batch(0, &batch(&[(2, Some("b"), "U")]))
+        .await
+        .unwrap();
     sink.pre_commit(2).await.unwrap().unwrap(); // staged, fsynced, never decided
     // An older attempt's leftover too: a file under our prefix nobody references.
     let intent3 = sink.checkpoint_artifact_intent(3).unwrap();
     sink.begin_epoch(3).await.unwrap();
-    sink.write_batch(0, &batch(&[(3, Some("c"), "U")])).await.unwrap();
+    sink.write_batch(0, &batch(&[(3, Some("c"), "U")]))
+        .await
+        .unwrap();
     sink.pre_commit(3).await.unwrap().unwrap();
     drop(sink);
-    assert_eq!(orphans(&f).await.len(), 2, "epochs 2 and 3 left a staged file each");
+    assert_eq!(
+        orphans(&f).await.len(),
+        2,
+        "epochs 2 and 3 left a staged file each"
+    );
     let _ = intent3;
 
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery {
-        decided: Some(Decided { epoch: 1, descriptor: d1 }),
+        decided: Some(Decided {
+            epoch: 1,
+            descriptor: d1,
+        }),
         // Only epoch 2's intent made it to the log; epoch 3's file is found by the sweep.
         undecided: vec![Undecided { epoch: 2, intent }],
     })
@@ -141,7 +174,9 @@ async fn rollback_discards_the_epoch_and_the_next_one_commits() {
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery::default()).await.unwrap();
     sink.begin_epoch(1).await.unwrap();
-    sink.write_batch(0, &batch(&[(1, Some("a"), "U")])).await.unwrap();
+    sink.write_batch(0, &batch(&[(1, Some("a"), "U")]))
+        .await
+        .unwrap();
     sink.rollback_epoch(1).await.unwrap();
     assert_eq!(orphans(&f).await, Vec::<String>::new());
     epoch(&mut sink, 1, &[(9, None, "U")]).await.unwrap();
@@ -157,8 +192,16 @@ async fn commit_every_three_makes_one_snapshot_per_three_epochs() {
     let d1 = epoch(&mut sink, 1, &[(1, None, "U")]).await.unwrap();
     let d2 = epoch(&mut sink, 2, &[(2, None, "U")]).await.unwrap();
     assert_eq!(d1["commit"], false);
-    assert_eq!(d2["epochs"].as_array().unwrap().len(), 2, "cumulative: {d2}");
-    assert_eq!(rows(&f, "events").await, vec![], "nothing visible before epoch 3");
+    assert_eq!(
+        d2["epochs"].as_array().unwrap().len(),
+        2,
+        "cumulative: {d2}"
+    );
+    assert_eq!(
+        rows(&f, "events").await,
+        vec![],
+        "nothing visible before epoch 3"
+    );
     let d3 = epoch(&mut sink, 3, &[(3, None, "U")]).await.unwrap();
     assert_eq!(d3["commit"], true);
     let mut want = u(&[1], 1);
@@ -175,22 +218,37 @@ async fn commit_every_three_makes_one_snapshot_per_three_epochs() {
     let d5 = epoch(&mut sink, 5, &[(5, None, "U")]).await.unwrap();
     drop(sink);
     let mut sink = f.sink(json!({"commit_every": 3}), &bindings).await;
-    sink.recover(&Recovery { decided: Some(Decided { epoch: 5, descriptor: d5.clone() }), undecided: vec![] })
-        .await
-        .unwrap();
+    sink.recover(&Recovery {
+        decided: Some(Decided {
+            epoch: 5,
+            descriptor: d5.clone(),
+        }),
+        undecided: vec![],
+    })
+    .await
+    .unwrap();
     assert_eq!(rows(&f, "events").await, want, "4 and 5 are not due yet");
     assert_eq!(orphans(&f).await.len(), 2, "4 and 5 stay staged");
     sink.close().await.unwrap();
     want.extend(u(&[4], 4));
     want.extend(u(&[5], 5));
     assert_eq!(rows(&f, "events").await, want);
-    assert_eq!(snapshots(&f, "events").await.last().unwrap()["sluice.txn"], "5");
+    assert_eq!(
+        snapshots(&f, "events").await.last().unwrap()["sluice.txn"],
+        "5"
+    );
 
     // Re-applying 5's decision after that close adds nothing.
     let mut sink = f.sink(json!({"commit_every": 3}), &bindings).await;
-    sink.recover(&Recovery { decided: Some(Decided { epoch: 5, descriptor: d5 }), undecided: vec![] })
-        .await
-        .unwrap();
+    sink.recover(&Recovery {
+        decided: Some(Decided {
+            epoch: 5,
+            descriptor: d5,
+        }),
+        undecided: vec![],
+    })
+    .await
+    .unwrap();
     sink.close().await.unwrap();
     assert_eq!(rows(&f, "events").await, want);
     assert_eq!(orphans(&f).await, Vec::<String>::new());
@@ -215,13 +273,17 @@ async fn files_roll_over_at_the_target_size() {
     sink.begin_epoch(1).await.unwrap();
     let long = "x".repeat(1000);
     for chunk in 0..20 {
-        let rows: Vec<(i64, Option<&str>, &str)> =
-            (0..100).map(|i| (chunk * 100 + i, Some(long.as_str()), "U")).collect();
+        let rows: Vec<(i64, Option<&str>, &str)> = (0..100)
+            .map(|i| (chunk * 100 + i, Some(long.as_str()), "U"))
+            .collect();
         sink.write_batch(0, &batch(&rows)).await.unwrap();
     }
     let d = sink.pre_commit(1).await.unwrap().unwrap();
     let files = d["epochs"][0]["files"].as_array().unwrap().len();
-    assert!(files > 1, "one epoch of ~2 MB at 64 KiB a file made {files} file(s)");
+    assert!(
+        files > 1,
+        "one epoch of ~2 MB at 64 KiB a file made {files} file(s)"
+    );
     sink.commit_epoch(1, &d).await.unwrap();
     assert_eq!(rows(&f, "events").await.len(), 2000);
 }
@@ -234,20 +296,47 @@ async fn schema_plans_create_then_add_a_column_and_refuse_a_type_change() {
     let mut sink = IcebergSink::new(&f.endpoint(json!({}))).unwrap();
     let plan = sink.resolve_schema(&[binding("events")]).await.unwrap();
     assert_eq!(plan.actions.len(), 1);
-    assert!(plan.actions[0].starts_with("create Iceberg table sluice.events"), "{:?}", plan.actions);
+    assert!(
+        plan.actions[0].starts_with("create Iceberg table sluice.events"),
+        "{:?}",
+        plan.actions
+    );
     sink.prepare_schema(&plan).await.unwrap();
     sink.prepare_schema(&plan).await.unwrap(); // idempotent
-    assert!(sink.resolve_schema(&[binding("events")]).await.unwrap().actions.is_empty());
+    assert!(
+        sink.resolve_schema(&[binding("events")])
+            .await
+            .unwrap()
+            .actions
+            .is_empty()
+    );
 
     let mut wider = binding("events");
-    let mut fields: Vec<Field> = wider.schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields: Vec<Field> = wider
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
     fields.insert(2, Field::new("score", DataType::Float64, true));
     wider.schema = Arc::new(Schema::new(fields.clone()));
-    let plan = sink.resolve_schema(std::slice::from_ref(&wider)).await.unwrap();
-    assert_eq!(plan.actions, vec!["add optional column score double to sluice.events".to_string()]);
+    let plan = sink
+        .resolve_schema(std::slice::from_ref(&wider))
+        .await
+        .unwrap();
+    assert_eq!(
+        plan.actions,
+        vec!["add optional column score double to sluice.events".to_string()]
+    );
     sink.prepare_schema(&plan).await.unwrap();
     sink.prepare_schema(&plan).await.unwrap();
-    assert!(sink.resolve_schema(std::slice::from_ref(&wider)).await.unwrap().actions.is_empty());
+    assert!(
+        sink.resolve_schema(std::slice::from_ref(&wider))
+            .await
+            .unwrap()
+            .actions
+            .is_empty()
+    );
 
     // The old binding (without score) still writes: score is optional.
     let mut old = f.sink(json!({}), &[binding("events")]).await;
@@ -259,5 +348,8 @@ async fn schema_plans_create_then_add_a_column_and_refuse_a_type_change() {
     fields[0] = Field::new("id", DataType::Utf8, false);
     changed.schema = Arc::new(Schema::new(fields));
     let err = sink.resolve_schema(&[changed]).await.unwrap_err();
-    assert!(matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")), "{err}");
+    assert!(
+        matches!(&err, SinkError::Schema(m) if m.contains("\"id\"")),
+        "{err}"
+    );
 }

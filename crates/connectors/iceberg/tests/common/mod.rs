@@ -15,7 +15,9 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Fixture {
-        Fixture { dir: tempfile::tempdir().unwrap() }
+        Fixture {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     pub fn catalog_path(&self) -> PathBuf {
@@ -32,7 +34,9 @@ impl Fixture {
             "warehouse": self.warehouse(),
             "namespace": "sluice",
         });
-        e.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
         e
     }
 
@@ -74,14 +78,19 @@ pub fn batch(rows: &[(i64, Option<&str>, &str)]) -> RecordBatch {
     let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0)));
     let names: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.1)));
     let docs: ArrayRef = Arc::new(StringArray::from_iter_values(
-        rows.iter().map(|r| json!({"id": r.0, "name": r.1}).to_string()),
+        rows.iter()
+            .map(|r| json!({"id": r.0, "name": r.1}).to_string()),
     ));
     let ops: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2)));
     RecordBatch::try_new(schema, vec![ids, names, docs, ops]).unwrap()
 }
 
 /// Runs one whole epoch writing `rows` to binding 0: returns its descriptor.
-pub async fn epoch(sink: &mut IcebergSink, n: u64, rows: &[(i64, Option<&str>, &str)]) -> Option<Value> {
+pub async fn epoch(
+    sink: &mut IcebergSink,
+    n: u64,
+    rows: &[(i64, Option<&str>, &str)],
+) -> Option<Value> {
     let _intent = sink.checkpoint_artifact_intent(n);
     sink.begin_epoch(n).await.unwrap();
     if !rows.is_empty() {
@@ -96,7 +105,9 @@ pub async fn epoch(sink: &mut IcebergSink, n: u64, rows: &[(i64, Option<&str>, &
 
 /// `(id, _txn, _op)` of every row, sorted.
 pub async fn rows(f: &Fixture, table: &str) -> Vec<(i64, i64, String)> {
-    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse()).await.unwrap();
+    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+        .await
+        .unwrap();
     let mut out: Vec<(i64, i64, String)> = sluice_iceberg::read_rows(&catalog, "sluice", table)
         .await
         .unwrap()
@@ -114,6 +125,8 @@ pub async fn rows(f: &Fixture, table: &str) -> Vec<(i64, i64, String)> {
 }
 
 pub async fn orphans(f: &Fixture) -> Vec<String> {
-    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse()).await.unwrap();
+    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+        .await
+        .unwrap();
     sluice_iceberg::orphan_files(&catalog).await.unwrap()
 }
