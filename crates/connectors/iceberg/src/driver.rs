@@ -334,7 +334,14 @@ impl IcebergSink {
         let attempt = self.attempt()?;
         let marker = format!("/data/{STAGING_DIR}/{attempt}/");
         let warehouse = self.catalog.as_ref().expect("open").warehouse();
-        if !prefix.starts_with(warehouse) || !prefix.contains(&marker) || prefix.contains("/../") {
+        // Ours: under a bound table's attempt prefix, or (a table since unbound) under
+        // the warehouse with our attempt's folder in it.
+        let of_bound = self
+            .tables
+            .iter()
+            .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
+        let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
+        if !(of_bound || in_warehouse) || prefix.contains("/../") {
             return Err(SinkError::Corrupt(format!(
                 "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
             )));
