@@ -1,0 +1,320 @@
+//! Descriptors and the exactly-once table commit.
+//!
+//! A descriptor is what `pre_commit` returns and the recovery log keeps as the decision.
+//! It is cumulative: it lists the staged files of every decided epoch not yet in a table
+//! snapshot (with `commit_every > 1`) and of its own epoch, so the log's last descriptor
+//! alone is enough to finish all of them after a crash.
+//!
+//! ```text
+//!  epoch:        4        5        6 (due: 6 % 3 == 0)
+//!  descriptor:  [4]     [4,5]    [4,5,6] commit ─▶ one fast append, summary sluice.txn = 6
+//! ```
+//!
+//! Each snapshot we commit carries `sluice.deployment`, `sluice.materialization` (the
+//! sink) and `sluice.txn` (the epoch that committed it) in its summary. Epochs are
+//! committed in order and all at once per table, so a table holds epoch `e`'s files iff
+//! an ancestor of its current snapshot has our `sluice.txn >= e`. Applying a descriptor
+//! (again) therefore walks the ancestry of the current snapshot ([`committed_txn`]),
+//! keeps only the epochs above it ([`decide`], pure), and appends those on top of
+//! exactly the metadata it read (a pinned catalog): a concurrent commit fails the swap
+//! and the walk starts over.
+
+use crate::catalog::SqlCatalog;
+use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::{Catalog, ErrorKind, TableIdent};
+use serde::{Deserialize, Serialize};
+use sluice_sink_sdk::SinkError;
+use std::collections::HashMap;
+
+pub const SUMMARY_DEPLOYMENT: &str = "sluice.deployment";
+pub const SUMMARY_MATERIALIZATION: &str = "sluice.materialization";
+pub const SUMMARY_TXN: &str = "sluice.txn";
+/// The descriptor format written by this version.
+pub const DESCRIPTOR_VERSION: u32 = 1;
+/// Swaps lost to a concurrent writer before the commit gives up (retryably).
+const COMMIT_ATTEMPTS: usize = 5;
+
+/// Whose snapshots these are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub deployment: String,
+    pub materialization: String,
+}
+
+/// One staged Parquet data file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedFile {
+    /// The table's name in the namespace.
+    pub table: String,
+    pub path: String,
+    pub size: u64,
+    pub records: u64,
+    /// The table schema the file was written with.
+    pub schema_id: i32,
+    pub spec_id: i32,
+    /// iceberg's DataFile as JSON (`serialize_data_file_to_json`): column sizes, counts
+    /// and bounds, so the manifest entry is what the writer measured.
+    pub data_file: String,
+}
+
+/// The files one epoch staged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochFiles {
+    pub epoch: u64,
+    pub files: Vec<StagedFile>,
+}
+
+/// The decision `pre_commit` returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Descriptor {
+    pub version: u32,
+    pub deployment: String,
+    pub materialization: String,
+    /// The epoch that made this descriptor.
+    pub epoch: u64,
+    /// Whether applying it commits a snapshot (else its epochs stay staged, decided).
+    pub commit: bool,
+    /// Oldest first, ending with `epoch`'s own (which may stage nothing).
+    pub epochs: Vec<EpochFiles>,
+}
+
+impl Descriptor {
+    pub fn parse(value: &serde_json::Value, owner: &Owner) -> Result<Descriptor, SinkError> {
+        let d: Descriptor = serde_json::from_value(value.clone()).map_err(|e| {
+            SinkError::Corrupt(format!("an Iceberg descriptor cannot be read: {e}"))
+        })?;
+        if d.version != DESCRIPTOR_VERSION {
+            return Err(SinkError::Corrupt(format!(
+                "an Iceberg descriptor has version {}, this sink writes {DESCRIPTOR_VERSION}",
+                d.version
+            )));
+        }
+        if d.deployment != owner.deployment || d.materialization != owner.materialization {
+            return Err(SinkError::Corrupt(format!(
+                "an Iceberg descriptor of {}/{} was handed to {}/{}",
+                d.deployment, d.materialization, owner.deployment, owner.materialization
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// The highest `sluice.txn` of `owner` among the current snapshot and its ancestors.
+pub fn committed_txn(metadata: &TableMetadata, owner: &Owner) -> Result<Option<u64>, SinkError> {
+    let mut best: Option<u64> = None;
+    let mut next = metadata.current_snapshot_id();
+    let mut steps = 0usize;
+    while let Some(id) = next {
+        // An expired ancestor ends the history we can see.
+        let Some(snapshot) = metadata.snapshot_by_id(id) else {
+            break;
+        };
+        let p = &snapshot.summary().additional_properties;
+        if p.get(SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
+            && p.get(SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
+        {
+            let txn = p
+                .get(SUMMARY_TXN)
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    SinkError::Corrupt(format!(
+                        "snapshot {id} of {} has no readable {SUMMARY_TXN}",
+                        owner.materialization
+                    ))
+                })?;
+            best = best.max(Some(txn));
+        }
+        next = snapshot.parent_snapshot_id();
+        steps += 1;
+        if steps > metadata.snapshots().len() {
+            return Err(SinkError::Corrupt(
+                "the table's snapshot ancestry has a cycle".into(),
+            ));
+        }
+    }
+    Ok(best)
+}
+
+/// What applying the pending epochs to one table does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The table holds them all already (or none staged anything for it).
+    Skip,
+    /// Append these files in one snapshot.
+    Append(Vec<StagedFile>),
+}
+
+/// Pure: the files of `table` in `pending` that a table whose highest committed epoch
+/// is `committed` lacks, to be committed as transaction `txn`.
+pub fn decide(committed: Option<u64>, txn: u64, table: &str, pending: &[EpochFiles]) -> Decision {
+    if committed.is_some_and(|c| c >= txn) {
+        return Decision::Skip;
+    }
+    let files: Vec<StagedFile> = pending
+        .iter()
+        .filter(|e| committed.is_none_or(|c| e.epoch > c))
+        .flat_map(|e| e.files.iter().filter(|f| f.table == table).cloned())
+        .collect();
+    if files.is_empty() {
+        Decision::Skip
+    } else {
+        Decision::Append(files)
+    }
+}
+
+fn external(what: &str, e: iceberg::Error) -> SinkError {
+    SinkError::External(format!("{what}: {e}"))
+}
+
+/// Commits `pending`'s files of table `ident` as transaction `txn`, exactly once.
+/// Returns whether a snapshot was added. Postcondition: the table holds every pending
+/// file of the table, once.
+pub async fn commit_table(
+    catalog: &SqlCatalog,
+    ident: &TableIdent,
+    owner: &Owner,
+    txn: u64,
+    pending: &[EpochFiles],
+) -> Result<bool, SinkError> {
+    for _ in 0..COMMIT_ATTEMPTS {
+        let table = catalog
+            .load_table(ident)
+            .await
+            .map_err(|e| external(&format!("cannot load Iceberg table {ident}"), e))?;
+        let metadata = table.metadata();
+        let committed = committed_txn(metadata, owner)?;
+        let files = match decide(committed, txn, ident.name(), pending) {
+            Decision::Skip => return Ok(false),
+            Decision::Append(files) => files,
+        };
+        let mut data_files: Vec<DataFile> = Vec::with_capacity(files.len());
+        for f in &files {
+            data_files.push(rebuild_data_file(metadata, f)?);
+            let exists = catalog
+                .file_io()
+                .exists(&f.path)
+                .await
+                .map_err(|e| external("cannot check a staged file", e))?;
+            if !exists {
+                return Err(SinkError::Corrupt(format!(
+                    "staged data file {} of decided epochs is gone before its commit",
+                    f.path
+                )));
+            }
+        }
+        let base = table
+            .metadata_location_result()
+            .map_err(|e| external("table", e))?;
+        let pinned = catalog.pinned(base);
+        let properties = HashMap::from([
+            (SUMMARY_DEPLOYMENT.to_string(), owner.deployment.clone()),
+            (
+                SUMMARY_MATERIALIZATION.to_string(),
+                owner.materialization.clone(),
+            ),
+            (SUMMARY_TXN.to_string(), txn.to_string()),
+        ]);
+        let tx = Transaction::new(&table);
+        let append = tx
+            .fast_append()
+            .set_snapshot_properties(properties)
+            .add_data_files(data_files);
+        let tx = append
+            .apply(tx)
+            .map_err(|e| external("cannot stage the append", e))?;
+        match tx.commit(&pinned).await {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == ErrorKind::CatalogCommitConflicts => {
+                tracing::info!(table = %ident, txn, "Iceberg commit lost a swap; reading the table again");
+                continue;
+            }
+            Err(e) => {
+                return Err(external(
+                    &format!("cannot commit to Iceberg table {ident}"),
+                    e,
+                ));
+            }
+        }
+    }
+    Err(SinkError::External(format!(
+        "Iceberg table {ident}: {COMMIT_ATTEMPTS} commits in a row lost to concurrent writers"
+    )))
+}
+
+fn rebuild_data_file(metadata: &TableMetadata, f: &StagedFile) -> Result<DataFile, SinkError> {
+    let schema = metadata.schema_by_id(f.schema_id).ok_or_else(|| {
+        SinkError::Corrupt(format!(
+            "staged file {} was written with schema {}, which the table no longer has",
+            f.path, f.schema_id
+        ))
+    })?;
+    let spec = metadata.partition_spec_by_id(f.spec_id).ok_or_else(|| {
+        SinkError::Corrupt(format!(
+            "staged file {} names partition spec {}",
+            f.path, f.spec_id
+        ))
+    })?;
+    let partition_type = spec
+        .partition_type(schema)
+        .map_err(|e| SinkError::Corrupt(format!("partition type: {e}")))?;
+    deserialize_data_file_from_json(&f.data_file, f.spec_id, &partition_type, schema)
+        .map_err(|e| SinkError::Corrupt(format!("staged file {} cannot be described: {e}", f.path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(table: &str, path: &str) -> StagedFile {
+        StagedFile {
+            table: table.into(),
+            path: path.into(),
+            size: 1,
+            records: 1,
+            schema_id: 0,
+            spec_id: 0,
+            data_file: String::new(),
+        }
+    }
+
+    fn pending() -> Vec<EpochFiles> {
+        vec![
+            EpochFiles {
+                epoch: 4,
+                files: vec![file("a", "a4"), file("b", "b4")],
+            },
+            EpochFiles {
+                epoch: 5,
+                files: vec![],
+            },
+            EpochFiles {
+                epoch: 6,
+                files: vec![file("a", "a6")],
+            },
+        ]
+    }
+
+    #[test]
+    fn an_untouched_table_takes_every_pending_file_of_it() {
+        let d = decide(None, 6, "a", &pending());
+        assert_eq!(d, Decision::Append(vec![file("a", "a4"), file("a", "a6")]));
+    }
+
+    #[test]
+    fn a_table_at_or_past_the_txn_is_skipped() {
+        assert_eq!(decide(Some(6), 6, "a", &pending()), Decision::Skip);
+        assert_eq!(decide(Some(9), 6, "a", &pending()), Decision::Skip);
+    }
+
+    #[test]
+    fn epochs_already_committed_are_left_out() {
+        // Epoch 4 went in with an earlier commit (at close): only 6 remains.
+        assert_eq!(
+            decide(Some(4), 6, "a", &pending()),
+            Decision::Append(vec![file("a", "a6")])
+        );
+        assert_eq!(decide(Some(4), 6, "b", &pending()), Decision::Skip);
+    }
+}

@@ -1,0 +1,182 @@
+//! What the user writes: the endpoint (catalog, warehouse, namespace, file size, commit
+//! cadence) and each binding's resource (its table).
+
+use serde::Deserialize;
+use serde_json::Value;
+use sluice_sink_sdk::SinkError;
+use std::path::PathBuf;
+
+/// 128 MiB: Iceberg's own default target data file size (`write.target-file-size-bytes`
+/// is 512 MiB in Java; 128 MiB keeps an epoch's staging bounded on small machines while
+/// still far above the row-group size, so scans stay efficient).
+pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
+/// The smallest file size accepted: below a Parquet row group's footprint, rolling over
+/// would make a file per batch.
+pub const MIN_TARGET_FILE_SIZE: u64 = 64 * 1024;
+
+/// The endpoint configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// The SQLite catalog file (pyiceberg's `SqlCatalog` layout), created if missing.
+    pub catalog: String,
+    /// The warehouse directory on the local filesystem, where tables live.
+    pub warehouse: PathBuf,
+    /// The namespace the tables are in (created if missing).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Bytes after which a data file is closed and the next one begun.
+    #[serde(default = "default_target_file_size")]
+    pub target_file_size: u64,
+    /// Commit a snapshot every this many transactions (epochs divisible by it), and at
+    /// close; the epochs between are staged and decided, then committed together.
+    #[serde(default = "default_commit_every")]
+    pub commit_every: u64,
+}
+
+/// A binding's resource.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// The table's name in the namespace.
+    pub table: String,
+}
+
+fn default_namespace() -> String {
+    "sluice".into()
+}
+
+fn default_target_file_size() -> u64 {
+    DEFAULT_TARGET_FILE_SIZE
+}
+
+fn default_commit_every() -> u64 {
+    1
+}
+
+impl EndpointConfig {
+    /// Parses and checks the endpoint configuration.
+    pub fn parse(value: &Value) -> Result<EndpointConfig, SinkError> {
+        let config: EndpointConfig =
+            serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+                SinkError::Config(format!("iceberg endpoint: {} ({})", e.inner(), e.path()))
+            })?;
+        if config.catalog.starts_with("postgres://") || config.catalog.starts_with("postgresql://")
+        {
+            return Err(SinkError::Config(
+                "iceberg endpoint: `catalog` must be a SQLite file path; a PostgreSQL catalog is not supported yet".into(),
+            ));
+        }
+        if config.catalog.is_empty() {
+            return Err(SinkError::Config(
+                "iceberg endpoint: `catalog` is empty".into(),
+            ));
+        }
+        if config.warehouse.as_os_str().is_empty() {
+            return Err(SinkError::Config(
+                "iceberg endpoint: `warehouse` is empty".into(),
+            ));
+        }
+        if !valid_name(&config.namespace) {
+            return Err(SinkError::Config(format!(
+                "iceberg endpoint: namespace {:?} must be letters, digits and `_` (dots separate levels)",
+                config.namespace
+            )));
+        }
+        if config.target_file_size < MIN_TARGET_FILE_SIZE {
+            return Err(SinkError::Config(format!(
+                "iceberg endpoint: target_file_size {} is below the minimum {MIN_TARGET_FILE_SIZE}",
+                config.target_file_size
+            )));
+        }
+        if config.commit_every == 0 {
+            return Err(SinkError::Config(
+                "iceberg endpoint: commit_every must be at least 1".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The catalog file's path (a `sqlite:` or `sqlite:///` prefix is allowed).
+    pub fn catalog_path(&self) -> PathBuf {
+        let c = self.catalog.as_str();
+        let c = c
+            .strip_prefix("sqlite:///")
+            .map(|rest| format!("/{rest}"))
+            .or_else(|| c.strip_prefix("sqlite:").map(str::to_string))
+            .unwrap_or_else(|| c.to_string());
+        PathBuf::from(c)
+    }
+}
+
+impl ResourceConfig {
+    pub fn parse(value: &Value) -> Result<ResourceConfig, SinkError> {
+        let config: ResourceConfig =
+            serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+                SinkError::Config(format!("iceberg binding: {} ({})", e.inner(), e.path()))
+            })?;
+        if !valid_name(&config.table) || config.table.contains('.') {
+            return Err(SinkError::Config(format!(
+                "iceberg binding: table {:?} must be letters, digits and `_`",
+                config.table
+            )));
+        }
+        Ok(config)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|part| {
+            !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_fill_what_is_left_out() {
+        let c = EndpointConfig::parse(&json!({"catalog": "/c.db", "warehouse": "/wh"})).unwrap();
+        assert_eq!(c.namespace, "sluice");
+        assert_eq!(c.target_file_size, DEFAULT_TARGET_FILE_SIZE);
+        assert_eq!(c.commit_every, 1);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_config_errors() {
+        for bad in [
+            json!({"catalog": "/c.db", "warehouse": "/wh", "extra": 1}),
+            json!({"catalog": "/c.db", "warehouse": "/wh", "commit_every": 0}),
+            json!({"catalog": "/c.db", "warehouse": "/wh", "target_file_size": 10}),
+            json!({"catalog": "/c.db", "warehouse": "/wh", "namespace": "a-b"}),
+            json!({"catalog": "postgres://x/y", "warehouse": "/wh"}),
+            json!({"warehouse": "/wh"}),
+        ] {
+            assert!(
+                matches!(EndpointConfig::parse(&bad), Err(SinkError::Config(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            ResourceConfig::parse(&json!({"table": "t", "x": 1})),
+            Err(SinkError::Config(_))
+        ));
+        assert!(matches!(
+            ResourceConfig::parse(&json!({"table": "a.b"})),
+            Err(SinkError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn sqlite_url_prefixes_become_paths() {
+        let mut c =
+            EndpointConfig::parse(&json!({"catalog": "sqlite:///tmp/c.db", "warehouse": "/wh"}))
+                .unwrap();
+        assert_eq!(c.catalog_path(), PathBuf::from("/tmp/c.db"));
+        c.catalog = "rel/c.db".into();
+        assert_eq!(c.catalog_path(), PathBuf::from("rel/c.db"));
+    }
+}

@@ -1,0 +1,807 @@
+//! The runtime side: [`IcebergSink`], an [`EpochSink`] appending each transaction's
+//! change log to one Iceberg table per binding, exactly once.
+//!
+//! ```text
+//!  begin_epoch(N)     writers under <table>/data/_sluice/<attempt>/<N>/  (the artifact intent)
+//!  write_batch        + _txn = N (+ _op U when the binding has none) ─▶ Parquet, rolled at target_file_size
+//!  pre_commit(N)      close (fsync) ─▶ descriptor {epochs since the last table commit + N, commit: N % commit_every == 0}
+//!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.txn = N, skipped where an ancestor has txn >= N
+//!                     else: d's epochs stay staged, decided, until a due epoch or close
+//!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor;
+//!                     remove every file under our attempt prefix no snapshot and no decided epoch holds
+//! ```
+//!
+//! `commit_every`: an epoch whose number is a multiple commits; the ones between are
+//! decided in the recovery log (their descriptors list their files) but not visible in
+//! the table until then. `close` commits what is decided and pending, so a pipeline that
+//! stops leaves nothing decided outside the table. Epoch numbers, not counts, decide
+//! the cadence, so a restart keeps it without state of its own.
+//!
+//! Threads: everything runs on the caller's task; the SQLite catalog hops to the
+//! blocking pool per statement, and iceberg's local file writes are synchronous `std::fs`
+//! calls on the calling worker (Parquet pages are buffered, a write reaches the disk at
+//! most once per row group).
+
+use crate::catalog::SqlCatalog;
+use crate::commit::{self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Owner, StagedFile};
+use crate::config::{EndpointConfig, ResourceConfig};
+use crate::schema::{self, Column, TXN_COLUMN, TableChange};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, new_null_array};
+use arrow_schema::SchemaRef;
+use async_trait::async_trait;
+use iceberg::spec::{DataFileFormat, serialize_data_file_to_json};
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{
+    DefaultFileNameGenerator, DefaultLocationGenerator,
+};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use serde_json::{Value, json};
+use sluice_sink_sdk::arrow::OP_COLUMN;
+use sluice_sink_sdk::{
+    Consistency, EpochSink, InputMode, Placement, Recovery, Result, RuntimeContext, SchemaPlan,
+    SinkBinding, SinkContract, SinkError, WriteResult,
+};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+type Writer =
+    DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+
+/// The folder under a table's data location that holds this sink's staging.
+pub const STAGING_DIR: &str = "_sluice";
+
+/// One binding's table, once open.
+struct Bound {
+    ident: TableIdent,
+    /// The table's current schema as Arrow, with field ids.
+    arrow: SchemaRef,
+    schema_id: i32,
+    spec_id: i32,
+    partition_type: iceberg::spec::StructType,
+    format_version: iceberg::spec::FormatVersion,
+    /// `<data location>/_sluice/<attempt>`.
+    attempt_prefix: String,
+    schema: iceberg::spec::SchemaRef,
+}
+
+/// Where the sink is in its epoch.
+enum Epoch {
+    Idle,
+    Staging {
+        epoch: u64,
+        writers: Vec<Option<Writer>>,
+    },
+}
+
+/// The Iceberg epoch sink.
+pub struct IcebergSink {
+    config: EndpointConfig,
+    context: Option<RuntimeContext>,
+    catalog: Option<SqlCatalog>,
+    tables: Vec<Bound>,
+    epoch: Epoch,
+    /// Pre-committed epochs whose decision has not been applied yet (oldest first).
+    prepared: Vec<EpochFiles>,
+    /// Decided epochs not yet in a table snapshot (oldest first).
+    pending: Vec<EpochFiles>,
+    /// Makes file names unique per process, so a name is never written twice.
+    nonce: String,
+}
+
+impl IcebergSink {
+    pub fn new(endpoint: &Value) -> Result<IcebergSink> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        Ok(IcebergSink {
+            config: EndpointConfig::parse(endpoint)?,
+            context: None,
+            catalog: None,
+            tables: Vec::new(),
+            epoch: Epoch::Idle,
+            prepared: Vec::new(),
+            pending: Vec::new(),
+            nonce: format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
+        })
+    }
+
+    fn namespace(&self) -> Result<NamespaceIdent> {
+        NamespaceIdent::from_strs(self.config.namespace.split('.'))
+            .map_err(|e| SinkError::Config(format!("namespace: {e}")))
+    }
+
+    async fn catalog(&mut self) -> Result<SqlCatalog> {
+        if let Some(c) = &self.catalog {
+            return Ok(c.clone());
+        }
+        let c = SqlCatalog::open(&self.config.catalog_path(), &self.config.warehouse)
+            .await
+            .map_err(|e| SinkError::External(format!("cannot open the Iceberg catalog: {e}")))?;
+        self.catalog = Some(c.clone());
+        Ok(c)
+    }
+
+    fn context(&self) -> Result<&RuntimeContext> {
+        self.context.as_ref().ok_or_else(|| {
+            SinkError::Config(
+                "the Iceberg sink was opened before its runtime context was bound".into(),
+            )
+        })
+    }
+
+    fn owner(&self) -> Result<Owner> {
+        let c = self.context()?;
+        Ok(Owner {
+            deployment: c.deployment_id.clone(),
+            materialization: c.sink_id.clone(),
+        })
+    }
+
+    /// `<deployment>-<sink>-<participant>`, with anything but `[A-Za-z0-9_.-]` as `_`.
+    fn attempt(&self) -> Result<String> {
+        let c = self.context()?;
+        let raw = format!("{}-{}-{}", c.deployment_id, c.sink_id, c.participant_id);
+        Ok(raw
+            .chars()
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() || "_.-".contains(ch) {
+                    ch
+                } else {
+                    '_'
+                }
+            })
+            .collect())
+    }
+
+    fn epoch_prefix(bound: &Bound, epoch: u64) -> String {
+        format!("{}/{epoch}", bound.attempt_prefix)
+    }
+
+    async fn plan(&mut self, bindings: &[SinkBinding]) -> Result<Vec<TableChange>> {
+        let ns = self.namespace()?;
+        let catalog_exists = self.config.catalog_path().exists();
+        let catalog = if catalog_exists {
+            Some(self.catalog().await?)
+        } else {
+            None
+        };
+        let mut changes = Vec::new();
+        let mut seen = HashSet::new();
+        for b in bindings {
+            let resource = ResourceConfig::parse(&b.resource)?;
+            if !seen.insert(resource.table.clone()) {
+                return Err(SinkError::Config(format!(
+                    "two bindings write Iceberg table {}.{}",
+                    self.config.namespace, resource.table
+                )));
+            }
+            let columns = schema::table_columns(&b.schema)?;
+            let ident = TableIdent::new(ns.clone(), resource.table.clone());
+            let table = match &catalog {
+                Some(c) => load_optional(c, &ident).await?,
+                None => None,
+            };
+            match table {
+                None => changes.push(TableChange::Create {
+                    table: resource.table,
+                    columns,
+                }),
+                Some(t) => {
+                    let add = schema::columns_to_add(
+                        &ident.to_string(),
+                        t.metadata().current_schema(),
+                        &columns,
+                    )?;
+                    if !add.is_empty() {
+                        changes.push(TableChange::AddColumns {
+                            table: resource.table,
+                            columns: add,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Closes epoch `epoch`'s writers: the files it staged (fsynced).
+    async fn close_writers(
+        &mut self,
+        epoch: u64,
+        writers: Vec<Option<Writer>>,
+    ) -> Result<EpochFiles> {
+        let mut files = Vec::new();
+        for (bound, writer) in self.tables.iter().zip(writers) {
+            let Some(mut writer) = writer else { continue };
+            // Returns only after every file is closed, and LocalFsStorage fsyncs on close.
+            let data_files = writer.close().await.map_err(|e| {
+                SinkError::External(format!("cannot close a data file of {}: {e}", bound.ident))
+            })?;
+            for df in data_files {
+                let (path, size, records) = (
+                    df.file_path().to_string(),
+                    df.file_size_in_bytes(),
+                    df.record_count(),
+                );
+                let data_file =
+                    serialize_data_file_to_json(df, &bound.partition_type, bound.format_version)
+                        .map_err(|e| SinkError::External(format!("cannot describe {path}: {e}")))?;
+                files.push(StagedFile {
+                    table: bound.ident.name().to_string(),
+                    path,
+                    size,
+                    records,
+                    schema_id: bound.schema_id,
+                    spec_id: bound.spec_id,
+                    data_file,
+                });
+            }
+        }
+        Ok(EpochFiles { epoch, files })
+    }
+
+    /// What a new writer of binding `binding` in epoch `epoch` needs, owned (the
+    /// writer is built without borrowing the sink across an await).
+    fn writer_spec(&self, binding: usize, epoch: u64) -> WriterSpec {
+        let bound = &self.tables[binding];
+        WriterSpec {
+            file_io: self.catalog.as_ref().expect("open").file_io().clone(),
+            schema: bound.schema.clone(),
+            ident: bound.ident.to_string(),
+            location: Self::epoch_prefix(bound, epoch),
+            prefix: format!("b{binding}-{}", self.nonce),
+            target_file_size: self.config.target_file_size as usize,
+        }
+    }
+
+    /// Commits the decided pending epochs to every table as transaction `txn`.
+    async fn commit_pending(&mut self, txn: u64) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let catalog = self.catalog.clone().expect("open");
+        let owner = self.owner()?;
+        let tables: Vec<String> = {
+            let mut t: Vec<String> = self
+                .pending
+                .iter()
+                .flat_map(|e| e.files.iter().map(|f| f.table.clone()))
+                .collect();
+            t.sort();
+            t.dedup();
+            t
+        };
+        let ns = self.namespace()?;
+        for table in tables {
+            let ident = TableIdent::new(ns.clone(), table);
+            let added = commit::commit_table(&catalog, &ident, &owner, txn, &self.pending).await?;
+            tracing::debug!(table = %ident, txn, added, "Iceberg commit");
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Removes every file under our attempt prefixes that no snapshot of the table and
+    /// no decided pending epoch holds.
+    async fn sweep_orphans(&mut self) -> Result<()> {
+        let catalog = self.catalog.as_ref().expect("open");
+        let keep: HashSet<&str> = self
+            .pending
+            .iter()
+            .flat_map(|e| e.files.iter().map(|f| f.path.as_str()))
+            .collect();
+        for bound in &self.tables {
+            let dir = local_path(&bound.attempt_prefix);
+            let candidates: Vec<String> = list_files(&dir)
+                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?
+                .into_iter()
+                .map(|p| format!("file://{}", p.display()))
+                .filter(|p| !keep.contains(p.as_str()))
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            let table = catalog
+                .load_table(&bound.ident)
+                .await
+                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let referenced = crate::read::referenced_files(&table).await?;
+            for path in candidates {
+                if !referenced.contains(&path) {
+                    tracing::info!(%path, "removing an orphaned Iceberg staging file");
+                    catalog
+                        .file_io()
+                        .delete(&path)
+                        .await
+                        .map_err(|e| SinkError::External(format!("cannot remove {path}: {e}")))?;
+                }
+            }
+            remove_empty_dirs(&dir);
+        }
+        Ok(())
+    }
+
+    /// Removes a staging prefix an intent named, after checking it is ours.
+    async fn remove_prefix(&mut self, prefix: &str) -> Result<()> {
+        let attempt = self.attempt()?;
+        let marker = format!("/data/{STAGING_DIR}/{attempt}/");
+        let warehouse = self.catalog.as_ref().expect("open").warehouse();
+        // Ours: under a bound table's attempt prefix, or (a table since unbound) under
+        // the warehouse with our attempt's folder in it.
+        let of_bound = self
+            .tables
+            .iter()
+            .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
+        let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
+        if !(of_bound || in_warehouse) || prefix.contains("/../") {
+            return Err(SinkError::Corrupt(format!(
+                "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
+            )));
+        }
+        let dir = local_path(prefix);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SinkError::External(format!(
+                "cannot remove {}: {e}",
+                dir.display()
+            ))),
+        }
+    }
+}
+
+struct WriterSpec {
+    file_io: iceberg::io::FileIO,
+    schema: iceberg::spec::SchemaRef,
+    ident: String,
+    location: String,
+    prefix: String,
+    target_file_size: usize,
+}
+
+async fn new_writer(spec: WriterSpec) -> Result<Writer> {
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let parquet = ParquetWriterBuilder::new(props, spec.schema);
+    let rolling = RollingFileWriterBuilder::new(
+        parquet,
+        spec.target_file_size,
+        spec.file_io,
+        DefaultLocationGenerator::with_data_location(spec.location),
+        DefaultFileNameGenerator::new(spec.prefix, None, DataFileFormat::Parquet),
+    );
+    DataFileWriterBuilder::new(rolling)
+        .build(None)
+        .await
+        .map_err(|e| {
+            SinkError::External(format!("cannot start a data file of {}: {e}", spec.ident))
+        })
+}
+
+async fn load_optional(catalog: &SqlCatalog, ident: &TableIdent) -> Result<Option<Table>> {
+    let exists = catalog
+        .table_exists(ident)
+        .await
+        .map_err(|e| SinkError::External(format!("Iceberg catalog: {e}")))?;
+    if !exists {
+        return Ok(None);
+    }
+    catalog
+        .load_table(ident)
+        .await
+        .map(Some)
+        .map_err(|e| SinkError::External(format!("cannot load Iceberg table {ident}: {e}")))
+}
+
+/// `/path` of a `file://` location.
+pub(crate) fn local_path(location: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(location.strip_prefix("file://").unwrap_or(location))
+}
+
+/// Every regular file under `dir` (none when it does not exist).
+pub(crate) fn list_files(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                stack.push(entry.path());
+            } else {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Removes the empty epoch folders under `dir` (best effort: a leftover folder is harmless).
+fn remove_empty_dirs(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_dirs(&entry.path());
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+    }
+}
+
+/// The binding's batch as the table's: its columns by name, `_txn`, `_op` (`U` when the
+/// binding has none), nulls for optional table columns the binding lacks.
+fn table_batch(bound: &Bound, batch: &RecordBatch, epoch: u64) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(bound.arrow.fields().len());
+    for field in bound.arrow.fields() {
+        let name = field.name().as_str();
+        let column: ArrayRef = if name == TXN_COLUMN {
+            Arc::new(Int64Array::from_value(epoch as i64, rows))
+        } else if let Some(c) = batch.column_by_name(name) {
+            if c.data_type() != field.data_type() {
+                return Err(SinkError::Schema(format!(
+                    "field {name:?} of {} is {}, but a batch holds {}: run `sluice apply`",
+                    bound.ident,
+                    field.data_type(),
+                    c.data_type()
+                )));
+            }
+            c.clone()
+        } else if name == OP_COLUMN {
+            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                "U", rows,
+            )))
+        } else if field.is_nullable() {
+            new_null_array(field.data_type(), rows)
+        } else {
+            return Err(SinkError::Schema(format!(
+                "required field {name:?} of {} is not in the binding",
+                bound.ident
+            )));
+        };
+        columns.push(column);
+    }
+    RecordBatch::try_new(bound.arrow.clone(), columns)
+        .map_err(|e| SinkError::Schema(format!("a batch does not fit {}: {e}", bound.ident)))
+}
+
+#[async_trait]
+impl EpochSink for IcebergSink {
+    fn contract(&self) -> SinkContract {
+        SinkContract {
+            consistency: Consistency::CheckpointCommittable,
+            placement: Placement::Singleton,
+            input: InputMode::FullChangelog,
+        }
+    }
+
+    fn keyed_mutation_key(&self, _binding: &SinkBinding) -> Option<Vec<String>> {
+        // An append-only change log: rows are never replaced or deleted in place.
+        None
+    }
+
+    fn bind_runtime_context(&mut self, context: RuntimeContext) -> Result<()> {
+        self.context = Some(context);
+        Ok(())
+    }
+
+    async fn resolve_schema(&mut self, bindings: &[SinkBinding]) -> Result<SchemaPlan> {
+        let changes = self.plan(bindings).await?;
+        let ns = self.config.namespace.clone();
+        Ok(SchemaPlan {
+            actions: changes.iter().flat_map(|c| c.describe(&ns)).collect(),
+            state: serde_json::to_value(&changes)
+                .map_err(|e| SinkError::Corrupt(format!("schema plan: {e}")))?,
+        })
+    }
+
+    async fn prepare_schema(&mut self, plan: &SchemaPlan) -> Result<()> {
+        let changes: Vec<TableChange> =
+            serde_json::from_value(plan.state.clone()).map_err(|e| {
+                SinkError::Corrupt(format!("an Iceberg schema plan cannot be read: {e}"))
+            })?;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let catalog = self.catalog().await?;
+        let ns = self.namespace()?;
+        let ext = |what: &str, e: iceberg::Error| SinkError::External(format!("{what}: {e}"));
+        if !catalog
+            .namespace_exists(&ns)
+            .await
+            .map_err(|e| ext("catalog", e))?
+        {
+            match catalog.create_namespace(&ns, Default::default()).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == iceberg::ErrorKind::NamespaceAlreadyExists => {}
+                Err(e) => return Err(ext("cannot create the namespace", e)),
+            }
+        }
+        for change in changes {
+            let ident = TableIdent::new(ns.clone(), change.table().to_string());
+            let existing = load_optional(&catalog, &ident).await?;
+            let (columns, create) = match change {
+                TableChange::Create { columns, .. } => (columns, true),
+                TableChange::AddColumns { columns, .. } => (columns, false),
+            };
+            match existing {
+                None if create => {
+                    let creation = TableCreation::builder()
+                        .name(ident.name().to_string())
+                        .schema(schema::create_schema(&columns)?)
+                        .build();
+                    match catalog.create_table(&ns, creation).await {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == iceberg::ErrorKind::TableAlreadyExists => {}
+                        Err(e) => return Err(ext(&format!("cannot create {ident}"), e)),
+                    }
+                }
+                None => {
+                    return Err(SinkError::Schema(format!(
+                        "Iceberg table {ident} is gone since the plan was made: resolve it again"
+                    )));
+                }
+                Some(table) => {
+                    // Idempotent: only the columns still missing (others may exist now).
+                    let current = table.metadata().current_schema();
+                    let missing: Vec<&Column> = columns
+                        .iter()
+                        .filter(|c| current.field_by_name(&c.name).is_none())
+                        .collect();
+                    if missing.is_empty() {
+                        continue;
+                    }
+                    let mut update = Transaction::new(&table).update_schema();
+                    for c in missing {
+                        update = update.add_column(iceberg::transaction::AddColumn::optional(
+                            &c.name,
+                            c.iceberg_type()?,
+                        ));
+                    }
+                    let tx = update
+                        .apply(Transaction::new(&table))
+                        .map_err(|e| ext("schema update", e))?;
+                    tx.commit(&catalog)
+                        .await
+                        .map_err(|e| ext(&format!("cannot add columns to {ident}"), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn open(&mut self, bindings: &[SinkBinding]) -> Result<()> {
+        let catalog = self.catalog().await?;
+        let ns = self.namespace()?;
+        let attempt = self.attempt()?;
+        let mut tables = Vec::with_capacity(bindings.len());
+        for b in bindings {
+            let resource = ResourceConfig::parse(&b.resource)?;
+            let ident = TableIdent::new(ns.clone(), resource.table);
+            let table = load_optional(&catalog, &ident).await?.ok_or_else(|| {
+                SinkError::Schema(format!(
+                    "Iceberg table {ident} does not exist: run `sluice apply`"
+                ))
+            })?;
+            let md = table.metadata();
+            let wanted = schema::table_columns(&b.schema)?;
+            let add = schema::columns_to_add(&ident.to_string(), md.current_schema(), &wanted)?;
+            if let Some(c) = add.first() {
+                return Err(SinkError::Schema(format!(
+                    "Iceberg table {ident} has no column {:?}: run `sluice apply`",
+                    c.name
+                )));
+            }
+            let schema = md.current_schema().clone();
+            let arrow = iceberg::arrow::schema_to_arrow_schema(&schema)
+                .map_err(|e| SinkError::Corrupt(format!("{ident}: {e}")))?;
+            let data = format!("{}/data", md.location().trim_end_matches('/'));
+            tables.push(Bound {
+                arrow: Arc::new(arrow),
+                schema_id: md.current_schema_id(),
+                spec_id: md.default_partition_spec_id(),
+                partition_type: md.default_partition_type().clone(),
+                format_version: md.format_version(),
+                attempt_prefix: format!("{data}/{STAGING_DIR}/{attempt}"),
+                schema,
+                ident,
+            });
+        }
+        self.tables = tables;
+        Ok(())
+    }
+
+    async fn recover(&mut self, recovery: &Recovery) -> Result<()> {
+        for undecided in &recovery.undecided {
+            let prefixes = undecided
+                .intent
+                .get("prefixes")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    SinkError::Corrupt(format!(
+                        "the artifact intent of epoch {} has no prefixes: {}",
+                        undecided.epoch, undecided.intent
+                    ))
+                })?;
+            for p in prefixes {
+                let p = p.as_str().ok_or_else(|| {
+                    SinkError::Corrupt(format!("artifact intent prefix {p} is not a string"))
+                })?;
+                self.remove_prefix(p).await?;
+            }
+        }
+        if let Some(decided) = &recovery.decided {
+            let owner = self.owner()?;
+            let d = Descriptor::parse(&decided.descriptor, &owner)?;
+            self.pending = d.epochs;
+            if d.commit {
+                self.commit_pending(d.epoch).await?;
+            }
+        }
+        self.sweep_orphans().await
+    }
+
+    fn checkpoint_artifact_intent(&self, epoch: u64) -> Option<Value> {
+        if self.tables.is_empty() {
+            return None;
+        }
+        let prefixes: Vec<String> = self
+            .tables
+            .iter()
+            .map(|t| Self::epoch_prefix(t, epoch))
+            .collect();
+        Some(json!({ "epoch": epoch, "prefixes": prefixes }))
+    }
+
+    async fn begin_epoch(&mut self, epoch: u64) -> Result<()> {
+        if let Epoch::Staging { epoch: open, .. } = &self.epoch {
+            return Err(SinkError::Corrupt(format!(
+                "epoch {epoch} began while epoch {open} is still staging"
+            )));
+        }
+        self.epoch = Epoch::Staging {
+            epoch,
+            writers: self.tables.iter().map(|_| None).collect(),
+        };
+        Ok(())
+    }
+
+    async fn write_batch(&mut self, binding: usize, batch: &RecordBatch) -> Result<WriteResult> {
+        let Epoch::Staging { epoch, writers } = &mut self.epoch else {
+            return Err(SinkError::Corrupt("a batch came outside an epoch".into()));
+        };
+        let epoch = *epoch;
+        let bound = self
+            .tables
+            .get(binding)
+            .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
+        let out = table_batch(bound, batch, epoch)?;
+        if writers[binding].is_none() {
+            let w = new_writer(self.writer_spec(binding, epoch)).await?;
+            let Epoch::Staging { writers, .. } = &mut self.epoch else {
+                unreachable!()
+            };
+            writers[binding] = Some(w);
+        }
+        let Epoch::Staging { writers, .. } = &mut self.epoch else {
+            unreachable!()
+        };
+        let bytes = out.get_array_memory_size() as u64;
+        let records = out.num_rows();
+        writers[binding]
+            .as_mut()
+            .expect("built above")
+            .write(out)
+            .await
+            .map_err(|e| SinkError::External(format!("cannot write a data file: {e}")))?;
+        Ok(WriteResult { records, bytes })
+    }
+
+    async fn pre_commit(&mut self, epoch: u64) -> Result<Option<Value>> {
+        let writers = match std::mem::replace(&mut self.epoch, Epoch::Idle) {
+            Epoch::Staging { epoch: e, writers } if e == epoch => writers,
+            Epoch::Staging { epoch: e, .. } => {
+                return Err(SinkError::Corrupt(format!(
+                    "pre_commit({epoch}) while staging epoch {e}"
+                )));
+            }
+            Epoch::Idle => self.tables.iter().map(|_| None).collect(),
+        };
+        let staged = self.close_writers(epoch, writers).await?;
+        let due = epoch.is_multiple_of(self.config.commit_every);
+        let mut epochs: Vec<EpochFiles> = self
+            .pending
+            .iter()
+            .chain(self.prepared.iter())
+            .filter(|e| e.epoch < epoch)
+            .cloned()
+            .collect();
+        epochs.sort_by_key(|e| e.epoch);
+        epochs.dedup_by_key(|e| e.epoch);
+        let nothing_waits = epochs.iter().all(|e| e.files.is_empty());
+        if staged.files.is_empty() && (nothing_waits || !due) {
+            // The log's last descriptor stays, and still lists what is pending.
+            return Ok(None);
+        }
+        self.prepared.push(staged.clone());
+        epochs.push(staged);
+        let owner = self.owner()?;
+        let descriptor = Descriptor {
+            version: DESCRIPTOR_VERSION,
+            deployment: owner.deployment,
+            materialization: owner.materialization,
+            epoch,
+            commit: due,
+            epochs,
+        };
+        serde_json::to_value(&descriptor)
+            .map(Some)
+            .map_err(|e| SinkError::Corrupt(format!("descriptor: {e}")))
+    }
+
+    async fn commit_epoch(&mut self, epoch: u64, descriptor: &Value) -> Result<()> {
+        let d = Descriptor::parse(descriptor, &self.owner()?)?;
+        if d.epoch != epoch {
+            return Err(SinkError::Corrupt(format!(
+                "commit_epoch({epoch}) was handed the descriptor of epoch {}",
+                d.epoch
+            )));
+        }
+        self.prepared.retain(|e| e.epoch > epoch);
+        self.pending = d.epochs;
+        if d.commit {
+            self.commit_pending(epoch).await?;
+        }
+        Ok(())
+    }
+
+    async fn rollback_epoch(&mut self, epoch: u64) -> Result<()> {
+        if let Epoch::Staging { epoch: e, .. } = &self.epoch
+            && *e == epoch
+        {
+            // Dropping the writers abandons their open files; the folder goes below.
+            self.epoch = Epoch::Idle;
+        }
+        self.prepared.retain(|e| e.epoch != epoch);
+        for bound in &self.tables {
+            let dir = local_path(&Self::epoch_prefix(bound, epoch));
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(SinkError::External(format!(
+                        "cannot remove {}: {e}",
+                        dir.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<()> {
+        // What is decided and pending goes in now, under its last epoch, so nothing
+        // decided stays outside the table while the pipeline is down.
+        if let Some(last) = self.pending.iter().map(|e| e.epoch).max()
+            && self.catalog.is_some()
+            && self.context.is_some()
+        {
+            self.commit_pending(last).await?;
+        }
+        Ok(())
+    }
+}

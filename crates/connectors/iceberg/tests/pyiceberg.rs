@@ -1,0 +1,104 @@
+//! An independent reader: pyiceberg's SqlCatalog, over the same SQLite catalog file,
+//! reads back what the sink committed (tests/read_table.py).
+
+mod common;
+
+use common::{Fixture, epoch};
+use serde_json::{Value, json};
+use sluice_sink_sdk::{EpochSink, Recovery};
+use std::path::Path;
+use std::process::Command;
+
+/// pyiceberg (with pyarrow and SQLAlchemy) importable by `python3`, installing it once
+/// if missing. Fails the test, never skips it, when it cannot be had.
+fn require_pyiceberg() {
+    let importable = || {
+        Command::new("python3")
+            .args(["-c", "import pyiceberg, pyarrow, sqlalchemy"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if importable() {
+        return;
+    }
+    let _ = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "pyiceberg[sql-sqlite,pyarrow]",
+        ])
+        .status();
+    assert!(
+        importable(),
+        "pyiceberg, pyarrow and SQLAlchemy are needed for this test and could not be installed: \
+         run `python3 -m pip install 'pyiceberg[sql-sqlite,pyarrow]'`"
+    );
+}
+
+fn read_table(f: &Fixture, table: &str, extra: &[&str]) -> Vec<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_table.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(f.catalog_path())
+        .arg(f.warehouse())
+        .arg(format!("sluice.{table}"))
+        .args(extra)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "read_table.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn pyiceberg_reads_the_rows_and_snapshots_the_sink_committed() {
+    require_pyiceberg();
+    let f = Fixture::new();
+    let bindings = [common::binding("events")];
+    let mut sink = f.sink(json!({}), &bindings).await;
+    sink.recover(&Recovery::default()).await.unwrap();
+    epoch(&mut sink, 1, &[(1, Some("a"), "U"), (2, None, "U")])
+        .await
+        .unwrap();
+    epoch(&mut sink, 2, &[(2, Some("b"), "U"), (1, None, "D")])
+        .await
+        .unwrap();
+    sink.close().await.unwrap();
+
+    let mut ours: Vec<Value> = {
+        let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+            .await
+            .unwrap();
+        sluice_iceberg::read_rows(&catalog, "sluice", "events")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(Value::Object)
+            .collect()
+    };
+    let mut theirs = read_table(&f, "events", &[]);
+    let key = |v: &Value| (v["_txn"].as_i64(), v["id"].as_i64());
+    ours.sort_by_key(key);
+    theirs.sort_by_key(key);
+    assert_eq!(theirs.len(), 4);
+    assert_eq!(theirs, ours);
+    assert_eq!(
+        theirs[2],
+        json!({"id": 1, "name": null, "flow_document": "{\"id\":1,\"name\":null}", "_txn": 2, "_op": "D"})
+    );
+
+    let snapshots = read_table(&f, "events", &["--snapshots"]);
+    assert_eq!(snapshots.len(), 2);
+    assert_eq!(snapshots[1]["sluice.txn"], "2");
+    assert_eq!(snapshots[1]["sluice.materialization"], "lake");
+    assert_eq!(snapshots[1]["operation"], "append");
+}
