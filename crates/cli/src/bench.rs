@@ -4,6 +4,7 @@
 mod cdc;
 mod combine;
 mod http;
+mod iceberg;
 mod latency;
 mod loads;
 mod mysql;
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     /// Clients pushing to the HTTP source into SQLite: batches' docs/s, then the time
     /// of one-document requests to their durable 200 (p50, p99).
     Http(http::HttpArgs),
+    /// Pageviews into an Apache Iceberg table, against parquet's ArrowWriter writing the
+    /// same batches and pyiceberg appending the same rows: rows/s, MB/s and ratios.
+    Iceberg(iceberg::IcebergArgs),
     /// One document at a time through `sluice run --follow`: the time from its source
     /// until its row is visible in the store (p50, p90, p99).
     Latency(latency::LatencyArgs),
@@ -45,6 +49,7 @@ pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Cdc(args) => cdc::run(args),
         BenchCommand::Combine(args) => combine::run(args),
         BenchCommand::Http(args) => http::run(args),
+        BenchCommand::Iceberg(args) => iceberg::run(args),
         BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
         BenchCommand::Postgres(args) => sql::run(args),

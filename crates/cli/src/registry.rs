@@ -18,7 +18,7 @@ use sluice_mysql::MysqlDriver;
 use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres_cdc::PostgresCdcKind;
-use sluice_runtime::registry::{Builtin, Command, Grpc, Registry};
+use sluice_runtime::registry::{Builtin, Command, Epoch, Grpc, Registry};
 use sluice_source_sdk::kind;
 use sluice_sqlite::SqliteDriver;
 use std::sync::Arc;
@@ -61,6 +61,7 @@ pub fn registry() -> Registry {
             RemoteAuthoritative,
             || Arc::new(SqliteDriver::new()),
         ))
+        .with_driver(Epoch(sluice_iceberg::kind()))
         .with_driver(Grpc)
         .with_driver(Command)
 }

@@ -97,13 +97,15 @@ enum StoreKind {
     Sqlite,
     Postgres,
     Mysql,
+    /// The Iceberg epoch sink: a change log (delta mode), read back by pyiceberg.
+    Iceberg,
 }
 
 impl StoreKind {
-    /// The server of a server store (None: SQLite).
+    /// The server of a server store (None: SQLite, Iceberg).
     fn dialect(self) -> Option<Dialect> {
         match self {
-            StoreKind::Sqlite => None,
+            StoreKind::Sqlite | StoreKind::Iceberg => None,
             StoreKind::Postgres => Some(Dialect::Postgres),
             StoreKind::Mysql => Some(Dialect::Mysql),
         }
@@ -184,6 +186,15 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
              --mode standard"
         );
     }
+    if args.store == StoreKind::Iceberg
+        && (args.mode != Mode::Delta
+            || !matches!(args.scenario, Scenario::Random | Scenario::DiskFull))
+    {
+        bail!(
+            "--store iceberg is a change log (one row per transaction and key): it runs \
+             --mode delta, in the random or disk-full scenario"
+        );
+    }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let input = Input::create(args.source, &dir)?;
     let server = match (args.scenario, args.store.dialect()) {
@@ -191,6 +202,10 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let store = match (&server, args.store.dialect()) {
+        (_, None) if args.store == StoreKind::Iceberg => Store::Iceberg {
+            catalog: dir.join("catalog.db"),
+            warehouse: dir.join("warehouse"),
+        },
         (_, None) => Store::Sqlite {
             path: dir.join("torture.db"),
         },
@@ -611,7 +626,13 @@ runtime:
     }
 
     /// Compares the store with the model of all the input.
-    fn verify(&self) -> anyhow::Result<Verdict> {
+    fn verify(&mut self) -> anyhow::Result<Verdict> {
+        let orphans = store::iceberg_orphans(&self.store)?;
+        if !orphans.is_empty() {
+            self.report.anomaly(format!(
+                "files no snapshot references were left: {orphans:?}"
+            ));
+        }
         let txn_docs = self.txn_docs as usize;
         let all = self.model.transaction_count(txn_docs);
         let expected = self.model.expected(txn_docs, self.delta, all);

@@ -58,13 +58,17 @@ enum Fault {
 
 impl Fault {
     /// A SIGKILL (three times in ten, at a moment within `window`, how long runs
-    /// last) or a fail point.
-    fn pick(rng: &mut Rng, window: Duration) -> Fault {
+    /// last) or a fail point: the runtime's, or one of the store's own (`store_points`).
+    fn pick(rng: &mut Rng, window: Duration, store_points: &[&'static str]) -> Fault {
         if !cfg!(feature = "failpoints") || rng.below(10) < 3 {
             let window_ms = window.as_millis() as u64;
             return Fault::Kill(Duration::from_millis(10 + rng.below(window_ms.max(1))));
         }
-        let (point, on_return) = POINTS[rng.below(POINTS.len() as u64) as usize];
+        let at = rng.below((POINTS.len() + store_points.len()) as u64) as usize;
+        let (point, on_return) = match store_points.get(at.wrapping_sub(POINTS.len())) {
+            Some(&point) if at >= POINTS.len() => (point, OnReturn::Retryable),
+            _ => POINTS[at],
+        };
         // Recovery runs once per (re)open: a later hit rarely comes.
         let skip = match point {
             failpoint::RECOVERY_AFTER_OPEN => 0,
@@ -153,7 +157,7 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
                 .anomaly(format!("only {} of {faults} faults fired", h.report.faults));
             break;
         }
-        let fault = Fault::pick(rng, window);
+        let fault = Fault::pick(rng, window, h.store.fail_points());
         let started = std::time::Instant::now();
         let run = h.run(&pipeline, fault.failpoints().as_deref())?;
         let outcome = match fault {

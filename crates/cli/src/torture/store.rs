@@ -1,8 +1,9 @@
 //! The stores a torture writes to, read back directly (not through a driver).
 //!
-//! Every store is the torture's own: a SQLite file in its folder, or a namespace of a
-//! unique name in a server, created at the start and dropped at the end: a schema of
-//! PostgreSQL, a database of MariaDB/MySQL. The two servers differ only in their
+//! Every store is the torture's own: a SQLite file in its folder, an Iceberg catalog
+//! and warehouse in its folder (read back by pyiceberg, independently), or a namespace
+//! of a unique name in a server, created at the start and dropped at the end: a schema
+//! of PostgreSQL, a database of MariaDB/MySQL. The two servers differ only in their
 //! [`Dialect`] (client, statements, endpoint configuration); everything else about a
 //! server store is written once.
 
@@ -17,6 +18,12 @@ pub const TABLE: &str = "torture_events";
 pub enum Store {
     Sqlite {
         path: PathBuf,
+    },
+    /// The Iceberg epoch sink's table `sluice.torture_events`: a change log, one row
+    /// per transaction and key.
+    Iceberg {
+        catalog: PathBuf,
+        warehouse: PathBuf,
     },
     /// `namespace`, created in the server at `url` by [`Store::server`].
     Server {
@@ -134,7 +141,16 @@ impl Store {
     pub fn describe(&self) -> &'static str {
         match self {
             Store::Sqlite { .. } => "sqlite",
+            Store::Iceberg { .. } => "iceberg",
             Store::Server { dialect, .. } => dialect.driver(),
+        }
+    }
+
+    /// The store's own fail points, beside the runtime's (each `return` retryable).
+    pub fn fail_points(&self) -> &'static [&'static str] {
+        match self {
+            Store::Iceberg { .. } => sluice_iceberg::FAIL_POINTS,
+            _ => &[],
         }
     }
 
@@ -142,6 +158,10 @@ impl Store {
     pub fn driver(&self) -> (&'static str, Value) {
         match self {
             Store::Sqlite { path } => ("sqlite", json!({ "path": path })),
+            Store::Iceberg { catalog, warehouse } => (
+                "iceberg",
+                json!({ "catalog": catalog, "warehouse": warehouse }),
+            ),
             Store::Server {
                 dialect,
                 url,
@@ -167,6 +187,13 @@ impl Store {
                 stmt.query_map([], |row| row.get::<_, String>(0))?
                     .collect::<Result<_, _>>()?
             }
+            Store::Iceberg { catalog, warehouse } => pyiceberg_rows(catalog, warehouse)?
+                .into_iter()
+                .map(|row| match row.get("flow_document") {
+                    Some(Value::String(doc)) => Ok(doc.clone()),
+                    _ => anyhow::bail!("a row without its document: {row}"),
+                })
+                .collect::<anyhow::Result<_>>()?,
             Store::Server {
                 dialect,
                 url,
@@ -182,7 +209,7 @@ impl Store {
     /// Drops what the torture created in the server (a SQLite file goes with the folder).
     pub fn drop_namespace(&self) -> anyhow::Result<()> {
         match self {
-            Store::Sqlite { .. } => Ok(()),
+            Store::Sqlite { .. } | Store::Iceberg { .. } => Ok(()),
             Store::Server {
                 dialect,
                 url,
@@ -190,6 +217,45 @@ impl Store {
             } => dialect.execute(url, &dialect.drop_sql(namespace)),
         }
     }
+}
+
+/// Every row of the torture's Iceberg table, read by pyiceberg through the same
+/// catalog (the script the Iceberg crate ships).
+fn pyiceberg_rows(catalog: &Path, warehouse: &Path) -> anyhow::Result<Vec<Value>> {
+    let script = catalog.with_file_name("read_table.py");
+    std::fs::write(&script, sluice_iceberg::READ_TABLE_PY)?;
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(catalog)
+        .arg(warehouse)
+        .arg(format!("sluice.{TABLE}"))
+        .output()
+        .context("running python3")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "pyiceberg could not read the table (is pyiceberg[sql-sqlite,pyarrow] installed?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)?
+        .lines()
+        .map(|line| serde_json::from_str(line).context("pyiceberg printed a row that is not JSON"))
+        .collect()
+}
+
+/// Data files of the Iceberg store's warehouse that its table does not reference: none
+/// after a clean run (the abort cleaner removed every undecided epoch's staging). A
+/// commit cut between writing its metadata and swapping the catalog leaves metadata and
+/// manifest files no snapshot references, as Iceberg writers do; those are for a
+/// maintenance job's orphan removal, so only Parquet data files count here.
+pub fn iceberg_orphans(store: &Store) -> anyhow::Result<Vec<String>> {
+    let Store::Iceberg { catalog, warehouse } = store else {
+        return Ok(Vec::new());
+    };
+    block_on(async {
+        let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
+        let orphans = sluice_iceberg::orphan_files(&catalog).await?;
+        Ok(orphans.into_iter().filter(|f| f.ends_with(".parquet")).collect())
+    })
 }
 
 /// A path as a double-quoted YAML string.

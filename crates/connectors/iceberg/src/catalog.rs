@@ -547,6 +547,11 @@ impl Catalog for SqlCatalog {
             .write_to(staged.file_io(), &location)
             .await?;
         let location = location.to_string();
+        fail::fail_point!(crate::MID_APPLY, |_| Err(Error::new(
+            ErrorKind::Unexpected,
+            format!("injected by fail point {}", crate::MID_APPLY)
+        )
+        .with_retryable(true)));
         let (ns, name, new, old) = (
             ns_string(ident.namespace()),
             ident.name().to_string(),

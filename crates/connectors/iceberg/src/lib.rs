@@ -30,3 +30,32 @@ pub use catalog::{CATALOG_NAME, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
 pub use driver::{IcebergSink, STAGING_DIR};
 pub use read::{open_catalog, orphan_files, read_rows, referenced_files};
+
+use serde_json::Value;
+use sluice_sink_sdk::{EpochSink, SinkError, SinkKind};
+
+/// The independent reader: a Python script that reads a table through pyiceberg's
+/// `SqlCatalog` over the same catalog file (tests, `sluice torture`).
+pub const READ_TABLE_PY: &str = include_str!("../read_table.py");
+
+/// Fail points of this sink (feature `failpoints`), for `sluice torture`: between
+/// writing a snapshot's metadata and swapping the catalog to it, mid-apply.
+pub const MID_APPLY: &str = "iceberg::mid-apply";
+pub const FAIL_POINTS: &[&str] = &[MID_APPLY];
+
+const ENDPOINT_SCHEMA: &str = r#"{"type":"object","required":["catalog","warehouse"],"properties":{"catalog":{"type":"string","description":"the SQLite catalog file (pyiceberg SqlCatalog layout)"},"warehouse":{"type":"string","description":"the warehouse folder"},"namespace":{"type":"string","default":"sluice"},"target_file_size":{"type":"integer","minimum":65536},"commit_every":{"type":"integer","minimum":1}},"additionalProperties":false}"#;
+const RESOURCE_SCHEMA: &str = r#"{"type":"object","required":["table"],"properties":{"table":{"type":"string"}},"additionalProperties":false}"#;
+
+/// The `iceberg:` endpoint kind, as a binary registers it.
+pub fn kind() -> SinkKind {
+    SinkKind {
+        name: "iceberg",
+        paths: &["catalog", "warehouse"],
+        endpoint_schema: ENDPOINT_SCHEMA,
+        resource_schema: RESOURCE_SCHEMA,
+        build: |config| Ok(Box::new(IcebergSink::new(config)?) as Box<dyn EpochSink>),
+        resource_path: |resource: &Value| -> Result<Vec<String>, SinkError> {
+            Ok(vec![ResourceConfig::parse(resource)?.table])
+        },
+    }
+}

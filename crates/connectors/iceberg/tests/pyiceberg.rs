@@ -1,5 +1,5 @@
 //! An independent reader: pyiceberg's SqlCatalog, over the same SQLite catalog file,
-//! reads back what the sink committed (tests/read_table.py).
+//! reads back what the sink committed (read_table.py).
 
 mod common;
 
@@ -38,7 +38,7 @@ fn require_pyiceberg() {
 }
 
 fn read_table(f: &Fixture, table: &str, extra: &[&str]) -> Vec<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/read_table.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("read_table.py");
     let out = Command::new("python3")
         .arg(script)
         .arg(f.catalog_path())

@@ -1,0 +1,312 @@
+//! `sluice bench iceberg`: Sluice into an Apache Iceberg table against its two
+//! baselines, in the same run:
+//!
+//! ```text
+//!  datagen pageviews ─▶ pageviews.jsonl ─▶ sluice run ─▶ Iceberg table (change log)
+//!                                            │  its rows, read back as Arrow batches
+//!                                            ├─▶ parquet's ArrowWriter, straight to a file  (the limit)
+//!                                            └─▶ as JSON lines ─▶ pyiceberg: parse, build a
+//!                                                pyarrow table, append (what a user would write)
+//! ```
+//!
+//! Sluice is timed from its start to its exit: reading and parsing the input, reducing
+//! it per key and transaction, building Arrow batches, writing Parquet, committing the
+//! snapshot. The baselines write the same rows: `ArrowWriter` timed from its first batch
+//! to its closed file, pyiceberg from reading its JSON lines to its committed append.
+//! Figures: rows/s and MB/s (of Parquet written) of each, `ratio_parquet` (Sluice over
+//! ArrowWriter, rows/s) and `ratio_pyiceberg` (Sluice over pyiceberg), and `exact`:
+//! the table's rows add up to the input's views.
+
+use super::loads::sluice_run;
+use anyhow::{Context, bail, ensure};
+use arrow_array::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::json;
+use sluice_datagen::pageview;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// The generator's seed.
+const SEED: u64 = 7;
+/// The pyiceberg baseline's script.
+const APPEND_PY: &str = include_str!("iceberg_append.py");
+
+#[derive(clap::Args)]
+pub struct IcebergArgs {
+    /// Documents in the input.
+    #[arg(long, default_value_t = 1_000_000)]
+    docs: u64,
+    /// Distinct keys among them.
+    #[arg(long, default_value_t = 200_000)]
+    keys: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Keep the bench's folder (input, pipeline, catalog, warehouse, logs).
+    #[arg(long)]
+    keep: bool,
+}
+
+/// One contestant's figures.
+struct Figure {
+    rows: u64,
+    secs: f64,
+    bytes: u64,
+}
+
+impl Figure {
+    fn rows_per_sec(&self) -> f64 {
+        self.rows as f64 / self.secs
+    }
+
+    fn mb_per_sec(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.secs
+    }
+}
+
+pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
+    ensure!(args.keys > 0, "--keys must be at least 1");
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-bench-iceberg-{}-{}",
+        std::process::id(),
+        clock.subsec_nanos()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let result = measure(&args, &dir);
+    if args.keep {
+        eprintln!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let (sluice, parquet, pyiceberg, exact) = result?;
+    let ratio_parquet = sluice.rows_per_sec() / parquet.rows_per_sec();
+    let ratio_pyiceberg = sluice.rows_per_sec() / pyiceberg.rows_per_sec();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "docs": args.docs,
+                "keys": args.keys,
+                "rows": sluice.rows,
+                "cores": cores,
+                "sluice_secs": sluice.secs,
+                "sluice_rows_per_sec": sluice.rows_per_sec(),
+                "sluice_docs_per_sec": args.docs as f64 / sluice.secs,
+                "sluice_mb_per_sec": sluice.mb_per_sec(),
+                "parquet_rows_per_sec": parquet.rows_per_sec(),
+                "parquet_mb_per_sec": parquet.mb_per_sec(),
+                "pyiceberg_rows_per_sec": pyiceberg.rows_per_sec(),
+                "pyiceberg_mb_per_sec": pyiceberg.mb_per_sec(),
+                "ratio_parquet": ratio_parquet,
+                "ratio_pyiceberg": ratio_pyiceberg,
+                "exact": exact,
+            })
+        );
+    } else {
+        println!(
+            "{} documents over {} keys → {} rows, {cores} cores",
+            args.docs, args.keys, sluice.rows
+        );
+        for (name, f) in [
+            ("sluice (end to end)", &sluice),
+            ("parquet ArrowWriter", &parquet),
+            ("pyiceberg append", &pyiceberg),
+        ] {
+            println!(
+                "  {name:<22} {:>10.0} rows/s {:>8.1} MB/s  ({:.2} s)",
+                f.rows_per_sec(),
+                f.mb_per_sec(),
+                f.secs
+            );
+        }
+        println!(
+            "  ratio_parquet {ratio_parquet:.2} (target ≥ 0.7), ratio_pyiceberg \
+             {ratio_pyiceberg:.2} (target ≥ 3), exact: {exact}"
+        );
+    }
+    ensure!(exact, "the table does not add up to the input");
+    Ok(())
+}
+
+fn progress(args: &IcebergArgs, line: impl AsRef<str>) {
+    if !args.json {
+        eprintln!("{}", line.as_ref());
+    }
+}
+
+fn measure(args: &IcebergArgs, dir: &Path) -> anyhow::Result<(Figure, Figure, Figure, bool)> {
+    progress(args, format!("writing {} documents", args.docs));
+    let input = dir.join("pageviews.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&input)?);
+    let mut views = 0i64;
+    let mut text = Vec::with_capacity(160);
+    for seq in 0..args.docs {
+        let doc = pageview(SEED, args.keys, seq);
+        views += doc.views as i64;
+        text.clear();
+        doc.write_json(&mut text);
+        file.write_all(&text)?;
+        file.write_all(b"\n")?;
+    }
+    file.flush()?;
+    drop(file);
+
+    let pipeline = dir.join("pipeline.yaml");
+    std::fs::write(
+        &pipeline,
+        format!(
+            "{}sources:
+  file:
+    target: bench/pageviews
+    file: {{path: {}, format: json}}
+materializations:
+  lake:
+    endpoint:
+      iceberg: {{catalog: catalog.db, warehouse: warehouse}}
+    bindings:
+      - source: bench/pageviews
+        resource: {{table: pageviews}}
+",
+            super::sql::PAGEVIEWS_COLLECTION,
+            json!(input.to_string_lossy())
+        ),
+    )?;
+    progress(args, "sluice run into Iceberg");
+    let run = sluice_run(&pipeline, &dir.join("run.log"))?;
+    let data = data_files(&dir.join("warehouse"))?;
+    let batches = read_batches(&data)?;
+    let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    let exact = sum_views(&batches)? == views;
+    let sluice = Figure {
+        rows,
+        secs: run.elapsed.as_secs_f64(),
+        bytes: data
+            .iter()
+            .map(|p| p.metadata().map_or(0, |m| m.len()))
+            .sum(),
+    };
+
+    progress(args, "parquet ArrowWriter, the same batches");
+    let parquet = arrow_writer(&batches, &dir.join("baseline.parquet"))?;
+
+    progress(args, "pyiceberg append, the same rows");
+    let rows_json = dir.join("rows.jsonl");
+    write_rows_json(&batches, &rows_json)?;
+    let pyiceberg = pyiceberg_append(dir, &rows_json, rows)?;
+    Ok((sluice, parquet, pyiceberg, exact))
+}
+
+/// The Parquet data files of the warehouse (the table's; staging is empty after a run).
+fn data_files(warehouse: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![warehouse.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "parquet") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn read_batches(files: &[PathBuf]) -> anyhow::Result<Vec<RecordBatch>> {
+    let mut batches = Vec::new();
+    for path in files {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?)?
+            .with_batch_size(16 * 1024)
+            .build()?;
+        for batch in reader {
+            batches.push(batch?);
+        }
+    }
+    Ok(batches)
+}
+
+fn sum_views(batches: &[RecordBatch]) -> anyhow::Result<i64> {
+    let mut sum = 0;
+    for batch in batches {
+        let column = batch.column_by_name("views").context("no views column")?;
+        let views = column
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .context("views is not Int64")?;
+        sum += views.iter().flatten().sum::<i64>();
+    }
+    Ok(sum)
+}
+
+/// The limit: the batches written straight to one Parquet file.
+fn arrow_writer(batches: &[RecordBatch], path: &Path) -> anyhow::Result<Figure> {
+    let Some(first) = batches.first() else {
+        bail!("the table holds no rows");
+    };
+    let started = Instant::now();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(path)?, first.schema(), None)?;
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    let file = writer.into_inner()?;
+    file.sync_all()?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok(Figure {
+        rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+        secs,
+        bytes: std::fs::metadata(path)?.len(),
+    })
+}
+
+fn write_rows_json(batches: &[RecordBatch], path: &Path) -> anyhow::Result<()> {
+    let mut writer =
+        arrow_json::LineDelimitedWriter::new(std::io::BufWriter::new(std::fs::File::create(path)?));
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    Ok(())
+}
+
+/// What a user would otherwise write: pyiceberg reading the rows as JSON lines, building
+/// a pyarrow table and appending it to a table of its own in a catalog of its own.
+fn pyiceberg_append(dir: &Path, rows_json: &Path, rows: u64) -> anyhow::Result<Figure> {
+    let script = dir.join("append.py");
+    std::fs::write(&script, APPEND_PY)?;
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(rows_json)
+        .arg(dir.join("py-catalog.db"))
+        .arg(dir.join("py-warehouse"))
+        .output()
+        .context("running python3")?;
+    ensure!(
+        out.status.success(),
+        "the pyiceberg baseline failed (is pyiceberg[sql-sqlite,pyarrow] installed?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("pyiceberg printed {}", String::from_utf8_lossy(&out.stdout)))?;
+    ensure!(
+        figures["rows"].as_u64() == Some(rows),
+        "pyiceberg appended {} rows, not {rows}",
+        figures["rows"]
+    );
+    Ok(Figure {
+        rows,
+        secs: figures["secs"].as_f64().context("secs")?,
+        bytes: data_files(&dir.join("py-warehouse"))?
+            .iter()
+            .map(|p| p.metadata().map_or(0, |m| m.len()))
+            .sum(),
+    })
+}
