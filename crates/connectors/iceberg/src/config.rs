@@ -1,6 +1,7 @@
 //! What the user writes: the endpoint (catalog, warehouse, namespace, file size, commit
 //! cadence) and each binding's resource (its table).
 
+use crate::catalog::CatalogLocation;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_sink_sdk::SinkError;
@@ -18,7 +19,8 @@ pub const MIN_TARGET_FILE_SIZE: u64 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
-    /// The SQLite catalog file (pyiceberg's `SqlCatalog` layout), created if missing.
+    /// The catalog (pyiceberg's `SqlCatalog` layout): a SQLite file, created if missing
+    /// (`sqlite:` and `sqlite:///` prefixes allowed), or a `postgres://` URL.
     pub catalog: String,
     /// The warehouse directory on the local filesystem, where tables live.
     pub warehouse: PathBuf,
@@ -61,12 +63,6 @@ impl EndpointConfig {
             serde_path_to_error::deserialize(value.clone()).map_err(|e| {
                 SinkError::Config(format!("iceberg endpoint: {} ({})", e.inner(), e.path()))
             })?;
-        if config.catalog.starts_with("postgres://") || config.catalog.starts_with("postgresql://")
-        {
-            return Err(SinkError::Config(
-                "iceberg endpoint: `catalog` must be a SQLite file path; a PostgreSQL catalog is not supported yet".into(),
-            ));
-        }
         if config.catalog.is_empty() {
             return Err(SinkError::Config(
                 "iceberg endpoint: `catalog` is empty".into(),
@@ -95,6 +91,15 @@ impl EndpointConfig {
             ));
         }
         Ok(config)
+    }
+
+    /// Where the catalog is.
+    pub fn catalog_location(&self) -> CatalogLocation {
+        if self.catalog.starts_with("postgres://") || self.catalog.starts_with("postgresql://") {
+            CatalogLocation::Postgres(self.catalog.clone())
+        } else {
+            CatalogLocation::Sqlite(self.catalog_path())
+        }
     }
 
     /// The catalog file's path (a `sqlite:` or `sqlite:///` prefix is allowed).
@@ -152,7 +157,6 @@ mod tests {
             json!({"catalog": "/c.db", "warehouse": "/wh", "commit_every": 0}),
             json!({"catalog": "/c.db", "warehouse": "/wh", "target_file_size": 10}),
             json!({"catalog": "/c.db", "warehouse": "/wh", "namespace": "a-b"}),
-            json!({"catalog": "postgres://x/y", "warehouse": "/wh"}),
             json!({"warehouse": "/wh"}),
         ] {
             assert!(
@@ -178,5 +182,10 @@ mod tests {
         assert_eq!(c.catalog_path(), PathBuf::from("/tmp/c.db"));
         c.catalog = "rel/c.db".into();
         assert_eq!(c.catalog_path(), PathBuf::from("rel/c.db"));
+        c.catalog = "postgres://u@h/db".into();
+        assert_eq!(
+            c.catalog_location(),
+            CatalogLocation::Postgres("postgres://u@h/db".into())
+        );
     }
 }

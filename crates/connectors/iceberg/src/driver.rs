@@ -22,7 +22,7 @@
 //! calls on the calling worker (Parquet pages are buffered, a write reaches the disk at
 //! most once per row group).
 
-use crate::catalog::SqlCatalog;
+use crate::catalog::{CatalogLocation, SqlCatalog};
 use crate::commit::{self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Owner, StagedFile};
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::schema::{self, Column, TXN_COLUMN, TableChange};
@@ -122,7 +122,7 @@ impl IcebergSink {
         if let Some(c) = &self.catalog {
             return Ok(c.clone());
         }
-        let c = SqlCatalog::open(&self.config.catalog_path(), &self.config.warehouse)
+        let c = SqlCatalog::connect(&self.config.catalog_location(), &self.config.warehouse)
             .await
             .map_err(|e| SinkError::External(format!("cannot open the Iceberg catalog: {e}")))?;
         self.catalog = Some(c.clone());
@@ -167,7 +167,12 @@ impl IcebergSink {
 
     async fn plan(&mut self, bindings: &[SinkBinding]) -> Result<Vec<TableChange>> {
         let ns = self.namespace()?;
-        let catalog_exists = self.config.catalog_path().exists();
+        // Read-only where it can be: a SQLite catalog that does not exist yet is not
+        // created to be read (every table is then to create).
+        let catalog_exists = match self.config.catalog_location() {
+            CatalogLocation::Sqlite(path) => path.exists(),
+            CatalogLocation::Postgres(_) => true,
+        };
         let catalog = if catalog_exists {
             Some(self.catalog().await?)
         } else {
