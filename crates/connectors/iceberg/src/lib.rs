@@ -14,7 +14,7 @@
 //! (or database).
 //!
 //! Layout: `config.rs` (what the user writes), `driver.rs` (the [`EpochSink`]),
-//! `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
+//! `staging.rs` (Parquet writers, file walks), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
 //! schema evolution, which epochs a table still lacks), `read.rs` (reading back, for
 //! tests and benches).
 //!
@@ -26,6 +26,7 @@ pub mod config;
 mod driver;
 pub mod read;
 pub mod schema;
+mod staging;
 
 pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
