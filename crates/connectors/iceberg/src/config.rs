@@ -1,5 +1,8 @@
 //! What the user writes: the endpoint (catalog, warehouse, namespace, file size, commit
-//! cadence) and each binding's resource (its table).
+//! cadence) and each binding's resource (its table), with their JSON schemas.
+//!
+//! Parsing is strict: unknown properties are errors, and every error names the field
+//! that is wrong.
 
 use crate::catalog::CatalogLocation;
 use serde::Deserialize;
@@ -14,6 +17,61 @@ pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 /// The smallest file size accepted: below a Parquet row group's footprint, rolling over
 /// would make a file per batch.
 pub const MIN_TARGET_FILE_SIZE: u64 = 64 * 1024;
+
+/// JSON schema of [`EndpointConfig`].
+pub const ENDPOINT_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Iceberg endpoint",
+  "type": "object",
+  "required": ["catalog", "warehouse"],
+  "additionalProperties": false,
+  "properties": {
+    "catalog": {
+      "type": "string",
+      "minLength": 1,
+      "description": "The SQL catalog, in pyiceberg's SqlCatalog layout (catalog name \"sluice\"): a SQLite file (created if missing) or a postgres:// URL."
+    },
+    "warehouse": {
+      "type": "string",
+      "minLength": 1,
+      "description": "Directory on the local filesystem where tables live (created if missing)."
+    },
+    "namespace": {
+      "type": "string",
+      "default": "sluice",
+      "pattern": "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$",
+      "description": "Namespace of the tables (created if missing); dots separate levels."
+    },
+    "target_file_size": {
+      "type": "integer",
+      "minimum": 65536,
+      "default": 134217728,
+      "description": "Bytes after which a Parquet data file is closed and the next begun."
+    },
+    "commit_every": {
+      "type": "integer",
+      "minimum": 1,
+      "default": 1,
+      "description": "Commit a snapshot every this many transactions (and at close); the ones between are decided but not yet visible."
+    }
+  }
+}"#;
+
+/// JSON schema of [`ResourceConfig`].
+pub const RESOURCE_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Iceberg table",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {
+    "table": {
+      "type": "string",
+      "pattern": "^[A-Za-z0-9_]+$",
+      "description": "Name of the table in the namespace: the binding's columns, then _txn and _op."
+    }
+  }
+}"#;
 
 /// The endpoint configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -172,6 +230,21 @@ mod tests {
             ResourceConfig::parse(&json!({"table": "a.b"})),
             Err(SinkError::Config(_))
         ));
+    }
+
+    #[test]
+    fn the_schemas_are_json_and_agree_with_the_defaults() {
+        let e: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_eq!(
+            e["properties"]["target_file_size"]["default"],
+            DEFAULT_TARGET_FILE_SIZE
+        );
+        assert_eq!(
+            e["properties"]["target_file_size"]["minimum"],
+            MIN_TARGET_FILE_SIZE
+        );
+        let r: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        assert_eq!(r["required"], json!(["table"]));
     }
 
     #[test]
