@@ -285,10 +285,15 @@ impl IcebergSink {
         Ok(())
     }
 
-    /// Removes every file under our attempt prefixes that no snapshot of the table and
-    /// no decided pending epoch holds.
+    /// Removes the files under our attempt prefixes that no snapshot of the table and no
+    /// decided pending epoch holds, in the epoch folders above the table's last epoch
+    /// of ours (`sluice.txn`): the folders of committed epochs are left alone, so a clean
+    /// restart reads no manifest. A file is removed only after the manifests of every
+    /// snapshot were read and none names it (the ancestry alone could undercount, after
+    /// an expired snapshot).
     async fn sweep_orphans(&mut self) -> Result<()> {
-        let catalog = self.catalog.as_ref().expect("open");
+        let catalog = self.catalog.clone().expect("open");
+        let owner = self.owner()?;
         let keep: HashSet<&str> = self
             .pending
             .iter()
@@ -296,19 +301,36 @@ impl IcebergSink {
             .collect();
         for bound in &self.tables {
             let dir = local_path(&bound.attempt_prefix);
-            let candidates: Vec<String> = list_files(&dir)
-                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?
-                .into_iter()
-                .map(|p| format!("file://{}", p.display()))
-                .filter(|p| !keep.contains(p.as_str()))
-                .collect();
-            if candidates.is_empty() {
+            let files = list_files(&dir)
+                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?;
+            if files.is_empty() {
                 continue;
             }
             let table = catalog
                 .load_table(&bound.ident)
                 .await
                 .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let committed = commit::committed_txn(table.metadata(), &owner)?;
+            let candidates: Vec<String> = files
+                .into_iter()
+                .filter(|p| {
+                    // `<attempt prefix>/<epoch>/<file>`; anything else is a candidate too.
+                    let epoch = p
+                        .strip_prefix(&dir)
+                        .ok()
+                        .and_then(|rest| rest.iter().next())
+                        .and_then(|e| e.to_str()?.parse::<u64>().ok());
+                    match (epoch, committed) {
+                        (Some(e), Some(c)) => e > c,
+                        _ => true,
+                    }
+                })
+                .map(|p| format!("file://{}", p.display()))
+                .filter(|p| !keep.contains(p.as_str()))
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
             let referenced = crate::read::referenced_files(&table).await?;
             for path in candidates {
                 if !referenced.contains(&path) {
