@@ -8,7 +8,8 @@
 //!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.txn = N, skipped where an ancestor has txn >= N
 //!                     else: d's epochs stay staged, decided, until a due epoch or close
 //!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor;
-//!                     remove every file under our attempt prefix no snapshot and no decided epoch holds
+//!                     remove every file under our attempt prefix, above the table's last
+//!                     epoch of ours, that no snapshot and no decided epoch holds
 //! ```
 //!
 //! `commit_every`: an epoch whose number is a multiple commits; the ones between are
