@@ -105,7 +105,10 @@ fn orphans(dir: &Path) -> Vec<String> {
         let orphans = sluice_iceberg::orphan_files(&catalog).await.unwrap();
         // Data files only: a commit cut before its catalog swap leaves metadata behind,
         // as any Iceberg writer's does (see torture/store.rs).
-        orphans.into_iter().filter(|f| f.ends_with(".parquet")).collect()
+        orphans
+            .into_iter()
+            .filter(|f| f.ends_with(".parquet"))
+            .collect()
     })
 }
 

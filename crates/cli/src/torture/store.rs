@@ -254,7 +254,10 @@ pub fn iceberg_orphans(store: &Store) -> anyhow::Result<Vec<String>> {
     block_on(async {
         let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
         let orphans = sluice_iceberg::orphan_files(&catalog).await?;
-        Ok(orphans.into_iter().filter(|f| f.ends_with(".parquet")).collect())
+        Ok(orphans
+            .into_iter()
+            .filter(|f| f.ends_with(".parquet"))
+            .collect())
     })
 }
 

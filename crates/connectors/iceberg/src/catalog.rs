@@ -24,8 +24,13 @@
 //!   `Transaction::commit` then cannot rebase an append onto metadata the caller has not
 //!   inspected (the sink's exactly-once check reads the base before committing).
 //!
-//! Threads: rusqlite is synchronous; every statement runs on tokio's blocking pool
-//! (`spawn_blocking`), one at a time through the connection's mutex.
+//! The same tables and statements work on PostgreSQL (`catalog: postgres://…`, over
+//! tokio-postgres without TLS), the layout pyiceberg's `SqlCatalog` creates there too.
+//! Statements are written with `$n` parameters (`?n` for SQLite), every value a string.
+//!
+//! Threads: rusqlite is synchronous; every SQLite statement runs on tokio's blocking
+//! pool (`spawn_blocking`), one at a time through the connection's mutex. A PostgreSQL
+//! statement runs on the caller's task, with a timeout ([`STATEMENT_TIMEOUT`]).
 
 use async_trait::async_trait;
 use iceberg::io::FileIO;
@@ -35,7 +40,7 @@ use iceberg::{
     Catalog, Error, ErrorKind, MetadataLocation, Namespace, NamespaceIdent, Result, Runtime,
     TableCommit, TableCreation, TableIdent,
 };
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::str::FromStr;
@@ -50,6 +55,10 @@ const TABLE_TYPE: &str = "TABLE";
 /// How long a statement waits for another process's lock on the catalog file (pyiceberg
 /// holds it only for the length of one statement).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a PostgreSQL statement may take before it is a (retryable) error: catalog
+/// statements touch one row, so anything near this is a stuck server.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// pyiceberg's DDL (SQLAlchemy's, for SQLite), so either side may create the file.
 const SCHEMA: &str = "
@@ -73,9 +82,27 @@ CREATE TABLE IF NOT EXISTS iceberg_namespace_properties (
 /// Tables of this type (or of none: pyiceberg's v0 rows) are tables, not views.
 const IS_TABLE: &str = "(iceberg_type = 'TABLE' OR iceberg_type IS NULL)";
 
+/// Where the catalog's tables are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogLocation {
+    /// A SQLite file (created if missing).
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL URL (`postgres://…`), no TLS.
+    Postgres(String),
+}
+
+#[derive(Debug)]
+enum Backend {
+    Sqlite(Mutex<Connection>),
+    Postgres(tokio::sync::Mutex<tokio_postgres::Client>),
+}
+
+type Params = Vec<Option<String>>;
+type Row = Vec<Option<String>>;
+
 #[derive(Debug)]
 struct Inner {
-    conn: Mutex<Connection>,
+    backend: Backend,
     /// `file:///…` of the warehouse directory.
     warehouse: String,
     file_io: FileIO,
@@ -101,28 +128,59 @@ impl SqlCatalog {
     /// Opens (creating if needed) the catalog file `path`, with tables under `warehouse`.
     /// Must run inside a tokio runtime (tables spawn their scans on it).
     pub async fn open(path: &Path, warehouse: &Path) -> Result<SqlCatalog> {
+        SqlCatalog::connect(&CatalogLocation::Sqlite(path.to_path_buf()), warehouse).await
+    }
+
+    /// Opens the catalog at `location` (creating its tables if missing), with tables
+    /// under `warehouse`. Must run inside a tokio runtime.
+    pub async fn connect(location: &CatalogLocation, warehouse: &Path) -> Result<SqlCatalog> {
         let warehouse = warehouse_url(warehouse).map_err(|e| {
             io_error(
                 format!("cannot create the warehouse {}", warehouse.display()),
                 e,
             )
         })?;
-        let path = path.to_path_buf();
-        let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| io_error(format!("cannot create {}", parent.display()), e))?;
+        let backend = match location {
+            CatalogLocation::Sqlite(path) => {
+                let path = path.clone();
+                let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
+                    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                        std::fs::create_dir_all(parent).map_err(|e| {
+                            io_error(format!("cannot create {}", parent.display()), e)
+                        })?;
+                    }
+                    let conn = Connection::open(&path).map_err(sql_error)?;
+                    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_error)?;
+                    conn.execute_batch(SCHEMA).map_err(sql_error)?;
+                    Ok(conn)
+                })
+                .await
+                .map_err(join_error)??;
+                Backend::Sqlite(Mutex::new(conn))
             }
-            let conn = Connection::open(&path).map_err(sql_error)?;
-            conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_error)?;
-            conn.execute_batch(SCHEMA).map_err(sql_error)?;
-            Ok(conn)
-        })
-        .await
-        .map_err(join_error)??;
+            CatalogLocation::Postgres(url) => {
+                let (client, connection) = tokio::time::timeout(
+                    STATEMENT_TIMEOUT,
+                    tokio_postgres::connect(url, tokio_postgres::NoTls),
+                )
+                .await
+                .map_err(|_| timeout_error("connecting to the PostgreSQL catalog"))?
+                .map_err(pg_error)?;
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::warn!(error = %e, "the PostgreSQL catalog connection ended");
+                    }
+                });
+                tokio::time::timeout(STATEMENT_TIMEOUT, client.batch_execute(SCHEMA))
+                    .await
+                    .map_err(|_| timeout_error("creating the catalog tables"))?
+                    .map_err(pg_error)?;
+                Backend::Postgres(tokio::sync::Mutex::new(client))
+            }
+        };
         Ok(SqlCatalog {
             inner: Arc::new(Inner {
-                conn: Mutex::new(conn),
+                backend,
                 warehouse,
                 file_io: FileIO::new_with_fs(),
                 runtime: Runtime::try_current()?,
@@ -148,49 +206,122 @@ impl SqlCatalog {
         &self.inner.warehouse
     }
 
-    async fn blocking<T, F>(&self, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
-    {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&conn).map_err(sql_error)
-        })
-        .await
-        .map_err(join_error)?
+    /// The rows of `sql` (`$n` parameters), every column as text.
+    async fn query(&self, sql: String, params: Params) -> Result<Vec<Row>> {
+        match &self.inner.backend {
+            Backend::Sqlite(_) => {
+                let inner = self.inner.clone();
+                tokio::task::spawn_blocking(move || {
+                    let Backend::Sqlite(conn) = &inner.backend else {
+                        unreachable!()
+                    };
+                    let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut stmt = conn.prepare(&sqlite_sql(&sql)).map_err(sql_error)?;
+                    let n = stmt.column_count();
+                    let rows = stmt
+                        .query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                            (0..n).map(|i| r.get::<_, Option<String>>(i)).collect()
+                        })
+                        .map_err(sql_error)?;
+                    rows.collect::<rusqlite::Result<Vec<Row>>>()
+                        .map_err(sql_error)
+                })
+                .await
+                .map_err(join_error)?
+            }
+            Backend::Postgres(client) => {
+                let client = client.lock().await;
+                let refs = pg_params(&params);
+                let rows = tokio::time::timeout(STATEMENT_TIMEOUT, client.query(&sql, &refs))
+                    .await
+                    .map_err(|_| timeout_error("a catalog query"))?
+                    .map_err(pg_error)?;
+                rows.iter()
+                    .map(|r| {
+                        (0..r.len())
+                            .map(|i| r.try_get::<_, Option<String>>(i).map_err(pg_error))
+                            .collect()
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Runs `statements` in one transaction; the rows each changed.
+    async fn execute(&self, statements: Vec<(String, Params)>) -> Result<Vec<u64>> {
+        match &self.inner.backend {
+            Backend::Sqlite(_) => {
+                let inner = self.inner.clone();
+                tokio::task::spawn_blocking(move || {
+                    let Backend::Sqlite(conn) = &inner.backend else {
+                        unreachable!()
+                    };
+                    let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                    let tx = conn.unchecked_transaction().map_err(sql_error)?;
+                    let mut changed = Vec::with_capacity(statements.len());
+                    for (sql, params) in &statements {
+                        let n = tx
+                            .execute(&sqlite_sql(sql), rusqlite::params_from_iter(params.iter()))
+                            .map_err(sql_error)?;
+                        changed.push(n as u64);
+                    }
+                    tx.commit().map_err(sql_error)?;
+                    Ok(changed)
+                })
+                .await
+                .map_err(join_error)?
+            }
+            Backend::Postgres(client) => {
+                let mut client = client.lock().await;
+                let work = async {
+                    let tx = client.transaction().await?;
+                    let mut changed = Vec::with_capacity(statements.len());
+                    for (sql, params) in &statements {
+                        changed.push(tx.execute(sql.as_str(), &pg_params(params)).await?);
+                    }
+                    tx.commit().await?;
+                    Ok::<_, tokio_postgres::Error>(changed)
+                };
+                tokio::time::timeout(STATEMENT_TIMEOUT, work)
+                    .await
+                    .map_err(|_| timeout_error("a catalog update"))?
+                    .map_err(pg_error)
+            }
+        }
+    }
+
+    async fn execute_one(&self, sql: String, params: Params) -> Result<u64> {
+        Ok(self.execute(vec![(sql, params)]).await?[0])
     }
 
     /// The table's current metadata location, or `None` when there is no such table.
     pub async fn metadata_location(&self, ident: &TableIdent) -> Result<Option<String>> {
-        let (ns, name) = (ns_string(ident.namespace()), ident.name().to_string());
-        self.blocking(move |c| {
-            c.query_row(
-                &format!(
+        let rows = self
+            .query(
+                format!(
                     "SELECT metadata_location FROM iceberg_tables
-                     WHERE catalog_name = ?1 AND table_namespace = ?2 AND table_name = ?3
+                     WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3
                        AND {IS_TABLE}"
                 ),
-                params![CATALOG_NAME, ns, name],
-                |r| r.get::<_, Option<String>>(0),
+                strings([CATALOG_NAME, &ns_string(ident.namespace()), ident.name()]),
             )
-            .optional()
-            .map(Option::flatten)
-        })
-        .await
+            .await?;
+        Ok(rows.into_iter().next().and_then(|mut r| r.swap_remove(0)))
     }
 
     async fn namespace_rows(&self) -> Result<BTreeSet<String>> {
-        self.blocking(|c| {
-            let mut stmt = c.prepare(
-                "SELECT namespace FROM iceberg_namespace_properties WHERE catalog_name = ?1
-                 UNION SELECT table_namespace FROM iceberg_tables WHERE catalog_name = ?1",
-            )?;
-            let rows = stmt.query_map(params![CATALOG_NAME], |r| r.get::<_, String>(0))?;
-            rows.collect()
-        })
-        .await
+        let rows = self
+            .query(
+                "SELECT namespace FROM iceberg_namespace_properties WHERE catalog_name = $1
+                 UNION SELECT table_namespace FROM iceberg_tables WHERE catalog_name = $1"
+                    .into(),
+                strings([CATALOG_NAME]),
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut r| r.swap_remove(0))
+            .collect())
     }
 
     fn build_table(
@@ -209,57 +340,57 @@ impl SqlCatalog {
     }
 
     async fn properties(&self, ns: &str) -> Result<HashMap<String, String>> {
-        let ns = ns.to_string();
-        self.blocking(move |c| {
-            let mut stmt = c.prepare(
+        let rows = self
+            .query(
                 "SELECT property_key, property_value FROM iceberg_namespace_properties
-                 WHERE catalog_name = ?1 AND namespace = ?2",
-            )?;
-            let rows = stmt.query_map(params![CATALOG_NAME, ns], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect()
-        })
-        .await
+                 WHERE catalog_name = $1 AND namespace = $2"
+                    .into(),
+                strings([CATALOG_NAME, ns]),
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut r| Some((r[0].take()?, r[1].take()?)))
+            .collect())
     }
 
     async fn write_properties(&self, ns: &str, properties: HashMap<String, String>) -> Result<()> {
-        let ns = ns.to_string();
-        self.blocking(move |c| {
-            let tx = c.unchecked_transaction()?;
-            tx.execute(
-                "DELETE FROM iceberg_namespace_properties WHERE catalog_name = ?1 AND namespace = ?2",
-                params![CATALOG_NAME, ns],
-            )?;
-            let mut properties = properties;
-            if properties.is_empty() {
-                properties.insert("exists".into(), "true".into());
-            }
-            for (k, v) in properties {
-                tx.execute(
-                    "INSERT INTO iceberg_namespace_properties
-                     (catalog_name, namespace, property_key, property_value) VALUES (?1, ?2, ?3, ?4)",
-                    params![CATALOG_NAME, ns, k, v],
-                )?;
-            }
-            tx.commit()
-        })
-        .await
+        let mut properties = properties;
+        if properties.is_empty() {
+            properties.insert("exists".into(), "true".into());
+        }
+        let mut statements = vec![(
+            "DELETE FROM iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2"
+                .to_string(),
+            strings([CATALOG_NAME, ns]),
+        )];
+        for (k, v) in &properties {
+            statements.push((
+                "INSERT INTO iceberg_namespace_properties
+                 (catalog_name, namespace, property_key, property_value) VALUES ($1, $2, $3, $4)"
+                    .into(),
+                strings([CATALOG_NAME, ns, k, v]),
+            ));
+        }
+        self.execute(statements).await?;
+        Ok(())
     }
 
     async fn insert_table(&self, ident: &TableIdent, location: &str) -> Result<()> {
-        let (ns, name, location) = (
-            ns_string(ident.namespace()),
-            ident.name().to_string(),
-            location.to_string(),
-        );
         let inserted = self
-            .blocking(move |c| {
-                c.execute(
-                    "INSERT OR IGNORE INTO iceberg_tables (catalog_name, table_namespace, table_name,
-                     metadata_location, previous_metadata_location, iceberg_type)
-                     VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
-                    params![CATALOG_NAME, ns, name, location, TABLE_TYPE],
-                )
-            })
+            .execute_one(
+                "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name,
+                 metadata_location, previous_metadata_location, iceberg_type)
+                 VALUES ($1, $2, $3, $4, NULL, $5) ON CONFLICT DO NOTHING"
+                    .into(),
+                strings([
+                    CATALOG_NAME,
+                    &ns_string(ident.namespace()),
+                    ident.name(),
+                    location,
+                    TABLE_TYPE,
+                ]),
+            )
             .await?;
         if inserted == 0 {
             return Err(Error::new(
@@ -269,6 +400,40 @@ impl SqlCatalog {
         }
         Ok(())
     }
+}
+
+fn strings<const N: usize>(values: [&str; N]) -> Params {
+    values.iter().map(|v| Some(v.to_string())).collect()
+}
+
+/// SQLite spells `$n` as `?n`.
+fn sqlite_sql(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
+fn pg_params(params: &Params) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
+}
+
+fn pg_error(e: tokio_postgres::Error) -> Error {
+    // A closed connection or a serialization failure may pass; a bad statement will not.
+    let retryable = e.is_closed()
+        || e.code().is_none_or(|c| {
+            *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+        });
+    Error::new(ErrorKind::Unexpected, format!("PostgreSQL catalog: {e}")).with_retryable(retryable)
+}
+
+fn timeout_error(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Unexpected,
+        format!("{what} took longer than {STATEMENT_TIMEOUT:?}"),
+    )
+    .with_retryable(true)
 }
 
 fn ns_string(ns: &NamespaceIdent) -> String {
@@ -376,32 +541,29 @@ impl Catalog for SqlCatalog {
                 format!("namespace {} is not empty", ns_string(namespace)),
             ));
         }
-        let ns = ns_string(namespace);
-        self.blocking(move |c| {
-            c.execute(
-                "DELETE FROM iceberg_namespace_properties WHERE catalog_name = ?1 AND namespace = ?2",
-                params![CATALOG_NAME, ns],
-            )
-        })
+        self.execute_one(
+            "DELETE FROM iceberg_namespace_properties WHERE catalog_name = $1 AND namespace = $2"
+                .into(),
+            strings([CATALOG_NAME, &ns_string(namespace)]),
+        )
         .await?;
         Ok(())
     }
 
     async fn list_tables(&self, namespace: &NamespaceIdent) -> Result<Vec<TableIdent>> {
-        let ns = ns_string(namespace);
-        let names: Vec<String> = self
-            .blocking(move |c| {
-                let mut stmt = c.prepare(&format!(
+        let rows = self
+            .query(
+                format!(
                     "SELECT table_name FROM iceberg_tables
-                     WHERE catalog_name = ?1 AND table_namespace = ?2 AND {IS_TABLE}
+                     WHERE catalog_name = $1 AND table_namespace = $2 AND {IS_TABLE}
                      ORDER BY table_name"
-                ))?;
-                let rows = stmt.query_map(params![CATALOG_NAME, ns], |r| r.get(0))?;
-                rows.collect()
-            })
+                ),
+                strings([CATALOG_NAME, &ns_string(namespace)]),
+            )
             .await?;
-        Ok(names
+        Ok(rows
             .into_iter()
+            .filter_map(|mut r| r.swap_remove(0))
             .map(|n| TableIdent::new(namespace.clone(), n))
             .collect())
     }
@@ -456,18 +618,15 @@ impl Catalog for SqlCatalog {
     }
 
     async fn drop_table(&self, ident: &TableIdent) -> Result<()> {
-        let (ns, name) = (ns_string(ident.namespace()), ident.name().to_string());
         let deleted = self
-            .blocking(move |c| {
-                c.execute(
-                    &format!(
-                        "DELETE FROM iceberg_tables
-                         WHERE catalog_name = ?1 AND table_namespace = ?2 AND table_name = ?3
-                           AND {IS_TABLE}"
-                    ),
-                    params![CATALOG_NAME, ns, name],
-                )
-            })
+            .execute_one(
+                format!(
+                    "DELETE FROM iceberg_tables
+                     WHERE catalog_name = $1 AND table_namespace = $2 AND table_name = $3
+                       AND {IS_TABLE}"
+                ),
+                strings([CATALOG_NAME, &ns_string(ident.namespace()), ident.name()]),
+            )
             .await?;
         if deleted == 0 {
             return Err(no_table(ident));
@@ -498,19 +657,21 @@ impl Catalog for SqlCatalog {
                 format!("table {dest} already exists"),
             ));
         }
-        let (sns, sname) = (ns_string(src.namespace()), src.name().to_string());
-        let (dns, dname) = (ns_string(dest.namespace()), dest.name().to_string());
         let renamed = self
-            .blocking(move |c| {
-                c.execute(
-                    &format!(
-                        "UPDATE iceberg_tables SET table_namespace = ?1, table_name = ?2
-                         WHERE catalog_name = ?3 AND table_namespace = ?4 AND table_name = ?5
-                           AND {IS_TABLE}"
-                    ),
-                    params![dns, dname, CATALOG_NAME, sns, sname],
-                )
-            })
+            .execute_one(
+                format!(
+                    "UPDATE iceberg_tables SET table_namespace = $1, table_name = $2
+                     WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5
+                       AND {IS_TABLE}"
+                ),
+                strings([
+                    &ns_string(dest.namespace()),
+                    dest.name(),
+                    CATALOG_NAME,
+                    &ns_string(src.namespace()),
+                    src.name(),
+                ]),
+            )
             .await?;
         if renamed == 0 {
             return Err(no_table(src));
@@ -552,24 +713,25 @@ impl Catalog for SqlCatalog {
             format!("injected by fail point {}", crate::MID_APPLY)
         )
         .with_retryable(true)));
-        let (ns, name, new, old) = (
-            ns_string(ident.namespace()),
-            ident.name().to_string(),
-            location.clone(),
-            base.clone(),
-        );
+        // The compare-and-swap: only from the base this commit was computed on. ($6 is
+        // $2 again: PostgreSQL types each parameter once, by its first use.)
         let swapped = self
-            .blocking(move |c| {
-                c.execute(
-                    &format!(
-                        "UPDATE iceberg_tables
-                         SET metadata_location = ?1, previous_metadata_location = ?2
-                         WHERE catalog_name = ?3 AND table_namespace = ?4 AND table_name = ?5
-                           AND {IS_TABLE} AND metadata_location = ?2"
-                    ),
-                    params![new, old, CATALOG_NAME, ns, name],
-                )
-            })
+            .execute_one(
+                format!(
+                    "UPDATE iceberg_tables
+                     SET metadata_location = $1, previous_metadata_location = $2
+                     WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5
+                       AND {IS_TABLE} AND metadata_location = $6"
+                ),
+                strings([
+                    &location,
+                    &base,
+                    CATALOG_NAME,
+                    &ns_string(ident.namespace()),
+                    ident.name(),
+                    &base,
+                ]),
+            )
             .await?;
         if swapped == 0 {
             // Nobody references the file we wrote: remove it (a leftover is harmless).

@@ -17,7 +17,9 @@
 //! (again) therefore walks the ancestry of the current snapshot ([`committed_txn`]),
 //! keeps only the epochs above it ([`decide`], pure), and appends those on top of
 //! exactly the metadata it read (a pinned catalog): a concurrent commit fails the swap
-//! and the walk starts over.
+//! and the walk starts over. iceberg's duplicate-file check stays on behind ours: a
+//! staged file the table holds already although the ancestry does not say so (an
+//! expired ancestor) is `Corrupt`, never appended twice.
 
 use crate::catalog::SqlCatalog;
 use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
@@ -229,6 +231,19 @@ pub async fn commit_table(
             Err(e) if e.kind() == ErrorKind::CatalogCommitConflicts => {
                 tracing::info!(table = %ident, txn, "Iceberg commit lost a swap; reading the table again");
                 continue;
+            }
+            // iceberg's own duplicate check (it reads the current snapshot's manifests):
+            // our files are in the table though no ancestor we can see holds our txn
+            // (an expired ancestor?). Fail closed rather than guess.
+            Err(e)
+                if e.kind() == ErrorKind::DataInvalid
+                    && e.message().contains("already referenced by table") =>
+            {
+                return Err(SinkError::Corrupt(format!(
+                    "Iceberg table {ident} already holds staged files of transaction {txn}, \
+                     but no snapshot in its ancestry records {} with {SUMMARY_TXN} >= {txn}: {e}",
+                    owner.materialization
+                )));
             }
             Err(e) => {
                 return Err(external(

@@ -1,6 +1,10 @@
 //! What the user writes: the endpoint (catalog, warehouse, namespace, file size, commit
-//! cadence) and each binding's resource (its table).
+//! cadence) and each binding's resource (its table), with their JSON schemas.
+//!
+//! Parsing is strict: unknown properties are errors, and every error names the field
+//! that is wrong.
 
+use crate::catalog::CatalogLocation;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_sink_sdk::SinkError;
@@ -14,11 +18,67 @@ pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 /// would make a file per batch.
 pub const MIN_TARGET_FILE_SIZE: u64 = 64 * 1024;
 
+/// JSON schema of [`EndpointConfig`].
+pub const ENDPOINT_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Iceberg endpoint",
+  "type": "object",
+  "required": ["catalog", "warehouse"],
+  "additionalProperties": false,
+  "properties": {
+    "catalog": {
+      "type": "string",
+      "minLength": 1,
+      "description": "The SQL catalog, in pyiceberg's SqlCatalog layout (catalog name \"sluice\"): a SQLite file (created if missing) or a postgres:// URL."
+    },
+    "warehouse": {
+      "type": "string",
+      "minLength": 1,
+      "description": "Directory on the local filesystem where tables live (created if missing)."
+    },
+    "namespace": {
+      "type": "string",
+      "default": "sluice",
+      "pattern": "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$",
+      "description": "Namespace of the tables (created if missing); dots separate levels."
+    },
+    "target_file_size": {
+      "type": "integer",
+      "minimum": 65536,
+      "default": 134217728,
+      "description": "Bytes after which a Parquet data file is closed and the next begun."
+    },
+    "commit_every": {
+      "type": "integer",
+      "minimum": 1,
+      "default": 1,
+      "description": "Commit a snapshot every this many transactions (and at close); the ones between are decided but not yet visible."
+    }
+  }
+}"#;
+
+/// JSON schema of [`ResourceConfig`].
+pub const RESOURCE_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Iceberg table",
+  "type": "object",
+  "required": ["table"],
+  "additionalProperties": false,
+  "properties": {
+    "table": {
+      "type": "string",
+      "pattern": "^[A-Za-z0-9_]+$",
+      "description": "Name of the table in the namespace: the binding's columns, then _txn and _op."
+    }
+  }
+}"#;
+
 /// The endpoint configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
-    /// The SQLite catalog file (pyiceberg's `SqlCatalog` layout), created if missing.
+    /// The catalog (pyiceberg's `SqlCatalog` layout): a SQLite file, created if missing
+    /// (`sqlite:` and `sqlite:///` prefixes allowed), or a `postgres://` URL.
     pub catalog: String,
     /// The warehouse directory on the local filesystem, where tables live.
     pub warehouse: PathBuf,
@@ -61,12 +121,6 @@ impl EndpointConfig {
             serde_path_to_error::deserialize(value.clone()).map_err(|e| {
                 SinkError::Config(format!("iceberg endpoint: {} ({})", e.inner(), e.path()))
             })?;
-        if config.catalog.starts_with("postgres://") || config.catalog.starts_with("postgresql://")
-        {
-            return Err(SinkError::Config(
-                "iceberg endpoint: `catalog` must be a SQLite file path; a PostgreSQL catalog is not supported yet".into(),
-            ));
-        }
         if config.catalog.is_empty() {
             return Err(SinkError::Config(
                 "iceberg endpoint: `catalog` is empty".into(),
@@ -95,6 +149,15 @@ impl EndpointConfig {
             ));
         }
         Ok(config)
+    }
+
+    /// Where the catalog is.
+    pub fn catalog_location(&self) -> CatalogLocation {
+        if self.catalog.starts_with("postgres://") || self.catalog.starts_with("postgresql://") {
+            CatalogLocation::Postgres(self.catalog.clone())
+        } else {
+            CatalogLocation::Sqlite(self.catalog_path())
+        }
     }
 
     /// The catalog file's path (a `sqlite:` or `sqlite:///` prefix is allowed).
@@ -152,7 +215,6 @@ mod tests {
             json!({"catalog": "/c.db", "warehouse": "/wh", "commit_every": 0}),
             json!({"catalog": "/c.db", "warehouse": "/wh", "target_file_size": 10}),
             json!({"catalog": "/c.db", "warehouse": "/wh", "namespace": "a-b"}),
-            json!({"catalog": "postgres://x/y", "warehouse": "/wh"}),
             json!({"warehouse": "/wh"}),
         ] {
             assert!(
@@ -171,6 +233,21 @@ mod tests {
     }
 
     #[test]
+    fn the_schemas_are_json_and_agree_with_the_defaults() {
+        let e: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_eq!(
+            e["properties"]["target_file_size"]["default"],
+            DEFAULT_TARGET_FILE_SIZE
+        );
+        assert_eq!(
+            e["properties"]["target_file_size"]["minimum"],
+            MIN_TARGET_FILE_SIZE
+        );
+        let r: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        assert_eq!(r["required"], json!(["table"]));
+    }
+
+    #[test]
     fn sqlite_url_prefixes_become_paths() {
         let mut c =
             EndpointConfig::parse(&json!({"catalog": "sqlite:///tmp/c.db", "warehouse": "/wh"}))
@@ -178,5 +255,10 @@ mod tests {
         assert_eq!(c.catalog_path(), PathBuf::from("/tmp/c.db"));
         c.catalog = "rel/c.db".into();
         assert_eq!(c.catalog_path(), PathBuf::from("rel/c.db"));
+        c.catalog = "postgres://u@h/db".into();
+        assert_eq!(
+            c.catalog_location(),
+            CatalogLocation::Postgres("postgres://u@h/db".into())
+        );
     }
 }

@@ -8,7 +8,8 @@
 //!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.txn = N, skipped where an ancestor has txn >= N
 //!                     else: d's epochs stay staged, decided, until a due epoch or close
 //!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor;
-//!                     remove every file under our attempt prefix no snapshot and no decided epoch holds
+//!                     remove every file under our attempt prefix, above the table's last
+//!                     epoch of ours, that no snapshot and no decided epoch holds
 //! ```
 //!
 //! `commit_every`: an epoch whose number is a multiple commits; the ones between are
@@ -22,37 +23,28 @@
 //! calls on the calling worker (Parquet pages are buffered, a write reaches the disk at
 //! most once per row group).
 
-use crate::catalog::SqlCatalog;
+use crate::catalog::{CatalogLocation, SqlCatalog};
 use crate::commit::{self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Owner, StagedFile};
 use crate::config::{EndpointConfig, ResourceConfig};
-use crate::schema::{self, Column, TXN_COLUMN, TableChange};
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, new_null_array};
+use crate::schema::{self, Column, TableChange};
+use crate::staging::{
+    Writer, WriterSpec, list_files, local_path, new_writer, remove_empty_dirs, table_batch,
+};
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
-use iceberg::spec::{DataFileFormat, serialize_data_file_to_json};
+use iceberg::spec::serialize_data_file_to_json;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
-use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
-};
-use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::writer::IcebergWriter;
 use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 use serde_json::{Value, json};
-use sluice_sink_sdk::arrow::OP_COLUMN;
 use sluice_sink_sdk::{
     Consistency, EpochSink, InputMode, Placement, Recovery, Result, RuntimeContext, SchemaPlan,
     SinkBinding, SinkContract, SinkError, WriteResult,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
-
-type Writer =
-    DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 
 /// The folder under a table's data location that holds this sink's staging.
 pub const STAGING_DIR: &str = "_sluice";
@@ -122,7 +114,7 @@ impl IcebergSink {
         if let Some(c) = &self.catalog {
             return Ok(c.clone());
         }
-        let c = SqlCatalog::open(&self.config.catalog_path(), &self.config.warehouse)
+        let c = SqlCatalog::connect(&self.config.catalog_location(), &self.config.warehouse)
             .await
             .map_err(|e| SinkError::External(format!("cannot open the Iceberg catalog: {e}")))?;
         self.catalog = Some(c.clone());
@@ -167,7 +159,12 @@ impl IcebergSink {
 
     async fn plan(&mut self, bindings: &[SinkBinding]) -> Result<Vec<TableChange>> {
         let ns = self.namespace()?;
-        let catalog_exists = self.config.catalog_path().exists();
+        // Read-only where it can be: a SQLite catalog that does not exist yet is not
+        // created to be read (every table is then to create).
+        let catalog_exists = match self.config.catalog_location() {
+            CatalogLocation::Sqlite(path) => path.exists(),
+            CatalogLocation::Postgres(_) => true,
+        };
         let catalog = if catalog_exists {
             Some(self.catalog().await?)
         } else {
@@ -289,10 +286,15 @@ impl IcebergSink {
         Ok(())
     }
 
-    /// Removes every file under our attempt prefixes that no snapshot of the table and
-    /// no decided pending epoch holds.
+    /// Removes the files under our attempt prefixes that no snapshot of the table and no
+    /// decided pending epoch holds, in the epoch folders above the table's last epoch
+    /// of ours (`sluice.txn`): the folders of committed epochs are left alone, so a clean
+    /// restart reads no manifest. A file is removed only after the manifests of every
+    /// snapshot were read and none names it (the ancestry alone could undercount, after
+    /// an expired snapshot).
     async fn sweep_orphans(&mut self) -> Result<()> {
-        let catalog = self.catalog.as_ref().expect("open");
+        let catalog = self.catalog.clone().expect("open");
+        let owner = self.owner()?;
         let keep: HashSet<&str> = self
             .pending
             .iter()
@@ -300,19 +302,36 @@ impl IcebergSink {
             .collect();
         for bound in &self.tables {
             let dir = local_path(&bound.attempt_prefix);
-            let candidates: Vec<String> = list_files(&dir)
-                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?
-                .into_iter()
-                .map(|p| format!("file://{}", p.display()))
-                .filter(|p| !keep.contains(p.as_str()))
-                .collect();
-            if candidates.is_empty() {
+            let files = list_files(&dir)
+                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?;
+            if files.is_empty() {
                 continue;
             }
             let table = catalog
                 .load_table(&bound.ident)
                 .await
                 .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let committed = commit::committed_txn(table.metadata(), &owner)?;
+            let candidates: Vec<String> = files
+                .into_iter()
+                .filter(|p| {
+                    // `<attempt prefix>/<epoch>/<file>`; anything else is a candidate too.
+                    let epoch = p
+                        .strip_prefix(&dir)
+                        .ok()
+                        .and_then(|rest| rest.iter().next())
+                        .and_then(|e| e.to_str()?.parse::<u64>().ok());
+                    match (epoch, committed) {
+                        (Some(e), Some(c)) => e > c,
+                        _ => true,
+                    }
+                })
+                .map(|p| format!("file://{}", p.display()))
+                .filter(|p| !keep.contains(p.as_str()))
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
             let referenced = crate::read::referenced_files(&table).await?;
             for path in candidates {
                 if !referenced.contains(&path) {
@@ -358,35 +377,6 @@ impl IcebergSink {
     }
 }
 
-struct WriterSpec {
-    file_io: iceberg::io::FileIO,
-    schema: iceberg::spec::SchemaRef,
-    ident: String,
-    location: String,
-    prefix: String,
-    target_file_size: usize,
-}
-
-async fn new_writer(spec: WriterSpec) -> Result<Writer> {
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
-    let parquet = ParquetWriterBuilder::new(props, spec.schema);
-    let rolling = RollingFileWriterBuilder::new(
-        parquet,
-        spec.target_file_size,
-        spec.file_io,
-        DefaultLocationGenerator::with_data_location(spec.location),
-        DefaultFileNameGenerator::new(spec.prefix, None, DataFileFormat::Parquet),
-    );
-    DataFileWriterBuilder::new(rolling)
-        .build(None)
-        .await
-        .map_err(|e| {
-            SinkError::External(format!("cannot start a data file of {}: {e}", spec.ident))
-        })
-}
-
 async fn load_optional(catalog: &SqlCatalog, ident: &TableIdent) -> Result<Option<Table>> {
     let exists = catalog
         .table_exists(ident)
@@ -400,83 +390,6 @@ async fn load_optional(catalog: &SqlCatalog, ident: &TableIdent) -> Result<Optio
         .await
         .map(Some)
         .map_err(|e| SinkError::External(format!("cannot load Iceberg table {ident}: {e}")))
-}
-
-/// `/path` of a `file://` location.
-pub(crate) fn local_path(location: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(location.strip_prefix("file://").unwrap_or(location))
-}
-
-/// Every regular file under `dir` (none when it does not exist).
-pub(crate) fn list_files(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                stack.push(entry.path());
-            } else {
-                out.push(entry.path());
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Removes the empty epoch folders under `dir` (best effort: a leftover folder is harmless).
-fn remove_empty_dirs(dir: &std::path::Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_empty_dirs(&entry.path());
-                let _ = std::fs::remove_dir(entry.path());
-            }
-        }
-    }
-}
-
-/// The binding's batch as the table's: its columns by name, `_txn`, `_op` (`U` when the
-/// binding has none), nulls for optional table columns the binding lacks.
-fn table_batch(bound: &Bound, batch: &RecordBatch, epoch: u64) -> Result<RecordBatch> {
-    let rows = batch.num_rows();
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(bound.arrow.fields().len());
-    for field in bound.arrow.fields() {
-        let name = field.name().as_str();
-        let column: ArrayRef = if name == TXN_COLUMN {
-            Arc::new(Int64Array::from_value(epoch as i64, rows))
-        } else if let Some(c) = batch.column_by_name(name) {
-            if c.data_type() != field.data_type() {
-                return Err(SinkError::Schema(format!(
-                    "field {name:?} of {} is {}, but a batch holds {}: run `sluice apply`",
-                    bound.ident,
-                    field.data_type(),
-                    c.data_type()
-                )));
-            }
-            c.clone()
-        } else if name == OP_COLUMN {
-            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-                "U", rows,
-            )))
-        } else if field.is_nullable() {
-            new_null_array(field.data_type(), rows)
-        } else {
-            return Err(SinkError::Schema(format!(
-                "required field {name:?} of {} is not in the binding",
-                bound.ident
-            )));
-        };
-        columns.push(column);
-    }
-    RecordBatch::try_new(bound.arrow.clone(), columns)
-        .map_err(|e| SinkError::Schema(format!("a batch does not fit {}: {e}", bound.ident)))
 }
 
 #[async_trait]
@@ -689,7 +602,7 @@ impl EpochSink for IcebergSink {
             .tables
             .get(binding)
             .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
-        let out = table_batch(bound, batch, epoch)?;
+        let out = table_batch(&bound.arrow, &bound.ident.to_string(), batch, epoch)?;
         if writers[binding].is_none() {
             let w = new_writer(self.writer_spec(binding, epoch)).await?;
             let Epoch::Staging { writers, .. } = &mut self.epoch else {

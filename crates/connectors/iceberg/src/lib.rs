@@ -9,11 +9,12 @@
 //! materialization and the transaction, and a re-applied decision whose transaction an
 //! ancestor snapshot already holds changes nothing ([`commit`]).
 //!
-//! The catalog is our own SQL catalog over SQLite ([`catalog`]) in pyiceberg's
-//! `SqlCatalog` layout, so pyiceberg reads the tables through the same file.
+//! The catalog is our own SQL catalog over SQLite or PostgreSQL ([`catalog`]) in
+//! pyiceberg's `SqlCatalog` layout, so pyiceberg reads the tables through the same file
+//! (or database).
 //!
 //! Layout: `config.rs` (what the user writes), `driver.rs` (the [`EpochSink`]),
-//! `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
+//! `staging.rs` (Parquet writers, file walks), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
 //! schema evolution, which epochs a table still lacks), `read.rs` (reading back, for
 //! tests and benches).
 //!
@@ -25,8 +26,9 @@ pub mod config;
 mod driver;
 pub mod read;
 pub mod schema;
+mod staging;
 
-pub use catalog::{CATALOG_NAME, SqlCatalog};
+pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
 pub use driver::{IcebergSink, STAGING_DIR};
 pub use read::{open_catalog, orphan_files, read_rows, referenced_files};

@@ -3,7 +3,7 @@
 //! current metadata references (the orphan check).
 
 use crate::catalog::SqlCatalog;
-use crate::driver::{list_files, local_path};
+use crate::staging::{list_files, local_path};
 use arrow_array::{
     Array, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };

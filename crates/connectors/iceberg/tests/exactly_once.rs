@@ -172,3 +172,59 @@ async fn two_bindings_commit_to_two_tables_and_a_half_applied_decision_finishes_
     assert_eq!(rows(&f, "b").await, vec![(2, 1, "U".into())]);
     assert_eq!(common::orphans(&f).await, Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn an_expired_ancestor_fails_closed_instead_of_appending_twice() {
+    let f = Fixture::new();
+    let bindings = [binding("events")];
+    let mut ours = f.sink(json!({}), &bindings).await;
+    ours.recover(&Recovery::default()).await.unwrap();
+    let d1 = epoch(&mut ours, 1, &[(1, Some("a"), "U")]).await.unwrap();
+    let mut other = IcebergSink::new(&f.endpoint(json!({}))).unwrap();
+    other
+        .bind_runtime_context(RuntimeContext {
+            sink_id: "other".into(),
+            ..context()
+        })
+        .unwrap();
+    other.open(&bindings).await.unwrap();
+    other.recover(&Recovery::default()).await.unwrap();
+    epoch(&mut other, 1, &[(100, None, "U")]).await.unwrap();
+
+    // Maintenance expires our snapshot: its files live on in the other's manifests.
+    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+        .await
+        .unwrap();
+    let ident = iceberg::TableIdent::from_strs(["sluice", "events"]).unwrap();
+    let table = catalog.load_table(&ident).await.unwrap();
+    let ours_id = table
+        .metadata()
+        .snapshots()
+        .find(|s| {
+            s.summary()
+                .additional_properties
+                .get("sluice.materialization")
+                .map(String::as_str)
+                == Some("lake")
+        })
+        .unwrap()
+        .snapshot_id();
+    let tx = iceberg::transaction::Transaction::new(&table);
+    use iceberg::transaction::ApplyTransactionAction;
+    let tx = tx
+        .expire_snapshots()
+        .expire_snapshot_ids([ours_id])
+        .apply(tx)
+        .unwrap();
+    tx.commit(&catalog).await.unwrap();
+
+    let err = ours.commit_epoch(1, &d1).await.unwrap_err();
+    assert!(
+        matches!(&err, SinkError::Corrupt(m) if m.contains("already holds")),
+        "{err}"
+    );
+    assert_eq!(
+        rows(&f, "events").await,
+        vec![(1, 1, "U".into()), (100, 1, "U".into())]
+    );
+}

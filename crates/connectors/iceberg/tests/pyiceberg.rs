@@ -102,3 +102,46 @@ async fn pyiceberg_reads_the_rows_and_snapshots_the_sink_committed() {
     assert_eq!(snapshots[1]["sluice.materialization"], "lake");
     assert_eq!(snapshots[1]["operation"], "append");
 }
+
+#[tokio::test]
+async fn pyiceberg_reads_a_column_added_by_schema_evolution() {
+    use sluice_sink_sdk::{DataType, Field, Schema};
+    use std::sync::Arc;
+    require_pyiceberg();
+    let f = Fixture::new();
+    let mut sink = f.sink(json!({}), &[common::binding("events")]).await;
+    sink.recover(&Recovery::default()).await.unwrap();
+    epoch(&mut sink, 1, &[(1, Some("a"), "U")]).await.unwrap();
+    sink.close().await.unwrap();
+
+    // The binding gains `score`: apply adds it, and epoch 2 writes it.
+    let mut wider = common::binding("events");
+    let mut fields: Vec<Field> = wider
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.insert(2, Field::new("score", DataType::Float64, true));
+    wider.schema = Arc::new(Schema::new(fields));
+    let mut sink = f.sink(json!({}), std::slice::from_ref(&wider)).await;
+    sink.recover(&Recovery::default()).await.unwrap();
+    let base = common::batch(&[(2, Some("b"), "U")]);
+    let mut columns = base.columns().to_vec();
+    columns.insert(
+        2,
+        Arc::new(arrow_array::Float64Array::from(vec![Some(0.5)])),
+    );
+    let batch = arrow_array::RecordBatch::try_new(wider.schema.clone(), columns).unwrap();
+    sink.begin_epoch(2).await.unwrap();
+    sink.write_batch(0, &batch).await.unwrap();
+    let d = sink.pre_commit(2).await.unwrap().unwrap();
+    sink.commit_epoch(2, &d).await.unwrap();
+
+    let mut theirs = read_table(&f, "events", &[]);
+    theirs.sort_by_key(|v| v["_txn"].as_i64());
+    assert_eq!(theirs.len(), 2);
+    assert_eq!(theirs[0]["score"], Value::Null);
+    assert_eq!(theirs[1]["score"], json!(0.5));
+    assert_eq!(theirs[1]["name"], "b");
+}
