@@ -301,3 +301,22 @@ fn kafka_delta_is_refused_naming_why() {
         "{stderr}"
     );
 }
+
+#[test]
+fn iceberg_random_crashes_append_each_transaction_and_key_once_with_no_orphans() {
+    // Fail points include the sink's own mid-apply; the table is read back by pyiceberg,
+    // and a data file no snapshot references is an anomaly.
+    let out = torture(&["--store", "iceberg", "--mode", "delta", "--faults", "20"]);
+    assert_exact_after(&out, 20);
+}
+
+#[test]
+fn iceberg_refuses_standard_mode_naming_why() {
+    let out = torture(&["--store", "iceberg", "--faults", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--store iceberg is a change log"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
