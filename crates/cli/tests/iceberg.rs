@@ -1,6 +1,5 @@
 //! The Iceberg epoch sink end to end, with the `sluice` binary, read back independently
-//! by pyiceberg (`crates/connectors/iceberg/read_table.py`, through the same SQLite
-//! catalog): the table is the change log of the pipeline, one row per transaction and
+//! by pyiceberg (`sluice_iceberg::pyiceberg_read`, through the same SQLite catalog): the table is the change log of the pipeline, one row per transaction and
 //! key, `_txn` numbering them, and adds up to the input's reduction. A second run changes
 //! nothing; runs SIGKILLed at random moments and restarted leave it exact, with no file
 //! in the warehouse that the table does not reference; `sluice apply --dry-run` shows the
@@ -18,11 +17,6 @@ mod common;
 
 use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines};
 
-const READ_TABLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../connectors/iceberg/read_table.py"
-);
-
 fn write_pipeline(dir: &Path, max_docs: u64) {
     let yaml = pipeline_yaml(
         "    file: {path: views.jsonl, format: json}",
@@ -36,24 +30,13 @@ fn write_pipeline(dir: &Path, max_docs: u64) {
 
 /// Every row of the table, as pyiceberg reads it.
 fn pyiceberg_rows(dir: &Path) -> Vec<Value> {
-    let out = Command::new("python3")
-        .arg(READ_TABLE)
-        .arg(dir.join("out/catalog.db"))
-        .arg(dir.join("out/warehouse"))
-        .arg("sluice.pageviews")
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "pyiceberg could not read the table (is pyiceberg[sql-sqlite,pyarrow] installed? \
-         .ci/services installs it): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    sluice_iceberg::pyiceberg_read(
+        &dir.join("out/catalog.db"),
+        &dir.join("out/warehouse"),
+        "sluice.pageviews",
+        false,
+    )
+    .unwrap()
 }
 
 /// Checks the change log: each (transaction, key) once, transactions 1..=n each

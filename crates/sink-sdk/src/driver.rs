@@ -308,6 +308,20 @@ fn closed() -> Error {
     Error::Config("the epoch sink is closed".into())
 }
 
+/// The open stream's sink, locked for the rest of the statement (a macro, not a method:
+/// an async method returning the guard trips the `Send` check of `async_trait`).
+macro_rules! open_sink {
+    ($transactor:expr) => {
+        $transactor
+            .shared
+            .sink
+            .lock()
+            .await
+            .as_mut()
+            .ok_or_else(closed)?
+    };
+}
+
 /// The transaction number of a runtime checkpoint (the epoch it commits).
 fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
     #[derive(serde::Deserialize)]
@@ -335,13 +349,7 @@ impl Transactor for EpochTransactor {
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
         let epoch = epoch_of(&prepare.flow_checkpoint)?;
         self.epoch = Some(epoch);
-        let begun = self
-            .shared
-            .sink
-            .lock()
-            .await
-            .as_mut()
-            .ok_or_else(closed)?
+        let begun = open_sink!(self)
             .begin_epoch(epoch)
             .await
             .map_err(sink_error);
@@ -365,16 +373,7 @@ impl Transactor for EpochTransactor {
             let written = self.write_batch(binding).await;
             self.or_rollback(written).await?;
         }
-        let pre_committed = self
-            .shared
-            .sink
-            .lock()
-            .await
-            .as_mut()
-            .ok_or_else(closed)?
-            .pre_commit(epoch)
-            .await
-            .map_err(sink_error);
+        let pre_committed = open_sink!(self).pre_commit(epoch).await.map_err(sink_error);
         let descriptor = self.or_rollback(pre_committed).await?;
         self.epoch = None;
         if let Some(descriptor) = &descriptor {
@@ -386,12 +385,7 @@ impl Transactor for EpochTransactor {
 
     async fn acknowledge(&mut self) -> Result<()> {
         if let Some((epoch, descriptor)) = self.to_apply.take() {
-            self.shared
-                .sink
-                .lock()
-                .await
-                .as_mut()
-                .ok_or_else(closed)?
+            open_sink!(self)
                 .commit_epoch(epoch, &descriptor)
                 .await
                 .map_err(sink_error)?;
@@ -433,12 +427,7 @@ impl EpochTransactor {
     /// Writes the rows binding `binding`'s batch holds, if any.
     async fn write_batch(&mut self, binding: usize) -> Result<()> {
         if let Some(batch) = self.builders[binding].finish().map_err(sink_error)? {
-            self.shared
-                .sink
-                .lock()
-                .await
-                .as_mut()
-                .ok_or_else(closed)?
+            open_sink!(self)
                 .write_batch(binding, &batch)
                 .await
                 .map_err(sink_error)?;

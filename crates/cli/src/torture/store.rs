@@ -187,13 +187,21 @@ impl Store {
                 stmt.query_map([], |row| row.get::<_, String>(0))?
                     .collect::<Result<_, _>>()?
             }
-            Store::Iceberg { catalog, warehouse } => pyiceberg_rows(catalog, warehouse)?
-                .into_iter()
-                .map(|row| match row.get("flow_document") {
-                    Some(Value::String(doc)) => Ok(doc.clone()),
-                    _ => anyhow::bail!("a row without its document: {row}"),
-                })
-                .collect::<anyhow::Result<_>>()?,
+            Store::Iceberg { catalog, warehouse } => {
+                sluice_iceberg::pyiceberg_read(
+                    catalog,
+                    warehouse,
+                    &format!("sluice.{TABLE}"),
+                    false,
+                )
+                .map_err(anyhow::Error::msg)?
+            }
+            .into_iter()
+            .map(|row| match row.get("flow_document") {
+                Some(Value::String(doc)) => Ok(doc.clone()),
+                _ => anyhow::bail!("a row without its document: {row}"),
+            })
+            .collect::<anyhow::Result<_>>()?,
             Store::Server {
                 dialect,
                 url,
@@ -217,29 +225,6 @@ impl Store {
             } => dialect.execute(url, &dialect.drop_sql(namespace)),
         }
     }
-}
-
-/// Every row of the torture's Iceberg table, read by pyiceberg through the same
-/// catalog (the script the Iceberg crate ships).
-fn pyiceberg_rows(catalog: &Path, warehouse: &Path) -> anyhow::Result<Vec<Value>> {
-    let script = catalog.with_file_name("read_table.py");
-    std::fs::write(&script, sluice_iceberg::READ_TABLE_PY)?;
-    let out = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(catalog)
-        .arg(warehouse)
-        .arg(format!("sluice.{TABLE}"))
-        .output()
-        .context("running python3")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "pyiceberg could not read the table (is pyiceberg[sql-sqlite,pyarrow] installed?): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)?
-        .lines()
-        .map(|line| serde_json::from_str(line).context("pyiceberg printed a row that is not JSON"))
-        .collect()
 }
 
 /// Data files of the Iceberg store's warehouse that its table does not reference: none

@@ -37,8 +37,42 @@ use serde_json::Value;
 use sluice_sink_sdk::{EpochSink, SinkError, SinkKind};
 
 /// The independent reader: a Python script that reads a table through pyiceberg's
-/// `SqlCatalog` over the same catalog file (tests, `sluice torture`).
+/// `SqlCatalog` over the same catalog file ([`pyiceberg_read`]).
 pub const READ_TABLE_PY: &str = include_str!("../read_table.py");
+
+/// Reads table `ident` (`namespace.table`) of the SQLite catalog `catalog`
+/// independently, through pyiceberg (`python3` running [`READ_TABLE_PY`]): each row as a
+/// JSON object, or with `snapshots` each snapshot's summary, oldest first. For tests,
+/// `sluice torture` and benches; the error says how to install pyiceberg.
+pub fn pyiceberg_read(
+    catalog: &std::path::Path,
+    warehouse: &std::path::Path,
+    ident: &str,
+    snapshots: bool,
+) -> Result<Vec<Value>, String> {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(READ_TABLE_PY)
+        .arg(catalog)
+        .arg(warehouse)
+        .arg(ident)
+        .args(snapshots.then_some("--snapshots"))
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pyiceberg could not read {ident} (is `pyiceberg[sql-sqlite,pyarrow]` installed? \
+             .ci/services installs it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).map_err(|e| format!("pyiceberg printed {line:?}: {e}"))
+        })
+        .collect()
+}
 
 /// Fail points of this sink (feature `failpoints`), for `sluice torture`: between
 /// writing a snapshot's metadata and swapping the catalog to it, mid-apply.

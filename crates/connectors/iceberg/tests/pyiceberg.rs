@@ -6,7 +6,6 @@ mod common;
 use common::{Fixture, epoch};
 use serde_json::{Value, json};
 use sluice_sink_sdk::{EpochSink, Recovery};
-use std::path::Path;
 use std::process::Command;
 
 /// pyiceberg (with pyarrow and SQLAlchemy) importable by `python3`, installing it once
@@ -37,26 +36,14 @@ fn require_pyiceberg() {
     );
 }
 
-fn read_table(f: &Fixture, table: &str, extra: &[&str]) -> Vec<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("read_table.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(f.catalog_path())
-        .arg(f.warehouse())
-        .arg(format!("sluice.{table}"))
-        .args(extra)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "read_table.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+fn read_table(f: &Fixture, table: &str, snapshots: bool) -> Vec<Value> {
+    sluice_iceberg::pyiceberg_read(
+        &f.catalog_path(),
+        &f.warehouse(),
+        &format!("sluice.{table}"),
+        snapshots,
+    )
+    .unwrap()
 }
 
 #[tokio::test]
@@ -85,7 +72,7 @@ async fn pyiceberg_reads_the_rows_and_snapshots_the_sink_committed() {
             .map(Value::Object)
             .collect()
     };
-    let mut theirs = read_table(&f, "events", &[]);
+    let mut theirs = read_table(&f, "events", false);
     let key = |v: &Value| (v["_txn"].as_i64(), v["id"].as_i64());
     ours.sort_by_key(key);
     theirs.sort_by_key(key);
@@ -96,7 +83,7 @@ async fn pyiceberg_reads_the_rows_and_snapshots_the_sink_committed() {
         json!({"id": 1, "name": null, "flow_document": "{\"id\":1,\"name\":null}", "_txn": 2, "_op": "D"})
     );
 
-    let snapshots = read_table(&f, "events", &["--snapshots"]);
+    let snapshots = read_table(&f, "events", true);
     assert_eq!(snapshots.len(), 2);
     assert_eq!(snapshots[1]["sluice.txn"], "2");
     assert_eq!(snapshots[1]["sluice.materialization"], "lake");
@@ -138,7 +125,7 @@ async fn pyiceberg_reads_a_column_added_by_schema_evolution() {
     let d = sink.pre_commit(2).await.unwrap().unwrap();
     sink.commit_epoch(2, &d).await.unwrap();
 
-    let mut theirs = read_table(&f, "events", &[]);
+    let mut theirs = read_table(&f, "events", false);
     theirs.sort_by_key(|v| v["_txn"].as_i64());
     assert_eq!(theirs.len(), 2);
     assert_eq!(theirs[0]["score"], Value::Null);
