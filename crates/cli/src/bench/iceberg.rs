@@ -15,7 +15,11 @@
 //! to its closed file, pyiceberg from reading its JSON lines to its committed append.
 //! Figures: rows/s and MB/s (of Parquet written) of each, `ratio_parquet` (Sluice over
 //! ArrowWriter, rows/s) and `ratio_pyiceberg` (Sluice over pyiceberg), and `exact`:
-//! the table's rows add up to the input's views.
+//! the table's rows add up to the input's views. Sluice's figure is end to end, so it
+//! also reduces five documents per row the baselines never see; `sink_rows_per_sec` and
+//! `ratio_parquet_sink` time only the sink's part of each transaction (its Store and
+//! Commit phases, from the run's `transaction committed` lines: Arrow batches, Parquet,
+//! fsync), what ArrowWriter's figure is the limit of.
 
 use super::loads::sluice_run;
 use anyhow::{Context, bail, ensure};
@@ -82,8 +86,9 @@ pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let (sluice, parquet, pyiceberg, exact) = result?;
+    let (sluice, sink, parquet, pyiceberg, exact) = result?;
     let ratio_parquet = sluice.rows_per_sec() / parquet.rows_per_sec();
+    let ratio_parquet_sink = sink.rows_per_sec() / parquet.rows_per_sec();
     let ratio_pyiceberg = sluice.rows_per_sec() / pyiceberg.rows_per_sec();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
@@ -98,11 +103,14 @@ pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
                 "sluice_rows_per_sec": sluice.rows_per_sec(),
                 "sluice_docs_per_sec": args.docs as f64 / sluice.secs,
                 "sluice_mb_per_sec": sluice.mb_per_sec(),
+                "sink_rows_per_sec": sink.rows_per_sec(),
+                "sink_mb_per_sec": sink.mb_per_sec(),
                 "parquet_rows_per_sec": parquet.rows_per_sec(),
                 "parquet_mb_per_sec": parquet.mb_per_sec(),
                 "pyiceberg_rows_per_sec": pyiceberg.rows_per_sec(),
                 "pyiceberg_mb_per_sec": pyiceberg.mb_per_sec(),
                 "ratio_parquet": ratio_parquet,
+                "ratio_parquet_sink": ratio_parquet_sink,
                 "ratio_pyiceberg": ratio_pyiceberg,
                 "exact": exact,
             })
@@ -114,6 +122,7 @@ pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
         );
         for (name, f) in [
             ("sluice (end to end)", &sluice),
+            ("sluice's sink phases", &sink),
             ("parquet ArrowWriter", &parquet),
             ("pyiceberg append", &pyiceberg),
         ] {
@@ -125,8 +134,9 @@ pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
             );
         }
         println!(
-            "  ratio_parquet {ratio_parquet:.2} (target ≥ 0.7), ratio_pyiceberg \
-             {ratio_pyiceberg:.2} (target ≥ 3), exact: {exact}"
+            "  ratio_parquet {ratio_parquet:.2} (target ≥ 0.7; sink phases alone \
+             {ratio_parquet_sink:.2}), ratio_pyiceberg {ratio_pyiceberg:.2} (target ≥ 3), \
+             exact: {exact}"
         );
     }
     ensure!(exact, "the table does not add up to the input");
@@ -139,7 +149,10 @@ fn progress(args: &IcebergArgs, line: impl AsRef<str>) {
     }
 }
 
-fn measure(args: &IcebergArgs, dir: &Path) -> anyhow::Result<(Figure, Figure, Figure, bool)> {
+/// Sluice end to end, its sink's phases, ArrowWriter, pyiceberg; and whether exact.
+type Figures = (Figure, Figure, Figure, Figure, bool);
+
+fn measure(args: &IcebergArgs, dir: &Path) -> anyhow::Result<Figures> {
     progress(args, format!("writing {} documents", args.docs));
     let input = dir.join("pageviews.jsonl");
     let mut file = std::io::BufWriter::new(std::fs::File::create(&input)?);
@@ -182,13 +195,19 @@ materializations:
     let batches = read_batches(&data)?;
     let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
     let exact = sum_views(&batches)? == views;
+    let bytes: u64 = data
+        .iter()
+        .map(|p| p.metadata().map_or(0, |m| m.len()))
+        .sum();
     let sluice = Figure {
         rows,
         secs: run.elapsed.as_secs_f64(),
-        bytes: data
-            .iter()
-            .map(|p| p.metadata().map_or(0, |m| m.len()))
-            .sum(),
+        bytes,
+    };
+    let sink = Figure {
+        rows,
+        secs: sink_secs(&std::fs::read_to_string(dir.join("run.log"))?)?,
+        bytes,
     };
 
     progress(args, "parquet ArrowWriter, the same batches");
@@ -198,7 +217,37 @@ materializations:
     let rows_json = dir.join("rows.jsonl");
     write_rows_json(&batches, &rows_json)?;
     let pyiceberg = pyiceberg_append(dir, &rows_json, rows)?;
-    Ok((sluice, parquet, pyiceberg, exact))
+    Ok((sluice, sink, parquet, pyiceberg, exact))
+}
+
+/// The Store and Commit phases of every transaction of a run's log, in seconds.
+fn sink_secs(log: &str) -> anyhow::Result<f64> {
+    // The log may be colored: drop the escape sequences (ESC [ … m).
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    let log = plain.as_str();
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let at = line.find(&format!("{name}="))? + name.len() + 1;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let ms: u64 = log
+        .lines()
+        .filter(|l| l.contains("transaction committed"))
+        .map(|l| field(l, "store_ms").unwrap_or(0) + field(l, "commit_ms").unwrap_or(0))
+        .sum();
+    ensure!(ms > 0, "the run logged no transaction's phases");
+    Ok(ms as f64 / 1000.0)
 }
 
 /// The Parquet data files of the warehouse (the table's; staging is empty after a run).
