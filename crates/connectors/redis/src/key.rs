@@ -24,7 +24,7 @@ pub fn encode(prefix: &str, packed: &[u8]) -> String {
 /// [`encode`] makes under that prefix.
 pub fn decode(prefix: &str, key: &str) -> Option<Vec<u8>> {
     let hex = key.strip_prefix(prefix)?.as_bytes();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| match c {

@@ -200,7 +200,7 @@ mod tests {
             binding: i % 3,
             key: i.to_be_bytes().to_vec(),
             values: vec![b'v'; i as usize % 5],
-            doc: (i % 7 != 0).then(|| vec![b'd'; size]),
+            doc: (!i.is_multiple_of(7)).then(|| vec![b'd'; size]),
         }
     }
 
