@@ -64,7 +64,11 @@ mod tests {
         assert_eq!(encode("views:", &packed), "views:152a");
         assert_eq!(decode("views:", "views:152a"), Some(packed));
         let packed = pack_key(&[json!("u1")]);
-        assert_eq!(encode("views:", &packed), "views:02753100", "as the README says");
+        assert_eq!(
+            encode("views:", &packed),
+            "views:02753100",
+            "as the README says"
+        );
         assert_eq!(decode("views:", "views:152"), None, "odd length");
         assert_eq!(decode("views:", "views:15zz"), None, "not hex");
         assert_eq!(decode("views:", "other:152a"), None, "another prefix");
