@@ -14,8 +14,8 @@ use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expect
 
 const URL: &str = "redis://127.0.0.1:6379/0";
 
-/// Deletes every key under `prefix` when dropped (a SCAN + UNLINK through redis-cli's
-/// server, here through a one-off connection).
+/// The test's key prefix; every key under it is deleted when dropped (SCAN + UNLINK
+/// over a one-off connection).
 struct Keys {
     prefix: String,
 }
