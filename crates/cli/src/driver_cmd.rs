@@ -74,8 +74,9 @@ pub struct TestArgs {
     /// The endpoint configuration (JSON file) every scenario sends.
     #[arg(long)]
     config: PathBuf,
-    /// A binding's resource configuration (JSON file) with a `table` property, which the
-    /// suite makes unique per scenario. Default: {"table": "sluice_conformance"}.
+    /// A binding's resource configuration (JSON file) with a `table` (or, for a
+    /// key-value store such as redis, `prefix`) property, which the suite makes unique
+    /// per scenario. Default: {"table": "sluice_conformance"}.
     #[arg(long)]
     resource: Option<PathBuf>,
     /// A capability the driver does not claim, whose scenarios are skipped: authoritative,

@@ -8,7 +8,7 @@
 //! endpoint type, the configuration keys that hold paths, and its constructor.
 
 use sluice_datagen::DatagenKind;
-use sluice_driver_sdk::CommitPattern::RemoteAuthoritative;
+use sluice_driver_sdk::CommitPattern::{RecoveryLogNonTransactional, RemoteAuthoritative};
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
 use sluice_http::HttpKind;
@@ -18,6 +18,7 @@ use sluice_mysql::MysqlDriver;
 use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres_cdc::PostgresCdcKind;
+use sluice_redis::RedisDriver;
 use sluice_runtime::registry::{Builtin, Command, Epoch, Grpc, Registry};
 use sluice_source_sdk::kind;
 use sluice_sqlite::SqliteDriver;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 /// Every kind linked into this binary.
 pub fn registry() -> Registry {
-    use EndpointType::{SluiceMemory, SluiceMysql, SluicePostgres, Sqlite};
+    use EndpointType::{SluiceMemory, SluiceMysql, SluicePostgres, SluiceRedis, Sqlite};
     Registry::new()
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
@@ -60,6 +61,13 @@ pub fn registry() -> Registry {
             &["path"],
             RemoteAuthoritative,
             || Arc::new(SqliteDriver::new()),
+        ))
+        .with_driver(Builtin::new::<sluice_redis::config::EndpointConfig>(
+            "redis",
+            SluiceRedis,
+            &[],
+            RecoveryLogNonTransactional,
+            || Arc::new(RedisDriver::new()),
         ))
         .with_driver(Epoch(sluice_iceberg::kind()))
         .with_driver(Grpc)

@@ -15,6 +15,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use sluice_driver_sdk::machine::REBUILD_SENTINEL;
 
+/// The resource properties the suite makes unique per scenario, the first present: a
+/// SQL store's `table`, a key-value store's key `prefix`.
+const NAME_PROPERTIES: [&str; 2] = ["table", "prefix"];
+
 /// Scenarios started by this process; part of every unique suffix.
 static STARTED: AtomicU32 = AtomicU32::new(0);
 
@@ -34,7 +38,9 @@ pub struct Fixture<'a> {
     pub claimed: Capabilities,
     config: Value,
     resource: serde_json::Map<String, Value>,
-    /// `table` of the user's resource.
+    /// The property of the user's resource that names where a binding's data goes
+    /// (`table`, or `prefix` for a key-value store), and its value.
+    name_property: &'static str,
     table: String,
     /// Unique to this process, run and scenario: `<unix nanos>x<pid>x<n>` in hex digits.
     suffix: String,
@@ -56,10 +62,17 @@ impl<'a> Fixture<'a> {
                 "the resource configuration must be a JSON object, not {resource}"
             ));
         };
-        let Some(Value::String(table)) = resource.get("table") else {
+        let named = NAME_PROPERTIES
+            .iter()
+            .find_map(|property| match resource.get(*property) {
+                Some(Value::String(name)) => Some((*property, name)),
+                _ => None,
+            });
+        let Some((name_property, table)) = named else {
             return Err(
-                "the resource configuration needs a string `table` property (the suite \
-                 suffixes it to give every scenario its own table)"
+                "the resource configuration needs a string `table` (or, for a key-value \
+                 store, `prefix`) property (the suite suffixes it to give every scenario \
+                 its own table)"
                     .into(),
             );
         };
@@ -72,6 +85,7 @@ impl<'a> Fixture<'a> {
             endpoint,
             claimed,
             config: config.clone(),
+            name_property,
             table: table.clone(),
             resource: resource.clone(),
             suffix: format!("{nanos:x}x{:x}x{n:x}", std::process::id()),
@@ -85,11 +99,11 @@ impl<'a> Fixture<'a> {
         &self.config
     }
 
-    /// The resource of binding `index`: the user's, with a table of its own.
+    /// The resource of binding `index`: the user's, with a table (or prefix) of its own.
     pub fn resource(&self, index: usize) -> Value {
         let mut resource = self.resource.clone();
         let table = format!("{}_{}_{index}", self.table, self.suffix);
-        resource.insert("table".into(), Value::String(table));
+        resource.insert(self.name_property.into(), Value::String(table));
         Value::Object(resource)
     }
 
@@ -107,7 +121,9 @@ impl<'a> Fixture<'a> {
             bindings: (0..bindings)
                 .map(|i| {
                     let resource = self.resource(i);
-                    let table = resource["table"].as_str().unwrap_or_default().to_string();
+                    let table = (resource[self.name_property].as_str())
+                        .unwrap_or_default()
+                        .to_string();
                     flow::materialization_spec::Binding {
                         resource_spec_json: resource.to_string(),
                         resource_path: vec![table],
