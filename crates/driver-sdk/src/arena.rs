@@ -55,6 +55,21 @@ pub struct StoreDoc<'a> {
     pub exists: bool,
 }
 
+impl<'a> StoreDoc<'a> {
+    /// The document as JSON text, checked: a document of binding `binding` that is not
+    /// UTF-8 JSON is a malformed Store (a bug of the peer that sent it).
+    pub fn json(&self, binding: u32) -> Result<&'a str> {
+        std::str::from_utf8(self.doc)
+            .ok()
+            .filter(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok())
+            .ok_or_else(|| {
+                Error::Malformed(format!(
+                    "Store of binding {binding}: a document is not JSON"
+                ))
+            })
+    }
+}
+
 /// The packed keys of a Load.
 pub fn load_keys(load: &Load) -> impl Iterator<Item = Result<&[u8]>> {
     load.packed_keys.iter().map(|s| slice(&load.arena, s))

@@ -149,15 +149,7 @@ impl FencedStore for MemoryTransactor {
         self.table(store.binding as usize)?;
         for doc in store_docs(&store) {
             let doc = doc?;
-            let text = std::str::from_utf8(doc.doc)
-                .ok()
-                .filter(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok())
-                .ok_or_else(|| {
-                    Error::Malformed(format!(
-                        "Store of binding {}: a document is not JSON",
-                        store.binding
-                    ))
-                })?;
+            let text = doc.json(store.binding)?;
             self.pending.push(PendingStore {
                 binding: store.binding as usize,
                 key: hex(doc.key),

@@ -176,15 +176,7 @@ impl Transactor for RedisTransactor {
         self.binding(store.binding)?;
         for doc in store_docs(&store) {
             let doc = doc?;
-            let text = std::str::from_utf8(doc.doc)
-                .ok()
-                .filter(|t| serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok())
-                .ok_or_else(|| {
-                    Error::Malformed(format!(
-                        "Store of binding {}: a document is not JSON",
-                        store.binding
-                    ))
-                })?;
+            let text = doc.json(store.binding)?;
             let deletion = text.trim() == "null";
             let body = (!deletion).then_some(doc.doc);
             (self.stage)
