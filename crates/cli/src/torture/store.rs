@@ -227,22 +227,15 @@ impl Store {
     }
 }
 
-/// Data files of the Iceberg store's warehouse that its table does not reference: none
-/// after a clean run (the abort cleaner removed every undecided epoch's staging). A
-/// commit cut between writing its metadata and swapping the catalog leaves metadata and
-/// manifest files no snapshot references, as Iceberg writers do; those are for a
-/// maintenance job's orphan removal, so only Parquet data files count here.
+/// Data files of the Iceberg store's warehouse that its table does not reference
+/// ([`sluice_iceberg::orphan_data_files`]).
 pub fn iceberg_orphans(store: &Store) -> anyhow::Result<Vec<String>> {
     let Store::Iceberg { catalog, warehouse } = store else {
         return Ok(Vec::new());
     };
     block_on(async {
         let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
-        let orphans = sluice_iceberg::orphan_files(&catalog).await?;
-        Ok(orphans
-            .into_iter()
-            .filter(|f| f.ends_with(".parquet"))
-            .collect())
+        Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
     })
 }
 

@@ -31,7 +31,7 @@ mod staging;
 pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
 pub use driver::{IcebergSink, STAGING_DIR};
-pub use read::{open_catalog, orphan_files, read_rows, referenced_files};
+pub use read::{open_catalog, orphan_data_files, orphan_files, read_rows, referenced_files};
 
 use serde_json::Value;
 use sluice_sink_sdk::{EpochSink, SinkError, SinkKind};

@@ -169,3 +169,14 @@ pub async fn orphan_files(catalog: &SqlCatalog) -> Result<Vec<String>, SinkError
         .filter(|p| !referenced.contains(p))
         .collect())
 }
+
+/// The Parquet data files among [`orphan_files`]: none may be left after a clean run (the
+/// abort cleaner removes every undecided epoch's staging). A commit cut between writing
+/// its metadata and swapping the catalog leaves metadata and manifest files no snapshot
+/// references, as every Iceberg writer does; those are for a maintenance job's orphan
+/// removal, so they are not counted here.
+pub async fn orphan_data_files(catalog: &SqlCatalog) -> Result<Vec<String>, SinkError> {
+    let mut orphans = orphan_files(catalog).await?;
+    orphans.retain(|f| f.ends_with(".parquet"));
+    Ok(orphans)
+}
