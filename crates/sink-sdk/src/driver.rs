@@ -162,8 +162,9 @@ impl EpochDriver {
     }
 }
 
-/// A sink's error as a driver error, retryable as the sink says.
-fn sink_error(err: SinkError) -> Error {
+/// A sink's error as a driver error, retryable as the sink says (also what the runtime
+/// reports of a sink's failure outside the protocol).
+pub fn sink_error(err: SinkError) -> Error {
     match err {
         SinkError::Config(message) => Error::Config(message),
         other => Error::Store {

@@ -612,7 +612,7 @@ impl Committer<'_> {
             let artifact = participant
                 .artifact_intent(txn)
                 .await
-                .map_err(|e| sink_err(&self.endpoint, e))?;
+                .map_err(|e| driver_err(&self.endpoint, sluice_sink_sdk::driver::sink_error(e)))?;
             if let Some(artifact) = artifact {
                 intent
                     .artifacts
@@ -780,18 +780,6 @@ fn driver_err(endpoint: &str, source: DriverError) -> RunError {
         endpoint: endpoint.to_string(),
         source,
     }
-}
-
-/// An epoch sink's failure outside the protocol (its artifact intent), as a driver error.
-fn sink_err(endpoint: &str, err: sluice_sink_sdk::SinkError) -> RunError {
-    driver_err(
-        endpoint,
-        DriverError::Store {
-            context: "epoch sink".into(),
-            retryable: err.is_retryable(),
-            message: err.to_string(),
-        },
-    )
 }
 
 /// The artifact intents of `materialization` the log holds undecided: its pending
