@@ -19,7 +19,7 @@ use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres_cdc::PostgresCdcKind;
 use sluice_redis::RedisDriver;
-use sluice_runtime::registry::{Builtin, Command, Epoch, Grpc, Registry};
+use sluice_runtime::registry::{Builtin, Command, Epoch, Grpc, Output, Registry};
 use sluice_source_sdk::kind;
 use sluice_sqlite::SqliteDriver;
 use std::sync::Arc;
@@ -70,6 +70,7 @@ pub fn registry() -> Registry {
             || Arc::new(RedisDriver::new()),
         ))
         .with_driver(Epoch(sluice_iceberg::kind()))
+        .with_driver(Output(sluice_files_output::kind()))
         .with_driver(Grpc)
         .with_driver(Command)
 }

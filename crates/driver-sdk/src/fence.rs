@@ -36,6 +36,11 @@ impl PreparedCheckpoint {
         }
     }
 
+    /// The prepared checkpoint, if a Prepare has set it (what transaction a Store is of).
+    pub fn peek(&self) -> Option<&[u8]> {
+        self.0.as_deref()
+    }
+
     /// The prepared checkpoint, for Commit; an error if no Prepare preceded it.
     pub fn take(&mut self) -> Result<Vec<u8>> {
         self.0.take().ok_or_else(|| {

@@ -40,6 +40,9 @@ pub enum SinkGuarantee {
     Flow(Option<CommitPattern>),
     /// An epoch sink and its contract.
     Epoch(SinkContract),
+    /// An output endpoint: fault tolerant (a replayed transaction's messages that
+    /// its destination holds are discarded), so exactly once.
+    Output,
 }
 
 /// A part that cannot give the delivery asked for.
@@ -114,7 +117,7 @@ pub fn admit(
                      {OR_AT_LEAST_ONCE}"
             ),
         )),
-        (_, SinkGuarantee::Flow(_)) => None,
+        (_, SinkGuarantee::Flow(_) | SinkGuarantee::Output) => None,
         (_, SinkGuarantee::Epoch(contract)) => match (delivery, contract.consistency) {
             (_, Consistency::CheckpointCommittable) => None,
             (Delivery::AtLeastOnce, Consistency::AtLeastOnce) => None,

@@ -470,6 +470,12 @@ impl Pipeline {
             .join(source)
     }
 
+    /// The folder a materialization's endpoint keeps its own state in (an output's
+    /// views): beside that materialization's recovery log.
+    pub fn endpoint_state_dir(&self, materialization: &str) -> PathBuf {
+        self.recovery_log().join(materialization).join("endpoint")
+    }
+
     pub fn dead_letter_paths(&self, name: &str) -> Vec<PathBuf> {
         let log_dir = self.recovery_log().join(name);
         let paths: std::collections::BTreeSet<PathBuf> = self

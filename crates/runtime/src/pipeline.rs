@@ -72,9 +72,12 @@ impl Connected {
 /// of the binary's driver kinds, or a stand-in of a test or bench.
 #[async_trait]
 pub trait Connect: Send + Sync {
+    /// Connects materialization `materialization`'s endpoint; `state_dir` is a folder
+    /// beside its recovery log that the endpoint may keep state in.
     async fn connect(
         &self,
         materialization: &str,
+        state_dir: &std::path::Path,
         endpoint: &config::EndpointDef,
     ) -> Result<Connected, String>;
 }
@@ -162,7 +165,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
     for (name, def) in &pipeline.materializations {
         let place = format!("materializations.{name}");
         let connected = connect
-            .connect(name, &def.endpoint)
+            .connect(name, &pipeline.endpoint_state_dir(name), &def.endpoint)
             .await
             .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
         // Admission first: a part that cannot give the delivery asked for is refused

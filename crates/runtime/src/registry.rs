@@ -36,6 +36,7 @@ use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::StdioEndpoint;
 use sluice_driver_sdk::{CommitPattern, Driver};
+use sluice_output_sdk::{OutputDriver, OutputKind};
 use sluice_sink_sdk::{EpochDriver, SinkKind};
 use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
@@ -53,8 +54,13 @@ pub trait DriverKind: Send + Sync {
     fn parse(&self, config: Value, base_dir: &Path) -> Result<Value, InvalidConfig>;
 
     /// Connects materialization `materialization`'s endpoint, configured by what
-    /// [`DriverKind::parse`] returned.
-    async fn connect(&self, materialization: &str, config: &Value) -> Result<Connected, String>;
+    /// [`DriverKind::parse`] returned; `state_dir` is where it may keep state.
+    async fn connect(
+        &self,
+        materialization: &str,
+        state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String>;
 
     /// A fresh instance of the driver, when it is built into the binary (what `sluice
     /// driver serve` serves).
@@ -137,12 +143,14 @@ impl Connect for Registry {
     async fn connect(
         &self,
         materialization: &str,
+        state_dir: &Path,
         endpoint: &EndpointDef,
     ) -> Result<Connected, String> {
         let kind = self
             .driver(&endpoint.kind)
             .ok_or_else(|| format!("no driver kind {:?} in this binary", endpoint.kind))?;
-        kind.connect(materialization, &endpoint.config).await
+        kind.connect(materialization, state_dir, &endpoint.config)
+            .await
     }
 }
 
@@ -203,7 +211,12 @@ impl DriverKind for Builtin {
         Ok(config)
     }
 
-    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+    async fn connect(
+        &self,
+        _materialization: &str,
+        _state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String> {
         Ok(Connected::flow(
             Arc::new(InProcess::new(self.name, (self.driver)())),
             self.endpoint_type,
@@ -249,7 +262,12 @@ impl DriverKind for Grpc {
         Ok(serde_json::to_value(config).expect("a gRPC endpoint serializes"))
     }
 
-    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+    async fn connect(
+        &self,
+        _materialization: &str,
+        _state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String> {
         let GrpcConfig {
             address,
             config,
@@ -301,7 +319,12 @@ impl DriverKind for Command {
         Ok(serde_json::to_value(config).expect("a command endpoint serializes"))
     }
 
-    async fn connect(&self, materialization: &str, config: &Value) -> Result<Connected, String> {
+    async fn connect(
+        &self,
+        materialization: &str,
+        _state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String> {
         let CommandConfig {
             program,
             args,
@@ -338,7 +361,12 @@ impl DriverKind for Epoch {
         Ok(config)
     }
 
-    async fn connect(&self, _materialization: &str, config: &Value) -> Result<Connected, String> {
+    async fn connect(
+        &self,
+        _materialization: &str,
+        _state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String> {
         let contract = self.0.contract(config).map_err(|e| e.to_string())?;
         let driver = EpochDriver::new(self.0);
         Ok(Connected {
@@ -352,5 +380,39 @@ impl DriverKind for Epoch {
 
     fn driver(&self) -> Option<Arc<dyn Driver>> {
         Some(Arc::new(EpochDriver::new(self.0)))
+    }
+}
+
+/// An output endpoint kind built into the binary (`sluice_output_sdk::OutputKind`), run
+/// in-process as an [`OutputDriver`] whose views live in the materialization's endpoint
+/// state folder.
+pub struct Output(pub OutputKind);
+
+#[async_trait]
+impl DriverKind for Output {
+    fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
+        resolve_paths(&mut config, self.0.paths, base_dir);
+        (self.0.check)(&config).map_err(|e| InvalidConfig::new("", e.to_string()))?;
+        Ok(config)
+    }
+
+    async fn connect(
+        &self,
+        _materialization: &str,
+        state_dir: &Path,
+        config: &Value,
+    ) -> Result<Connected, String> {
+        let driver = OutputDriver::new(self.0, state_dir.to_path_buf());
+        Ok(Connected {
+            participant: None,
+            endpoint: Arc::new(InProcess::new(self.0.name, Arc::new(driver))),
+            endpoint_type: EndpointType::SluiceOutput,
+            config: config.clone(),
+            guarantee: SinkGuarantee::Output,
+        })
     }
 }

@@ -29,7 +29,7 @@ const TOLERANCES: [FaultTolerance; 3] = [
 ];
 
 fn guarantees() -> Vec<SinkGuarantee> {
-    let mut all = vec![SinkGuarantee::Flow(None)];
+    let mut all = vec![SinkGuarantee::Flow(None), SinkGuarantee::Output];
     for p in [
         RemoteAuthoritative,
         RecoveryLogIdempotentApply,
@@ -77,6 +77,7 @@ fn sink_admitted(delivery: Delivery, g: SinkGuarantee) -> bool {
             c.consistency == Consistency::CheckpointCommittable
         }
         (Delivery::AtLeastOnce, SinkGuarantee::Epoch(c)) => c.consistency != Consistency::Ephemeral,
+        (_, SinkGuarantee::Output) => true,
     }
 }
 
@@ -112,7 +113,7 @@ fn every_combination_is_admitted_exactly_as_the_table_says() {
             }
         }
     }
-    assert_eq!(combinations, 2 * 3 * 3 * (4 + 18));
+    assert_eq!(combinations, 2 * 3 * 3 * (5 + 18));
 }
 
 #[test]

@@ -94,6 +94,7 @@ impl Connect for Connector {
     async fn connect(
         &self,
         _materialization: &str,
+        _state_dir: &std::path::Path,
         _endpoint: &EndpointDef,
     ) -> Result<Connected, String> {
         Ok(Connected::flow(

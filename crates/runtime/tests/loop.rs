@@ -319,6 +319,7 @@ impl Connect for Connector {
     async fn connect(
         &self,
         _materialization: &str,
+        _state_dir: &std::path::Path,
         _endpoint: &sluice_runtime::config::EndpointDef,
     ) -> std::result::Result<Connected, String> {
         Ok(Connected::flow(

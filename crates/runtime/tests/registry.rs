@@ -89,14 +89,21 @@ async fn the_registry_connects_a_builtin_in_process_with_its_config() {
         kind: "memory".to_string(),
         config: json!({}),
     };
-    let connected = registry().connect("views", &endpoint).await.unwrap();
+    let connected = registry()
+        .connect("views", Path::new("/nonexistent"), &endpoint)
+        .await
+        .unwrap();
     assert_eq!(connected.endpoint_type, EndpointType::SluiceMemory);
     assert_eq!(connected.config, json!({}));
     let unknown = EndpointDef {
         kind: "sqlite".to_string(),
         config: json!({}),
     };
-    let error = registry().connect("views", &unknown).await.err().unwrap();
+    let error = registry()
+        .connect("views", Path::new("/nonexistent"), &unknown)
+        .await
+        .err()
+        .unwrap();
     assert!(error.contains("sqlite"), "{error}");
 }
 
@@ -110,7 +117,10 @@ async fn a_command_endpoint_sends_its_inner_config() {
             Path::new("/"),
         )
         .unwrap();
-    let connected = command.connect("views", &config).await.unwrap();
+    let connected = command
+        .connect("views", Path::new("/nonexistent"), &config)
+        .await
+        .unwrap();
     assert_eq!(connected.endpoint_type, EndpointType::SluiceCommand);
     assert_eq!(connected.config, json!({"level": 3}));
 }

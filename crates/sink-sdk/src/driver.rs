@@ -324,7 +324,7 @@ macro_rules! open_sink {
 }
 
 /// The transaction number of a runtime checkpoint (the epoch it commits).
-fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
+pub fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
     #[derive(serde::Deserialize)]
     struct Txn {
         txn: u64,

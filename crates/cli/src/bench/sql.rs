@@ -440,6 +440,7 @@ impl<S: Store> Connect for BenchConnect<S> {
     async fn connect(
         &self,
         materialization: &str,
+        _state_dir: &std::path::Path,
         endpoint: &EndpointDef,
     ) -> Result<Connected, String> {
         S::connect(materialization, endpoint)

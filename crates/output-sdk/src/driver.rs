@@ -1,0 +1,683 @@
+//! [`OutputDriver`]: output endpoints as an in-process Flow driver of the authoritative
+//! pattern, whose store is the local view (see the crate docs for the order of writes
+//! that makes each transaction's batch exactly once).
+//!
+//! A binding's resource is its destination (the kind's keys: `topic`, `subject`,
+//! `directory`) plus the encoding keys every kind shares: `format` (`json`,
+//! `debezium`, `csv`, `avro`), `schema_id` / `key_schema_id` (Avro's Confluent
+//! framing) and `snapshot` (the binding's first batch is its whole view).
+
+use crate::change::{Change, Op};
+use crate::encode::{self, Buffer, Encoder, Encoding, Fields};
+use crate::endpoint::{BatchKind, OutputEndpoint, Target};
+use crate::view::View;
+use crate::{OutputError, Result as OutputResult};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use sluice_driver_sdk::arena::{load_keys, store_docs};
+use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::materialize::{
+    self as m, constraint,
+    transaction_request::{Load, Open, Store},
+    transaction_response::Opened,
+};
+use sluice_driver_sdk::{Driver, Error, LoadedSink, Result, Transactor};
+use sluice_sink_sdk::driver::epoch_of;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Documents per chunk of a snapshot's scan of the view.
+const SNAPSHOT_CHUNK: usize = 2_000;
+
+/// An output endpoint kind, as a binary registers it.
+#[derive(Clone, Copy)]
+pub struct OutputKind {
+    /// Its key in an endpoint of the pipeline file (`kafka`).
+    pub name: &'static str,
+    /// Top-level keys of its configuration that hold paths.
+    pub paths: &'static [&'static str],
+    pub endpoint_schema: &'static str,
+    /// The JSON schema of a binding's destination keys; the encoding keys are added.
+    pub resource_schema: &'static str,
+    /// Checks an endpoint configuration strictly; connects nothing.
+    pub check: fn(&Value) -> OutputResult<()>,
+    /// The resource path of a binding's destination (`[topic]`).
+    pub resource_path: fn(&Value) -> OutputResult<Vec<String>>,
+    /// The endpoint of one binding; connects nothing until its `open`.
+    pub endpoint: fn(&Value, Target) -> OutputResult<Box<dyn OutputEndpoint>>,
+}
+
+/// A binding's resource: its destination and how its changes are encoded.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    pub destination: Value,
+    pub encoding: Encoding,
+    pub snapshot: bool,
+}
+
+impl Resource {
+    /// Splits a resource configuration into the encoding keys and the destination.
+    pub fn parse(resource: &Value) -> OutputResult<Resource> {
+        let Value::Object(fields) = resource else {
+            return Err(OutputError::Config(format!(
+                "a resource is an object, not {resource}"
+            )));
+        };
+        let (mut encoding, mut destination) = (serde_json::Map::new(), serde_json::Map::new());
+        let mut snapshot = false;
+        for (key, value) in fields {
+            match key.as_str() {
+                "format" | "schema_id" | "key_schema_id" => {
+                    encoding.insert(key.clone(), value.clone());
+                }
+                "snapshot" => {
+                    snapshot = value.as_bool().ok_or_else(|| {
+                        OutputError::Config(format!(
+                            "snapshot: expected true or false, not {value}"
+                        ))
+                    })?;
+                }
+                _ => {
+                    destination.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        let encoding = serde_json::from_value(Value::Object(encoding))
+            .map_err(|e| OutputError::Config(format!("resource: {e}")))?;
+        Ok(Resource {
+            destination: Value::Object(destination),
+            encoding,
+            snapshot,
+        })
+    }
+}
+
+/// The resource schema of `kind`: its destination keys and the encoding keys.
+fn resource_schema(kind: &OutputKind) -> String {
+    let mut schema: Value =
+        serde_json::from_str(kind.resource_schema).expect("a kind's resource schema is JSON");
+    let common = json!({
+        "format": {"enum": ["json", "debezium", "csv", "avro"], "default": "json",
+                   "description": "How changes are encoded"},
+        "snapshot": {"type": "boolean", "default": false,
+                     "description": "The binding's first batch is its whole view"},
+        "schema_id": {"type": "integer", "minimum": 0,
+                      "description": "Avro: Confluent framing of values with this schema id"},
+        "key_schema_id": {"type": "integer", "minimum": 0,
+                          "description": "Avro: Confluent framing of keys with this schema id"},
+    });
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.extend(common.as_object().expect("an object").clone());
+    }
+    schema.to_string()
+}
+
+/// An output error as a driver error, retryable as the output says.
+pub fn output_error(err: OutputError) -> Error {
+    match err {
+        OutputError::Config(message) => Error::Config(message),
+        other => Error::Store {
+            context: "output".into(),
+            retryable: other.is_retryable(),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn parse_json(text: &str, what: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| Error::Config(format!("{what} is not JSON: {e}")))
+}
+
+/// Output endpoints of kind `kind`, their views kept under `state_dir`.
+pub struct OutputDriver {
+    kind: OutputKind,
+    state_dir: PathBuf,
+}
+
+impl OutputDriver {
+    pub fn new(kind: OutputKind, state_dir: PathBuf) -> OutputDriver {
+        OutputDriver { kind, state_dir }
+    }
+
+    fn config(&self, endpoint_spec_json: &str) -> Result<Value> {
+        let config = parse_json(endpoint_spec_json, "the endpoint config")?;
+        (self.kind.check)(&config).map_err(output_error)?;
+        Ok(config)
+    }
+
+    fn resource(&self, resource_spec_json: &str) -> Result<(Resource, Vec<String>)> {
+        let resource = Resource::parse(&parse_json(resource_spec_json, "a resource config")?)
+            .map_err(output_error)?;
+        let path = (self.kind.resource_path)(&resource.destination).map_err(output_error)?;
+        Ok((resource, path))
+    }
+
+    /// Every binding's encoder and endpoint, built (nothing connected).
+    fn outputs(
+        &self,
+        spec: &sluice_driver_sdk::flow::MaterializationSpec,
+    ) -> Result<Vec<BindingOutput>> {
+        let config = self.config(&spec.endpoint_spec_json)?;
+        spec.bindings
+            .iter()
+            .map(|binding| {
+                let (resource, path) = self.resource(&binding.resource_spec_json)?;
+                let fields = Fields::of(&spec.materialization, binding).map_err(output_error)?;
+                let encoder = encode::encoder(&resource.encoding, fields).map_err(output_error)?;
+                let target = Target {
+                    materialization: spec.materialization.clone(),
+                    resource: resource.destination.clone(),
+                    format: resource.encoding.format,
+                    header: encoder.header(),
+                };
+                let endpoint = (self.kind.endpoint)(&config, target).map_err(output_error)?;
+                Ok(BindingOutput {
+                    view_key: path.join("/"),
+                    max_bytes: endpoint.max_buffer_size_bytes(),
+                    endpoint,
+                    encoder: Some(encoder),
+                    buffer: Some(Buffer::default()),
+                    snapshot: resource.snapshot,
+                    in_batch: false,
+                })
+            })
+            .collect()
+    }
+
+    async fn view<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut View) -> OutputResult<T> + Send + 'static,
+    ) -> Result<T> {
+        let dir = self.state_dir.clone();
+        blocking(move || work(&mut View::open(&dir)?)).await
+    }
+}
+
+/// Runs blocking work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> OutputResult<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::store("output view", format!("its task failed: {e}"), false))?
+        .map_err(output_error)
+}
+
+#[async_trait]
+impl Driver for OutputDriver {
+    async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
+        Ok(m::SpecResponse {
+            endpoint_spec_schema_json: self.kind.endpoint_schema.into(),
+            resource_spec_schema_json: resource_schema(&self.kind),
+            documentation_url: String::new(),
+        })
+    }
+
+    /// Keys and the document are required (a change carries the documents before and
+    /// after); top-level fields are recommended (CSV and Avro columns), nested ones
+    /// optional. Never delta updates: a change needs the document before it.
+    async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
+        self.config(&req.endpoint_spec_json)?;
+        let bindings = req.bindings.iter().map(|binding| {
+            let (_, resource_path) = self.resource(&binding.resource_spec_json)?;
+            let collection = binding.collection.clone().unwrap_or_default();
+            let constraints = collection.projections.iter().map(|p| {
+                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
+                    (constraint::Type::LocationRequired, "part of the key")
+                } else if p.ptr.is_empty() {
+                    (
+                        constraint::Type::LocationRequired,
+                        "the document, before and after each change",
+                    )
+                } else if p.ptr.matches('/').count() == 1 {
+                    (constraint::Type::LocationRecommended, "a top-level field")
+                } else {
+                    (constraint::Type::FieldOptional, "a nested field")
+                };
+                let c = m::Constraint {
+                    r#type: kind as i32,
+                    reason: reason.into(),
+                };
+                (p.field.clone(), c)
+            });
+            Ok(m::validate_response::Binding {
+                constraints: constraints.collect(),
+                resource_path,
+                delta_updates: false,
+            })
+        });
+        Ok(m::ValidateResponse {
+            bindings: bindings.collect::<Result<_>>()?,
+        })
+    }
+
+    /// Nothing to create ahead: a destination is created by its endpoint's first open.
+    async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        let spec = req
+            .materialization
+            .ok_or_else(|| Error::Config("Apply without a materialization".into()))?;
+        self.outputs(&spec)?;
+        let actions = spec.bindings.iter().map(|b| {
+            let collection = b.collection.as_ref().map(|c| c.collection.as_str());
+            format!(
+                "publish the changes of {} to {} {}",
+                collection.unwrap_or("?"),
+                self.kind.name,
+                b.resource_path.join("/")
+            )
+        });
+        Ok(m::ApplyResponse {
+            action_description: actions.collect::<Vec<_>>().join("\n"),
+        })
+    }
+
+    /// Forgets the removed bindings' views (their destinations are left as they are).
+    async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
+        let spec = req
+            .materialization
+            .ok_or_else(|| Error::Config("ApplyDelete without a materialization".into()))?;
+        let keys: Vec<String> = spec
+            .bindings
+            .iter()
+            .map(|b| b.resource_path.join("/"))
+            .collect();
+        let actions = keys
+            .iter()
+            .map(|k| format!("forget the view of {} {k}", self.kind.name))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if !req.dry_run && self.state_dir.join("view.db").exists() {
+            self.view(move |view| keys.iter().try_for_each(|k| view.drop_binding(k)))
+                .await?;
+        }
+        Ok(m::ApplyResponse {
+            action_description: actions,
+        })
+    }
+
+    async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
+        let spec = open
+            .materialization
+            .clone()
+            .ok_or_else(|| Error::Config("Open without a materialization".into()))?;
+        let mut outputs = self.outputs(&spec)?;
+        let (key_begin, key_end) = (open.key_begin, open.key_end);
+        let dir = self.state_dir.clone();
+        let keys: Vec<String> = outputs.iter().map(|o| o.view_key.clone()).collect();
+        let (view, fence, checkpoint, sent) = blocking(move || {
+            let mut view = View::open(&dir)?;
+            let (fence, checkpoint) = view.claim(key_begin, key_end)?;
+            let sent = (keys.iter())
+                .map(|k| view.snapshot_sent(k))
+                .collect::<OutputResult<Vec<bool>>>()?;
+            Ok((view, fence, checkpoint, sent))
+        })
+        .await?;
+        for (output, sent) in outputs.iter_mut().zip(sent) {
+            output.snapshot &= !sent;
+            output.endpoint.open().await.map_err(output_error)?;
+        }
+        let transactor = OutputTransactor {
+            view: Arc::new(Mutex::new(view)),
+            claim: Claim::new(&spec.materialization, key_begin, key_end, fence),
+            checkpoint: PreparedCheckpoint::default(),
+            outputs,
+        };
+        let opened = Opened {
+            flow_checkpoint: checkpoint,
+        };
+        Ok((Box::new(transactor), opened))
+    }
+}
+
+/// One binding's side of a stream.
+struct BindingOutput {
+    /// The binding's view in the view file (its resource path).
+    view_key: String,
+    endpoint: Box<dyn OutputEndpoint>,
+    max_bytes: usize,
+    /// `None` only while a blocking task holds it.
+    encoder: Option<Box<dyn Encoder>>,
+    buffer: Option<Buffer>,
+    /// Its next batch is a snapshot: asked for and not yet sent.
+    snapshot: bool,
+    /// Its endpoint has begun the transaction's batch.
+    in_batch: bool,
+}
+
+fn taken() -> Error {
+    Error::store(
+        "output",
+        "an earlier failure left the binding unusable",
+        false,
+    )
+}
+
+impl BindingOutput {
+    /// Pushes the buffered messages.
+    async fn push(&mut self) -> Result<()> {
+        let buffer = self.buffer.as_mut().ok_or_else(taken)?;
+        if !buffer.is_empty() {
+            self.endpoint.push(buffer).await.map_err(output_error)?;
+            buffer.pushed();
+            crate::fail_point!(crate::AFTER_PUSH);
+        }
+        Ok(())
+    }
+}
+
+struct OutputTransactor {
+    view: Arc<Mutex<View>>,
+    claim: Claim,
+    checkpoint: PreparedCheckpoint,
+    outputs: Vec<BindingOutput>,
+}
+
+/// Runs `work` on the view, on the blocking pool.
+async fn on_view<T: Send + 'static>(
+    view: &Arc<Mutex<View>>,
+    work: impl FnOnce(&mut View) -> OutputResult<T> + Send + 'static,
+) -> Result<T> {
+    let view = view.clone();
+    blocking(move || work(&mut view.lock().expect("not poisoned"))).await
+}
+
+impl OutputTransactor {
+    /// The transaction being stored (from Prepare's runtime checkpoint).
+    fn txn(&self) -> Result<u64> {
+        let checkpoint = (self.checkpoint.peek())
+            .ok_or_else(|| Error::Malformed("Store before Prepare".into()))?;
+        epoch_of(checkpoint)
+    }
+
+    fn output(&mut self, binding: u32) -> Result<&mut BindingOutput> {
+        self.outputs.get_mut(binding as usize).ok_or_else(|| {
+            Error::Malformed(format!(
+                "binding {binding} is not part of the opened materialization"
+            ))
+        })
+    }
+
+    /// Sends a snapshot binding's whole view (as this transaction leaves it).
+    async fn send_snapshot(&mut self, binding: usize, txn: u64) -> Result<()> {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let output = &mut self.outputs[binding];
+            let (key, from) = (output.view_key.clone(), after.take());
+            let mut encoder = output.encoder.take().ok_or_else(taken)?;
+            let mut buffer = output.buffer.take().ok_or_else(taken)?;
+            let (encoder, buffer, scanned) = {
+                let view = self.view.clone();
+                tokio::task::spawn_blocking(move || {
+                    let scanned = (|| {
+                        let rows = view.lock().expect("not poisoned").scan(
+                            &key,
+                            from.as_deref(),
+                            SNAPSHOT_CHUNK,
+                        )?;
+                        for (_, doc) in &rows {
+                            let doc = serde_json::from_str::<Value>(doc).map_err(|e| {
+                                OutputError::Corrupt(format!(
+                                    "the view of {key} holds non-JSON: {e}"
+                                ))
+                            })?;
+                            let change = Change {
+                                txn,
+                                op: Op::Read,
+                                before: None,
+                                after: Some(&doc),
+                            };
+                            encoder.encode(&change, &mut buffer)?;
+                        }
+                        Ok((rows.len(), rows.last().map(|(k, _)| k.clone())))
+                    })();
+                    (encoder, buffer, scanned)
+                })
+                .await
+                .map_err(|e| Error::store("output snapshot", e.to_string(), false))?
+            };
+            output.encoder = Some(encoder);
+            output.buffer = Some(buffer);
+            let (count, last) = scanned.map_err(output_error)?;
+            if output
+                .buffer
+                .as_ref()
+                .is_some_and(|b| b.bytes() >= output.max_bytes)
+            {
+                output.push().await?;
+            }
+            if count < SNAPSHOT_CHUNK {
+                return Ok(());
+            }
+            after = last;
+        }
+    }
+}
+
+/// Applies one Store to the view, encoding each change (`encode`: not a snapshot's
+/// transaction, whose batch is the view itself).
+fn apply_store(
+    view: &mut View,
+    key: &str,
+    store: &Store,
+    txn: u64,
+    encoder: Option<&mut dyn Encoder>,
+    buffer: &mut Buffer,
+) -> Result<()> {
+    let viewed = |e: OutputError| output_error(e);
+    view.begin().map_err(viewed)?;
+    let mut encoder = encoder;
+    for doc in store_docs(store) {
+        let doc = doc?;
+        let text = doc.json(store.binding)?;
+        let after_text = (text.trim() != "null").then_some(text);
+        let before_text = view.get(key, doc.key).map_err(viewed)?;
+        if after_text.is_some() && doc.exists != before_text.is_some() {
+            return Err(Error::store(
+                format!("output view of {key}"),
+                format!(
+                    "a document was stored with exists={} but the view {} its key: the \
+                     runtime's view of the store is wrong",
+                    doc.exists,
+                    if before_text.is_some() {
+                        "holds"
+                    } else {
+                        "lacks"
+                    }
+                ),
+                false,
+            ));
+        }
+        view.put(key, doc.key, after_text).map_err(viewed)?;
+        let Some(encoder) = encoder.as_deref_mut() else {
+            continue;
+        };
+        let before = before_text
+            .as_deref()
+            .map(|t| parse_json(t, "a document of the view"))
+            .transpose()?;
+        let after = after_text
+            .map(|t| parse_json(t, "a stored document"))
+            .transpose()?;
+        if let Some(op) = Op::between(before.as_ref(), after.as_ref()) {
+            let change = Change {
+                txn,
+                op,
+                before: before.as_ref(),
+                after: after.as_ref(),
+            };
+            encoder.encode(&change, buffer).map_err(output_error)?;
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl FencedStore for OutputTransactor {
+    fn checkpoint(&mut self) -> &mut PreparedCheckpoint {
+        &mut self.checkpoint
+    }
+
+    async fn load_keys(&mut self, load: Load, loaded: &mut dyn LoadedSink) -> Result<()> {
+        let key = self.output(load.binding)?.view_key.clone();
+        let keys: Vec<Vec<u8>> = load_keys(&load)
+            .map(|k| k.map(<[u8]>::to_vec))
+            .collect::<Result<_>>()?;
+        let found = on_view(&self.view, move |view| {
+            let mut found = Vec::new();
+            for k in &keys {
+                if let Some(doc) = view.get(&key, k)? {
+                    found.push(doc);
+                }
+            }
+            Ok(found)
+        })
+        .await?;
+        for doc in found {
+            loaded.push(load.binding, doc.as_bytes());
+        }
+        Ok(())
+    }
+
+    async fn start_writes(&mut self, store: Store) -> Result<()> {
+        let txn = self.txn()?;
+        let view = self.view.clone();
+        let output = self.output(store.binding)?;
+        if !output.in_batch {
+            let kind = if output.snapshot {
+                BatchKind::Snapshot
+            } else {
+                BatchKind::Delta
+            };
+            output.buffer.as_mut().ok_or_else(taken)?.start(txn);
+            output.in_batch = true;
+            output
+                .endpoint
+                .batch_start(txn, kind)
+                .await
+                .map_err(output_error)?;
+            crate::fail_point!(crate::AFTER_BATCH_START);
+        }
+        let (key, encode) = (output.view_key.clone(), !output.snapshot);
+        let mut encoder = output.encoder.take().ok_or_else(taken)?;
+        let mut buffer = output.buffer.take().ok_or_else(taken)?;
+        let (encoder, buffer, applied) = tokio::task::spawn_blocking(move || {
+            let applied = apply_store(
+                &mut view.lock().expect("not poisoned"),
+                &key,
+                &store,
+                txn,
+                encode.then_some(&mut *encoder),
+                &mut buffer,
+            );
+            (encoder, buffer, applied)
+        })
+        .await
+        .map_err(|e| Error::store("output store", e.to_string(), false))?;
+        output.encoder = Some(encoder);
+        output.buffer = Some(buffer);
+        applied?;
+        if output
+            .buffer
+            .as_ref()
+            .is_some_and(|b| b.bytes() >= output.max_bytes)
+        {
+            output.push().await?;
+        }
+        Ok(())
+    }
+
+    async fn commit_writes(&mut self) -> Result<()> {
+        let txn = self.txn()?;
+        let mut snapshots = Vec::new();
+        for binding in 0..self.outputs.len() {
+            if !self.outputs[binding].in_batch {
+                continue;
+            }
+            if self.outputs[binding].snapshot {
+                self.send_snapshot(binding, txn).await?;
+                snapshots.push((self.outputs[binding].view_key.clone(), txn));
+            }
+            let output = &mut self.outputs[binding];
+            output.push().await?;
+            crate::fail_point!(crate::BEFORE_BATCH_END);
+            output.endpoint.batch_end().await.map_err(output_error)?;
+            output.in_batch = false;
+        }
+        crate::fail_point!(crate::BEFORE_VIEW_COMMIT);
+        let checkpoint = self.checkpoint.take()?;
+        let claim = self.claim.clone();
+        let sent = snapshots.clone();
+        let now = on_view(&self.view, move |view| {
+            view.commit(
+                claim.key_begin,
+                claim.key_end,
+                claim.fence,
+                &checkpoint,
+                &sent,
+            )
+        })
+        .await?;
+        if now != Some(self.claim.fence) {
+            return Err(self.claim.range_fence().fenced(None));
+        }
+        for output in &mut self.outputs {
+            if snapshots.iter().any(|(k, _)| *k == output.view_key) {
+                output.snapshot = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    async fn rollback(&mut self) {
+        let rolled = on_view(&self.view, |view| {
+            view.rollback();
+            Ok(())
+        })
+        .await;
+        if let Err(err) = rolled {
+            tracing::warn!(%err, "rolling back the output view");
+        }
+        for output in &mut self.outputs {
+            if output.in_batch {
+                output.endpoint.abort().await;
+                output.in_batch = false;
+            }
+        }
+    }
+
+    async fn current_fence(&mut self) -> Result<Option<i64>> {
+        let (begin, end) = (self.claim.key_begin, self.claim.key_end);
+        on_view(&self.view, move |view| view.fence(begin, end)).await
+    }
+
+    async fn release(self: Box<Self>) {
+        for output in self.outputs {
+            output.endpoint.close().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resource_splits_into_its_destination_and_its_encoding() {
+        let r = Resource::parse(&json!({"topic": "t", "format": "avro", "schema_id": 7,
+                                        "snapshot": true}))
+        .unwrap();
+        assert_eq!(r.destination, json!({"topic": "t"}));
+        assert_eq!(r.encoding.format, encode::Format::Avro);
+        assert_eq!(r.encoding.schema_id, Some(7));
+        assert!(r.snapshot);
+        let err = Resource::parse(&json!({"topic": "t", "format": "xml"})).unwrap_err();
+        assert!(err.to_string().contains("xml"), "{err}");
+        let err = Resource::parse(&json!({"snapshot": "yes"})).unwrap_err();
+        assert!(err.to_string().contains("snapshot"), "{err}");
+    }
+}

@@ -1,0 +1,273 @@
+//! Each binding's view, the runtime checkpoint and the range's fence, in one SQLite
+//! file beside the recovery log (`<state_dir>/view.db`): the authoritative store of an
+//! output materialization. Synchronous; the driver calls it on the blocking pool.
+//!
+//! ```text
+//!  docs(binding, key, doc)           the view: each key's reduced document
+//!  ranges(key_begin, key_end, fence, checkpoint)
+//!  snapshots(binding, txn)           bindings whose snapshot batch was sent
+//! ```
+//!
+//! A transaction's writes are one SQLite transaction (WAL, `synchronous=FULL`): what
+//! the view says after a crash is a transaction's whole result, never part of one.
+
+use crate::{OutputError, Result};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS docs (
+    binding TEXT NOT NULL, key BLOB NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (binding, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ranges (
+    key_begin INTEGER NOT NULL, key_end INTEGER NOT NULL,
+    fence INTEGER NOT NULL, checkpoint BLOB NOT NULL,
+    PRIMARY KEY (key_begin, key_end));
+CREATE TABLE IF NOT EXISTS snapshots (binding TEXT PRIMARY KEY, txn INTEGER NOT NULL);
+";
+
+fn sql_error(context: &str, err: rusqlite::Error) -> OutputError {
+    OutputError::External(format!("output view: {context}: {err}"))
+}
+
+pub(crate) struct View {
+    conn: Connection,
+    in_transaction: bool,
+}
+
+impl View {
+    /// Opens (creating) the view file under `state_dir`.
+    pub fn open(state_dir: &Path) -> Result<View> {
+        std::fs::create_dir_all(state_dir)
+            .map_err(|e| OutputError::External(format!("creating {}: {e}", state_dir.display())))?;
+        let path = state_dir.join("view.db");
+        let conn = Connection::open(&path)
+            .map_err(|e| sql_error(&format!("opening {}", path.display()), e))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA cache_size=-65536;",
+        )
+        .and_then(|()| conn.execute_batch(SCHEMA))
+        .map_err(|e| sql_error("creating its tables", e))?;
+        Ok(View {
+            conn,
+            in_transaction: false,
+        })
+    }
+
+    /// Claims the key range: raises its fence and returns the new fence and the
+    /// checkpoint committed last (empty if none).
+    pub fn claim(&mut self, key_begin: u32, key_end: u32) -> Result<(i64, Vec<u8>)> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| sql_error("claiming the key range", e))?;
+        let current: Option<(i64, Vec<u8>)> = tx
+            .query_row(
+                "SELECT fence, checkpoint FROM ranges WHERE key_begin = ?1 AND key_end = ?2",
+                params![key_begin, key_end],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| sql_error("reading the range's fence", e))?;
+        let (fence, checkpoint) = current.map(|(f, c)| (f + 1, c)).unwrap_or((1, Vec::new()));
+        tx.execute(
+            "INSERT INTO ranges (key_begin, key_end, fence, checkpoint) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (key_begin, key_end) DO UPDATE SET fence = excluded.fence",
+            params![key_begin, key_end, fence, checkpoint],
+        )
+        .and_then(|_| tx.commit())
+        .map_err(|e| sql_error("raising the range's fence", e))?;
+        Ok((fence, checkpoint))
+    }
+
+    pub fn fence(&self, key_begin: u32, key_end: u32) -> Result<Option<i64>> {
+        self.conn
+            .query_row(
+                "SELECT fence FROM ranges WHERE key_begin = ?1 AND key_end = ?2",
+                params![key_begin, key_end],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| sql_error("reading the range's fence", e))
+    }
+
+    /// Starts the transaction's writes, if not started.
+    pub fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            self.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(|e| sql_error("beginning a transaction", e))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    /// The document of `key` in `binding`'s view, as this transaction sees it.
+    pub fn get(&self, binding: &str, key: &[u8]) -> Result<Option<String>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT doc FROM docs WHERE binding = ?1 AND key = ?2")
+            .map_err(|e| sql_error("preparing a lookup", e))?;
+        stmt.query_row(params![binding, key], |row| row.get(0))
+            .optional()
+            .map_err(|e| sql_error("looking up a key", e))
+    }
+
+    /// Sets (`Some`) or removes (`None`) `key`'s document.
+    pub fn put(&mut self, binding: &str, key: &[u8], doc: Option<&str>) -> Result<()> {
+        let (sql, result) = match doc {
+            Some(doc) => {
+                let sql = "INSERT INTO docs (binding, key, doc) VALUES (?1, ?2, ?3)
+                           ON CONFLICT (binding, key) DO UPDATE SET doc = excluded.doc";
+                let stmt = self.conn.prepare_cached(sql);
+                (
+                    sql,
+                    stmt.and_then(|mut s| s.execute(params![binding, key, doc])),
+                )
+            }
+            None => {
+                let sql = "DELETE FROM docs WHERE binding = ?1 AND key = ?2";
+                let stmt = self.conn.prepare_cached(sql);
+                (sql, stmt.and_then(|mut s| s.execute(params![binding, key])))
+            }
+        };
+        result
+            .map(drop)
+            .map_err(|e| sql_error(&format!("writing the view ({sql})"), e))
+    }
+
+    /// Up to `limit` documents of `binding`'s view after `after` (in key order).
+    pub fn scan(
+        &self,
+        binding: &str,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, String)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT key, doc FROM docs WHERE binding = ?1 AND key > ?2 ORDER BY key LIMIT ?3",
+            )
+            .map_err(|e| sql_error("preparing a scan", e))?;
+        let rows = stmt
+            .query_map(
+                params![binding, after.unwrap_or(&[]), limit as i64],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| sql_error("scanning the view", e))?;
+        Ok(rows)
+    }
+
+    /// Whether `binding`'s snapshot batch was sent.
+    pub fn snapshot_sent(&self, binding: &str) -> Result<bool> {
+        self.conn
+            .query_row(
+                "SELECT 1 FROM snapshots WHERE binding = ?1",
+                params![binding],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|row| row.is_some())
+            .map_err(|e| sql_error("reading the snapshots sent", e))
+    }
+
+    /// Commits the transaction with `checkpoint` and the snapshots it sent, if the
+    /// range's fence is still `fence`; otherwise rolls back and says who holds it.
+    pub fn commit(
+        &mut self,
+        key_begin: u32,
+        key_end: u32,
+        fence: i64,
+        checkpoint: &[u8],
+        snapshots: &[(String, u64)],
+    ) -> Result<Option<i64>> {
+        self.begin()?;
+        let current = self.fence(key_begin, key_end)?;
+        if current != Some(fence) {
+            self.rollback();
+            return Ok(current);
+        }
+        let written = (|| {
+            self.conn.execute(
+                "UPDATE ranges SET checkpoint = ?3 WHERE key_begin = ?1 AND key_end = ?2",
+                params![key_begin, key_end, checkpoint],
+            )?;
+            for (binding, txn) in snapshots {
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO snapshots (binding, txn) VALUES (?1, ?2)",
+                    params![binding, *txn as i64],
+                )?;
+            }
+            self.conn.execute_batch("COMMIT")
+        })();
+        match written {
+            Ok(()) => {
+                self.in_transaction = false;
+                Ok(Some(fence))
+            }
+            Err(err) => {
+                self.rollback();
+                Err(sql_error("committing", err))
+            }
+        }
+    }
+
+    /// Rolls the transaction back, if one is open.
+    pub fn rollback(&mut self) {
+        if self.in_transaction {
+            if let Err(err) = self.conn.execute_batch("ROLLBACK") {
+                tracing::warn!(%err, "rolling back the output view's transaction");
+            }
+            self.in_transaction = false;
+        }
+    }
+
+    /// Forgets `binding`'s view and snapshot (the binding was removed).
+    pub fn drop_binding(&mut self, binding: &str) -> Result<()> {
+        self.conn
+            .execute("DELETE FROM docs WHERE binding = ?1", params![binding])
+            .and_then(|_| {
+                self.conn
+                    .execute("DELETE FROM snapshots WHERE binding = ?1", params![binding])
+            })
+            .map(drop)
+            .map_err(|e| sql_error("dropping a binding's view", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_is_whole_and_fenced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut view = View::open(dir.path()).unwrap();
+        let (fence, checkpoint) = view.claim(0, u32::MAX).unwrap();
+        assert_eq!((fence, checkpoint.as_slice()), (1, &[][..]));
+        view.begin().unwrap();
+        view.put("b", b"k1", Some("{\"a\":1}")).unwrap();
+        assert_eq!(view.get("b", b"k1").unwrap().as_deref(), Some("{\"a\":1}"));
+        view.rollback();
+        assert_eq!(view.get("b", b"k1").unwrap(), None);
+        view.begin().unwrap();
+        view.put("b", b"k1", Some("{\"a\":2}")).unwrap();
+        assert_eq!(
+            view.commit(0, u32::MAX, 1, b"cp1", &[("b".into(), 3)])
+                .unwrap(),
+            Some(1)
+        );
+        assert!(view.snapshot_sent("b").unwrap());
+
+        // A newer instance claims the range: the older one's commit is refused.
+        let mut newer = View::open(dir.path()).unwrap();
+        let (fence, checkpoint) = newer.claim(0, u32::MAX).unwrap();
+        assert_eq!((fence, checkpoint.as_slice()), (2, &b"cp1"[..]));
+        view.begin().unwrap();
+        view.put("b", b"k2", Some("{}")).unwrap();
+        assert_eq!(view.commit(0, u32::MAX, 1, b"cp2", &[]).unwrap(), Some(2));
+        assert_eq!(newer.get("b", b"k2").unwrap(), None);
+        assert_eq!(newer.scan("b", None, 10).unwrap().len(), 1);
+    }
+}
