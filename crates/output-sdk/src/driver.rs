@@ -303,13 +303,27 @@ impl Driver for OutputDriver {
         let mut outputs = self.outputs(&spec)?;
         let (key_begin, key_end) = (open.key_begin, open.key_end);
         let dir = self.state_dir.clone();
-        let keys: Vec<String> = outputs.iter().map(|o| o.view_key.clone()).collect();
+        let views: Vec<(String, String, bool)> = (outputs.iter().zip(&spec.bindings))
+            .map(|(o, b)| {
+                let collection = b.collection.as_ref().map(|c| c.collection.clone());
+                (
+                    o.view_key.clone(),
+                    collection.unwrap_or_default(),
+                    o.snapshot,
+                )
+            })
+            .collect();
         let (view, fence, checkpoint, sent) = blocking(move || {
             let mut view = View::open(&dir)?;
             let (fence, checkpoint) = view.claim(key_begin, key_end)?;
-            let sent = (keys.iter())
-                .map(|k| view.snapshot_sent(k))
-                .collect::<OutputResult<Vec<bool>>>()?;
+            let mut sent = Vec::new();
+            for (key, collection, snapshot) in &views {
+                let was_sent = view.snapshot_sent(key)?;
+                if *snapshot && !was_sent && view.is_empty(key)? {
+                    seed_from_sibling(&mut view, key, collection, &views)?;
+                }
+                sent.push(was_sent);
+            }
             Ok((view, fence, checkpoint, sent))
         })
         .await?;
@@ -328,6 +342,26 @@ impl Driver for OutputDriver {
         };
         Ok((Box::new(transactor), opened))
     }
+}
+
+/// Seeds a new snapshot binding's empty view from another binding of the same
+/// collection, so that its snapshot is the whole current view, not only what it sees
+/// from now on (a new binding is fed from the materialization's positions onward).
+fn seed_from_sibling(
+    view: &mut View,
+    key: &str,
+    collection: &str,
+    views: &[(String, String, bool)],
+) -> OutputResult<()> {
+    for (sibling, other, _) in views {
+        if sibling != key && other == collection && !view.is_empty(sibling)? {
+            let seeded = view.seed(key, sibling)?;
+            tracing::info!(binding = key, from = %sibling, documents = seeded,
+                "seeded a new snapshot binding's view from another binding of its collection");
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// One binding's side of a stream.

@@ -223,6 +223,21 @@ impl View {
         }
     }
 
+    /// Whether `binding`'s view holds no document.
+    pub fn is_empty(&self, binding: &str) -> Result<bool> {
+        Ok(self.scan(binding, None, 1)?.is_empty())
+    }
+
+    /// Copies `from`'s view into `binding`'s (empty) view, in one transaction.
+    pub fn seed(&mut self, binding: &str, from: &str) -> Result<usize> {
+        self.conn
+            .execute(
+                "INSERT INTO docs (binding, key, doc) SELECT ?1, key, doc FROM docs WHERE binding = ?2",
+                params![binding, from],
+            )
+            .map_err(|e| sql_error("seeding a binding's view", e))
+    }
+
     /// Forgets `binding`'s view and snapshot (the binding was removed).
     pub fn drop_binding(&mut self, binding: &str) -> Result<()> {
         self.conn

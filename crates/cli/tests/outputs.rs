@@ -1,0 +1,300 @@
+//! End-to-end change streams into files: `sluice run` of the pageviews pipeline whose
+//! bindings publish each transaction's changes as JSON `insert_delete`, Debezium and
+//! CSV files. An independent model (the input in chunks of one transaction each,
+//! reduced per user) says what every transaction changed; each format's files must
+//! decode to exactly that, transaction by transaction, numbered without gaps. A binding
+//! added later with `snapshot: true` starts with the whole view.
+
+use serde_json::Value;
+use sluice_files_output::parse_batch_file_name;
+use sluice_output_sdk::BatchKind;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+use common::{Row, SLUICE, assert_success, generate, write_lines};
+
+/// Documents per transaction: the pipeline closes transactions at exactly this many.
+const PER_TXN: usize = 500;
+
+fn sluice(dir: &Path, args: &[&str]) -> Output {
+    Command::new(SLUICE)
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+/// The pageviews pipeline publishing to `out/<binding>` in each listed format.
+fn pipeline(bindings: &[(&str, &str, bool)]) -> String {
+    let mut yaml = String::from(
+        r#"
+collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {strategy: merge}
+      properties:
+        user_id: {type: string}
+        views: {type: integer, reduce: {strategy: sum}}
+        bytes: {type: integer, reduce: {strategy: sum}}
+        last_seen: {type: string, reduce: {strategy: maximize}}
+sources:
+  views-file:
+    target: acme/pageviews
+    file: {path: views.jsonl, format: json}
+materializations:
+  views-out:
+    endpoint:
+      files: {directory: out}
+    bindings:
+"#,
+    );
+    for (path, format, snapshot) in bindings {
+        yaml.push_str(&format!(
+            "      - source: acme/pageviews\n        resource: {{path: {path}, format: {format}, snapshot: {snapshot}}}\n"
+        ));
+    }
+    yaml.push_str(&format!(
+        "runtime:\n  transactions: {{max_docs: {PER_TXN}, max_duration: 5s, min_duration: 5s}}\n"
+    ));
+    yaml
+}
+
+fn row(doc: &Value) -> Row {
+    let mut row = Row::default();
+    row.add(
+        doc["views"].as_i64().unwrap(),
+        doc["bytes"].as_i64().unwrap(),
+        doc["last_seen"].as_str().unwrap(),
+    );
+    row
+}
+
+/// One key's change: the row before (none: inserted) and after (none: deleted).
+type Changes = BTreeMap<String, (Option<Row>, Option<Row>)>;
+
+/// What each chunk of `PER_TXN` documents changes, reduced independently.
+fn model(docs: &[Value], view: &mut BTreeMap<String, Row>) -> Vec<Changes> {
+    docs.chunks(PER_TXN)
+        .map(|chunk| {
+            let mut changes = Changes::new();
+            for doc in chunk {
+                let user = doc["user_id"].as_str().unwrap().to_string();
+                let before = view.get(&user).cloned();
+                changes.entry(user.clone()).or_insert((before, None));
+                view.entry(user).or_default().add(
+                    doc["views"].as_i64().unwrap(),
+                    doc["bytes"].as_i64().unwrap(),
+                    doc["last_seen"].as_str().unwrap(),
+                );
+            }
+            for (user, change) in &mut changes {
+                change.1 = view.get(user).cloned();
+            }
+            changes
+        })
+        .collect()
+}
+
+/// A binding's batch files in order: (transaction, kind, lines).
+fn batches(folder: &Path) -> Vec<(u64, BatchKind, Vec<String>)> {
+    let mut files: Vec<_> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|name| parse_batch_file_name(&name).map(|(txn, kind)| (txn, kind, name)))
+        .collect();
+    files.sort_by_key(|(txn, _, _)| *txn);
+    files
+        .into_iter()
+        .map(|(txn, kind, name)| {
+            let text = std::fs::read_to_string(folder.join(name)).unwrap();
+            (txn, kind, text.lines().map(str::to_string).collect())
+        })
+        .collect()
+}
+
+/// Folds a batch's insert/delete records (by key, in order) into changes.
+fn fold(records: impl IntoIterator<Item = (bool, String, Row)>) -> Changes {
+    let mut changes = Changes::new();
+    for (insert, user, row) in records {
+        let change = changes.entry(user).or_insert((None, None));
+        if insert {
+            assert!(change.1.is_none(), "inserted twice in one transaction");
+            change.1 = Some(row);
+        } else {
+            assert!(
+                change.0.is_none() && change.1.is_none(),
+                "deleted out of order"
+            );
+            change.0 = Some(row);
+        }
+    }
+    changes
+}
+
+fn decode_json(lines: &[String]) -> Changes {
+    fold(lines.iter().map(|line| {
+        let record: Value = serde_json::from_str(line).unwrap();
+        let (insert, doc) = match (record.get("insert"), record.get("delete")) {
+            (Some(doc), None) => (true, doc),
+            (None, Some(doc)) => (false, doc),
+            _ => panic!("not an insert_delete record: {line}"),
+        };
+        (
+            insert,
+            doc["user_id"].as_str().unwrap().to_string(),
+            row(doc),
+        )
+    }))
+}
+
+fn decode_debezium(lines: &[String], txn: u64, snapshot: bool) -> Changes {
+    lines
+        .iter()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).unwrap();
+            assert_eq!(event["source"]["txn"], txn, "{line}");
+            assert_eq!(event["source"]["materialization"], "views-out", "{line}");
+            let (before, after) = (&event["before"], &event["after"]);
+            let op = event["op"].as_str().unwrap();
+            let expected_op = match (before.is_null(), after.is_null()) {
+                _ if snapshot => "r",
+                (true, false) => "c",
+                (false, false) => "u",
+                (false, true) => "d",
+                (true, true) => panic!("an event with neither before nor after: {line}"),
+            };
+            assert_eq!(op, expected_op, "{line}");
+            let user = if after.is_null() { before } else { after }["user_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let before = (!before.is_null()).then(|| row(before));
+            let after = (!after.is_null()).then(|| row(after));
+            (user, (before, after))
+        })
+        .collect()
+}
+
+fn decode_csv(lines: &[String]) -> Changes {
+    assert_eq!(lines[0], "user_id,bytes,last_seen,views,_op", "the header");
+    fold(lines[1..].iter().map(|line| {
+        let cells: Vec<&str> = line.split(',').collect();
+        let mut row = Row::default();
+        row.add(
+            cells[3].parse().unwrap(),
+            cells[1].parse().unwrap(),
+            cells[2],
+        );
+        let insert = match cells[4] {
+            "insert" => true,
+            "delete" => false,
+            other => panic!("_op {other:?}"),
+        };
+        (insert, cells[0].to_string(), row)
+    }))
+}
+
+#[test]
+fn every_transactions_changes_are_published_once_in_each_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(3_000, 150, 71);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let bindings = [
+        ("json", "json", false),
+        ("debezium", "debezium", false),
+        ("csv", "csv", false),
+    ];
+    std::fs::write(dir.path().join("pipeline.yaml"), pipeline(&bindings)).unwrap();
+    assert_success(&sluice(dir.path(), &["run", "pipeline.yaml"]));
+
+    let expected = model(&docs, &mut BTreeMap::new());
+    for (path, format, _) in bindings {
+        let batches = batches(&dir.path().join("out").join(path));
+        assert_eq!(
+            batches.len(),
+            expected.len(),
+            "{format}: one file per transaction"
+        );
+        let first = batches[0].0;
+        for (i, ((txn, kind, lines), want)) in batches.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                *txn,
+                first + i as u64,
+                "{format}: transactions are contiguous"
+            );
+            assert_eq!(*kind, BatchKind::Delta);
+            let got = match format {
+                "json" => decode_json(lines),
+                "debezium" => decode_debezium(lines, *txn, false),
+                _ => decode_csv(lines),
+            };
+            assert_eq!(&got, want, "{format}: transaction {txn}");
+        }
+    }
+}
+
+#[test]
+fn a_binding_added_with_snapshot_starts_with_the_whole_view_then_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(2_000, 120, 72);
+    let (first, second) = docs.split_at(1_000);
+    write_lines(&dir.path().join("views.jsonl"), first);
+    std::fs::write(
+        dir.path().join("pipeline.yaml"),
+        pipeline(&[("all", "json", false)]),
+    )
+    .unwrap();
+    assert_success(&sluice(dir.path(), &["run", "pipeline.yaml"]));
+
+    // A second binding of the same collection, asking for a snapshot; more input.
+    std::fs::write(
+        dir.path().join("pipeline.yaml"),
+        pipeline(&[("all", "json", false), ("fresh", "debezium", true)]),
+    )
+    .unwrap();
+    assert_success(&sluice(dir.path(), &["apply", "pipeline.yaml"]));
+    let mut all = first.to_vec();
+    all.extend_from_slice(second);
+    write_lines(&dir.path().join("views.jsonl"), &all);
+    assert_success(&sluice(dir.path(), &["run", "pipeline.yaml"]));
+
+    let mut view = BTreeMap::new();
+    model(first, &mut view);
+    let expected = model(second, &mut view.clone());
+    let batches = batches(&dir.path().join("out/fresh"));
+    assert_eq!(batches.len(), expected.len());
+    // The first batch is a snapshot: every user of the view after its transaction.
+    let (txn, kind, lines) = &batches[0];
+    assert_eq!(*kind, BatchKind::Snapshot);
+    let mut after_first = view.clone();
+    for (user, (_, after)) in &expected[0] {
+        after_first.insert(user.clone(), after.clone().unwrap());
+    }
+    let snapshot = decode_debezium(lines, *txn, true);
+    let want: Changes = (after_first.into_iter())
+        .map(|(user, row)| (user, (None, Some(row))))
+        .collect();
+    assert_eq!(snapshot, want, "the snapshot is the whole view");
+    for ((txn, kind, lines), want) in batches.iter().zip(&expected).skip(1) {
+        assert_eq!(*kind, BatchKind::Delta);
+        assert_eq!(
+            &decode_debezium(lines, *txn, false),
+            want,
+            "transaction {txn}"
+        );
+    }
+    // The first binding went on with changes only.
+    let all_batches = self::batches(&dir.path().join("out/all"));
+    assert!(
+        all_batches
+            .iter()
+            .all(|(_, kind, _)| *kind == BatchKind::Delta)
+    );
+}
