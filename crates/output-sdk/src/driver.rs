@@ -488,20 +488,22 @@ impl OutputTransactor {
     }
 }
 
-/// Applies one Store to the view, encoding each change (`encode`: not a snapshot's
-/// transaction, whose batch is the view itself).
+/// Applies a Store's documents from the `from`-th on to the view, encoding each change
+/// (`encoder`: none in a snapshot's transaction, whose batch is the view itself).
+/// Stops early once the buffer holds `max_bytes`, returning where to go on.
 fn apply_store(
     view: &mut View,
     key: &str,
     store: &Store,
+    from: usize,
     txn: u64,
     encoder: Option<&mut dyn Encoder>,
-    buffer: &mut Buffer,
-) -> Result<()> {
+    (buffer, max_bytes): (&mut Buffer, usize),
+) -> Result<Option<usize>> {
     let viewed = |e: OutputError| output_error(e);
     view.begin().map_err(viewed)?;
     let mut encoder = encoder;
-    for doc in store_docs(store) {
+    for (i, doc) in store_docs(store).enumerate().skip(from) {
         let doc = doc?;
         let text = doc.json(store.binding)?;
         let after_text = (text.trim() != "null").then_some(text);
@@ -541,9 +543,12 @@ fn apply_store(
                 after: after.as_ref(),
             };
             encoder.encode(&change, buffer).map_err(output_error)?;
+            if buffer.bytes() >= max_bytes {
+                return Ok(Some(i + 1));
+            }
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 #[async_trait]
@@ -592,31 +597,41 @@ impl FencedStore for OutputTransactor {
                 .map_err(output_error)?;
             crate::fail_point!(crate::AFTER_BATCH_START);
         }
-        let (key, encode) = (output.view_key.clone(), !output.snapshot);
-        let mut encoder = output.encoder.take().ok_or_else(taken)?;
-        let mut buffer = output.buffer.take().ok_or_else(taken)?;
-        let (encoder, buffer, applied) = tokio::task::spawn_blocking(move || {
-            let applied = apply_store(
-                &mut view.lock().expect("not poisoned"),
-                &key,
-                &store,
-                txn,
-                encode.then_some(&mut *encoder),
-                &mut buffer,
-            );
-            (encoder, buffer, applied)
-        })
-        .await
-        .map_err(|e| Error::store("output store", e.to_string(), false))?;
-        output.encoder = Some(encoder);
-        output.buffer = Some(buffer);
-        applied?;
-        if output
-            .buffer
-            .as_ref()
-            .is_some_and(|b| b.bytes() >= output.max_bytes)
-        {
-            output.push().await?;
+        // The Store's documents in runs that each fill the buffer at most, each run
+        // pushed before the next is encoded: a slow endpoint slows the loop, and what
+        // is buffered stays within max_buffer_size_bytes (and one change's messages).
+        let (key, encode, max_bytes) =
+            (output.view_key.clone(), !output.snapshot, output.max_bytes);
+        let store = Arc::new(store);
+        let mut from = Some(0);
+        while let Some(start) = from {
+            let mut encoder = output.encoder.take().ok_or_else(taken)?;
+            let mut buffer = output.buffer.take().ok_or_else(taken)?;
+            let (view, key, store) = (view.clone(), key.clone(), store.clone());
+            let (encoder, buffer, applied) = tokio::task::spawn_blocking(move || {
+                let applied = apply_store(
+                    &mut view.lock().expect("not poisoned"),
+                    &key,
+                    &store,
+                    start,
+                    txn,
+                    encode.then_some(&mut *encoder),
+                    (&mut buffer, max_bytes),
+                );
+                (encoder, buffer, applied)
+            })
+            .await
+            .map_err(|e| Error::store("output store", e.to_string(), false))?;
+            output.encoder = Some(encoder);
+            output.buffer = Some(buffer);
+            from = applied?;
+            if output
+                .buffer
+                .as_ref()
+                .is_some_and(|b| b.bytes() >= max_bytes)
+            {
+                output.push().await?;
+            }
         }
         Ok(())
     }
