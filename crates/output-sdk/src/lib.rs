@@ -28,6 +28,7 @@
 //! - A slow endpoint slows the loop: pushes are awaited, the buffer is bounded.
 
 pub mod change;
+pub mod config;
 pub mod driver;
 pub mod encode;
 pub mod endpoint;

@@ -1,9 +1,7 @@
 //! What the user writes: `files: {directory}` and per binding `{path}`.
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde_json::Value;
-use sluice_output_sdk::OutputError;
+pub use sluice_output_sdk::config::parse;
 use std::path::PathBuf;
 
 pub const ENDPOINT_SCHEMA: &str = r#"{
@@ -42,16 +40,4 @@ fn default_buffer() -> usize {
 #[serde(deny_unknown_fields)]
 pub struct Resource {
     pub path: String,
-}
-
-/// Parses `value` strictly, the error naming the place.
-pub fn parse<T: DeserializeOwned>(value: &Value) -> Result<T, OutputError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        OutputError::Config(if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        })
-    })
 }
