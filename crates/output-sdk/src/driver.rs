@@ -257,17 +257,26 @@ impl Driver for OutputDriver {
             .materialization
             .ok_or_else(|| Error::Config("Apply without a materialization".into()))?;
         self.outputs(&spec)?;
-        let actions = spec.bindings.iter().map(|b| {
+        let mut actions = Vec::new();
+        for b in &spec.bindings {
             let collection = b.collection.as_ref().map(|c| c.collection.as_str());
-            format!(
-                "publish the changes of {} to {} {}",
+            let (resource, path) = self.resource(&b.resource_spec_json)?;
+            actions.push(format!(
+                "publish the changes of {} to {} {} as {:?}",
                 collection.unwrap_or("?"),
                 self.kind.name,
-                b.resource_path.join("/")
-            )
-        });
+                path.join("/"),
+                resource.encoding.format,
+            ));
+            // What a consumer of Avro needs to decode (or to register).
+            if resource.encoding.format == encode::Format::Avro {
+                let fields = Fields::of(&spec.materialization, b).map_err(output_error)?;
+                let (value, key) = encode::avro_schemas(&fields).map_err(output_error)?;
+                actions.push(format!("  value schema: {value}\n  key schema: {key}"));
+            }
+        }
         Ok(m::ApplyResponse {
-            action_description: actions.collect::<Vec<_>>().join("\n"),
+            action_description: actions.join("\n"),
         })
     }
 

@@ -16,6 +16,8 @@ mod avro;
 mod csv;
 mod json;
 
+pub use avro::schemas as avro_schemas;
+
 use crate::change::Change;
 use crate::{OutputError, Result};
 use serde::Deserialize;
