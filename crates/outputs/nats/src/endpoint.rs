@@ -1,0 +1,336 @@
+//! One binding's subject: publishes pipelined, acknowledgements awaited in order, and
+//! the tail read (with the gap check) at open and again after any failure. See the
+//! crate docs for why this is exactly once, and where it stops being so.
+
+use crate::config::{Config, Resource};
+use crate::server::{self, external};
+use crate::stamp::{Stamp, msg_id, msg_id_of};
+use async_nats::Subject;
+use async_nats::jetstream::Context;
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::{PublishMessage, StreamMessage};
+use async_nats::jetstream::stream::Stream;
+use async_trait::async_trait;
+use bytes::Bytes;
+use sluice_output_sdk::{BatchKind, Buffer, OutputEndpoint, OutputError, Result, Tail, Target};
+use std::collections::VecDeque;
+
+pub struct NatsEndpoint {
+    url: String,
+    subject: Subject,
+    /// The stream created (or given the subject) when no stream holds the subject.
+    stream_name: String,
+    materialization: String,
+    max_buffer_size_bytes: usize,
+    max_in_flight: usize,
+    /// What errors name: `nats://127.0.0.1:4222 stream VIEWS subject views`.
+    place: String,
+    connection: Option<Connection>,
+    /// The subject's last message, as far as this endpoint knows; trusted only while
+    /// `tail_known`.
+    written: Option<Written>,
+    /// False before `open` and after any failure: the next batch reads the tail again.
+    tail_known: bool,
+    batch: Option<Batch>,
+    /// Published, not yet acknowledged, in publish order.
+    in_flight: VecDeque<InFlight>,
+}
+
+struct Connection {
+    js: Context,
+    stream: Stream,
+}
+
+/// A message the subject holds.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    stamp: Stamp,
+    sequence: u64,
+}
+
+/// The batch being published.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    txn: u64,
+    kind: BatchKind,
+    /// Its messages' `Sluice-After`.
+    after: u64,
+    /// Messages a replay discarded as held.
+    discarded: u64,
+}
+
+struct InFlight {
+    ack: PublishAckFuture,
+    stamp: Stamp,
+}
+
+impl NatsEndpoint {
+    pub fn new(config: &Config, resource: &Resource, target: &Target) -> NatsEndpoint {
+        NatsEndpoint {
+            url: config.url.clone(),
+            subject: Subject::from(resource.subject.as_str()),
+            stream_name: (config.stream.clone()).unwrap_or_else(|| resource.default_stream()),
+            materialization: target.materialization.clone(),
+            max_buffer_size_bytes: config.max_buffer_size_bytes,
+            max_in_flight: config.max_in_flight,
+            place: format!("{} subject {}", config.url, resource.subject),
+            connection: None,
+            written: None,
+            tail_known: false,
+            batch: None,
+            in_flight: VecDeque::new(),
+        }
+    }
+
+    fn connection(&self) -> Result<&Connection> {
+        self.connection.as_ref().ok_or_else(|| {
+            OutputError::External(format!("{}: used before it was opened", self.place))
+        })
+    }
+
+    /// The subject's last message, checked: written by this materialization, and the
+    /// last of an unbroken run of its transaction's messages.
+    async fn read_tail(&self) -> Result<Option<Written>> {
+        let stream = &self.connection()?.stream;
+        let Some(last) = server::last_message(stream, &self.subject, &self.place).await? else {
+            return Ok(None);
+        };
+        let foreign = |why: String| {
+            OutputError::Corrupt(format!(
+                "{}: the subject's last message (sequence {}) was not written by this \
+                 output: {why}. Another publisher writes to the subject; give the binding \
+                 a subject of its own",
+                self.place, last.sequence
+            ))
+        };
+        let stamp = Stamp::parse(Some(&last.headers)).map_err(foreign)?;
+        let expected = msg_id(&self.materialization, &self.subject, stamp.txn, stamp.index);
+        match msg_id_of(Some(&last.headers)) {
+            Some(id) if id == expected => {}
+            id => {
+                return Err(foreign(format!(
+                    "its Nats-Msg-Id is {id:?}, not {expected:?} (another materialization's?)"
+                )));
+            }
+        }
+        self.check_unbroken(stream, &last, stamp).await?;
+        Ok(Some(Written {
+            stamp,
+            sequence: last.sequence,
+        }))
+    }
+
+    /// Checks that the subject holds exactly `index + 1` messages after the tail's
+    /// `Sluice-After`: its transaction's messages 0 to `index`, no gap (see the crate
+    /// docs). Skipped when retention removed messages after `Sluice-After`, as the
+    /// transaction's first ones may be among them.
+    async fn check_unbroken(
+        &self,
+        stream: &Stream,
+        last: &StreamMessage,
+        tail: Stamp,
+    ) -> Result<()> {
+        let first = server::first_sequence(stream, &self.place).await?;
+        if first > tail.after + 1 {
+            tracing::debug!(
+                place = self.place,
+                first,
+                after = tail.after,
+                "retention removed messages the gap check would count; skipped"
+            );
+            return Ok(());
+        }
+        let (consumer, count) =
+            server::consumer_from(stream, &self.subject, tail.after + 1, &self.place).await?;
+        server::remove_consumer(stream, &consumer.cached_info().name).await;
+        if count != tail.index + 1 {
+            return Err(OutputError::Corrupt(format!(
+                "{}: the last message (sequence {}) is transaction {}'s message {}, so the \
+                 subject should hold {} messages after sequence {} (the transaction's \
+                 0 to {}), but it holds {count}: a publish failed while later ones were \
+                 stored (a gap), messages were deleted, or another publisher wrote there. \
+                 The subject cannot be continued exactly: inspect it, then purge it or \
+                 give the binding a new subject",
+                self.place,
+                last.sequence,
+                tail.txn,
+                tail.index,
+                tail.index + 1,
+                tail.after,
+                tail.index,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Awaits the oldest acknowledgement; the tail moves to its message.
+    async fn settle_oldest(&mut self) -> Result<()> {
+        let Some(InFlight { ack, stamp }) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        let ack = ack.await.map_err(|e| {
+            self.tail_known = false;
+            external(
+                &self.place,
+                &format!(
+                    "publishing transaction {} message {}",
+                    stamp.txn, stamp.index
+                ),
+                e,
+            )
+        })?;
+        if ack.duplicate {
+            // The tail was behind the subject: only after a race this output narrows
+            // but cannot exclude (see the crate docs).
+            tracing::warn!(
+                place = self.place,
+                txn = stamp.txn,
+                index = stamp.index,
+                sequence = ack.sequence,
+                "the stream already held this message (dropped as a duplicate)"
+            );
+        }
+        self.written = Some(Written {
+            stamp,
+            sequence: ack.sequence,
+        });
+        Ok(())
+    }
+
+    /// Publishes the messages of `buffer` the subject does not hold.
+    async fn publish(&mut self, buffer: &Buffer, batch: Batch) -> Result<u64> {
+        let mut discarded = 0;
+        for message in buffer.messages() {
+            if Tail::holds(self.written.map(|w| w.stamp.tail()), &message) {
+                discarded += 1;
+                continue;
+            }
+            if self.in_flight.len() >= self.max_in_flight {
+                self.settle_oldest().await?;
+            }
+            let stamp = Stamp {
+                txn: message.txn,
+                index: message.index,
+                batch: batch.kind,
+                after: batch.after,
+            };
+            let publish = PublishMessage::build()
+                .payload(Bytes::copy_from_slice(message.value))
+                .headers(stamp.headers(&self.materialization, &self.subject, message.key));
+            let ack = (self.connection()?.js)
+                .send_publish(self.subject.clone(), publish)
+                .await
+                .map_err(|e| self.publish_error(stamp, e))?;
+            self.in_flight.push_back(InFlight { ack, stamp });
+        }
+        Ok(discarded)
+    }
+
+    fn publish_error(&self, stamp: Stamp, error: PublishError) -> OutputError {
+        let what = format!("transaction {} message {}", stamp.txn, stamp.index);
+        if error.kind() == PublishErrorKind::MaxPayloadExceeded {
+            OutputError::Config(format!(
+                "{}: {what} is larger than the server accepts ({error}); raise the \
+                 server's max_payload",
+                self.place
+            ))
+        } else {
+            external(&self.place, &format!("publishing {what}"), error)
+        }
+    }
+}
+
+#[async_trait]
+impl OutputEndpoint for NatsEndpoint {
+    async fn open(&mut self) -> Result<()> {
+        self.tail_known = false;
+        if self.connection.is_none() {
+            let js = server::connect(&self.url, self.max_in_flight, &self.place).await?;
+            let stream =
+                server::stream_holding(&js, &self.subject, &self.stream_name, &self.place).await?;
+            self.place = format!(
+                "{} stream {} subject {}",
+                self.url,
+                stream.cached_info().config.name,
+                self.subject
+            );
+            self.connection = Some(Connection { js, stream });
+        }
+        self.written = self.read_tail().await?;
+        self.tail_known = true;
+        Ok(())
+    }
+
+    fn max_buffer_size_bytes(&self) -> usize {
+        self.max_buffer_size_bytes
+    }
+
+    async fn batch_start(&mut self, txn: u64, kind: BatchKind) -> Result<()> {
+        if self.batch.is_some() || !self.in_flight.is_empty() {
+            self.abort().await;
+        }
+        if !self.tail_known {
+            self.open().await?;
+        }
+        // A transaction written in part before keeps counting from where it began.
+        let after = match self.written {
+            Some(w) if w.stamp.txn == txn => w.stamp.after,
+            Some(w) => w.sequence,
+            None => 0,
+        };
+        self.batch = Some(Batch {
+            txn,
+            kind,
+            after,
+            discarded: 0,
+        });
+        Ok(())
+    }
+
+    async fn push(&mut self, buffer: &Buffer) -> Result<()> {
+        let Some(batch) = self.batch else {
+            return Err(OutputError::External(format!(
+                "{}: a push outside a batch",
+                self.place
+            )));
+        };
+        let discarded = self.publish(buffer, batch).await.inspect_err(|_| {
+            self.tail_known = false;
+        })?;
+        if let Some(batch) = &mut self.batch {
+            batch.discarded += discarded;
+        }
+        Ok(())
+    }
+
+    async fn batch_end(&mut self) -> Result<()> {
+        while !self.in_flight.is_empty() {
+            self.settle_oldest().await?;
+        }
+        if let Some(batch) = self.batch.take()
+            && batch.discarded > 0
+        {
+            tracing::info!(
+                place = self.place,
+                txn = batch.txn,
+                discarded = batch.discarded,
+                "a replayed transaction's messages the subject held were discarded"
+            );
+        }
+        Ok(())
+    }
+
+    /// Lets every publish in flight land or time out, so that the tail read by the
+    /// next batch is not overtaken by them.
+    async fn abort(&mut self) {
+        self.batch = None;
+        self.tail_known = false;
+        let abandoned = std::mem::take(&mut self.in_flight);
+        let acks = futures::future::join_all(abandoned.into_iter().map(|f| f.ack.into_future()));
+        for ack in acks.await {
+            if let Err(err) = ack {
+                tracing::debug!(place = self.place, %err, "an abandoned publish failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Talking to the server, in what nats-server 2.9 supports: `STREAM.NAMES` by subject,
+//! stream create and update, `STREAM.MSG.GET` of a subject's last message, and
+//! ephemeral ordered consumers (their pending count is a subject's message count from a
+//! sequence). Direct gets are not used: they need `allow_direct`, which streams made
+//! before 2.9 lack.
+
+use async_nats::jetstream::consumer::pull::OrderedConfig;
+use async_nats::jetstream::consumer::{Consumer, DeliverPolicy};
+use async_nats::jetstream::context::{
+    ContextBuilder, GetStreamByNameErrorKind, GetStreamErrorKind,
+};
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, Stream};
+use async_nats::jetstream::{self, Context};
+use sluice_output_sdk::{OutputError, Result};
+use std::fmt::Display;
+use std::time::Duration;
+
+/// How long connecting, an API request or a publish's acknowledgement may take before
+/// the operation fails (retryably).
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A retryable failure at `place` (`nats://127.0.0.1:4222 subject views`).
+pub fn external(place: &str, doing: &str, error: impl Display) -> OutputError {
+    OutputError::External(format!("{place}: {doing}: {error}"))
+}
+
+/// A JetStream context on `url`, at most `max_in_flight` publishes unacknowledged.
+pub async fn connect(url: &str, max_in_flight: usize, place: &str) -> Result<Context> {
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(TIMEOUT)
+        .request_timeout(Some(TIMEOUT))
+        .connect(url)
+        .await
+        .map_err(|e| external(place, "connecting", e))?;
+    Ok(ContextBuilder::new()
+        .timeout(TIMEOUT)
+        .max_ack_inflight(max_in_flight)
+        .build(client))
+}
+
+/// The stream whose subjects hold `subject`, if one does.
+pub async fn stream_of(js: &Context, subject: &str, place: &str) -> Result<Option<Stream>> {
+    let name = match js.stream_by_subject(subject).await {
+        Ok(name) => name,
+        Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(external(place, "looking for its stream", e)),
+    };
+    let stream = js
+        .get_stream(&name)
+        .await
+        .map_err(|e| external(place, &format!("reading stream {name}"), e))?;
+    Ok(Some(stream))
+}
+
+/// The stream holding `subject`: the one that does, else `name` given the subject (a
+/// new stream on disk with limits retention, or an existing one extended).
+pub async fn stream_holding(
+    js: &Context,
+    subject: &str,
+    name: &str,
+    place: &str,
+) -> Result<Stream> {
+    if let Some(stream) = stream_of(js, subject, place).await? {
+        return Ok(stream);
+    }
+    let creating = format!("creating stream {name} for it");
+    match js.get_stream(name).await {
+        Ok(mut stream) => {
+            let mut config = stream
+                .info()
+                .await
+                .map_err(|e| external(place, &creating, e))?
+                .config
+                .clone();
+            config.subjects.push(subject.to_string());
+            js.update_stream(config)
+                .await
+                .map_err(|e| external(place, &format!("adding it to stream {name}"), e))?;
+        }
+        Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.code() == 404) => {
+            js.create_stream(stream::Config {
+                name: name.to_string(),
+                subjects: vec![subject.to_string()],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| external(place, &creating, e))?;
+        }
+        Err(e) => return Err(external(place, &creating, e)),
+    }
+    js.get_stream(name)
+        .await
+        .map_err(|e| external(place, &format!("reading stream {name}"), e))
+}
+
+/// The subject's last message in `stream`, if it has one.
+pub async fn last_message(
+    stream: &Stream,
+    subject: &str,
+    place: &str,
+) -> Result<Option<StreamMessage>> {
+    match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => Ok(Some(message)),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(external(place, "reading its last message", e)),
+    }
+}
+
+/// An ordered consumer of the subject's messages from stream sequence `from`, and how
+/// many it has to deliver (the subject's messages from `from` when it was made).
+pub async fn consumer_from(
+    stream: &Stream,
+    subject: &str,
+    from: u64,
+    place: &str,
+) -> Result<(Consumer<OrderedConfig>, u64)> {
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from.max(1),
+            },
+            filter_subject: subject.to_string(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| external(place, &format!("reading from sequence {from}"), e))?;
+    let pending = consumer.cached_info().num_pending;
+    Ok((consumer, pending))
+}
+
+/// Removes a consumer [`consumer_from`] made (the server would after 30 s idle).
+pub async fn remove_consumer(stream: &Stream, name: &str) {
+    if let Err(err) = stream.delete_consumer(name).await {
+        tracing::debug!(%err, consumer = name, "removing an ordered consumer");
+    }
+}
+
+/// The stream's first sequence held now (`last + 1` once emptied).
+pub async fn first_sequence(stream: &Stream, place: &str) -> Result<u64> {
+    let info: jetstream::stream::Info = stream
+        .get_info()
+        .await
+        .map_err(|e| external(place, "reading the stream's state", e))?;
+    Ok(info.state.first_sequence)
+}
