@@ -30,6 +30,12 @@ fn sluice(dir: &Path, args: &[&str]) -> Output {
 
 /// The pageviews pipeline publishing to `out/<binding>` in each listed format.
 fn pipeline(bindings: &[(&str, &str, bool)]) -> String {
+    pipeline_to("files: {directory: out}", "path", bindings)
+}
+
+/// The pageviews pipeline publishing through `endpoint`, each binding's destination
+/// under the resource key `destination`.
+fn pipeline_to(endpoint: &str, destination: &str, bindings: &[(&str, &str, bool)]) -> String {
     let mut yaml = String::from(
         r#"
 collections:
@@ -51,13 +57,14 @@ sources:
 materializations:
   views-out:
     endpoint:
-      files: {directory: out}
+      ENDPOINT
     bindings:
 "#,
-    );
+    )
+    .replace("ENDPOINT", endpoint);
     for (path, format, snapshot) in bindings {
         yaml.push_str(&format!(
-            "      - source: acme/pageviews\n        resource: {{path: {path}, format: {format}, snapshot: {snapshot}}}\n"
+            "      - source: acme/pageviews\n        resource: {{{destination}: {path}, format: {format}, snapshot: {snapshot}}}\n"
         ));
     }
     yaml.push_str(&format!(
@@ -297,4 +304,105 @@ fn a_binding_added_with_snapshot_starts_with_the_whole_view_then_changes() {
             .iter()
             .all(|(_, kind, _)| *kind == BatchKind::Delta)
     );
+}
+
+/// Checks that `batches` (transaction, lines) of a message destination decode, as
+/// `format`, to the model's changes of every transaction, numbered without gaps.
+fn assert_batches(format: &str, batches: &[(u64, Vec<String>)], expected: &[Changes]) {
+    assert_eq!(
+        batches.len(),
+        expected.len(),
+        "{format}: one batch per transaction"
+    );
+    let first = batches[0].0;
+    for (i, ((txn, lines), want)) in batches.iter().zip(expected).enumerate() {
+        assert_eq!(
+            *txn,
+            first + i as u64,
+            "{format}: transactions are contiguous"
+        );
+        let got = match format {
+            "json" => decode_json(lines),
+            _ => decode_debezium(lines, *txn, false),
+        };
+        assert_eq!(&got, want, "{format}: transaction {txn}");
+    }
+}
+
+/// Groups messages stamped (txn, index) into batches, checking each batch's indexes
+/// run 0, 1, 2, … once each.
+fn group(messages: impl IntoIterator<Item = (u64, u64, String)>) -> Vec<(u64, Vec<String>)> {
+    let mut batches: Vec<(u64, Vec<String>)> = Vec::new();
+    for (txn, index, value) in messages {
+        if batches.last().is_none_or(|(t, _)| *t != txn) {
+            assert!(
+                batches.iter().all(|(t, _)| *t < txn),
+                "transaction {txn} out of order"
+            );
+            batches.push((txn, Vec::new()));
+        }
+        let lines = &mut batches.last_mut().unwrap().1;
+        assert_eq!(
+            index,
+            lines.len() as u64,
+            "transaction {txn}: index out of sequence"
+        );
+        lines.push(value.trim_end().to_string());
+    }
+    batches
+}
+
+/// A unique name for a test's stream, subject or topic.
+fn unique(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("sluice-test-{test}-{nanos:x}-{}", std::process::id())
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn nats_subjects_get_every_transactions_changes_once_in_order() {
+    const URL: &str = "nats://127.0.0.1:4222";
+    let name = unique("out").replace('-', "_");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(3_000, 150, 73);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let (json_subject, debezium_subject) = (format!("{name}.json"), format!("{name}.debezium"));
+    let yaml = pipeline_to(
+        &format!("nats: {{url: \"{URL}\", stream: {name}}}"),
+        "subject",
+        &[
+            (&json_subject, "json", false),
+            (&debezium_subject, "debezium", false),
+        ],
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    let out = sluice(dir.path(), &["run", "pipeline.yaml"]);
+    let read =
+        |subject: &str| block_on(sluice_nats_output::read::read_subject(URL, subject)).unwrap();
+    let messages = (out.status.success()).then(|| (read(&json_subject), read(&debezium_subject)));
+    block_on(async {
+        let admin = sluice_nats::admin::Admin::connect(URL).await.unwrap();
+        admin.delete_stream(&name).await.unwrap();
+    });
+    assert_success(&out);
+    let (json, debezium) = messages.unwrap();
+
+    let expected = model(&docs, &mut BTreeMap::new());
+    for (format, messages) in [("json", json), ("debezium", debezium)] {
+        let stamped = messages.into_iter().map(|m| {
+            let value = String::from_utf8(m.payload.to_vec()).unwrap();
+            (m.stamp.txn, m.stamp.index, value)
+        });
+        assert_batches(format, &group(stamped), &expected);
+    }
 }
