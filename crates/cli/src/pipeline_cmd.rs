@@ -6,10 +6,12 @@
 //! `sluice_runtime::pipeline`.
 
 use crate::registry::registry;
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
+use sluice_runtime::metrics::{Metrics, exporter};
 use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{Progress, Summary};
@@ -26,6 +28,10 @@ pub struct RunArgs {
     /// Keep tailing sources after they are exhausted (stop with Ctrl-C).
     #[arg(long)]
     pub follow: bool,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9464); overrides
+    /// the pipeline file's `runtime.metrics`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Args)]
@@ -77,6 +83,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let registry = registry();
     let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
+        let metrics = match args.metrics.or(pipeline.runtime.metrics) {
+            Some(address) => {
+                let metrics = Arc::new(Metrics::new());
+                let bound = exporter::serve(address, metrics.clone())
+                    .await
+                    .with_context(|| format!("serving metrics on {address}"))?;
+                tracing::info!("metrics on http://{bound}/metrics");
+                Some(metrics)
+            }
+            None => None,
+        };
         let planned = pipeline::plan(&pipeline, &registry).await?;
         // Applies only a first start: a changed pipeline file is refused until applied.
         for (name, actions) in pipeline::apply_first_start(&pipeline, &planned).await? {
@@ -96,6 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             planned,
             RunOptions {
                 follow: args.follow,
+                metrics,
             },
             progress.clone(),
             shutdown_rx,

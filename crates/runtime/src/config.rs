@@ -271,6 +271,10 @@ pub struct RuntimeDef {
     pub memory_budget: u64,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Where to serve Prometheus metrics on `/metrics` (`127.0.0.1:9464`); none by
+    /// default. `sluice run --metrics` overrides it.
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for RuntimeDef {
@@ -280,6 +284,7 @@ impl Default for RuntimeDef {
             transactions: TxnBounds::default(),
             memory_budget: default_memory_budget(),
             timeouts: Timeouts::default(),
+            metrics: None,
         }
     }
 }

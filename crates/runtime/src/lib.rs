@@ -6,6 +6,7 @@
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
 //! - [`deadletter`]: the dead-letter files of sources with `on_error: skip`.
 //! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
+//! - [`metrics`]: the Prometheus metrics, named in one place, and their endpoint.
 //! - [`registry`]: the source and driver kinds the binary knows, by their keys in the
 //!   pipeline file.
 //! - [`projections`]: collections, projections, field selection, materialization specs.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod deadletter;
 pub mod envelope;
 pub mod failpoint;
+pub mod metrics;
 pub mod pipeline;
 pub mod projections;
 pub mod recovery;

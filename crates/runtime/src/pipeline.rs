@@ -22,6 +22,7 @@
 use crate::admission::{self, Refusal, SinkGuarantee};
 use crate::applied;
 use crate::config::{self, Pipeline};
+use crate::metrics::{Metrics, ShardMetrics};
 use crate::projections::{self, BuildError};
 use crate::recovery::{self, RecoveryLog};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
@@ -471,6 +472,8 @@ pub async fn apply_first_start(
 pub struct RunOptions {
     /// Keep tailing sources after they are exhausted.
     pub follow: bool,
+    /// Where the run's metrics go (an exporter serves them); `None`: nowhere.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// Runs every materialization until its sources are exhausted (or `shutdown`). The
@@ -513,6 +516,8 @@ pub async fn run(
     } else {
         String::new()
     };
+    // Recorded whether or not anything serves them: a few counters per transaction.
+    let metrics = opts.metrics.unwrap_or_default();
     let mut tasks = tokio::task::JoinSet::new();
     for m in planned.materializations {
         let mut bindings = Vec::new();
@@ -562,7 +567,9 @@ pub async fn run(
             },
             bindings,
         };
+        let metrics = Arc::new(metrics.shard(&shard, feeds.iter().map(|f| f.name.as_str())));
         let attempt = Attempt {
+            metrics,
             shard,
             endpoint: m.endpoint.clone(),
             participant: m.participant.clone(),
@@ -640,6 +647,8 @@ impl SourceFeed {
 
 /// Everything one materialization needs to (re)start its loop.
 struct Attempt {
+    /// Its sources in the order of `feeds`.
+    metrics: Arc<ShardMetrics>,
     shard: Shard,
     endpoint: Arc<dyn Endpoint>,
     participant: Option<Arc<dyn EpochParticipant>>,
@@ -680,7 +689,10 @@ impl Attempt {
                 backoff = FIRST_BACKOFF;
             }
             failed += 1;
-            if !err.is_retryable() || failed >= MAX_FAILED_ATTEMPTS || *self.shutdown.borrow() {
+            let retry =
+                err.is_retryable() && failed < MAX_FAILED_ATTEMPTS && !*self.shutdown.borrow();
+            self.metrics.failed(&err, retry);
+            if !retry {
                 return (summary, Err(err));
             }
             summary.restarts += 1;
@@ -721,6 +733,7 @@ impl Attempt {
             opts: self.opts.clone(),
             timeouts: self.timeouts,
             progress: self.progress.clone(),
+            metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
         };
         txn::run(ctx, summary).await

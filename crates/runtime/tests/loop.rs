@@ -38,6 +38,7 @@ use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
 use sluice_runtime::config::{Pipeline, Timeouts};
 use sluice_runtime::failpoint::{self, MARKER};
+use sluice_runtime::metrics::Metrics;
 use sluice_runtime::pipeline::{self, Connect, Connected, PipelineError};
 use sluice_runtime::projections::loop_binding;
 use sluice_runtime::recovery::{REBUILD_SENTINEL, RecoveryLog, StoreCheckpoint, inspect};
@@ -462,6 +463,10 @@ impl Harness {
             },
             timeouts: Timeouts::default(),
             progress: Arc::new(Progress::default()),
+            metrics: Arc::new(Metrics::new().shard(
+                &self.shard,
+                self.pipeline.sources.keys().map(String::as_str),
+            )),
             shutdown: tokio::sync::watch::channel(false).1,
         };
         txn::run(ctx, summary).await.map_err(|e| e.to_string())

@@ -222,8 +222,24 @@ pub trait Source: Send {
     fn committed(&mut self, txn: u64, position: &Value) {
         let _ = (txn, position);
     }
+    /// How far the source is behind the input it reads, if it knows that cheaply (from
+    /// what it already tracks: a file's size, a partition's high watermark); `None` by
+    /// default. Sampled by the runtime after every step, for the metrics.
+    fn lag(&self) -> Option<Lag> {
+        None
+    }
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
+}
+
+/// How far a source is behind its input, in the unit the input counts in
+/// ([`Source::lag`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lag {
+    /// Bytes not yet read: of a file, of the WAL a replication slot still has to send.
+    Bytes(u64),
+    /// Messages not yet read: offsets of a Kafka partition, sequences of a stream.
+    Messages(u64),
 }
 
 /// How long a source with no way to be told of new input waits before it is asked

@@ -55,6 +55,7 @@ mod timed;
 
 use crate::config::Timeouts;
 use crate::deadletter::DeadLetterError;
+use crate::metrics::{CombinerRole, Phase, ShardMetrics};
 use crate::recovery::{
     Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
 };
@@ -241,6 +242,30 @@ impl RunError {
             | RunError::Internal(_) => false,
         }
     }
+
+    /// The error's kind, as the metrics name it (a timeout apart from its system's
+    /// other failures: it says the system is slow rather than broken).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RunError::Input { .. } => "input",
+            RunError::Document { .. } => "document",
+            RunError::Combine(_) => "combine",
+            RunError::Source(SourceError::Timeout { .. }) => "source_timeout",
+            RunError::Source(_) => "source",
+            RunError::SeekBack { .. } => "seek_back",
+            RunError::DeadLetter { .. } => "dead_letter",
+            RunError::Driver {
+                source: DriverError::Timeout { .. },
+                ..
+            } => "driver_timeout",
+            RunError::Driver { .. } => "driver",
+            RunError::Loaded { .. } => "loaded",
+            RunError::StoreCheckpoint { .. } => "store_checkpoint",
+            RunError::Recovery(_) => "recovery",
+            RunError::IntentSource { .. } => "intent_source",
+            RunError::Internal(_) => "internal",
+        }
+    }
 }
 
 /// Where a driver timeout is configured, after its message.
@@ -301,6 +326,8 @@ pub struct Context {
     /// Bounds on every wait for the driver and every source call.
     pub timeouts: Timeouts,
     pub progress: Arc<Progress>,
+    /// The shard's metrics, its sources in the order of `sources`.
+    pub metrics: Arc<ShardMetrics>,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -309,6 +336,7 @@ pub struct Context {
 struct Shared {
     bindings: Arc<Vec<Binding>>,
     opts: TxnOptions,
+    metrics: Arc<ShardMetrics>,
     shutdown: watch::Receiver<bool>,
     /// Batches handed to the committer and not yet committed (see `read`).
     in_flight: Arc<InFlight>,
@@ -360,6 +388,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         opts,
         timeouts,
         progress,
+        metrics,
         shutdown,
     } = ctx;
     let mut sources: Vec<BoundSource> = sources
@@ -381,6 +410,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
         opts,
+        metrics,
         shutdown,
         in_flight: Arc::new(InFlight::default()),
         durable: Arc::new(watch::Sender::new(recovered.checkpoint.txn)),
@@ -570,12 +600,13 @@ impl Committer<'_> {
             state = if batch.docs == 0 && batch.rejected == 0 {
                 // Acknowledge the prior commit now, so that idempotent-apply drivers apply
                 // it without waiting for more input.
+                let sent = matches!(settled, Settled::AckOwed(_)).then(Instant::now);
                 let settled = settled
                     .acknowledge(&mut self.tx)
                     .await
                     .map_err(|e| driver_err(&self.endpoint, e))?;
                 if batch.last {
-                    return self.finish().await;
+                    return self.finish(sent).await;
                 }
                 LogState::Settled(settled)
             } else {
@@ -600,6 +631,7 @@ impl Committer<'_> {
             rejected,
             journaled: _,
             last: _,
+            tally,
         } = batch;
         // Intent: durable before any effect of this transaction reaches the driver.
         let txn = self.checkpoint.txn + 1;
@@ -632,6 +664,9 @@ impl Committer<'_> {
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
         let started = Instant::now();
+        let metrics = self.shared.metrics.clone();
+        metrics.combiner(CombinerRole::Read, &c1.stats());
+        let ack_owed = log.ack() == state::Ack::Owed;
         let c2 = std::sync::Mutex::new(Combiner::new(
             binding_specs(&self.shared.bindings, Drains::IntoStores),
             combiner_options(&self.shared.opts),
@@ -651,29 +686,33 @@ impl Committer<'_> {
             phases::send_loads(&mut self.tx, loads, acked_rx),
             phases::recv_loaded(&mut self.rx, acked_tx, &c2, &self.shared.bindings),
         );
-        let ((delta_only, reused), (driver_checkpoint, loaded)) = match both {
+        let (sent, prepared) = match both {
             Ok(sent_and_received) => sent_and_received,
             Err(err) => return Err(self.phase_error(err).await),
         };
+        let prepared_at = Instant::now();
         crate::failpoint::fail_point!(AFTER_PREPARED, |e| driver_err(&self.endpoint, e));
-        let to_store = match delta_only {
+        let to_store = match sent.delta_only {
             Some(c1) => c1,
-            None => c2
-                .into_inner()
-                .expect("no reduction panicked in the load phase"),
+            None => {
+                let c2 = c2
+                    .into_inner()
+                    .expect("no reduction panicked in the load phase");
+                metrics.combiner(CombinerRole::Load, &c2.stats());
+                c2
+            }
         };
 
         // Store phase.
-        let loads_took = started.elapsed();
         let mut kept = stored::StoredDocsBuilder::new(to_store.stats().spilled_runs == 0);
-        let stored =
+        let stores =
             match phases::send_stores(&mut self.tx, to_store, &self.shared.bindings, &mut kept)
                 .await
             {
-                Ok(n) => n,
+                Ok(stores) => stores,
                 Err(err) => return Err(self.phase_error(err).await),
             };
-        let stores_took = started.elapsed() - loads_took;
+        let stored_at = Instant::now();
         if let Err(err) = self.tx.commit().await {
             return Err(self.phase_error(phases::PhaseError::Driver(err)).await);
         }
@@ -690,18 +729,23 @@ impl Committer<'_> {
                 return Err(driver_err(&self.endpoint, violation.into()));
             }
         }
+        let committed_at = Instant::now();
         let log = log.driver_committed();
         crate::failpoint::fail_point!(AFTER_DRIVER_COMMITTED, |e| driver_err(&self.endpoint, e));
         self.previous = kept.finish();
+        let (loaded, stored) = (
+            prepared.loaded.iter().sum::<u64>(),
+            stores.docs.iter().sum::<u64>(),
+        );
         tracing::debug!(
             txn,
             docs,
             loaded,
-            reused,
+            reused = sent.reused,
             stored,
-            load_ms = loads_took.as_millis() as u64,
-            store_ms = stores_took.as_millis() as u64,
-            commit_ms = (started.elapsed() - loads_took - stores_took).as_millis() as u64,
+            load_ms = (prepared_at - started).as_millis() as u64,
+            store_ms = (stored_at - prepared_at).as_millis() as u64,
+            commit_ms = (committed_at - stored_at).as_millis() as u64,
             "transaction committed"
         );
         self.count(Counts {
@@ -711,12 +755,37 @@ impl Committer<'_> {
             loaded,
             stored,
         });
+        metrics.committed();
+        for (phase, took) in [
+            (Phase::Read, tally.took),
+            (Phase::Loads, sent.at - started),
+            (Phase::Prepare, prepared_at - sent.at),
+            (Phase::Store, stored_at - prepared_at),
+            (Phase::Commit, committed_at - stored_at),
+        ] {
+            metrics.observe(phase, took);
+        }
+        // Sent first thing in the phase, when owed (else while the loop was idle).
+        if let (true, Some(acknowledged)) = (ack_owed, prepared.acknowledged) {
+            metrics.observe(Phase::Acknowledge, acknowledged - started);
+        }
+        for (source, read) in metrics.sources.iter().zip(&tally.sources) {
+            source.documents.inc_by(read.docs);
+            source.bytes.inc_by(read.bytes);
+            source.dead_lettered.inc_by(read.dead_lettered);
+        }
+        for (i, binding) in metrics.bindings.iter().enumerate() {
+            binding.combined.inc_by(tally.combined[i]);
+            binding.loaded.inc_by(prepared.loaded[i]);
+            binding.stored.inc_by(stores.docs[i]);
+            binding.deleted.inc_by(stores.deletions[i]);
+        }
 
         // Decision: record the commit durably, overlapping the next transaction's reads.
         merge_driver_checkpoint(
             &mut self.checkpoint,
             &self.materialization,
-            &driver_checkpoint,
+            &prepared.driver_checkpoint,
         )
         .map_err(|e| driver_err(&self.endpoint, e))?;
         // An epoch sink's descriptor of what it staged: the decision holds it.
@@ -727,7 +796,18 @@ impl Committer<'_> {
                 .driver_checkpoints
                 .insert(self.materialization.clone(), descriptor);
         }
-        Ok(log.commit(self.checkpoint.clone(), self.shared.durable.clone()))
+        let first_read = tally.first_read;
+        let durable = move |took| {
+            metrics.observe(Phase::LogCommit, took);
+            if let Some(first_read) = first_read {
+                metrics.end_to_end(first_read.elapsed());
+            }
+        };
+        Ok(log.commit(
+            self.checkpoint.clone(),
+            self.shared.durable.clone(),
+            durable,
+        ))
     }
 
     /// Counts a committed transaction: counted once committed, so a restarted run never
@@ -747,12 +827,19 @@ impl Committer<'_> {
         self.progress.stored.fetch_add(n.stored, Ordering::Relaxed);
     }
 
-    /// Ends a run whose input is exhausted: the last Acknowledge was sent; waits for the
-    /// driver to confirm it, then closes the stream.
-    async fn finish(mut self) -> Result<(), RunError> {
+    /// Ends a run whose input is exhausted: the last Acknowledge was sent (just now, at
+    /// `sent`, or while the loop idled); waits for the driver to confirm it, then closes
+    /// the stream.
+    async fn finish(mut self, sent: Option<Instant>) -> Result<(), RunError> {
         phases::expect_acknowledged(&mut self.rx)
             .await
-            .map_err(|e| driver_err(&self.endpoint, e))
+            .map_err(|e| driver_err(&self.endpoint, e))?;
+        if let Some(sent) = sent {
+            self.shared
+                .metrics
+                .observe(Phase::Acknowledge, sent.elapsed());
+        }
+        Ok(())
     }
 
     /// The error that ends a failed phase. A failed send usually means the driver ended
@@ -797,7 +884,7 @@ fn undecided(log: &RecoveryLog, materialization: &str) -> Vec<sluice_sink_sdk::U
         .collect()
 }
 
-fn materialization_name(open: &Open) -> String {
+pub(crate) fn materialization_name(open: &Open) -> String {
     open.materialization
         .as_ref()
         .map(|m| m.materialization.clone())

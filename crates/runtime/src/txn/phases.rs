@@ -25,7 +25,7 @@ use sluice_driver_sdk::machine::violation;
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Prepare;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The load phase's inputs: this transaction's combined documents (`c1`), the combiner
 /// they move into (`c2`, shared with [`recv_loaded`]), what the last transaction stored,
@@ -40,18 +40,27 @@ pub(super) struct LoadPhase<'a> {
     pub checkpoint: &'a mut Checkpoint,
 }
 
+/// What [`send_loads`] did.
+pub(super) struct LoadsSent {
+    /// `c1` itself when every binding is delta-updates (nothing to load, so the combined
+    /// documents are stored as they are; else the store phase drains `c2`).
+    pub delta_only: Option<Combiner>,
+    /// Documents that came from `previous` instead of a Load.
+    pub reused: u64,
+    /// When the last Load was sent (the Prepare waits for Acknowledged after it).
+    pub at: Instant,
+}
+
 /// Sends Acknowledge (if owed), then, for every key of a standard binding: its document
 /// as the last transaction stored it, if `previous` has it (left into `c2`, no Load),
 /// else a Load if the store may hold the key; meanwhile each drained document moves into
 /// `c2`. Then, once Acknowledged has arrived, Prepare with `checkpoint` (whose highest
-/// stored keys now include this transaction's). Returns `c1` itself when every binding
-/// is delta-updates (nothing to load, so the combined documents are stored as they
-/// are; else the store phase drains `c2`), and how many documents came from `previous`.
+/// stored keys now include this transaction's).
 pub(super) async fn send_loads(
     tx: &mut ClientSender,
     phase: LoadPhase<'_>,
     acked: tokio::sync::oneshot::Receiver<()>,
-) -> Result<(Option<Combiner>, u64), PhaseError> {
+) -> Result<LoadsSent, PhaseError> {
     let LoadPhase {
         c1,
         c2,
@@ -64,8 +73,13 @@ pub(super) async fn send_loads(
         tx.acknowledge().await?;
     }
     if bindings.iter().all(|b| b.delta_updates) {
+        let at = Instant::now();
         send_prepare(tx, acked, checkpoint).await?;
-        return Ok((Some(c1), 0));
+        return Ok(LoadsSent {
+            delta_only: Some(c1),
+            reused: 0,
+            at,
+        });
     }
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
@@ -113,9 +127,14 @@ pub(super) async fn send_loads(
     for load in builder.finish() {
         tx.load(load).await?;
     }
+    let at = Instant::now();
     known.into_checkpoint(checkpoint, bindings);
     send_prepare(tx, acked, checkpoint).await?;
-    Ok((None, reused))
+    Ok(LoadsSent {
+        delta_only: None,
+        reused,
+        at,
+    })
 }
 
 /// The load phase's combiner, held only between awaits. A poisoned lock means a
@@ -195,20 +214,29 @@ impl KnownKeys {
     }
 }
 
+/// What [`recv_loaded`] received.
+pub(super) struct Prepared {
+    pub driver_checkpoint: flow::DriverCheckpoint,
+    /// Documents loaded, per binding.
+    pub loaded: Vec<u64>,
+    /// When Acknowledged arrived.
+    pub acknowledged: Option<Instant>,
+}
+
 /// Receives responses until Prepared: Acknowledged (exactly one, signalled to the
 /// sender, which may then Prepare) and Loaded documents, each reduced into `c2` to the
-/// left of its key's new documents as it arrives. Returns the driver's checkpoint and
-/// how many documents were loaded.
+/// left of its key's new documents as it arrives.
 pub(super) async fn recv_loaded(
     rx: &mut ClientReceiver,
     acked: tokio::sync::oneshot::Sender<()>,
     c2: &Mutex<Combiner>,
     bindings: &[Binding],
-) -> Result<(flow::DriverCheckpoint, u64), PhaseError> {
+) -> Result<Prepared, PhaseError> {
     let mut acked = Some(acked);
     let mut parser = DocParser::default();
     let mut key = Vec::new();
-    let mut loaded = 0;
+    let mut loaded = vec![0; bindings.len()];
+    let mut acknowledged = None;
     loop {
         match rx.recv().await? {
             Response::Loaded(msg) => {
@@ -232,15 +260,22 @@ pub(super) async fn recv_loaded(
                         .map_err(|e| bad(format!("has no key: {e}")))?;
                     c2.reduce_left(binding, &key, doc)
                         .map_err(PhaseError::Combine)?;
-                    loaded += 1;
+                    loaded[binding as usize] += 1;
                 }
             }
             Response::Acknowledged => {
+                acknowledged = Some(Instant::now());
                 if let Some(acked) = acked.take() {
                     let _ = acked.send(());
                 }
             }
-            Response::Prepared(cp) => return Ok((cp, loaded)),
+            Response::Prepared(driver_checkpoint) => {
+                return Ok(Prepared {
+                    driver_checkpoint,
+                    loaded,
+                    acknowledged,
+                });
+            }
             Response::DriverCommitted => {
                 return Err(PhaseError::Driver(
                     violation(
@@ -285,17 +320,27 @@ impl From<DriverError> for PhaseError {
     }
 }
 
+/// What [`send_stores`] stored, per binding.
+pub(super) struct Stored {
+    /// Documents stored, deletions included.
+    pub docs: Vec<u64>,
+    pub deletions: Vec<u64>,
+}
+
 /// Drains `c2` into Store messages (exists = the key was loaded), keeping the stored
 /// documents of standard bindings in `kept` for the next transaction. A key whose full
 /// reduction deleted it is stored as `null` (a deletion) when it was loaded, and not at
-/// all otherwise; either way it is kept as deleted. Returns documents stored.
+/// all otherwise; either way it is kept as deleted.
 pub(super) async fn send_stores(
     tx: &mut ClientSender,
     c2: Combiner,
     bindings: &[Binding],
     kept: &mut StoredDocsBuilder,
-) -> Result<u64, PhaseError> {
-    let mut stored = 0;
+) -> Result<Stored, PhaseError> {
+    let mut stored = Stored {
+        docs: vec![0; bindings.len()],
+        deletions: vec![0; bindings.len()],
+    };
     let mut builder = StoreBuilder::new();
     let mut values = Vec::new();
     let mut doc_json = Vec::new();
@@ -339,7 +384,8 @@ pub(super) async fn send_stores(
         for store in builder.take_ready() {
             tx.store(store).await.map_err(PhaseError::Driver)?;
         }
-        stored += 1;
+        stored.docs[binding as usize] += 1;
+        stored.deletions[binding as usize] += u64::from(deleted);
     }
     crate::failpoint::fail_point!(MID_STORE, PhaseError::Driver);
     for store in builder.finish() {

@@ -57,6 +57,7 @@ use super::{
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::envelope::{Envelope, Unwrapped};
+use crate::metrics::ShardMetrics;
 use crate::recovery::{Checkpoint, Intent};
 use serde_json::Value;
 use sluice_doc::combine::{CombineError, Combiner};
@@ -65,7 +66,7 @@ use sluice_source_sdk::{
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 /// Records queued from one source per call: small enough to interleave sources fairly,
@@ -92,6 +93,44 @@ pub struct ReadBatch {
     pub rejected: u64,
     /// No more batches will follow (sources exhausted, or shutdown).
     pub last: bool,
+    /// What it read, per source and binding, and when (the metrics).
+    pub tally: Tally,
+}
+
+/// What a batch read, per source and per binding, and when: counted by the metrics once
+/// its transaction commits.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Per source, in the run's order.
+    pub sources: Vec<SourceTally>,
+    /// Per binding: documents combined into it.
+    pub combined: Vec<u64>,
+    /// When its first document was combined.
+    pub first_read: Option<Instant>,
+    /// How long reading it took.
+    pub took: Duration,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SourceTally {
+    pub docs: u64,
+    pub bytes: u64,
+    pub dead_lettered: u64,
+}
+
+impl Tally {
+    /// Counts a step of `feed`'s source that added `docs` documents and `bytes` bytes.
+    fn step(&mut self, feed: &Feed<'_>, docs: u64, bytes: u64) {
+        if docs > 0 {
+            self.first_read.get_or_insert_with(Instant::now);
+        }
+        let source = &mut self.sources[feed.index];
+        source.docs += docs;
+        source.bytes += bytes;
+        for &binding in feed.targets {
+            self.combined[binding as usize] += docs;
+        }
+    }
 }
 
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
@@ -126,11 +165,13 @@ pub(super) fn spawn(
         let Shared {
             bindings,
             opts,
+            metrics,
             shutdown,
             in_flight,
             durable,
         } = shared;
         let mut reader = Reader {
+            metrics,
             exhausted: vec![false; sources.len()],
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
@@ -154,17 +195,18 @@ pub(super) fn spawn(
                 Some(intent) => reader.replay(&intent).await,
                 None => reader.read().await,
             };
-            let batch = match batch {
+            let mut batch = match batch {
                 Ok(batch) => match reader.number(&batch) {
                     Some(txn) => reader.write_dead_letters(txn, batch).await,
                     None => Ok(batch),
                 },
                 Err(e) => Err(e),
             };
-            if let Ok(b) = &batch {
+            if let Ok(b) = &mut batch {
+                b.tally.took = started.elapsed();
                 tracing::debug!(
                     docs = b.docs,
-                    read_ms = started.elapsed().as_millis() as u64,
+                    read_ms = b.tally.took.as_millis() as u64,
                     "transaction read"
                 );
             }
@@ -258,6 +300,8 @@ impl ReaderSource {
 
 struct Reader {
     sources: Vec<ReaderSource>,
+    /// Each source's lag goes here after its steps.
+    metrics: Arc<ShardMetrics>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
     opts: TxnOptions,
@@ -310,6 +354,11 @@ impl Reader {
             journaled: 0,
             rejected: 0,
             last: false,
+            tally: Tally {
+                sources: vec![SourceTally::default(); self.sources.len()],
+                combined: vec![0; self.bindings.len()],
+                ..Tally::default()
+            },
         }
     }
 
@@ -351,6 +400,9 @@ impl Reader {
     ) -> Result<ReadBatch, RunError> {
         let rejects = std::mem::take(&mut self.rejects);
         batch.rejected = rejects.letters.len() as u64;
+        for ((source, _, _), _) in &rejects.letters {
+            batch.tally.sources[*source].dead_lettered += 1;
+        }
         self.dead_letters
             .write(txn, rejects.letters)
             .await
@@ -404,6 +456,9 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
                 reading.apply_backpressure();
+                if let Some(lag) = reading.bound.source.lag() {
+                    self.metrics.sources[index].lag(lag);
+                }
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
                 backlogged |= !step.end_of_input
@@ -673,8 +728,10 @@ fn combine_step(
         }
         Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
     };
+    let before = (batch.docs, batch.bytes);
     let combined = combine_records(records, failing_at, feed, batch, rejects);
     records.clear();
+    (batch.tally).step(feed, batch.docs - before.0, batch.bytes - before.1);
     match combined? {
         Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
             Err(feed.input_error(&err.position, &err.reason))

@@ -35,6 +35,7 @@ use crate::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::client::ClientSender;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -140,13 +141,21 @@ impl DriverCommitted {
     /// meanwhile, and [`LogState::settle`] awaits it.
     /// `durable` is told the transaction's number the moment its fsync returns, so the
     /// sources that wait on it (a slot to confirm, clients to answer) need not wait for
-    /// the next transaction to settle it.
-    pub fn commit(self, checkpoint: Checkpoint, durable: Arc<watch::Sender<u64>>) -> LogState {
+    /// the next transaction to settle it; then `on_durable` is called with how long the
+    /// write and its fsync took (the metrics).
+    pub fn commit(
+        self,
+        checkpoint: Checkpoint,
+        durable: Arc<watch::Sender<u64>>,
+        on_durable: impl FnOnce(Duration) + Send + 'static,
+    ) -> LogState {
         let mut log = self.log;
         LogState::Committing(tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
             // Returns only after the commit record is fsync'ed.
             log.commit(&checkpoint)?;
             durable.send_replace(checkpoint.txn);
+            on_durable(started.elapsed());
             Ok(log)
         }))
     }

@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+    FaultTolerance, Lag, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
 };
 use std::time::Duration;
 use tokio::time::{error::Elapsed, timeout};
@@ -88,6 +88,10 @@ impl Source for Bounded {
 
     fn committed(&mut self, txn: u64, position: &Value) {
         self.inner.committed(txn, position);
+    }
+
+    fn lag(&self) -> Option<Lag> {
+        self.inner.lag()
     }
 
     /// Bounded too; a source that hangs here is simply dropped.

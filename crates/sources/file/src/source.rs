@@ -42,8 +42,8 @@ use crate::watch::FileWatch;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sluice_source_sdk::{
-    FaultTolerance, InputError, Position, QueueLimits, Records, Resume, Source, SourceError, Span,
-    Step, StepHasher, Unit, check_replay, replay_target,
+    FaultTolerance, InputError, Lag, Position, QueueLimits, Records, Resume, Source, SourceError,
+    Span, Step, StepHasher, Unit, check_replay, replay_target,
 };
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -91,6 +91,8 @@ pub struct FileSource {
     oversized: Option<Oversized>,
     /// Followed: its change notifications, from the first wait on.
     watch: Option<FileWatch>,
+    /// The file's size at the last read: how far behind the cursor is ([`Source::lag`]).
+    size: u64,
 }
 
 /// A record above the size limit, consumed so far up to the cursor.
@@ -134,6 +136,7 @@ impl FileSource {
             limit: None,
             oversized: None,
             watch: None,
+            size: 0,
         }
     }
 
@@ -177,18 +180,22 @@ impl FileSource {
             return Ok(0);
         }
         let buf = std::mem::take(&mut self.buf);
-        let (file, buf, read) = tokio::task::spawn_blocking(move || {
+        let (file, buf, read, size) = tokio::task::spawn_blocking(move || {
             let (mut file, mut buf) = (file, buf);
             let old = buf.len();
             buf.resize(old + want, 0);
             let read = file.read(&mut buf[old..]);
             buf.truncate(old + *read.as_ref().unwrap_or(&0));
-            (file, buf, read)
+            let size = file.metadata().map(|m| m.len());
+            (file, buf, read, size)
         })
         .await
         .expect("a file read does not panic");
         self.file = Some(file);
         self.buf = buf;
+        if let Ok(size) = size {
+            self.size = size;
+        }
         read.map_err(|e| self.io_error(e))
     }
 
@@ -472,6 +479,12 @@ impl Source for FileSource {
         self.read_into(limits, self.follow, out, &mut acc).await?;
         let end_of_input = self.eof && self.start == self.buf.len();
         Ok(acc.into_step(begin, self.cursor, end_of_input))
+    }
+
+    /// The bytes after the cursor, as of the last read (a followed file's growth since
+    /// shows at the next).
+    fn lag(&self) -> Option<Lag> {
+        Some(Lag::Bytes(self.size.saturating_sub(self.cursor.offset)))
     }
 }
 

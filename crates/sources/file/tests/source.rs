@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use sluice_file::config::DEFAULT_MAX_DOCUMENT_SIZE;
 use sluice_file::{FileConfig, FileFormat, FileSource};
 use sluice_source_sdk::testing::{ALL, parsed_docs, position, queue, records, texts};
-use sluice_source_sdk::{QueueLimits, RecordDoc, Records, Source, SourceError, bad_json};
+use sluice_source_sdk::{Lag, QueueLimits, RecordDoc, Records, Source, SourceError, bad_json};
 use std::io::Write;
 use std::path::Path;
 
@@ -370,4 +370,33 @@ async fn a_followed_file_ending_inside_an_oversized_record_ends_the_step_before_
     assert_eq!(docs, vec![json!({"i": 2})]);
     assert_eq!(step.errors.len(), 1);
     assert_eq!(step.errors[0].position.line, 2);
+}
+
+/// The lag is the file's bytes after the cursor, as of the last read.
+#[tokio::test]
+async fn lag_is_the_unread_bytes_of_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "v.jsonl", b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n");
+    let mut source = file_source(&path, FileFormat::Json, true);
+    assert_eq!(source.lag(), Some(Lag::Bytes(0)), "nothing read yet");
+    let one = QueueLimits {
+        max_records: 1,
+        max_bytes: u64::MAX,
+    };
+    source.queue(one, &mut Records::default()).await.unwrap();
+    assert_eq!(source.lag(), Some(Lag::Bytes(16)));
+    source.queue(ALL, &mut Records::default()).await.unwrap();
+    assert_eq!(source.lag(), Some(Lag::Bytes(0)));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"{\"a\":4}\n")
+        .unwrap();
+    source.queue(one, &mut Records::default()).await.unwrap();
+    assert_eq!(
+        source.lag(),
+        Some(Lag::Bytes(0)),
+        "the appended line is read"
+    );
 }

@@ -27,7 +27,7 @@ use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+    FaultTolerance, Lag, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
     check_replay,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -446,10 +446,25 @@ impl Source for KafkaSource {
         }
     }
 
+    /// Offsets behind each partition's high watermark last seen, summed.
+    fn lag(&self) -> Option<Lag> {
+        let next = self.next.as_ref()?;
+        Some(Lag::Messages(offsets_behind(next, &self.high)))
+    }
+
     async fn disconnect(&mut self) {
         self.prefetch = None;
         self.broker = None;
     }
+}
+
+/// The offsets from each partition's `next` offset to its high watermark in `high`
+/// (none for a partition without one yet), summed.
+fn offsets_behind(next: &BTreeMap<i32, i64>, high: &BTreeMap<i32, i64>) -> u64 {
+    next.iter()
+        .filter_map(|(partition, &next)| Some(high.get(partition)?.saturating_sub(next).max(0)))
+        .map(|behind| behind as u64)
+        .sum()
 }
 
 /// Of fetched `messages` (in offset order), those in `[at, end)`, one per offset, and
@@ -509,5 +524,14 @@ mod tests {
         assert_eq!(offsets(&gappy, 13, 20), (vec![], 13));
         // A batch returned twice does not duplicate a message.
         assert_eq!(offsets(&at(&[4, 4, 5, 5, 6]), 4, 6), (vec![4, 5], 6));
+    }
+
+    #[test]
+    fn the_lag_sums_each_partitions_offsets_below_its_high_watermark() {
+        let next = BTreeMap::from([(0, 10), (1, 7), (2, 3), (3, 0)]);
+        // Partition 1 caught up, 2 ahead of a stale watermark, 3 without one yet.
+        let high = BTreeMap::from([(0, 25), (1, 7), (2, 1)]);
+        assert_eq!(offsets_behind(&next, &high), 15);
+        assert_eq!(offsets_behind(&next, &BTreeMap::new()), 0);
     }
 }

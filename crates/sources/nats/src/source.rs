@@ -43,8 +43,8 @@ use crate::config::{NatsConfig, Start};
 use serde::Serialize;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, InputError, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source,
-    SourceError, Span, Step, StepHasher, Unit, check_replay, replay_target,
+    FaultTolerance, InputError, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume,
+    Source, SourceError, Span, Step, StepHasher, Unit, check_replay, replay_target,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -364,6 +364,14 @@ impl Source for NatsSource {
         if let Some(reader) = &self.reader {
             reader.prefetch.pause();
         }
+    }
+
+    /// The messages after the last one taken, as the consumer counted them when it
+    /// delivered that one.
+    fn lag(&self) -> Option<Lag> {
+        self.reader
+            .as_ref()
+            .map(|reader| Lag::Messages(reader.pending))
     }
 
     async fn disconnect(&mut self) {

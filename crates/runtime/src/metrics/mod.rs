@@ -1,0 +1,542 @@
+//! Prometheus metrics: every metric the runtime exports is named here, with its help
+//! text and labels, and recorded through the handles of one shard ([`ShardMetrics`]),
+//! resolved once per run so the loop never looks a label set up on its hot path.
+//! [`exporter`] serves them (`runtime.metrics`, `sluice run --metrics`).
+//!
+//! Prometheus' conventions: the `sluice_` prefix, the base unit in the name (`_seconds`,
+//! `_bytes`), counters ending in `_total`. Labels name the materialization, its shard
+//! (`<key_begin hex>-<key_end hex>`), a binding (its resource path), a source, or one of
+//! a fixed few values (`phase`, `kind`, `combiner`); never a key or a transaction
+//! number: the pipeline file bounds the number of series.
+//!
+//! Counted once committed: a transaction's documents, bytes, loads, stores and dead
+//! letters are added when its driver has committed it, as the run's summary counts them,
+//! so the counters agree with the summary and a restart never counts a document twice.
+
+pub mod exporter;
+
+use crate::txn::{RunError, Shard};
+use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Metric, Registry, Unit};
+use sluice_doc::combine::CombinerStats;
+use sluice_source_sdk::Lag;
+use std::time::Duration;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    materialization: String,
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BindingLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
+    binding: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CombinerLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
+    combiner: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
+    kind: &'static str,
+}
+
+/// The timed phases of a transaction (`phase` label of `sluice_transaction_phase_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The reader filling the batch: from its start to its close.
+    Read,
+    /// Draining the batch into Loads, until the last Load is sent.
+    Loads,
+    /// From the last Load to Prepared (which waits for the prior Acknowledged first).
+    Prepare,
+    /// Draining the reduced documents into Stores.
+    Store,
+    /// Commit to DriverCommitted.
+    Commit,
+    /// Writing and fsync'ing the commit record of the recovery log.
+    LogCommit,
+    /// Acknowledge to Acknowledged, when the loop waits for it (not one sent while idle).
+    Acknowledge,
+}
+
+impl Phase {
+    const ALL: [Phase; 7] = [
+        Phase::Read,
+        Phase::Loads,
+        Phase::Prepare,
+        Phase::Store,
+        Phase::Commit,
+        Phase::LogCommit,
+        Phase::Acknowledge,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Read => "read",
+            Phase::Loads => "loads",
+            Phase::Prepare => "prepare",
+            Phase::Store => "store",
+            Phase::Commit => "commit",
+            Phase::LogCommit => "log_commit",
+            Phase::Acknowledge => "acknowledge",
+        }
+    }
+}
+
+/// The combiners of a transaction (`combiner` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CombinerRole {
+    /// The reader's (C1): the batch's documents, combined.
+    Read,
+    /// The load phase's (C2): loaded documents reduced with the batch's.
+    Load,
+}
+
+impl CombinerRole {
+    fn label(self) -> &'static str {
+        match self {
+            CombinerRole::Read => "read",
+            CombinerRole::Load => "load",
+        }
+    }
+}
+
+/// 1 ms to about 2 minutes, doubling: from a local store's commit to a slow backfill's
+/// end-to-end latency.
+fn seconds_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+type Histograms<S> = Family<S, Histogram, fn() -> Histogram>;
+
+fn histograms<S: Clone + std::hash::Hash + Eq>() -> Histograms<S> {
+    Family::new_with_constructor(seconds_histogram)
+}
+
+/// Every metric of the process, and the registry that writes them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    source_documents: Family<SourceLabels, Counter>,
+    source_bytes: Family<SourceLabels, Counter>,
+    source_dead_lettered: Family<SourceLabels, Counter>,
+    source_lag_bytes: Family<SourceLabels, Gauge>,
+    source_lag_messages: Family<SourceLabels, Gauge>,
+    binding_combined: Family<BindingLabels, Counter>,
+    binding_loaded: Family<BindingLabels, Counter>,
+    binding_stored: Family<BindingLabels, Counter>,
+    binding_deleted: Family<BindingLabels, Counter>,
+    transactions: Family<ShardLabels, Counter>,
+    phase_seconds: Histograms<PhaseLabels>,
+    end_to_end_seconds: Histograms<ShardLabels>,
+    combiner_memory: Family<CombinerLabels, Gauge>,
+    combiner_spilled: Family<CombinerLabels, Counter>,
+    errors: Family<KindLabels, Counter>,
+    retries: Family<KindLabels, Counter>,
+}
+
+/// Registers `metric` as `sluice_<name>[_<unit>]` (a counter gets `_total` when
+/// written) with its help text.
+fn register<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    unit: Option<Unit>,
+    help: &str,
+    metric: M,
+) -> M {
+    match unit {
+        Some(unit) => registry.register_with_unit(name, help, unit, metric.clone()),
+        None => registry.register(name, help, metric.clone()),
+    }
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("sluice");
+        let bytes = || Some(Unit::Bytes);
+        let seconds = || Some(Unit::Seconds);
+        Metrics {
+            source_documents: register(
+                &mut r,
+                "source_documents_read",
+                None,
+                "Documents read from the source, in committed transactions.",
+                Family::default(),
+            ),
+            source_bytes: register(
+                &mut r,
+                "source_read",
+                bytes(),
+                "Bytes read from the source, in committed transactions.",
+                Family::default(),
+            ),
+            source_dead_lettered: register(
+                &mut r,
+                "source_documents_dead_lettered",
+                None,
+                "Documents of the source rejected into its dead-letter file \
+                 (on_error: skip), in committed transactions.",
+                Family::default(),
+            ),
+            source_lag_bytes: register(
+                &mut r,
+                "source_lag",
+                bytes(),
+                "Bytes the source is behind its input, as of its last step (a file's \
+                 unread bytes).",
+                Family::default(),
+            ),
+            source_lag_messages: register(
+                &mut r,
+                "source_lag",
+                Some(Unit::Other("messages".into())),
+                "Messages the source is behind its input, as of its last step (Kafka \
+                 offsets, NATS stream sequences).",
+                Family::default(),
+            ),
+            binding_combined: register(
+                &mut r,
+                "binding_documents_combined",
+                None,
+                "Documents combined into the binding (before reduction by key), in \
+                 committed transactions.",
+                Family::default(),
+            ),
+            binding_loaded: register(
+                &mut r,
+                "binding_documents_loaded",
+                None,
+                "Documents the driver loaded for the binding, in committed transactions.",
+                Family::default(),
+            ),
+            binding_stored: register(
+                &mut r,
+                "binding_documents_stored",
+                None,
+                "Documents stored to the binding (deletions included), in committed \
+                 transactions.",
+                Family::default(),
+            ),
+            binding_deleted: register(
+                &mut r,
+                "binding_documents_deleted",
+                None,
+                "Deletions stored to the binding, in committed transactions.",
+                Family::default(),
+            ),
+            transactions: register(
+                &mut r,
+                "transactions_committed",
+                None,
+                "Transactions the driver committed.",
+                Family::default(),
+            ),
+            phase_seconds: register(
+                &mut r,
+                "transaction_phase",
+                seconds(),
+                "Duration of each phase of a committed transaction: read, loads, \
+                 prepare, store, commit, log_commit, acknowledge.",
+                histograms(),
+            ),
+            end_to_end_seconds: register(
+                &mut r,
+                "end_to_end_latency",
+                seconds(),
+                "From the moment a transaction's first document was read from its \
+                 source to the moment its commit was durable in the recovery log.",
+                histograms(),
+            ),
+            combiner_memory: register(
+                &mut r,
+                "combiner_memory",
+                bytes(),
+                "Memory the last transaction's combiner held: the reader's (read) when \
+                 its batch closed, the load phase's (load) when its loads ended.",
+                Family::default(),
+            ),
+            combiner_spilled: register(
+                &mut r,
+                "combiner_spilled",
+                bytes(),
+                "Bytes combiners spilled to disk beyond their memory budget.",
+                Family::default(),
+            ),
+            errors: register(
+                &mut r,
+                "errors",
+                None,
+                "Runs of the loop that ended with an error, by its kind.",
+                Family::default(),
+            ),
+            retries: register(
+                &mut r,
+                "retries",
+                None,
+                "Reopenings of the loop after a retryable error, by its kind.",
+                Family::default(),
+            ),
+            registry: r,
+        }
+    }
+
+    /// Every metric, in Prometheus' text format 0.0.4.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &self.registry).expect("a String takes any text");
+        text
+    }
+
+    /// The handles of one shard, whose sources are `sources` (names, in the order the
+    /// loop's `Context::sources` has them).
+    pub fn shard<'a>(
+        &self,
+        shard: &Shard,
+        sources: impl IntoIterator<Item = &'a str>,
+    ) -> ShardMetrics {
+        let open = &shard.open;
+        let labels = ShardLabels {
+            materialization: crate::txn::materialization_name(open),
+            shard: shard_label(open.key_begin, open.key_end),
+        };
+        let phases = Phase::ALL.map(|phase| {
+            self.phase_seconds.get_or_create_owned(&PhaseLabels {
+                shard: labels.clone(),
+                phase: phase.label(),
+            })
+        });
+        let combiner = |role: CombinerRole| {
+            let of = CombinerLabels {
+                shard: labels.clone(),
+                combiner: role.label(),
+            };
+            CombinerMetrics {
+                memory: self.combiner_memory.get_or_create_owned(&of),
+                spilled: self.combiner_spilled.get_or_create_owned(&of),
+            }
+        };
+        let sources = sources
+            .into_iter()
+            .map(|source| {
+                let of = SourceLabels {
+                    shard: labels.clone(),
+                    source: source.to_string(),
+                };
+                SourceMetrics {
+                    documents: self.source_documents.get_or_create_owned(&of),
+                    bytes: self.source_bytes.get_or_create_owned(&of),
+                    dead_lettered: self.source_dead_lettered.get_or_create_owned(&of),
+                    lag_bytes: self.source_lag_bytes.clone(),
+                    lag_messages: self.source_lag_messages.clone(),
+                    labels: of,
+                }
+            })
+            .collect();
+        let bindings = shard
+            .bindings
+            .iter()
+            .map(|binding| {
+                let of = BindingLabels {
+                    shard: labels.clone(),
+                    binding: binding.resource.clone(),
+                };
+                BindingMetrics {
+                    combined: self.binding_combined.get_or_create_owned(&of),
+                    loaded: self.binding_loaded.get_or_create_owned(&of),
+                    stored: self.binding_stored.get_or_create_owned(&of),
+                    deleted: self.binding_deleted.get_or_create_owned(&of),
+                }
+            })
+            .collect();
+        ShardMetrics {
+            transactions: self.transactions.get_or_create_owned(&labels),
+            end_to_end: self.end_to_end_seconds.get_or_create_owned(&labels),
+            phases,
+            combiners: [combiner(CombinerRole::Read), combiner(CombinerRole::Load)],
+            sources,
+            bindings,
+            errors: self.errors.clone(),
+            retries: self.retries.clone(),
+            labels,
+        }
+    }
+}
+
+/// The `shard` label: the key-hash range, inclusive, as 8 hex digits each.
+pub fn shard_label(key_begin: u32, key_end: u32) -> String {
+    format!("{key_begin:08x}-{key_end:08x}")
+}
+
+/// One shard's handles, resolved once (see [`Metrics::shard`]).
+#[derive(Debug)]
+pub struct ShardMetrics {
+    labels: ShardLabels,
+    transactions: Counter,
+    /// Indexed by [`Phase`] (declared in the order of [`Phase::ALL`]).
+    phases: [Histogram; Phase::ALL.len()],
+    end_to_end: Histogram,
+    /// Indexed by [`CombinerRole`].
+    combiners: [CombinerMetrics; 2],
+    /// In the order of the loop's sources.
+    pub(crate) sources: Vec<SourceMetrics>,
+    /// In the order of the shard's bindings.
+    pub(crate) bindings: Vec<BindingMetrics>,
+    errors: Family<KindLabels, Counter>,
+    retries: Family<KindLabels, Counter>,
+}
+
+#[derive(Debug)]
+struct CombinerMetrics {
+    memory: Gauge,
+    spilled: Counter,
+}
+
+#[derive(Debug)]
+pub(crate) struct SourceMetrics {
+    pub documents: Counter,
+    pub bytes: Counter,
+    pub dead_lettered: Counter,
+    /// Created on the first report: a source that never knows its lag has no series.
+    lag_bytes: Family<SourceLabels, Gauge>,
+    lag_messages: Family<SourceLabels, Gauge>,
+    labels: SourceLabels,
+}
+
+#[derive(Debug)]
+pub(crate) struct BindingMetrics {
+    pub combined: Counter,
+    pub loaded: Counter,
+    pub stored: Counter,
+    pub deleted: Counter,
+}
+
+impl ShardMetrics {
+    pub(crate) fn committed(&self) {
+        self.transactions.inc();
+    }
+
+    pub(crate) fn observe(&self, phase: Phase, took: Duration) {
+        self.phases[phase as usize].observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn end_to_end(&self, took: Duration) {
+        self.end_to_end.observe(took.as_secs_f64());
+    }
+
+    /// A transaction's combiner, as it was when it was done with.
+    pub(crate) fn combiner(&self, role: CombinerRole, stats: &CombinerStats) {
+        let combiner = &self.combiners[role as usize];
+        combiner
+            .memory
+            .set(saturating_i64(stats.memory_bytes as u64));
+        combiner.spilled.inc_by(stats.spilled_bytes);
+    }
+
+    /// A run of the loop ended with `err`; `retried`: it is reopened.
+    pub(crate) fn failed(&self, err: &RunError, retried: bool) {
+        let of = KindLabels {
+            shard: self.labels.clone(),
+            kind: err.kind(),
+        };
+        self.errors.get_or_create(&of).inc();
+        if retried {
+            self.retries.get_or_create(&of).inc();
+        }
+    }
+}
+
+impl SourceMetrics {
+    pub(crate) fn lag(&self, lag: Lag) {
+        let (family, behind) = match lag {
+            Lag::Bytes(n) => (&self.lag_bytes, n),
+            Lag::Messages(n) => (&self.lag_messages, n),
+        };
+        family
+            .get_or_create(&self.labels)
+            .set(saturating_i64(behind));
+    }
+}
+
+/// A gauge holds an `i64`.
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_is_named_by_its_key_range_in_hex() {
+        assert_eq!(shard_label(0, u32::MAX), "00000000-ffffffff");
+        assert_eq!(shard_label(0x8000_0000, 0xbfff_ffff), "80000000-bfffffff");
+        assert_eq!(shard_label(17, 255), "00000011-000000ff");
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let metrics = Metrics::new();
+        let shard = Shard {
+            open: Default::default(),
+            bindings: Vec::new(),
+        };
+        let handles = metrics.shard(&shard, ["views"]);
+        handles.sources[0].lag(Lag::Bytes(5));
+        handles.sources[0].lag(Lag::Messages(u64::MAX));
+        let text = metrics.render();
+        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let (name, kind) = family.split_once(' ').unwrap();
+            assert!(name.starts_with("sluice_"), "{name}");
+            match kind {
+                "counter" => assert!(name.ends_with("_total"), "{name}"),
+                "histogram" => assert!(name.ends_with("_seconds"), "{name}"),
+                "gauge" => assert!(name.ends_with("_bytes") || name.ends_with("_messages")),
+                other => panic!("{name}: unexpected type {other}"),
+            }
+        }
+        assert!(
+            text.contains(
+                r#"sluice_source_lag_bytes{materialization="",shard="00000000-00000000",source="views"} 5"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            r#"sluice_source_lag_messages{{materialization="",shard="00000000-00000000",source="views"}} {}"#,
+            i64::MAX
+        )));
+    }
+}
