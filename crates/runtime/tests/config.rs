@@ -289,6 +289,16 @@ fn timeouts_default_generously_and_read_as_durations() {
 }
 
 #[test]
+fn the_metrics_address_is_off_by_default_and_an_ip_and_port() {
+    assert_eq!(parse(DESIGN_EXAMPLE).unwrap().runtime.metrics, None);
+    let text = format!("{DESIGN_EXAMPLE}runtime:\n  metrics: 127.0.0.1:9464\n");
+    let address = parse(&text).unwrap().runtime.metrics.unwrap();
+    assert_eq!(address.to_string(), "127.0.0.1:9464");
+    let e = error(&format!("{DESIGN_EXAMPLE}runtime:\n  metrics: 9464\n"));
+    assert!(e.starts_with("runtime.metrics: "), "{e}");
+}
+
+#[test]
 fn a_zero_timeout_names_its_place() {
     let text = format!("{DESIGN_EXAMPLE}runtime:\n  timeouts: {{source: 0s}}\n");
     let e = error(&text);
