@@ -5,6 +5,12 @@
 //! finally compares the store with the reduction computed independently
 //! ([`model`]).
 //!
+//! An output is a target beside the stores (`--output`, [`output`]): the
+//! materialization publishes each transaction's changes to a destination of the
+//! torture's own, which is read back whole at the end and checked batch by batch
+//! (transactions without gaps or doubles, indexes exactly 0..n, every delete's document
+//! the current one) before its folded changes are compared with the model.
+//!
 //! ```text
 //!  generate M docs ─▶ pipeline.yaml ─▶ loop N faults:  sluice run  (FAILPOINTS=…, or SIGKILL)
 //!                                                     └─ exit 0? append a segment of input
@@ -18,11 +24,12 @@
 //! again, repeatedly), `disk-full` (the recovery log's fsync fails). `--source http`
 //! runs `random` its own way ([`pushed`]): clients post the input while runs are
 //! SIGKILLed, retrying with their Idempotency-Keys until acknowledged. Every scenario runs
-//! on every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `server-restart` on the
-//! server stores only, `broker-restart` on the broker sources only. A Kafka topic's four
-//! partitions interleave in no fixed order, so the model does not know the documents of
-//! each transaction: `--mode delta` and `disk-full` (which check them) read a file or a
-//! NATS stream. Fail points need a binary built with the `failpoints` feature; without
+//! on every store ([`store`]: SQLite, PostgreSQL, MariaDB/MySQL), `random` on the outputs
+//! too (faulted at the output's batch boundaries and the runtime's commits),
+//! `server-restart` on the server stores only, `broker-restart` on the broker sources
+//! only. A Kafka topic's four partitions interleave in no fixed order, so the model does
+//! not know the documents of each transaction: `--mode delta` and `disk-full` (which
+//! check them) read a file or a NATS stream. Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
 //! A run whose outcome contradicts its fault (a crash point that fired but the process
@@ -31,6 +38,7 @@
 
 mod input;
 mod model;
+mod output;
 mod pushed;
 mod scenarios;
 mod server;
@@ -40,6 +48,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use input::{Input, SourceKind};
 use model::{Model, Table, Verdict};
+use output::{Output, OutputKind};
 use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -49,8 +58,19 @@ use store::{Dialect, Store, yaml_str};
 #[derive(Args)]
 pub struct TortureArgs {
     /// The store to materialize into.
+    #[arg(
+        long,
+        value_enum,
+        required_unless_present = "output",
+        conflicts_with = "output"
+    )]
+    store: Option<StoreKind>,
+    /// Publish each transaction's changes (json insert/delete) to an output instead of
+    /// materializing into a store: files (a folder of the torture's own, one file per
+    /// transaction) or nats (a subject of a private NATS JetStream server). A change
+    /// stream, not a table: checked batch by batch, then folded.
     #[arg(long, value_enum)]
-    store: StoreKind,
+    output: Option<OutputKind>,
     /// Where the input lives: a JSON-lines file, a 4-partition topic of a private
     /// Kafka broker (tansu), a stream of a private NATS JetStream server, a table of a
     /// private PostgreSQL read by change data capture (postgres_cdc), or clients posting
@@ -153,7 +173,16 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     let seed = args.seed.unwrap_or(clock.as_nanos() as u64 % 1_000_000);
     let tag = format!("{}_{}", std::process::id(), clock.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("sluice-torture-{tag}"));
-    if args.scenario == Scenario::ServerRestart && args.store.dialect().is_none() {
+    let dialect = args.store.and_then(StoreKind::dialect);
+    if args.output.is_some() && (args.mode == Mode::Delta || args.scenario != Scenario::Random) {
+        bail!(
+            "--output runs --scenario random in --mode standard: an output publishes each \
+             change with the document before it, so it refuses delta updates, and the other \
+             scenarios fault what only a store has (its server, its driver process, a table \
+             two instances share) or are not built for outputs"
+        );
+    }
+    if args.scenario == Scenario::ServerRestart && dialect.is_none() {
         bail!("server-restart restarts a database server: --store postgres or mysql");
     }
     if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
@@ -186,7 +215,7 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
              --mode standard"
         );
     }
-    if args.store == StoreKind::Iceberg
+    if args.store == Some(StoreKind::Iceberg)
         && (args.mode != Mode::Delta
             || !matches!(args.scenario, Scenario::Random | Scenario::DiskFull))
     {
@@ -197,20 +226,21 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let input = Input::create(args.source, &dir)?;
-    let server = match (args.scenario, args.store.dialect()) {
+    let server = match (args.scenario, dialect) {
         (Scenario::ServerRestart, Some(dialect)) => Some(private_server(dialect, &dir)?),
         _ => None,
     };
-    let store = match (&server, args.store.dialect()) {
-        (_, None) if args.store == StoreKind::Iceberg => Store::Iceberg {
+    let store = match (args.output, &server, dialect) {
+        (Some(output), ..) => Store::Output(Output::create(output, &dir, &tag)?),
+        (None, _, None) if args.store == Some(StoreKind::Iceberg) => Store::Iceberg {
             catalog: dir.join("catalog.db"),
             warehouse: dir.join("warehouse"),
         },
-        (_, None) => Store::Sqlite {
+        (None, _, None) => Store::Sqlite {
             path: dir.join("torture.db"),
         },
-        (Some(server), Some(dialect)) => Store::server(dialect, &server.url(), &tag)?,
-        (None, Some(dialect)) => {
+        (None, Some(server), Some(dialect)) => Store::server(dialect, &server.url(), &tag)?,
+        (None, None, Some(dialect)) => {
             let url = args.url.as_deref().unwrap_or(dialect.default_url());
             Store::server(dialect, url, &tag)?
         }
@@ -519,14 +549,14 @@ materializations:
       {endpoint}
     bindings:
       - source: torture/events
-        resource: {{table: {table}}}
+        resource: {resource}
         delta_updates: {delta}
 runtime:
   recovery_log: {log}
   transactions: {{max_docs: {txn_docs}, {durations}}}
 "#,
             source = self.input.source_yaml(),
-            table = store::TABLE,
+            resource = self.store.resource_yaml(),
             delta = self.delta,
             log = yaml_str(&log),
             txn_docs = self.txn_docs,
@@ -627,11 +657,8 @@ runtime:
 
     /// Compares the store with the model of all the input.
     fn verify(&mut self) -> anyhow::Result<Verdict> {
-        let orphans = store::iceberg_orphans(&self.store)?;
-        if !orphans.is_empty() {
-            self.report.anomaly(format!(
-                "files no snapshot references were left: {orphans:?}"
-            ));
+        for violation in self.store.violations()? {
+            self.report.anomaly(violation);
         }
         let txn_docs = self.txn_docs as usize;
         let all = self.model.transaction_count(txn_docs);

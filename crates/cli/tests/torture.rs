@@ -9,8 +9,14 @@
 //! after), except `server-restart`, which starts a private server in a temporary folder.
 //! Kafka and NATS inputs always live in a private broker the torture starts (tansu,
 //! nats-server), never the shared one.
+//!
+//! Outputs (`--output`) are checked batch by batch besides the final comparison: a
+//! destination tampered with mid-torture must fail it, each broken rule named.
 
-use std::process::{Command, Output};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -319,4 +325,99 @@ fn iceberg_refuses_standard_mode_naming_why() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn files_output_random_crashes_publish_each_transaction_once() {
+    let out = torture(&["--output", "files", "--faults", "10"]);
+    assert_exact_after(&out, 10);
+    let faults = stdout(&out);
+    assert!(
+        faults.contains("output::"),
+        "output fail points armed:\n{faults}"
+    );
+}
+
+/// The subject lives in a private nats-server the torture starts.
+#[test]
+fn nats_output_random_crashes_publish_each_transaction_once() {
+    let out = torture(&["--output", "nats", "--faults", "10"]);
+    assert_exact_after(&out, 10);
+}
+
+#[test]
+fn output_delta_is_refused_naming_why() {
+    let out = torture(&["--output", "files", "--mode", "delta"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("it refuses delta updates"), "{stderr}");
+}
+
+/// The name of transaction `txn`'s batch file (the files output's naming).
+fn batch_file(txn: u64) -> String {
+    format!("{txn:020}.jsonl")
+}
+
+/// Waits until `folder` holds the batch files of transactions 1..=`txns`.
+fn await_batches(folder: &Path, txns: u64) {
+    let started = Instant::now();
+    while !(1..=txns).all(|txn| folder.join(batch_file(txn)).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no {txns} batch files in {}",
+            folder.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Files published by a running torture are tampered with (a transaction published
+/// twice, one removed, a delete's document changed): the torture must fail, naming
+/// each broken rule.
+#[test]
+fn a_tampered_files_output_fails_the_torture_naming_each_broken_rule() {
+    let mut child = Command::new(SLUICE)
+        .args([
+            "torture", "--output", "files", "--docs", "3000", "--keys", "300",
+        ])
+        .args(["--txn-docs", "100", "--seed", "11", "--faults", "12"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice torture");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let dir = PathBuf::from(first.trim().rsplit_once(" in ").expect("its folder").1);
+    let folder = dir.join("output/torture_events");
+    await_batches(&folder, 5);
+
+    std::fs::copy(
+        folder.join(batch_file(2)),
+        folder.join(format!("{:020}.snapshot.jsonl", 2)),
+    )
+    .unwrap();
+    std::fs::remove_file(folder.join(batch_file(4))).unwrap();
+    let third = folder.join(batch_file(3));
+    let text = std::fs::read_to_string(&third).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let delete = lines.iter().position(|l| l.starts_with(r#"{"delete""#));
+    let delete = delete.expect("transaction 3 updates a key");
+    let mut record: serde_json::Value = serde_json::from_str(&lines[delete]).unwrap();
+    record["delete"]["views"] = serde_json::json!(1_000_000);
+    lines[delete] = record.to_string();
+    std::fs::write(&third, lines.join("\n") + "\n").unwrap();
+
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success(), "the torture passed:\n{stderr}");
+    for rule in [
+        "anomaly: files-output: transaction 2 is published 2 times",
+        "anomaly: files-output: transactions 4..=4 are missing between 3 and 5",
+        &format!("anomaly: files-output: transaction 3 message {delete}: the delete of "),
+    ] {
+        assert!(stderr.contains(rule), "{rule:?} not reported:\n{stderr}");
+    }
 }

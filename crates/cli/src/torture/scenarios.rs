@@ -7,7 +7,7 @@ use super::model::Rng;
 use super::server::PrivateServer;
 use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport};
 use anyhow::{Context, bail};
-use sluice_runtime::failpoint::{self, MARKER, OnReturn, POINTS};
+use sluice_runtime::failpoint::{self, OnReturn};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -58,17 +58,13 @@ enum Fault {
 
 impl Fault {
     /// A SIGKILL (three times in ten, at a moment within `window`, how long runs
-    /// last) or a fail point: the runtime's, or one of the store's own (`store_points`).
-    fn pick(rng: &mut Rng, window: Duration, store_points: &[&'static str]) -> Fault {
+    /// last) or one of the target's fail `points` (the store's or the output's).
+    fn pick(rng: &mut Rng, window: Duration, points: &[(&'static str, OnReturn)]) -> Fault {
         if !cfg!(feature = "failpoints") || rng.below(10) < 3 {
             let window_ms = window.as_millis() as u64;
             return Fault::Kill(Duration::from_millis(10 + rng.below(window_ms.max(1))));
         }
-        let at = rng.below((POINTS.len() + store_points.len()) as u64) as usize;
-        let (point, on_return) = match store_points.get(at.wrapping_sub(POINTS.len())) {
-            Some(&point) if at >= POINTS.len() => (point, OnReturn::Retryable),
-            _ => POINTS[at],
-        };
+        let (point, on_return) = points[rng.below(points.len() as u64) as usize];
         // Recovery runs once per (re)open: a later hit rarely comes.
         let skip = match point {
             failpoint::RECOVERY_AFTER_OPEN => 0,
@@ -104,7 +100,9 @@ impl Fault {
     /// Whether the fault fired in this run, and what is wrong with its outcome if
     /// anything is.
     fn judge(&self, out: &Outcome) -> (bool, Option<String>) {
-        let fired_point = |point: &str| out.stderr.contains(&format!("{MARKER} {point}"));
+        // The runtime's points say "injected by fail point <name>" (its MARKER), an
+        // output's `return` says "fail point <name>".
+        let fired_point = |point: &str| out.stderr.contains(&format!("fail point {point}"));
         let expect = |ok: bool, what: &str| (!ok).then(|| what.to_string());
         match self {
             Fault::Kill(_) if out.killed => (true, None),
@@ -157,7 +155,7 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
                 .anomaly(format!("only {} of {faults} faults fired", h.report.faults));
             break;
         }
-        let fault = Fault::pick(rng, window, h.store.fail_points());
+        let fault = Fault::pick(rng, window, &h.store.fault_points());
         let started = std::time::Instant::now();
         let run = h.run(&pipeline, fault.failpoints().as_deref())?;
         let outcome = match fault {

@@ -1,15 +1,18 @@
 //! The stores a torture writes to, read back directly (not through a driver).
 //!
 //! Every store is the torture's own: a SQLite file in its folder, an Iceberg catalog
-//! and warehouse in its folder (read back by pyiceberg, independently), or a namespace
+//! and warehouse in its folder (read back by pyiceberg, independently), a namespace
 //! of a unique name in a server, created at the start and dropped at the end: a schema
-//! of PostgreSQL, a database of MariaDB/MySQL. The two servers differ only in their
+//! of PostgreSQL, a database of MariaDB/MySQL; or an output's destination, whose
+//! changes, folded, are its rows ([`output`](super::output)). The two servers differ only in their
 //! [`Dialect`] (client, statements, endpoint configuration); everything else about a
 //! server store is written once.
 
+use super::output::{self, Output};
 use anyhow::Context;
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
+use sluice_runtime::failpoint::{OnReturn, POINTS};
 use std::path::{Path, PathBuf};
 
 /// The table every torture pipeline materializes into.
@@ -31,6 +34,8 @@ pub enum Store {
         url: String,
         namespace: String,
     },
+    /// A materialization publishing its changes ([`output`]).
+    Output(Output),
 }
 
 /// A database server's side of a store.
@@ -143,15 +148,20 @@ impl Store {
             Store::Sqlite { .. } => "sqlite",
             Store::Iceberg { .. } => "iceberg",
             Store::Server { dialect, .. } => dialect.driver(),
+            Store::Output(output) => output.describe(),
         }
     }
 
-    /// The store's own fail points, beside the runtime's (each `return` retryable).
-    pub fn fail_points(&self) -> &'static [&'static str] {
-        match self {
+    /// The fail points a run is faulted at, and what each one's `return` does: the
+    /// runtime's and the store's own (retryable), or an output's ([`output::fault_points`]).
+    pub fn fault_points(&self) -> Vec<(&'static str, OnReturn)> {
+        let own: &[&str] = match self {
+            Store::Output(_) => return output::fault_points(),
             Store::Iceberg { .. } => sluice_iceberg::FAIL_POINTS,
             _ => &[],
-        }
+        };
+        let own = own.iter().map(|&point| (point, OnReturn::Retryable));
+        POINTS.iter().copied().chain(own).collect()
     }
 
     /// The built-in driver that writes this store, and its endpoint configuration.
@@ -167,6 +177,15 @@ impl Store {
                 url,
                 namespace,
             } => (dialect.driver(), dialect.endpoint(url, namespace)),
+            Store::Output(output) => output.endpoint(),
+        }
+    }
+
+    /// The binding's resource (YAML flow style: JSON is YAML).
+    pub fn resource_yaml(&self) -> String {
+        match self {
+            Store::Output(output) => output.resource().to_string(),
+            _ => json!({ "table": TABLE }).to_string(),
         }
     }
 
@@ -176,9 +195,10 @@ impl Store {
         format!("{driver}: {config}")
     }
 
-    /// The stored document of every row.
+    /// The stored document of every row (an output's: the view its changes fold into).
     pub fn rows(&self) -> anyhow::Result<Vec<Value>> {
         let texts: Vec<String> = match self {
+            Store::Output(output) => return Ok(output.check()?.view.into_values().collect()),
             Store::Sqlite { path } => {
                 let conn = rusqlite::Connection::open(path)
                     .with_context(|| format!("opening {}", path.display()))?;
@@ -214,10 +234,33 @@ impl Store {
             .collect()
     }
 
+    /// What is wrong with the store besides its rows: data files of the Iceberg
+    /// warehouse that its table does not reference
+    /// ([`sluice_iceberg::orphan_data_files`]), the broken rules of an output's batches
+    /// ([`output::check`]).
+    pub fn violations(&self) -> anyhow::Result<Vec<String>> {
+        match self {
+            Store::Iceberg { catalog, warehouse } => {
+                let orphans = block_on(async {
+                    let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
+                    Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
+                })?;
+                Ok((!orphans.is_empty())
+                    .then(|| format!("files no snapshot references were left: {orphans:?}"))
+                    .into_iter()
+                    .collect())
+            }
+            Store::Output(output) => Ok((output.check()?.violations.iter())
+                .map(|v| format!("{}: {v}", output.describe()))
+                .collect()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// Drops what the torture created in the server (a SQLite file goes with the folder).
     pub fn drop_namespace(&self) -> anyhow::Result<()> {
         match self {
-            Store::Sqlite { .. } | Store::Iceberg { .. } => Ok(()),
+            Store::Sqlite { .. } | Store::Iceberg { .. } | Store::Output(_) => Ok(()),
             Store::Server {
                 dialect,
                 url,
@@ -225,18 +268,6 @@ impl Store {
             } => dialect.execute(url, &dialect.drop_sql(namespace)),
         }
     }
-}
-
-/// Data files of the Iceberg store's warehouse that its table does not reference
-/// ([`sluice_iceberg::orphan_data_files`]).
-pub fn iceberg_orphans(store: &Store) -> anyhow::Result<Vec<String>> {
-    let Store::Iceberg { catalog, warehouse } = store else {
-        return Ok(Vec::new());
-    };
-    block_on(async {
-        let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
-        Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
-    })
 }
 
 /// A path as a double-quoted YAML string.
