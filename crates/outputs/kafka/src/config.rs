@@ -1,0 +1,237 @@
+//! What the user writes: `kafka: {brokers, max_buffer_size_bytes?}` and per binding
+//! `{topic, partitions?}`. Strict: unknown keys are errors, and every error names its
+//! field.
+
+use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
+use serde_json::Value;
+use sluice_output_sdk::OutputError;
+use std::fmt;
+use std::num::NonZeroUsize;
+
+pub const ENDPOINT_SCHEMA: &str = r#"{
+  "type": "object",
+  "required": ["brokers"],
+  "additionalProperties": false,
+  "properties": {
+    "brokers": {
+      "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1}
+      ],
+      "description": "Bootstrap brokers: host:port, a comma-separated string of them, or a list"
+    },
+    "max_buffer_size_bytes": {"type": "integer", "minimum": 1, "default": 1048576,
+      "description": "Bytes of encoded changes buffered before they are produced"}
+  }
+}"#;
+
+pub const RESOURCE_SCHEMA: &str = r#"{
+  "type": "object",
+  "required": ["topic"],
+  "additionalProperties": true,
+  "properties": {
+    "topic": {"type": "string", "description": "The binding's topic"},
+    "partitions": {"type": "integer", "minimum": 1, "default": 1,
+      "description": "Partitions of the topic when the endpoint creates it (an existing topic keeps its own)"}
+  }
+}"#;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Bootstrap brokers, `host:port` each.
+    #[serde(deserialize_with = "brokers")]
+    pub brokers: Vec<String>,
+    #[serde(default = "default_buffer")]
+    pub max_buffer_size_bytes: NonZeroUsize,
+}
+
+fn default_buffer() -> NonZeroUsize {
+    NonZeroUsize::new(1 << 20).expect("not zero")
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resource {
+    #[serde(deserialize_with = "topic")]
+    pub topic: String,
+    /// Partitions of a topic the endpoint creates.
+    #[serde(default = "one_partition", deserialize_with = "partitions")]
+    pub partitions: i32,
+}
+
+fn one_partition() -> i32 {
+    1
+}
+
+/// Parses `value` strictly, the error naming the place.
+pub fn parse<T: DeserializeOwned>(value: &Value) -> Result<T, OutputError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        OutputError::Config(if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        })
+    })
+}
+
+/// `"host:port"`, `"h1:p1,h2:p2"` or `["h1:p1", "h2:p2"]`; each `host:port`.
+fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct BrokersVisitor;
+
+    impl<'de> Visitor<'de> for BrokersVisitor {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(r#"host:port, or a list of them (["h1:9092", "h2:9092"])"#)
+        }
+
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Vec<String>, E> {
+            s.split(',')
+                .map(|broker| checked_broker(broker.trim()).map_err(E::custom))
+                .collect()
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut brokers = Vec::new();
+            while let Some(Broker(broker)) = seq.next_element()? {
+                brokers.push(broker);
+            }
+            if brokers.is_empty() {
+                return Err(de::Error::custom("name at least one broker (host:port)"));
+            }
+            Ok(brokers)
+        }
+    }
+
+    d.deserialize_any(BrokersVisitor)
+}
+
+/// One broker of a list, checked as it is read (so that an error names its index).
+struct Broker(String);
+
+impl<'de> Deserialize<'de> for Broker {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Broker, D::Error> {
+        let broker = String::deserialize(d)?;
+        checked_broker(&broker)
+            .map(Broker)
+            .map_err(de::Error::custom)
+    }
+}
+
+fn checked_broker(broker: &str) -> Result<String, String> {
+    match broker.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(broker.to_string())
+        }
+        _ => Err(format!("{broker:?} is not host:port")),
+    }
+}
+
+/// A name Kafka accepts: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn topic<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let topic = String::deserialize(d)?;
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if topic.is_empty() || topic.len() > 249 || topic == "." || topic == ".." {
+        return Err(de::Error::custom(format!(
+            "{topic:?} is not a Kafka topic name (1 to 249 characters, not . or ..)"
+        )));
+    }
+    if let Some(c) = topic.chars().find(|&c| !legal(c)) {
+        return Err(de::Error::custom(format!(
+            "{topic:?} is not a Kafka topic name: {c:?} is not a letter, digit, '.', '_' or '-'"
+        )));
+    }
+    Ok(topic)
+}
+
+fn partitions<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+    let partitions = i64::deserialize(d)?;
+    i32::try_from(partitions)
+        .ok()
+        .filter(|&p| p >= 1)
+        .ok_or_else(|| {
+            de::Error::custom(format!(
+                "{partitions} is not a partition count (1 to {})",
+                i32::MAX
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config_error(value: Value) -> String {
+        parse::<Config>(&value).unwrap_err().to_string()
+    }
+
+    fn resource_error(value: Value) -> String {
+        parse::<Resource>(&value).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn brokers_are_one_string_a_comma_separated_string_or_a_list() {
+        let one: Config = parse(&json!({"brokers": "127.0.0.1:9092"})).unwrap();
+        assert_eq!(one.brokers, ["127.0.0.1:9092"]);
+        assert_eq!(one.max_buffer_size_bytes.get(), 1 << 20);
+        let two: Config = parse(&json!({"brokers": "a:1, b:2"})).unwrap();
+        assert_eq!(two.brokers, ["a:1", "b:2"]);
+        let list: Config =
+            parse(&json!({"brokers": ["a:1", "b:2"], "max_buffer_size_bytes": 10})).unwrap();
+        assert_eq!(list.brokers, ["a:1", "b:2"]);
+        assert_eq!(list.max_buffer_size_bytes.get(), 10);
+    }
+
+    #[test]
+    fn bad_endpoint_configs_name_their_field() {
+        let err = config_error(json!({"brokers": ["a:1", "b"]}));
+        assert!(
+            err.starts_with("brokers[1]: \"b\" is not host:port"),
+            "{err}"
+        );
+        let err = config_error(json!({"brokers": ":9092"}));
+        assert!(
+            err.starts_with("brokers: \":9092\" is not host:port"),
+            "{err}"
+        );
+        let err = config_error(json!({"brokers": []}));
+        assert!(
+            err.starts_with("brokers: name at least one broker"),
+            "{err}"
+        );
+        let err = config_error(json!({"brokers": "a:1", "max_buffer_size_bytes": 0}));
+        assert!(err.starts_with("max_buffer_size_bytes:"), "{err}");
+        let err = config_error(json!({"brokers": "a:1", "topic": "t"}));
+        assert!(err.contains("unknown field `topic`"), "{err}");
+        let err = config_error(json!({}));
+        assert!(err.contains("missing field `brokers`"), "{err}");
+    }
+
+    #[test]
+    fn a_resource_is_a_topic_and_the_partitions_of_a_topic_created() {
+        let r: Resource = parse(&json!({"topic": "views.v1_a-b"})).unwrap();
+        assert_eq!((r.topic.as_str(), r.partitions), ("views.v1_a-b", 1));
+        let r: Resource = parse(&json!({"topic": "t", "partitions": 3})).unwrap();
+        assert_eq!(r.partitions, 3);
+        let err = resource_error(json!({"topic": "a/b"}));
+        assert!(
+            err.starts_with("topic: \"a/b\" is not a Kafka topic name"),
+            "{err}"
+        );
+        let err = resource_error(json!({"topic": ".."}));
+        assert!(err.starts_with("topic:"), "{err}");
+        let err = resource_error(json!({"topic": "t", "partitions": 0}));
+        assert!(
+            err.starts_with("partitions: 0 is not a partition count"),
+            "{err}"
+        );
+        let err = resource_error(json!({"topic": "t", "partitions": 1u64 << 40}));
+        assert!(err.starts_with("partitions:"), "{err}");
+        let err = resource_error(json!({"topic": "t", "subject": "s"}));
+        assert!(err.contains("unknown field `subject`"), "{err}");
+    }
+}

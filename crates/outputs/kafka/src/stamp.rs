@@ -1,0 +1,166 @@
+//! The headers that say which transaction, and which message of it, a Kafka message
+//! is: what a restart reads back from each partition's last message to know where the
+//! partition ends ([`Tail`]), and what a reader checks exactly-once by.
+
+use rskafka::record::Record;
+use sluice_output_sdk::{BatchKind, Message, Tail};
+use std::collections::BTreeMap;
+
+pub const TXN_HEADER: &str = "sluice-txn";
+pub const INDEX_HEADER: &str = "sluice-index";
+pub const BATCH_HEADER: &str = "sluice-batch";
+pub const MATERIALIZATION_HEADER: &str = "sluice-materialization";
+
+/// What a message's headers say about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    pub txn: u64,
+    /// Its index within its transaction's batch (across all partitions).
+    pub index: u64,
+    pub batch: BatchKind,
+    pub materialization: String,
+}
+
+impl Stamp {
+    pub fn tail(&self) -> Tail {
+        Tail {
+            txn: self.txn,
+            index: self.index,
+        }
+    }
+
+    /// Reads the headers of a message; the error says which is missing or bad.
+    pub fn parse(headers: &BTreeMap<String, Vec<u8>>) -> Result<Stamp, String> {
+        let text = |name: &str| -> Result<&str, String> {
+            let value = headers
+                .get(name)
+                .ok_or_else(|| format!("it has no {name} header"))?;
+            std::str::from_utf8(value).map_err(|_| format!("its {name} header is not UTF-8"))
+        };
+        let number = |name: &str| -> Result<u64, String> {
+            let value = text(name)?;
+            value
+                .parse()
+                .map_err(|_| format!("its {name} header {value:?} is not a number"))
+        };
+        let (txn, index) = (number(TXN_HEADER)?, number(INDEX_HEADER)?);
+        let batch = match text(BATCH_HEADER)? {
+            "delta" => BatchKind::Delta,
+            "snapshot" => BatchKind::Snapshot,
+            other => {
+                return Err(format!(
+                    "its {BATCH_HEADER} header {other:?} is neither delta nor snapshot"
+                ));
+            }
+        };
+        Ok(Stamp {
+            txn,
+            index,
+            batch,
+            materialization: text(MATERIALIZATION_HEADER)?.to_string(),
+        })
+    }
+}
+
+/// The record of `message`: its key and value, stamped.
+pub fn record(
+    message: &Message<'_>,
+    batch: BatchKind,
+    materialization: &str,
+    timestamp: rskafka::chrono::DateTime<rskafka::chrono::Utc>,
+) -> Record {
+    let headers = [
+        (TXN_HEADER, message.txn.to_string().into_bytes()),
+        (INDEX_HEADER, message.index.to_string().into_bytes()),
+        (BATCH_HEADER, batch.as_str().as_bytes().to_vec()),
+        (MATERIALIZATION_HEADER, materialization.as_bytes().to_vec()),
+    ];
+    Record {
+        key: Some(message.key.to_vec()),
+        value: Some(message.value.to_vec()),
+        headers: headers
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect(),
+        timestamp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamped_record_parses_back() {
+        let message = Message {
+            txn: 42,
+            index: 7,
+            key: b"{\"id\":1}",
+            value: b"{\"insert\":{}}",
+        };
+        let record = record(
+            &message,
+            BatchKind::Snapshot,
+            "acme/views",
+            rskafka::chrono::Utc::now(),
+        );
+        assert_eq!(record.key.as_deref(), Some(message.key));
+        assert_eq!(record.value.as_deref(), Some(message.value));
+        assert_eq!(record.headers[TXN_HEADER], b"42");
+        let stamp = Stamp::parse(&record.headers).unwrap();
+        assert_eq!(
+            stamp,
+            Stamp {
+                txn: 42,
+                index: 7,
+                batch: BatchKind::Snapshot,
+                materialization: "acme/views".into()
+            }
+        );
+        assert_eq!(stamp.tail(), Tail { txn: 42, index: 7 });
+    }
+
+    #[test]
+    fn missing_or_bad_headers_are_named() {
+        let stamped = record(
+            &Message {
+                txn: 1,
+                index: 0,
+                key: b"",
+                value: b"",
+            },
+            BatchKind::Delta,
+            "m",
+            rskafka::chrono::Utc::now(),
+        );
+        let without = |name: &str| {
+            let mut headers = stamped.headers.clone();
+            headers.remove(name);
+            Stamp::parse(&headers).unwrap_err()
+        };
+        assert_eq!(without(TXN_HEADER), "it has no sluice-txn header");
+        assert_eq!(without(INDEX_HEADER), "it has no sluice-index header");
+        assert_eq!(
+            without(MATERIALIZATION_HEADER),
+            "it has no sluice-materialization header"
+        );
+        let with = |name: &str, value: &[u8]| {
+            let mut headers = stamped.headers.clone();
+            headers.insert(name.to_string(), value.to_vec());
+            Stamp::parse(&headers).unwrap_err()
+        };
+        assert_eq!(
+            with(INDEX_HEADER, b"-1"),
+            "its sluice-index header \"-1\" is not a number"
+        );
+        assert_eq!(
+            with(TXN_HEADER, b"\xff"),
+            "its sluice-txn header is not UTF-8"
+        );
+        assert_eq!(
+            with(BATCH_HEADER, b"full"),
+            "its sluice-batch header \"full\" is neither delta nor snapshot"
+        );
+        assert!(Stamp::parse(&BTreeMap::new()).is_err());
+    }
+}
