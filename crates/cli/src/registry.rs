@@ -72,6 +72,7 @@ pub fn registry() -> Registry {
         .with_driver(Epoch(sluice_iceberg::kind()))
         .with_driver(Output(sluice_files_output::kind()))
         .with_driver(Output(sluice_nats_output::kind()))
+        .with_driver(Output(sluice_kafka_output::kind()))
         .with_driver(Grpc)
         .with_driver(Command)
 }

@@ -3,9 +3,8 @@
 //! field.
 
 use serde::Deserialize;
-use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
-use serde_json::Value;
-use sluice_output_sdk::OutputError;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+pub use sluice_output_sdk::config::parse;
 use std::fmt;
 use std::num::NonZeroUsize;
 
@@ -63,18 +62,6 @@ pub struct Resource {
 
 fn one_partition() -> i32 {
     1
-}
-
-/// Parses `value` strictly, the error naming the place.
-pub fn parse<T: DeserializeOwned>(value: &Value) -> Result<T, OutputError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        OutputError::Config(if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        })
-    })
 }
 
 /// `"host:port"`, `"h1:p1,h2:p2"` or `["h1:p1", "h2:p2"]`; each `host:port`.
@@ -163,7 +150,7 @@ fn partitions<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn config_error(value: Value) -> String {
         parse::<Config>(&value).unwrap_err().to_string()
