@@ -6,6 +6,7 @@ mod driver_cmd;
 mod drivers;
 mod pipeline_cmd;
 mod registry;
+mod status_cmd;
 mod torture;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,9 @@ enum Command {
     /// Show what Sluice has recorded for a pipeline.
     #[command(subcommand)]
     Inspect(pipeline_cmd::InspectCommand),
+    /// Print a pipeline's status: from the running process's status API, else from its
+    /// recovery logs.
+    Status(status_cmd::StatusArgs),
     /// Serve, run or test drivers.
     #[command(subcommand)]
     Driver(driver_cmd::DriverCommand),
@@ -100,6 +104,7 @@ fn run() -> anyhow::Result<()> {
         Command::Check(args) => pipeline_cmd::check(args),
         Command::Apply(args) => pipeline_cmd::apply(args),
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
+        Command::Status(args) => status_cmd::main(args),
         Command::Driver(cmd) => driver_cmd::main(cmd),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Torture(args) => torture::main(args),

@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
+use sluice_runtime::metrics::status::Graph;
 use sluice_runtime::metrics::{Metrics, exporter};
 use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
@@ -28,8 +29,9 @@ pub struct RunArgs {
     /// Keep tailing sources after they are exhausted (stop with Ctrl-C).
     #[arg(long)]
     pub follow: bool,
-    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9464); overrides
-    /// the pipeline file's `runtime.metrics`.
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9464), the status
+    /// page on http://ADDR/ and its JSON on /api/status; overrides the pipeline file's
+    /// `runtime.metrics`.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
 }
@@ -68,7 +70,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-fn load(path: &Path, registry: &Registry) -> anyhow::Result<Pipeline> {
+pub(crate) fn load(path: &Path, registry: &Registry) -> anyhow::Result<Pipeline> {
     match Pipeline::load(path, registry) {
         Ok(pipeline) => Ok(pipeline),
         // Already names the file.
@@ -86,6 +88,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let metrics = match args.metrics.or(pipeline.runtime.metrics) {
             Some(address) => {
                 let metrics = Arc::new(Metrics::new());
+                metrics.status.set_graph(Graph::of(&pipeline));
                 let bound = exporter::serve(address, metrics.clone())
                     .await
                     .with_context(|| format!("serving metrics on {address}"))?;
@@ -324,20 +327,25 @@ pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
 pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
     match cmd {
         InspectCommand::Checkpoint { pipeline: path } => {
-            let pipeline = load(&path, &registry())?;
-            for name in pipeline.materializations.keys() {
-                let dir = pipeline.recovery_log().join(name);
-                println!("materialization {name} (recovery log {})", dir.display());
-                if !dir.join("log").exists() {
-                    println!("  (empty: never run)");
-                    continue;
-                }
-                let text = sluice_runtime::recovery::inspect(&dir)?;
-                for line in text.lines() {
-                    println!("  {line}");
-                }
-            }
-            Ok(())
+            print_checkpoints(&load(&path, &registry())?)
         }
     }
+}
+
+/// What each materialization's recovery log holds (`sluice inspect checkpoint`, and
+/// `sluice status` when no process runs the pipeline).
+pub(crate) fn print_checkpoints(pipeline: &Pipeline) -> anyhow::Result<()> {
+    for name in pipeline.materializations.keys() {
+        let dir = pipeline.recovery_log().join(name);
+        println!("materialization {name} (recovery log {})", dir.display());
+        if !dir.join("log").exists() {
+            println!("  (empty: never run)");
+            continue;
+        }
+        let text = sluice_runtime::recovery::inspect(&dir)?;
+        for line in text.lines() {
+            println!("  {line}");
+        }
+    }
+    Ok(())
 }

@@ -584,6 +584,7 @@ pub async fn run(
         let name = m.name.clone();
         tasks.spawn(async move {
             let (summary, result) = attempt.run_with_restarts(&name).await;
+            attempt.metrics.ended(result.is_ok());
             (name, summary, result)
         });
     }

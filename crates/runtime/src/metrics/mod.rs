@@ -1,7 +1,8 @@
 //! Prometheus metrics: every metric the runtime exports is named here, with its help
 //! text and labels, and recorded through the handles of one shard ([`ShardMetrics`]),
 //! resolved once per run so the loop never looks a label set up on its hot path.
-//! [`exporter`] serves them (`runtime.metrics`, `sluice run --metrics`).
+//! [`exporter`] serves them (`runtime.metrics`, `sluice run --metrics`), with the
+//! [`status`] the same handles record.
 //!
 //! Prometheus' conventions: the `sluice_` prefix, the base unit in the name (`_seconds`,
 //! `_bytes`), counters ending in `_total`. Labels name the materialization, its shard
@@ -14,6 +15,7 @@
 //! so the counters agree with the summary and a restart never counts a document twice.
 
 pub mod exporter;
+pub mod status;
 
 use crate::txn::{RunError, Shard};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
@@ -24,6 +26,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
 use sluice_source_sdk::Lag;
+use status::{ShardStatus, State, Status};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,7 +101,7 @@ impl Phase {
         Phase::Acknowledge,
     ];
 
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Phase::Read => "read",
             Phase::Loads => "loads",
@@ -160,6 +164,8 @@ pub struct Metrics {
     combiner_spilled: Family<CombinerLabels, Counter>,
     errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
+    /// What `/api/status` serves.
+    pub status: Status,
 }
 
 /// Registers `metric` as `sluice_<name>[_<unit>]` (a counter gets `_total` when
@@ -311,6 +317,7 @@ impl Metrics {
                 Family::default(),
             ),
             registry: r,
+            status: Status::default(),
         }
     }
 
@@ -333,6 +340,7 @@ impl Metrics {
             materialization: crate::txn::materialization_name(open),
             shard: shard_label(open.key_begin, open.key_end),
         };
+        let status = (self.status).shard(labels.materialization.clone(), labels.shard.clone());
         let phases = Phase::ALL.map(|phase| {
             self.phase_seconds.get_or_create_owned(&PhaseLabels {
                 shard: labels.clone(),
@@ -363,6 +371,7 @@ impl Metrics {
                     lag_bytes: self.source_lag_bytes.clone(),
                     lag_messages: self.source_lag_messages.clone(),
                     labels: of,
+                    status: status.clone(),
                 }
             })
             .collect();
@@ -392,6 +401,7 @@ impl Metrics {
             errors: self.errors.clone(),
             retries: self.retries.clone(),
             labels,
+            status,
         }
     }
 }
@@ -417,6 +427,7 @@ pub struct ShardMetrics {
     pub(crate) bindings: Vec<BindingMetrics>,
     errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
+    pub(crate) status: Arc<ShardStatus>,
 }
 
 #[derive(Debug)]
@@ -434,6 +445,7 @@ pub(crate) struct SourceMetrics {
     lag_bytes: Family<SourceLabels, Gauge>,
     lag_messages: Family<SourceLabels, Gauge>,
     labels: SourceLabels,
+    status: Arc<ShardStatus>,
 }
 
 #[derive(Debug)]
@@ -476,11 +488,19 @@ impl ShardMetrics {
         if retried {
             self.retries.get_or_create(&of).inc();
         }
+        self.status.failed(err.kind(), err.to_string(), retried);
+    }
+
+    /// The loop ended: `Stopped` if well, else `Failed` (its error already recorded).
+    pub(crate) fn ended(&self, ok: bool) {
+        self.status
+            .enter(if ok { State::Stopped } else { State::Failed });
     }
 }
 
 impl SourceMetrics {
     pub(crate) fn lag(&self, lag: Lag) {
+        self.status.lag(&self.labels.source, lag);
         let (family, behind) = match lag {
             Lag::Bytes(n) => (&self.lag_bytes, n),
             Lag::Messages(n) => (&self.lag_messages, n),

@@ -55,6 +55,7 @@ mod timed;
 
 use crate::config::Timeouts;
 use crate::deadletter::DeadLetterError;
+use crate::metrics::status::{State, Transaction};
 use crate::metrics::{CombinerRole, Phase, ShardMetrics};
 use crate::recovery::{
     Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
@@ -407,6 +408,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             .await;
     }
     let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources, timeouts).await?;
+    metrics.status.enter(State::Running);
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
         opts,
@@ -756,13 +758,14 @@ impl Committer<'_> {
             stored,
         });
         metrics.committed();
-        for (phase, took) in [
+        let phases = [
             (Phase::Read, tally.took),
             (Phase::Loads, sent.at - started),
             (Phase::Prepare, prepared_at - sent.at),
             (Phase::Store, stored_at - prepared_at),
             (Phase::Commit, committed_at - stored_at),
-        ] {
+        ];
+        for (phase, took) in phases {
             metrics.observe(phase, took);
         }
         // Sent first thing in the phase, when owed (else while the loop was idle).
@@ -797,11 +800,21 @@ impl Committer<'_> {
                 .insert(self.materialization.clone(), descriptor);
         }
         let first_read = tally.first_read;
+        let positions = self.checkpoint.sources.clone();
         let durable = move |took| {
             metrics.observe(Phase::LogCommit, took);
-            if let Some(first_read) = first_read {
-                metrics.end_to_end(first_read.elapsed());
+            let end_to_end = first_read.map(|first_read| first_read.elapsed());
+            if let Some(end_to_end) = end_to_end {
+                metrics.end_to_end(end_to_end);
             }
+            let phases = phases.into_iter().chain([(Phase::LogCommit, took)]);
+            metrics.status.committed(Transaction::durable(
+                txn,
+                (docs, bytes),
+                phases.map(|(phase, took)| (phase.label(), took)),
+                end_to_end,
+                positions,
+            ));
         };
         Ok(log.commit(
             self.checkpoint.clone(),
