@@ -1,15 +1,17 @@
 //! Outputs as torture targets: the materialization publishes each transaction's changes
 //! (`json`: `{"insert": doc}` / `{"delete": doc}`, an update a delete then an insert) to
-//! a destination of the torture's own instead of a store's table: a folder, or a
-//! subject of a private NATS JetStream server ([`PrivateBroker`]). An output is exactly
+//! a destination of the torture's own instead of a store's table: a folder, a topic
+//! of a private Kafka broker (tansu) or a subject of a private NATS JetStream server
+//! ([`PrivateBroker`]). An output is exactly
 //! once in its stream of batches, not in a final table, so at the end the torture reads
 //! the whole destination back, with none of the output's own code (no tail, no view),
 //! and [`check`]s it:
 //!
 //! 1. transaction numbers run without a gap from the first batch to the last;
 //! 2. no transaction is published twice (a folder holds one file per transaction, a
-//!    subject no (transaction, index) twice);
-//! 3. each transaction's messages are numbered exactly 0..n;
+//!    topic or subject no (transaction, index) twice);
+//! 3. each transaction's messages are numbered exactly 0..n (across the topic's
+//!    partitions, which a transaction's messages spread over by key);
 //! 4. folded in (transaction, index) order, every delete removes exactly the current
 //!    document of its key and every insert adds a key that is absent.
 //!
@@ -32,13 +34,23 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputKind {
     Files,
+    Kafka,
     Nats,
 }
+
+/// Partitions of the torture's Kafka topic.
+const PARTITIONS: u32 = 4;
 
 pub enum Output {
     /// `files: {directory}`: the binding writes one file per transaction into
     /// `<directory>/torture_events`.
     Files { directory: PathBuf },
+    /// `kafka: {brokers}`: the binding produces to `topic`, of [`PARTITIONS`]
+    /// partitions (created by the output).
+    Kafka {
+        broker: PrivateBroker,
+        topic: String,
+    },
     /// `nats: {url}`: the binding publishes to `subject` (its stream, named after it,
     /// created by the output).
     Nats {
@@ -55,6 +67,10 @@ impl Output {
             OutputKind::Files => Output::Files {
                 directory: dir.join("output"),
             },
+            OutputKind::Kafka => Output::Kafka {
+                broker: PrivateBroker::tansu(&dir.join("tansu-output"))?,
+                topic: format!("torture-changes-{tag}"),
+            },
             OutputKind::Nats => Output::Nats {
                 broker: PrivateBroker::nats(&dir.join("nats-output"))?,
                 subject: format!("torture.changes.{tag}"),
@@ -66,6 +82,7 @@ impl Output {
     pub fn describe(&self) -> &'static str {
         match self {
             Output::Files { .. } => "files-output",
+            Output::Kafka { .. } => "kafka-output",
             Output::Nats { .. } => "nats-output",
         }
     }
@@ -74,6 +91,7 @@ impl Output {
     pub fn endpoint(&self) -> (&'static str, Value) {
         match self {
             Output::Files { directory } => ("files", json!({ "directory": directory })),
+            Output::Kafka { broker, .. } => ("kafka", json!({ "brokers": [broker.url()] })),
             Output::Nats { broker, .. } => ("nats", json!({ "url": broker.url() })),
         }
     }
@@ -82,6 +100,9 @@ impl Output {
     pub fn resource(&self) -> Value {
         match self {
             Output::Files { .. } => json!({ "path": TABLE, "format": "json" }),
+            Output::Kafka { topic, .. } => {
+                json!({ "topic": topic, "partitions": PARTITIONS, "format": "json" })
+            }
             Output::Nats { subject, .. } => json!({ "subject": subject, "format": "json" }),
         }
     }
@@ -90,6 +111,7 @@ impl Output {
     pub fn read(&self) -> anyhow::Result<Vec<Published>> {
         match self {
             Output::Files { directory } => read_folder(&directory.join(TABLE)),
+            Output::Kafka { broker, topic } => read_topic(&broker.url(), topic),
             Output::Nats { broker, subject } => read_subject(&broker.url(), subject),
         }
     }
@@ -147,6 +169,29 @@ fn read_folder(folder: &Path) -> anyhow::Result<Vec<Published>> {
         }
     }
     Ok(published)
+}
+
+/// The messages of a Kafka topic, partition by partition, with the stamps of their
+/// headers.
+fn read_topic(broker: &str, topic: &str) -> anyhow::Result<Vec<Published>> {
+    let brokers = [broker.to_string()];
+    let written =
+        block_on(async { Ok(sluice_kafka_output::read::read_topic(&brokers, topic).await?) })
+            .with_context(|| format!("reading topic {topic} at {broker}"))?;
+    Ok((written.into_iter())
+        .map(|message| Published {
+            txn: message.stamp.txn,
+            index: message.stamp.index,
+            batch: message.stamp.batch,
+            file: None,
+            place: format!(
+                "topic {topic} partition {} offset {}",
+                message.partition, message.offset
+            ),
+            key: Some(message.key),
+            value: message.value,
+        })
+        .collect())
 }
 
 /// The messages of a NATS subject, in stream order, with the stamps of their headers.

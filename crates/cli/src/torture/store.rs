@@ -38,6 +38,17 @@ pub enum Store {
     Output(Output),
 }
 
+/// What a store holds, read back ([`Store::read`]).
+pub struct Read {
+    /// The stored document of every row (an output's: the view its changes fold into).
+    pub rows: Vec<Value>,
+    /// What is wrong with the store besides its rows: data files of the Iceberg
+    /// warehouse that its table does not reference
+    /// ([`sluice_iceberg::orphan_data_files`]), the broken rules of an output's batches
+    /// ([`output::check`]).
+    pub violations: Vec<String>,
+}
+
 /// A database server's side of a store.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -195,10 +206,18 @@ impl Store {
         format!("{driver}: {config}")
     }
 
-    /// The stored document of every row (an output's: the view its changes fold into).
-    pub fn rows(&self) -> anyhow::Result<Vec<Value>> {
+    /// What the store holds: the stored document of every row, and what is wrong with
+    /// it besides its rows. An output is read once: its changes checked and folded.
+    pub fn read(&self) -> anyhow::Result<Read> {
         let texts: Vec<String> = match self {
-            Store::Output(output) => return Ok(output.check()?.view.into_values().collect()),
+            Store::Output(output) => {
+                let checked = output.check()?;
+                let violations = (checked.violations.iter())
+                    .map(|v| format!("{}: {v}", output.describe()))
+                    .collect();
+                let rows = checked.view.into_values().collect();
+                return Ok(Read { rows, violations });
+            }
             Store::Sqlite { path } => {
                 let conn = rusqlite::Connection::open(path)
                     .with_context(|| format!("opening {}", path.display()))?;
@@ -228,33 +247,23 @@ impl Store {
                 namespace,
             } => dialect.texts(url, &dialect.documents_sql(namespace))?,
         };
-        texts
-            .iter()
+        let rows = (texts.iter())
             .map(|t| serde_json::from_str(t).context("a stored document is not JSON"))
-            .collect()
-    }
-
-    /// What is wrong with the store besides its rows: data files of the Iceberg
-    /// warehouse that its table does not reference
-    /// ([`sluice_iceberg::orphan_data_files`]), the broken rules of an output's batches
-    /// ([`output::check`]).
-    pub fn violations(&self) -> anyhow::Result<Vec<String>> {
-        match self {
+            .collect::<anyhow::Result<_>>()?;
+        let violations = match self {
             Store::Iceberg { catalog, warehouse } => {
                 let orphans = block_on(async {
                     let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
                     Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
                 })?;
-                Ok((!orphans.is_empty())
+                (!orphans.is_empty())
                     .then(|| format!("files no snapshot references were left: {orphans:?}"))
                     .into_iter()
-                    .collect())
+                    .collect()
             }
-            Store::Output(output) => Ok((output.check()?.violations.iter())
-                .map(|v| format!("{}: {v}", output.describe()))
-                .collect()),
-            _ => Ok(Vec::new()),
-        }
+            _ => Vec::new(),
+        };
+        Ok(Read { rows, violations })
     }
 
     /// Drops what the torture created in the server (a SQLite file goes with the folder).
