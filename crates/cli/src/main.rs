@@ -4,6 +4,7 @@
 mod bench;
 mod driver_cmd;
 mod drivers;
+mod logging;
 mod pipeline_cmd;
 mod registry;
 mod status_cmd;
@@ -27,6 +28,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Exactly-once streaming of keyed JSON documents into stores"
 )]
 struct Cli {
+    /// How log lines are written to stderr: `text`, or `json` (one object a line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SLUICE_LOG_FORMAT"
+    )]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -61,7 +71,8 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {}", error_chain(&err));
+            let chain = error_chain(&err);
+            eprintln!("error: {}", sluice_source_sdk::redact::redact(&chain));
             std::process::ExitCode::FAILURE
         }
     }
@@ -81,24 +92,13 @@ fn error_chain(err: &anyhow::Error) -> String {
     text
 }
 
-/// What is logged without `RUST_LOG`: our own information, and the client libraries'
-/// warnings only (rskafka, async-nats and tokio-postgres log every connection and server
-/// notice).
-const DEFAULT_LOG: &str = "info,rskafka=warn,async_nats=warn,tokio_postgres=warn";
-
 fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
 
     // Fail points named in FAILPOINTS (tests and `sluice torture` only).
     #[cfg(feature = "failpoints")]
     let _failpoints = sluice_runtime::failpoint::setup();
-    let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => pipeline_cmd::run(args),
         Command::Check(args) => pipeline_cmd::check(args),

@@ -22,6 +22,7 @@ use sluice_proto::materialize as m;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 /// Messages in flight per direction. With arena messages bounded by
 /// [`crate::arena::MAX_MESSAGE_BYTES`] this bounds the memory of a stream to
@@ -66,7 +67,9 @@ impl Endpoint for InProcess {
         let (req_tx, req_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (resp_tx, resp_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let requests = ReceiverStream::new(req_rx).map(Ok).boxed();
-        let served = tokio::spawn(serve_transactions(self.driver.clone(), requests, resp_tx));
+        // In the caller's span: the driver's lines name the materialization it serves.
+        let serve = serve_transactions(self.driver.clone(), requests, resp_tx);
+        let served = tokio::spawn(serve.in_current_span());
         let name = self.name.clone();
         // The response channel closes when the serve task ends; then its outcome follows.
         let outcome = futures::stream::once(async move {

@@ -38,6 +38,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 /// How many trailing stderr lines an error about a failed driver quotes.
 const STDERR_TAIL_LINES: usize = 20;
@@ -225,7 +226,7 @@ impl StdioEndpoint {
             child.stdout.take().expect("stdout is piped"),
             child.stderr.take().expect("stderr is piped"),
         );
-        let stderr_tail = tokio::spawn(forward_stderr(self.name.clone(), stderr));
+        let stderr_tail = tokio::spawn(forward_stderr(self.name.clone(), stderr).in_current_span());
         let started = Started {
             child,
             stdout,

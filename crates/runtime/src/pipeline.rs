@@ -22,7 +22,7 @@
 use crate::admission::{self, Refusal, SinkGuarantee};
 use crate::applied;
 use crate::config::{self, Pipeline};
-use crate::metrics::{Metrics, ShardMetrics};
+use crate::metrics::{Metrics, ShardMetrics, shard_label};
 use crate::projections::{self, BuildError};
 use crate::recovery::{self, RecoveryLog};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// A connected endpoint and what to tell it about itself.
 pub struct Connected {
@@ -581,12 +582,20 @@ pub async fn run(
             progress: progress.clone(),
             shutdown: stopped.clone(),
         };
+        // Every line logged by this materialization's work, its retries included,
+        // carries its name and shard.
+        let span = tracing::info_span!(
+            "materialization",
+            materialization = %m.name,
+            shard = %shard_label(m.shard.key_begin, m.shard.key_end),
+        );
         let name = m.name.clone();
-        tasks.spawn(async move {
-            let (summary, result) = attempt.run_with_restarts(&name).await;
+        let run = async move {
+            let (summary, result) = attempt.run_with_restarts().await;
             attempt.metrics.ended(result.is_ok());
             (name, summary, result)
-        });
+        };
+        tasks.spawn(run.instrument(span));
     }
     let mut summaries = Vec::new();
     let mut failed = None;
@@ -675,7 +684,7 @@ impl Attempt {
     /// retry logged with its cause. Recovery makes every restart exact: sources resume
     /// from the committed checkpoint and an interrupted step replays. Returns what was
     /// committed, also when an error ends the run.
-    async fn run_with_restarts(&self, name: &str) -> (Summary, Result<(), RunError>) {
+    async fn run_with_restarts(&self) -> (Summary, Result<(), RunError>) {
         let mut summary = Summary::default();
         let mut backoff = FIRST_BACKOFF;
         let mut failed = 0;
@@ -698,7 +707,6 @@ impl Attempt {
             }
             summary.restarts += 1;
             tracing::warn!(
-                materialization = name,
                 "{err}; reopening in {:.1}s (attempt {failed} of {MAX_FAILED_ATTEMPTS})",
                 backoff.as_secs_f64()
             );

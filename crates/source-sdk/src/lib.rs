@@ -64,12 +64,14 @@
 //! - [`kind`]: what a registered source kind provides.
 //! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
 //!   a broker): Extend, Pause and the wake-up, written once.
+//! - [`redact`]: secrets (URL passwords, tokens) out of messages and logs.
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub mod config;
 pub mod kind;
 pub mod prefetch;
 pub mod records;
+pub mod redact;
 pub mod step;
 #[cfg(feature = "testing")]
 pub mod testing;

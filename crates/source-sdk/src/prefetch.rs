@@ -24,6 +24,7 @@ use crate::{QueueLimits, Queued, SourceError};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, watch};
+use tracing::Instrument;
 
 /// One long-poll of a source's client.
 #[async_trait::async_trait]
@@ -68,6 +69,7 @@ impl<T: Send + 'static> Prefetch<T> {
             wake: Notify::new(),
         });
         let (paused_tx, mut paused_rx) = watch::channel(paused);
+        // In the caller's span: what the fetch logs names its materialization.
         let task = tokio::spawn({
             let shared = shared.clone();
             async move {
@@ -95,6 +97,7 @@ impl<T: Send + 'static> Prefetch<T> {
                     }
                 }
             }
+            .in_current_span()
         });
         Prefetch {
             shared,

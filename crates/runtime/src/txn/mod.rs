@@ -76,6 +76,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// Bounds of one transaction, and the combiners' memory.
 #[derive(Debug, Clone)]
@@ -537,7 +538,7 @@ async fn recover(
     // before any intent that follows it: the next transaction is numbered from
     // here, also when that goes back (a store restored from a backup).
     let adopted = checkpoint.clone();
-    let log = tokio::task::spawn_blocking(move || log.adopt(&adopted).map(|()| log))
+    let log = crate::blocking::spawn(move || log.adopt(&adopted).map(|()| log))
         .await
         .map_err(|e| RunError::Internal(format!("adopting the recovered checkpoint: {e}")))??;
     Ok(Recovered {
@@ -612,7 +613,9 @@ impl Committer<'_> {
                 }
                 LogState::Settled(settled)
             } else {
-                self.transaction(batch, settled).await?
+                // Every line of the transaction's work carries its number.
+                let span = tracing::info_span!("txn", txn = self.checkpoint.txn + 1);
+                self.transaction(batch, settled).instrument(span).await?
             };
             self.shared.in_flight.done();
         }
@@ -740,7 +743,6 @@ impl Committer<'_> {
             stores.docs.iter().sum::<u64>(),
         );
         tracing::debug!(
-            txn,
             docs,
             loaded,
             reused = sent.reused,

@@ -68,6 +68,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 /// Records queued from one source per call: small enough to interleave sources fairly,
 /// large enough to amortise the call.
@@ -156,7 +157,8 @@ pub(super) fn spawn(
     let (tx, rx) = mpsc::channel(1);
     let paths = sources.iter().map(|b| b.dead_letter.clone()).collect();
     let (mut dead_letters, writer) = DeadLetterWriter::spawn(paths, committed);
-    let task = tokio::spawn(async move {
+    // In the caller's span: the reader's lines name their materialization too.
+    let read = async move {
         if let Err((index, e)) = dead_letters.opened().await {
             let name = sources[index].source.name();
             let _ = tx.send(Err(super::source_err(name, e))).await;
@@ -227,7 +229,8 @@ pub(super) fn spawn(
         for reading in &mut reader.sources {
             reading.bound.source.disconnect().await;
         }
-    });
+    };
+    let task = tokio::spawn(read.in_current_span());
     (rx, ReaderTask { task, writer })
 }
 

@@ -150,7 +150,7 @@ impl DriverCommitted {
         on_durable: impl FnOnce(Duration) + Send + 'static,
     ) -> LogState {
         let mut log = self.log;
-        LogState::Committing(tokio::task::spawn_blocking(move || {
+        LogState::Committing(crate::blocking::spawn(move || {
             let started = Instant::now();
             // Returns only after the commit record is fsync'ed.
             log.commit(&checkpoint)?;
