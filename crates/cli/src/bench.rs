@@ -8,6 +8,7 @@ mod iceberg;
 mod latency;
 mod loads;
 mod mysql;
+mod outputs;
 mod postgres;
 mod sources;
 mod sql;
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     /// One transaction that loads every key of a large PostgreSQL table, under a small
     /// memory budget: peak RSS, exactness, the reload's cost over the first load.
     Loads(loads::LoadsArgs),
+    /// Pageviews' changes published to Kafka, NATS and files in JSON lines and Avro,
+    /// against a plain producer sending the same messages: msgs/s, MB/s and ratios.
+    Outputs(outputs::OutputsArgs),
     /// Sluice into PostgreSQL against a hand-written bulk loader and row-by-row upserts.
     Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
@@ -52,6 +56,7 @@ pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Iceberg(args) => iceberg::run(args),
         BenchCommand::Latency(args) => latency::run(args),
         BenchCommand::Loads(args) => loads::run(args),
+        BenchCommand::Outputs(args) => outputs::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),
         BenchCommand::Sources(args) => sources::run(args),

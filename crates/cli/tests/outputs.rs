@@ -421,7 +421,10 @@ fn kafka_topics_get_every_transactions_changes_once_in_order() {
     let yaml = pipeline_to(
         &format!("kafka: {{brokers: \"{BROKERS}\"}}"),
         "partitions: 3, topic",
-        &[(&json_topic, "json", false), (&debezium_topic, "debezium", false)],
+        &[
+            (&json_topic, "json", false),
+            (&debezium_topic, "debezium", false),
+        ],
     );
     std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
     assert_success(&sluice(dir.path(), &["run", "pipeline.yaml"]));
@@ -429,7 +432,8 @@ fn kafka_topics_get_every_transactions_changes_once_in_order() {
     let expected = model(&docs, &mut BTreeMap::new());
     let brokers = [BROKERS.to_string()];
     for (format, topic) in [("json", &json_topic), ("debezium", &debezium_topic)] {
-        let mut messages = block_on(sluice_kafka_output::read::read_topic(&brokers, topic)).unwrap();
+        let mut messages =
+            block_on(sluice_kafka_output::read::read_topic(&brokers, topic)).unwrap();
         assert!(
             messages.iter().any(|m| m.partition > 0),
             "the keys spread over the topic's partitions"
@@ -437,7 +441,11 @@ fn kafka_topics_get_every_transactions_changes_once_in_order() {
         // Partitions interleave; a transaction's messages are ordered by their index.
         messages.sort_by_key(|m| (m.stamp.txn, m.stamp.index));
         let stamped = messages.into_iter().map(|m| {
-            (m.stamp.txn, m.stamp.index, String::from_utf8(m.value).unwrap())
+            (
+                m.stamp.txn,
+                m.stamp.index,
+                String::from_utf8(m.value).unwrap(),
+            )
         });
         assert_batches(format, &group(stamped), &expected);
     }

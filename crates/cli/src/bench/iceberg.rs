@@ -155,19 +155,7 @@ type Figures = (Figure, Figure, Figure, Figure, bool);
 fn measure(args: &IcebergArgs, dir: &Path) -> anyhow::Result<Figures> {
     progress(args, format!("writing {} documents", args.docs));
     let input = dir.join("pageviews.jsonl");
-    let mut file = std::io::BufWriter::new(std::fs::File::create(&input)?);
-    let mut views = 0i64;
-    let mut text = Vec::with_capacity(160);
-    for seq in 0..args.docs {
-        let doc = pageview(SEED, args.keys, seq);
-        views += doc.views as i64;
-        text.clear();
-        doc.write_json(&mut text);
-        file.write_all(&text)?;
-        file.write_all(b"\n")?;
-    }
-    file.flush()?;
-    drop(file);
+    let views = write_pageviews(&input, args.docs, args.keys)?;
 
     let pipeline = dir.join("pipeline.yaml");
     std::fs::write(
@@ -220,8 +208,29 @@ materializations:
     Ok((sluice, sink, parquet, pyiceberg, exact))
 }
 
+/// Writes `docs` pageviews over `keys` keys (the generator's [`SEED`]) to `path` as
+/// JSON lines; returns their total views.
+pub(super) fn write_pageviews(path: &Path, docs: u64, keys: u64) -> anyhow::Result<i64> {
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    let mut views = 0i64;
+    let mut text = Vec::with_capacity(160);
+    for seq in 0..docs {
+        let doc = pageview(SEED, keys, seq);
+        views += doc.views as i64;
+        text.clear();
+        doc.write_json(&mut text);
+        text.push(b'\n');
+        file.write_all(&text)?;
+    }
+    file.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(views)
+}
+
 /// The Store and Commit phases of every transaction of a run's log, in seconds.
-fn sink_secs(log: &str) -> anyhow::Result<f64> {
+pub(super) fn sink_secs(log: &str) -> anyhow::Result<f64> {
     // The log may be colored: drop the escape sequences (ESC [ … m).
     let mut plain = String::with_capacity(log.len());
     let mut chars = log.chars();
