@@ -6,7 +6,9 @@ mod driver_cmd;
 mod drivers;
 mod logging;
 mod pipeline_cmd;
+mod progress;
 mod registry;
+mod schema_cmd;
 mod status_cmd;
 mod torture;
 
@@ -56,6 +58,9 @@ enum Command {
     /// Print a pipeline's status: from the running process's status API, else from its
     /// recovery logs.
     Status(status_cmd::StatusArgs),
+    /// Print the JSON schema of a connector's configuration (`--markdown`: as the
+    /// reference tables of the docs); without a connector, list them.
+    Schema(schema_cmd::SchemaArgs),
     /// Serve, run or test drivers.
     #[command(subcommand)]
     Driver(driver_cmd::DriverCommand),
@@ -105,6 +110,7 @@ fn run() -> anyhow::Result<()> {
         Command::Apply(args) => pipeline_cmd::apply(args),
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
         Command::Status(args) => status_cmd::main(args),
+        Command::Schema(args) => schema_cmd::main(args),
         Command::Driver(cmd) => driver_cmd::main(cmd),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Torture(args) => torture::main(args),

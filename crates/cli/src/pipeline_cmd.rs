@@ -8,7 +8,6 @@
 use crate::registry::registry;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
 use sluice_runtime::metrics::status::Graph;
@@ -16,11 +15,9 @@ use sluice_runtime::metrics::{Metrics, exporter};
 use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{Progress, Summary};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -110,7 +107,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             let _ = shutdown_tx.send(true);
         });
         let started = Instant::now();
-        let bar = progress_bar(progress.clone(), started);
+        let bar = crate::progress::show(progress.clone(), started, args.follow);
         let result = pipeline::run(
             &pipeline,
             planned,
@@ -208,34 +205,7 @@ async fn wait_for_signal() {
     }
 }
 
-/// A progress line on a terminal: documents, docs/s, transactions, bytes.
-fn progress_bar(progress: Arc<Progress>, started: Instant) -> Option<ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
-    let ticker = bar.clone();
-    tokio::spawn(async move {
-        loop {
-            let docs = progress.docs.load(Ordering::Relaxed);
-            let rate = docs as f64 / started.elapsed().as_secs_f64().max(1e-9);
-            ticker.set_message(format!(
-                "{docs} documents, {rate:.0} docs/s, {} transactions, {}",
-                progress.transactions.load(Ordering::Relaxed),
-                human_bytes(progress.bytes.load(Ordering::Relaxed)),
-            ));
-            ticker.tick();
-            if ticker.is_finished() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
-    Some(bar)
-}
-
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
     let mut unit = 0;

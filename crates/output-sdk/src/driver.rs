@@ -93,7 +93,9 @@ impl Resource {
 }
 
 /// The resource schema of `kind`: its destination keys and the encoding keys.
-fn resource_schema(kind: &OutputKind) -> String {
+/// The JSON schema of a binding's resource of `kind`: its destination keys and the
+/// encoding keys every output takes.
+pub fn resource_schema(kind: &OutputKind) -> String {
     let mut schema: Value =
         serde_json::from_str(kind.resource_schema).expect("a kind's resource schema is JSON");
     let common = json!({

@@ -35,7 +35,7 @@ pub mod endpoint;
 mod view;
 
 pub use change::{Change, Op};
-pub use driver::{OutputDriver, OutputKind};
+pub use driver::{OutputDriver, OutputKind, resource_schema};
 pub use encode::{Buffer, Format, Message};
 pub use endpoint::{BatchKind, OutputEndpoint, Tail, Target};
 

@@ -8,8 +8,9 @@
 //! Every error names its place in the file the way a reader finds it,
 //! `materializations.views-db.bindings[0].source: unknown collection "acme/x"`, and YAML
 //! syntax errors name line and column. Unknown keys are errors: a typo must not be
-//! silently ignored. `${NAME}` expands in every string value (`$${` writes a literal
-//! `${`); an unset variable is an error naming it and its place. Relative paths
+//! silently ignored. `${NAME}` expands in every string value, `${NAME:-default}` to the
+//! default when NAME is unset or empty (`$${` writes a literal `${`); an unset variable
+//! without a default is an error naming it and its place. Relative paths
 //! (files, databases, the recovery log, a command's program when it contains `/`)
 //! resolve against the pipeline file's folder.
 //!
@@ -676,7 +677,7 @@ fn one_kind(
     }
 }
 
-/// Expands `${NAME}` in every string of `tree`; `place` tracks where we are.
+/// Expands `${NAME}` and `${NAME:-default}` in every string of `tree`; `place` tracks where we are.
 fn expand_env(tree: &mut Value, place: &mut String) -> Result<(), ConfigError> {
     let len = place.len();
     match tree {
@@ -716,15 +717,24 @@ fn expand_str(s: &str, place: &str) -> Result<String, ConfigError> {
             let Some(end) = after.find('}') else {
                 return Err(invalid(place, format!("unclosed ${{ in {s:?}")));
             };
-            let var = &after[..end];
-            let value = std::env::var(var).map_err(|_| {
-                invalid(
-                    place,
-                    format!(
-                        "environment variable ${{{var}}} is not set (write $${{ for a literal ${{)"
-                    ),
-                )
-            })?;
+            let (var, default) = match after[..end].split_once(":-") {
+                Some((var, default)) => (var, Some(default)),
+                None => (&after[..end], None),
+            };
+            let value = match (std::env::var(var), default) {
+                (Ok(value), Some(default)) if value.is_empty() => default.to_owned(),
+                (Ok(value), _) => value,
+                (Err(_), Some(default)) => default.to_owned(),
+                (Err(_), None) => {
+                    return Err(invalid(
+                        place,
+                        format!(
+                            "environment variable ${{{var}}} is not set (write ${{{var}:-default}} \
+                             for a default, $${{ for a literal ${{)"
+                        ),
+                    ));
+                }
+            };
             out.push_str(&value);
             rest = &after[end + 1..];
         } else {

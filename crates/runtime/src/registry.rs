@@ -67,7 +67,53 @@ pub trait DriverKind: Send + Sync {
     fn driver(&self) -> Option<Arc<dyn Driver>> {
         None
     }
+
+    /// The JSON schemas of this kind's endpoint configuration and of its bindings'
+    /// resources (what `sluice schema` prints): a built-in driver's Spec.
+    async fn schemas(&self) -> Result<Schemas, String> {
+        let driver = self
+            .driver()
+            .ok_or_else(|| format!("the `{}` endpoint declares no schema", self.name()))?;
+        let spec = driver
+            .spec(Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Schemas::parse(
+            &spec.endpoint_spec_schema_json,
+            &spec.resource_spec_schema_json,
+        )
+    }
 }
+
+/// An endpoint kind's JSON schemas: of its configuration, and of a binding's resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schemas {
+    pub endpoint: Value,
+    pub resource: Value,
+}
+
+impl Schemas {
+    fn parse(endpoint: &str, resource: &str) -> Result<Schemas, String> {
+        let parse = |what: &str, text: &str| {
+            serde_json::from_str(text).map_err(|e| format!("the {what} schema is not JSON: {e}"))
+        };
+        Ok(Schemas {
+            endpoint: parse("endpoint", endpoint)?,
+            resource: parse("resource", resource)?,
+        })
+    }
+}
+
+/// What an external driver's binding resource is: whatever that driver's Spec says.
+const EXTERNAL_RESOURCE_SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "The driver's resource",
+  "type": "object",
+  "description": "As the driver's own Spec defines it."
+}"#;
+
+/// The `pattern` key both external kinds take.
+const PATTERN_SCHEMA: &str = r#"{"type": "string", "enum": ["authoritative", "idempotent_apply", "non_transactional"], "description": "How the driver commits, as its author declares (undeclared: non-transactional; admission reads it)."}"#;
 
 /// The source and driver kinds a binary knows.
 #[derive(Default)]
@@ -256,6 +302,24 @@ impl DriverKind for Grpc {
         "grpc"
     }
 
+    async fn schemas(&self) -> Result<Schemas, String> {
+        let endpoint = format!(
+            r#"{{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "A driver served over gRPC",
+  "type": "object",
+  "required": ["address"],
+  "additionalProperties": false,
+  "properties": {{
+    "address": {{"type": "string", "minLength": 1, "description": "HOST:PORT, grpc://HOST:PORT or unix:/path."}},
+    "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
+    "pattern": {PATTERN_SCHEMA}
+  }}
+}}"#
+        );
+        Schemas::parse(&endpoint, EXTERNAL_RESOURCE_SCHEMA)
+    }
+
     fn parse(&self, config: Value, _base_dir: &Path) -> Result<Value, InvalidConfig> {
         let config: GrpcConfig = parse(config)?;
         channel_uri(&config.address).map_err(|message| InvalidConfig::new("address", message))?;
@@ -309,6 +373,25 @@ struct CommandConfig {
 impl DriverKind for Command {
     fn name(&self) -> &'static str {
         "command"
+    }
+
+    async fn schemas(&self) -> Result<Schemas, String> {
+        let endpoint = format!(
+            r#"{{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "A driver run as a child process speaking the stdio protocol",
+  "type": "object",
+  "required": ["program"],
+  "additionalProperties": false,
+  "properties": {{
+    "program": {{"type": "string", "minLength": 1, "description": "A bare name is looked up in PATH; one with a / is a file, relative to the pipeline file's folder."}},
+    "args": {{"type": "array", "items": {{"type": "string"}}, "default": [], "description": "Its arguments."}},
+    "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
+    "pattern": {PATTERN_SCHEMA}
+  }}
+}}"#
+        );
+        Schemas::parse(&endpoint, EXTERNAL_RESOURCE_SCHEMA)
     }
 
     fn parse(&self, config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
@@ -414,5 +497,12 @@ impl DriverKind for Output {
             config: config.clone(),
             guarantee: SinkGuarantee::Output,
         })
+    }
+
+    async fn schemas(&self) -> Result<Schemas, String> {
+        Schemas::parse(
+            self.0.endpoint_schema,
+            &sluice_output_sdk::resource_schema(&self.0),
+        )
     }
 }

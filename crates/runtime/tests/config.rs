@@ -263,6 +263,30 @@ fn unset_environment_variable_is_named_with_its_place() {
 }
 
 #[test]
+fn a_default_stands_for_an_unset_or_empty_variable_and_only_then() {
+    let home = std::env::var("HOME").expect("HOME is set");
+    let text = DESIGN_EXAMPLE
+        .replace(
+            "{table: pageviews}",
+            "{table: \"${SLUICE_TEST_SURELY_UNSET:-views}\", schema: \"${HOME:-nowhere}\"}",
+        )
+        .replace(
+            "path: out/views.db",
+            "path: \"${SLUICE_TEST_SURELY_UNSET:-/srv/db}/${SLUICE_TEST_SURELY_UNSET:-}views.db\"",
+        );
+    let p = parse(&text).unwrap();
+    let m = &p.materializations["views-db"];
+    assert_eq!(
+        m.bindings[0].resource,
+        json!({"table": "views", "schema": home})
+    );
+    assert_eq!(
+        m.endpoint,
+        endpoint("sqlite", json!({"path": "/srv/db/views.db"}))
+    );
+}
+
+#[test]
 fn runtime_bounds_accept_durations_and_sizes() {
     let text = format!(
         "{DESIGN_EXAMPLE}runtime:\n  recovery_log: /var/lib/sluice/views\n  memory_budget: 1GiB\n  transactions: {{max_docs: 10, max_bytes: 512KiB, max_duration: 250ms, min_duration: 1m}}\n"

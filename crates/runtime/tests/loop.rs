@@ -752,6 +752,7 @@ impl ScriptOf for Barriers {
 
 impl<S: ScriptOf> SourceKind for ScriptedFileKind<S> {
     const NAME: &'static str = S::NAME;
+    const SCHEMA: &'static str = sluice_file::config::SCHEMA;
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
@@ -807,6 +808,7 @@ struct FlakyFileKind;
 
 impl SourceKind for FlakyFileKind {
     const NAME: &'static str = "flaky_file";
+    const SCHEMA: &'static str = sluice_file::config::SCHEMA;
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {

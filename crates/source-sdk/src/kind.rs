@@ -31,6 +31,9 @@ pub trait SourceKind: 'static {
     const NAME: &'static str;
     /// What the user writes under that key; strict (`deny_unknown_fields`).
     type Config: DeserializeOwned + fmt::Debug + Send + Sync + 'static;
+    /// The JSON schema (draft 7) of `Config`, with a `description` and any `default`
+    /// per property: what `sluice schema` prints and the docs' reference is made of.
+    const SCHEMA: &'static str;
 
     /// What serde cannot express: cross-field checks, and making relative paths
     /// relative to the pipeline file's folder `base_dir` ([`config::resolve_path`]).
@@ -71,6 +74,7 @@ impl<'a> Opening<'a> {
 #[derive(Clone, Copy)]
 pub struct Kind {
     name: &'static str,
+    schema: &'static str,
     parse: fn(Value, &Path) -> Result<SourceConfig, InvalidConfig>,
 }
 
@@ -78,6 +82,7 @@ pub struct Kind {
 pub fn kind<K: SourceKind>() -> Kind {
     Kind {
         name: K::NAME,
+        schema: K::SCHEMA,
         parse: parse_as::<K>,
     }
 }
@@ -92,6 +97,11 @@ impl Kind {
     /// The key naming this kind in the pipeline file.
     pub fn name(&self) -> &'static str {
         self.name
+    }
+
+    /// The JSON schema of the configuration written under this kind's key.
+    pub fn schema(&self) -> &'static str {
+        self.schema
     }
 
     /// Reads the configuration written under this kind's key; relative paths are

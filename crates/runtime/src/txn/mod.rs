@@ -48,6 +48,9 @@
 
 mod decide;
 mod phases;
+mod progress;
+
+pub use progress::{LivePhase, Progress, Remaining};
 mod read;
 mod state;
 mod stored;
@@ -73,7 +76,7 @@ use sluice_sink_sdk::EpochParticipant;
 use sluice_source_sdk::{Resume, Source, SourceError};
 use state::{LogState, Settled};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -122,15 +125,6 @@ pub struct BoundSource {
     pub read_ahead: crate::config::ReadAhead,
     /// How its records wrap their documents.
     pub envelope: crate::envelope::Envelope,
-}
-
-/// Live counters, read by the CLI's progress bar.
-#[derive(Debug, Default)]
-pub struct Progress {
-    pub docs: AtomicU64,
-    pub bytes: AtomicU64,
-    pub transactions: AtomicU64,
-    pub stored: AtomicU64,
 }
 
 /// What a finished run did.
@@ -337,6 +331,7 @@ pub struct Context {
 #[derive(Clone)]
 struct Shared {
     bindings: Arc<Vec<Binding>>,
+    progress: Arc<Progress>,
     opts: TxnOptions,
     metrics: Arc<ShardMetrics>,
     shutdown: watch::Receiver<bool>,
@@ -410,8 +405,10 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     }
     let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources, timeouts).await?;
     metrics.status.enter(State::Running);
+    progress.enter(LivePhase::Starting);
     let shared = Shared {
         bindings: Arc::new(shard.bindings),
+        progress,
         opts,
         metrics,
         shutdown,
@@ -434,7 +431,6 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         checkpoint: recovered.checkpoint,
         previous: stored::StoredDocs::empty(),
         shared,
-        progress,
         summary,
     };
     let result = committer.commit_all(batches, recovered.log).await;
@@ -562,7 +558,6 @@ struct Committer<'s> {
     /// What the last committed transaction stored: the next one's loads of those keys.
     previous: stored::StoredDocs,
     shared: Shared,
-    progress: Arc<Progress>,
     summary: &'s mut Summary,
 }
 
@@ -584,6 +579,7 @@ impl Committer<'_> {
     ) -> Result<(), RunError> {
         let mut state = LogState::Settled(Settled::recovered(log));
         loop {
+            self.shared.progress.enter(LivePhase::Reading);
             let batch = match batches.recv().await {
                 Some(Ok(batch)) => batch,
                 failed => {
@@ -668,6 +664,7 @@ impl Committer<'_> {
         self.checkpoint.txn = txn;
 
         // Load phase: Acknowledge(T-1), Loads from C1 (drained into C2), Prepare.
+        self.shared.progress.enter(LivePhase::Loading);
         let started = Instant::now();
         let metrics = self.shared.metrics.clone();
         metrics.combiner(CombinerRole::Read, &c1.stats());
@@ -709,6 +706,7 @@ impl Committer<'_> {
         };
 
         // Store phase.
+        self.shared.progress.enter(LivePhase::Storing);
         let mut kept = stored::StoredDocsBuilder::new(to_store.stats().spilled_runs == 0);
         let stores =
             match phases::send_stores(&mut self.tx, to_store, &self.shared.bindings, &mut kept)
@@ -718,6 +716,7 @@ impl Committer<'_> {
                 Err(err) => return Err(self.phase_error(err).await),
             };
         let stored_at = Instant::now();
+        self.shared.progress.enter(LivePhase::Committing);
         if let Err(err) = self.tx.commit().await {
             return Err(self.phase_error(phases::PhaseError::Driver(err)).await);
         }
@@ -836,10 +835,11 @@ impl Committer<'_> {
         summary.stored += n.stored;
         summary.transactions += 1;
         summary.last_txn = self.checkpoint.txn;
-        self.progress.docs.fetch_add(n.docs, Ordering::Relaxed);
-        self.progress.bytes.fetch_add(n.bytes, Ordering::Relaxed);
-        self.progress.transactions.fetch_add(1, Ordering::Relaxed);
-        self.progress.stored.fetch_add(n.stored, Ordering::Relaxed);
+        let progress = &self.shared.progress;
+        progress.docs.fetch_add(n.docs, Ordering::Relaxed);
+        progress.bytes.fetch_add(n.bytes, Ordering::Relaxed);
+        progress.transactions.fetch_add(1, Ordering::Relaxed);
+        progress.stored.fetch_add(n.stored, Ordering::Relaxed);
     }
 
     /// Ends a run whose input is exhausted: the last Acknowledge was sent (just now, at

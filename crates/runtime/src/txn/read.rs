@@ -166,6 +166,7 @@ pub(super) fn spawn(
         }
         let Shared {
             bindings,
+            progress,
             opts,
             metrics,
             shutdown,
@@ -174,6 +175,7 @@ pub(super) fn spawn(
         } = shared;
         let mut reader = Reader {
             metrics,
+            progress,
             exhausted: vec![false; sources.len()],
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
@@ -305,6 +307,8 @@ struct Reader {
     sources: Vec<ReaderSource>,
     /// Each source's lag goes here after its steps.
     metrics: Arc<ShardMetrics>,
+    /// Documents read, and what the sources have left (the CLI's progress line).
+    progress: Arc<super::Progress>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
     opts: TxnOptions,
@@ -462,6 +466,9 @@ impl Reader {
                 if let Some(lag) = reading.bound.source.lag() {
                     self.metrics.sources[index].lag(lag);
                 }
+                self.progress
+                    .behind(self.sources.iter().map(|s| s.bound.source.lag()));
+                let reading = &mut self.sources[index];
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
                 backlogged |= !step.end_of_input
@@ -469,6 +476,7 @@ impl Reader {
                         || step.bytes >= limits.max_bytes);
                 if !self.records.is_empty() || !step.errors.is_empty() {
                     progressed = true;
+                    let (docs, bytes) = (batch.docs, batch.bytes);
                     let combined = combine_step(
                         &step,
                         &mut self.records,
@@ -476,6 +484,7 @@ impl Reader {
                         &mut batch,
                         &mut self.rejects,
                     )?;
+                    self.progress.read(batch.docs - docs, batch.bytes - bytes);
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
                     batch.journaled += journaled(&step.resume);
@@ -619,6 +628,7 @@ impl Reader {
                         .await
                         .map_err(|e| super::source_err(name, e))?;
                     let feed = Feed::new(index, bound, &self.bindings);
+                    let (docs, bytes) = (batch.docs, batch.bytes);
                     let combined = combine_step(
                         &step,
                         &mut self.records,
@@ -626,6 +636,7 @@ impl Reader {
                         &mut batch,
                         &mut self.rejects,
                     )?;
+                    self.progress.read(batch.docs - docs, batch.bytes - bytes);
                     if let Combined::Rebuild = combined {
                         continue 'rebuild;
                     }

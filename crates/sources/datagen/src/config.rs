@@ -4,6 +4,21 @@
 use serde::Deserialize;
 use sluice_source_sdk::InvalidConfig;
 
+/// JSON schema of [`DatagenConfig`] (what `sluice schema datagen` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Generated documents",
+  "type": "object",
+  "additionalProperties": false,
+  "properties": {
+    "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "Seeds the generator: the same seed, keys and shape give the same documents."},
+    "documents": {"type": "integer", "minimum": 0, "description": "How many documents to generate; unset for an endless stream."},
+    "keys": {"type": "integer", "minimum": 1, "default": 1000, "description": "How many distinct keys the documents spread over."},
+    "rate": {"type": "number", "exclusiveMinimum": 0, "description": "Documents per second; unset for as fast as possible."},
+    "shape": {"type": "string", "enum": ["pageviews"], "default": "pageviews", "description": "The documents' shape: pageviews are {user_id, views, bytes, last_seen, tags}."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatagenConfig {

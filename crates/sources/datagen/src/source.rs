@@ -13,7 +13,7 @@ use crate::config::{DatagenConfig, DatagenShape};
 use crate::pageview::pageview;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Position, QueueLimits, Records, Resume, Source, SourceError, Span, Step,
+    FaultTolerance, Lag, Position, QueueLimits, Records, Resume, Source, SourceError, Span, Step,
     StepHasher, Unit, check_replay, replay_target,
 };
 use std::sync::Arc;
@@ -126,6 +126,12 @@ impl Source for DatagenSource {
             .map_or(u64::MAX, |n| n.saturating_sub(self.next));
         let count = remaining.min(limits.max_records as u64).min(self.due());
         Ok(self.step(self.next, count, limits.max_bytes, out))
+    }
+
+    /// The documents still to generate, when their number is bounded.
+    fn lag(&self) -> Option<Lag> {
+        let documents = self.def.documents?;
+        Some(Lag::Messages(documents.saturating_sub(self.next)))
     }
 
     /// With a rate: sleeps until the next document is due (at once if one is); without

@@ -5,6 +5,21 @@ use serde::Deserialize;
 use sluice_source_sdk::config::de_bytes;
 use std::path::PathBuf;
 
+/// JSON schema of [`FileConfig`] (what `sluice schema file` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "File",
+  "type": "object",
+  "required": ["path", "format"],
+  "additionalProperties": false,
+  "properties": {
+    "path": {"type": "string", "minLength": 1, "description": "The file read; relative to the pipeline file's folder."},
+    "format": {"type": "string", "enum": ["json", "csv"], "description": "json: one JSON document a line; csv: RFC 4180 with a header row naming the properties."},
+    "follow": {"type": "boolean", "default": false, "description": "Keep tailing the file as it grows; the source then never ends."},
+    "max_document_size": {"type": ["integer", "string"], "default": "16MiB", "description": "The largest record read as a document, in bytes or as a size (16MiB); a larger one is bad input, streamed past without being held."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {

@@ -9,6 +9,22 @@ use sluice_source_sdk::config::{de_bytes, de_duration};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// JSON schema of [`HttpConfig`] (what `sluice schema http` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "HTTP ingest",
+  "type": "object",
+  "required": ["listen", "token"],
+  "additionalProperties": false,
+  "properties": {
+    "listen": {"type": "string", "minLength": 1, "description": "The address the server listens on, IP:port (127.0.0.1:8080; 0.0.0.0:8080 for every interface)."},
+    "token": {"type": "string", "minLength": 1, "description": "The bearer token every POST must carry (Authorization: Bearer <token>); write it as ${ENV_VAR}."},
+    "max_body_bytes": {"type": ["integer", "string"], "default": "16MiB", "description": "A larger body is refused with a 413."},
+    "max_buffered_bytes": {"type": ["integer", "string"], "default": "64MiB", "description": "Accepted bodies not yet in a transaction; above it a POST gets a 429 with Retry-After."},
+    "idempotency_window": {"type": "string", "default": "10m", "description": "How long an Idempotency-Key is remembered after its request was accepted."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpConfig {

@@ -30,6 +30,7 @@ pub struct HttpKind;
 
 impl SourceKind for HttpKind {
     const NAME: &'static str = "http";
+    const SCHEMA: &'static str = config::SCHEMA;
     type Config = HttpConfig;
 
     fn prepare(config: &mut HttpConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {

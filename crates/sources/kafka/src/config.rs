@@ -9,6 +9,24 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+/// JSON schema of [`KafkaConfig`] (what `sluice schema kafka` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "Kafka topic",
+  "type": "object",
+  "required": ["brokers", "topic", "format"],
+  "additionalProperties": false,
+  "properties": {
+    "brokers": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "Bootstrap brokers, host:port each (plain TCP)."},
+    "topic": {"type": "string", "minLength": 1, "description": "The topic read."},
+    "partitions": {"type": "array", "items": {"type": "integer", "minimum": 0}, "description": "The partitions read; unset for all of them, and partitions added later too."},
+    "start": {"oneOf": [{"type": "string", "enum": ["earliest", "latest"]}, {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}], "default": "earliest", "description": "Where a source with no committed position begins: earliest, latest, or offsets per partition ({\"0\": 120}; others at earliest)."},
+    "format": {"type": "string", "enum": ["json"], "description": "Each message value is one JSON document."},
+    "meta": {"type": ["string", "null"], "default": "_meta", "description": "The top-level property receiving each message's topic, partition, offset, timestamp, key and headers; null for none."},
+    "fetch_wait": {"type": "string", "default": "10ms", "description": "How long one fetch waits for new messages."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {

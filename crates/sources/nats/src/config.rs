@@ -4,6 +4,22 @@
 use serde::{Deserialize, Deserializer};
 use sluice_source_sdk::InvalidConfig;
 
+/// JSON schema of [`NatsConfig`] (what `sluice schema nats` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "NATS JetStream stream",
+  "type": "object",
+  "required": ["url", "stream"],
+  "additionalProperties": false,
+  "properties": {
+    "url": {"type": "string", "minLength": 1, "description": "The server, nats://host:port (no TLS in this build)."},
+    "stream": {"type": "string", "minLength": 1, "description": "The JetStream stream read; its retention must be limits."},
+    "subject": {"type": "string", "description": "Only messages whose subject matches this filter (events.>)."},
+    "start": {"oneOf": [{"type": "string", "enum": ["first", "last", "new"]}, {"type": "integer", "minimum": 1}], "default": "first", "description": "Where a source with no committed position begins: first, last, new, or a stream sequence."},
+    "meta": {"type": ["string", "null"], "default": "_meta", "description": "The top-level property receiving each message's stream, subject, sequence, timestamp and headers; null for none."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NatsConfig {

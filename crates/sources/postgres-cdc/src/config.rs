@@ -7,6 +7,23 @@ use serde::Deserialize;
 use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::redact::redact;
 
+/// JSON schema of [`PostgresCdcConfig`] (what `sluice schema postgres_cdc` prints).
+pub const SCHEMA: &str = r#"{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "PostgreSQL change data capture",
+  "type": "object",
+  "required": ["url"],
+  "additionalProperties": false,
+  "properties": {
+    "url": {"type": "string", "minLength": 1, "description": "postgres://user[:password]@host[:port]/database (plain TCP); the user needs REPLICATION."},
+    "publication": {"type": "string", "minLength": 1, "description": "The publication read; must exist unless tables is given (then default sluice_<slot>, created if missing)."},
+    "tables": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "The tables (schema.table, or table in public) of the publication Sluice creates when it is missing."},
+    "slot": {"type": "string", "minLength": 1, "description": "The replication slot; default sluice_<materialization>_<source>, made a valid slot name."},
+    "chunk_rows": {"type": "integer", "minimum": 1, "default": 10000, "description": "Rows read per backfill query."},
+    "truncate": {"type": "string", "enum": ["error"], "default": "error", "description": "A TRUNCATE of a published table stops the source naming the table (delete_all is refused)."}
+  }
+}"#;
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresCdcConfig {

@@ -43,6 +43,7 @@ pub struct PostgresCdcKind;
 
 impl SourceKind for PostgresCdcKind {
     const NAME: &'static str = "postgres_cdc";
+    const SCHEMA: &'static str = config::SCHEMA;
     type Config = PostgresCdcConfig;
 
     fn prepare(config: &mut PostgresCdcConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
