@@ -22,6 +22,43 @@ pub fn key_hash(packed: &[u8]) -> u32 {
     (HighwayHasher::new(Key(KEY)).hash64(packed) >> 32) as u32
 }
 
+/// A shard's range of key hashes, inclusive at both ends: the documents it owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRange {
+    pub begin: u32,
+    pub end: u32,
+}
+
+impl KeyRange {
+    /// Every key.
+    pub const ALL: KeyRange = KeyRange {
+        begin: 0,
+        end: u32::MAX,
+    };
+
+    pub fn is_all(&self) -> bool {
+        *self == KeyRange::ALL
+    }
+
+    /// Whether the key packed as `packed` hashes into this range (no hashing for
+    /// [`KeyRange::ALL`]).
+    pub fn owns(&self, packed: &[u8]) -> bool {
+        self.is_all() || (self.begin..=self.end).contains(&key_hash(packed))
+    }
+}
+
+impl Default for KeyRange {
+    fn default() -> Self {
+        KeyRange::ALL
+    }
+}
+
+impl std::fmt::Display for KeyRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}-{:08x}", self.begin, self.end)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

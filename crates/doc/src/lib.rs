@@ -27,7 +27,7 @@ pub mod schema;
 pub mod tuple;
 
 pub use combine::{Combiner, Drained};
-pub use hash::key_hash;
+pub use hash::{KeyRange, key_hash};
 pub use ptr::Pointer;
 pub use reduce::{ReduceError, Reducer, Strategy};
 pub use schema::Schema;

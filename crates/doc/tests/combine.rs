@@ -47,6 +47,7 @@ fn new_combiner(bindings: usize, memory_budget: usize) -> Combiner {
     let opts = CombinerOptions {
         memory_budget,
         spill_dir: None,
+        ..Default::default()
     };
     Combiner::new(bindings, opts)
 }
@@ -387,6 +388,7 @@ fn spill_failure_names_the_directory_and_poisons_the_combiner() {
     let opts = CombinerOptions {
         memory_budget: 0,
         spill_dir: Some(missing.clone()),
+        ..Default::default()
     };
     let mut combiner = Combiner::new(vec![binding("acme/c0")], opts);
     let err = combiner.combine_right(0, json!({"k": 1})).unwrap_err();
@@ -527,6 +529,7 @@ fn drain_docs(
     let opts = CombinerOptions {
         memory_budget,
         spill_dir: None,
+        ..Default::default()
     };
     let mut combiner = Combiner::new(vec![spec_of(schema, full)], opts);
     if let Some(doc) = loaded {
@@ -641,6 +644,7 @@ fn combiner_of(spec: BindingSpec, memory_budget: usize) -> Combiner {
         CombinerOptions {
             memory_budget,
             spill_dir: None,
+            ..Default::default()
         },
     )
 }
@@ -761,4 +765,72 @@ fn spec_with(schema: Value, deletions: bool) -> BindingSpec {
         full: deletions,
         deletions,
     }
+}
+
+/// A shard keeps the documents whose keys hash into its range and passes over the rest:
+/// two halves of the hash space keep disjoint keys that together are every key, each
+/// reduced as a single combiner reduces it; a loaded document outside the range fails.
+#[test]
+fn shards_keep_their_keys_and_together_keep_every_key_once() {
+    use sluice_doc::{KeyRange, key_hash};
+    let combiner = |key_range| {
+        Combiner::new(
+            vec![binding("acme/c0")],
+            CombinerOptions {
+                key_range,
+                ..Default::default()
+            },
+        )
+    };
+    let halves = [
+        KeyRange {
+            begin: 0,
+            end: 0x7fff_ffff,
+        },
+        KeyRange {
+            begin: 0x8000_0000,
+            end: u32::MAX,
+        },
+    ];
+    let mut whole = combiner(KeyRange::ALL);
+    let mut shards = halves.map(combiner);
+    for i in 0..1000i64 {
+        let doc = json!({"k": i % 97, "n": i});
+        whole.combine_right(0, doc.clone()).unwrap();
+        for shard in &mut shards {
+            shard.combine_right(0, doc.clone()).unwrap();
+        }
+    }
+    let [low, high] = shards;
+    assert_eq!(low.stats().elsewhere + high.stats().elsewhere, 1000);
+    let low = drain_all(low);
+    let high = drain_all(high);
+    for (range, drained) in halves.iter().zip([&low, &high]) {
+        assert!(!drained.is_empty(), "{range} kept no key of 97");
+        for d in drained {
+            assert!(
+                (range.begin..=range.end).contains(&key_hash(&d.key)),
+                "{range}"
+            );
+        }
+    }
+    let mut union: Vec<Drained> = low.into_iter().chain(high).collect();
+    union.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(union, drain_all(whole));
+
+    let mut low = combiner(halves[0]);
+    let outside = (0..97)
+        .map(key)
+        .find(|k| key_hash(k) > halves[0].end)
+        .expect("a key of the high half");
+    let err = low
+        .reduce_left(0, &outside, Doc::from(json!({"k": 1})))
+        .unwrap_err();
+    assert!(
+        matches!(err, CombineError::OutsideRange { .. })
+            && err
+                .to_string()
+                .contains("outside the shard's key range 00000000-7fffffff"),
+        "{err}"
+    );
 }

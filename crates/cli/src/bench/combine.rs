@@ -102,6 +102,7 @@ pub fn run(args: CombineArgs) -> anyhow::Result<()> {
         CombinerOptions {
             memory_budget: args.memory_budget,
             spill_dir: args.spill_dir.clone(),
+            ..Default::default()
         },
     );
     let mut combine_time = Timer::default();

@@ -59,6 +59,7 @@ mod spill;
 pub use drain::Drainer;
 
 use crate::compact::Doc;
+use crate::hash::KeyRange;
 use crate::parse::DocParser;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
@@ -114,6 +115,9 @@ pub struct CombinerOptions {
     pub memory_budget: usize,
     /// Where the spill file goes; `None` means `std::env::temp_dir()`.
     pub spill_dir: Option<PathBuf>,
+    /// The shard's key range: new documents of other keys are passed over (another
+    /// shard owns them), a loaded one is an error.
+    pub key_range: KeyRange,
 }
 
 /// 256 MiB: a table of ~430 000 small documents (a 150-byte document kept compact is
@@ -126,6 +130,7 @@ impl Default for CombinerOptions {
         CombinerOptions {
             memory_budget: DEFAULT_MEMORY_BUDGET,
             spill_dir: None,
+            key_range: KeyRange::ALL,
         }
     }
 }
@@ -141,6 +146,8 @@ pub struct CombinerStats {
     pub spilled_runs: usize,
     /// Bytes written to the spill file so far.
     pub spilled_bytes: u64,
+    /// New documents passed over: their keys hash outside the key range.
+    pub elsewhere: u64,
 }
 
 /// Why a document could not be combined or drained. Every variant about a document names
@@ -168,6 +175,15 @@ pub enum CombineError {
     Key {
         collection: String,
         source: KeyError,
+    },
+    /// A driver bug: a loaded document's key is outside the shard's key range.
+    #[error(
+        "collection {collection}: loaded key {key} hashes outside the shard's key range {range}"
+    )]
+    OutsideRange {
+        collection: String,
+        key: String,
+        range: KeyRange,
     },
     /// User input: two documents of one key cannot be reduced (e.g. `sum` over a string).
     #[error("collection {collection}: key {key}: {source}")]
@@ -217,6 +233,8 @@ pub struct Combiner {
     /// binding, so each learns the shapes of its own collection's documents.
     parsers: Vec<DocParser>,
     poisoned: Option<String>,
+    /// New documents passed over for hashing outside the key range.
+    elsewhere: u64,
 }
 
 impl Combiner {
@@ -229,6 +247,7 @@ impl Combiner {
             spill: None,
             scratch: Vec::with_capacity(64),
             poisoned: None,
+            elsewhere: 0,
         }
     }
 
@@ -259,6 +278,10 @@ impl Combiner {
     /// document takes.
     pub fn combine_right_doc(&mut self, binding: u32, doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
+        if !self.opts.key_range.is_all() && !self.owns(binding, &doc)? {
+            self.elsewhere += 1;
+            return Ok(());
+        }
         let deletion = doc.is_deletion();
         self.validate_and_key(binding, &doc, deletion)?;
         let side = if deletion && self.bindings[binding as usize].deletions {
@@ -301,6 +324,16 @@ impl Combiner {
             })
     }
 
+    /// Whether this shard owns `doc`: its key hashes into the key range. A document
+    /// whose key cannot be packed is owned, so that its error is reported (by every
+    /// shard: no key, no owner).
+    fn owns(&mut self, binding: u32, doc: &Doc) -> Result<bool, CombineError> {
+        let spec = spec(&self.bindings, binding)?;
+        self.scratch.clear();
+        Ok(spec.key.pack_doc(doc, &mut self.scratch).is_err()
+            || self.opts.key_range.owns(&self.scratch))
+    }
+
     /// Like [`Combiner::combine_right`] for a document that was already validated and
     /// whose packed key the caller has: a drained document moving on to the next
     /// combiner as it is, with its [`Drained::resets`].
@@ -326,6 +359,13 @@ impl Combiner {
     /// into a [`Doc`] with a [`DocParser`].
     pub fn reduce_left(&mut self, binding: u32, key: &[u8], doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
+        if !self.opts.key_range.owns(key) {
+            return Err(CombineError::OutsideRange {
+                collection: spec(&self.bindings, binding)?.name.clone(),
+                key: describe_key(key),
+                range: self.opts.key_range,
+            });
+        }
         self.set_scratch(binding, key)?;
         self.insert(binding, Side::Left, doc)
     }
@@ -340,6 +380,7 @@ impl Combiner {
             memory_bytes: self.table.memory_bytes(),
             spilled_runs: self.spill.as_ref().map_or(0, |s| s.runs().len()),
             spilled_bytes: self.spill.as_ref().map_or(0, SpillFile::len),
+            elsewhere: self.elsewhere,
         }
     }
 

@@ -154,6 +154,7 @@ impl Fault {
             CombineError::Reduce { .. } => Fault::Unreducible,
             CombineError::UnknownBinding { .. }
             | CombineError::DuplicateLoad { .. }
+            | CombineError::OutsideRange { .. }
             | CombineError::Spill { .. }
             | CombineError::CorruptSpill { .. }
             | CombineError::Poisoned { .. } => Fault::Other,

@@ -65,7 +65,7 @@ use crate::recovery::{
 };
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
-use sluice_doc::{KeyExtractor, Pointer, Schema};
+use sluice_doc::{KeyExtractor, KeyRange, Pointer, Schema};
 use sluice_driver_sdk::client::{self, Response};
 use sluice_driver_sdk::error::within;
 use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
@@ -331,6 +331,7 @@ pub struct Context {
 #[derive(Clone)]
 struct Shared {
     bindings: Arc<Vec<Binding>>,
+    key_range: KeyRange,
     progress: Arc<Progress>,
     opts: TxnOptions,
     metrics: Arc<ShardMetrics>,
@@ -407,6 +408,10 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     metrics.status.enter(State::Running);
     progress.enter(LivePhase::Starting);
     let shared = Shared {
+        key_range: KeyRange {
+            begin: shard.open.key_begin,
+            end: shard.open.key_end,
+        },
         bindings: Arc::new(shard.bindings),
         progress,
         opts,
@@ -671,7 +676,7 @@ impl Committer<'_> {
         let ack_owed = log.ack() == state::Ack::Owed;
         let c2 = std::sync::Mutex::new(Combiner::new(
             binding_specs(&self.shared.bindings, Drains::IntoStores),
-            combiner_options(&self.shared.opts),
+            combiner_options(&self.shared.opts, self.shared.key_range),
         ));
         let (acked_tx, acked_rx) = tokio::sync::oneshot::channel();
         let loads = phases::LoadPhase {
@@ -930,10 +935,14 @@ fn binding_specs(bindings: &[Binding], drains: Drains) -> Vec<BindingSpec> {
         .collect()
 }
 
-fn combiner_options(opts: &TxnOptions) -> CombinerOptions {
+/// The combiners of a shard whose key range is `key_range`: every document read is
+/// routed by its key's hash and the shard keeps only its own (every shard reads the
+/// whole input, as in Flow).
+fn combiner_options(opts: &TxnOptions, key_range: KeyRange) -> CombinerOptions {
     CombinerOptions {
         memory_budget: opts.memory_budget,
         spill_dir: None,
+        key_range,
     }
 }
 

@@ -258,8 +258,11 @@ pub(super) async fn recv_loaded(
                         .key
                         .pack_doc(&doc, &mut key)
                         .map_err(|e| bad(format!("has no key: {e}")))?;
-                    c2.reduce_left(binding, &key, doc)
-                        .map_err(PhaseError::Combine)?;
+                    // A document of a key the shard does not own is the driver's fault.
+                    c2.reduce_left(binding, &key, doc).map_err(|e| match e {
+                        CombineError::OutsideRange { .. } => bad(e.to_string()),
+                        e => PhaseError::Combine(e),
+                    })?;
                     loaded[binding as usize] += 1;
                 }
             }

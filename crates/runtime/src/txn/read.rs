@@ -60,6 +60,7 @@ use crate::envelope::{Envelope, Unwrapped};
 use crate::metrics::ShardMetrics;
 use crate::recovery::{Checkpoint, Intent};
 use serde_json::Value;
+use sluice_doc::KeyRange;
 use sluice_doc::combine::{CombineError, Combiner};
 use sluice_source_sdk::{
     FaultTolerance, InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
@@ -166,6 +167,7 @@ pub(super) fn spawn(
         }
         let Shared {
             bindings,
+            key_range,
             progress,
             opts,
             metrics,
@@ -179,6 +181,7 @@ pub(super) fn spawn(
             exhausted: vec![false; sources.len()],
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
+            key_range,
             opts,
             shutdown,
             in_flight,
@@ -311,6 +314,8 @@ struct Reader {
     progress: Arc<super::Progress>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
+    /// The shard's: documents of other keys are passed over.
+    key_range: KeyRange,
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
     /// Batches sent and not yet committed: counted up here, down by the committer when
@@ -353,7 +358,7 @@ impl Reader {
         ReadBatch {
             combiner: Combiner::new(
                 binding_specs(&self.bindings, Drains::IntoCombiner),
-                combiner_options(&self.opts),
+                combiner_options(&self.opts, self.key_range),
             ),
             steps: BTreeMap::new(),
             docs: 0,
