@@ -1,4 +1,4 @@
-//! An external driver written with Python's grpcio (`tests/drivers/grpcio_driver.py`),
+//! An external driver written with Python's grpcio (`examples/python-driver/driver.py`),
 //! as a connector author would write one: `sluice run` materializes a pipeline into it
 //! through `grpc: {address: HOST:PORT}`, and the table it commits is the independent
 //! reduction of the input; a second run changes nothing.
@@ -26,7 +26,7 @@ use common::{SLUICE, pipeline_yaml, reduce_expected};
 
 const DRIVER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/tests/drivers/grpcio_driver.py"
+    "/../../examples/python-driver/driver.py"
 );
 const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
 

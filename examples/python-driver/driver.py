@@ -12,7 +12,7 @@ would write one against materialize.proto: authoritative, in-memory, fenced.
   (JSON, `{materialization: {table: {key hex: doc}}}`) for the test to compare with the
   expected reduction.
 
-Run: `python3 grpcio_driver.py --state FILE` with `materialize_pb2*` importable (the test
+Run: `python3 driver.py --state FILE` with `materialize_pb2*` importable (the test
 generates them with grpcio-tools); it prints `listening on 127.0.0.1:PORT`, then logs one
 line per call or request to stderr.
 """
