@@ -2,6 +2,7 @@
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod cdc;
+mod cluster;
 mod combine;
 mod http;
 mod iceberg;
@@ -22,6 +23,9 @@ pub enum BenchCommand {
     /// PostgreSQL change data capture while a load inserts rows, against the same rows
     /// read from a file: rows/s of each, their ratio, replication lag p99.
     Cdc(cdc::CdcArgs),
+    /// One pipeline split by key range over 1, 2 and 3 processes into PostgreSQL:
+    /// docs/s per process count and each process's CPU time.
+    Cluster(cluster::ClusterArgs),
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
     /// Clients pushing to the HTTP source into SQLite: batches' docs/s, then the time
@@ -51,6 +55,7 @@ pub enum BenchCommand {
 pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Cdc(args) => cdc::run(args),
+        BenchCommand::Cluster(args) => cluster::run(args),
         BenchCommand::Combine(args) => combine::run(args),
         BenchCommand::Http(args) => http::run(args),
         BenchCommand::Iceberg(args) => iceberg::run(args),

@@ -305,6 +305,7 @@ fn admit(
                 name: source,
                 materialization: name,
                 state_dir: &state_dir,
+                follow: false,
             })
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
@@ -552,6 +553,7 @@ pub async fn run(
                 feeds.push(SourceFeed {
                     materialization: m.name.clone(),
                     state_dir: pipeline.source_state_dir(&m.name, name),
+                    follow: opts.follow,
                     name: name.clone(),
                     def: def.clone(),
                     bindings,
@@ -641,6 +643,8 @@ struct SourceFeed {
     name: String,
     materialization: String,
     state_dir: std::path::PathBuf,
+    /// The run follows its sources (`--follow`).
+    follow: bool,
     def: config::SourceDef,
     bindings: Vec<u32>,
 }
@@ -651,6 +655,7 @@ impl SourceFeed {
             name: &self.name,
             materialization: &self.materialization,
             state_dir: &self.state_dir,
+            follow: self.follow,
         })
     }
 }

@@ -56,6 +56,9 @@ pub struct Opening<'a> {
     /// keys). Created by the source when it needs it; one process holds it at a time
     /// (the recovery log's lock).
     pub state_dir: &'a Path,
+    /// The run keeps reading once its sources caught up (`sluice run --follow`): a
+    /// source that can tail its input (a file) tails it, as its own setting would.
+    pub follow: bool,
 }
 
 impl<'a> Opening<'a> {
@@ -66,6 +69,7 @@ impl<'a> Opening<'a> {
             name,
             materialization: name,
             state_dir,
+            follow: false,
         }
     }
 }

@@ -31,6 +31,11 @@ impl SourceKind for FileKind {
     }
 
     fn open(opening: &Opening<'_>, config: &FileConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(FileSource::new(opening.name, config)))
+        // `sluice run --follow` tails every file, as `follow: true` does.
+        let config = FileConfig {
+            follow: config.follow || opening.follow,
+            ..config.clone()
+        };
+        Ok(Box::new(FileSource::new(opening.name, &config)))
     }
 }

@@ -1,0 +1,326 @@
+//! `sluice bench cluster`: one pipeline split over 1, 2 and 3 processes by key range,
+//! into PostgreSQL. What scale-out by key hash costs and gives on this machine.
+//!
+//! ```text
+//!  for n in 1..=3:  schema s_n, `sluice apply` once
+//!     n × `sluice run` at once, process i owning key hashes [i·2³²/n, (i+1)·2³²/n)
+//!     each reads the whole input (datagen pageviews) and keeps its range
+//!  figures: docs_per_sec_n (input documents over the wall time), cpu_seconds_n (each
+//!  process's user + system time), exact (s_n's table equals s_1's, row for row)
+//! ```
+//!
+//! Every process generates and parses every document and passes over the ones of
+//! other ranges, as every shard does until sources read by partition; so the figures
+//! show what that costs as well as what splitting the writes gives. CPU time is read
+//! from `/proc/<pid>/stat` (utime + stime, at Linux's fixed 100 ticks a second) while
+//! each process runs.
+
+use anyhow::{Context, bail, ensure};
+use serde_json::json;
+use sluice_postgres::sql::quote_ident;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+
+#[derive(clap::Args)]
+pub struct ClusterArgs {
+    /// Documents of the input (every process reads them all).
+    #[arg(long, default_value_t = 1_000_000)]
+    docs: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 200_000)]
+    keys: u64,
+    /// The most processes to split over (1 up to this).
+    #[arg(long, default_value_t = 3)]
+    processes: u32,
+    /// The PostgreSQL server (schemas of unique names are created, then dropped).
+    #[arg(
+        long,
+        default_value = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+    )]
+    url: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One split of the pipeline, as measured.
+struct Split {
+    processes: u32,
+    elapsed: Duration,
+    cpu_seconds: Vec<f64>,
+}
+
+pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
+    ensure!(
+        (1..=16).contains(&args.processes),
+        "--processes must be 1 to 16"
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(&args))
+}
+
+async fn bench(args: &ClusterArgs) -> anyhow::Result<()> {
+    let (client, connection) = tokio_postgres::connect(&args.url, NoTls)
+        .await
+        .context("connecting to the server given by --url")?;
+    tokio::spawn(connection);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let prefix = format!("sluice_cluster_{}_{nanos:x}", std::process::id());
+    let schemas: Vec<String> = (1..=args.processes)
+        .map(|n| format!("{prefix}_{n}"))
+        .collect();
+    let work = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&work)?;
+    let mut splits = Vec::new();
+    let mut result = Ok(());
+    for (n, schema) in (1..=args.processes).zip(&schemas) {
+        client
+            .batch_execute(&format!("CREATE SCHEMA {}", quote_ident(schema)))
+            .await?;
+        if !args.json {
+            eprintln!("{n} process(es): {} documents each…", args.docs);
+        }
+        match split(args, n, schema, &work.join(format!("n{n}"))) {
+            Ok(measured) => splits.push(measured),
+            Err(err) => {
+                result = Err(err);
+                break;
+            }
+        }
+    }
+    let mut exact = result.is_ok();
+    if exact {
+        for schema in &schemas[1..] {
+            exact &= same_rows(&client, &schemas[0], schema).await?;
+        }
+    }
+    for schema in &schemas {
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {} CASCADE",
+                quote_ident(schema)
+            ))
+            .await?;
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    report(args, &splits, exact);
+    if !exact {
+        bail!("a split's table differs from the single process's");
+    }
+    Ok(())
+}
+
+/// Runs the pipeline as `n` processes at once, each over its share of the key hashes.
+fn split(args: &ClusterArgs, n: u32, schema: &str, dir: &Path) -> anyhow::Result<Split> {
+    std::fs::create_dir_all(dir)?;
+    let pipelines: Vec<PathBuf> = ranges(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, range)| {
+            let path = dir.join(format!("shard{i}.yaml"));
+            std::fs::write(&path, pipeline_yaml(args, schema, range, i))?;
+            Ok(path)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let sluice = std::env::current_exe()?;
+    let applied = Command::new(&sluice)
+        .arg("apply")
+        .arg(&pipelines[0])
+        .output()?;
+    ensure!(
+        applied.status.success(),
+        "sluice apply failed: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let start = Instant::now();
+    let mut children: Vec<(Child, PathBuf)> = pipelines
+        .iter()
+        .map(|pipeline| {
+            let log = pipeline.with_extension("log");
+            let child = Command::new(&sluice)
+                .arg("run")
+                .arg(pipeline)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(&log)?)
+                .stderr(std::fs::File::create(log.with_extension("err"))?)
+                .spawn()
+                .context("starting sluice run")?;
+            Ok((child, log))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut cpu_seconds = vec![0.0; children.len()];
+    let mut running = children.len();
+    while running > 0 {
+        running = 0;
+        for (i, (child, log)) in children.iter_mut().enumerate() {
+            if let Some(seconds) = cpu_of(child.id()) {
+                cpu_seconds[i] = f64::max(cpu_seconds[i], seconds);
+            }
+            match child.try_wait()? {
+                Some(status) if !status.success() => {
+                    let err =
+                        std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
+                    bail!("sluice run of shard {i} failed ({status}):\n{err}");
+                }
+                Some(_) => {}
+                None => running += 1,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Split {
+        processes: n,
+        elapsed: start.elapsed(),
+        cpu_seconds,
+    })
+}
+
+/// `n` ranges splitting the key hashes evenly, inclusive at both ends.
+fn ranges(n: u32) -> Vec<(u32, u32)> {
+    let width = (1u64 << 32) / u64::from(n);
+    (0..u64::from(n))
+        .map(|i| {
+            let end = if i + 1 == u64::from(n) {
+                u64::from(u32::MAX)
+            } else {
+                (i + 1) * width - 1
+            };
+            ((i * width) as u32, end as u32)
+        })
+        .collect()
+}
+
+fn pipeline_yaml(args: &ClusterArgs, schema: &str, range: (u32, u32), shard: usize) -> String {
+    format!(
+        r#"collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {{strategy: merge}}
+      properties:
+        user_id: {{type: string}}
+        views: {{type: integer, reduce: {{strategy: sum}}}}
+        bytes: {{type: integer, reduce: {{strategy: sum}}}}
+        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
+        tags:
+          type: object
+          reduce: {{strategy: merge}}
+          additionalProperties: {{type: string}}
+sources:
+  views-gen:
+    target: acme/pageviews
+    datagen: {{seed: 7, documents: {docs}, keys: {keys}, shape: pageviews}}
+materializations:
+  views:
+    shard: {{key_begin: {begin}, key_end: {end}}}
+    endpoint:
+      postgres: {{url: "{url}", schema: {schema}}}
+    bindings:
+      - source: acme/pageviews
+        resource: {{table: pageviews}}
+runtime:
+  recovery_log: log{shard}
+"#,
+        docs = args.docs,
+        keys = args.keys,
+        begin = range.0,
+        end = range.1,
+        url = args.url,
+    )
+}
+
+/// User plus system CPU seconds of the process `pid`, from `/proc/<pid>/stat`.
+fn cpu_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_of_stat(&stat)
+}
+
+/// Fields 14 and 15 (utime, stime) counted after the command's closing parenthesis.
+fn cpu_of_stat(stat: &str) -> Option<f64> {
+    let (_, after) = stat.rsplit_once(')')?;
+    let mut fields = after.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// Whether the `pageviews` tables of both schemas hold the same rows.
+async fn same_rows(client: &tokio_postgres::Client, a: &str, b: &str) -> anyhow::Result<bool> {
+    let (a, b) = (quote_ident(a), quote_ident(b));
+    let sql = format!(
+        "SELECT count(*) FROM ((SELECT user_id, views, bytes, last_seen FROM {a}.pageviews \
+         EXCEPT SELECT user_id, views, bytes, last_seen FROM {b}.pageviews) UNION ALL \
+         (SELECT user_id, views, bytes, last_seen FROM {b}.pageviews \
+         EXCEPT SELECT user_id, views, bytes, last_seen FROM {a}.pageviews)) AS differ"
+    );
+    let differ: i64 = client.query_one(&sql, &[]).await?.get(0);
+    Ok(differ == 0)
+}
+
+fn report(args: &ClusterArgs, splits: &[Split], exact: bool) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut figures = json!({
+        "docs": args.docs,
+        "keys": args.keys,
+        "cores": cores,
+        "exact": exact,
+    });
+    for split in splits {
+        let n = split.processes;
+        let rate = args.docs as f64 / split.elapsed.as_secs_f64();
+        figures[format!("docs_per_sec_{n}")] = json!(rate.round());
+        figures[format!("secs_{n}")] = json!(split.elapsed.as_secs_f64());
+        figures[format!("cpu_seconds_{n}")] = json!(split.cpu_seconds);
+        if !args.json {
+            let cpu: Vec<String> = split
+                .cpu_seconds
+                .iter()
+                .map(|s| format!("{s:.1}"))
+                .collect();
+            println!(
+                "{n} process(es): {:.1} s, {rate:.0} docs/s, CPU seconds per process [{}]",
+                split.elapsed.as_secs_f64(),
+                cpu.join(", ")
+            );
+        }
+    }
+    if args.json {
+        println!("{figures}");
+    } else {
+        println!("{cores} cores; exact: {exact}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_every_hash_once() {
+        for n in 1..=5 {
+            let ranges = ranges(n);
+            assert_eq!(ranges.len(), n as usize);
+            assert_eq!(ranges[0].0, 0);
+            assert_eq!(ranges[n as usize - 1].1, u32::MAX);
+            for pair in ranges.windows(2) {
+                assert_eq!(pair[0].1 + 1, pair[1].0, "{ranges:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_in_ticks() {
+        let stat = "42 (sluice run) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9";
+        assert_eq!(cpu_of_stat(stat), Some(3.0));
+    }
+}
