@@ -15,7 +15,7 @@ pub const SCHEMA: &str = r#"{
   "properties": {
     "path": {"type": "string", "minLength": 1, "description": "The file read; relative to the pipeline file's folder."},
     "format": {"type": "string", "enum": ["json", "csv"], "description": "json: one JSON document a line; csv: RFC 4180 with a header row naming the properties."},
-    "follow": {"type": "boolean", "default": false, "description": "Keep tailing the file as it grows; the source then never ends."},
+    "follow": {"type": "boolean", "default": false, "description": "Keep tailing the file as it grows (sluice run --follow tails every file); the source then never ends."},
     "max_document_size": {"type": ["integer", "string"], "default": "16MiB", "description": "The largest record read as a document, in bytes or as a size (16MiB); a larger one is bad input, streamed past without being held."}
   }
 }"#;
