@@ -40,11 +40,12 @@ use crate::types::Types;
 use crate::wire::{self, Target, WireError, format_lsn, parse_lsn};
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError,
-    Step, StepHasher, Unit, check_replay,
+    FaultTolerance, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source,
+    SourceError, Step, StepHasher, Unit, check_replay,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a start waits for the slot to be released by an earlier walsender (one
@@ -62,6 +63,8 @@ pub struct PostgresCdcSource {
     /// Where records come from, as positions read: `slot s`.
     origin: Arc<str>,
     confirmed: Arc<Confirmed>,
+    /// The end of the server's WAL, as its replication stream last reported it.
+    wal_end: Arc<AtomicU64>,
     /// Where the next open continues (a seek or a replay); none: from scratch.
     resume: Option<CdcPosition>,
     phase: Phase,
@@ -140,6 +143,7 @@ impl PostgresCdcSource {
             origin: format!("slot {slot}").into(),
             slot,
             confirmed: Arc::new(Confirmed::default()),
+            wal_end: Arc::new(AtomicU64::new(0)),
             resume: None,
             phase: Phase::Idle,
             paused: false,
@@ -429,6 +433,7 @@ impl PostgresCdcSource {
                 segments,
                 target,
             },
+            self.wal_end.clone(),
         ))
     }
 
@@ -799,6 +804,17 @@ impl Source for PostgresCdcSource {
         {
             self.confirmed.confirm(end);
         }
+    }
+
+    /// While streaming: the WAL the server has written beyond the last transaction
+    /// handed over (its commit end), as the stream last reported it. Unknown during
+    /// the backfill.
+    fn lag(&self) -> Option<Lag> {
+        let Phase::Stream(streaming) = &self.phase else {
+            return None;
+        };
+        let wal_end = self.wal_end.load(Ordering::Relaxed);
+        (wal_end > 0).then(|| Lag::Bytes(wal_end.saturating_sub(streaming.end)))
     }
 
     async fn disconnect(&mut self) {

@@ -112,6 +112,8 @@ pub struct Stream {
     segments: Segments,
     target: u64,
     txn: Option<Txn>,
+    /// The end of the WAL the server reported last (a keepalive's, a message's).
+    wal_end: Arc<AtomicU64>,
 }
 
 impl Drop for Stream {
@@ -136,6 +138,7 @@ impl Stream {
         types: Types,
         confirmed: Arc<Confirmed>,
         start: Start,
+        wal_end: Arc<AtomicU64>,
     ) -> Stream {
         let reply = Arc::new(Notify::new());
         let caught = Arc::new(AtomicBool::new(false));
@@ -159,6 +162,7 @@ impl Stream {
             segments: start.segments,
             target: start.target,
             txn: None,
+            wal_end,
         }
     }
 
@@ -177,6 +181,7 @@ impl Stream {
             let copy = self.reader.next().await.map_err(|e| self.io(e))?;
             let body = match copy {
                 Copy::Keepalive { wal_end, reply } => {
+                    self.wal_end.fetch_max(wal_end, Ordering::Relaxed);
                     if reply {
                         self.reply.notify_one();
                     }
@@ -189,7 +194,10 @@ impl Stream {
                     }
                     continue;
                 }
-                Copy::Data { body, .. } => body,
+                Copy::Data { body, wal_end } => {
+                    self.wal_end.fetch_max(wal_end, Ordering::Relaxed);
+                    body
+                }
             };
             let message = pgoutput::decode(body).map_err(|e| self.malformed(e.0))?;
             match message {

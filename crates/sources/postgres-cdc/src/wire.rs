@@ -316,7 +316,7 @@ fn data_row(mut body: BytesMut) -> Result<Vec<Option<String>>, WireError> {
 /// What the walsender sends while streaming.
 pub enum Copy {
     /// XLogData: a pgoutput message.
-    Data { body: BytesMut },
+    Data { body: BytesMut, wal_end: u64 },
     /// A keepalive: the server has sent everything up to `wal_end`; `reply` asks for a
     /// status update at once.
     Keepalive { wal_end: u64, reply: bool },
@@ -335,8 +335,13 @@ impl Reader {
             match message.tag {
                 b'd' if message.body.first() == Some(&b'w') => {
                     // The message's WAL start and end, and the send time.
-                    message.body.advance(1 + 24);
-                    return Ok(Copy::Data { body: message.body });
+                    message.body.advance(1 + 8);
+                    let wal_end = message.body.get_u64();
+                    message.body.advance(8);
+                    return Ok(Copy::Data {
+                        body: message.body,
+                        wal_end,
+                    });
                 }
                 b'd' if message.body.first() == Some(&b'k') => {
                     message.body.advance(1);

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use sluice_postgres_cdc::testing::LogicalPostgres;
 use sluice_postgres_cdc::{PostgresCdcConfig, PostgresCdcSource};
 use sluice_source_sdk::testing::{parsed_docs, records};
-use sluice_source_sdk::{Records, Resume, Source, SourceError, Step};
+use sluice_source_sdk::{Lag, Records, Resume, Source, SourceError, Step};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
@@ -127,6 +127,7 @@ async fn snapshot_then_streamed_changes_fold_to_the_table() {
     let (mut docs, mut steps) = (Vec::new(), Vec::new());
     // The backfill: chunks of 3 rows (chunk_rows), steps of at most 4 documents.
     until(&mut cdc, 4, &mut docs, &mut steps, |d, _| d.len() >= 10).await;
+    assert_eq!(cdc.lag(), None, "no WAL position is behind a backfill");
     assert!(docs.iter().all(|d| d["_meta"]["op"] == "r"), "{docs:?}");
     assert_eq!(
         docs[0]["_meta"]["source"],
@@ -143,6 +144,13 @@ async fn snapshot_then_streamed_changes_fold_to_the_table() {
         .await
         .unwrap();
     until(&mut cdc, 1000, &mut docs, &mut steps, caught_up).await;
+    // Caught up: what the server reported beyond the last commit handed over is at
+    // most the WAL of records that are no change (checkpoints, other tables).
+    assert!(
+        matches!(cdc.lag(), Some(Lag::Bytes(behind)) if behind < 1 << 20),
+        "{:?}",
+        cdc.lag()
+    );
     let ops: Vec<&str> = docs[10..]
         .iter()
         .map(|d| d["_meta"]["op"].as_str().unwrap())
