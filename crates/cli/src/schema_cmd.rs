@@ -180,13 +180,16 @@ fn type_of(property: &Value) -> String {
     }
 }
 
-/// Text fit for a table cell: on one line, its pipes escaped (once).
+/// Text fit for a table cell: on one line, its pipes escaped (once), and `<` and `>`
+/// as entities (`<token>` is no HTML tag).
 fn cell(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut previous = ' ';
     for c in text.chars() {
         match c {
             '\n' => out.push(' '),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
             '|' if previous != '\\' => out.push_str("\\|"),
             c => out.push(c),
         }
@@ -206,7 +209,7 @@ mod tests {
             "description": "A thing.",
             "required": ["path"],
             "properties": {
-                "path": {"type": "string", "description": "Where | it is."},
+                "path": {"type": "string", "description": "Where | it is, <here>."},
                 "format": {"enum": ["json", "csv"], "default": "json"},
                 "size": {"type": ["integer", "string"], "default": "16MiB"},
                 "brokers": {"type": "array", "items": {"type": "string"}},
@@ -229,7 +232,7 @@ mod tests {
              | `brokers` | array of string |  |  |\n\
              | `delta` | `false` |  |  |\n\
              | `format` | `json` \\| `csv` | `\"json\"` |  |\n\
-             | `path` (required) | string |  | Where \\| it is. |\n\
+             | `path` (required) | string |  | Where \\| it is, &lt;here&gt;. |\n\
              | `size` | integer or string | `\"16MiB\"` |  |\n\
              | `start` | `first` or integer |  |  |\n"
         );
