@@ -68,7 +68,8 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Inject faults (crashes, kills, zombies, restarts) into runs of a generated
-    /// pipeline and check that the store ends exactly equal to the expected reduction.
+    /// pipeline and check that the store ends exactly equal to the expected reduction,
+    /// or that an output (`--output`) published each transaction's changes once.
     Torture(torture::TortureArgs),
 }
 
