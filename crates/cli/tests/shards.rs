@@ -1,7 +1,8 @@
 //! Shards split a materialization by key hash: each reads the whole input and keeps the
 //! documents whose key hashes into its range (`shard: {key_begin, key_end}`). Two shards
 //! over the two halves write disjoint keys, each in its range, whose union is what one
-//! shard over every key writes; run at once into one PostgreSQL table, they end exact.
+//! shard over every key writes; run at once into one PostgreSQL table, they end exact,
+//! also when each is SIGKILLed again and again and restarted.
 
 mod common;
 
@@ -89,35 +90,8 @@ fn two_shards_over_split_ranges_write_disjoint_keys_that_add_up_to_one_shard() {
     assert_eq!(union, whole);
 }
 
-#[test]
-fn two_shards_at_once_into_one_postgres_table_end_exact() {
-    let schema = format!("sluice_shards_{}", std::process::id());
-    let create = format!(r#"DROP SCHEMA IF EXISTS "{schema}" CASCADE; CREATE SCHEMA "{schema}""#);
-    postgres(async |c| c.batch_execute(&create).await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let docs = generate(30_000, 3_000, 12);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    let endpoint = format!("postgres: {{url: \"{POSTGRES_URL}\", schema: {schema}}}");
-    let pipelines: Vec<_> = HALVES
-        .iter()
-        .zip(["low", "high"])
-        .map(|(range, name)| write_pipeline(dir.path(), &endpoint, *range, name))
-        .collect();
-    // One apply creates the table both shards write.
-    let applied = Command::new(SLUICE)
-        .arg("apply")
-        .arg(&pipelines[0])
-        .output()
-        .unwrap();
-    assert_success(&applied);
-    let children: Vec<_> = pipelines
-        .iter()
-        .map(|p| Command::new(SLUICE).arg("run").arg(p).spawn().unwrap())
-        .collect();
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert_success(&out);
-    }
+/// The `pageviews` table of `schema`, per user, asserting no user has two rows.
+fn postgres_table(schema: &str) -> BTreeMap<String, Row> {
     let sql =
         format!(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#);
     let rows: Vec<(String, i64, i64, String)> = postgres(async |c| {
@@ -128,12 +102,134 @@ fn two_shards_at_once_into_one_postgres_table_end_exact() {
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect()
     });
-    let drop = format!(r#"DROP SCHEMA "{schema}" CASCADE"#);
-    postgres(async |c| c.batch_execute(&drop).await.unwrap());
     let mut table: BTreeMap<String, Row> = BTreeMap::new();
     for (user, views, bytes, seen) in rows {
         assert!(!table.contains_key(&user), "{user} written twice");
         table.entry(user).or_default().add(views, bytes, &seen);
     }
-    assert_eq!(table, reduce_expected(&docs));
+    table
+}
+
+/// A schema of the shared server, dropped when dropped.
+struct Schema(String);
+
+impl Schema {
+    fn new(tag: &str) -> Schema {
+        let name = format!("sluice_shards_{tag}_{}", std::process::id());
+        let sql = format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE; CREATE SCHEMA "{name}""#);
+        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        Schema(name)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let sql = format!(r#"DROP SCHEMA IF EXISTS "{}" CASCADE"#, self.0);
+        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+    }
+}
+
+/// Both halves run at once, each SIGKILLed at a moment of its own and restarted, until
+/// both have run to the end: the table is the reduction, no key written twice.
+#[test]
+fn two_shards_killed_again_and_again_at_once_end_exact() {
+    let schema = Schema::new("kills");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(40_000, 4_000, 13);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let endpoint = format!(
+        "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
+        schema.0
+    );
+    let pipelines: Vec<_> = HALVES
+        .iter()
+        .zip(["low", "high"])
+        .map(|(range, name)| write_pipeline(dir.path(), &endpoint, *range, name))
+        .collect();
+    assert_success(
+        &Command::new(SLUICE)
+            .arg("apply")
+            .arg(&pipelines[0])
+            .output()
+            .unwrap(),
+    );
+    let start = |pipeline: &std::path::PathBuf| {
+        Command::new(SLUICE)
+            .arg("run")
+            .arg(pipeline)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut running: Vec<Option<std::process::Child>> =
+        pipelines.iter().map(|p| Some(start(p))).collect();
+    let mut kills = 0;
+    // A deterministic sequence of waits (10 to 160 ms) between kills.
+    let mut wait = 37u64;
+    for round in 0..12 {
+        wait = (wait * 7 + 13) % 151;
+        std::thread::sleep(std::time::Duration::from_millis(10 + wait));
+        let shard = round % 2;
+        if let Some(mut child) = running[shard].take() {
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                kills += 1;
+            }
+            child.wait().unwrap();
+            running[shard] = Some(start(&pipelines[shard]));
+        }
+    }
+    for child in running.iter_mut().flatten() {
+        child.wait().unwrap();
+    }
+    // Each run once more to its end: what a kill interrupted is recovered.
+    for pipeline in &pipelines {
+        let out = Command::new(SLUICE)
+            .arg("run")
+            .arg(pipeline)
+            .output()
+            .unwrap();
+        assert_success(&out);
+    }
+    assert!(kills > 0, "no run was killed");
+    assert_eq!(
+        postgres_table(&schema.0),
+        reduce_expected(&docs),
+        "after {kills} kills"
+    );
+}
+
+#[test]
+fn two_shards_at_once_into_one_postgres_table_end_exact() {
+    let schema = Schema::new("once");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(30_000, 3_000, 12);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let endpoint = format!(
+        "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
+        schema.0
+    );
+    let pipelines: Vec<_> = HALVES
+        .iter()
+        .zip(["low", "high"])
+        .map(|(range, name)| write_pipeline(dir.path(), &endpoint, *range, name))
+        .collect();
+    // One apply creates the table both shards write.
+    assert_success(
+        &Command::new(SLUICE)
+            .arg("apply")
+            .arg(&pipelines[0])
+            .output()
+            .unwrap(),
+    );
+    let children: Vec<_> = pipelines
+        .iter()
+        .map(|p| Command::new(SLUICE).arg("run").arg(p).spawn().unwrap())
+        .collect();
+    for child in children {
+        assert_success(&child.wait_with_output().unwrap());
+    }
+    assert_eq!(postgres_table(&schema.0), reduce_expected(&docs));
 }
