@@ -223,7 +223,14 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
         let planned = pipeline::plan(&pipeline, &registry).await?;
         for m in &planned.materializations {
             println!("materialization {} ({})", m.name, m.endpoint.name());
-            for (binding, validated) in m.spec.bindings.iter().zip(&m.validated.bindings) {
+            let written = &pipeline.materializations[&m.name].bindings;
+            for ((binding, validated), def) in m
+                .spec
+                .bindings
+                .iter()
+                .zip(&m.validated.bindings)
+                .zip(written)
+            {
                 let collection = binding
                     .collection
                     .as_ref()
@@ -233,10 +240,12 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
                 println!(
                     "  {collection} → {}{}",
                     binding.resource_path.join("."),
-                    if binding.delta_updates {
-                        " (delta updates)"
-                    } else {
-                        ""
+                    match (binding.delta_updates, def.delta_updates) {
+                        (true, true) => " (delta updates)",
+                        // A driver may take only changes (an epoch sink): say so, as the
+                        // pipeline file asked for a standard binding.
+                        (true, false) => " (delta updates: the endpoint takes only changes)",
+                        (false, _) => "",
                     }
                 );
                 println!("    keys:     {}", selection.keys.join(", "));

@@ -98,6 +98,32 @@ fn run(dir: &Path) {
     assert_success(&out);
 }
 
+/// A standard binding into an epoch sink becomes a delta one (the sink takes only
+/// changes), and `sluice check` says so instead of leaving the user to find out.
+#[test]
+fn check_says_when_the_sink_makes_a_standard_binding_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "iceberg: {catalog: out/catalog.db, warehouse: out/warehouse}",
+        false,
+        100,
+        "10m",
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    let out = Command::new(SLUICE)
+        .arg("check")
+        .arg(dir.path().join("pipeline.yaml"))
+        .output()
+        .unwrap();
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("→ pageviews (delta updates: the endpoint takes only changes)"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_run_appends_each_transactions_changes_once_and_a_second_run_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
