@@ -126,7 +126,7 @@ mod tests {
         let progress = Progress::default();
         progress.enter(LivePhase::Loading);
         progress.read(10, 100);
-        progress.behind([Some(Lag::Bytes(300))]);
+        progress.behind(&[Some(Lag::Bytes(300))]);
         let line = Line::of(&progress, Duration::from_secs(1), false);
         assert!(
             line.message.starts_with("loading: 10 read"),
@@ -134,7 +134,7 @@ mod tests {
             line.message
         );
         assert_eq!(line.bar, Some((100, 400)));
-        progress.behind([Some(Lag::Messages(30))]);
+        progress.behind(&[Some(Lag::Messages(30))]);
         assert_eq!(
             Line::of(&progress, Duration::ZERO, false).bar,
             Some((10, 40))

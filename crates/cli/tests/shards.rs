@@ -129,14 +129,15 @@ impl Drop for Schema {
     }
 }
 
-/// Both halves run at once, each SIGKILLed at a moment of its own and restarted, until
-/// both have run to the end: the table is the reduction, no key written twice.
-#[test]
-fn two_shards_killed_again_and_again_at_once_end_exact() {
-    let schema = Schema::new("kills");
+/// Two shards (the halves) of one pipeline over `docs` into one table of a schema of
+/// their own, applied once: the schema guard, the folder, the two pipeline files.
+fn postgres_halves(
+    tag: &str,
+    docs: &[serde_json::Value],
+) -> (Schema, tempfile::TempDir, Vec<std::path::PathBuf>) {
+    let schema = Schema::new(tag);
     let dir = tempfile::tempdir().unwrap();
-    let docs = generate(40_000, 4_000, 13);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
+    write_lines(&dir.path().join("views.jsonl"), docs);
     let endpoint = format!(
         "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
         schema.0
@@ -146,13 +147,21 @@ fn two_shards_killed_again_and_again_at_once_end_exact() {
         .zip(["low", "high"])
         .map(|(range, name)| write_pipeline(dir.path(), &endpoint, *range, name))
         .collect();
-    assert_success(
-        &Command::new(SLUICE)
-            .arg("apply")
-            .arg(&pipelines[0])
-            .output()
-            .unwrap(),
-    );
+    // One apply creates the table both shards write.
+    let applied = Command::new(SLUICE)
+        .arg("apply")
+        .arg(&pipelines[0])
+        .output();
+    assert_success(&applied.unwrap());
+    (schema, dir, pipelines)
+}
+
+/// Both halves run at once, each SIGKILLed at a moment of its own and restarted, until
+/// both have run to the end: the table is the reduction, no key written twice.
+#[test]
+fn two_shards_killed_again_and_again_at_once_end_exact() {
+    let docs = generate(40_000, 4_000, 13);
+    let (schema, _dir, pipelines) = postgres_halves("kills", &docs);
     let start = |pipeline: &std::path::PathBuf| {
         Command::new(SLUICE)
             .arg("run")
@@ -203,27 +212,8 @@ fn two_shards_killed_again_and_again_at_once_end_exact() {
 
 #[test]
 fn two_shards_at_once_into_one_postgres_table_end_exact() {
-    let schema = Schema::new("once");
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(30_000, 3_000, 12);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    let endpoint = format!(
-        "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
-        schema.0
-    );
-    let pipelines: Vec<_> = HALVES
-        .iter()
-        .zip(["low", "high"])
-        .map(|(range, name)| write_pipeline(dir.path(), &endpoint, *range, name))
-        .collect();
-    // One apply creates the table both shards write.
-    assert_success(
-        &Command::new(SLUICE)
-            .arg("apply")
-            .arg(&pipelines[0])
-            .output()
-            .unwrap(),
-    );
+    let (schema, _dir, pipelines) = postgres_halves("once", &docs);
     let children: Vec<_> = pipelines
         .iter()
         .map(|p| Command::new(SLUICE).arg("run").arg(p).spawn().unwrap())

@@ -112,8 +112,24 @@ const EXTERNAL_RESOURCE_SCHEMA: &str = r#"{
   "description": "As the driver's own Spec defines it."
 }"#;
 
-/// The `pattern` key both external kinds take.
-const PATTERN_SCHEMA: &str = r#"{"type": "string", "enum": ["authoritative", "idempotent_apply", "non_transactional"], "description": "How the driver commits, as its author declares (undeclared: non-transactional; admission reads it)."}"#;
+/// The endpoint schema of an external driver kind: `title`, its `required` key, its own
+/// `properties` (JSON members), and the `config` and `pattern` keys both kinds take.
+fn external_endpoint_schema(title: &str, required: &str, properties: &str) -> String {
+    format!(
+        r#"{{
+  "$schema": "http://json-schema.org/draft-07/schema#",
+  "title": "{title}",
+  "type": "object",
+  "required": ["{required}"],
+  "additionalProperties": false,
+  "properties": {{
+    {properties},
+    "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
+    "pattern": {{"type": "string", "enum": ["authoritative", "idempotent_apply", "non_transactional"], "description": "How the driver commits, as its author declares (undeclared: non-transactional; admission reads it)."}}
+  }}
+}}"#
+    )
+}
 
 /// The source and driver kinds a binary knows.
 #[derive(Default)]
@@ -303,19 +319,10 @@ impl DriverKind for Grpc {
     }
 
     async fn schemas(&self) -> Result<Schemas, String> {
-        let endpoint = format!(
-            r#"{{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "A driver served over gRPC",
-  "type": "object",
-  "required": ["address"],
-  "additionalProperties": false,
-  "properties": {{
-    "address": {{"type": "string", "minLength": 1, "description": "HOST:PORT, grpc://HOST:PORT or unix:/path."}},
-    "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
-    "pattern": {PATTERN_SCHEMA}
-  }}
-}}"#
+        let endpoint = external_endpoint_schema(
+            "A driver served over gRPC",
+            "address",
+            r#""address": {"type": "string", "minLength": 1, "description": "HOST:PORT, grpc://HOST:PORT or unix:/path."}"#,
         );
         Schemas::parse(&endpoint, EXTERNAL_RESOURCE_SCHEMA)
     }
@@ -376,20 +383,11 @@ impl DriverKind for Command {
     }
 
     async fn schemas(&self) -> Result<Schemas, String> {
-        let endpoint = format!(
-            r#"{{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "A driver run as a child process speaking the stdio protocol",
-  "type": "object",
-  "required": ["program"],
-  "additionalProperties": false,
-  "properties": {{
-    "program": {{"type": "string", "minLength": 1, "description": "A bare name is looked up in PATH; one with a / is a file, relative to the pipeline file's folder."}},
-    "args": {{"type": "array", "items": {{"type": "string"}}, "default": [], "description": "Its arguments."}},
-    "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
-    "pattern": {PATTERN_SCHEMA}
-  }}
-}}"#
+        let endpoint = external_endpoint_schema(
+            "A driver run as a child process speaking the stdio protocol",
+            "program",
+            r#""program": {"type": "string", "minLength": 1, "description": "A bare name is looked up in PATH; one with a / is a file, relative to the pipeline file's folder."},
+    "args": {"type": "array", "items": {"type": "string"}, "default": [], "description": "Its arguments."}"#,
         );
         Schemas::parse(&endpoint, EXTERNAL_RESOURCE_SCHEMA)
     }

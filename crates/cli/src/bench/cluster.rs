@@ -11,15 +11,16 @@
 //!
 //! Every process generates and parses every document and passes over the ones of
 //! other ranges, as every shard does until sources read by partition; so the figures
-//! show what that costs as well as what splitting the writes gives. CPU time is read
-//! from `/proc/<pid>/stat` (utime + stime, at Linux's fixed 100 ticks a second) while
-//! each process runs.
+//! show what that costs as well as what splitting the writes gives. CPU time is
+//! sampled from `/proc` while each process runs (`loads::RunningSluice`).
 
+use super::loads::{Run, RunningSluice};
+use super::sql::PAGEVIEWS_COLLECTION;
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 use sluice_postgres::sql::quote_ident;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
@@ -140,38 +141,17 @@ fn split(args: &ClusterArgs, n: u32, schema: &str, dir: &Path) -> anyhow::Result
         String::from_utf8_lossy(&applied.stderr)
     );
     let start = Instant::now();
-    let mut children: Vec<(Child, PathBuf)> = pipelines
+    let mut running: Vec<RunningSluice> = pipelines
         .iter()
-        .map(|pipeline| {
-            let log = pipeline.with_extension("log");
-            let child = Command::new(&sluice)
-                .arg("run")
-                .arg(pipeline)
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(&log)?)
-                .stderr(std::fs::File::create(log.with_extension("err"))?)
-                .spawn()
-                .context("starting sluice run")?;
-            Ok((child, log))
-        })
+        .map(|pipeline| RunningSluice::start(pipeline, &pipeline.with_extension("log")))
         .collect::<anyhow::Result<_>>()?;
-    let mut cpu_seconds = vec![0.0; children.len()];
-    let mut running = children.len();
-    while running > 0 {
-        running = 0;
-        for (i, (child, log)) in children.iter_mut().enumerate() {
-            if let Some(seconds) = cpu_of(child.id()) {
-                cpu_seconds[i] = f64::max(cpu_seconds[i], seconds);
-            }
-            match child.try_wait()? {
-                Some(status) if !status.success() => {
-                    let err =
-                        std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
-                    bail!("sluice run of shard {i} failed ({status}):\n{err}");
-                }
-                Some(_) => {}
-                None => running += 1,
+    let mut runs: Vec<Option<Run>> = running.iter().map(|_| None).collect();
+    while runs.iter().any(Option::is_none) {
+        for (i, process) in running.iter_mut().enumerate() {
+            if runs[i].is_none() {
+                runs[i] = process
+                    .poll()
+                    .with_context(|| format!("shard {i} of {n}"))?;
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -179,7 +159,11 @@ fn split(args: &ClusterArgs, n: u32, schema: &str, dir: &Path) -> anyhow::Result
     Ok(Split {
         processes: n,
         elapsed: start.elapsed(),
-        cpu_seconds,
+        cpu_seconds: runs
+            .into_iter()
+            .flatten()
+            .map(|run| run.cpu_seconds)
+            .collect(),
     })
 }
 
@@ -200,25 +184,9 @@ fn ranges(n: u32) -> Vec<(u32, u32)> {
 
 fn pipeline_yaml(args: &ClusterArgs, schema: &str, range: (u32, u32), shard: usize) -> String {
     format!(
-        r#"collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
-        tags:
-          type: object
-          reduce: {{strategy: merge}}
-          additionalProperties: {{type: string}}
-sources:
+        r#"{PAGEVIEWS_COLLECTION}sources:
   views-gen:
-    target: acme/pageviews
+    target: bench/pageviews
     datagen: {{seed: 7, documents: {docs}, keys: {keys}, shape: pageviews}}
 materializations:
   views:
@@ -226,7 +194,7 @@ materializations:
     endpoint:
       postgres: {{url: "{url}", schema: {schema}}}
     bindings:
-      - source: acme/pageviews
+      - source: bench/pageviews
         resource: {{table: pageviews}}
 runtime:
   recovery_log: log{shard}
@@ -237,21 +205,6 @@ runtime:
         end = range.1,
         url = args.url,
     )
-}
-
-/// User plus system CPU seconds of the process `pid`, from `/proc/<pid>/stat`.
-fn cpu_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    cpu_of_stat(&stat)
-}
-
-/// Fields 14 and 15 (utime, stime) counted after the command's closing parenthesis.
-fn cpu_of_stat(stat: &str) -> Option<f64> {
-    let (_, after) = stat.rsplit_once(')')?;
-    let mut fields = after.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
 }
 
 /// Whether the `pageviews` tables of both schemas hold the same rows.
@@ -316,11 +269,5 @@ mod tests {
                 assert_eq!(pair[0].1 + 1, pair[1].0, "{ranges:?}");
             }
         }
-    }
-
-    #[test]
-    fn cpu_time_is_utime_plus_stime_in_ticks() {
-        let stat = "42 (sluice run) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9";
-        assert_eq!(cpu_of_stat(stat), Some(3.0));
     }
 }

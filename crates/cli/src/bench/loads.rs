@@ -63,6 +63,8 @@ pub struct LoadsArgs {
 pub(super) struct Run {
     pub(super) elapsed: Duration,
     peak_rss_bytes: u64,
+    /// User plus system CPU time, as last sampled.
+    pub(super) cpu_seconds: f64,
 }
 
 pub fn run(args: LoadsArgs) -> anyhow::Result<()> {
@@ -223,48 +225,98 @@ fn append_input(path: &Path, args: &LoadsArgs, run: u64) -> anyhow::Result<u64> 
     Ok(written)
 }
 
-/// Runs `sluice run <pipeline>` (this binary), its output to `log`, sampling its peak
-/// resident set until it exits.
+/// Runs `sluice run <pipeline>` (this binary) to its end, its output to `log`, sampling
+/// its peak resident set and CPU time until it exits.
 pub(super) fn sluice_run(pipeline: &Path, log: &Path) -> anyhow::Result<Run> {
-    let log_file = std::fs::File::create(log)?;
-    let start = Instant::now();
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("run")
-        .arg(pipeline)
-        // Each transaction's phases (`transaction committed`: load_ms, store_ms,
-        // commit_ms) go to the log, for the benches that split the time by phase.
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,sluice_runtime::txn=debug".into()),
-        )
-        .stdout(log_file.try_clone()?)
-        .stderr(log_file)
-        .stdin(Stdio::null())
-        .spawn()
-        .context("starting sluice run")?;
-    let status_path = PathBuf::from(format!("/proc/{}/status", child.id()));
-    let mut peak_rss_bytes = 0;
-    let status = loop {
-        if let Some(rss) = std::fs::read_to_string(&status_path)
+    let mut running = RunningSluice::start(pipeline, log)?;
+    loop {
+        if let Some(run) = running.poll()? {
+            return Ok(run);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `sluice run` child (this binary), sampled from `/proc` at each [`poll`]: several
+/// can run at once.
+///
+/// [`poll`]: RunningSluice::poll
+pub(super) struct RunningSluice {
+    child: std::process::Child,
+    log: PathBuf,
+    start: Instant,
+    peak_rss_bytes: u64,
+    cpu_seconds: f64,
+}
+
+impl RunningSluice {
+    pub(super) fn start(pipeline: &Path, log: &Path) -> anyhow::Result<RunningSluice> {
+        let log_file = std::fs::File::create(log)?;
+        let start = Instant::now();
+        let child = Command::new(std::env::current_exe()?)
+            .arg("run")
+            .arg(pipeline)
+            // Each transaction's phases (`transaction committed`: load_ms, store_ms,
+            // commit_ms) go to the log, for the benches that split the time by phase.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG")
+                    .unwrap_or_else(|_| "warn,sluice_runtime::txn=debug".into()),
+            )
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting sluice run")?;
+        Ok(RunningSluice {
+            child,
+            log: log.to_path_buf(),
+            start,
+            peak_rss_bytes: 0,
+            cpu_seconds: 0.0,
+        })
+    }
+
+    /// Samples the process; once it has exited, what it measured (an error, with its
+    /// log, if it failed).
+    pub(super) fn poll(&mut self) -> anyhow::Result<Option<Run>> {
+        let pid = self.child.id();
+        if let Some(rss) = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
             .and_then(|status| vm_hwm(&status))
         {
-            peak_rss_bytes = peak_rss_bytes.max(rss);
+            self.peak_rss_bytes = self.peak_rss_bytes.max(rss);
         }
-        if let Some(status) = child.try_wait()? {
-            break status;
+        if let Some(cpu) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| cpu_seconds(&stat))
+        {
+            self.cpu_seconds = self.cpu_seconds.max(cpu);
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let elapsed = start.elapsed();
-    if !status.success() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        bail!("sluice run failed ({status}):\n{text}");
+        let Some(status) = self.child.try_wait()? else {
+            return Ok(None);
+        };
+        if !status.success() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            bail!("sluice run failed ({status}):\n{text}");
+        }
+        Ok(Some(Run {
+            elapsed: self.start.elapsed(),
+            peak_rss_bytes: self.peak_rss_bytes,
+            cpu_seconds: self.cpu_seconds,
+        }))
     }
-    Ok(Run {
-        elapsed,
-        peak_rss_bytes,
-    })
+}
+
+/// User plus system CPU seconds of a `/proc/<pid>/stat`: fields 14 and 15 (utime,
+/// stime) counted after the command's closing parenthesis, at Linux's fixed 100 ticks
+/// a second.
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    let (_, after) = stat.rsplit_once(')')?;
+    let mut fields = after.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// `VmHWM` of a `/proc/<pid>/status`, in bytes.
@@ -384,6 +436,12 @@ mod tests {
                 seen[k] = true;
             }
         }
+    }
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_in_ticks() {
+        let stat = "42 (sluice run) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9";
+        assert_eq!(cpu_seconds(stat), Some(3.0));
     }
 
     #[test]

@@ -278,12 +278,11 @@ impl Combiner {
     /// document takes.
     pub fn combine_right_doc(&mut self, binding: u32, doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
-        if !self.opts.key_range.is_all() && !self.owns(binding, &doc)? {
+        let deletion = doc.is_deletion();
+        if !self.key_and_validate(binding, &doc, deletion)? {
             self.elsewhere += 1;
             return Ok(());
         }
-        let deletion = doc.is_deletion();
-        self.validate_and_key(binding, &doc, deletion)?;
         let side = if deletion && self.bindings[binding as usize].deletions {
             Side::Reset
         } else {
@@ -292,46 +291,39 @@ impl Combiner {
         self.insert(binding, side, doc)
     }
 
-    /// Validates `doc` against its binding's schema (a deletion needs only its key, in
-    /// every binding, so a text one binding of a collection accepts all accept) and packs
-    /// its table key into `scratch`.
-    fn validate_and_key(
+    /// Packs `doc`'s table key into `scratch`; false when it hashes outside the key range
+    /// (another shard owns it: it is passed over unvalidated). Else validates it against
+    /// its binding's schema (a deletion needs only its key, in every binding, so a text
+    /// one binding of a collection accepts all accept). A document without a key is owned
+    /// by every shard, so each reports it.
+    fn key_and_validate(
         &mut self,
         binding: u32,
         doc: &Doc,
         deletion: bool,
-    ) -> Result<(), CombineError> {
+    ) -> Result<bool, CombineError> {
         let spec = spec(&self.bindings, binding)?;
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&binding.to_be_bytes());
+        let keyed = spec.key.pack_doc(doc, &mut self.scratch);
+        if keyed.is_ok() && !self.opts.key_range.owns(&self.scratch[4..]) {
+            return Ok(false);
+        }
         if !deletion && let Err(source) = spec.schema.validate_doc(doc) {
-            let mut packed = Vec::new();
-            let key = match spec.key.pack_doc(doc, &mut packed) {
-                Ok(()) => describe_key(&packed),
-                Err(_) => "(none)".to_string(),
-            };
             return Err(CombineError::Invalid {
                 collection: spec.name.clone(),
-                key,
+                key: match keyed {
+                    Ok(()) => describe_key(&self.scratch[4..]),
+                    Err(_) => "(none)".to_string(),
+                },
                 source,
             });
         }
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&binding.to_be_bytes());
-        spec.key
-            .pack_doc(doc, &mut self.scratch)
-            .map_err(|source| CombineError::Key {
-                collection: spec.name.clone(),
-                source,
-            })
-    }
-
-    /// Whether this shard owns `doc`: its key hashes into the key range. A document
-    /// whose key cannot be packed is owned, so that its error is reported (by every
-    /// shard: no key, no owner).
-    fn owns(&mut self, binding: u32, doc: &Doc) -> Result<bool, CombineError> {
-        let spec = spec(&self.bindings, binding)?;
-        self.scratch.clear();
-        Ok(spec.key.pack_doc(doc, &mut self.scratch).is_err()
-            || self.opts.key_range.owns(&self.scratch))
+        keyed.map_err(|source| CombineError::Key {
+            collection: spec.name.clone(),
+            source,
+        })?;
+        Ok(true)
     }
 
     /// Like [`Combiner::combine_right`] for a document that was already validated and

@@ -7,6 +7,7 @@
 //! a reader sees each value as of some recent moment, never a torn one.
 
 use sluice_source_sdk::Lag;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
@@ -20,11 +21,8 @@ pub struct Progress {
     /// replay after a restart reads them again.
     pub read_docs: AtomicU64,
     pub read_bytes: AtomicU64,
-    /// What the sources have left to read, summed per unit, as last reported.
-    behind_bytes: AtomicU64,
-    behind_messages: AtomicU64,
-    /// Which units were reported: bit 0 bytes, bit 1 messages.
-    behind_units: AtomicU8,
+    /// What the sources have left to read, as last reported (once a step).
+    remaining: Mutex<Option<Remaining>>,
     phase: AtomicU8,
 }
 
@@ -85,31 +83,25 @@ impl Progress {
     }
 
     /// Records what one reader's sources reported last (`None`: a source that does not
-    /// know).
-    pub fn behind(&self, lags: impl IntoIterator<Item = Option<Lag>>) {
-        let (mut bytes, mut messages, mut units) = (0, 0, 0);
-        for lag in lags {
-            match lag {
-                Some(Lag::Bytes(n)) => (bytes, units) = (bytes + n, units | 1),
-                Some(Lag::Messages(n)) => (messages, units) = (messages + n, units | 2),
-                // A source that cannot say makes the whole unknown.
-                None => units |= 4,
-            }
-        }
-        self.behind_bytes.store(bytes, Ordering::Relaxed);
-        self.behind_messages.store(messages, Ordering::Relaxed);
-        self.behind_units.store(units, Ordering::Relaxed);
+    /// know, which makes the whole unknown, as do sources counting in different units).
+    pub fn behind<'a>(&self, lags: impl IntoIterator<Item = &'a Option<Lag>>) {
+        let total = lags.into_iter().try_fold(None, |total, lag| {
+            Some(Some(match (total, lag) {
+                (None, Some(Lag::Bytes(n))) => Remaining::Bytes(*n),
+                (None, Some(Lag::Messages(n))) => Remaining::Messages(*n),
+                (Some(Remaining::Bytes(t)), Some(Lag::Bytes(n))) => Remaining::Bytes(t + n),
+                (Some(Remaining::Messages(t)), Some(Lag::Messages(n))) => {
+                    Remaining::Messages(t + n)
+                }
+                _ => return None,
+            }))
+        });
+        *self.remaining.lock().expect("never poisoned") = total.flatten();
     }
 
     /// The input left, when every source said in one unit.
     pub fn remaining(&self) -> Option<Remaining> {
-        match self.behind_units.load(Ordering::Relaxed) {
-            1 => Some(Remaining::Bytes(self.behind_bytes.load(Ordering::Relaxed))),
-            2 => Some(Remaining::Messages(
-                self.behind_messages.load(Ordering::Relaxed),
-            )),
-            _ => None,
-        }
+        *self.remaining.lock().expect("never poisoned")
     }
 }
 
@@ -121,13 +113,13 @@ mod tests {
     fn the_input_left_is_known_only_when_every_source_counts_it_in_one_unit() {
         let progress = Progress::default();
         assert_eq!(progress.remaining(), None, "nothing reported yet");
-        progress.behind([Some(Lag::Bytes(10)), Some(Lag::Bytes(5))]);
+        progress.behind(&[Some(Lag::Bytes(10)), Some(Lag::Bytes(5))]);
         assert_eq!(progress.remaining(), Some(Remaining::Bytes(15)));
-        progress.behind([Some(Lag::Messages(3))]);
+        progress.behind(&[Some(Lag::Messages(3))]);
         assert_eq!(progress.remaining(), Some(Remaining::Messages(3)));
-        progress.behind([Some(Lag::Messages(3)), Some(Lag::Bytes(1))]);
+        progress.behind(&[Some(Lag::Messages(3)), Some(Lag::Bytes(1))]);
         assert_eq!(progress.remaining(), None, "units do not add up");
-        progress.behind([Some(Lag::Messages(3)), None]);
+        progress.behind(&[Some(Lag::Messages(3)), None]);
         assert_eq!(progress.remaining(), None, "a source that cannot say");
     }
 

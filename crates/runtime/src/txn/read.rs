@@ -63,7 +63,8 @@ use serde_json::Value;
 use sluice_doc::KeyRange;
 use sluice_doc::combine::{CombineError, Combiner};
 use sluice_source_sdk::{
-    FaultTolerance, InputError, Position, QueueLimits, RecordDoc, Records, Resume, Step, bad_json,
+    FaultTolerance, InputError, Lag, Position, QueueLimits, RecordDoc, Records, Resume, Step,
+    bad_json,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -271,6 +272,8 @@ struct ReaderSource {
     at_barrier: bool,
     /// Paused for having read ahead beyond its limits.
     paused: bool,
+    /// How far behind its input it said it was after its last step.
+    lag: Option<Lag>,
 }
 
 impl ReaderSource {
@@ -281,6 +284,7 @@ impl ReaderSource {
             bound,
             at_barrier: false,
             paused: false,
+            lag: None,
         }
     }
 
@@ -468,12 +472,12 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
                 reading.apply_backpressure();
-                if let Some(lag) = reading.bound.source.lag() {
+                reading.lag = reading.bound.source.lag();
+                if let Some(lag) = reading.lag {
                     self.metrics.sources[index].lag(lag);
                 }
-                self.progress
-                    .behind(self.sources.iter().map(|s| s.bound.source.lag()));
-                let reading = &mut self.sources[index];
+                self.progress.behind(self.sources.iter().map(|s| &s.lag));
+                let reading = &self.sources[index];
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
                 backlogged |= !step.end_of_input
