@@ -9,6 +9,7 @@ mod pipeline_cmd;
 mod progress;
 mod registry;
 mod schema_cmd;
+mod shards_cmd;
 mod status_cmd;
 mod torture;
 
@@ -61,6 +62,9 @@ enum Command {
     /// Print the JSON schema of a connector's configuration (`--markdown`: as the
     /// reference tables of the docs); without a connector, list them.
     Schema(schema_cmd::SchemaArgs),
+    /// A cluster's shards (a pipeline file with `cluster:`): list them, split one.
+    #[command(subcommand)]
+    Shards(shards_cmd::ShardsCommand),
     /// Serve, run or test drivers.
     #[command(subcommand)]
     Driver(driver_cmd::DriverCommand),
@@ -112,6 +116,7 @@ fn run() -> anyhow::Result<()> {
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
         Command::Status(args) => status_cmd::main(args),
         Command::Schema(args) => schema_cmd::main(args),
+        Command::Shards(cmd) => shards_cmd::main(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Torture(args) => torture::main(args),

@@ -95,6 +95,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             None => None,
         };
         let planned = pipeline::plan(&pipeline, &registry).await?;
+        if pipeline.cluster.is_some() {
+            return run_member(&pipeline, planned, metrics).await;
+        }
         // Applies only a first start: a changed pipeline file is refused until applied.
         for (name, actions) in pipeline::apply_first_start(&pipeline, &planned).await? {
             tracing::debug!(materialization = %name, "applied: {actions}");
@@ -159,6 +162,38 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// `sluice run` of a cluster member: serves the shards the cluster gives it until a
+/// signal (or a failure, or its lease is lost), then says what each one committed here.
+async fn run_member(
+    pipeline: &Pipeline,
+    planned: pipeline::Planned,
+    metrics: Option<Arc<Metrics>>,
+) -> anyhow::Result<()> {
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: finishing the shards' transactions, then leaving");
+        let _ = shutdown_tx.send(true);
+    });
+    let started = Instant::now();
+    let opts = RunOptions {
+        follow: true,
+        metrics,
+    };
+    let progress = Arc::new(Progress::default());
+    let summaries = sluice_cluster::run(pipeline, planned, opts, progress, shutdown_rx).await?;
+    for (shard, s) in summaries {
+        println!(
+            "{shard}: {} documents ({}) in {} transactions here, {:.1}s",
+            s.docs,
+            human_bytes(s.bytes),
+            s.transactions,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
 }
 
 /// What a materialization's run committed, e.g. "95 documents (12.0 KiB) in 10

@@ -86,25 +86,39 @@ fn read_file(dir: &Path) -> Result<Option<Applied>, AppliedError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(&path, "read")(e)),
     };
-    let corrupt = |reason: String| AppliedError::Corrupt {
-        path: path.clone(),
-        reason,
+    decode(&bytes)
+        .map(Some)
+        .map_err(|reason| AppliedError::Corrupt { path, reason })
+}
+
+/// The record of `spec` as applied, as bytes: what the file holds, and what a cluster
+/// keeps in etcd.
+pub fn encode(spec: &flow::MaterializationSpec) -> Vec<u8> {
+    let file = AppliedFile {
+        format: FORMAT,
+        version: version(spec),
+        spec: sluice_doc::hex::encode(&spec.encode_to_vec()),
     };
-    let file: AppliedFile = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    serde_json::to_vec(&file).expect("the record serializes")
+}
+
+/// Reads bytes written by [`encode`]; the error says what is wrong with them.
+pub fn decode(bytes: &[u8]) -> Result<Applied, String> {
+    let file: AppliedFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if file.format != FORMAT {
-        return Err(corrupt(format!(
+        return Err(format!(
             "format {} (this sluice reads {FORMAT})",
             file.format
-        )));
+        ));
     }
     let encoded =
-        sluice_doc::hex::decode(&file.spec).ok_or_else(|| corrupt("the spec is not hex".into()))?;
+        sluice_doc::hex::decode(&file.spec).ok_or_else(|| "the spec is not hex".to_string())?;
     let spec = flow::MaterializationSpec::decode(encoded.as_slice())
-        .map_err(|e| corrupt(format!("the spec does not decode: {e}")))?;
-    Ok(Some(Applied {
+        .map_err(|e| format!("the spec does not decode: {e}"))?;
+    Ok(Applied {
         version: file.version,
         spec,
-    }))
+    })
 }
 
 /// Records `spec` as applied in `dir`. Returns only after the record is durable.
@@ -115,15 +129,9 @@ pub async fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), 
 
 fn write_file(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
     std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
-    let file = AppliedFile {
-        format: FORMAT,
-        version: version(spec),
-        spec: sluice_doc::hex::encode(&spec.encode_to_vec()),
-    };
     let (path, tmp) = (dir.join(FILE), dir.join(format!("{FILE}.new")));
     let mut out = std::fs::File::create(&tmp).map_err(io(&tmp, "create"))?;
-    out.write_all(&serde_json::to_vec(&file).expect("the record serializes"))
-        .map_err(io(&tmp, "write"))?;
+    out.write_all(&encode(spec)).map_err(io(&tmp, "write"))?;
     out.sync_all().map_err(io(&tmp, "fsync"))?;
     std::fs::rename(&tmp, &path).map_err(io(&path, "replace"))?;
     std::fs::File::open(dir)

@@ -68,6 +68,39 @@ pub struct Pipeline {
     pub runtime: RuntimeDef,
     /// What every materialization must give (`delivery:`; admission checks each part).
     pub delivery: crate::admission::Delivery,
+    /// `cluster:`: run as one member of a cluster coordinated through etcd, which
+    /// assigns the materializations' shards; none: one process runs every one.
+    pub cluster: Option<ClusterDef>,
+}
+
+/// `cluster:`: the etcd cluster the members coordinate through, and who this one is
+/// (`docs/scale-out.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterDef {
+    /// etcd client endpoints (`http://127.0.0.1:2379`).
+    pub etcd: Vec<String>,
+    /// This member's id, unique among the live members (`${HOSTNAME}` is typical).
+    pub member: String,
+    /// The key prefix the cluster's state lives under; defaults to
+    /// `/sluice/<file stem>`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// A member silent this long loses its lease, and with it its shards.
+    #[serde(default = "default_lease_ttl", deserialize_with = "de_duration")]
+    pub lease_ttl: Duration,
+    /// How many shards (equal key ranges) a materialization starts with when the
+    /// cluster first sees it; `sluice shards split` makes more later.
+    #[serde(default = "default_initial_shards")]
+    pub shards: u32,
+}
+
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_initial_shards() -> u32 {
+    1
 }
 
 /// The pipeline file as written: sources and endpoints not yet read by their kinds.
@@ -83,6 +116,8 @@ struct PipelineFile {
     runtime: RuntimeDef,
     #[serde(default)]
     delivery: crate::admission::Delivery,
+    #[serde(default)]
+    cluster: Option<ClusterDef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -448,6 +483,14 @@ impl Pipeline {
             .recovery_log
             .get_or_insert_with(|| Path::new(".sluice").join(stem));
         resolve_path(log, base);
+        if let Some(cluster) = &mut self.cluster {
+            cluster
+                .prefix
+                .get_or_insert_with(|| format!("/sluice/{stem}"));
+            // A member keeps what stays local (dead letters, the spill files' folder)
+            // in a folder of its own: members may share a machine and a file.
+            *log = log.join("members").join(&cluster.member);
+        }
     }
 
     /// The directory of the recovery log (always set after parsing).
@@ -580,6 +623,41 @@ impl Pipeline {
                     "key_begin must not be above key_end",
                 ));
             }
+            if self.cluster.is_some() && m.shard != ShardDef::default() {
+                return Err(invalid(
+                    format!("materializations.{name}.shard"),
+                    "a cluster assigns the shards' ranges itself: remove `shard`, and set \
+                     `cluster.shards` or use `sluice shards split`",
+                ));
+            }
+        }
+        if let Some(cluster) = &self.cluster {
+            if cluster.etcd.is_empty() {
+                return Err(invalid("cluster.etcd", "name at least one etcd endpoint"));
+            }
+            let member_ok = !cluster.member.is_empty()
+                && cluster
+                    .member
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !member_ok {
+                return Err(invalid(
+                    "cluster.member",
+                    format!(
+                        "{:?} is not a member id: use letters, digits, `-`, `_` and `.`",
+                        cluster.member
+                    ),
+                ));
+            }
+            if cluster.lease_ttl < Duration::from_secs(2) {
+                return Err(invalid(
+                    "cluster.lease_ttl",
+                    "a lease shorter than 2s expires under ordinary pauses",
+                ));
+            }
+            if !(1..=1024).contains(&cluster.shards) {
+                return Err(invalid("cluster.shards", "between 1 and 1024"));
+            }
         }
         Ok(())
     }
@@ -635,6 +713,7 @@ impl PipelineFile {
             materializations,
             runtime: self.runtime,
             delivery: self.delivery,
+            cluster: self.cluster,
         })
     }
 }

@@ -366,7 +366,8 @@ pub async fn apply(
                 Some(lock.map_err(|e| failed(&e))?)
             }
         };
-        let mut actions = apply_one(m, action, dry_run, pipeline.runtime.timeouts.driver).await?;
+        let mut actions =
+            apply_materialization(m, action, dry_run, pipeline.runtime.timeouts.driver).await?;
         if action == ApplyAction::Delete {
             let verb = if dry_run { "would remove" } else { "removed" };
             actions = format!(
@@ -394,7 +395,8 @@ pub async fn apply(
     Ok(out)
 }
 
-async fn apply_one(
+/// Applies one planned materialization (its driver's Apply), returning what it did.
+pub async fn apply_materialization(
     m: &PlannedMaterialization,
     action: ApplyAction,
     dry_run: bool,
@@ -441,7 +443,7 @@ pub async fn apply_first_start(
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
-                let actions = apply_one(
+                let actions = apply_materialization(
                     m,
                     ApplyAction::Upsert,
                     false,
@@ -488,15 +490,7 @@ pub async fn run(
     progress: Arc<Progress>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Vec<(String, Summary)>, PipelineError> {
-    let bounds = &pipeline.runtime.transactions;
-    let txn_opts = TxnOptions {
-        max_docs: bounds.max_docs,
-        max_bytes: bounds.max_bytes,
-        max_duration: bounds.max_duration,
-        min_duration: bounds.min_duration,
-        memory_budget: pipeline.runtime.memory_budget as usize,
-        follow: opts.follow,
-    };
+    let launcher = Launcher::new(pipeline, planned, opts, progress)?;
     // Fired by the caller's shutdown, or by the first failure.
     let (stop, stopped) = watch::channel(false);
     let stop = Arc::new(stop);
@@ -508,96 +502,13 @@ pub async fn run(
             }
         })
     };
-    let deployment_id = if planned
-        .materializations
-        .iter()
-        .any(|m| m.participant.is_some())
-    {
-        recovery::deployment_id(pipeline.recovery_log())
-            .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
-    } else {
-        String::new()
-    };
-    // Recorded whether or not anything serves them: a few counters per transaction.
-    let metrics = opts.metrics.unwrap_or_default();
     let mut tasks = tokio::task::JoinSet::new();
-    for m in planned.materializations {
-        let mut bindings = Vec::new();
-        for (i, binding) in m.spec.bindings.iter().enumerate() {
-            let collection = binding
-                .collection
-                .as_ref()
-                .map(|c| c.collection.clone())
-                .unwrap_or_default();
-            bindings.push(projections::loop_binding(
-                planned.collections[&collection].clone(),
-                &m.spec,
-                i,
-            ));
-        }
-        let mut feeds = Vec::new();
-        for (name, def) in &pipeline.sources {
-            let bindings: Vec<u32> = m
-                .spec
-                .bindings
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| {
-                    b.collection
-                        .as_ref()
-                        .is_some_and(|c| c.collection == def.target)
-                })
-                .map(|(i, _)| i as u32)
-                .collect();
-            if !bindings.is_empty() {
-                feeds.push(SourceFeed {
-                    materialization: m.name.clone(),
-                    state_dir: pipeline.source_state_dir(&m.name, name),
-                    follow: opts.follow,
-                    name: name.clone(),
-                    def: def.clone(),
-                    bindings,
-                });
-            }
-        }
-        let shard = Shard {
-            open: Open {
-                version: applied::version(&m.spec),
-                materialization: Some(m.spec.clone()),
-                key_begin: m.shard.key_begin,
-                key_end: m.shard.key_end,
-                driver_checkpoint_json: Vec::new(),
-            },
-            bindings,
-        };
-        let metrics = Arc::new(metrics.shard(&shard, feeds.iter().map(|f| f.name.as_str())));
-        let attempt = Attempt {
-            metrics,
-            shard,
-            endpoint: m.endpoint.clone(),
-            participant: m.participant.clone(),
-            deployment_id: deployment_id.clone(),
-            feeds,
-            log_dir: pipeline.recovery_log().join(&m.name),
-            opts: txn_opts.clone(),
-            timeouts: pipeline.runtime.timeouts,
-            progress: progress.clone(),
-            shutdown: stopped.clone(),
-        };
-        // Every line logged by this materialization's work, its retries included,
-        // carries its name and shard.
-        let span = tracing::info_span!(
-            "materialization",
-            materialization = %m.name,
-            shard = %shard_label(m.shard.key_begin, m.shard.key_end),
-        );
-        let name = m.name.clone();
-        let run = async move {
-            let (summary, result) = attempt.run_with_restarts().await;
-            attempt.metrics.ended(result.is_ok());
+    for (name, shard) in launcher.configured_shards() {
+        let run = launcher.launch(&name, shard, LogPlace::Local, stopped.clone());
+        tasks.spawn(async move {
+            let (summary, result) = run.await;
             (name, summary, result)
-        };
-        tasks.spawn(run.instrument(span));
+        });
     }
     let mut summaries = Vec::new();
     let mut failed = None;
@@ -638,7 +549,196 @@ pub async fn run(
     }
 }
 
+/// Where a shard's recovery log is kept.
+#[derive(Clone)]
+pub enum LogPlace {
+    /// The folder `<recovery_log>/<materialization>` (the embedded default).
+    Local,
+    /// A shared engine, opened anew by each attempt (a cluster's shard log).
+    Shared(Arc<dyn OpenLog>),
+}
+
+/// Opens a recovery log kept on a shared engine, fencing its earlier holders.
+#[async_trait]
+pub trait OpenLog: Send + Sync {
+    async fn open(&self) -> Result<RecoveryLog, recovery::RecoveryError>;
+}
+
+/// What one materialization's shards share: launched once for the configured shard, or
+/// by a cluster for each range it is assigned.
+struct Template {
+    spec: flow::MaterializationSpec,
+    bindings: Vec<txn::Binding>,
+    feeds: Vec<SourceFeed>,
+    endpoint: Arc<dyn Endpoint>,
+    participant: Option<Arc<dyn EpochParticipant>>,
+    shard: config::ShardDef,
+}
+
+/// Starts shard loops of a planned pipeline: each a [`txn::run`] with its restarts.
+pub struct Launcher {
+    templates: BTreeMap<String, Template>,
+    log_root: std::path::PathBuf,
+    deployment_id: String,
+    metrics: Arc<Metrics>,
+    opts: TxnOptions,
+    timeouts: config::Timeouts,
+    progress: Arc<Progress>,
+}
+
+impl Launcher {
+    pub fn new(
+        pipeline: &Pipeline,
+        planned: Planned,
+        opts: RunOptions,
+        progress: Arc<Progress>,
+    ) -> Result<Launcher, PipelineError> {
+        let bounds = &pipeline.runtime.transactions;
+        let txn_opts = TxnOptions {
+            max_docs: bounds.max_docs,
+            max_bytes: bounds.max_bytes,
+            max_duration: bounds.max_duration,
+            min_duration: bounds.min_duration,
+            memory_budget: pipeline.runtime.memory_budget as usize,
+            follow: opts.follow,
+        };
+        let deployment_id = if planned
+            .materializations
+            .iter()
+            .any(|m| m.participant.is_some())
+        {
+            recovery::deployment_id(pipeline.recovery_log())
+                .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
+        } else {
+            String::new()
+        };
+        let mut templates = BTreeMap::new();
+        for m in planned.materializations {
+            let mut bindings = Vec::new();
+            for (i, binding) in m.spec.bindings.iter().enumerate() {
+                let collection = binding
+                    .collection
+                    .as_ref()
+                    .map(|c| c.collection.clone())
+                    .unwrap_or_default();
+                bindings.push(projections::loop_binding(
+                    planned.collections[&collection].clone(),
+                    &m.spec,
+                    i,
+                ));
+            }
+            let mut feeds = Vec::new();
+            for (name, def) in &pipeline.sources {
+                let bindings: Vec<u32> = m
+                    .spec
+                    .bindings
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| {
+                        b.collection
+                            .as_ref()
+                            .is_some_and(|c| c.collection == def.target)
+                    })
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                if !bindings.is_empty() {
+                    feeds.push(SourceFeed {
+                        materialization: m.name.clone(),
+                        state_dir: pipeline.source_state_dir(&m.name, name),
+                        follow: opts.follow,
+                        name: name.clone(),
+                        def: def.clone(),
+                        bindings,
+                    });
+                }
+            }
+            let template = Template {
+                spec: m.spec,
+                bindings,
+                feeds,
+                endpoint: m.endpoint,
+                participant: m.participant,
+                shard: m.shard,
+            };
+            templates.insert(m.name, template);
+        }
+        Ok(Launcher {
+            templates,
+            log_root: pipeline.recovery_log().to_path_buf(),
+            deployment_id,
+            // Recorded whether or not anything serves them: a few counters per
+            // transaction.
+            metrics: opts.metrics.unwrap_or_default(),
+            opts: txn_opts,
+            timeouts: pipeline.runtime.timeouts,
+            progress,
+        })
+    }
+
+    /// Each materialization with the shard its pipeline file configures.
+    pub fn configured_shards(&self) -> Vec<(String, config::ShardDef)> {
+        (self.templates.iter())
+            .map(|(name, t)| (name.clone(), t.shard))
+            .collect()
+    }
+
+    /// The loop of materialization `materialization`'s shard over `range`, its log at
+    /// `log`, reopened after retryable failures until its sources end, it fails, or
+    /// `shutdown` (after the transaction in progress). Resolves to what it committed.
+    ///
+    /// Panics when the planned pipeline has no such materialization.
+    pub fn launch(
+        &self,
+        materialization: &str,
+        range: config::ShardDef,
+        log: LogPlace,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = (Summary, Result<(), RunError>)> + Send + 'static {
+        let t = &self.templates[materialization];
+        let shard = Shard {
+            open: Open {
+                version: applied::version(&t.spec),
+                materialization: Some(t.spec.clone()),
+                key_begin: range.key_begin,
+                key_end: range.key_end,
+                driver_checkpoint_json: Vec::new(),
+            },
+            bindings: t.bindings.clone(),
+        };
+        let metrics =
+            Arc::new((self.metrics).shard(&shard, t.feeds.iter().map(|f| f.name.as_str())));
+        let attempt = Attempt {
+            metrics,
+            shard,
+            endpoint: t.endpoint.clone(),
+            participant: t.participant.clone(),
+            deployment_id: self.deployment_id.clone(),
+            feeds: t.feeds.clone(),
+            log_dir: self.log_root.join(materialization),
+            log,
+            opts: self.opts.clone(),
+            timeouts: self.timeouts,
+            progress: self.progress.clone(),
+            shutdown,
+        };
+        // Every line logged by this shard's work, its retries included, carries its
+        // materialization and range.
+        let span = tracing::info_span!(
+            "materialization",
+            materialization = %materialization,
+            shard = %shard_label(range.key_begin, range.key_end),
+        );
+        async move {
+            let (summary, result) = attempt.run_with_restarts().await;
+            attempt.metrics.ended(result.is_ok());
+            (summary, result)
+        }
+        .instrument(span)
+    }
+}
+
 /// A source of the pipeline file and the bindings of one materialization it feeds.
+#[derive(Clone)]
 struct SourceFeed {
     name: String,
     materialization: String,
@@ -669,7 +769,10 @@ struct Attempt {
     participant: Option<Arc<dyn EpochParticipant>>,
     deployment_id: String,
     feeds: Vec<SourceFeed>,
+    /// `<recovery_log>/<materialization>`: the log when it is [`LogPlace::Local`], and
+    /// what stays local in any case (default dead-letter files).
     log_dir: std::path::PathBuf,
+    log: LogPlace,
     opts: TxnOptions,
     timeouts: config::Timeouts,
     progress: Arc<Progress>,
@@ -736,7 +839,10 @@ impl Attempt {
                 envelope: feed.def.envelope,
             });
         }
-        let log = RecoveryLog::open_async(&self.log_dir).await?;
+        let log = match &self.log {
+            LogPlace::Local => RecoveryLog::open_async(&self.log_dir).await?,
+            LogPlace::Shared(log) => log.open().await?,
+        };
         let ctx = txn::Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),

@@ -197,9 +197,10 @@ pub struct Intent {
     pub artifacts: BTreeMap<String, Value>,
 }
 
+/// One record of a recovery log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum LogRecord {
+pub enum LogRecord {
     Commit(Checkpoint),
     Intent(Intent),
 }
@@ -241,8 +242,31 @@ pub enum RecoveryError {
     #[error("invalid runtime checkpoint: {0}")]
     BadCheckpoint(String),
     /// The runtime wrote out of order: an internal bug.
-    #[error("recovery log {}: {reason} (internal error)", path.display())]
-    OutOfOrder { path: PathBuf, reason: String },
+    #[error("recovery log {log}: {reason} (internal error)")]
+    OutOfOrder { log: String, reason: String },
+    /// Another holder took the shard's log over (a cluster moved the shard): this
+    /// holder must stop, and never write again.
+    #[error("recovery log {log} is fenced: {reason}")]
+    Fenced { log: String, reason: String },
+    /// A record larger than the engine keeping the log takes in one write.
+    #[error(
+        "recovery log {log}: a record of {bytes} bytes is above the {limit} bytes \
+             this log takes in one write{hint}"
+    )]
+    TooLarge {
+        log: String,
+        bytes: usize,
+        limit: usize,
+        hint: &'static str,
+    },
+    /// The shared engine keeping the log did not answer, or failed: the write may or
+    /// may not have landed, so the loop reopens and recovers from what the log holds.
+    #[error("recovery log {log}: cannot {action}: {reason}")]
+    Unavailable {
+        log: String,
+        action: &'static str,
+        reason: String,
+    },
 }
 
 fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RecoveryError {
@@ -254,15 +278,41 @@ fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> Recov
     }
 }
 
-/// The open recovery log of one shard; holds its lock until dropped.
+/// The latest state of a log: its last commit and the intent pending after it. What a
+/// compaction keeps, and all a shared engine stores.
+#[derive(Clone, Copy)]
+pub struct Latest<'a> {
+    pub last_commit: Option<&'a Checkpoint>,
+    pub pending_intent: Option<&'a Intent>,
+}
+
+/// Where a recovery log's records become durable: a local file ([`RecoveryLog::open`],
+/// the embedded default) or a shared engine (a cluster shard's log, which moves with the
+/// shard). Called on blocking threads.
+pub trait LogStore: Send {
+    /// Makes `record` durable; `after` is the log's state once it is. Returns only once
+    /// a crash can no longer lose it. A store that knows a holder fails with
+    /// [`RecoveryError::Fenced`] once another holder has taken the log over.
+    fn append(&mut self, record: &LogRecord, after: Latest<'_>) -> Result<(), RecoveryError>;
+    /// Names the log in messages (a path, a key prefix).
+    fn describe(&self) -> String;
+}
+
+/// The open recovery log of one shard: its latest state, over the store that keeps it
+/// (a file holds its lock until dropped; a shared engine fences older holders).
 pub struct RecoveryLog {
+    store: Box<dyn LogStore>,
+    last_commit: Option<Checkpoint>,
+    pending_intent: Option<Box<Intent>>,
+}
+
+/// A log in a local file (see the module header).
+struct FileLog {
     dir: PathBuf,
     path: PathBuf,
     file: File,
     len: u64,
     _lock: File,
-    last_commit: Option<Checkpoint>,
-    pending_intent: Option<Box<Intent>>,
 }
 
 impl RecoveryLog {
@@ -290,55 +340,48 @@ impl RecoveryLog {
         }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io(&path, "read"))?;
-        let contents = read_log(&path, &bytes)?;
-        let (last_commit, pending_intent) = latest(contents.records);
-        let mut log = RecoveryLog {
+        let mut contents = read_log(&path, &bytes)?;
+        let (last_commit, pending_intent) = latest(std::mem::take(&mut contents.records));
+        let mut store = FileLog {
             dir: dir.to_path_buf(),
             path,
             file,
             len: contents.valid_len,
             _lock: lock,
-            last_commit,
-            pending_intent: pending_intent.map(Box::new),
+        };
+        let latest = Latest {
+            last_commit: last_commit.as_ref(),
+            pending_intent: pending_intent.as_ref(),
         };
         if contents.version == FORMAT_HEADERLESS {
             tracing::info!(
-                log = %log.path.display(),
+                log = %store.path.display(),
                 "rewriting a recovery log of format {FORMAT_HEADERLESS} (the previous \
                  release's) in format {FORMAT_VERSION}"
             );
             // Its latest state, with a file header; a torn tail is left behind too.
-            log.compact()?;
-            return Ok(log);
+            store.compact(latest)?;
+        } else {
+            store.prepare(&contents, bytes.len() as u64)?;
         }
-        if let Some(reason) = &contents.torn {
-            tracing::warn!(
-                log = %log.path.display(),
-                at = contents.valid_len,
-                dropped = bytes.len() as u64 - contents.valid_len,
-                "truncating a torn last record of the recovery log ({reason}); \
-                 it was never acknowledged"
-            );
+        Ok(RecoveryLog::over(
+            Box::new(store),
+            last_commit,
+            pending_intent,
+        ))
+    }
+
+    /// A log whose latest state `store` holds, as read back from it.
+    pub fn over(
+        store: Box<dyn LogStore>,
+        last_commit: Option<Checkpoint>,
+        pending_intent: Option<Intent>,
+    ) -> RecoveryLog {
+        RecoveryLog {
+            store,
+            last_commit,
+            pending_intent: pending_intent.map(Box::new),
         }
-        let file = &mut log.file;
-        if contents.valid_len < FILE_HEADER as u64 {
-            // A new log, or one torn while its header was written: nothing was ever
-            // appended to it.
-            file.set_len(0).map_err(io(&log.path, "truncate"))?;
-            file.seek(SeekFrom::Start(0))
-                .map_err(io(&log.path, "seek"))?;
-            file.write_all(&file_header())
-                .map_err(io(&log.path, "write the file header"))?;
-            file.sync_all().map_err(io(&log.path, "fsync"))?;
-            log.len = FILE_HEADER as u64;
-        } else if contents.torn.is_some() {
-            file.set_len(contents.valid_len)
-                .map_err(io(&log.path, "truncate a torn tail"))?;
-            file.sync_all().map_err(io(&log.path, "fsync"))?;
-        }
-        file.seek(SeekFrom::Start(log.len))
-            .map_err(io(&log.path, "seek"))?;
-        Ok(log)
     }
 
     /// [`open`](Self::open) on a blocking task: what an async caller uses, so that the
@@ -346,10 +389,6 @@ impl RecoveryLog {
     pub async fn open_async(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
         let dir = dir.to_path_buf();
         crate::blocking::unblock(move || RecoveryLog::open(&dir)).await
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The checkpoint of the last transaction committed to this log.
@@ -365,8 +404,13 @@ impl RecoveryLog {
     /// Journals the steps of transaction `intent.txn`.
     pub fn write_intent(&mut self, intent: &Intent) -> Result<(), RecoveryError> {
         self.check_newer(intent.txn, "intent")?;
-        // Returns only after fsync: the steps can be replayed after any later crash.
-        self.append(&LogRecord::Intent(intent.clone()))?;
+        // Returns only once durable: the steps can be replayed after any later crash.
+        let after = Latest {
+            last_commit: self.last_commit.as_ref(),
+            pending_intent: Some(intent),
+        };
+        self.store
+            .append(&LogRecord::Intent(intent.clone()), after)?;
         self.pending_intent = Some(Box::new(intent.clone()));
         Ok(())
     }
@@ -374,18 +418,18 @@ impl RecoveryLog {
     /// Records that transaction `checkpoint.txn` committed.
     pub fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), RecoveryError> {
         self.check_newer(checkpoint.txn, "commit")?;
-        // Returns only after fsync: a restart resumes after this transaction.
-        self.append(&LogRecord::Commit(checkpoint.clone()))?;
+        // A commit settles every intent up to its transaction.
+        let settles = |i: &Intent| i.txn <= checkpoint.txn;
+        let after = Latest {
+            last_commit: Some(checkpoint),
+            pending_intent: self.pending_intent.as_deref().filter(|i| !settles(i)),
+        };
+        // Returns only once durable: a restart resumes after this transaction.
+        self.store
+            .append(&LogRecord::Commit(checkpoint.clone()), after)?;
         self.last_commit = Some(checkpoint.clone());
-        if self
-            .pending_intent
-            .as_ref()
-            .is_some_and(|i| i.txn <= checkpoint.txn)
-        {
+        if self.pending_intent.as_deref().is_some_and(settles) {
             self.pending_intent = None;
-        }
-        if self.len > COMPACT_AT {
-            self.compact()?;
         }
         Ok(())
     }
@@ -395,7 +439,7 @@ impl RecoveryLog {
     /// is the empty checkpoint). Its transaction number may be lower than the last
     /// commit's: a store restored from a backup, or rebuilding, is caught up from there.
     /// Any pending intent is dropped (the plan replays one only when `from` is the
-    /// commit it follows, and then this appends nothing). Returns only after fsync, so
+    /// commit it follows, and then this appends nothing). Returns only once durable, so
     /// the next intent follows `from` in the log too.
     pub fn adopt(&mut self, from: &Checkpoint) -> Result<(), RecoveryError> {
         let current = match &self.last_commit {
@@ -407,14 +451,18 @@ impl RecoveryLog {
         }
         if let Some(last) = &self.last_commit {
             tracing::info!(
-                log = %self.path.display(),
+                log = %self.store.describe(),
                 "the store's checkpoint (transaction {}) replaces the recovery log's \
                  (transaction {}): processing begins there",
                 from.txn,
                 last.txn
             );
         }
-        self.append(&LogRecord::Commit(from.clone()))?;
+        let after = Latest {
+            last_commit: Some(from),
+            pending_intent: None,
+        };
+        self.store.append(&LogRecord::Commit(from.clone()), after)?;
         self.last_commit = Some(from.clone());
         self.pending_intent = None;
         Ok(())
@@ -423,14 +471,16 @@ impl RecoveryLog {
     fn check_newer(&self, txn: u64, what: &str) -> Result<(), RecoveryError> {
         match &self.last_commit {
             Some(last) if txn <= last.txn => Err(RecoveryError::OutOfOrder {
-                path: self.path.clone(),
+                log: self.store.describe(),
                 reason: format!("{what} for transaction {txn} after commit of {}", last.txn),
             }),
             _ => Ok(()),
         }
     }
+}
 
-    fn append(&mut self, record: &LogRecord) -> Result<(), RecoveryError> {
+impl LogStore for FileLog {
+    fn append(&mut self, record: &LogRecord, after: Latest<'_>) -> Result<(), RecoveryError> {
         let bytes = frame(record);
         self.file
             .write_all(&bytes)
@@ -438,18 +488,60 @@ impl RecoveryLog {
         crate::failpoint::fail_point!(RECOVERY_FSYNC => io(&self.path, "fsync")(crate::failpoint::disk_full()));
         self.file.sync_data().map_err(io(&self.path, "fsync"))?;
         self.len += bytes.len() as u64;
+        if self.len > COMPACT_AT {
+            self.compact(after)?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+impl FileLog {
+    /// Readies a log just read for appends: a new file gets its header, a torn tail
+    /// is cut off (see the module invariants).
+    fn prepare(&mut self, contents: &Contents, read: u64) -> Result<(), RecoveryError> {
+        if let Some(reason) = &contents.torn {
+            tracing::warn!(
+                log = %self.path.display(),
+                at = contents.valid_len,
+                dropped = read - contents.valid_len,
+                "truncating a torn last record of the recovery log ({reason}); \
+                 it was never acknowledged"
+            );
+        }
+        let file = &mut self.file;
+        if contents.valid_len < FILE_HEADER as u64 {
+            // A new log, or one torn while its header was written: nothing was ever
+            // appended to it.
+            file.set_len(0).map_err(io(&self.path, "truncate"))?;
+            file.seek(SeekFrom::Start(0))
+                .map_err(io(&self.path, "seek"))?;
+            file.write_all(&file_header())
+                .map_err(io(&self.path, "write the file header"))?;
+            file.sync_all().map_err(io(&self.path, "fsync"))?;
+            self.len = FILE_HEADER as u64;
+        } else if contents.torn.is_some() {
+            file.set_len(contents.valid_len)
+                .map_err(io(&self.path, "truncate a torn tail"))?;
+            file.sync_all().map_err(io(&self.path, "fsync"))?;
+        }
+        file.seek(SeekFrom::Start(self.len))
+            .map_err(io(&self.path, "seek"))?;
         Ok(())
     }
 
     /// Rewrites the log as its latest state (see the module invariants).
-    fn compact(&mut self) -> Result<(), RecoveryError> {
+    fn compact(&mut self, latest: Latest<'_>) -> Result<(), RecoveryError> {
         let tmp = self.dir.join("log.compact");
         let mut bytes = file_header().to_vec();
-        if let Some(commit) = &self.last_commit {
+        if let Some(commit) = latest.last_commit {
             bytes.extend(frame(&LogRecord::Commit(commit.clone())));
         }
-        if let Some(intent) = &self.pending_intent {
-            bytes.extend(frame(&LogRecord::Intent(Intent::clone(intent))));
+        if let Some(intent) = latest.pending_intent {
+            bytes.extend(frame(&LogRecord::Intent(intent.clone())));
         }
         let mut file = File::create(&tmp).map_err(io(&tmp, "create"))?;
         file.write_all(&bytes).map_err(io(&tmp, "write"))?;

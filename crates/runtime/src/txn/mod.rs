@@ -218,7 +218,8 @@ pub enum RunError {
 
 impl RunError {
     /// Whether reopening the loop may succeed, by the kind of the error underneath.
-    /// Recovery-log and dead-letter failures are never retried in-process: after a
+    /// Recovery-log (but a shared engine's that did not answer) and dead-letter
+    /// failures are never retried in-process: after a
     /// failed fsync what the file holds is unknown (the page cache may have dropped the
     /// write), and a lock held elsewhere or a corrupt record stays so. A spill file that
     /// cannot be written is retried: the transaction's combiners are rebuilt from
@@ -228,6 +229,9 @@ impl RunError {
             RunError::Driver { source, .. } => source.is_retryable(),
             RunError::Source(source) | RunError::SeekBack { source, .. } => source.is_retryable(),
             RunError::Combine(source) => matches!(**source, CombineError::Spill { .. }),
+            // A shared engine's log (a cluster's) that did not answer: reopening reads
+            // back what it holds, as after a crash.
+            RunError::Recovery(RecoveryError::Unavailable { .. }) => true,
             RunError::Input { .. }
             | RunError::Document { .. }
             | RunError::DeadLetter { .. }

@@ -1,0 +1,139 @@
+//! What `sluice shards list | split` read and write in a cluster's etcd.
+
+use crate::etcd::{Cond, Etcd, Op};
+use crate::keys::{Keys, Range, ShardId, ShardSpec, ShardStatus};
+use crate::member::{ClusterError, read_view};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// One shard as `sluice shards list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardRow {
+    pub materialization: String,
+    pub shard: String,
+    pub key_begin: u32,
+    pub key_end: u32,
+    /// `running`, `unassigned` or `splitting`.
+    pub status: &'static str,
+    pub member: Option<String>,
+    /// The last transaction committed to its log.
+    pub txn: u64,
+    /// Each source's lag as its holder last published it.
+    pub lag: BTreeMap<String, String>,
+}
+
+/// Every shard of the cluster, with its member, last transaction and lag.
+pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterError> {
+    let (members, _) = etcd.get_prefix(&keys.members()).await?;
+    let (shards, _) = etcd.get_prefix(&keys.shards()).await?;
+    let (assignments, _) = etcd.get_prefix(&keys.assignments()).await?;
+    let (statuses, _) = etcd.get_prefix(&keys.statuses()).await?;
+    let view = read_view(keys, &members, &shards, &assignments)?;
+    let mut published = BTreeMap::new();
+    for kv in &statuses {
+        let key = String::from_utf8_lossy(&kv.key);
+        if let Some((m, range)) = keys.parse_shard(&keys.statuses(), &key)
+            && let Ok(status) = serde_json::from_slice::<ShardStatus>(&kv.value)
+        {
+            published.insert((m.to_string(), range), status);
+        }
+    }
+    let mut rows = Vec::new();
+    for (id, state) in &view.shards {
+        let txn = match etcd.get(&format!("{}commit", keys.log(id))).await? {
+            Some(kv) => serde_json::from_slice::<serde_json::Value>(&kv.value)
+                .ok()
+                .and_then(|c| c["txn"].as_u64())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let status = published
+            .remove(&(id.materialization.clone(), id.range))
+            .unwrap_or_default();
+        rows.push(ShardRow {
+            materialization: id.materialization.clone(),
+            shard: id.range.id(),
+            key_begin: id.range.key_begin,
+            key_end: id.range.key_end,
+            status: match (state.splitting, &state.holder) {
+                (true, _) => "splitting",
+                (false, Some(_)) => "running",
+                (false, None) => "unassigned",
+            },
+            member: state.holder.as_ref().map(|(m, _)| m.clone()),
+            txn: txn.max(status.txn),
+            lag: status.lag,
+        });
+    }
+    Ok(rows)
+}
+
+/// Asks the holder of `materialization`'s shard `shard` (its id, `00000000-ffffffff`)
+/// to split it, then waits up to `wait` for its halves. Returns the halves' ids.
+pub async fn split(
+    etcd: &Etcd,
+    keys: &Keys,
+    materialization: &str,
+    shard: &str,
+    wait: Duration,
+) -> Result<(String, String), ClusterError> {
+    let unknown = |reason: String| ClusterError::Invalid {
+        place: format!("shard {materialization}/{shard}"),
+        reason,
+    };
+    let range = Range::parse(shard)
+        .ok_or_else(|| unknown("a shard id is `<key_begin>-<key_end>` in 8 hex digits each, as `sluice shards list` shows it".into()))?;
+    let Some((lo, hi)) = range.halves() else {
+        return Err(unknown("a range of one key hash cannot split".into()));
+    };
+    let id = ShardId {
+        materialization: materialization.to_string(),
+        range,
+    };
+    let key = keys.shard(&id);
+    let Some(kv) = etcd.get(&key).await? else {
+        let known: Vec<String> = list(etcd, keys)
+            .await?
+            .into_iter()
+            .map(|r| format!("{}/{}", r.materialization, r.shard))
+            .collect();
+        return Err(unknown(format!(
+            "no such shard; the cluster has {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )));
+    };
+    let spec = serde_json::to_vec(&ShardSpec { splitting: true }).expect("serializes");
+    let asked = etcd
+        .txn(
+            vec![Cond::ModRevision(key.clone(), kv.mod_revision)],
+            vec![Op::Put {
+                key: key.clone(),
+                value: spec,
+                lease: 0,
+            }],
+            vec![],
+        )
+        .await?;
+    if !asked.succeeded {
+        return Err(unknown(
+            "the shard changed meanwhile: list the shards and try again".into(),
+        ));
+    }
+    let started = Instant::now();
+    while etcd.get(&key).await?.is_some() {
+        if started.elapsed() > wait {
+            return Err(unknown(format!(
+                "asked to split, but no member has split it after {}s: is a member running? \
+                 It splits once one is",
+                wait.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok((lo.id(), hi.id()))
+}

@@ -1,0 +1,236 @@
+//! Who should run which shard, and what one member does about it (pure).
+//!
+//! Each shard's owner is chosen by rendezvous hashing over the live members: the member
+//! whose `hash(member, shard)` is highest. Every member computes the same answer from
+//! the same view, so nobody negotiates, and a member joining or leaving moves only the
+//! shards it wins or held (about 1/n of them). A member then reconciles what it holds
+//! with what it should hold:
+//!
+//! ```text
+//!  held, assignment no longer ours (lease expired, taken over)   → Drop    (stop now)
+//!  held, shard asked to split                                     → Split   (finish, stop, halve)
+//!  held, another live member should own it                        → Release (finish, stop, hand over)
+//!  unassigned (or assigned to an earlier run of this member), ours → Claim   (CAS, then run)
+//! ```
+//!
+//! Assignments are written with a compare-and-swap, so two members that briefly
+//! disagree (one saw a member join, the other not yet) can never both hold a shard:
+//! one claim fails, and the next view settles it.
+
+use crate::keys::ShardId;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a member saw of the cluster at one revision.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub members: BTreeSet<String>,
+    pub shards: BTreeMap<ShardId, ShardState>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardState {
+    pub splitting: bool,
+    /// The member holding it and its fencing token (the assignment's mod revision).
+    pub holder: Option<(String, i64)>,
+}
+
+/// A shard this member holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub token: i64,
+    /// Already finishing its transaction to release or split it.
+    pub stopping: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Take the shard: create its assignment if absent, or replace the one an earlier
+    /// run of this member left (`over`: its revision).
+    Claim { shard: ShardId, over: Option<i64> },
+    /// The shard is no longer ours: stop at once and write nothing more (a new holder
+    /// has fenced us, or will).
+    Drop(ShardId),
+    /// Finish the transaction in progress, stop, then hand the shard over.
+    Release(ShardId),
+    /// Finish the transaction in progress, stop, then replace the shard by its halves.
+    Split(ShardId),
+}
+
+/// The live member that should run `shard`, `None` with no members.
+pub fn owner<'m>(members: &'m BTreeSet<String>, shard: &ShardId) -> Option<&'m str> {
+    members
+        .iter()
+        .max_by_key(|member| {
+            let text = format!("{member}\0{shard}");
+            (sluice_doc::hash::key_hash(text.as_bytes()), member.as_str())
+        })
+        .map(String::as_str)
+}
+
+/// What member `me` does next, given the view and what it holds.
+pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for (shard, h) in held {
+        let Some(state) = view.shards.get(shard) else {
+            actions.push(Action::Drop(shard.clone()));
+            continue;
+        };
+        let ours = state
+            .holder
+            .as_ref()
+            .is_some_and(|(member, token)| member == me && *token == h.token);
+        if !ours {
+            actions.push(Action::Drop(shard.clone()));
+        } else if h.stopping {
+        } else if state.splitting {
+            actions.push(Action::Split(shard.clone()));
+        } else if owner(&view.members, shard).is_some_and(|owner| owner != me) {
+            actions.push(Action::Release(shard.clone()));
+        }
+    }
+    for (shard, state) in &view.shards {
+        if held.contains_key(shard) || owner(&view.members, shard) != Some(me) {
+            continue;
+        }
+        match &state.holder {
+            None => actions.push(Action::Claim {
+                shard: shard.clone(),
+                over: None,
+            }),
+            Some((member, token)) if member == me => actions.push(Action::Claim {
+                shard: shard.clone(),
+                over: Some(*token),
+            }),
+            Some(_) => {}
+        }
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Range;
+
+    fn shard(n: u32, of: u32) -> ShardId {
+        ShardId {
+            materialization: "views".into(),
+            range: Range::split_evenly(of)[n as usize],
+        }
+    }
+
+    fn members(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn view(names: &[&str], shards: &[(ShardId, Option<(&str, i64)>, bool)]) -> View {
+        View {
+            members: members(names),
+            shards: shards
+                .iter()
+                .map(|(id, holder, splitting)| {
+                    let state = ShardState {
+                        splitting: *splitting,
+                        holder: holder.map(|(m, t)| (m.to_string(), t)),
+                    };
+                    (id.clone(), state)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn owners_spread_shards_and_a_leaving_member_moves_only_its_own() {
+        let three = members(&["a", "b", "c"]);
+        let shards: Vec<_> = (0..64).map(|i| shard(i, 64)).collect();
+        let before: Vec<_> = shards.iter().map(|s| owner(&three, s).unwrap()).collect();
+        for m in ["a", "b", "c"] {
+            let n = before.iter().filter(|o| **o == m).count();
+            assert!((8..=36).contains(&n), "{m} owns {n} of 64");
+        }
+        let two = members(&["a", "b"]);
+        for (s, was) in shards.iter().zip(&before) {
+            let now = owner(&two, s).unwrap();
+            if *was != "c" {
+                assert_eq!(now, *was, "{s} moved although its owner stayed");
+            }
+        }
+        assert_eq!(owner(&BTreeSet::new(), &shards[0]), None);
+    }
+
+    #[test]
+    fn a_member_claims_what_it_should_own_and_nothing_held_elsewhere() {
+        let all = [shard(0, 4), shard(1, 4), shard(2, 4), shard(3, 4)];
+        let names = ["a", "b"];
+        let m = members(&names);
+        let mut shards = Vec::new();
+        for s in &all {
+            // One of "a"'s shards is held by "b" for now (it will release it).
+            let holder = (s == &all[0]).then_some(("b", 7));
+            shards.push((s.clone(), holder, false));
+        }
+        let v = view(&names, &shards);
+        let actions = plan("a", &v, &BTreeMap::new());
+        for s in &all {
+            let claimed = actions.contains(&Action::Claim {
+                shard: s.clone(),
+                over: None,
+            });
+            let should = owner(&m, s) == Some("a") && s != &all[0];
+            assert_eq!(claimed, should, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_holder_releases_drops_and_splits() {
+        let s = shard(0, 1);
+        let held = |token, stopping| BTreeMap::from([(s.clone(), Held { token, stopping })]);
+        let ours = Some(("a", 5));
+        // Alone: keeps it.
+        assert_eq!(
+            plan(
+                "a",
+                &view(&["a"], &[(s.clone(), ours, false)]),
+                &held(5, false)
+            ),
+            vec![]
+        );
+        // Its token is stale (a new holder, or a new claim): drop at once.
+        let v = view(&["a", "b"], &[(s.clone(), Some(("b", 9)), false)]);
+        assert_eq!(
+            plan("a", &v, &held(5, false)),
+            vec![Action::Drop(s.clone())]
+        );
+        let v = view(&["a"], &[(s.clone(), None, false)]);
+        assert_eq!(
+            plan("a", &v, &held(5, false)),
+            vec![Action::Drop(s.clone())]
+        );
+        // Asked to split.
+        let v = view(&["a"], &[(s.clone(), ours, true)]);
+        assert_eq!(
+            plan("a", &v, &held(5, false)),
+            vec![Action::Split(s.clone())]
+        );
+        // Already stopping: nothing new.
+        assert_eq!(plan("a", &v, &held(5, true)), vec![]);
+        // Another member should own it: release (whichever it is).
+        let names = ["a", "b", "c", "d", "e"];
+        let other = owner(&members(&names), &s).unwrap();
+        let holder = names.iter().find(|n| **n != other).unwrap();
+        let v = view(&names, &[(s.clone(), Some((holder, 5)), false)]);
+        assert_eq!(
+            plan(holder, &v, &held(5, false)),
+            vec![Action::Release(s.clone())]
+        );
+        // An earlier run of the owner left its assignment: replace it.
+        let v = view(&names, &[(s.clone(), Some((other, 3)), false)]);
+        assert_eq!(
+            plan(other, &v, &BTreeMap::new()),
+            vec![Action::Claim {
+                shard: s.clone(),
+                over: Some(3)
+            }]
+        );
+    }
+}

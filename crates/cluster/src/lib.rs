@@ -1,0 +1,22 @@
+//! Sluice as a cluster: processes of one pipeline file share its materializations'
+//! shards through etcd, as Estuary Flow's do through Gazette and etcd (no consensus of
+//! our own). A member registers with a lease, claims the shards rendezvous hashing
+//! gives it by compare-and-swap (the assignment's revision is the fencing token),
+//! runs each on the runtime's one loop over a recovery log kept in etcd, and hands
+//! shards over, splits them, or loses them with its lease.
+//!
+//! - `etcd.rs`: our etcd v3 client (keys, transactions, leases) over `proto/etcd.proto`
+//! - `keys.rs`: the key layout, shard ids and ranges (pure)
+//! - `assign.rs`: who owns which shard and what a member does about it (pure)
+//! - `log.rs`: a shard's recovery log in etcd, every write fenced by the claim
+//! - `member.rs`: the member: join, first shards, first Apply, the reconcile loop
+//! - `admin.rs`: `sluice shards list | split`
+
+pub mod admin;
+pub mod assign;
+pub mod etcd;
+pub mod keys;
+pub mod log;
+pub mod member;
+
+pub use member::{ClusterError, connect, run};

@@ -1,0 +1,726 @@
+//! One member of a cluster: `sluice run` of a pipeline file with a `cluster:` section.
+//!
+//! ```text
+//!  join:  lease (TTL) ── P/members/<me> with it ── first shards of each materialization
+//!         (once, by CAS on P/init/<mat>) ── first Apply (under P/lock/apply/<mat>)
+//!  every tick (TTL/4, at most 1 s):
+//!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop)
+//!    view (members, shards, assignments) ──assign::plan──▶ Claim | Drop | Release | Split
+//!    Claim: CAS the assignment with the lease; its revision is the fencing token;
+//!           the shard's loop runs over its etcd log (log.rs) and Opens the store,
+//!           which fences the previous holder there
+//!    publish each held shard's last transaction and lag (P/status, with the lease)
+//!  keep-alive task: renews the lease every TTL/3; a lease that expired (the member
+//!  was stopped or cut off longer than the TTL) ends the member with an error: its
+//!  shards have been, or will be, taken over, and its writes are fenced.
+//!  shutdown (SIGINT/SIGTERM): each loop finishes its transaction, assignments are
+//!  deleted and the lease revoked, so the others take over at once.
+//! ```
+//!
+//! Every loop is the runtime's one transaction loop ([`Launcher::launch`]); the member
+//! only decides which shards run here.
+
+use crate::assign::{self, Action, Held, ShardState, View};
+use crate::etcd::{Cond, Etcd, EtcdError, Op};
+use crate::keys::{Keys, Range, ShardId, ShardSpec, ShardStatus};
+use crate::log::SharedLog;
+use sluice_runtime::applied;
+use sluice_runtime::config::{ClusterDef, Pipeline};
+use sluice_runtime::metrics::{Metrics, shard_label};
+use sluice_runtime::pipeline::{self, ApplyAction, Launcher, LogPlace, Planned, RunOptions};
+use sluice_runtime::txn::{Progress, RunError, Summary};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Sources that keep state on the member's disk or in one server-side slot, which a
+/// shard moving to another machine would leave behind.
+const LOCAL_SOURCES: &[&str] = &["http", "postgres_cdc"];
+/// Endpoints that keep state beside the local recovery log (an output's view, an epoch
+/// sink's staging named by the local deployment id).
+const LOCAL_ENDPOINTS: &[&str] = &["files", "kafka", "nats", "iceberg"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster: {0}")]
+    Etcd(#[from] EtcdError),
+    #[error("{place}: {reason}")]
+    Invalid { place: String, reason: String },
+    #[error(transparent)]
+    Pipeline(#[from] pipeline::PipelineError),
+    #[error(
+        "member {member} lost its lease ({why}): its shards were fenced and are taken over \
+         by the other members; exiting"
+    )]
+    LeaseLost { member: String, why: String },
+    #[error("shard {shard}: {source}")]
+    Run {
+        shard: String,
+        #[source]
+        source: Box<RunError>,
+    },
+}
+
+fn invalid(place: impl Into<String>, reason: impl Into<String>) -> ClusterError {
+    ClusterError::Invalid {
+        place: place.into(),
+        reason: reason.into(),
+    }
+}
+
+/// What `sluice run` of a cluster member needs: the pipeline with its `cluster:`.
+pub fn cluster_of(pipeline: &Pipeline) -> &ClusterDef {
+    pipeline
+        .cluster
+        .as_ref()
+        .expect("a member runs a pipeline with a cluster section")
+}
+
+/// Refuses parts whose state cannot move with a shard.
+fn check_parts(pipeline: &Pipeline) -> Result<(), ClusterError> {
+    for (name, source) in &pipeline.sources {
+        if LOCAL_SOURCES.contains(&source.config.kind()) {
+            return Err(invalid(
+                format!("sources.{name}"),
+                format!(
+                    "a {} source keeps its position on one machine (a local file or one \
+                     replication slot), so it cannot run in a cluster, whose shards move \
+                     between members; run it without `cluster:`",
+                    source.config.kind()
+                ),
+            ));
+        }
+    }
+    for (name, m) in &pipeline.materializations {
+        if LOCAL_ENDPOINTS.contains(&m.endpoint.kind.as_str()) {
+            return Err(invalid(
+                format!("materializations.{name}.endpoint"),
+                format!(
+                    "a {} endpoint keeps state beside the local recovery log (a change \
+                     stream's view, an epoch sink's staging), so it cannot run in a cluster \
+                     yet; run it without `cluster:`",
+                    m.endpoint.kind
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The client of the pipeline's etcd and its key layout.
+pub fn connect(cluster: &ClusterDef) -> Result<(Etcd, Keys), ClusterError> {
+    let etcd = Etcd::connect(&cluster.etcd, Duration::from_secs(5))?;
+    let prefix = cluster.prefix.as_deref().expect("parsing sets the prefix");
+    Ok((etcd, Keys::new(prefix)))
+}
+
+/// Runs this member until `shutdown`, or until it fails or loses its lease. Returns
+/// what each shard it ran committed.
+pub async fn run(
+    pipeline: &Pipeline,
+    planned: Planned,
+    opts: RunOptions,
+    progress: Arc<Progress>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<Vec<(String, Summary)>, ClusterError> {
+    check_parts(pipeline)?;
+    let cluster = cluster_of(pipeline);
+    let (etcd, keys) = connect(cluster)?;
+    let me = cluster.member.clone();
+    let lease = etcd.grant(cluster.lease_ttl).await?;
+    let member_value = serde_json::json!({"pid": std::process::id()}).to_string();
+    let joined = etcd
+        .txn(
+            vec![Cond::Absent(keys.member(&me))],
+            vec![Op::Put {
+                key: keys.member(&me),
+                value: member_value.into_bytes(),
+                lease,
+            }],
+            vec![],
+        )
+        .await?;
+    if !joined.succeeded {
+        let _ = etcd.revoke(lease).await;
+        return Err(invalid(
+            "cluster.member",
+            format!(
+                "member id {me:?} is in use by a live member (a process stopped less than \
+                 cluster.lease_ttl ago holds it until its lease expires): give each \
+                 member its own id"
+            ),
+        ));
+    }
+    tracing::info!(member = %me, lease, "joined the cluster at {}", cluster.etcd.join(","));
+    let (lost_tx, lost) = watch::channel(None::<String>);
+    let keepalive = tokio::spawn(keep_alive(etcd.clone(), lease, cluster.lease_ttl, lost_tx));
+    let member = Member {
+        etcd: etcd.clone(),
+        keys,
+        me: me.clone(),
+        lease,
+        held: BTreeMap::new(),
+        summaries: BTreeMap::new(),
+        metrics: opts.metrics.clone().unwrap_or_default(),
+    };
+    let result = member
+        .serve(
+            pipeline,
+            planned,
+            opts,
+            progress,
+            &mut shutdown,
+            lost,
+            cluster,
+        )
+        .await;
+    keepalive.abort();
+    if !matches!(result, Err(ClusterError::LeaseLost { .. })) {
+        // Leaving: the others take over at once rather than after the TTL.
+        if let Err(e) = etcd.revoke(lease).await {
+            tracing::warn!("leaving the cluster: {e}; the lease expires by itself");
+        }
+    }
+    result
+}
+
+/// Renews the lease; reports on `lost` once it has expired.
+async fn keep_alive(etcd: Etcd, lease: i64, ttl: Duration, lost: watch::Sender<Option<String>>) {
+    let mut renewed = Instant::now();
+    loop {
+        let pause = match etcd.keep_alive(lease).await {
+            Ok(Some(_)) => {
+                renewed = Instant::now();
+                ttl / 3
+            }
+            Ok(None) => {
+                lost.send_replace(Some(format!(
+                    "etcd says it expired; it was last renewed {:.1}s ago",
+                    renewed.elapsed().as_secs_f64()
+                )));
+                return;
+            }
+            Err(e) => {
+                // etcd restarting: leases survive it (etcd renews them on recovery),
+                // so keep trying until one TTL has passed since the last renewal.
+                tracing::warn!("renewing the member's lease: {e}");
+                if renewed.elapsed() > ttl {
+                    lost.send_replace(Some(format!(
+                        "not renewed for {:.1}s, longer than its TTL: {e}",
+                        renewed.elapsed().as_secs_f64()
+                    )));
+                    return;
+                }
+                Duration::from_millis(500)
+            }
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Why a held shard's loop is stopping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopping {
+    Release,
+    Split,
+    Drop,
+}
+
+struct Running {
+    token: i64,
+    stop: watch::Sender<bool>,
+    stopping: Option<Stopping>,
+    /// `None`: never started (a shard claimed only to split it).
+    task: Option<JoinHandle<(Summary, Result<(), RunError>)>>,
+}
+
+struct Member {
+    etcd: Etcd,
+    keys: Keys,
+    me: String,
+    lease: i64,
+    held: BTreeMap<ShardId, Running>,
+    summaries: BTreeMap<String, Summary>,
+    metrics: Arc<Metrics>,
+}
+
+impl Member {
+    #[allow(clippy::too_many_arguments)]
+    async fn serve(
+        mut self,
+        pipeline: &Pipeline,
+        planned: Planned,
+        mut opts: RunOptions,
+        progress: Arc<Progress>,
+        shutdown: &mut watch::Receiver<bool>,
+        mut lost: watch::Receiver<Option<String>>,
+        cluster: &ClusterDef,
+    ) -> Result<Vec<(String, Summary)>, ClusterError> {
+        for m in &planned.materializations {
+            self.first_shards(&m.name, cluster.shards).await?;
+        }
+        self.first_apply(pipeline, &planned).await?;
+        // A member serves until stopped: its shards' inputs may grow at any time.
+        opts.follow = true;
+        opts.metrics = Some(self.metrics.clone());
+        let launcher = Launcher::new(pipeline, planned, opts, progress)?;
+        let tick = (cluster.lease_ttl / 4).min(Duration::from_secs(1));
+        let mut published = Instant::now();
+        let outcome = loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|down| *down) => break Ok(()),
+                why = lost.wait_for(Option::is_some) => {
+                    let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
+                    break Err(ClusterError::LeaseLost { member: self.me.clone(), why });
+                }
+                () = tokio::time::sleep(tick) => {}
+            }
+            if let Err(e) = self.reap().await {
+                break Err(e);
+            }
+            match self.view().await {
+                Ok(view) => {
+                    let held = self
+                        .held
+                        .iter()
+                        .map(|(id, r)| {
+                            let h = Held {
+                                token: r.token,
+                                stopping: r.stopping.is_some(),
+                            };
+                            (id.clone(), h)
+                        })
+                        .collect();
+                    for action in assign::plan(&self.me, &view, &held) {
+                        if let Err(e) = self.act(action, &view, &launcher).await {
+                            tracing::warn!("{e}; retrying on the next view");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("reading the cluster's state: {e}; retrying"),
+            }
+            if published.elapsed() >= Duration::from_secs(1) {
+                published = Instant::now();
+                self.publish().await;
+            }
+        };
+        // Every loop finishes its transaction in progress (a fenced one fails).
+        for running in self.held.values() {
+            running.stop.send_replace(true);
+        }
+        let held = std::mem::take(&mut self.held);
+        for (shard, running) in held {
+            if let Some(task) = running.task
+                && let Ok((summary, _)) = task.await
+            {
+                self.add(&shard, &summary);
+            }
+            if outcome.is_ok() {
+                self.hand_over(&shard, running.token).await;
+            }
+        }
+        outcome.map(|()| self.summaries.into_iter().collect())
+    }
+
+    /// Makes materialization `name`'s first shards, unless the cluster has seen it.
+    async fn first_shards(&self, name: &str, count: u32) -> Result<(), ClusterError> {
+        let mut then = vec![Op::Put {
+            key: self.keys.init(name),
+            value: Vec::new(),
+            lease: 0,
+        }];
+        for range in Range::split_evenly(count) {
+            let shard = ShardId {
+                materialization: name.to_string(),
+                range,
+            };
+            then.push(Op::Put {
+                key: self.keys.shard(&shard),
+                value: serde_json::to_vec(&ShardSpec::default()).expect("serializes"),
+                lease: 0,
+            });
+        }
+        let made = (self.etcd)
+            .txn(vec![Cond::Absent(self.keys.init(name))], then, vec![])
+            .await?;
+        if made.succeeded {
+            tracing::info!(materialization = %name, "made its first {count} shard(s)");
+        }
+        Ok(())
+    }
+
+    /// Applies each never-applied materialization once for the whole cluster (under
+    /// an etcd lock held with this member's lease), and refuses one whose applied spec
+    /// differs from the file's, as a single process does.
+    async fn first_apply(
+        &self,
+        pipeline: &Pipeline,
+        planned: &Planned,
+    ) -> Result<(), ClusterError> {
+        for m in &planned.materializations {
+            let lock = self.keys.apply_lock(&m.name);
+            loop {
+                let taken = (self.etcd)
+                    .txn(
+                        vec![Cond::Absent(lock.clone())],
+                        vec![Op::Put {
+                            key: lock.clone(),
+                            value: self.me.clone().into_bytes(),
+                            lease: self.lease,
+                        }],
+                        vec![],
+                    )
+                    .await?;
+                if taken.succeeded {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let result = self.apply_locked(pipeline, m).await;
+            (self.etcd)
+                .txn(vec![], vec![Op::Delete(lock.clone())], vec![])
+                .await?;
+            result?;
+        }
+        Ok(())
+    }
+
+    async fn apply_locked(
+        &self,
+        pipeline: &Pipeline,
+        m: &pipeline::PlannedMaterialization,
+    ) -> Result<(), ClusterError> {
+        let key = self.keys.applied(&m.name);
+        let place = format!("materializations.{}", m.name);
+        let recorded =
+            match self.etcd.get(&key).await? {
+                Some(kv) => Some(applied::decode(&kv.value).map_err(|e| {
+                    invalid(&place, format!("the applied spec in etcd ({key}): {e}"))
+                })?),
+                None => None,
+            };
+        match applied::check(recorded.as_ref(), &m.spec) {
+            applied::Check::Current => Ok(()),
+            applied::Check::FirstApply => {
+                let timeout = pipeline.runtime.timeouts.driver;
+                let actions =
+                    pipeline::apply_materialization(m, ApplyAction::Upsert, false, timeout).await?;
+                tracing::debug!(materialization = %m.name, "applied: {actions}");
+                self.etcd.put(&key, applied::encode(&m.spec), 0).await?;
+                Ok(())
+            }
+            applied::Check::Differs {
+                applied,
+                file,
+                changes,
+            } => Err(pipeline::PipelineError::NotApplied {
+                materialization: m.name.clone(),
+                applied,
+                file,
+                changes: changes.join("; "),
+            }
+            .into()),
+        }
+    }
+
+    /// The members, shards and assignments as etcd holds them now.
+    async fn view(&self) -> Result<View, EtcdError> {
+        let (members, _) = self.etcd.get_prefix(&self.keys.members()).await?;
+        let (shards, _) = self.etcd.get_prefix(&self.keys.shards()).await?;
+        let (assignments, _) = self.etcd.get_prefix(&self.keys.assignments()).await?;
+        read_view(&self.keys, &members, &shards, &assignments)
+    }
+
+    /// Carries out one action of the plan.
+    async fn act(
+        &mut self,
+        action: Action,
+        view: &View,
+        launcher: &Launcher,
+    ) -> Result<(), ClusterError> {
+        match action {
+            Action::Claim { shard, over } => {
+                let key = self.keys.assignment(&shard);
+                let when = match over {
+                    None => Cond::Absent(key.clone()),
+                    Some(revision) => Cond::ModRevision(key.clone(), revision),
+                };
+                let put = Op::Put {
+                    key,
+                    value: self.me.clone().into_bytes(),
+                    lease: self.lease,
+                };
+                let claimed = self.etcd.txn(vec![when], vec![put], vec![]).await?;
+                if !claimed.succeeded {
+                    return Ok(()); // Someone else was quicker: the next view says who.
+                }
+                let token = claimed.revision;
+                let (stop, stopped) = watch::channel(false);
+                let splitting = view.shards.get(&shard).is_some_and(|s| s.splitting);
+                let task = (!splitting).then(|| {
+                    let log = SharedLog::new(self.etcd.clone(), &self.keys, &shard, token);
+                    tracing::info!(%shard, token, "claimed; recovering from its log");
+                    tokio::spawn(launcher.launch(
+                        &shard.materialization,
+                        shard.range.shard(),
+                        LogPlace::Shared(Arc::new(log)),
+                        stopped,
+                    ))
+                });
+                let stopping = splitting.then_some(Stopping::Split);
+                self.held.insert(
+                    shard,
+                    Running {
+                        token,
+                        stop,
+                        stopping,
+                        task,
+                    },
+                );
+            }
+            Action::Drop(shard) => self.stop(&shard, Stopping::Drop),
+            Action::Release(shard) => self.stop(&shard, Stopping::Release),
+            Action::Split(shard) => self.stop(&shard, Stopping::Split),
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self, shard: &ShardId, why: Stopping) {
+        if let Some(running) = self.held.get_mut(shard) {
+            tracing::info!(%shard, "{}", match why {
+                Stopping::Release => "another member should run it: finishing the transaction in progress, then handing it over",
+                Stopping::Split => "asked to split: finishing the transaction in progress, then splitting",
+                Stopping::Drop => "its assignment is no longer this member's: stopping",
+            });
+            running.stopping = Some(why);
+            running.stop.send_replace(true);
+        }
+    }
+
+    /// Ends the shards whose loops have returned: hands them over, splits them, or
+    /// forgets them. A loop that failed on its own ends the member.
+    async fn reap(&mut self) -> Result<(), ClusterError> {
+        let done: Vec<ShardId> = self
+            .held
+            .iter()
+            .filter(|(_, r)| r.task.as_ref().is_none_or(JoinHandle::is_finished))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for shard in done {
+            let running = self.held.remove(&shard).expect("listed above");
+            let result = match running.task {
+                Some(task) => match task.await {
+                    Ok((summary, result)) => {
+                        self.add(&shard, &summary);
+                        result
+                    }
+                    Err(join) => Err(RunError::Internal(format!("the shard's task: {join}"))),
+                },
+                None => Ok(()),
+            };
+            match (running.stopping, result) {
+                (Some(Stopping::Drop), result) => {
+                    if let Err(e) = result {
+                        tracing::info!(%shard, "stopped: {e}");
+                    }
+                }
+                (Some(Stopping::Split), Ok(())) => {
+                    if let Err(e) = self.split(&shard, running.token).await {
+                        tracing::warn!(%shard, "splitting: {e}; the next holder splits it");
+                        self.hand_over(&shard, running.token).await;
+                    }
+                }
+                (Some(Stopping::Release) | None, Ok(())) => {
+                    self.hand_over(&shard, running.token).await;
+                }
+                (_, Err(source)) => {
+                    return Err(ClusterError::Run {
+                        shard: shard.to_string(),
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes this member's assignment of `shard` (if still its own), so that the
+    /// shard's owner claims it without waiting for the lease.
+    async fn hand_over(&self, shard: &ShardId, token: i64) {
+        let key = self.keys.assignment(shard);
+        let deleted = (self.etcd)
+            .txn(
+                vec![Cond::ModRevision(key.clone(), token)],
+                vec![Op::Delete(key), Op::Delete(self.keys.status(shard))],
+                vec![],
+            )
+            .await;
+        if let Err(e) = deleted {
+            tracing::warn!(%shard, "handing over: {e}; it moves once the lease expires");
+        }
+    }
+
+    /// Replaces `shard`, whose loop has stopped, by its halves: each half's log starts
+    /// as a copy of the shard's (its last commit, and its pending intent: each half
+    /// replays it and keeps its own keys), in one transaction that holds only while
+    /// this member's claim is current. The halves' first Open fences the shard's range
+    /// at the store and recovers from the narrowest checkpoint covering each half.
+    async fn split(&self, shard: &ShardId, token: i64) -> Result<(), ClusterError> {
+        let log = SharedLog::new(self.etcd.clone(), &self.keys, shard, token);
+        let (commit, intent) = log
+            .read()
+            .await
+            .map_err(|e| invalid(shard.to_string(), e.to_string()))?;
+        let Some((lo, hi)) = shard.range.halves() else {
+            return Err(invalid(
+                shard.to_string(),
+                "a range of one key hash cannot split",
+            ));
+        };
+        let mut then = Vec::new();
+        for half in [lo, hi] {
+            let child = ShardId {
+                materialization: shard.materialization.clone(),
+                range: half,
+            };
+            then.push(Op::Put {
+                key: self.keys.shard(&child),
+                value: serde_json::to_vec(&ShardSpec::default()).expect("serializes"),
+                lease: 0,
+            });
+            then.extend(SharedLog::copy_ops(
+                &self.keys.log(&child),
+                commit.as_ref(),
+                intent.as_ref(),
+            ));
+        }
+        then.extend([
+            Op::Delete(self.keys.shard(shard)),
+            Op::DeletePrefix(self.keys.log(shard)),
+            Op::Delete(self.keys.status(shard)),
+            Op::Delete(self.keys.assignment(shard)),
+        ]);
+        let assignment = self.keys.assignment(shard);
+        let done = (self.etcd)
+            .txn(vec![Cond::ModRevision(assignment, token)], then, vec![])
+            .await?;
+        if !done.succeeded {
+            return Err(invalid(shard.to_string(), "fenced before it could split"));
+        }
+        tracing::info!(
+            %shard,
+            at = commit.as_ref().map_or(0, |c| c.txn),
+            "split into {} and {}",
+            lo.id(),
+            hi.id()
+        );
+        Ok(())
+    }
+
+    /// Publishes each running shard's last transaction and lag.
+    async fn publish(&self) {
+        let snapshot = self.metrics.status.snapshot();
+        for (shard, running) in &self.held {
+            if running.stopping.is_some() {
+                continue;
+            }
+            let label = shard_label(shard.range.key_begin, shard.range.key_end);
+            let Some(view) = snapshot
+                .shards
+                .iter()
+                .find(|s| s.materialization == shard.materialization && s.shard == label)
+            else {
+                continue;
+            };
+            let status = ShardStatus {
+                txn: view.last_committed.as_ref().map_or(0, |t| t.txn),
+                lag: (view.lag.iter())
+                    .map(|(source, lag)| (source.clone(), format!("{} {}", lag.behind, lag.unit)))
+                    .collect(),
+            };
+            let value = serde_json::to_vec(&status).expect("serializes");
+            let key = self.keys.status(shard);
+            // Only while the claim is current: a stale holder never overwrites.
+            let put = (self.etcd).txn(
+                vec![Cond::ModRevision(
+                    self.keys.assignment(shard),
+                    running.token,
+                )],
+                vec![Op::Put {
+                    key,
+                    value,
+                    lease: self.lease,
+                }],
+                vec![],
+            );
+            if let Err(e) = put.await {
+                tracing::debug!(%shard, "publishing its status: {e}");
+            }
+        }
+    }
+
+    fn add(&mut self, shard: &ShardId, s: &Summary) {
+        let total = self.summaries.entry(shard.to_string()).or_default();
+        total.transactions += s.transactions;
+        total.docs += s.docs;
+        total.bytes += s.bytes;
+        total.loaded += s.loaded;
+        total.stored += s.stored;
+        total.last_txn = total.last_txn.max(s.last_txn);
+        total.restarts += s.restarts;
+        total.rejected += s.rejected;
+    }
+}
+
+/// The view in the keys read (pure).
+pub fn read_view(
+    keys: &Keys,
+    members: &[crate::etcd::KeyValue],
+    shards: &[crate::etcd::KeyValue],
+    assignments: &[crate::etcd::KeyValue],
+) -> Result<View, EtcdError> {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut view = View::default();
+    let members_dir = keys.members();
+    for kv in members {
+        if let Some(member) = text(&kv.key).strip_prefix(&members_dir) {
+            view.members.insert(member.to_string());
+        }
+    }
+    let shards_dir = keys.shards();
+    for kv in shards {
+        let key = text(&kv.key);
+        let Some((materialization, range)) = keys.parse_shard(&shards_dir, &key) else {
+            continue;
+        };
+        let spec: ShardSpec = serde_json::from_slice(&kv.value).unwrap_or_default();
+        let id = ShardId {
+            materialization: materialization.to_string(),
+            range,
+        };
+        view.shards.insert(
+            id,
+            ShardState {
+                splitting: spec.splitting,
+                holder: None,
+            },
+        );
+    }
+    let assignments_dir = keys.assignments();
+    for kv in assignments {
+        let key = text(&kv.key);
+        let Some((materialization, range)) = keys.parse_shard(&assignments_dir, &key) else {
+            continue;
+        };
+        let id = ShardId {
+            materialization: materialization.to_string(),
+            range,
+        };
+        if let Some(state) = view.shards.get_mut(&id) {
+            state.holder = Some((text(&kv.value), kv.mod_revision));
+        }
+    }
+    Ok(view)
+}
