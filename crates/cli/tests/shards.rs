@@ -7,8 +7,8 @@
 mod common;
 
 use common::{
-    POSTGRES_URL, Row, SLUICE, assert_success, generate, pipeline_yaml, postgres, reduce_expected,
-    sqlite_table, write_lines,
+    POSTGRES_URL, Row, SLUICE, Schema, assert_success, generate, pipeline_yaml, postgres_table,
+    reduce_expected, sqlite_table, write_lines,
 };
 use serde_json::json;
 use sluice_doc::key_hash;
@@ -90,52 +90,13 @@ fn two_shards_over_split_ranges_write_disjoint_keys_that_add_up_to_one_shard() {
     assert_eq!(union, whole);
 }
 
-/// The `pageviews` table of `schema`, per user, asserting no user has two rows.
-fn postgres_table(schema: &str) -> BTreeMap<String, Row> {
-    let sql =
-        format!(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#);
-    let rows: Vec<(String, i64, i64, String)> = postgres(async |c| {
-        c.query(&sql, &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-            .collect()
-    });
-    let mut table: BTreeMap<String, Row> = BTreeMap::new();
-    for (user, views, bytes, seen) in rows {
-        assert!(!table.contains_key(&user), "{user} written twice");
-        table.entry(user).or_default().add(views, bytes, &seen);
-    }
-    table
-}
-
-/// A schema of the shared server, dropped when dropped.
-struct Schema(String);
-
-impl Schema {
-    fn new(tag: &str) -> Schema {
-        let name = format!("sluice_shards_{tag}_{}", std::process::id());
-        let sql = format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE; CREATE SCHEMA "{name}""#);
-        postgres(async |c| c.batch_execute(&sql).await.unwrap());
-        Schema(name)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let sql = format!(r#"DROP SCHEMA IF EXISTS "{}" CASCADE"#, self.0);
-        postgres(async |c| c.batch_execute(&sql).await.unwrap());
-    }
-}
-
 /// Two shards (the halves) of one pipeline over `docs` into one table of a schema of
 /// their own, applied once: the schema guard, the folder, the two pipeline files.
 fn postgres_halves(
     tag: &str,
     docs: &[serde_json::Value],
 ) -> (Schema, tempfile::TempDir, Vec<std::path::PathBuf>) {
-    let schema = Schema::new(tag);
+    let schema = Schema::new(&format!("shards_{tag}"));
     let dir = tempfile::tempdir().unwrap();
     write_lines(&dir.path().join("views.jsonl"), docs);
     let endpoint = format!(

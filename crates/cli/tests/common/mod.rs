@@ -170,3 +170,42 @@ pub fn assert_success(out: &Output) {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// The `pageviews` table of `schema`, per user, asserting no user has two rows.
+pub fn postgres_table(schema: &str) -> BTreeMap<String, Row> {
+    let sql =
+        format!(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#);
+    let rows: Vec<(String, i64, i64, String)> = postgres(async |c| {
+        c.query(&sql, &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    });
+    let mut table: BTreeMap<String, Row> = BTreeMap::new();
+    for (user, views, bytes, seen) in rows {
+        assert!(!table.contains_key(&user), "{user} written twice");
+        table.entry(user).or_default().add(views, bytes, &seen);
+    }
+    table
+}
+
+/// A schema of the shared server (`sluice_<tag>_<pid>`), dropped when dropped.
+pub struct Schema(pub String);
+
+impl Schema {
+    pub fn new(tag: &str) -> Schema {
+        let name = format!("sluice_{tag}_{}", std::process::id());
+        let sql = format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE; CREATE SCHEMA "{name}""#);
+        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        Schema(name)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let sql = format!(r#"DROP SCHEMA IF EXISTS "{}" CASCADE"#, self.0);
+        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+    }
+}

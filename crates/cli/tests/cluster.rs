@@ -1,0 +1,457 @@
+//! Sluice as a cluster: `sluice run` processes of one pipeline file, members of a
+//! private etcd member, share its shards and write one PostgreSQL table, while an
+//! appender grows the input. Every end state is compared with the independent model
+//! (each user's row once, equal to the reduction of every document appended):
+//! - a member SIGKILLed: its shards move once its lease expires, and the end is exact;
+//! - a member SIGSTOPped past its lease, then resumed: it is fenced and exits, and the
+//!   end is exact;
+//! - a shard split under load: exact, with the halves running;
+//! - etcd restarted mid-run: the members ride it out, and the end is exact.
+
+mod common;
+
+use common::{
+    POSTGRES_URL, SLUICE, Schema, generate, pipeline_yaml, postgres_table, reduce_expected,
+};
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The lease TTL of the tests' members.
+const TTL: Duration = Duration::from_secs(3);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A private single-member etcd on free ports, its data in a folder of its own, which
+/// a test can restart; killed when dropped.
+struct Etcd {
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let mut etcd = Etcd {
+            dir: tempfile::tempdir().unwrap(),
+            client: free_port(),
+            peer: free_port(),
+            child: None,
+        };
+        etcd.launch();
+        etcd
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn launch(&mut self) {
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "test", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd is installed (.ci/services installs etcd-server)");
+        self.child = Some(child);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "etcd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops etcd (SIGTERM) and starts it again on the same data after `down`.
+    fn restart(&mut self, down: Duration) {
+        if let Some(mut child) = self.child.take() {
+            signal(&child, "TERM");
+            child.wait().unwrap();
+        }
+        std::thread::sleep(down);
+        self.launch();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name}");
+}
+
+/// One cluster test: the etcd member, the table's schema, the folder with the input
+/// and the pipeline file, the members, and the appender.
+struct Cluster {
+    etcd: Etcd,
+    schema: Schema,
+    dir: tempfile::TempDir,
+    pipeline: PathBuf,
+    members: Vec<(String, Option<Child>)>,
+    appended: Arc<Mutex<Vec<Value>>>,
+    appending: Arc<AtomicBool>,
+    appender: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Cluster {
+    /// A cluster of `shards` first shards over an input holding `first` documents.
+    fn new(tag: &str, shards: u32, first: &[Value]) -> Cluster {
+        let etcd = Etcd::start();
+        let schema = Schema::new(&format!("cluster_{tag}"));
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = format!(
+            "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
+            schema.0
+        );
+        let yaml = pipeline_yaml(
+            "    file: {path: views.jsonl, format: json}",
+            &endpoint,
+            false,
+            2000,
+            "200ms",
+        );
+        let yaml = format!(
+            "{yaml}cluster:\n  etcd: [\"{}\"]\n  member: ${{MEMBER}}\n  lease_ttl: {}s\n  shards: {shards}\n",
+            etcd.url(),
+            TTL.as_secs()
+        );
+        let pipeline = dir.path().join("cluster.yaml");
+        std::fs::write(&pipeline, yaml).unwrap();
+        let cluster = Cluster {
+            etcd,
+            schema,
+            dir,
+            pipeline,
+            members: Vec::new(),
+            appended: Arc::new(Mutex::new(Vec::new())),
+            appending: Arc::new(AtomicBool::new(false)),
+            appender: None,
+        };
+        cluster.append(first);
+        cluster
+    }
+
+    fn append(&self, docs: &[Value]) {
+        append(&self.dir.path().join("views.jsonl"), &self.appended, docs);
+    }
+
+    /// Appends `docs` a batch every 100 ms, in the background.
+    fn append_slowly(&mut self, docs: Vec<Value>) {
+        let (path, appended) = (self.dir.path().join("views.jsonl"), self.appended.clone());
+        let appending = self.appending.clone();
+        appending.store(true, Ordering::SeqCst);
+        self.appender = Some(std::thread::spawn(move || {
+            for batch in docs.chunks(500) {
+                append(&path, &appended, batch);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            appending.store(false, Ordering::SeqCst);
+        }));
+    }
+
+    fn finish_appending(&mut self) {
+        if let Some(appender) = self.appender.take() {
+            appender.join().unwrap();
+        }
+    }
+
+    fn start(&mut self, member: &str) {
+        let log = std::fs::File::create(self.dir.path().join(format!("{member}.log"))).unwrap();
+        let child = Command::new(SLUICE)
+            .arg("run")
+            .arg(&self.pipeline)
+            .env("MEMBER", member)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.members.push((member.to_string(), Some(child)));
+    }
+
+    fn child(&mut self, member: &str) -> &mut Child {
+        self.members
+            .iter_mut()
+            .find(|(m, _)| m == member)
+            .and_then(|(_, c)| c.as_mut())
+            .expect("a running member")
+    }
+
+    fn log(&self, member: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{member}.log"))).unwrap_or_default()
+    }
+
+    /// `sluice shards list --json`.
+    fn shards(&self) -> Vec<Value> {
+        let out = Command::new(SLUICE)
+            .args(["shards", "list", "--json"])
+            .arg(&self.pipeline)
+            .env("MEMBER", "cli")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// Waits until every shard runs on one of `members`.
+    fn wait_running_on(&self, members: &[&str], within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let shards = self.shards();
+            let settled = !shards.is_empty()
+                && shards
+                    .iter()
+                    .all(|s| s["status"] == "running" && members.iter().any(|m| s["member"] == *m));
+            if settled {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "shards not running on {members:?} after {within:?}: {shards:#?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn logs(&self) -> String {
+        (self.members.iter())
+            .map(|(m, _)| format!("--- {m}\n{}", tail(&self.log(m), 30)))
+            .collect()
+    }
+
+    /// Waits (after the appender ends) until the table equals the model of every
+    /// document appended: 0 lost, 0 doubled, 0 mismatched.
+    fn assert_exact(&mut self) {
+        self.finish_appending();
+        let expected = reduce_expected(&self.appended.lock().unwrap());
+        let started = Instant::now();
+        loop {
+            let table = postgres_table(&self.schema.0);
+            if table == expected {
+                return;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                let lost = expected.keys().filter(|k| !table.contains_key(*k)).count();
+                let extra = table.keys().filter(|k| !expected.contains_key(*k)).count();
+                let mismatched = (expected.iter())
+                    .filter(|(k, v)| table.get(*k).is_some_and(|t| t != *v))
+                    .count();
+                panic!(
+                    "not exact after 60s: {lost} lost, {extra} not in the model, {mismatched} \
+                     mismatched\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.appending.store(false, Ordering::SeqCst);
+        for (_, child) in &mut self.members {
+            if let Some(mut child) = child.take() {
+                // A stopped member dies of SIGKILL too.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn append(path: &Path, appended: &Mutex<Vec<Value>>, docs: &[Value]) {
+    let mut text = String::new();
+    for doc in docs {
+        text.push_str(&doc.to_string());
+        text.push('\n');
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    appended.lock().unwrap().extend_from_slice(docs);
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n") + "\n"
+}
+
+/// The documents of a test: `n` over `keys` users, the first `first` appended at start.
+fn documents(n: usize, keys: usize, seed: u64) -> Vec<Value> {
+    generate(n, keys, seed)
+}
+
+#[test]
+fn a_killed_members_shards_move_after_its_lease_and_the_end_is_exact() {
+    let docs = documents(30_000, 3_000, 21);
+    let mut c = Cluster::new("kill", 4, &docs[..10_000]);
+    for m in ["a", "b", "c"] {
+        c.start(m);
+    }
+    c.wait_running_on(&["a", "b", "c"], Duration::from_secs(30));
+    c.append_slowly(docs[10_000..].to_vec());
+    std::thread::sleep(Duration::from_secs(1));
+    let victim = c
+        .shards()
+        .iter()
+        .filter_map(|s| s["member"].as_str().map(str::to_string))
+        .next()
+        .unwrap();
+    c.child(&victim).kill().unwrap();
+    let survivors: Vec<&str> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|m| *m != victim)
+        .collect();
+    // Its lease expires after the TTL; then the owners claim within a tick.
+    let moved = c.wait_running_on(&survivors, 2 * TTL + Duration::from_secs(5));
+    eprintln!("the shards of {victim} moved {moved:?} after its SIGKILL (lease TTL {TTL:?})");
+    c.assert_exact();
+}
+
+#[test]
+fn a_member_stopped_past_its_lease_is_fenced_and_exits_and_the_end_is_exact() {
+    let docs = documents(30_000, 3_000, 22);
+    let mut c = Cluster::new("zombie", 2, &docs[..10_000]);
+    c.start("a");
+    c.start("b");
+    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+    c.append_slowly(docs[10_000..].to_vec());
+    std::thread::sleep(Duration::from_millis(500));
+    signal(c.child("a"), "STOP");
+    // b takes every shard once a's lease expires, while a sleeps.
+    c.wait_running_on(&["b"], 2 * TTL + Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(1));
+    signal(c.child("a"), "CONT");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = c.child("a").try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the zombie did not exit\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the zombie exited successfully");
+    let log = c.log("a");
+    assert!(
+        log.contains("fenced"),
+        "the zombie's error does not say it was fenced:\n{}",
+        tail(&log, 20)
+    );
+    c.assert_exact();
+}
+
+#[test]
+fn a_shard_split_under_load_ends_exact_with_both_halves_running() {
+    let docs = documents(30_000, 3_000, 23);
+    let mut c = Cluster::new("split", 1, &docs[..10_000]);
+    c.start("a");
+    c.start("b");
+    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+    c.append_slowly(docs[10_000..].to_vec());
+    std::thread::sleep(Duration::from_millis(700));
+    let out = Command::new(SLUICE)
+        .args(["shards", "split"])
+        .arg(&c.pipeline)
+        .args(["views-db", "00000000-ffffffff"])
+        .env("MEMBER", "cli")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("00000000-7fffffff and 80000000-ffffffff"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+    let shards: Vec<String> = c
+        .shards()
+        .iter()
+        .map(|s| s["shard"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(shards, ["00000000-7fffffff", "80000000-ffffffff"]);
+    c.assert_exact();
+}
+
+#[test]
+fn members_ride_out_an_etcd_restart_and_the_end_is_exact() {
+    let docs = documents(30_000, 3_000, 24);
+    let mut c = Cluster::new("etcd", 2, &docs[..10_000]);
+    c.start("a");
+    c.start("b");
+    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+    c.append_slowly(docs[10_000..].to_vec());
+    std::thread::sleep(Duration::from_millis(500));
+    c.etcd.restart(Duration::from_secs(1));
+    for m in ["a", "b"] {
+        assert!(
+            c.child(m).try_wait().unwrap().is_none(),
+            "member {m} exited when etcd restarted\n{}",
+            c.logs()
+        );
+    }
+    c.assert_exact();
+    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+}
