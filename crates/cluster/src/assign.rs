@@ -123,7 +123,10 @@ mod tests {
         names.iter().map(|s| s.to_string()).collect()
     }
 
-    fn view(names: &[&str], shards: &[(ShardId, Option<(&str, i64)>, bool)]) -> View {
+    /// A shard, its holder and token, and whether it is splitting.
+    type Row<'a> = (ShardId, Option<(&'a str, i64)>, bool);
+
+    fn view(names: &[&str], shards: &[Row<'_>]) -> View {
         View {
             members: members(names),
             shards: shards
@@ -216,7 +219,8 @@ mod tests {
         assert_eq!(plan("a", &v, &held(5, true)), vec![]);
         // Another member should own it: release (whichever it is).
         let names = ["a", "b", "c", "d", "e"];
-        let other = owner(&members(&names), &s).unwrap();
+        let all = members(&names);
+        let other = owner(&all, &s).unwrap();
         let holder = names.iter().find(|n| **n != other).unwrap();
         let v = view(&names, &[(s.clone(), Some((holder, 5)), false)]);
         assert_eq!(
