@@ -103,12 +103,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::debug!(materialization = %name, "applied: {actions}");
         }
         let progress = Arc::new(Progress::default());
-        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("signal received: finishing the current transaction, then stopping");
-            let _ = shutdown_tx.send(true);
-        });
+        let shutdown_rx =
+            stop_on_signal("signal received: finishing the current transaction, then stopping");
         let started = Instant::now();
         let bar = crate::progress::show(progress.clone(), started, args.follow);
         let result = pipeline::run(
@@ -171,12 +167,8 @@ async fn run_member(
     planned: pipeline::Planned,
     metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<()> {
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("signal received: finishing the shards' transactions, then leaving");
-        let _ = shutdown_tx.send(true);
-    });
+    let shutdown_rx =
+        stop_on_signal("signal received: finishing the shards' transactions, then leaving");
     let started = Instant::now();
     let opts = RunOptions {
         follow: true,
@@ -222,6 +214,17 @@ fn committed(pipeline: &Pipeline, name: &str, s: &Summary) -> String {
         s.loaded,
         s.stored,
     )
+}
+
+/// A flag raised at SIGINT or SIGTERM, which is then logged as `what`.
+fn stop_on_signal(what: &'static str) -> tokio::sync::watch::Receiver<bool> {
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("{what}");
+        let _ = shutdown_tx.send(true);
+    });
+    shutdown_rx
 }
 
 async fn wait_for_signal() {

@@ -172,6 +172,20 @@ impl Cluster {
         cluster
     }
 
+    /// A cluster of `shards` first shards, `members` running them, the first third of
+    /// `docs` in the input and the rest being appended.
+    fn under_load(tag: &str, shards: u32, members: &[&str], docs: &[Value]) -> Cluster {
+        let third = docs.len() / 3;
+        let mut c = Cluster::new(tag, shards, &docs[..third]);
+        for m in members {
+            c.start(m);
+        }
+        c.wait_running_on(members, Duration::from_secs(30));
+        c.append_slowly(docs[third..].to_vec());
+        std::thread::sleep(Duration::from_millis(500));
+        c
+    }
+
     fn append(&self, docs: &[Value]) {
         append(&self.dir.path().join("views.jsonl"), &self.appended, docs);
     }
@@ -223,11 +237,12 @@ impl Cluster {
         std::fs::read_to_string(self.dir.path().join(format!("{member}.log"))).unwrap_or_default()
     }
 
-    /// `sluice shards list --json`.
-    fn shards(&self) -> Vec<Value> {
+    /// `sluice shards <verb> <pipeline> <args>`, which must succeed; its output.
+    fn shards_command(&self, verb: &str, args: &[&str]) -> String {
         let out = Command::new(SLUICE)
-            .args(["shards", "list", "--json"])
+            .args(["shards", verb])
             .arg(&self.pipeline)
+            .args(args)
             .env("MEMBER", "cli")
             .output()
             .unwrap();
@@ -236,7 +251,12 @@ impl Cluster {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice::<Value>(&out.stdout)
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `sluice shards list --json`.
+    fn shards(&self) -> Vec<Value> {
+        serde_json::from_str::<Value>(&self.shards_command("list", &["--json"]))
             .unwrap()
             .as_array()
             .unwrap()
@@ -331,21 +351,10 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n") + "\n"
 }
 
-/// The documents of a test: `n` over `keys` users, the first `first` appended at start.
-fn documents(n: usize, keys: usize, seed: u64) -> Vec<Value> {
-    generate(n, keys, seed)
-}
-
 #[test]
 fn a_killed_members_shards_move_after_its_lease_and_the_end_is_exact() {
-    let docs = documents(30_000, 3_000, 21);
-    let mut c = Cluster::new("kill", 4, &docs[..10_000]);
-    for m in ["a", "b", "c"] {
-        c.start(m);
-    }
-    c.wait_running_on(&["a", "b", "c"], Duration::from_secs(30));
-    c.append_slowly(docs[10_000..].to_vec());
-    std::thread::sleep(Duration::from_secs(1));
+    let docs = generate(30_000, 3_000, 21);
+    let mut c = Cluster::under_load("kill", 4, &["a", "b", "c"], &docs);
     let victim = c
         .shards()
         .iter()
@@ -365,13 +374,8 @@ fn a_killed_members_shards_move_after_its_lease_and_the_end_is_exact() {
 
 #[test]
 fn a_member_stopped_past_its_lease_is_fenced_and_exits_and_the_end_is_exact() {
-    let docs = documents(30_000, 3_000, 22);
-    let mut c = Cluster::new("zombie", 2, &docs[..10_000]);
-    c.start("a");
-    c.start("b");
-    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
-    c.append_slowly(docs[10_000..].to_vec());
-    std::thread::sleep(Duration::from_millis(500));
+    let docs = generate(30_000, 3_000, 22);
+    let mut c = Cluster::under_load("zombie", 2, &["a", "b"], &docs);
     signal(c.child("a"), "STOP");
     // b takes every shard once a's lease expires, while a sleeps.
     c.wait_running_on(&["b"], 2 * TTL + Duration::from_secs(5));
@@ -401,29 +405,12 @@ fn a_member_stopped_past_its_lease_is_fenced_and_exits_and_the_end_is_exact() {
 
 #[test]
 fn a_shard_split_under_load_ends_exact_with_both_halves_running() {
-    let docs = documents(30_000, 3_000, 23);
-    let mut c = Cluster::new("split", 1, &docs[..10_000]);
-    c.start("a");
-    c.start("b");
-    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
-    c.append_slowly(docs[10_000..].to_vec());
-    std::thread::sleep(Duration::from_millis(700));
-    let out = Command::new(SLUICE)
-        .args(["shards", "split"])
-        .arg(&c.pipeline)
-        .args(["views-db", "00000000-ffffffff"])
-        .env("MEMBER", "cli")
-        .output()
-        .unwrap();
+    let docs = generate(30_000, 3_000, 23);
+    let mut c = Cluster::under_load("split", 1, &["a", "b"], &docs);
+    let out = c.shards_command("split", &["views-db", "00000000-ffffffff"]);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("00000000-7fffffff and 80000000-ffffffff"),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+        out.contains("00000000-7fffffff and 80000000-ffffffff"),
+        "{out}"
     );
     c.wait_running_on(&["a", "b"], Duration::from_secs(30));
     let shards: Vec<String> = c
@@ -437,13 +424,8 @@ fn a_shard_split_under_load_ends_exact_with_both_halves_running() {
 
 #[test]
 fn members_ride_out_an_etcd_restart_and_the_end_is_exact() {
-    let docs = documents(30_000, 3_000, 24);
-    let mut c = Cluster::new("etcd", 2, &docs[..10_000]);
-    c.start("a");
-    c.start("b");
-    c.wait_running_on(&["a", "b"], Duration::from_secs(30));
-    c.append_slowly(docs[10_000..].to_vec());
-    std::thread::sleep(Duration::from_millis(500));
+    let docs = generate(30_000, 3_000, 24);
+    let mut c = Cluster::under_load("etcd", 2, &["a", "b"], &docs);
     c.etcd.restart(Duration::from_secs(1));
     for m in ["a", "b"] {
         assert!(
