@@ -6,7 +6,8 @@
 //! - a member SIGSTOPped past its lease, then resumed: it is fenced and exits, and the
 //!   end is exact;
 //! - a shard split under load: exact, with the halves running;
-//! - etcd restarted mid-run: the members ride it out, and the end is exact.
+//! - etcd restarted mid-run: the members ride it out, and the end is exact;
+//! - a part that keeps state on one machine is refused under `cluster:`, naming why.
 
 mod common;
 
@@ -14,6 +15,7 @@ use common::{
     POSTGRES_URL, SLUICE, Schema, generate, pipeline_yaml, postgres_table, reduce_expected,
 };
 use serde_json::Value;
+use sluice_cluster::testing::PrivateEtcd;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,94 +25,6 @@ use std::time::{Duration, Instant};
 
 /// The lease TTL of the tests' members.
 const TTL: Duration = Duration::from_secs(3);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A private single-member etcd on free ports, its data in a folder of its own, which
-/// a test can restart; killed when dropped.
-struct Etcd {
-    dir: tempfile::TempDir,
-    client: u16,
-    peer: u16,
-    child: Option<Child>,
-}
-
-impl Etcd {
-    fn start() -> Etcd {
-        let mut etcd = Etcd {
-            dir: tempfile::tempdir().unwrap(),
-            client: free_port(),
-            peer: free_port(),
-            child: None,
-        };
-        etcd.launch();
-        etcd
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
-    }
-
-    fn launch(&mut self) {
-        let client = self.url();
-        let peer = format!("http://127.0.0.1:{}", self.peer);
-        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
-        let child = Command::new("etcd")
-            .args(["--name", "test", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("test={peer}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("etcd is installed (.ci/services installs etcd-server)");
-        self.child = Some(child);
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "etcd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Stops etcd (SIGTERM) and starts it again on the same data after `down`.
-    fn restart(&mut self, down: Duration) {
-        if let Some(mut child) = self.child.take() {
-            signal(&child, "TERM");
-            child.wait().unwrap();
-        }
-        std::thread::sleep(down);
-        self.launch();
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 fn signal(child: &Child, name: &str) {
     let status = Command::new("kill")
@@ -124,7 +38,7 @@ fn signal(child: &Child, name: &str) {
 /// One cluster test: the etcd member, the table's schema, the folder with the input
 /// and the pipeline file, the members, and the appender.
 struct Cluster {
-    etcd: Etcd,
+    etcd: PrivateEtcd,
     schema: Schema,
     dir: tempfile::TempDir,
     pipeline: PathBuf,
@@ -137,7 +51,7 @@ struct Cluster {
 impl Cluster {
     /// A cluster of `shards` first shards over an input holding `first` documents.
     fn new(tag: &str, shards: u32, first: &[Value]) -> Cluster {
-        let etcd = Etcd::start();
+        let etcd = PrivateEtcd::start();
         let schema = Schema::new(&format!("cluster_{tag}"));
         let dir = tempfile::tempdir().unwrap();
         let endpoint = format!(
@@ -436,4 +350,31 @@ fn members_ride_out_an_etcd_restart_and_the_end_is_exact() {
     }
     c.assert_exact();
     c.wait_running_on(&["a", "b"], Duration::from_secs(30));
+}
+
+#[test]
+fn a_part_that_keeps_state_on_one_machine_is_refused_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = pipeline_yaml(
+        "    http: {listen: \"127.0.0.1:0\", token: secret}",
+        "sqlite: {path: views.db}",
+        false,
+        100,
+        "1s",
+    );
+    let pipeline = dir.path().join("p.yaml");
+    let cluster = "cluster:\n  etcd: [\"127.0.0.1:2379\"]\n  member: a\n";
+    std::fs::write(&pipeline, format!("{yaml}{cluster}")).unwrap();
+    let out = Command::new(SLUICE)
+        .arg("check")
+        .arg(&pipeline)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sources.views-file") && err.contains("http cannot run under `cluster:`"),
+        "{err}"
+    );
+    assert!(err.contains("idempotency keys"), "{err}");
 }

@@ -1,7 +1,7 @@
 //! What `sluice shards list | split` read and write in a cluster's etcd.
 
 use crate::etcd::{Cond, Etcd, Op};
-use crate::keys::{Keys, Range, ShardId, ShardSpec, ShardStatus};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
 use crate::member::{ClusterError, read_view};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -30,27 +30,33 @@ pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterErro
     let (assignments, _) = etcd.get_prefix(&keys.assignments()).await?;
     let (statuses, _) = etcd.get_prefix(&keys.statuses()).await?;
     let view = read_view(keys, &members, &shards, &assignments)?;
-    let mut published = BTreeMap::new();
-    for kv in &statuses {
-        let key = String::from_utf8_lossy(&kv.key);
-        if let Some((m, range)) = keys.parse_shard(&keys.statuses(), &key)
-            && let Ok(status) = serde_json::from_slice::<ShardStatus>(&kv.value)
-        {
-            published.insert((m.to_string(), range), status);
+    let (logs, _) = etcd.get_prefix(&keys.logs()).await?;
+    let by_shard = |under: String, kvs: &[crate::etcd::KeyValue], suffix: &str| {
+        let mut out = BTreeMap::new();
+        for kv in kvs {
+            let key = String::from_utf8_lossy(&kv.key);
+            let Some(key) = key.strip_suffix(suffix) else {
+                continue;
+            };
+            if let Some((m, range)) = keys.parse_shard(&under, key) {
+                out.insert((m.to_string(), range), kv.value.clone());
+            }
         }
-    }
+        out
+    };
+    let commits = by_shard(keys.logs(), &logs, "/commit");
+    let statuses = by_shard(keys.statuses(), &statuses, "");
     let mut rows = Vec::new();
     for (id, state) in &view.shards {
-        let txn = match etcd.get(&format!("{}commit", keys.log(id))).await? {
-            Some(kv) => serde_json::from_slice::<serde_json::Value>(&kv.value)
-                .ok()
-                .and_then(|c| c["txn"].as_u64())
-                .unwrap_or(0),
-            None => 0,
-        };
-        let status = published
-            .remove(&(id.materialization.clone(), id.range))
-            .unwrap_or_default();
+        let at = (id.materialization.clone(), id.range);
+        let txn = (commits.get(&at))
+            .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
+            .and_then(|c| c["txn"].as_u64())
+            .unwrap_or(0);
+        let lag = (statuses.get(&at))
+            .and_then(|s| serde_json::from_slice::<ShardStatus>(s).ok())
+            .unwrap_or_default()
+            .lag;
         rows.push(ShardRow {
             materialization: id.materialization.clone(),
             shard: id.range.id(),
@@ -62,8 +68,8 @@ pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterErro
                 (false, None) => "unassigned",
             },
             member: state.holder.as_ref().map(|(m, _)| m.clone()),
-            txn: txn.max(status.txn),
-            lag: status.lag,
+            txn,
+            lag,
         });
     }
     Ok(rows)
@@ -82,7 +88,7 @@ pub async fn split(
         place: format!("shard {materialization}/{shard}"),
         reason,
     };
-    let range = Range::parse(shard)
+    let range = ShardDef::parse(shard)
         .ok_or_else(|| unknown("a shard id is `<key_begin>-<key_end>` in 8 hex digits each, as `sluice shards list` shows it".into()))?;
     let Some((lo, hi)) = range.halves() else {
         return Err(unknown("a range of one key hash cannot split".into()));

@@ -10,7 +10,10 @@
 //!  held, assignment no longer ours (lease expired, taken over)   → Drop    (stop now)
 //!  held, shard asked to split                                     → Split   (finish, stop, halve)
 //!  held, another live member should own it                        → Release (finish, stop, hand over)
-//!  unassigned (or assigned to an earlier run of this member), ours → Claim   (CAS, then run)
+//!  unassigned, ours                                               → Claim   (CAS, then run)
+//!  assigned to this member but not held (a hand-over that failed):
+//!    ours                                                         → Claim over it
+//!    another's                                                    → Abandon (delete it)
 //! ```
 //!
 //! Assignments are written with a compare-and-swap, so two members that briefly
@@ -44,9 +47,12 @@ pub struct Held {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Take the shard: create its assignment if absent, or replace the one an earlier
-    /// run of this member left (`over`: its revision).
+    /// Take the shard: create its assignment if absent, or replace the one this member
+    /// left behind (`over`: its revision).
     Claim { shard: ShardId, over: Option<i64> },
+    /// Delete the assignment this member left behind (revision `token`) of a shard that
+    /// another member owns, so that the owner can claim it.
+    Abandon { shard: ShardId, token: i64 },
     /// The shard is no longer ours: stop at once and write nothing more (a new holder
     /// has fenced us, or will).
     Drop(ShardId),
@@ -89,19 +95,24 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
         }
     }
     for (shard, state) in &view.shards {
-        if held.contains_key(shard) || owner(&view.members, shard) != Some(me) {
+        if held.contains_key(shard) {
             continue;
         }
+        let ours = owner(&view.members, shard) == Some(me);
+        let shard = shard.clone();
         match &state.holder {
-            None => actions.push(Action::Claim {
-                shard: shard.clone(),
-                over: None,
+            None if ours => actions.push(Action::Claim { shard, over: None }),
+            Some((member, token)) if member == me => actions.push(match ours {
+                true => Action::Claim {
+                    shard,
+                    over: Some(*token),
+                },
+                false => Action::Abandon {
+                    shard,
+                    token: *token,
+                },
             }),
-            Some((member, token)) if member == me => actions.push(Action::Claim {
-                shard: shard.clone(),
-                over: Some(*token),
-            }),
-            Some(_) => {}
+            _ => {}
         }
     }
     actions
@@ -110,12 +121,12 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Range;
+    use crate::keys::ShardDef;
 
     fn shard(n: u32, of: u32) -> ShardId {
         ShardId {
             materialization: "views".into(),
-            range: Range::split_evenly(of)[n as usize],
+            range: ShardDef::split_evenly(of)[n as usize],
         }
     }
 
@@ -227,13 +238,22 @@ mod tests {
             plan(holder, &v, &held(5, false)),
             vec![Action::Release(s.clone())]
         );
-        // An earlier run of the owner left its assignment: replace it.
+        // A hand-over that failed left the assignment: the owner claims over it, any
+        // other member deletes it.
         let v = view(&names, &[(s.clone(), Some((other, 3)), false)]);
         assert_eq!(
             plan(other, &v, &BTreeMap::new()),
             vec![Action::Claim {
                 shard: s.clone(),
                 over: Some(3)
+            }]
+        );
+        let v = view(&names, &[(s.clone(), Some((holder, 3)), false)]);
+        assert_eq!(
+            plan(holder, &v, &BTreeMap::new()),
+            vec![Action::Abandon {
+                shard: s.clone(),
+                token: 3
             }]
         );
     }

@@ -11,6 +11,7 @@
 //! - `log.rs`: a shard's recovery log in etcd, every write fenced by the claim
 //! - `member.rs`: the member: join, first shards, first Apply, the reconcile loop
 //! - `admin.rs`: `sluice shards list | split`
+//! - `testing.rs` (feature `testing`): a private etcd member for tests
 
 pub mod admin;
 pub mod assign;
@@ -18,5 +19,7 @@ pub mod etcd;
 pub mod keys;
 pub mod log;
 pub mod member;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use member::{ClusterError, connect, run};

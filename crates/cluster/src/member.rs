@@ -22,11 +22,11 @@
 
 use crate::assign::{self, Action, Held, ShardState, View};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
-use crate::keys::{Keys, Range, ShardId, ShardSpec, ShardStatus};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
 use crate::log::SharedLog;
 use sluice_runtime::applied;
 use sluice_runtime::config::{ClusterDef, Pipeline};
-use sluice_runtime::metrics::{Metrics, shard_label};
+use sluice_runtime::metrics::Metrics;
 use sluice_runtime::pipeline::{self, ApplyAction, Launcher, LogPlace, Planned, RunOptions};
 use sluice_runtime::txn::{Progress, RunError, Summary};
 use std::collections::BTreeMap;
@@ -34,13 +34,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// Sources that keep state on the member's disk or in one server-side slot, which a
-/// shard moving to another machine would leave behind.
-const LOCAL_SOURCES: &[&str] = &["http", "postgres_cdc"];
-/// Endpoints that keep state beside the local recovery log (an output's view, an epoch
-/// sink's staging named by the local deployment id).
-const LOCAL_ENDPOINTS: &[&str] = &["files", "kafka", "nats", "iceberg"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -78,37 +71,6 @@ pub fn cluster_of(pipeline: &Pipeline) -> &ClusterDef {
         .expect("a member runs a pipeline with a cluster section")
 }
 
-/// Refuses parts whose state cannot move with a shard.
-fn check_parts(pipeline: &Pipeline) -> Result<(), ClusterError> {
-    for (name, source) in &pipeline.sources {
-        if LOCAL_SOURCES.contains(&source.config.kind()) {
-            return Err(invalid(
-                format!("sources.{name}"),
-                format!(
-                    "a {} source keeps its position on one machine (a local file or one \
-                     replication slot), so it cannot run in a cluster, whose shards move \
-                     between members; run it without `cluster:`",
-                    source.config.kind()
-                ),
-            ));
-        }
-    }
-    for (name, m) in &pipeline.materializations {
-        if LOCAL_ENDPOINTS.contains(&m.endpoint.kind.as_str()) {
-            return Err(invalid(
-                format!("materializations.{name}.endpoint"),
-                format!(
-                    "a {} endpoint keeps state beside the local recovery log (a change \
-                     stream's view, an epoch sink's staging), so it cannot run in a cluster \
-                     yet; run it without `cluster:`",
-                    m.endpoint.kind
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The client of the pipeline's etcd and its key layout.
 pub fn connect(cluster: &ClusterDef) -> Result<(Etcd, Keys), ClusterError> {
     let etcd = Etcd::connect(&cluster.etcd, Duration::from_secs(5))?;
@@ -125,7 +87,6 @@ pub async fn run(
     progress: Arc<Progress>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<Vec<(String, Summary)>, ClusterError> {
-    check_parts(pipeline)?;
     let cluster = cluster_of(pipeline);
     let (etcd, keys) = connect(cluster)?;
     let me = cluster.member.clone();
@@ -161,24 +122,18 @@ pub async fn run(
         keys,
         me: me.clone(),
         lease,
+        lost,
         held: BTreeMap::new(),
         summaries: BTreeMap::new(),
         metrics: opts.metrics.clone().unwrap_or_default(),
     };
     let result = member
-        .serve(
-            pipeline,
-            planned,
-            opts,
-            progress,
-            &mut shutdown,
-            lost,
-            cluster,
-        )
+        .serve(pipeline, planned, opts, progress, &mut shutdown)
         .await;
     keepalive.abort();
     if !matches!(result, Err(ClusterError::LeaseLost { .. })) {
-        // Leaving: the others take over at once rather than after the TTL.
+        // Leaving: the lease takes every key written with it (member, assignments,
+        // statuses), so the others take over at once rather than after the TTL.
         if let Err(e) = etcd.revoke(lease).await {
             tracing::warn!("leaving the cluster: {e}; the lease expires by itself");
         }
@@ -220,6 +175,10 @@ async fn keep_alive(etcd: Etcd, lease: i64, ttl: Duration, lost: watch::Sender<O
     }
 }
 
+/// How often a member publishes its shards' lag (only what changed): at 1,000 shards at
+/// most 200 etcd writes a second, for `sluice shards list`.
+const PUBLISH_EVERY: Duration = Duration::from_secs(5);
+
 /// Why a held shard's loop is stopping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stopping {
@@ -234,6 +193,8 @@ struct Running {
     stopping: Option<Stopping>,
     /// `None`: never started (a shard claimed only to split it).
     task: Option<JoinHandle<(Summary, Result<(), RunError>)>>,
+    /// Its status as last published (published again only when it changes).
+    published: Option<ShardStatus>,
 }
 
 struct Member {
@@ -241,13 +202,14 @@ struct Member {
     keys: Keys,
     me: String,
     lease: i64,
+    /// Says why, once the lease has expired.
+    lost: watch::Receiver<Option<String>>,
     held: BTreeMap<ShardId, Running>,
     summaries: BTreeMap<String, Summary>,
     metrics: Arc<Metrics>,
 }
 
 impl Member {
-    #[allow(clippy::too_many_arguments)]
     async fn serve(
         mut self,
         pipeline: &Pipeline,
@@ -255,9 +217,8 @@ impl Member {
         mut opts: RunOptions,
         progress: Arc<Progress>,
         shutdown: &mut watch::Receiver<bool>,
-        mut lost: watch::Receiver<Option<String>>,
-        cluster: &ClusterDef,
     ) -> Result<Vec<(String, Summary)>, ClusterError> {
+        let cluster = cluster_of(pipeline);
         for m in &planned.materializations {
             self.first_shards(&m.name, cluster.shards).await?;
         }
@@ -268,6 +229,7 @@ impl Member {
         let launcher = Launcher::new(pipeline, planned, opts, progress)?;
         let tick = (cluster.lease_ttl / 4).min(Duration::from_secs(1));
         let mut published = Instant::now();
+        let mut lost = self.lost.clone();
         let outcome = loop {
             tokio::select! {
                 _ = shutdown.wait_for(|down| *down) => break Ok(()),
@@ -301,12 +263,13 @@ impl Member {
                 }
                 Err(e) => tracing::warn!("reading the cluster's state: {e}; retrying"),
             }
-            if published.elapsed() >= Duration::from_secs(1) {
+            if published.elapsed() >= PUBLISH_EVERY {
                 published = Instant::now();
                 self.publish().await;
             }
         };
-        // Every loop finishes its transaction in progress (a fenced one fails).
+        // Every loop finishes its transaction in progress (a fenced one fails); the
+        // caller then revokes the lease, which hands every shard over at once.
         for running in self.held.values() {
             running.stop.send_replace(true);
         }
@@ -316,9 +279,6 @@ impl Member {
                 && let Ok((summary, _)) = task.await
             {
                 self.add(&shard, &summary);
-            }
-            if outcome.is_ok() {
-                self.hand_over(&shard, running.token).await;
             }
         }
         outcome.map(|()| self.summaries.into_iter().collect())
@@ -331,7 +291,7 @@ impl Member {
             value: Vec::new(),
             lease: 0,
         }];
-        for range in Range::split_evenly(count) {
+        for range in ShardDef::split_evenly(count) {
             let shard = ShardId {
                 materialization: name.to_string(),
                 range,
@@ -464,7 +424,7 @@ impl Member {
                     tracing::info!(%shard, token, "claimed; recovering from its log");
                     tokio::spawn(launcher.launch(
                         &shard.materialization,
-                        shard.range.shard(),
+                        shard.range,
                         LogPlace::Shared(Arc::new(log)),
                         stopped,
                     ))
@@ -477,9 +437,11 @@ impl Member {
                         stop,
                         stopping,
                         task,
+                        published: None,
                     },
                 );
             }
+            Action::Abandon { shard, token } => self.hand_over(&shard, token).await,
             Action::Drop(shard) => self.stop(&shard, Stopping::Drop),
             Action::Release(shard) => self.stop(&shard, Stopping::Release),
             Action::Split(shard) => self.stop(&shard, Stopping::Split),
@@ -619,29 +581,28 @@ impl Member {
         Ok(())
     }
 
-    /// Publishes each running shard's last transaction and lag.
-    async fn publish(&self) {
+    /// Publishes each running shard's lag, when it changed since last published.
+    async fn publish(&mut self) {
         let snapshot = self.metrics.status.snapshot();
-        for (shard, running) in &self.held {
+        for (shard, running) in &mut self.held {
             if running.stopping.is_some() {
                 continue;
             }
-            let label = shard_label(shard.range.key_begin, shard.range.key_end);
-            let Some(view) = snapshot
-                .shards
-                .iter()
+            let label = shard.range.id();
+            let Some(view) = (snapshot.shards.iter())
                 .find(|s| s.materialization == shard.materialization && s.shard == label)
             else {
                 continue;
             };
             let status = ShardStatus {
-                txn: view.last_committed.as_ref().map_or(0, |t| t.txn),
                 lag: (view.lag.iter())
                     .map(|(source, lag)| (source.clone(), format!("{} {}", lag.behind, lag.unit)))
                     .collect(),
             };
+            if running.published.as_ref() == Some(&status) {
+                continue;
+            }
             let value = serde_json::to_vec(&status).expect("serializes");
-            let key = self.keys.status(shard);
             // Only while the claim is current: a stale holder never overwrites.
             let put = (self.etcd).txn(
                 vec![Cond::ModRevision(
@@ -649,14 +610,15 @@ impl Member {
                     running.token,
                 )],
                 vec![Op::Put {
-                    key,
+                    key: self.keys.status(shard),
                     value,
                     lease: self.lease,
                 }],
                 vec![],
             );
-            if let Err(e) = put.await {
-                tracing::debug!(%shard, "publishing its status: {e}");
+            match put.await {
+                Ok(_) => running.published = Some(status),
+                Err(e) => tracing::debug!(%shard, "publishing its status: {e}"),
             }
         }
     }

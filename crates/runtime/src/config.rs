@@ -275,11 +275,64 @@ pub struct FieldsDef {
 }
 
 /// The key-hash range of a materialization shard, inclusive at both ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShardDef {
     pub key_begin: u32,
     pub key_end: u32,
+}
+
+impl ShardDef {
+    /// The shard's id as metrics, logs and a cluster name it: `00000000-7fffffff`.
+    pub fn id(&self) -> String {
+        crate::metrics::shard_label(self.key_begin, self.key_end)
+    }
+
+    /// Reads an [`id`](Self::id).
+    pub fn parse(id: &str) -> Option<ShardDef> {
+        let (begin, end) = id.split_once('-')?;
+        if begin.len() != 8 || end.len() != 8 {
+            return None;
+        }
+        let shard = ShardDef {
+            key_begin: u32::from_str_radix(begin, 16).ok()?,
+            key_end: u32::from_str_radix(end, 16).ok()?,
+        };
+        (shard.key_begin <= shard.key_end).then_some(shard)
+    }
+
+    /// `n` equal ranges covering every key, in order.
+    pub fn split_evenly(n: u32) -> Vec<ShardDef> {
+        let n = u64::from(n.max(1));
+        let span = (u64::from(u32::MAX) + 1) / n;
+        (0..n)
+            .map(|i| ShardDef {
+                key_begin: (i * span) as u32,
+                key_end: if i + 1 == n {
+                    u32::MAX
+                } else {
+                    ((i + 1) * span - 1) as u32
+                },
+            })
+            .collect()
+    }
+
+    /// The two halves a split at the midpoint makes; `None` for a range of one hash.
+    pub fn halves(&self) -> Option<(ShardDef, ShardDef)> {
+        if self.key_begin == self.key_end {
+            return None;
+        }
+        let mid = self.key_begin + (self.key_end - self.key_begin) / 2;
+        let low = ShardDef {
+            key_begin: self.key_begin,
+            key_end: mid,
+        };
+        let high = ShardDef {
+            key_begin: mid + 1,
+            key_end: self.key_end,
+        };
+        Some((low, high))
+    }
 }
 
 impl Default for ShardDef {
@@ -706,6 +759,34 @@ impl PipelineFile {
                 shard: m.shard,
             };
             materializations.insert(name, def);
+        }
+        if self.cluster.is_some() {
+            // A cluster moves shards between machines: what a part keeps outside the
+            // recovery log would stay behind.
+            let sources = (sources.iter()).map(|(name, s)| {
+                let kind = registry
+                    .source(s.config.kind())
+                    .expect("parsed by its kind");
+                (format!("sources.{name}"), kind.name(), kind.pinned())
+            });
+            let endpoints = (materializations.iter()).map(|(name, m)| {
+                let kind = registry
+                    .driver(&m.endpoint.kind)
+                    .expect("parsed by its kind");
+                let place = format!("materializations.{name}.endpoint");
+                (place, kind.name(), kind.pinned())
+            });
+            for (place, kind, pinned) in sources.chain(endpoints) {
+                if let Some(why) = pinned {
+                    return Err(invalid(
+                        place,
+                        format!(
+                            "a {kind} cannot run under `cluster:`, whose shards move between \
+                             members: {why}; run it without `cluster:`"
+                        ),
+                    ));
+                }
+            }
         }
         Ok(Pipeline {
             collections: self.collections,

@@ -62,6 +62,12 @@ pub trait DriverKind: Send + Sync {
         config: &Value,
     ) -> Result<Connected, String>;
 
+    /// Why this kind's endpoints cannot move between the members of a cluster with
+    /// their shard (state kept beside the local recovery log); `None`: they can.
+    fn pinned(&self) -> Option<&'static str> {
+        None
+    }
+
     /// A fresh instance of the driver, when it is built into the binary (what `sluice
     /// driver serve` serves).
     fn driver(&self) -> Option<Arc<dyn Driver>> {
@@ -462,6 +468,12 @@ impl DriverKind for Epoch {
     fn driver(&self) -> Option<Arc<dyn Driver>> {
         Some(Arc::new(EpochDriver::new(self.0)))
     }
+
+    fn pinned(&self) -> Option<&'static str> {
+        Some(
+            "an epoch sink names its staging by the deployment id kept beside the local recovery log",
+        )
+    }
 }
 
 /// An output endpoint kind built into the binary (`sluice_output_sdk::OutputKind`), run
@@ -495,6 +507,10 @@ impl DriverKind for Output {
             config: config.clone(),
             guarantee: SinkGuarantee::Output,
         })
+    }
+
+    fn pinned(&self) -> Option<&'static str> {
+        Some("an output keeps its view beside the local recovery log")
     }
 
     async fn schemas(&self) -> Result<Schemas, String> {

@@ -477,3 +477,67 @@ fn a_bare_command_is_looked_up_in_path_and_an_absolute_one_kept() {
         );
     }
 }
+
+#[test]
+fn a_cluster_section_reads_with_defaults_and_gives_each_member_its_own_folder() {
+    let text =
+        format!("{DESIGN_EXAMPLE}cluster:\n  etcd: [\"http://127.0.0.1:2379\"]\n  member: m-1\n");
+    let p = Pipeline::parse(&text, Path::new("/pipelines"), &registry()).unwrap();
+    let cluster = p.cluster.as_ref().unwrap();
+    assert_eq!(cluster.prefix.as_deref(), Some("/sluice/pipeline"));
+    assert_eq!(cluster.lease_ttl, Duration::from_secs(10));
+    assert_eq!(cluster.shards, 1);
+    assert_eq!(
+        p.recovery_log(),
+        Path::new("/pipelines/.sluice/pipeline/members/m-1")
+    );
+}
+
+#[test]
+fn a_cluster_refuses_fixed_shards_and_bad_member_ids_naming_the_key() {
+    let cluster = "cluster:\n  etcd: [\"127.0.0.1:2379\"]\n  member: m\n";
+    let with_shard = DESIGN_EXAMPLE.replace(
+        "  views-db:\n",
+        "  views-db:\n    shard: {key_begin: 0, key_end: 7}\n",
+    );
+    let err = error(&format!("{with_shard}{cluster}"));
+    assert!(err.contains("materializations.views-db.shard"), "{err}");
+    assert!(err.contains("sluice shards split"), "{err}");
+    let err = error(&format!(
+        "{DESIGN_EXAMPLE}{}",
+        cluster.replace("member: m", "member: a/b")
+    ));
+    assert!(err.contains("cluster.member"), "{err}");
+    let err = error(&format!(
+        "{DESIGN_EXAMPLE}{}",
+        cluster.replace("[\"127.0.0.1:2379\"]", "[]")
+    ));
+    assert!(err.contains("cluster.etcd"), "{err}");
+}
+
+#[test]
+fn shard_ranges_split_evenly_halve_and_read_back_from_their_ids() {
+    for n in [1, 2, 3, 7, 1024] {
+        let ranges = ShardDef::split_evenly(n);
+        assert_eq!(ranges.len(), n as usize);
+        assert_eq!(ranges[0].key_begin, 0);
+        assert_eq!(ranges.last().unwrap().key_end, u32::MAX);
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].key_end + 1, pair[1].key_begin);
+        }
+    }
+    let (low, high) = ShardDef::default().halves().unwrap();
+    assert_eq!((low.key_begin, low.key_end), (0, 0x7fff_ffff));
+    assert_eq!((high.key_begin, high.key_end), (0x8000_0000, u32::MAX));
+    let (a, b) = high.halves().unwrap();
+    assert_eq!(a.key_end + 1, b.key_begin);
+    let one = ShardDef {
+        key_begin: 5,
+        key_end: 5,
+    };
+    assert_eq!(one.halves(), None);
+    assert_eq!(high.id(), "80000000-ffffffff");
+    assert_eq!(ShardDef::parse(&a.id()), Some(a));
+    assert_eq!(ShardDef::parse("0000-ffff"), None);
+    assert_eq!(ShardDef::parse("ffffffff-00000000"), None);
+}

@@ -39,6 +39,11 @@ pub trait SourceKind: 'static {
     /// relative to the pipeline file's folder `base_dir` ([`config::resolve_path`]).
     fn prepare(config: &mut Self::Config, base_dir: &Path) -> Result<(), InvalidConfig>;
 
+    /// Why this kind cannot move between the members of a cluster with its shard (state
+    /// kept on one machine, or in one server-side slot two shards cannot share); `None`:
+    /// it can (all it resumes from is in the recovery log).
+    const PINNED: Option<&'static str> = None;
+
     /// Opens the source `opening.name` at the start of its input.
     fn open(opening: &Opening<'_>, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
 }
@@ -79,6 +84,7 @@ impl<'a> Opening<'a> {
 pub struct Kind {
     name: &'static str,
     schema: &'static str,
+    pinned: Option<&'static str>,
     parse: fn(Value, &Path) -> Result<SourceConfig, InvalidConfig>,
 }
 
@@ -87,6 +93,7 @@ pub fn kind<K: SourceKind>() -> Kind {
     Kind {
         name: K::NAME,
         schema: K::SCHEMA,
+        pinned: K::PINNED,
         parse: parse_as::<K>,
     }
 }
@@ -106,6 +113,11 @@ impl Kind {
     /// The JSON schema of the configuration written under this kind's key.
     pub fn schema(&self) -> &'static str {
         self.schema
+    }
+
+    /// Why a source of this kind cannot run in a cluster ([`SourceKind::PINNED`]).
+    pub fn pinned(&self) -> Option<&'static str> {
+        self.pinned
     }
 
     /// Reads the configuration written under this kind's key; relative paths are

@@ -32,6 +32,9 @@ impl SourceKind for HttpKind {
     const NAME: &'static str = "http";
     const SCHEMA: &'static str = config::SCHEMA;
     type Config = HttpConfig;
+    const PINNED: Option<&'static str> = Some(
+        "it listens on this machine and keeps its idempotency keys beside the local recovery log",
+    );
 
     fn prepare(config: &mut HttpConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
         config.check()

@@ -45,6 +45,8 @@ impl SourceKind for PostgresCdcKind {
     const NAME: &'static str = "postgres_cdc";
     const SCHEMA: &'static str = config::SCHEMA;
     type Config = PostgresCdcConfig;
+    const PINNED: Option<&'static str> =
+        Some("it reads one replication slot, which the shards of a cluster cannot share");
 
     fn prepare(config: &mut PostgresCdcConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
         config.check()

@@ -1,0 +1,95 @@
+//! A private single-member etcd for tests (feature `testing`): on free ports, its data
+//! in a folder of its own, stopped and started again on the same data by a test, killed
+//! when dropped. Needs the `etcd` binary (`.ci/services` installs etcd-server).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct PrivateEtcd {
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    probe.local_addr().expect("its address").port()
+}
+
+impl PrivateEtcd {
+    pub fn start() -> PrivateEtcd {
+        let mut etcd = PrivateEtcd {
+            dir: tempfile::tempdir().expect("a temporary folder"),
+            client: free_port(),
+            peer: free_port(),
+            child: None,
+        };
+        etcd.launch();
+        etcd
+    }
+
+    /// Its client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn launch(&mut self) {
+        let client = self.url();
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("its log");
+        let child = Command::new("etcd")
+            .args(["--name", "test", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd is installed (.ci/services installs etcd-server)");
+        self.child = Some(child);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "etcd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops etcd as a service manager would (SIGTERM) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops etcd and starts it again on the same data after `down`.
+    pub fn restart(&mut self, down: Duration) {
+        self.stop();
+        std::thread::sleep(down);
+        self.launch();
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
