@@ -24,18 +24,19 @@
 use serde_json::Value;
 use sluice_http::client::Client;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Row, SLUICE, assert_success, reduce_expected, sqlite_rows, sqlite_table};
+use common::{
+    REDIS_URL, Row, SLUICE, assert_success, block_on, free_address, postgres_at, postgres_execute,
+    redis, redis_keys, reduce_expected, sqlite_rows, sqlite_table,
+};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
-const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
 
 /// The example folders, each tested below by `fn the_<folder>_example_…` (`-` as `_`).
 const TESTED: &[&str] = &[
@@ -104,14 +105,15 @@ fn assert_view(view: &BTreeMap<String, Row>, what: &str) {
     );
 }
 
-fn row_of(doc: &Value) -> Row {
-    let mut row = Row::default();
-    row.add(
-        doc["views"].as_i64().unwrap(),
-        doc["bytes"].as_i64().unwrap(),
-        doc["last_seen"].as_str().unwrap(),
-    );
-    row
+/// The view of rows (user_id, views, bytes, last_seen): each user's rows reduced.
+fn view_of(rows: &[(String, i64, i64, String)]) -> BTreeMap<String, Row> {
+    let mut view: BTreeMap<String, Row> = BTreeMap::new();
+    for (user, views, bytes, seen) in rows {
+        view.entry(user.clone())
+            .or_default()
+            .add(*views, *bytes, seen);
+    }
+    view
 }
 
 /// The header comment of an example's pipeline file.
@@ -147,19 +149,6 @@ fn unique(prefix: &str) -> String {
         std::process::id(),
         nanos & 0xffff_ffff_ffff
     )
-}
-
-fn free_address() -> SocketAddr {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    probe.local_addr().unwrap()
-}
-
-fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 /// Copies `from` into `to`, leaving out what a run of the example in place wrote.
@@ -239,6 +228,41 @@ impl Example {
         let out = self.sluice(&["run", &self.pipeline()]).output().unwrap();
         assert_success(&out);
         out
+    }
+
+    /// Runs the example twice: after the first run the store's `rows` (`what`: the
+    /// store) are one per user and the sample's view; the second run changes none.
+    fn run_twice(&self, what: &str, rows: impl Fn() -> Vec<(String, i64, i64, String)>) {
+        self.run();
+        let first = rows();
+        assert_eq!(first.len(), USERS, "{what}: one row per user");
+        assert_view(&view_of(&first), what);
+        self.run();
+        assert_eq!(rows(), first, "a second run changes nothing");
+    }
+
+    /// Runs the example again, which must leave the SQLite table `db` with its `rows` and
+    /// publish nothing: `published` still counts the `count` changes of the first run.
+    fn run_again_idle(
+        &self,
+        db: &Path,
+        rows: &[(String, i64, i64, String)],
+        count: usize,
+        published: impl Fn() -> usize,
+    ) {
+        self.run();
+        assert_eq!(sqlite_snapshot(db), rows, "a second run changes no row");
+        assert_eq!(published(), count, "a second run publishes nothing");
+    }
+
+    /// `sluice apply --delete` of the example, which must succeed.
+    fn apply_delete(&self) {
+        assert_success(
+            &self
+                .sluice(&["apply", "--delete", &self.pipeline()])
+                .output()
+                .unwrap(),
+        );
     }
 
     /// `sluice run` of the example in the background (`more`: more arguments), its
@@ -407,11 +431,8 @@ fn the_file_example_fills_its_sqlite_table_as_its_comments_say() {
         ],
     );
     let ex = Example::new("file");
-    ex.run();
     let db = ex.path("out/views.db");
-    let rows = assert_sqlite_view(&db);
-    ex.run();
-    assert_eq!(sqlite_snapshot(&db), rows, "a second run changes nothing");
+    ex.run_twice("the SQLite table", || sqlite_snapshot(&db));
 }
 
 /// A schema of the shared PostgreSQL server, dropped with everything in it when dropped.
@@ -420,7 +441,7 @@ struct PgSchema(String);
 impl Drop for PgSchema {
     fn drop(&mut self) {
         let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        common::postgres(async |client| client.batch_execute(&sql).await.unwrap());
+        postgres_execute(common::POSTGRES_URL, &sql);
     }
 }
 
@@ -439,16 +460,6 @@ fn postgres_rows(schema: &str) -> Vec<(String, i64, i64, String)> {
     })
 }
 
-fn view_of(rows: &[(String, i64, i64, String)]) -> BTreeMap<String, Row> {
-    let mut view: BTreeMap<String, Row> = BTreeMap::new();
-    for (user, views, bytes, seen) in rows {
-        view.entry(user.clone())
-            .or_default()
-            .add(*views, *bytes, seen);
-    }
-    view
-}
-
 #[test]
 fn the_postgres_example_fills_its_table_as_its_comments_say() {
     assert_says(
@@ -463,16 +474,7 @@ fn the_postgres_example_fills_its_table_as_its_comments_say() {
     let ex = Example::new("postgres")
         .var("POSTGRES_URL", common::POSTGRES_URL)
         .var("POSTGRES_SCHEMA", &schema.0);
-    ex.run();
-    let rows = postgres_rows(&schema.0);
-    assert_eq!(rows.len(), USERS);
-    assert_view(&view_of(&rows), "the PostgreSQL table");
-    ex.run();
-    assert_eq!(
-        postgres_rows(&schema.0),
-        rows,
-        "a second run changes nothing"
-    );
+    ex.run_twice("the PostgreSQL table", || postgres_rows(&schema.0));
 
     // As the getting-started guide runs it: metrics and the status page, kept up once
     // the file is read, tailing it: a line appended meanwhile is reduced in.
@@ -522,11 +524,7 @@ fn the_postgres_example_fills_its_table_as_its_comments_say() {
     let after = postgres_rows(&schema.0);
     assert!(after.contains(&appended), "a later run reads nothing twice");
     assert_eq!(after.len(), USERS);
-    assert_success(
-        &ex.sluice(&["apply", "--delete", &ex.pipeline()])
-            .output()
-            .unwrap(),
-    );
+    ex.apply_delete();
     let table = format!("SELECT to_regclass('\"{}\".pageviews')::text", schema.0);
     let left: Option<String> =
         common::postgres(async |client| client.query_one(&table, &[]).await.unwrap().get(0));
@@ -580,21 +578,8 @@ fn the_mysql_example_fills_its_table_as_its_comments_say() {
     let create = format!("CREATE DATABASE `{}`", database.0);
     mysql(async |conn| conn.query_drop(create).await.unwrap());
     let ex = Example::new("mysql").var("MYSQL_URL", format!("{MYSQL_SERVER}/{}", database.0));
-    ex.run();
-    let rows = mysql_rows(&database.0);
-    assert_eq!(rows.len(), USERS);
-    assert_view(&view_of(&rows), "the MariaDB table");
-    ex.run();
-    assert_eq!(
-        mysql_rows(&database.0),
-        rows,
-        "a second run changes nothing"
-    );
-    assert_success(
-        &ex.sluice(&["apply", "--delete", &ex.pipeline()])
-            .output()
-            .unwrap(),
-    );
+    ex.run_twice("the MariaDB table", || mysql_rows(&database.0));
+    ex.apply_delete();
     let tables = format!(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = '{}' \
          AND table_name = 'pageviews'",
@@ -602,16 +587,6 @@ fn the_mysql_example_fills_its_table_as_its_comments_say() {
     );
     let left: Vec<String> = mysql(async |conn| conn.query(tables).await.unwrap());
     assert!(left.is_empty(), "apply --delete drops the table");
-}
-
-const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
-
-fn redis<T>(f: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> T) -> T {
-    block_on(async {
-        let client = redis::Client::open(REDIS_URL).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        f(&mut conn).await
-    })
 }
 
 /// A key prefix of the shared Redis server; every key under it is removed when dropped.
@@ -631,26 +606,8 @@ impl Drop for RedisPrefix {
 /// Every hash under `prefix`, by key.
 fn redis_hashes(prefix: &str) -> BTreeMap<String, BTreeMap<String, String>> {
     redis(async |conn| {
-        let mut keys: Vec<String> = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                .cursor_arg(cursor)
-                .arg("MATCH")
-                .arg(sluice_redis::key::scan_pattern(prefix))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn)
-                .await
-                .unwrap();
-            keys.extend(found);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
         let mut hashes = BTreeMap::new();
-        for key in keys {
+        for key in redis_keys(conn, prefix).await {
             let hash: BTreeMap<String, String> = redis::cmd("HGETALL")
                 .arg(&key)
                 .query_async(conn)
@@ -688,7 +645,7 @@ fn the_redis_example_stores_a_hash_per_user_as_its_comments_say() {
         }
         assert_eq!(hash["user_id"], user);
         assert_eq!(hash["last_seen"], doc["last_seen"].as_str().unwrap());
-        view.insert(user.to_string(), row_of(&doc));
+        view.insert(user.to_string(), Row::of(&doc));
     }
     assert_view(&view, "the Redis hashes");
     let u0042 = &hashes[&format!("{}02753030343200", prefix.0)];
@@ -704,11 +661,7 @@ fn the_redis_example_stores_a_hash_per_user_as_its_comments_say() {
         hashes,
         "a second run changes nothing"
     );
-    assert_success(
-        &ex.sluice(&["apply", "--delete", &ex.pipeline()])
-            .output()
-            .unwrap(),
-    );
+    ex.apply_delete();
     assert!(
         redis_hashes(&prefix.0).is_empty(),
         "apply --delete removes every key"
@@ -740,11 +693,7 @@ fn the_iceberg_example_appends_a_change_log_as_its_comments_say() {
         let txn = row["_txn"].as_i64().unwrap();
         assert_eq!(row["_op"], "U", "{row}");
         assert!(seen.insert((txn, user.clone())), "{user} twice in {txn}");
-        view.entry(user).or_default().add(
-            row["views"].as_i64().unwrap(),
-            row["bytes"].as_i64().unwrap(),
-            row["last_seen"].as_str().unwrap(),
-        );
+        view.entry(user).or_default().add_doc(row);
     }
     assert_view(&view, "the Iceberg change log, summed per user");
     ex.run();
@@ -763,7 +712,7 @@ fn fold_insert_delete(view: &mut BTreeMap<String, Row>, line: &str) {
         (Some(doc), None) => {
             let user = doc["user_id"].as_str().unwrap().to_string();
             assert!(
-                view.insert(user, row_of(doc)).is_none(),
+                view.insert(user, Row::of(doc)).is_none(),
                 "an insert onto a row not deleted first: {line}"
             );
         }
@@ -771,7 +720,7 @@ fn fold_insert_delete(view: &mut BTreeMap<String, Row>, line: &str) {
             let user = doc["user_id"].as_str().unwrap();
             assert_eq!(
                 view.remove(user),
-                Some(row_of(doc)),
+                Some(Row::of(doc)),
                 "a delete of another row than the view's: {line}"
             );
         }
@@ -832,11 +781,11 @@ fn the_files_example_publishes_changes_that_fold_to_the_view() {
 fn fold_debezium(view: &mut BTreeMap<String, Row>, event: &Value) {
     let after = &event["after"];
     let user = after["user_id"].as_str().unwrap().to_string();
-    let before = (!event["before"].is_null()).then(|| row_of(&event["before"]));
+    let before = (!event["before"].is_null()).then(|| Row::of(&event["before"]));
     let op = if before.is_some() { "u" } else { "c" };
     assert_eq!(event["op"], op, "{event}");
     assert_eq!(view.get(&user).cloned(), before, "{event}");
-    view.insert(user, row_of(after));
+    view.insert(user, Row::of(after));
 }
 
 /// A Kafka message to produce: its key and value.
@@ -908,13 +857,7 @@ fn the_kafka_example_reads_a_topic_and_publishes_its_changes_as_its_comments_say
     }
     assert_view(&view, "the changes topic, folded");
 
-    ex.run();
-    assert_eq!(sqlite_snapshot(&db), rows, "a second run changes no row");
-    assert_eq!(
-        read_changes().len(),
-        messages.len(),
-        "a second run publishes nothing"
-    );
+    ex.run_again_idle(&db, &rows, messages.len(), || read_changes().len());
 }
 
 /// JetStream streams of the local server, deleted when dropped.
@@ -982,13 +925,7 @@ fn the_nats_example_reads_a_stream_and_publishes_its_changes_as_its_comments_say
     }
     assert_view(&view, "the changes subject, folded");
 
-    ex.run();
-    assert_eq!(sqlite_snapshot(&db), rows, "a second run changes no row");
-    assert_eq!(
-        read_changes().len(),
-        messages.len(),
-        "a second run publishes nothing"
-    );
+    ex.run_again_idle(&db, &rows, messages.len(), || read_changes().len());
 }
 
 // ---------------------------------------------------------------------------------
@@ -1061,11 +998,7 @@ fn the_postgres_cdc_example_mirrors_its_table_as_its_comments_say() {
     assert!(rows == expected, "the mirror is the sample, line by line");
     let distinct: BTreeSet<&String> = rows.values().map(|r| &r.0).collect();
     assert_eq!(distinct.len(), USERS);
-    let slots = block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+    let slots = postgres_at(&url, async |client| {
         let rows = client
             .query("SELECT slot_name::text FROM pg_replication_slots", &[])
             .await
@@ -1162,43 +1095,17 @@ fn the_http_example_takes_the_posted_sample_as_its_comments_say() {
 
 /// The example's Python driver, started as its README says; killed when dropped.
 fn start_python_driver(ex: &Example) -> (Running, String) {
-    let generated = ex.path("out/generated");
-    std::fs::create_dir_all(&generated).unwrap();
-    let protoc = Command::new("python3")
-        .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
-        .arg(format!("--python_out={}", generated.display()))
-        .arg(format!("--grpc_python_out={}", generated.display()))
-        .args(["flow.proto", "materialize.proto"])
-        .output()
-        .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
-    assert!(
-        protoc.status.success(),
-        "generating the Python modules: {}",
-        String::from_utf8_lossy(&protoc.stderr)
-    );
     let log = ex.path("out/driver.log");
-    let mut child = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .args([
             "examples/python-driver/driver.py",
             "--state",
             "examples/python-driver/out/driver-state.json",
         ])
-        .current_dir(ex.root.path())
-        .env("PYTHONPATH", &generated)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start the driver");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let running = Running { child, log };
-    let address = match line.trim().strip_prefix("listening on ") {
-        Some(address) => address.to_string(),
-        None => panic!("the driver did not start ({line:?}): {}", running.log()),
-    };
-    (running, address)
+        .current_dir(ex.root.path());
+    let (child, address) = common::start_python_driver(command, &ex.path("out/generated"), &log);
+    (Running { child, log }, address)
 }
 
 #[test]
@@ -1255,7 +1162,7 @@ fn the_python_driver_example_fills_the_drivers_table_as_its_comments_say() {
     let rows = table();
     let view: BTreeMap<String, Row> = rows
         .values()
-        .map(|doc| (doc["user_id"].as_str().unwrap().to_string(), row_of(doc)))
+        .map(|doc| (doc["user_id"].as_str().unwrap().to_string(), Row::of(doc)))
         .collect();
     assert_eq!(rows.len(), USERS);
     assert_view(&view, "the driver's table");

@@ -15,20 +15,19 @@
 //! Python protobuf modules are generated from `crates/proto/proto` into a temp dir.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, pipeline_yaml, reduce_expected};
+use common::{SLUICE, pipeline_yaml, reduce_expected, start_python_driver};
 
 const DRIVER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../examples/python-driver/driver.py"
 );
-const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
 
 /// A bound on one `sluice` command here, far above what it needs (a run or the suite
 /// takes seconds): past it, the command is hung, not slow.
@@ -52,50 +51,17 @@ impl Drop for PythonDriver {
 impl PythonDriver {
     /// Generates the protobuf modules into `dir` and starts the driver there.
     fn start(dir: &Path) -> PythonDriver {
-        let generated = dir.join("generated");
-        std::fs::create_dir_all(&generated).unwrap();
-        let protoc = Command::new("python3")
-            .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
-            .arg(format!("--python_out={}", generated.display()))
-            .arg(format!("--grpc_python_out={}", generated.display()))
-            .args(["flow.proto", "materialize.proto"])
-            .output()
-            .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
-        assert!(
-            protoc.status.success(),
-            "generating the Python protobuf modules failed (python3 -m pip install grpcio \
-             grpcio-tools, as .ci/services does): {}",
-            String::from_utf8_lossy(&protoc.stderr)
-        );
         let log = dir.join("driver.log");
         let state = dir.join("driver-state.json");
-        let mut child = Command::new("python3")
-            .arg(DRIVER)
-            .arg("--state")
-            .arg(&state)
-            .env("PYTHONPATH", &generated)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the grpcio driver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let mut driver = PythonDriver {
+        let mut command = Command::new("python3");
+        command.arg(DRIVER).arg("--state").arg(&state);
+        let (child, address) = start_python_driver(command, &dir.join("generated"), &log);
+        PythonDriver {
             child,
-            address: String::new(),
+            address,
             log,
             state,
-        };
-        driver.address = match line.trim().strip_prefix("listening on ") {
-            Some(address) => address.to_string(),
-            None => panic!(
-                "the grpcio driver did not start ({line:?}): {}",
-                driver.log_text()
-            ),
-        };
-        driver
+        }
     }
 
     fn log_text(&self) -> String {

@@ -14,17 +14,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table};
+use common::{
+    SLUICE, assert_success, block_on, generate, pipeline_yaml, reduce_expected, sqlite_table,
+};
 
 const URL: &str = "nats://127.0.0.1:4222";
-
-fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 struct Fixture {
     dir: tempfile::TempDir,

@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{Row, SLUICE, assert_success, generate, write_lines};
+use common::{Row, SLUICE, assert_success, block_on, generate, write_lines};
 
 /// Documents per transaction: the pipeline closes transactions at exactly this many.
 const PER_TXN: usize = 500;
@@ -74,16 +74,6 @@ materializations:
     yaml
 }
 
-fn row(doc: &Value) -> Row {
-    let mut row = Row::default();
-    row.add(
-        doc["views"].as_i64().unwrap(),
-        doc["bytes"].as_i64().unwrap(),
-        doc["last_seen"].as_str().unwrap(),
-    );
-    row
-}
-
 /// One key's change: the row before (none: inserted) and after (none: deleted).
 type Changes = BTreeMap<String, (Option<Row>, Option<Row>)>;
 
@@ -96,11 +86,7 @@ fn model(docs: &[Value], view: &mut BTreeMap<String, Row>) -> Vec<Changes> {
                 let user = doc["user_id"].as_str().unwrap().to_string();
                 let before = view.get(&user).cloned();
                 changes.entry(user.clone()).or_insert((before, None));
-                view.entry(user).or_default().add(
-                    doc["views"].as_i64().unwrap(),
-                    doc["bytes"].as_i64().unwrap(),
-                    doc["last_seen"].as_str().unwrap(),
-                );
+                view.entry(user).or_default().add_doc(doc);
             }
             for (user, change) in &mut changes {
                 change.1 = view.get(user).cloned();
@@ -157,7 +143,7 @@ fn decode_json(lines: &[String]) -> Changes {
         (
             insert,
             doc["user_id"].as_str().unwrap().to_string(),
-            row(doc),
+            Row::of(doc),
         )
     }))
 }
@@ -183,8 +169,8 @@ fn decode_debezium(lines: &[String], txn: u64, snapshot: bool) -> Changes {
                 .as_str()
                 .unwrap()
                 .to_string();
-            let before = (!before.is_null()).then(|| row(before));
-            let after = (!after.is_null()).then(|| row(after));
+            let before = (!before.is_null()).then(|| Row::of(before));
+            let after = (!after.is_null()).then(|| Row::of(after));
             (user, (before, after))
         })
         .collect()
@@ -360,14 +346,6 @@ fn unique(test: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("sluice-test-{test}-{nanos:x}-{}", std::process::id())
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 #[test]

@@ -13,8 +13,8 @@ use std::time::Duration;
 mod common;
 
 use common::{
-    POSTGRES_URL, Row as Expected, SLUICE, assert_success, generate, pipeline_yaml, postgres,
-    reduce_expected, sqlite_rows, write_lines,
+    POSTGRES_URL, Row as Expected, SLUICE, assert_success, generate, pipeline_yaml,
+    postgres_execute, postgres_rows, reduce_expected, sqlite_rows, write_lines,
 };
 
 /// Where a fixture's pipeline materializes.
@@ -35,7 +35,7 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         if let Store::Postgres { schema } = &self.store {
             let sql = format!(r#"DROP SCHEMA IF EXISTS "{schema}" CASCADE"#);
-            postgres(async |c| c.batch_execute(&sql).await.unwrap());
+            postgres_execute(POSTGRES_URL, &sql);
         }
     }
 }
@@ -57,7 +57,7 @@ impl Fixture {
                 .subsec_nanos()
         );
         let sql = format!(r#"CREATE SCHEMA "{schema}""#);
-        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        postgres_execute(POSTGRES_URL, &sql);
         Fixture::with_store(Store::Postgres { schema }, delta_updates, max_docs)
     }
 
@@ -101,19 +101,7 @@ impl Fixture {
     fn table(&self) -> (BTreeMap<String, Expected>, BTreeMap<String, usize>) {
         let rows: Vec<(String, i64, i64, String)> = match &self.store {
             Store::Sqlite => sqlite_rows(&self.dir.path().join("out/views.db")),
-            Store::Postgres { schema } => {
-                let sql = format!(
-                    r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#
-                );
-                postgres(async |c| {
-                    c.query(&sql, &[])
-                        .await
-                        .unwrap()
-                        .iter()
-                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-                        .collect()
-                })
-            }
+            Store::Postgres { schema } => postgres_rows(schema),
         };
         let mut table: BTreeMap<String, Expected> = BTreeMap::new();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();

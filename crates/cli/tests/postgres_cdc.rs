@@ -10,34 +10,12 @@ use std::process::Command;
 
 mod common;
 
-use common::{SLUICE, assert_success};
-
-fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-fn execute(url: &str, sql: &str) {
-    block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client.batch_execute(sql).await.unwrap();
-    })
-}
+use common::{SLUICE, assert_success, postgres_at, postgres_execute};
 
 type Rows = BTreeMap<i64, (Option<String>, Option<i64>)>;
 
 fn source_rows(url: &str) -> Rows {
-    block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+    postgres_at(url, async |client| {
         let rows = client
             .query("SELECT id, name, qty::bigint FROM items", &[])
             .await
@@ -93,7 +71,7 @@ runtime:
 fn snapshot_and_streamed_changes_equal_the_source_table() {
     let pg = LogicalPostgres::start();
     let url = pg.url();
-    execute(
+    postgres_execute(
         &url,
         "CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int);
          INSERT INTO items SELECT g, 'item ' || g, g FROM generate_series(1, 3000) g;",
@@ -115,7 +93,7 @@ fn snapshot_and_streamed_changes_equal_the_source_table() {
         store_rows(&dir.path().join("out/items.db")),
         source_rows(&url)
     );
-    execute(
+    postgres_execute(
         &url,
         "UPDATE items SET qty = qty * 2 WHERE id % 7 = 0;
          INSERT INTO items SELECT g, NULL, NULL FROM generate_series(3001, 3500) g;

@@ -10,9 +10,10 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines};
-
-const URL: &str = "redis://127.0.0.1:6379/0";
+use common::{
+    REDIS_URL as URL, Row, SLUICE, assert_success, generate, pipeline_yaml, redis, redis_keys,
+    reduce_expected, write_lines,
+};
 
 /// The test's key prefix; every key under it is deleted when dropped (SCAN + UNLINK
 /// over a one-off connection).
@@ -34,24 +35,8 @@ impl Keys {
     /// Every key under the prefix and its document.
     fn documents(&self) -> BTreeMap<String, Value> {
         redis(async |conn| {
-            let mut keys: Vec<String> = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .cursor_arg(cursor)
-                    .arg("MATCH")
-                    .arg(sluice_redis::key::scan_pattern(&self.prefix))
-                    .query_async(conn)
-                    .await
-                    .unwrap();
-                keys.extend(found);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
             let mut docs = BTreeMap::new();
-            for key in keys {
+            for key in redis_keys(conn, &self.prefix).await {
                 let text: String = redis::cmd("GET").arg(&key).query_async(conn).await.unwrap();
                 docs.insert(key, serde_json::from_str(&text).unwrap());
             }
@@ -69,19 +54,6 @@ impl Drop for Keys {
                 .unwrap();
         });
     }
-}
-
-/// Runs `f` with a connection to the test server, on a runtime of its own.
-fn redis<T>(f: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = redis::Client::open(URL).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        f(&mut conn).await
-    })
 }
 
 fn sluice(dir: &std::path::Path, args: &[&str]) -> Output {
@@ -143,13 +115,7 @@ fn sluice_run_stores_every_reduced_document_under_the_prefix_at_least_once() {
             // The key is the prefix and the hex of the packed collection key.
             let packed = sluice_doc::tuple::pack_key(std::slice::from_ref(&doc["user_id"]));
             assert_eq!(key, sluice_redis::key::encode(&keys.prefix, &packed));
-            let mut row = Row::default();
-            row.add(
-                doc["views"].as_i64().unwrap(),
-                doc["bytes"].as_i64().unwrap(),
-                doc["last_seen"].as_str().unwrap(),
-            );
-            (doc["user_id"].as_str().unwrap().to_string(), row)
+            (doc["user_id"].as_str().unwrap().to_string(), Row::of(&doc))
         })
         .collect();
     assert_eq!(stored.len(), expected.len(), "one key per user");

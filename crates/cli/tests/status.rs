@@ -18,23 +18,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, generate, pipeline_yaml};
+use common::{SLUICE, free_address, generate, pipeline_yaml};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// A port free now, below the ephemeral range (32768 and up on Linux): a port the system
-/// chose could be the source port of some test's connection by the time a server binds
-/// it. Ten ports per process id, so the tests of this file (processes of their own)
-/// search apart.
-fn free_address() -> SocketAddr {
-    let first = 20_000 + std::process::id() % 1_200 * 10;
-    (first..32_768)
-        .find_map(|port| std::net::TcpListener::bind(("127.0.0.1", port as u16)).ok())
-        .and_then(|probe| probe.local_addr().ok())
-        .expect("a free port below 32768")
-}
 
 /// Polls `probe` until it returns something, failing with `what` after [`PATIENCE`].
 fn wait_until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {

@@ -1,34 +1,141 @@
 //! What the end-to-end tests share: the pageviews pipeline, its expected reduction
-//! computed independently of Sluice's reducers, and running the binary.
+//! computed independently of Sluice's reducers, running the binary, and reaching the
+//! shared services (PostgreSQL, Redis) and a Python driver from synchronous tests.
 
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Child, Command, Output, Stdio};
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// The shared PostgreSQL server's test database.
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-/// Runs `f` with a client of the shared PostgreSQL server, on a runtime of its own
-/// (the tests themselves are synchronous).
-pub fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// The shared Redis server's database 0.
+pub const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+
+/// The protobuf definitions a driver's Python modules are generated from.
+pub const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto");
+
+/// Runs `f` to completion on a current-thread runtime of its own (the tests themselves
+/// are synchronous).
+pub fn block_on<T>(f: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(POSTGRES_URL, tokio_postgres::NoTls)
+        .unwrap()
+        .block_on(f)
+}
+
+/// A port free now, below the ephemeral range (32768 and up on Linux): a port the system
+/// chose could be the source port of some test's connection by the time a server binds
+/// it. Ten ports per process id, so tests (processes of their own) search apart.
+pub fn free_address() -> SocketAddr {
+    let first = 20_000 + std::process::id() % 1_200 * 10;
+    (first..32_768)
+        .find_map(|port| std::net::TcpListener::bind(("127.0.0.1", port as u16)).ok())
+        .and_then(|probe| probe.local_addr().ok())
+        .expect("a free port below 32768")
+}
+
+/// Runs `f` with a client of the shared PostgreSQL server, on a runtime of its own.
+pub fn postgres<T>(f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
+    postgres_at(POSTGRES_URL, f)
+}
+
+/// Runs `f` with a client of the PostgreSQL server at `url`, on a runtime of its own.
+pub fn postgres_at<T>(url: &str, f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
+    block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(conn);
         f(&client).await
     })
+}
+
+/// Runs the statements `sql` on the PostgreSQL server at `url`.
+pub fn postgres_execute(url: &str, sql: &str) {
+    postgres_at(url, async |c| c.batch_execute(sql).await.unwrap());
+}
+
+/// Runs `f` with a connection to the shared Redis server, on a runtime of its own.
+pub fn redis<T>(f: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> T) -> T {
+    block_on(async {
+        let client = redis::Client::open(REDIS_URL).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        f(&mut conn).await
+    })
+}
+
+/// Every key under `prefix` (SCAN to the end).
+pub async fn redis_keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .cursor_arg(cursor)
+            .arg("MATCH")
+            .arg(sluice_redis::key::scan_pattern(prefix))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap();
+        keys.extend(found);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// Starts a driver written with Python's grpcio: generates the protobuf modules of
+/// [`PROTOS`] into `generated`, spawns `driver` (a `python3` command) with them on its
+/// path and its stderr in `log`, and returns it with the address its first line names
+/// (`listening on HOST:PORT`). A driver that does not start is killed, failing the test.
+pub fn start_python_driver(mut driver: Command, generated: &Path, log: &Path) -> (Child, String) {
+    std::fs::create_dir_all(generated).unwrap();
+    let protoc = Command::new("python3")
+        .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
+        .arg(format!("--python_out={}", generated.display()))
+        .arg(format!("--grpc_python_out={}", generated.display()))
+        .args(["flow.proto", "materialize.proto"])
+        .output()
+        .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
+    assert!(
+        protoc.status.success(),
+        "generating the Python protobuf modules failed (python3 -m pip install grpcio \
+         grpcio-tools, as .ci/services does): {}",
+        String::from_utf8_lossy(&protoc.stderr)
+    );
+    let mut child = driver
+        .env("PYTHONPATH", generated)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("start the grpcio driver");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    match line.trim().strip_prefix("listening on ") {
+        Some(address) => (child, address.to_string()),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the grpcio driver did not start ({line:?}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        }
+    }
 }
 
 /// Deterministic input: `n` documents over `keys` users.
@@ -72,6 +179,22 @@ pub struct Row {
 }
 
 impl Row {
+    /// The row of one pageviews document (or of a row read back as one).
+    pub fn of(doc: &Value) -> Row {
+        let mut row = Row::default();
+        row.add_doc(doc);
+        row
+    }
+
+    /// Reduces one more pageviews document (or row read back as one) into the row.
+    pub fn add_doc(&mut self, doc: &Value) {
+        self.add(
+            doc["views"].as_i64().unwrap(),
+            doc["bytes"].as_i64().unwrap(),
+            doc["last_seen"].as_str().unwrap(),
+        );
+    }
+
     /// Reduces one more document (or row) of this user into the row.
     pub fn add(&mut self, views: i64, bytes: i64, last_seen: &str) {
         self.views += views;
@@ -110,11 +233,7 @@ pub fn reduce_expected(docs: &[Value]) -> BTreeMap<String, Row> {
     for doc in docs {
         out.entry(doc["user_id"].as_str().unwrap().to_string())
             .or_default()
-            .add(
-                doc["views"].as_i64().unwrap(),
-                doc["bytes"].as_i64().unwrap(),
-                doc["last_seen"].as_str().unwrap(),
-            );
+            .add_doc(doc);
     }
     out
 }
@@ -171,20 +290,25 @@ pub fn assert_success(out: &Output) {
     );
 }
 
-/// The `pageviews` table of `schema`, per user, asserting no user has two rows.
-pub fn postgres_table(schema: &str) -> BTreeMap<String, Row> {
+/// The rows of the `pageviews` table of `schema` of the shared PostgreSQL server:
+/// (user_id, views, bytes, last_seen).
+pub fn postgres_rows(schema: &str) -> Vec<(String, i64, i64, String)> {
     let sql =
         format!(r#"SELECT "user_id", "views", "bytes", "last_seen" FROM "{schema}"."pageviews""#);
-    let rows: Vec<(String, i64, i64, String)> = postgres(async |c| {
+    postgres(async |c| {
         c.query(&sql, &[])
             .await
             .unwrap()
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect()
-    });
+    })
+}
+
+/// The `pageviews` table of `schema`, per user, asserting no user has two rows.
+pub fn postgres_table(schema: &str) -> BTreeMap<String, Row> {
     let mut table: BTreeMap<String, Row> = BTreeMap::new();
-    for (user, views, bytes, seen) in rows {
+    for (user, views, bytes, seen) in postgres_rows(schema) {
         assert!(!table.contains_key(&user), "{user} written twice");
         table.entry(user).or_default().add(views, bytes, &seen);
     }
@@ -198,7 +322,7 @@ impl Schema {
     pub fn new(tag: &str) -> Schema {
         let name = format!("sluice_{tag}_{}", std::process::id());
         let sql = format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE; CREATE SCHEMA "{name}""#);
-        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        postgres_execute(POSTGRES_URL, &sql);
         Schema(name)
     }
 }
@@ -206,6 +330,6 @@ impl Schema {
 impl Drop for Schema {
     fn drop(&mut self) {
         let sql = format!(r#"DROP SCHEMA IF EXISTS "{}" CASCADE"#, self.0);
-        postgres(async |c| c.batch_execute(&sql).await.unwrap());
+        postgres_execute(POSTGRES_URL, &sql);
     }
 }
