@@ -29,13 +29,16 @@
 //! `server-restart` on the server stores only, `broker-restart` on the broker sources
 //! only. A Kafka topic's four partitions interleave in no fixed order, so the model does
 //! not know the documents of each transaction: `--mode delta` and `disk-full` (which
-//! check them) read a file or a NATS stream. Fail points need a binary built with the `failpoints` feature; without
+//! check them) read a file or a NATS stream. `cluster` ([`cluster`]) runs three members
+//! of a cluster on a private etcd member and faults them (kill, stop past the lease,
+//! split, etcd restart), in standard mode on a store, from a file, Kafka or NATS. Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
 //! A run whose outcome contradicts its fault (a crash point that fired but the process
 //! exited 0, an unexpected error, a run that hangs) is an **anomaly**: reported with
 //! its log, and the torture fails, whatever the final comparison says.
 
+mod cluster;
 mod input;
 mod model;
 mod output;
@@ -147,6 +150,9 @@ enum Scenario {
     ServerRestart,
     BrokerRestart,
     DiskFull,
+    /// Three members of a cluster (a private etcd member) share the shards while
+    /// members are killed, stopped past their lease, shards split and etcd restarted.
+    Cluster,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,6 +191,12 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
     }
     if args.scenario == Scenario::ServerRestart && dialect.is_none() {
         bail!("server-restart restarts a database server: --store postgres or mysql");
+    }
+    if args.scenario == Scenario::Cluster && args.mode == Mode::Delta {
+        bail!(
+            "the cluster scenario runs in standard mode: each shard closes transactions of \
+             its own, so the model cannot know which documents a transaction held"
+        );
     }
     if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
         bail!("broker-restart restarts a log broker: --source kafka or nats");
@@ -576,6 +588,16 @@ runtime:
 
     /// Starts `sluice <args>` with `failpoints` armed (none: FAILPOINTS unset).
     fn spawn(&mut self, args: &[&str], failpoints: Option<&str>) -> anyhow::Result<Running> {
+        self.spawn_with(args, failpoints, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with environment variables `env` set.
+    fn spawn_with(
+        &mut self,
+        args: &[&str],
+        failpoints: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Running> {
         self.runs += 1;
         let name = format!("run-{:04}", self.runs);
         let stdout = self.dir.join(format!("{name}.out"));
@@ -590,6 +612,7 @@ runtime:
         if let Some(failpoints) = failpoints {
             cmd.env("FAILPOINTS", failpoints);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {}", self.exe.display()))?;

@@ -434,3 +434,27 @@ fn a_tampered_files_output_fails_the_torture_naming_each_broken_rule() {
         assert!(stderr.contains(rule), "{rule:?} not reported:\n{stderr}");
     }
 }
+
+#[test]
+fn postgres_cluster_members_killed_stopped_split_and_etcd_restarted_end_exact() {
+    let out = torture(&[
+        "--store",
+        "postgres",
+        "--scenario",
+        "cluster",
+        "--faults",
+        "8",
+    ]);
+    assert_exact_after(&out, 8);
+    let report = stdout(&out);
+    for kind in [
+        "cluster: member SIGKILLed",
+        "cluster: zombie past its lease",
+        "cluster: shard split",
+        "cluster: etcd restarted",
+    ] {
+        let line = report.lines().find(|l| l.starts_with(kind));
+        let fired = line.and_then(|l| l.split_whitespace().last());
+        assert_eq!(fired, Some("2"), "{kind} fired twice:\n{report}");
+    }
+}

@@ -20,7 +20,7 @@ const HANG: Duration = Duration::from_secs(90);
 const MID_RUN_FAULTS: u64 = 3;
 
 pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Result<()> {
-    let needs_failpoints = args.scenario != Scenario::Random;
+    let needs_failpoints = !matches!(args.scenario, Scenario::Random | Scenario::Cluster);
     if needs_failpoints && !cfg!(feature = "failpoints") {
         bail!("this scenario needs fail points: build sluice with `--features failpoints`");
     }
@@ -37,6 +37,7 @@ pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Res
         Scenario::ServerRestart => server_restart(h),
         Scenario::BrokerRestart => broker_restart(h, args.faults, &mut Rng::new(seed ^ 0xb0b)),
         Scenario::DiskFull => disk_full(h),
+        Scenario::Cluster => super::cluster::run(h, args.faults, &mut Rng::new(seed ^ 0xc1a5)),
     }
 }
 
