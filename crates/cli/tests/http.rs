@@ -211,3 +211,53 @@ fn a_retried_key_is_applied_once_also_after_a_sigkill() {
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
     terminate(running);
 }
+
+/// A store restored from a backup taken before some bodies were answered 200: those
+/// bodies lived only in transactions the store no longer holds, and their clients will
+/// not send them again, so the run refuses, naming them, and leaves the store alone.
+#[test]
+fn a_store_restored_behind_answered_bodies_is_refused_naming_them() {
+    let fx = Fixture::new("");
+    let docs = generate(300, 50, 41);
+    let running = fx.start();
+    for chunk in docs[..100].chunks(50) {
+        assert_eq!(fx.post(None, &lines(chunk)).status, 200);
+    }
+    let backup = fx.dir.path().join("backup.db");
+    rusqlite::Connection::open(fx.db())
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    for chunk in docs[100..].chunks(50) {
+        assert_eq!(fx.post(None, &lines(chunk)).status, 200);
+    }
+    terminate(running);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", fx.db().display()));
+    }
+    std::fs::copy(&backup, fx.db()).unwrap();
+    let out = Command::new(SLUICE)
+        .arg("run")
+        .arg(fx.dir.path().join("pipeline.yaml"))
+        .env("RUST_LOG", "warn")
+        .env("SLUICE_TEST_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a rewind past answered bodies must fail"
+    );
+    assert!(stderr.contains("source views-file"), "{stderr}");
+    assert!(
+        stderr.contains("the bodies numbered 3 to 6 were answered 200"),
+        "names the lost bodies: {stderr}"
+    );
+    assert_eq!(
+        sqlite_table(&fx.db()),
+        reduce_expected(&docs[..100]),
+        "the store is left as restored"
+    );
+}

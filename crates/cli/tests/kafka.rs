@@ -182,3 +182,55 @@ fn on_error_skip_dead_letters_a_bad_message_with_its_position() {
         format!("topic {} partition 1 offset 10", fx.topic)
     );
 }
+
+/// A store restored from a backup whose checkpoint points into offsets retention has
+/// deleted since: reading on would skip them, so the run refuses naming the partition
+/// and the gap, and leaves the store as restored.
+#[test]
+fn a_restored_store_whose_offsets_retention_deleted_is_refused_naming_the_gap() {
+    let fx = Fixture::new("restore", "");
+    let first = generate(1_200, 200, 21);
+    fx.produce_docs(&first);
+    assert_success(&fx.run());
+    let db = fx.path("out/views.db");
+    let backup = fx.path("backup.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    let more = generate(1_200, 200, 22);
+    fx.produce_docs(&more);
+    assert_success(&fx.run());
+
+    // Retention deletes every record produced so far.
+    let mut produced = [0i64; PARTITIONS as usize];
+    for doc in first.iter().chain(&more) {
+        produced[user_number(doc) % PARTITIONS as usize] += 1;
+    }
+    for (partition, &end) in produced.iter().enumerate() {
+        fx.runtime
+            .block_on(fx.admin.delete_records(&fx.topic, partition as i32, end))
+            .unwrap();
+    }
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    std::fs::copy(&backup, &db).unwrap();
+
+    let out = fx.run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a rewind into deleted offsets must fail"
+    );
+    assert!(stderr.contains("retention deleted offsets"), "{stderr}");
+    assert!(
+        stderr.contains("is older than the recovery log's"),
+        "{stderr}"
+    );
+    assert_eq!(
+        sqlite_table(&db),
+        reduce_expected(&first),
+        "left as restored"
+    );
+}

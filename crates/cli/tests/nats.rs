@@ -181,3 +181,52 @@ fn skipped_messages_are_dead_lettered_at_their_stream_and_sequence() {
     );
     assert!(letters.iter().all(|l| l["source"] == "views-file"));
 }
+
+/// A store restored from a backup whose checkpoint points into messages the stream's
+/// retention has removed since: the run refuses naming the gap, and leaves the store
+/// as restored.
+#[test]
+fn a_restored_store_whose_messages_retention_removed_is_refused_naming_the_gap() {
+    let fx = Fixture::new("", "", 300);
+    let docs = generate(2_000, 97, 8);
+    fx.publish_docs(&docs[..1_000]);
+    assert_success(&fx.command().output().unwrap());
+    let db = fx.path("out/views.db");
+    let backup = fx.path("backup.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    fx.publish_docs(&docs[1_000..]);
+    assert_success(&fx.command().output().unwrap());
+
+    // Retention removes the first 1 500 messages.
+    block_on(async {
+        let admin = Admin::connect(URL).await.unwrap();
+        admin.purge_below(&fx.stream, 1_501).await.unwrap();
+    });
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    std::fs::copy(&backup, &db).unwrap();
+
+    let out = fx.command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a rewind into removed messages must fail"
+    );
+    assert!(
+        stderr.contains(&format!("stream {}", fx.stream)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("is older than the recovery log's"),
+        "{stderr}"
+    );
+    assert_eq!(
+        sqlite_table(&db),
+        reduce_expected(&docs[..1_000]),
+        "left as restored"
+    );
+}

@@ -45,6 +45,17 @@ pub enum SinkGuarantee {
     Output,
 }
 
+impl SinkGuarantee {
+    /// Whether the store keeps the runtime checkpoint in its own transactions (an
+    /// authoritative Flow driver, an output's view): recovery trusts it over the log.
+    pub fn store_keeps_checkpoint(&self) -> bool {
+        matches!(
+            self,
+            SinkGuarantee::Flow(Some(CommitPattern::RemoteAuthoritative)) | SinkGuarantee::Output
+        )
+    }
+}
+
 /// A part that cannot give the delivery asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -141,6 +141,8 @@ pub struct PlannedMaterialization {
     pub endpoint: Arc<dyn Endpoint>,
     /// An epoch sink's handle (see [`Connected::participant`]).
     pub participant: Option<Arc<dyn EpochParticipant>>,
+    /// See [`SinkGuarantee::store_keeps_checkpoint`].
+    pub store_keeps_checkpoint: bool,
     pub spec: flow::MaterializationSpec,
     pub validated: m::ValidateResponse,
     pub shard: config::ShardDef,
@@ -269,6 +271,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
             name: name.clone(),
             endpoint: connected.endpoint,
             participant: connected.participant,
+            store_keeps_checkpoint: connected.guarantee.store_keeps_checkpoint(),
             spec: flow::MaterializationSpec {
                 materialization: name.clone(),
                 endpoint_type: connected.endpoint_type as i32,
@@ -572,6 +575,7 @@ struct Template {
     feeds: Vec<SourceFeed>,
     endpoint: Arc<dyn Endpoint>,
     participant: Option<Arc<dyn EpochParticipant>>,
+    store_keeps_checkpoint: bool,
     shard: config::ShardDef,
 }
 
@@ -658,6 +662,7 @@ impl Launcher {
                 feeds,
                 endpoint: m.endpoint,
                 participant: m.participant,
+                store_keeps_checkpoint: m.store_keeps_checkpoint,
                 shard: m.shard,
             };
             templates.insert(m.name, template);
@@ -712,6 +717,7 @@ impl Launcher {
             shard,
             endpoint: t.endpoint.clone(),
             participant: t.participant.clone(),
+            store_keeps_checkpoint: t.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             feeds: t.feeds.clone(),
             log_dir: self.log_root.join(materialization),
@@ -767,6 +773,7 @@ struct Attempt {
     shard: Shard,
     endpoint: Arc<dyn Endpoint>,
     participant: Option<Arc<dyn EpochParticipant>>,
+    store_keeps_checkpoint: bool,
     deployment_id: String,
     feeds: Vec<SourceFeed>,
     /// `<recovery_log>/<materialization>`: the log when it is [`LogPlace::Local`], and
@@ -847,6 +854,7 @@ impl Attempt {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
             participant: self.participant.clone(),
+            store_keeps_checkpoint: self.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             sources,
             log,

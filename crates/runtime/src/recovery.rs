@@ -163,8 +163,11 @@ pub use sluice_driver_sdk::machine::REBUILD_SENTINEL;
 /// What a store reported in `Opened.flow_checkpoint`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreCheckpoint {
-    /// Empty bytes: the store keeps no checkpoint; use the runtime's own.
+    /// Empty bytes from a store that keeps no checkpoint: use the runtime's own.
     RuntimeOwn,
+    /// Empty bytes from a store that keeps the runtime checkpoint (authoritative): it
+    /// holds none for this range, so it never committed one, or it lost them all.
+    Absent,
     /// The rebuild sentinel: begin again from an empty checkpoint.
     Rebuild,
     /// A checkpoint: processing begins there, whatever the log holds.
@@ -172,11 +175,17 @@ pub enum StoreCheckpoint {
 }
 
 impl StoreCheckpoint {
-    pub fn from_opened(bytes: &[u8]) -> Result<StoreCheckpoint, RecoveryError> {
+    /// What `Opened.flow_checkpoint` says, from a store that keeps the runtime
+    /// checkpoint in its own transactions (`keeps_checkpoint`: authoritative) or not.
+    pub fn from_opened(
+        bytes: &[u8],
+        keeps_checkpoint: bool,
+    ) -> Result<StoreCheckpoint, RecoveryError> {
         if bytes == REBUILD_SENTINEL {
             return Ok(StoreCheckpoint::Rebuild);
         }
         Ok(match Checkpoint::from_bytes(bytes)? {
+            None if keeps_checkpoint => StoreCheckpoint::Absent,
             None => StoreCheckpoint::RuntimeOwn,
             Some(checkpoint) => StoreCheckpoint::At(checkpoint),
         })
@@ -755,6 +764,10 @@ pub enum RecoveryPlan {
     /// Seek to `from`, then replay the intent's steps as transaction `replay.txn`
     /// (verifying their hashes), then go on.
     ReplayThenResume { from: Checkpoint, replay: Intent },
+    /// A store that keeps the runtime checkpoint holds none, but the log committed
+    /// through `log_txn`: the store was recreated, emptied, or is another one. Resuming
+    /// would fill it from the middle of its input, so the run is refused.
+    StoreLost { log_txn: u64 },
 }
 
 /// Decides recovery from observed facts: the log's last commit, what the store reported
@@ -764,7 +777,8 @@ pub enum RecoveryPlan {
 ///   newer than the log's (the log's record of a transaction the store committed was
 ///   lost in a crash), the same, or older (a store restored from a backup asks to be
 ///   caught up). The sentinel begins from the empty checkpoint. Only a store that keeps
-///   no checkpoint leaves the choice to the log.
+///   no checkpoint leaves the choice to the log. A store that keeps checkpoints but has
+///   none, while the log committed, lost what the log's commits stand for: refused.
 /// - The intent is replayed only when it was written right after the chosen
 ///   checkpoint: the pending intent follows the log's last commit (or nothing, for
 ///   transaction 1), so it is replayed only when that commit is the chosen checkpoint
@@ -776,6 +790,11 @@ pub fn plan_recovery(
     intent: Option<&Intent>,
 ) -> RecoveryPlan {
     let empty = Checkpoint::default();
+    if let (StoreCheckpoint::Absent, Some(log)) = (store, log_commit)
+        && log.txn > 0
+    {
+        return RecoveryPlan::StoreLost { log_txn: log.txn };
+    }
     let chosen = match store {
         // The store's copy of the log's last commit: the log's, which also holds the
         // driver checkpoint that the store's copy predates.
@@ -783,7 +802,7 @@ pub fn plan_recovery(
             Some(log) if log.same_commit(checkpoint) => Some(log),
             _ => Some(checkpoint),
         },
-        StoreCheckpoint::Rebuild => Some(&empty),
+        StoreCheckpoint::Rebuild | StoreCheckpoint::Absent => Some(&empty),
         StoreCheckpoint::RuntimeOwn => log_commit,
     };
     let follows = |intent: &Intent| match (log_commit, chosen) {
@@ -799,7 +818,9 @@ pub fn plan_recovery(
     }
     match (store, log_commit, chosen) {
         (StoreCheckpoint::Rebuild, Some(_), _) => RecoveryPlan::Rebuild,
-        (StoreCheckpoint::Rebuild, None, _) | (_, _, None) => RecoveryPlan::Fresh,
+        (StoreCheckpoint::Rebuild | StoreCheckpoint::Absent, None, _) | (_, _, None) => {
+            RecoveryPlan::Fresh
+        }
         (_, _, Some(c)) => RecoveryPlan::ResumeFrom(c.clone()),
     }
 }

@@ -312,3 +312,59 @@ boundary_tests! {
     failing_after_the_decision_reapplies_it: AFTER_LOG_COMMIT,
     failing_to_apply_reapplies_at_recovery: DRIVER_ACKNOWLEDGE,
 }
+
+/// A decided epoch whose descriptor the log holds damaged stops the run: taking it for
+/// "nothing decided" would let the abort cleaner remove the staging of an epoch that
+/// was decided but not yet applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_decided_epoch_refuses_to_start_and_keeps_its_staging() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path());
+    let registry = registry();
+    let pipeline = Pipeline::parse(PIPELINE, dir.path(), &registry).unwrap();
+    let run = || async {
+        let planned = pipeline::plan(&pipeline, &registry).await.unwrap();
+        pipeline::apply_first_start(&pipeline, &planned)
+            .await
+            .unwrap();
+        pipeline::run(
+            &pipeline,
+            planned,
+            RunOptions::default(),
+            Arc::new(Progress::default()),
+            tokio::sync::watch::channel(false).1,
+        )
+        .await
+    };
+    let summaries = run().await.unwrap();
+    let last = summaries[0].1.last_txn;
+
+    // The next epoch was decided (its descriptor is in the log) and staged, not applied.
+    let staging_root = std::fs::read_dir(dir.path().join("out/staging"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let staged = staging_root.join((last + 1).to_string()).join("rows.jsonl");
+    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+    std::fs::write(&staged, "{\"id\":\"k0\",\"n\":1,\"op\":\"U\"}\n").unwrap();
+    {
+        let mut log =
+            sluice_runtime::recovery::RecoveryLog::open(&dir.path().join("log/counts")).unwrap();
+        let mut decided = log.last_commit().unwrap().clone();
+        decided.txn = last + 1;
+        decided.driver_checkpoints.insert(
+            "counts".into(),
+            json!({"epoch": "seven", "descriptor": {"file": staged}}),
+        );
+        log.commit(&decided).unwrap();
+    }
+
+    let err = run().await.unwrap_err().to_string();
+    assert!(
+        err.contains("decided epoch") && err.contains("damaged"),
+        "the refusal names the damaged record: {err}"
+    );
+    assert!(staged.exists(), "the decided epoch's staging was removed");
+}

@@ -207,9 +207,9 @@ impl Driver for Observing {
 }
 
 fn checkpoint_txn(bytes: &[u8]) -> u64 {
-    match StoreCheckpoint::from_opened(bytes).expect("a runtime checkpoint") {
+    match StoreCheckpoint::from_opened(bytes, true).expect("a runtime checkpoint") {
         StoreCheckpoint::At(c) => c.txn,
-        StoreCheckpoint::RuntimeOwn | StoreCheckpoint::Rebuild => 0,
+        StoreCheckpoint::RuntimeOwn | StoreCheckpoint::Absent | StoreCheckpoint::Rebuild => 0,
     }
 }
 
@@ -449,6 +449,7 @@ impl Harness {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
             participant: None,
+            store_keeps_checkpoint: true,
             deployment_id: String::new(),
             sources,
             log: RecoveryLog::open(&self.log_dir).map_err(|e| e.to_string())?,
@@ -665,14 +666,18 @@ async fn the_rebuild_sentinel_starts_the_range_again_from_the_beginning() {
     h.assert_exact();
     let committed = log_says(&h.log_dir, "last commit: transaction");
 
-    // A new store that reports no checkpoint leaves the choice to the log: nothing to do.
+    // A new store that keeps checkpoints but reports none lost what the log committed:
+    // refused, naming the log's last transaction, and nothing is written.
     h.replace_store(Answers::AsStored);
-    assert_eq!(h.run_to_end().await, Vec::<String>::new());
-    assert_eq!(
-        h.rows(),
-        BTreeMap::new(),
-        "resumed from the log's checkpoint"
+    let err = h
+        .run_once(FIRST_MAX_DOCS, &mut Summary::default())
+        .await
+        .expect_err("a store that lost the log's commits is refused");
+    assert!(
+        err.contains(&format!("committed through transaction {committed}")),
+        "{err}"
     );
+    assert_eq!(h.rows(), BTreeMap::new(), "nothing was written");
 
     // One that answers with the sentinel is rebuilt from the beginning of the input.
     h.replace_store(Answers::Rebuild);

@@ -283,6 +283,8 @@ type Summary = (Option<u64>, Option<u64>);
 enum Store {
     /// Empty bytes: the runtime's own checkpoint.
     Own,
+    /// Empty bytes from a store that keeps the checkpoint: it holds none.
+    Absent,
     /// The rebuild sentinel.
     Rebuild,
     /// The store's copy of the log's checkpoint of this transaction: the same commit,
@@ -295,10 +297,13 @@ enum Store {
 /// (log commit txn, store, pending intent txn) → expected plan.
 type Row = (Option<u64>, Store, Option<u64>, Summary);
 const R: Option<u64> = Some(u64::MAX);
+/// The plan refuses: the store lost what the log committed.
+const LOST: Option<u64> = Some(u64::MAX - 1);
 
 fn store_checkpoint(store: Store) -> StoreCheckpoint {
     match store {
         Store::Own => StoreCheckpoint::RuntimeOwn,
+        Store::Absent => StoreCheckpoint::Absent,
         Store::Rebuild => StoreCheckpoint::Rebuild,
         Store::At(txn) => {
             let mut copy = checkpoint(txn);
@@ -321,12 +326,13 @@ fn summary(plan: &RecoveryPlan) -> Summary {
         RecoveryPlan::Rebuild => (R, None),
         RecoveryPlan::ResumeFrom(c) => (Some(c.txn), None),
         RecoveryPlan::ReplayThenResume { from, replay } => (Some(from.txn), Some(replay.txn)),
+        RecoveryPlan::StoreLost { log_txn } => (LOST, Some(*log_txn)),
     }
 }
 
 #[test]
 fn plan_recovery_decision_table() {
-    use Store::{At, Other, Own, Rebuild};
+    use Store::{Absent, At, Other, Own, Rebuild};
     // (log commit, store, intent) → (resume from, replay)
     #[rustfmt::skip]
     let table: &[Row] = &[
@@ -362,6 +368,14 @@ fn plan_recovery_decision_table() {
         (Some(5), Rebuild,    None,    (R,       None)),
         (Some(5), Rebuild,    Some(6), (R,       None)),
         (Some(5), Rebuild,    Some(1), (R,       None)),
+        // A store that keeps the checkpoint holds none: it never committed, or (while the
+        // log has commits) it was recreated or emptied: refused, whatever the intent.
+        (None,    Absent,     None,    (None,    None)),
+        (None,    Absent,     Some(1), (Some(0), Some(1))), // crashed during the first txn
+        (None,    Absent,     Some(2), (None,    None)),
+        (Some(5), Absent,     None,    (LOST,    Some(5))),
+        (Some(5), Absent,     Some(6), (LOST,    Some(5))),
+        (Some(1), Absent,     Some(1), (LOST,    Some(1))),
         // Only the store (a new log next to an existing store).
         (None,    At(3),      None,    (Some(3), None)),
         (None,    At(3),      Some(3), (Some(3), None)),
@@ -411,18 +425,22 @@ fn store_checkpoint_wins_over_a_newer_or_older_log_commit() {
 #[test]
 fn opened_bytes_are_the_runtimes_own_the_rebuild_sentinel_or_a_checkpoint() {
     assert_eq!(
-        StoreCheckpoint::from_opened(b"").unwrap(),
+        StoreCheckpoint::from_opened(b"", false).unwrap(),
         StoreCheckpoint::RuntimeOwn
     );
     assert_eq!(
-        StoreCheckpoint::from_opened(&[0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01]).unwrap(),
+        StoreCheckpoint::from_opened(b"", true).unwrap(),
+        StoreCheckpoint::Absent
+    );
+    assert_eq!(
+        StoreCheckpoint::from_opened(&[0xf8, 0xff, 0xff, 0xff, 0x0f, 0x01], true).unwrap(),
         StoreCheckpoint::Rebuild
     );
     assert_eq!(
-        StoreCheckpoint::from_opened(&checkpoint(3).to_bytes()).unwrap(),
+        StoreCheckpoint::from_opened(&checkpoint(3).to_bytes(), true).unwrap(),
         StoreCheckpoint::At(checkpoint(3))
     );
-    assert!(StoreCheckpoint::from_opened(&[0xf8, 0xff]).is_err());
+    assert!(StoreCheckpoint::from_opened(&[0xf8, 0xff], true).is_err());
 }
 
 #[test]

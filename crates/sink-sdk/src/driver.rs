@@ -62,6 +62,7 @@ impl SinkKind {
 /// The descriptor of the last decided epoch, as the recovery log keeps it (the driver
 /// checkpoint of the materialization).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecidedRecord {
     pub epoch: u64,
     pub descriptor: Value,
@@ -71,6 +72,35 @@ impl DecidedRecord {
     pub fn to_value(&self) -> Value {
         json!({"epoch": self.epoch, "descriptor": self.descriptor})
     }
+}
+
+/// The decided epoch the recovery log hands back at Open: none for no record or `{}`
+/// (nothing decided yet), else a [`DecidedRecord`]. Anything else is corruption, never
+/// "nothing decided": the abort cleaner would then delete the staging of an epoch that
+/// was decided but not yet applied.
+pub fn decided_epoch(materialization: &str, checkpoint: &[u8]) -> Result<Option<Decided>> {
+    if checkpoint.is_empty() {
+        return Ok(None);
+    }
+    let corrupt = |why: String| Error::Store {
+        context: format!("reading the decided epoch of {materialization:?} from the recovery log"),
+        message: format!(
+            "the record is damaged ({why}): refusing to start, since the abort cleaner \
+             could remove the staging of a decided epoch; restore the log, or start over \
+             with `sluice apply --delete`"
+        ),
+        retryable: false,
+    };
+    let value: Value = serde_json::from_slice(checkpoint).map_err(|e| corrupt(e.to_string()))?;
+    if value.as_object().is_some_and(|o| o.is_empty()) {
+        return Ok(None);
+    }
+    let record: DecidedRecord =
+        serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+    Ok(Some(Decided {
+        epoch: record.epoch,
+        descriptor: record.descriptor,
+    }))
 }
 
 /// What the driver and the runtime's participant handle share.
@@ -249,17 +279,7 @@ impl Driver for EpochDriver {
         })
         .map_err(sink_error)?;
         sink.open(&bindings).await.map_err(sink_error)?;
-        let decided = if open.driver_checkpoint_json.is_empty() {
-            None
-        } else {
-            // A checkpoint of another shape (`{}`: nothing decided yet) holds no epoch.
-            serde_json::from_slice::<DecidedRecord>(&open.driver_checkpoint_json)
-                .ok()
-                .map(|r| Decided {
-                    epoch: r.epoch,
-                    descriptor: r.descriptor,
-                })
-        };
+        let decided = decided_epoch(&spec.materialization, &open.driver_checkpoint_json)?;
         let undecided = std::mem::take(&mut *self.shared.undecided.lock().expect("not poisoned"));
         sink.recover(&Recovery { decided, undecided })
             .await
@@ -462,5 +482,35 @@ impl EpochParticipant for Participant {
     async fn recovering(&self, deployment_id: &str, undecided: Vec<Undecided>) {
         *self.0.deployment.lock().expect("not poisoned") = deployment_id.to_string();
         *self.0.undecided.lock().expect("not poisoned") = undecided;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_no_record_or_a_whole_one_reads_as_a_decision() {
+        assert_eq!(decided_epoch("m", b"").unwrap(), None);
+        assert_eq!(decided_epoch("m", b"{}").unwrap(), None);
+        assert_eq!(
+            decided_epoch("m", br#"{"epoch":3,"descriptor":{"file":"f"}}"#).unwrap(),
+            Some(Decided {
+                epoch: 3,
+                descriptor: json!({"file": "f"})
+            })
+        );
+        for damaged in [
+            &b"{\"epoch\":3,"[..],
+            br#"{"epoch":"three","descriptor":{}}"#,
+            br#"{"descriptor":{}}"#,
+            br#"{"epoch":3,"descriptor":{},"extra":1}"#,
+            b"[]",
+            b"null",
+        ] {
+            let err = decided_epoch("m", damaged).unwrap_err().to_string();
+            assert!(err.contains("damaged"), "{err}");
+            assert!(!decided_epoch("m", damaged).unwrap_err().is_retryable());
+        }
     }
 }

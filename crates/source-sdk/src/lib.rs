@@ -129,6 +129,17 @@ pub enum SourceError {
         position: Value,
         reason: String,
     },
+    /// The position the source was sought to lies behind what the system it reads has
+    /// already released (a replication slot confirmed past it): recovery adopted an
+    /// older checkpoint (a store restored from a backup, a failover to an asynchronous
+    /// replica), and the input in between is gone from the source. Reading on would
+    /// skip it, so the source refuses; `reason` names both positions and what to do.
+    #[error("source {name}: cannot seek back to {position}: {reason}")]
+    SeekBack {
+        name: String,
+        position: Value,
+        reason: String,
+    },
     /// A resume the runtime handed over is not one this source produced.
     #[error("source {name}: cannot {action} {resume}: {reason}")]
     BadResume {
@@ -173,6 +184,7 @@ impl SourceError {
             SourceError::Timeout { .. } => true,
             SourceError::ReplayMismatch { .. }
             | SourceError::Unavailable { .. }
+            | SourceError::SeekBack { .. }
             | SourceError::BadResume { .. }
             | SourceError::Config { .. } => false,
         }
@@ -186,6 +198,17 @@ pub trait Source: Send {
     fn fault_tolerance(&self) -> FaultTolerance;
     /// Restores a committed position: the `position` of a step's [`Resume`].
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError>;
+    /// Told after [`seek`](Source::seek) when recovery adopted a checkpoint older than
+    /// the recovery log's last commit (a store restored from a backup, a failover to a
+    /// replica that lagged): `released` is this source's position in that last commit,
+    /// whose input was already released upstream (confirmed, acknowledged, answered). A
+    /// source that cannot read again what lies between the two refuses with
+    /// [`SourceError::Unavailable`], naming the gap; one that re-reads by position has
+    /// checked it in `seek` already (the default).
+    async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
+        let _ = released;
+        Ok(())
+    }
     /// Re-reads exactly the step `step` describes and leaves the source after it.
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError>;
     /// Reads the next step, within `limits`. A step that fills its limits says more input
@@ -228,6 +251,13 @@ pub trait Source: Send {
     /// what it already tracks: a file's size, a partition's high watermark); `None` by
     /// default. Sampled by the runtime after every step, for the metrics.
     fn lag(&self) -> Option<Lag> {
+        None
+    }
+    /// Bytes of input the system it reads keeps for this source and has not yet let go
+    /// (a replication slot's WAL from its restart point to the server's end), if it
+    /// knows that cheaply; `None` by default. Sampled with [`lag`](Source::lag), for
+    /// the metrics (`sluice_source_retained_bytes`) and the status page.
+    fn retained(&self) -> Option<u64> {
         None
     }
     /// Release resources; no command follows.
@@ -301,6 +331,14 @@ mod tests {
                     name: "views".into(),
                     position: json!(1),
                     reason: "the file is shorter".into(),
+                },
+                false,
+            ),
+            (
+                SourceError::SeekBack {
+                    name: "views".into(),
+                    position: json!("0/16B3748"),
+                    reason: "the slot confirmed past it".into(),
                 },
                 false,
             ),

@@ -131,6 +131,30 @@ pub async fn write_chunk(conn: &mut MultiplexedConnection, writes: &[Write]) -> 
         .map_err(|err| redis_error(format!("writing {} keys", writes.len()), err))
 }
 
+/// A key starting with `prefix`, if there is one (SCAN until the first match).
+pub async fn any_key(conn: &mut MultiplexedConnection, prefix: &str) -> Result<Option<String>> {
+    let pattern = key::scan_pattern(prefix);
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .cursor_arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(CHUNK_KEYS)
+            .query_async(conn)
+            .await
+            .map_err(|err| redis_error(format!("looking for keys under {prefix:?}"), err))?;
+        if let Some(key) = keys.into_iter().next() {
+            return Ok(Some(key));
+        }
+        if next == 0 {
+            return Ok(None);
+        }
+        cursor = next;
+    }
+}
+
 /// Deletes every key starting with `prefix`: SCAN with the escaped prefix as its MATCH
 /// pattern, UNLINK of each batch found. Returns how many keys were removed. Keys written
 /// meanwhile may survive (SCAN's guarantee covers keys present throughout).

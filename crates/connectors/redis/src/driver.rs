@@ -12,6 +12,10 @@
 //! - Open connects and returns an empty checkpoint: the runtime's recovery log is the
 //!   only record of progress, and nothing is fenced (Redis has no transactions to hold a
 //!   fence in: the pattern is [`sluice_driver_sdk::CommitPattern::RecoveryLogNonTransactional`]).
+//!   An Open with no driver checkpoint comes from a log that holds nothing of this
+//!   materialization (the runtime sends `{}` once it holds an intent): keys under a
+//!   binding's prefix then belong to a history the log lost, and reducing the input
+//!   onto them again would count it twice, so Open refuses.
 
 use crate::client;
 use crate::config::{
@@ -159,7 +163,7 @@ impl Driver for RedisDriver {
         let spec = open.materialization.unwrap_or_default();
         let config = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let resources = spec_resources(&spec)?;
-        let bindings = (spec.bindings.iter().zip(resources))
+        let bindings: Vec<Binding> = (spec.bindings.iter().zip(resources))
             .map(|(binding, resource)| {
                 let selection = binding.field_selection.clone().unwrap_or_default();
                 let document_field = match selection.document.as_str() {
@@ -174,7 +178,12 @@ impl Driver for RedisDriver {
                 }
             })
             .collect();
-        let conn = client::connect(&config).await?;
+        let mut conn = client::connect(&config).await?;
+        if open.driver_checkpoint_json.is_empty() {
+            for binding in &bindings {
+                refuse_unlogged_keys(&mut conn, &spec.materialization, &binding.prefix).await?;
+            }
+        }
         // No fence and no checkpoint of our own: the runtime's recovery log has both.
         Ok((
             Box::new(RedisTransactor::new(conn, bindings)),
@@ -182,6 +191,26 @@ impl Driver for RedisDriver {
                 flow_checkpoint: Vec::new(),
             },
         ))
+    }
+}
+
+/// Refuses a first Open (the recovery log holds nothing of `materialization`) over keys
+/// under `prefix`: they were written by a history the log no longer has.
+async fn refuse_unlogged_keys(
+    conn: &mut redis::aio::MultiplexedConnection,
+    materialization: &str,
+    prefix: &str,
+) -> Result<()> {
+    match client::any_key(conn, prefix).await? {
+        None => Ok(()),
+        Some(key) => Err(Error::Config(format!(
+            "Redis holds keys under prefix {prefix:?} (such as {key:?}), but the recovery \
+             log of materialization {materialization:?} has no record of writing them (it \
+             was removed or is another one): a run would reduce its whole input onto them \
+             again, counting it twice. Restore the recovery log, or start over with \
+             `sluice apply --delete <pipeline>`, which deletes the keys under the \
+             binding's prefix"
+        ))),
     }
 }
 

@@ -202,6 +202,38 @@ pub enum RunError {
         endpoint: String,
         source: RecoveryError,
     },
+    /// A store that keeps the runtime checkpoint holds none, while the recovery log has
+    /// committed: it was recreated, emptied, or is not the store this pipeline wrote.
+    #[error(
+        "driver {endpoint}: the store holds no checkpoint of materialization \
+         {materialization:?}, but its recovery log has committed through transaction \
+         {log_txn}: the store was recreated or emptied, or the endpoint names another \
+         store. Resuming would fill it from the middle of its input, so nothing was \
+         written. Point the endpoint back at the store it wrote to (or restore that store \
+         from a backup), or start over with `sluice apply --delete <pipeline>`, which \
+         forgets the recovery log and drops what the store holds, then run again"
+    )]
+    StoreLost {
+        endpoint: String,
+        materialization: String,
+        log_txn: u64,
+    },
+    /// The driver refused Open for its configuration (a table it expects is missing)
+    /// after the recovery log had committed: the store changed under the pipeline.
+    #[error(
+        "driver {endpoint}: {source}; the recovery log of materialization \
+         {materialization:?} has committed through transaction {log_txn}, so a table \
+         dropped or a store recreated since cannot simply be applied again (it would be \
+         filled from the middle of its input): restore the store, or start over with \
+         `sluice apply --delete <pipeline>`"
+    )]
+    OpenAfterCommits {
+        endpoint: String,
+        materialization: String,
+        log_txn: u64,
+        #[source]
+        source: DriverError,
+    },
     /// The recovery log (its file, its lock, its records).
     #[error(transparent)]
     Recovery(#[from] RecoveryError),
@@ -237,6 +269,8 @@ impl RunError {
             | RunError::DeadLetter { .. }
             | RunError::Loaded { .. }
             | RunError::StoreCheckpoint { .. }
+            | RunError::StoreLost { .. }
+            | RunError::OpenAfterCommits { .. }
             | RunError::Recovery(_)
             | RunError::IntentSource { .. }
             | RunError::Internal(_) => false,
@@ -261,6 +295,7 @@ impl RunError {
             RunError::Driver { .. } => "driver",
             RunError::Loaded { .. } => "loaded",
             RunError::StoreCheckpoint { .. } => "store_checkpoint",
+            RunError::StoreLost { .. } | RunError::OpenAfterCommits { .. } => "store_lost",
             RunError::Recovery(_) => "recovery",
             RunError::IntentSource { .. } => "intent_source",
             RunError::Internal(_) => "internal",
@@ -317,6 +352,9 @@ pub struct Context {
     /// An epoch sink's handle: its artifact intents go into each intent, its
     /// descriptors into each commit.
     pub participant: Option<Arc<dyn EpochParticipant>>,
+    /// The store keeps the runtime checkpoint in its own transactions (an
+    /// authoritative driver): one reporting none while the log has commits lost them.
+    pub store_keeps_checkpoint: bool,
     /// The pipeline's deployment id, told to an epoch sink before Open.
     pub deployment_id: String,
     pub sources: Vec<BoundSource>,
@@ -384,6 +422,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         shard,
         endpoint,
         participant,
+        store_keeps_checkpoint,
         deployment_id,
         sources,
         log,
@@ -408,7 +447,8 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             )
             .await;
     }
-    let recovered = recover(&shard, endpoint.as_ref(), log, &mut sources, timeouts).await?;
+    let store = (endpoint.as_ref(), store_keeps_checkpoint);
+    let recovered = recover(&shard, store, log, &mut sources, timeouts).await?;
     metrics.status.enter(State::Running);
     progress.enter(LivePhase::Starting);
     let shared = Shared {
@@ -470,7 +510,7 @@ struct Recovered {
 /// records it in the log.
 async fn recover(
     shard: &Shard,
-    endpoint: &dyn Endpoint,
+    (endpoint, keeps_checkpoint): (&dyn Endpoint, bool),
     mut log: RecoveryLog,
     sources: &mut [BoundSource],
     timeouts: Timeouts,
@@ -478,10 +518,16 @@ async fn recover(
     let driver_err = |e| driver_err(endpoint.name(), e);
     let mut open = shard.open.clone();
     let log_commit = log.last_commit().cloned();
-    if let Some(driver_cp) =
-        (log_commit.as_ref()).and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)))
-    {
+    // The log's driver checkpoint; `{}` when the log holds this materialization's
+    // history but no driver checkpoint (an intent before the first commit); empty only
+    // when the log holds nothing of it, which a driver keeping no checkpoint of its own
+    // (Redis) takes as "nothing written yet".
+    let driver_cp = (log_commit.as_ref())
+        .and_then(|cp| cp.driver_checkpoints.get(&materialization_name(&open)));
+    if let Some(driver_cp) = driver_cp {
         open.driver_checkpoint_json = driver_cp.to_string().into_bytes();
+    } else if log_commit.is_some() || log.pending_intent().is_some() {
+        open.driver_checkpoint_json = b"{}".to_vec();
     }
     let stream = within(
         timeouts.driver,
@@ -490,15 +536,25 @@ async fn recover(
     )
     .await
     .map_err(driver_err)?;
+    let committed = log_commit.as_ref().map_or(0, |c| c.txn);
+    let materialization = materialization_name(&open);
     let (tx, rx, opened) = client::open(stream, open, timeouts.driver)
         .await
-        .map_err(driver_err)?;
-    let store = StoreCheckpoint::from_opened(&opened.flow_checkpoint).map_err(|source| {
-        RunError::StoreCheckpoint {
+        .map_err(|source| match source {
+            DriverError::Config(_) if committed > 0 => RunError::OpenAfterCommits {
+                endpoint: endpoint.name().to_string(),
+                materialization: materialization.clone(),
+                log_txn: committed,
+                source,
+            },
+            source => driver_err(source),
+        })?;
+    let store = StoreCheckpoint::from_opened(&opened.flow_checkpoint, keeps_checkpoint).map_err(
+        |source| RunError::StoreCheckpoint {
             endpoint: endpoint.name().to_string(),
             source,
-        }
-    })?;
+        },
+    )?;
     let plan = plan_recovery(log_commit.as_ref(), &store, log.pending_intent());
     crate::failpoint::fail_point!(RECOVERY_AFTER_OPEN, driver_err);
     let (checkpoint, replay) = match plan {
@@ -522,21 +578,32 @@ async fn recover(
         RecoveryPlan::Rebuild => (Checkpoint::default(), None),
         RecoveryPlan::ResumeFrom(cp) => (cp, None),
         RecoveryPlan::ReplayThenResume { from, replay } => (from, Some(replay)),
+        RecoveryPlan::StoreLost { log_txn } => {
+            return Err(RunError::StoreLost {
+                endpoint: endpoint.name().to_string(),
+                materialization,
+                log_txn,
+            });
+        }
+    };
+    // A rewind: the store's checkpoint is older than what the log committed (and
+    // released upstream). Each source goes back to it, or refuses naming the gap.
+    let rewound = log_commit.as_ref().filter(|log| log.txn > checkpoint.txn);
+    let seek_back = |source| match rewound {
+        Some(log) => RunError::SeekBack {
+            store_txn: checkpoint.txn,
+            log_txn: log.txn,
+            source,
+        },
+        None => RunError::Source(source),
     };
     for bound in sources {
-        if let Some(position) = checkpoint.sources.get(bound.source.name()) {
-            bound
-                .source
-                .seek(position)
-                .await
-                .map_err(|source| match &log_commit {
-                    Some(log) if log.txn > checkpoint.txn => RunError::SeekBack {
-                        store_txn: checkpoint.txn,
-                        log_txn: log.txn,
-                        source,
-                    },
-                    _ => RunError::Source(source),
-                })?;
+        let name = bound.source.name().to_string();
+        if let Some(position) = checkpoint.sources.get(&name) {
+            bound.source.seek(position).await.map_err(seek_back)?;
+        }
+        if let Some(released) = rewound.and_then(|log| log.sources.get(&name)) {
+            bound.source.rewound(released).await.map_err(seek_back)?;
         }
     }
     // Only once every source is there (a failed seek leaves the log as it was); durable
@@ -605,7 +672,7 @@ impl Committer<'_> {
             // new intent goes to the same log).
             let settled = state.settle().await?;
             crate::failpoint::fail_point!(AFTER_LOG_COMMIT, |e| driver_err(&self.endpoint, e));
-            state = if batch.docs == 0 && batch.rejected == 0 {
+            state = if !batch.is_transaction() {
                 // Acknowledge the prior commit now, so that idempotent-apply drivers apply
                 // it without waiting for more input.
                 let sent = matches!(settled, Settled::AckOwed(_)).then(Instant::now);
@@ -640,6 +707,7 @@ impl Committer<'_> {
             bytes,
             rejected,
             journaled: _,
+            advances: _,
             last: _,
             tally,
         } = batch;

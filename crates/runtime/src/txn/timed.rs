@@ -59,6 +59,11 @@ impl Source for Bounded {
         self.settle("seek", result)
     }
 
+    async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
+        let result = timeout(self.after, self.inner.rewound(released)).await;
+        self.settle("rewound", result)
+    }
+
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
         let result = timeout(self.after, self.inner.replay(step, out)).await;
         self.settle("replay", result)
@@ -92,6 +97,10 @@ impl Source for Bounded {
 
     fn lag(&self) -> Option<Lag> {
         self.inner.lag()
+    }
+
+    fn retained(&self) -> Option<u64> {
+        self.inner.retained()
     }
 
     /// Bounded too; a source that hangs here is simply dropped.

@@ -203,6 +203,30 @@ impl Source for HttpSource {
         }
     }
 
+    /// Bodies answered 200 after the adopted position lived only in the intents of
+    /// transactions the store no longer holds: their clients were told they were
+    /// applied and will not send them again, so going back past them loses them.
+    async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
+        let released = self.at("rewind from", released)?;
+        let Phase::Positioning { last, .. } = &self.phase else {
+            return Ok(());
+        };
+        let sought = *last;
+        if released <= sought {
+            return Ok(());
+        }
+        Err(SourceError::Unavailable {
+            name: self.name.clone(),
+            position: serde_json::json!({ "seq": sought }),
+            reason: format!(
+                "the bodies numbered {} to {released} were answered 200 after it and \
+                 cannot be asked for again (their clients were told they were applied): \
+                 restore a backup of the store that holds them",
+                sought + 1
+            ),
+        })
+    }
+
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
         let Resume::Replay {
             position,
@@ -240,6 +264,7 @@ impl Source for HttpSource {
             bytes,
             errors: Vec::new(),
             end_of_input: false,
+            advances: false,
             resume: step.clone(),
         })
     }
