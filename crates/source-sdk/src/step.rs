@@ -64,6 +64,14 @@ pub struct Step {
     pub errors: Vec<InputError>,
     /// The source has no more input, now or later.
     pub end_of_input: bool,
+    /// A step with no records that still moves the source's position and must be
+    /// checkpointed: the runtime commits it (as a transaction of its own when nothing
+    /// else is read), so that [`Source::committed`](crate::Source::committed) hears of
+    /// it. A replication slot's source says so when the server's WAL moved past its
+    /// last transaction with nothing captured in between: the slot may then release
+    /// that WAL. `false` for every other step: a step with neither records nor errors
+    /// is dropped, and its position is not checkpointed.
+    pub advances: bool,
     pub resume: Resume,
 }
 

@@ -153,6 +153,7 @@ pub struct Metrics {
     source_dead_lettered: Family<SourceLabels, Counter>,
     source_lag_bytes: Family<SourceLabels, Gauge>,
     source_lag_messages: Family<SourceLabels, Gauge>,
+    source_retained_bytes: Family<SourceLabels, Gauge>,
     binding_combined: Family<BindingLabels, Counter>,
     binding_loaded: Family<BindingLabels, Counter>,
     binding_stored: Family<BindingLabels, Counter>,
@@ -232,6 +233,15 @@ impl Metrics {
                 Some(Unit::Other("messages".into())),
                 "Messages the source is behind its input, as of its last step (Kafka \
                  offsets, NATS stream sequences).",
+                Family::default(),
+            ),
+            source_retained_bytes: register(
+                &mut r,
+                "source_retained",
+                bytes(),
+                "Bytes of input the system a source reads keeps for it and has not \
+                 released, as of its last step (the WAL a PostgreSQL replication slot \
+                 holds back, from its restart_lsn).",
                 Family::default(),
             ),
             binding_combined: register(
@@ -370,6 +380,7 @@ impl Metrics {
                     dead_lettered: self.source_dead_lettered.get_or_create_owned(&of),
                     lag_bytes: self.source_lag_bytes.clone(),
                     lag_messages: self.source_lag_messages.clone(),
+                    retained: self.source_retained_bytes.clone(),
                     labels: of,
                     status: status.clone(),
                 }
@@ -444,6 +455,8 @@ pub(crate) struct SourceMetrics {
     /// Created on the first report: a source that never knows its lag has no series.
     lag_bytes: Family<SourceLabels, Gauge>,
     lag_messages: Family<SourceLabels, Gauge>,
+    /// Created on the first report, likewise.
+    retained: Family<SourceLabels, Gauge>,
     labels: SourceLabels,
     status: Arc<ShardStatus>,
 }
@@ -509,6 +522,14 @@ impl SourceMetrics {
             .get_or_create(&self.labels)
             .set(saturating_i64(behind));
     }
+
+    /// What the source's input system keeps for it ([`sluice_source_sdk::Source::retained`]).
+    pub(crate) fn retained(&self, bytes: u64) {
+        self.status.retained(&self.labels.source, bytes);
+        self.retained
+            .get_or_create(&self.labels)
+            .set(saturating_i64(bytes));
+    }
 }
 
 /// A gauge holds an `i64`.
@@ -537,6 +558,7 @@ mod tests {
         let handles = metrics.shard(&shard, ["views"]);
         handles.sources[0].lag(Lag::Bytes(5));
         handles.sources[0].lag(Lag::Messages(u64::MAX));
+        handles.sources[0].retained(16 << 20);
         let text = metrics.render();
         for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let (name, kind) = family.split_once(' ').unwrap();
@@ -558,5 +580,11 @@ mod tests {
             r#"sluice_source_lag_messages{{materialization="",shard="00000000-00000000",source="views"}} {}"#,
             i64::MAX
         )));
+        assert!(
+            text.contains(
+                r#"sluice_source_retained_bytes{materialization="",shard="00000000-00000000",source="views"} 16777216"#
+            ),
+            "{text}"
+        );
     }
 }

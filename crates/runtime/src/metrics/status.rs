@@ -130,6 +130,10 @@ pub struct ShardView {
     pub last_committed: Option<Transaction>,
     /// Source name → its lag, for the sources that know theirs.
     pub lag: BTreeMap<String, SourceLag>,
+    /// Source name → the bytes its input system keeps for it (a replication slot's
+    /// WAL), for the sources that know that.
+    #[serde(default)]
+    pub retained: BTreeMap<String, u64>,
     pub last_error: Option<LastError>,
     /// The last [`HISTORY`] transactions, oldest first.
     pub history: VecDeque<Transaction>,
@@ -167,6 +171,7 @@ impl Status {
             documents: 0,
             last_committed: None,
             lag: BTreeMap::new(),
+            retained: BTreeMap::new(),
             last_error: None,
             history: VecDeque::new(),
         })));
@@ -232,6 +237,10 @@ impl ShardStatus {
             behind,
         };
         lock(&self.0).lag.insert(source.to_string(), lag);
+    }
+
+    pub fn retained(&self, source: &str, bytes: u64) {
+        lock(&self.0).retained.insert(source.to_string(), bytes);
     }
 }
 
@@ -330,12 +339,17 @@ mod tests {
         let shard = status.shard("m".into(), "s".into());
         shard.committed(txn(1));
         shard.lag("views", Lag::Messages(4));
+        shard.retained("orders-cdc", 1 << 20);
         let snapshot = status.snapshot();
         let json = serde_json::to_string(&snapshot).unwrap();
         assert_eq!(serde_json::from_str::<Snapshot>(&json).unwrap(), snapshot);
         assert!(json.contains(r#""state":"starting""#), "{json}");
         assert!(
             json.contains(r#""views":{"unit":"messages","behind":4}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""retained":{"orders-cdc":1048576}"#),
             "{json}"
         );
     }

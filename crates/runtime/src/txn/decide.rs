@@ -67,7 +67,8 @@ pub(super) struct RoundFacts {
     pub bytes: u64,
     /// Step data its intent journals.
     pub journaled: u64,
-    /// The batch becomes a transaction: it has documents or rejections.
+    /// The batch becomes a transaction: it has documents, rejections, or a step that
+    /// advances its source's position without records (`Step::advances`).
     pub has_work: bool,
     /// Since the batch began.
     pub elapsed: Duration,
@@ -241,6 +242,8 @@ mod tests {
             ("end of input with work", RoundFacts { ending: true, ..base }, Close::End { last: false }),
             ("end of input without work", RoundFacts { ending: true, ..empty }, Close::End { last: true }),
             ("rejections alone are work", RoundFacts { has_work: true, ending: true, ..empty }, Close::End { last: false }),
+            ("an advancing step alone is work", RoundFacts { has_work: true, committer_idle: true, ..empty }, Close::Early),
+            ("an advancing step alone waits for a busy committer", RoundFacts { has_work: true, progressed: false, ..empty }, Close::Wait),
             ("committer idle, caught up", RoundFacts { committer_idle: true, ..base }, Close::Early),
             ("committer idle, before min_duration", RoundFacts { committer_idle: true, elapsed: 5 * MS, ..base }, Close::ReadOn),
             ("committer idle, at min_duration", RoundFacts { committer_idle: true, elapsed: 10 * MS, ..base }, Close::Early),

@@ -81,6 +81,14 @@ impl ReadBatch {
     fn full(&self, opts: &TxnOptions) -> bool {
         opts.full(self.docs, self.bytes, self.journaled)
     }
+
+    /// Whether it becomes a transaction: it has documents, rejections (whose source
+    /// positions must be checkpointed, so they are not rejected twice), or a step that
+    /// moved a source's position without records ([`Step::advances`]: a slot that may
+    /// release WAL once that position is durable).
+    pub fn is_transaction(&self) -> bool {
+        self.docs > 0 || self.rejected > 0 || self.advances
+    }
 }
 
 /// One transaction's input, combined.
@@ -94,6 +102,8 @@ pub struct ReadBatch {
     pub journaled: u64,
     /// Documents rejected (`on_error: skip`), already durable in dead-letter files.
     pub rejected: u64,
+    /// A step of it has no records but moves its source's position ([`Step::advances`]).
+    pub advances: bool,
     /// No more batches will follow (sources exhausted, or shutdown).
     pub last: bool,
     /// What it read, per source and binding, and when (the metrics).
@@ -369,6 +379,7 @@ impl Reader {
             bytes: 0,
             journaled: 0,
             rejected: 0,
+            advances: false,
             last: false,
             tally: Tally {
                 sources: vec![SourceTally::default(); self.sources.len()],
@@ -378,10 +389,10 @@ impl Reader {
         }
     }
 
-    /// Whether the batch becomes a transaction: it has documents or rejections (whose
-    /// source positions must be checkpointed, so they are not rejected twice).
+    /// Whether the batch becomes a transaction ([`ReadBatch::is_transaction`], before
+    /// its rejections are written): it has documents, rejections, or an advancing step.
     fn has_work(&self, batch: &ReadBatch) -> bool {
-        batch.docs > 0 || !self.rejects.letters.is_empty()
+        batch.docs > 0 || !self.rejects.letters.is_empty() || batch.advances
     }
 
     /// The transaction the batch becomes, if it has work: numbered in order, and noted
@@ -476,6 +487,9 @@ impl Reader {
                 if let Some(lag) = reading.lag {
                     self.metrics.sources[index].lag(lag);
                 }
+                if let Some(bytes) = reading.bound.source.retained() {
+                    self.metrics.sources[index].retained(bytes);
+                }
                 self.progress.behind(self.sources.iter().map(|s| &s.lag));
                 let reading = &self.sources[index];
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
@@ -483,8 +497,11 @@ impl Reader {
                 backlogged |= !step.end_of_input
                     && (step.records + step.errors.len() >= limits.max_records
                         || step.bytes >= limits.max_bytes);
-                if !self.records.is_empty() || !step.errors.is_empty() {
+                // A step without records or errors is dropped, its position not
+                // checkpointed, unless it advances (a slot's WAL to release).
+                if !self.records.is_empty() || !step.errors.is_empty() || step.advances {
                     progressed = true;
+                    batch.advances |= step.advances;
                     let (docs, bytes) = (batch.docs, batch.bytes);
                     let combined = combine_step(
                         &step,
@@ -637,6 +654,7 @@ impl Reader {
                         .await
                         .map_err(|e| super::source_err(name, e))?;
                     let feed = Feed::new(index, bound, &self.bindings);
+                    batch.advances |= step.advances;
                     let (docs, bytes) = (batch.docs, batch.bytes);
                     let combined = combine_step(
                         &step,

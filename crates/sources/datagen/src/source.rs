@@ -72,6 +72,7 @@ impl DatagenSource {
             bytes,
             errors: Vec::new(),
             end_of_input: self.def.documents.is_some_and(|n| end >= n),
+            advances: false,
             resume: Span { begin, end }.replay(hasher.finish()),
         }
     }

@@ -378,6 +378,7 @@ impl Acc {
             bytes: self.bytes,
             errors: self.errors,
             end_of_input,
+            advances: false,
             resume: Span { begin, end }.replay(self.hasher.finish()),
         }
     }

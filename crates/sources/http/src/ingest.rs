@@ -299,6 +299,7 @@ impl Shared {
             bytes,
             errors: Vec::new(),
             end_of_input: false,
+            advances: false,
             resume: resume(state.handed, data),
         })
     }

@@ -42,6 +42,7 @@ impl Acc {
             bytes: self.bytes,
             errors: self.errors,
             end_of_input,
+            advances: false,
             resume,
         }
     }

@@ -242,6 +242,7 @@ impl Acc {
             bytes: self.bytes,
             errors: self.errors,
             end_of_input,
+            advances: false,
             resume: span.replay(self.hasher.finish()),
         }
     }

@@ -1,11 +1,12 @@
 //! What the user writes: `postgres_cdc: {url: postgres://…, publication: p}` or
-//! `{url: …, tables: [public.orders, items]}`, with `slot`, `chunk_rows` and
-//! `truncate` optional. Strict: unknown keys are errors.
+//! `{url: …, tables: [public.orders, items]}`, with `slot`, `chunk_rows`, `truncate`,
+//! `heartbeat` and `retained_warning` optional. Strict: unknown keys are errors.
 
 use crate::wire::Target;
 use serde::Deserialize;
 use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::redact::redact;
+use std::time::Duration;
 
 /// JSON schema of [`PostgresCdcConfig`] (what `sluice schema postgres_cdc` prints).
 pub const SCHEMA: &str = r#"{
@@ -20,7 +21,9 @@ pub const SCHEMA: &str = r#"{
     "tables": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "The tables (schema.table, or table in public) of the publication Sluice creates when it is missing."},
     "slot": {"type": "string", "minLength": 1, "description": "The replication slot; default sluice_<materialization>_<source>, made a valid slot name."},
     "chunk_rows": {"type": "integer", "minimum": 1, "default": 10000, "description": "Rows read per backfill query."},
-    "truncate": {"type": "string", "enum": ["error"], "default": "error", "description": "A TRUNCATE of a published table stops the source naming the table (delete_all is refused)."}
+    "truncate": {"type": "string", "enum": ["error"], "default": "error", "description": "A TRUNCATE of a published table stops the source naming the table (delete_all is refused)."},
+    "heartbeat": {"type": "string", "description": "Off by default. Every this long (e.g. 30s), write a small logical message into the WAL (pg_logical_emit_message, not sent to the source): for a database with no traffic at all, the slot's position then still moves."},
+    "retained_warning": {"type": ["integer", "string"], "default": "1GiB", "description": "Log a warning (at most once a minute) while the slot holds back more WAL than this (bytes, or e.g. \"512MiB\"); the amount is the metric sluice_source_retained_bytes."}
   }
 }"#;
 
@@ -48,10 +51,32 @@ pub struct PostgresCdcConfig {
     /// What a TRUNCATE of a published table does.
     #[serde(default)]
     pub truncate: Truncate,
+    /// Every this long, a small logical message is written into the WAL
+    /// (`pg_logical_emit_message`; pgoutput does not send it), so that a database with
+    /// no traffic at all still moves the slot's position. Off by default.
+    #[serde(default, deserialize_with = "de_heartbeat")]
+    pub heartbeat: Option<Duration>,
+    /// A warning is logged (at most once a minute) while the slot holds back more WAL
+    /// than this many bytes.
+    #[serde(
+        default = "default_retained_warning",
+        deserialize_with = "sluice_source_sdk::config::de_bytes"
+    )]
+    pub retained_warning: u64,
 }
 
 fn default_chunk_rows() -> usize {
     10_000
+}
+
+/// 1 GiB: far above what a pipeline that keeps up holds back (a few WAL segments of
+/// 16 MiB), far below what fills a disk sized for a busy primary.
+fn default_retained_warning() -> u64 {
+    1 << 30
+}
+
+fn de_heartbeat<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    sluice_source_sdk::config::de_duration(d).map(Some)
 }
 
 /// What a TRUNCATE becomes.
@@ -109,6 +134,16 @@ impl PostgresCdcConfig {
         }
         if self.chunk_rows == 0 {
             return Err(InvalidConfig::new("chunk_rows", "must be at least 1"));
+        }
+        if self
+            .heartbeat
+            .is_some_and(|every| every < Duration::from_secs(1))
+        {
+            return Err(InvalidConfig::new(
+                "heartbeat",
+                "below 1s: each heartbeat writes WAL, and the slot confirms it at most \
+                 every few seconds; write e.g. \"30s\"",
+            ));
         }
         if self.truncate == Truncate::DeleteAll {
             return Err(InvalidConfig::new(
@@ -227,6 +262,19 @@ mod tests {
     }
 
     #[test]
+    fn heartbeat_is_off_and_the_retained_warning_at_1gib_by_default() {
+        let config = parsed(json!({"url": "postgres://u@h/db", "publication": "p"})).unwrap();
+        assert_eq!((config.heartbeat, config.retained_warning), (None, 1 << 30));
+        let config = parsed(json!({"url": "postgres://u@h/db", "publication": "p",
+            "heartbeat": "30s", "retained_warning": "256MiB"}))
+        .unwrap();
+        assert_eq!(
+            (config.heartbeat, config.retained_warning),
+            (Some(Duration::from_secs(30)), 256 << 20)
+        );
+    }
+
+    #[test]
     fn errors_name_their_place() {
         for (config, place, needle) in [
             (json!({"url": "postgres://h/db"}), "", "name a publication"),
@@ -259,6 +307,21 @@ mod tests {
                 json!({"url": "postgres://h/db", "publication": "p", "truncat": "error"}),
                 "truncat",
                 "unknown field",
+            ),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "heartbeat": "10ms"}),
+                "heartbeat",
+                "below 1s",
+            ),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "heartbeat": "often"}),
+                "heartbeat",
+                "invalid duration",
+            ),
+            (
+                json!({"url": "postgres://h/db", "publication": "p", "retained_warning": "1 TB"}),
+                "retained_warning",
+                "invalid size",
             ),
         ] {
             let error = parsed(config.clone()).unwrap_err();

@@ -10,7 +10,9 @@
 //! - `catalog`: the SQL connection (checks, tables, keys, types, snapshot reads).
 //! - `wire`: the replication connection (our own: tokio-postgres has no CopyBoth).
 //! - `pgoutput`: the logical decoding messages.
-//! - `stream`: whole transactions of documents from the slot, and status updates.
+//! - `stream`: whole transactions of documents from the slot, keepalives between
+//!   them, and status updates.
+//! - `monitor`: the WAL the slot holds back, its warning, and the optional heartbeat.
 //! - [`types`]: column values as JSON, from their text form.
 //! - `doc`: a change as a document.
 //! - `testing` (feature `testing`): a private PostgreSQL with `wal_level=logical`.
@@ -23,6 +25,7 @@
 mod catalog;
 pub mod config;
 mod doc;
+mod monitor;
 mod pgoutput;
 pub mod position;
 pub mod source;

@@ -6,6 +6,9 @@
 //!      step after step: the rows of table i after `after`, read under snapshot L
 //!  stream {begin B, end E, segments}
 //!      a step: the whole transactions whose commit ends in (B, E]
+//!  stream {begin B, end E, quiet: true}
+//!      a step of none: the server said it sent all the WAL through E, and no
+//!      transaction of the slot ends in (B, E] (the captured tables were quiet)
 //! ```
 //!
 //! **Segments.** The backfill reads under one exported snapshot as long as it runs. A
@@ -24,6 +27,31 @@
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
+use std::time::Duration;
+
+/// A quiet step is made once the server has sent this much WAL past the last
+/// checkpointed end with nothing captured, [`QUIET_EVERY`] after the position last
+/// moved: a busy database whose captured tables are quiet then confirms every few
+/// seconds, and what the slot holds back stays within a WAL segment (16 MiB) or two.
+pub const QUIET_BYTES: u64 = 1 << 20;
+/// The least time between quiet steps (each is a small transaction of its own).
+pub const QUIET_EVERY: Duration = Duration::from_secs(3);
+/// Below [`QUIET_BYTES`], a quiet step waits this long after the position last moved:
+/// a pipeline whose store lives on the same server writes WAL with each commit, and
+/// confirming that at once would make a transaction of it every few seconds forever.
+pub const QUIET_IDLE: Duration = Duration::from_secs(60);
+
+/// When the stream owes a quiet step (a step without records that moves the position
+/// to `sent`), counted from when the position last moved: `sent` is what a keepalive
+/// between transactions said the server had sent through, `end` the stream's
+/// position, `recorded` the end of the last step the runtime checkpoints. None: no
+/// step is owed (nothing was sent past `end`).
+pub fn quiet_step_after(sent: u64, end: u64, recorded: u64) -> Option<Duration> {
+    (sent > end).then(|| match sent.saturating_sub(recorded) >= QUIET_BYTES {
+        true => QUIET_EVERY,
+        false => QUIET_IDLE,
+    })
+}
 
 /// A step's resume position (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +79,12 @@ pub enum CdcPosition {
         end: u64,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         segments: Vec<TableSegments>,
+        /// No transaction of the slot ends in `(begin, end]`: `end` is where a
+        /// keepalive said the server had sent everything, not a commit end. A replay
+        /// reads the slot up to the first keepalive at or past `end` and expects no
+        /// transaction before it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        quiet: bool,
     },
 }
 
@@ -229,15 +263,49 @@ mod tests {
         );
     }
 
+    /// A quiet step comes soon after a large stretch of uncaptured WAL, late after a
+    /// small one (a store on the same server), never when nothing was sent past the
+    /// position.
+    #[test]
+    fn a_quiet_step_is_owed_only_past_the_position_and_sooner_the_more_wal() {
+        let mib = 1 << 20;
+        for (sent, end, recorded, expected) in [
+            (100, 100, 100, None),
+            (99, 100, 100, None),
+            (0, 100, 100, None),
+            (101, 100, 100, Some(QUIET_IDLE)),
+            (100 + mib - 1, 100, 100, Some(QUIET_IDLE)),
+            (100 + mib, 100, 100, Some(QUIET_EVERY)),
+            // Steps of empty transactions moved `end` but were not checkpointed.
+            (100 + mib, 100 + mib - 1, 100, Some(QUIET_EVERY)),
+        ] {
+            assert_eq!(
+                quiet_step_after(sent, end, recorded),
+                expected,
+                "sent {sent}, end {end}, recorded {recorded}"
+            );
+        }
+    }
+
     #[test]
     fn positions_round_trip_as_json() {
         let p = CdcPosition::Stream {
             begin: 1,
             end: 2,
             segments: vec![],
+            quiet: false,
         };
         let text = serde_json::to_string(&p).unwrap();
         assert_eq!(text, r#"{"phase":"stream","begin":1,"end":2}"#);
         assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), p);
+        let quiet = CdcPosition::Stream {
+            begin: 1,
+            end: 2,
+            segments: vec![],
+            quiet: true,
+        };
+        let text = serde_json::to_string(&quiet).unwrap();
+        assert_eq!(text, r#"{"phase":"stream","begin":1,"end":2,"quiet":true}"#);
+        assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), quiet);
     }
 }

@@ -23,19 +23,38 @@
 //! re-read from `begin` and checked by its hash; transactions ending at or below the
 //! committed `end` are skipped.
 //!
+//! **Quiet steps.** WAL written to tables outside the publication (or other
+//! databases) reaches the stream only as keepalives. When one arrives between
+//! transactions with nothing buffered, no transaction of the slot ends between the
+//! last step's end and its `wal_end` ([`crate::stream`]); the source then makes a step
+//! without records that moves its position there (`Step::advances`, position
+//! `quiet: true`), at most every few seconds ([`crate::position::quiet_step_after`]).
+//! The runtime commits it, and `committed` confirms it like any streamed step: the
+//! slot advances while its tables are quiet, and never past what the recovery log
+//! holds. Its replay reads the slot to the first keepalive at or past its end and
+//! expects no transaction before it.
+//!
+//! **Seeking back.** The server starts `START_REPLICATION` at the slot's
+//! `confirmed_flush_lsn` when asked for less, silently. So `seek` (and every stream
+//! start) compares the position with it and refuses with [`SourceError::SeekBack`]
+//! when the slot has confirmed past it: recovery adopted a checkpoint older than what
+//! the slot released (a store restored from a backup, a failover).
+//!
 //! `end_of_input` is never said during the backfill; while streaming it says the
 //! server has sent everything written before the stream started and nothing is
 //! buffered (the runtime ends a run there; `--follow` goes on).
 //!
-//! Length: about 850 lines, over the house's 800, as the phases share the opening and
+//! Length: about 1000 lines, over the house's 800, as the phases share the opening and
 //! the step-making code; the pure rules already live in `position`, the I/O in
-//! `catalog`, `wire` and `stream`. Splitting the backfill phase out is the next cut.
+//! `catalog`, `wire`, `stream` and `monitor`. Splitting the backfill phase out is the
+//! next cut.
 
 use crate::catalog::{Catalog, Table};
 use crate::config::{PostgresCdcConfig, split_table};
 use crate::doc::Layout;
-use crate::position::{CdcPosition, Segments, TableName};
-use crate::stream::{Confirmed, Fetcher, Item, Start, Stream, Txn};
+use crate::monitor::{Monitor, Watch};
+use crate::position::{CdcPosition, Segments, TableName, quiet_step_after};
+use crate::stream::{Confirmed, Feedback, Fetcher, Item, Start, Stream, Txn};
 use crate::types::Types;
 use crate::wire::{self, Target, WireError, format_lsn, parse_lsn};
 use serde_json::Value;
@@ -69,6 +88,8 @@ pub struct PostgresCdcSource {
     resume: Option<CdcPosition>,
     phase: Phase,
     paused: bool,
+    /// The slot's retained WAL and the heartbeat, from the first open on.
+    monitor: Option<Monitor>,
 }
 
 enum Phase {
@@ -112,11 +133,43 @@ struct Streaming {
     /// A stream not yet reading ahead (after a replay), or the read-ahead.
     stream: Option<Stream>,
     prefetch: Option<Prefetch<Item>>,
+    /// The stream's status updates (ended cleanly at `disconnect`).
+    feedback: Feedback,
     pending: Option<Txn>,
-    /// The commit end of the last transaction handed over.
+    /// The commit end of the last transaction handed over, or a quiet step's end.
     end: u64,
     segments: Segments,
     caught_up: bool,
+    /// The highest `wal_end` of a keepalive between transactions taken from the
+    /// stream: every transaction ending at or before it was taken (see
+    /// [`crate::stream`]).
+    sent: u64,
+    /// The end of the last step the runtime checkpoints (one with records, or quiet).
+    recorded: u64,
+    /// When `recorded` last moved (or the stream started).
+    moved: Instant,
+}
+
+impl Streaming {
+    fn new(stream: Stream, feedback: Feedback, from: u64, segments: Segments) -> Streaming {
+        Streaming {
+            stream: Some(stream),
+            prefetch: None,
+            feedback,
+            pending: None,
+            end: from,
+            segments,
+            caught_up: false,
+            sent: 0,
+            recorded: from,
+            moved: Instant::now(),
+        }
+    }
+
+    /// When a quiet step is due, if one is owed.
+    fn quiet_due(&self) -> Option<Instant> {
+        quiet_step_after(self.sent, self.end, self.recorded).map(|after| self.moved + after)
+    }
 }
 
 impl PostgresCdcSource {
@@ -147,6 +200,7 @@ impl PostgresCdcSource {
             resume: None,
             phase: Phase::Idle,
             paused: false,
+            monitor: None,
         })
     }
 
@@ -176,6 +230,50 @@ impl PostgresCdcSource {
                 path: self.url.clone(),
                 error: std::io::Error::other(format!("{what}: {e}")),
             },
+        }
+    }
+
+    /// The refusal of a position behind what the slot confirmed (see the module docs).
+    fn seek_back(&self, from: u64, confirmed: u64) -> SourceError {
+        let (from, confirmed) = (format_lsn(from), format_lsn(confirmed));
+        SourceError::SeekBack {
+            name: self.name.clone(),
+            position: Value::from(from.clone()),
+            reason: format!(
+                "replication slot `{}` at {} has confirmed LSN {confirmed}, past LSN {from} \
+                 where the checkpoint being resumed continues: the server released the \
+                 changes between them and would silently start at {confirmed}. The \
+                 checkpoint is older than what the slot confirmed (a store restored from a \
+                 backup, a failover to an asynchronous replica, a store that lost its last \
+                 commits, a slot advanced or created again by hand). Restore a store whose \
+                 checkpoint is at or after LSN {confirmed}, or start over with `sluice \
+                 apply --delete <pipeline>` and run again: the tables are then snapshotted \
+                 anew in a new slot",
+                self.slot, self.url
+            ),
+        }
+    }
+
+    /// Refuses to continue from `from` when the slot has confirmed past it; nothing to
+    /// check while the slot does not exist (opening then says it is gone).
+    async fn check_slot_at(&self, catalog: &Catalog, from: u64) -> Result<(), SourceError> {
+        match catalog.slot(&self.slot).await? {
+            Some(confirmed) if from < confirmed => Err(self.seek_back(from, confirmed)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts watching the slot (retained WAL, heartbeat) if not yet.
+    fn watch(&mut self) {
+        if self.monitor.is_none() {
+            self.monitor = Some(Monitor::spawn(Watch {
+                name: self.name.clone(),
+                url: self.config.url.clone(),
+                redacted: self.url.clone(),
+                slot: self.slot.clone(),
+                heartbeat: self.config.heartbeat,
+                retained_warning: self.config.retained_warning,
+            }));
         }
     }
 
@@ -314,8 +412,12 @@ impl PostgresCdcSource {
         segments: Segments,
     ) -> Result<Phase, SourceError> {
         let catalog = self.catalog().await?;
-        if catalog.slot(&self.slot).await?.is_none() {
-            return Err(self.slot_gone(consistent));
+        match catalog.slot(&self.slot).await? {
+            None => return Err(self.slot_gone(consistent)),
+            Some(confirmed) if consistent < confirmed => {
+                return Err(self.seek_back(consistent, confirmed));
+            }
+            Some(_) => {}
         }
         let mut tables = Vec::new();
         for name in &names {
@@ -380,21 +482,24 @@ impl PostgresCdcSource {
 
     /// Streams from `from` (a commit end, or the consistent point).
     async fn streaming(&mut self, from: u64, segments: Segments) -> Result<Phase, SourceError> {
-        let stream = self.stream_from(from, segments.clone()).await?;
-        Ok(Phase::Stream(Box::new(Streaming {
-            stream: Some(stream),
-            prefetch: None,
-            pending: None,
-            end: from,
-            segments,
-            caught_up: false,
-        })))
+        let (stream, feedback) = self.stream_from(from, segments.clone()).await?;
+        Ok(Phase::Stream(Box::new(Streaming::new(
+            stream, feedback, from, segments,
+        ))))
     }
 
-    async fn stream_from(&mut self, from: u64, segments: Segments) -> Result<Stream, SourceError> {
+    /// Starts replication at `from`, refusing when the slot confirmed past it (the
+    /// server would start later without a word).
+    async fn stream_from(
+        &mut self,
+        from: u64,
+        segments: Segments,
+    ) -> Result<(Stream, Feedback), SourceError> {
         let catalog = self.catalog().await?;
-        if catalog.slot(&self.slot).await?.is_none() {
-            return Err(self.slot_gone(from));
+        match catalog.slot(&self.slot).await? {
+            None => return Err(self.slot_gone(from)),
+            Some(confirmed) if from < confirmed => return Err(self.seek_back(from, confirmed)),
+            Some(_) => {}
         }
         let types = catalog.types().await?;
         let target = catalog.current_lsn().await?;
@@ -530,6 +635,7 @@ impl PostgresCdcSource {
                 begin: consistent,
                 end: consistent,
                 segments: segments.0,
+                quiet: false,
             });
             return Ok(None);
         }
@@ -540,6 +646,7 @@ impl PostgresCdcSource {
             bytes: data.len() as u64,
             errors: Vec::new(),
             end_of_input: false,
+            advances: false,
             resume: Resume::Replay {
                 position: serde_json::to_value(&position).expect("a position serializes"),
                 data: Some(data),
@@ -549,14 +656,15 @@ impl PostgresCdcSource {
     }
 
     /// The step of the whole transactions `txns`, ending at `end`: their documents
-    /// handed over, hashed as the replay will hash them.
+    /// handed over, hashed as the replay will hash them. `quiet`: a step of none that
+    /// moves the position to a keepalive's `end` ([`Step::advances`]).
     fn stream_step(
         &self,
         (begin, end): (u64, u64),
         segments: &Segments,
         txns: &[Txn],
         out: &mut Records,
-        end_of_input: bool,
+        (end_of_input, quiet): (bool, bool),
     ) -> Step {
         let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
         for txn in txns {
@@ -572,12 +680,14 @@ impl PostgresCdcSource {
             begin,
             end,
             segments: segments.after(begin).0,
+            quiet,
         };
         Step {
             records,
             bytes,
             errors: Vec::new(),
             end_of_input,
+            advances: quiet,
             resume: Resume::Replay {
                 position: serde_json::to_value(&position).expect("a position serializes"),
                 data: None,
@@ -615,9 +725,18 @@ impl Source for PostgresCdcSource {
         FaultTolerance::ExactlyOnce
     }
 
+    /// Records the position, after checking that the slot has not confirmed past
+    /// where it continues (refused with [`SourceError::SeekBack`]: the server would
+    /// silently start later). The stream opens at the first `queue` or `replay`.
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let position = self.parse_position("seek to", position)?;
         self.phase = Phase::Idle;
+        let from = match &position {
+            CdcPosition::Backfill { consistent, .. } => *consistent,
+            CdcPosition::Stream { end, .. } => *end,
+        };
+        let catalog = self.catalog().await?;
+        self.check_slot_at(&catalog, from).await?;
         self.resume = Some(position);
         Ok(())
     }
@@ -648,6 +767,7 @@ impl Source for PostgresCdcSource {
                     bytes: data.len() as u64,
                     errors: Vec::new(),
                     end_of_input: false,
+                    advances: false,
                     resume: Resume::Replay {
                         position: position.clone(),
                         data: Some(data.clone()),
@@ -660,11 +780,13 @@ impl Source for PostgresCdcSource {
                     begin,
                     end,
                     segments,
+                    quiet,
                 },
                 None,
             ) => {
+                self.watch();
                 match self
-                    .replay_stream(*begin, *end, Segments(segments.clone()), out)
+                    .replay_stream((*begin, *end), Segments(segments.clone()), *quiet, out)
                     .await
                 {
                     Ok(step) => step,
@@ -693,6 +815,7 @@ impl Source for PostgresCdcSource {
     }
 
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        self.watch();
         self.open().await?;
         if let Some(step) = self.queue_backfill(limits, out).await? {
             return Ok(step);
@@ -726,14 +849,16 @@ impl Source for PostgresCdcSource {
                                 begin,
                                 end: begin,
                                 segments,
+                                quiet: false,
                             });
                             return Err(e);
                         }
                     };
                     match items.pop() {
                         None => break,
-                        Some(Item::CaughtUp) => {
-                            s.caught_up = true;
+                        Some(Item::Sent { wal_end, caught_up }) => {
+                            s.caught_up |= caught_up;
+                            s.sent = s.sent.max(wal_end);
                             continue;
                         }
                         Some(Item::Txn(txn)) => txn,
@@ -750,9 +875,20 @@ impl Source for PostgresCdcSource {
             s.end = txn.end_lsn;
             taken.push(txn);
         }
+        // Every transaction ending at or before `sent` was taken (none is pending):
+        // with none in this step, a quiet one may move the position up to `sent`.
+        let now = Instant::now();
+        let quiet =
+            taken.is_empty() && s.pending.is_none() && s.quiet_due().is_some_and(|due| due <= now);
+        if quiet {
+            s.end = s.sent;
+        }
+        if quiet || records > 0 {
+            (s.recorded, s.moved) = (s.end, now);
+        }
         let (end, segments) = (s.end, s.segments.clone());
         let end_of_input = s.caught_up && s.pending.is_none() && prefetch.queued().records == 0;
-        Ok(self.stream_step((begin, end), &segments, &taken, out, end_of_input))
+        Ok(self.stream_step((begin, end), &segments, &taken, out, (end_of_input, quiet)))
     }
 
     async fn ready(&mut self) {
@@ -760,7 +896,14 @@ impl Source for PostgresCdcSource {
             && let Some(prefetch) = &s.prefetch
             && s.pending.is_none()
         {
-            prefetch.ready().await;
+            match s.quiet_due() {
+                // A quiet step owed: `queue` makes it when due.
+                Some(due) => tokio::select! {
+                    () = prefetch.ready() => {}
+                    () = tokio::time::sleep_until(due.into()) => {}
+                },
+                None => prefetch.ready().await,
+            }
         }
     }
 
@@ -796,8 +939,9 @@ impl Source for PostgresCdcSource {
         }
     }
 
-    /// Confirms a durable streaming step's commit end to the slot (through the
-    /// feedback task); a backfill position confirms nothing.
+    /// Confirms a durable streaming step's end (a commit end, or a quiet step's
+    /// keepalive) to the slot, through the feedback task; a backfill position confirms
+    /// nothing.
     fn committed(&mut self, _txn: u64, position: &Value) {
         if position.get("phase").and_then(Value::as_str) == Some("stream")
             && let Some(end) = position.get("end").and_then(Value::as_u64)
@@ -817,33 +961,52 @@ impl Source for PostgresCdcSource {
         (wal_end > 0).then(|| Lag::Bytes(wal_end.saturating_sub(streaming.end)))
     }
 
+    /// The WAL the slot holds back (from its `restart_lsn` to the server's end), as
+    /// the monitor last read it (every few seconds; [`crate::monitor`]).
+    fn retained(&self) -> Option<u64> {
+        self.monitor.as_ref().and_then(Monitor::retained)
+    }
+
+    /// Ends the stream after a last status update, so the slot confirms the last
+    /// commits now rather than at the next start.
     async fn disconnect(&mut self) {
-        self.phase = Phase::Idle;
+        if let Phase::Stream(s) = std::mem::replace(&mut self.phase, Phase::Idle) {
+            let Streaming {
+                stream,
+                prefetch,
+                feedback,
+                ..
+            } = *s;
+            feedback.close().await;
+            drop((stream, prefetch));
+        }
+        self.monitor = None;
     }
 }
 
 impl PostgresCdcSource {
     /// Re-reads the transactions ending in `(begin, end]` from the slot, leaving the
-    /// stream after them for the steps that follow.
+    /// stream after them for the steps that follow. A `quiet` step holds none: the slot
+    /// is read to the first keepalive at or past `end` (a transaction ending after it
+    /// is kept for the next step), and a transaction ending inside the range is an
+    /// error.
     async fn replay_stream(
         &mut self,
-        begin: u64,
-        end: u64,
+        (begin, end): (u64, u64),
         segments: Segments,
+        quiet: bool,
         out: &mut Records,
     ) -> Result<Step, SourceError> {
         let reuse = matches!(&self.phase, Phase::Stream(s) if s.stream.is_some() && s.end == begin && s.pending.is_none());
         if !reuse {
             self.phase = Phase::Idle;
-            let stream = self.stream_from(begin, segments.clone()).await?;
-            self.phase = Phase::Stream(Box::new(Streaming {
-                stream: Some(stream),
-                prefetch: None,
-                pending: None,
-                end: begin,
-                segments: segments.clone(),
-                caught_up: false,
-            }));
+            let (stream, feedback) = self.stream_from(begin, segments.clone()).await?;
+            self.phase = Phase::Stream(Box::new(Streaming::new(
+                stream,
+                feedback,
+                begin,
+                segments.clone(),
+            )));
         }
         let mut taken = Vec::new();
         if begin < end {
@@ -853,7 +1016,31 @@ impl PostgresCdcSource {
             let stream = s.stream.as_mut().expect("set above");
             loop {
                 match stream.next().await? {
-                    Item::CaughtUp => s.caught_up = true,
+                    Item::Sent { wal_end, caught_up } => {
+                        s.caught_up |= caught_up;
+                        s.sent = s.sent.max(wal_end);
+                        if quiet && wal_end >= end {
+                            break;
+                        }
+                    }
+                    Item::Txn(txn) if quiet && txn.end_lsn > end => {
+                        s.pending = Some(txn);
+                        break;
+                    }
+                    Item::Txn(txn) if quiet => {
+                        return Err(SourceError::Unavailable {
+                            name: self.name.clone(),
+                            position: Value::from(format_lsn(end)),
+                            reason: format!(
+                                "the step moved the position from {} to {} with no \
+                                 transaction of the slot in between, and the slot now has \
+                                 one committing at {}: was it dropped and created again?",
+                                format_lsn(begin),
+                                format_lsn(end),
+                                format_lsn(txn.end_lsn)
+                            ),
+                        });
+                    }
                     Item::Txn(txn) if txn.end_lsn <= end => {
                         let last = txn.end_lsn == end;
                         taken.push(txn);
@@ -877,7 +1064,8 @@ impl PostgresCdcSource {
                 }
             }
             s.end = end;
+            (s.recorded, s.moved) = (end, Instant::now());
         }
-        Ok(self.stream_step((begin, end), &segments, &taken, out, false))
+        Ok(self.stream_step((begin, end), &segments, &taken, out, (false, quiet)))
     }
 }

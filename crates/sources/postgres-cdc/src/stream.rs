@@ -3,9 +3,23 @@
 //!
 //! ```text
 //!  walsender ──XLogData/keepalive──▶ Stream::next ─▶ Item::Txn (docs of one whole transaction)
-//!      ▲                                          └─▶ Item::CaughtUp (sent all WAL up to the target)
+//!      ▲                                          └─▶ Item::Sent (a keepalive between transactions:
+//!      │                                               all WAL through wal_end sent; caught up?)
 //!      └──── standby status (flush = confirmed) ◀── feedback task ◀── Source::committed
 //! ```
+//!
+//! **Keepalives between transactions.** A keepalive's `wal_end` is the walsender's
+//! `sentPtr`: the end of the last WAL record it decoded. Every transaction whose commit
+//! record ends at or before it has been sent before the keepalive (one connection, in
+//! order), and any other ends after it. So when no transaction is open in the stream,
+//! [`Item::Sent`] says: no transaction of the slot that we have not handed over ends in
+//! `(last commit end, wal_end]`. The source turns that into a step without records
+//! that moves its position there (`Step::advances`), and once that step is durable the
+//! slot confirms `wal_end`: WAL written to tables outside the publication is released
+//! while the captured tables are quiet. The walsender sends a keepalive when it waits
+//! for WAL while our last status confirmed less than it sent, and at once when a
+//! status asks for one; a status goes out every [`STATUS_EVERY`], so a moving WAL end
+//! is heard of at least that often.
 //!
 //! Threads: the read side runs on the source's read-ahead task ([`Prefetch`]) or, for
 //! a replay, on the reader's own; the write side is a task of its own, so status updates
@@ -64,8 +78,14 @@ impl Txn {
 #[derive(Debug)]
 pub enum Item {
     Txn(Txn),
-    /// The server has sent all the WAL up to the target given at start.
-    CaughtUp,
+    /// A keepalive with no transaction open: the server has sent every transaction
+    /// whose commit ends at or before `wal_end` (see the module docs). Sent when
+    /// `wal_end` moved, or when `caught_up`: the first time it reached the target
+    /// given at start (all the WAL written before the stream started).
+    Sent {
+        wal_end: u64,
+        caught_up: bool,
+    },
 }
 
 /// What the source confirms to the slot: shared by `Source::committed` and the
@@ -102,7 +122,6 @@ struct Rel {
 pub struct Stream {
     name: String,
     reader: Reader,
-    feedback: tokio::task::JoinHandle<()>,
     reply: Arc<Notify>,
     caught: Arc<AtomicBool>,
     catalog: Catalog,
@@ -114,11 +133,33 @@ pub struct Stream {
     txn: Option<Txn>,
     /// The end of the WAL the server reported last (a keepalive's, a message's).
     wal_end: Arc<AtomicU64>,
+    /// The last `wal_end` handed out as [`Item::Sent`].
+    sent: u64,
 }
 
-impl Drop for Stream {
+/// The status-update task of a stream; dropping it ends the task.
+pub struct Feedback {
+    task: tokio::task::JoinHandle<()>,
+    /// Told to send a last status update and stop ([`Feedback::close`]).
+    closing: Arc<Notify>,
+}
+
+impl Drop for Feedback {
     fn drop(&mut self) {
-        self.feedback.abort();
+        self.task.abort();
+    }
+}
+
+/// How long [`Feedback::close`] waits for its last status update to go out.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+impl Feedback {
+    /// Sends a last status update (what `Source::committed` confirmed so far) and
+    /// ends the task: a clean stop releases the WAL of the last commits at once,
+    /// rather than at the next start. Waits at most [`CLOSE_WAIT`].
+    pub async fn close(mut self) {
+        self.closing.notify_one();
+        let _ = tokio::time::timeout(CLOSE_WAIT, &mut self.task).await;
     }
 }
 
@@ -131,6 +172,8 @@ pub struct Start {
 }
 
 impl Stream {
+    /// The stream over a started replication connection, and the task sending its
+    /// status updates.
     pub fn new(
         name: &str,
         (reader, writer): (Reader, Writer),
@@ -139,20 +182,21 @@ impl Stream {
         confirmed: Arc<Confirmed>,
         start: Start,
         wal_end: Arc<AtomicU64>,
-    ) -> Stream {
+    ) -> (Stream, Feedback) {
         let reply = Arc::new(Notify::new());
         let caught = Arc::new(AtomicBool::new(false));
+        let closing = Arc::new(Notify::new());
         let feedback = tokio::spawn(feedback(
             writer,
             confirmed,
             reply.clone(),
             caught.clone(),
+            closing.clone(),
             start.skip_through,
         ));
-        Stream {
+        let stream = Stream {
             name: name.to_string(),
             reader,
-            feedback,
             reply,
             caught,
             catalog,
@@ -163,7 +207,13 @@ impl Stream {
             target: start.target,
             txn: None,
             wal_end,
-        }
+            sent: 0,
+        };
+        let feedback = Feedback {
+            task: feedback,
+            closing,
+        };
+        (stream, feedback)
     }
 
     fn io(&self, e: WireError) -> SourceError {
@@ -185,12 +235,16 @@ impl Stream {
                     if reply {
                         self.reply.notify_one();
                     }
-                    if !self.caught.load(Ordering::SeqCst)
-                        && wal_end >= self.target
-                        && self.txn.is_none()
-                    {
+                    if self.txn.is_some() {
+                        continue; // inside a transaction: its commit is still to come
+                    }
+                    let caught_up = !self.caught.load(Ordering::SeqCst) && wal_end >= self.target;
+                    if caught_up {
                         self.caught.store(true, Ordering::SeqCst);
-                        return Ok(Item::CaughtUp);
+                    }
+                    if caught_up || wal_end > self.sent {
+                        self.sent = self.sent.max(wal_end);
+                        return Ok(Item::Sent { wal_end, caught_up });
                     }
                     continue;
                 }
@@ -353,19 +407,22 @@ impl Stream {
     }
 }
 
-/// Sends standby status updates until aborted.
+/// Sends standby status updates until aborted, or until told to close (after one
+/// last update).
 async fn feedback(
     mut writer: Writer,
     confirmed: Arc<Confirmed>,
     reply: Arc<Notify>,
     caught: Arc<AtomicBool>,
+    closing: Arc<Notify>,
     floor: u64,
 ) {
+    let mut last = false;
     loop {
         let catching_up = !caught.load(Ordering::SeqCst);
         let flushed = confirmed.get().max(floor);
-        if writer.status(flushed, catching_up).await.is_err() {
-            return; // the reader sees the broken connection
+        if writer.status(flushed, catching_up).await.is_err() || last {
+            return; // the reader sees a broken connection
         }
         let every = if catching_up {
             STATUS_CATCHING_UP
@@ -376,6 +433,7 @@ async fn feedback(
             _ = tokio::time::sleep(every) => {}
             _ = reply.notified() => {}
             _ = confirmed.changed.notified() => {}
+            _ = closing.notified() => last = true,
         }
     }
 }
@@ -391,7 +449,7 @@ impl Fetch for Fetcher {
         let item = self.0.next().await?;
         let bytes = match &item {
             Item::Txn(txn) => txn.text.len() as u64,
-            Item::CaughtUp => 0,
+            Item::Sent { .. } => 0,
         };
         Ok(vec![(item, bytes)])
     }

@@ -473,3 +473,204 @@ async fn the_slot_confirms_a_step_only_once_told_it_is_committed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The server's current WAL position, as a byte position.
+async fn wal_lsn(client: &Client) -> u64 {
+    let row = client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::text", &[])
+        .await
+        .unwrap();
+    row.get::<_, String>(0).parse().unwrap()
+}
+
+/// WAL written to a table outside the publication reaches the source only as
+/// keepalives: it makes a step without records that moves its position past that WAL
+/// (`advances`), the slot confirms it only once told it is committed, and a restart
+/// replays it as the same empty step and reads on exactly after it.
+#[tokio::test]
+async fn a_quiet_slot_moves_past_wal_written_outside_the_publication() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 2).await;
+    client
+        .batch_execute("CREATE TABLE noise (id bigint PRIMARY KEY, pad text)")
+        .await
+        .unwrap();
+    let config = config(&pg.url(), json!({}));
+    let mut cdc = source(&config);
+    let slot = cdc.slot().to_string();
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut cdc, 100, &mut docs, &mut steps, caught_up).await;
+    let committed = commit(&mut cdc, &steps);
+    // About 8 MiB of WAL in four transactions, none of them captured.
+    for i in 0..4 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO noise SELECT g, repeat('x', 1000) FROM \
+                 generate_series({}, {}) g",
+                i * 2000 + 1,
+                (i + 1) * 2000
+            ))
+            .await
+            .unwrap();
+    }
+    let written = wal_lsn(&client).await;
+    let started = Instant::now();
+    let mut quiet = Vec::new();
+    until(&mut cdc, 100, &mut docs, &mut quiet, |_, s| {
+        s.advances && s.resume.position().unwrap()["end"].as_u64().unwrap() >= written
+    })
+    .await;
+    let took = started.elapsed();
+    let step = quiet.pop().unwrap();
+    assert!(
+        took < Duration::from_secs(10),
+        "the quiet step took {took:?}"
+    );
+    assert_eq!(step.records, 0);
+    assert_eq!(docs.len(), 2, "nothing captured: {docs:?}");
+    let position = step.resume.position().unwrap().clone();
+    assert_eq!(position["quiet"], true, "{position}");
+    let end = position["end"].as_u64().unwrap();
+    // Not confirmed before it is committed ...
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(confirmed_flush(&client, &slot).await < written);
+    // ... and exactly its end once it is.
+    cdc.committed(2, &position);
+    let started = Instant::now();
+    while confirmed_flush(&client, &slot).await != end {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "confirmed {} after the commit of {end}",
+            confirmed_flush(&client, &slot).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(cdc);
+    // A restart at the quiet step's position reads on exactly after it.
+    client
+        .batch_execute("INSERT INTO items VALUES (3, 'after', 3)")
+        .await
+        .unwrap();
+    let mut second = source(&config);
+    second.seek(&position).await.unwrap();
+    let mut after = Vec::new();
+    until(&mut second, 100, &mut after, &mut Vec::new(), |d, _| {
+        !d.is_empty()
+    })
+    .await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0]["id"], 3);
+    // The position committed before the quiet step is now behind the slot.
+    let mut third = source(&config);
+    let err = third.seek(&committed).await.unwrap_err();
+    assert!(matches!(err, SourceError::SeekBack { .. }), "{err}");
+}
+
+/// A quiet step that was journaled but not committed is replayed exactly: no record,
+/// the same resume, and the stream continues after it.
+#[tokio::test]
+async fn an_interrupted_quiet_step_replays_as_the_same_empty_step() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 1).await;
+    client
+        .batch_execute("CREATE TABLE noise (id bigint PRIMARY KEY, pad text)")
+        .await
+        .unwrap();
+    let config = config(&pg.url(), json!({}));
+    let mut first = source(&config);
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut first, 100, &mut docs, &mut steps, caught_up).await;
+    let committed = commit(&mut first, &steps);
+    client
+        .batch_execute(
+            "INSERT INTO noise SELECT g, repeat('x', 1000) FROM generate_series(1, 3000) g",
+        )
+        .await
+        .unwrap();
+    let mut quiet = Vec::new();
+    until(&mut first, 100, &mut docs, &mut quiet, |_, s| s.advances).await;
+    let journaled = quiet.pop().unwrap().resume;
+    drop(first);
+    client
+        .batch_execute("INSERT INTO items VALUES (2, 'next', 2)")
+        .await
+        .unwrap();
+    let mut second = source(&config);
+    second.seek(&committed).await.unwrap();
+    let mut out = Records::default();
+    let replayed = second.replay(&journaled, &mut out).await.unwrap();
+    assert_eq!((replayed.records, replayed.advances), (0, true));
+    assert_eq!(replayed.resume, journaled);
+    let mut after = Vec::new();
+    until(&mut second, 100, &mut after, &mut Vec::new(), |d, _| {
+        !d.is_empty()
+    })
+    .await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0]["id"], 2);
+}
+
+/// `seek` refuses a position the slot has confirmed past (the server would silently
+/// start later), naming both LSNs, the slot and what to do; a position at or after
+/// the confirmed one is fine.
+#[tokio::test]
+async fn a_seek_behind_what_the_slot_confirmed_is_refused() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 2).await;
+    let config = config(&pg.url(), json!({}));
+    let mut cdc = source(&config);
+    let slot = cdc.slot().to_string();
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut cdc, 100, &mut docs, &mut steps, caught_up).await;
+    let backfilled = steps.last().unwrap().resume.position().unwrap().clone();
+    let mut stream_positions = Vec::new();
+    for id in [3, 4] {
+        client
+            .batch_execute(&format!("INSERT INTO items VALUES ({id}, 'x', 1)"))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        until(&mut cdc, 100, &mut got, &mut steps, |d, _| !d.is_empty()).await;
+        stream_positions.push(steps.last().unwrap().resume.position().unwrap().clone());
+    }
+    let (first, second) = (&stream_positions[0], &stream_positions[1]);
+    cdc.committed(1, first);
+    let end = first["end"].as_u64().unwrap();
+    let started = Instant::now();
+    while confirmed_flush(&client, &slot).await != end {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(cdc);
+    // At the confirmed position, and after it: fine.
+    source(&config).seek(first).await.unwrap();
+    source(&config).seek(second).await.unwrap();
+    // Behind it: the backfill's end (its consistent point), and a stream position.
+    let behind = json!({"phase": "stream", "begin": end - 2, "end": end - 1});
+    for position in [&backfilled, &behind] {
+        let err = source(&config).seek(position).await.unwrap_err();
+        assert!(matches!(err, SourceError::SeekBack { .. }), "{err}");
+        assert!(!err.is_retryable());
+        let text = err.to_string();
+        let confirmed = format!("has confirmed LSN {:X}/{:X}", end >> 32, end & 0xffff_ffff);
+        assert!(text.contains(&confirmed), "{text}");
+        assert!(
+            text.contains(&format!("replication slot `{slot}`")),
+            "{text}"
+        );
+        assert!(text.contains("sluice apply --delete"), "{text}");
+    }
+    let err = source(&config).seek(&behind).await.unwrap_err().to_string();
+    let from = end - 1;
+    assert!(
+        err.contains(&format!(
+            "cannot seek back to \"{:X}/{:X}\"",
+            from >> 32,
+            from & 0xffff_ffff
+        )),
+        "{err}"
+    );
+}
