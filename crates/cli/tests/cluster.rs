@@ -7,7 +7,9 @@
 //!   end is exact;
 //! - a shard split under load: exact, with the halves running;
 //! - etcd restarted mid-run: the members ride it out, and the end is exact;
-//! - a part that keeps state on one machine is refused under `cluster:`, naming why.
+//! - a part that keeps state on one machine is refused under `cluster:`, naming why;
+//! - so is a store that cannot fence a former holder (Redis, an external driver
+//!   declaring `non_transactional` or nothing).
 
 mod common;
 
@@ -377,4 +379,78 @@ fn a_part_that_keeps_state_on_one_machine_is_refused_naming_why() {
         "{err}"
     );
     assert!(err.contains("idempotency keys"), "{err}");
+}
+
+/// `sluice check` of the pipeline over `endpoint` with a `cluster:` section: its stderr
+/// when refused as unfit for a cluster, `Ok` when it passed that check (it may fail
+/// later, connecting).
+fn check_under_cluster(endpoint: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        endpoint,
+        false,
+        100,
+        "1s",
+    );
+    let pipeline = dir.path().join("p.yaml");
+    let cluster = "delivery: at_least_once\ncluster:\n  etcd: [\"127.0.0.1:2379\"]\n  member: a\n";
+    std::fs::write(&pipeline, format!("{yaml}{cluster}")).unwrap();
+    std::fs::write(dir.path().join("views.jsonl"), "").unwrap();
+    let out = Command::new(SLUICE)
+        .arg("check")
+        .arg(&pipeline)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    match err.contains("cannot run under `cluster:`") {
+        true => Err(err),
+        false => Ok(()),
+    }
+}
+
+#[test]
+fn a_store_that_cannot_fence_a_former_holder_is_refused_under_a_cluster_naming_why() {
+    // (endpoint, refused naming this)
+    let table = [
+        (
+            "redis: {url: \"redis://127.0.0.1:6379\"}",
+            Some("a redis cannot run under `cluster:`"),
+        ),
+        (
+            "command: {program: /bin/false, pattern: non_transactional}",
+            Some("a command cannot run under `cluster:`"),
+        ),
+        (
+            "command: {program: /bin/false}",
+            Some("undeclared commit pattern counts as non-transactional"),
+        ),
+        (
+            "grpc: {address: \"127.0.0.1:1\"}",
+            Some("declare `pattern: authoritative` if the driver fences"),
+        ),
+        (
+            "command: {program: /bin/false, pattern: authoritative}",
+            None,
+        ),
+        ("sqlite: {path: views.db}", None),
+    ];
+    for (endpoint, refused) in table {
+        let checked = check_under_cluster(endpoint);
+        eprintln!("{endpoint}: {checked:?}");
+        match (refused, checked) {
+            (Some(naming), Err(err)) => {
+                assert!(err.contains("materializations.views-db.endpoint"), "{err}");
+                assert!(err.contains(naming), "{endpoint}: {err}");
+                assert!(
+                    err.contains("cannot fence a former holder")
+                        && err.contains("roll a reduced value back"),
+                    "{endpoint}: {err}"
+                );
+            }
+            (None, Ok(())) => {}
+            (Some(_), Ok(())) => panic!("{endpoint} was not refused under `cluster:`"),
+            (None, Err(err)) => panic!("{endpoint} was refused: {err}"),
+        }
+    }
 }

@@ -774,7 +774,7 @@ impl PipelineFile {
                     .driver(&m.endpoint.kind)
                     .expect("parsed by its kind");
                 let place = format!("materializations.{name}.endpoint");
-                (place, kind.name(), kind.pinned())
+                (place, kind.name(), kind.pinned(&m.endpoint.config))
             });
             for (place, kind, pinned) in sources.chain(endpoints) {
                 if let Some(why) = pinned {

@@ -62,9 +62,11 @@ pub trait DriverKind: Send + Sync {
         config: &Value,
     ) -> Result<Connected, String>;
 
-    /// Why this kind's endpoints cannot move between the members of a cluster with
-    /// their shard (state kept beside the local recovery log); `None`: they can.
-    fn pinned(&self) -> Option<&'static str> {
+    /// Why an endpoint of this kind, configured by what [`DriverKind::parse`] returned,
+    /// cannot run in a cluster, whose shards move between members: state kept beside the
+    /// local recovery log, or a store that cannot fence a former holder
+    /// ([`UNFENCED`]); `None`: it can.
+    fn pinned(&self, _config: &Value) -> Option<&'static str> {
         None
     }
 
@@ -135,6 +137,29 @@ fn external_endpoint_schema(title: &str, required: &str, properties: &str) -> St
   }}
 }}"#
     )
+}
+
+/// Why a non-transactional store cannot run under a cluster: nothing in it fences a
+/// former holder (a member stopped past its lease, a zombie), whose write arriving late
+/// overwrites what the new holder stored since.
+pub const UNFENCED: &str = "a non-transactional store cannot fence a former holder (a \
+    member stopped past its lease), so that holder's late write can land after the new \
+    holder's and roll a reduced value back";
+
+/// [`UNFENCED`], for an external driver that declares no commit pattern.
+pub const UNFENCED_UNDECLARED: &str = "a driver of undeclared commit pattern counts as \
+    non-transactional, and a non-transactional store cannot fence a former holder (a member \
+    stopped past its lease), so that holder's late write can land after the new holder's \
+    and roll a reduced value back; declare `pattern: authoritative` if the driver fences \
+    older holders at Open";
+
+/// Why an external driver declaring `pattern` cannot run under a cluster.
+fn declared_pinned(pattern: Option<DeclaredPattern>) -> Option<&'static str> {
+    match pattern {
+        None => Some(UNFENCED_UNDECLARED),
+        Some(DeclaredPattern::NonTransactional) => Some(UNFENCED),
+        Some(DeclaredPattern::Authoritative | DeclaredPattern::IdempotentApply) => None,
+    }
 }
 
 /// The source and driver kinds a binary knows.
@@ -296,6 +321,10 @@ impl DriverKind for Builtin {
     fn driver(&self) -> Option<Arc<dyn Driver>> {
         Some((self.driver)())
     }
+
+    fn pinned(&self, _config: &Value) -> Option<&'static str> {
+        (self.pattern == CommitPattern::RecoveryLogNonTransactional).then_some(UNFENCED)
+    }
 }
 
 fn empty_object() -> Value {
@@ -359,6 +388,13 @@ impl DriverKind for Grpc {
             config,
             pattern.map(Into::into),
         ))
+    }
+
+    fn pinned(&self, config: &Value) -> Option<&'static str> {
+        // `parse` returned this configuration, so it reads; were it not to, the
+        // pattern is undeclared.
+        let pattern = serde_json::from_value::<GrpcConfig>(config.clone()).ok();
+        declared_pinned(pattern.and_then(|c| c.pattern))
     }
 }
 
@@ -429,6 +465,13 @@ impl DriverKind for Command {
             pattern.map(Into::into),
         ))
     }
+
+    fn pinned(&self, config: &Value) -> Option<&'static str> {
+        // `parse` returned this configuration, so it reads; were it not to, the
+        // pattern is undeclared.
+        let pattern = serde_json::from_value::<CommandConfig>(config.clone()).ok();
+        declared_pinned(pattern.and_then(|c| c.pattern))
+    }
 }
 
 /// An epoch sink built into the binary (`sluice_sink_sdk::SinkKind`), run in-process
@@ -469,7 +512,7 @@ impl DriverKind for Epoch {
         Some(Arc::new(EpochDriver::new(self.0)))
     }
 
-    fn pinned(&self) -> Option<&'static str> {
+    fn pinned(&self, _config: &Value) -> Option<&'static str> {
         Some(
             "an epoch sink names its staging by the deployment id kept beside the local recovery log",
         )
@@ -509,7 +552,7 @@ impl DriverKind for Output {
         })
     }
 
-    fn pinned(&self) -> Option<&'static str> {
+    fn pinned(&self, _config: &Value) -> Option<&'static str> {
         Some("an output keeps its view beside the local recovery log")
     }
 
