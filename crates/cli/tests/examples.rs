@@ -734,7 +734,7 @@ fn change_files(folder: &Path) -> Vec<(String, String)> {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter_map(|name| {
-            sluice_files_output::parse_batch_file_name(&name).map(|(txn, _)| (txn, name))
+            sluice_files_output::parse_batch_file_name(&name).map(|file| (file.txn, name))
         })
         .collect();
     files.sort();

@@ -7,14 +7,14 @@
 
 use serde_json::Value;
 use sluice_files_output::parse_batch_file_name;
-use sluice_output_sdk::BatchKind;
+use sluice_output_sdk::{BatchKind, GenerationId};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
 
-use common::{Row, SLUICE, assert_success, block_on, generate, write_lines};
+use common::{Row, SLUICE, assert_success, block_on, generate, reduce_expected, write_lines};
 
 /// Documents per transaction: the pipeline closes transactions at exactly this many.
 const PER_TXN: usize = 500;
@@ -96,20 +96,34 @@ fn model(docs: &[Value], view: &mut BTreeMap<String, Row>) -> Vec<Changes> {
         .collect()
 }
 
-/// A binding's batch files in order: (transaction, kind, lines).
-fn batches(folder: &Path) -> Vec<(u64, BatchKind, Vec<String>)> {
+/// A binding's batch files in name order (a generation's in transaction order):
+/// (generation, transaction, kind, lines).
+fn batch_files(folder: &Path) -> Vec<(Option<GenerationId>, u64, BatchKind, Vec<String>)> {
     let mut files: Vec<_> = std::fs::read_dir(folder)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter_map(|name| parse_batch_file_name(&name).map(|(txn, kind)| (txn, kind, name)))
+        .filter_map(|name| parse_batch_file_name(&name).map(|file| (name, file)))
         .collect();
-    files.sort_by_key(|(txn, _, _)| *txn);
+    files.sort_by(|a, b| a.0.cmp(&b.0));
     files
         .into_iter()
-        .map(|(txn, kind, name)| {
+        .map(|(name, file)| {
             let text = std::fs::read_to_string(folder.join(name)).unwrap();
-            (txn, kind, text.lines().map(str::to_string).collect())
+            let lines = text.lines().map(str::to_string).collect();
+            (file.generation, file.txn, file.kind, lines)
         })
+        .collect()
+}
+
+/// A binding's batch files of one run from an empty view: (transaction, kind, lines).
+fn batches(folder: &Path) -> Vec<(u64, BatchKind, Vec<String>)> {
+    let files = batch_files(folder);
+    assert!(
+        files.iter().all(|f| f.0.is_some() && f.0 == files[0].0),
+        "one generation, named in every file's name"
+    );
+    (files.into_iter())
+        .map(|(_, txn, kind, lines)| (txn, kind, lines))
         .collect()
 }
 
@@ -427,4 +441,203 @@ fn kafka_topics_get_every_transactions_changes_once_in_order() {
         });
         assert_batches(format, &group(stamped), &expected);
     }
+}
+
+/// What a destination holds, per generation (`None`: written with no generation), oldest
+/// first: each generation's batches, (transaction, message values).
+type Generations = Vec<(Option<String>, Vec<(u64, Vec<String>)>)>;
+
+/// Applies a generation's `json` changes, in order, to a view that starts empty. A
+/// change that does not fit the view fails, naming it: an insert of a key the view
+/// holds (with no delete before it), a delete of a document the view does not hold.
+fn replay(batches: &[(u64, Vec<String>)]) -> BTreeMap<String, Row> {
+    let mut view = BTreeMap::new();
+    for (txn, lines) in batches {
+        for line in lines {
+            let record: Value = serde_json::from_str(line).unwrap();
+            match (record.get("insert"), record.get("delete")) {
+                (Some(doc), None) => {
+                    let user = doc["user_id"].as_str().unwrap().to_string();
+                    let held = view.insert(user.clone(), Row::of(doc));
+                    assert!(
+                        held.is_none(),
+                        "transaction {txn} inserts {line} but the view holds {user} \
+                         ({held:?}) and no delete came before it"
+                    );
+                }
+                (None, Some(doc)) => {
+                    let user = doc["user_id"].as_str().unwrap();
+                    let held = view.remove(user);
+                    assert_eq!(
+                        held,
+                        Some(Row::of(doc)),
+                        "transaction {txn} deletes {line}, which the view does not hold"
+                    );
+                }
+                _ => panic!("not an insert_delete record: {line}"),
+            }
+        }
+    }
+    view
+}
+
+/// Runs the reset scenario in `dir` (its `pipeline.yaml` written): a run, more input, a
+/// run, `sluice apply --delete`, a run, more input, a run. Returns the input of the
+/// first generation and all the input.
+fn run_reset_scenario(dir: &Path, seed: u64) -> (Vec<Value>, Vec<Value>) {
+    let docs = generate(3_000, 150, seed);
+    let input = dir.join("views.jsonl");
+    write_lines(&input, &docs[..1_000]);
+    assert_success(&sluice(dir, &["run", "pipeline.yaml"]));
+    write_lines(&input, &docs[..2_000]);
+    assert_success(&sluice(dir, &["run", "pipeline.yaml"]));
+    assert_success(&sluice(dir, &["apply", "--delete", "pipeline.yaml"]));
+    assert_success(&sluice(dir, &["run", "pipeline.yaml"]));
+    write_lines(&input, &docs);
+    assert_success(&sluice(dir, &["run", "pipeline.yaml"]));
+    (docs[..2_000].to_vec(), docs)
+}
+
+/// What a reset promises: the destination holds two generations; the first holds the
+/// changes of the input before the reset, the second every change of the whole input
+/// from an empty view, transaction by transaction, and its changes alone reduce to the
+/// model.
+fn assert_reset_published(generations: &Generations, before: &[Value], all: &[Value]) {
+    let (_, newest) = generations.last().expect("the destination holds nothing");
+    assert_eq!(
+        replay(newest),
+        reduce_expected(all),
+        "the newest generation's changes, from an empty view, reduce to the model"
+    );
+    let names: Vec<_> = generations.iter().map(|(g, _)| g.clone()).collect();
+    assert_eq!(names.len(), 2, "a reset starts a new generation: {names:?}");
+    assert!(
+        names.iter().all(Option::is_some) && names[0] != names[1],
+        "every message names its generation, and a reset makes a new one: {names:?}"
+    );
+    assert_batches(
+        "json",
+        &generations[0].1,
+        &model(before, &mut BTreeMap::new()),
+    );
+    assert_batches("json", newest, &model(all, &mut BTreeMap::new()));
+}
+
+/// A files binding's folder, by generation (in name order, which puts a later
+/// generation after an earlier one).
+fn file_generations(folder: &Path) -> Generations {
+    by_generation(
+        (batch_files(folder).into_iter())
+            .flat_map(|(generation, txn, _, lines)| {
+                let generation = generation.map(|g| g.to_string());
+                (0..)
+                    .zip(lines)
+                    .map(move |(index, line)| (generation.clone(), txn, index, line))
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn a_reset_files_output_starts_a_new_generation_with_every_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pipeline.yaml"),
+        pipeline(&[("json", "json", false)]),
+    )
+    .unwrap();
+    let (before, all) = run_reset_scenario(dir.path(), 75);
+    let generations = file_generations(&dir.path().join("out/json"));
+    assert_reset_published(&generations, &before, &all);
+}
+
+/// Messages stamped (generation, transaction, index, value), grouped by generation in
+/// the order given, each generation's into batches ([`group`]).
+fn by_generation(messages: Vec<(Option<String>, u64, u64, String)>) -> Generations {
+    type Stamped = Vec<(u64, u64, String)>;
+    let mut generations: Vec<(Option<String>, Stamped)> = Vec::new();
+    for (generation, txn, index, value) in messages {
+        match generations.iter_mut().find(|(g, _)| *g == generation) {
+            Some((_, of)) => of.push((txn, index, value)),
+            None => generations.push((generation, vec![(txn, index, value)])),
+        }
+    }
+    (generations.into_iter())
+        .map(|(generation, messages)| (generation, group(messages)))
+        .collect()
+}
+
+#[test]
+fn a_reset_nats_output_starts_a_new_generation_with_every_change() {
+    const URL: &str = "nats://127.0.0.1:4222";
+    let name = unique("reset").replace('-', "_");
+    let dir = tempfile::tempdir().unwrap();
+    let subject = format!("{name}.json");
+    let yaml = pipeline_to(
+        &format!("nats: {{url: \"{URL}\", stream: {name}}}"),
+        "subject",
+        &[(&subject, "json", false)],
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    let ran = std::panic::catch_unwind(|| run_reset_scenario(dir.path(), 76));
+    let messages = ran
+        .is_ok()
+        .then(|| block_on(sluice_nats_output::read::read_subject(URL, &subject)).unwrap());
+    block_on(async {
+        let admin = sluice_nats::admin::Admin::connect(URL).await.unwrap();
+        admin.delete_stream(&name).await.unwrap();
+    });
+    let (before, all) = ran.unwrap();
+    let stamped = (messages.unwrap().into_iter())
+        .map(|m| {
+            let value = String::from_utf8(m.payload.to_vec()).unwrap();
+            (
+                m.stamp.generation.map(|g| g.to_string()),
+                m.stamp.txn,
+                m.stamp.index,
+                value,
+            )
+        })
+        .collect();
+    assert_reset_published(&by_generation(stamped), &before, &all);
+}
+
+#[test]
+fn a_reset_kafka_output_starts_a_new_generation_with_every_change() {
+    const BROKERS: &str = "127.0.0.1:9092";
+    let topic = unique("reset");
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = pipeline_to(
+        &format!("kafka: {{brokers: \"{BROKERS}\"}}"),
+        "partitions: 3, topic",
+        &[(&topic, "json", false)],
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    let (before, all) = run_reset_scenario(dir.path(), 77);
+    let brokers = [BROKERS.to_string()];
+    let mut messages = block_on(sluice_kafka_output::read::read_topic(&brokers, &topic)).unwrap();
+    // Generations are named so that a later one sorts after an earlier one; partitions
+    // interleave, a transaction's messages are ordered by their index.
+    messages.sort_by(|a, b| {
+        let key = |m: &sluice_kafka_output::read::Written| {
+            (
+                m.stamp.generation.map(|g| g.to_string()),
+                m.stamp.txn,
+                m.stamp.index,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let stamped = (messages.into_iter())
+        .map(|m| {
+            let value = String::from_utf8(m.value).unwrap();
+            (
+                m.stamp.generation.map(|g| g.to_string()),
+                m.stamp.txn,
+                m.stamp.index,
+                value,
+            )
+        })
+        .collect();
+    assert_reset_published(&by_generation(stamped), &before, &all);
 }

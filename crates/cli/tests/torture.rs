@@ -366,15 +366,22 @@ fn output_delta_is_refused_naming_why() {
     assert!(stderr.contains("it refuses delta updates"), "{stderr}");
 }
 
-/// The name of transaction `txn`'s batch file (the files output's naming).
-fn batch_file(txn: u64) -> String {
-    format!("{txn:020}.jsonl")
+/// The name of transaction `txn`'s batch file in `folder`, if it is there (the files
+/// output's naming: `<generation>-<txn:020>.jsonl`; a torture writes one generation).
+fn batch_file(folder: &Path, txn: u64) -> Option<String> {
+    std::fs::read_dir(folder)
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .find(|name| {
+            sluice_files_output::parse_batch_file_name(name)
+                .is_some_and(|f| f.txn == txn && f.kind == sluice_output_sdk::BatchKind::Delta)
+        })
 }
 
 /// Waits until `folder` holds the batch files of transactions 1..=`txns`.
 fn await_batches(folder: &Path, txns: u64) {
     let started = Instant::now();
-    while !(1..=txns).all(|txn| folder.join(batch_file(txn)).exists()) {
+    while !(1..=txns).all(|txn| batch_file(folder, txn).is_some()) {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "no {txns} batch files in {}",
@@ -406,13 +413,15 @@ fn a_tampered_files_output_fails_the_torture_naming_each_broken_rule() {
     let folder = dir.join("output/torture_events");
     await_batches(&folder, 5);
 
+    let file = |txn| folder.join(batch_file(&folder, txn).unwrap());
+    let second = batch_file(&folder, 2).unwrap();
     std::fs::copy(
-        folder.join(batch_file(2)),
-        folder.join(format!("{:020}.snapshot.jsonl", 2)),
+        folder.join(&second),
+        folder.join(second.replace(".jsonl", ".snapshot.jsonl")),
     )
     .unwrap();
-    std::fs::remove_file(folder.join(batch_file(4))).unwrap();
-    let third = folder.join(batch_file(3));
+    std::fs::remove_file(file(4)).unwrap();
+    let third = file(3);
     let text = std::fs::read_to_string(&third).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     let delete = lines.iter().position(|l| l.starts_with(r#"{"delete""#));

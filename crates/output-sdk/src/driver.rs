@@ -10,7 +10,8 @@
 use crate::change::{Change, Op};
 use crate::encode::{self, Buffer, Encoder, Encoding, Fields};
 use crate::endpoint::{BatchKind, OutputEndpoint, Target};
-use crate::view::View;
+use crate::generation::{Generation, GenerationId};
+use crate::view::{self, View};
 use crate::{OutputError, Result as OutputResult};
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -154,10 +155,12 @@ impl OutputDriver {
         Ok((resource, path))
     }
 
-    /// Every binding's encoder and endpoint, built (nothing connected).
+    /// Every binding's encoder and endpoint, built (nothing connected), writing
+    /// `generation`.
     fn outputs(
         &self,
         spec: &sluice_driver_sdk::flow::MaterializationSpec,
+        generation: Generation,
     ) -> Result<Vec<BindingOutput>> {
         let config = self.config(&spec.endpoint_spec_json)?;
         spec.bindings
@@ -171,6 +174,7 @@ impl OutputDriver {
                     resource: resource.destination.clone(),
                     format: resource.encoding.format,
                     header: encoder.header(),
+                    generation,
                 };
                 let endpoint = (self.kind.endpoint)(&config, target).map_err(output_error)?;
                 Ok(BindingOutput {
@@ -184,14 +188,6 @@ impl OutputDriver {
                 })
             })
             .collect()
-    }
-
-    async fn view<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut View) -> OutputResult<T> + Send + 'static,
-    ) -> Result<T> {
-        let dir = self.state_dir.clone();
-        blocking(move || work(&mut View::open(&dir)?)).await
     }
 }
 
@@ -258,7 +254,12 @@ impl Driver for OutputDriver {
         let spec = req
             .materialization
             .ok_or_else(|| Error::Config("Apply without a materialization".into()))?;
-        self.outputs(&spec)?;
+        // Built only to check the configuration: nothing is written under this id.
+        let checking = Generation {
+            id: GenerationId::mint(),
+            adopts_unstamped: false,
+        };
+        self.outputs(&spec, checking)?;
         let mut actions = Vec::new();
         for b in &spec.bindings {
             let collection = b.collection.as_ref().map(|c| c.collection.as_str());
@@ -282,27 +283,36 @@ impl Driver for OutputDriver {
         })
     }
 
-    /// Forgets the removed bindings' views (their destinations are left as they are).
+    /// A reset: removes the view whole (every binding's documents, the checkpoint and
+    /// fence, the snapshots sent, the generation), so the next run is a new
+    /// materialization with a new generation, publishing every change again from an
+    /// empty view. What the destinations hold is left as it is: the new generation's
+    /// messages are told apart by their generation, and never taken for the old ones.
     async fn apply_delete(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
         let spec = req
             .materialization
             .ok_or_else(|| Error::Config("ApplyDelete without a materialization".into()))?;
-        let keys: Vec<String> = spec
-            .bindings
-            .iter()
-            .map(|b| b.resource_path.join("/"))
-            .collect();
-        let actions = keys
-            .iter()
-            .map(|k| format!("forget the view of {} {k}", self.kind.name))
-            .collect::<Vec<_>>()
-            .join("\n");
-        if !req.dry_run && self.state_dir.join("view.db").exists() {
-            self.view(move |view| keys.iter().try_for_each(|k| view.drop_binding(k)))
-                .await?;
+        let path = self.state_dir.join("view.db");
+        let mut actions = vec![format!(
+            "remove the output view {} (documents, checkpoint, snapshots, generation)",
+            path.display()
+        )];
+        for b in &spec.bindings {
+            actions.push(format!(
+                "start {} {} over: the next run publishes every change again, under a new \
+                 generation (what it holds now stays)",
+                self.kind.name,
+                b.resource_path.join("/")
+            ));
+        }
+        if !req.dry_run {
+            let dir = self.state_dir.clone();
+            if let Some(ended) = blocking(move || view::remove(&dir)).await? {
+                actions[0].push_str(&format!(": generation {ended} ended"));
+            }
         }
         Ok(m::ApplyResponse {
-            action_description: actions,
+            action_description: actions.join("\n"),
         })
     }
 
@@ -311,19 +321,20 @@ impl Driver for OutputDriver {
             .materialization
             .clone()
             .ok_or_else(|| Error::Config("Open without a materialization".into()))?;
-        let mut outputs = self.outputs(&spec)?;
+        self.config(&spec.endpoint_spec_json)?;
         let (key_begin, key_end) = (open.key_begin, open.key_end);
         let dir = self.state_dir.clone();
-        let views: Vec<(String, String, bool)> = (outputs.iter().zip(&spec.bindings))
-            .map(|(o, b)| {
+        let views: Vec<(String, String, bool)> = (spec.bindings.iter())
+            .map(|b| {
+                let (resource, path) = self.resource(&b.resource_spec_json)?;
                 let collection = b.collection.as_ref().map(|c| c.collection.clone());
-                (
-                    o.view_key.clone(),
+                Ok((
+                    path.join("/"),
                     collection.unwrap_or_default(),
-                    o.snapshot,
-                )
+                    resource.snapshot,
+                ))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let (view, fence, checkpoint, sent) = blocking(move || {
             let mut view = View::open(&dir)?;
             let (fence, checkpoint) = view.claim(key_begin, key_end)?;
@@ -338,6 +349,10 @@ impl Driver for OutputDriver {
             Ok((view, fence, checkpoint, sent))
         })
         .await?;
+        let generation = view.generation();
+        tracing::debug!(materialization = spec.materialization, generation = %generation.id,
+            "opening the output endpoints");
+        let mut outputs = self.outputs(&spec, generation)?;
         for (output, sent) in outputs.iter_mut().zip(sent) {
             output.snapshot &= !sent;
             output.endpoint.open().await.map_err(output_error)?;

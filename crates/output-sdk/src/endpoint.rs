@@ -12,6 +12,7 @@
 
 use crate::Result;
 use crate::encode::{Buffer, Format, Message};
+use crate::generation::Generation;
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -40,11 +41,15 @@ pub struct Target {
     pub format: Format,
     /// What a file of the format starts with (a CSV header line).
     pub header: Option<Vec<u8>>,
+    /// Written on everything the endpoint emits; a destination's tail of another
+    /// generation is not this one's ([`Generation::owns`]).
+    pub generation: Generation,
 }
 
 /// The last message a destination holds, as its transaction and index. A destination
 /// that keeps one producer's messages in order holds every message up to its tail, and
-/// none after.
+/// none after. Only a message of the endpoint's own generation is its tail: after a
+/// reset, the last message of the generation before is nothing of this one's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Tail {
     pub txn: u64,
@@ -62,7 +67,8 @@ impl Tail {
 #[async_trait]
 pub trait OutputEndpoint: Send {
     /// Connects, creating the destination if it is missing, and reads how far earlier
-    /// instances wrote (so that what they wrote is discarded when replayed).
+    /// instances of the same generation wrote (so that what they wrote is discarded
+    /// when replayed).
     async fn open(&mut self) -> Result<()>;
 
     /// Bytes of encoded messages the driver buffers before it pushes them.

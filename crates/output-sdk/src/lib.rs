@@ -26,18 +26,24 @@
 //!   in key order), and the endpoint discards those its destination already holds
 //!   ([`Tail`]). A crash after the view commits has nothing to redo.
 //! - A slow endpoint slows the loop: pushes are awaited, the buffer is bounded.
+//! - Everything written carries the view's [`Generation`]: a reset removes the view
+//!   whole, and the next run's new generation never takes what an earlier one wrote
+//!   for its own (an old tail is not "already written"), so it publishes every change
+//!   again from an empty view.
 
 pub mod change;
 pub mod config;
 pub mod driver;
 pub mod encode;
 pub mod endpoint;
+pub mod generation;
 mod view;
 
 pub use change::{Change, Op};
 pub use driver::{OutputDriver, OutputKind, resource_schema};
 pub use encode::{Buffer, Format, Message};
 pub use endpoint::{BatchKind, OutputEndpoint, Tail, Target};
+pub use generation::{Generation, GenerationId};
 
 /// What an output failed at, and whether trying again may help.
 #[derive(Debug, thiserror::Error)]

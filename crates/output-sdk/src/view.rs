@@ -6,14 +6,24 @@
 //!  docs(binding, key, doc)           the view: each key's reduced document
 //!  ranges(key_begin, key_end, fence, checkpoint)
 //!  snapshots(binding, txn)           bindings whose snapshot batch was sent
+//!  meta(name, value)                 generation, adopts_unstamped: the view's generation
 //! ```
 //!
 //! A transaction's writes are one SQLite transaction (WAL, `synchronous=FULL`): what
 //! the view says after a crash is a transaction's whole result, never part of one.
+//!
+//! The view is created with its generation ([`crate::generation`]) and removed whole by
+//! a reset ([`remove`]): documents, checkpoint, fence, snapshots and generation go
+//! together, so the next run is a new materialization, never the old checkpoint over
+//! an empty view.
 
+use crate::generation::{Generation, GenerationId};
 use crate::{OutputError, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
+
+/// The view's file in its folder, and the files SQLite keeps beside it.
+const FILES: [&str; 4] = ["view.db", "view.db-wal", "view.db-shm", "view.db-journal"];
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -24,6 +34,7 @@ CREATE TABLE IF NOT EXISTS ranges (
     fence INTEGER NOT NULL, checkpoint BLOB NOT NULL,
     PRIMARY KEY (key_begin, key_end));
 CREATE TABLE IF NOT EXISTS snapshots (binding TEXT PRIMARY KEY, txn INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 ";
 
 fn sql_error(context: &str, err: rusqlite::Error) -> OutputError {
@@ -33,10 +44,38 @@ fn sql_error(context: &str, err: rusqlite::Error) -> OutputError {
 pub(crate) struct View {
     conn: Connection,
     in_transaction: bool,
+    generation: Generation,
+}
+
+/// Removes the view under `state_dir` whole (a reset: `sluice apply --delete`), if it
+/// exists; returns the generation it ended. Returns once the removal is durable
+/// (the folder fsync'ed). The caller holds the recovery log's lock, so no run has the
+/// view open.
+pub fn remove(state_dir: &Path) -> Result<Option<GenerationId>> {
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        OutputError::External(format!("{what} {}: {e}", path.display()))
+    };
+    if !state_dir.join(FILES[0]).exists() {
+        return Ok(None);
+    }
+    let generation = View::open(state_dir)?.generation.id;
+    for name in FILES {
+        let path = state_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing", &path, e)),
+        }
+    }
+    std::fs::File::open(state_dir)
+        .and_then(|folder| folder.sync_all())
+        .map_err(|e| io("syncing", state_dir, e))?;
+    Ok(Some(generation))
 }
 
 impl View {
-    /// Opens (creating) the view file under `state_dir`.
+    /// Opens (creating) the view file under `state_dir`; a view created now gets a new
+    /// generation.
     pub fn open(state_dir: &Path) -> Result<View> {
         std::fs::create_dir_all(state_dir)
             .map_err(|e| OutputError::External(format!("creating {}: {e}", state_dir.display())))?;
@@ -48,10 +87,17 @@ impl View {
         )
         .and_then(|()| conn.execute_batch(SCHEMA))
         .map_err(|e| sql_error("creating its tables", e))?;
+        let generation = generation(&conn)?;
         Ok(View {
             conn,
             in_transaction: false,
+            generation,
         })
+    }
+
+    /// The generation of what is written from this view.
+    pub fn generation(&self) -> Generation {
+        self.generation
     }
 
     /// Claims the key range: raises its fence and returns the new fence and the
@@ -237,17 +283,61 @@ impl View {
             )
             .map_err(|e| sql_error("seeding a binding's view", e))
     }
+}
 
-    /// Forgets `binding`'s view and snapshot (the binding was removed).
-    pub fn drop_binding(&mut self, binding: &str) -> Result<()> {
-        self.conn
-            .execute("DELETE FROM docs WHERE binding = ?1", params![binding])
-            .and_then(|_| {
-                self.conn
-                    .execute("DELETE FROM snapshots WHERE binding = ?1", params![binding])
-            })
-            .map(drop)
-            .map_err(|e| sql_error("dropping a binding's view", e))
+/// The view's generation, minted (in one transaction with the check) if it has none:
+/// a view that already holds a range was made by a release before generations, and
+/// adopts what that release wrote unstamped.
+fn generation(conn: &Connection) -> Result<Generation> {
+    let read = |conn: &Connection| -> rusqlite::Result<Option<(String, String)>> {
+        conn.query_row(
+            "SELECT (SELECT value FROM meta WHERE name = 'generation'),
+                    (SELECT value FROM meta WHERE name = 'adopts_unstamped')",
+            [],
+            |row| Ok(row.get::<_, Option<String>>(0)?.zip(row.get(1)?)),
+        )
+    };
+    let parse = |(id, adopts): (String, String)| -> Result<Generation> {
+        let id = GenerationId::parse(&id)
+            .map_err(|e| OutputError::Corrupt(format!("output view: {e}")))?;
+        Ok(Generation {
+            id,
+            adopts_unstamped: adopts == "1",
+        })
+    };
+    if let Some(found) = read(conn).map_err(|e| sql_error("reading its generation", e))? {
+        return parse(found);
+    }
+    let minted = (|| {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        if let Some(found) = read(conn)? {
+            conn.execute_batch("COMMIT")?;
+            return Ok(found);
+        }
+        let claimed: bool =
+            conn.query_row("SELECT EXISTS (SELECT 1 FROM ranges)", [], |r| r.get(0))?;
+        let found = (
+            GenerationId::mint().to_string(),
+            if claimed { "1" } else { "0" }.to_string(),
+        );
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES ('generation', ?1), ('adopts_unstamped', ?2)",
+            params![found.0, found.1],
+        )?;
+        conn.execute_batch("COMMIT")?;
+        Ok(found)
+    })();
+    match minted {
+        Ok(found) => {
+            let generation = parse(found)?;
+            tracing::info!(generation = %generation.id, adopts_unstamped = generation.adopts_unstamped,
+                "a new output view: its generation");
+            Ok(generation)
+        }
+        Err(err) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(sql_error("minting its generation", err))
+        }
     }
 }
 
@@ -284,5 +374,64 @@ mod tests {
         assert_eq!(view.commit(0, u32::MAX, 1, b"cp2", &[]).unwrap(), Some(2));
         assert_eq!(newer.get("b", b"k2").unwrap(), None);
         assert_eq!(newer.scan("b", None, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_view_keeps_its_generation_until_a_reset_removes_it_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut view = View::open(dir.path()).unwrap();
+        let first = view.generation();
+        assert!(
+            !first.adopts_unstamped,
+            "a new view owns only what it stamps"
+        );
+        view.claim(0, u32::MAX).unwrap();
+        view.begin().unwrap();
+        view.put("b", b"k1", Some("{}")).unwrap();
+        view.commit(0, u32::MAX, 1, b"cp1", &[("b".into(), 1)])
+            .unwrap();
+        drop(view);
+        assert_eq!(View::open(dir.path()).unwrap().generation(), first);
+
+        assert_eq!(remove(dir.path()).unwrap(), Some(first.id));
+        assert!(FILES.iter().all(|f| !dir.path().join(f).exists()));
+        assert_eq!(remove(dir.path()).unwrap(), None, "nothing left to remove");
+        let mut fresh = View::open(dir.path()).unwrap();
+        assert_ne!(
+            fresh.generation().id,
+            first.id,
+            "a reset starts a new generation"
+        );
+        assert!(!fresh.generation().adopts_unstamped);
+        let (fence, checkpoint) = fresh.claim(0, u32::MAX).unwrap();
+        assert_eq!(
+            (fence, checkpoint),
+            (1, Vec::new()),
+            "no checkpoint survives"
+        );
+        assert_eq!(fresh.get("b", b"k1").unwrap(), None, "no document survives");
+        assert!(!fresh.snapshot_sent("b").unwrap(), "no snapshot survives");
+    }
+
+    #[test]
+    fn a_view_from_before_generations_adopts_what_it_wrote_unstamped() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // The previous release's view: no meta table, a claimed range.
+            let conn = Connection::open(dir.path().join("view.db")).unwrap();
+            let old_schema = SCHEMA.replace(
+                "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;",
+                "",
+            );
+            conn.execute_batch(&old_schema).unwrap();
+            conn.execute("INSERT INTO ranges VALUES (0, 4294967295, 3, x'6370')", [])
+                .unwrap();
+        }
+        let mut view = View::open(dir.path()).unwrap();
+        let generation = view.generation();
+        assert!(generation.adopts_unstamped);
+        assert_eq!(view.claim(0, u32::MAX).unwrap(), (4, b"cp".to_vec()));
+        drop(view);
+        assert_eq!(View::open(dir.path()).unwrap().generation(), generation);
     }
 }

@@ -13,7 +13,9 @@
 //! 3. each transaction's messages are numbered exactly 0..n (across the topic's
 //!    partitions, which a transaction's messages spread over by key);
 //! 4. folded in (transaction, index) order, every delete removes exactly the current
-//!    document of its key and every insert adds a key that is absent.
+//!    document of its key and every insert adds a key that is absent;
+//! 5. every message is of one generation: kills and restarts continue the
+//!    materialization, only a reset (which the torture never does) starts a new one.
 //!
 //! Each broken rule is an anomaly. The folded view is then what the table of a store
 //! would be: compared with the model's reduction of all the input (lost, duplicated,
@@ -24,7 +26,7 @@ use super::store::{TABLE, block_on};
 use anyhow::Context;
 use serde_json::{Value, json};
 use sluice_files_output::parse_batch_file_name;
-use sluice_output_sdk::BatchKind;
+use sluice_output_sdk::{BatchKind, GenerationId};
 use sluice_runtime::failpoint::{self, OnReturn};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -151,16 +153,17 @@ fn read_folder(folder: &Path) -> anyhow::Result<Vec<Published>> {
     names.sort();
     let mut published = Vec::new();
     for name in names.into_iter().filter(|n| !n.starts_with('.')) {
-        let (txn, batch) = parse_batch_file_name(&name)
+        let file = parse_batch_file_name(&name)
             .with_context(|| format!("{}: {name} is not a batch file", folder.display()))?;
         let path = folder.join(&name);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         for (index, line) in (0..).zip(text.lines()) {
             published.push(Published {
-                txn,
+                generation: file.generation,
+                txn: file.txn,
                 index,
-                batch,
+                batch: file.kind,
                 file: Some(name.clone()),
                 place: format!("{name} line {}", index + 1),
                 key: None,
@@ -180,6 +183,7 @@ fn read_topic(broker: &str, topic: &str) -> anyhow::Result<Vec<Published>> {
             .with_context(|| format!("reading topic {topic} at {broker}"))?;
     Ok((written.into_iter())
         .map(|message| Published {
+            generation: message.stamp.generation,
             txn: message.stamp.txn,
             index: message.stamp.index,
             batch: message.stamp.batch,
@@ -201,6 +205,7 @@ fn read_subject(url: &str, subject: &str) -> anyhow::Result<Vec<Published>> {
             .with_context(|| format!("reading subject {subject} at {url}"))?;
     Ok((stored.into_iter())
         .map(|message| Published {
+            generation: message.stamp.generation,
             txn: message.stamp.txn,
             index: message.stamp.index,
             batch: message.stamp.batch,
@@ -215,6 +220,8 @@ fn read_subject(url: &str, subject: &str) -> anyhow::Result<Vec<Published>> {
 /// One message read back from a destination.
 #[derive(Debug, Clone)]
 pub struct Published {
+    /// The generation that wrote it (`None`: none written).
+    pub generation: Option<GenerationId>,
     pub txn: u64,
     /// Its index within its transaction's batch.
     pub index: u64,
@@ -231,6 +238,9 @@ pub struct Published {
 /// A broken rule of an output's stream of batches.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Violation {
+    /// Messages of several generations (`None`: of none), in order of first appearance:
+    /// a restart started the materialization over.
+    Generations { generations: Vec<String> },
     /// No batch of the transactions between `after` and `before`.
     Gap { after: u64, before: u64 },
     /// A transaction published as several files.
@@ -277,6 +287,13 @@ pub enum Violation {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Violation::Generations { generations } => write!(
+                f,
+                "the destination holds {} generations ({}): a restart started the \
+                 materialization over",
+                generations.len(),
+                generations.join(", ")
+            ),
             Violation::Gap { after, before } => write!(
                 f,
                 "transactions {}..={} are missing between {after} and {before}",
@@ -378,6 +395,18 @@ pub struct Checked {
 /// a message's extra copies are reported, not folded.
 pub fn check(published: &[Published]) -> Checked {
     let mut checked = Checked::default();
+    let mut generations: Vec<Option<GenerationId>> = Vec::new();
+    for message in published {
+        if !generations.contains(&message.generation) {
+            generations.push(message.generation);
+        }
+    }
+    if generations.len() > 1 {
+        let named = |g: &Option<GenerationId>| g.map_or("none".into(), |g| g.to_string());
+        checked.violations.push(Violation::Generations {
+            generations: generations.iter().map(named).collect(),
+        });
+    }
     let mut transactions: BTreeMap<u64, Vec<&Published>> = BTreeMap::new();
     for message in published {
         transactions.entry(message.txn).or_default().push(message);
@@ -536,6 +565,7 @@ mod tests {
                 let doc: Value = serde_json::from_str(value).unwrap();
                 let key = doc.as_object().unwrap().values().next().unwrap()["key"].clone();
                 Published {
+                    generation: None,
                     txn: *txn,
                     index: *index,
                     batch: BatchKind::Delta,
@@ -553,6 +583,7 @@ mod tests {
         (files.iter())
             .flat_map(|(name, txn, lines)| {
                 (0..).zip(lines).map(move |(index, line)| Published {
+                    generation: None,
                     txn: *txn,
                     index,
                     batch: BatchKind::Delta,
@@ -586,6 +617,23 @@ mod tests {
         assert_eq!(checked.violations, []);
         let view: Vec<_> = checked.view.into_iter().collect();
         assert_eq!(view, [("a".into(), doc("a", 3)), ("c".into(), doc("c", 1))]);
+    }
+
+    #[test]
+    fn a_second_generation_is_reported_naming_both() {
+        let mut messages = broker(&clean());
+        let (old, new) = (GenerationId::mint(), GenerationId::mint());
+        for (i, m) in messages.iter_mut().enumerate() {
+            m.generation = Some(if i < 2 { old } else { new });
+        }
+        let checked = check(&messages);
+        assert_eq!(
+            checked.violations,
+            [Violation::Generations {
+                generations: vec![old.to_string(), new.to_string()]
+            }]
+        );
+        assert!(checked.violations[0].to_string().contains("2 generations"));
     }
 
     #[test]
@@ -710,13 +758,20 @@ mod tests {
     #[test]
     fn a_folder_reads_as_its_batch_files_lines_skipping_interrupted_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let name = sluice_files_output::batch_file_name(7, BatchKind::Delta, Default::default());
+        let generation = GenerationId::mint();
+        let name = sluice_files_output::batch_file_name(
+            generation,
+            7,
+            BatchKind::Delta,
+            Default::default(),
+        );
         std::fs::write(dir.path().join(&name), "{\"insert\":1}\n{\"insert\":2}\n").unwrap();
         std::fs::write(dir.path().join(format!(".{name}.tmp")), "half").unwrap();
         let read = read_folder(dir.path()).unwrap();
         let got: Vec<_> = read.iter().map(|m| (m.txn, m.index, &m.place)).collect();
         let line = |n| format!("{name} line {n}");
         assert_eq!(got, [(7, 0, &line(1)), (7, 1, &line(2))]);
+        assert!(read.iter().all(|m| m.generation == Some(generation)));
         std::fs::write(dir.path().join("notes.txt"), "").unwrap();
         let err = read_folder(dir.path()).unwrap_err().to_string();
         assert!(err.contains("notes.txt is not a batch file"), "{err}");

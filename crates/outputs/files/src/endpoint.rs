@@ -2,31 +2,59 @@
 
 use crate::config::{Config, Resource};
 use async_trait::async_trait;
-use sluice_output_sdk::{BatchKind, Buffer, Format, OutputEndpoint, OutputError, Result, Target};
+use sluice_output_sdk::{
+    BatchKind, Buffer, Format, Generation, GenerationId, OutputEndpoint, OutputError, Result,
+    Target,
+};
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 
-/// The file name of transaction `txn`'s batch.
-pub fn batch_file_name(txn: u64, kind: BatchKind, format: Format) -> String {
+/// What a batch file's name says: its generation (`None`: written by a release before
+/// generations), its transaction and its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchFile {
+    pub generation: Option<GenerationId>,
+    pub txn: u64,
+    pub kind: BatchKind,
+}
+
+/// The file name of transaction `txn`'s batch of `generation`:
+/// `<generation>-<txn:020>[.snapshot].<ext>`, so that a folder listed in name order
+/// lists a generation's batches in transaction order, and a later generation's after.
+pub fn batch_file_name(
+    generation: GenerationId,
+    txn: u64,
+    kind: BatchKind,
+    format: Format,
+) -> String {
     match kind {
-        BatchKind::Delta => format!("{txn:020}.{}", format.extension()),
-        BatchKind::Snapshot => format!("{txn:020}.snapshot.{}", format.extension()),
+        BatchKind::Delta => format!("{generation}-{txn:020}.{}", format.extension()),
+        BatchKind::Snapshot => format!("{generation}-{txn:020}.snapshot.{}", format.extension()),
     }
 }
 
-/// The transaction and kind of a batch file's name (`None`: not a batch file).
-pub fn parse_batch_file_name(name: &str) -> Option<(u64, BatchKind)> {
+/// What a batch file's name says (`None`: not a batch file). Reads the names of the
+/// release before generations too (`<txn:020>[.snapshot].<ext>`, no generation).
+pub fn parse_batch_file_name(name: &str) -> Option<BatchFile> {
     if name.starts_with('.') {
         return None;
     }
-    let (txn, rest) = name.split_once('.')?;
+    let (stem, rest) = name.split_once('.')?;
+    let (generation, txn) = match stem.split_once('-') {
+        Some((generation, txn)) => (Some(GenerationId::parse(generation).ok()?), txn),
+        None => (None, stem),
+    };
     let txn = txn.parse().ok().filter(|_| txn.len() == 20)?;
     let kind = if rest.starts_with("snapshot.") {
         BatchKind::Snapshot
     } else {
         BatchKind::Delta
     };
-    Some((txn, kind))
+    Some(BatchFile {
+        generation,
+        txn,
+        kind,
+    })
 }
 
 fn io_error(what: &str, path: &Path, err: std::io::Error) -> OutputError {
@@ -45,7 +73,8 @@ pub struct FilesEndpoint {
     format: Format,
     header: Option<Vec<u8>>,
     max_buffer_size_bytes: usize,
-    /// The newest transaction with a batch file.
+    generation: Generation,
+    /// The newest transaction of this generation with a batch file.
     tail: Option<u64>,
     batch: Option<Open>,
 }
@@ -75,6 +104,7 @@ impl FilesEndpoint {
             format: target.format,
             header: target.header.clone(),
             max_buffer_size_bytes: config.max_buffer_size_bytes,
+            generation: target.generation,
             tail: None,
             batch: None,
         })
@@ -101,8 +131,12 @@ impl OutputEndpoint for FilesEndpoint {
                 tokio::fs::remove_file(entry.path())
                     .await
                     .map_err(|e| io_error("removing", &entry.path(), e))?;
-            } else if let Some((txn, _)) = parse_batch_file_name(&name) {
-                tail = tail.max(Some(txn));
+            } else if let Some(file) = parse_batch_file_name(&name)
+                && self.generation.owns(file.generation)
+            {
+                // Another generation's files are never this one's: after a reset, the
+                // new generation writes every transaction, whatever its number.
+                tail = tail.max(Some(file.txn));
             }
         }
         self.tail = tail;
@@ -119,7 +153,7 @@ impl OutputEndpoint for FilesEndpoint {
             // Written before a crash: this replay is discarded.
             return Ok(());
         }
-        let name = batch_file_name(txn, kind, self.format);
+        let name = batch_file_name(self.generation.id, txn, kind, self.format);
         let temp = self.folder.join(format!(".{name}.tmp"));
         let file = tokio::fs::File::create(&temp)
             .await
@@ -177,7 +211,7 @@ impl OutputEndpoint for FilesEndpoint {
             .map_err(|e| io_error("syncing", &self.folder, e))?;
         let txn =
             parse_batch_file_name(&batch.path.file_name().unwrap_or_default().to_string_lossy())
-                .map(|(txn, _)| txn);
+                .map(|file| file.txn);
         self.tail = self.tail.max(txn);
         Ok(())
     }
@@ -197,13 +231,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_file_names_sort_by_transaction_and_parse_back() {
-        let a = batch_file_name(9, BatchKind::Delta, Format::Json);
-        let b = batch_file_name(10, BatchKind::Snapshot, Format::Csv);
-        assert!(a < b, "{a} {b}");
-        assert_eq!(parse_batch_file_name(&a), Some((9, BatchKind::Delta)));
-        assert_eq!(parse_batch_file_name(&b), Some((10, BatchKind::Snapshot)));
+    fn batch_file_names_sort_by_generation_then_transaction_and_parse_back() {
+        let (old, new) = (
+            GenerationId::parse("0000000000000001").unwrap(),
+            GenerationId::mint(),
+        );
+        let a = batch_file_name(old, 9, BatchKind::Delta, Format::Json);
+        let b = batch_file_name(old, 10, BatchKind::Snapshot, Format::Csv);
+        let c = batch_file_name(new, 1, BatchKind::Delta, Format::Json);
+        assert!(a < b && b < c, "{a} {b} {c}");
+        let file = |generation, txn, kind| {
+            Some(BatchFile {
+                generation: Some(generation),
+                txn,
+                kind,
+            })
+        };
+        assert_eq!(parse_batch_file_name(&a), file(old, 9, BatchKind::Delta));
+        assert_eq!(
+            parse_batch_file_name(&b),
+            file(old, 10, BatchKind::Snapshot)
+        );
+        assert_eq!(parse_batch_file_name(&c), file(new, 1, BatchKind::Delta));
         assert_eq!(parse_batch_file_name(&format!(".{a}.tmp")), None);
         assert_eq!(parse_batch_file_name("notes.txt"), None);
+        assert_eq!(
+            parse_batch_file_name("nothex0000000001-00000000000000000001.jsonl"),
+            None
+        );
+    }
+
+    #[test]
+    fn names_without_a_generation_are_the_previous_releases_and_sort_first() {
+        // Frozen: what the release before generations wrote.
+        let legacy = "00000000000000000042.snapshot.jsonl";
+        assert_eq!(
+            parse_batch_file_name(legacy),
+            Some(BatchFile {
+                generation: None,
+                txn: 42,
+                kind: BatchKind::Snapshot
+            })
+        );
+        let now = batch_file_name(GenerationId::mint(), 1, BatchKind::Delta, Format::Json);
+        assert!(legacy < now.as_str(), "{legacy} {now}");
     }
 }

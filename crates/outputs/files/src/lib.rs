@@ -1,22 +1,29 @@
 //! The files output: each binding writes into its own folder one file per
-//! transaction, named by the transaction's number:
+//! transaction, named by the materialization's generation and the transaction's number:
 //!
 //! ```text
-//!  <directory>/<path>/00000000000000000042.jsonl            a transaction's changes
-//!  <directory>/<path>/00000000000000000001.snapshot.jsonl   a snapshot batch
-//!  <directory>/<path>/.00000000000000000043.jsonl.tmp       a batch being written
+//!  <directory>/<path>/<generation>-00000000000000000042.jsonl            a transaction's changes
+//!  <directory>/<path>/<generation>-00000000000000000001.snapshot.jsonl   a snapshot batch
+//!  <directory>/<path>/.<generation>-00000000000000000043.jsonl.tmp       a batch being written
 //! ```
 //!
 //! A batch is written to its temporary name, fsync'ed, renamed, and the folder
 //! fsync'ed: a file that has its final name is whole. A restart removes temporary
-//! files, and a replayed transaction whose file exists is discarded. A reader lists the
-//! folder in name order, skipping names that start with a dot.
+//! files, and a replayed transaction whose file of the same generation exists is
+//! discarded. A reader lists the folder in name order, skipping names that start with
+//! a dot: a generation's files come in transaction order, and a later generation's
+//! after (see [`sluice_output_sdk::generation`]). Files of another generation are never
+//! taken for this one's: after a reset (`sluice apply --delete`) the new generation
+//! writes every transaction again, numbered from where its new recovery log starts, and
+//! a reader that sees a new generation starts its view over from that generation's
+//! first file. Names without a generation (`<txn:020>.<ext>`) are the previous
+//! release's; a view it made adopts them as its own.
 
 mod config;
 mod endpoint;
 
 pub use config::{Config, Resource};
-pub use endpoint::{FilesEndpoint, batch_file_name, parse_batch_file_name};
+pub use endpoint::{BatchFile, FilesEndpoint, batch_file_name, parse_batch_file_name};
 
 use serde_json::Value;
 use sluice_output_sdk::{OutputKind, Target};

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use rskafka::client::partition::PartitionClient;
 use rskafka::record::Record;
-use sluice_output_sdk::{BatchKind, Buffer, OutputEndpoint, OutputError, Result, Tail, Target};
+use sluice_output_sdk::{
+    BatchKind, Buffer, Generation, OutputEndpoint, OutputError, Result, Tail, Target,
+};
 
 /// Bytes of records one produce request carries at most: under the 1 MiB a Kafka
 /// broker accepts by default (`message.max.bytes`), headers and framing included.
@@ -21,6 +23,7 @@ pub struct KafkaEndpoint {
     /// Partitions of the topic if this endpoint creates it.
     create_partitions: i32,
     materialization: String,
+    generation: Generation,
     max_buffer_size_bytes: usize,
     /// The kind of the batch being written.
     batch: BatchKind,
@@ -36,7 +39,8 @@ struct TopicState {
 
 struct PartitionState {
     client: PartitionClient,
-    /// The last message the partition holds (`None`: none of this materialization's).
+    /// The last message the partition holds (`None`: none of this materialization's
+    /// generation).
     tail: Option<Tail>,
     /// The offset the partition's next message gets (its high watermark).
     next_offset: i64,
@@ -56,6 +60,7 @@ impl KafkaEndpoint {
             topic: resource.topic.clone(),
             create_partitions: resource.partitions,
             materialization: target.materialization.clone(),
+            generation: target.generation,
             max_buffer_size_bytes: config.max_buffer_size_bytes.get(),
             batch: BatchKind::Delta,
             topic_state: None,
@@ -77,8 +82,8 @@ impl KafkaEndpoint {
                 })?
             }
         };
-        let partitions =
-            (0..count as i32).map(|p| read_partition(&connection, p, &self.materialization));
+        let partitions = (0..count as i32)
+            .map(|p| read_partition(&connection, p, &self.materialization, self.generation));
         let partitions = join_all(partitions)
             .await
             .into_iter()
@@ -90,11 +95,14 @@ impl KafkaEndpoint {
     }
 }
 
-/// A partition's client, tail and high watermark.
+/// A partition's client, tail and high watermark. A last message of another generation
+/// of the materialization (written before a reset) is no tail of `generation`'s: the
+/// partition holds nothing of it yet.
 async fn read_partition(
     connection: &Connection,
     partition: i32,
     materialization: &str,
+    generation: Generation,
 ) -> Result<PartitionState> {
     let client = connection.partition(partition).await?;
     let (earliest, high_watermark) = connection.offsets(&client).await?;
@@ -124,7 +132,18 @@ async fn read_partition(
                 stamp.materialization
             )));
         }
-        Some(stamp.tail())
+        if generation.owns(stamp.generation) {
+            Some(stamp.tail())
+        } else {
+            tracing::info!(
+                place = %connection.place(Some(partition)),
+                generation = %generation.id,
+                ended_with = ?stamp.generation.map(|g| g.to_string()),
+                "the partition ends with an earlier generation's message (a reset): \
+                 nothing of this generation is written yet"
+            );
+            None
+        }
     };
     Ok(PartitionState {
         client,
@@ -214,7 +233,13 @@ impl OutputEndpoint for KafkaEndpoint {
                 discarded += 1;
                 continue;
             }
-            let record = stamp::record(&message, self.batch, &self.materialization, timestamp);
+            let record = stamp::record(
+                &message,
+                self.batch,
+                &self.materialization,
+                self.generation.id,
+                timestamp,
+            );
             let tail = Tail {
                 txn: message.txn,
                 index: message.index,

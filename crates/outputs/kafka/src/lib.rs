@@ -6,6 +6,7 @@
 //!  sluice-index            the message's index within the transaction's batch, decimal
 //!  sluice-batch            delta | snapshot
 //!  sluice-materialization  the materialization that wrote it
+//!  sluice-generation       its generation (16 hex digits; see sluice_output_sdk::generation)
 //! ```
 //!
 //! A message goes to partition `(murmur2(key) & 0x7fffffff) % partitions`, Kafka's own
@@ -15,7 +16,9 @@
 //! its messages in (transaction, index) order, one produce request at a time, each
 //! acknowledged before the next, so a partition holds a prefix of what was sent to it
 //! and its last message is where that prefix ends. Open reads every partition's last
-//! message into that partition's [`Tail`](sluice_output_sdk::Tail). A replayed
+//! message into that partition's [`Tail`](sluice_output_sdk::Tail), if that message is
+//! of the endpoint's generation: after a reset, the old generation's last message is
+//! nothing of the new one's, which produces every transaction again. A replayed
 //! transaction produces the same messages in the same order, and the same key picks
 //! the same partition, so each partition is sent the same sequence again: the messages
 //! up to its tail are discarded, and it resumes right after them. This holds while the

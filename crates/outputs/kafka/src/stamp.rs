@@ -3,13 +3,14 @@
 //! partition ends ([`Tail`]), and what a reader checks exactly-once by.
 
 use rskafka::record::Record;
-use sluice_output_sdk::{BatchKind, Message, Tail};
+use sluice_output_sdk::{BatchKind, GenerationId, Message, Tail};
 use std::collections::BTreeMap;
 
 pub const TXN_HEADER: &str = "sluice-txn";
 pub const INDEX_HEADER: &str = "sluice-index";
 pub const BATCH_HEADER: &str = "sluice-batch";
 pub const MATERIALIZATION_HEADER: &str = "sluice-materialization";
+pub const GENERATION_HEADER: &str = "sluice-generation";
 
 /// What a message's headers say about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,8 @@ pub struct Stamp {
     pub index: u64,
     pub batch: BatchKind,
     pub materialization: String,
+    /// The generation that wrote it (`None`: a release before generations).
+    pub generation: Option<GenerationId>,
 }
 
 impl Stamp {
@@ -53,20 +56,29 @@ impl Stamp {
                 ));
             }
         };
+        let generation =
+            match headers.contains_key(GENERATION_HEADER) {
+                true => Some(GenerationId::parse(text(GENERATION_HEADER)?).map_err(|e| {
+                    format!("its {GENERATION_HEADER} header is not a generation: {e}")
+                })?),
+                false => None,
+            };
         Ok(Stamp {
             txn,
             index,
             batch,
             materialization: text(MATERIALIZATION_HEADER)?.to_string(),
+            generation,
         })
     }
 }
 
-/// The record of `message`: its key and value, stamped.
+/// The record of `message` of `generation`: its key and value, stamped.
 pub fn record(
     message: &Message<'_>,
     batch: BatchKind,
     materialization: &str,
+    generation: GenerationId,
     timestamp: rskafka::chrono::DateTime<rskafka::chrono::Utc>,
 ) -> Record {
     let headers = [
@@ -74,6 +86,7 @@ pub fn record(
         (INDEX_HEADER, message.index.to_string().into_bytes()),
         (BATCH_HEADER, batch.as_str().as_bytes().to_vec()),
         (MATERIALIZATION_HEADER, materialization.as_bytes().to_vec()),
+        (GENERATION_HEADER, generation.to_string().into_bytes()),
     ];
     Record {
         key: Some(message.key.to_vec()),
@@ -98,10 +111,12 @@ mod tests {
             key: b"{\"id\":1}",
             value: b"{\"insert\":{}}",
         };
+        let generation = GenerationId::mint();
         let record = record(
             &message,
             BatchKind::Snapshot,
             "acme/views",
+            generation,
             rskafka::chrono::Utc::now(),
         );
         assert_eq!(record.key.as_deref(), Some(message.key));
@@ -114,10 +129,26 @@ mod tests {
                 txn: 42,
                 index: 7,
                 batch: BatchKind::Snapshot,
-                materialization: "acme/views".into()
+                materialization: "acme/views".into(),
+                generation: Some(generation),
             }
         );
         assert_eq!(stamp.tail(), Tail { txn: 42, index: 7 });
+    }
+
+    #[test]
+    fn a_record_of_a_release_before_generations_has_none() {
+        // Frozen: the headers the release before generations wrote.
+        let headers: BTreeMap<String, Vec<u8>> = [
+            (TXN_HEADER, &b"3"[..]),
+            (INDEX_HEADER, b"0"),
+            (BATCH_HEADER, b"delta"),
+            (MATERIALIZATION_HEADER, b"m"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_vec()))
+        .collect();
+        assert_eq!(Stamp::parse(&headers).unwrap().generation, None);
     }
 
     #[test]
@@ -131,6 +162,7 @@ mod tests {
             },
             BatchKind::Delta,
             "m",
+            GenerationId::mint(),
             rskafka::chrono::Utc::now(),
         );
         let without = |name: &str| {
@@ -160,6 +192,11 @@ mod tests {
         assert_eq!(
             with(BATCH_HEADER, b"full"),
             "its sluice-batch header \"full\" is neither delta nor snapshot"
+        );
+        assert!(
+            with(GENERATION_HEADER, b"g1").contains("sluice-generation header is not a generation"),
+            "{}",
+            with(GENERATION_HEADER, b"g1")
         );
         assert!(Stamp::parse(&BTreeMap::new()).is_err());
     }

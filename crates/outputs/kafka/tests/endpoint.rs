@@ -13,10 +13,25 @@ use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
 use sluice_kafka_output::partitioner::partition_of;
 use sluice_kafka_output::read::{Written, read_topic};
 use sluice_kafka_output::stamp::Stamp;
-use sluice_output_sdk::{BatchKind, Buffer, Format, Message, OutputEndpoint, OutputError, Target};
+use sluice_output_sdk::{
+    BatchKind, Buffer, Format, Generation, GenerationId, Message, OutputEndpoint, OutputError,
+    Target,
+};
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 const MATERIALIZATION: &str = "acme/orders-out";
+
+/// The generation of the endpoints of these tests (each test has a topic of its own);
+/// a test of a reset makes another.
+static GENERATION: LazyLock<Generation> = LazyLock::new(new_generation);
+
+fn new_generation() -> Generation {
+    Generation {
+        id: GenerationId::mint(),
+        adopts_unstamped: false,
+    }
+}
 
 /// A transaction's messages, `(key, value)` in index order.
 type Messages = Vec<(Vec<u8>, Vec<u8>)>;
@@ -30,11 +45,16 @@ fn new_topic(test: &str) -> String {
 }
 
 fn endpoint(topic: &str, partitions: i32) -> Box<dyn OutputEndpoint> {
+    endpoint_of(*GENERATION, topic, partitions)
+}
+
+fn endpoint_of(generation: Generation, topic: &str, partitions: i32) -> Box<dyn OutputEndpoint> {
     let target = Target {
         materialization: MATERIALIZATION.into(),
         resource: json!({"topic": topic, "partitions": partitions}),
         format: Format::Json,
         header: None,
+        generation,
     };
     (sluice_kafka_output::kind().endpoint)(&json!({"brokers": LOCAL_BROKER}), target).unwrap()
 }
@@ -95,7 +115,8 @@ fn stamped(txn: u64, index: u64, key: &[u8], materialization: &str) -> rskafka::
         value: b"{}",
     };
     let now = rskafka::chrono::Utc::now();
-    sluice_kafka_output::stamp::record(&message, BatchKind::Delta, materialization, now)
+    let generation = GENERATION.id;
+    sluice_kafka_output::stamp::record(&message, BatchKind::Delta, materialization, generation, now)
 }
 
 async fn read(topic: &str) -> Vec<Written> {
@@ -131,6 +152,10 @@ fn assert_exactly_once(written: &[Written], partitions: usize, expected: &Expect
         assert_eq!(w.partition as usize, partition_of(key, partitions));
         assert_eq!(w.stamp.batch, *kind);
         assert_eq!(w.stamp.materialization, MATERIALIZATION);
+        assert_eq!(
+            w.stamp.generation, written[0].stamp.generation,
+            "one generation"
+        );
     }
     let want: usize = expected.values().map(|(_, m)| m.len()).sum();
     assert_eq!(seen.len(), want, "messages missing");
@@ -270,6 +295,52 @@ async fn a_replayed_transaction_that_was_fully_written_is_discarded() {
     assert_exactly_once(&read(&topic).await, 3, &expected);
 }
 
+/// A reset: the old generation wrote transactions 1 to 3; the new one numbers from 1
+/// again. Every partition's tail is the old generation's, which is nothing of the new
+/// one's: it produces all of its transactions, and a restart of it discards only its
+/// own.
+#[tokio::test]
+async fn a_new_generation_produces_every_transaction_after_an_old_generations_tail() {
+    let topic = new_topic("generation");
+    let mut old_expected = Expected::new();
+    for (txn, count) in [(1, 10), (2, 10), (3, 10)] {
+        old_expected.insert(txn, (BatchKind::Delta, messages(txn, count, 0)));
+    }
+    let mut old = endpoint(&topic, 3);
+    old.open().await.unwrap();
+    for (txn, (kind, messages)) in &old_expected {
+        write_txn(&mut old, *txn, *kind, messages, 100).await;
+    }
+    drop(old);
+
+    let new = new_generation();
+    let mut new_expected = Expected::new();
+    for (txn, count) in [(1, 12), (2, 6), (3, 4)] {
+        // Other keys and values than the old generation's transactions of those numbers.
+        let mut of = messages(txn + 10, count, 0);
+        for (_, value) in &mut of {
+            value.extend_from_slice(b" new");
+        }
+        new_expected.insert(txn, (BatchKind::Delta, of));
+    }
+    let mut first = endpoint_of(new, &topic, 3);
+    first.open().await.unwrap();
+    write_txn(&mut first, 1, BatchKind::Delta, &new_expected[&1].1, 5).await;
+    write_txn(&mut first, 2, BatchKind::Delta, &new_expected[&2].1, 5).await;
+    drop(first);
+    let mut restarted = endpoint_of(new, &topic, 3);
+    restarted.open().await.unwrap();
+    write_txn(&mut restarted, 2, BatchKind::Delta, &new_expected[&2].1, 4).await;
+    write_txn(&mut restarted, 3, BatchKind::Delta, &new_expected[&3].1, 4).await;
+
+    let written = read(&topic).await;
+    let (olds, news): (Vec<Written>, Vec<Written>) =
+        (written.into_iter()).partition(|w| w.stamp.generation == Some(GENERATION.id));
+    assert!(news.iter().all(|w| w.stamp.generation == Some(new.id)));
+    assert_exactly_once(&olds, 3, &old_expected);
+    assert_exactly_once(&news, 3, &new_expected);
+}
+
 #[tokio::test]
 async fn a_foreign_message_at_a_partitions_end_fails_open_as_corrupt() {
     let topic = new_topic("foreign");
@@ -328,6 +399,7 @@ async fn an_unreachable_broker_is_a_retryable_error_naming_brokers_and_topic() {
         resource: json!({"topic": "nowhere"}),
         format: Format::Json,
         header: None,
+        generation: *GENERATION,
     };
     let config = json!({"brokers": ["127.0.0.1:1"]});
     let mut out = (sluice_kafka_output::kind().endpoint)(&config, target).unwrap();
@@ -359,6 +431,7 @@ fn the_kind_checks_configs_and_names_a_bindings_topic() {
         resource: json!({"topic": "t"}),
         format: Format::Avro,
         header: None,
+        generation: *GENERATION,
     };
     let out = (kind.endpoint)(
         &json!({"brokers": "a:1", "max_buffer_size_bytes": 4096}),

@@ -12,7 +12,9 @@ use async_nats::jetstream::message::{PublishMessage, StreamMessage};
 use async_nats::jetstream::stream::Stream;
 use async_trait::async_trait;
 use bytes::Bytes;
-use sluice_output_sdk::{BatchKind, Buffer, OutputEndpoint, OutputError, Result, Tail, Target};
+use sluice_output_sdk::{
+    BatchKind, Buffer, Generation, OutputEndpoint, OutputError, Result, Tail, Target,
+};
 use std::collections::VecDeque;
 
 pub struct NatsEndpoint {
@@ -21,6 +23,7 @@ pub struct NatsEndpoint {
     /// The stream created (or given the subject) when no stream holds the subject.
     stream_name: String,
     materialization: String,
+    generation: Generation,
     max_buffer_size_bytes: usize,
     max_in_flight: usize,
     /// What errors name: `nats://127.0.0.1:4222 stream VIEWS subject views`.
@@ -46,6 +49,15 @@ struct Connection {
 struct Written {
     stamp: Stamp,
     sequence: u64,
+    /// Of this endpoint's generation: only then is it the tail a replay discards up to.
+    ours: bool,
+}
+
+impl Written {
+    /// The tail of this generation's messages, if the subject ends with one.
+    fn tail(written: Option<Written>) -> Option<Tail> {
+        written.filter(|w| w.ours).map(|w| w.stamp.tail())
+    }
 }
 
 /// The batch being published.
@@ -71,6 +83,7 @@ impl NatsEndpoint {
             subject: Subject::from(resource.subject.as_str()),
             stream_name: (config.stream.clone()).unwrap_or_else(|| resource.default_stream()),
             materialization: target.materialization.clone(),
+            generation: target.generation,
             max_buffer_size_bytes: config.max_buffer_size_bytes,
             max_in_flight: config.max_in_flight,
             place: format!("{} subject {}", config.url, resource.subject),
@@ -88,8 +101,10 @@ impl NatsEndpoint {
         })
     }
 
-    /// The subject's last message, checked: written by this materialization, and the
-    /// last of an unbroken run of its transaction's messages.
+    /// The subject's last message, checked: written by this materialization, and, if
+    /// of this generation, the last of an unbroken run of its transaction's messages.
+    /// Another generation's (written before a reset) is nothing of this one's: not
+    /// checked, and never a tail to discard up to.
     async fn read_tail(&self) -> Result<Option<Written>> {
         let stream = &self.connection()?.stream;
         let Some(last) = server::last_message(stream, &self.subject, &self.place).await? else {
@@ -104,7 +119,13 @@ impl NatsEndpoint {
             ))
         };
         let stamp = Stamp::parse(Some(&last.headers)).map_err(foreign)?;
-        let expected = msg_id(&self.materialization, &self.subject, stamp.txn, stamp.index);
+        let expected = msg_id(
+            &self.materialization,
+            &self.subject,
+            stamp.generation,
+            stamp.txn,
+            stamp.index,
+        );
         match msg_id_of(Some(&last.headers)) {
             Some(id) if id == expected => {}
             id => {
@@ -113,10 +134,22 @@ impl NatsEndpoint {
                 )));
             }
         }
-        self.check_unbroken(stream, &last, stamp).await?;
+        let ours = self.generation.owns(stamp.generation);
+        if ours {
+            self.check_unbroken(stream, &last, stamp).await?;
+        } else {
+            tracing::info!(
+                place = self.place,
+                generation = %self.generation.id,
+                ended_with = ?stamp.generation.map(|g| g.to_string()),
+                "the subject ends with an earlier generation's message (a reset): nothing \
+                 of this generation is written yet"
+            );
+        }
         Ok(Some(Written {
             stamp,
             sequence: last.sequence,
+            ours,
         }))
     }
 
@@ -193,6 +226,7 @@ impl NatsEndpoint {
         self.written = Some(Written {
             stamp,
             sequence: ack.sequence,
+            ours: true,
         });
         Ok(())
     }
@@ -201,7 +235,7 @@ impl NatsEndpoint {
     async fn publish(&mut self, buffer: &Buffer, batch: Batch) -> Result<u64> {
         let mut discarded = 0;
         for message in buffer.messages() {
-            if Tail::holds(self.written.map(|w| w.stamp.tail()), &message) {
+            if Tail::holds(Written::tail(self.written), &message) {
                 discarded += 1;
                 continue;
             }
@@ -209,6 +243,7 @@ impl NatsEndpoint {
                 self.settle_oldest().await?;
             }
             let stamp = Stamp {
+                generation: Some(self.generation.id),
                 txn: message.txn,
                 index: message.index,
                 batch: batch.kind,
@@ -274,7 +309,7 @@ impl OutputEndpoint for NatsEndpoint {
         }
         // A transaction written in part before keeps counting from where it began.
         let after = match self.written {
-            Some(w) if w.stamp.txn == txn => w.stamp.after,
+            Some(w) if w.ours && w.stamp.txn == txn => w.stamp.after,
             Some(w) => w.sequence,
             None => 0,
         };

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //!  payload       the encoded value
-//!  Nats-Msg-Id   <materialization>/<subject>/<txn>/<index>   (a stream deduplicates
-//!                across its subjects, and bindings may share a stream)
+//!  Nats-Msg-Id   <materialization>/<subject>/<generation>/<txn>/<index>   (a stream
+//!                deduplicates across its subjects, and bindings may share a stream; a
+//!                reset's new generation numbers transactions anew)
+//!  Sluice-Generation  the materialization's generation (see sluice_output_sdk::generation)
 //!  Sluice-Txn, Sluice-Index, Sluice-Batch (delta | snapshot)
 //!  Sluice-After  the subject's last stream sequence before the transaction (0: none)
 //!  Sluice-Key    the key, when it is text a header carries verbatim (JSON keys are)
@@ -17,8 +19,10 @@
 //! **Exactly once.** A stream stores one connection's publishes in the order they were
 //! sent, so when the process dies mid-batch (its connection with it) the subject holds
 //! a prefix of what was published. `open` reads the subject's last message: its
-//! transaction and index are the [`Tail`](sluice_output_sdk::Tail), and the replayed
-//! transaction's messages up to it are discarded. The tail decides, not the duplicate
+//! transaction and index are the [`Tail`](sluice_output_sdk::Tail) if it is of the
+//! endpoint's generation, and the replayed transaction's messages up to it are
+//! discarded. Another generation's last message (a reset came between) is no tail: the
+//! new generation publishes every transaction, after it. The tail decides, not the duplicate
 //! window, which a restart can outlast (2 minutes by default). `Nats-Msg-Id` is a second
 //! line for races within the window: a publish whose ack timed out but that was stored,
 //! acknowledged later than the tail was read.

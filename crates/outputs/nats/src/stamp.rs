@@ -4,19 +4,33 @@
 
 use async_nats::HeaderMap;
 use async_nats::header::NATS_MESSAGE_ID;
-use sluice_output_sdk::{BatchKind, Tail};
+use sluice_output_sdk::{BatchKind, GenerationId, Tail};
 
 pub const TXN: &str = "Sluice-Txn";
 pub const INDEX: &str = "Sluice-Index";
 pub const BATCH: &str = "Sluice-Batch";
 pub const AFTER: &str = "Sluice-After";
 pub const KEY: &str = "Sluice-Key";
+pub const GENERATION: &str = "Sluice-Generation";
 
-/// The stream's deduplication id of a message: `<materialization>/<subject>/<txn>/<index>`,
-/// the same on every replay of the transaction. The subject is part of it because the
-/// stream deduplicates across its subjects, and bindings may share a stream.
-pub fn msg_id(materialization: &str, subject: &str, txn: u64, index: u64) -> String {
-    format!("{materialization}/{subject}/{txn}/{index}")
+/// The stream's deduplication id of a message:
+/// `<materialization>/<subject>/<generation>/<txn>/<index>`, the same on every replay of
+/// the transaction. The subject is part of it because the stream deduplicates across
+/// its subjects, and bindings may share a stream; the generation, so that after a reset
+/// the stream never drops a new generation's message as a duplicate of an old one's
+/// (transactions are numbered anew). A message of a release before generations
+/// (`generation` `None`) has `<materialization>/<subject>/<txn>/<index>`.
+pub fn msg_id(
+    materialization: &str,
+    subject: &str,
+    generation: Option<GenerationId>,
+    txn: u64,
+    index: u64,
+) -> String {
+    match generation {
+        Some(generation) => format!("{materialization}/{subject}/{generation}/{txn}/{index}"),
+        None => format!("{materialization}/{subject}/{txn}/{index}"),
+    }
 }
 
 /// The key as a header value, when the bytes are text a header carries verbatim: UTF-8
@@ -28,11 +42,13 @@ pub fn key_header(key: &[u8]) -> Option<&str> {
     verbatim.then_some(text)
 }
 
-/// A message's place: its transaction, its index in the transaction's batch, the
-/// batch's kind, and the stream sequence of the subject's last message before the
-/// transaction (0: none), against which a restart counts the transaction's messages.
+/// A message's place: its generation (`None`: a release before generations), its
+/// transaction, its index in the transaction's batch, the batch's kind, and the stream
+/// sequence of the subject's last message before the transaction (0: none), against
+/// which a restart counts the transaction's messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
+    pub generation: Option<GenerationId>,
     pub txn: u64,
     pub index: u64,
     pub batch: BatchKind,
@@ -51,8 +67,17 @@ impl Stamp {
     /// `key`.
     pub fn headers(&self, materialization: &str, subject: &str, key: &[u8]) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        let id = msg_id(materialization, subject, self.txn, self.index);
+        let id = msg_id(
+            materialization,
+            subject,
+            self.generation,
+            self.txn,
+            self.index,
+        );
         headers.insert(NATS_MESSAGE_ID, id);
+        if let Some(generation) = self.generation {
+            headers.insert(GENERATION, generation.to_string());
+        }
         headers.insert(TXN, self.txn.to_string());
         headers.insert(INDEX, self.index.to_string());
         headers.insert(BATCH, self.batch.as_str());
@@ -87,7 +112,15 @@ impl Stamp {
                 ));
             }
         };
+        let generation = match headers.and_then(|h| h.get(GENERATION)) {
+            Some(value) => Some(
+                GenerationId::parse(value.as_str())
+                    .map_err(|e| format!("its {GENERATION} header is not a generation: {e}"))?,
+            ),
+            None => None,
+        };
         Ok(Stamp {
+            generation,
             txn,
             index,
             batch,
@@ -109,15 +142,23 @@ mod tests {
 
     #[test]
     fn a_msg_id_names_the_materialization_subject_transaction_and_index() {
+        let generation = GenerationId::parse("0190f3a2b4c5d6e7").unwrap();
         assert_eq!(
-            msg_id("acme/views", "v.orders", 42, 7),
+            msg_id("acme/views", "v.orders", Some(generation), 42, 7),
+            "acme/views/v.orders/0190f3a2b4c5d6e7/42/7"
+        );
+        // Frozen: the id the release before generations gave.
+        assert_eq!(
+            msg_id("acme/views", "v.orders", None, 42, 7),
             "acme/views/v.orders/42/7"
         );
     }
 
     #[test]
     fn a_stamp_round_trips_through_headers() {
+        let generation = GenerationId::parse("0190f3a2b4c5d6e7").unwrap();
         let stamp = Stamp {
+            generation: Some(generation),
             txn: 9,
             index: 3,
             batch: BatchKind::Snapshot,
@@ -125,9 +166,20 @@ mod tests {
         };
         let headers = stamp.headers("acme/views", "v", br#"{"id":1}"#);
         assert_eq!(Stamp::parse(Some(&headers)), Ok(stamp));
-        assert_eq!(msg_id_of(Some(&headers)), Some("acme/views/v/9/3"));
+        assert_eq!(
+            msg_id_of(Some(&headers)),
+            Some("acme/views/v/0190f3a2b4c5d6e7/9/3")
+        );
+
         assert_eq!(headers.get(KEY).map(|v| v.as_str()), Some(r#"{"id":1}"#));
         assert_eq!(stamp.tail(), Tail { txn: 9, index: 3 });
+        let unstamped = Stamp {
+            generation: None,
+            ..stamp
+        };
+        let headers = unstamped.headers("acme/views", "v", b"");
+        assert_eq!(Stamp::parse(Some(&headers)), Ok(unstamped));
+        assert_eq!(msg_id_of(Some(&headers)), Some("acme/views/v/9/3"));
     }
 
     #[test]
@@ -144,6 +196,7 @@ mod tests {
             assert_eq!(key_header(key), None, "{key:?}");
         }
         let stamp = Stamp {
+            generation: Some(GenerationId::mint()),
             txn: 1,
             index: 0,
             batch: BatchKind::Delta,
@@ -167,5 +220,13 @@ mod tests {
         headers.insert(BATCH, "full");
         let error = Stamp::parse(Some(&headers)).unwrap_err();
         assert!(error.contains("not delta or snapshot"), "{error}");
+        headers.insert(BATCH, "delta");
+        headers.insert(AFTER, "0");
+        headers.insert(GENERATION, "g1");
+        let error = Stamp::parse(Some(&headers)).unwrap_err();
+        assert!(
+            error.contains("Sluice-Generation header is not a generation"),
+            "{error}"
+        );
     }
 }

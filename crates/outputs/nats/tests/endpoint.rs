@@ -6,7 +6,9 @@ use sluice_conformance::testing::{run_detached, unique_name};
 use sluice_nats::admin::Admin;
 use sluice_nats_output::read::{StoredMessage, read_subject};
 use sluice_nats_output::{Stamp, kind};
-use sluice_output_sdk::{BatchKind, Buffer, Format, OutputEndpoint, OutputError, Target};
+use sluice_output_sdk::{
+    BatchKind, Buffer, Format, Generation, GenerationId, OutputEndpoint, OutputError, Target,
+};
 use std::time::Duration;
 
 const URL: &str = "nats://127.0.0.1:4222";
@@ -15,10 +17,20 @@ const MATERIALIZATION: &str = "acme/views";
 /// past, so that only the tail can discard what a replay repeats.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(1);
 
+/// A new generation (what a new view mints).
+fn new_generation() -> Generation {
+    Generation {
+        id: GenerationId::mint(),
+        adopts_unstamped: false,
+    }
+}
+
 /// A stream and subject of this test's own; the stream is deleted when the test ends.
+/// Its endpoints are instances of one generation unless a test says otherwise.
 struct Fixture {
     stream: String,
     subject: String,
+    generation: Generation,
 }
 
 impl Fixture {
@@ -27,12 +39,23 @@ impl Fixture {
         Fixture {
             stream: format!("OUT_{name}"),
             subject: format!("out.{name}"),
+            generation: new_generation(),
         }
     }
 
     /// An endpoint publishing to `subject` (the endpoint config's `stream` is the
     /// fixture's), with `extra` endpoint settings.
     fn endpoint_for(&self, subject: &str, extra: Value) -> Box<dyn OutputEndpoint> {
+        self.endpoint_of(self.generation, subject, extra)
+    }
+
+    /// An endpoint of `generation` publishing to `subject`.
+    fn endpoint_of(
+        &self,
+        generation: Generation,
+        subject: &str,
+        extra: Value,
+    ) -> Box<dyn OutputEndpoint> {
         let mut config = json!({"url": URL, "stream": self.stream});
         for (k, v) in extra.as_object().unwrap() {
             config[k] = v.clone();
@@ -42,6 +65,7 @@ impl Fixture {
             resource: json!({ "subject": subject }),
             format: Format::Json,
             header: None,
+            generation,
         };
         (kind().endpoint)(&config, target).unwrap()
     }
@@ -164,14 +188,19 @@ async fn transactions_come_back_in_order_with_their_headers() {
     let last_of_2 = read[9].sequence;
     for message in &read[..10] {
         let Stamp {
+            generation,
             txn,
             index,
             batch,
             after,
         } = message.stamp;
+        assert_eq!(generation, Some(fx.generation.id));
         assert_eq!(
             message.msg_id,
-            format!("{MATERIALIZATION}/{}/{txn}/{index}", fx.subject)
+            format!(
+                "{MATERIALIZATION}/{}/{}/{txn}/{index}",
+                fx.subject, fx.generation.id
+            )
         );
         assert_eq!(
             message.key.as_deref().map(str::as_bytes),
@@ -290,6 +319,46 @@ async fn a_transaction_written_whole_is_discarded_when_replayed() {
 }
 
 #[tokio::test]
+async fn a_new_generation_publishes_every_transaction_after_an_old_generations_tail() {
+    let fx = Fixture::new();
+    let mut old = fx.endpoint(json!({}));
+    old.open().await.unwrap();
+    for txn in 1..=3 {
+        write(&mut *old, txn, BatchKind::Delta, 2, 2).await;
+    }
+    drop(old);
+    // A reset: a new view, a new generation, transactions numbered from 1 again, in the
+    // duplicate window of the old ones (the same numbers would be dropped as duplicates
+    // if the generation were not in Nats-Msg-Id).
+    let new = new_generation();
+    let mut endpoint = fx.endpoint_of(new, &fx.subject, json!({}));
+    endpoint.open().await.unwrap();
+    write(&mut *endpoint, 1, BatchKind::Delta, 3, 2).await;
+    write(&mut *endpoint, 2, BatchKind::Delta, 1, 1).await;
+    drop(endpoint);
+    // A restart of the new generation discards its own transaction 2 when replayed.
+    let mut restarted = fx.endpoint_of(new, &fx.subject, json!({}));
+    restarted.open().await.unwrap();
+    write(&mut *restarted, 2, BatchKind::Delta, 1, 1).await;
+    write(&mut *restarted, 3, BatchKind::Delta, 1, 1).await;
+
+    let read = fx.read().await;
+    let stamped: Vec<_> = (read.iter())
+        .map(|m| (m.stamp.generation, m.stamp.txn, m.stamp.index))
+        .collect();
+    let (old_id, new_id) = (Some(fx.generation.id), Some(new.id));
+    let mut want: Vec<_> = (expected(&[(1, 2), (2, 2), (3, 2)]).into_iter())
+        .map(|(txn, index)| (old_id, txn, index))
+        .collect();
+    want.extend(
+        (expected(&[(1, 3), (2, 1), (3, 1)]).into_iter()).map(|(txn, index)| (new_id, txn, index)),
+    );
+    assert_eq!(stamped, want);
+    // The new generation's first transaction counts from the old one's last message.
+    assert!(read[6..9].iter().all(|m| m.stamp.after == read[5].sequence));
+}
+
+#[tokio::test]
 async fn a_foreign_message_at_the_end_of_the_subject_is_corrupt() {
     let fx = Fixture::new();
     let mut endpoint = fx.endpoint(json!({}));
@@ -348,6 +417,7 @@ async fn an_unreachable_server_is_a_retryable_error_naming_it() {
         resource: json!({"subject": "out.nowhere"}),
         format: Format::Json,
         header: None,
+        generation: new_generation(),
     };
     let url = "nats://127.0.0.1:1";
     let mut endpoint = (kind().endpoint)(&json!({ "url": url }), target).unwrap();
