@@ -11,9 +11,12 @@
 //! ```
 //!
 //! Each snapshot we commit carries `sluice.deployment`, `sluice.materialization` (the
-//! sink) and `sluice.txn` (the epoch that committed it) in its summary. Epochs are
-//! committed in order and all at once per table, so a table holds epoch `e`'s files iff
-//! an ancestor of its current snapshot has our `sluice.txn >= e`. Applying a descriptor
+//! sink), `sluice.generation` (the recovery log's [`Generation`]) and `sluice.txn` (the
+//! epoch that committed it) in its summary. Epochs are committed in order and all at
+//! once per table, so a table holds epoch `e`'s files iff an ancestor of its current
+//! snapshot has our generation and `sluice.txn >= e`. Another generation's snapshots
+//! (a recovery log removed and started over, its transactions numbered anew) never
+//! count: their `sluice.txn` says nothing of this generation's epochs. Applying a descriptor
 //! (again) therefore walks the ancestry of the current snapshot ([`committed_txn`]),
 //! keeps only the epochs above it ([`decide`], pure), and appends those on top of
 //! exactly the metadata it read (a pinned catalog): a concurrent commit fails the swap
@@ -32,6 +35,7 @@ use std::collections::HashMap;
 pub const SUMMARY_DEPLOYMENT: &str = "sluice.deployment";
 pub const SUMMARY_MATERIALIZATION: &str = "sluice.materialization";
 pub const SUMMARY_TXN: &str = "sluice.txn";
+pub const SUMMARY_GENERATION: &str = "sluice.generation";
 /// The descriptor format written by this version.
 pub const DESCRIPTOR_VERSION: u32 = 1;
 /// Swaps lost to a concurrent writer before the commit gives up (retryably).
@@ -42,6 +46,46 @@ const COMMIT_ATTEMPTS: usize = 5;
 pub struct Owner {
     pub deployment: String,
     pub materialization: String,
+}
+
+/// The generation of a recovery log's run of the sink: minted when the log holds no
+/// descriptor yet (a new log, or one after a reset), then carried by every descriptor,
+/// so every snapshot of the run names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generation {
+    /// 16 lowercase hex digits: milliseconds since the epoch (48 bits), 16 random bits.
+    pub id: String,
+    /// The log's descriptors predate generations: snapshots of ours that name no
+    /// generation were committed by this log (the release before), and count.
+    #[serde(default)]
+    pub adopts_unstamped: bool,
+}
+
+impl Generation {
+    /// A new generation (the same shape as an output's, `sluice_output_sdk::generation`;
+    /// no dependency on it: a connector depends on its own SDK only).
+    pub fn mint(adopts_unstamped: bool) -> Generation {
+        use std::hash::{BuildHasher, RandomState};
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let random = RandomState::new().hash_one((now.as_nanos(), std::process::id()));
+        let millis = (now.as_millis() as u64) & ((1 << 48) - 1);
+        Generation {
+            id: format!("{:016x}", millis << 16 | (random & 0xffff)),
+            adopts_unstamped,
+        }
+    }
+
+    /// Whether a snapshot whose summary names `stamped` (`None`: no generation) was
+    /// committed by this generation.
+    pub fn owns(&self, stamped: Option<&String>) -> bool {
+        match stamped {
+            Some(id) => *id == self.id,
+            None => self.adopts_unstamped,
+        }
+    }
 }
 
 /// One staged Parquet data file.
@@ -80,6 +124,9 @@ pub struct Descriptor {
     pub commit: bool,
     /// Oldest first, ending with `epoch`'s own (which may stage nothing).
     pub epochs: Vec<EpochFiles>,
+    /// The run's generation; `None` in a descriptor of the release before generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<Generation>,
 }
 
 impl Descriptor {
@@ -103,8 +150,13 @@ impl Descriptor {
     }
 }
 
-/// The highest `sluice.txn` of `owner` among the current snapshot and its ancestors.
-pub fn committed_txn(metadata: &TableMetadata, owner: &Owner) -> Result<Option<u64>, SinkError> {
+/// The highest `sluice.txn` of `owner`'s `generation` among the current snapshot and its
+/// ancestors.
+pub fn committed_txn(
+    metadata: &TableMetadata,
+    owner: &Owner,
+    generation: &Generation,
+) -> Result<Option<u64>, SinkError> {
     let mut best: Option<u64> = None;
     let mut next = metadata.current_snapshot_id();
     let mut steps = 0usize;
@@ -116,6 +168,7 @@ pub fn committed_txn(metadata: &TableMetadata, owner: &Owner) -> Result<Option<u
         let p = &snapshot.summary().additional_properties;
         if p.get(SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
             && p.get(SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
+            && generation.owns(p.get(SUMMARY_GENERATION))
         {
             let txn = p
                 .get(SUMMARY_TXN)
@@ -170,13 +223,14 @@ fn external(what: &str, e: iceberg::Error) -> SinkError {
     SinkError::External(format!("{what}: {e}"))
 }
 
-/// Commits `pending`'s files of table `ident` as transaction `txn`, exactly once.
-/// Returns whether a snapshot was added. Postcondition: the table holds every pending
-/// file of the table, once.
+/// Commits `pending`'s files of table `ident` as transaction `txn` of `generation`,
+/// exactly once. Returns whether a snapshot was added. Postcondition: the table holds
+/// every pending file of the table, once.
 pub async fn commit_table(
     catalog: &SqlCatalog,
     ident: &TableIdent,
     owner: &Owner,
+    generation: &Generation,
     txn: u64,
     pending: &[EpochFiles],
 ) -> Result<bool, SinkError> {
@@ -186,7 +240,7 @@ pub async fn commit_table(
             .await
             .map_err(|e| external(&format!("cannot load Iceberg table {ident}"), e))?;
         let metadata = table.metadata();
-        let committed = committed_txn(metadata, owner)?;
+        let committed = committed_txn(metadata, owner, generation)?;
         let files = match decide(committed, txn, ident.name(), pending) {
             Decision::Skip => return Ok(false),
             Decision::Append(files) => files,
@@ -217,6 +271,7 @@ pub async fn commit_table(
                 owner.materialization.clone(),
             ),
             (SUMMARY_TXN.to_string(), txn.to_string()),
+            (SUMMARY_GENERATION.to_string(), generation.id.clone()),
         ]);
         let tx = Transaction::new(&table);
         let append = tx
@@ -241,8 +296,9 @@ pub async fn commit_table(
             {
                 return Err(SinkError::Corrupt(format!(
                     "Iceberg table {ident} already holds staged files of transaction {txn}, \
-                     but no snapshot in its ancestry records {} with {SUMMARY_TXN} >= {txn}: {e}",
-                    owner.materialization
+                     but no snapshot in its ancestry records {} of generation {} with \
+                     {SUMMARY_TXN} >= {txn}: {e}",
+                    owner.materialization, generation.id
                 )));
             }
             Err(e) => {
@@ -321,6 +377,44 @@ mod tests {
     fn a_table_at_or_past_the_txn_is_skipped() {
         assert_eq!(decide(Some(6), 6, "a", &pending()), Decision::Skip);
         assert_eq!(decide(Some(9), 6, "a", &pending()), Decision::Skip);
+    }
+
+    #[test]
+    fn a_descriptor_of_the_release_before_generations_reads_with_none() {
+        // Frozen: a descriptor as the release before generations wrote it.
+        let old = serde_json::json!({"version": 1, "deployment": "d", "materialization": "m",
+            "epoch": 4, "commit": true, "epochs": [{"epoch": 4, "files": []}]});
+        let owner = Owner {
+            deployment: "d".into(),
+            materialization: "m".into(),
+        };
+        let d = Descriptor::parse(&old, &owner).unwrap();
+        assert_eq!(d.generation, None);
+        let new = Descriptor {
+            generation: Some(Generation::mint(false)),
+            ..d
+        };
+        let value = serde_json::to_value(&new).unwrap();
+        assert_eq!(Descriptor::parse(&value, &owner).unwrap(), new);
+    }
+
+    #[test]
+    fn only_its_own_generations_snapshots_count_for_a_generation() {
+        let ours = Generation::mint(false);
+        let other = Generation::mint(false).id;
+        assert!(ours.owns(Some(&ours.id)));
+        assert!(!ours.owns(Some(&other)), "a reset's older run");
+        assert!(
+            !ours.owns(None),
+            "the release before generations, of an older log"
+        );
+        let upgraded = Generation {
+            adopts_unstamped: true,
+            ..ours.clone()
+        };
+        assert!(upgraded.owns(None));
+        assert!(!upgraded.owns(Some(&other)));
+        assert_eq!(ours.id.len(), 16);
     }
 
     #[test]

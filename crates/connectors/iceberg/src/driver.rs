@@ -2,15 +2,23 @@
 //! change log to one Iceberg table per binding, exactly once.
 //!
 //! ```text
-//!  begin_epoch(N)     writers under <table>/data/_sluice/<attempt>/<N>/  (the artifact intent)
+//!  begin_epoch(N)     writers under <table>/data/_sluice/<attempt>/<generation>-<N>/  (the artifact intent)
 //!  write_batch        + _txn = N (+ _op U when the binding has none) ─▶ Parquet, rolled at target_file_size
 //!  pre_commit(N)      close (fsync) ─▶ descriptor {epochs since the last table commit + N, commit: N % commit_every == 0}
-//!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.txn = N, skipped where an ancestor has txn >= N
+//!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.generation = G, sluice.txn = N,
+//!                     skipped where an ancestor of generation G has txn >= N
 //!                     else: d's epochs stay staged, decided, until a due epoch or close
 //!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor;
 //!                     remove every file under our attempt prefix, above the table's last
 //!                     epoch of ours, that no snapshot and no decided epoch holds
 //! ```
+//!
+//! The generation G is the recovery log's: taken from the decided descriptor at
+//! `recover`, minted when the log has none (a new log, or one started over after a
+//! reset), and written in every descriptor after. Snapshots and staging folders of
+//! another generation are never this one's: a reset's new log numbers its epochs anew,
+//! and an older run's `sluice.txn` must not hide them, nor its folders be removed as
+//! this run's.
 //!
 //! `commit_every`: an epoch whose number is a multiple commits; the ones between are
 //! decided in the recovery log (their descriptors list their files) but not visible in
@@ -24,7 +32,9 @@
 //! most once per row group).
 
 use crate::catalog::{CatalogLocation, SqlCatalog};
-use crate::commit::{self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Owner, StagedFile};
+use crate::commit::{
+    self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Generation, Owner, StagedFile,
+};
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::schema::{self, Column, TableChange};
 use crate::staging::{
@@ -85,6 +95,8 @@ pub struct IcebergSink {
     pending: Vec<EpochFiles>,
     /// Makes file names unique per process, so a name is never written twice.
     nonce: String,
+    /// The recovery log's generation, known from `recover` on.
+    generation: Option<Generation>,
 }
 
 impl IcebergSink {
@@ -102,6 +114,7 @@ impl IcebergSink {
             prepared: Vec::new(),
             pending: Vec::new(),
             nonce: format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
+            generation: None,
         })
     }
 
@@ -153,8 +166,19 @@ impl IcebergSink {
             .collect())
     }
 
-    fn epoch_prefix(bound: &Bound, epoch: u64) -> String {
-        format!("{}/{epoch}", bound.attempt_prefix)
+    fn generation(&self) -> Result<&Generation> {
+        self.generation.as_ref().ok_or_else(|| {
+            SinkError::Corrupt("the Iceberg sink was used before it recovered".into())
+        })
+    }
+
+    /// `<attempt prefix>/<generation>-<epoch>`.
+    fn epoch_prefix(&self, bound: &Bound, epoch: u64) -> Result<String> {
+        Ok(format!(
+            "{}/{}-{epoch}",
+            bound.attempt_prefix,
+            self.generation()?.id
+        ))
     }
 
     async fn plan(&mut self, bindings: &[SinkBinding]) -> Result<Vec<TableChange>> {
@@ -247,16 +271,16 @@ impl IcebergSink {
 
     /// What a new writer of binding `binding` in epoch `epoch` needs, owned (the
     /// writer is built without borrowing the sink across an await).
-    fn writer_spec(&self, binding: usize, epoch: u64) -> WriterSpec {
+    fn writer_spec(&self, binding: usize, epoch: u64) -> Result<WriterSpec> {
         let bound = &self.tables[binding];
-        WriterSpec {
+        Ok(WriterSpec {
             file_io: self.catalog.as_ref().expect("open").file_io().clone(),
             schema: bound.schema.clone(),
             ident: bound.ident.to_string(),
-            location: Self::epoch_prefix(bound, epoch),
+            location: self.epoch_prefix(bound, epoch)?,
             prefix: format!("b{binding}-{}", self.nonce),
             target_file_size: self.config.target_file_size as usize,
-        }
+        })
     }
 
     /// Commits the decided pending epochs to every table as transaction `txn`.
@@ -266,6 +290,7 @@ impl IcebergSink {
         }
         let catalog = self.catalog.clone().expect("open");
         let owner = self.owner()?;
+        let generation = self.generation()?.clone();
         let tables: Vec<String> = {
             let mut t: Vec<String> = self
                 .pending
@@ -279,7 +304,9 @@ impl IcebergSink {
         let ns = self.namespace()?;
         for table in tables {
             let ident = TableIdent::new(ns.clone(), table);
-            let added = commit::commit_table(&catalog, &ident, &owner, txn, &self.pending).await?;
+            let added =
+                commit::commit_table(&catalog, &ident, &owner, &generation, txn, &self.pending)
+                    .await?;
             tracing::debug!(table = %ident, txn, added, "Iceberg commit");
         }
         self.pending.clear();
@@ -287,14 +314,16 @@ impl IcebergSink {
     }
 
     /// Removes the files under our attempt prefixes that no snapshot of the table and no
-    /// decided pending epoch holds, in the epoch folders above the table's last epoch
-    /// of ours (`sluice.txn`): the folders of committed epochs are left alone, so a clean
-    /// restart reads no manifest. A file is removed only after the manifests of every
-    /// snapshot were read and none names it (the ancestry alone could undercount, after
-    /// an expired snapshot).
+    /// decided pending epoch holds, in this generation's epoch folders above the table's
+    /// last epoch of it (`sluice.txn`): the folders of committed epochs are left alone,
+    /// so a clean restart reads no manifest, and so are another generation's (a run
+    /// before a reset: what it left is not this run's to judge). A file is removed only
+    /// after the manifests of every snapshot were read and none names it (the ancestry
+    /// alone could undercount, after an expired snapshot).
     async fn sweep_orphans(&mut self) -> Result<()> {
         let catalog = self.catalog.clone().expect("open");
         let owner = self.owner()?;
+        let generation = self.generation()?.clone();
         let keep: HashSet<&str> = self
             .pending
             .iter()
@@ -311,18 +340,20 @@ impl IcebergSink {
                 .load_table(&bound.ident)
                 .await
                 .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
-            let committed = commit::committed_txn(table.metadata(), &owner)?;
+            let committed = commit::committed_txn(table.metadata(), &owner, &generation)?;
             let candidates: Vec<String> = files
                 .into_iter()
                 .filter(|p| {
-                    // `<attempt prefix>/<epoch>/<file>`; anything else is a candidate too.
-                    let epoch = p
+                    // `<attempt prefix>/<generation>-<epoch>/<file>` (`<epoch>` before
+                    // generations); anything else is a candidate too.
+                    let folder = p
                         .strip_prefix(&dir)
                         .ok()
                         .and_then(|rest| rest.iter().next())
-                        .and_then(|e| e.to_str()?.parse::<u64>().ok());
-                    match (epoch, committed) {
-                        (Some(e), Some(c)) => e > c,
+                        .and_then(|e| e.to_str());
+                    match folder.map(epoch_folder) {
+                        Some(Some((of, _))) if !generation.owns(of.as_ref()) => false,
+                        Some(Some((_, e))) => committed.is_none_or(|c| e > c),
                         _ => true,
                     }
                 })
@@ -374,6 +405,15 @@ impl IcebergSink {
                 dir.display()
             ))),
         }
+    }
+}
+
+/// An epoch folder's generation (`None`: before generations) and epoch, from its name
+/// (`<generation>-<epoch>` or `<epoch>`); `None`: not an epoch folder.
+fn epoch_folder(name: &str) -> Option<(Option<String>, u64)> {
+    match name.split_once('-') {
+        Some((generation, epoch)) => Some((Some(generation.to_string()), epoch.parse().ok()?)),
+        None => Some((None, name.parse().ok()?)),
     }
 }
 
@@ -557,9 +597,24 @@ impl EpochSink for IcebergSink {
                 self.remove_prefix(p).await?;
             }
         }
-        if let Some(decided) = &recovery.decided {
-            let owner = self.owner()?;
-            let d = Descriptor::parse(&decided.descriptor, &owner)?;
+        let decided = match &recovery.decided {
+            Some(decided) => Some(Descriptor::parse(&decided.descriptor, &self.owner()?)?),
+            None => None,
+        };
+        let generation = match decided.as_ref().map(|d| d.generation.clone()) {
+            Some(Some(generation)) => generation,
+            // Decided by the release before generations: its snapshots are this log's.
+            Some(None) => Generation::mint(true),
+            // A new log (or one that never decided anything to apply): a new generation.
+            None => Generation::mint(false),
+        };
+        tracing::info!(
+            generation = generation.id,
+            adopts_unstamped = generation.adopts_unstamped,
+            "the Iceberg sink's generation"
+        );
+        self.generation = Some(generation);
+        if let Some(d) = decided {
             self.pending = d.epochs;
             if d.commit {
                 self.commit_pending(d.epoch).await?;
@@ -572,11 +627,11 @@ impl EpochSink for IcebergSink {
         if self.tables.is_empty() {
             return None;
         }
-        let prefixes: Vec<String> = self
-            .tables
-            .iter()
-            .map(|t| Self::epoch_prefix(t, epoch))
-            .collect();
+        // Called after `recover` (which knows the generation); before it, no intent.
+        let prefixes: Vec<String> = (self.tables.iter())
+            .map(|t| self.epoch_prefix(t, epoch))
+            .collect::<Result<_>>()
+            .ok()?;
         Some(json!({ "epoch": epoch, "prefixes": prefixes }))
     }
 
@@ -604,7 +659,7 @@ impl EpochSink for IcebergSink {
             .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
         let out = table_batch(&bound.arrow, &bound.ident.to_string(), batch, epoch)?;
         if writers[binding].is_none() {
-            let w = new_writer(self.writer_spec(binding, epoch)).await?;
+            let w = new_writer(self.writer_spec(binding, epoch)?).await?;
             let Epoch::Staging { writers, .. } = &mut self.epoch else {
                 unreachable!()
             };
@@ -660,6 +715,7 @@ impl EpochSink for IcebergSink {
             epoch,
             commit: due,
             epochs,
+            generation: Some(self.generation()?.clone()),
         };
         serde_json::to_value(&descriptor)
             .map(Some)
@@ -691,7 +747,7 @@ impl EpochSink for IcebergSink {
         }
         self.prepared.retain(|e| e.epoch != epoch);
         for bound in &self.tables {
-            let dir = local_path(&Self::epoch_prefix(bound, epoch));
+            let dir = local_path(&self.epoch_prefix(bound, epoch)?);
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -712,6 +768,7 @@ impl EpochSink for IcebergSink {
         if let Some(last) = self.pending.iter().map(|e| e.epoch).max()
             && self.catalog.is_some()
             && self.context.is_some()
+            && self.generation.is_some()
         {
             self.commit_pending(last).await?;
         }

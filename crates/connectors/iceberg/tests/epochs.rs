@@ -353,3 +353,61 @@ async fn schema_plans_create_then_add_a_column_and_refuse_a_type_change() {
         "{err}"
     );
 }
+
+/// A reset: the recovery log is removed and started over, so epochs are numbered from 1
+/// again while the table keeps the older run's snapshots (`sluice.txn` up to 3, the
+/// same deployment and materialization). The new log's generation is not the old
+/// one's: none of its epochs is taken for committed, and rolling one back leaves the
+/// old run's staging folders alone.
+#[tokio::test]
+async fn a_new_recovery_log_commits_every_epoch_though_an_older_run_numbered_them_higher() {
+    let f = Fixture::new();
+    let bindings = [binding("events")];
+    let mut old = f.sink(json!({}), &bindings).await;
+    old.recover(&Recovery::default()).await.unwrap();
+    for n in 1..=3 {
+        epoch(&mut old, n, &[(n as i64, Some("old"), "U")])
+            .await
+            .unwrap();
+    }
+    old.close().await.unwrap();
+    drop(old);
+
+    let mut new = f.sink(json!({}), &bindings).await;
+    new.recover(&Recovery::default()).await.unwrap();
+    epoch(&mut new, 1, &[(11, Some("new"), "U")]).await.unwrap();
+    new.begin_epoch(2).await.unwrap();
+    new.rollback_epoch(2).await.unwrap();
+    epoch(&mut new, 2, &[(12, Some("new"), "U")]).await.unwrap();
+    new.close().await.unwrap();
+
+    let mut want = u(&[1], 1);
+    want.extend(u(&[2], 2));
+    want.extend(u(&[3], 3));
+    want.extend(u(&[11], 1));
+    want.extend(u(&[12], 2));
+    want.sort();
+    assert_eq!(
+        rows(&f, "events").await,
+        want,
+        "every epoch of both runs, once"
+    );
+    let s = snapshots(&f, "events").await;
+    let runs: Vec<(&str, &str)> = (s.iter())
+        .map(|p| (p["sluice.generation"].as_str(), p["sluice.txn"].as_str()))
+        .collect();
+    assert_eq!(runs.len(), 5, "{runs:?}");
+    let (first, second) = (runs[0].0, runs[3].0);
+    assert_ne!(first, second, "a new log, a new generation");
+    assert_eq!(
+        runs,
+        [
+            (first, "1"),
+            (first, "2"),
+            (first, "3"),
+            (second, "1"),
+            (second, "2")
+        ]
+    );
+    assert_eq!(orphans(&f).await, Vec::<String>::new());
+}

@@ -152,9 +152,16 @@ async fn two_bindings_commit_to_two_tables_and_a_half_applied_decision_finishes_
         .unwrap();
     let a = iceberg::TableIdent::from_strs(["sluice", "a"]).unwrap();
     assert!(
-        sluice_iceberg::commit::commit_table(&catalog, &a, &owner, 1, &desc.epochs)
-            .await
-            .unwrap()
+        sluice_iceberg::commit::commit_table(
+            &catalog,
+            &a,
+            &owner,
+            desc.generation.as_ref().unwrap(),
+            1,
+            &desc.epochs
+        )
+        .await
+        .unwrap()
     );
     drop(sink);
 
