@@ -3,7 +3,10 @@
 //! CSV files. An independent model (the input in chunks of one transaction each,
 //! reduced per user) says what every transaction changed; each format's files must
 //! decode to exactly that, transaction by transaction, numbered without gaps. A binding
-//! added later with `snapshot: true` starts with the whole view.
+//! added later with `snapshot: true` starts with the whole view. A reset (`sluice apply
+//! --delete`) between runs starts a new generation, on files, Kafka and NATS alike:
+//! every change of the new generation arrives, however the old one numbered its
+//! transactions, and its changes alone reduce to the model of all the input.
 
 use serde_json::Value;
 use sluice_files_output::parse_batch_file_name;
