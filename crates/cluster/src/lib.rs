@@ -9,6 +9,8 @@
 //! - `keys.rs`: the key layout, shard ids and ranges (pure)
 //! - `assign.rs`: who owns which shard and what a member does about it (pure)
 //! - `log.rs`: a shard's recovery log in etcd, every write fenced by the claim
+//! - `pack.rs`: an intent as etcd stores it, each step's position a patch of the one
+//!   before (pure)
 //! - `member.rs`: the member: join, first shards, first Apply, the reconcile loop
 //! - `admin.rs`: `sluice shards list | split`
 //! - `testing.rs` (feature `testing`): a private etcd member for tests
@@ -19,6 +21,7 @@ pub mod etcd;
 pub mod keys;
 pub mod log;
 pub mod member;
+pub mod pack;
 #[cfg(feature = "testing")]
 pub mod testing;
 

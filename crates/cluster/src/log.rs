@@ -13,7 +13,10 @@
 //! the assignment's revision, and every later write of the old holder fails as
 //! [`RecoveryError::Fenced`]. Its store writes are fenced too, by the new holder's
 //! Open. The log keeps only the latest state (what a compacted file log holds), so it
-//! stays a few KiB whatever the history; etcd's own history is compacted by etcd.
+//! stays a few KiB whatever the history; etcd's own history is compacted by etcd. The
+//! intent is stored packed ([`crate::pack`]): each step's position as a patch of the
+//! step before, so it grows with what each step read rather than with its steps times a
+//! source's whole position (a Kafka topic of hundreds of partitions).
 
 use crate::etcd::{Cond, Etcd, Op};
 use crate::keys::{Keys, ShardId};
@@ -90,6 +93,14 @@ impl SharedLog {
 
     fn encode<T: serde::Serialize>(&self, value: &T) -> Result<Vec<u8>, RecoveryError> {
         let bytes = serde_json::to_vec(value).expect("a log record serializes");
+        self.bounded(bytes)
+    }
+
+    fn encode_intent(&self, intent: &Intent) -> Result<Vec<u8>, RecoveryError> {
+        self.bounded(encode_intent(intent))
+    }
+
+    fn bounded(&self, bytes: Vec<u8>) -> Result<Vec<u8>, RecoveryError> {
         if bytes.len() > MAX_RECORD {
             return Err(RecoveryError::TooLarge {
                 log: self.dir.clone(),
@@ -141,7 +152,9 @@ impl SharedLog {
             None => None,
         };
         let intent = match &outcome.got[1] {
-            Some(kv) => Some(serde_json::from_slice(&kv.value).map_err(|e| corrupt("intent", e))?),
+            Some(kv) => Some(crate::pack::unpack(&kv.value).map_err(|e| {
+                RecoveryError::BadCheckpoint(format!("etcd:{}intent does not read: {e}", self.dir))
+            })?),
             None => None,
         };
         Ok((commit, intent))
@@ -161,12 +174,17 @@ impl SharedLog {
         if let Some(intent) = intent {
             ops.push(Op::Put {
                 key: format!("{to}intent"),
-                value: serde_json::to_vec(intent).expect("an intent serializes"),
+                value: encode_intent(intent),
                 lease: 0,
             });
         }
         ops
     }
+}
+
+/// An intent as the log stores it, packed.
+pub fn encode_intent(intent: &Intent) -> Vec<u8> {
+    serde_json::to_vec(&crate::pack::pack(intent)).expect("a packed intent serializes")
 }
 
 /// The log as the loop writes it, from blocking threads.
@@ -190,7 +208,7 @@ impl LogStore for Writer {
         ops.push(match after.pending_intent {
             Some(intent) => Op::Put {
                 key: log.intent_key(),
-                value: log.encode(intent)?,
+                value: log.encode_intent(intent)?,
                 lease: 0,
             },
             None => Op::Delete(log.intent_key()),
