@@ -207,7 +207,7 @@ fn wait_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Dura
 /// last write (quiet steps, committed like any other), and what the slot holds back
 /// falls below 16 MiB (its `restart_lsn` follows at the next running-transactions
 /// snapshot, which PostgreSQL logs every 15 s), as `sluice_source_retained_bytes`
-/// reports too.
+/// reports too, and a warning said when it held back more than `retained_warning`.
 #[test]
 fn a_quiet_slot_advances_while_100_mb_are_written_outside_the_publication() {
     let pg = LogicalPostgres::start();
@@ -220,7 +220,11 @@ fn a_quiet_slot_advances_while_100_mb_are_written_outside_the_publication() {
     );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pipeline.yaml");
-    std::fs::write(&file, pipeline(&url)).unwrap();
+    let warned = pipeline(&url).replace(
+        "chunk_rows: 500}",
+        "chunk_rows: 500, retained_warning: 8MiB}",
+    );
+    std::fs::write(&file, warned).unwrap();
     let address = free_address();
     let log = std::fs::File::create(dir.path().join("sluice.log")).unwrap();
     let _run = Following(
@@ -278,6 +282,15 @@ fn a_quiet_slot_advances_while_100_mb_are_written_outside_the_publication() {
     );
     let status = http_get(address, "/api/status").unwrap();
     assert!(status.contains(r#""retained":{"items-cdc":"#), "{status}");
+    // While the slot held back more than retained_warning, a warning said so (once a
+    // minute at most).
+    let log = std::fs::read_to_string(dir.path().join("sluice.log")).unwrap();
+    let warnings = log.matches("above retained_warning (8.0 MiB)").count();
+    assert_eq!(warnings, 1, "{log}");
+    assert!(
+        log.contains(&format!("replication slot `{SLOT}` holds back")),
+        "{log}"
+    );
     assert_eq!(
         store_rows(&db),
         source_rows(&url),

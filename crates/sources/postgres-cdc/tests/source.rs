@@ -674,3 +674,51 @@ async fn a_seek_behind_what_the_slot_confirmed_is_refused() {
         "{err}"
     );
 }
+
+/// `heartbeat` writes its logical message into the WAL on schedule (seen here through a
+/// `test_decoding` slot), pgoutput does not hand it over as a document, and the WAL
+/// the slot holds back is read for `retained`.
+#[tokio::test]
+async fn the_heartbeat_writes_wal_and_the_retained_wal_is_known() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 1).await;
+    client
+        .batch_execute("SELECT pg_create_logical_replication_slot('peek', 'test_decoding')")
+        .await
+        .unwrap();
+    let config = config(&pg.url(), json!({"heartbeat": "1s"}));
+    let mut cdc = source(&config);
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut cdc, 100, &mut docs, &mut steps, caught_up).await;
+    let started = Instant::now();
+    let mut after = Vec::new();
+    while started.elapsed() < Duration::from_millis(3500) {
+        until(&mut cdc, 100, &mut after, &mut Vec::new(), |_, _| true).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(after.is_empty(), "a heartbeat is no document: {after:?}");
+    let beats = client
+        .query(
+            "SELECT data FROM pg_logical_slot_peek_changes('peek', NULL, NULL) \
+             WHERE data LIKE '%sluice-heartbeat%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .len();
+    assert!((2..=4).contains(&beats), "{beats} heartbeats in 3.5 s");
+    let started = Instant::now();
+    while cdc.retained().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no retained WAL read"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cdc.retained().unwrap() < 16 << 20, "{:?}", cdc.retained());
+    client
+        .batch_execute("SELECT pg_drop_replication_slot('peek')")
+        .await
+        .unwrap();
+}
