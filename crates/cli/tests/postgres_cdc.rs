@@ -329,6 +329,7 @@ fn a_store_restored_behind_the_slot_is_refused_naming_both_lsns() {
     assert_success(&sluice(&["run"]));
     assert_eq!(store_rows(&db), source_rows(&url));
     let backed_up = confirmed_flush(&url);
+    let wal_at_backup = wal_lsn(&url);
     let backup = dir.path().join("backup.db");
     rusqlite::Connection::open(&db)
         .unwrap()
@@ -343,9 +344,14 @@ fn a_store_restored_behind_the_slot_is_refused_naming_both_lsns() {
     );
     assert_success(&sluice(&["run"]));
     assert_eq!(store_rows(&db), source_rows(&url));
-    // A clean stop confirms its last commit.
+    // A clean stop confirms its last commit: the slot is past the backup.
     let confirmed = confirmed_flush(&url);
-    assert!(confirmed > backed_up, "{confirmed} > {backed_up}");
+    assert!(
+        confirmed > wal_at_backup,
+        "the slot confirmed {} after the last run, the backup was taken at {}",
+        lsn_text(confirmed),
+        lsn_text(wal_at_backup)
+    );
 
     for suffix in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(dir.path().join(format!("out/items.db{suffix}")));
