@@ -7,6 +7,9 @@
 //!   end is exact;
 //! - a shard split under load: exact, with the halves running;
 //! - etcd restarted mid-run: the members ride it out, and the end is exact;
+//! - a shard whose store one member cannot open: that member releases and declines
+//!   it while its other shard runs on, the other member runs it, and both ends are
+//!   exact;
 //! - a part that keeps state on one machine is refused under `cluster:`, naming why;
 //! - so is a store that cannot fence a former holder (Redis, an external driver
 //!   declaring `non_transactional` or nothing).
@@ -15,6 +18,7 @@ mod common;
 
 use common::{
     POSTGRES_URL, SLUICE, Schema, generate, pipeline_yaml, postgres_table, reduce_expected,
+    sqlite_table,
 };
 use serde_json::Value;
 use sluice_cluster::testing::PrivateEtcd;
@@ -53,6 +57,12 @@ struct Cluster {
 impl Cluster {
     /// A cluster of `shards` first shards over an input holding `first` documents.
     fn new(tag: &str, shards: u32, first: &[Value]) -> Cluster {
+        Cluster::with_more(tag, shards, first, "")
+    }
+
+    /// [`Cluster::new`], with `more` materializations (YAML under `materializations:`)
+    /// beside `views-db`.
+    fn with_more(tag: &str, shards: u32, first: &[Value], more: &str) -> Cluster {
         let etcd = PrivateEtcd::start();
         let schema = Schema::new(&format!("cluster_{tag}"));
         let dir = tempfile::tempdir().unwrap();
@@ -67,6 +77,7 @@ impl Cluster {
             2000,
             "200ms",
         );
+        let yaml = yaml.replacen("runtime:\n", &format!("{more}runtime:\n"), 1);
         let yaml = format!(
             "{yaml}cluster:\n  etcd: [\"{}\"]\n  member: ${{MEMBER}}\n  lease_ttl: {}s\n  shards: {shards}\n",
             etcd.url(),
@@ -127,8 +138,14 @@ impl Cluster {
     }
 
     fn start(&mut self, member: &str) {
+        self.start_in(member, self.dir.path().to_path_buf());
+    }
+
+    /// Starts `member` in the working folder `cwd`.
+    fn start_in(&mut self, member: &str, cwd: PathBuf) {
         let log = std::fs::File::create(self.dir.path().join(format!("{member}.log"))).unwrap();
         let child = Command::new(SLUICE)
+            .current_dir(cwd)
             .arg("run")
             .arg(&self.pipeline)
             .env("MEMBER", member)
@@ -452,5 +469,95 @@ fn a_store_that_cannot_fence_a_former_holder_is_refused_under_a_cluster_naming_w
             (Some(_), Ok(())) => panic!("{endpoint} was not refused under `cluster:`"),
             (None, Err(err)) => panic!("{endpoint} was refused: {err}"),
         }
+    }
+}
+
+/// The shard of `materialization` (one shard) as `sluice shards list` shows it.
+fn shard_of<'s>(shards: &'s [Value], materialization: &str) -> &'s Value {
+    (shards.iter())
+        .find(|s| s["materialization"] == materialization)
+        .unwrap_or_else(|| panic!("no shard of {materialization}: {shards:#?}"))
+}
+
+#[test]
+fn a_shard_whose_store_one_member_cannot_open_moves_and_that_members_other_shard_runs_on() {
+    // `views-local` writes SQLite at /proc/self/cwd/local.db: the same spec for every
+    // member, but each process's own working folder. Member `a`'s is writable; the
+    // failing member's holds a folder named local.db, which SQLite cannot open (not
+    // retryable), so only that member's loop of `views-local` fails, at its Open.
+    let more = "  views-local:\n    endpoint:\n      sqlite: {path: /proc/self/cwd/local.db}\n    \
+                bindings:\n      - source: acme/pageviews\n        resource: {table: pageviews}\n        \
+                delta_updates: false\n";
+    let docs = generate(20_000, 2_000, 25);
+    let third = docs.len() / 3;
+    let mut c = Cluster::with_more("declines", 1, &docs[..third], more);
+    let whole = sluice_cluster::keys::ShardDef::default();
+    let id = |materialization: &str| sluice_cluster::keys::ShardId {
+        materialization: materialization.into(),
+        range: whole,
+    };
+    // A failing member that rendezvous makes the owner of both shards against `a`: it
+    // takes `views-db` over and runs it, and is offered `views-local`, which fails.
+    let broken = (0..1000)
+        .map(|i| format!("b{i}"))
+        .find(|b| {
+            let both: std::collections::BTreeSet<String> = ["a".to_string(), b.clone()].into();
+            ["views-db", "views-local"]
+                .iter()
+                .all(|m| sluice_cluster::assign::owner(&both, &id(m)) == Some(b.as_str()))
+        })
+        .expect("a name owning both shards");
+    let (a_dir, b_dir) = (c.dir.path().join("a"), c.dir.path().join(&broken));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(b_dir.join("local.db")).unwrap();
+    c.start_in("a", a_dir.clone());
+    c.wait_running_on(&["a"], Duration::from_secs(30));
+    c.append_slowly(docs[third..].to_vec());
+    c.start_in(&broken, b_dir);
+    // The failing member declines `views-local` (a runs it) and keeps `views-db`.
+    let started = Instant::now();
+    loop {
+        let shards = c.shards();
+        let (db, local) = (
+            shard_of(&shards, "views-db"),
+            shard_of(&shards, "views-local"),
+        );
+        let declined = c.log(&broken).contains("declining it");
+        if declined && db["member"] == broken.as_str() && local["member"] == "a" {
+            eprintln!(
+                "{broken} declined views-local and runs views-db after {:?}",
+                started.elapsed()
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not settled: {shards:#?}\n{}",
+            c.logs()
+        );
+        assert!(
+            c.child(&broken).try_wait().unwrap().is_none(),
+            "{broken} exited\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.assert_exact();
+    let expected = reduce_expected(&c.appended.lock().unwrap());
+    let started = Instant::now();
+    while sqlite_table(&a_dir.join("local.db")) != expected {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "views-local not exact after 60s\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for m in ["a", broken.as_str()] {
+        assert!(
+            c.child(m).try_wait().unwrap().is_none(),
+            "member {m} exited\n{}",
+            c.logs()
+        );
     }
 }

@@ -16,12 +16,21 @@
 //!    another's                                                    → Abandon (delete it)
 //! ```
 //!
+//! A member whose loop of a shard fails (a store it cannot reach, after the loop's own
+//! retries) releases the shard and **declines** it for a while ([`backoff`]: 5 s,
+//! doubling to 5 min): it publishes `P/declined/<shard>/<member>` with its lease and
+//! deletes it when the backoff ends. A shard's owner is chosen among the live members
+//! not declining it ([`owner_of`]), so another member tries it meanwhile, while the
+//! failing member keeps its other shards; a shard every member declines waits for the
+//! first backoff to end.
+//!
 //! Assignments are written with a compare-and-swap, so two members that briefly
 //! disagree (one saw a member join, the other not yet) can never both hold a shard:
 //! one claim fails, and the next view settles it.
 
 use crate::keys::ShardId;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 /// What a member saw of the cluster at one revision.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +44,8 @@ pub struct ShardState {
     pub splitting: bool,
     /// The member holding it and its fencing token (the assignment's mod revision).
     pub holder: Option<(String, i64)>,
+    /// The members backing off from it after their loop of it failed.
+    pub declined: BTreeSet<String>,
 }
 
 /// A shard this member holds.
@@ -73,6 +84,35 @@ pub fn owner<'m>(members: &'m BTreeSet<String>, shard: &ShardId) -> Option<&'m s
         .map(String::as_str)
 }
 
+/// The live member that should run `shard`: the rendezvous owner among the members not
+/// declining it; `None` when every member declines it (or none is live).
+pub fn owner_of<'v>(view: &'v View, shard: &ShardId) -> Option<&'v str> {
+    let Some(state) = view.shards.get(shard) else {
+        return owner(&view.members, shard);
+    };
+    let willing: BTreeSet<String> = (view.members.iter())
+        .filter(|m| !state.declined.contains(*m))
+        .cloned()
+        .collect();
+    let chosen = owner(&willing, shard)?;
+    view.members.get(chosen).map(String::as_str)
+}
+
+/// The first pause of a member after its loop of a shard failed; it doubles with each
+/// failure in a row, up to [`MAX_BACKOFF`]. Short enough that a passing fault (a store
+/// restarting) costs a few seconds; long enough that a member that cannot reach a store
+/// does not take the shard back from the member running it at every tick.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest pause: a member whose store came back runs its share again within it.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// How long a member declines a shard after its `failures`-th failure in a row (1: the
+/// first).
+pub fn backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF)
+}
+
 /// What member `me` does next, given the view and what it holds.
 pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action> {
     let mut actions = Vec::new();
@@ -90,7 +130,7 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
         } else if h.stopping {
         } else if state.splitting {
             actions.push(Action::Split(shard.clone()));
-        } else if owner(&view.members, shard).is_some_and(|owner| owner != me) {
+        } else if owner_of(view, shard).is_some_and(|owner| owner != me) {
             actions.push(Action::Release(shard.clone()));
         }
     }
@@ -98,7 +138,7 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
         if held.contains_key(shard) {
             continue;
         }
-        let ours = owner(&view.members, shard) == Some(me);
+        let ours = owner_of(view, shard) == Some(me);
         let shard = shard.clone();
         match &state.holder {
             None if ours => actions.push(Action::Claim { shard, over: None }),
@@ -146,6 +186,7 @@ mod tests {
                     let state = ShardState {
                         splitting: *splitting,
                         holder: holder.map(|(m, t)| (m.to_string(), t)),
+                        declined: BTreeSet::new(),
                     };
                     (id.clone(), state)
                 })
@@ -256,5 +297,84 @@ mod tests {
                 token: 3
             }]
         );
+    }
+
+    #[test]
+    fn a_shard_its_owner_declines_goes_to_the_next_member_and_back_once_it_stops() {
+        let names = ["a", "b", "c"];
+        let s = shard(0, 1);
+        let all = members(&names);
+        let first = owner(&all, &s).unwrap();
+        let held = |token| {
+            BTreeMap::from([(
+                s.clone(),
+                Held {
+                    token,
+                    stopping: false,
+                },
+            )])
+        };
+        let declining = |who: &[&str], holder: Option<(&str, i64)>| {
+            let mut v = view(&names, &[(s.clone(), holder, false)]);
+            let state = v.shards.get_mut(&s).unwrap();
+            state.declined = who.iter().map(|m| m.to_string()).collect();
+            v
+        };
+        // The owner declines it (its loop failed; it released the shard): the owner
+        // among the others claims it, and the decliner does not.
+        let v = declining(&[first], None);
+        let second = owner_of(&v, &s).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(
+            plan(second, &v, &BTreeMap::new()),
+            vec![Action::Claim {
+                shard: s.clone(),
+                over: None
+            }]
+        );
+        assert_eq!(plan(first, &v, &BTreeMap::new()), vec![]);
+        // Held by the second member while the first declines: kept.
+        let v = declining(&[first], Some((second, 8)));
+        assert_eq!(plan(second, &v, &held(8)), vec![]);
+        // The first member's backoff ended: the shard goes back to its owner.
+        let v = declining(&[], Some((second, 8)));
+        assert_eq!(plan(second, &v, &held(8)), vec![Action::Release(s.clone())]);
+        // Every member declines it: nobody claims it until a backoff ends.
+        let v = declining(&names, None);
+        assert_eq!(owner_of(&v, &s), None);
+        for m in names {
+            assert_eq!(plan(m, &v, &BTreeMap::new()), vec![], "{m}");
+        }
+        // A decliner that left the assignment behind deletes it.
+        let v = declining(&[first], Some((first, 3)));
+        assert_eq!(
+            plan(first, &v, &BTreeMap::new()),
+            vec![Action::Abandon {
+                shard: s.clone(),
+                token: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn a_failing_shard_backs_off_from_5_seconds_doubling_to_5_minutes() {
+        let table = [
+            (1, 5),
+            (2, 10),
+            (3, 20),
+            (4, 40),
+            (5, 80),
+            (6, 160),
+            (7, 300),
+            (8, 300),
+            (1000, 300),
+        ];
+        for (failures, seconds) in table {
+            assert_eq!(
+                backoff(failures),
+                Duration::from_secs(seconds),
+                "{failures}"
+            );
+        }
     }
 }

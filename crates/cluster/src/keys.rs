@@ -9,6 +9,9 @@
 //!  P/log/<mat>/<begin>-<end>/commit   the last commit record   written only while the
 //!  P/log/<mat>/<begin>-<end>/intent   the pending intent       token is current
 //!  P/status/<mat>/<begin>-<end>       ShardStatus {lag}        with the holder's lease
+//!  P/declined/<mat>/<begin>-<end>/<member>                     with the member's lease:
+//!                                     until (Unix ms)          its loop of the shard
+//!                                                              failed; it backs off
 //!  P/applied/<mat>                    the applied spec
 //!  P/init/<mat>                       the first shards were made
 //!  P/lock/apply/<mat>                 the member applying     with its lease
@@ -114,6 +117,30 @@ impl Keys {
         )
     }
 
+    /// Every member's declined shards.
+    pub fn declines(&self) -> String {
+        format!("{}/declined/", self.prefix)
+    }
+
+    /// `member` backs off from shard `id`.
+    pub fn declined(&self, id: &ShardId, member: &str) -> String {
+        format!(
+            "{}{}/{}/{member}",
+            self.declines(),
+            id.materialization,
+            id.range.id()
+        )
+    }
+
+    /// (materialization, range, member) of a key under [`Keys::declines`].
+    pub fn parse_declined<'k>(&self, key: &'k str) -> Option<(&'k str, ShardDef, &'k str)> {
+        let dir = self.declines();
+        let rest = key.strip_prefix(&dir)?;
+        let (shard, member) = rest.rsplit_once('/')?;
+        let (materialization, id) = shard.rsplit_once('/')?;
+        Some((materialization, ShardDef::parse(id)?, member))
+    }
+
     pub fn applied(&self, materialization: &str) -> String {
         format!("{}/applied/{materialization}", self.prefix)
     }
@@ -155,5 +182,8 @@ mod tests {
             keys.parse_shard(&keys.assignments(), &key),
             Some(("views", range))
         );
+        let key = keys.declined(&id, "m-1");
+        assert_eq!(key, "/sluice/p/declined/views/00000010-7fffffff/m-1");
+        assert_eq!(keys.parse_declined(&key), Some(("views", range, "m-1")));
     }
 }

@@ -10,6 +10,10 @@
 //!           the shard's loop runs over its etcd log (log.rs) and Opens the store,
 //!           which fences the previous holder there
 //!    publish each held shard's last transaction and lag (P/status, with the lease)
+//!  a shard's loop that fails (after its own retries): log why, release it and decline
+//!  it (P/declined/<shard>/<me>, with the lease) for a backoff, 5 s doubling to 5 min;
+//!  the other members' plans pass it to the next owner, this member's other shards run
+//!  on; the marker is deleted when the backoff ends.
 //!  keep-alive task: renews the lease every TTL/3; a lease that expired (the member
 //!  was stopped or cut off longer than the TTL) ends the member with an error: its
 //!  shards have been, or will be, taken over, and its writes are fenced.
@@ -48,12 +52,6 @@ pub enum ClusterError {
          by the other members; exiting"
     )]
     LeaseLost { member: String, why: String },
-    #[error("shard {shard}: {source}")]
-    Run {
-        shard: String,
-        #[source]
-        source: Box<RunError>,
-    },
 }
 
 fn invalid(place: impl Into<String>, reason: impl Into<String>) -> ClusterError {
@@ -124,6 +122,7 @@ pub async fn run(
         lease,
         lost,
         held: BTreeMap::new(),
+        failing: BTreeMap::new(),
         summaries: BTreeMap::new(),
         metrics: opts.metrics.clone().unwrap_or_default(),
     };
@@ -197,6 +196,19 @@ struct Running {
     published: Option<ShardStatus>,
 }
 
+/// A shard whose loop failed here: how often in a row, and until when this member
+/// declines it.
+struct Failing {
+    failures: u32,
+    last: Instant,
+    until: Instant,
+    /// Its decline is published (`P/declined/<shard>/<me>`).
+    marked: bool,
+}
+
+/// Failures further apart than this start the backoff over.
+const FAILURES_FORGOTTEN: Duration = Duration::from_secs(600);
+
 struct Member {
     etcd: Etcd,
     keys: Keys,
@@ -205,6 +217,7 @@ struct Member {
     /// Says why, once the lease has expired.
     lost: watch::Receiver<Option<String>>,
     held: BTreeMap<ShardId, Running>,
+    failing: BTreeMap<ShardId, Failing>,
     summaries: BTreeMap<String, Summary>,
     metrics: Arc<Metrics>,
 }
@@ -239,11 +252,18 @@ impl Member {
                 }
                 () = tokio::time::sleep(tick) => {}
             }
-            if let Err(e) = self.reap().await {
-                break Err(e);
-            }
+            self.reap().await;
+            self.end_backoffs().await;
             match self.view().await {
-                Ok(view) => {
+                Ok(mut view) => {
+                    // What this member backs off from, also if publishing it failed.
+                    for (shard, failing) in &self.failing {
+                        if let Some(state) = view.shards.get_mut(shard)
+                            && failing.until > Instant::now()
+                        {
+                            state.declined.insert(self.me.clone());
+                        }
+                    }
                     let held = self
                         .held
                         .iter()
@@ -390,7 +410,21 @@ impl Member {
         let (members, _) = self.etcd.get_prefix(&self.keys.members()).await?;
         let (shards, _) = self.etcd.get_prefix(&self.keys.shards()).await?;
         let (assignments, _) = self.etcd.get_prefix(&self.keys.assignments()).await?;
-        read_view(&self.keys, &members, &shards, &assignments)
+        let (declined, _) = self.etcd.get_prefix(&self.keys.declines()).await?;
+        let mut view = read_view(&self.keys, &members, &shards, &assignments)?;
+        for kv in &declined {
+            let key = String::from_utf8_lossy(&kv.key);
+            if let Some((materialization, range, member)) = self.keys.parse_declined(&key) {
+                let id = ShardId {
+                    materialization: materialization.to_string(),
+                    range,
+                };
+                if let Some(state) = view.shards.get_mut(&id) {
+                    state.declined.insert(member.to_string());
+                }
+            }
+        }
+        Ok(view)
     }
 
     /// Carries out one action of the plan.
@@ -462,8 +496,9 @@ impl Member {
     }
 
     /// Ends the shards whose loops have returned: hands them over, splits them, or
-    /// forgets them. A loop that failed on its own ends the member.
-    async fn reap(&mut self) -> Result<(), ClusterError> {
+    /// forgets them. A loop that failed on its own is released and declined for a
+    /// while ([`Member::decline`]); the member's other shards run on.
+    async fn reap(&mut self) {
         let done: Vec<ShardId> = self
             .held
             .iter()
@@ -497,15 +532,86 @@ impl Member {
                 (Some(Stopping::Release) | None, Ok(())) => {
                     self.hand_over(&shard, running.token).await;
                 }
-                (_, Err(source)) => {
-                    return Err(ClusterError::Run {
-                        shard: shard.to_string(),
-                        source: Box::new(source),
-                    });
-                }
+                (_, Err(source)) => self.decline(&shard, running.token, &source).await,
             }
         }
-        Ok(())
+    }
+
+    /// `shard`'s loop failed here with `why` (after its own retries): releases its
+    /// assignment if still this member's, and declines the shard for a backoff that
+    /// doubles with each failure in a row, so that another member runs it meanwhile.
+    async fn decline(&mut self, shard: &ShardId, token: i64, why: &RunError) {
+        let now = Instant::now();
+        let failing = self.failing.entry(shard.clone()).or_insert(Failing {
+            failures: 0,
+            last: now,
+            until: now,
+            marked: false,
+        });
+        if now.duration_since(failing.last) > FAILURES_FORGOTTEN {
+            failing.failures = 0;
+        }
+        failing.failures += 1;
+        failing.last = now;
+        let pause = assign::backoff(failing.failures);
+        failing.until = now + pause;
+        tracing::error!(
+            %shard,
+            failures = failing.failures,
+            "{why}; releasing the shard and declining it for {}s: another member may run it,              this member's other shards run on",
+            pause.as_secs()
+        );
+        let until_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_add(pause)
+            .as_millis();
+        let mark = Op::Put {
+            key: self.keys.declined(shard, &self.me),
+            value: until_ms.to_string().into_bytes(),
+            lease: self.lease,
+        };
+        let assignment = self.keys.assignment(shard);
+        // Released only while the claim is current; declined either way.
+        let released = (self.etcd)
+            .txn(
+                vec![Cond::ModRevision(assignment.clone(), token)],
+                vec![
+                    Op::Delete(assignment),
+                    Op::Delete(self.keys.status(shard)),
+                    mark.clone(),
+                ],
+                vec![mark],
+            )
+            .await;
+        match released {
+            Ok(_) => failing.marked = true,
+            Err(e) => tracing::warn!(
+                %shard,
+                "releasing and declining it: {e}; it moves once the lease expires, and this                  member does not claim it before its backoff ends"
+            ),
+        }
+    }
+
+    /// Withdraws the declines whose backoff has ended: the shard's owner may be this
+    /// member again.
+    async fn end_backoffs(&mut self) {
+        let now = Instant::now();
+        for (shard, failing) in &mut self.failing {
+            if !failing.marked || failing.until > now {
+                continue;
+            }
+            let key = self.keys.declined(shard, &self.me);
+            match (self.etcd).txn(vec![], vec![Op::Delete(key)], vec![]).await {
+                Ok(_) => {
+                    failing.marked = false;
+                    tracing::info!(%shard, "its backoff ended: this member may run it again");
+                }
+                Err(e) => tracing::debug!(%shard, "withdrawing its decline: {e}"),
+            }
+        }
+        self.failing
+            .retain(|_, f| f.marked || now.duration_since(f.last) <= FAILURES_FORGOTTEN);
     }
 
     /// Deletes this member's assignment of `shard` (if still its own), so that the
@@ -667,6 +773,7 @@ pub fn read_view(
             ShardState {
                 splitting: spec.splitting,
                 holder: None,
+                declined: Default::default(),
             },
         );
     }
