@@ -73,20 +73,6 @@ impl Admin {
         self.produce_records(topic, partition, records).await
     }
 
-    /// Deletes the records of `partition` below `offset`, as retention would.
-    pub async fn delete_records(
-        &self,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<(), Error> {
-        self.client
-            .partition_client(topic, partition, UnknownTopicHandling::Retry)
-            .await?
-            .delete_records(offset, 10_000)
-            .await
-    }
-
     /// Produces whole records (headers, timestamps, tombstones) as one batch.
     pub async fn produce_records(
         &self,
