@@ -2,7 +2,9 @@
 //! body's transaction is durable, so the store holds the documents by then; bad
 //! requests get their named refusal and leave the store alone; a retried
 //! Idempotency-Key answers its original transaction and is applied once, also after
-//! the server was SIGKILLed and restarted. Each test's server listens on a port of its
+//! the server was SIGKILLed and restarted. A document the collection would not take
+//! (invalid, keyless) refuses its body with a 400 naming it and never stops the
+//! pipeline; with `on_error: skip` it is dead-lettered and the 200 counts it apart. Each test's server listens on a port of its
 //! own; the token comes from the environment (`${SLUICE_TEST_TOKEN}`).
 
 use serde_json::Value;
@@ -37,12 +39,18 @@ impl Fixture {
     /// A pipeline whose source is `http:` on a free port (`http`: more settings,
     /// `, key: value`), into SQLite.
     fn new(http: &str) -> Fixture {
+        Fixture::with_keys(http, "")
+    }
+
+    /// As [`Fixture::new`], with the source's runtime keys `keys` (YAML lines under
+    /// the source, each indented by four spaces).
+    fn with_keys(http: &str, keys: &str) -> Fixture {
         let address = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap()
         };
         let source = format!(
-            "    http: {{listen: \"{address}\", token: \"${{SLUICE_TEST_TOKEN}}\"{http}}}\n"
+            "{keys}    http: {{listen: \"{address}\", token: \"${{SLUICE_TEST_TOKEN}}\"{http}}}\n"
         );
         let pipeline = pipeline_yaml(
             &source,
@@ -260,4 +268,134 @@ fn a_store_restored_behind_answered_bodies_is_refused_naming_them() {
         reduce_expected(&docs[..100]),
         "the store is left as restored"
     );
+}
+
+/// The body of `docs` as JSON lines, with `bad` inserted as line `at` (1-based).
+fn lines_with(docs: &[Value], at: usize, bad: &str) -> Vec<u8> {
+    let mut body = lines(&docs[..at - 1]);
+    body.extend_from_slice(bad.as_bytes());
+    body.push(b'\n');
+    body.extend_from_slice(&lines(&docs[at - 1..]));
+    body
+}
+
+/// A 400 naming `line`, whose error contains each of `says`.
+fn assert_refused(refused: &Response, line: usize, says: &[&str]) {
+    assert_eq!(
+        refused.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert_eq!(refused.json()["at"], format!("line {line}"));
+    let error = refused.json()["error"].as_str().unwrap().to_string();
+    assert!(error.starts_with(&format!("line {line}: ")), "{error}");
+    for said in says {
+        assert!(error.contains(said), "{said:?} in {error}");
+    }
+    assert!(
+        error.contains("nothing of this body was applied"),
+        "{error}"
+    );
+}
+
+/// A document that fails the collection's schema refuses its whole body at intake: a
+/// 400 naming its line and the schema location, nothing of the body stored, its key
+/// not taken; the pipeline runs on, and the next body (the same key) is stored.
+#[test]
+fn a_schema_invalid_document_refuses_its_body_and_the_pipeline_runs_on() {
+    let fx = Fixture::new("");
+    let running = fx.start();
+    let docs = generate(20, 7, 11);
+    let bad = r#"{"user_id": "user-00001", "views": "many", "bytes": 1, "last_seen": "x"}"#;
+    let refused = fx.post(Some("batch-1"), &lines_with(&docs[..10], 4, bad));
+    assert_refused(
+        &refused,
+        4,
+        &["/views", "schema location #/properties/views/type"],
+    );
+    let stored = fx.post(Some("batch-1"), &lines(&docs[..10]));
+    assert_eq!(
+        stored.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&stored.body)
+    );
+    assert_eq!(stored.json()["documents"], 10);
+    assert_eq!(stored.json().get("dead_lettered"), None);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs[..10]));
+
+    let array = format!("[{}, {bad}]", serde_json::to_string(&docs[10]).unwrap());
+    let refused = fx.post(None, array.as_bytes());
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.json()["at"], "element 2");
+    assert_eq!(fx.post(None, &lines(&docs[10..])).status, 200);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}
+
+/// A document without the collection's key refuses its body likewise.
+#[test]
+fn a_document_without_its_key_refuses_its_body_and_the_pipeline_runs_on() {
+    let fx = Fixture::new("");
+    let running = fx.start();
+    let docs = generate(10, 4, 12);
+    let keyless = r#"{"views": 1, "bytes": 1, "last_seen": "2026-11-01T00:00:00Z"}"#;
+    let refused = fx.post(None, &lines_with(&docs, 2, keyless));
+    assert_refused(&refused, 2, &["/user_id"]);
+    let stored = fx.post(None, &lines(&docs));
+    assert_eq!(
+        stored.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&stored.body)
+    );
+    assert_eq!(stored.json()["documents"], 10);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}
+
+/// With `on_error: skip`, a bad document does not refuse its body: the runtime
+/// dead-letters it (its one dead-letter path) and the 200 says so, counting only the
+/// stored documents in `documents`; a retry of the key answers the same.
+#[test]
+fn with_on_error_skip_the_200_counts_dead_lettered_documents_apart() {
+    let fx = Fixture::with_keys("", "    on_error: skip\n    dead_letter: rejected.jsonl\n");
+    let running = fx.start();
+    let docs = generate(2, 2, 13);
+    let bad = r#"{"user_id": "user-00009", "views": "many", "bytes": 1, "last_seen": "x"}"#;
+    let body = lines_with(&docs[..1], 2, bad);
+    let answer = fx.post(Some("skip-1"), &body);
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.json()["documents"], 1);
+    assert_eq!(answer.json()["dead_lettered"], 1);
+    assert_eq!(fx.post(Some("skip-1"), &body).json(), answer.json());
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs[..1]));
+
+    let letters: Vec<Value> = std::fs::read_to_string(fx.dir.path().join("rejected.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert_eq!(letters[0]["source"], "views-file");
+    assert_eq!(
+        letters[0]["document"],
+        serde_json::from_str::<Value>(bad).unwrap()
+    );
+    let reason = letters[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("/views"), "{reason}");
+
+    // The pipeline runs on.
+    let next = fx.post(None, &lines(&docs[1..]));
+    assert_eq!(next.status, 200);
+    assert_eq!(next.json()["documents"], 1);
+    assert_eq!(next.json().get("dead_lettered"), None);
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
 }

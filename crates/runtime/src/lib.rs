@@ -5,6 +5,8 @@
 //! - [`applied`]: the spec last applied to a materialization's store, beside its log.
 //! - [`config`]: the pipeline file (YAML), with errors that name their place.
 //! - [`deadletter`]: the dead-letter files of sources with `on_error: skip`.
+//! - [`intake`]: the check of a document against its collection that sources are opened
+//!   with, for those that refuse bad documents where they come in (HTTP).
 //! - [`failpoint`]: the fail points at every commit boundary (`failpoints` feature).
 //! - [`metrics`]: the Prometheus metrics, named in one place, and their endpoint.
 //! - [`registry`]: the source and driver kinds the binary knows, by their keys in the
@@ -21,6 +23,7 @@ pub mod config;
 pub mod deadletter;
 pub mod envelope;
 pub mod failpoint;
+pub mod intake;
 pub mod metrics;
 pub mod pipeline;
 pub mod projections;

@@ -309,6 +309,8 @@ fn admit(
                 materialization: name,
                 state_dir: &state_dir,
                 follow: false,
+                // Opened only to declare its fault tolerance: it serves nothing.
+                intake: None,
             })
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
@@ -647,6 +649,10 @@ impl Launcher {
                     .collect();
                 if !bindings.is_empty() {
                     feeds.push(SourceFeed {
+                        intake: crate::intake::intake(
+                            def,
+                            planned.collections[&def.target].clone(),
+                        ),
                         materialization: m.name.clone(),
                         state_dir: pipeline.source_state_dir(&m.name, name),
                         follow: opts.follow,
@@ -753,6 +759,9 @@ struct SourceFeed {
     follow: bool,
     def: config::SourceDef,
     bindings: Vec<u32>,
+    /// The check of its documents against its target collection, that it is opened
+    /// with ([`crate::intake`]).
+    intake: sluice_source_sdk::Intake,
 }
 
 impl SourceFeed {
@@ -762,6 +771,7 @@ impl SourceFeed {
             materialization: &self.materialization,
             state_dir: &self.state_dir,
             follow: self.follow,
+            intake: Some(&self.intake),
         })
     }
 }

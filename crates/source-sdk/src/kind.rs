@@ -16,6 +16,7 @@
 //! connects to nothing and binds nothing (a source does that on its first command).
 
 use crate::config::{self, InvalidConfig};
+use crate::intake::Intake;
 use crate::{Source, SourceError};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -64,6 +65,12 @@ pub struct Opening<'a> {
     /// The run keeps reading once its sources caught up (`sluice run --follow`): a
     /// source that can tail its input (a file) tails it, as its own setting would.
     pub follow: bool,
+    /// The check of a document against the collection the source feeds, and what the
+    /// runtime does with one that fails it ([`Intake`]): for a source that can refuse
+    /// bad input where it comes in (an HTTP source answers its client 400). Every
+    /// source the runtime runs gets one; `None` for a source opened outside a pipeline
+    /// (tests, tools) or only to be looked at (admission).
+    pub intake: Option<&'a Intake>,
 }
 
 impl<'a> Opening<'a> {
@@ -75,6 +82,7 @@ impl<'a> Opening<'a> {
             materialization: name,
             state_dir,
             follow: false,
+            intake: None,
         }
     }
 }

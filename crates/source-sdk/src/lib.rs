@@ -62,12 +62,15 @@
 //! - [`config`]: parsing a kind's configuration (errors that name their place, byte
 //!   sizes, relative paths).
 //! - [`kind`]: what a registered source kind provides.
+//! - [`intake`]: the check of a document against the collection a source feeds, for a
+//!   source that refuses bad documents where they come in (a push source).
 //! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
 //!   a broker): Extend, Pause and the wake-up, written once.
 //! - [`redact`]: secrets (URL passwords, tokens) out of messages and logs.
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub mod config;
+pub mod intake;
 pub mod kind;
 pub mod prefetch;
 pub mod records;
@@ -77,6 +80,7 @@ pub mod step;
 pub mod testing;
 
 pub use config::InvalidConfig;
+pub use intake::Intake;
 pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch};
 pub use records::{InputError, Position, Record, RecordDoc, Records, Unit, bad_json};

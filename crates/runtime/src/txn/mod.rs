@@ -65,6 +65,7 @@ use crate::recovery::{
 };
 use serde_json::Value;
 use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
+use sluice_doc::compact::Doc;
 use sluice_doc::{KeyExtractor, KeyRange, Pointer, Schema};
 use sluice_driver_sdk::client::{self, Response};
 use sluice_driver_sdk::error::within;
@@ -101,6 +102,34 @@ pub struct Collection {
     pub key: KeyExtractor,
     /// The key's JSON pointers, as written in the pipeline file.
     pub key_ptrs: Vec<String>,
+}
+
+impl Collection {
+    /// Why the combiner would reject the new document `doc` of this collection, if it
+    /// would: invalid against the schema (a deletion needs only its key), or without
+    /// its key; the combiner's check, in its order and with its errors. `key` is a
+    /// scratch buffer (its packed key, when it has one).
+    pub fn check(&self, doc: &Doc, key: &mut Vec<u8>) -> Result<(), CombineError> {
+        key.clear();
+        let keyed = self.key.pack_doc(doc, key);
+        if !doc.is_deletion()
+            && let Err(source) = self.schema.validate_doc(doc)
+        {
+            return Err(CombineError::Invalid {
+                collection: self.name.clone(),
+                key: match keyed {
+                    Ok(()) => sluice_doc::tuple::unpack_json_array(key)
+                        .map_or_else(|_| "(unreadable)".to_string(), |k| k.to_string()),
+                    Err(_) => "(none)".to_string(),
+                },
+                source,
+            });
+        }
+        keyed.map_err(|source| CombineError::Key {
+            collection: self.name.clone(),
+            source,
+        })
+    }
 }
 
 /// One binding of the materialization, as the loop needs it.

@@ -925,36 +925,15 @@ fn combine_value(
 }
 
 /// Why a skipping source's `Value` cannot be combined, if it cannot: it is invalid or
-/// has no key. Checked before the combiner sees it (which would drop it on error).
+/// has no key ([`Collection::check`]). Checked before the combiner sees it (which would
+/// drop it on error).
 fn check_document(
     collection: &Collection,
     doc: &serde_json::Value,
     key: &mut Vec<u8>,
 ) -> Option<String> {
-    key.clear();
-    if let Err(source) = collection.key.pack(doc, key) {
-        return Some(
-            CombineError::Key {
-                collection: collection.name.clone(),
-                source,
-            }
-            .to_string(),
-        );
-    }
-    // A deletion needs only its key (as the combiner checks it).
-    if doc.pointer("/_meta/op").and_then(|op| op.as_str()) == Some("d") {
-        return None;
-    }
-    let source = collection.schema.validate(doc).err()?;
-    Some(
-        CombineError::Invalid {
-            collection: collection.name.clone(),
-            key: sluice_doc::tuple::unpack_json_array(key)
-                .map_or_else(|_| "(unreadable)".to_string(), |k| k.to_string()),
-            source,
-        }
-        .to_string(),
-    )
+    let doc = sluice_doc::compact::Doc::from(doc);
+    collection.check(&doc, key).err().map(|e| e.to_string())
 }
 
 /// A skipping source's input errors: its rejections.

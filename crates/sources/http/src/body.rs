@@ -4,7 +4,10 @@
 //! A body is JSON lines (one document a line; blank lines are skipped) or one JSON
 //! array of documents, told apart by its first character (`[`). Every document must be
 //! a JSON object: the first that is not (or does not parse) refuses the whole body,
-//! naming its line (JSON lines) or element (array), 1-based. An accepted body keeps the
+//! naming its line (JSON lines) or element (array), 1-based; so does the first that the
+//! collection it feeds would not take (invalid against its schema, or without its
+//! key: the runtime's [`Intake`] check), unless the source dead-letters those
+//! (`on_error: skip`), which are then counted. An accepted body keeps the
 //! documents' texts as the client wrote them, back to back ([`Batch`]): they are parsed
 //! again only by the reader's combiner.
 //!
@@ -20,7 +23,7 @@
 //! The step hash is the [`StepHasher`] hash of the framed data.
 
 use serde_json::value::RawValue;
-use sluice_source_sdk::StepHasher;
+use sluice_source_sdk::{Intake, StepHasher};
 
 /// The documents of one accepted body: their texts back to back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,13 +51,64 @@ impl std::fmt::Display for BadBody {
     }
 }
 
+/// An accepted body: its documents, and how many of them the runtime will dead-letter
+/// rather than store (`on_error: skip`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub batch: Batch,
+    pub dead_lettered: u64,
+}
+
 impl Batch {
     /// Checks `body` and keeps its documents; refuses it at its first bad document.
     pub fn parse(body: &[u8]) -> Result<Batch, BadBody> {
+        Batch::parse_with(body, &mut |_| Ok(()))
+    }
+
+    /// [`Batch::parse`], and each document checked against the collection it feeds
+    /// (`intake`): one the collection would not take refuses the body, naming its line
+    /// or element and why (the schema location, or the missing key), unless the runtime
+    /// dead-letters such documents (`on_error: skip`): then the body is accepted and
+    /// they are counted. Without an intake (a source run outside a pipeline), as
+    /// [`Batch::parse`].
+    pub fn parse_checked(body: &[u8], intake: Option<&Intake>) -> Result<Checked, BadBody> {
+        let mut dead_lettered = 0;
+        let batch = match intake {
+            None => Batch::parse(body)?,
+            Some(intake) => Batch::parse_with(body, &mut |doc| match intake.check(doc) {
+                Err(_) if intake.dead_letters() => {
+                    dead_lettered += 1;
+                    Ok(())
+                }
+                checked => checked,
+            })?,
+        };
+        Ok(Checked {
+            batch,
+            dead_lettered,
+        })
+    }
+
+    /// How many documents of `batch` the runtime will dead-letter (the count
+    /// [`Batch::parse_checked`] makes of an accepted body, for one replayed).
+    pub fn dead_lettered(&self, intake: Option<&Intake>) -> u64 {
+        let Some(intake) = intake.filter(|i| i.dead_letters()) else {
+            return 0;
+        };
+        self.docs()
+            .filter(|(_, doc)| intake.check(doc).is_err())
+            .count() as u64
+    }
+
+    /// Parses `body`, each object then handed to `check`; `Err` refuses the body there.
+    fn parse_with(
+        body: &[u8],
+        check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<Batch, BadBody> {
         let batch = if body.trim_ascii_start().starts_with(b"[") {
-            Batch::parse_array(body)?
+            Batch::parse_array(body, check)?
         } else {
-            Batch::parse_lines(body)?
+            Batch::parse_lines(body, check)?
         };
         if batch.is_empty() {
             return Err(BadBody {
@@ -67,7 +121,10 @@ impl Batch {
         Ok(batch)
     }
 
-    fn parse_lines(body: &[u8]) -> Result<Batch, BadBody> {
+    fn parse_lines(
+        body: &[u8],
+        check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<Batch, BadBody> {
         let mut batch = Batch::default();
         for (index, line) in body.split(|&b| b == b'\n').enumerate() {
             let line = line.trim_ascii();
@@ -79,26 +136,33 @@ impl Batch {
                 place: place(),
                 reason: json_error(&e),
             })?;
-            check_object(raw).map_err(|reason| BadBody {
-                place: place(),
-                reason,
-            })?;
+            check_object(raw)
+                .and_then(|()| check(raw.get().as_bytes()))
+                .map_err(|reason| BadBody {
+                    place: place(),
+                    reason,
+                })?;
             batch.push(raw.get().as_bytes());
         }
         Ok(batch)
     }
 
-    fn parse_array(body: &[u8]) -> Result<Batch, BadBody> {
+    fn parse_array(
+        body: &[u8],
+        check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<Batch, BadBody> {
         let elements: Vec<&RawValue> = serde_json::from_slice(body).map_err(|e| BadBody {
             place: format!("line {} column {}", e.line(), e.column()),
             reason: json_error(&e),
         })?;
         let mut batch = Batch::default();
         for (index, raw) in elements.into_iter().enumerate() {
-            check_object(raw).map_err(|reason| BadBody {
-                place: format!("element {}", index + 1),
-                reason,
-            })?;
+            check_object(raw)
+                .and_then(|()| check(raw.get().as_bytes()))
+                .map_err(|reason| BadBody {
+                    place: format!("element {}", index + 1),
+                    reason,
+                })?;
             batch.push(raw.get().as_bytes());
         }
         Ok(batch)
@@ -294,6 +358,52 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    /// A check as the runtime's: here, a document needs its `id`.
+    fn intake(dead_letters: bool) -> Intake {
+        Intake::new(dead_letters, |doc| {
+            let doc: serde_json::Value = serde_json::from_slice(doc).unwrap();
+            match doc.get("id") {
+                Some(_) => Ok(()),
+                None => Err("document is missing key location /id".to_string()),
+            }
+        })
+    }
+
+    #[test]
+    fn a_document_the_collection_would_not_take_refuses_the_body_at_its_place() {
+        for (body, expected) in [
+            (
+                &b"{\"id\":1}\n\n{\"x\":2}\n{\"id\":3}"[..],
+                "line 3: document is missing key location /id",
+            ),
+            (
+                b"[{\"id\":1}, {\"x\":2}]",
+                "element 2: document is missing key location /id",
+            ),
+        ] {
+            let refused = Batch::parse_checked(body, Some(&intake(false))).unwrap_err();
+            assert_eq!(refused.to_string(), expected);
+        }
+    }
+
+    #[test]
+    fn dead_lettered_documents_are_accepted_and_counted() {
+        let body = b"{\"id\":1}\n{\"x\":2}\n{\"id\":3}\n{\"y\":4}";
+        let checked = Batch::parse_checked(body, Some(&intake(true))).unwrap();
+        assert_eq!(checked.batch.len(), 4);
+        assert_eq!(checked.dead_lettered, 2);
+        // A replayed body is counted the same way.
+        assert_eq!(checked.batch.dead_lettered(Some(&intake(true))), 2);
+        assert_eq!(checked.batch.dead_lettered(Some(&intake(false))), 0);
+        assert_eq!(checked.batch.dead_lettered(None), 0);
+        // Without an intake nothing is checked but the JSON.
+        let unchecked = Batch::parse_checked(body, None).unwrap();
+        assert_eq!((unchecked.batch.len(), unchecked.dead_lettered), (4, 0));
+        // Bad JSON refuses the body whatever the intake.
+        let bad = Batch::parse_checked(b"{\"id\":1}\n[2]", Some(&intake(true)));
+        assert!(bad.unwrap_err().to_string().starts_with("line 2: an array"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! ```text
 //!  handler: accept ──▶ queue (seq order) ──take (whole bodies)──▶ step of the reader
 //!             │          └ a keyed body is queueable once its key is durable (writer)
-//!             └──▶ waiting[seq] ◀── commit(txn, seq): answered 200 {txn, documents}
+//!             └──▶ waiting[seq] ◀── commit(txn, seq): answered 200 {txn, documents[, dead_lettered]}
 //! ```
 //!
 //! Every accepted body gets the next sequence number. The queue hands out bodies in
@@ -17,11 +17,11 @@
 //! transaction is answered 503 (not applied); one whose body was handed but not
 //! committed 503 too, saying its outcome is unknown (a retry with its key is safe).
 
-use crate::body::{Batch, frame, hash};
+use crate::body::{Batch, Checked, frame, hash};
 use crate::config::HttpConfig;
 use crate::keys::{Command, KeyEntry, KeyTable, Writer, now_ms};
 use serde_json::json;
-use sluice_source_sdk::{Position, QueueLimits, Queued, Records, Resume, Step};
+use sluice_source_sdk::{Intake, Position, QueueLimits, Queued, Records, Resume, Step};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{Notify, oneshot};
@@ -29,8 +29,13 @@ use tokio::sync::{Notify, oneshot};
 /// The answer a request waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// Its body is in the store: 200.
-    Committed { txn: u64, documents: u64 },
+    /// Its body is in the store: 200. `documents` were stored, `dead_lettered` went to
+    /// the source's dead-letter file instead (`on_error: skip`).
+    Committed {
+        txn: u64,
+        documents: u64,
+        dead_lettered: u64,
+    },
     /// Its body was not applied, and will not be: 503.
     NotApplied(String),
     /// Its body may have been applied: 503; only a retry with its key is safe.
@@ -51,6 +56,8 @@ pub struct Shared {
     /// The source's name: `POST /ingest/<name>`.
     pub name: String,
     pub config: HttpConfig,
+    /// The check of a body's documents against the collection the source feeds.
+    pub intake: Option<Intake>,
     state: Mutex<State>,
     /// Wakes the reader's [`Shared::ready`] when a body becomes queueable.
     ready: Notify,
@@ -92,7 +99,9 @@ struct Accepted {
 }
 
 struct Waiting {
+    /// Its documents that are stored, and those dead-lettered instead.
     docs: u64,
+    dead_lettered: u64,
     key: Option<String>,
     /// In a step of a transaction not yet committed.
     handed: bool,
@@ -104,6 +113,7 @@ pub struct Pending {
     pub seq: u64,
     pub key: String,
     pub docs: u64,
+    pub dead_lettered: u64,
 }
 
 impl Shared {
@@ -112,6 +122,7 @@ impl Shared {
     pub fn new(
         name: &str,
         config: &HttpConfig,
+        intake: Option<Intake>,
         handed: u64,
         pending: Vec<Pending>,
         keys: KeyTable,
@@ -122,6 +133,7 @@ impl Shared {
             .map(|p| {
                 let waiting = Waiting {
                     docs: p.docs,
+                    dead_lettered: p.dead_lettered,
                     key: Some(p.key),
                     handed: true,
                     waiters: Vec::new(),
@@ -132,6 +144,7 @@ impl Shared {
         Arc::new(Shared {
             name: name.to_string(),
             config: config.clone(),
+            intake,
             state: Mutex::new(State {
                 next_seq: handed + 1,
                 queue: VecDeque::new(),
@@ -199,7 +212,11 @@ impl Shared {
     }
 
     /// Accepts a checked body (see the module docs).
-    pub fn accept(&self, batch: Batch, key: Option<String>) -> Outcome {
+    pub fn accept(&self, checked: Checked, key: Option<String>) -> Outcome {
+        let Checked {
+            batch,
+            dead_lettered,
+        } = checked;
         let now = now_ms();
         let mut state = self.state();
         if let Some(answer) = state.refusal() {
@@ -217,11 +234,12 @@ impl Shared {
         let seq = state.next_seq;
         state.next_seq += 1;
         let (tx, rx) = oneshot::channel();
-        let docs = batch.len() as u64;
+        let docs = batch.len() as u64 - dead_lettered;
         state.waiting.insert(
             seq,
             Waiting {
                 docs,
+                dead_lettered,
                 key: key.clone(),
                 handed: false,
                 waiters: vec![tx],
@@ -245,6 +263,7 @@ impl Shared {
                     key,
                     seq,
                     docs,
+                    dead_lettered,
                     at: now,
                     txn: None,
                 };
@@ -347,6 +366,7 @@ impl Shared {
                 let answer = Answer::Committed {
                     txn,
                     documents: waiting.docs,
+                    dead_lettered: waiting.dead_lettered,
                 };
                 for waiter in waiting.waiters {
                     let _ = waiter.send(answer.clone());
@@ -426,6 +446,7 @@ fn lookup(state: &mut State, key: &str, now: u64) -> Option<Outcome> {
         return Some(Outcome::Answer(Answer::Committed {
             txn,
             documents: entry.docs,
+            dead_lettered: entry.dead_lettered,
         }));
     }
     let seq = entry.seq;
@@ -433,10 +454,11 @@ fn lookup(state: &mut State, key: &str, now: u64) -> Option<Outcome> {
         return Some(Outcome::Answer(answer));
     }
     let (tx, rx) = oneshot::channel();
-    let docs = entry.docs;
+    let (docs, dead_lettered) = (entry.docs, entry.dead_lettered);
     // Every pending key has its waiting entry (accepted here, or replayed at start).
     let waiting = state.waiting.entry(seq).or_insert_with(|| Waiting {
         docs,
+        dead_lettered,
         key: Some(key.to_string()),
         handed: true,
         waiters: Vec::new(),

@@ -53,13 +53,21 @@ pub struct KeyEntry {
     pub key: String,
     /// The body's sequence number.
     pub seq: u64,
-    /// Its documents, as the answer counts them.
+    /// Its documents, as the answer counts them: those stored.
     pub docs: u64,
+    /// Its documents the runtime dead-letters instead (`on_error: skip`); absent when
+    /// none (and in files of earlier releases).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dead_lettered: u64,
     /// When it was accepted (unix ms): its window starts there.
     pub at: u64,
     /// The transaction that committed it; `None` while pending.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub txn: Option<u64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One line of the file.
@@ -186,6 +194,7 @@ pub struct Replayed {
     pub key: String,
     pub seq: u64,
     pub docs: u64,
+    pub dead_lettered: u64,
     pub at: u64,
 }
 
@@ -282,6 +291,7 @@ fn recover(
                 key: r.key.clone(),
                 seq: r.seq,
                 docs: r.docs,
+                dead_lettered: r.dead_lettered,
                 at: r.at,
                 txn: None,
             });
@@ -491,6 +501,7 @@ mod tests {
             key: key.into(),
             seq,
             docs: seq * 10,
+            dead_lettered: 0,
             at: NOW - 1000,
             txn,
         })
@@ -520,6 +531,7 @@ mod tests {
             key: key.into(),
             seq,
             docs: 1,
+            dead_lettered: 0,
             at: NOW,
         };
         let lines = || {
@@ -586,12 +598,14 @@ mod tests {
             key: "z".into(),
             seq: 9,
             docs: 3,
+            dead_lettered: 0,
             at: NOW,
         }];
         let mut old = KeyEntry {
             key: "old".into(),
             seq: 1,
             docs: 1,
+            dead_lettered: 0,
             at: NOW - WINDOW.as_millis() as u64 - 1,
             txn: Some(1),
         };
@@ -601,6 +615,31 @@ mod tests {
         let table = recover(vec![Line::Key(old.clone())], at(3, 8), &[], NOW, WINDOW);
         assert_eq!(table.get("old", NOW).unwrap().txn, Some(1));
         assert_eq!(table.get("old", NOW + WINDOW.as_millis() as u64), None);
+    }
+
+    /// `dead_lettered` is written only when some were, and a line of an earlier
+    /// release (without it) reads as none.
+    #[test]
+    fn a_key_line_keeps_its_dead_lettered_count() {
+        let line = |dead_lettered| {
+            Line::Key(KeyEntry {
+                key: "k".into(),
+                seq: 1,
+                docs: 2,
+                dead_lettered,
+                at: 3,
+                txn: None,
+            })
+        };
+        let old = r#"{"key":"k","seq":1,"docs":2,"at":3}"#;
+        assert_eq!(serde_json::to_string(&line(0)).unwrap(), old);
+        assert_eq!(serde_json::from_str::<Line>(old).unwrap(), line(0));
+        let text = serde_json::to_string(&line(5)).unwrap();
+        assert_eq!(
+            text,
+            r#"{"key":"k","seq":1,"docs":2,"dead_lettered":5,"at":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), line(5));
     }
 
     #[test]
@@ -613,6 +652,7 @@ mod tests {
             key: "k".into(),
             seq: 1,
             docs: 2,
+            dead_lettered: 0,
             at: NOW,
             txn: None,
         };
@@ -661,6 +701,7 @@ mod tests {
                 key: format!("k{seq}"),
                 seq,
                 docs: 1,
+                dead_lettered: 0,
                 at: NOW,
                 txn: None,
             }));

@@ -41,10 +41,7 @@ impl SourceKind for HttpKind {
     }
 
     fn open(opening: &Opening<'_>, config: &HttpConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(HttpSource::new(
-            opening.name,
-            config,
-            opening.state_dir.to_path_buf(),
-        )))
+        let source = HttpSource::new(opening.name, config, opening.state_dir.to_path_buf());
+        Ok(Box::new(source.with_intake(opening.intake.cloned())))
     }
 }

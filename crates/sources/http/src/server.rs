@@ -8,9 +8,13 @@
 //!
 //! Status codes and bodies (always JSON):
 //! - `200 {"txn": N, "documents": M}`: the body's transaction N is durable (also for a
-//!   retry of a key that committed: its original N and M, nothing applied again).
-//! - `400 {"error": "line 3: ..."}`: a bad body, or a bad `Idempotency-Key`; nothing of
-//!   it is kept.
+//!   retry of a key that committed: its original N and M, nothing applied again); with
+//!   `"dead_lettered": D` when D of its documents went to the dead-letter file instead
+//!   of the store (`on_error: skip`; M counts only the stored ones).
+//! - `400 {"error": "line 3: ...", "at": "line 3"}`: a bad body (not JSON objects, or
+//!   a document the collection would not take: invalid against its schema, or without
+//!   its key, unless `on_error: skip`), or a bad `Idempotency-Key`; nothing of it is
+//!   kept, its key included.
 //! - `401` without a bearer token (with `WWW-Authenticate: Bearer`), `403` with a wrong
 //!   one (compared in constant time), `404` for another source or path.
 //! - `413` for a body above `max_body_bytes` (by its `Content-Length`, or as it streams).
@@ -162,15 +166,26 @@ fn reply(status: StatusCode, body: Value) -> Response {
     response
 }
 
+/// The body of a 200: `dead_lettered` only when some were.
+fn committed(txn: u64, documents: u64, dead_lettered: u64) -> Value {
+    let mut body = json!({"txn": txn, "documents": documents});
+    if dead_lettered > 0 {
+        body["dead_lettered"] = dead_lettered.into();
+    }
+    body
+}
+
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     reply(status, json!({ "error": message.into() }))
 }
 
 fn answer(answer: Answer) -> Response {
     match answer {
-        Answer::Committed { txn, documents } => {
-            reply(StatusCode::OK, json!({"txn": txn, "documents": documents}))
-        }
+        Answer::Committed {
+            txn,
+            documents,
+            dead_lettered,
+        } => reply(StatusCode::OK, committed(txn, documents, dead_lettered)),
         Answer::NotApplied(why) | Answer::Unknown(why) => {
             error(StatusCode::SERVICE_UNAVAILABLE, why)
         }
@@ -252,8 +267,8 @@ async fn ingest(
     {
         return outcome(known).await;
     }
-    let batch = match Batch::parse(&body) {
-        Ok(batch) => batch,
+    let checked = match Batch::parse_checked(&body, shared.intake.as_ref()) {
+        Ok(checked) => checked,
         Err(bad) => {
             return reply(
                 StatusCode::BAD_REQUEST,
@@ -265,7 +280,7 @@ async fn ingest(
         }
     };
     drop(body);
-    outcome(shared.accept(batch, key)).await
+    outcome(shared.accept(checked, key)).await
 }
 
 /// `Err` is the 401 or 403 to answer.
@@ -352,4 +367,19 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         "no such route: POST /ingest/<source> or GET /health",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `documents` counts the stored documents; `dead_lettered` is there when some were.
+    #[test]
+    fn a_200_says_how_many_documents_were_stored_and_dead_lettered() {
+        assert_eq!(committed(4, 2, 0), json!({"txn": 4, "documents": 2}));
+        assert_eq!(
+            committed(4, 1, 1),
+            json!({"txn": 4, "documents": 1, "dead_lettered": 1})
+        );
+    }
 }

@@ -26,7 +26,8 @@ use crate::server::Server;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, QueueLimits, Queued, Records, Resume, Source, SourceError, Step, check_replay,
+    FaultTolerance, Intake, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+    check_replay,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +36,9 @@ pub struct HttpSource {
     name: String,
     config: HttpConfig,
     state_dir: PathBuf,
+    /// The check of a body's documents against the collection this source feeds, from
+    /// the runtime ([`HttpSource::with_intake`]); `None` outside a pipeline.
+    intake: Option<Intake>,
     phase: Phase,
     /// The runtime's last word: Pause (true) or Extend.
     paused: bool,
@@ -70,6 +74,7 @@ impl HttpSource {
             name: name.to_string(),
             config: config.clone(),
             state_dir,
+            intake: None,
             phase: Phase::Positioning {
                 start: None,
                 last: 0,
@@ -77,6 +82,14 @@ impl HttpSource {
             },
             paused: false,
         }
+    }
+
+    /// Checks every body's documents with `intake` before accepting it: a document the
+    /// collection would not take refuses the body (400), or is counted as dead-lettered
+    /// when the runtime dead-letters such documents (`on_error: skip`).
+    pub fn with_intake(mut self, intake: Option<Intake>) -> HttpSource {
+        self.intake = intake;
+        self
     }
 
     /// Where the server listens, once serving (port 0 in the configuration is
@@ -139,11 +152,13 @@ impl HttpSource {
                     seq: r.seq,
                     key: r.key,
                     docs: r.docs,
+                    dead_lettered: r.dead_lettered,
                 })
                 .collect();
             let shared = Shared::new(
                 &self.name,
                 &self.config,
+                self.intake.clone(),
                 last,
                 pending,
                 table.clone(),
@@ -250,11 +265,15 @@ impl Source for HttpSource {
         if let Phase::Positioning { last, replayed, .. } = &mut self.phase {
             // The interrupted transaction's bodies: their clients can be answered again.
             *last = (*last).max(end);
+            // Counted as when they were accepted: the same check of the same documents.
+            let intake = self.intake.as_ref();
             replayed.extend(bodies.into_iter().filter_map(|b| {
+                let dead_lettered = b.batch.dead_lettered(intake);
                 Some(Replayed {
                     key: b.key?,
                     seq: b.seq,
-                    docs: b.batch.len() as u64,
+                    docs: b.batch.len() as u64 - dead_lettered,
+                    dead_lettered,
                     at: b.at,
                 })
             }));

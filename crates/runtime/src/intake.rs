@@ -1,0 +1,110 @@
+//! The check a source is opened with ([`sluice_source_sdk::Intake`], `Opening::intake`):
+//! whether the collection it feeds takes a document, checked where the document comes
+//! in, so a push source can refuse it to its client rather than hand on a document that
+//! fails the transaction (and so the pipeline) later.
+//!
+//! ```text
+//!  text ─parse─▶ (envelope: unwrap) ─▶ Doc ─▶ Collection::check (schema, then key)
+//! ```
+//!
+//! It is the reader's own check, in the reader's order and words: the text parses as
+//! the combiner parses it (`serde_json::from_slice::<Doc>`, which `DocParser` matches
+//! exactly), the source's envelope unwraps it as the reader does, and
+//! [`Collection::check`] is the combiner's validation and key extraction. So a document
+//! the check passes is never rejected by the reader as invalid or keyless, and one it
+//! fails is rejected there with the same reason (dead-lettered under `on_error: skip`).
+
+use crate::config::{OnError, SourceDef};
+use crate::envelope::{Envelope, Unwrapped};
+use crate::txn::Collection;
+use sluice_doc::compact::Doc;
+use sluice_source_sdk::{Intake, bad_json};
+use std::sync::Arc;
+
+/// The intake check of source `def`, feeding `collection` (its target).
+pub fn intake(def: &SourceDef, collection: Arc<Collection>) -> Intake {
+    let envelope = def.envelope;
+    Intake::new(def.on_error == OnError::Skip, move |text| {
+        check_text(&collection, envelope, text)
+    })
+}
+
+/// Why `collection` would not take the record `text` of a source with `envelope`.
+fn check_text(collection: &Collection, envelope: Envelope, text: &[u8]) -> Result<(), String> {
+    let doc = match envelope {
+        Envelope::None => serde_json::from_slice::<Doc>(text).map_err(|e| bad_json(text, &e))?,
+        envelope => {
+            let record = serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?;
+            let unwrapped = (envelope.unwrap(record))
+                .map_err(|reason| format!("envelope {}: {reason}", envelope.name()))?;
+            match unwrapped {
+                Unwrapped::Nothing => return Ok(()),
+                Unwrapped::Document(doc) => Doc::from(doc),
+            }
+        }
+    };
+    collection
+        .check(&doc, &mut Vec::new())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn views() -> Collection {
+        crate::projections::compile_collection(
+            "collections.acme/views",
+            "acme/views",
+            &["/user_id".parse().unwrap()],
+            &json!({
+                "type": "object",
+                "properties": {"user_id": {"type": "string"}, "views": {"type": "integer"}},
+                "required": ["user_id"],
+            }),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_check_is_the_combiners_with_its_reasons() {
+        let views = views();
+        let check = |envelope, text: &str| check_text(&views, envelope, text.as_bytes());
+        assert_eq!(
+            check(Envelope::None, r#"{"user_id": "u1", "views": 2}"#),
+            Ok(())
+        );
+        let invalid = check(Envelope::None, r#"{"user_id": "u1", "views": "many"}"#).unwrap_err();
+        assert!(
+            invalid.starts_with(
+                "collection acme/views: document with key [\"u1\"] is invalid: document is \
+                 invalid at /views:"
+            ) && invalid.contains("schema location #/properties/views/type"),
+            "{invalid}"
+        );
+        let keyless = check(Envelope::None, r#"{"views": 2}"#).unwrap_err();
+        assert!(keyless.contains("/user_id"), "{keyless}");
+        // A deletion needs only its key.
+        assert_eq!(
+            check(
+                Envelope::None,
+                r#"{"user_id": "u1", "_meta": {"op": "d"}, "views": "x"}"#
+            ),
+            Ok(())
+        );
+        // Unwrapped first, as the reader does.
+        assert_eq!(
+            check(Envelope::InsertDelete, r#"{"insert": {"user_id": "u1"}}"#),
+            Ok(())
+        );
+        let inner = check(Envelope::InsertDelete, r#"{"insert": {"views": 1}}"#).unwrap_err();
+        assert!(inner.contains("/user_id"), "{inner}");
+        let envelope = check(Envelope::InsertDelete, r#"{"user_id": "u1"}"#).unwrap_err();
+        assert!(
+            envelope.starts_with("envelope insert_delete:"),
+            "{envelope}"
+        );
+        assert_eq!(check(Envelope::Debezium, "null"), Ok(()));
+    }
+}
