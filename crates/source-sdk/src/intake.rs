@@ -20,11 +20,14 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// Why a document's JSON text is not one the collection takes, if it is not.
+type Check = dyn Fn(&[u8]) -> Result<(), String> + Send + Sync;
+
 /// A check of one document's JSON text, and what the runtime does with one that fails
 /// it (see the module docs). Cheap to clone.
 #[derive(Clone)]
 pub struct Intake {
-    check: Arc<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>,
+    check: Arc<Check>,
     dead_letters: bool,
 }
 
