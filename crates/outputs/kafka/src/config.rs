@@ -3,9 +3,8 @@
 //! field.
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer};
 pub use sluice_output_sdk::config::parse;
-use std::fmt;
 use std::num::NonZeroUsize;
 
 pub const ENDPOINT_SCHEMA: &str = r#"{
@@ -40,7 +39,7 @@ pub const RESOURCE_SCHEMA: &str = r#"{
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Bootstrap brokers, `host:port` each.
-    #[serde(deserialize_with = "brokers")]
+    #[serde(deserialize_with = "sluice_kafka::config::brokers")]
     pub brokers: Vec<String>,
     #[serde(default = "default_buffer")]
     pub max_buffer_size_bytes: NonZeroUsize,
@@ -62,59 +61,6 @@ pub struct Resource {
 
 fn one_partition() -> i32 {
     1
-}
-
-/// `"host:port"`, `"h1:p1,h2:p2"` or `["h1:p1", "h2:p2"]`; each `host:port`.
-fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    struct BrokersVisitor;
-
-    impl<'de> Visitor<'de> for BrokersVisitor {
-        type Value = Vec<String>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str(r#"host:port, or a list of them (["h1:9092", "h2:9092"])"#)
-        }
-
-        fn visit_str<E: de::Error>(self, s: &str) -> Result<Vec<String>, E> {
-            s.split(',')
-                .map(|broker| checked_broker(broker.trim()).map_err(E::custom))
-                .collect()
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-            let mut brokers = Vec::new();
-            while let Some(Broker(broker)) = seq.next_element()? {
-                brokers.push(broker);
-            }
-            if brokers.is_empty() {
-                return Err(de::Error::custom("name at least one broker (host:port)"));
-            }
-            Ok(brokers)
-        }
-    }
-
-    d.deserialize_any(BrokersVisitor)
-}
-
-/// One broker of a list, checked as it is read (so that an error names its index).
-struct Broker(String);
-
-impl<'de> Deserialize<'de> for Broker {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Broker, D::Error> {
-        let broker = String::deserialize(d)?;
-        checked_broker(&broker)
-            .map(Broker)
-            .map_err(de::Error::custom)
-    }
-}
-
-fn checked_broker(broker: &str) -> Result<String, String> {
-    match broker.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-            Ok(broker.to_string())
-        }
-        _ => Err(format!("{broker:?} is not host:port")),
-    }
 }
 
 /// A name Kafka accepts: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.

@@ -3,7 +3,7 @@
 //! cross-field checks ([`KafkaConfig::check`]) name their place.
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use sluice_source_sdk::InvalidConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -17,7 +17,7 @@ pub const SCHEMA: &str = r#"{
   "required": ["brokers", "topic", "format"],
   "additionalProperties": false,
   "properties": {
-    "brokers": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "Bootstrap brokers, host:port each (plain TCP)."},
+    "brokers": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}], "description": "Bootstrap brokers (plain TCP): host:port, a comma-separated string of them, or a list."},
     "topic": {"type": "string", "minLength": 1, "description": "The topic read."},
     "partitions": {"type": "array", "items": {"type": "integer", "minimum": 0}, "description": "The partitions read; unset for all of them, and partitions added later too."},
     "start": {"oneOf": [{"type": "string", "enum": ["earliest", "latest"]}, {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}], "default": "earliest", "description": "Where a source with no committed position begins: earliest, latest, or offsets per partition ({\"0\": 120}; others at earliest)."},
@@ -31,6 +31,7 @@ pub const SCHEMA: &str = r#"{
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port` each.
+    #[serde(deserialize_with = "brokers")]
     pub brokers: Vec<String>,
     pub topic: String,
     /// The partitions to read; all of the topic's when absent, and then partitions
@@ -121,6 +122,64 @@ impl<'de> Deserialize<'de> for Start {
     }
 }
 
+/// Bootstrap brokers as the source and the output take them: `"host:port"`,
+/// `"h1:p1,h2:p2"` or a list of either (so `["${KAFKA_BROKERS}"]` holding
+/// `a:9092,b:9092` is two brokers); each `host:port`.
+pub fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct BrokersVisitor;
+
+    impl<'de> Visitor<'de> for BrokersVisitor {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(r#"host:port, or a list of them (["h1:9092", "h2:9092"])"#)
+        }
+
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Vec<String>, E> {
+            split_brokers(s).map_err(E::custom)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let mut brokers = Vec::new();
+            while let Some(Brokers(listed)) = seq.next_element()? {
+                brokers.extend(listed);
+            }
+            if brokers.is_empty() {
+                return Err(de::Error::custom("name at least one broker (host:port)"));
+            }
+            Ok(brokers)
+        }
+    }
+
+    d.deserialize_any(BrokersVisitor)
+}
+
+/// One item of a list (a broker, or a comma-separated string of them), checked as it
+/// is read (so that an error names its index).
+struct Brokers(Vec<String>);
+
+impl<'de> Deserialize<'de> for Brokers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Brokers, D::Error> {
+        let item = String::deserialize(d)?;
+        split_brokers(&item).map(Brokers).map_err(de::Error::custom)
+    }
+}
+
+fn split_brokers(text: &str) -> Result<Vec<String>, String> {
+    text.split(',')
+        .map(|broker| checked_broker(broker.trim()))
+        .collect()
+}
+
+fn checked_broker(broker: &str) -> Result<String, String> {
+    match broker.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(broker.to_string())
+        }
+        _ => Err(format!("{broker:?} is not host:port")),
+    }
+}
+
 impl KafkaConfig {
     /// What serde cannot check: non-empty names, no duplicate partitions, start
     /// offsets only for partitions that are read.
@@ -132,15 +191,7 @@ impl KafkaConfig {
             ));
         }
         for (i, broker) in self.brokers.iter().enumerate() {
-            let port = broker
-                .rsplit_once(':')
-                .map(|(host, port)| (host, port.parse::<u16>()));
-            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
-                return Err(InvalidConfig::new(
-                    format!("brokers[{i}]"),
-                    format!("{broker:?} is not host:port"),
-                ));
-            }
+            checked_broker(broker).map_err(|e| InvalidConfig::new(format!("brokers[{i}]"), e))?;
         }
         if self.topic.is_empty() {
             return Err(InvalidConfig::new("topic", "the topic name is empty"));

@@ -117,6 +117,11 @@ fn configuration_is_strict_and_errors_name_their_place() {
         parse(config)
     };
     assert_eq!(with("meta", Value::Null).unwrap().meta, None);
+    // As the output takes them: one string, a comma-separated string, or a list whose
+    // items may be such strings (a list holding `${KAFKA_BROKERS}`).
+    for brokers in [json!("a:1, b:2"), json!(["a:1", "b:2"]), json!(["a:1,b:2"])] {
+        assert_eq!(with("brokers", brokers).unwrap().brokers, ["a:1", "b:2"]);
+    }
     assert_eq!(with("start", json!("latest")).unwrap().start, Start::Latest);
     assert_eq!(
         with("start", json!({"0": 120, "3": 0})).unwrap().start,
@@ -136,6 +141,11 @@ fn configuration_is_strict_and_errors_name_their_place() {
             "brokers",
             json!(["localhost"]),
             "brokers[0]: \"localhost\" is not host:port",
+        ),
+        (
+            "brokers",
+            json!(["a:1", "b:2,c"]),
+            "brokers[1]: \"c\" is not host:port",
         ),
         ("topic", json!(""), "topic: the topic name is empty"),
         (
