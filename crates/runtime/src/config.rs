@@ -178,7 +178,10 @@ fn default_max_queued_bytes() -> u64 {
 /// A source as written: the runtime's keys, and the others (exactly one: its kind).
 #[derive(Deserialize)]
 struct SourceFile {
-    target: String,
+    /// Checked after the kinds, so that a misspelt `target` is named as the unknown key
+    /// it is, not reported as a missing `target`.
+    #[serde(default)]
+    target: Option<String>,
     #[serde(default)]
     on_error: OnError,
     #[serde(default)]
@@ -723,14 +726,26 @@ impl PipelineFile {
         for (name, source) in self.sources {
             let place = format!("sources.{name}");
             let names = registry.source_names();
-            let (_, config) = read_kind(&place, source.kinds, &names, "source", |kind, config| {
-                let kind = registry
-                    .source(kind)
-                    .expect("one_kind returns a known kind");
-                kind.parse(config, base_dir)
+            let (_, config) = read_kind(
+                &place,
+                source.kinds,
+                (SOURCE_FIELDS, &names),
+                "source",
+                |kind, config| {
+                    let kind = registry
+                        .source(kind)
+                        .expect("one_kind returns a known kind");
+                    kind.parse(config, base_dir)
+                },
+            )?;
+            let target = source.target.ok_or_else(|| {
+                invalid(
+                    &place,
+                    "missing field `target`: the collection this source writes into",
+                )
             })?;
             let def = SourceDef {
-                target: source.target,
+                target,
                 on_error: source.on_error,
                 dead_letter: source.dead_letter,
                 read_ahead: ReadAhead {
@@ -746,13 +761,18 @@ impl PipelineFile {
         for (name, m) in self.materializations {
             let place = format!("materializations.{name}.endpoint");
             let names = registry.driver_names();
-            let (kind, config) =
-                read_kind(&place, m.endpoint, &names, "driver", |kind, config| {
+            let (kind, config) = read_kind(
+                &place,
+                m.endpoint,
+                (&[], &names),
+                "driver",
+                |kind, config| {
                     let kind = registry
                         .driver(kind)
                         .expect("one_kind returns a known kind");
                     kind.parse(config, base_dir)
-                })?;
+                },
+            )?;
             let def = MaterializationDef {
                 endpoint: EndpointDef { kind, config },
                 bindings: m.bindings,
@@ -804,27 +824,46 @@ impl PipelineFile {
 fn read_kind<T>(
     place: &str,
     keys: Map<String, Value>,
-    known: &[&str],
+    (fields, known): (&[&str], &[&str]),
     what: &str,
     parse: impl FnOnce(&str, Value) -> Result<T, InvalidConfig>,
 ) -> Result<(String, T), ConfigError> {
-    let (kind, config) = one_kind(keys, known, what).map_err(|message| invalid(place, message))?;
+    let (kind, config) =
+        one_kind(keys, fields, known, what).map_err(|message| invalid(place, message))?;
     let config = parse(&kind, config)
         .map_err(|e| invalid(e.place_in(&format!("{place}.{kind}")), e.message))?;
     Ok((kind, config))
 }
 
+/// The keys of a source besides its kind (`SourceFile`), for naming a misspelt one.
+const SOURCE_FIELDS: &[&str] = &[
+    "target",
+    "on_error",
+    "dead_letter",
+    "max_queued_records",
+    "max_queued_bytes",
+    "envelope",
+];
+
 /// The one kind among the keys left over in a source or endpoint, and its
-/// configuration; `known` are the kinds (of `what`: "source", "driver") this binary has.
+/// configuration; `known` are the kinds (of `what`: "source", "driver") this binary has,
+/// `fields` the part's other keys (for what an unknown key may have meant).
 fn one_kind(
     keys: Map<String, Value>,
+    fields: &[&str],
     known: &[&str],
     what: &str,
 ) -> Result<(String, Value), String> {
     let known_list = known.join(", ");
     if let Some(unknown) = keys.keys().find(|k| !known.contains(&k.as_str())) {
+        let meant = (fields.iter().chain(known))
+            .map(|name| (edit_distance(unknown, name), name))
+            .filter(|&(distance, _)| distance <= 2)
+            .min()
+            .map(|(_, name)| format!(", did you mean `{name}`?"))
+            .unwrap_or_default();
         return Err(format!(
-            "unknown field `{unknown}` (the {what} kinds are {known_list})"
+            "unknown field `{unknown}`{meant} (the {what} kinds are {known_list})"
         ));
     }
     let mut kinds = keys.into_iter();
@@ -835,6 +874,24 @@ fn one_kind(
             "set exactly one of the {what} kinds {known_list}, not both `{first}` and `{second}`"
         )),
     }
+}
+
+/// Levenshtein distance of `a` and `b`, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// Expands `${NAME}` and `${NAME:-default}` in every string of `tree`; `place` tracks where we are.
@@ -934,12 +991,24 @@ mod tests {
                 vec!["file", "kafka"],
                 Err("unknown field `kafka` (the source kinds are datagen, file)"),
             ),
+            (
+                vec!["taget", "file"],
+                Err(
+                    "unknown field `taget`, did you mean `target`? (the source kinds are datagen, file)",
+                ),
+            ),
+            (
+                vec!["fille"],
+                Err(
+                    "unknown field `fille`, did you mean `file`? (the source kinds are datagen, file)",
+                ),
+            ),
         ] {
             let map: Map<String, Value> = keys
                 .iter()
                 .map(|k| (k.to_string(), Value::String(format!("{k} config"))))
                 .collect();
-            let got = one_kind(map, &known, "source");
+            let got = one_kind(map, SOURCE_FIELDS, &known, "source");
             match expected {
                 Ok(kind) => assert_eq!(
                     got,

@@ -157,6 +157,21 @@ fn unknown_key_is_an_error_naming_its_place() {
 }
 
 #[test]
+fn a_misspelt_source_key_is_named_with_what_it_may_mean() {
+    let text = DESIGN_EXAMPLE.replace("    target: acme/pageviews", "    taget: acme/pageviews");
+    assert_eq!(
+        error(&text),
+        "sources.views-file: unknown field `taget`, did you mean `target`? (the source kinds \
+         are datagen, file)"
+    );
+    let text = DESIGN_EXAMPLE.replace("    target: acme/pageviews\n", "");
+    assert_eq!(
+        error(&text),
+        "sources.views-file: missing field `target`: the collection this source writes into"
+    );
+}
+
+#[test]
 fn missing_field_names_its_place() {
     let text = DESIGN_EXAMPLE.replace("        resource: {table: pageviews}\n", "");
     let e = error(&text);
