@@ -5,7 +5,7 @@
 //! materialization's work its materialization, shard and transaction.
 
 use sluice_source_sdk::redact::redact;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// What is logged without `RUST_LOG`: our own information, and the client libraries'
@@ -26,8 +26,10 @@ pub enum LogFormat {
 /// Installs the global subscriber.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
+    // Colours only for a person at a terminal, never into a log file or a journal.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(|| RedactedStderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -37,6 +39,15 @@ pub fn init(format: LogFormat) {
             .with_current_span(false)
             .with_span_list(true)
             .init(),
+    }
+}
+
+/// The error a command ends with, as its last line: `error: …` as text, or a JSON line
+/// of level `ERROR` like every other (so a log collector reading JSON parses it too).
+pub fn final_error(format: LogFormat, chain: &str) {
+    match format {
+        LogFormat::Text => eprintln!("error: {}", redact(chain)),
+        LogFormat::Json => tracing::error!(target: "sluice", "{chain}"),
     }
 }
 

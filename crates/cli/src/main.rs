@@ -78,11 +78,13 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    let cli = Cli::parse();
+    let format = cli.log_format;
+    logging::init(format);
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            let chain = error_chain(&err);
-            eprintln!("error: {}", sluice_source_sdk::redact::redact(&chain));
+            logging::final_error(format, &error_chain(&err));
             std::process::ExitCode::FAILURE
         }
     }
@@ -102,10 +104,7 @@ fn error_chain(err: &anyhow::Error) -> String {
     text
 }
 
-fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    logging::init(cli.log_format);
-
+fn run(cli: Cli) -> anyhow::Result<()> {
     // Fail points named in FAILPOINTS (tests and `sluice torture` only).
     #[cfg(feature = "failpoints")]
     let _failpoints = sluice_runtime::failpoint::setup();

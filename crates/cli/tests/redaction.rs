@@ -84,6 +84,44 @@ fn an_unreachable_postgres_store_fails_without_its_password() {
     assert!(!check.contains(PASSWORD), "{check}");
 }
 
+/// With `--log-format json` every line of stderr is a JSON object, the final error
+/// too; and no line carries a terminal's colour codes when stderr is not a terminal.
+#[test]
+fn json_logs_end_with_the_error_as_a_json_line_and_carry_no_colours() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = pipeline(
+        dir.path(),
+        "file: {path: missing.jsonl, format: json}",
+        "sqlite: {path: out.db}",
+    );
+    let run = sluice(&["run"], &path, "info").output().unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}")))
+        .collect();
+    let last = lines.last().expect("the error is logged");
+    assert_eq!(last["level"], "ERROR", "{last}");
+    assert!(
+        last["message"].as_str().unwrap().contains("missing.jsonl"),
+        "{last}"
+    );
+
+    let text = Command::new(SLUICE)
+        .args(["run"])
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert!(stderr.contains("error: "), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a pipe: {stderr:?}"
+    );
+}
+
 /// A NATS source's error names its URL, and the client logs its `Url` (Debug, with the
 /// password): both come out redacted. The run retries; SIGINT ends it.
 #[test]
