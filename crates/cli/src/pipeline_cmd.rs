@@ -98,13 +98,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         if pipeline.cluster.is_some() {
             return run_member(&pipeline, planned, metrics).await;
         }
+        let shutdown_rx =
+            stop_on_signal("signal received: finishing the current transaction, then stopping");
         // Applies only a first start: a changed pipeline file is refused until applied.
-        for (name, actions) in pipeline::apply_first_start(&pipeline, &planned).await? {
+        for (name, actions) in
+            pipeline::apply_first_start(&pipeline, &planned, &shutdown_rx).await?
+        {
             tracing::debug!(materialization = %name, "applied: {actions}");
         }
         let progress = Arc::new(Progress::default());
-        let shutdown_rx =
-            stop_on_signal("signal received: finishing the current transaction, then stopping");
         let started = Instant::now();
         let bar = crate::progress::show(progress.clone(), started, args.follow);
         let result = pipeline::run(

@@ -54,6 +54,23 @@ fn sluice(args: &[&str], pipeline: &Path, rust_log: &str) -> Command {
     cmd
 }
 
+/// The output of a run that retries an unreachable part: its first retries are logged
+/// within two seconds, then SIGINT ends it.
+fn retried_then_interrupted(mut command: Command) -> Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    child.wait_with_output().unwrap()
+}
+
 fn text(output: &Output) -> String {
     format!(
         "{}{}",
@@ -71,7 +88,7 @@ fn an_unreachable_postgres_store_fails_without_its_password() {
         "file: {path: in.jsonl, format: json}",
         &format!("postgres: {{url: \"{url}\"}}"),
     );
-    let run = sluice(&["run"], &path, "debug").output().unwrap();
+    let run = retried_then_interrupted(sluice(&["run"], &path, "debug"));
     let all = text(&run);
     assert!(!run.status.success(), "{all}");
     assert!(
@@ -132,19 +149,7 @@ fn an_unreachable_nats_source_is_named_with_its_password_redacted() {
         &format!("nats: {{url: \"nats://sluice:{PASSWORD}@127.0.0.1:1\", stream: S}}"),
         "sqlite: {path: out.db}",
     );
-    let child = sluice(&["run"], &path, "debug")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The first retry is logged within a second; then stop the run.
-    std::thread::sleep(Duration::from_secs(2));
-    let interrupted = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(interrupted.success());
-    let all = text(&child.wait_with_output().unwrap());
+    let all = text(&retried_then_interrupted(sluice(&["run"], &path, "debug")));
     assert!(
         all.contains("nats://sluice:***@127.0.0.1:1"),
         "the redacted URL is named: {all}"
@@ -161,8 +166,9 @@ fn the_http_source_token_is_never_written() {
         &format!("http: {{listen: \"127.0.0.1:0\", token: \"{TOKEN}\"}}"),
         &format!("postgres: {{url: \"{url}\"}}"),
     );
-    for command in ["run", "check"] {
-        let all = text(&sluice(&[command], &path, "debug").output().unwrap());
+    let run = text(&retried_then_interrupted(sluice(&["run"], &path, "debug")));
+    let check = text(&sluice(&["check"], &path, "debug").output().unwrap());
+    for (command, all) in [("run", run), ("check", check)] {
         assert!(!all.contains(TOKEN), "{command}: {all}");
         assert!(!all.contains(PASSWORD), "{command}: {all}");
     }

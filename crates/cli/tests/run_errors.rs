@@ -7,6 +7,9 @@
 //! of bytes: its connections stay open, so only a timeout can end the wait. While it is
 //! stopped it refuses new connections (as a partitioned server's host does); when the
 //! test has seen the timeout it forwards again.
+//!
+//! A store that cannot be reached at the first start is retried as the loop retries,
+//! each attempt logged with its cause, and a signal ends the wait.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -291,4 +294,50 @@ fn a_store_that_stops_answering_times_out_and_the_reopened_run_is_exact() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("restarts"), "{stdout}");
     assert_eq!(schema.table(), reduce_expected(&docs), "the table is exact");
+}
+
+/// A first start whose PostgreSQL store refuses connections: each attempt is logged
+/// with its cause (connection refused), the Apply is retried instead of ending the run
+/// at once, and SIGINT ends the wait with the error.
+#[test]
+fn an_unreachable_store_at_the_first_start_is_retried_with_its_cause_until_a_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    write_lines(&dir.path().join("views.jsonl"), &generate(10, 5, 3));
+    let closed = common::free_address();
+    let pipeline = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        &format!("postgres: {{url: \"postgres://root@{closed}/test\"}}"),
+        false,
+        1000,
+        "200ms",
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, pipeline).unwrap();
+    let mut child = Command::new(SLUICE)
+        .arg("run")
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("a line").unwrap();
+    assert!(
+        first.contains("Connection refused") && first.contains("applying again in"),
+        "the first attempt is retried, naming its cause: {first}"
+    );
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    let last = rest.last().expect("the final error");
+    assert!(
+        last.starts_with("error: ") && last.contains("Connection refused"),
+        "{rest:?}"
+    );
 }

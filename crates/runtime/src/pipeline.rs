@@ -436,9 +436,12 @@ pub async fn apply_materialization(
 /// applied (a first start) and records it; refuses one whose applied spec differs from
 /// the pipeline file's ([`PipelineError::NotApplied`]). Returns (name, actions) of the
 /// ones it applied.
+/// A driver's retryable failure (an unreachable store) is retried as the loop retries
+/// its own; `shutdown` ends the wait.
 pub async fn apply_first_start(
     pipeline: &Pipeline,
     planned: &Planned,
+    shutdown: &watch::Receiver<bool>,
 ) -> Result<Vec<(String, String)>, PipelineError> {
     let mut out = Vec::new();
     for m in &planned.materializations {
@@ -448,13 +451,23 @@ pub async fn apply_first_start(
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
-                let actions = apply_materialization(
-                    m,
-                    ApplyAction::Upsert,
-                    false,
-                    pipeline.runtime.timeouts.driver,
-                )
-                .await?;
+                let mut retries = Retries::new();
+                let actions = loop {
+                    let timeout = pipeline.runtime.timeouts.driver;
+                    match apply_materialization(m, ApplyAction::Upsert, false, timeout).await {
+                        Ok(actions) => break actions,
+                        Err(err) => {
+                            let retryable = matches!(
+                                &err, PipelineError::Driver { source, .. } if source.is_retryable()
+                            );
+                            if !retries.failed(retryable, shutdown)
+                                || !retries.wait(&err, "applying again", shutdown).await
+                            {
+                                return Err(err);
+                            }
+                        }
+                    }
+                };
                 (applied::record(&dir, &m.spec).await)
                     .map_err(|e| invalid(&place, e.to_string()))?;
                 out.push((m.name.clone(), actions));
@@ -803,6 +816,57 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// with the backoff above, about two minutes of an unreachable store.
 const MAX_FAILED_ATTEMPTS: u32 = 10;
 
+/// The one retry policy of `run`, for the loop and for the first start's Apply alike:
+/// a retryable failure is tried again after a backoff (250 ms doubling to 30 s), each
+/// retry logged once with its cause, until [`MAX_FAILED_ATTEMPTS`] in a row made no
+/// progress; a stop request ends a wait at once.
+struct Retries {
+    backoff: Duration,
+    failed: u32,
+}
+
+impl Retries {
+    fn new() -> Retries {
+        Retries {
+            backoff: FIRST_BACKOFF,
+            failed: 0,
+        }
+    }
+
+    /// An attempt made progress (committed a transaction): the count starts again.
+    fn progressed(&mut self) {
+        *self = Retries::new();
+    }
+
+    /// Counts a failed attempt, and says whether to try again.
+    fn failed(&mut self, retryable: bool, shutdown: &watch::Receiver<bool>) -> bool {
+        self.failed += 1;
+        retryable && self.failed < MAX_FAILED_ATTEMPTS && !*shutdown.borrow()
+    }
+
+    /// Logs `err` and what follows (`then`: "reopening", "applying again"), then waits
+    /// out the backoff; `false` when a stop request came first.
+    async fn wait(
+        &mut self,
+        err: &(dyn std::fmt::Display + Sync),
+        then: &str,
+        shutdown: &watch::Receiver<bool>,
+    ) -> bool {
+        tracing::warn!(
+            "{err}; {then} in {:.1}s (attempt {} of {MAX_FAILED_ATTEMPTS})",
+            self.backoff.as_secs_f64(),
+            self.failed
+        );
+        let mut shutdown = shutdown.clone();
+        let waited = tokio::select! {
+            () = tokio::time::sleep(self.backoff) => true,
+            _ = shutdown.wait_for(|down| *down) => false,
+        };
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        waited
+    }
+}
+
 impl Attempt {
     /// Runs the loop, reopening it with backoff after a retryable failure (a lost
     /// connection, a timeout, a source's I/O error: [`RunError::is_retryable`]), each
@@ -811,8 +875,7 @@ impl Attempt {
     /// committed, also when an error ends the run.
     async fn run_with_restarts(&self) -> (Summary, Result<(), RunError>) {
         let mut summary = Summary::default();
-        let mut backoff = FIRST_BACKOFF;
-        let mut failed = 0;
+        let mut retries = Retries::new();
         loop {
             let committed_before = summary.transactions;
             let err = match self.run_once(&mut summary).await {
@@ -820,27 +883,17 @@ impl Attempt {
                 Err(err) => err,
             };
             if summary.transactions > committed_before {
-                failed = 0;
-                backoff = FIRST_BACKOFF;
+                retries.progressed();
             }
-            failed += 1;
-            let retry =
-                err.is_retryable() && failed < MAX_FAILED_ATTEMPTS && !*self.shutdown.borrow();
+            let retry = retries.failed(err.is_retryable(), &self.shutdown);
             self.metrics.failed(&err, retry);
             if !retry {
                 return (summary, Err(err));
             }
             summary.restarts += 1;
-            tracing::warn!(
-                "{err}; reopening in {:.1}s (attempt {failed} of {MAX_FAILED_ATTEMPTS})",
-                backoff.as_secs_f64()
-            );
-            let mut shutdown = self.shutdown.clone();
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                _ = shutdown.wait_for(|down| *down) => return (summary, Err(err)),
+            if !retries.wait(&err, "reopening", &self.shutdown).await {
+                return (summary, Err(err));
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 

@@ -128,7 +128,7 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
     let store = MemoryDriver::new();
     let connector = Connector(Arc::new(InProcess::new("memory", Arc::new(store.clone()))));
     let planned = pipeline::plan(&pipeline, &connector).await.unwrap();
-    pipeline::apply_first_start(&pipeline, &planned)
+    pipeline::apply_first_start(&pipeline, &planned, &tokio::sync::watch::channel(false).1)
         .await
         .unwrap();
 

@@ -229,7 +229,7 @@ async fn run_with_failure(point: &str, actions: &str) {
     let registry = registry();
     let pipeline = Pipeline::parse(PIPELINE, dir.path(), &registry).unwrap();
     let planned = pipeline::plan(&pipeline, &registry).await.unwrap();
-    pipeline::apply_first_start(&pipeline, &planned)
+    pipeline::apply_first_start(&pipeline, &planned, &tokio::sync::watch::channel(false).1)
         .await
         .unwrap();
     let summaries = pipeline::run(
@@ -324,7 +324,7 @@ async fn a_damaged_decided_epoch_refuses_to_start_and_keeps_its_staging() {
     let pipeline = Pipeline::parse(PIPELINE, dir.path(), &registry).unwrap();
     let run = || async {
         let planned = pipeline::plan(&pipeline, &registry).await.unwrap();
-        pipeline::apply_first_start(&pipeline, &planned)
+        pipeline::apply_first_start(&pipeline, &planned, &tokio::sync::watch::channel(false).1)
             .await
             .unwrap();
         pipeline::run(

@@ -130,7 +130,14 @@ fn connect_error(context: &str, tls: &Tls, err: tokio_postgres::Error) -> Error 
             false,
         );
     }
-    Error::store(context, format!("{err}; retrying may succeed"), true)
+    // The cause (connection refused, a name that does not resolve) is in the sources.
+    let mut message = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(why) = cause {
+        message.push_str(&format!(": {why}"));
+        cause = why.source();
+    }
+    Error::store(context, format!("{message}; retrying may succeed"), true)
 }
 
 /// One connection working in the endpoint's schema.
