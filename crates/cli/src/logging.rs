@@ -9,9 +9,11 @@ use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// What is logged without `RUST_LOG`: our own information, and the client libraries'
-/// warnings only (rskafka, async-nats and tokio-postgres log every connection and server
-/// notice).
-const DEFAULT_LOG: &str = "info,rskafka=warn,async_nats=warn,tokio_postgres=warn";
+/// warnings only (async-nats and tokio-postgres log every connection and server
+/// notice). rskafka warns at each of its own reconnection attempts, several a second
+/// against a broker that is down: the source's error, retried by the loop, names the
+/// cause once per attempt instead.
+const DEFAULT_LOG: &str = "info,rskafka=error,async_nats=warn,tokio_postgres=warn";
 
 #[derive(Debug, Clone, Copy, Default, clap::ValueEnum)]
 pub enum LogFormat {

@@ -219,12 +219,19 @@ fn committed(pipeline: &Pipeline, name: &str, s: &Summary) -> String {
 }
 
 /// A flag raised at SIGINT or SIGTERM, which is then logged as `what`.
+/// The first SIGINT/SIGTERM asks for a clean stop (`what` says what that does); a
+/// second stops the process at once, as a kill would: nothing committed is lost, and
+/// recovery makes the next run exact (a source's call in flight, such as a Kafka
+/// client retrying an unreachable broker, is not waited for).
 fn stop_on_signal(what: &'static str) -> tokio::sync::watch::Receiver<bool> {
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("{what}");
+        tracing::info!("{what} (a second signal stops at once)");
         let _ = shutdown_tx.send(true);
+        wait_for_signal().await;
+        eprintln!("error: stopped by a second signal; the next run recovers exactly");
+        std::process::exit(130);
     });
     shutdown_rx
 }

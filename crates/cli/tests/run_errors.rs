@@ -341,3 +341,50 @@ fn an_unreachable_store_at_the_first_start_is_retried_with_its_cause_until_a_sig
         "{rest:?}"
     );
 }
+
+/// A Kafka source whose broker refuses connections: the client library's own
+/// reconnection attempts (several a second) are not each a warning in the log.
+#[test]
+fn an_unreachable_kafka_broker_is_not_a_warning_per_reconnection() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = common::free_address();
+    let pipeline = pipeline_yaml(
+        &format!("    kafka: {{brokers: \"{closed}\", topic: t, format: json}}"),
+        "sqlite: {path: views.db}",
+        false,
+        1000,
+        "200ms",
+    );
+    let path = dir.path().join("pipeline.yaml");
+    std::fs::write(&path, pipeline).unwrap();
+    let child = Command::new(SLUICE)
+        .arg("run")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // The first signal asks for a clean stop, which waits for the client's call; the
+    // second stops at once.
+    for _ in 0..2 {
+        let interrupted = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(interrupted.success());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "stopped by the second signal"
+    );
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        !stderr.contains("rskafka"),
+        "the client's reconnections are logged: {stderr}"
+    );
+}
