@@ -46,11 +46,28 @@ pub fn compile_collection(
         ));
     }
     // A key location a document lacks takes the schema's default there; without one the
-    // document is an error, reported at its source position.
-    let defaults = key
-        .iter()
-        .map(|ptr| schema.inference(ptr).default)
-        .collect();
+    // document is an error, reported at its source position. A location the schema
+    // does not know at all (a misspelt `/userid`: not a property, not required, no
+    // default) would fail every document, so it is refused here, on every path.
+    let properties = schema.top_level_properties();
+    let mut defaults = Vec::with_capacity(key.len());
+    for (i, ptr) in key.iter().enumerate() {
+        let inference = schema.inference(ptr);
+        let declared = (ptr.tokens().next())
+            .is_some_and(|first| properties.iter().any(|(name, _)| name == first));
+        if !declared && !inference.must_exist && inference.default.is_none() {
+            let names: Vec<&str> = properties.iter().map(|(name, _)| name.as_str()).collect();
+            return Err(invalid(
+                format!("{place}.key[{i}]"),
+                format!(
+                    "{ptr} is not a property of the schema, nor required by it, so no \
+                     document would have this key (the schema's properties are {})",
+                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                ),
+            ));
+        }
+        defaults.push(inference.default);
+    }
     Ok(Collection {
         name: name.to_string(),
         key: KeyExtractor::new(key.to_vec(), defaults),
@@ -236,5 +253,43 @@ pub fn loop_binding(
         resource: binding.resource_path.join("."),
         delta_updates: binding.delta_updates,
         values,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn compile(key: &str, schema: serde_json::Value) -> Result<Collection, String> {
+        compile_collection("collections.c", "c", &[key.parse().unwrap()], &schema)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_key_location_the_schema_does_not_know_is_refused() {
+        let schema = |required: serde_json::Value| {
+            json!({
+                "type": "object",
+                "required": required,
+                "properties": {
+                    "user_id": {"type": "string"},
+                    "region": {"type": "string", "default": "eu"},
+                },
+            })
+        };
+        assert!(compile("/user_id", schema(json!(["user_id"]))).is_ok());
+        assert!(compile("/region", schema(json!([]))).is_ok(), "a default");
+        // Declared but optional: a document lacking it stops at its line.
+        assert!(compile("/user_id", schema(json!([]))).is_ok());
+        // Required without being declared.
+        assert!(compile("/tenant", schema(json!(["tenant"]))).is_ok());
+        let misspelt = compile("/userid", schema(json!(["user_id"]))).unwrap_err();
+        assert_eq!(
+            misspelt,
+            "collections.c.key[0]: /userid is not a property of the schema, nor required by \
+             it, so no document would have this key (the schema's properties are region, \
+             user_id)"
+        );
     }
 }
