@@ -5,7 +5,7 @@
 //! materialization's work its materialization, shard and transaction.
 
 use sluice_source_sdk::redact::redact;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 
 /// What is logged without `RUST_LOG`: our own information, and the client libraries'
@@ -28,7 +28,10 @@ pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| RedactedStderr);
+        .with_writer(|| RedactedStderr)
+        // Colours only on a terminal: a log file or a service manager's journal gets
+        // plain text.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder
