@@ -15,9 +15,10 @@ use sluice_runtime::metrics::{Metrics, exporter};
 use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{Progress, Summary};
+use sluice_source_sdk::config::parse_duration;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -31,6 +32,12 @@ pub struct RunArgs {
     /// `runtime.metrics`.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// When stderr is not a terminal (a log file, a service manager), log a progress
+    /// line this often: the phase, documents committed, the rate over the interval,
+    /// what the sources have left and an ETA (e.g. `30s`, `1m`; `0s`: none). On a
+    /// terminal a live line is drawn instead.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
 }
 
 #[derive(Args)]
@@ -108,7 +115,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let progress = Arc::new(Progress::default());
         let started = Instant::now();
-        let bar = crate::progress::show(progress.clone(), started, args.follow);
+        let shown = crate::progress::show(
+            progress.clone(),
+            started,
+            args.follow,
+            args.progress_interval,
+        );
         let result = pipeline::run(
             &pipeline,
             planned,
@@ -120,9 +132,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             shutdown_rx,
         )
         .await;
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
-        }
+        shown.finish().await;
         let elapsed = started.elapsed();
         let summaries = match result {
             Ok(summaries) => summaries,

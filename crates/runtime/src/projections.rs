@@ -62,7 +62,11 @@ pub fn compile_collection(
                 format!(
                     "{ptr} is not a property of the schema, nor required by it, so no \
                      document would have this key (the schema's properties are {})",
-                    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
                 ),
             ));
         }

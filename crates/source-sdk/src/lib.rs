@@ -253,7 +253,10 @@ pub trait Source: Send {
     }
     /// How far the source is behind the input it reads, if it knows that cheaply (from
     /// what it already tracks: a file's size, a partition's high watermark); `None` by
-    /// default. Sampled by the runtime after every step, for the metrics.
+    /// default. Sampled by the runtime after every step and after every
+    /// [commit](Source::committed) it is told of, for the metrics and the progress line.
+    /// A source that knows where its input ends may count what it read but is not yet
+    /// committed as left too (datagen does): that is what a user reads as "left".
     fn lag(&self) -> Option<Lag> {
         None
     }

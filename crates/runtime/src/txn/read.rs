@@ -438,17 +438,37 @@ impl Reader {
     }
 
     /// Tells each source of every transaction now durable
-    /// ([`sluice_source_sdk::Source::committed`]).
+    /// ([`sluice_source_sdk::Source::committed`]), then samples the lag of those told:
+    /// a source that counts its read-ahead as left (datagen) has less left now.
     fn tell_committed(&mut self) {
         let durable = *self.durable.borrow_and_update();
+        let mut told = vec![false; self.sources.len()];
         while let Some((txn, _)) = self.commits.front()
             && *txn <= durable
         {
             let (txn, positions) = self.commits.pop_front().expect("a front");
             for (index, position) in positions {
                 self.sources[index].bound.source.committed(txn, &position);
+                told[index] = true;
             }
         }
+        for (index, _) in told.into_iter().enumerate().filter(|(_, told)| *told) {
+            self.sample_lag(index);
+        }
+    }
+
+    /// Asks source `index` how far behind it is (and what its input system retains),
+    /// for the metrics and the progress line.
+    fn sample_lag(&mut self, index: usize) {
+        let reading = &mut self.sources[index];
+        reading.lag = reading.bound.source.lag();
+        if let Some(lag) = reading.lag {
+            self.metrics.sources[index].lag(lag);
+        }
+        if let Some(bytes) = reading.bound.source.retained() {
+            self.metrics.sources[index].retained(bytes);
+        }
+        self.progress.behind(self.sources.iter().map(|s| &s.lag));
     }
 
     fn all_exhausted(&self) -> bool {
@@ -483,14 +503,7 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
                 reading.apply_backpressure();
-                reading.lag = reading.bound.source.lag();
-                if let Some(lag) = reading.lag {
-                    self.metrics.sources[index].lag(lag);
-                }
-                if let Some(bytes) = reading.bound.source.retained() {
-                    self.metrics.sources[index].retained(bytes);
-                }
-                self.progress.behind(self.sources.iter().map(|s| &s.lag));
+                self.sample_lag(index);
                 let reading = &self.sources[index];
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;

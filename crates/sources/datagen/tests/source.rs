@@ -154,3 +154,30 @@ async fn ready_waits_for_the_next_due_document_and_never_after_the_last() {
         "nothing comes after the last document"
     );
 }
+
+#[tokio::test]
+async fn datagen_lag_counts_what_is_not_yet_committed_not_only_what_is_not_generated() {
+    use sluice_source_sdk::Lag;
+    let mut source = datagen(Some(3_000));
+    assert_eq!(
+        source.lag(),
+        Some(Lag::Messages(3_000)),
+        "nothing committed"
+    );
+    let (_, first) = queue(&mut source, records(1_200)).await;
+    source.committed(1, position(&first));
+    // Generated ahead of the committer: 1 800 of 3 000, of which 1 200 are committed.
+    let (_, second) = queue(&mut source, records(600)).await;
+    assert_eq!(source.lag(), Some(Lag::Messages(1_800)));
+    source.committed(2, position(&second));
+    assert_eq!(source.lag(), Some(Lag::Messages(1_200)));
+
+    let mut recovered = datagen(Some(3_000));
+    recovered.seek(position(&second)).await.unwrap();
+    assert_eq!(
+        recovered.lag(),
+        Some(Lag::Messages(1_200)),
+        "the checkpoint sought is committed"
+    );
+    assert_eq!(datagen(None).lag(), None, "an endless generator");
+}
