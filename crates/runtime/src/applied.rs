@@ -194,10 +194,21 @@ pub fn changes(
     planned: &flow::MaterializationSpec,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    if applied.endpoint_type != planned.endpoint_type
-        || applied.endpoint_spec_json != planned.endpoint_spec_json
-    {
-        out.push("the endpoint configuration changed".to_string());
+    if applied.endpoint_type != planned.endpoint_type {
+        out.push("the endpoint's kind changed".to_string());
+    } else if applied.endpoint_spec_json != planned.endpoint_spec_json {
+        let parsed = |json: &str| serde_json::from_str::<serde_json::Value>(json).ok();
+        let mut values = Vec::new();
+        if let (Some(old), Some(new)) = (
+            parsed(&applied.endpoint_spec_json),
+            parsed(&planned.endpoint_spec_json),
+        ) {
+            value_changes("endpoint", &old, &new, &mut values);
+        }
+        if values.is_empty() {
+            values.push("the endpoint configuration changed".to_string());
+        }
+        out.extend(values);
     }
     let name = |b: &flow::materialization_spec::Binding| b.resource_path.join(".");
     let find = |bindings: &[flow::materialization_spec::Binding], resource: &str| {
@@ -224,6 +235,34 @@ pub fn changes(
         out.push("the spec changed".to_string());
     }
     out
+}
+
+/// Each leaf of `old` and `new` that differs, as `<place> <old> → <new>` (`place` is
+/// dotted from `at`), so that a value that changed under the file (an environment
+/// variable unset or different) shows what it was and what it is now.
+fn value_changes(
+    at: &str,
+    old: &serde_json::Value,
+    new: &serde_json::Value,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+            for key in keys {
+                let place = format!("{at}.{key}");
+                match (old.get(key), new.get(key)) {
+                    (Some(old), Some(new)) => value_changes(&place, old, new, out),
+                    (Some(old), None) => out.push(format!("{place} {old} → unset")),
+                    (None, Some(new)) => out.push(format!("{place} unset → {new}")),
+                    (None, None) => {}
+                }
+            }
+        }
+        (old, new) if old != new => out.push(format!("{at} {old} → {new}")),
+        _ => {}
+    }
 }
 
 fn binding_changes(
@@ -375,10 +414,22 @@ mod tests {
                 "the endpoint",
                 {
                     let mut s = base();
-                    s.endpoint_spec_json = r#"{"path":"other.db"}"#.into();
+                    s.endpoint_spec_json = r#"{"path":"other.db","wal":true}"#.into();
                     s
                 },
-                &["the endpoint configuration changed"],
+                &[
+                    r#"endpoint.path "out.db" → "other.db""#,
+                    "endpoint.wal unset → true",
+                ],
+            ),
+            (
+                "the endpoint's kind",
+                {
+                    let mut s = base();
+                    s.endpoint_type = 3;
+                    s
+                },
+                &["the endpoint's kind changed"],
             ),
             (
                 "anything else",

@@ -107,8 +107,10 @@ pub enum PipelineError {
     /// The pipeline file changed since the store was applied (user action needed).
     #[error(
         "materialization {materialization}: the pipeline file differs from the spec \
-             applied to its store (applied version {applied}, the file's {file}): {changes}; \
-             run `sluice apply` on the pipeline file to apply it, then run again"
+             applied to its store (applied version {applied}, the file's {file}): {changes}. \
+             If the file reads environment variables, check that each is set as when it \
+             was applied: applying would point the store at the new values. If the change \
+             is meant, run `sluice apply` on the pipeline file, then run again"
     )]
     NotApplied {
         materialization: String,
