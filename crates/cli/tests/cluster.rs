@@ -17,7 +17,7 @@
 mod common;
 
 use common::{
-    POSTGRES_URL, SLUICE, Schema, generate, pipeline_yaml, postgres_table, reduce_expected,
+    POSTGRES_URL, SLUICE, Schema, generate, pipeline_yaml, postgres_table, reduce_expected, signal,
     sqlite_table,
 };
 use serde_json::Value;
@@ -31,15 +31,6 @@ use std::time::{Duration, Instant};
 
 /// The lease TTL of the tests' members.
 const TTL: Duration = Duration::from_secs(3);
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name}");
-}
 
 /// One cluster test: the etcd member, the table's schema, the folder with the input
 /// and the pipeline file, the members, and the appender.

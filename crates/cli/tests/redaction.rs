@@ -63,11 +63,7 @@ fn retried_then_interrupted(mut command: Command) -> Output {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let interrupted = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(interrupted.success());
+    common::signal(&child, "INT");
     child.wait_with_output().unwrap()
 }
 

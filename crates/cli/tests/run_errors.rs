@@ -327,11 +327,7 @@ fn an_unreachable_store_at_the_first_start_is_retried_with_its_cause_until_a_sig
         first.contains("Connection refused") && first.contains("applying again in"),
         "the first attempt is retried, naming its cause: {first}"
     );
-    let interrupted = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(interrupted.success());
+    common::signal(&child, "INT");
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     let status = child.wait().unwrap();
     assert!(!status.success());
@@ -369,11 +365,7 @@ fn an_unreachable_kafka_broker_is_not_a_warning_per_reconnection() {
     // The first signal asks for a clean stop, which waits for the client's call; the
     // second stops at once.
     for _ in 0..2 {
-        let interrupted = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(interrupted.success());
+        common::signal(&child, "INT");
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     let output = child.wait_with_output().unwrap();

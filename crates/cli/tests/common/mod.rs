@@ -33,6 +33,16 @@ pub fn block_on<T>(f: impl Future<Output = T>) -> T {
         .block_on(f)
 }
 
+/// Sends signal `name` (`INT`, `TERM`, `STOP`, …) to `child`.
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name}");
+}
+
 /// A port free now, below the ephemeral range (32768 and up on Linux): a port the system
 /// chose could be the source port of some test's connection by the time a server binds
 /// it. Ten ports per process id, so tests (processes of their own) search apart.

@@ -112,9 +112,27 @@ impl Collection {
     pub fn check(&self, doc: &Doc, key: &mut Vec<u8>) -> Result<(), CombineError> {
         key.clear();
         let keyed = self.key.pack_doc(doc, key);
-        if !doc.is_deletion()
-            && let Err(source) = self.schema.validate_doc(doc)
-        {
+        let valid = || self.schema.validate_doc(doc);
+        self.verdict(doc.is_deletion(), keyed, valid, key)
+    }
+
+    /// [`Collection::check`] of a document a source handed over parsed, without
+    /// converting it.
+    pub fn check_value(&self, doc: &Value, key: &mut Vec<u8>) -> Result<(), CombineError> {
+        key.clear();
+        let keyed = self.key.pack(doc, key);
+        let deletion = doc.pointer("/_meta/op").and_then(Value::as_str) == Some("d");
+        self.verdict(deletion, keyed, || self.schema.validate(doc), key)
+    }
+
+    fn verdict(
+        &self,
+        deletion: bool,
+        keyed: Result<(), sluice_doc::tuple::KeyError>,
+        valid: impl FnOnce() -> Result<(), sluice_doc::schema::ValidationError>,
+        key: &[u8],
+    ) -> Result<(), CombineError> {
+        if !deletion && let Err(source) = valid() {
             return Err(CombineError::Invalid {
                 collection: self.name.clone(),
                 key: match keyed {

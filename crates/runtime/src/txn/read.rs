@@ -938,15 +938,17 @@ fn combine_value(
 }
 
 /// Why a skipping source's `Value` cannot be combined, if it cannot: it is invalid or
-/// has no key ([`Collection::check`]). Checked before the combiner sees it (which would
+/// has no key ([`Collection::check_value`]). Checked before the combiner sees it (which would
 /// drop it on error).
 fn check_document(
     collection: &Collection,
     doc: &serde_json::Value,
     key: &mut Vec<u8>,
 ) -> Option<String> {
-    let doc = sluice_doc::compact::Doc::from(doc);
-    collection.check(&doc, key).err().map(|e| e.to_string())
+    collection
+        .check_value(doc, key)
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// A skipping source's input errors: its rejections.
