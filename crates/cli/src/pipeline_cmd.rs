@@ -44,6 +44,10 @@ pub struct RunArgs {
 pub struct CheckArgs {
     /// The pipeline file (YAML).
     pub pipeline: PathBuf,
+    /// Check the file only: connect to no store, broker or source (the drivers still
+    /// validate the bindings).
+    #[arg(long)]
+    pub offline: bool,
 }
 
 #[derive(Args)]
@@ -107,6 +111,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         let shutdown_rx =
             stop_on_signal("signal received: finishing the current transaction, then stopping");
+        // Nothing is created (tables, the recovery log) before every source can be read.
+        pipeline::check_sources(&pipeline, &shutdown_rx).await?;
         // Applies only a first start: a changed pipeline file is refused until applied.
         for (name, actions) in
             pipeline::apply_first_start(&pipeline, &planned, &shutdown_rx).await?
@@ -161,9 +167,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         };
         for (name, s) in summaries {
-            let rate = s.docs as f64 / elapsed.as_secs_f64().max(1e-9);
+            // Waiting for input (a `--follow` run caught up) is not moving documents.
+            let busy = elapsed.saturating_sub(s.idle);
+            let rate = s.docs as f64 / busy.as_secs_f64().max(1e-9);
+            let idle = match s.idle.as_secs_f64() {
+                idle if idle >= 0.1 => format!(" ({idle:.1}s of it idle)"),
+                _ => String::new(),
+            };
             println!(
-                "{name}: {}, {:.1}s, {rate:.0} docs/s",
+                "{name}: {}, {:.1}s{idle}, {rate:.0} docs/s",
                 committed(&pipeline, &name, &s),
                 elapsed.as_secs_f64(),
             );
@@ -273,61 +285,101 @@ pub(crate) fn human_bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// `sluice check`: plans every materialization as `run` would and, unless offline,
+/// connects to every store (Apply as a dry run) and probes every source; prints what it
+/// found and fails with every problem at once, each naming its place.
 pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     let registry = registry();
     let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
-        let planned = pipeline::plan(&pipeline, &registry).await?;
+        let (planned, mut problems) = pipeline::plan_all(&pipeline, &registry).await;
+        let probed = match args.offline {
+            true => None,
+            false => Some(pipeline::probe(&pipeline, &planned).await),
+        };
         for m in &planned.materializations {
-            println!("materialization {} ({})", m.name, m.endpoint.name());
-            let written = &pipeline.materializations[&m.name].bindings;
-            for ((binding, validated), def) in m
-                .spec
-                .bindings
-                .iter()
-                .zip(&m.validated.bindings)
-                .zip(written)
-            {
-                let collection = binding
-                    .collection
-                    .as_ref()
-                    .map(|c| c.collection.as_str())
-                    .unwrap_or("");
-                let selection = binding.field_selection.clone().unwrap_or_default();
-                println!(
-                    "  {collection} → {}{}",
-                    binding.resource_path.join("."),
-                    match (binding.delta_updates, def.delta_updates) {
-                        (true, true) => " (delta updates)",
-                        // A driver may take only changes (an epoch sink): say so, as the
-                        // pipeline file asked for a standard binding.
-                        (true, false) => " (delta updates: the endpoint takes only changes)",
-                        (false, _) => "",
+            print_materialization(&pipeline, m);
+            let mut stores = probed.iter().flat_map(|p| &p.stores);
+            if let Some((_, actions)) = stores.find(|(name, _)| *name == m.name) {
+                match actions.trim() {
+                    "" => println!("  store: connected, up to date"),
+                    actions => {
+                        println!("  store: connected; `sluice apply` would:");
+                        for line in actions.lines() {
+                            println!("    {line}");
+                        }
                     }
-                );
-                println!("    keys:     {}", selection.keys.join(", "));
-                println!("    values:   {}", selection.values.join(", "));
-                println!(
-                    "    document: {}",
-                    if selection.document.is_empty() {
-                        "-"
-                    } else {
-                        &selection.document
-                    }
-                );
-                let mut constraints: Vec<_> = validated.constraints.iter().collect();
-                constraints.sort_by(|a, b| a.0.cmp(b.0));
-                for (field, c) in constraints {
-                    let kind = ConstraintType::try_from(c.r#type)
-                        .map(|t| t.as_str_name().to_string())
-                        .unwrap_or_else(|_| format!("type {}", c.r#type));
-                    println!("    {field:<20} {kind:<22} {}", c.reason);
                 }
             }
         }
-        println!("pipeline {} is valid", args.pipeline.display());
+        if let Some(probed) = probed {
+            for name in &probed.sources {
+                let kind = pipeline.sources[name].config.kind();
+                println!("source {name} ({kind}): can be read");
+            }
+            problems.extend(probed.problems);
+        }
+        PipelineError::all(problems)
+            .with_context(|| format!("pipeline file {}", args.pipeline.display()))?;
+        match args.offline {
+            true => println!(
+                "pipeline {} is valid (offline: nothing was connected to)",
+                args.pipeline.display()
+            ),
+            false => println!("pipeline {} is valid", args.pipeline.display()),
+        }
         Ok(())
     })
+}
+
+/// A planned materialization as `check` shows it: each binding's resource, fields and
+/// the driver's constraints.
+fn print_materialization(pipeline: &Pipeline, m: &pipeline::PlannedMaterialization) {
+    println!("materialization {} ({})", m.name, m.endpoint.name());
+    let written = &pipeline.materializations[&m.name].bindings;
+    for ((binding, validated), def) in m
+        .spec
+        .bindings
+        .iter()
+        .zip(&m.validated.bindings)
+        .zip(written)
+    {
+        let collection = binding
+            .collection
+            .as_ref()
+            .map(|c| c.collection.as_str())
+            .unwrap_or("");
+        let selection = binding.field_selection.clone().unwrap_or_default();
+        println!(
+            "  {collection} → {}{}",
+            binding.resource_path.join("."),
+            match (binding.delta_updates, def.delta_updates) {
+                (true, true) => " (delta updates)",
+                // A driver may take only changes (an epoch sink): say so, as the
+                // pipeline file asked for a standard binding.
+                (true, false) => " (delta updates: the endpoint takes only changes)",
+                (false, _) => "",
+            }
+        );
+        println!("    keys:     {}", selection.keys.join(", "));
+        println!("    values:   {}", selection.values.join(", "));
+        println!(
+            "    document: {}",
+            if selection.document.is_empty() {
+                "-"
+            } else {
+                &selection.document
+            }
+        );
+        let mut constraints: Vec<_> = validated.constraints.iter().collect();
+        constraints.sort_by(|a, b| a.0.cmp(b.0));
+        for (field, c) in constraints {
+            let kind = ConstraintType::try_from(c.r#type)
+                .map(|t| t.as_str_name().to_string())
+                .unwrap_or_else(|_| format!("type {}", c.r#type));
+            println!("    {field:<20} {kind:<22} {}", c.reason);
+        }
+    }
 }
 
 pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {

@@ -135,3 +135,77 @@ fn a_run_without_a_terminal_logs_progress_as_json_lines_with_log_format_json() {
         assert!(report["phase"].is_string(), "{report}");
     }
 }
+
+/// A `--follow` run leaves the time it waits for input out of its summary's rate and
+/// out of its transactions' read phase: a line appended after seconds of quiet is read
+/// in a transaction whose read phase holds none of that wait, and the summary says how
+/// much of the run was idle.
+#[test]
+fn a_follow_run_leaves_idle_time_out_of_its_rate_and_read_phase() {
+    use sluice_http::client::Client;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("views.jsonl");
+    common::write_lines(&input, &common::generate(100, 10, 1));
+    let yaml = common::pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "sqlite: {path: views.db}",
+        false,
+        1_000,
+        "10m",
+    )
+    // Batches close early once caught up, and an empty one only after ten minutes:
+    // every wait for input is inside a batch.
+    .replace("min_duration: 10m", "min_duration: 10ms");
+    let pipeline = dir.path().join("pipeline.yaml");
+    std::fs::write(&pipeline, yaml).unwrap();
+    let address = common::free_address();
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "--follow", "--metrics", &address.to_string()])
+        .arg(&pipeline)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let transactions = |at_least: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = (Client::new(address, ""))
+                .request("GET", "/api/status", &[], b"")
+                .ok()
+                .map(|r| r.json());
+            if let Some(status) = status
+                && status["shards"][0]["transactions"].as_u64() >= Some(at_least)
+            {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no transaction {at_least}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    transactions(1);
+    let quiet = Duration::from_secs(3);
+    std::thread::sleep(quiet);
+    let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
+    std::io::Write::write_all(&mut file, b"{\"user_id\": \"late\", \"views\": 1, \"bytes\": 1, \"last_seen\": \"2026-01-01T00:00:00Z\"}\n").unwrap();
+    let status = transactions(2);
+    let phases = &status["shards"][0]["last_committed"]["phases"];
+    let read = (phases.as_array().unwrap().iter())
+        .find(|p| p["phase"] == "read")
+        .and_then(|p| p["ms"].as_f64())
+        .unwrap_or_else(|| panic!("no read phase: {status}"));
+    assert!(
+        read < quiet.as_millis() as f64 / 2.0,
+        "the read phase holds the wait for input: {read} ms"
+    );
+    common::signal(&child, "TERM");
+    let out = child.wait_with_output().unwrap();
+    common::assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let idle: f64 = (stdout.split("s of it idle").next())
+        .and_then(|before| before.rsplit(" (").next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("the summary says nothing of idle time: {stdout}"));
+    assert!(idle >= quiet.as_secs_f64() * 0.9, "{stdout}");
+}

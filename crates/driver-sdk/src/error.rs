@@ -113,6 +113,22 @@ pub async fn within<T>(
     }
 }
 
+/// An error and its causes on one line, `: `-separated, skipping a cause whose text
+/// the line already holds (tonic's and the database clients' own messages are terse).
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

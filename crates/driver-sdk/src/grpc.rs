@@ -236,7 +236,7 @@ impl GrpcListener {
                     .await
             }
         };
-        result.map_err(|err| Error::Transport(format!("serving {}: {}", self.address, chain(&err))))
+        result.map_err(|err| Error::Transport(format!("serving {}: {}", self.address, crate::error::chain(&err))))
     }
 }
 
@@ -253,7 +253,7 @@ impl GrpcEndpoint {
     pub async fn connect(address: &str) -> Result<Self> {
         let uri = channel_uri(address).map_err(Error::Config)?;
         let transport_error =
-            |err: tonic::transport::Error| Error::Transport(format!("{address}: {}", chain(&err)));
+            |err: tonic::transport::Error| Error::Transport(format!("{address}: {}", crate::error::chain(&err)));
         let channel = tonic::transport::Endpoint::from_shared(uri)
             .map_err(transport_error)?
             .connect()
@@ -355,18 +355,6 @@ pub fn channel_uri(address: &str) -> std::result::Result<String, String> {
             "driver address {address:?} is none of grpc://HOST:PORT, HOST:PORT or unix:/path"
         ))
     }
-}
-
-/// An error and its sources, `: `-separated (tonic's own messages are terse).
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -250,6 +250,7 @@ impl Driver for OutputDriver {
     }
 
     /// Nothing to create ahead: a destination is created by its endpoint's first open.
+    /// Each destination is looked at ([`OutputEndpoint::probe`]): it can be reached.
     async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
         let spec = req
             .materialization
@@ -259,9 +260,9 @@ impl Driver for OutputDriver {
             id: GenerationId::mint(),
             adopts_unstamped: false,
         };
-        self.outputs(&spec, checking)?;
+        let outputs = self.outputs(&spec, checking)?;
         let mut actions = Vec::new();
-        for b in &spec.bindings {
+        for (b, mut output) in spec.bindings.iter().zip(outputs) {
             let collection = b.collection.as_ref().map(|c| c.collection.as_str());
             let (resource, path) = self.resource(&b.resource_spec_json)?;
             actions.push(format!(
@@ -271,6 +272,11 @@ impl Driver for OutputDriver {
                 path.join("/"),
                 resource.encoding.format,
             ));
+            let found = output.endpoint.probe().await.map_err(output_error)?;
+            if !found.is_empty() {
+                actions.push(format!("  {found}"));
+            }
+            output.endpoint.close().await;
             // What a consumer of Avro needs to decode (or to register).
             if resource.encoding.format == encode::Format::Avro {
                 let fields = Fields::of(&spec.materialization, b).map_err(output_error)?;

@@ -71,6 +71,14 @@ pub trait OutputEndpoint: Send {
     /// when replayed).
     async fn open(&mut self) -> Result<()>;
 
+    /// Connects and looks at the destination, creating and writing nothing: what Apply
+    /// says of it ("topic t exists, 3 partitions"; "stream s is created at the first
+    /// run"), so that `sluice check` and `apply` reach every destination. Nothing to
+    /// reach: empty (the default).
+    async fn probe(&mut self) -> Result<String> {
+        Ok(String::new())
+    }
+
     /// Bytes of encoded messages the driver buffers before it pushes them.
     fn max_buffer_size_bytes(&self) -> usize {
         1 << 20

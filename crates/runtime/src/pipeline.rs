@@ -118,6 +118,16 @@ pub enum PipelineError {
         file: String,
         changes: String,
     },
+    /// A source that cannot be read ([`Source::probe`]).
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// A stop request came before the run began: nothing was created.
+    #[error("stopped before the run began: nothing was created")]
+    Stopped,
+    /// Several problems at once, each naming its place: what `sluice check` reports,
+    /// and what `run` refuses to start with.
+    #[error("{} problems:{}", .0.len(), .0.iter().map(|p| format!("\n  - {p}")).collect::<String>())]
+    Problems(Vec<PipelineError>),
     /// A materialization's loop failed (and was not retried, or ran out of attempts).
     /// The others were stopped after their transaction in progress.
     #[error("materialization {materialization}: {source}")]
@@ -129,6 +139,17 @@ pub enum PipelineError {
         /// included, by name.
         summaries: Vec<(String, Summary)>,
     },
+}
+
+impl PipelineError {
+    /// `Ok` without problems, the one problem, or all of them.
+    pub fn all(mut problems: Vec<PipelineError>) -> Result<(), PipelineError> {
+        match problems.len() {
+            0 => Ok(()),
+            1 => Err(problems.remove(0)),
+            _ => Err(PipelineError::Problems(problems)),
+        }
+    }
 }
 
 fn invalid(place: impl Into<String>, reason: impl Into<String>) -> PipelineError {
@@ -155,138 +176,175 @@ pub struct Planned {
     pub materializations: Vec<PlannedMaterialization>,
 }
 
-/// Compiles collections and asks every driver for its Spec and Validate.
+/// Compiles collections and asks every driver for its Spec and Validate; the first
+/// problem, or all of them when there are several ([`plan_all`]).
 pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned, PipelineError> {
+    let (planned, problems) = plan_all(pipeline, connect).await;
+    PipelineError::all(problems)?;
+    Ok(planned)
+}
+
+/// Plans every collection and materialization it can, and says what stops the others,
+/// each problem naming its place: a materialization binding a collection that does not
+/// compile is left out (the collection's problem says why).
+pub async fn plan_all(
+    pipeline: &Pipeline,
+    connect: &dyn Connect,
+) -> (Planned, Vec<PipelineError>) {
+    let mut problems = Vec::new();
     let mut collections = BTreeMap::new();
     for (name, def) in &pipeline.collections {
-        let collection = projections::compile_collection(
+        match projections::compile_collection(
             &format!("collections.{name}"),
             name,
             &def.key,
             &def.schema,
-        )?;
-        collections.insert(name.clone(), Arc::new(collection));
+        ) {
+            Ok(collection) => {
+                collections.insert(name.clone(), Arc::new(collection));
+            }
+            Err(err) => problems.push(err.into()),
+        }
     }
     let mut materializations = Vec::new();
     for (name, def) in &pipeline.materializations {
-        let place = format!("materializations.{name}");
-        let connected = connect
-            .connect(name, &pipeline.endpoint_state_dir(name), &def.endpoint)
-            .await
-            .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
-        // Admission first: a part that cannot give the delivery asked for is refused
-        // before any driver is asked anything.
-        let refusals = admit(pipeline, name, connected.guarantee)?;
-        if !refusals.is_empty() {
-            return Err(PipelineError::Refused {
-                delivery: match pipeline.delivery {
-                    admission::Delivery::ExactlyOnce => "exactly-once",
-                    admission::Delivery::AtLeastOnce => "at-least-once",
-                },
-                refusals,
-            });
+        if def.bindings.iter().any(|b| !collections.contains_key(&b.source)) {
+            continue;
         }
-        let driver_err = |source| PipelineError::Driver {
-            materialization: name.clone(),
-            source,
-        };
-        let timeout = pipeline.runtime.timeouts.driver;
-        let endpoint_spec_json = connected.config.to_string();
-        let spec = connected.endpoint.spec(m::SpecRequest {
-            endpoint_type: connected.endpoint_type as i32,
-            endpoint_spec_json: endpoint_spec_json.clone(),
-        });
-        let spec = within(timeout, || "Spec".into(), spec)
-            .await
-            .map_err(driver_err)?;
-        let resource_schema = resource_schema(&place, &spec.resource_spec_schema_json)?;
-
-        let mut validate = m::ValidateRequest {
-            materialization: name.clone(),
-            endpoint_type: connected.endpoint_type as i32,
-            endpoint_spec_json: endpoint_spec_json.clone(),
-            bindings: Vec::new(),
-        };
-        let mut collection_specs = Vec::new();
-        for (i, binding) in def.bindings.iter().enumerate() {
-            let binding_place = format!("{place}.bindings[{i}]");
-            let collection = &collections[&binding.source];
-            if let Err(err) = resource_schema.validate(&binding.resource) {
-                let at = err.pointer.trim_start_matches('/').replace('/', ".");
-                let at = if at.is_empty() {
-                    String::new()
-                } else {
-                    format!(".{at}")
-                };
-                return Err(invalid(format!("{binding_place}.resource{at}"), err.reason));
-            }
-            let collection_spec = projections::collection_spec(collection);
-            validate.bindings.push(m::validate_request::Binding {
-                resource_spec_json: binding.resource.to_string(),
-                collection: Some(collection_spec.clone()),
-                field_config_json: Default::default(),
-            });
-            collection_specs.push(collection_spec);
+        match plan_materialization(pipeline, connect, &collections, name, def).await {
+            Ok(planned) => materializations.push(planned),
+            Err(err) => problems.push(err),
         }
-        let validated = within(
-            timeout,
-            || "Validate".into(),
-            connected.endpoint.validate(validate),
-        )
-        .await
-        .map_err(driver_err)?;
-        if validated.bindings.len() != def.bindings.len() {
-            return Err(invalid(
-                &place,
-                format!(
-                    "driver validated {} bindings, the pipeline has {}",
-                    validated.bindings.len(),
-                    def.bindings.len()
-                ),
-            ));
-        }
-        let mut bindings = Vec::new();
-        for (i, ((binding, constraints), collection_spec)) in def
-            .bindings
-            .iter()
-            .zip(&validated.bindings)
-            .zip(collection_specs)
-            .enumerate()
-        {
-            let fields = binding.fields.clone().unwrap_or_default();
-            let selection = projections::select_fields(
-                &format!("{place}.bindings[{i}]"),
-                &collection_spec,
-                constraints,
-                &fields.include,
-                &fields.exclude,
-            )?;
-            bindings.push(flow::materialization_spec::Binding {
-                resource_spec_json: binding.resource.to_string(),
-                resource_path: constraints.resource_path.clone(),
-                collection: Some(collection_spec),
-                field_selection: Some(selection),
-                delta_updates: binding.delta_updates || constraints.delta_updates,
-            });
-        }
-        materializations.push(PlannedMaterialization {
-            name: name.clone(),
-            endpoint: connected.endpoint,
-            participant: connected.participant,
-            store_keeps_checkpoint: connected.guarantee.store_keeps_checkpoint(),
-            spec: flow::MaterializationSpec {
-                materialization: name.clone(),
-                endpoint_type: connected.endpoint_type as i32,
-                endpoint_spec_json,
-                bindings,
-            },
-            validated,
-            shard: def.shard,
-        });
     }
-    Ok(Planned {
+    let planned = Planned {
         collections,
         materializations,
+    };
+    (planned, problems)
+}
+
+/// Connects materialization `name`'s endpoint, admits it, and asks its driver for Spec
+/// and Validate; selects each binding's fields.
+async fn plan_materialization(
+    pipeline: &Pipeline,
+    connect: &dyn Connect,
+    collections: &BTreeMap<String, Arc<Collection>>,
+    name: &String,
+    def: &config::MaterializationDef,
+) -> Result<PlannedMaterialization, PipelineError> {
+    let place = format!("materializations.{name}");
+    let connected = connect
+        .connect(name, &pipeline.endpoint_state_dir(name), &def.endpoint)
+        .await
+        .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
+    // Admission first: a part that cannot give the delivery asked for is refused
+    // before any driver is asked anything.
+    let refusals = admit(pipeline, name, connected.guarantee)?;
+    if !refusals.is_empty() {
+        return Err(PipelineError::Refused {
+            delivery: match pipeline.delivery {
+                admission::Delivery::ExactlyOnce => "exactly-once",
+                admission::Delivery::AtLeastOnce => "at-least-once",
+            },
+            refusals,
+        });
+    }
+    let driver_err = |source| PipelineError::Driver {
+        materialization: name.clone(),
+        source,
+    };
+    let timeout = pipeline.runtime.timeouts.driver;
+    let endpoint_spec_json = connected.config.to_string();
+    let spec = connected.endpoint.spec(m::SpecRequest {
+        endpoint_type: connected.endpoint_type as i32,
+        endpoint_spec_json: endpoint_spec_json.clone(),
+    });
+    let spec = within(timeout, || "Spec".into(), spec)
+        .await
+        .map_err(driver_err)?;
+    let resource_schema = resource_schema(&place, &spec.resource_spec_schema_json)?;
+
+    let mut validate = m::ValidateRequest {
+        materialization: name.clone(),
+        endpoint_type: connected.endpoint_type as i32,
+        endpoint_spec_json: endpoint_spec_json.clone(),
+        bindings: Vec::new(),
+    };
+    let mut collection_specs = Vec::new();
+    for (i, binding) in def.bindings.iter().enumerate() {
+        let binding_place = format!("{place}.bindings[{i}]");
+        let collection = &collections[&binding.source];
+        if let Err(err) = resource_schema.validate(&binding.resource) {
+            let at = err.pointer.trim_start_matches('/').replace('/', ".");
+            let at = if at.is_empty() {
+                String::new()
+            } else {
+                format!(".{at}")
+            };
+            return Err(invalid(format!("{binding_place}.resource{at}"), err.reason));
+        }
+        let collection_spec = projections::collection_spec(collection);
+        validate.bindings.push(m::validate_request::Binding {
+            resource_spec_json: binding.resource.to_string(),
+            collection: Some(collection_spec.clone()),
+            field_config_json: Default::default(),
+        });
+        collection_specs.push(collection_spec);
+    }
+    let validated = within(
+        timeout,
+        || "Validate".into(),
+        connected.endpoint.validate(validate),
+    )
+    .await
+    .map_err(driver_err)?;
+    if validated.bindings.len() != def.bindings.len() {
+        return Err(invalid(
+            &place,
+            format!(
+                "driver validated {} bindings, the pipeline has {}",
+                validated.bindings.len(),
+                def.bindings.len()
+            ),
+        ));
+    }
+    let mut bindings = Vec::new();
+    for (i, ((binding, constraints), collection_spec)) in def
+        .bindings
+        .iter()
+        .zip(&validated.bindings)
+        .zip(collection_specs)
+        .enumerate()
+    {
+        let fields = binding.fields.clone().unwrap_or_default();
+        let selection = projections::select_fields(
+            &format!("{place}.bindings[{i}]"),
+            &collection_spec,
+            constraints,
+            &fields.include,
+            &fields.exclude,
+        )?;
+        bindings.push(flow::materialization_spec::Binding {
+            resource_spec_json: binding.resource.to_string(),
+            resource_path: constraints.resource_path.clone(),
+            collection: Some(collection_spec),
+            field_selection: Some(selection),
+            delta_updates: binding.delta_updates || constraints.delta_updates,
+        });
+    }
+    Ok(PlannedMaterialization {
+        name: name.clone(),
+        endpoint: connected.endpoint,
+        participant: connected.participant,
+        store_keeps_checkpoint: connected.guarantee.store_keeps_checkpoint(),
+        spec: flow::MaterializationSpec {
+            materialization: name.clone(),
+            endpoint_type: connected.endpoint_type as i32,
+            endpoint_spec_json,
+            bindings,
+        },
+        validated,
+        shard: def.shard,
     })
 }
 
@@ -323,6 +381,106 @@ fn admit(
         &sources,
         (&place, guarantee),
     ))
+}
+
+/// What `sluice check` found past the file ([`probe`]).
+#[derive(Debug, Default)]
+pub struct Probed {
+    /// (materialization, what Apply would do there now) of each store reached.
+    pub stores: Vec<(String, String)>,
+    /// The sources that can be read.
+    pub sources: Vec<String>,
+    /// What cannot be reached or read, each naming its place.
+    pub problems: Vec<PipelineError>,
+}
+
+/// What `sluice check` finds past the file: every planned materialization's Apply as a
+/// dry run (its driver connects to the store and reads what is there, creating
+/// nothing), and every source probed ([`probe_sources`]).
+pub async fn probe(pipeline: &Pipeline, planned: &Planned) -> Probed {
+    let mut probed = Probed::default();
+    let timeout = pipeline.runtime.timeouts.driver;
+    for m in &planned.materializations {
+        match apply_materialization(m, ApplyAction::Upsert, true, timeout).await {
+            Ok(actions) => probed.stores.push((m.name.clone(), actions)),
+            Err(PipelineError::Driver { source, .. }) => probed.problems.push(invalid(
+                format!("materializations.{}.endpoint", m.name),
+                sluice_driver_sdk::error::chain(&source),
+            )),
+            Err(err) => probed.problems.push(err),
+        }
+    }
+    for (source, result) in probe_sources(pipeline).await {
+        match result {
+            Ok(()) => probed.sources.push(source),
+            Err(err) => probed.problems.push(err.into()),
+        }
+    }
+    probed
+}
+
+/// Probes every source a materialization reads ([`Source::probe`]), once each and for
+/// at most `runtime.timeouts.source` each: (source, what the probe found).
+pub async fn probe_sources(pipeline: &Pipeline) -> Vec<(String, Result<(), SourceError>)> {
+    let mut probed = Vec::new();
+    for (source, def) in &pipeline.sources {
+        let Some(materialization) = (pipeline.materializations.iter())
+            .find(|(_, m)| m.bindings.iter().any(|b| b.source == def.target))
+            .map(|(name, _)| name)
+        else {
+            continue;
+        };
+        let state_dir = pipeline.source_state_dir(materialization, source);
+        let opening = sluice_source_sdk::Opening {
+            name: source,
+            materialization,
+            state_dir: &state_dir,
+            follow: false,
+            intake: None,
+        };
+        let after = pipeline.runtime.timeouts.source;
+        let result = match def.config.open(&opening) {
+            Ok(mut opened) => match tokio::time::timeout(after, opened.probe()).await {
+                Ok(result) => result,
+                Err(_) => Err(SourceError::Timeout {
+                    name: source.clone(),
+                    call: "probe",
+                    after,
+                }),
+            },
+            Err(err) => Err(err),
+        };
+        probed.push((source.clone(), result));
+    }
+    probed
+}
+
+/// What `sluice run` does before it creates anything (tables, the recovery log): probes
+/// its sources ([`probe_sources`]), retrying as the loop retries while every failure is
+/// retryable (a broker not up yet); `shutdown` ends the wait.
+pub async fn check_sources(
+    pipeline: &Pipeline,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let mut retries = Retries::new();
+    loop {
+        let mut stop = shutdown.clone();
+        let probed = tokio::select! {
+            probed = probe_sources(pipeline) => probed,
+            _ = stop.wait_for(|down| *down) => return Err(PipelineError::Stopped),
+        };
+        let errors: Vec<SourceError> = probed.into_iter().filter_map(|(_, r)| r.err()).collect();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let retryable = errors.iter().all(SourceError::is_retryable);
+        let problems = PipelineError::all(errors.into_iter().map(Into::into).collect());
+        let err = problems.expect_err("errors is not empty");
+        if !retries.failed(retryable, shutdown) || !retries.wait(&err, "checking again", shutdown).await
+        {
+            return Err(err);
+        }
+    }
 }
 
 fn resource_schema(place: &str, json: &str) -> Result<sluice_doc::Schema, PipelineError> {
@@ -882,6 +1040,13 @@ impl Attempt {
             let committed_before = summary.transactions;
             let err = match self.run_once(&mut summary).await {
                 Ok(()) => return (summary, Ok(())),
+                Err(RunError::Source(stopped @ SourceError::Interrupted { .. })) => {
+                    tracing::info!(
+                        "stopped: {stopped}; the transaction in progress was not committed, \
+                         and the next run reads it again"
+                    );
+                    return (summary, Ok(()));
+                }
                 Err(err) => err,
             };
             if summary.transactions > committed_before {

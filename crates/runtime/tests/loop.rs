@@ -475,10 +475,18 @@ impl Harness {
 
     /// The whole pipeline, as `sluice run` runs it: reopened after retryable failures.
     async fn run_pipeline(&self) -> std::result::Result<Summary, PipelineError> {
+        let (_keep, shutdown) = tokio::sync::watch::channel(false);
+        self.run_pipeline_until(shutdown).await
+    }
+
+    /// [`Harness::run_pipeline`], stopped when `shutdown` says so.
+    async fn run_pipeline_until(
+        &self,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> std::result::Result<Summary, PipelineError> {
         let planned = pipeline::plan(&self.pipeline, &Connector(self.endpoint.clone()))
             .await
             .unwrap();
-        let (_keep, shutdown) = tokio::sync::watch::channel(false);
         let progress = Arc::new(Progress::default());
         let options = pipeline::RunOptions::default();
         let mut summaries =
@@ -801,14 +809,21 @@ async fn no_transaction_ends_at_a_barrier() {
 /// Queue calls of every `flaky_file` source of the process until the one that fails.
 static QUEUES_BEFORE_FAILURE: AtomicU64 = AtomicU64::new(u64::MAX);
 
+/// Queue calls of every `flaky_file` source of the process until the one that never
+/// returns (as a client retrying an unreachable broker inside one call); `STALLED` is
+/// notified when it begins.
+static QUEUES_BEFORE_STALL: AtomicU64 = AtomicU64::new(u64::MAX);
+static STALLED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 /// What every `flaky_file` source of the process was told of commits
 /// (`Source::committed`): (which open of the source, transaction, position).
 static TOLD_COMMITTED: Mutex<Vec<(usize, u64, Value)>> = Mutex::new(Vec::new());
 static OPENS: AtomicU64 = AtomicU64::new(0);
 
 /// The `file` source kind, whose `QUEUES_BEFORE_FAILURE`-th queue call fails once with
-/// a transient I/O error (a connection reset, as a network file system gives), and
-/// which notes what it is told of commits in `TOLD_COMMITTED`.
+/// a transient I/O error (a connection reset, as a network file system gives), whose
+/// `QUEUES_BEFORE_STALL`-th never returns, and which notes what it is told of commits
+/// in `TOLD_COMMITTED`.
 struct FlakyFileKind;
 
 impl SourceKind for FlakyFileKind {
@@ -861,6 +876,10 @@ impl Source for FlakyFile {
         limits: QueueLimits,
         out: &mut Records,
     ) -> std::result::Result<Step, SourceError> {
+        if QUEUES_BEFORE_STALL.fetch_sub(1, Ordering::SeqCst) == 1 {
+            STALLED.notify_one();
+            std::future::pending::<()>().await;
+        }
         if QUEUES_BEFORE_FAILURE.fetch_sub(1, Ordering::SeqCst) == 1 {
             return Err(SourceError::Io {
                 name: self.inner.name().to_string(),
@@ -927,5 +946,32 @@ async fn a_transient_source_error_reopens_the_loop_and_the_run_ends_exact() {
     assert_eq!(summary.restarts, 1, "{summary:?}");
     assert!(summary.transactions > 0, "{summary:?}");
     assert_eq!(h.streams().len(), 2, "reopened once");
+    h.assert_exact();
+}
+
+/// A stop request ends a source call that waits (it would otherwise hold the stop for
+/// as long as the call retries): the run ends cleanly with what it committed, and the
+/// next run reads the rest, exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_request_ends_a_waiting_source_call_and_the_next_run_is_exact() {
+    QUEUES_BEFORE_STALL.store(5, Ordering::SeqCst);
+    let h = Harness::reading("flaky_file").await;
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let stopping = async {
+        STALLED.notified().await;
+        stop.send(true).unwrap();
+    };
+    // Half the source timeout (a minute): only the stop can end the call.
+    let bound = Duration::from_secs(30);
+    let (stopped, ()) =
+        tokio::time::timeout(bound, futures::future::join(h.run_pipeline_until(shutdown), stopping))
+            .await
+            .expect("the stop ended the waiting call");
+    let summary = stopped.expect("a stop is a clean end");
+    assert_eq!(summary.restarts, 0, "{summary:?}");
+    assert!(summary.transactions > 0, "{summary:?}");
+    assert!(summary.docs < DOCS, "{summary:?}");
+    let rest = h.run_pipeline().await.expect("the next run reads the rest");
+    assert_eq!(summary.docs + rest.docs, DOCS, "{summary:?} {rest:?}");
     h.assert_exact();
 }

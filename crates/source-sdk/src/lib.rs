@@ -167,6 +167,10 @@ pub enum SourceError {
         call: &'static str,
         after: Duration,
     },
+    /// A stop was asked for while the call waited (a broker not answering): the call
+    /// was given up, and what it would have read is read by the next run.
+    #[error("source {name}: {call} given up at a stop request")]
+    Interrupted { name: String, call: &'static str },
 }
 
 impl SourceError {
@@ -190,7 +194,8 @@ impl SourceError {
             | SourceError::Unavailable { .. }
             | SourceError::SeekBack { .. }
             | SourceError::BadResume { .. }
-            | SourceError::Config { .. } => false,
+            | SourceError::Config { .. }
+            | SourceError::Interrupted { .. } => false,
         }
     }
 }
@@ -200,6 +205,15 @@ impl SourceError {
 pub trait Source: Send {
     fn name(&self) -> &str;
     fn fault_tolerance(&self) -> FaultTolerance;
+    /// Connects to what the source reads and confirms that it can be read: the file
+    /// exists and opens, the broker answers and holds the topic, the server accepts the
+    /// user and has what replication needs. Reads no record and creates nothing (no
+    /// slot, no consumer, no publication), and is followed by no other command: `sluice
+    /// check` asks it, and `sluice run` before it creates anything. A source with
+    /// nothing to reach answers `Ok` (the default).
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        Ok(())
+    }
     /// Restores a committed position: the `position` of a step's [`Resume`].
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError>;
     /// Told after [`seek`](Source::seek) when recovery adopted a checkpoint older than

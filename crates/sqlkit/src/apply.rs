@@ -44,12 +44,15 @@ pub trait Catalog: FenceClient {
     /// The columns of `table`, empty if it does not exist.
     async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>>;
 
-    /// How many key ranges of `materialization` have a checkpoint row (asked only when
-    /// the checkpoints table exists).
-    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64>;
-
     /// Whether the endpoint's schema exists (asked only of dialects that create one).
     async fn schema_exists(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// Whether the endpoint's schema holds anything (a table, view, sequence, type or
+    /// function) besides the tables `ours` (asked only of dialects that drop one).
+    async fn schema_holds_others(&mut self, ours: &[&str]) -> Result<bool> {
+        let _ = ours;
         Ok(true)
     }
 
@@ -66,10 +69,6 @@ pub struct Empty;
 impl Catalog for Empty {
     async fn existing_columns(&mut self, _table: &str) -> Result<Vec<String>> {
         Ok(Vec::new())
-    }
-
-    async fn checkpoint_rows(&mut self, _materialization: &str) -> Result<u64> {
-        Ok(0)
     }
 
     async fn schema_exists(&mut self) -> Result<bool> {
@@ -155,6 +154,23 @@ pub trait Ddl: Sync {
 
     /// `name` quoted (and qualified) for statements.
     fn qualified(&self, name: &str) -> String;
+
+    /// Drops the endpoint's schema once it is empty, for dialects that create one (and
+    /// never a database's default schema).
+    fn drop_schema(&self) -> Option<String> {
+        None
+    }
+
+    /// Counts the checkpoint rows of `materialization` (`=` the parameter) or of every
+    /// other one (`<>`): the first parameter is the materialization's name.
+    fn count_checkpoints(&self, comparison: &str) -> String {
+        format!(
+            "SELECT count(*) FROM {} WHERE {} {comparison} {}",
+            self.checkpoints(),
+            (Self::FENCE.quote)("materialization"),
+            (Self::FENCE.placeholder)(1)
+        )
+    }
 
     /// Forgets every checkpoint of `materialization`.
     fn delete_checkpoints(&self, materialization: &str) -> String {
@@ -270,7 +286,9 @@ async fn plan_upsert<D: Ddl>(
     Ok(statements)
 }
 
-/// Drops the tables of existing bindings and forgets the materialization's checkpoints.
+/// Drops the tables of existing bindings and forgets the materialization's checkpoints;
+/// then drops what Apply created for it alone: the checkpoints table once no other
+/// materialization has a row there, and then the schema once it holds nothing else.
 async fn plan_delete<D: Ddl>(
     catalog: &mut dyn Catalog,
     ddl: &D,
@@ -287,8 +305,27 @@ async fn plan_delete<D: Ddl>(
         .existing_columns(D::CHECKPOINTS_TABLE)
         .await?
         .is_empty();
-    if has_checkpoints && catalog.checkpoint_rows(materialization).await? > 0 {
-        statements.push(ddl.delete_checkpoints(materialization));
+    let mut checkpoints_left = has_checkpoints;
+    if has_checkpoints {
+        let name = [Param::Text(materialization)];
+        let count = |comparison| ddl.count_checkpoints(comparison);
+        let others = catalog.query_int(&count("<>"), &name).await?;
+        if others.unwrap_or(0) == 0 {
+            statements.push(format!("DROP TABLE IF EXISTS {}", ddl.checkpoints()));
+            checkpoints_left = false;
+        } else if catalog.query_int(&count("="), &name).await?.unwrap_or(0) > 0 {
+            statements.push(ddl.delete_checkpoints(materialization));
+        }
+    }
+    if let Some(drop) = ddl.drop_schema()
+        && !checkpoints_left
+        && catalog.schema_exists().await?
+    {
+        let mut ours: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+        ours.push(D::CHECKPOINTS_TABLE);
+        if !catalog.schema_holds_others(&ours).await? {
+            statements.push(drop);
+        }
     }
     Ok(statements)
 }
@@ -366,6 +403,9 @@ mod tests {
         fn create_checkpoints(&self) -> String {
             "create checkpoints".into()
         }
+        fn drop_schema(&self) -> Option<String> {
+            Some("drop schema".into())
+        }
         fn create_table(&self, table: &TestTable) -> String {
             format!("create {}", table.name)
         }
@@ -384,6 +424,10 @@ mod tests {
         schema: bool,
         tables: BTreeMap<String, Vec<String>>,
         checkpoint_rows: u64,
+        /// Checkpoint rows of other materializations.
+        other_checkpoint_rows: u64,
+        /// The schema holds objects Apply did not create.
+        others_in_schema: bool,
         version: Option<Vec<u8>>,
         executed: Vec<String>,
     }
@@ -399,7 +443,12 @@ mod tests {
             Ok(self.version.clone())
         }
         async fn query_int(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<i64>> {
-            panic!("Apply read a fence: {sql}")
+            assert!(sql.starts_with("SELECT count(*)"), "Apply read a fence: {sql}");
+            let rows = match sql.contains("<>") {
+                true => self.other_checkpoint_rows,
+                false => self.checkpoint_rows,
+            };
+            Ok(Some(rows as i64))
         }
         async fn begin_claim(&mut self, _: &str) -> Result<()> {
             panic!("Apply claimed")
@@ -414,11 +463,12 @@ mod tests {
         async fn existing_columns(&mut self, table: &str) -> Result<Vec<String>> {
             Ok(self.tables.get(table).cloned().unwrap_or_default())
         }
-        async fn checkpoint_rows(&mut self, _materialization: &str) -> Result<u64> {
-            Ok(self.checkpoint_rows)
-        }
         async fn schema_exists(&mut self) -> Result<bool> {
             Ok(self.schema)
+        }
+        async fn schema_holds_others(&mut self, ours: &[&str]) -> Result<bool> {
+            let ours_present = (self.tables.keys()).all(|t| ours.contains(&t.as_str()));
+            Ok(self.others_in_schema || !ours_present)
         }
         async fn execute(&mut self, statements: &[String]) -> Result<()> {
             self.executed.extend_from_slice(statements);
@@ -451,8 +501,18 @@ mod tests {
                 .map(|(t, cs)| (t.to_string(), cs.iter().map(|c| c.to_string()).collect()))
                 .collect(),
             checkpoint_rows,
+            other_checkpoint_rows: 0,
+            others_in_schema: false,
             version: None,
             executed: Vec::new(),
+        }
+    }
+
+    /// `model` where another materialization has checkpoints too.
+    fn shared(tables: &[(&str, &[&str])], checkpoint_rows: u64) -> Model {
+        Model {
+            other_checkpoint_rows: 2,
+            ..model(true, tables, checkpoint_rows)
         }
     }
 
@@ -492,7 +552,7 @@ mod tests {
         let upsert = Action::Upsert;
         let delete = Action::Delete;
         let all: &[(&str, &[&str])] = &[(CP, &["fence"]), ("t", &["k", "v", "doc"])];
-        let cases: [(&str, Model, Action, String); 10] = [
+        let cases: [(&str, Model, Action, String); 12] = [
             (
                 "empty store: everything, comments on every column, the version",
                 model(false, &[], 0),
@@ -536,28 +596,46 @@ mod tests {
                 RECORD_V1.into(),
             ),
             (
-                "delete: drop the table, forget the checkpoints",
+                "delete of the schema's only materialization: all it created goes",
                 model(true, &[(CP, &["fence"]), ("t", &["k"])], 2),
+                delete,
+                "DROP TABLE IF EXISTS s.<t>;\nDROP TABLE IF EXISTS s.<sluice_checkpoints>;\n\
+                 drop schema;\n"
+                    .into(),
+            ),
+            (
+                "delete beside another materialization: its checkpoint rows only",
+                shared(&[(CP, &["fence"]), ("t", &["k"])], 2),
                 delete,
                 "DROP TABLE IF EXISTS s.<t>;\nDELETE FROM s.<sluice_checkpoints> \
                  WHERE <materialization> = 'm';\n"
                     .into(),
             ),
             (
-                "delete without checkpoint rows",
-                model(true, &[(CP, &["fence"]), ("t", &["k"])], 0),
+                "delete beside another materialization, without checkpoint rows",
+                shared(&[(CP, &["fence"]), ("t", &["k"])], 0),
                 delete,
                 "DROP TABLE IF EXISTS s.<t>;\n".into(),
+            ),
+            (
+                "delete in a schema holding more: the schema stays",
+                Model {
+                    others_in_schema: true,
+                    ..model(true, &[(CP, &["fence"]), ("t", &["k"])], 2)
+                },
+                delete,
+                "DROP TABLE IF EXISTS s.<t>;\nDROP TABLE IF EXISTS s.<sluice_checkpoints>;\n"
+                    .into(),
             ),
             (
                 "delete without a checkpoints table",
                 model(true, &[("t", &["k"])], 5),
                 delete,
-                "DROP TABLE IF EXISTS s.<t>;\n".into(),
+                "DROP TABLE IF EXISTS s.<t>;\ndrop schema;\n".into(),
             ),
             (
-                "delete of nothing",
-                model(true, &[], 0),
+                "delete of nothing in a schema that is gone",
+                model(false, &[], 0),
                 delete,
                 String::new(),
             ),

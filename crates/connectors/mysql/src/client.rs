@@ -26,7 +26,7 @@
 //! `ssl-mode=REQUIRED` or stronger. The TLS errors name the options ([`Tls::describe`]).
 
 use crate::config::{Connection, EndpointConfig};
-use crate::sql::{self, CHECKPOINTS_TABLE, Flavor};
+use crate::sql::{self, Flavor};
 use crate::tls::Tls;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -219,18 +219,6 @@ impl Catalog for My<'_> {
             )
             .await
             .map_err(|err| my_error(format!("reading the columns of table {table:?}"), err))
-    }
-
-    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64> {
-        let sql = format!(
-            "SELECT COUNT(*) FROM {} WHERE `materialization` = ?",
-            sql::quote_ident(CHECKPOINTS_TABLE)
-        );
-        let count: Option<u64> = (self.conn)
-            .exec_first(sql, (materialization,))
-            .await
-            .map_err(|err| my_error("counting checkpoints", err))?;
-        Ok(count.unwrap_or_default())
     }
 
     /// Statement by statement: DDL is not transactional in MariaDB or MySQL (each

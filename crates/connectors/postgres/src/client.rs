@@ -19,7 +19,7 @@
 //! `sslmode=require` or stronger. The TLS errors name the options ([`Tls::describe`]).
 
 use crate::config::{Connection, EndpointConfig};
-use crate::sql::{self, CHECKPOINTS_TABLE};
+use crate::sql;
 use crate::tls::Tls;
 use async_trait::async_trait;
 use sluice_driver_sdk::{Error, Result};
@@ -174,18 +174,6 @@ impl Catalog for Pg<'_> {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64> {
-        let sql = format!(
-            "SELECT count(*) FROM {} WHERE \"materialization\" = $1",
-            sql::qualify(self.schema, CHECKPOINTS_TABLE)
-        );
-        let row = (self.client)
-            .query_one(&sql, &[&materialization])
-            .await
-            .map_err(|err| pg_error("counting checkpoints", err))?;
-        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or_default())
-    }
-
     async fn schema_exists(&mut self) -> Result<bool> {
         let schema = self.schema;
         let row = (self.client)
@@ -195,6 +183,25 @@ impl Catalog for Pg<'_> {
             )
             .await
             .map_err(|err| pg_error(format!("looking up schema {schema:?}"), err))?;
+        Ok(row.get(0))
+    }
+
+    async fn schema_holds_others(&mut self, ours: &[&str]) -> Result<bool> {
+        let schema = self.schema;
+        let ours: Vec<&str> = ours.to_vec();
+        let row = (self.client)
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                   WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f', 'c') \
+                   AND NOT c.relname = ANY ($2)) \
+                 OR EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                   WHERE n.nspname = $1) \
+                 OR EXISTS (SELECT FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace \
+                   WHERE n.nspname = $1 AND t.typtype IN ('b', 'd', 'e', 'r', 'm') AND t.typcategory <> 'A')",
+                &[&schema, &ours],
+            )
+            .await
+            .map_err(|err| pg_error(format!("looking into schema {schema:?}"), err))?;
         Ok(row.get(0))
     }
 

@@ -13,7 +13,10 @@
 //! ```
 //!
 //! Re-applying the same spec therefore runs nothing, and a dry run returns exactly the
-//! statements a real apply would run at that moment.
+//! statements a real apply would run at that moment. A delete drops the bindings'
+//! tables and the materialization's checkpoints, then what Apply made for it alone:
+//! the checkpoints table once no other materialization has a row there, then the schema
+//! once it holds nothing else (never `public`).
 
 use crate::client::{self, Pg};
 use crate::config::{

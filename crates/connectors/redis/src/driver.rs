@@ -130,10 +130,12 @@ impl Driver for RedisDriver {
         })
     }
 
-    /// Nothing to create: Redis keys exist once written.
+    /// Nothing to create: Redis keys exist once written. Connects all the same, so that
+    /// `sluice check` and a first start know the server answers.
     async fn apply_upsert(&self, req: m::ApplyRequest) -> Result<m::ApplyResponse> {
         let spec = req.materialization.unwrap_or_default();
-        EndpointConfig::parse(&spec.endpoint_spec_json)?;
+        let config = EndpointConfig::parse(&spec.endpoint_spec_json)?;
+        client::connect(&config).await?;
         let lines: Vec<String> = (spec_resources(&spec)?.iter())
             .map(|r| describe("", r))
             .collect();

@@ -17,7 +17,7 @@
 //! Claims are serialized by SQLite itself: `BEGIN IMMEDIATE` takes the database's write
 //! lock, which a concurrent claim or store waits for (up to the busy timeout, 30 s).
 
-use crate::sql::{self, CHECKPOINTS_TABLE};
+use crate::sql;
 use async_trait::async_trait;
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
@@ -256,17 +256,6 @@ impl Catalog for Lite<'_> {
                     .map_err(|err| store_error(context(), err))
             })
             .await
-    }
-
-    async fn checkpoint_rows(&mut self, materialization: &str) -> Result<u64> {
-        let sql = format!(
-            "SELECT count(*) FROM {} WHERE \"materialization\" = ?1",
-            sql::quote_ident(CHECKPOINTS_TABLE)
-        );
-        let rows: Option<i64> = self
-            .query_value(&sql, &[Param::Text(materialization)])
-            .await?;
-        Ok(rows.and_then(|n| u64::try_from(n).ok()).unwrap_or_default())
     }
 
     /// In one transaction.

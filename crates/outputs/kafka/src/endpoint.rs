@@ -208,6 +208,17 @@ impl OutputEndpoint for KafkaEndpoint {
         Ok(())
     }
 
+    async fn probe(&mut self) -> Result<String> {
+        let connection = Connection::connect(&self.brokers, &self.topic).await?;
+        Ok(match connection.partition_count().await? {
+            Some(count) => format!("topic {} exists, {count} partitions", self.topic),
+            None => format!(
+                "topic {} is created at the first run, {} partitions",
+                self.topic, self.create_partitions
+            ),
+        })
+    }
+
     fn max_buffer_size_bytes(&self) -> usize {
         self.max_buffer_size_bytes
     }

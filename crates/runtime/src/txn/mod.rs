@@ -188,6 +188,9 @@ pub struct Summary {
     pub restarts: u64,
     /// Documents rejected by `on_error: skip` sources (in committed transactions).
     pub rejected: u64,
+    /// How long the reader waited for input with nothing read (a `--follow` run caught
+    /// up): what a rate over the run's time leaves out.
+    pub idle: Duration,
 }
 
 /// Why a run ended. Each variant keeps the typed error underneath, so that
@@ -482,7 +485,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let mut sources: Vec<BoundSource> = sources
         .into_iter()
         .map(|bound| BoundSource {
-            source: timed::bounded(bound.source, timeouts.source),
+            source: timed::bounded(bound.source, timeouts.source, shutdown.clone()),
             ..bound
         })
         .collect();
@@ -704,7 +707,10 @@ impl Committer<'_> {
         loop {
             self.shared.progress.enter(LivePhase::Reading);
             let batch = match batches.recv().await {
-                Some(Ok(batch)) => batch,
+                Some(Ok(batch)) => {
+                    self.summary.idle += batch.tally.idle;
+                    batch
+                }
                 failed => {
                     // Join the log commit in flight: a restart must find the log's lock
                     // free and its last record written.

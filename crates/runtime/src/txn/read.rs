@@ -120,8 +120,11 @@ pub struct Tally {
     pub combined: Vec<u64>,
     /// When its first document was combined.
     pub first_read: Option<Instant>,
-    /// How long reading it took.
+    /// How long reading it took, idle time left out.
     pub took: Duration,
+    /// How long the reader waited for input with nothing read (a `--follow` run caught
+    /// up): not reading, so left out of `took` and out of the run's rate.
+    pub idle: Duration,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -221,7 +224,7 @@ pub(super) fn spawn(
                 Err(e) => Err(e),
             };
             if let Ok(b) = &mut batch {
-                b.tally.took = started.elapsed();
+                b.tally.took = started.elapsed().saturating_sub(b.tally.idle);
                 tracing::debug!(
                     docs = b.docs,
                     read_ms = b.tally.took.as_millis() as u64,
@@ -565,7 +568,12 @@ impl Reader {
                     return Ok(batch);
                 }
                 Close::ReadOn => {}
-                Close::Wait => self.wait(&facts, started).await,
+                Close::Wait if facts.has_work => self.wait(&facts, started).await,
+                Close::Wait => {
+                    let idle = Instant::now();
+                    self.wait(&facts, started).await;
+                    batch.tally.idle += idle.elapsed();
+                }
             }
         }
     }

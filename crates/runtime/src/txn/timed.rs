@@ -5,42 +5,72 @@
 //! wraps each source once, so neither recovery (seek) nor the reader (queue, replay)
 //! calls one unbounded. A source's calls return quickly by contract (`queue` returns
 //! what it has), so the bound is on one call, never on a transaction.
+//!
+//! A stop request also ends a call already waiting when it comes (a client retrying an
+//! unreachable broker inside one call): the call fails with
+//! [`SourceError::Interrupted`], and the run stops without committing the transaction
+//! in progress, which the next run reads again. A call begun after the request runs to
+//! its end, so that the transaction in hand can finish.
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_source_sdk::{
     FaultTolerance, Lag, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
 };
+use std::future::Future;
 use std::time::Duration;
-use tokio::time::{error::Elapsed, timeout};
+use tokio::sync::watch;
+use tokio::time::timeout;
 
-/// `source`, each of whose calls fails with a timeout after `after`.
-pub(super) fn bounded(source: Box<dyn Source>, after: Duration) -> Box<dyn Source> {
+/// `source`, each of whose calls fails with a timeout after `after`, or at `shutdown`.
+pub(super) fn bounded(
+    source: Box<dyn Source>,
+    after: Duration,
+    shutdown: watch::Receiver<bool>,
+) -> Box<dyn Source> {
     Box::new(Bounded {
+        name: source.name().to_string(),
         inner: source,
         after,
+        shutdown,
     })
 }
 
 struct Bounded {
+    /// The source's name, for errors.
+    name: String,
     inner: Box<dyn Source>,
     after: Duration,
+    shutdown: watch::Receiver<bool>,
 }
 
-impl Bounded {
-    /// The call's result, or the timeout naming it.
-    fn settle<T>(
-        &self,
-        call: &'static str,
-        result: Result<Result<T, SourceError>, Elapsed>,
-    ) -> Result<T, SourceError> {
-        result.unwrap_or_else(|_| {
+/// Runs `call` (named `name` in errors) of source `source` for at most `after`, giving
+/// it up at a stop request that comes while it waits.
+async fn bound<T>(
+    (source, name): (&str, &'static str),
+    after: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    call: impl Future<Output = Result<T, SourceError>>,
+) -> Result<T, SourceError> {
+    let stopping = *shutdown.borrow_and_update();
+    let stop = async {
+        if stopping {
+            std::future::pending::<()>().await;
+        }
+        let _ = shutdown.wait_for(|down| *down).await;
+    };
+    tokio::select! {
+        result = timeout(after, call) => result.unwrap_or_else(|_| {
             Err(SourceError::Timeout {
-                name: self.inner.name().to_string(),
-                call,
-                after: self.after,
+                name: source.to_string(),
+                call: name,
+                after,
             })
-        })
+        }),
+        () = stop => Err(SourceError::Interrupted {
+            name: source.to_string(),
+            call: name,
+        }),
     }
 }
 
@@ -55,23 +85,23 @@ impl Source for Bounded {
     }
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        let result = timeout(self.after, self.inner.seek(position)).await;
-        self.settle("seek", result)
+        let shutdown = self.shutdown.clone();
+        bound((&self.name, "seek"), self.after, shutdown, self.inner.seek(position)).await
     }
 
     async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
-        let result = timeout(self.after, self.inner.rewound(released)).await;
-        self.settle("rewound", result)
+        let shutdown = self.shutdown.clone();
+        bound((&self.name, "rewound"), self.after, shutdown, self.inner.rewound(released)).await
     }
 
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
-        let result = timeout(self.after, self.inner.replay(step, out)).await;
-        self.settle("replay", result)
+        let shutdown = self.shutdown.clone();
+        bound((&self.name, "replay"), self.after, shutdown, self.inner.replay(step, out)).await
     }
 
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
-        let result = timeout(self.after, self.inner.queue(limits, out)).await;
-        self.settle("queue", result)
+        let shutdown = self.shutdown.clone();
+        bound((&self.name, "queue"), self.after, shutdown, self.inner.queue(limits, out)).await
     }
 
     /// Unbounded: waiting for input is not a call that hangs.

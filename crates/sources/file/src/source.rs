@@ -394,6 +394,24 @@ impl Source for FileSource {
         FaultTolerance::ExactlyOnce
     }
 
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        let path = self.path.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            let file = File::open(&path)?;
+            if file.metadata()?.is_dir() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "is a folder, not a file",
+                ));
+            }
+            Ok(())
+        });
+        match opened.await {
+            Ok(result) => result.map_err(|e| self.io_error(e)),
+            Err(joined) => Err(self.io_error(std::io::Error::other(joined))),
+        }
+    }
+
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let span = Span::<Cursor>::from_value(&self.name, "seek to", position)?;
         if span.end.offset > 0 {

@@ -203,6 +203,13 @@ impl Source for HttpSource {
         FaultTolerance::ExactlyOnce
     }
 
+    /// The address can be listened on (and is let go at once).
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        crate::server::bind(&self.name, self.config.address())
+            .await
+            .map(drop)
+    }
+
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let seq = self.at("seek to", position)?;
         match &mut self.phase {

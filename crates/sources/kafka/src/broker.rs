@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// How long the client retries a failing request (a broker restarting, a leader
 /// moving) before the call fails; the runtime then reopens the source.
-const RETRY_FOR: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_FOR: Duration = Duration::from_secs(30);
 
 pub(crate) struct Broker {
     /// The source's name, for errors.
@@ -22,25 +22,37 @@ pub(crate) struct Broker {
     partitions: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
 }
 
+/// How long a probe (`sluice check`, a run's check before it starts) waits for the
+/// brokers to answer: long enough for a slow network, short enough for a person.
+pub(crate) const PROBE_FOR: Duration = Duration::from_secs(5);
+
 /// The retry policy of every client this crate builds.
 pub(crate) fn client_builder(brokers: &[String]) -> ClientBuilder {
+    client_builder_for(brokers, RETRY_FOR)
+}
+
+/// A client retrying a failing request for up to `deadline`.
+fn client_builder_for(brokers: &[String], deadline: Duration) -> ClientBuilder {
     ClientBuilder::new(brokers.to_vec())
         .client_id("sluice")
         .backoff_config(BackoffConfig {
             init_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             base: 2.0,
-            deadline: Some(RETRY_FOR),
+            deadline: Some(deadline),
         })
 }
 
 impl Broker {
+    /// A client of `brokers` for `topic`, retrying a failing request for up to
+    /// `deadline` ([`RETRY_FOR`] when reading, [`PROBE_FOR`] for a probe).
     pub(crate) async fn connect(
         name: &str,
         brokers: &[String],
         topic: &str,
+        deadline: Duration,
     ) -> Result<Arc<Broker>, SourceError> {
-        let client = client_builder(brokers)
+        let client = client_builder_for(brokers, deadline)
             .build()
             .await
             .map_err(|e| SourceError::Io {

@@ -19,7 +19,7 @@
 //! A step ends the input (for now) when every assigned partition has been read up to
 //! the high watermark last seen: `sluice run` stops there, `--follow` reads on.
 
-use crate::broker::Broker;
+use crate::broker::{Broker, PROBE_FOR, RETRY_FOR};
 use crate::config::{KafkaConfig, Start};
 use crate::fetch::{FETCH_BYTES, Fetched, PartitionFetch};
 use crate::message::{Acc, Documents};
@@ -91,7 +91,8 @@ impl KafkaSource {
         if let Some(broker) = &self.broker {
             return Ok(broker.clone());
         }
-        let broker = Broker::connect(&self.name, &self.config.brokers, &self.config.topic).await?;
+        let (brokers, topic) = (&self.config.brokers, &self.config.topic);
+        let broker = Broker::connect(&self.name, brokers, topic, RETRY_FOR).await?;
         self.broker = Some(broker.clone());
         Ok(broker)
     }
@@ -283,6 +284,12 @@ impl Source for KafkaSource {
 
     fn fault_tolerance(&self) -> FaultTolerance {
         FaultTolerance::ExactlyOnce
+    }
+
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        let (brokers, topic) = (&self.config.brokers, &self.config.topic);
+        let broker = Broker::connect(&self.name, brokers, topic, PROBE_FOR).await?;
+        broker.partitions().await.map(drop)
     }
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {

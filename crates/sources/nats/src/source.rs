@@ -258,6 +258,11 @@ impl Source for NatsSource {
         FaultTolerance::ExactlyOnce
     }
 
+    /// The server, and a stream this source can read (it exists, with limits retention).
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        Connection::open(&self.name, &self.config).await.map(drop)
+    }
+
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let span = Span::<u64>::from_value(&self.name, "seek to", position)?;
         self.reader = None;

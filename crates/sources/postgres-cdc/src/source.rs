@@ -369,16 +369,21 @@ impl PostgresCdcSource {
         Ok(())
     }
 
-    /// No checkpoint: the checks, the publication, a new slot and its snapshot.
-    async fn fresh(&mut self) -> Result<Phase, SourceError> {
-        let catalog = self.catalog().await?;
-        let listed: Option<Vec<TableName>> = self.config.tables.as_ref().map(|tables| {
+    /// The tables the configuration lists, if it lists them (else the publication's).
+    fn listed_tables(&self) -> Option<Vec<TableName>> {
+        self.config.tables.as_ref().map(|tables| {
             tables
                 .iter()
                 .filter_map(|t| split_table(t))
                 .map(|(schema, table)| TableName { schema, table })
                 .collect()
-        });
+        })
+    }
+
+    /// No checkpoint: the checks, the publication, a new slot and its snapshot.
+    async fn fresh(&mut self) -> Result<Phase, SourceError> {
+        let catalog = self.catalog().await?;
+        let listed = self.listed_tables();
         catalog
             .ensure_publication(&self.publication, listed.as_deref())
             .await?;
@@ -723,6 +728,24 @@ impl Source for PostgresCdcSource {
 
     fn fault_tolerance(&self) -> FaultTolerance {
         FaultTolerance::ExactlyOnce
+    }
+
+    /// The server, its `wal_level`, the tables (each with a primary key) or the
+    /// publication that names them, and a replication connection; no slot is made.
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        let catalog = self.catalog().await?;
+        match self.listed_tables() {
+            Some(listed) => {
+                for table in &listed {
+                    catalog.table(table).await?;
+                }
+            }
+            None => {
+                catalog.ensure_publication(&self.publication, None).await?;
+                catalog.tables(&self.publication).await?;
+            }
+        }
+        self.replication().await.map(drop)
     }
 
     /// Records the position, after checking that the slot has not confirmed past
