@@ -50,7 +50,10 @@ struct Unmade(String);
 impl Unmade {
     fn new(tag: &str) -> Unmade {
         let name = format!("sluice_{tag}_{}", std::process::id());
-        postgres_execute(POSTGRES_URL, &format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE"#));
+        postgres_execute(
+            POSTGRES_URL,
+            &format!(r#"DROP SCHEMA IF EXISTS "{name}" CASCADE"#),
+        );
         Unmade(name)
     }
 
@@ -175,9 +178,15 @@ fn check_says_what_it_reached() {
     assert_success(&out);
     let said = text(&out);
     assert!(said.contains("store: connected"), "{said}");
-    assert!(said.contains("source views-file (file): can be read"), "{said}");
+    assert!(
+        said.contains("source views-file (file): can be read"),
+        "{said}"
+    );
     assert!(said.contains("is valid"), "{said}");
-    assert!(!dir.path().join("views.db").exists(), "the check created the store");
+    assert!(
+        !dir.path().join("views.db").exists(),
+        "the check created the store"
+    );
 }
 
 /// A run whose source file is missing fails before it creates anything: no schema, no
@@ -194,7 +203,11 @@ fn run_creates_nothing_before_its_sources_can_be_read() {
     assert!(said.contains("views.jsonl"), "{said}");
     assert!(!schema.exists(), "the run created the schema: {said}");
     let log = dir.path().join(".sluice");
-    assert!(!log.exists(), "the run created the recovery log {}", log.display());
+    assert!(
+        !log.exists(),
+        "the run created the recovery log {}",
+        log.display()
+    );
 }
 
 /// `apply --delete` removes what apply created: beside another materialization only its

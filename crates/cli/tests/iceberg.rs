@@ -112,7 +112,7 @@ fn check_says_when_the_sink_makes_a_standard_binding_delta() {
     );
     std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
     let out = Command::new(SLUICE)
-        .arg("check")
+        .args(["check", "--offline"])
         .arg(dir.path().join("pipeline.yaml"))
         .output()
         .unwrap();

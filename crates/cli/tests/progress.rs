@@ -187,7 +187,10 @@ fn a_follow_run_leaves_idle_time_out_of_its_rate_and_read_phase() {
     transactions(1);
     let quiet = Duration::from_secs(3);
     std::thread::sleep(quiet);
-    let mut file = std::fs::OpenOptions::new().append(true).open(&input).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&input)
+        .unwrap();
     std::io::Write::write_all(&mut file, b"{\"user_id\": \"late\", \"views\": 1, \"bytes\": 1, \"last_seen\": \"2026-01-01T00:00:00Z\"}\n").unwrap();
     let status = transactions(2);
     let phases = &status["shards"][0]["last_committed"]["phases"];

@@ -236,7 +236,13 @@ impl GrpcListener {
                     .await
             }
         };
-        result.map_err(|err| Error::Transport(format!("serving {}: {}", self.address, crate::error::chain(&err))))
+        result.map_err(|err| {
+            Error::Transport(format!(
+                "serving {}: {}",
+                self.address,
+                crate::error::chain(&err)
+            ))
+        })
     }
 }
 
@@ -252,8 +258,9 @@ impl GrpcEndpoint {
     /// answers there.
     pub async fn connect(address: &str) -> Result<Self> {
         let uri = channel_uri(address).map_err(Error::Config)?;
-        let transport_error =
-            |err: tonic::transport::Error| Error::Transport(format!("{address}: {}", crate::error::chain(&err)));
+        let transport_error = |err: tonic::transport::Error| {
+            Error::Transport(format!("{address}: {}", crate::error::chain(&err)))
+        };
         let channel = tonic::transport::Endpoint::from_shared(uri)
             .map_err(transport_error)?
             .connect()

@@ -187,10 +187,7 @@ pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned,
 /// Plans every collection and materialization it can, and says what stops the others,
 /// each problem naming its place: a materialization binding a collection that does not
 /// compile is left out (the collection's problem says why).
-pub async fn plan_all(
-    pipeline: &Pipeline,
-    connect: &dyn Connect,
-) -> (Planned, Vec<PipelineError>) {
+pub async fn plan_all(pipeline: &Pipeline, connect: &dyn Connect) -> (Planned, Vec<PipelineError>) {
     let mut problems = Vec::new();
     let mut collections = BTreeMap::new();
     for (name, def) in &pipeline.collections {
@@ -208,7 +205,11 @@ pub async fn plan_all(
     }
     let mut materializations = Vec::new();
     for (name, def) in &pipeline.materializations {
-        if def.bindings.iter().any(|b| !collections.contains_key(&b.source)) {
+        if def
+            .bindings
+            .iter()
+            .any(|b| !collections.contains_key(&b.source))
+        {
             continue;
         }
         match plan_materialization(pipeline, connect, &collections, name, def).await {
@@ -467,7 +468,7 @@ pub async fn check_sources(
         let mut stop = shutdown.clone();
         let probed = tokio::select! {
             probed = probe_sources(pipeline) => probed,
-            _ = stop.wait_for(|down| *down) => return Err(PipelineError::Stopped),
+            Ok(_) = stop.wait_for(|down| *down) => return Err(PipelineError::Stopped),
         };
         let errors: Vec<SourceError> = probed.into_iter().filter_map(|(_, r)| r.err()).collect();
         if errors.is_empty() {
@@ -476,7 +477,8 @@ pub async fn check_sources(
         let retryable = errors.iter().all(SourceError::is_retryable);
         let problems = PipelineError::all(errors.into_iter().map(Into::into).collect());
         let err = problems.expect_err("errors is not empty");
-        if !retries.failed(retryable, shutdown) || !retries.wait(&err, "checking again", shutdown).await
+        if !retries.failed(retryable, shutdown)
+            || !retries.wait(&err, "checking again", shutdown).await
         {
             return Err(err);
         }

@@ -963,10 +963,12 @@ async fn a_stop_request_ends_a_waiting_source_call_and_the_next_run_is_exact() {
     };
     // Half the source timeout (a minute): only the stop can end the call.
     let bound = Duration::from_secs(30);
-    let (stopped, ()) =
-        tokio::time::timeout(bound, futures::future::join(h.run_pipeline_until(shutdown), stopping))
-            .await
-            .expect("the stop ended the waiting call");
+    let (stopped, ()) = tokio::time::timeout(
+        bound,
+        futures::future::join(h.run_pipeline_until(shutdown), stopping),
+    )
+    .await
+    .expect("the stop ended the waiting call");
     let summary = stopped.expect("a stop is a clean end");
     assert_eq!(summary.restarts, 0, "{summary:?}");
     assert!(summary.transactions > 0, "{summary:?}");

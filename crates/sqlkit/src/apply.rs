@@ -443,7 +443,10 @@ mod tests {
             Ok(self.version.clone())
         }
         async fn query_int(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<i64>> {
-            assert!(sql.starts_with("SELECT count(*)"), "Apply read a fence: {sql}");
+            assert!(
+                sql.starts_with("SELECT count(*)"),
+                "Apply read a fence: {sql}"
+            );
             let rows = match sql.contains("<>") {
                 true => self.other_checkpoint_rows,
                 false => self.checkpoint_rows,

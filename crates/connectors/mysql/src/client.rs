@@ -151,7 +151,13 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
             false,
         );
     }
-    Error::store(context, format!("{err}; retrying may succeed"), true)
+    // The client's I/O error wraps the system's twice ("Input/output error: Input/output
+    // error: Connection refused"): the system's says it all.
+    let cause = match &err {
+        mysql_async::Error::Io(IoError::Io(io)) => io.to_string(),
+        _ => err.to_string(),
+    };
+    Error::store(context, format!("{cause}; retrying may succeed"), true)
 }
 
 /// Runs `statement` (a [`crate::sql::Table::load_data_sql`]) with `rows` as its input

@@ -334,7 +334,8 @@ impl kit::apply::Ddl for Ddl<'_> {
 
     /// Not `public`, which every database has whether or not Apply ran.
     fn drop_schema(&self) -> Option<String> {
-        (self.schema != "public").then(|| format!("DROP SCHEMA IF EXISTS {}", quote_ident(self.schema)))
+        (self.schema != "public")
+            .then(|| format!("DROP SCHEMA IF EXISTS {}", quote_ident(self.schema)))
     }
 
     fn create_checkpoints(&self) -> String {

@@ -207,4 +207,6 @@ async fn validate_requires_keys_and_document_and_forbids_untyped_fields() {
 async fn apply_delete_drops_tables_and_forgets_checkpoints() {
     let deleted = scenarios::apply_delete_forgets_checkpoints(&TestDb::new()).await;
     assert!(deleted.contains("DROP TABLE IF EXISTS"), "{deleted}");
+    // The test's schema held nothing else: it goes with the checkpoints table.
+    assert!(deleted.contains("DROP SCHEMA IF EXISTS"), "{deleted}");
 }

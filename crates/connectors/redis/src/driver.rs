@@ -4,11 +4,12 @@
 //!   in the hash format (they become hash fields) and leaves them optional in the json
 //!   format (the document holds them anyway). It refuses delta-updates bindings
 //!   ([`crate::config::DELTA_REFUSED`]) and bindings whose prefixes overlap (one
-//!   binding's ApplyDelete would remove the other's keys). It connects, so an
-//!   unreachable server is reported before anything runs.
-//! - Apply has nothing to create: ApplyUpsert describes each binding's keys; ApplyDelete
-//!   removes every key under each binding's prefix (SCAN + UNLINK); either dry run only
-//!   describes. Both describe the same lines whether run or not.
+//!   binding's ApplyDelete would remove the other's keys). It connects to nothing.
+//! - Apply has nothing to create: ApplyUpsert connects (so `sluice check` and a first
+//!   start reach the server, the latter with the run's retries) and describes each
+//!   binding's keys; ApplyDelete removes every key under each binding's prefix (SCAN +
+//!   UNLINK); its dry run only describes. Both describe the same lines whether run or
+//!   not.
 //! - Open connects and returns an empty checkpoint: the runtime's recovery log is the
 //!   only record of progress, and nothing is fenced (Redis has no transactions to hold a
 //!   fence in: the pattern is [`sluice_driver_sdk::CommitPattern::RecoveryLogNonTransactional`]).
@@ -86,12 +87,11 @@ impl Driver for RedisDriver {
     }
 
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
-        let config = EndpointConfig::parse(&req.endpoint_spec_json)?;
+        EndpointConfig::parse(&req.endpoint_spec_json)?;
         let resources = (req.bindings.iter().enumerate())
             .map(|(i, b)| binding_resource(i, &b.resource_spec_json, false))
             .collect::<Result<Vec<_>>>()?;
         check_prefixes(&resources)?;
-        client::connect(&config).await?;
         let bindings = (req.bindings.iter().zip(resources)).map(|(binding, resource)| {
             let collection = binding.collection.clone().unwrap_or_default();
             let constraints = collection.projections.iter().map(|p| {

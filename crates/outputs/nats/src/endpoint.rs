@@ -279,17 +279,19 @@ impl NatsEndpoint {
 impl OutputEndpoint for NatsEndpoint {
     async fn probe(&mut self) -> Result<String> {
         let js = server::connect(&self.url, self.max_in_flight, &self.place).await?;
-        Ok(match server::stream_of(&js, &self.subject, &self.place).await? {
-            Some(stream) => format!(
-                "subject {} is in stream {}",
-                self.subject,
-                stream.cached_info().config.name
-            ),
-            None => format!(
-                "subject {} is added to stream {} at the first run",
-                self.subject, self.stream_name
-            ),
-        })
+        Ok(
+            match server::stream_of(&js, &self.subject, &self.place).await? {
+                Some(stream) => format!(
+                    "subject {} is in stream {}",
+                    self.subject,
+                    stream.cached_info().config.name
+                ),
+                None => format!(
+                    "subject {} is added to stream {} at the first run",
+                    self.subject, self.stream_name
+                ),
+            },
+        )
     }
 
     async fn open(&mut self) -> Result<()> {

@@ -54,10 +54,10 @@ async fn bound<T>(
 ) -> Result<T, SourceError> {
     let stopping = *shutdown.borrow_and_update();
     let stop = async {
-        if stopping {
+        // A call begun after the request runs on; without a sender, none can come.
+        if stopping || shutdown.wait_for(|down| *down).await.is_err() {
             std::future::pending::<()>().await;
         }
-        let _ = shutdown.wait_for(|down| *down).await;
     };
     tokio::select! {
         result = timeout(after, call) => result.unwrap_or_else(|_| {
@@ -86,22 +86,46 @@ impl Source for Bounded {
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         let shutdown = self.shutdown.clone();
-        bound((&self.name, "seek"), self.after, shutdown, self.inner.seek(position)).await
+        bound(
+            (&self.name, "seek"),
+            self.after,
+            shutdown,
+            self.inner.seek(position),
+        )
+        .await
     }
 
     async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
         let shutdown = self.shutdown.clone();
-        bound((&self.name, "rewound"), self.after, shutdown, self.inner.rewound(released)).await
+        bound(
+            (&self.name, "rewound"),
+            self.after,
+            shutdown,
+            self.inner.rewound(released),
+        )
+        .await
     }
 
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
         let shutdown = self.shutdown.clone();
-        bound((&self.name, "replay"), self.after, shutdown, self.inner.replay(step, out)).await
+        bound(
+            (&self.name, "replay"),
+            self.after,
+            shutdown,
+            self.inner.replay(step, out),
+        )
+        .await
     }
 
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
         let shutdown = self.shutdown.clone();
-        bound((&self.name, "queue"), self.after, shutdown, self.inner.queue(limits, out)).await
+        bound(
+            (&self.name, "queue"),
+            self.after,
+            shutdown,
+            self.inner.queue(limits, out),
+        )
+        .await
     }
 
     /// Unbounded: waiting for input is not a call that hangs.

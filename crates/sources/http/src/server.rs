@@ -114,7 +114,10 @@ impl Drop for Server {
     }
 }
 
-pub(crate) async fn bind(name: &str, address: SocketAddr) -> Result<tokio::net::TcpListener, SourceError> {
+pub(crate) async fn bind(
+    name: &str,
+    address: SocketAddr,
+) -> Result<tokio::net::TcpListener, SourceError> {
     let started = Instant::now();
     loop {
         match tokio::net::TcpListener::bind(address).await {
