@@ -6,6 +6,7 @@ mod driver_cmd;
 mod drivers;
 mod logging;
 mod pipeline_cmd;
+mod produce;
 mod progress;
 mod registry;
 mod schema_cmd;
@@ -53,6 +54,9 @@ enum Command {
     /// Create or update the resources (e.g. tables) a pipeline writes to (`--delete`:
     /// drop them); `run` runs only what was applied.
     Apply(pipeline_cmd::ApplyArgs),
+    /// Send a JSON-lines file (`-`: stdin) to what a source reads: its Kafka topic or
+    /// its NATS stream, one document a message (a missing topic or stream is created).
+    Produce(produce::ProduceArgs),
     /// Show what Sluice has recorded for a pipeline.
     #[command(subcommand)]
     Inspect(pipeline_cmd::InspectCommand),
@@ -112,6 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => pipeline_cmd::run(args),
         Command::Check(args) => pipeline_cmd::check(args),
         Command::Apply(args) => pipeline_cmd::apply(args),
+        Command::Produce(args) => produce::main(args),
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
         Command::Status(args) => status_cmd::main(args),
         Command::Schema(args) => schema_cmd::main(args),

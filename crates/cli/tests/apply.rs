@@ -2,7 +2,8 @@
 //! and its store. `sluice run` applies a first start and runs only what was applied;
 //! a changed pipeline file is refused until `sluice apply`; a store applied at another
 //! version refuses the Open; `sluice apply --delete` drops the table and forgets the
-//! recovery log, so a later run starts over.
+//! recovery log, so a later run starts over. A spec changed by a variable forgotten (its
+//! `${VAR:-default}` fell back to the default) names the variable.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -47,13 +48,16 @@ impl Fixture {
         std::fs::write(self.path(name), yaml).unwrap();
     }
 
-    fn sluice(&self, args: &[&str]) -> Output {
-        Command::new(SLUICE)
-            .args(args)
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(SLUICE);
+        cmd.args(args)
             .current_dir(self.dir.path())
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap()
+            .env("RUST_LOG", "warn");
+        cmd
+    }
+
+    fn sluice(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
     }
 
     fn db(&self) -> PathBuf {
@@ -208,4 +212,48 @@ fn apply_delete_drops_the_table_and_forgets_the_log_so_a_run_starts_over() {
     // A run after the delete is a first start: applied again, all the input read again.
     assert_success(&fx.sluice(&["run", "pipeline.yaml"]));
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+}
+
+#[test]
+fn a_spec_changed_by_an_unset_variable_names_it_and_the_default_used() {
+    let fx = Fixture::new();
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "sqlite: {path: \"${SLUICE_TEST_VIEWS_DB:-out/default.db}\"}",
+        false,
+        1000,
+        "10s",
+    );
+    std::fs::write(fx.path("pipeline.yaml"), yaml).unwrap();
+    let docs = generate(300, 30, 61);
+    fx.input(&docs);
+    let run = |db: Option<&str>| {
+        let mut cmd = fx.command(&["run", "pipeline.yaml"]);
+        match db {
+            Some(db) => cmd.env("SLUICE_TEST_VIEWS_DB", db),
+            None => cmd.env_remove("SLUICE_TEST_VIEWS_DB"),
+        };
+        cmd.output().unwrap()
+    };
+    assert_success(&run(Some("out/views.db")));
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+
+    // Run again with the variable forgotten: the default would be another store.
+    let out = run(None);
+    assert!(!out.status.success(), "a forgotten variable must not run");
+    let err = stderr(&out);
+    // The paths as the spec holds them (resolved against the pipeline file's folder).
+    let changed = "views.db\" → \"";
+    let explained = "default.db\" (the default of ${SLUICE_TEST_VIEWS_DB:-out/default.db}: \
+                     SLUICE_TEST_VIEWS_DB is not set)";
+    assert!(
+        err.contains("endpoint.path \"") && err.contains(changed) && err.contains(explained),
+        "{err}"
+    );
+    assert!(
+        !fx.path("out/default.db").exists(),
+        "nothing was written to the default's store"
+    );
+    // Set as when applied, it runs.
+    assert_success(&run(Some("out/views.db")));
 }

@@ -223,6 +223,18 @@ impl Example {
         cmd
     }
 
+    /// The header's `sluice produce …` command (`command`, before the sample's path),
+    /// which must send the whole sample to `to` (`topic t`, `subject s`).
+    fn produce(&self, command: &str, to: &str) {
+        let mut args: Vec<&str> = command.split(' ').skip(1).collect();
+        args.push("examples/data/pageviews.jsonl");
+        let out = self.sluice(&args).output().unwrap();
+        assert_success(&out);
+        let said = String::from_utf8_lossy(&out.stdout);
+        let sent = format!("sent {VIEWS} documents to {to}");
+        assert!(said.contains(&sent), "{said}");
+    }
+
     /// `sluice run` of the example, which must succeed.
     fn run(&self) -> Output {
         let out = self.sluice(&["run", &self.pipeline()]).output().unwrap();
@@ -788,17 +800,15 @@ fn fold_debezium(view: &mut BTreeMap<String, Row>, event: &Value) {
     view.insert(user, Row::of(after));
 }
 
-/// A Kafka message to produce: its key and value.
-type Message = (Option<Vec<u8>>, Vec<u8>);
-
 #[test]
 fn the_kafka_example_reads_a_topic_and_publishes_its_changes_as_its_comments_say() {
-    use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
+    use sluice_kafka::admin::{LOCAL_BROKER, ensure_local_broker};
+    let produce = "sluice produce --partitions 4 examples/kafka/pipeline.yaml views-kafka";
     assert_says(
         "kafka",
         &[
-            "kafka-console-producer.sh --bootstrap-server 127.0.0.1:9092 --topic pageviews",
-            "< examples/data/pageviews.jsonl",
+            produce,
+            "examples/data/pageviews.jsonl",
             "1000|10000|25323633|2026-01-31T23:47:35Z",
             "\"after\"",
         ],
@@ -806,31 +816,13 @@ fn the_kafka_example_reads_a_topic_and_publishes_its_changes_as_its_comments_say
     ensure_local_broker().unwrap();
     let name = unique("ex").replace('_', "-");
     let (topic, changes) = (format!("{name}-pageviews"), format!("{name}-changes"));
-    // A producer: the sample's lines, keyed by user, four partitions.
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let admin = runtime
-        .block_on(Admin::connect(&[LOCAL_BROKER.to_string()]))
-        .unwrap();
-    runtime.block_on(admin.create_topic(&topic, 4)).unwrap();
-    let mut partitions: Vec<Vec<Message>> = vec![Vec::new(); 4];
-    for line in std::fs::read_to_string(sample_path()).unwrap().lines() {
-        let doc: Value = serde_json::from_str(line).unwrap();
-        let user = doc["user_id"].as_str().unwrap();
-        let number: usize = user[1..].parse().unwrap();
-        partitions[number % 4].push((Some(user.as_bytes().to_vec()), line.as_bytes().to_vec()));
-    }
-    for (partition, messages) in partitions.iter().enumerate() {
-        for batch in messages.chunks(500) {
-            runtime
-                .block_on(admin.produce(&topic, partition as i32, batch.to_vec()))
-                .unwrap();
-        }
-    }
 
     let ex = Example::new("kafka")
         .var("KAFKA_BROKERS", LOCAL_BROKER)
         .var("KAFKA_TOPIC", &topic)
         .var("KAFKA_CHANGES_TOPIC", &changes);
+    ex.produce(produce, &format!("topic {topic}"));
     ex.run();
     let db = ex.path("out/views.db");
     let rows = assert_sqlite_view(&db);
@@ -878,10 +870,12 @@ impl Drop for NatsStreams {
 
 #[test]
 fn the_nats_example_reads_a_stream_and_publishes_its_changes_as_its_comments_say() {
+    let produce = "sluice produce examples/nats/pipeline.yaml views-nats";
     assert_says(
         "nats",
         &[
-            "nats stream add PAGEVIEWS --subjects pageviews",
+            produce,
+            "examples/data/pageviews.jsonl",
             "1000|10000|25323633|2026-01-31T23:47:35Z",
             "insert_delete",
         ],
@@ -892,17 +886,6 @@ fn the_nats_example_reads_a_stream_and_publishes_its_changes_as_its_comments_say
         format!("{}.pageviews", name.to_lowercase()),
         format!("{}.changes", name.to_lowercase()),
     );
-    // A publisher: the sample's lines, one message each.
-    block_on(async {
-        let admin = sluice_nats::admin::Admin::connect(NATS_URL).await.unwrap();
-        admin.create_stream(&name, &[&subject]).await.unwrap();
-        let lines = std::fs::read_to_string(sample_path()).unwrap();
-        let payloads: Vec<bytes::Bytes> = lines
-            .lines()
-            .map(|line| bytes::Bytes::from(line.as_bytes().to_vec()))
-            .collect();
-        admin.publish_batch(&subject, payloads).await.unwrap();
-    });
 
     let ex = Example::new("nats")
         .var("NATS_URL", NATS_URL)
@@ -910,6 +893,7 @@ fn the_nats_example_reads_a_stream_and_publishes_its_changes_as_its_comments_say
         .var("NATS_SUBJECT", &subject)
         .var("NATS_CHANGES_STREAM", &streams.0[1])
         .var("NATS_CHANGES_SUBJECT", &changes);
+    ex.produce(produce, &format!("subject {subject}"));
     ex.run();
     let db = ex.path("out/views.db");
     let rows = assert_sqlite_view(&db);

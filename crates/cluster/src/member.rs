@@ -399,7 +399,7 @@ impl Member {
                 materialization: m.name.clone(),
                 applied,
                 file,
-                changes: changes.join("; "),
+                changes: applied::describe(&changes, pipeline, &m.name),
             }
             .into()),
         }

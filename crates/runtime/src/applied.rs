@@ -12,6 +12,10 @@
 //! what changed ([`changes`]) and `sluice apply`. The version is also what Open carries,
 //! and a driver refuses an Open of a version other than the one it applied.
 //!
+//! Each change knows where the pipeline file writes what changed ([`Written`]), so that
+//! [`describe`] can say when that place took a `${VAR:-default}`'s default: a variable
+//! forgotten is the usual reason a spec changes that nobody edited.
+//!
 //! The file is replaced atomically (written beside, fsync'ed, renamed over, directory
 //! fsync'ed): a crash leaves the old record or the new one. It lives with the recovery
 //! log because both describe the same store: deleting the materialization
@@ -20,6 +24,7 @@
 //! Threads: [`read`], [`record`] and [`forget`] are async, and do their file work
 //! (reads, fsyncs, renames) on a blocking task, never on the calling async worker.
 
+use crate::config::Pipeline;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_proto::flow;
@@ -168,8 +173,74 @@ pub enum Check {
     Differs {
         applied: String,
         file: String,
-        changes: Vec<String>,
+        changes: Vec<Change>,
     },
+}
+
+/// One difference between the applied spec and the file's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// As shown: `endpoint.path "a" → "b"`.
+    pub what: String,
+    /// Where the pipeline file writes the value that changed, when one place does.
+    pub written: Option<Written>,
+}
+
+/// Where in a materialization's part of the pipeline file a changed value is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The endpoint's configuration, at this dotted path in it (`path`; empty: all of it).
+    Endpoint(String),
+    /// The binding at this index of the file's (and the spec's) bindings.
+    Binding(usize),
+    /// The collection of this name (its schema or key).
+    Collection(String),
+}
+
+impl Change {
+    fn new(what: String, written: Option<Written>) -> Change {
+        Change { what, written }
+    }
+}
+
+/// The changes as one line for materialization `materialization` of `pipeline`, each
+/// followed by the `${VAR:-default}`s that took their default where it is written:
+/// `endpoint.path "a" → "b" (the default of ${DB_PATH:-b}: DB_PATH is not set)`.
+pub fn describe(changes: &[Change], pipeline: &Pipeline, materialization: &str) -> String {
+    let place = |written: &Written| {
+        let m = format!("materializations.{materialization}");
+        match written {
+            Written::Endpoint(path) => {
+                let kind = pipeline
+                    .materializations
+                    .get(materialization)
+                    .map_or("", |def| def.endpoint.kind.as_str());
+                match path.as_str() {
+                    "" => format!("{m}.endpoint.{kind}"),
+                    path => format!("{m}.endpoint.{kind}.{path}"),
+                }
+            }
+            Written::Binding(i) => format!("{m}.bindings[{i}]"),
+            Written::Collection(name) => format!("collections.{name}"),
+        }
+    };
+    let described = changes.iter().map(|change| {
+        let defaults: Vec<String> = match &change.written {
+            Some(written) => {
+                let place = place(written);
+                (pipeline.defaulted.iter())
+                    .filter(|d| d.within(&place))
+                    .map(|d| d.explain())
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        match defaults.is_empty() {
+            true => change.what.clone(),
+            false => format!("{} ({})", change.what, defaults.join(", ")),
+        }
+    });
+    described.collect::<Vec<_>>().join("; ")
 }
 
 /// Decides, from the recorded applied spec, whether `planned` may run.
@@ -192,10 +263,10 @@ pub fn check(applied: Option<&Applied>, planned: &flow::MaterializationSpec) -> 
 pub fn changes(
     applied: &flow::MaterializationSpec,
     planned: &flow::MaterializationSpec,
-) -> Vec<String> {
+) -> Vec<Change> {
     let mut out = Vec::new();
     if applied.endpoint_type != planned.endpoint_type {
-        out.push("the endpoint's kind changed".to_string());
+        out.push(Change::new("the endpoint's kind changed".to_string(), None));
     } else if applied.endpoint_spec_json != planned.endpoint_spec_json {
         let parsed = |json: &str| serde_json::from_str::<serde_json::Value>(json).ok();
         let mut values = Vec::new();
@@ -203,10 +274,13 @@ pub fn changes(
             parsed(&applied.endpoint_spec_json),
             parsed(&planned.endpoint_spec_json),
         ) {
-            value_changes("endpoint", &old, &new, &mut values);
+            value_changes("", &old, &new, &mut values);
         }
         if values.is_empty() {
-            values.push("the endpoint configuration changed".to_string());
+            values.push(Change::new(
+                "the endpoint configuration changed".to_string(),
+                Some(Written::Endpoint(String::new())),
+            ));
         }
         out.extend(values);
     }
@@ -216,77 +290,107 @@ pub fn changes(
     };
     for old in &applied.bindings {
         if find(&planned.bindings, &name(old)).is_none() {
-            out.push(format!("binding {} was removed", name(old)));
+            out.push(Change::new(
+                format!("binding {} was removed", name(old)),
+                None,
+            ));
         }
     }
     for (i, new) in planned.bindings.iter().enumerate() {
         let resource = name(new);
         let Some(j) = find(&applied.bindings, &resource) else {
-            out.push(format!("binding {resource} was added"));
+            out.push(Change::new(
+                format!("binding {resource} was added"),
+                Some(Written::Binding(i)),
+            ));
             continue;
         };
         let old = &applied.bindings[j];
         if i != j {
-            out.push(format!("binding {resource} moved from place {j} to {i}"));
+            out.push(Change::new(
+                format!("binding {resource} moved from place {j} to {i}"),
+                None,
+            ));
         }
-        binding_changes(&resource, old, new, &mut out);
+        binding_changes((i, &resource), old, new, &mut out);
     }
     if out.is_empty() && applied != planned {
-        out.push("the spec changed".to_string());
+        out.push(Change::new("the spec changed".to_string(), None));
     }
     out
 }
 
-/// Each leaf of `old` and `new` that differs, as `<place> <old> → <new>` (`place` is
-/// dotted from `at`), so that a value that changed under the file (an environment
-/// variable unset or different) shows what it was and what it is now.
+/// Each leaf of the endpoint configurations `old` and `new` that differs, as
+/// `endpoint.<path> <old> → <new>` (`path` is dotted from `at`), so that a value that
+/// changed under the file (an environment variable unset or different) shows what it
+/// was and what it is now.
 fn value_changes(
     at: &str,
     old: &serde_json::Value,
     new: &serde_json::Value,
-    out: &mut Vec<String>,
+    out: &mut Vec<Change>,
 ) {
     use serde_json::Value;
+    let change = |path: &str, what: String| {
+        let shown = match path {
+            "" => format!("endpoint {what}"),
+            path => format!("endpoint.{path} {what}"),
+        };
+        Change::new(shown, Some(Written::Endpoint(path.to_string())))
+    };
     match (old, new) {
         (Value::Object(old), Value::Object(new)) => {
             let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
             for key in keys {
-                let place = format!("{at}.{key}");
+                let path = match at {
+                    "" => key.clone(),
+                    at => format!("{at}.{key}"),
+                };
                 match (old.get(key), new.get(key)) {
-                    (Some(old), Some(new)) => value_changes(&place, old, new, out),
-                    (Some(old), None) => out.push(format!("{place} {old} → unset")),
-                    (None, Some(new)) => out.push(format!("{place} unset → {new}")),
+                    (Some(old), Some(new)) => value_changes(&path, old, new, out),
+                    (Some(old), None) => out.push(change(&path, format!("{old} → unset"))),
+                    (None, Some(new)) => out.push(change(&path, format!("unset → {new}"))),
                     (None, None) => {}
                 }
             }
         }
-        (old, new) if old != new => out.push(format!("{at} {old} → {new}")),
+        (old, new) if old != new => out.push(change(at, format!("{old} → {new}"))),
         _ => {}
     }
 }
 
 fn binding_changes(
-    resource: &str,
+    (index, resource): (usize, &str),
     old: &flow::materialization_spec::Binding,
     new: &flow::materialization_spec::Binding,
-    out: &mut Vec<String>,
+    out: &mut Vec<Change>,
 ) {
     let (old_c, new_c) = (
         old.collection.clone().unwrap_or_default(),
         new.collection.clone().unwrap_or_default(),
     );
-    let mut change = |what: String| out.push(format!("binding {resource}: {what}"));
+    // Where each change is written: the binding, or the collection's own spec.
+    let mut written_in = |written: Written, what: String| {
+        out.push(Change::new(
+            format!("binding {resource}: {what}"),
+            Some(written),
+        ))
+    };
     if old_c.collection != new_c.collection {
-        change(format!(
-            "collection {} → {}",
-            old_c.collection, new_c.collection
-        ));
+        written_in(
+            Written::Binding(index),
+            format!("collection {} → {}", old_c.collection, new_c.collection),
+        );
     } else if old_c != new_c {
-        change(format!(
-            "the spec of collection {} (schema, key or projections)",
-            new_c.collection
-        ));
+        written_in(
+            Written::Collection(new_c.collection.clone()),
+            format!(
+                "the spec of collection {} (schema, key or projections)",
+                new_c.collection
+            ),
+        );
     }
+    let mut change = |what: String| written_in(Written::Binding(index), what);
     if old.resource_spec_json != new.resource_spec_json {
         change(format!(
             "resource {} → {}",
@@ -442,7 +546,11 @@ mod tests {
             ),
         ];
         for (case, planned, want) in cases {
-            assert_eq!(changes(&base(), &planned), want, "{case}");
+            let got: Vec<String> = changes(&base(), &planned)
+                .into_iter()
+                .map(|c| c.what)
+                .collect();
+            assert_eq!(got, want, "{case}");
         }
     }
 
@@ -461,7 +569,10 @@ mod tests {
             Check::Differs {
                 applied: version(&applied),
                 file: version(&planned),
-                changes: vec!["binding t: values [n] → [last, n]".to_string()],
+                changes: vec![Change {
+                    what: "binding t: values [n] → [last, n]".to_string(),
+                    written: Some(Written::Binding(0)),
+                }],
             }
         );
     }

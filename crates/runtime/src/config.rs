@@ -10,7 +10,8 @@
 //! syntax errors name line and column. Unknown keys are errors: a typo must not be
 //! silently ignored. `${NAME}` expands in every string value, `${NAME:-default}` to the
 //! default when NAME is unset or empty (`$${` writes a literal `${`); an unset variable
-//! without a default is an error naming it and its place. Relative paths
+//! without a default is an error naming it and its place; each default taken is
+//! recorded ([`Pipeline::defaulted`], see [`env`]). Relative paths
 //! (files, databases, the recovery log, a command's program when it contains `/`)
 //! resolve against the pipeline file's folder.
 //!
@@ -29,9 +30,12 @@ pub use sluice_source_sdk::config::parse_duration;
 use sluice_source_sdk::config::{de_bytes, de_duration, resolve_path};
 use sluice_source_sdk::{InvalidConfig, SourceConfig};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod env;
+
+pub use env::Defaulted;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -71,6 +75,8 @@ pub struct Pipeline {
     /// `cluster:`: run as one member of a cluster coordinated through etcd, which
     /// assigns the materializations' shards; none: one process runs every one.
     pub cluster: Option<ClusterDef>,
+    /// Every `${NAME:-default}` of the file that expanded to its default.
+    pub defaulted: Vec<Defaulted>,
 }
 
 /// `cluster:`: the etcd cluster the members coordinate through, and who this one is
@@ -511,7 +517,11 @@ impl Pipeline {
         // Through JSON: YAML's own enum form is a tag (`!sqlite`), we want `sqlite: {..}`.
         let mut tree = serde_json::to_value(tree)
             .map_err(|e| invalid("(top level)", format!("not representable as JSON: {e}")))?;
-        expand_env(&mut tree, &mut String::new())?;
+        let mut defaulted = Vec::new();
+        env::expand(&mut tree, &mut String::new(), &mut defaulted)?;
+        for d in &defaulted {
+            tracing::debug!(place = %d.place, "{}", d.explain());
+        }
         let file: PipelineFile = serde_path_to_error::deserialize(tree).map_err(|e| {
             let place = e.path().to_string();
             let place = if place == "." {
@@ -522,6 +532,7 @@ impl Pipeline {
             invalid(place, e.into_inner().to_string())
         })?;
         let mut pipeline = file.read_kinds(base_dir, registry)?;
+        pipeline.defaulted = defaulted;
         pipeline.resolve_paths(base_dir, stem);
         pipeline.check()?;
         Ok(pipeline)
@@ -815,6 +826,7 @@ impl PipelineFile {
             runtime: self.runtime,
             delivery: self.delivery,
             cluster: self.cluster,
+            defaulted: Vec::new(),
         })
     }
 }
@@ -892,75 +904,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
-}
-
-/// Expands `${NAME}` and `${NAME:-default}` in every string of `tree`; `place` tracks where we are.
-fn expand_env(tree: &mut Value, place: &mut String) -> Result<(), ConfigError> {
-    let len = place.len();
-    match tree {
-        Value::String(s) if s.contains('$') => *s = expand_str(s, place)?,
-        Value::Array(items) => {
-            for (i, item) in items.iter_mut().enumerate() {
-                let _ = write!(place, "[{i}]");
-                expand_env(item, place)?;
-                place.truncate(len);
-            }
-        }
-        Value::Object(map) => {
-            for (key, value) in map.iter_mut() {
-                if !place.is_empty() {
-                    place.push('.');
-                }
-                place.push_str(key);
-                expand_env(value, place)?;
-                place.truncate(len);
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-fn expand_str(s: &str, place: &str) -> Result<String, ConfigError> {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        rest = &rest[i..];
-        if let Some(after) = rest.strip_prefix("$${") {
-            out.push_str("${");
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix("${") {
-            let Some(end) = after.find('}') else {
-                return Err(invalid(place, format!("unclosed ${{ in {s:?}")));
-            };
-            let (var, default) = match after[..end].split_once(":-") {
-                Some((var, default)) => (var, Some(default)),
-                None => (&after[..end], None),
-            };
-            let value = match (std::env::var(var), default) {
-                (Ok(value), Some(default)) if value.is_empty() => default.to_owned(),
-                (Ok(value), _) => value,
-                (Err(_), Some(default)) => default.to_owned(),
-                (Err(_), None) => {
-                    return Err(invalid(
-                        place,
-                        format!(
-                            "environment variable ${{{var}}} is not set (write ${{{var}:-default}} \
-                             for a default, $${{ for a literal ${{)"
-                        ),
-                    ));
-                }
-            };
-            out.push_str(&value);
-            rest = &after[end + 1..];
-        } else {
-            out.push('$');
-            rest = &rest[1..];
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 #[cfg(test)]

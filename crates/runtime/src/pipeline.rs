@@ -643,7 +643,7 @@ pub async fn apply_first_start(
                     materialization: m.name.clone(),
                     applied,
                     file,
-                    changes: changes.join("; "),
+                    changes: applied::describe(&changes, pipeline, &m.name),
                 });
             }
         }

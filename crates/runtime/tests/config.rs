@@ -299,6 +299,91 @@ fn a_default_stands_for_an_unset_or_empty_variable_and_only_then() {
         m.endpoint,
         endpoint("sqlite", json!({"path": "/srv/db/views.db"}))
     );
+    // Each default taken is recorded with its place; a set variable's is not.
+    let mut defaulted: Vec<(&str, &str, &str, bool)> = (p.defaulted.iter())
+        .map(|d| {
+            (
+                d.place.as_str(),
+                d.var.as_str(),
+                d.default.as_str(),
+                d.empty,
+            )
+        })
+        .collect();
+    defaulted.sort();
+    let unset = "SLUICE_TEST_SURELY_UNSET";
+    let (table, path) = (
+        "materializations.views-db.bindings[0].resource.table",
+        "materializations.views-db.endpoint.sqlite.path",
+    );
+    assert_eq!(
+        defaulted,
+        [
+            (table, unset, "views", false),
+            (path, unset, "", false),
+            (path, unset, "/srv/db", false),
+        ]
+    );
+    let srv = p.defaulted.iter().find(|d| d.default == "/srv/db").unwrap();
+    assert_eq!(
+        srv.explain(),
+        "the default of ${SLUICE_TEST_SURELY_UNSET:-/srv/db}: SLUICE_TEST_SURELY_UNSET is not set"
+    );
+    assert!(srv.within("materializations.views-db.endpoint"));
+    assert!(srv.within(path));
+    assert!(!srv.within("materializations.views-db.endpoint.sqlite.pa"));
+    assert!(!srv.within("materializations.views-db.bindings[0]"));
+}
+
+#[test]
+fn a_change_whose_place_took_a_default_names_the_variable() {
+    use sluice_runtime::applied::{Change, Written, describe};
+    let text = DESIGN_EXAMPLE
+        .replace(
+            "{table: pageviews}",
+            "{table: \"${SLUICE_TEST_SURELY_UNSET:-views}\"}",
+        )
+        .replace(
+            "path: out/views.db",
+            "path: \"${SLUICE_TEST_SURELY_UNSET:-/srv/views.db}\"",
+        );
+    let p = parse(&text).unwrap();
+    let change = |what: &str, written: Option<Written>| Change {
+        what: what.to_string(),
+        written,
+    };
+    let changes = [
+        change(
+            r#"endpoint.path "/a.db" → "/srv/views.db""#,
+            Some(Written::Endpoint("path".into())),
+        ),
+        change(
+            "endpoint.wal unset → true",
+            Some(Written::Endpoint("wal".into())),
+        ),
+        change("binding views was added", Some(Written::Binding(0))),
+        change(
+            "binding views: the spec of collection acme/pageviews (schema, key or projections)",
+            Some(Written::Collection("acme/pageviews".into())),
+        ),
+        change("binding pageviews was removed", None),
+    ];
+    let unset = "SLUICE_TEST_SURELY_UNSET is not set";
+    assert_eq!(
+        describe(&changes, &p, "views-db"),
+        [
+            format!(
+                r#"endpoint.path "/a.db" → "/srv/views.db" (the default of ${{SLUICE_TEST_SURELY_UNSET:-/srv/views.db}}: {unset})"#
+            ),
+            "endpoint.wal unset → true".to_string(),
+            format!(
+                "binding views was added (the default of ${{SLUICE_TEST_SURELY_UNSET:-views}}: {unset})"
+            ),
+            changes[3].what.clone(),
+            changes[4].what.clone(),
+        ]
+        .join("; ")
+    );
 }
 
 #[test]

@@ -15,7 +15,7 @@ use sluice_output_sdk::{
 
 /// Bytes of records one produce request carries at most: under the 1 MiB a Kafka
 /// broker accepts by default (`message.max.bytes`), headers and framing included.
-const PRODUCE_BYTES: usize = 512 << 10;
+pub const PRODUCE_BYTES: usize = 512 << 10;
 
 pub struct KafkaEndpoint {
     brokers: Vec<String>,

@@ -40,7 +40,7 @@ pub mod read;
 pub mod stamp;
 
 pub use config::{Config, Resource};
-pub use endpoint::KafkaEndpoint;
+pub use endpoint::{KafkaEndpoint, PRODUCE_BYTES};
 
 use serde_json::Value;
 use sluice_output_sdk::{OutputKind, Target};

@@ -1,6 +1,6 @@
-//! What tests, benchmarks and the torture helper need of a broker: create a topic with
-//! N partitions, produce to a partition, delete a topic, and start a local tansu broker
-//! when none answers on [`LOCAL_BROKER`].
+//! What `sluice produce`, tests, benchmarks and the torture helper need of a broker:
+//! create a topic with N partitions, produce to a partition, delete a topic, and start a
+//! local tansu broker when none answers on [`LOCAL_BROKER`].
 
 use crate::broker::client_builder;
 use rskafka::chrono::{DateTime, Utc};
@@ -29,10 +29,11 @@ impl Admin {
         })
     }
 
+    /// Creates `topic` with `partitions` partitions, replicated as the brokers' default.
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), Error> {
         self.client
             .controller_client()?
-            .create_topic(topic, partitions, 1, 10_000)
+            .create_topic(topic, partitions, -1, 10_000)
             .await
     }
 

@@ -1,6 +1,8 @@
-//! Making, filling and deleting streams: what benchmarks, the torture scenarios and
-//! tests need of a server, kept beside the source so they all use one client.
+//! Making, filling and deleting streams: what `sluice produce`, benchmarks, the torture
+//! scenarios and tests need of a server, kept beside the source so they all use one
+//! client.
 
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::{self, Context, stream};
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -49,6 +51,26 @@ impl Admin {
             })
             .await?;
         Ok(())
+    }
+
+    /// The subjects of stream `name`; `None` when there is no such stream.
+    pub async fn stream_subjects(&self, name: &str) -> Result<Option<Vec<String>>, Error> {
+        match self.0.get_stream(name).await {
+            Ok(stream) => Ok(Some(stream.cached_info().config.subjects.clone())),
+            Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.code() == 404) => {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The stream whose subjects hold `subject`, if one does.
+    pub async fn stream_of_subject(&self, subject: &str) -> Result<Option<String>, Error> {
+        match self.0.stream_by_subject(subject).await {
+            Ok(name) => Ok(Some(name)),
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Publishes `payloads` to `subject`, in order, each acknowledged by the stream;

@@ -1,0 +1,148 @@
+//! Producing to the topic a `kafka` source reads. Each document goes to one of the
+//! partitions the source reads, chosen by the hash of its collection key (Kafka's own
+//! partitioner for keyed messages, [`partition_of`]), so that one key's documents stay
+//! in one partition, in file order: the source orders documents within a partition
+//! only. The message key is the collection key as a JSON object of its fields
+//! (`{"user_id":"u0042"}`), as the `kafka` output writes keys.
+//!
+//! A chunk is split per partition into requests of at most [`PRODUCE_BYTES`] (under
+//! the broker's default message size limit); the partitions are produced to at once,
+//! each one request after another, so each partition receives its documents in order.
+
+use anyhow::{Context as _, bail};
+use futures::future::try_join_all;
+use rskafka::record::Record;
+use serde_json::{Map, Value};
+use sluice_doc::Pointer;
+use sluice_kafka::KafkaConfig;
+use sluice_kafka::admin::Admin;
+use sluice_kafka_output::PRODUCE_BYTES;
+use sluice_kafka_output::partitioner::partition_of;
+
+pub struct Topic {
+    admin: Admin,
+    topic: String,
+    /// The partitions the source reads, which the documents are spread over.
+    partitions: Vec<i32>,
+    /// The collection key's pointers, and the field each is named by in a message key.
+    key: Vec<(Pointer, String)>,
+}
+
+impl Topic {
+    /// Connects to the source's brokers; creates its topic with `create` partitions
+    /// when it does not exist (by default 1, or enough for the partitions the source
+    /// names).
+    pub async fn open(
+        config: &KafkaConfig,
+        key: &[Pointer],
+        create: Option<i32>,
+    ) -> anyhow::Result<Topic> {
+        let (brokers, topic) = (config.brokers.join(","), &config.topic);
+        let admin = (Admin::connect(&config.brokers).await)
+            .with_context(|| format!("connecting to brokers {brokers}"))?;
+        let count = match admin.partitions(topic).await {
+            Ok(Some(count)) => count,
+            Ok(None) => {
+                let named = config.partitions.iter().flatten().max();
+                let create = create.unwrap_or(named.map_or(1, |&p| p as i32 + 1));
+                (admin.create_topic(topic, create).await)
+                    .with_context(|| format!("creating topic {topic} on brokers {brokers}"))?;
+                println!("created topic {topic} with {create} partitions");
+                create as usize
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading topic {topic} on brokers {brokers}"));
+            }
+        };
+        let partitions = match &config.partitions {
+            None => (0..count as i32).collect(),
+            Some(read) => {
+                if let Some(p) = read.iter().find(|&&p| p as usize >= count) {
+                    bail!(
+                        "the source reads partition {p} of topic {topic}, which has {count} \
+                         partitions"
+                    );
+                }
+                read.iter().map(|&p| p as i32).collect()
+            }
+        };
+        let key = key
+            .iter()
+            .map(|ptr| {
+                (
+                    ptr.clone(),
+                    ptr.to_string().trim_start_matches('/').to_string(),
+                )
+            })
+            .collect();
+        Ok(Topic {
+            admin,
+            topic: topic.clone(),
+            partitions,
+            key,
+        })
+    }
+
+    /// `topic pageviews`.
+    pub fn name(&self) -> String {
+        format!("topic {}", self.topic)
+    }
+
+    /// Produces `documents`; returns once the brokers acknowledged every one.
+    pub async fn send(&self, documents: Vec<Vec<u8>>) -> anyhow::Result<()> {
+        let timestamp = rskafka::chrono::Utc::now();
+        let mut by_partition: Vec<Vec<Record>> = vec![Vec::new(); self.partitions.len()];
+        for document in documents {
+            let key = self.key_of(&document)?;
+            let p = partition_of(&key, self.partitions.len());
+            by_partition[p].push(Record {
+                key: Some(key),
+                value: Some(document),
+                headers: Default::default(),
+                timestamp,
+            });
+        }
+        let producing = (self.partitions.iter().zip(by_partition))
+            .map(|(&partition, records)| self.produce_in_order(partition, records));
+        try_join_all(producing).await?;
+        Ok(())
+    }
+
+    /// The message key of `document`: its key fields as a JSON object (a location the
+    /// document lacks is null).
+    fn key_of(&self, document: &[u8]) -> anyhow::Result<Vec<u8>> {
+        let document: Value = serde_json::from_slice(document)
+            .context("a document that was checked no longer parses: did the file change?")?;
+        let fields: Map<String, Value> = (self.key.iter())
+            .map(|(ptr, field)| {
+                let value = ptr.query(&document).cloned().unwrap_or(Value::Null);
+                (field.clone(), value)
+            })
+            .collect();
+        Ok(serde_json::to_vec(&fields).expect("a JSON object serializes"))
+    }
+
+    /// Produces `records` to `partition` in requests of at most [`PRODUCE_BYTES`], one
+    /// after another.
+    async fn produce_in_order(&self, partition: i32, records: Vec<Record>) -> anyhow::Result<()> {
+        let mut records = records.into_iter().peekable();
+        while records.peek().is_some() {
+            let (mut request, mut bytes) = (Vec::new(), 0);
+            while let Some(record) = records
+                .next_if(|r| request.is_empty() || bytes + r.approximate_size() <= PRODUCE_BYTES)
+            {
+                bytes += record.approximate_size();
+                request.push(record);
+            }
+            (self
+                .admin
+                .produce_records(&self.topic, partition, request)
+                .await)
+                .with_context(|| {
+                    format!("producing to topic {} partition {partition}", self.topic)
+                })?;
+        }
+        Ok(())
+    }
+}
