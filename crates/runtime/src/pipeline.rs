@@ -372,6 +372,7 @@ fn admit(
                 follow: false,
                 // Opened only to declare its fault tolerance: it serves nothing.
                 intake: None,
+                health: sluice_source_sdk::Health::none(),
             })
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
@@ -438,6 +439,8 @@ pub async fn probe_sources(pipeline: &Pipeline) -> Vec<(String, Result<(), Sourc
             state_dir: &state_dir,
             follow: false,
             intake: None,
+            // Its probe's word is its result.
+            health: sluice_source_sdk::Health::none(),
         };
         let after = pipeline.runtime.timeouts.source;
         let result = match def.config.open(&opening) {
@@ -947,6 +950,7 @@ impl SourceFeed {
             state_dir: &self.state_dir,
             follow: self.follow,
             intake: Some(&self.intake),
+            health: sluice_source_sdk::Health::none(),
         })
     }
 }

@@ -16,6 +16,7 @@
 //! connects to nothing and binds nothing (a source does that on its first command).
 
 use crate::config::{self, InvalidConfig};
+use crate::health::Health;
 use crate::intake::Intake;
 use crate::{Source, SourceError};
 use serde::de::DeserializeOwned;
@@ -71,6 +72,10 @@ pub struct Opening<'a> {
     /// source the runtime runs gets one; `None` for a source opened outside a pipeline
     /// (tests, tools) or only to be looked at (admission).
     pub intake: Option<&'a Intake>,
+    /// Where a source that retries inside a call (a client backing off until its own
+    /// deadline) reports its connection, so the runtime can show it ([`Health`]);
+    /// [`Health::none`] outside a pipeline.
+    pub health: &'a Health,
 }
 
 impl<'a> Opening<'a> {
@@ -83,6 +88,7 @@ impl<'a> Opening<'a> {
             state_dir,
             follow: false,
             intake: None,
+            health: Health::none(),
         }
     }
 }

@@ -62,6 +62,8 @@
 //! - [`config`]: parsing a kind's configuration (errors that name their place, byte
 //!   sizes, relative paths).
 //! - [`kind`]: what a registered source kind provides.
+//! - [`health`]: how a source that retries inside a call tells the runtime so (a client
+//!   backing off from a broker it cannot reach), for the status page.
 //! - [`intake`]: the check of a document against the collection a source feeds, for a
 //!   source that refuses bad documents where they come in (a push source).
 //! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
@@ -70,6 +72,7 @@
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub mod config;
+pub mod health;
 pub mod intake;
 pub mod kind;
 pub mod prefetch;
@@ -80,6 +83,7 @@ pub mod step;
 pub mod testing;
 
 pub use config::InvalidConfig;
+pub use health::{Connection, Health};
 pub use intake::Intake;
 pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch};
@@ -174,6 +178,20 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// The source whose error it is.
+    pub fn source_name(&self) -> &str {
+        match self {
+            SourceError::Io { name, .. }
+            | SourceError::ReplayMismatch { name, .. }
+            | SourceError::Unavailable { name, .. }
+            | SourceError::SeekBack { name, .. }
+            | SourceError::BadResume { name, .. }
+            | SourceError::Config { name, .. }
+            | SourceError::Timeout { name, .. }
+            | SourceError::Interrupted { name, .. } => name,
+        }
+    }
+
     /// Whether reopening the source and reading again may succeed: a timeout, or an I/O
     /// error that does not say the input is missing, forbidden or unreadable as it is.
     /// Changed input, a position the source can no longer read, a resume it did not

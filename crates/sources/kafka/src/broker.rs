@@ -1,18 +1,31 @@
 //! The connection to the brokers that a source shares between its fetch task and its
 //! own calls (seek, replay): one client, a partition client per partition, offsets
 //! looked up per partition, and client errors as [`SourceError`]s that name the topic.
+//!
+//! Connecting is dialled one round at a time (each broker once) until its deadline
+//! passes ([`RETRY_FOR`], [`PROBE_FOR`]), each failed round told to the source's
+//! [`Health`]: the client would retry
+//! inside one call for as long, saying nothing, and the status page would show a source
+//! that cannot reach a broker as fine until the call failed. The connection kept is
+//! built once a round got through, with the client's own retries for what follows (a
+//! broker restarting, a leader moving).
 
 use rskafka::BackoffConfig;
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
-use sluice_source_sdk::SourceError;
+use sluice_source_sdk::{Health, SourceError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the client retries a failing request (a broker restarting, a leader
 /// moving) before the call fails; the runtime then reopens the source.
 pub(crate) const RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The pause after a failed round of connecting, doubling up to a second: the client's
+/// own backoff.
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 pub(crate) struct Broker {
     /// The source's name, for errors.
@@ -31,35 +44,50 @@ pub(crate) fn client_builder(brokers: &[String]) -> ClientBuilder {
     client_builder_for(brokers, RETRY_FOR)
 }
 
-/// A client retrying a failing request for up to `deadline`.
+/// A client retrying a failing request until `deadline` has passed in its pauses; a
+/// zero deadline tries once (each broker, for a connection).
 fn client_builder_for(brokers: &[String], deadline: Duration) -> ClientBuilder {
     ClientBuilder::new(brokers.to_vec())
         .client_id("sluice")
         .backoff_config(BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(1),
+            init_backoff: FIRST_PAUSE,
+            max_backoff: MAX_PAUSE,
             base: 2.0,
             deadline: Some(deadline),
         })
 }
 
 impl Broker {
-    /// A client of `brokers` for `topic`, retrying a failing request for up to
-    /// `deadline` ([`RETRY_FOR`] when reading, [`PROBE_FOR`] for a probe).
+    /// A client of `brokers` for `topic` (see the module docs), dialling for up to
+    /// `deadline` ([`RETRY_FOR`] when reading, [`PROBE_FOR`] for a probe) and telling
+    /// `health` how it goes; the client then retries a failing request as long.
     pub(crate) async fn connect(
         name: &str,
         brokers: &[String],
         topic: &str,
         deadline: Duration,
+        health: &Health,
     ) -> Result<Arc<Broker>, SourceError> {
-        let client = client_builder_for(brokers, deadline)
-            .build()
-            .await
-            .map_err(|e| SourceError::Io {
-                name: name.to_string(),
-                path: format!("brokers {}", brokers.join(",")),
-                error: std::io::Error::other(e.to_string()),
-            })?;
+        let failed = |e: rskafka::client::error::Error| SourceError::Io {
+            name: name.to_string(),
+            path: format!("brokers {}", brokers.join(",")),
+            error: std::io::Error::other(e.to_string()),
+        };
+        health.connecting();
+        let started = Instant::now();
+        let mut pause = FIRST_PAUSE;
+        while let Err(e) = client_builder_for(brokers, Duration::ZERO).build().await {
+            let err = failed(e);
+            if started.elapsed() >= deadline {
+                return Err(err);
+            }
+            health.retrying(&err);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+        let client = client_builder_for(brokers, deadline).build().await;
+        let client = client.map_err(failed)?;
+        health.connected();
         Ok(Arc::new(Broker {
             name: name.to_string(),
             topic: topic.to_string(),

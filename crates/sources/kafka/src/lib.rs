@@ -32,6 +32,7 @@ impl SourceKind for KafkaKind {
     }
 
     fn open(opening: &Opening<'_>, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {
-        Ok(Box::new(KafkaSource::new(opening.name, config)))
+        let source = KafkaSource::reporting(opening.name, config, opening.health.clone());
+        Ok(Box::new(source))
     }
 }

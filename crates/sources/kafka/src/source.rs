@@ -27,8 +27,8 @@ use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Lag, Prefetch, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
-    check_replay,
+    FaultTolerance, Health, Lag, Prefetch, QueueLimits, Queued, Records, Resume, Source,
+    SourceError, Step, check_replay,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -57,6 +57,8 @@ impl KafkaPosition {
 pub struct KafkaSource {
     name: String,
     config: KafkaConfig,
+    /// Told how connecting goes.
+    health: Health,
     broker: Option<Arc<Broker>>,
     documents: Documents,
     /// The next offset of every assigned partition after the last step; `None` until
@@ -74,7 +76,13 @@ pub struct KafkaSource {
 
 impl KafkaSource {
     pub fn new(name: &str, config: &KafkaConfig) -> KafkaSource {
+        KafkaSource::reporting(name, config, Health::none().clone())
+    }
+
+    /// A source telling `health` how connecting to its brokers goes.
+    pub fn reporting(name: &str, config: &KafkaConfig, health: Health) -> KafkaSource {
         KafkaSource {
+            health,
             name: name.to_string(),
             documents: Documents::new(&config.topic, config.meta.as_deref()),
             config: config.clone(),
@@ -92,7 +100,8 @@ impl KafkaSource {
             return Ok(broker.clone());
         }
         let (brokers, topic) = (&self.config.brokers, &self.config.topic);
-        let broker = Broker::connect(&self.name, brokers, topic, RETRY_FOR).await?;
+        let broker = Broker::connect(&self.name, brokers, topic, RETRY_FOR, &self.health);
+        let broker = broker.await?;
         self.broker = Some(broker.clone());
         Ok(broker)
     }
@@ -288,7 +297,8 @@ impl Source for KafkaSource {
 
     async fn probe(&mut self) -> Result<(), SourceError> {
         let (brokers, topic) = (&self.config.brokers, &self.config.topic);
-        let broker = Broker::connect(&self.name, brokers, topic, PROBE_FOR).await?;
+        let broker = Broker::connect(&self.name, brokers, topic, PROBE_FOR, &self.health);
+        let broker = broker.await?;
         broker.partitions().await.map(drop)
     }
 

@@ -7,9 +7,13 @@ use sluice_conformance::testing::unique_name;
 use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
 use sluice_kafka::source::KafkaPosition;
 use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaKind, KafkaSource, Start};
+use sluice_source_sdk::health::Report;
 use sluice_source_sdk::testing::{ALL, parsed_docs, position, records};
-use sluice_source_sdk::{QueueLimits, Records, Resume, Source, SourceError, Step, kind};
+use sluice_source_sdk::{
+    Connection, Health, Opening, QueueLimits, Records, Resume, Source, SourceError, Step, kind,
+};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A topic of its own for one test. It is not deleted after: tansu 0.6.0 panics (and
@@ -481,5 +485,51 @@ async fn metadata_is_added_and_bad_input_is_placed_by_offset() {
         (0..3)
             .map(|o| format!("{source} offset {o}"))
             .collect::<Vec<_>>()
+    );
+}
+
+/// What a source told its [`Health`].
+#[derive(Default)]
+struct Told(std::sync::Mutex<Vec<Connection>>);
+
+impl Report for Told {
+    fn report(&self, connection: Connection) {
+        self.0.lock().unwrap().push(connection);
+    }
+}
+
+/// No broker on the port: the first call retries inside itself, and says so at once,
+/// with the error of each failed round, rather than only when it gives up.
+#[tokio::test]
+async fn a_broker_that_cannot_be_reached_is_told_to_health_while_the_call_retries() {
+    let told = Arc::new(Told::default());
+    let health = Health::new(told.clone());
+    let state_dir = std::env::temp_dir();
+    let opening = Opening {
+        health: &health,
+        // The Kafka source keeps nothing there.
+        ..Opening::standalone("views", &state_dir)
+    };
+    let config = json!({"brokers": ["127.0.0.1:1"], "topic": "nowhere", "format": "json"});
+    let config = kind::<KafkaKind>().parse(config, Path::new(".")).unwrap();
+    let mut source = config.open(&opening).unwrap();
+    let mut out = Records::default();
+    let retried = async {
+        while told.0.lock().unwrap().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        step = source.queue(ALL, &mut out) => panic!("the call ended first: {:?}", step.err()),
+        () = retried => {}
+    }
+    let told = told.0.lock().unwrap().clone();
+    assert_eq!(told[0], Connection::Connecting);
+    let Connection::Retrying { error } = &told[1] else {
+        panic!("{told:?}");
+    };
+    assert!(
+        error.contains("source views: cannot read brokers 127.0.0.1:1"),
+        "{error}"
     );
 }
