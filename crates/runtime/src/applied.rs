@@ -28,7 +28,6 @@ use crate::config::Pipeline;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use sluice_proto::flow;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 const FILE: &str = "applied";
@@ -133,15 +132,11 @@ pub async fn record(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), 
 }
 
 fn write_file(dir: &Path, spec: &flow::MaterializationSpec) -> Result<(), AppliedError> {
-    std::fs::create_dir_all(dir).map_err(io(dir, "create the directory"))?;
-    let (path, tmp) = (dir.join(FILE), dir.join(format!("{FILE}.new")));
-    let mut out = std::fs::File::create(&tmp).map_err(io(&tmp, "create"))?;
-    out.write_all(&encode(spec)).map_err(io(&tmp, "write"))?;
-    out.sync_all().map_err(io(&tmp, "fsync"))?;
-    std::fs::rename(&tmp, &path).map_err(io(&path, "replace"))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir, "fsync the directory"))
+    crate::blocking::replace_file(dir, FILE, &encode(spec)).map_err(|e| AppliedError::Io {
+        path: e.path,
+        action: e.action,
+        error: e.error,
+    })
 }
 
 /// Forgets the applied spec in `dir` (a deleted materialization). Durable on return.
