@@ -100,7 +100,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 let bound = exporter::serve(address, metrics.clone())
                     .await
                     .with_context(|| format!("serving metrics on {address}"))?;
-                tracing::info!("metrics on http://{bound}/metrics");
+                tracing::info!("metrics on http://{bound}/metrics, status page on http://{bound}/");
                 Some(metrics)
             }
             None => None,

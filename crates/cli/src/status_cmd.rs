@@ -7,7 +7,7 @@ use crate::pipeline_cmd::{load, print_checkpoints};
 use crate::registry::registry;
 use clap::Args;
 use sluice_http::client::Client;
-use sluice_runtime::metrics::status::{ShardView, Snapshot};
+use sluice_runtime::metrics::status::{LastError, ShardView, Snapshot};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +50,12 @@ fn fetch(address: SocketAddr) -> anyhow::Result<Snapshot> {
 
 fn render(snapshot: &Snapshot) -> String {
     let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "sluice {}, up {}",
+        snapshot.version,
+        duration(snapshot.uptime_ms)
+    );
     let graph = &snapshot.graph;
     for source in &graph.sources {
         let readers = (graph.materializations.iter())
@@ -65,26 +71,25 @@ fn render(snapshot: &Snapshot) -> String {
         );
     }
     for shard in &snapshot.shards {
-        render_shard(&mut out, shard, snapshot.now);
+        let _ = writeln!(
+            out,
+            "\n{} {}: {} (since {})",
+            shard.materialization,
+            shard.shard,
+            words(shard.state),
+            ago(snapshot.now, shard.since)
+        );
+        render_shard(&mut out, shard, snapshot.now, "this process");
     }
     out
 }
 
-fn render_shard(out: &mut String, shard: &ShardView, now: u64) {
-    let ago = |at: u64| format!("{:.1} s ago", now.saturating_sub(at) as f64 / 1000.0);
-    let state = serde_json::to_value(shard.state).expect("a state serializes");
+/// A shard's counts, sources, bindings and last errors; `by`: who committed the counts.
+fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
     let _ = writeln!(
         out,
-        "\n{} {}: {} (since {})",
-        shard.materialization,
-        shard.shard,
-        state.as_str().unwrap_or_default().replace('_', " "),
-        ago(shard.since)
-    );
-    let _ = writeln!(
-        out,
-        "  committed by this process: {} transactions, {} documents",
-        shard.transactions, shard.documents
+        "  committed by {by}: {} transactions, {} documents ({:.1}/s); {} retries",
+        shard.transactions, shard.documents, shard.rate, shard.retries
     );
     match &shard.last_committed {
         None => out.push_str("  last committed: none yet\n"),
@@ -96,7 +101,7 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64) {
                 out,
                 "  last committed: transaction {}, {}, {} documents{end_to_end}",
                 txn.txn,
-                ago(txn.committed_at),
+                ago(now, txn.committed_at),
                 txn.documents
             );
             let phases = (txn.phases.iter())
@@ -108,20 +113,75 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64) {
             }
         }
     }
-    for (source, lag) in &shard.lag {
-        let _ = writeln!(out, "  lag of {source}: {} {}", lag.behind, lag.unit);
+    for (name, source) in &shard.sources {
+        let lag = (source.lag.as_ref()).map_or(String::new(), |lag| {
+            format!(", lag {} {}", lag.behind, lag.unit)
+        });
+        let retained = (source.retained).map_or(String::new(), |bytes| {
+            format!(", WAL retained {bytes} bytes")
+        });
+        let _ = writeln!(
+            out,
+            "  source {name}: {} (since {}), {} documents ({:.1}/s), {} dead-lettered, \
+             {} retries{lag}{retained}",
+            words(source.state),
+            ago(now, source.since),
+            source.documents,
+            source.rate,
+            source.dead_lettered,
+            source.retries
+        );
+        if let Some(err) = &source.last_error {
+            let _ = writeln!(out, "    {}", last_error(err, now));
+        }
+    }
+    for binding in &shard.bindings {
+        let _ = writeln!(
+            out,
+            "  binding {} ({}): {} documents ({:.1}/s), {} loaded, {} stored, {} deleted",
+            binding.resource,
+            binding.collection,
+            binding.documents,
+            binding.rate,
+            binding.loaded,
+            binding.stored,
+            binding.deleted
+        );
     }
     match &shard.last_error {
         None => out.push_str("  last error: none\n"),
         Some(err) => {
-            let retried = if err.retried { ", retried" } else { "" };
-            let _ = writeln!(
-                out,
-                "  last error ({}{retried}, {}): {}",
-                err.kind,
-                ago(err.at),
-                err.message
-            );
+            let _ = writeln!(out, "  {}", last_error(err, now));
         }
+    }
+}
+
+fn last_error(err: &LastError, now: u64) -> String {
+    let retried = if err.retried { ", retried" } else { "" };
+    format!(
+        "last error ({}{retried}, {}): {}",
+        err.kind,
+        ago(now, err.at),
+        err.message
+    )
+}
+
+/// A state as its JSON spells it, in words (`backing off`).
+fn words(state: impl serde::Serialize) -> String {
+    let state = serde_json::to_value(state).expect("a state serializes");
+    state.as_str().unwrap_or_default().replace('_', " ")
+}
+
+fn ago(now: u64, at: u64) -> String {
+    format!("{} ago", duration(now.saturating_sub(at)))
+}
+
+/// Milliseconds as people read them: seconds (tenths below two minutes), minutes, hours.
+fn duration(ms: u64) -> String {
+    match ms / 1000 {
+        s if s < 120 => format!("{:.1} s", ms as f64 / 1000.0),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s < 2 * 86400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        s => format!("{} days", s / 86400),
     }
 }

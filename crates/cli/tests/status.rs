@@ -1,9 +1,11 @@
 //! The status API, page and command during a followed run of a growing file into
 //! SQLite: `/api/status` reports the shard running, its last committed transaction
-//! (phases, source positions) and a growing history beside the pipeline's graph; the
-//! page, driven in headless Chromium, draws the graph and counters that update (its
+//! (phases, source positions), its source and binding, and a growing history beside the
+//! pipeline's graph, the version and the configuration; the page, driven in headless
+//! Chromium, draws the graph, counters that update and charts on a time axis (its
 //! screenshot is saved); `sluice status` reads the API while the run lasts and the
-//! recovery log after. Timings are never compared.
+//! recovery log after; the log names the page, and the configuration served hides its
+//! secrets. Timings are never compared.
 
 use serde_json::{Value, json};
 use sluice_http::client::Client;
@@ -197,7 +199,24 @@ fn the_api_reports_the_run_and_status_reads_the_log_after_it() {
     assert_eq!(shard["materialization"], "views-db");
     assert_eq!(shard["shard"], "00000000-ffffffff");
     assert_eq!(shard["last_error"], Value::Null);
-    assert_eq!(shard["lag"]["views-file"]["unit"], "bytes");
+    let source = &shard["sources"]["views-file"];
+    assert_eq!(source["lag"]["unit"], "bytes");
+    assert!(
+        ["reading", "idle", "caught_up"].contains(&source["state"].as_str().unwrap()),
+        "{source}"
+    );
+    assert!(source["documents"].as_u64().unwrap() > 0, "{source}");
+    assert_eq!(source["retries"], 0);
+    let binding = &shard["bindings"][0];
+    assert_eq!(binding["resource"], "pageviews");
+    assert_eq!(binding["collection"], "acme/pageviews");
+    assert!(binding["stored"].as_u64().unwrap() > 0, "{binding}");
+    assert_eq!(first["version"], env!("CARGO_PKG_VERSION"));
+    assert!(first["uptime_ms"].is_u64(), "{first}");
+    assert_eq!(
+        first["config"]["sources"]["views-file"]["file"]["path"],
+        "views.jsonl"
+    );
     let last = &shard["last_committed"];
     let phases: Vec<&str> = (last["phases"].as_array().unwrap().iter())
         .map(|p| p["phase"].as_str().unwrap())
@@ -402,9 +421,91 @@ fn the_page_draws_the_graph_and_live_counters_in_chromium() {
     assert!(second > first);
     let bars = browser.eval("return document.querySelectorAll('.timeline rect').length");
     assert!(bars.as_u64().unwrap() > 0, "no transaction in the timeline");
+    // Each small chart has its time axis: the last five minutes, a tick every minute.
+    let axes = browser.eval(
+        "return [...document.querySelectorAll('.spark')]\
+           .map(s => [...s.querySelectorAll('.axis text')].map(t => t.textContent))",
+    );
+    let minutes = json!(["−5m", "−4m", "−3m", "−2m", "−1m", "now"]);
+    assert_eq!(axes, json!([minutes, minutes]));
+    let line = browser.eval("return document.querySelectorAll('.spark polyline').length");
+    assert!(line.as_u64().unwrap() > 0, "no line on the time axis");
+    let source = browser
+        .eval("return document.querySelector('tr[data-source=\"views-file\"] .state').textContent");
+    assert!(
+        ["reading", "idle", "caught up"].contains(&source.as_str().unwrap()),
+        "{source}"
+    );
+    let binding = browser.eval("return document.querySelectorAll('tr[data-binding]').length");
+    assert_eq!(binding, 1);
 
     let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     browser.screenshot(&screenshot);
     assert!(std::fs::read(&screenshot).unwrap().starts_with(b"\x89PNG"));
     println!("status page screenshot: {}", screenshot.display());
+}
+
+/// The pageviews collection's documents from `sources` (YAML, indented as sources) into
+/// SQLite.
+fn pipeline_of(sources: &str) -> String {
+    format!(
+        r#"
+collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema: {{type: object, required: [user_id], properties: {{user_id: {{type: string}}}}}}
+sources:
+{sources}
+materializations:
+  views-db:
+    endpoint: {{sqlite: {{path: out/views.db}}}}
+    bindings: [{{source: acme/pageviews, resource: {{table: pageviews}}}}]
+"#
+    )
+}
+
+/// The log names the status page beside `/metrics` at start; the status serves the
+/// binary's version and the configuration with the HTTP source's token hidden.
+#[test]
+fn the_log_names_the_page_and_the_status_hides_the_configurations_secrets() {
+    const TOKEN: &str = "s3cret-t0ken";
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = dir.path().join("pipeline.yaml");
+    let sources = format!(
+        "  views-http:
+    target: acme/pageviews
+    http: {{listen: \"127.0.0.1:0\", token: \"{TOKEN}\"}}"
+    );
+    std::fs::write(&pipeline, pipeline_of(&sources)).unwrap();
+    let address = free_address();
+    let log = dir.path().join("sluice.log");
+    let mut child = Command::new(SLUICE)
+        .args(["run", "--follow", "--metrics", &address.to_string()])
+        .arg(&pipeline)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut client = Client::new(address, "");
+    let status = wait_until("the shard", || {
+        assert!(child.try_wait().unwrap().is_none(), "sluice run exited");
+        let status = client.request("GET", "/api/status", &[], b"").ok()?.json();
+        Some(status.clone()).filter(|_| status["shards"][0].is_object())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    let config = &status["config"]["sources"]["views-http"]["http"];
+    assert_eq!(config["token"], "***", "{config}");
+    assert_eq!(config["listen"], "127.0.0.1:0", "{config}");
+    assert!(!status.to_string().contains(TOKEN), "{status}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains(&format!(
+            "metrics on http://{address}/metrics, status page on http://{address}/"
+        )),
+        "{log}"
+    );
 }

@@ -701,7 +701,8 @@ impl Member {
                 continue;
             };
             let status = ShardStatus {
-                lag: (view.lag.iter())
+                lag: (view.sources.iter())
+                    .filter_map(|(source, view)| Some((source, view.lag.as_ref()?)))
                     .map(|(source, lag)| (source.clone(), format!("{} {}", lag.behind, lag.unit)))
                     .collect(),
             };

@@ -77,6 +77,9 @@ pub struct Pipeline {
     pub cluster: Option<ClusterDef>,
     /// Every `${NAME:-default}` of the file that expanded to its default.
     pub defaulted: Vec<Defaulted>,
+    /// The file's tree as read, `${ENV}` expanded, secrets included: the status page
+    /// shows it redacted.
+    pub file: Value,
 }
 
 /// `cluster:`: the etcd cluster the members coordinate through, and who this one is
@@ -522,7 +525,7 @@ impl Pipeline {
         for d in &defaulted {
             tracing::debug!(place = %d.place, "{}", d.explain());
         }
-        let file: PipelineFile = serde_path_to_error::deserialize(tree).map_err(|e| {
+        let file: PipelineFile = serde_path_to_error::deserialize(&tree).map_err(|e| {
             let place = e.path().to_string();
             let place = if place == "." {
                 "(top level)".to_string()
@@ -533,6 +536,7 @@ impl Pipeline {
         })?;
         let mut pipeline = file.read_kinds(base_dir, registry)?;
         pipeline.defaulted = defaulted;
+        pipeline.file = tree;
         pipeline.resolve_paths(base_dir, stem);
         pipeline.check()?;
         Ok(pipeline)
@@ -827,6 +831,7 @@ impl PipelineFile {
             delivery: self.delivery,
             cluster: self.cluster,
             defaulted: Vec::new(),
+            file: Value::Null,
         })
     }
 }

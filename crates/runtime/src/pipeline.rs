@@ -33,7 +33,7 @@ use sluice_driver_sdk::{CommitPattern, Endpoint};
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
 use sluice_sink_sdk::EpochParticipant;
-use sluice_source_sdk::{Source, SourceError};
+use sluice_source_sdk::{Health, Source, SourceError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -372,7 +372,7 @@ fn admit(
                 follow: false,
                 // Opened only to declare its fault tolerance: it serves nothing.
                 intake: None,
-                health: sluice_source_sdk::Health::none(),
+                health: Health::none(),
             })
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
@@ -439,8 +439,8 @@ pub async fn probe_sources(pipeline: &Pipeline) -> Vec<(String, Result<(), Sourc
             state_dir: &state_dir,
             follow: false,
             intake: None,
-            // Its probe's word is its result.
-            health: sluice_source_sdk::Health::none(),
+            // Reported nowhere: what the probe returns says it all.
+            health: Health::none(),
         };
         let after = pipeline.runtime.timeouts.source;
         let result = match def.config.open(&opening) {
@@ -796,6 +796,9 @@ impl Launcher {
         } else {
             String::new()
         };
+        // Recorded whether or not anything serves them: a few counters per transaction.
+        let metrics = opts.metrics.unwrap_or_default();
+        metrics.status.set_config(&pipeline.file);
         let mut templates = BTreeMap::new();
         for m in planned.materializations {
             let mut bindings = Vec::new();
@@ -855,9 +858,7 @@ impl Launcher {
             templates,
             log_root: pipeline.recovery_log().to_path_buf(),
             deployment_id,
-            // Recorded whether or not anything serves them: a few counters per
-            // transaction.
-            metrics: opts.metrics.unwrap_or_default(),
+            metrics,
             opts: txn_opts,
             timeouts: pipeline.runtime.timeouts,
             progress,
@@ -943,14 +944,15 @@ struct SourceFeed {
 }
 
 impl SourceFeed {
-    fn open(&self) -> Result<Box<dyn Source>, SourceError> {
+    /// Opens the source, reporting its connection to `health`.
+    fn open(&self, health: &Health) -> Result<Box<dyn Source>, SourceError> {
         self.def.config.open(&sluice_source_sdk::Opening {
             name: &self.name,
             materialization: &self.materialization,
             state_dir: &self.state_dir,
             follow: self.follow,
             intake: Some(&self.intake),
-            health: sluice_source_sdk::Health::none(),
+            health,
         })
     }
 }
@@ -1071,9 +1073,10 @@ impl Attempt {
     }
 
     async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
+        self.metrics.opening();
         let mut sources = Vec::with_capacity(self.feeds.len());
-        for feed in &self.feeds {
-            let source = feed.open().map_err(RunError::Source)?;
+        for (feed, metrics) in self.feeds.iter().zip(&self.metrics.sources) {
+            let source = feed.open(&metrics.health).map_err(RunError::Source)?;
             sources.push(BoundSource {
                 source,
                 bindings: feed.bindings.clone(),

@@ -7,8 +7,10 @@
 //! its server's `Url` with the password), so the binary applies [`redact`] where text
 //! leaves the process: every log line and the error it exits with. It lives here, at
 //! the bottom of the crate graph (no Sluice dependency), where the runtime, the binary
-//! and every source can reach it.
+//! and every source can reach it. [`redact_json`] does the same to a configuration
+//! shown whole (the status page's), field by field.
 
+use serde_json::Value;
 use std::borrow::Cow;
 
 /// What a secret is replaced with.
@@ -48,6 +50,29 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     }
     out.push_str(&text[copied..]);
     Cow::Owned(out)
+}
+
+/// `value` fit to show: the value of every field named as a secret (`"password":
+/// "…"`, any case) hidden whole, whatever its type, and every other string [`redact`]ed
+/// (a URL's password, a bearer token).
+pub fn redact_json(value: &Value) -> Value {
+    match value {
+        Value::String(text) => Value::String(redact(text).into_owned()),
+        Value::Array(items) => Value::Array(items.iter().map(redact_json).collect()),
+        Value::Object(fields) => Value::Object(
+            (fields.iter())
+                .map(|(name, value)| {
+                    let secret = SECRET_NAMES.iter().any(|s| s.eq_ignore_ascii_case(name));
+                    let shown = match secret {
+                        true => Value::String(HIDDEN.to_string()),
+                        false => redact_json(value),
+                    };
+                    (name.clone(), shown)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// Byte ranges of the passwords of `scheme://user:password@host` URLs.
@@ -188,7 +213,8 @@ fn is_token(b: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{redact, redact_json};
+    use serde_json::json;
 
     #[test]
     fn url_passwords_are_hidden_and_the_rest_kept() {
@@ -266,5 +292,26 @@ mod tests {
             "Authorization: Bearer ***"
         );
         assert_eq!(redact("Bearer x y"), "Bearer *** y");
+    }
+
+    #[test]
+    fn a_configuration_keeps_its_shape_with_its_secrets_hidden() {
+        let config = json!({
+            "sources": {"orders": {"kafka": {"brokers": ["k:9092"], "Password": 12345}}},
+            "materializations": {"db": {"endpoint": {"postgres": {
+                "url": "postgres://app:s3cret@db:5432/sales?sslmode=require",
+            }}}},
+            "http": {"token": {"nested": "t0k"}, "headers": ["Bearer abc"], "port": 80},
+        });
+        assert_eq!(
+            redact_json(&config),
+            json!({
+                "sources": {"orders": {"kafka": {"brokers": ["k:9092"], "Password": "***"}}},
+                "materializations": {"db": {"endpoint": {"postgres": {
+                    "url": "postgres://app:***@db:5432/sales?sslmode=require",
+                }}}},
+                "http": {"token": "***", "headers": ["Bearer ***"], "port": 80},
+            })
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! text and labels, and recorded through the handles of one shard ([`ShardMetrics`]),
 //! resolved once per run so the loop never looks a label set up on its hot path.
 //! [`exporter`] serves them (`runtime.metrics`, `sluice run --metrics`), with the
-//! [`status`] the same handles record.
+//! [`status`] the same handles record. Each source's handles carry the
+//! [`Health`](sluice_source_sdk::Health) it is opened with, which reports into the status.
 //!
 //! Prometheus' conventions: the `sluice_` prefix, the base unit in the name (`_seconds`,
 //! `_bytes`), counters ending in `_total`. Labels name the materialization, its shard
@@ -25,8 +26,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
-use sluice_source_sdk::Lag;
-use status::{ShardStatus, State, Status};
+use sluice_source_sdk::health::Report;
+use sluice_source_sdk::{Connection, Health, Lag};
+use status::{Counted, ShardStatus, SourceState, State, Status};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -350,7 +352,15 @@ impl Metrics {
             materialization: crate::txn::materialization_name(open),
             shard: shard_label(open.key_begin, open.key_end),
         };
-        let status = (self.status).shard(labels.materialization.clone(), labels.shard.clone());
+        let sources: Vec<String> = sources.into_iter().map(str::to_string).collect();
+        let status = (self.status).shard(
+            labels.materialization.clone(),
+            labels.shard.clone(),
+            sources.clone(),
+            (shard.bindings.iter())
+                .map(|b| (b.resource.clone(), b.collection.name.clone()))
+                .collect(),
+        );
         let phases = Phase::ALL.map(|phase| {
             self.phase_seconds.get_or_create_owned(&PhaseLabels {
                 shard: labels.clone(),
@@ -370,11 +380,16 @@ impl Metrics {
         let sources = sources
             .into_iter()
             .map(|source| {
+                let health = Health::new(Arc::new(SourceHealth {
+                    status: status.clone(),
+                    source: source.clone(),
+                }));
                 let of = SourceLabels {
                     shard: labels.clone(),
-                    source: source.to_string(),
+                    source,
                 };
                 SourceMetrics {
+                    health,
                     documents: self.source_documents.get_or_create_owned(&of),
                     bytes: self.source_bytes.get_or_create_owned(&of),
                     dead_lettered: self.source_dead_lettered.get_or_create_owned(&of),
@@ -449,9 +464,11 @@ struct CombinerMetrics {
 
 #[derive(Debug)]
 pub(crate) struct SourceMetrics {
-    pub documents: Counter,
-    pub bytes: Counter,
-    pub dead_lettered: Counter,
+    documents: Counter,
+    bytes: Counter,
+    dead_lettered: Counter,
+    /// What the source is opened with, to report its connection into the status.
+    pub health: Health,
     /// Created on the first report: a source that never knows its lag has no series.
     lag_bytes: Family<SourceLabels, Gauge>,
     lag_messages: Family<SourceLabels, Gauge>,
@@ -463,15 +480,44 @@ pub(crate) struct SourceMetrics {
 
 #[derive(Debug)]
 pub(crate) struct BindingMetrics {
-    pub combined: Counter,
-    pub loaded: Counter,
-    pub stored: Counter,
-    pub deleted: Counter,
+    combined: Counter,
+    loaded: Counter,
+    stored: Counter,
+    deleted: Counter,
+}
+
+/// A source's [`Health`] reports, into its shard's status.
+struct SourceHealth {
+    status: Arc<ShardStatus>,
+    source: String,
+}
+
+impl Report for SourceHealth {
+    fn report(&self, connection: Connection) {
+        self.status.connection(&self.source, connection);
+    }
 }
 
 impl ShardMetrics {
-    pub(crate) fn committed(&self) {
+    /// A transaction the driver committed, and what it moved.
+    pub(crate) fn committed(&self, counted: &Counted) {
         self.transactions.inc();
+        for (source, count) in self.sources.iter().zip(&counted.sources) {
+            source.documents.inc_by(count.docs);
+            source.bytes.inc_by(count.bytes);
+            source.dead_lettered.inc_by(count.dead_lettered);
+        }
+        for (binding, count) in self.bindings.iter().zip(&counted.bindings) {
+            binding.combined.inc_by(count.combined);
+            binding.loaded.inc_by(count.loaded);
+            binding.stored.inc_by(count.stored);
+            binding.deleted.inc_by(count.deleted);
+        }
+    }
+
+    /// A new attempt of the loop opens its sources.
+    pub(crate) fn opening(&self) {
+        self.status.opening();
     }
 
     pub(crate) fn observe(&self, phase: Phase, took: Duration) {
@@ -501,7 +547,7 @@ impl ShardMetrics {
         if retried {
             self.retries.get_or_create(&of).inc();
         }
-        self.status.failed(err.kind(), err.to_string(), retried);
+        (self.status).failed(err.kind(), err.to_string(), retried, err.source_name());
     }
 
     /// The loop ended: `Stopped` if well, else `Failed` (its error already recorded).
@@ -512,6 +558,11 @@ impl ShardMetrics {
 }
 
 impl SourceMetrics {
+    /// The source's last step left it in `state`.
+    pub(crate) fn stepped(&self, state: SourceState) {
+        self.status.stepped(&self.labels.source, state);
+    }
+
     pub(crate) fn lag(&self, lag: Lag) {
         self.status.lag(&self.labels.source, lag);
         let (family, behind) = match lag {

@@ -58,7 +58,7 @@ mod timed;
 
 use crate::config::Timeouts;
 use crate::deadletter::DeadLetterError;
-use crate::metrics::status::{State, Transaction};
+use crate::metrics::status::{BindingCount, Counted, State, Transaction};
 use crate::metrics::{CombinerRole, Phase, ShardMetrics};
 use crate::recovery::{
     Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
@@ -324,6 +324,17 @@ impl RunError {
             | RunError::Recovery(_)
             | RunError::IntentSource { .. }
             | RunError::Internal(_) => false,
+        }
+    }
+
+    /// The source whose call (or dead-letter file) failed, if one did.
+    pub fn source_name(&self) -> Option<&str> {
+        match self {
+            RunError::Source(source) | RunError::SeekBack { source, .. } => {
+                Some(source.source_name())
+            }
+            RunError::DeadLetter { name, .. } => Some(name),
+            _ => None,
         }
     }
 
@@ -888,7 +899,18 @@ impl Committer<'_> {
             loaded,
             stored,
         });
-        metrics.committed();
+        let counted = Counted {
+            bindings: (0..self.shared.bindings.len())
+                .map(|i| BindingCount {
+                    combined: tally.combined[i],
+                    loaded: prepared.loaded[i],
+                    stored: stores.docs[i],
+                    deleted: stores.deletions[i],
+                })
+                .collect(),
+            sources: tally.sources,
+        };
+        metrics.committed(&counted);
         let phases = [
             (Phase::Read, tally.took),
             (Phase::Loads, sent.at - started),
@@ -902,17 +924,6 @@ impl Committer<'_> {
         // Sent first thing in the phase, when owed (else while the loop was idle).
         if let (true, Some(acknowledged)) = (ack_owed, prepared.acknowledged) {
             metrics.observe(Phase::Acknowledge, acknowledged - started);
-        }
-        for (source, read) in metrics.sources.iter().zip(&tally.sources) {
-            source.documents.inc_by(read.docs);
-            source.bytes.inc_by(read.bytes);
-            source.dead_lettered.inc_by(read.dead_lettered);
-        }
-        for (i, binding) in metrics.bindings.iter().enumerate() {
-            binding.combined.inc_by(tally.combined[i]);
-            binding.loaded.inc_by(prepared.loaded[i]);
-            binding.stored.inc_by(stores.docs[i]);
-            binding.deleted.inc_by(stores.deletions[i]);
         }
 
         // Decision: record the commit durably, overlapping the next transaction's reads.
@@ -939,13 +950,14 @@ impl Committer<'_> {
                 metrics.end_to_end(end_to_end);
             }
             let phases = phases.into_iter().chain([(Phase::LogCommit, took)]);
-            metrics.status.committed(Transaction::durable(
+            let committed = Transaction::durable(
                 txn,
                 (docs, bytes),
                 phases.map(|(phase, took)| (phase.label(), took)),
                 end_to_end,
                 positions,
-            ));
+            );
+            metrics.status.committed(committed, counted);
         };
         Ok(log.commit(
             self.checkpoint.clone(),

@@ -58,6 +58,7 @@ use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::envelope::{Envelope, Unwrapped};
 use crate::metrics::ShardMetrics;
+use crate::metrics::status::{SourceCount, SourceState};
 use crate::recovery::{Checkpoint, Intent};
 use serde_json::Value;
 use sluice_doc::KeyRange;
@@ -115,7 +116,7 @@ pub struct ReadBatch {
 #[derive(Debug, Default)]
 pub struct Tally {
     /// Per source, in the run's order.
-    pub sources: Vec<SourceTally>,
+    pub sources: Vec<SourceCount>,
     /// Per binding: documents combined into it.
     pub combined: Vec<u64>,
     /// When its first document was combined.
@@ -125,13 +126,6 @@ pub struct Tally {
     /// How long the reader waited for input with nothing read (a `--follow` run caught
     /// up): not reading, so left out of `took` and out of the run's rate.
     pub idle: Duration,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SourceTally {
-    pub docs: u64,
-    pub bytes: u64,
-    pub dead_lettered: u64,
 }
 
 impl Tally {
@@ -385,7 +379,7 @@ impl Reader {
             advances: false,
             last: false,
             tally: Tally {
-                sources: vec![SourceTally::default(); self.sources.len()],
+                sources: vec![SourceCount::default(); self.sources.len()],
                 combined: vec![0; self.bindings.len()],
                 ..Tally::default()
             },
@@ -506,6 +500,7 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
                 reading.apply_backpressure();
+                self.metrics.sources[index].stepped(shown(&step));
                 self.sample_lag(index);
                 let reading = &self.sources[index];
                 let feed = Feed::new(index, &reading.bound, &self.bindings);
@@ -674,6 +669,7 @@ impl Reader {
                         .replay(resume, &mut self.records)
                         .await
                         .map_err(|e| super::source_err(name, e))?;
+                    self.metrics.sources[index].stepped(shown(&step));
                     let feed = Feed::new(index, bound, &self.bindings);
                     batch.advances |= step.advances;
                     let (docs, bytes) = (batch.docs, batch.bytes);
@@ -694,6 +690,17 @@ impl Reader {
             batch.steps = steps;
             return Ok(batch);
         }
+    }
+}
+
+/// The state a step leaves its source in, as the status shows it.
+fn shown(step: &Step) -> SourceState {
+    if step.records > 0 || !step.errors.is_empty() {
+        SourceState::Reading
+    } else if step.end_of_input {
+        SourceState::CaughtUp
+    } else {
+        SourceState::Idle
     }
 }
 
