@@ -1,16 +1,20 @@
 //! `sluice status`: a pipeline's status in the terminal. Asks the status API of the
 //! process running it (`--metrics`, else the file's `runtime.metrics`), the same JSON the
 //! status page draws; when nothing answers there, prints what the recovery logs hold
-//! (the last committed transaction of each materialization).
+//! (the last committed transaction of each materialization) and how each shard's last
+//! run ended ([`ended`]: its state, its sources', and their last errors).
 
 use crate::pipeline_cmd::{load, print_checkpoints};
 use crate::registry::registry;
 use clap::Args;
 use sluice_http::client::Client;
+use sluice_runtime::config::Pipeline;
+use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{LastError, ShardView, Snapshot};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -39,7 +43,9 @@ pub fn main(args: StatusArgs) -> anyhow::Result<()> {
              the recovery logs hold:"
         ),
     }
-    print_checkpoints(&pipeline)
+    print_checkpoints(&pipeline)?;
+    print!("{}", render_ended(&pipeline)?);
+    Ok(())
 }
 
 fn fetch(address: SocketAddr) -> anyhow::Result<Snapshot> {
@@ -82,6 +88,31 @@ fn render(snapshot: &Snapshot) -> String {
         render_shard(&mut out, shard, snapshot.now, "this process");
     }
     out
+}
+
+/// How each shard of the pipeline's materializations last ended, as recorded beside
+/// its recovery log.
+fn render_ended(pipeline: &Pipeline) -> anyhow::Result<String> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let mut out = String::new();
+    for name in pipeline.materializations.keys() {
+        for end in ended::read(&pipeline.recovery_log().join(name))? {
+            let shard = &end.shard;
+            let _ = writeln!(
+                out,
+                "\n{} {}: its last run (sluice {}) ended {}: {}",
+                shard.materialization,
+                shard.shard,
+                end.version,
+                ago(now, end.ended_at),
+                words(shard.state)
+            );
+            render_shard(&mut out, shard, now, "that run");
+        }
+    }
+    Ok(out)
 }
 
 /// A shard's counts, sources, bindings and last errors; `by`: who committed the counts.

@@ -5,7 +5,8 @@
 //! Chromium, draws the graph, counters that update and charts on a time axis (its
 //! screenshot is saved); `sluice status` reads the API while the run lasts and the
 //! recovery log after; the log names the page, and the configuration served hides its
-//! secrets. Timings are never compared.
+//! secrets. A failed run leaves its state and error for `sluice status`. Timings are
+//! never compared.
 
 use serde_json::{Value, json};
 use sluice_http::client::Client;
@@ -507,5 +508,82 @@ fn the_log_names_the_page_and_the_status_hides_the_configurations_secrets() {
             "metrics on http://{address}/metrics, status page on http://{address}/"
         )),
         "{log}"
+    );
+}
+
+/// Every run leaves how it ended beside its recovery log: with no process to ask,
+/// `sluice status` prints beside the checkpoints the state the shard and its source were
+/// left in, and the error. A run that ends well says so; a later one that fails (its
+/// file cut shorter than the position committed) replaces it.
+#[test]
+fn a_failed_run_leaves_its_state_and_error_for_sluice_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = dir.path().join("pipeline.yaml");
+    let sources = "  views-file:
+    target: acme/pageviews
+    file: {path: views.jsonl, format: json}";
+    std::fs::write(&pipeline, pipeline_of(sources)).unwrap();
+    let input = dir.path().join("views.jsonl");
+    let run = || {
+        Command::new(SLUICE)
+            .arg("run")
+            .arg(&pipeline)
+            .output()
+            .unwrap()
+    };
+    let status = || {
+        let out = Command::new(SLUICE)
+            .arg("status")
+            .arg(&pipeline)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ended = format!(
+        "views-db 00000000-ffffffff: its last run (sluice {}) ended ",
+        env!("CARGO_PKG_VERSION")
+    );
+    // What `status` printed of the last run's end.
+    let end = |text: &str| {
+        let end = text.split(&ended).nth(1);
+        end.unwrap_or_else(|| panic!("no end in {text}"))
+            .to_string()
+    };
+
+    std::fs::write(&input, "{\"user_id\": \"a\"}\n{\"user_id\": \"b\"}\n").unwrap();
+    assert!(run().status.success());
+    let stopped = status();
+    assert!(stopped.contains("last commit: transaction 1"), "{stopped}");
+    let last = end(&stopped);
+    assert!(
+        last.lines().next().unwrap().ends_with(" ago: stopped"),
+        "{stopped}"
+    );
+    assert!(
+        last.contains("committed by that run: 1 transactions, 2 documents"),
+        "{stopped}"
+    );
+    assert!(last.contains("  last error: none"), "{stopped}");
+
+    std::fs::write(&input, "").unwrap();
+    assert!(
+        !run().status.success(),
+        "views.jsonl is shorter than committed"
+    );
+    let failed = status();
+    let last = end(&failed);
+    assert!(
+        last.lines().next().unwrap().ends_with(" ago: failed"),
+        "{failed}"
+    );
+    assert!(last.contains("  source views-file: failed"), "{failed}");
+    let error = last
+        .split("  last error (source, ")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        error.contains("source views-file: cannot resume at"),
+        "{failed}"
     );
 }

@@ -22,7 +22,7 @@
 use crate::admission::{self, Refusal, SinkGuarantee};
 use crate::applied;
 use crate::config::{self, Pipeline};
-use crate::metrics::{Metrics, ShardMetrics, shard_label};
+use crate::metrics::{Metrics, ShardMetrics, ended, shard_label};
 use crate::projections::{self, BuildError};
 use crate::recovery::{self, RecoveryLog};
 use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
@@ -554,6 +554,7 @@ pub async fn apply(
                 ApplyAction::Delete => {
                     applied::forget(&dir).await.map_err(|e| failed(&e))?;
                     let dir = dir.clone();
+                    ended::forget(&dir).await.map_err(|e| failed(&e))?;
                     let removed =
                         crate::blocking::unblock(move || recovery::remove(&dir, &lock)).await;
                     removed.map_err(|e| failed(&e))?;
@@ -922,6 +923,7 @@ impl Launcher {
         async move {
             let (summary, result) = attempt.run_with_restarts().await;
             attempt.metrics.ended(result.is_ok());
+            attempt.record_end().await;
             (summary, result)
         }
         .instrument(span)
@@ -1069,6 +1071,14 @@ impl Attempt {
             if !retries.wait(&err, "reopening", &self.shutdown).await {
                 return (summary, Err(err));
             }
+        }
+    }
+
+    /// Records the state the loop ended in beside its log ([`ended`]), for `sluice
+    /// status` once the process is gone.
+    async fn record_end(&self) {
+        if let Err(err) = ended::record(&self.log_dir, self.metrics.status.view()).await {
+            tracing::warn!("cannot record how the loop ended: {err}");
         }
     }
 

@@ -1,8 +1,9 @@
 //! The status a run serves while a source cannot connect: a source whose client retries
 //! inside one call (as the Kafka client does an unreachable broker) says so through its
 //! `Health`, and `/api/status` shows it backing off with its error, its shard degraded
-//! rather than running, while the run goes on, until a stop ends the waiting call. The
-//! configuration served hides the source's secrets. Timings are never compared.
+//! rather than running, while the run goes on, until a stop ends the waiting call; the
+//! end the shard records says the same. The configuration served hides the source's
+//! secrets. Timings are never compared.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -12,6 +13,7 @@ use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
 use sluice_runtime::config::{EndpointDef, Pipeline};
 use sluice_runtime::metrics::Metrics;
+use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{Snapshot, SourceState, State};
 use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
 use sluice_runtime::registry::{Builtin, Registry};
@@ -178,7 +180,12 @@ runtime:
         json!({"url": "kafka://app:***@127.0.0.1:1", "token": "***"})
     );
 
-    // A stop ends the waiting call.
+    // A stop ends the waiting call; the shard ends stopped, its source as it was.
     stop.send_replace(true);
     run.await.unwrap().unwrap();
+    let ended = ended::read(&pipeline.recovery_log().join("views")).unwrap();
+    assert_eq!(ended[0].shard.state, State::Stopped);
+    let source = &ended[0].shard.sources["down"];
+    assert_eq!(source.state, SourceState::BackingOff);
+    assert_eq!(source.last_error.as_ref().unwrap().message, REFUSED);
 }

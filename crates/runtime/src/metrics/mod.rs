@@ -2,7 +2,8 @@
 //! text and labels, and recorded through the handles of one shard ([`ShardMetrics`]),
 //! resolved once per run so the loop never looks a label set up on its hot path.
 //! [`exporter`] serves them (`runtime.metrics`, `sluice run --metrics`), with the
-//! [`status`] the same handles record. Each source's handles carry the
+//! [`status`] the same handles record; [`ended`] keeps what a shard's loop left when it
+//! ended beside its recovery log. Each source's handles carry the
 //! [`Health`](sluice_source_sdk::Health) it is opened with, which reports into the status.
 //!
 //! Prometheus' conventions: the `sluice_` prefix, the base unit in the name (`_seconds`,
@@ -15,6 +16,7 @@
 //! letters are added when its driver has committed it, as the run's summary counts them,
 //! so the counters agree with the summary and a restart never counts a document twice.
 
+pub mod ended;
 pub mod exporter;
 pub mod status;
 

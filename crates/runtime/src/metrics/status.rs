@@ -5,7 +5,8 @@
 //! binary's version, the uptime and the configuration with its secrets hidden. Recorded
 //! through the same [`ShardMetrics`](super::ShardMetrics) handles as the metrics, and
 //! served as JSON on `/api/status` with a page on `/` by the [`exporter`](super::exporter);
-//! `sluice status` reads the same JSON back. That JSON is the plain data of
+//! `sluice status` reads the same JSON back, and what a loop left when it ended
+//! ([`super::ended`]) once the process is gone. That JSON is the plain data of
 //! `status/view.rs`; this file records it.
 //!
 //! A source's state is what the reader last saw of it (its steps, the error the loop
@@ -164,6 +165,11 @@ struct Recorded {
 impl ShardStatus {
     pub fn enter(&self, state: State) {
         lock(&self.0).view.enter(state);
+    }
+
+    /// The view served now ([`ShardStatus::view_at`]).
+    pub fn view(&self) -> ShardView {
+        self.view_at(unix_ms(SystemTime::now()))
     }
 
     /// The view served at `now`: rates over the [`RATE_WINDOW`] ending then, and

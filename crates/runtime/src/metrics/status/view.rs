@@ -1,4 +1,5 @@
-//! The status as served (`/api/status`): plain data, read back by `sluice status`.
+//! The status as served (`/api/status`, and what [`ended`](super::super::ended) keeps):
+//! plain data, read back by `sluice status`.
 
 use super::unix_ms;
 use crate::config::Pipeline;
