@@ -60,6 +60,24 @@ pub trait Catalog: FenceClient {
     async fn execute(&mut self, statements: &[String]) -> Result<()>;
 }
 
+/// Open's check that `table` was applied: every column it selects exists. `shown`
+/// names the table (quoted, qualified) and `server` the store in the error.
+pub async fn check_applied<C>(
+    catalog: &mut dyn Catalog,
+    table: &Table<C>,
+    shown: &str,
+    server: &str,
+) -> Result<()> {
+    let existing = catalog.existing_columns(&table.name).await?;
+    match (table.columns.iter()).find(|c| !existing.contains(&c.field)) {
+        None => Ok(()),
+        Some(missing) => Err(Error::Config(format!(
+            "table {shown} has no column {:?} on {server}: apply the materialization first",
+            missing.field
+        ))),
+    }
+}
+
 /// The catalog of a store that does not exist yet (a database file not created): a dry
 /// run against it plans everything, and creates nothing.
 #[derive(Debug, Clone, Copy, Default)]
@@ -106,6 +124,9 @@ impl FenceClient for Empty {
         Err(Empty::missing())
     }
     async fn end_claim(&mut self, _materialization: &str, _commit: bool) -> Result<()> {
+        Err(Empty::missing())
+    }
+    async fn commit(&mut self) -> Result<()> {
         Err(Empty::missing())
     }
 }
@@ -458,6 +479,9 @@ mod tests {
         }
         async fn end_claim(&mut self, _: &str, _: bool) -> Result<()> {
             panic!("Apply claimed")
+        }
+        async fn commit(&mut self) -> Result<()> {
+            panic!("Apply committed a store transaction")
         }
     }
 

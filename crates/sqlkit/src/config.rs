@@ -12,10 +12,10 @@
 //! [`table_resource_schema`]; only the limit and the title differ between stores.
 //!
 //! A SQL store's connection URL carries options its client library does not read (TLS
-//! modes and CA files as libpq or MySQL clients spell them, `connect_timeout`): the
-//! driver reads them with [`url_query_options`] and hands the library the URL
-//! [`url_without_options`] (TLS itself: [`crate::tls`]). Every connection has a
-//! [`connect_timeout`], [`DEFAULT_CONNECT_TIMEOUT`] unless the URL says otherwise.
+//! modes and CA files as libpq or MySQL clients spell them, `connect_timeout`):
+//! [`ConnectionUrl::read`] takes them out and hands the library the rest (TLS itself:
+//! [`crate::tls`]). Every connection has a [`connect_timeout`],
+//! [`DEFAULT_CONNECT_TIMEOUT`] unless the URL says otherwise.
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -171,6 +171,22 @@ impl<T: Copy + PartialEq> OptionValues<T> {
             })
     }
 
+    /// The value of the option among a URL's `options` ([`url_option`]), `default` when
+    /// it is not written.
+    pub fn read(&self, options: &[(String, String)], default: T) -> Result<T> {
+        url_option(options, self.option).map_or(Ok(default), |written| self.parse(written))
+    }
+
+    /// The configuration error of `value` written with other options that do not go with
+    /// it: `endpoint config: url: sslmode=verify-ca: {why}`.
+    pub fn refuse(&self, value: T, why: &str) -> sluice_driver_sdk::Error {
+        sluice_driver_sdk::Error::Config(format!(
+            "endpoint config: url: {}={}: {why}",
+            self.option,
+            self.name(value)
+        ))
+    }
+
     /// Every value's name, as errors list them: `disable, allow, prefer`.
     pub fn names(&self) -> String {
         let names: Vec<&str> = self.values.iter().map(|(name, _)| *name).collect();
@@ -182,6 +198,70 @@ impl<T: Copy + PartialEq> OptionValues<T> {
         (self.values.iter())
             .find_map(|&(name, v)| (v == value).then_some(name))
             .unwrap_or_default()
+    }
+}
+
+/// A SQL store's TLS settings, as read from the options of its connection URL.
+pub trait UrlTls: Sized {
+    /// The URL options read here, taken out before the client library parses the rest
+    /// (it knows them not, or not all their values).
+    const URL_OPTIONS: &'static [&'static str];
+
+    /// The settings `options` write; combinations the store's clients refuse are
+    /// configuration errors naming the options.
+    fn from_url_options(options: &[(String, String)]) -> Result<Self>;
+}
+
+/// How to reach a SQL server: the client library's settings (`client`), and what the
+/// driver reads from the URL itself.
+#[derive(Debug, Clone)]
+pub struct Connection<C, T> {
+    pub client: C,
+    pub tls: T,
+    /// The bound of one whole connection attempt.
+    pub connect_timeout: Duration,
+}
+
+/// A connection URL with the options the driver reads taken out.
+#[derive(Debug, Clone)]
+pub struct ConnectionUrl<T> {
+    /// Every option of the URL's query, as written ([`url_query_options`]).
+    pub options: Vec<(String, String)>,
+    pub tls: T,
+    pub connect_timeout: Duration,
+    /// The URL without the TLS options and `connect_timeout`: what the client library
+    /// parses.
+    pub rest: String,
+}
+
+impl<T: UrlTls> ConnectionUrl<T> {
+    /// Reads `url`'s TLS options and `connect_timeout`; errors name the option.
+    pub fn read(url: &str) -> Result<Self> {
+        let options = url_query_options(url);
+        let tls = T::from_url_options(&options)?;
+        let connect_timeout = connect_timeout(&options)?;
+        let rest = url_without_options(url, &[T::URL_OPTIONS, &["connect_timeout"]].concat());
+        Ok(ConnectionUrl {
+            options,
+            tls,
+            connect_timeout,
+            rest,
+        })
+    }
+
+    /// Whether the URL writes option `name`.
+    pub fn sets(&self, name: &str) -> bool {
+        url_option(&self.options, name).is_some()
+    }
+
+    /// The connection of the client library's settings `client` (parsed from
+    /// [`Self::rest`]).
+    pub fn connection<C>(self, client: C) -> Connection<C, T> {
+        Connection {
+            client,
+            tls: self.tls,
+            connect_timeout: self.connect_timeout,
+        }
     }
 }
 

@@ -179,6 +179,9 @@ pub trait FenceClient: Send {
     /// Ends the claim transaction (commits it if `commit`, else rolls it back) and
     /// releases the lock. A commit is durable when this returns.
     async fn end_claim(&mut self, materialization: &str, commit: bool) -> Result<()>;
+
+    /// Commits the store transaction open on the connection; durable when this returns.
+    async fn commit(&mut self) -> Result<()>;
 }
 
 /// `err` with the context `context` (what was being done), same message and hint.
@@ -284,6 +287,23 @@ pub async fn commit_checkpoint(
     let updated = (client.execute(&sql.commit, &params).await)
         .map_err(within("committing the runtime checkpoint"))?;
     committed(claim, updated)
+}
+
+/// The commit path of every SQL store, within the caller's open transaction after its
+/// writes: [`commit_checkpoint`], then COMMIT.
+///
+/// Postcondition: after `Ok`, the transaction's writes and `checkpoint` are durable
+/// together; after an error nothing of them is committed (a fenced claim commits
+/// nothing), and the caller rolls back.
+pub async fn commit(
+    client: &mut dyn FenceClient,
+    sql: &FenceSql,
+    claim: &Claim,
+    checkpoint: &[u8],
+) -> Result<()> {
+    // From here on the range's row is locked, so no newer Open can slip in before COMMIT.
+    commit_checkpoint(client, sql, claim, checkpoint).await?;
+    client.commit().await
 }
 
 /// What a commit's checkpoint update that matched `updated` rows means: exactly one is
@@ -398,6 +418,8 @@ mod tests {
         version: Option<Vec<u8>>,
         fence: Option<i64>,
         fail: Option<&'static str>,
+        /// The rows every UPDATE or INSERT matches.
+        matched: u64,
     }
 
     impl Recorder {
@@ -415,7 +437,7 @@ mod tests {
     impl FenceClient for Recorder {
         async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64> {
             self.run(format!("{} {}", &sql[..6], params.len()))?;
-            Ok(1)
+            Ok(self.matched)
         }
         async fn query_bytes(&mut self, sql: &str, _: &[Param<'_>]) -> Result<Option<Vec<u8>>> {
             if sql.contains(&format!("= {VERSION_RANGE}")) {
@@ -435,14 +457,36 @@ mod tests {
         async fn end_claim(&mut self, _: &str, commit: bool) -> Result<()> {
             self.run(if commit { "COMMIT" } else { "ROLLBACK" }.into())
         }
+        async fn commit(&mut self) -> Result<()> {
+            self.run("COMMIT".into())
+        }
+    }
+
+    fn block_on<T>(future: impl Future<Output = T>) -> T {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(future)
     }
 
     fn claim(client: &mut Recorder) -> Result<(Claim, Vec<u8>)> {
         let sql = FenceSql::new("cp", PG);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(claim_range(client, &sql, "m", "v1", 16, 31))
+        block_on(claim_range(client, &sql, "m", "v1", 16, 31))
+    }
+
+    #[test]
+    fn a_commit_records_the_checkpoint_then_commits_and_a_fenced_one_commits_nothing() {
+        let (sql, claim) = (FenceSql::new("cp", PG), Claim::new("m", 16, 31, 4));
+        let mut client = Recorder {
+            matched: 1,
+            ..Recorder::default()
+        };
+        block_on(commit(&mut client, &sql, &claim, b"cp")).unwrap();
+        assert_eq!(client.log, ["UPDATE 5", "COMMIT"]);
+        let mut client = Recorder::default();
+        let err = block_on(commit(&mut client, &sql, &claim, b"cp")).unwrap_err();
+        assert!(matches!(err, Error::Fenced(_)), "{err}");
+        assert_eq!(client.log, ["UPDATE 5"]);
     }
 
     #[test]

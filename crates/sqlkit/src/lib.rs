@@ -11,9 +11,11 @@
 //! - [`text`]: escaped, tab-separated row text for bulk loads (`COPY`, `LOAD DATA`).
 //! - [`apply`]: Apply planned once over a store's [`apply::Catalog`] and its
 //!   [`apply::Ddl`]; Spec's and Validate's answers.
-//! - [`tls`]: the CA file a connection URL names, and why a TLS handshake failed.
-//! - [`fence`]: the claim protocol and the fenced checkpoint commit over a checkpoints
-//!   table, once, over a dialect's statements and client calls.
+//! - [`tls`]: the one verification rule, the CA file a connection URL names, and why a
+//!   TLS handshake failed.
+//! - [`connect`]: a connection attempt's bound, and its errors' retryability.
+//! - [`fence`]: the claim protocol and the fenced commit over a checkpoints table, once,
+//!   over a dialect's statements and client calls.
 //!
 //! The fencing a store commits under ([`sluice_driver_sdk::fence::Claim`], the
 //! [`sluice_driver_sdk::fence::FencedStore`] trait) is the driver SDK's: it is not
@@ -24,6 +26,7 @@
 
 pub mod apply;
 pub mod config;
+pub mod connect;
 pub mod fence;
 mod table;
 pub mod text;

@@ -20,10 +20,11 @@
 //! transaction in progress); constraint violations and bad data are not. Errors name the
 //! server without its password ([`EndpointConfig::describe`]).
 //!
-//! Connecting: a host that cannot be reached, or answers nothing within
-//! `connect_timeout`, is retryable; what retrying cannot change is not: a login the
-//! server refuses, a certificate that does not verify, a server without TLS under
-//! `ssl-mode=REQUIRED` or stronger. The TLS errors name the options ([`Tls::describe`]).
+//! Connecting ([`sluice_sqlkit::connect`]): a host that cannot be reached, or answers
+//! nothing within `connect_timeout`, is retryable; what retrying cannot change is not: a
+//! login the server refuses, a certificate that does not verify, a server without TLS
+//! under `ssl-mode=REQUIRED` or stronger. The TLS errors name the options
+//! ([`Tls::describe`]).
 
 use crate::config::{Connection, EndpointConfig};
 use crate::sql::{self, Flavor};
@@ -35,8 +36,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, DriverError, IoError, OptsBuilder, Params};
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::connect::{self, tls_error, tls_refused, unreachable};
 use sluice_sqlkit::fence::{FenceClient, Param};
-use sluice_sqlkit::tls::handshake_failure;
 
 /// Server error codes after which reconnecting and retrying may succeed.
 const RETRYABLE_CODES: &[u16] = &[
@@ -78,7 +79,7 @@ pub fn my_error(context: impl Into<String>, err: mysql_async::Error) -> Error {
 pub async fn connect(endpoint: &EndpointConfig) -> Result<(Conn, Flavor)> {
     let server = endpoint.describe();
     let Connection {
-        opts,
+        client: opts,
         tls,
         connect_timeout,
     } = endpoint.connection()?;
@@ -110,18 +111,7 @@ pub async fn connect(endpoint: &EndpointConfig) -> Result<(Conn, Flavor)> {
             .map_err(|err| my_error(format!("reading the version of {server}"), err))?;
         Ok((conn, Flavor::of_version(&version.unwrap_or_default())))
     };
-    tokio::time::timeout(connect_timeout, attempt)
-        .await
-        .map_err(|_| {
-            Error::store(
-                &context,
-                format!(
-                    "no answer within connect_timeout={}s; retrying may succeed",
-                    connect_timeout.as_secs()
-                ),
-                true,
-            )
-        })?
+    connect::within_connect_timeout(&context, connect_timeout, 1, attempt).await
 }
 
 /// The error of a failed connection attempt: the server's own refusals as
@@ -131,8 +121,8 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
     if let mysql_async::Error::Server(_) = err {
         return my_error(context, err);
     }
-    if let Some(why) = handshake_failure(&err) {
-        return Error::store(context, format!("{}: {why}", tls.describe()), false);
+    if let Some(err) = tls_error(context, &tls.describe(), &err) {
+        return err;
     }
     if let mysql_async::Error::Io(IoError::Tls(setup)) = &err {
         return Error::store(
@@ -142,14 +132,7 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
         );
     }
     if let mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer) = err {
-        return Error::store(
-            context,
-            format!(
-                "{}: the server does not accept TLS connections (have_ssl is DISABLED?)",
-                tls.describe()
-            ),
-            false,
-        );
+        return tls_refused(context, &tls.describe(), "have_ssl is DISABLED?");
     }
     // The client's I/O error wraps the system's twice ("Input/output error: Input/output
     // error: Connection refused"): the system's says it all.
@@ -157,7 +140,7 @@ fn connect_error(context: &str, tls: &Tls, err: mysql_async::Error) -> Error {
         mysql_async::Error::Io(IoError::Io(io)) => io.to_string(),
         _ => err.to_string(),
     };
-    Error::store(context, format!("{cause}; retrying may succeed"), true)
+    unreachable(context, cause)
 }
 
 /// Runs `statement` (a [`crate::sql::Table::load_data_sql`]) with `rows` as its input
@@ -199,6 +182,8 @@ pub async fn load_data(conn: &mut Conn, statement: &str, rows: Vec<u8>) -> Resul
 pub struct My<'a> {
     pub conn: &'a mut Conn,
     pub flavor: Flavor,
+    /// The server, without password, for error contexts.
+    pub server: &'a str,
 }
 
 /// `params` as mysql_async binds them.
@@ -298,5 +283,11 @@ impl FenceClient for My<'_> {
         ended
             .and(released)
             .map_err(|err| my_error("ending a claim", err))
+    }
+
+    /// Durable when this returns: InnoDB flushed the commit to its redo log.
+    async fn commit(&mut self) -> Result<()> {
+        (self.conn.query_drop("COMMIT").await)
+            .map_err(|err| my_error(format!("committing a transaction on {}", self.server), err))
     }
 }

@@ -13,12 +13,11 @@
 //! 10, for the whole attempt: TCP connect, TLS handshake, login). `tcp_keepalive`
 //! (milliseconds, mysql_async's) defaults to [`TCP_KEEPALIVE`].
 
-use crate::tls::{self, Tls};
+use crate::tls::Tls;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::config::{
-    NameLimit, TableResource, connect_timeout, parse, table_resource_schema, url_query_options,
-    url_without_options,
+    self, ConnectionUrl, NameLimit, TableResource, parse, table_resource_schema,
 };
 use std::time::Duration;
 
@@ -68,15 +67,9 @@ impl std::fmt::Debug for EndpointConfig {
 /// others), so a dead server ends the connection as a retryable error instead of never.
 pub const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 
-/// How to reach the server: what mysql_async reads, and what the driver adds to it.
-#[derive(Debug, Clone)]
-pub struct Connection {
-    /// The URL's settings, with the [`TCP_KEEPALIVE`] default set.
-    pub opts: mysql_async::Opts,
-    pub tls: Tls,
-    /// The bound of one whole connection attempt.
-    pub connect_timeout: Duration,
-}
+/// How to reach the server: mysql_async's settings of the URL, with the
+/// [`TCP_KEEPALIVE`] default set, and what the driver adds to them.
+pub type Connection = config::Connection<mysql_async::Opts, Tls>;
 
 /// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
 pub type ResourceConfig = TableResource;
@@ -92,7 +85,7 @@ pub const NAME_LIMIT: NameLimit = NameLimit {
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
         let config: Self = parse("endpoint config", json)?;
-        let opts = config.connection()?.opts;
+        let opts = config.connection()?.client;
         if opts.db_name().is_none_or(str::is_empty) {
             return Err(Error::Config(
                 "endpoint config: url: names no database; expected e.g. \
@@ -105,14 +98,8 @@ impl EndpointConfig {
 
     /// The parsed connection settings.
     pub fn connection(&self) -> Result<Connection> {
-        let options = url_query_options(&self.url);
-        let tls = Tls::from_url_options(&options)?;
-        let connect_timeout = connect_timeout(&options)?;
-        let url = url_without_options(
-            &self.url,
-            &[tls::URL_OPTIONS, &["connect_timeout"]].concat(),
-        );
-        let opts = mysql_async::Opts::from_url(&url).map_err(|err| {
+        let url = ConnectionUrl::<Tls>::read(&self.url)?;
+        let opts = mysql_async::Opts::from_url(&url.rest).map_err(|err| {
             Error::Config(format!(
                 "endpoint config: url: not a MySQL connection URL ({err}); \
                  expected e.g. mysql://user@host:3306/database"
@@ -120,25 +107,21 @@ impl EndpointConfig {
         })?;
         let keepalive = opts.tcp_keepalive().unwrap_or(TCP_KEEPALIVE);
         let opts = mysql_async::OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive));
-        Ok(Connection {
-            opts: opts.into(),
-            tls,
-            connect_timeout,
-        })
+        Ok(url.connection(opts.into()))
     }
 
     /// The database the tables live in.
     pub fn database(&self) -> String {
         self.connection()
             .ok()
-            .and_then(|connection| connection.opts.db_name().map(str::to_owned))
+            .and_then(|connection| connection.client.db_name().map(str::to_owned))
             .unwrap_or_default()
     }
 
     /// The server as `mysql://user@host:port/database`, without the password: what
     /// errors and logs name.
     pub fn describe(&self) -> String {
-        let Ok(Connection { opts, .. }) = self.connection() else {
+        let Ok(Connection { client: opts, .. }) = self.connection() else {
             return "mysql://(invalid url)".to_owned();
         };
         format!(
@@ -186,7 +169,7 @@ mod tests {
         let url = "mysql://u@h:3306/db?ssl-mode=VERIFY_CA&ssl-ca=/ca.pem&connect_timeout=3";
         let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
         let Connection {
-            opts,
+            client: opts,
             tls,
             connect_timeout,
         } = config.unwrap().connection().unwrap();
@@ -195,7 +178,7 @@ mod tests {
         assert_eq!(opts.tcp_keepalive(), Some(TCP_KEEPALIVE));
         let url = "mysql://u@h:3306/db?tcp_keepalive=5000";
         let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
-        let opts = config.unwrap().connection().unwrap().opts;
+        let opts = config.unwrap().connection().unwrap().client;
         assert_eq!(opts.tcp_keepalive(), Some(Duration::from_secs(5)));
     }
 

@@ -55,9 +55,11 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
     let tables = spec_tables(&spec)?;
     let (mut conn, flavor) = client::connect(&endpoint).await?;
+    let server = endpoint.describe();
     let mut catalog = My {
         conn: &mut conn,
         flavor,
+        server: &server,
     };
     kit::apply::apply(
         &mut catalog,

@@ -23,13 +23,9 @@
 
 use mysql_async::SslOpts;
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::config::{OptionValues, url_option};
-use sluice_sqlkit::tls::ca_certificates;
+use sluice_sqlkit::config::{OptionValues, UrlTls, url_option};
+use sluice_sqlkit::tls::{self, Check, Strength, ca_certificates};
 use std::path::PathBuf;
-
-/// The URL options read here, taken out before mysql_async parses the rest (it refuses
-/// names it does not know).
-pub const URL_OPTIONS: &[&str] = &["ssl-mode", "ssl-ca"];
 
 /// MySQL clients' `--ssl-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +54,16 @@ impl SslMode {
     fn name(self) -> &'static str {
         Self::VALUES.name(self)
     }
+
+    fn strength(self) -> Strength {
+        match self {
+            SslMode::Disabled => Strength::Off,
+            SslMode::Preferred => Strength::Weak,
+            SslMode::Required => Strength::Require,
+            SslMode::VerifyCa => Strength::VerifyCa,
+            SslMode::VerifyIdentity => Strength::VerifyFull,
+        }
+    }
 }
 
 /// The TLS settings of one endpoint, as its URL spells them.
@@ -68,10 +74,13 @@ pub struct Tls {
     pub ca: Option<PathBuf>,
 }
 
-impl Tls {
+impl UrlTls for Tls {
+    /// Taken out before mysql_async parses the rest: it refuses names it does not know.
+    const URL_OPTIONS: &'static [&'static str] = &["ssl-mode", "ssl-ca"];
+
     /// Reads `ssl-mode` (default `PREFERRED`, any case) and `ssl-ca` from the URL's
     /// `options`; a verifying mode without a CA file is a configuration error.
-    pub fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
+    fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
         // mysql_async's own TLS options would be overridden by `ssl-mode`: refused.
         if let Some((name, _)) = (options.iter()).find(|(name, _)| {
             [
@@ -87,24 +96,21 @@ impl Tls {
                 SslMode::VALUES.names()
             )));
         }
-        let mode = match url_option(options, "ssl-mode") {
-            None => SslMode::Preferred,
-            Some(value) => SslMode::VALUES.parse(value)?,
-        };
+        let mode = SslMode::VALUES.read(options, SslMode::Preferred)?;
         let tls = Tls {
             mode,
             ca: url_option(options, "ssl-ca").map(PathBuf::from),
         };
         if tls.ca.is_none() && matches!(mode, SslMode::VerifyCa | SslMode::VerifyIdentity) {
-            return Err(Error::Config(format!(
-                "endpoint config: url: ssl-mode={}: needs ssl-ca=<PEM file of the CA \
-                 certificates>",
-                mode.name()
-            )));
+            return Err(
+                SslMode::VALUES.refuse(mode, "needs ssl-ca=<PEM file of the CA certificates>")
+            );
         }
         Ok(tls)
     }
+}
 
+impl Tls {
     /// Whether a server without TLS may be talked to in plain text (`PREFERRED`).
     pub fn falls_back_to_plain(&self) -> bool {
         self.mode == SslMode::Preferred
@@ -118,22 +124,19 @@ impl Tls {
     /// The options behind this TLS, as errors name them: `ssl-mode=VERIFY_CA
     /// ssl-ca=/etc/ca.pem`.
     pub fn describe(&self) -> String {
-        match &self.ca {
-            None => format!("ssl-mode={}", self.mode.name()),
-            Some(ca) => format!("ssl-mode={} ssl-ca={}", self.mode.name(), ca.display()),
-        }
+        let ca = self.ca.as_ref().map(|ca| ca.display());
+        let ca = ca.as_ref().map(|ca| ("ssl-ca", ca as _));
+        tls::describe(("ssl-mode", self.mode.name()), ca)
     }
 
     /// mysql_async's settings for the TLS attempt (`None` when `DISABLED`); reads the CA
     /// file (off the async workers).
     pub async fn ssl_opts(&self) -> Result<Option<SslOpts>> {
-        let check_chain = match self.mode {
-            SslMode::Disabled => return Ok(None),
-            SslMode::Preferred => false,
-            SslMode::Required => self.ca.is_some(),
-            SslMode::VerifyCa | SslMode::VerifyIdentity => true,
+        let Some(check) = Check::of(self.mode.strength(), self.ca.is_some()) else {
+            return Ok(None);
         };
-        let check_host = self.mode == SslMode::VerifyIdentity;
+        let check_chain = check != Check::Nothing;
+        let check_host = check == Check::ChainAndHost;
         let mut roots = Vec::new();
         if let Some(ca) = self.ca.as_ref().filter(|_| check_chain) {
             let pem = tokio::fs::read(ca).await;

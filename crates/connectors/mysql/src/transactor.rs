@@ -49,7 +49,7 @@ use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
-use sluice_sqlkit::apply::{Catalog, Ddl as _};
+use sluice_sqlkit::apply::{Ddl as _, check_applied};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
@@ -145,15 +145,11 @@ impl MysqlTransactor {
         let mut session = My {
             conn: &mut conn,
             flavor,
+            server: &server,
         };
         for table in &tables {
-            let existing = session.existing_columns(&table.name).await?;
-            if let Some(missing) = (table.columns.iter()).find(|c| !existing.contains(&c.field)) {
-                return Err(Error::Config(format!(
-                    "table {:?} has no column {:?} on {server}: apply the materialization first",
-                    table.name, missing.field
-                )));
-            }
+            let shown = format!("{:?}", table.name);
+            check_applied(&mut session, table, &shown, &server).await?;
         }
         let fence = sql::Ddl { flavor }.fence_sql();
         let (claim, checkpoint) = fence::claim_range(
@@ -252,8 +248,14 @@ impl FencedStore for MysqlTransactor {
 
     async fn current_fence(&mut self) -> Result<Option<i64>> {
         let (claim, fencing, flavor) = (self.claim.clone(), self.fence.clone(), self.flavor);
+        let server = self.server.clone();
         let conn = self.settle().await?;
-        fence::current_fence(&mut My { conn, flavor }, &fencing, &claim).await
+        let session = &mut My {
+            conn,
+            flavor,
+            server: &server,
+        };
+        fence::current_fence(session, &fencing, &claim).await
     }
 
     /// Encodes a Store message and hands its writes to a task once the prior ones ended.
@@ -300,14 +302,14 @@ impl FencedStore for MysqlTransactor {
     async fn commit_writes(&mut self) -> Result<()> {
         let checkpoint = self.checkpoint.take()?;
         let (claim, fencing, flavor) = (self.claim.clone(), self.fence.clone(), self.flavor);
+        let server = self.server.clone();
         let conn = self.begin().await?;
-        // From here on the range's row is locked, so no newer Open can slip in before
-        // our COMMIT.
-        fence::commit_checkpoint(&mut My { conn, flavor }, &fencing, &claim, &checkpoint).await?;
-        // Durable when this returns: InnoDB flushed the commit to its redo log.
-        conn.query_drop("COMMIT")
-            .await
-            .map_err(|err| my_error(format!("committing a transaction on {}", self.server), err))?;
+        let session = &mut My {
+            conn,
+            flavor,
+            server: &server,
+        };
+        fence::commit(session, &fencing, &claim, &checkpoint).await?;
         self.in_transaction = false;
         Ok(())
     }

@@ -13,10 +13,11 @@
 //! progress was rolled back by the server); constraint violations and bad data are
 //! not. Errors name the server without its password ([`EndpointConfig::describe`]).
 //!
-//! Connecting: a host that cannot be reached, or answers nothing within
-//! `connect_timeout`, is retryable; what retrying cannot change is not: a login the
-//! server refuses, a certificate that does not verify, a server without TLS under
-//! `sslmode=require` or stronger. The TLS errors name the options ([`Tls::describe`]).
+//! Connecting ([`sluice_sqlkit::connect`]): a host that cannot be reached, or answers
+//! nothing within `connect_timeout`, is retryable; what retrying cannot change is not: a
+//! login the server refuses, a certificate that does not verify, a server without TLS
+//! under `sslmode=require` or stronger. The TLS errors name the options
+//! ([`Tls::describe`]).
 
 use crate::config::{Connection, EndpointConfig};
 use crate::sql;
@@ -24,8 +25,8 @@ use crate::tls::Tls;
 use async_trait::async_trait;
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::apply::Catalog;
+use sluice_sqlkit::connect::{self, tls_error, tls_refused, unreachable};
 use sluice_sqlkit::fence::{FenceClient, Param};
-use sluice_sqlkit::tls::handshake_failure;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -67,7 +68,7 @@ pub fn pg_error(context: impl Into<String>, err: tokio_postgres::Error) -> Error
 pub async fn connect(endpoint: &EndpointConfig) -> Result<Client> {
     let server = endpoint.describe();
     let Connection {
-        mut config,
+        client: mut config,
         tls,
         connect_timeout,
     } = endpoint.connection()?;
@@ -88,18 +89,8 @@ pub async fn connect(endpoint: &EndpointConfig) -> Result<Client> {
         };
         connected.map_err(|err| connect_error(&context, &tls, err))
     };
-    let (client, connection) = tokio::time::timeout(connect_timeout * hosts, attempts)
-        .await
-        .map_err(|_| {
-            Error::store(
-                &context,
-                format!(
-                    "no answer within connect_timeout={}s; retrying may succeed",
-                    connect_timeout.as_secs()
-                ),
-                true,
-            )
-        })??;
+    let (client, connection) =
+        connect::within_connect_timeout(&context, connect_timeout, hosts, attempts).await?;
     tokio::spawn(async move {
         if let Err(err) = connection.await {
             tracing::warn!(%server, %err, "PostgreSQL connection ended");
@@ -115,20 +106,13 @@ fn connect_error(context: &str, tls: &Tls, err: tokio_postgres::Error) -> Error 
     if err.as_db_error().is_some() {
         return pg_error(context, err);
     }
-    if let Some(why) = handshake_failure(&err) {
-        return Error::store(context, format!("{}: {why}", tls.describe()), false);
+    if let Some(err) = tls_error(context, &tls.describe(), &err) {
+        return err;
     }
     // tokio-postgres says so in words only, in the error's source.
     let source = std::error::Error::source(&err).map(ToString::to_string);
     if source.as_deref() == Some("server does not support TLS") {
-        return Error::store(
-            context,
-            format!(
-                "{}: the server does not accept TLS connections (is ssl off?)",
-                tls.describe()
-            ),
-            false,
-        );
+        return tls_refused(context, &tls.describe(), "is ssl off?");
     }
     // The cause (connection refused, a name that does not resolve) is in the sources.
     let mut message = err.to_string();
@@ -137,7 +121,7 @@ fn connect_error(context: &str, tls: &Tls, err: tokio_postgres::Error) -> Error 
         message.push_str(&format!(": {why}"));
         cause = why.source();
     }
-    Error::store(context, format!("{message}; retrying may succeed"), true)
+    unreachable(context, message)
 }
 
 /// One connection working in the endpoint's schema.
@@ -262,5 +246,11 @@ impl FenceClient for Pg<'_> {
         // The advisory lock ends with the transaction.
         let end = if commit { "COMMIT" } else { "ROLLBACK" };
         (self.client.batch_execute(end).await).map_err(|err| pg_error(end, err))
+    }
+
+    /// Durable when this returns: the server flushed the commit record to its WAL.
+    async fn commit(&mut self) -> Result<()> {
+        (self.client.batch_execute("COMMIT").await)
+            .map_err(|err| pg_error(format!("committing a transaction on {}", self.server), err))
     }
 }

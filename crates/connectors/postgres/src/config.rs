@@ -14,12 +14,11 @@
 //! whose defaults here ([`KEEPALIVES_IDLE`] and the next) end a connection to a dead peer within about a
 //! minute instead of the two hours of the kernel's.
 
-use crate::tls::{self, Tls};
+use crate::tls::Tls;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
 use sluice_sqlkit::config::{
-    NameLimit, TableResource, check_identifier, connect_timeout, parse, table_resource_schema,
-    url_query_options, url_without_options,
+    self, ConnectionUrl, NameLimit, TableResource, check_identifier, parse, table_resource_schema,
 };
 use std::str::FromStr;
 use std::time::Duration;
@@ -86,15 +85,9 @@ pub const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
 pub const KEEPALIVES_RETRIES: u32 = 3;
 pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How to reach the server: what tokio-postgres reads, and what the driver adds to it.
-#[derive(Debug, Clone)]
-pub struct Connection {
-    /// The URL's settings, with `connect_timeout` and the keepalive defaults set.
-    pub config: tokio_postgres::Config,
-    pub tls: Tls,
-    /// The bound of one whole connection attempt.
-    pub connect_timeout: Duration,
-}
+/// How to reach the server: tokio-postgres's settings of the URL, with
+/// `connect_timeout` and the keepalive defaults set, and what the driver adds to them.
+pub type Connection = config::Connection<tokio_postgres::Config, Tls>;
 
 /// One binding's resource: a table, parsed with [`ResourceConfig::parse`]`(json, Some(NAME_LIMIT))`.
 pub type ResourceConfig = TableResource;
@@ -138,37 +131,29 @@ impl EndpointConfig {
                 "it starts with neither postgres:// nor postgresql://".into(),
             ));
         }
-        let options = url_query_options(&self.url);
-        let tls = Tls::from_url_options(&options)?;
-        let connect_timeout = connect_timeout(&options)?;
-        let mut config =
-            tokio_postgres::Config::from_str(&url_without_options(&self.url, tls::URL_OPTIONS))
-                .map_err(|err| not_a_url(err.to_string()))?;
-        config.connect_timeout(connect_timeout);
-        let unset = |option: &str| options.iter().all(|(name, _)| name != option);
-        if unset("keepalives_idle") {
+        let url = ConnectionUrl::<Tls>::read(&self.url)?;
+        let mut config = tokio_postgres::Config::from_str(&url.rest)
+            .map_err(|err| not_a_url(err.to_string()))?;
+        config.connect_timeout(url.connect_timeout);
+        if !url.sets("keepalives_idle") {
             config.keepalives_idle(KEEPALIVES_IDLE);
         }
-        if unset("keepalives_interval") {
+        if !url.sets("keepalives_interval") {
             config.keepalives_interval(KEEPALIVES_INTERVAL);
         }
-        if unset("keepalives_retries") {
+        if !url.sets("keepalives_retries") {
             config.keepalives_retries(KEEPALIVES_RETRIES);
         }
-        if unset("tcp_user_timeout") {
+        if !url.sets("tcp_user_timeout") {
             config.tcp_user_timeout(TCP_USER_TIMEOUT);
         }
-        Ok(Connection {
-            config,
-            tls,
-            connect_timeout,
-        })
+        Ok(url.connection(config))
     }
 
     /// The server as `postgres://user@host:port/database`, without the password: what
     /// errors and logs name.
     pub fn describe(&self) -> String {
-        let Ok(Connection { config, .. }) = self.connection() else {
+        let Ok(Connection { client: config, .. }) = self.connection() else {
             return "postgres://(invalid url)".to_owned();
         };
         let host = match config.get_hosts().first() {
@@ -221,7 +206,7 @@ mod tests {
         let url = "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&keepalives_idle=5";
         let config = EndpointConfig::parse(&serde_json::json!({ "url": url }).to_string());
         let Connection {
-            config,
+            client: config,
             tls,
             connect_timeout,
         } = config.unwrap().connection().unwrap();

@@ -27,16 +27,12 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 use sluice_driver_sdk::{Error, Result};
-use sluice_sqlkit::config::{OptionValues, url_option};
-use sluice_sqlkit::tls::ca_certificates;
+use sluice_sqlkit::config::{OptionValues, UrlTls, url_option};
+use sluice_sqlkit::tls::{self, Check, Strength, ca_certificates};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_postgres::config::SslMode as Attempt;
 use tokio_postgres_rustls::MakeRustlsConnect;
-
-/// The URL options read here, taken out before tokio-postgres parses the rest (it knows
-/// only some `sslmode` values and no `sslrootcert`).
-pub const URL_OPTIONS: &[&str] = &["sslmode", "sslrootcert"];
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +63,16 @@ impl SslMode {
     fn name(self) -> &'static str {
         Self::VALUES.name(self)
     }
+
+    fn strength(self) -> Strength {
+        match self {
+            SslMode::Disable => Strength::Off,
+            SslMode::Allow | SslMode::Prefer => Strength::Weak,
+            SslMode::Require => Strength::Require,
+            SslMode::VerifyCa => Strength::VerifyCa,
+            SslMode::VerifyFull => Strength::VerifyFull,
+        }
+    }
 }
 
 /// Where the trusted CA certificates come from.
@@ -77,14 +83,6 @@ pub enum RootCert {
     System,
 }
 
-/// What the server's certificate must prove.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Check {
-    Nothing,
-    Chain,
-    ChainAndHost,
-}
-
 /// The TLS settings of one endpoint, as its URL spells them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tls {
@@ -92,25 +90,21 @@ pub struct Tls {
     pub root_cert: Option<RootCert>,
 }
 
-impl Tls {
+impl UrlTls for Tls {
+    /// Taken out before tokio-postgres parses the rest: it knows only some `sslmode`
+    /// values and no `sslrootcert`.
+    const URL_OPTIONS: &'static [&'static str] = &["sslmode", "sslrootcert"];
+
     /// Reads `sslmode` (default `prefer`) and `sslrootcert` from the URL's `options`;
     /// combinations libpq refuses are configuration errors naming the options.
-    pub fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
-        let mode = match url_option(options, "sslmode") {
-            None => SslMode::Prefer,
-            Some(value) => SslMode::VALUES.parse(value)?,
-        };
+    fn from_url_options(options: &[(String, String)]) -> Result<Tls> {
+        let mode = SslMode::VALUES.read(options, SslMode::Prefer)?;
         let root_cert = url_option(options, "sslrootcert").map(|value| match value {
             "system" => RootCert::System,
             path => RootCert::File(PathBuf::from(path)),
         });
         let tls = Tls { mode, root_cert };
-        let refuse = |why: &str| {
-            Err(Error::Config(format!(
-                "endpoint config: url: sslmode={}: {why}",
-                mode.name()
-            )))
-        };
+        let refuse = |why: &str| Err(SslMode::VALUES.refuse(mode, why));
         match (&tls.root_cert, mode) {
             (None, SslMode::VerifyCa | SslMode::VerifyFull) => refuse(
                 "needs sslrootcert=<PEM file of the CA certificates> (or sslrootcert=system \
@@ -122,7 +116,9 @@ impl Tls {
             _ => Ok(tls),
         }
     }
+}
 
+impl Tls {
     /// The first connection attempt, and the one made if the server refuses it: only
     /// `allow` tries TLS after a refused plain attempt.
     pub fn attempts(&self) -> (Attempt, Option<Attempt>) {
@@ -135,27 +131,19 @@ impl Tls {
     }
 
     fn check(&self) -> Check {
-        match (self.mode, &self.root_cert) {
-            (SslMode::VerifyFull, _) => Check::ChainAndHost,
-            (SslMode::VerifyCa, _) | (SslMode::Require, Some(_)) => Check::Chain,
-            _ => Check::Nothing,
-        }
+        let check = Check::of(self.mode.strength(), self.root_cert.is_some());
+        check.unwrap_or(Check::Nothing)
     }
 
     /// The options behind this TLS, as errors name them: `sslmode=verify-full
     /// sslrootcert=/etc/ca.pem`.
     pub fn describe(&self) -> String {
-        match &self.root_cert {
-            None => format!("sslmode={}", self.mode.name()),
-            Some(RootCert::System) => format!("sslmode={} sslrootcert=system", self.mode.name()),
-            Some(RootCert::File(path)) => {
-                format!(
-                    "sslmode={} sslrootcert={}",
-                    self.mode.name(),
-                    path.display()
-                )
-            }
-        }
+        let root_cert = self.root_cert.as_ref().map(|root_cert| match root_cert {
+            RootCert::System => "system".to_owned(),
+            RootCert::File(path) => path.display().to_string(),
+        });
+        let root_cert = root_cert.as_ref().map(|value| ("sslrootcert", value as _));
+        tls::describe(("sslmode", self.mode.name()), root_cert)
     }
 
     /// The connector of these settings; reads the CA file (off the async workers).

@@ -50,7 +50,7 @@ use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
-use sluice_sqlkit::apply::{Catalog, Ddl as _};
+use sluice_sqlkit::apply::{Ddl as _, check_applied};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
 use sluice_sqlkit::unpack;
@@ -175,14 +175,7 @@ impl PostgresTransactor {
             server: &server,
         };
         for table in &tables {
-            let existing = session.existing_columns(&table.name).await?;
-            if let Some(missing) = (table.columns.iter()).find(|c| !existing.contains(&c.field)) {
-                return Err(Error::Config(format!(
-                    "table {} has no column {:?} on {server}: apply the materialization first",
-                    table.qualified(),
-                    missing.field
-                )));
-            }
+            check_applied(&mut session, table, &table.qualified(), &server).await?;
         }
         let fence = sql::Ddl { schema }.fence_sql();
         let (claim, checkpoint) = fence::claim_range(
@@ -359,15 +352,7 @@ impl FencedStore for PostgresTransactor {
         let checkpoint = self.checkpoint.take()?;
         self.settle().await?;
         self.begin().await?;
-        // From here on the range's row is locked, so no newer Open can slip in before
-        // our COMMIT.
-        fence::commit_checkpoint(&mut self.session(), &self.fence, &self.claim, &checkpoint)
-            .await?;
-        // Durable when this returns: the server flushed the commit record to its WAL.
-        self.client
-            .batch_execute("COMMIT")
-            .await
-            .map_err(|err| pg_error(format!("committing a transaction on {}", self.server), err))?;
+        fence::commit(&mut self.session(), &self.fence, &self.claim, &checkpoint).await?;
         self.in_transaction = false;
         Ok(())
     }

@@ -325,4 +325,14 @@ impl FenceClient for Lite<'_> {
             .run(move |conn| conn.execute_batch(end).map_err(|err| store_error(end, err)))
             .await
     }
+
+    /// Durable when this returns: synchronous=FULL fsyncs the WAL before COMMIT completes.
+    async fn commit(&mut self) -> Result<()> {
+        self.0
+            .run(|conn| {
+                conn.execute_batch("COMMIT")
+                    .map_err(|err| store_error("committing a store transaction", err))
+            })
+            .await
+    }
 }

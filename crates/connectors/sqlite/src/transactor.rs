@@ -274,15 +274,7 @@ impl FencedStore for SqliteTransactor {
     async fn commit_writes(&mut self) -> Result<()> {
         let checkpoint = self.checkpoint.take()?;
         self.conn.run(|conn| begin(conn)).await?;
-        let mut session = Lite(&self.conn);
-        fence::commit_checkpoint(&mut session, &self.fence, &self.claim, &checkpoint).await?;
-        // Durable when this returns: synchronous=FULL fsyncs the WAL before COMMIT completes.
-        (self.conn)
-            .run(|conn| {
-                conn.execute_batch("COMMIT")
-                    .map_err(|err| store_error("committing a store transaction", err))
-            })
-            .await
+        fence::commit(&mut Lite(&self.conn), &self.fence, &self.claim, &checkpoint).await
     }
 
     fn claim(&self) -> &Claim {

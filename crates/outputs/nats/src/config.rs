@@ -1,12 +1,11 @@
 //! What the user writes: `nats: {url, stream, max_buffer_size_bytes, max_in_flight}`
 //! (all optional) and per binding `{subject}`. Strict: unknown keys are errors.
 //!
-//! Server addresses and stream names follow the `nats` source's rules (its check is
-//! run here), so a stream this output creates can be named in a source.
+//! Server addresses and stream names follow the rules the `nats` source checks too
+//! ([`sluice_nats_client`]), so a stream this output creates can be named in a source.
 
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_nats::NatsConfig;
 use sluice_output_sdk::OutputError;
 use sluice_output_sdk::config::parse;
 
@@ -65,18 +64,12 @@ impl Config {
     /// Parses and checks an endpoint configuration.
     pub fn parse(value: &Value) -> Result<Config, OutputError> {
         let config: Config = parse(value)?;
-        // The source's check of the same names; its stream is required, so a stand-in
-        // (itself valid) takes the place of an absent one.
-        let source = NatsConfig {
-            url: config.url.clone(),
-            stream: config.stream.clone().unwrap_or_else(|| "SLUICE".into()),
-            subject: None,
-            start: Default::default(),
-            meta: None,
-        };
-        source
-            .check()
-            .map_err(|e| OutputError::Config(format!("{}: {}", e.place, e.message)))?;
+        sluice_nats_client::check_url(&config.url)
+            .map_err(|why| OutputError::Config(format!("url: {why}")))?;
+        if let Some(stream) = &config.stream {
+            sluice_nats_client::check_stream(stream)
+                .map_err(|why| OutputError::Config(format!("stream: {why}")))?;
+        }
         for (field, value) in [
             ("max_buffer_size_bytes", config.max_buffer_size_bytes),
             ("max_in_flight", config.max_in_flight),

@@ -16,9 +16,9 @@ use sluice_output_sdk::{OutputError, Result};
 use std::fmt::Display;
 use std::time::Duration;
 
-/// How long connecting, an API request or a publish's acknowledgement may take before
-/// the operation fails (retryably).
-pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an API request or a publish's acknowledgement may take before the
+/// operation fails (retryably): the client's bound on connecting and requests.
+pub const TIMEOUT: Duration = sluice_nats_client::TIMEOUT;
 
 /// A retryable failure at `place` (`nats://127.0.0.1:4222 subject views`).
 pub fn external(place: &str, doing: &str, error: impl Display) -> OutputError {
@@ -27,10 +27,7 @@ pub fn external(place: &str, doing: &str, error: impl Display) -> OutputError {
 
 /// A JetStream context on `url`, at most `max_in_flight` publishes unacknowledged.
 pub async fn connect(url: &str, max_in_flight: usize, place: &str) -> Result<Context> {
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(TIMEOUT)
-        .request_timeout(Some(TIMEOUT))
-        .connect(url)
+    let client = sluice_nats_client::connect(url)
         .await
         .map_err(|e| external(place, "connecting", e))?;
     Ok(ContextBuilder::new()

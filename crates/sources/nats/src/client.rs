@@ -15,10 +15,6 @@ use async_nats::jetstream::stream::{RetentionPolicy, Stream};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use sluice_source_sdk::{Fetch, SourceError};
-use std::time::Duration;
-
-/// How long connecting may take before the source fails (retryably).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// At most this many messages are moved into the prefetch buffer per fetch: those
 /// already delivered, so a backlog costs one wake-up per batch rather than per message.
@@ -57,9 +53,7 @@ impl Connection {
     /// read (work-queue or interest retention), as a step of it could not be replayed.
     pub async fn open(name: &str, config: &NatsConfig) -> Result<Connection, SourceError> {
         let place = format!("{} stream {}", config.url, config.stream);
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(CONNECT_TIMEOUT)
-            .connect(config.url.as_str())
+        let client = sluice_nats_client::connect(&config.url)
             .await
             .map_err(|e| io(name, &place, e))?;
         let js = async_nats::jetstream::new(client);

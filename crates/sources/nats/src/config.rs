@@ -83,38 +83,9 @@ impl<'de> Deserialize<'de> for Start {
 impl NatsConfig {
     /// What serde cannot check: names the server would refuse or misread.
     pub fn check(&self) -> Result<(), InvalidConfig> {
-        let bad_url = |why: String| {
-            InvalidConfig::new(
-                "url",
-                format!(
-                    "{:?} is not a NATS server address ({why}); write e.g. \
-                     nats://127.0.0.1:4222",
-                    self.url
-                ),
-            )
-        };
-        match self.url.parse::<async_nats::ServerAddr>() {
-            Err(e) => return Err(bad_url(e.to_string())),
-            // TLS and WebSocket transports are not built in.
-            Ok(addr) if addr.clone().into_inner().scheme() != "nats" => {
-                return Err(bad_url("only plain nats:// is supported".to_string()));
-            }
-            Ok(_) => {}
-        }
-        if self.stream.is_empty()
-            || self
-                .stream
-                .contains(|c: char| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'))
-        {
-            return Err(InvalidConfig::new(
-                "stream",
-                format!(
-                    "{:?} is not a stream name: a name is not empty and has no spaces, \
-                     '.', '*', '>', '/' or '\\'",
-                    self.stream
-                ),
-            ));
-        }
+        sluice_nats_client::check_url(&self.url).map_err(|why| InvalidConfig::new("url", why))?;
+        sluice_nats_client::check_stream(&self.stream)
+            .map_err(|why| InvalidConfig::new("stream", why))?;
         if let Some(subject) = &self.subject
             && (subject.is_empty()
                 || subject.contains(char::is_whitespace)
