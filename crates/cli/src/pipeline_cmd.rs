@@ -319,8 +319,10 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
             }
             problems.extend(probed.problems);
         }
-        PipelineError::all(problems)
-            .with_context(|| format!("pipeline file {}", args.pipeline.display()))?;
+        if let Some(err) = PipelineError::gathered(problems) {
+            let place = format!("pipeline file {}", args.pipeline.display());
+            return Err(anyhow::Error::new(err).context(place));
+        }
         match args.offline {
             true => println!(
                 "pipeline {} is valid (offline: nothing was connected to)",

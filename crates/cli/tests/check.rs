@@ -249,4 +249,13 @@ fn apply_delete_removes_what_apply_created() {
     assert_success(&deleted);
     assert!(text(&deleted).contains("DROP SCHEMA"), "{}", text(&deleted));
     assert!(!schema.exists(), "the schema stayed: {:?}", schema.tables());
+
+    // A reset starts over: the next run makes the schema again and reduces the whole
+    // input anew, exactly.
+    assert_success(&sluice(&["run"], &first));
+    let input = common::generate(50, 10, 3);
+    assert_eq!(
+        common::postgres_table(&schema.0),
+        common::reduce_expected(&input)
+    );
 }

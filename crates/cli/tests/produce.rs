@@ -216,9 +216,7 @@ fn a_line_that_is_not_json_is_named_and_nothing_is_sent() {
         assert!(!out.status.success(), "a bad line must fail the command");
         let err = stderr(&out);
         assert!(
-            err.contains(
-                "docs.jsonl line 3: not a JSON document (key must be a string at column 19)"
-            ),
+            err.contains("docs.jsonl line 3: invalid JSON at column 19: key must be a string"),
             "{err}"
         );
         assert!(err.contains("nothing was sent"), "{err}");

@@ -142,12 +142,12 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
-    /// `Ok` without problems, the one problem, or all of them.
-    pub fn all(mut problems: Vec<PipelineError>) -> Result<(), PipelineError> {
+    /// The one problem, all of them, or `None` without any.
+    pub fn gathered(mut problems: Vec<PipelineError>) -> Option<PipelineError> {
         match problems.len() {
-            0 => Ok(()),
-            1 => Err(problems.remove(0)),
-            _ => Err(PipelineError::Problems(problems)),
+            0 => None,
+            1 => Some(problems.remove(0)),
+            _ => Some(PipelineError::Problems(problems)),
         }
     }
 }
@@ -180,8 +180,10 @@ pub struct Planned {
 /// problem, or all of them when there are several ([`plan_all`]).
 pub async fn plan(pipeline: &Pipeline, connect: &dyn Connect) -> Result<Planned, PipelineError> {
     let (planned, problems) = plan_all(pipeline, connect).await;
-    PipelineError::all(problems)?;
-    Ok(planned)
+    match PipelineError::gathered(problems) {
+        Some(err) => Err(err),
+        None => Ok(planned),
+    }
 }
 
 /// Plans every collection and materialization it can, and says what stops the others,
@@ -356,24 +358,9 @@ fn admit(
     name: &str,
     guarantee: SinkGuarantee,
 ) -> Result<Vec<Refusal>, PipelineError> {
-    let def = &pipeline.materializations[name];
     let mut sources = Vec::new();
-    for (source, source_def) in &pipeline.sources {
-        if !def.bindings.iter().any(|b| b.source == source_def.target) {
-            continue;
-        }
-        let state_dir = pipeline.source_state_dir(name, source);
-        let opened = source_def
-            .config
-            .open(&sluice_source_sdk::Opening {
-                name: source,
-                materialization: name,
-                state_dir: &state_dir,
-                follow: false,
-                // Opened only to declare its fault tolerance: it serves nothing.
-                intake: None,
-                health: Health::none(),
-            })
+    for (source, def) in pipeline.sources_of(name) {
+        let opened = open_to_look(pipeline, name, source, def)
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
     }
@@ -383,6 +370,25 @@ fn admit(
         &sources,
         (&place, guarantee),
     ))
+}
+
+/// Source `source` (`def`) of materialization `materialization`, opened only to be
+/// looked at (its fault tolerance, a probe): it serves nothing, so it checks no
+/// documents and reports no health.
+fn open_to_look(
+    pipeline: &Pipeline,
+    materialization: &str,
+    source: &str,
+    def: &config::SourceDef,
+) -> Result<Box<dyn Source>, SourceError> {
+    def.config.open(&sluice_source_sdk::Opening {
+        name: source,
+        materialization,
+        state_dir: &pipeline.source_state_dir(materialization, source),
+        follow: false,
+        intake: None,
+        health: Health::none(),
+    })
 }
 
 /// What `sluice check` found past the file ([`probe`]).
@@ -412,7 +418,9 @@ pub async fn probe(pipeline: &Pipeline, planned: &Planned) -> Probed {
             Err(err) => probed.problems.push(err),
         }
     }
-    for (source, result) in probe_sources(pipeline).await {
+    // Nothing stops a check but its own bounds.
+    let (_never, unstopped) = watch::channel(false);
+    for (source, result) in probe_sources(pipeline, &unstopped).await {
         match result {
             Ok(()) => probed.sources.push(source),
             Err(err) => probed.problems.push(err.into()),
@@ -421,37 +429,23 @@ pub async fn probe(pipeline: &Pipeline, planned: &Planned) -> Probed {
     probed
 }
 
-/// Probes every source a materialization reads ([`Source::probe`]), once each and for
-/// at most `runtime.timeouts.source` each: (source, what the probe found).
-pub async fn probe_sources(pipeline: &Pipeline) -> Vec<(String, Result<(), SourceError>)> {
+/// Probes every source a materialization reads ([`Source::probe`]), once each, each
+/// call bounded as the loop bounds a source's calls (`runtime.timeouts.source`, and
+/// given up at `shutdown`): (source, what the probe found).
+pub async fn probe_sources(
+    pipeline: &Pipeline,
+    shutdown: &watch::Receiver<bool>,
+) -> Vec<(String, Result<(), SourceError>)> {
     let mut probed = Vec::new();
     for (source, def) in &pipeline.sources {
-        let Some(materialization) = (pipeline.materializations.iter())
-            .find(|(_, m)| m.bindings.iter().any(|b| b.source == def.target))
-            .map(|(name, _)| name)
-        else {
+        let reader = (pipeline.materializations.keys())
+            .find(|m| pipeline.sources_of(m).any(|(name, _)| name == source));
+        let Some(materialization) = reader else {
             continue;
         };
-        let state_dir = pipeline.source_state_dir(materialization, source);
-        let opening = sluice_source_sdk::Opening {
-            name: source,
-            materialization,
-            state_dir: &state_dir,
-            follow: false,
-            intake: None,
-            // Reported nowhere: what the probe returns says it all.
-            health: Health::none(),
-        };
         let after = pipeline.runtime.timeouts.source;
-        let result = match def.config.open(&opening) {
-            Ok(mut opened) => match tokio::time::timeout(after, opened.probe()).await {
-                Ok(result) => result,
-                Err(_) => Err(SourceError::Timeout {
-                    name: source.clone(),
-                    call: "probe",
-                    after,
-                }),
-            },
+        let result = match open_to_look(pipeline, materialization, source, def) {
+            Ok(opened) => txn::bounded(opened, after, shutdown.clone()).probe().await,
             Err(err) => Err(err),
         };
         probed.push((source.clone(), result));
@@ -468,18 +462,17 @@ pub async fn check_sources(
 ) -> Result<(), PipelineError> {
     let mut retries = Retries::new();
     loop {
-        let mut stop = shutdown.clone();
-        let probed = tokio::select! {
-            probed = probe_sources(pipeline) => probed,
-            Ok(_) = stop.wait_for(|down| *down) => return Err(PipelineError::Stopped),
-        };
-        let errors: Vec<SourceError> = probed.into_iter().filter_map(|(_, r)| r.err()).collect();
-        if errors.is_empty() {
-            return Ok(());
-        }
+        let errors: Vec<SourceError> = (probe_sources(pipeline, shutdown).await.into_iter())
+            .filter_map(|(_, probed)| probed.err())
+            .collect();
         let retryable = errors.iter().all(SourceError::is_retryable);
-        let problems = PipelineError::all(errors.into_iter().map(Into::into).collect());
-        let err = problems.expect_err("errors is not empty");
+        let Some(err) = PipelineError::gathered(errors.into_iter().map(Into::into).collect())
+        else {
+            return Ok(());
+        };
+        if *shutdown.borrow() {
+            return Err(PipelineError::Stopped);
+        }
         if !retries.failed(retryable, shutdown)
             || !retries.wait(&err, "checking again", shutdown).await
         {

@@ -2,17 +2,16 @@
 //! against the table in `admission.rs`, and `plan` refusing a pipeline before it asks any
 //! driver anything, naming the part, what it declares and what would admit it.
 
+mod common;
+
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_datagen::DatagenKind;
-use sluice_driver_sdk::CommitPattern::{self, *};
-use sluice_driver_sdk::flow::EndpointType;
-use sluice_memory::MemoryDriver;
-use sluice_memory::config::EndpointConfig;
+use sluice_driver_sdk::CommitPattern::*;
 use sluice_runtime::admission::{Delivery, SinkGuarantee, admit};
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::pipeline::{PipelineError, plan};
-use sluice_runtime::registry::{Builtin, Command, Epoch, Registry};
+use sluice_runtime::registry::{Command, Epoch, Registry};
 use sluice_sink_sdk::{
     Consistency, EpochSink, InputMode, Placement, RecordBatch, Recovery, SchemaPlan, SinkBinding,
     SinkContract, SinkError, SinkKind, WriteResult,
@@ -20,7 +19,6 @@ use sluice_sink_sdk::{
 use sluice_source_sdk::FaultTolerance;
 use sluice_source_sdk::kind;
 use std::path::Path;
-use std::sync::Arc;
 
 const TOLERANCES: [FaultTolerance; 3] = [
     FaultTolerance::None,
@@ -190,13 +188,7 @@ fn declaring(config: &Value) -> Result<Box<dyn EpochSink>, SinkError> {
 fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<DatagenKind>())
-        .with_driver(Builtin::new::<EndpointConfig>(
-            "memory",
-            EndpointType::SluiceMemory,
-            &["path"],
-            CommitPattern::RemoteAuthoritative,
-            || Arc::new(MemoryDriver::new()),
-        ))
+        .with_driver(common::memory_kind())
         .with_driver(Command)
         .with_driver(Epoch(SinkKind {
             name: "declaring",

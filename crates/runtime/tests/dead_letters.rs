@@ -14,18 +14,19 @@
 //! so the test holds a `fail::FailScenario`.
 #![cfg(feature = "failpoints")]
 
-use async_trait::async_trait;
+mod common;
+
+use common::Connector;
+
 use serde_json::{Value, json};
 use sluice_driver_sdk::inprocess::InProcess;
-use sluice_driver_sdk::{CommitPattern, flow};
 use sluice_file::FileKind;
 use sluice_memory::MemoryDriver;
-use sluice_memory::config::EndpointConfig;
-use sluice_runtime::config::{EndpointDef, Pipeline};
+use sluice_runtime::config::Pipeline;
 use sluice_runtime::deadletter::DeadLetter;
 use sluice_runtime::failpoint::{AFTER_PREPARED, DEAD_LETTER_WRITE};
-use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
-use sluice_runtime::registry::{Builtin, Registry};
+use sluice_runtime::pipeline::{self, RunOptions};
+use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
 use sluice_source_sdk::kind;
 use std::collections::BTreeMap;
@@ -86,26 +87,6 @@ runtime:
     )
 }
 
-/// The pipeline's endpoint: one in-process memory driver the test reads afterwards.
-struct Connector(Arc<InProcess>);
-
-#[async_trait]
-impl Connect for Connector {
-    async fn connect(
-        &self,
-        _materialization: &str,
-        _state_dir: &std::path::Path,
-        _endpoint: &EndpointDef,
-    ) -> Result<Connected, String> {
-        Ok(Connected::flow(
-            self.0.clone(),
-            flow::EndpointType::SluiceMemory,
-            json!({}),
-            Some(CommitPattern::RemoteAuthoritative),
-        ))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact() {
     let scenario = fail::FailScenario::setup();
@@ -116,13 +97,7 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
     let dead_letters = dir.path().join("rejected.jsonl");
     let registry = Registry::new()
         .with_source(kind::<FileKind>())
-        .with_driver(Builtin::new::<EndpointConfig>(
-            "memory",
-            flow::EndpointType::SluiceMemory,
-            &["path"],
-            CommitPattern::RemoteAuthoritative,
-            || Arc::new(MemoryDriver::new()),
-        ));
+        .with_driver(common::memory_kind());
     let yaml = pipeline_yaml(&input, &dead_letters, &dir.path().join("log"));
     let pipeline = Pipeline::parse(&yaml, dir.path(), &registry).unwrap();
     let store = MemoryDriver::new();

@@ -23,6 +23,10 @@
 //! test holds a `fail::FailScenario` (which serializes them under `cargo test`; nextest
 //! runs each in its own process anyway).
 
+mod common;
+
+use common::Connector;
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::arena::load_keys;
@@ -35,14 +39,13 @@ use sluice_driver_sdk::materialize::{
 use sluice_driver_sdk::{CommitPattern, Driver, LoadedSink, PriorState, Result, Transactor, flow};
 use sluice_file::{FileConfig, FileKind};
 use sluice_memory::MemoryDriver;
-use sluice_memory::config::EndpointConfig;
 use sluice_runtime::config::{Pipeline, Timeouts};
 use sluice_runtime::failpoint::{self, MARKER};
 use sluice_runtime::metrics::Metrics;
-use sluice_runtime::pipeline::{self, Connect, Connected, PipelineError};
+use sluice_runtime::pipeline::{self, PipelineError};
 use sluice_runtime::projections::loop_binding;
 use sluice_runtime::recovery::{REBUILD_SENTINEL, RecoveryLog, StoreCheckpoint, inspect};
-use sluice_runtime::registry::{Builtin, Registry};
+use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{
     self, BoundSource, Context, Progress, RunError, Shard, Summary, TxnOptions,
 };
@@ -313,25 +316,6 @@ impl Transactor for ObservingTransactor {
     }
 }
 
-struct Connector(Arc<InProcess>);
-
-#[async_trait]
-impl Connect for Connector {
-    async fn connect(
-        &self,
-        _materialization: &str,
-        _state_dir: &std::path::Path,
-        _endpoint: &sluice_runtime::config::EndpointDef,
-    ) -> std::result::Result<Connected, String> {
-        Ok(Connected::flow(
-            self.0.clone(),
-            flow::EndpointType::SluiceMemory,
-            json!({}),
-            Some(CommitPattern::RemoteAuthoritative),
-        ))
-    }
-}
-
 /// One test's pipeline, store and recovery log.
 struct Harness {
     _dir: tempfile::TempDir,
@@ -391,13 +375,7 @@ impl Harness {
                 .with_source(kind::<FlakyFileKind>())
                 .with_source(kind::<ScriptedFileKind<SeekOnly>>())
                 .with_source(kind::<ScriptedFileKind<Barriers>>())
-                .with_driver(Builtin::new::<EndpointConfig>(
-                    "memory",
-                    flow::EndpointType::SluiceMemory,
-                    &["path"],
-                    CommitPattern::RemoteAuthoritative,
-                    || Arc::new(MemoryDriver::new()),
-                )),
+                .with_driver(common::memory_kind()),
         )
         .unwrap();
         let log_dir = pipeline.recovery_log().join(MATERIALIZATION);

@@ -5,18 +5,20 @@
 //! end the shard records says the same. The configuration served hides the source's
 //! secrets. Timings are never compared.
 
+mod common;
+
+use common::Connector;
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::inprocess::InProcess;
-use sluice_driver_sdk::{CommitPattern, flow};
 use sluice_memory::MemoryDriver;
-use sluice_memory::config::EndpointConfig;
-use sluice_runtime::config::{EndpointDef, Pipeline};
+use sluice_runtime::config::Pipeline;
 use sluice_runtime::metrics::Metrics;
 use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{Snapshot, SourceState, State};
-use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
-use sluice_runtime::registry::{Builtin, Registry};
+use sluice_runtime::pipeline::{self, RunOptions};
+use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
 use sluice_source_sdk::{
     FaultTolerance, Health, InvalidConfig, Opening, QueueLimits, Records, Resume, Source,
@@ -84,38 +86,12 @@ impl Source for Down {
     }
 }
 
-/// The pipeline's endpoint: an in-process memory driver.
-struct Connector(Arc<InProcess>);
-
-#[async_trait]
-impl Connect for Connector {
-    async fn connect(
-        &self,
-        _materialization: &str,
-        _state_dir: &Path,
-        _endpoint: &EndpointDef,
-    ) -> Result<Connected, String> {
-        Ok(Connected::flow(
-            self.0.clone(),
-            flow::EndpointType::SluiceMemory,
-            json!({}),
-            Some(CommitPattern::RemoteAuthoritative),
-        ))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_retrying_inside_a_call_backs_off_with_its_error_and_degrades_its_shard() {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new()
         .with_source(kind::<DownKind>())
-        .with_driver(Builtin::new::<EndpointConfig>(
-            "memory",
-            flow::EndpointType::SluiceMemory,
-            &["path"],
-            CommitPattern::RemoteAuthoritative,
-            || Arc::new(MemoryDriver::new()),
-        ));
+        .with_driver(common::memory_kind());
     let yaml = format!(
         r#"
 collections:

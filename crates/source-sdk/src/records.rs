@@ -187,11 +187,20 @@ impl Records {
     }
 }
 
-/// Why a record's JSON `text` did not parse (`error`), as a bad-input error says it.
+/// Why a record's JSON `text` did not parse (`error`), as every bad-input error says
+/// it: where in the record (a column; the line too when the record spans several, as
+/// serde_json's own "line 1" would mislead for a record that is one line of a file)
+/// and serde_json's message.
 pub fn bad_json(text: &[u8], error: &serde_json::Error) -> String {
-    match std::str::from_utf8(text) {
-        Err(u) => format!("invalid UTF-8 at byte {} of the line", u.valid_up_to()),
-        Ok(_) => format!("invalid JSON: {error}"),
+    if let Err(u) = std::str::from_utf8(text) {
+        return format!("invalid UTF-8 at byte {} of the line", u.valid_up_to());
+    }
+    let full = error.to_string();
+    let message = full.rfind(" at line ").map_or(&full[..], |at| &full[..at]);
+    match (error.line(), error.column()) {
+        (0, _) => format!("invalid JSON: {message}"),
+        (1, column) => format!("invalid JSON at column {column}: {message}"),
+        (line, column) => format!("invalid JSON at line {line} column {column}: {message}"),
     }
 }
 

@@ -91,21 +91,11 @@ impl Input {
     }
 }
 
-/// Why `line` is not one JSON document.
+/// Why `line` is not one JSON document, in the words of every source's bad-input error.
 fn json_document(line: &[u8]) -> anyhow::Result<()> {
-    let text = std::str::from_utf8(line).map_err(|e| {
-        anyhow!(
-            "not UTF-8 text (an invalid byte at column {})",
-            e.valid_up_to() + 1
-        )
-    })?;
-    serde_json::from_str::<IgnoredAny>(text).map_err(|e| {
-        // serde_json places its error within the line it was given: keep the column.
-        let message = e.to_string();
-        let message = message.split(" at line ").next().unwrap_or(&message);
-        anyhow!("not a JSON document ({message} at column {})", e.column())
-    })?;
-    Ok(())
+    serde_json::from_slice::<IgnoredAny>(line)
+        .map(drop)
+        .map_err(|e| anyhow!(sluice_source_sdk::bad_json(line, &e)))
 }
 
 #[cfg(test)]
@@ -140,15 +130,15 @@ mod tests {
         for (text, expected) in [
             (
                 &b"{\"a\":1}\n\n{\"a\":2} x\n{\"a\":3}\n"[..],
-                "line 3: not a JSON document (trailing characters at column 9)",
+                "line 3: invalid JSON at column 9: trailing characters",
             ),
             (
                 b"{\"a\":1}\n{\"a\":\n",
-                "line 2: not a JSON document (EOF while parsing",
+                "line 2: invalid JSON at column 6: EOF while parsing",
             ),
             (
                 b"{\"a\":\"\xff\"}\n",
-                "line 1: not UTF-8 text (an invalid byte at column 7)",
+                "line 1: invalid UTF-8 at byte 6 of the line",
             ),
         ] {
             let (_file, mut input) = input(text);

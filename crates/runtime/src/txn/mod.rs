@@ -51,6 +51,7 @@ mod phases;
 mod progress;
 
 pub use progress::{LivePhase, Progress, Remaining};
+pub(crate) use timed::bounded;
 mod read;
 mod state;
 mod stored;

@@ -3,8 +3,9 @@
 //! retryable [`SourceError::Timeout`] naming the source and the call, and the loop
 //! reopens it with backoff, instead of the pipeline waiting forever. [`super::run`]
 //! wraps each source once, so neither recovery (seek) nor the reader (queue, replay)
-//! calls one unbounded. A source's calls return quickly by contract (`queue` returns
-//! what it has), so the bound is on one call, never on a transaction.
+//! calls one unbounded; `run`'s check of its sources before it starts (probe) is
+//! bounded alike. A source's calls return quickly by contract (`queue` returns what it
+//! has), so the bound is on one call, never on a transaction.
 //!
 //! A stop request also ends a call already waiting when it comes (a client retrying an
 //! unreachable broker inside one call): the call fails with
@@ -23,54 +24,57 @@ use tokio::sync::watch;
 use tokio::time::timeout;
 
 /// `source`, each of whose calls fails with a timeout after `after`, or at `shutdown`.
-pub(super) fn bounded(
+pub(crate) fn bounded(
     source: Box<dyn Source>,
     after: Duration,
     shutdown: watch::Receiver<bool>,
 ) -> Box<dyn Source> {
     Box::new(Bounded {
-        name: source.name().to_string(),
+        limits: Limits {
+            name: source.name().to_string(),
+            after,
+            shutdown,
+        },
         inner: source,
-        after,
-        shutdown,
     })
 }
 
 struct Bounded {
+    inner: Box<dyn Source>,
+    limits: Limits,
+}
+
+/// What bounds every call of one source.
+struct Limits {
     /// The source's name, for errors.
     name: String,
-    inner: Box<dyn Source>,
     after: Duration,
     shutdown: watch::Receiver<bool>,
 }
 
-/// Runs `call` (named `name` in errors) of source `source` for at most `after`, giving
-/// it up at a stop request that comes while it waits.
-async fn bound<T>(
-    (source, name): (&str, &'static str),
-    after: Duration,
-    mut shutdown: watch::Receiver<bool>,
-    call: impl Future<Output = Result<T, SourceError>>,
-) -> Result<T, SourceError> {
-    let stopping = *shutdown.borrow_and_update();
-    let stop = async {
-        // A call begun after the request runs on; without a sender, none can come.
-        if stopping || shutdown.wait_for(|down| *down).await.is_err() {
-            std::future::pending::<()>().await;
+impl Limits {
+    /// Runs `future`, the source's call `call`, for at most `after`, giving it up at a
+    /// stop request that comes while it waits.
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        future: impl Future<Output = Result<T, SourceError>>,
+    ) -> Result<T, SourceError> {
+        let mut shutdown = self.shutdown.clone();
+        let stopping = *shutdown.borrow();
+        let stop = async {
+            // A call begun after the request runs on; without a sender, none can come.
+            if stopping || shutdown.wait_for(|down| *down).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let name = || self.name.clone();
+        tokio::select! {
+            result = timeout(self.after, future) => result.unwrap_or_else(|_| {
+                Err(SourceError::Timeout { name: name(), call, after: self.after })
+            }),
+            () = stop => Err(SourceError::Interrupted { name: name(), call }),
         }
-    };
-    tokio::select! {
-        result = timeout(after, call) => result.unwrap_or_else(|_| {
-            Err(SourceError::Timeout {
-                name: source.to_string(),
-                call: name,
-                after,
-            })
-        }),
-        () = stop => Err(SourceError::Interrupted {
-            name: source.to_string(),
-            call: name,
-        }),
     }
 }
 
@@ -84,48 +88,30 @@ impl Source for Bounded {
         self.inner.fault_tolerance()
     }
 
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        self.limits.call("probe", self.inner.probe()).await
+    }
+
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        let shutdown = self.shutdown.clone();
-        bound(
-            (&self.name, "seek"),
-            self.after,
-            shutdown,
-            self.inner.seek(position),
-        )
-        .await
+        self.limits.call("seek", self.inner.seek(position)).await
     }
 
     async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
-        let shutdown = self.shutdown.clone();
-        bound(
-            (&self.name, "rewound"),
-            self.after,
-            shutdown,
-            self.inner.rewound(released),
-        )
-        .await
+        self.limits
+            .call("rewound", self.inner.rewound(released))
+            .await
     }
 
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
-        let shutdown = self.shutdown.clone();
-        bound(
-            (&self.name, "replay"),
-            self.after,
-            shutdown,
-            self.inner.replay(step, out),
-        )
-        .await
+        self.limits
+            .call("replay", self.inner.replay(step, out))
+            .await
     }
 
     async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
-        let shutdown = self.shutdown.clone();
-        bound(
-            (&self.name, "queue"),
-            self.after,
-            shutdown,
-            self.inner.queue(limits, out),
-        )
-        .await
+        self.limits
+            .call("queue", self.inner.queue(limits, out))
+            .await
     }
 
     /// Unbounded: waiting for input is not a call that hangs.
@@ -159,6 +145,6 @@ impl Source for Bounded {
 
     /// Bounded too; a source that hangs here is simply dropped.
     async fn disconnect(&mut self) {
-        let _ = timeout(self.after, self.inner.disconnect()).await;
+        let _ = timeout(self.limits.after, self.inner.disconnect()).await;
     }
 }

@@ -261,7 +261,10 @@ async fn json_lines_are_handed_over_unparsed_bad_ones_included() {
 
     let error = |text: &[u8]| serde_json::from_slice::<Value>(text).unwrap_err();
     let truncated = bad_json(&records[1].1, &error(&records[1].1));
-    assert!(truncated.starts_with("invalid JSON: EOF"), "{truncated}");
+    assert!(
+        truncated.starts_with("invalid JSON at column ") && truncated.contains(": EOF while"),
+        "the column in the line, not serde_json's line 1: {truncated}"
+    );
     let not_utf8 = bad_json(&records[2].1, &error(&records[2].1));
     assert_eq!(not_utf8, "invalid UTF-8 at byte 6 of the line");
 }

@@ -23,7 +23,7 @@
 //! The step hash is the [`StepHasher`] hash of the framed data.
 
 use serde_json::value::RawValue;
-use sluice_source_sdk::{Intake, StepHasher};
+use sluice_source_sdk::{Intake, StepHasher, bad_json};
 
 /// The documents of one accepted body: their texts back to back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -134,7 +134,7 @@ impl Batch {
             let place = || format!("line {}", index + 1);
             let raw: &RawValue = serde_json::from_slice(line).map_err(|e| BadBody {
                 place: place(),
-                reason: json_error(&e),
+                reason: bad_json(line, &e),
             })?;
             check_object(raw)
                 .and_then(|()| check(raw.get().as_bytes()))
@@ -152,8 +152,8 @@ impl Batch {
         check: &mut dyn FnMut(&[u8]) -> Result<(), String>,
     ) -> Result<Batch, BadBody> {
         let elements: Vec<&RawValue> = serde_json::from_slice(body).map_err(|e| BadBody {
-            place: format!("line {} column {}", e.line(), e.column()),
-            reason: json_error(&e),
+            place: "the body".to_string(),
+            reason: bad_json(body, &e),
         })?;
         let mut batch = Batch::default();
         for (index, raw) in elements.into_iter().enumerate() {
@@ -192,18 +192,6 @@ impl Batch {
         starts
             .zip(&self.ends)
             .map(|(start, &end)| (u64::from(start), &self.text[start as usize..end as usize]))
-    }
-}
-
-/// serde_json's message without its position (a line of the body is one document, so
-/// its "line 1" would mislead).
-fn json_error(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    let message = text.rfind(" at line ").map_or(&text[..], |at| &text[..at]);
-    if e.is_eof() || e.is_syntax() {
-        format!("invalid JSON at column {}: {message}", e.column())
-    } else {
-        format!("invalid JSON: {message}")
     }
 }
 
@@ -344,9 +332,9 @@ mod tests {
             ),
             (
                 b"[{\"a\":1},\n {\"a\" 2}]",
-                "line 2 column 7: invalid JSON at column 7",
+                "the body: invalid JSON at line 2 column 7: expected `:`",
             ),
-            (b"\xff", "line 1: invalid JSON"),
+            (b"\xff", "line 1: invalid UTF-8 at byte 0"),
             (b"", "the body holds no documents"),
             (b" \n\n", "the body holds no documents"),
             (b"[]", "the body holds no documents"),

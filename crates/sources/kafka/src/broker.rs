@@ -4,9 +4,9 @@
 //!
 //! Connecting is dialled one round at a time (each broker once) until its deadline
 //! passes ([`RETRY_FOR`], [`PROBE_FOR`]), each failed round told to the source's
-//! [`Health`]: the client would retry
-//! inside one call for as long, saying nothing, and the status page would show a source
-//! that cannot reach a broker as fine until the call failed. The connection kept is
+//! [`Health`]: the client would retry inside one call for as long, saying nothing, and
+//! the status page would show a source that cannot reach a broker as fine until the
+//! call failed. The connection kept is
 //! built once a round got through, with the client's own retries for what follows (a
 //! broker restarting, a leader moving).
 
@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 /// moving) before the call fails; the runtime then reopens the source.
 pub(crate) const RETRY_FOR: Duration = Duration::from_secs(30);
 
+/// How long a probe (`sluice check`, a run's check before it starts) waits for the
+/// brokers to answer: long enough for a slow network, short enough for a person.
+pub(crate) const PROBE_FOR: Duration = Duration::from_secs(5);
+
 /// The pause after a failed round of connecting, doubling up to a second: the client's
 /// own backoff.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -34,10 +38,6 @@ pub(crate) struct Broker {
     client: Client,
     partitions: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
 }
-
-/// How long a probe (`sluice check`, a run's check before it starts) waits for the
-/// brokers to answer: long enough for a slow network, short enough for a person.
-pub(crate) const PROBE_FOR: Duration = Duration::from_secs(5);
 
 /// The retry policy of every client this crate builds.
 pub(crate) fn client_builder(brokers: &[String]) -> ClientBuilder {
