@@ -86,32 +86,48 @@ impl Drop for Unmade {
 #[test]
 fn check_connects_to_the_store_and_names_the_cause() {
     let closed = free_address();
+    let postgres = |url: &str| format!("postgres: {{url: '{url}', schema: sluice_check_unused}}");
     let cases = [
         (
             "a wrong port",
-            format!("postgres://postgres@{closed}/test"),
+            postgres(&format!("postgres://postgres@{closed}/test")),
             vec!["refused"],
         ),
         (
             "a host that does not resolve",
-            "postgres://postgres@no-such-host.invalid:5432/test".into(),
+            postgres("postgres://postgres@no-such-host.invalid:5432/test"),
             vec!["no-such-host.invalid"],
         ),
         (
             "a wrong user",
-            "postgres://sluice_no_such_user@127.0.0.1:5432/test".into(),
+            postgres("postgres://sluice_no_such_user@127.0.0.1:5432/test"),
             vec!["sluice_no_such_user", "does not exist"],
         ),
         (
             "a missing database",
-            "postgres://postgres@127.0.0.1:5432/sluice_no_such_db".into(),
+            postgres("postgres://postgres@127.0.0.1:5432/sluice_no_such_db"),
             vec!["sluice_no_such_db", "does not exist"],
         ),
+        (
+            "a wrong MariaDB port",
+            format!("mysql: {{url: 'mysql://root@{closed}/test'}}"),
+            vec!["Connection refused (os error 111); retrying may succeed"],
+        ),
+        (
+            "an unreachable Redis",
+            format!("redis: {{url: 'redis://{closed}/0'}}"),
+            vec!["refused"],
+        ),
     ];
-    for (case, url, causes) in cases {
+    for (case, endpoint, causes) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let endpoint = format!("postgres: {{url: '{url}', schema: sluice_check_unused}}");
         let path = pipeline_in(dir.path(), FILE_SOURCE, &endpoint, true);
+        if endpoint.starts_with("redis:") {
+            // Keys under a prefix, admitted at least once only.
+            let yaml = std::fs::read_to_string(&path).unwrap();
+            let yaml = yaml.replace("{table: pageviews}", "{prefix: \"views:\"}");
+            std::fs::write(&path, yaml + "delivery: at_least_once\n").unwrap();
+        }
         let out = sluice(&["check"], &path);
         let said = text(&out);
         assert!(!out.status.success(), "{case}: the check passed: {said}");
@@ -122,6 +138,10 @@ fn check_connects_to_the_store_and_names_the_cause() {
         for cause in causes {
             assert!(said.contains(cause), "{case}: no `{cause}`: {said}");
         }
+        assert!(
+            !said.contains("Input/output error: Input/output error"),
+            "{case}: the cause said twice: {said}"
+        );
         let offline = sluice(&["check", "--offline"], &path);
         assert_success(&offline);
         assert!(text(&offline).contains("offline"), "{}", text(&offline));
