@@ -252,9 +252,26 @@ fn apply_delete_removes_what_apply_created() {
         ["pageviews", "pageviews_other", "sluice_checkpoints"]
     );
 
+    // Every run leaves how it ended beside its log, for `sluice status`.
+    let ended = |dir: &Path| -> Vec<String> {
+        let log = dir.join(".sluice/pipeline");
+        let files = std::fs::read_dir(&log)
+            .into_iter()
+            .flatten()
+            .flat_map(|m| std::fs::read_dir(m.unwrap().path()).into_iter().flatten());
+        (files.map(|f| f.unwrap().file_name().to_string_lossy().into_owned()))
+            .filter(|name| name.starts_with("ended-"))
+            .collect()
+    };
+    assert_eq!(ended(a.path()).len(), 1, "{:?}", ended(a.path()));
+
     let deleted = sluice(&["apply", "--delete"], &first);
     assert_success(&deleted);
     assert_eq!(schema.tables(), ["pageviews_other", "sluice_checkpoints"]);
+    assert!(
+        ended(a.path()).is_empty(),
+        "a reset leaves how the old run ended for `sluice status` to show"
+    );
     let rows = common::postgres(async |c| {
         let sql = format!(
             r#"SELECT DISTINCT materialization FROM "{}".sluice_checkpoints"#,
