@@ -134,7 +134,7 @@ mod tests {
             ),
             (
                 b"{\"a\":1}\n{\"a\":\n",
-                "line 2: invalid JSON at column 6: EOF while parsing",
+                "line 2: invalid JSON at column 5: EOF while parsing",
             ),
             (
                 b"{\"a\":\"\xff\"}\n",
