@@ -93,9 +93,12 @@ impl Input {
 
 /// Why `line` is not one JSON document, in the words of every source's bad-input error.
 fn json_document(line: &[u8]) -> anyhow::Result<()> {
-    serde_json::from_slice::<IgnoredAny>(line)
-        .map(drop)
-        .map_err(|e| anyhow!(sluice_source_sdk::bad_json(line, &e)))
+    let parsed = match std::str::from_utf8(line) {
+        Ok(text) => serde_json::from_str::<IgnoredAny>(text).map(drop),
+        // Skipping over a string does not check its bytes: parse it whole to fail.
+        Err(_) => serde_json::from_slice::<serde_json::Value>(line).map(drop),
+    };
+    parsed.map_err(|e| anyhow!(sluice_source_sdk::bad_json(line, &e)))
 }
 
 #[cfg(test)]
