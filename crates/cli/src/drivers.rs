@@ -1,5 +1,5 @@
 //! The drivers built into this binary, by the name pipeline files and `sluice driver`
-//! commands use (the driver kinds of [`crate::registry`] that run in-process), and
+//! commands use (the driver kinds of [`sluice_app::registry`] that run in-process), and
 //! serving one with a default configuration.
 
 use async_trait::async_trait;
@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 /// Names of the built-in drivers, sorted, for help texts and errors.
 pub fn builtin_names() -> Vec<&'static str> {
-    crate::registry::registry().builtin_driver_names()
+    sluice_app::registry().builtin_driver_names()
 }
 
 /// A fresh instance of the built-in driver `name`.
 pub fn builtin(name: &str) -> Option<Arc<dyn Driver>> {
-    crate::registry::registry().driver(name)?.driver()
+    sluice_app::registry().driver(name)?.driver()
 }
 
 /// A driver whose requests carry `config` as their endpoint configuration when they carry

@@ -1,20 +1,18 @@
 //! The `sluice` command. Each sub-command lives in its own module; this file only parses
 //! arguments, sets up logging and dispatches.
 
-mod bench;
 mod driver_cmd;
 mod drivers;
-mod logging;
 mod pipeline_cmd;
 mod produce;
 mod progress;
-mod registry;
 mod schema_cmd;
 mod shards_cmd;
 mod status_cmd;
-mod torture;
+mod tool;
 
 use clap::{Parser, Subcommand};
+use sluice_app::logging;
 
 /// Documents are many small allocations (serde_json values); mimalloc cuts the time the
 /// system allocator spends there (about a quarter of a run, profiled) substantially.
@@ -25,10 +23,18 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The version `--version` prints; a build with fail points says so, which is how
+/// `sluice torture` knows it can inject them.
+const VERSION: &str = if cfg!(feature = "failpoints") {
+    concat!(env!("CARGO_PKG_VERSION"), " (failpoints)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
-    version,
+    version = VERSION,
     about = "Exactly-once streaming of keyed JSON documents into stores"
 )]
 struct Cli {
@@ -72,43 +78,24 @@ enum Command {
     /// Serve, run or test drivers.
     #[command(subcommand)]
     Driver(driver_cmd::DriverCommand),
-    /// Benchmarks that print throughput figures.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// Benchmarks that print throughput figures (the binary sluice-bench, built beside
+    /// this one; `sluice bench --help` lists them).
+    Bench(tool::ToolArgs),
     /// Inject faults (crashes, kills, zombies, restarts) into runs of a generated
     /// pipeline and check that the store ends exactly equal to the expected reduction,
-    /// or that an output (`--output`) published each transaction's changes once.
-    Torture(torture::TortureArgs),
+    /// or that an output published each transaction's changes once (the binary
+    /// sluice-torture, built beside this one with the `failpoints` feature).
+    Torture(tool::ToolArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let format = cli.log_format;
-    logging::init(format);
-    match run(cli) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            logging::final_error(format, &error_chain(&err));
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// The error and its causes on one line, skipping a cause whose text its parent already
-/// includes.
-fn error_chain(err: &anyhow::Error) -> String {
-    let mut text = err.to_string();
-    for cause in err.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
+    logging::run(format, || run(cli))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let format = cli.log_format;
     // Fail points named in FAILPOINTS (tests and `sluice torture` only).
     #[cfg(feature = "failpoints")]
     let _failpoints = sluice_runtime::failpoint::setup();
@@ -122,7 +109,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Schema(args) => schema_cmd::main(args),
         Command::Shards(cmd) => shards_cmd::main(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),
-        Command::Bench(cmd) => bench::main(cmd),
-        Command::Torture(args) => torture::main(args),
+        Command::Bench(args) => tool::exec("sluice-bench", args, format),
+        Command::Torture(args) => tool::exec("sluice-torture", args, format),
     }
 }

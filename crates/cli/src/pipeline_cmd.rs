@@ -5,9 +5,9 @@
 //! `grpc` and `command` endpoints are external), and hands over to
 //! `sluice_runtime::pipeline`.
 
-use crate::registry::registry;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use sluice_app::registry;
 use sluice_proto::materialize::constraint::Type as ConstraintType;
 use sluice_runtime::config::{ConfigError, Pipeline};
 use sluice_runtime::metrics::status::Graph;

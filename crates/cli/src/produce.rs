@@ -26,10 +26,10 @@ mod kafka;
 mod nats;
 
 use crate::pipeline_cmd::load;
-use crate::registry::registry;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use input::Input;
+use sluice_app::registry;
 use sluice_kafka::{KafkaConfig, KafkaKind};
 use sluice_nats::{NatsConfig, NatsKind};
 use sluice_runtime::config::{Pipeline, SourceDef};

@@ -4,10 +4,10 @@
 //!
 //! A name may be both a source and an endpoint (`kafka`, `nats`): both are printed.
 
-use crate::registry::registry;
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Map, Value};
+use sluice_app::registry;
 use sluice_runtime::registry::Registry;
 use std::fmt::Write as _;
 

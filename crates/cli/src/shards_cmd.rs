@@ -1,9 +1,9 @@
 //! `sluice shards list | split`: a cluster's shards, as its etcd holds them.
 
 use crate::pipeline_cmd::load;
-use crate::registry::registry;
 use anyhow::Context as _;
 use clap::Subcommand;
+use sluice_app::registry;
 use sluice_cluster::admin;
 use std::path::PathBuf;
 use std::time::Duration;

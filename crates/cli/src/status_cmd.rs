@@ -5,8 +5,8 @@
 //! run ended ([`ended`]: its state, its sources', and their last errors).
 
 use crate::pipeline_cmd::{load, print_checkpoints};
-use crate::registry::registry;
 use clap::Args;
+use sluice_app::registry;
 use sluice_http::client::Client;
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::metrics::ended;

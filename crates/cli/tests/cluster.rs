@@ -21,7 +21,7 @@ use common::{
     sqlite_table,
 };
 use serde_json::Value;
-use sluice_cluster::testing::PrivateEtcd;
+use sluice_testkit::etcd::PrivateEtcd;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

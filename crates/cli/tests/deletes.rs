@@ -87,7 +87,7 @@ impl Run {
         let schema = in_postgres.then(|| {
             let schema = format!(
                 "sluice_deletes_{}",
-                sluice_conformance::testing::unique_name()
+                sluice_testkit::conformance::unique_name()
             );
             let sql = format!(r#"CREATE SCHEMA "{schema}""#);
             postgres(async |c| c.batch_execute(&sql).await.unwrap());

@@ -802,7 +802,7 @@ fn fold_debezium(view: &mut BTreeMap<String, Row>, event: &Value) {
 
 #[test]
 fn the_kafka_example_reads_a_topic_and_publishes_its_changes_as_its_comments_say() {
-    use sluice_kafka::admin::{LOCAL_BROKER, ensure_local_broker};
+    use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
     let produce = "sluice produce --partitions 4 examples/kafka/pipeline.yaml views-kafka";
     assert_says(
         "kafka",
@@ -959,7 +959,7 @@ fn the_postgres_cdc_example_mirrors_its_table_as_its_comments_say() {
             "pg_drop_replication_slot('sluice_views_db_views_cdc')",
         ],
     );
-    let pg = sluice_postgres_cdc::testing::LogicalPostgres::start();
+    let pg = sluice_testkit::postgres::LogicalPostgres::start();
     let url = pg.url();
     let ex = Example::new("postgres-cdc").var("POSTGRES_CDC_URL", &url);
     psql(&ex, &url, &["-f", "examples/postgres-cdc/setup.sql"]);

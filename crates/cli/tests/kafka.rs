@@ -5,8 +5,9 @@
 //! or dead-lettered with `on_error: skip`).
 
 use serde_json::Value;
-use sluice_conformance::testing::unique_name;
-use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
+use sluice_kafka::admin::Admin;
+use sluice_testkit::conformance::unique_name;
+use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 use serde_json::Value;
-use sluice_conformance::testing::unique_name;
 use sluice_nats::admin::Admin;
+use sluice_testkit::conformance::unique_name;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! are written elsewhere (the slot must advance and hold back little WAL), and a store
 //! restored from a backup behind what the slot confirmed (refused, naming both LSNs).
 
-use sluice_postgres_cdc::testing::LogicalPostgres;
+use sluice_testkit::postgres::LogicalPostgres;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

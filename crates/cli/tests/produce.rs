@@ -9,9 +9,10 @@
 //! named (tansu stops serving when a topic is deleted under a fetch).
 
 use serde_json::Value;
-use sluice_conformance::testing::unique_name;
-use sluice_kafka::admin::{Admin as KafkaAdmin, LOCAL_BROKER, ensure_local_broker};
+use sluice_kafka::admin::Admin as KafkaAdmin;
 use sluice_nats::admin::Admin as NatsAdmin;
+use sluice_testkit::conformance::unique_name;
+use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -3,8 +3,10 @@
 //! ended otherwise than its fault says, and the store equals the reduction computed
 //! independently by the torture (lost = duplicated = mismatched = 0).
 //!
-//! Needs a binary with fail points: `cargo nextest run -p sluice --features failpoints`
-//! (this file is only built with that feature). PostgreSQL and MariaDB scenarios use a
+//! `sluice torture` runs the `sluice-torture` binary beside it, which drives this
+//! `sluice`: it needs fail points, and both binaries built, as the README's test command
+//! builds them (`cargo nextest run --workspace --all-features`; this file is only built
+//! with the `failpoints` feature). PostgreSQL and MariaDB scenarios use a
 //! schema (PostgreSQL) or database (MariaDB) of their own in the shared server (dropped
 //! after), except `server-restart`, which starts a private server in a temporary folder.
 //! Kafka and NATS inputs always live in a private broker the torture starts (tansu,

@@ -22,7 +22,5 @@ pub mod keys;
 pub mod log;
 pub mod member;
 pub mod pack;
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use member::{ClusterError, connect, run};

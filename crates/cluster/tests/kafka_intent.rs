@@ -9,12 +9,13 @@
 use sluice_cluster::etcd::{Cond, Etcd, Op};
 use sluice_cluster::keys::{Keys, ShardDef, ShardId};
 use sluice_cluster::log::{MAX_RECORD, SharedLog};
-use sluice_cluster::testing::PrivateEtcd;
-use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
+use sluice_kafka::admin::Admin;
 use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaSource, Start};
 use sluice_runtime::pipeline::OpenLog;
 use sluice_runtime::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_source_sdk::{QueueLimits, Records, Resume, Source};
+use sluice_testkit::etcd::PrivateEtcd;
+use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -8,10 +8,10 @@ use serde_json::json;
 use sluice_cluster::etcd::{Cond, Etcd, Op};
 use sluice_cluster::keys::{Keys, ShardDef, ShardId};
 use sluice_cluster::log::{MAX_RECORD, SharedLog};
-use sluice_cluster::testing::PrivateEtcd;
 use sluice_runtime::pipeline::OpenLog;
 use sluice_runtime::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
 use sluice_source_sdk::Resume;
+use sluice_testkit::etcd::PrivateEtcd;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -23,16 +23,15 @@
 //!   claims every capability it needs and is then checked strictly ([`capability`]).
 //!
 //! The scenarios and what each checks are listed in [`scenarios`]. Besides the suite:
-//! [`Session`] is how every test drives a Transactions stream, [`messages`] builds raw
-//! protocol messages, and [`testing`] holds the fixtures of the table-writing
-//! connectors' own tests (the pageviews collection, the store-specific scenarios).
+//! [`Session`] is how every test drives a Transactions stream and [`messages`] builds raw
+//! protocol messages. (The fixtures of the table-writing connectors' own tests are
+//! `sluice_testkit::conformance`.)
 
 pub mod capability;
 mod fixture;
 pub mod messages;
 mod scenarios;
 mod session;
-pub mod testing;
 
 pub use capability::{Capabilities, Capability, skip_reason};
 pub use session::{Session, Txn};

@@ -4,9 +4,9 @@ mod common;
 
 use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
-use sluice_conformance::testing::{self, apply_request, binding, scenarios, spec, view};
 use sluice_driver_sdk::Driver;
 use sluice_mysql::MysqlDriver;
+use sluice_testkit::conformance::{self, apply_request, binding, scenarios, spec, view};
 
 /// `[name, type, nullable, key, comment]` of each column of `table`, in order.
 async fn columns(db: &TestDb, table: &str) -> Vec<Value> {
@@ -62,7 +62,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments(
         .into_iter()
         .map(|c| c[0].clone())
         .collect();
-    assert_eq!(checkpoints, testing::CHECKPOINT_COLUMNS);
+    assert_eq!(checkpoints, conformance::CHECKPOINT_COLUMNS);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -164,17 +164,17 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     let db = TestDb::new().await;
-    let weird = testing::odd_names_binding("a`b");
+    let weird = conformance::odd_names_binding("a`b");
     let mut other = binding("a`b", false);
     other.field_selection.as_mut().unwrap().values.clear();
     let (_, mut session, _) = scenarios::apply_and_open(&db, vec![weird, other]).await;
-    let stored = testing::store_values(
+    let stored = conformance::store_values(
         0,
         &["/user_id"],
         &["/views", "/score"],
         &[(view("o'hara\\", 3), false)],
     );
-    let other = testing::store_values(1, &["/user_id"], &[], &[(view("x", 1), false)]);
+    let other = conformance::store_values(1, &["/user_id"], &[], &[(view("x", 1), false)]);
     session
         .transaction(vec![], b"cp-1", vec![stored, other])
         .await
@@ -182,8 +182,8 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     let loaded = session
         .transaction(
             vec![
-                testing::load(0, &[json!(["o'hara\\"])]),
-                testing::load(1, &[json!(["x"])]),
+                conformance::load(0, &[json!(["o'hara\\"])]),
+                conformance::load(1, &[json!(["x"])]),
             ],
             b"cp-2",
             vec![],

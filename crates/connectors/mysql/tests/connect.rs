@@ -2,9 +2,9 @@
 //! a server that accepts and never answers, within `connect_timeout`; a port nobody
 //! listens on, at once.
 
-use sluice_conformance::testing::tls::{self, SilentServer};
 use sluice_mysql::client;
 use sluice_mysql::config::EndpointConfig;
+use sluice_testkit::conformance::tls::{self, SilentServer};
 
 /// The context and message of a connection to `url` that failed retryably.
 async fn retryable_failure(url: &str) -> String {

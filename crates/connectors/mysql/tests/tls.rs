@@ -1,6 +1,6 @@
 //! TLS against a private MariaDB server that accepts TLS connections only
 //! (`require_secure_transport`), with the certificates of
-//! [`sluice_conformance::testing::tls`] (the server's names `localhost` only):
+//! [`sluice_testkit::conformance::tls`] (the server's names `localhost` only):
 //! `VERIFY_IDENTITY` with the CA connects to `localhost` and passes the conformance
 //! suite; plain connections are refused; a wrong CA, or a host the certificate does
 //! not name, fails naming the certificate problem; `REQUIRED` and `PREFERRED` connect
@@ -11,13 +11,13 @@
 
 use mysql_async::prelude::Queryable;
 use serde_json::json;
-use sluice_conformance::testing::tls::TestCertificates;
 use sluice_conformance::{Capabilities, assert_all_pass, run_suite};
 use sluice_driver_sdk::Error;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_mysql::MysqlDriver;
 use sluice_mysql::client;
 use sluice_mysql::config::EndpointConfig;
+use sluice_testkit::conformance::tls::TestCertificates;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 

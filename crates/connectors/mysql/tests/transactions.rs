@@ -1,7 +1,7 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! the real server: stores, loads, fencing and delta
 //! updates as the tables show them, connection loss, and the keys MariaDB would otherwise confuse. The scenarios
-//! every SQL connector shares come from [`sluice_conformance::testing::scenarios`]; this file
+//! every SQL connector shares come from [`sluice_testkit::conformance::scenarios`]; this file
 //! adds what only MariaDB checks.
 
 // Checkpoint recovery and key-range splits, which the protocol alone shows, are
@@ -11,7 +11,7 @@ mod common;
 
 use common::TestDb;
 use serde_json::{Value, json};
-use sluice_conformance::testing::{binding, load, scenarios, store, view};
+use sluice_testkit::conformance::{binding, load, scenarios, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {

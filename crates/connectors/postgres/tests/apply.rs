@@ -4,9 +4,9 @@ mod common;
 
 use common::{DRIVER, TestDb};
 use serde_json::{Value, json};
-use sluice_conformance::testing::{self, apply_request, binding, scenarios, spec, view};
 use sluice_driver_sdk::Driver;
 use sluice_postgres::PostgresDriver;
+use sluice_testkit::conformance::{self, apply_request, binding, scenarios, spec, view};
 
 /// `[name, type, nullable, comment]` of each column of `table`, in order.
 async fn columns(db: &TestDb, table: &str) -> Vec<Value> {
@@ -76,7 +76,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key_with_source_comments(
         .into_iter()
         .map(|c| c[0].clone())
         .collect();
-    assert_eq!(checkpoints, testing::CHECKPOINT_COLUMNS);
+    assert_eq!(checkpoints, conformance::CHECKPOINT_COLUMNS);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -164,11 +164,11 @@ async fn a_newly_selected_field_becomes_a_nullable_column() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_store_and_load() {
     let db = TestDb::new();
-    let weird = testing::odd_names_binding("a\"b");
+    let weird = conformance::odd_names_binding("a\"b");
     let mut other = binding("Mixed Case", false);
     other.field_selection.as_mut().unwrap().values.clear();
     let (_, mut session, _) = scenarios::apply_and_open(&db, vec![weird, other]).await;
-    let stored = testing::store_values(
+    let stored = conformance::store_values(
         0,
         &["/user_id"],
         &["/views", "/score"],
@@ -180,7 +180,7 @@ async fn reserved_mixed_case_and_quoted_names_store_and_load() {
         .unwrap();
     let loaded = session
         .transaction(
-            vec![testing::load(0, &[json!(["o'hara"])])],
+            vec![conformance::load(0, &[json!(["o'hara"])])],
             b"cp-2",
             vec![],
         )

@@ -2,10 +2,10 @@
 //! a server that accepts and never answers, within `connect_timeout`; a port nobody
 //! listens on, at once. A server that refuses TLS fails `sslmode=require` for good.
 
-use sluice_conformance::testing::tls::{self, SilentServer};
 use sluice_driver_sdk::Error;
 use sluice_postgres::client;
 use sluice_postgres::config::EndpointConfig;
+use sluice_testkit::conformance::tls::{self, SilentServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The context and message of a connection to `url` that failed retryably.

@@ -1,6 +1,6 @@
 //! TLS against a private PostgreSQL cluster that accepts TLS connections only
 //! (`hostssl` alone in pg_hba.conf), with the certificates of
-//! [`sluice_conformance::testing::tls`] (the server's names `localhost` only): `verify-full` with the CA
+//! [`sluice_testkit::conformance::tls`] (the server's names `localhost` only): `verify-full` with the CA
 //! connects to `localhost` and passes the conformance suite; plain connections are
 //! refused; a wrong CA, or a host the certificate does not name, fails `verify-full`
 //! naming the certificate problem; `verify-ca` and `require` connect where libpq's do.
@@ -9,13 +9,13 @@
 //! port, as `postgres` when the test runs as root (PostgreSQL refuses to run as root).
 
 use serde_json::json;
-use sluice_conformance::testing::tls::TestCertificates;
 use sluice_conformance::{Capabilities, assert_all_pass, run_suite};
 use sluice_driver_sdk::Error;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres::client;
 use sluice_postgres::config::EndpointConfig;
+use sluice_testkit::conformance::tls::TestCertificates;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;

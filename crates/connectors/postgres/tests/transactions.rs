@@ -1,7 +1,7 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! the real server: stores, loads, fencing and delta
 //! updates as the tables show them, connection loss. The scenarios every SQL connector shares come from
-//! [`sluice_conformance::testing::scenarios`]; this file adds what only PostgreSQL checks.
+//! [`sluice_testkit::conformance::scenarios`]; this file adds what only PostgreSQL checks.
 
 // Checkpoint recovery and key-range splits, which the protocol alone shows, are
 // scenarios of the conformance suite (`tests/conformance.rs`).
@@ -10,7 +10,7 @@ mod common;
 
 use common::TestDb;
 use serde_json::json;
-use sluice_conformance::testing::scenarios;
+use sluice_testkit::conformance::scenarios;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction_in_typed_columns() {

@@ -4,11 +4,11 @@ mod common;
 
 use common::{DRIVER, TestFile, endpoint};
 use rusqlite::Connection;
-use sluice_conformance::testing::scenarios::{self, TestStore};
-use sluice_conformance::testing::{self, apply_request, binding, collection, spec};
 use sluice_driver_sdk::Driver;
 use sluice_driver_sdk::materialize::{self as m, constraint::Type};
 use sluice_sqlite::SqliteDriver;
+use sluice_testkit::conformance::scenarios::{self, TestStore};
+use sluice_testkit::conformance::{self, apply_request, binding, collection, spec};
 use std::path::Path;
 
 /// `(name, declared type, primary-key position)` of each column of `table`.
@@ -57,7 +57,7 @@ async fn apply_creates_typed_table_keyed_by_collection_key() {
         .into_iter()
         .map(|c| c.0)
         .collect();
-    assert_eq!(checkpoints, testing::CHECKPOINT_COLUMNS);
+    assert_eq!(checkpoints, conformance::CHECKPOINT_COLUMNS);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -99,7 +99,7 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
         .unwrap()
         .values
         .push("meta/source".into());
-    let wider = testing::spec(&db.endpoint(), vec![wider]);
+    let wider = conformance::spec(&db.endpoint(), vec![wider]);
     driver
         .apply_upsert(apply_request(&wider, true))
         .await
@@ -137,7 +137,7 @@ async fn delta_update_tables_have_no_primary_key() {
 #[tokio::test(flavor = "multi_thread")]
 async fn reserved_mixed_case_and_quoted_names_are_quoted() {
     let db = TestFile::new();
-    let weird = testing::odd_names_binding("a\"b");
+    let weird = conformance::odd_names_binding("a\"b");
     DRIVER.apply(&spec(&db.endpoint(), vec![weird])).await;
     let names: Vec<String> = (columns(&db.path, "select").into_iter())
         .map(|c| c.0)
@@ -152,7 +152,7 @@ async fn apply_delete_drops_tables_and_forgets_checkpoints() {
     DRIVER.apply(&spec).await;
     let driver = SqliteDriver::new();
     let (transactor, _) = driver
-        .open(testing::open(&spec, 0, u32::MAX))
+        .open(conformance::open(&spec, 0, u32::MAX))
         .await
         .unwrap();
     transactor.destroy().await;
@@ -181,7 +181,7 @@ async fn open_before_apply_asks_for_apply() {
         vec![binding("pageviews", false)],
     );
     let err = SqliteDriver::new()
-        .open(testing::open(&spec, 0, u32::MAX))
+        .open(conformance::open(&spec, 0, u32::MAX))
         .await
         .err()
         .unwrap();
@@ -208,7 +208,7 @@ async fn spec_returns_both_schemas() {
 
 fn validate_request(resource: serde_json::Value) -> m::ValidateRequest {
     m::ValidateRequest {
-        materialization: testing::MATERIALIZATION.into(),
+        materialization: conformance::MATERIALIZATION.into(),
         endpoint_type: sluice_driver_sdk::flow::EndpointType::Sqlite as i32,
         endpoint_spec_json: r#"{"path": "views.db"}"#.into(),
         bindings: vec![m::validate_request::Binding {

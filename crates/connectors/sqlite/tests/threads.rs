@@ -7,7 +7,7 @@ mod common;
 
 use common::{DRIVER, TestFile, endpoint};
 use rusqlite::Connection;
-use sluice_conformance::testing::{binding, spec};
+use sluice_testkit::conformance::{binding, spec};
 use std::time::Duration;
 
 #[tokio::test(flavor = "current_thread")]

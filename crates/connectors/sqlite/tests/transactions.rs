@@ -1,7 +1,7 @@
 //! Full Transactions streams through the SDK's in-process endpoint and client, against
 //! real SQLite files: stores, loads, fencing and delta
 //! updates as the tables show them. The scenarios every SQL connector shares come from
-//! [`sluice_conformance::testing::scenarios`]; this file adds what only SQLite checks.
+//! [`sluice_testkit::conformance::scenarios`]; this file adds what only SQLite checks.
 
 // Checkpoint recovery and key-range splits, which the protocol alone shows, are
 // scenarios of the conformance suite (`tests/conformance.rs`).
@@ -10,8 +10,8 @@ mod common;
 
 use common::TestFile;
 use serde_json::json;
-use sluice_conformance::testing::scenarios;
-use sluice_conformance::testing::{binding, load, store, view};
+use sluice_testkit::conformance::scenarios;
+use sluice_testkit::conformance::{binding, load, store, view};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn committed_stores_are_loaded_by_the_next_transaction() {

@@ -8,8 +8,7 @@
 //! beside these. Names are unique, so none collide.
 
 use serde_json::json;
-use sluice_conformance::testing::unique_name;
-use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
+use sluice_kafka::admin::Admin;
 use sluice_kafka_output::partitioner::partition_of;
 use sluice_kafka_output::read::{Written, read_topic};
 use sluice_kafka_output::stamp::Stamp;
@@ -17,6 +16,8 @@ use sluice_output_sdk::{
     BatchKind, Buffer, Format, Generation, GenerationId, Message, OutputEndpoint, OutputError,
     Target,
 };
+use sluice_testkit::conformance::unique_name;
+use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 

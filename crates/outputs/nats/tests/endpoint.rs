@@ -2,13 +2,13 @@
 //! test publishes to a stream and subject of its own, deleted when it ends.
 
 use serde_json::{Value, json};
-use sluice_conformance::testing::{run_detached, unique_name};
 use sluice_nats::admin::Admin;
 use sluice_nats_output::read::{StoredMessage, read_subject};
 use sluice_nats_output::{Stamp, kind};
 use sluice_output_sdk::{
     BatchKind, Buffer, Format, Generation, GenerationId, OutputEndpoint, OutputError, Target,
 };
+use sluice_testkit::conformance::{run_detached, unique_name};
 use std::time::Duration;
 
 const URL: &str = "nats://127.0.0.1:4222";

@@ -1,5 +1,6 @@
-//! A small blocking HTTP/1.1 client of the ingest server, for benchmarks, the torture
-//! scenarios and tests: one keep-alive connection, requests in turn, bodies framed by
+//! A small blocking HTTP/1.1 client of the servers Sluice runs (the ingest server, the
+//! status API), for `sluice status`, benchmarks, the torture scenarios and tests: one
+//! keep-alive connection, requests in turn, bodies framed by
 //! `Content-Length` (as the server sends them). Not a general client: no TLS, no
 //! chunked responses, no redirects.
 

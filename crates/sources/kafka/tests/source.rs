@@ -3,8 +3,7 @@
 //! added and removed, metadata, and where bad input is said to be.
 
 use serde_json::{Value, json};
-use sluice_conformance::testing::unique_name;
-use sluice_kafka::admin::{Admin, LOCAL_BROKER, ensure_local_broker};
+use sluice_kafka::admin::Admin;
 use sluice_kafka::source::KafkaPosition;
 use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaKind, KafkaSource, Start};
 use sluice_source_sdk::health::Report;
@@ -12,6 +11,8 @@ use sluice_source_sdk::testing::{ALL, parsed_docs, position, records};
 use sluice_source_sdk::{
     Connection, Health, Opening, QueueLimits, Records, Resume, Source, SourceError, Step, kind,
 };
+use sluice_testkit::conformance::unique_name;
+use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,11 +3,11 @@
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use sluice_conformance::testing::unique_name;
 use sluice_nats::admin::Admin;
 use sluice_nats::{NatsConfig, NatsSource};
 use sluice_source_sdk::testing::{ALL, parsed_docs, records, texts};
 use sluice_source_sdk::{QueueLimits, Records, Resume, Source, SourceError, Step};
+use sluice_testkit::conformance::unique_name;
 use std::time::Duration;
 
 const URL: &str = "nats://127.0.0.1:4222";

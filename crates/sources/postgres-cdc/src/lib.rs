@@ -30,8 +30,6 @@ mod pgoutput;
 pub mod position;
 pub mod source;
 mod stream;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod types;
 mod wire;
 

@@ -5,10 +5,10 @@
 //! the replay hash check, and each named error.
 
 use serde_json::{Value, json};
-use sluice_postgres_cdc::testing::LogicalPostgres;
 use sluice_postgres_cdc::{PostgresCdcConfig, PostgresCdcSource};
 use sluice_source_sdk::testing::{parsed_docs, records};
 use sluice_source_sdk::{Lag, Records, Resume, Source, SourceError, Step};
+use sluice_testkit::postgres::LogicalPostgres;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};

@@ -1,7 +1,7 @@
 //! Fixtures shared by the MariaDB driver's tests: a database of its own per test
 //! ([`TestDb`], dropped at the end even if the test fails)
 //! and the driver under test; the collection, specs, messages and the runtime-side
-//! session come from [`sluice_conformance::testing`].
+//! session come from [`sluice_testkit::conformance`].
 //!
 //! The server is `SLUICE_TEST_MYSQL_URL`, by default `mysql://root@127.0.0.1:3306/test`
 //! (started by `.ci/services`); each test's database is created on it.
@@ -10,16 +10,16 @@
 
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
-use sluice_conformance::testing::scenarios::{ServerStore, TestStore};
-use sluice_conformance::testing::{self, TestDriver};
 use sluice_mysql::MysqlDriver;
+use sluice_testkit::conformance::scenarios::{ServerStore, TestStore};
+use sluice_testkit::conformance::{self, TestDriver};
 use std::sync::Arc;
 
 fn server_url() -> String {
-    testing::server_url("SLUICE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+    conformance::server_url("SLUICE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 }
 
-/// A database of this test's own, named by [`testing::unique_name`]. Only the driver
+/// A database of this test's own, named by [`conformance::unique_name`]. Only the driver
 /// under test connects to it by name, so a test can find and kill its connections.
 pub struct TestDb {
     pub database: String,
@@ -29,7 +29,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        let database = testing::unique_name();
+        let database = conformance::unique_name();
         let server = server_url();
         let base = server
             .rsplit_once('/')
@@ -100,7 +100,7 @@ impl Drop for TestDb {
     /// Drops the database.
     fn drop(&mut self) {
         let database = self.database.clone();
-        testing::run_detached(async move {
+        conformance::run_detached(async move {
             let Ok(mut conn) = mysql_async::Conn::from_url(server_url()).await else {
                 return;
             };

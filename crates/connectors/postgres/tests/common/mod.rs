@@ -1,7 +1,7 @@
 //! Fixtures shared by the PostgreSQL driver's tests: a schema of its own per test
 //! ([`TestDb`], dropped at the end even if the test fails)
 //! and the driver under test; the collection, specs, messages and the runtime-side
-//! session come from [`sluice_conformance::testing`].
+//! session come from [`sluice_testkit::conformance`].
 //!
 //! The server is `SLUICE_TEST_POSTGRES_URL`, by default
 //! `postgres://postgres@127.0.0.1:5432/test` (started by `.ci/services`).
@@ -9,20 +9,20 @@
 #![allow(dead_code)] // Each test binary uses its own subset of the fixtures.
 
 use serde_json::{Value, json};
-use sluice_conformance::testing::scenarios::{ServerStore, TestStore};
-use sluice_conformance::testing::{self, TestDriver};
 use sluice_postgres::PostgresDriver;
+use sluice_testkit::conformance::scenarios::{ServerStore, TestStore};
+use sluice_testkit::conformance::{self, TestDriver};
 use std::sync::Arc;
 use tokio_postgres::NoTls;
 
 fn server_url() -> String {
-    testing::server_url(
+    conformance::server_url(
         "SLUICE_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
     )
 }
 
-/// A schema of this test's own, named by [`testing::unique_name`]. Connections of the
+/// A schema of this test's own, named by [`conformance::unique_name`]. Connections of the
 /// driver under test carry the schema's name as their `application_name`, so a test
 /// can find and kill them.
 pub struct TestDb {
@@ -33,7 +33,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub fn new() -> TestDb {
-        let schema = testing::unique_name();
+        let schema = conformance::unique_name();
         let url = format!("{}?application_name={schema}", server_url());
         TestDb { schema, url }
     }
@@ -82,7 +82,7 @@ impl Drop for TestDb {
     /// Ends the driver's leftover connections, then drops the schema.
     fn drop(&mut self) {
         let schema = self.schema.clone();
-        testing::run_detached(async move {
+        conformance::run_detached(async move {
             let Ok((client, connection)) = tokio_postgres::connect(&server_url(), NoTls).await
             else {
                 return;

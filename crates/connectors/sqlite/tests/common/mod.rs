@@ -1,4 +1,4 @@
-//! Fixtures of the SQLite driver's tests beyond [`sluice_conformance::testing`]: the driver
+//! Fixtures of the SQLite driver's tests beyond [`sluice_testkit::conformance`]: the driver
 //! under test, the endpoint configuration of a database file, and [`TestFile`], a
 //! private database file that the shared scenarios run against.
 
@@ -6,9 +6,9 @@
 
 use rusqlite::Connection;
 use serde_json::{Value, json};
-use sluice_conformance::testing::TestDriver;
-use sluice_conformance::testing::scenarios::TestStore;
 use sluice_sqlite::SqliteDriver;
+use sluice_testkit::conformance::TestDriver;
+use sluice_testkit::conformance::scenarios::TestStore;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -24,7 +24,7 @@
 use super::loads::sluice_run;
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
-use sluice_postgres_cdc::testing::LogicalPostgres;
+use sluice_testkit::postgres::LogicalPostgres;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -117,7 +117,7 @@ async fn measure(
     );
     std::fs::write(&cdc, pipeline_yaml(url, "cdc", &source))?;
     let log = std::fs::File::create(work.join("cdc.log"))?;
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = Command::new(sluice_app::sibling::sibling("sluice")?)
         .args(["run", "--follow"])
         .arg(&cdc)
         .env(

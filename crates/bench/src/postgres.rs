@@ -27,13 +27,7 @@ use async_trait::async_trait;
 use futures::SinkExt;
 use serde_json::{Value, json};
 use sluice_datagen::pageview;
-use sluice_driver_sdk::inprocess::InProcess;
-use sluice_postgres::PostgresDriver;
 use sluice_postgres::sql::{qualify, quote_ident};
-use sluice_proto::flow::EndpointType;
-use sluice_runtime::config::EndpointDef;
-use sluice_runtime::pipeline::Connected;
-use std::sync::Arc;
 use std::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
@@ -69,21 +63,6 @@ impl Store for Postgres {
 
     fn table(&self, name: &str) -> String {
         qualify(&self.schema, name)
-    }
-
-    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String> {
-        if endpoint.kind != "postgres" {
-            return Err("the bench connects only postgres endpoints".into());
-        }
-        Ok(Connected::flow(
-            Arc::new(InProcess::new(
-                materialization,
-                Arc::new(PostgresDriver::new()),
-            )),
-            EndpointType::SluicePostgres,
-            endpoint.config.clone(),
-            Some(sluice_driver_sdk::CommitPattern::RemoteAuthoritative),
-        ))
     }
 
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64> {

@@ -435,7 +435,7 @@ pub(super) struct SluiceRun {
 
 impl SluiceRun {
     pub(super) fn start(pipeline: &Path, log: &Path) -> anyhow::Result<SluiceRun> {
-        let child = Command::new(std::env::current_exe()?)
+        let child = Command::new(sluice_app::sibling::sibling("sluice")?)
             .args(["run", "--follow"])
             .arg(pipeline)
             .current_dir(

@@ -20,8 +20,8 @@ use anyhow::{bail, ensure};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_datagen::{Pageview, pageview, write_decimal};
-use sluice_runtime::config::{EndpointDef, Pipeline};
-use sluice_runtime::pipeline::{self, Connect, Connected, RunOptions};
+use sluice_runtime::config::Pipeline;
+use sluice_runtime::pipeline::{self, RunOptions};
 use sluice_runtime::txn::Progress;
 use std::marker::PhantomData;
 use std::path::Path;
@@ -88,8 +88,6 @@ pub trait Store: Send + Sized + 'static {
     fn endpoint(&self) -> Value;
     /// `name` as written in SQL (qualified where the store needs it).
     fn table(&self, name: &str) -> String;
-    /// Connects a materialization of the bench's pipelines, in process.
-    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String>;
 
     /// The single `bigint` that `sql` selects.
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64>;
@@ -231,9 +229,9 @@ async fn sluice<S: Store>(
     delta: bool,
 ) -> anyhow::Result<(Case, u64)> {
     let yaml = pipeline_yaml(args, &store.endpoint(), table, delta);
-    let pipeline = Pipeline::parse(&yaml, &work.join(table), &crate::registry::registry())?;
-    let connect = BenchConnect::<S>(PhantomData);
-    let planned = pipeline::plan(&pipeline, &connect).await?;
+    let registry = sluice_app::registry();
+    let pipeline = Pipeline::parse(&yaml, &work.join(table), &registry)?;
+    let planned = pipeline::plan(&pipeline, &registry).await?;
     pipeline::apply(&pipeline, &planned, pipeline::ApplyAction::Upsert, false).await?;
     let progress = Arc::new(Progress::default());
     let (_keep_running, shutdown) = tokio::sync::watch::channel(false);
@@ -432,21 +430,6 @@ materializations:
     )
 }
 
-/// Connects the bench's pipelines: the store's endpoints only, in process.
-struct BenchConnect<S>(PhantomData<fn() -> S>);
-
-#[async_trait]
-impl<S: Store> Connect for BenchConnect<S> {
-    async fn connect(
-        &self,
-        materialization: &str,
-        _state_dir: &std::path::Path,
-        endpoint: &EndpointDef,
-    ) -> Result<Connected, String> {
-        S::connect(materialization, endpoint)
-    }
-}
-
 fn report<S: Store>(args: &SqlArgs<S>, f: &Figures) {
     let ratio = |x: &Case, y: &Case| x.per_sec() / y.per_sec();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -500,8 +483,8 @@ fn report<S: Store>(args: &SqlArgs<S>, f: &Figures) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::postgres::Postgres;
     use super::*;
+    use crate::postgres::Postgres;
 
     fn parsed(endpoint: Value, delta: bool) -> Pipeline {
         let args = SqlArgs::<Postgres> {
@@ -513,7 +496,7 @@ mod tests {
             store: PhantomData,
         };
         let yaml = pipeline_yaml(&args, &endpoint, "t", delta);
-        Pipeline::parse(&yaml, Path::new("/tmp"), &crate::registry::registry()).unwrap()
+        Pipeline::parse(&yaml, Path::new("/tmp"), &sluice_app::registry()).unwrap()
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The kinds of source and driver this binary knows, one line a kind: what a pipeline
+//! The kinds of source and driver this build knows, one line a kind: what a pipeline
 //! file may name under a source (`file:`, `datagen:`) or an endpoint (`sqlite:`, ...),
 //! and what `sluice driver` serves by name.
 //!

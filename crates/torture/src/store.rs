@@ -102,7 +102,7 @@ impl Dialect {
     fn endpoint(self, url: &str, namespace: &str) -> Value {
         match self {
             Dialect::Postgres => json!({ "url": url, "schema": namespace }),
-            Dialect::Mysql => json!({ "url": crate::bench::database_url(url, namespace) }),
+            Dialect::Mysql => json!({ "url": sluice_testkit::mysql::database_url(url, namespace) }),
         }
     }
 

@@ -6,6 +6,7 @@
 
 use sluice_source_sdk::redact::redact;
 use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
 /// What is logged without `RUST_LOG`: our own information, and the client libraries'
@@ -26,7 +27,7 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber.
-pub fn init(format: LogFormat) {
+fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     // Colours only for a person at a terminal, never into a log file or a journal.
     let builder = tracing_subscriber::fmt()
@@ -44,9 +45,36 @@ pub fn init(format: LogFormat) {
     }
 }
 
+/// Runs a binary's command with logging installed; its error, if any, is the last line
+/// written (see [`final_error`]) and makes the exit code a failure.
+pub fn run(format: LogFormat, command: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
+    init(format);
+    match command() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            final_error(format, &error_chain(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause whose text its parent already
+/// includes.
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 /// The error a command ends with, as its last line: `error: …` as text, or a JSON line
 /// of level `ERROR` like every other (so a log collector reading JSON parses it too).
-pub fn final_error(format: LogFormat, chain: &str) {
+fn final_error(format: LogFormat, chain: &str) {
     match format {
         LogFormat::Text => eprintln!("error: {}", redact(chain)),
         LogFormat::Json => tracing::error!(target: "sluice", "{chain}"),

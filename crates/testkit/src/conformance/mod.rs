@@ -11,14 +11,14 @@
 //!
 //! The scenarios every driver passes (recovery, fencing, split ranges, deletes, delta
 //! updates, atomic commits, as seen through the protocol) are the suite's
-//! ([`crate::run_suite`]); [`scenarios`] holds what only a table-writing store can be
+//! ([`sluice_conformance::run_suite`]); [`scenarios`] holds what only a table-writing store can be
 //! asked: what its tables hold afterwards. What is store-specific (a private database
 //! or schema per test, queries of the result) stays in each connector's `tests/common`;
 //! [`tls`] makes the certificates of their TLS tests.
 
-pub use crate::messages::{apply_request, open};
-pub use crate::session::Session;
 use serde_json::{Value, json};
+pub use sluice_conformance::Session;
+pub use sluice_conformance::messages::{apply_request, open};
 use sluice_doc::tuple;
 use sluice_driver_sdk::flow::{self, Slice};
 use sluice_driver_sdk::inprocess::InProcess;

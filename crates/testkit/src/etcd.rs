@@ -1,4 +1,4 @@
-//! A private single-member etcd for tests (feature `testing`): on free ports, its data
+//! A private single-member etcd for tests: on free ports, its data
 //! in a folder of its own, stopped and started again on the same data by a test, killed
 //! when dropped. Needs the `etcd` binary (`.ci/services` installs etcd-server).
 

@@ -12,7 +12,7 @@
 //! scenarios that return their session or error leave room for.
 //!
 //! What every driver must do, as the protocol shows it (checkpoint recovery, split
-//! ranges, fencing as `Fenced`, atomic commits), is the suite's ([`crate::run_suite`]),
+//! ranges, fencing as `Fenced`, atomic commits), is the suite's ([`sluice_conformance::run_suite`]),
 //! which each connector's `tests/conformance.rs` runs on its real server; the fencing,
 //! deletion and delta-updates scenarios here add what only the store's tables show.
 

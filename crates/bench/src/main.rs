@@ -1,4 +1,4 @@
-//! `sluice bench ...`: benchmarks that print figures. Each benchmark is a sub-module with
+//! `sluice-bench` (run as `sluice bench ...`): benchmarks that print figures. Each benchmark is a sub-module with
 //! its own arguments; they print human-readable text, or one JSON object with `--json`.
 
 mod cdc;
@@ -14,12 +14,39 @@ mod postgres;
 mod sources;
 mod sql;
 
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
+use sluice_app::logging::{self, LogFormat};
 
-pub(crate) use mysql::database_url;
+/// Documents are many small allocations; the benchmarks that combine in this process
+/// measure them with the allocator `sluice` runs on (see its `main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Benchmarks that print throughput figures: human-readable text, or one JSON object with
+/// `--json`. Those that run pipelines run the `sluice` binary beside this one.
+#[derive(Parser)]
+#[command(name = "sluice bench", bin_name = "sluice bench", version)]
+struct Cli {
+    /// How log lines are written to stderr: `text`, or `json` (one object a line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SLUICE_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    logging::run(cli.log_format, || run(cli.command))
+}
 
 #[derive(Subcommand)]
-pub enum BenchCommand {
+enum BenchCommand {
     /// PostgreSQL change data capture while a load inserts rows, against the same rows
     /// read from a file: rows/s of each, their ratio, replication lag p99.
     Cdc(cdc::CdcArgs),
@@ -52,7 +79,7 @@ pub enum BenchCommand {
     Sources(sources::SourcesArgs),
 }
 
-pub fn main(cmd: BenchCommand) -> anyhow::Result<()> {
+fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Cdc(args) => cdc::run(args),
         BenchCommand::Cluster(args) => cluster::run(args),

@@ -21,10 +21,14 @@ const MID_RUN_FAULTS: u64 = 3;
 
 pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Result<()> {
     let needs_failpoints = !matches!(args.scenario, Scenario::Random | Scenario::Cluster);
-    if needs_failpoints && !cfg!(feature = "failpoints") {
-        bail!("this scenario needs fail points: build sluice with `--features failpoints`");
+    if needs_failpoints && !h.failpoints {
+        bail!(
+            "this scenario needs fail points, and {} was built without them: \
+             cargo build --release -p sluice --features failpoints",
+            h.exe.display()
+        );
     }
-    if !cfg!(feature = "failpoints") {
+    if !h.failpoints {
         println!("built without fail points: SIGKILLs only");
     }
     match args.scenario {
@@ -60,8 +64,13 @@ enum Fault {
 impl Fault {
     /// A SIGKILL (three times in ten, at a moment within `window`, how long runs
     /// last) or one of the target's fail `points` (the store's or the output's).
-    fn pick(rng: &mut Rng, window: Duration, points: &[(&'static str, OnReturn)]) -> Fault {
-        if !cfg!(feature = "failpoints") || rng.below(10) < 3 {
+    fn pick(
+        rng: &mut Rng,
+        failpoints: bool,
+        window: Duration,
+        points: &[(&'static str, OnReturn)],
+    ) -> Fault {
+        if !failpoints || rng.below(10) < 3 {
             let window_ms = window.as_millis() as u64;
             return Fault::Kill(Duration::from_millis(10 + rng.below(window_ms.max(1))));
         }
@@ -156,7 +165,7 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
                 .anomaly(format!("only {} of {faults} faults fired", h.report.faults));
             break;
         }
-        let fault = Fault::pick(rng, window, &h.store.fault_points());
+        let fault = Fault::pick(rng, h.failpoints, window, &h.store.fault_points());
         let started = std::time::Instant::now();
         let run = h.run(&pipeline, fault.failpoints().as_deref())?;
         let outcome = match fault {

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use sluice_kafka::admin as kafka;
 use sluice_nats::admin as nats;
-use sluice_postgres_cdc::testing::LogicalPostgres;
+use sluice_testkit::postgres::LogicalPostgres;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

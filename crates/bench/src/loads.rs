@@ -253,7 +253,7 @@ impl RunningSluice {
     pub(super) fn start(pipeline: &Path, log: &Path) -> anyhow::Result<RunningSluice> {
         let log_file = std::fs::File::create(log)?;
         let start = Instant::now();
-        let child = Command::new(std::env::current_exe()?)
+        let child = Command::new(sluice_app::sibling::sibling("sluice")?)
             .arg("run")
             .arg(pipeline)
             // Each transaction's phases (`transaction committed`: load_ms, store_ms,

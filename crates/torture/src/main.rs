@@ -48,18 +48,38 @@ mod server;
 mod store;
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use input::{Input, SourceKind};
 use model::{Model, Table, Verdict};
 use output::{Output, OutputKind};
 use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
+use sluice_app::logging::{self, LogFormat};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use store::{Dialect, Store, yaml_str};
 
+/// Inject faults (crashes, kills, zombies, restarts) into runs of a generated pipeline
+/// and check that the store ends exactly equal to the expected reduction, or that an
+/// output (`--output`) published each transaction's changes once. Drives the `sluice`
+/// binary beside this one.
+#[derive(Parser)]
+#[command(name = "sluice torture", bin_name = "sluice torture", version)]
+struct Cli {
+    /// How log lines are written to stderr: `text`, or `json` (one object a line).
+    #[arg(long, value_enum, default_value_t, env = "SLUICE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(flatten)]
+    args: TortureArgs,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    logging::run(cli.log_format, || run(cli.args))
+}
+
 #[derive(Args)]
-pub struct TortureArgs {
+struct TortureArgs {
     /// The store to materialize into.
     #[arg(
         long,
@@ -175,7 +195,7 @@ const UNREACHABLE: &[&str] = &[
 /// A run that takes longer than this hangs.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub fn main(args: TortureArgs) -> anyhow::Result<()> {
+fn run(args: TortureArgs) -> anyhow::Result<()> {
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let seed = args.seed.unwrap_or(clock.as_nanos() as u64 % 1_000_000);
     let tag = format!("{}_{}", std::process::id(), clock.subsec_nanos());
@@ -258,8 +278,10 @@ pub fn main(args: TortureArgs) -> anyhow::Result<()> {
             Store::server(dialect, url, &tag)?
         }
     };
+    let exe = sluice_app::sibling::sibling("sluice")?;
     let mut harness = Harness {
-        exe: std::env::current_exe().context("locating the sluice binary")?,
+        failpoints: has_failpoints(&exe)?,
+        exe,
         dir: dir.clone(),
         store,
         server,
@@ -404,9 +426,20 @@ impl Report {
     }
 }
 
+/// Whether `exe` was built with fail points: its version says so.
+fn has_failpoints(exe: &Path) -> anyhow::Result<bool> {
+    let out = Command::new(exe)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", exe.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains("(failpoints)"))
+}
+
 /// Everything a scenario needs: the binary, the folder, the store, the model.
 struct Harness {
+    /// The `sluice` binary beside this one, and whether it was built with fail points.
     exe: PathBuf,
+    failpoints: bool,
     dir: PathBuf,
     store: Store,
     /// The store's server when the scenario restarts it.

@@ -130,7 +130,7 @@ fn split(args: &ClusterArgs, n: u32, schema: &str, dir: &Path) -> anyhow::Result
             Ok(path)
         })
         .collect::<anyhow::Result<_>>()?;
-    let sluice = std::env::current_exe()?;
+    let sluice = sluice_app::sibling::sibling("sluice")?;
     let applied = Command::new(&sluice)
         .arg("apply")
         .arg(&pipelines[0])

@@ -16,7 +16,7 @@ use super::scenarios::signal;
 use super::{Harness, Running};
 use anyhow::Context;
 use serde_json::Value;
-use sluice_cluster::testing::PrivateEtcd;
+use sluice_testkit::etcd::PrivateEtcd;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -27,27 +27,15 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Statement};
 use serde_json::{Value, json};
 use sluice_datagen::pageview;
-use sluice_driver_sdk::inprocess::InProcess;
-use sluice_mysql::MysqlDriver;
 use sluice_mysql::config::EndpointConfig;
 use sluice_mysql::sql::quote_ident;
-use sluice_proto::flow::EndpointType;
-use sluice_runtime::config::EndpointDef;
-use sluice_runtime::pipeline::Connected;
+use sluice_testkit::mysql::database_url;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
 /// Bytes of LOAD DATA input per packet sent to the server.
 const INFILE_CHUNK: usize = 1 << 20;
-
-/// `url` with its database (and options) replaced by `database` (also the torture's).
-pub(crate) fn database_url(url: &str, database: &str) -> String {
-    let base = (url.split_once('?').map_or(url, |(u, _)| u))
-        .rsplit_once('/')
-        .map_or(url, |(base, _)| base);
-    format!("{base}/{database}")
-}
 
 /// The server, connected to the bench's database.
 pub struct Mysql {
@@ -79,21 +67,6 @@ impl Store for Mysql {
 
     fn table(&self, name: &str) -> String {
         name.to_owned()
-    }
-
-    fn connect(materialization: &str, endpoint: &EndpointDef) -> Result<Connected, String> {
-        if endpoint.kind != "mysql" {
-            return Err("the bench connects only mysql endpoints".into());
-        }
-        Ok(Connected::flow(
-            Arc::new(InProcess::new(
-                materialization,
-                Arc::new(MysqlDriver::new()),
-            )),
-            EndpointType::SluiceMysql,
-            endpoint.config.clone(),
-            Some(sluice_driver_sdk::CommitPattern::RemoteAuthoritative),
-        ))
     }
 
     async fn one(&mut self, sql: &str) -> anyhow::Result<i64> {
@@ -268,19 +241,5 @@ impl Store for Mysql {
             self.conn.get_warnings()
         );
         Ok(views.load(Ordering::Relaxed))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_bench_database_replaces_the_one_of_the_url_and_drops_its_options() {
-        assert_eq!(
-            database_url("mysql://root@h:3306/test?ssl=false", "b"),
-            "mysql://root@h:3306/b"
-        );
-        assert_eq!(database_url("mysql://root@h/test", "b"), "mysql://root@h/b");
     }
 }

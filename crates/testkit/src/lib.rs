@@ -1,0 +1,17 @@
+//! What only tests, benchmarks and torture runs use: private servers, the test broker,
+//! and the fixtures of the drivers' own tests. No product crate depends on this one, so
+//! none of it ships in the `sluice` binary.
+//!
+//! - [`conformance`]: the table-writing drivers' fixtures (the pageviews collection,
+//!   bindings, Load/Store messages, store-specific scenarios, TLS certificates).
+//! - [`etcd`]: a private single-member etcd ([`etcd::PrivateEtcd`]).
+//! - [`postgres`]: a private PostgreSQL with `wal_level=logical`
+//!   ([`postgres::LogicalPostgres`]).
+//! - [`tansu`]: the test Kafka broker, started when none answers.
+//! - [`mysql`]: a database of one's own on the shared MariaDB.
+
+pub mod conformance;
+pub mod etcd;
+pub mod mysql;
+pub mod postgres;
+pub mod tansu;
