@@ -52,9 +52,16 @@ fn a_tool_that_is_not_built_is_named_with_how_to_build_it() {
 
 /// The `sluice` package's normal dependencies, transitively: what its binary links.
 fn product_dependencies() -> serde_json::Value {
+    // This machine's target only: other platforms' dependencies are not downloaded.
+    let rustc = Command::new("rustc").arg("-vV").output().unwrap();
+    let rustc = String::from_utf8_lossy(&rustc.stdout);
+    let host = (rustc.lines())
+        .find_map(|line| line.strip_prefix("host: "))
+        .expect("rustc -vV names its host");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", host])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
