@@ -31,6 +31,7 @@
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use serde_json::Value;
+use sluice_driver_sdk::{Result, flow};
 use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred};
 
@@ -264,6 +265,12 @@ pub fn sql_value(value: &Value, ty: ColumnType) -> ToSqlOutput<'_> {
             None => owned(SqlValue::Real(n.as_f64().unwrap_or(f64::NAN))),
         },
     }
+}
+
+/// The tables of a materialization's bindings, each named once.
+pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
+    let tables = kit::spec_tables(spec, None, |a, b| a == b)?;
+    Ok(tables.into_iter().map(Table).collect())
 }
 
 #[cfg(test)]
