@@ -35,6 +35,7 @@ use std::time::Duration;
 
 mod env;
 
+pub use crate::types::EndpointDef;
 pub use env::Defaulted;
 
 #[derive(Debug, thiserror::Error)]
@@ -256,14 +257,6 @@ struct MaterializationFile {
     shard: ShardDef,
 }
 
-/// Where a materialization writes: a driver kind (`sqlite`, `command`, ...) and its
-/// configuration as that kind parsed it (complete, paths resolved).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EndpointDef {
-    pub kind: String,
-    pub config: Value,
-}
-
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BindingDef {
@@ -297,7 +290,7 @@ pub struct ShardDef {
 impl ShardDef {
     /// The shard's id as metrics, logs and a cluster name it: `00000000-7fffffff`.
     pub fn id(&self) -> String {
-        crate::metrics::shard_label(self.key_begin, self.key_end)
+        crate::types::shard_label(self.key_begin, self.key_end)
     }
 
     /// Reads an [`id`](Self::id).

@@ -15,6 +15,8 @@
 //! - [`pipeline`]: plan (Spec, Validate, fields), apply, and run every materialization.
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
 //! - [`txn`]: the transaction loop.
+//! - [`types`]: the loop's shared types (shard, bindings, collections, endpoint, summary,
+//!   run error), beneath every module that names them.
 
 pub mod admission;
 pub mod applied;
@@ -30,3 +32,4 @@ pub mod projections;
 pub mod recovery;
 pub mod registry;
 pub mod txn;
+pub mod types;

@@ -22,14 +22,17 @@
 use crate::admission::{self, Refusal, SinkGuarantee};
 use crate::applied;
 use crate::config::{self, Pipeline};
-use crate::metrics::{Metrics, ShardMetrics, ended, shard_label};
+use crate::metrics::{Metrics, ShardMetrics, ended};
 use crate::projections::{self, BuildError};
 use crate::recovery::{self, RecoveryLog};
-use crate::txn::{self, BoundSource, Collection, Progress, RunError, Shard, Summary, TxnOptions};
+use crate::txn::{self, BoundSource, Progress, TxnOptions};
+use crate::types::{Binding, Collection, RunError, Shard, Summary};
+
+pub use crate::registry::{Connect, Connected};
 use async_trait::async_trait;
 use serde_json::Value;
+use sluice_driver_sdk::Endpoint;
 use sluice_driver_sdk::error::within;
-use sluice_driver_sdk::{CommitPattern, Endpoint};
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, transaction_request::Open};
 use sluice_sink_sdk::EpochParticipant;
@@ -39,50 +42,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
-
-/// A connected endpoint and what to tell it about itself.
-pub struct Connected {
-    pub endpoint: Arc<dyn Endpoint>,
-    pub endpoint_type: flow::EndpointType,
-    /// The endpoint configuration JSON sent in requests.
-    pub config: Value,
-    /// What the endpoint declares it gives (admission).
-    pub guarantee: SinkGuarantee,
-    /// An epoch sink's handle: what the loop records for it in the recovery log.
-    pub participant: Option<Arc<dyn EpochParticipant>>,
-}
-
-impl Connected {
-    /// A Flow driver declaring `pattern` (`None`: undeclared).
-    pub fn flow(
-        endpoint: Arc<dyn Endpoint>,
-        endpoint_type: flow::EndpointType,
-        config: Value,
-        pattern: Option<CommitPattern>,
-    ) -> Connected {
-        Connected {
-            endpoint,
-            endpoint_type,
-            config,
-            guarantee: SinkGuarantee::Flow(pattern),
-            participant: None,
-        }
-    }
-}
-
-/// Connects the endpoints a pipeline names: the [`Registry`](crate::registry::Registry)
-/// of the binary's driver kinds, or a stand-in of a test or bench.
-#[async_trait]
-pub trait Connect: Send + Sync {
-    /// Connects materialization `materialization`'s endpoint; `state_dir` is a folder
-    /// beside its recovery log that the endpoint may keep state in.
-    async fn connect(
-        &self,
-        materialization: &str,
-        state_dir: &std::path::Path,
-        endpoint: &config::EndpointDef,
-    ) -> Result<Connected, String>;
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -745,7 +704,7 @@ pub trait OpenLog: Send + Sync {
 /// by a cluster for each range it is assigned.
 struct Template {
     spec: flow::MaterializationSpec,
-    bindings: Vec<txn::Binding>,
+    bindings: Vec<Binding>,
     feeds: Vec<SourceFeed>,
     endpoint: Arc<dyn Endpoint>,
     participant: Option<Arc<dyn EpochParticipant>>,
@@ -911,7 +870,7 @@ impl Launcher {
         let span = tracing::info_span!(
             "materialization",
             materialization = %materialization,
-            shard = %shard_label(range.key_begin, range.key_end),
+            shard = %range.id(),
         );
         async move {
             let (summary, result) = attempt.run_with_restarts().await;

@@ -20,7 +20,7 @@ pub mod ended;
 pub mod exporter;
 pub mod status;
 
-use crate::txn::{RunError, Shard};
+use crate::types::{RunError, Shard, materialization_name, shard_label};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -351,7 +351,7 @@ impl Metrics {
     ) -> ShardMetrics {
         let open = &shard.open;
         let labels = ShardLabels {
-            materialization: crate::txn::materialization_name(open),
+            materialization: materialization_name(open),
             shard: shard_label(open.key_begin, open.key_end),
         };
         let sources: Vec<String> = sources.into_iter().map(str::to_string).collect();
@@ -432,11 +432,6 @@ impl Metrics {
             status,
         }
     }
-}
-
-/// The `shard` label: the key-hash range, inclusive, as 8 hex digits each.
-pub fn shard_label(key_begin: u32, key_end: u32) -> String {
-    format!("{key_begin:08x}-{key_end:08x}")
 }
 
 /// One shard's handles, resolved once (see [`Metrics::shard`]).
@@ -593,13 +588,6 @@ fn saturating_i64(n: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_shard_is_named_by_its_key_range_in_hex() {
-        assert_eq!(shard_label(0, u32::MAX), "00000000-ffffffff");
-        assert_eq!(shard_label(0x8000_0000, 0xbfff_ffff), "80000000-bfffffff");
-        assert_eq!(shard_label(17, 255), "00000011-000000ff");
-    }
 
     #[test]
     fn names_follow_prometheus_conventions() {
