@@ -16,9 +16,12 @@
 //! letters are added when its driver has committed it, as the run's summary counts them,
 //! so the counters agree with the summary and a restart never counts a document twice.
 
+mod committed;
 pub mod ended;
 pub mod exporter;
 pub mod status;
+
+pub(crate) use committed::Committed;
 
 use crate::types::{RunError, Shard, materialization_name, shard_label};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
@@ -30,7 +33,7 @@ use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
 use sluice_source_sdk::health::Report;
 use sluice_source_sdk::{Connection, Health, Lag};
-use status::{Counted, ShardStatus, SourceState, State, Status};
+use status::{ShardStatus, SourceState, State, Status};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -496,22 +499,6 @@ impl Report for SourceHealth {
 }
 
 impl ShardMetrics {
-    /// A transaction the driver committed, and what it moved.
-    pub(crate) fn committed(&self, counted: &Counted) {
-        self.transactions.inc();
-        for (source, count) in self.sources.iter().zip(&counted.sources) {
-            source.documents.inc_by(count.docs);
-            source.bytes.inc_by(count.bytes);
-            source.dead_lettered.inc_by(count.dead_lettered);
-        }
-        for (binding, count) in self.bindings.iter().zip(&counted.bindings) {
-            binding.combined.inc_by(count.combined);
-            binding.loaded.inc_by(count.loaded);
-            binding.stored.inc_by(count.stored);
-            binding.deleted.inc_by(count.deleted);
-        }
-    }
-
     /// A new attempt of the loop opens its sources.
     pub(crate) fn opening(&self) {
         self.status.opening();

@@ -60,8 +60,8 @@ mod timed;
 
 use crate::config::Timeouts;
 use crate::deadletter::DeadLetterError;
-use crate::metrics::status::{BindingCount, Counted, State, Transaction};
-use crate::metrics::{CombinerRole, Phase, ShardMetrics};
+use crate::metrics::status::State;
+use crate::metrics::{CombinerRole, Committed, Phase, ShardMetrics};
 use crate::recovery::{
     Checkpoint, Intent, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
 };
@@ -622,32 +622,29 @@ impl Committer<'_> {
             loaded,
             stored,
         });
-        let counted = Counted {
-            bindings: (0..self.shared.bindings.len())
-                .map(|i| BindingCount {
-                    combined: tally.combined[i],
-                    loaded: prepared.loaded[i],
-                    stored: stores.docs[i],
-                    deleted: stores.deletions[i],
-                })
-                .collect(),
+        let durable = metrics.committed(Committed {
+            txn,
+            docs,
+            bytes,
             sources: tally.sources,
-        };
-        metrics.committed(&counted);
-        let phases = [
-            (Phase::Read, tally.took),
-            (Phase::Loads, sent.at - started),
-            (Phase::Prepare, prepared_at - sent.at),
-            (Phase::Store, stored_at - prepared_at),
-            (Phase::Commit, committed_at - stored_at),
-        ];
-        for (phase, took) in phases {
-            metrics.observe(phase, took);
-        }
-        // Sent first thing in the phase, when owed (else while the loop was idle).
-        if let (true, Some(acknowledged)) = (ack_owed, prepared.acknowledged) {
-            metrics.observe(Phase::Acknowledge, acknowledged - started);
-        }
+            combined: tally.combined,
+            loaded: prepared.loaded,
+            stored: stores.docs,
+            deleted: stores.deletions,
+            phases: [
+                (Phase::Read, tally.took),
+                (Phase::Loads, sent.at - started),
+                (Phase::Prepare, prepared_at - sent.at),
+                (Phase::Store, stored_at - prepared_at),
+                (Phase::Commit, committed_at - stored_at),
+            ],
+            // Sent first thing in the phase, when owed (else while the loop was idle).
+            acknowledged: (prepared.acknowledged)
+                .filter(|_| ack_owed)
+                .map(|acknowledged| acknowledged - started),
+            first_read: tally.first_read,
+            positions: self.checkpoint.sources.clone(),
+        });
 
         // Decision: record the commit durably, overlapping the next transaction's reads.
         merge_driver_checkpoint(
@@ -664,24 +661,6 @@ impl Committer<'_> {
                 .driver_checkpoints
                 .insert(self.materialization.clone(), descriptor);
         }
-        let first_read = tally.first_read;
-        let positions = self.checkpoint.sources.clone();
-        let durable = move |took| {
-            metrics.observe(Phase::LogCommit, took);
-            let end_to_end = first_read.map(|first_read| first_read.elapsed());
-            if let Some(end_to_end) = end_to_end {
-                metrics.end_to_end(end_to_end);
-            }
-            let phases = phases.into_iter().chain([(Phase::LogCommit, took)]);
-            let committed = Transaction::durable(
-                txn,
-                (docs, bytes),
-                phases.map(|(phase, took)| (phase.label(), took)),
-                end_to_end,
-                positions,
-            );
-            metrics.status.committed(committed, counted);
-        };
         Ok(log.commit(
             self.checkpoint.clone(),
             self.shared.durable.clone(),
