@@ -12,7 +12,8 @@
 //! - [`registry`]: the source and driver kinds the binary knows, by their keys in the
 //!   pipeline file.
 //! - [`projections`]: collections, projections, field selection, materialization specs.
-//! - [`pipeline`]: plan (Spec, Validate, fields), apply, and run every materialization.
+//! - [`pipeline`]: starting a run, a stage per module: plan (Spec, Validate, fields),
+//!   admit, apply, and launch every materialization's loop.
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
 //! - [`txn`]: the transaction loop.
 //! - [`types`]: the loop's shared types (shard, bindings, collections, endpoint, summary,

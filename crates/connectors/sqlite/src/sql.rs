@@ -1,5 +1,5 @@
 //! SQLite's SQL text and value conversion, pure and without a connection (that is
-//! [`crate::client`]).
+//! `client.rs`).
 //!
 //! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
 //! order (keys, then values, then the document), which is also the order of the values

@@ -18,11 +18,11 @@
 //! A source and an endpoint each name exactly one *kind* by a key (`file: {...}`,
 //! `sqlite: {...}`), looked up in the [`Registry`] the binary fills: the kind parses
 //! and checks its own configuration (and resolves its own paths), and its errors are
-//! placed under its key (`sources.views.file.path: ...`, [`kinds`]). The runtime knows
+//! placed under its key (`sources.views.file.path: ...`, `kinds.rs`). The runtime knows
 //! no kind.
 //!
-//! By section of the file: `sources:` ([`sources`]), `materializations:`
-//! ([`materializations`]), `runtime:` and `cluster:` ([`runtime`]: the recovery log,
+//! By section of the file: `sources:` (`sources.rs`), `materializations:`
+//! (`materializations.rs`), `runtime:` and `cluster:` (`runtime.rs`: the recovery log,
 //! transaction bounds, memory, timeouts); this file holds the whole [`Pipeline`], its
 //! `collections:`, and the cross-checks serde cannot express.
 

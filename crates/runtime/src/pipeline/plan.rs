@@ -20,9 +20,9 @@ use std::sync::Arc;
 pub struct PlannedMaterialization {
     pub name: String,
     pub endpoint: Arc<dyn Endpoint>,
-    /// An epoch sink's handle (see [`Connected::participant`]).
+    /// An epoch sink's handle (see [`Connected::participant`](crate::registry::Connected::participant)).
     pub participant: Option<Arc<dyn EpochParticipant>>,
-    /// See [`SinkGuarantee::store_keeps_checkpoint`].
+    /// See [`SinkGuarantee::store_keeps_checkpoint`](crate::admission::SinkGuarantee::store_keeps_checkpoint).
     pub store_keeps_checkpoint: bool,
     pub spec: flow::MaterializationSpec,
     pub validated: m::ValidateResponse,

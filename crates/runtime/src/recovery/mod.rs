@@ -1,5 +1,5 @@
 //! The recovery log: durable checkpoints and step intents of one pipeline shard, over
-//! the store that makes them durable ([`LogStore`]: the local file of [`file`], the
+//! the store that makes them durable ([`LogStore`]: the local file of `file.rs`, the
 //! embedded default, or a cluster's etcd log).
 //!
 //! ```text
@@ -9,7 +9,7 @@
 //! Per transaction `T` the runtime writes `Intent(T)` (the steps it queued, so they can
 //! be replayed exactly) before any store may commit `T`, and `Commit(T)` (resume
 //! positions and driver checkpoints) once the stores have committed. Both return only
-//! after the store made them durable. At startup, [`plan_recovery`] (pure, [`plan`])
+//! after the store made them durable. At startup, [`plan_recovery`] (pure, `plan.rs`)
 //! combines what the log holds with what an authoritative store reports in `Opened`
 //! ([`StoreCheckpoint`]); when the store says where to begin, [`RecoveryLog::adopt`]
 //! records that checkpoint as the log's last commit, even when it is older (a store
