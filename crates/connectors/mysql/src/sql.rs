@@ -447,7 +447,8 @@ impl<'t> KeyLists<'t> {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
 pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
     // Table names compare case-insensitively on some servers (lower_case_table_names).
     let same_name = |a: &str, b: &str| a.to_lowercase() == b.to_lowercase();

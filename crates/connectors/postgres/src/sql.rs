@@ -420,7 +420,8 @@ impl TextColumn for ColumnType {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
 pub(crate) fn spec_tables(
     endpoint: &EndpointConfig,
     spec: &flow::MaterializationSpec,

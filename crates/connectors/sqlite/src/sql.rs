@@ -267,7 +267,8 @@ pub fn sql_value(value: &Value, ty: ColumnType) -> ToSqlOutput<'_> {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
 pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
     let tables = kit::spec_tables(spec, None, |a, b| a == b)?;
     Ok(tables.into_iter().map(Table).collect())
