@@ -87,15 +87,6 @@ pub fn injected(point: &str) -> DriverError {
     DriverError::Transport(format!("{MARKER} {point}"))
 }
 
-/// An injected error of the reader, which talks to no driver: reported as the driver
-/// errors are, so that it is retried like them.
-pub fn in_reader(source: DriverError) -> crate::txn::RunError {
-    crate::txn::RunError::Driver {
-        endpoint: "(reader)".to_string(),
-        source,
-    }
-}
-
 /// The error `recovery::fsync`'s `return` action injects: the disk is full.
 pub fn disk_full() -> std::io::Error {
     std::io::Error::new(

@@ -16,7 +16,7 @@
 
 use crate::config::{OnError, SourceDef};
 use crate::envelope::{Envelope, Unwrapped};
-use crate::txn::Collection;
+use crate::types::Collection;
 use sluice_doc::compact::Doc;
 use sluice_source_sdk::{Intake, bad_json};
 use std::sync::Arc;

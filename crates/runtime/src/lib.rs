@@ -12,9 +12,12 @@
 //! - [`registry`]: the source and driver kinds the binary knows, by their keys in the
 //!   pipeline file.
 //! - [`projections`]: collections, projections, field selection, materialization specs.
-//! - [`pipeline`]: plan (Spec, Validate, fields), apply, and run every materialization.
+//! - [`pipeline`]: starting a run, a stage per module: plan (Spec, Validate, fields),
+//!   admit, apply, and launch every materialization's loop.
 //! - [`recovery`]: the recovery log: durable checkpoints and step intents, one writer.
 //! - [`txn`]: the transaction loop.
+//! - [`types`]: the loop's shared types (shard, bindings, collections, endpoint, summary,
+//!   run error), beneath every module that names them.
 
 pub mod admission;
 pub mod applied;
@@ -30,3 +33,4 @@ pub mod projections;
 pub mod recovery;
 pub mod registry;
 pub mod txn;
+pub mod types;

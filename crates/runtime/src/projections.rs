@@ -7,7 +7,7 @@
 //! or recommends, plus what the user includes, minus what the user excludes; the whole
 //! document goes in `flow_document` unless the driver forbids it.
 
-use crate::txn::{Binding, Collection};
+use crate::types::{Binding, Collection};
 use sluice_doc::{KeyExtractor, Pointer, Schema};
 use sluice_proto::flow;
 use sluice_proto::materialize::{self as m, constraint::Type as ConstraintType};

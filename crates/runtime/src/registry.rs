@@ -25,8 +25,7 @@
 //!   resolved.
 
 use crate::admission::{DeclaredPattern, SinkGuarantee};
-use crate::config::EndpointDef;
-use crate::pipeline::{Connect, Connected};
+use crate::types::EndpointDef;
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -35,9 +34,9 @@ use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::StdioEndpoint;
-use sluice_driver_sdk::{CommitPattern, Driver};
+use sluice_driver_sdk::{CommitPattern, Driver, Endpoint};
 use sluice_output_sdk::{OutputDriver, OutputKind};
-use sluice_sink_sdk::{EpochDriver, SinkKind};
+use sluice_sink_sdk::{EpochDriver, EpochParticipant, SinkKind};
 use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
 use std::path::{Path, PathBuf};
@@ -91,6 +90,50 @@ pub trait DriverKind: Send + Sync {
             &spec.resource_spec_schema_json,
         )
     }
+}
+
+/// A connected endpoint and what to tell it about itself.
+pub struct Connected {
+    pub endpoint: Arc<dyn Endpoint>,
+    pub endpoint_type: EndpointType,
+    /// The endpoint configuration JSON sent in requests.
+    pub config: Value,
+    /// What the endpoint declares it gives (admission).
+    pub guarantee: SinkGuarantee,
+    /// An epoch sink's handle: what the loop records for it in the recovery log.
+    pub participant: Option<Arc<dyn EpochParticipant>>,
+}
+
+impl Connected {
+    /// A Flow driver declaring `pattern` (`None`: undeclared).
+    pub fn flow(
+        endpoint: Arc<dyn Endpoint>,
+        endpoint_type: EndpointType,
+        config: Value,
+        pattern: Option<CommitPattern>,
+    ) -> Connected {
+        Connected {
+            endpoint,
+            endpoint_type,
+            config,
+            guarantee: SinkGuarantee::Flow(pattern),
+            participant: None,
+        }
+    }
+}
+
+/// Connects the endpoints a pipeline names: the [`Registry`] of the binary's driver
+/// kinds, or a stand-in of a test or bench.
+#[async_trait]
+pub trait Connect: Send + Sync {
+    /// Connects materialization `materialization`'s endpoint; `state_dir` is a folder
+    /// beside its recovery log that the endpoint may keep state in.
+    async fn connect(
+        &self,
+        materialization: &str,
+        state_dir: &Path,
+        endpoint: &EndpointDef,
+    ) -> Result<Connected, String>;
 }
 
 /// An endpoint kind's JSON schemas: of its configuration, and of a binding's resource.

@@ -18,10 +18,9 @@ use crate::client::{self, My};
 use crate::config::{
     DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT, resource_schema,
 };
-use crate::sql::{self, ColumnType, Table};
+use crate::sql::{self, ColumnType};
 use crate::transactor::MysqlTransactor;
 use async_trait::async_trait;
-use sluice_driver_sdk::flow;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
@@ -40,20 +39,12 @@ impl MysqlDriver {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
-pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
-    // Table names compare case-insensitively on some servers (lower_case_table_names).
-    let same_name = |a: &str, b: &str| a.to_lowercase() == b.to_lowercase();
-    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), same_name)?;
-    Ok(tables.into_iter().map(Table).collect())
-}
-
 /// Applies (or, dry, only describes) what the plan of `action` decides from the
 /// current catalog, statement by statement.
 async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse> {
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
-    let tables = spec_tables(&spec)?;
+    let tables = sql::spec_tables(&spec)?;
     let (mut conn, flavor) = client::connect(&endpoint).await?;
     let server = endpoint.describe();
     let mut catalog = My {

@@ -34,8 +34,9 @@
 //!   an error naming the field, checked here: `LOAD DATA LOCAL` would only warn.
 //! - Delta-update tables have no primary key: every store appends a row.
 
+use crate::config::NAME_LIMIT;
 use serde_json::Value;
-use sluice_driver_sdk::{Error, Result};
+use sluice_driver_sdk::{Error, Result, flow};
 use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::text::{TextColumn, TextRows, escape_into};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
@@ -444,6 +445,15 @@ impl<'t> KeyLists<'t> {
         self.cut();
         self.statements
     }
+}
+
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
+pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
+    // Table names compare case-insensitively on some servers (lower_case_table_names).
+    let same_name = |a: &str, b: &str| a.to_lowercase() == b.to_lowercase();
+    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), same_name)?;
+    Ok(tables.into_iter().map(Table).collect())
 }
 
 #[cfg(test)]

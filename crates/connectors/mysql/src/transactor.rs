@@ -40,7 +40,6 @@
 
 use crate::client::{self, My, my_error};
 use crate::config::EndpointConfig;
-use crate::driver::spec_tables;
 use crate::sql::{self, Flavor, InfileRows, KeyLists, Table};
 use async_trait::async_trait;
 use mysql_async::Conn;
@@ -140,7 +139,7 @@ impl MysqlTransactor {
         let spec = materialization(open.materialization)?;
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let server = endpoint.describe();
-        let tables = spec_tables(&spec)?;
+        let tables = sql::spec_tables(&spec)?;
         let (mut conn, flavor) = client::connect(&endpoint).await?;
         let mut session = My {
             conn: &mut conn,

@@ -22,10 +22,9 @@ use crate::client::{self, Pg};
 use crate::config::{
     DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT, resource_schema,
 };
-use crate::sql::{self, ColumnType, Table};
+use crate::sql::{self, ColumnType};
 use crate::transactor::PostgresTransactor;
 use async_trait::async_trait;
-use sluice_driver_sdk::flow;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
@@ -44,27 +43,12 @@ impl PostgresDriver {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
-pub(crate) fn spec_tables(
-    endpoint: &EndpointConfig,
-    spec: &flow::MaterializationSpec,
-) -> Result<Vec<Table>> {
-    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), |a, b| a == b)?;
-    let schema = endpoint.schema();
-    Ok((tables.into_iter())
-        .map(|table| Table {
-            schema: schema.to_owned(),
-            table,
-        })
-        .collect())
-}
-
 /// Applies (or, dry, only describes) what the plan of `action` decides from the
 /// current catalog, in one transaction.
 async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse> {
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
-    let tables = spec_tables(&endpoint, &spec)?;
+    let tables = sql::spec_tables(&endpoint, &spec)?;
     let client = client::connect(&endpoint).await?;
     let server = endpoint.describe();
     let schema = endpoint.schema();

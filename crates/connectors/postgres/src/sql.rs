@@ -32,6 +32,7 @@
 //!   an error naming the field, never a silent coercion.
 //! - Delta-update tables have no primary key: every store appends a row.
 
+use crate::config::{EndpointConfig, NAME_LIMIT};
 use serde_json::Value;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
@@ -417,6 +418,22 @@ impl TextColumn for ColumnType {
     fn write_text(out: &mut Vec<u8>, column: &Column, value: &Value) -> Result<bool> {
         write_text(out, column, value)
     }
+}
+
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
+pub(crate) fn spec_tables(
+    endpoint: &EndpointConfig,
+    spec: &flow::MaterializationSpec,
+) -> Result<Vec<Table>> {
+    let tables = kit::spec_tables(spec, Some(NAME_LIMIT), |a, b| a == b)?;
+    let schema = endpoint.schema();
+    Ok((tables.into_iter())
+        .map(|table| Table {
+            schema: schema.to_owned(),
+            table,
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -41,7 +41,6 @@
 
 use crate::client::{self, Pg, pg_error};
 use crate::config::EndpointConfig;
-use crate::driver::spec_tables;
 use crate::sql::{self, CopyRow, Table};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -166,7 +165,7 @@ impl PostgresTransactor {
         let spec = materialization(open.materialization)?;
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let server = endpoint.describe();
-        let tables = spec_tables(&endpoint, &spec)?;
+        let tables = sql::spec_tables(&endpoint, &spec)?;
         let client = client::connect(&endpoint).await?;
         let schema = endpoint.schema();
         let mut session = Pg {

@@ -15,10 +15,9 @@
 
 use crate::client::{Conn, Lite};
 use crate::config::{DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, resource_schema};
-use crate::sql::{self, ColumnType, Table};
+use crate::sql::{self, ColumnType};
 use crate::transactor::SqliteTransactor;
 use async_trait::async_trait;
-use sluice_driver_sdk::flow;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
@@ -37,18 +36,12 @@ impl SqliteDriver {
     }
 }
 
-/// The tables of a materialization's bindings, each named once.
-pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
-    let tables = kit::spec_tables(spec, None, |a, b| a == b)?;
-    Ok(tables.into_iter().map(Table).collect())
-}
-
 /// Applies (or, dry, only describes) what the plan of `action` decides from the
 /// current database.
 async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse> {
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
-    let tables = spec_tables(&spec)?;
+    let tables = sql::spec_tables(&spec)?;
     let conn = if req.dry_run {
         Conn::open_read_only(&endpoint.path).await?
     } else {

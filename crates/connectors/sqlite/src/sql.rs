@@ -1,5 +1,5 @@
 //! SQLite's SQL text and value conversion, pure and without a connection (that is
-//! [`crate::client`]).
+//! `client.rs`).
 //!
 //! A binding becomes a [`Table`]: its columns are the selected fields in field-selection
 //! order (keys, then values, then the document), which is also the order of the values
@@ -31,6 +31,7 @@
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use serde_json::Value;
+use sluice_driver_sdk::{Result, flow};
 use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred};
 
@@ -264,6 +265,13 @@ pub fn sql_value(value: &Value, ty: ColumnType) -> ToSqlOutput<'_> {
             None => owned(SqlValue::Real(n.as_f64().unwrap_or(f64::NAN))),
         },
     }
+}
+
+/// The tables of a materialization's bindings, each named once: what Apply
+/// (`driver.rs`) and Open (`transactor.rs`) both start from.
+pub(crate) fn spec_tables(spec: &flow::MaterializationSpec) -> Result<Vec<Table>> {
+    let tables = kit::spec_tables(spec, None, |a, b| a == b)?;
+    Ok(tables.into_iter().map(Table).collect())
 }
 
 #[cfg(test)]

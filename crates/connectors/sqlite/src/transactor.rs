@@ -27,7 +27,6 @@
 
 use crate::client::{Conn, Lite, store_error};
 use crate::config::EndpointConfig;
-use crate::driver::spec_tables;
 use crate::sql::{self, Table};
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -83,7 +82,7 @@ impl SqliteTransactor {
     pub(crate) async fn open(open: Open) -> Result<(Self, Vec<u8>)> {
         let spec = materialization(open.materialization)?;
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
-        let tables = spec_tables(&spec)?;
+        let tables = sql::spec_tables(&spec)?;
         let conn = Conn::open(&endpoint.path).await?;
         let mut bindings = Vec::with_capacity(tables.len());
         for table in tables {

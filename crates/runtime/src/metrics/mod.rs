@@ -16,11 +16,14 @@
 //! letters are added when its driver has committed it, as the run's summary counts them,
 //! so the counters agree with the summary and a restart never counts a document twice.
 
+mod committed;
 pub mod ended;
 pub mod exporter;
 pub mod status;
 
-use crate::txn::{RunError, Shard};
+pub(crate) use committed::Committed;
+
+use crate::types::{RunError, Shard, materialization_name, shard_label};
 use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,7 +33,7 @@ use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
 use sluice_source_sdk::health::Report;
 use sluice_source_sdk::{Connection, Health, Lag};
-use status::{Counted, ShardStatus, SourceState, State, Status};
+use status::{ShardStatus, SourceState, State, Status};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -351,7 +354,7 @@ impl Metrics {
     ) -> ShardMetrics {
         let open = &shard.open;
         let labels = ShardLabels {
-            materialization: crate::txn::materialization_name(open),
+            materialization: materialization_name(open),
             shard: shard_label(open.key_begin, open.key_end),
         };
         let sources: Vec<String> = sources.into_iter().map(str::to_string).collect();
@@ -434,11 +437,6 @@ impl Metrics {
     }
 }
 
-/// The `shard` label: the key-hash range, inclusive, as 8 hex digits each.
-pub fn shard_label(key_begin: u32, key_end: u32) -> String {
-    format!("{key_begin:08x}-{key_end:08x}")
-}
-
 /// One shard's handles, resolved once (see [`Metrics::shard`]).
 #[derive(Debug)]
 pub struct ShardMetrics {
@@ -501,22 +499,6 @@ impl Report for SourceHealth {
 }
 
 impl ShardMetrics {
-    /// A transaction the driver committed, and what it moved.
-    pub(crate) fn committed(&self, counted: &Counted) {
-        self.transactions.inc();
-        for (source, count) in self.sources.iter().zip(&counted.sources) {
-            source.documents.inc_by(count.docs);
-            source.bytes.inc_by(count.bytes);
-            source.dead_lettered.inc_by(count.dead_lettered);
-        }
-        for (binding, count) in self.bindings.iter().zip(&counted.bindings) {
-            binding.combined.inc_by(count.combined);
-            binding.loaded.inc_by(count.loaded);
-            binding.stored.inc_by(count.stored);
-            binding.deleted.inc_by(count.deleted);
-        }
-    }
-
     /// A new attempt of the loop opens its sources.
     pub(crate) fn opening(&self) {
         self.status.opening();
@@ -593,13 +575,6 @@ fn saturating_i64(n: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_shard_is_named_by_its_key_range_in_hex() {
-        assert_eq!(shard_label(0, u32::MAX), "00000000-ffffffff");
-        assert_eq!(shard_label(0x8000_0000, 0xbfff_ffff), "80000000-bfffffff");
-        assert_eq!(shard_label(17, 255), "00000011-000000ff");
-    }
 
     #[test]
     fn names_follow_prometheus_conventions() {

@@ -4,9 +4,9 @@
 //! rate and lag; per binding its counts and rate; beside the pipeline's graph, the
 //! binary's version, the uptime and the configuration with its secrets hidden. Recorded
 //! through the same [`ShardMetrics`](super::ShardMetrics) handles as the metrics, and
-//! served as JSON on `/api/status` with a page on `/` by the [`exporter`](super::exporter);
+//! served as JSON on `/api/status` with a page on `/` by the exporter (`exporter.rs`);
 //! `sluice status` reads the same JSON back, and what a loop left when it ended
-//! ([`super::ended`]) once the process is gone. That JSON is the plain data of
+//! (`ended.rs`) once the process is gone. That JSON is the plain data of
 //! `status/view.rs`; this file records it.
 //!
 //! A source's state is what the reader last saw of it (its steps, the error the loop

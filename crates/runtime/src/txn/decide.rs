@@ -2,7 +2,7 @@
 //! ([`close_batch`]) and what bad input does to it ([`triage`]). The reader gathers the
 //! facts and executes the returned decision; each function is tested by a table.
 //!
-//! Why a batch closes when it does (see also [`super::read`]):
+//! Why a batch closes when it does (see also the reader, `read.rs`):
 //!
 //! ```text
 //!  full (max_docs / max_bytes), no source at a barrier ─────▶ Full

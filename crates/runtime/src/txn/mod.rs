@@ -50,6 +50,7 @@ mod decide;
 mod phases;
 mod progress;
 
+pub use crate::types::{Binding, Collection, RunError, Shard, Summary};
 pub use progress::{LivePhase, Progress, Remaining};
 pub(crate) use timed::bounded;
 mod read;
@@ -59,21 +60,20 @@ mod timed;
 
 use crate::config::Timeouts;
 use crate::deadletter::DeadLetterError;
-use crate::metrics::status::{BindingCount, Counted, State, Transaction};
-use crate::metrics::{CombinerRole, Phase, ShardMetrics};
+use crate::metrics::status::State;
+use crate::metrics::{CombinerRole, Committed, Phase, ShardMetrics};
 use crate::recovery::{
-    Checkpoint, Intent, RecoveryError, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
+    Checkpoint, Intent, RecoveryLog, RecoveryPlan, StoreCheckpoint, plan_recovery,
 };
+use crate::types::materialization_name;
 use serde_json::Value;
-use sluice_doc::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
-use sluice_doc::compact::Doc;
-use sluice_doc::{KeyExtractor, KeyRange, Pointer, Schema};
+use sluice_doc::KeyRange;
+use sluice_doc::combine::{BindingSpec, Combiner, CombinerOptions};
 use sluice_driver_sdk::client::{self, Response};
 use sluice_driver_sdk::error::within;
 use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
 use sluice_driver_sdk::{Endpoint, Error as DriverError, Peer};
 use sluice_proto::flow;
-use sluice_proto::materialize::transaction_request::Open;
 use sluice_sink_sdk::EpochParticipant;
 use sluice_source_sdk::{Resume, Source, SourceError};
 use state::{LogState, Settled};
@@ -96,73 +96,6 @@ pub struct TxnOptions {
     pub follow: bool,
 }
 
-/// A compiled collection, shared by every binding that reads it.
-pub struct Collection {
-    pub name: String,
-    pub schema: Arc<Schema>,
-    pub key: KeyExtractor,
-    /// The key's JSON pointers, as written in the pipeline file.
-    pub key_ptrs: Vec<String>,
-}
-
-impl Collection {
-    /// Why the combiner would reject the new document `doc` of this collection, if it
-    /// would: invalid against the schema (a deletion needs only its key), or without
-    /// its key; the combiner's check, in its order and with its errors. `key` is a
-    /// scratch buffer (its packed key, when it has one).
-    pub fn check(&self, doc: &Doc, key: &mut Vec<u8>) -> Result<(), CombineError> {
-        key.clear();
-        let keyed = self.key.pack_doc(doc, key);
-        let valid = || self.schema.validate_doc(doc);
-        self.verdict(doc.is_deletion(), keyed, valid, key)
-    }
-
-    /// [`Collection::check`] of a document a source handed over parsed, without
-    /// converting it.
-    pub fn check_value(&self, doc: &Value, key: &mut Vec<u8>) -> Result<(), CombineError> {
-        key.clear();
-        let keyed = self.key.pack(doc, key);
-        let deletion = doc.pointer("/_meta/op").and_then(Value::as_str) == Some("d");
-        self.verdict(deletion, keyed, || self.schema.validate(doc), key)
-    }
-
-    fn verdict(
-        &self,
-        deletion: bool,
-        keyed: Result<(), sluice_doc::tuple::KeyError>,
-        valid: impl FnOnce() -> Result<(), sluice_doc::schema::ValidationError>,
-        key: &[u8],
-    ) -> Result<(), CombineError> {
-        if !deletion && let Err(source) = valid() {
-            return Err(CombineError::Invalid {
-                collection: self.name.clone(),
-                key: match keyed {
-                    Ok(()) => sluice_doc::tuple::unpack_json_array(key)
-                        .map_or_else(|_| "(unreadable)".to_string(), |k| k.to_string()),
-                    Err(_) => "(none)".to_string(),
-                },
-                source,
-            });
-        }
-        keyed.map_err(|source| CombineError::Key {
-            collection: self.name.clone(),
-            source,
-        })
-    }
-}
-
-/// One binding of the materialization, as the loop needs it.
-#[derive(Clone)]
-pub struct Binding {
-    pub collection: Arc<Collection>,
-    /// The resource path, joined with `.` (e.g. the table): names the binding in
-    /// checkpoints.
-    pub resource: String,
-    pub delta_updates: bool,
-    /// Pointers of the selected value fields, in field-selection order.
-    pub values: Vec<Pointer>,
-}
-
 /// A source and the bindings its documents feed.
 pub struct BoundSource {
     pub source: Box<dyn Source>,
@@ -173,210 +106,6 @@ pub struct BoundSource {
     pub read_ahead: crate::config::ReadAhead,
     /// How its records wrap their documents.
     pub envelope: crate::envelope::Envelope,
-}
-
-/// What a finished run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Summary {
-    pub transactions: u64,
-    pub docs: u64,
-    pub bytes: u64,
-    pub loaded: u64,
-    pub stored: u64,
-    /// The transaction number of the last commit.
-    pub last_txn: u64,
-    /// Times the loop was reopened after a retryable failure.
-    pub restarts: u64,
-    /// Documents rejected by `on_error: skip` sources (in committed transactions).
-    pub rejected: u64,
-    /// How long the reader waited for input with nothing read (a `--follow` run caught
-    /// up): what a rate over the run's time leaves out.
-    pub idle: Duration,
-}
-
-/// Why a run ended. Each variant keeps the typed error underneath, so that
-/// [`RunError::is_retryable`] decides by its kind: a transient failure (a lost
-/// connection, a timeout, a source's I/O error) reopens the loop with backoff; a
-/// deterministic one (bad input, a malformed or out-of-order message, a configuration
-/// or schema error, the recovery log's disk) fails at once, as it would fail again.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// Bad input the source found, at its position (the user's data).
-    #[error("{position}: {reason}")]
-    Input { position: String, reason: String },
-    /// A document that does not parse, validate, key or reduce (the user's data).
-    #[error("{position}: {source}")]
-    Document {
-        position: String,
-        #[source]
-        source: Box<CombineError>,
-    },
-    /// A reduction against a loaded document or across spilled runs, or the spill file.
-    #[error(transparent)]
-    Combine(Box<CombineError>),
-    /// A source failed (its error names it).
-    #[error(transparent)]
-    Source(SourceError),
-    /// A source cannot seek back to the store's checkpoint, older than the log's.
-    #[error(
-        "{source}; the store's checkpoint (transaction {store_txn}) is older than the \
-         recovery log's (transaction {log_txn}), so this source must replay from there"
-    )]
-    SeekBack {
-        store_txn: u64,
-        log_txn: u64,
-        source: SourceError,
-    },
-    /// The dead-letter file of an `on_error: skip` source.
-    #[error("source {name}: {source}")]
-    DeadLetter {
-        name: String,
-        source: DeadLetterError,
-    },
-    #[error("driver {endpoint}: {source}{}", timeout_hint(source))]
-    Driver {
-        endpoint: String,
-        #[source]
-        source: DriverError,
-    },
-    /// A Loaded document the runtime cannot use (not JSON, no key): the driver's bug.
-    #[error("driver {endpoint}: a Loaded document of binding {binding} ({resource}) {reason}")]
-    Loaded {
-        endpoint: String,
-        binding: u32,
-        resource: String,
-        reason: String,
-    },
-    /// The checkpoint in the driver's Opened does not decode.
-    #[error("driver {endpoint}: the checkpoint recovered from the store: {source}")]
-    StoreCheckpoint {
-        endpoint: String,
-        source: RecoveryError,
-    },
-    /// A store that keeps the runtime checkpoint holds none, while the recovery log has
-    /// committed: it was recreated, emptied, or is not the store this pipeline wrote.
-    #[error(
-        "driver {endpoint}: the store holds no checkpoint of materialization \
-         {materialization:?}, but its recovery log has committed through transaction \
-         {log_txn}: the store was recreated or emptied, or the endpoint names another \
-         store. Resuming would fill it from the middle of its input, so nothing was \
-         written. Point the endpoint back at the store it wrote to (or restore that store \
-         from a backup), or start over with `sluice apply --delete <pipeline>`, which \
-         forgets the recovery log and drops what the store holds, then run again"
-    )]
-    StoreLost {
-        endpoint: String,
-        materialization: String,
-        log_txn: u64,
-    },
-    /// The driver refused Open for its configuration (a table it expects is missing)
-    /// after the recovery log had committed: the store changed under the pipeline.
-    #[error(
-        "driver {endpoint}: {source}; the recovery log of materialization \
-         {materialization:?} has committed through transaction {log_txn}, so a table \
-         dropped or a store recreated since cannot simply be applied again (it would be \
-         filled from the middle of its input): restore the store, or start over with \
-         `sluice apply --delete <pipeline>`"
-    )]
-    OpenAfterCommits {
-        endpoint: String,
-        materialization: String,
-        log_txn: u64,
-        #[source]
-        source: DriverError,
-    },
-    /// The recovery log (its file, its lock, its records).
-    #[error(transparent)]
-    Recovery(#[from] RecoveryError),
-    /// The log's pending intent reads a source the pipeline file no longer has.
-    #[error(
-        "the recovery log's pending intent reads source {name}, which the pipeline file \
-         no longer has: restore the source so the interrupted transaction can replay"
-    )]
-    IntentSource { name: String },
-    /// A bug: a task that panicked, a reader that stopped without a reason.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-impl RunError {
-    /// Whether reopening the loop may succeed, by the kind of the error underneath.
-    /// Recovery-log (but a shared engine's that did not answer) and dead-letter
-    /// failures are never retried in-process: after a
-    /// failed fsync what the file holds is unknown (the page cache may have dropped the
-    /// write), and a lock held elsewhere or a corrupt record stays so. A spill file that
-    /// cannot be written is retried: the transaction's combiners are rebuilt from
-    /// nothing, and the disk may have room again.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            RunError::Driver { source, .. } => source.is_retryable(),
-            RunError::Source(source) | RunError::SeekBack { source, .. } => source.is_retryable(),
-            RunError::Combine(source) => matches!(**source, CombineError::Spill { .. }),
-            // A shared engine's log (a cluster's) that did not answer: reopening reads
-            // back what it holds, as after a crash.
-            RunError::Recovery(RecoveryError::Unavailable { .. }) => true,
-            RunError::Input { .. }
-            | RunError::Document { .. }
-            | RunError::DeadLetter { .. }
-            | RunError::Loaded { .. }
-            | RunError::StoreCheckpoint { .. }
-            | RunError::StoreLost { .. }
-            | RunError::OpenAfterCommits { .. }
-            | RunError::Recovery(_)
-            | RunError::IntentSource { .. }
-            | RunError::Internal(_) => false,
-        }
-    }
-
-    /// The source whose call (or dead-letter file) failed, if one did.
-    pub fn source_name(&self) -> Option<&str> {
-        match self {
-            RunError::Source(source) | RunError::SeekBack { source, .. } => {
-                Some(source.source_name())
-            }
-            RunError::DeadLetter { name, .. } => Some(name),
-            _ => None,
-        }
-    }
-
-    /// The error's kind, as the metrics name it (a timeout apart from its system's
-    /// other failures: it says the system is slow rather than broken).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            RunError::Input { .. } => "input",
-            RunError::Document { .. } => "document",
-            RunError::Combine(_) => "combine",
-            RunError::Source(SourceError::Timeout { .. }) => "source_timeout",
-            RunError::Source(_) => "source",
-            RunError::SeekBack { .. } => "seek_back",
-            RunError::DeadLetter { .. } => "dead_letter",
-            RunError::Driver {
-                source: DriverError::Timeout { .. },
-                ..
-            } => "driver_timeout",
-            RunError::Driver { .. } => "driver",
-            RunError::Loaded { .. } => "loaded",
-            RunError::StoreCheckpoint { .. } => "store_checkpoint",
-            RunError::StoreLost { .. } | RunError::OpenAfterCommits { .. } => "store_lost",
-            RunError::Recovery(_) => "recovery",
-            RunError::IntentSource { .. } => "intent_source",
-            RunError::Internal(_) => "internal",
-        }
-    }
-}
-
-/// Where a driver timeout is configured, after its message.
-fn timeout_hint(err: &DriverError) -> &'static str {
-    match err {
-        DriverError::Timeout { .. } => " (raise runtime.timeouts.driver if the store is only slow)",
-        _ => "",
-    }
-}
-
-impl From<CombineError> for RunError {
-    fn from(err: CombineError) -> Self {
-        RunError::Combine(Box::new(err))
-    }
 }
 
 /// A failure of a source, or of the dead-letter file it writes, as the run's error.
@@ -398,13 +127,6 @@ impl SourceFailure for DeadLetterError {
             source: self,
         }
     }
-}
-
-/// The shard a loop runs for.
-#[derive(Clone)]
-pub struct Shard {
-    pub open: Open,
-    pub bindings: Vec<Binding>,
 }
 
 /// Everything one run of the loop takes.
@@ -900,32 +622,29 @@ impl Committer<'_> {
             loaded,
             stored,
         });
-        let counted = Counted {
-            bindings: (0..self.shared.bindings.len())
-                .map(|i| BindingCount {
-                    combined: tally.combined[i],
-                    loaded: prepared.loaded[i],
-                    stored: stores.docs[i],
-                    deleted: stores.deletions[i],
-                })
-                .collect(),
+        let durable = metrics.committed(Committed {
+            txn,
+            docs,
+            bytes,
             sources: tally.sources,
-        };
-        metrics.committed(&counted);
-        let phases = [
-            (Phase::Read, tally.took),
-            (Phase::Loads, sent.at - started),
-            (Phase::Prepare, prepared_at - sent.at),
-            (Phase::Store, stored_at - prepared_at),
-            (Phase::Commit, committed_at - stored_at),
-        ];
-        for (phase, took) in phases {
-            metrics.observe(phase, took);
-        }
-        // Sent first thing in the phase, when owed (else while the loop was idle).
-        if let (true, Some(acknowledged)) = (ack_owed, prepared.acknowledged) {
-            metrics.observe(Phase::Acknowledge, acknowledged - started);
-        }
+            combined: tally.combined,
+            loaded: prepared.loaded,
+            stored: stores.docs,
+            deleted: stores.deletions,
+            phases: [
+                (Phase::Read, tally.took),
+                (Phase::Loads, sent.at - started),
+                (Phase::Prepare, prepared_at - sent.at),
+                (Phase::Store, stored_at - prepared_at),
+                (Phase::Commit, committed_at - stored_at),
+            ],
+            // Sent first thing in the phase, when owed (else while the loop was idle).
+            acknowledged: (prepared.acknowledged)
+                .filter(|_| ack_owed)
+                .map(|acknowledged| acknowledged - started),
+            first_read: tally.first_read,
+            positions: self.checkpoint.sources.clone(),
+        });
 
         // Decision: record the commit durably, overlapping the next transaction's reads.
         merge_driver_checkpoint(
@@ -942,24 +661,6 @@ impl Committer<'_> {
                 .driver_checkpoints
                 .insert(self.materialization.clone(), descriptor);
         }
-        let first_read = tally.first_read;
-        let positions = self.checkpoint.sources.clone();
-        let durable = move |took| {
-            metrics.observe(Phase::LogCommit, took);
-            let end_to_end = first_read.map(|first_read| first_read.elapsed());
-            if let Some(end_to_end) = end_to_end {
-                metrics.end_to_end(end_to_end);
-            }
-            let phases = phases.into_iter().chain([(Phase::LogCommit, took)]);
-            let committed = Transaction::durable(
-                txn,
-                (docs, bytes),
-                phases.map(|(phase, took)| (phase.label(), took)),
-                end_to_end,
-                positions,
-            );
-            metrics.status.committed(committed, counted);
-        };
         Ok(log.commit(
             self.checkpoint.clone(),
             self.shared.durable.clone(),
@@ -1042,13 +743,6 @@ fn undecided(log: &RecoveryLog, materialization: &str) -> Vec<sluice_sink_sdk::U
         .collect()
 }
 
-pub(crate) fn materialization_name(open: &Open) -> String {
-    open.materialization
-        .as_ref()
-        .map(|m| m.materialization.clone())
-        .unwrap_or_default()
-}
-
 /// Where a combiner's drained documents go, which decides its reductions.
 #[derive(Clone, Copy, PartialEq)]
 enum Drains {
@@ -1105,171 +799,4 @@ fn merge_driver_checkpoint(
         .driver_checkpoints
         .insert(materialization.to_string(), next);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::{Error as IoError, ErrorKind};
-    use std::path::PathBuf;
-
-    fn source_io(kind: ErrorKind) -> SourceError {
-        SourceError::Io {
-            name: "views".into(),
-            path: "views.jsonl".into(),
-            error: IoError::new(kind, "test"),
-        }
-    }
-
-    fn driver(source: DriverError) -> RunError {
-        driver_err("postgres", source)
-    }
-
-    /// Every kind of failure and whether the loop is reopened after it.
-    #[test]
-    fn only_transient_failures_reopen_the_loop() {
-        let combine = |e: CombineError| RunError::Combine(Box::new(e));
-        let cases = [
-            // Transient: a retry may succeed.
-            (
-                driver(DriverError::Transport("connection reset".into())),
-                true,
-            ),
-            (
-                driver(DriverError::Timeout {
-                    waiting_for: "DriverCommitted".into(),
-                    after: Duration::from_secs(300),
-                }),
-                true,
-            ),
-            (driver(DriverError::store("committing", "lost", true)), true),
-            (
-                RunError::Source(source_io(ErrorKind::ConnectionReset)),
-                true,
-            ),
-            (
-                RunError::Source(SourceError::Timeout {
-                    name: "views".into(),
-                    call: "queue",
-                    after: Duration::from_secs(60),
-                }),
-                true,
-            ),
-            (
-                combine(CombineError::Spill {
-                    dir: PathBuf::from("/tmp"),
-                    source: IoError::new(ErrorKind::StorageFull, "full"),
-                }),
-                true,
-            ),
-            // Deterministic: the same failure again.
-            (
-                driver(DriverError::store("storing", "constraint", false)),
-                false,
-            ),
-            (driver(DriverError::Malformed("not JSON".into())), false),
-            (driver(DriverError::Config("no table".into())), false),
-            (driver(DriverError::Fenced("newer instance".into())), false),
-            (
-                driver(DriverError::Protocol(violation(
-                    Peer::Driver,
-                    "Prepared",
-                    "Opened",
-                ))),
-                false,
-            ),
-            (
-                RunError::Loaded {
-                    endpoint: "postgres".into(),
-                    binding: 0,
-                    resource: "pageviews".into(),
-                    reason: "is not JSON".into(),
-                },
-                false,
-            ),
-            (RunError::Source(source_io(ErrorKind::NotFound)), false),
-            (
-                RunError::SeekBack {
-                    store_txn: 6,
-                    log_txn: 8,
-                    source: SourceError::Unavailable {
-                        name: "views".into(),
-                        position: Value::from(10),
-                        reason: "the file is shorter".into(),
-                    },
-                },
-                false,
-            ),
-            (
-                RunError::Input {
-                    position: "views.jsonl:3".into(),
-                    reason: "too large".into(),
-                },
-                false,
-            ),
-            (
-                RunError::Document {
-                    position: "views.jsonl:3".into(),
-                    source: Box::new(CombineError::Poisoned {
-                        first: "sum of a string".into(),
-                    }),
-                },
-                false,
-            ),
-            (
-                combine(CombineError::Poisoned {
-                    first: "sum of a string".into(),
-                }),
-                false,
-            ),
-            (
-                RunError::DeadLetter {
-                    name: "views".into(),
-                    source: DeadLetterError::Io {
-                        path: PathBuf::from("dead-letters.jsonl"),
-                        error: IoError::new(ErrorKind::StorageFull, "full"),
-                    },
-                },
-                false,
-            ),
-            (
-                RunError::StoreCheckpoint {
-                    endpoint: "postgres".into(),
-                    source: RecoveryError::BadCheckpoint("truncated".into()),
-                },
-                false,
-            ),
-            (
-                RunError::Recovery(RecoveryError::InUse {
-                    dir: PathBuf::from("log"),
-                    pid: Some(1),
-                }),
-                false,
-            ),
-            (
-                RunError::IntentSource {
-                    name: "views".into(),
-                },
-                false,
-            ),
-            (RunError::Internal("a task panicked".into()), false),
-        ];
-        for (err, retryable) in cases {
-            assert_eq!(err.is_retryable(), retryable, "{err}");
-        }
-    }
-
-    #[test]
-    fn a_driver_timeout_names_the_endpoint_the_wait_and_the_setting() {
-        let err = driver(DriverError::Timeout {
-            waiting_for: "DriverCommitted (awaiting DriverCommitted of transaction 3)".into(),
-            after: Duration::from_secs(2),
-        });
-        assert_eq!(
-            err.to_string(),
-            "driver postgres: timed out after 2s waiting for DriverCommitted (awaiting \
-             DriverCommitted of transaction 3) (raise runtime.timeouts.driver if the store \
-             is only slow)"
-        );
-    }
 }

@@ -9,10 +9,10 @@
 //! until Prepared: a transaction that loads a whole large table holds at most a budget
 //! of it.
 
-use super::Binding;
 use super::state::Ack;
 use super::stored::{StoredDocs, StoredDocsBuilder};
 use crate::recovery::Checkpoint;
+use crate::types::Binding;
 use sluice_doc::combine::{CombineError, Combiner, Drained};
 use sluice_doc::compact::Doc;
 use sluice_doc::parse::DocParser;

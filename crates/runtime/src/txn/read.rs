@@ -50,16 +50,14 @@
 //!   runs) involve no single document and fail the transaction in either mode.
 
 use super::decide::{Close, Fault, RoundFacts, Triage, close_batch, triage};
-use super::{
-    Binding, BoundSource, Collection, Drains, InFlight, RunError, Shared, TxnOptions,
-    binding_specs, combiner_options,
-};
+use super::{BoundSource, Drains, InFlight, Shared, TxnOptions, binding_specs, combiner_options};
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::envelope::{Envelope, Unwrapped};
 use crate::metrics::ShardMetrics;
 use crate::metrics::status::{SourceCount, SourceState};
 use crate::recovery::{Checkpoint, Intent};
+use crate::types::{Binding, Collection, RunError};
 use serde_json::Value;
 use sluice_doc::KeyRange;
 use sluice_doc::combine::{CombineError, Combiner};
@@ -909,7 +907,12 @@ fn combine_records(
             }
         }
     }
-    crate::failpoint::fail_point!(AFTER_QUEUE, crate::failpoint::in_reader);
+    // The reader talks to no driver: its injected error is reported as the driver
+    // errors are, so that it is retried like them.
+    crate::failpoint::fail_point!(AFTER_QUEUE, |source| RunError::Driver {
+        endpoint: "(reader)".to_string(),
+        source,
+    });
     Ok(Combined::All)
 }
 

@@ -30,8 +30,8 @@
 //! pool, each owning the log until it returns it; the committer's async task only
 //! awaits them, so no fsync blocks an async worker.
 
-use super::RunError;
 use crate::recovery::{Checkpoint, Intent, RecoveryError, RecoveryLog};
+use crate::types::RunError;
 use sluice_driver_sdk::Error as DriverError;
 use sluice_driver_sdk::client::ClientSender;
 use std::sync::Arc;

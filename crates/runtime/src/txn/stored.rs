@@ -17,7 +17,7 @@
 //!
 //! Invariants:
 //! - Only documents of a committed transaction are used: the loop keeps what
-//!   [`send_stores`](super::phases::send_stores) collected only after DriverCommitted,
+//!   `send_stores` (`phases.rs`) collected only after DriverCommitted,
 //!   and a failed stream drops it with the loop (a restart starts empty).
 //! - Entries are in (binding, packed key) order, the order both combiners drain in, so a
 //!   lookup is a forward merge-join, never a search.

@@ -1,20 +1,12 @@
-//! The recovery log: durable checkpoints and step intents of one pipeline shard.
+//! The recovery log in a local file (the embedded default [`LogStore`]): its format,
+//! checksums, fsync, the torn tail, compaction and the one-writer lock; and the other
+//! local files of a log's folder (the deployment id, `sluice inspect`).
 //!
 //! ```text
 //!  <dir>/lock   flock'ed by the one writer; holds its pid for the "in use" message
 //!  <dir>/log    [b"SLUICELG"][u32 LE format version]   the file header (12 bytes)
 //!               then append-only records:  [u32 LE len][u32 LE crc32(payload)][payload JSON]
-//!                 Intent{txn 7}  Commit{txn 7}  Intent{txn 8}  Commit{txn 8} ...
 //! ```
-//!
-//! Per transaction `T` the runtime writes `Intent(T)` (the steps it queued, so they can
-//! be replayed exactly) before any store may commit `T`, and `Commit(T)` (resume
-//! positions and driver checkpoints) once the stores have committed. Both return only
-//! after fsync. At startup, [`plan_recovery`] (pure) combines what the log holds with
-//! what an authoritative store reports in `Opened` ([`StoreCheckpoint`]); when the store
-//! says where to begin, [`RecoveryLog::adopt`] records that checkpoint as the log's last
-//! commit, even when it is older (a store restored from a backup): transaction numbers
-//! then go back, and the log goes on from there.
 //!
 //! Formats ([`FORMAT_VERSION`]): 2 is this one. 1, the previous release's, is the same
 //! records with no file header; it is read as such (its first bytes, a record length
@@ -36,21 +28,12 @@
 //!   deserialize (a newer release's record: records are read with
 //!   `deny_unknown_fields`), that is corruption wherever it is, never a torn tail: it
 //!   may be a commit, and cutting it would lose it.
-//! - An intent is pending only while no commit record follows it: `Intent(T+1)` is
-//!   written only after `Commit(T)`, and a commit (or an adopted checkpoint) settles
-//!   every intent before it.
 //! - Compaction rewrites the latest state (last commit, pending intent) to a new file,
 //!   fsyncs it, renames it over the log and fsyncs the directory: a crash at any point
 //!   leaves either the old log or the new one.
-//!
-//! Threads: everything here blocks (reads, fsync, rename). The loop calls it on
-//! blocking tasks: [`RecoveryLog::open_async`] opens, `txn::state` writes intents and
-//! commits on `spawn_blocking`; tests and `sluice inspect` call it directly.
 
-use serde::{Deserialize, Serialize};
+use super::{Checkpoint, Intent, Latest, LogRecord, LogStore, RecoveryError, RecoveryLog};
 use serde_json::Value;
-use sluice_source_sdk::Resume;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -113,171 +96,6 @@ pub fn deployment_id(root: impl AsRef<Path>) -> Result<String, RecoveryError> {
     Ok(id)
 }
 
-/// What a committed transaction leaves behind: where each source resumes and each
-/// driver's checkpoint. Its [`to_bytes`](Checkpoint::to_bytes) form is the opaque
-/// runtime checkpoint sent to drivers in Prepare and recovered from Opened.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Checkpoint {
-    /// The transaction committed; transactions are numbered from 1, 0 is "none yet".
-    pub txn: u64,
-    /// Source name → the resume position of its last committed step.
-    pub sources: BTreeMap<String, Value>,
-    /// Materialization name → the checkpoint its driver returned in Prepared.
-    pub driver_checkpoints: BTreeMap<String, Value>,
-    /// Binding resource → hex of the highest packed key ever stored, for bindings stored
-    /// only through this checkpoint's lineage since their first transaction (`""`: none
-    /// yet). A key above it cannot be in the store, so it is not loaded. A binding
-    /// missing here is not tracked: all its keys are loaded.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub max_keys: BTreeMap<String, String>,
-}
-
-impl Checkpoint {
-    /// Whether `other` records the same commit: the same transaction, source positions
-    /// and stored keys. Driver checkpoints are not compared: a store keeps the copy the
-    /// runtime sent in Prepare, before the driver returned this transaction's checkpoint,
-    /// so an authoritative store's copy of the log's last commit differs from it there.
-    pub fn same_commit(&self, other: &Checkpoint) -> bool {
-        self.txn == other.txn && self.sources == other.sources && self.max_keys == other.max_keys
-    }
-
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a checkpoint serializes")
-    }
-
-    /// Reads bytes written by [`to_bytes`](Checkpoint::to_bytes); empty bytes (a store
-    /// that never committed) are `None`.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Option<Checkpoint>, RecoveryError> {
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        serde_json::from_slice(bytes)
-            .map(Some)
-            .map_err(|e| RecoveryError::BadCheckpoint(e.to_string()))
-    }
-}
-
-pub use sluice_driver_sdk::machine::REBUILD_SENTINEL;
-
-/// What a store reported in `Opened.flow_checkpoint`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StoreCheckpoint {
-    /// Empty bytes from a store that keeps no checkpoint: use the runtime's own.
-    RuntimeOwn,
-    /// Empty bytes from a store that keeps the runtime checkpoint (authoritative): it
-    /// holds none for this range, so it never committed one, or it lost them all.
-    Absent,
-    /// The rebuild sentinel: begin again from an empty checkpoint.
-    Rebuild,
-    /// A checkpoint: processing begins there, whatever the log holds.
-    At(Checkpoint),
-}
-
-impl StoreCheckpoint {
-    /// What `Opened.flow_checkpoint` says, from a store that keeps the runtime
-    /// checkpoint in its own transactions (`keeps_checkpoint`: authoritative) or not.
-    pub fn from_opened(
-        bytes: &[u8],
-        keeps_checkpoint: bool,
-    ) -> Result<StoreCheckpoint, RecoveryError> {
-        if bytes == REBUILD_SENTINEL {
-            return Ok(StoreCheckpoint::Rebuild);
-        }
-        Ok(match Checkpoint::from_bytes(bytes)? {
-            None if keeps_checkpoint => StoreCheckpoint::Absent,
-            None => StoreCheckpoint::RuntimeOwn,
-            Some(checkpoint) => StoreCheckpoint::At(checkpoint),
-        })
-    }
-}
-
-/// The steps transaction `txn` queued, journaled before any store may commit it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Intent {
-    pub txn: u64,
-    /// Source name → the steps (`queue` calls) it contributed, in order; replaying
-    /// them in order reproduces the transaction's input.
-    pub steps: BTreeMap<String, Vec<Resume>>,
-    /// Materialization name → its epoch sink's artifact intent (where this
-    /// transaction's staging goes), durable before the sink begins the epoch.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub artifacts: BTreeMap<String, Value>,
-}
-
-/// One record of a recovery log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LogRecord {
-    Commit(Checkpoint),
-    Intent(Intent),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RecoveryError {
-    /// Another process is running this pipeline shard: stop it, or use another log.
-    #[error("recovery log {} is in use by another sluice process ({})", dir.display(),
-        pid.map_or("pid unknown".to_string(), |p| format!("pid {p}")))]
-    InUse { dir: PathBuf, pid: Option<u32> },
-    #[error("recovery log {}: cannot {action}: {error}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        error: std::io::Error,
-    },
-    /// Damage that is not a torn last write: never guessed past.
-    #[error("recovery log {} (format {version}) is corrupt at byte {offset}: {reason}; \
-             restore it from a backup, or remove it to start over (the store may then \
-             hold data twice)",
-             path.display())]
-    Corrupt {
-        path: PathBuf,
-        /// The log's format version.
-        version: u32,
-        offset: u64,
-        reason: String,
-    },
-    /// Written by a newer release: run that release (or a later one) on it.
-    #[error("recovery log {} is of format version {found}, newer than the version \
-             {supported} this sluice reads: run the sluice release that wrote it, or a \
-             newer one", path.display())]
-    NewerFormat {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
-    #[error("invalid runtime checkpoint: {0}")]
-    BadCheckpoint(String),
-    /// The runtime wrote out of order: an internal bug.
-    #[error("recovery log {log}: {reason} (internal error)")]
-    OutOfOrder { log: String, reason: String },
-    /// Another holder took the shard's log over (a cluster moved the shard): this
-    /// holder must stop, and never write again.
-    #[error("recovery log {log} is fenced: {reason}")]
-    Fenced { log: String, reason: String },
-    /// A record larger than the engine keeping the log takes in one write.
-    #[error(
-        "recovery log {log}: a record of {bytes} bytes is above the {limit} bytes \
-             this log takes in one write{hint}"
-    )]
-    TooLarge {
-        log: String,
-        bytes: usize,
-        limit: usize,
-        hint: &'static str,
-    },
-    /// The shared engine keeping the log did not answer, or failed: the write may or
-    /// may not have landed, so the loop reopens and recovers from what the log holds.
-    #[error("recovery log {log}: cannot {action}: {reason}")]
-    Unavailable {
-        log: String,
-        action: &'static str,
-        reason: String,
-    },
-}
-
 fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RecoveryError {
     let path = path.to_path_buf();
     move |error| RecoveryError::Io {
@@ -285,34 +103,6 @@ fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> Recov
         action,
         error,
     }
-}
-
-/// The latest state of a log: its last commit and the intent pending after it. What a
-/// compaction keeps, and all a shared engine stores.
-#[derive(Clone, Copy)]
-pub struct Latest<'a> {
-    pub last_commit: Option<&'a Checkpoint>,
-    pub pending_intent: Option<&'a Intent>,
-}
-
-/// Where a recovery log's records become durable: a local file ([`RecoveryLog::open`],
-/// the embedded default) or a shared engine (a cluster shard's log, which moves with the
-/// shard). Called on blocking threads.
-pub trait LogStore: Send {
-    /// Makes `record` durable; `after` is the log's state once it is. Returns only once
-    /// a crash can no longer lose it. A store that knows a holder fails with
-    /// [`RecoveryError::Fenced`] once another holder has taken the log over.
-    fn append(&mut self, record: &LogRecord, after: Latest<'_>) -> Result<(), RecoveryError>;
-    /// Names the log in messages (a path, a key prefix).
-    fn describe(&self) -> String;
-}
-
-/// The open recovery log of one shard: its latest state, over the store that keeps it
-/// (a file holds its lock until dropped; a shared engine fences older holders).
-pub struct RecoveryLog {
-    store: Box<dyn LogStore>,
-    last_commit: Option<Checkpoint>,
-    pending_intent: Option<Box<Intent>>,
 }
 
 /// A log in a local file (see the module header).
@@ -380,111 +170,11 @@ impl RecoveryLog {
         ))
     }
 
-    /// A log whose latest state `store` holds, as read back from it.
-    pub fn over(
-        store: Box<dyn LogStore>,
-        last_commit: Option<Checkpoint>,
-        pending_intent: Option<Intent>,
-    ) -> RecoveryLog {
-        RecoveryLog {
-            store,
-            last_commit,
-            pending_intent: pending_intent.map(Box::new),
-        }
-    }
-
     /// [`open`](Self::open) on a blocking task: what an async caller uses, so that the
     /// reads and fsyncs of opening never block an async worker.
     pub async fn open_async(dir: &Path) -> Result<RecoveryLog, RecoveryError> {
         let dir = dir.to_path_buf();
         crate::blocking::unblock(move || RecoveryLog::open(&dir)).await
-    }
-
-    /// The checkpoint of the last transaction committed to this log.
-    pub fn last_commit(&self) -> Option<&Checkpoint> {
-        self.last_commit.as_ref()
-    }
-
-    /// An intent for a transaction newer than the last commit, if any.
-    pub fn pending_intent(&self) -> Option<&Intent> {
-        self.pending_intent.as_deref()
-    }
-
-    /// Journals the steps of transaction `intent.txn`.
-    pub fn write_intent(&mut self, intent: &Intent) -> Result<(), RecoveryError> {
-        self.check_newer(intent.txn, "intent")?;
-        // Returns only once durable: the steps can be replayed after any later crash.
-        let after = Latest {
-            last_commit: self.last_commit.as_ref(),
-            pending_intent: Some(intent),
-        };
-        self.store
-            .append(&LogRecord::Intent(intent.clone()), after)?;
-        self.pending_intent = Some(Box::new(intent.clone()));
-        Ok(())
-    }
-
-    /// Records that transaction `checkpoint.txn` committed.
-    pub fn commit(&mut self, checkpoint: &Checkpoint) -> Result<(), RecoveryError> {
-        self.check_newer(checkpoint.txn, "commit")?;
-        // A commit settles every intent up to its transaction.
-        let settles = |i: &Intent| i.txn <= checkpoint.txn;
-        let after = Latest {
-            last_commit: Some(checkpoint),
-            pending_intent: self.pending_intent.as_deref().filter(|i| !settles(i)),
-        };
-        // Returns only once durable: a restart resumes after this transaction.
-        self.store
-            .append(&LogRecord::Commit(checkpoint.clone()), after)?;
-        self.last_commit = Some(checkpoint.clone());
-        if self.pending_intent.as_deref().is_some_and(settles) {
-            self.pending_intent = None;
-        }
-        Ok(())
-    }
-
-    /// Makes `from`, the checkpoint recovery begins at, the log's last commit: appends
-    /// it as a commit record unless it is that already (or the log is empty and `from`
-    /// is the empty checkpoint). Its transaction number may be lower than the last
-    /// commit's: a store restored from a backup, or rebuilding, is caught up from there.
-    /// Any pending intent is dropped (the plan replays one only when `from` is the
-    /// commit it follows, and then this appends nothing). Returns only once durable, so
-    /// the next intent follows `from` in the log too.
-    pub fn adopt(&mut self, from: &Checkpoint) -> Result<(), RecoveryError> {
-        let current = match &self.last_commit {
-            Some(last) => last.same_commit(from),
-            None => from.txn == 0,
-        };
-        if current {
-            return Ok(());
-        }
-        if let Some(last) = &self.last_commit {
-            tracing::info!(
-                log = %self.store.describe(),
-                "the store's checkpoint (transaction {}) replaces the recovery log's \
-                 (transaction {}): processing begins there",
-                from.txn,
-                last.txn
-            );
-        }
-        let after = Latest {
-            last_commit: Some(from),
-            pending_intent: None,
-        };
-        self.store.append(&LogRecord::Commit(from.clone()), after)?;
-        self.last_commit = Some(from.clone());
-        self.pending_intent = None;
-        Ok(())
-    }
-
-    fn check_newer(&self, txn: u64, what: &str) -> Result<(), RecoveryError> {
-        match &self.last_commit {
-            Some(last) if txn <= last.txn => Err(RecoveryError::OutOfOrder {
-                log: self.store.describe(),
-                reason: format!("{what} for transaction {txn} after commit of {}", last.txn),
-            }),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -749,80 +439,6 @@ fn latest(records: Vec<LogRecord>) -> (Option<Checkpoint>, Option<Intent>) {
     }
     let committed = commit.as_ref().map_or(0, |c| c.txn);
     (commit, intent.filter(|i| i.txn > committed))
-}
-
-/// What to do at startup.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RecoveryPlan {
-    /// Nothing was ever committed: start every source from the beginning.
-    Fresh,
-    /// The store asked to rebuild (the sentinel) although the log committed: start every
-    /// source from the beginning, from the empty checkpoint.
-    Rebuild,
-    /// Seek every source to the checkpoint's positions and go on.
-    ResumeFrom(Checkpoint),
-    /// Seek to `from`, then replay the intent's steps as transaction `replay.txn`
-    /// (verifying their hashes), then go on.
-    ReplayThenResume { from: Checkpoint, replay: Intent },
-    /// A store that keeps the runtime checkpoint holds none, but the log committed
-    /// through `log_txn`: the store was recreated, emptied, or is another one. Resuming
-    /// would fill it from the middle of its input, so the run is refused.
-    StoreLost { log_txn: u64 },
-}
-
-/// Decides recovery from observed facts: the log's last commit, what the store reported
-/// in Opened, and the log's pending intent.
-///
-/// - A store checkpoint is where processing begins (the protocol's rule), whether it is
-///   newer than the log's (the log's record of a transaction the store committed was
-///   lost in a crash), the same, or older (a store restored from a backup asks to be
-///   caught up). The sentinel begins from the empty checkpoint. Only a store that keeps
-///   no checkpoint leaves the choice to the log. A store that keeps checkpoints but has
-///   none, while the log committed, lost what the log's commits stand for: refused.
-/// - The intent is replayed only when it was written right after the chosen
-///   checkpoint: the pending intent follows the log's last commit (or nothing, for
-///   transaction 1), so it is replayed only when that commit is the chosen checkpoint
-///   and the intent is for the next transaction. Any other intent was committed
-///   already, or belongs to a history the store does not have: it is not replayed.
-pub fn plan_recovery(
-    log_commit: Option<&Checkpoint>,
-    store: &StoreCheckpoint,
-    intent: Option<&Intent>,
-) -> RecoveryPlan {
-    let empty = Checkpoint::default();
-    if let (StoreCheckpoint::Absent, Some(log)) = (store, log_commit)
-        && log.txn > 0
-    {
-        return RecoveryPlan::StoreLost { log_txn: log.txn };
-    }
-    let chosen = match store {
-        // The store's copy of the log's last commit: the log's, which also holds the
-        // driver checkpoint that the store's copy predates.
-        StoreCheckpoint::At(checkpoint) => match log_commit {
-            Some(log) if log.same_commit(checkpoint) => Some(log),
-            _ => Some(checkpoint),
-        },
-        StoreCheckpoint::Rebuild | StoreCheckpoint::Absent => Some(&empty),
-        StoreCheckpoint::RuntimeOwn => log_commit,
-    };
-    let follows = |intent: &Intent| match (log_commit, chosen) {
-        (Some(log), Some(chosen)) => log.same_commit(chosen) && intent.txn == log.txn + 1,
-        (None, chosen) => chosen.is_none_or(|c| c.txn == 0) && intent.txn == 1,
-        (Some(_), None) => false,
-    };
-    if let Some(intent) = intent.filter(|i| follows(i)) {
-        return RecoveryPlan::ReplayThenResume {
-            from: chosen.cloned().unwrap_or_default(),
-            replay: intent.clone(),
-        };
-    }
-    match (store, log_commit, chosen) {
-        (StoreCheckpoint::Rebuild, Some(_), _) => RecoveryPlan::Rebuild,
-        (StoreCheckpoint::Rebuild | StoreCheckpoint::Absent, None, _) | (_, _, None) => {
-            RecoveryPlan::Fresh
-        }
-        (_, _, Some(c)) => RecoveryPlan::ResumeFrom(c.clone()),
-    }
 }
 
 /// Forgets the log in `dir` (a deleted materialization starts over); `_held` is its

@@ -1,0 +1,159 @@
+//! `runtime:` and `cluster:`: how the pipeline runs (the recovery log, transaction
+//! bounds, the combiners' memory, the timeouts of every external call, metrics) and,
+//! under `cluster:`, the etcd cluster it runs in; with the reasoning behind each default.
+
+use serde::Deserialize;
+use sluice_source_sdk::config::{de_bytes, de_duration};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeDef {
+    /// Directory of the recovery log; defaults to `.sluice/<file stem>` beside the file.
+    #[serde(default)]
+    pub recovery_log: Option<PathBuf>,
+    #[serde(default)]
+    pub transactions: TxnBounds,
+    /// What each combiner of a shard may hold before it spills to disk. A shard has up
+    /// to three at once (the reader's, and the two of the committer's load phase), plus
+    /// the documents the last transaction stored (kept only if they fit one budget), so
+    /// its documents take at most about four times this.
+    #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
+    pub memory_budget: u64,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Where to serve Prometheus metrics on `/metrics` (`127.0.0.1:9464`); none by
+    /// default. `sluice run --metrics` overrides it.
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl Default for RuntimeDef {
+    fn default() -> Self {
+        RuntimeDef {
+            recovery_log: None,
+            transactions: TxnBounds::default(),
+            memory_budget: default_memory_budget(),
+            timeouts: Timeouts::default(),
+            metrics: None,
+        }
+    }
+}
+
+/// How long the runtime waits on an external system before it gives up on the attempt:
+/// a timeout is a retryable error (the loop reopens with backoff, and recovery makes
+/// the restart exact), so a hung store or source never stops the pipeline forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Every wait on a driver: Spec, Validate and Apply; starting a Transactions
+    /// stream; the driver taking a request; and its next message while it owes an
+    /// answer (Opened, Acknowledged, Loaded or Prepared after Prepare, DriverCommitted).
+    #[serde(default = "default_driver_timeout", deserialize_with = "de_duration")]
+    pub driver: Duration,
+    /// Every call to a source: seek, replay, queue.
+    #[serde(default = "default_source_timeout", deserialize_with = "de_duration")]
+    pub source: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            driver: default_driver_timeout(),
+            source: default_source_timeout(),
+        }
+    }
+}
+
+/// 5 minutes. The longest healthy silence of a driver is one statement of the store:
+/// the lookup of a Prepare's deferred loads before its first Loaded, the commit of a
+/// transaction of `max_bytes` (256 MiB by default) before DriverCommitted. Each takes
+/// seconds to a minute on a loaded server; the wait restarts at every message, so a
+/// large transaction of many messages never adds up against it.
+fn default_driver_timeout() -> Duration {
+    Duration::from_secs(5 * 60)
+}
+
+/// 1 minute. A source call returns what it has at once (`queue` returns an empty step
+/// when nothing is new), and one call reads at most a few thousand records, so only a
+/// hung system takes this long.
+fn default_source_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// 256 MiB: room for about 430 000 keys of small (150-byte) documents per combiner.
+fn default_memory_budget() -> u64 {
+    256 << 20
+}
+
+/// When a transaction closes: at `max_docs`, `max_bytes` or `max_duration`, whichever
+/// comes first, but not before `min_duration` (which batches a trickle of input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TxnBounds {
+    #[serde(default = "default_max_docs")]
+    pub max_docs: u64,
+    #[serde(default = "default_max_bytes", deserialize_with = "de_bytes")]
+    pub max_bytes: u64,
+    #[serde(default = "default_max_duration", deserialize_with = "de_duration")]
+    pub max_duration: Duration,
+    #[serde(default, deserialize_with = "de_duration")]
+    pub min_duration: Duration,
+}
+
+impl Default for TxnBounds {
+    fn default() -> Self {
+        TxnBounds {
+            max_docs: default_max_docs(),
+            max_bytes: default_max_bytes(),
+            max_duration: default_max_duration(),
+            min_duration: Duration::ZERO,
+        }
+    }
+}
+
+/// 1M documents / 256 MiB / 5 s. A transaction closes early whenever the committer is
+/// idle and the sources have caught up, so these bounds only matter while it is busy or
+/// a backlog is read: then the reader keeps combining, and repeated keys collapse before
+/// they cost a load and a store (a reduced view's whole point). A replay after a crash re-reads at most one such transaction (a few
+/// seconds); the combiners spill beyond their memory budget.
+fn default_max_docs() -> u64 {
+    1_000_000
+}
+fn default_max_bytes() -> u64 {
+    256 << 20
+}
+fn default_max_duration() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// `cluster:`: the etcd cluster the members coordinate through, and who this one is
+/// (`docs/scale-out.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterDef {
+    /// etcd client endpoints (`http://127.0.0.1:2379`).
+    pub etcd: Vec<String>,
+    /// This member's id, unique among the live members (`${HOSTNAME}` is typical).
+    pub member: String,
+    /// The key prefix the cluster's state lives under; defaults to
+    /// `/sluice/<file stem>`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// A member silent this long loses its lease, and with it its shards.
+    #[serde(default = "default_lease_ttl", deserialize_with = "de_duration")]
+    pub lease_ttl: Duration,
+    /// How many shards (equal key ranges) a materialization starts with when the
+    /// cluster first sees it; `sluice shards split` makes more later.
+    #[serde(default = "default_initial_shards")]
+    pub shards: u32,
+}
+
+fn default_lease_ttl() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_initial_shards() -> u32 {
+    1
+}

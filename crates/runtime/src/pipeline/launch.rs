@@ -1,0 +1,359 @@
+//! Launch: the loop of each shard of a planned pipeline ([`Launcher`]), over its key
+//! range and its recovery log, reopened with backoff after retryable failures
+//! ([`RunError::is_retryable`]); what `run` and a cluster member both start.
+
+use super::error::{PipelineError, invalid};
+use super::plan::Planned;
+use super::retries::Retries;
+use crate::applied;
+use crate::config::{self, Pipeline};
+use crate::metrics::{Metrics, ShardMetrics, ended};
+use crate::projections;
+use crate::recovery::{self, RecoveryLog};
+use crate::txn::{self, BoundSource, Progress, TxnOptions};
+use crate::types::{Binding, RunError, Shard, Summary};
+use async_trait::async_trait;
+use sluice_driver_sdk::Endpoint;
+use sluice_proto::flow;
+use sluice_proto::materialize::transaction_request::Open;
+use sluice_sink_sdk::EpochParticipant;
+use sluice_source_sdk::{Health, Source, SourceError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+/// Options of `sluice run`.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Keep tailing sources after they are exhausted.
+    pub follow: bool,
+    /// Where the run's metrics go (an exporter serves them); `None`: nowhere.
+    pub metrics: Option<Arc<Metrics>>,
+}
+
+/// Where a shard's recovery log is kept.
+#[derive(Clone)]
+pub enum LogPlace {
+    /// The folder `<recovery_log>/<materialization>` (the embedded default).
+    Local,
+    /// A shared engine, opened anew by each attempt (a cluster's shard log).
+    Shared(Arc<dyn OpenLog>),
+}
+
+/// Opens a recovery log kept on a shared engine, fencing its earlier holders.
+#[async_trait]
+pub trait OpenLog: Send + Sync {
+    async fn open(&self) -> Result<RecoveryLog, recovery::RecoveryError>;
+}
+
+/// What one materialization's shards share: launched once for the configured shard, or
+/// by a cluster for each range it is assigned.
+struct Template {
+    spec: flow::MaterializationSpec,
+    bindings: Vec<Binding>,
+    feeds: Vec<SourceFeed>,
+    endpoint: Arc<dyn Endpoint>,
+    participant: Option<Arc<dyn EpochParticipant>>,
+    store_keeps_checkpoint: bool,
+    shard: config::ShardDef,
+}
+
+/// Starts shard loops of a planned pipeline: each a [`txn::run`] with its restarts.
+pub struct Launcher {
+    templates: BTreeMap<String, Template>,
+    log_root: std::path::PathBuf,
+    deployment_id: String,
+    metrics: Arc<Metrics>,
+    opts: TxnOptions,
+    timeouts: config::Timeouts,
+    progress: Arc<Progress>,
+}
+
+impl Launcher {
+    pub fn new(
+        pipeline: &Pipeline,
+        planned: Planned,
+        opts: RunOptions,
+        progress: Arc<Progress>,
+    ) -> Result<Launcher, PipelineError> {
+        let bounds = &pipeline.runtime.transactions;
+        let txn_opts = TxnOptions {
+            max_docs: bounds.max_docs,
+            max_bytes: bounds.max_bytes,
+            max_duration: bounds.max_duration,
+            min_duration: bounds.min_duration,
+            memory_budget: pipeline.runtime.memory_budget as usize,
+            follow: opts.follow,
+        };
+        let deployment_id = if planned
+            .materializations
+            .iter()
+            .any(|m| m.participant.is_some())
+        {
+            recovery::deployment_id(pipeline.recovery_log())
+                .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
+        } else {
+            String::new()
+        };
+        // Recorded whether or not anything serves them: a few counters per transaction.
+        let metrics = opts.metrics.unwrap_or_default();
+        metrics.status.set_config(&pipeline.file);
+        let mut templates = BTreeMap::new();
+        for m in planned.materializations {
+            let mut bindings = Vec::new();
+            for (i, binding) in m.spec.bindings.iter().enumerate() {
+                let collection = binding
+                    .collection
+                    .as_ref()
+                    .map(|c| c.collection.clone())
+                    .unwrap_or_default();
+                bindings.push(projections::loop_binding(
+                    planned.collections[&collection].clone(),
+                    &m.spec,
+                    i,
+                ));
+            }
+            let mut feeds = Vec::new();
+            for (name, def) in &pipeline.sources {
+                let bindings: Vec<u32> = m
+                    .spec
+                    .bindings
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| {
+                        b.collection
+                            .as_ref()
+                            .is_some_and(|c| c.collection == def.target)
+                    })
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                if !bindings.is_empty() {
+                    feeds.push(SourceFeed {
+                        intake: crate::intake::intake(
+                            def,
+                            planned.collections[&def.target].clone(),
+                        ),
+                        materialization: m.name.clone(),
+                        state_dir: pipeline.source_state_dir(&m.name, name),
+                        follow: opts.follow,
+                        name: name.clone(),
+                        def: def.clone(),
+                        bindings,
+                    });
+                }
+            }
+            let template = Template {
+                spec: m.spec,
+                bindings,
+                feeds,
+                endpoint: m.endpoint,
+                participant: m.participant,
+                store_keeps_checkpoint: m.store_keeps_checkpoint,
+                shard: m.shard,
+            };
+            templates.insert(m.name, template);
+        }
+        Ok(Launcher {
+            templates,
+            log_root: pipeline.recovery_log().to_path_buf(),
+            deployment_id,
+            metrics,
+            opts: txn_opts,
+            timeouts: pipeline.runtime.timeouts,
+            progress,
+        })
+    }
+
+    /// Each materialization with the shard its pipeline file configures.
+    pub fn configured_shards(&self) -> Vec<(String, config::ShardDef)> {
+        (self.templates.iter())
+            .map(|(name, t)| (name.clone(), t.shard))
+            .collect()
+    }
+
+    /// The loop of materialization `materialization`'s shard over `range`, its log at
+    /// `log`, reopened after retryable failures until its sources end, it fails, or
+    /// `shutdown` (after the transaction in progress). Resolves to what it committed.
+    ///
+    /// Panics when the planned pipeline has no such materialization.
+    pub fn launch(
+        &self,
+        materialization: &str,
+        range: config::ShardDef,
+        log: LogPlace,
+        shutdown: watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = (Summary, Result<(), RunError>)> + Send + 'static {
+        let t = &self.templates[materialization];
+        let shard = Shard {
+            open: Open {
+                version: applied::version(&t.spec),
+                materialization: Some(t.spec.clone()),
+                key_begin: range.key_begin,
+                key_end: range.key_end,
+                driver_checkpoint_json: Vec::new(),
+            },
+            bindings: t.bindings.clone(),
+        };
+        let metrics =
+            Arc::new((self.metrics).shard(&shard, t.feeds.iter().map(|f| f.name.as_str())));
+        let attempt = Attempt {
+            metrics,
+            shard,
+            endpoint: t.endpoint.clone(),
+            participant: t.participant.clone(),
+            store_keeps_checkpoint: t.store_keeps_checkpoint,
+            deployment_id: self.deployment_id.clone(),
+            feeds: t.feeds.clone(),
+            log_dir: self.log_root.join(materialization),
+            log,
+            opts: self.opts.clone(),
+            timeouts: self.timeouts,
+            progress: self.progress.clone(),
+            shutdown,
+        };
+        // Every line logged by this shard's work, its retries included, carries its
+        // materialization and range.
+        let span = tracing::info_span!(
+            "materialization",
+            materialization = %materialization,
+            shard = %range.id(),
+        );
+        async move {
+            let (summary, result) = attempt.run_with_restarts().await;
+            attempt.metrics.ended(result.is_ok());
+            attempt.record_end().await;
+            (summary, result)
+        }
+        .instrument(span)
+    }
+}
+
+/// A source of the pipeline file and the bindings of one materialization it feeds.
+#[derive(Clone)]
+struct SourceFeed {
+    name: String,
+    materialization: String,
+    state_dir: std::path::PathBuf,
+    /// The run follows its sources (`--follow`).
+    follow: bool,
+    def: config::SourceDef,
+    bindings: Vec<u32>,
+    /// The check of its documents against its target collection, that it is opened
+    /// with ([`crate::intake`]).
+    intake: sluice_source_sdk::Intake,
+}
+
+impl SourceFeed {
+    /// Opens the source, reporting its connection to `health`.
+    fn open(&self, health: &Health) -> Result<Box<dyn Source>, SourceError> {
+        self.def.config.open(&sluice_source_sdk::Opening {
+            name: &self.name,
+            materialization: &self.materialization,
+            state_dir: &self.state_dir,
+            follow: self.follow,
+            intake: Some(&self.intake),
+            health,
+        })
+    }
+}
+
+/// Everything one materialization needs to (re)start its loop.
+struct Attempt {
+    /// Its sources in the order of `feeds`.
+    metrics: Arc<ShardMetrics>,
+    shard: Shard,
+    endpoint: Arc<dyn Endpoint>,
+    participant: Option<Arc<dyn EpochParticipant>>,
+    store_keeps_checkpoint: bool,
+    deployment_id: String,
+    feeds: Vec<SourceFeed>,
+    /// `<recovery_log>/<materialization>`: the log when it is [`LogPlace::Local`], and
+    /// what stays local in any case (default dead-letter files).
+    log_dir: std::path::PathBuf,
+    log: LogPlace,
+    opts: TxnOptions,
+    timeouts: config::Timeouts,
+    progress: Arc<Progress>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Attempt {
+    /// Runs the loop, reopening it with backoff after a retryable failure (a lost
+    /// connection, a timeout, a source's I/O error: [`RunError::is_retryable`]), each
+    /// retry logged with its cause. Recovery makes every restart exact: sources resume
+    /// from the committed checkpoint and an interrupted step replays. Returns what was
+    /// committed, also when an error ends the run.
+    async fn run_with_restarts(&self) -> (Summary, Result<(), RunError>) {
+        let mut summary = Summary::default();
+        let mut retries = Retries::new();
+        loop {
+            let committed_before = summary.transactions;
+            let err = match self.run_once(&mut summary).await {
+                Ok(()) => return (summary, Ok(())),
+                Err(RunError::Source(stopped @ SourceError::Interrupted { .. })) => {
+                    tracing::info!(
+                        "stopped: {stopped}; the transaction in progress was not committed, \
+                         and the next run reads it again"
+                    );
+                    return (summary, Ok(()));
+                }
+                Err(err) => err,
+            };
+            if summary.transactions > committed_before {
+                retries.progressed();
+            }
+            let retry = retries.failed(err.is_retryable(), &self.shutdown);
+            self.metrics.failed(&err, retry);
+            if !retry {
+                return (summary, Err(err));
+            }
+            summary.restarts += 1;
+            if !retries.wait(&err, "reopening", &self.shutdown).await {
+                return (summary, Err(err));
+            }
+        }
+    }
+
+    /// Records the state the loop ended in beside its log ([`ended`]), for `sluice
+    /// status` once the process is gone.
+    async fn record_end(&self) {
+        if let Err(err) = ended::record(&self.log_dir, self.metrics.status.view()).await {
+            tracing::warn!("cannot record how the loop ended: {err}");
+        }
+    }
+
+    async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
+        self.metrics.opening();
+        let mut sources = Vec::with_capacity(self.feeds.len());
+        for (feed, metrics) in self.feeds.iter().zip(&self.metrics.sources) {
+            let source = feed.open(&metrics.health).map_err(RunError::Source)?;
+            sources.push(BoundSource {
+                source,
+                bindings: feed.bindings.clone(),
+                dead_letter: feed.def.dead_letter_path(&self.log_dir),
+                read_ahead: feed.def.read_ahead,
+                envelope: feed.def.envelope,
+            });
+        }
+        let log = match &self.log {
+            LogPlace::Local => RecoveryLog::open_async(&self.log_dir).await?,
+            LogPlace::Shared(log) => log.open().await?,
+        };
+        let ctx = txn::Context {
+            shard: self.shard.clone(),
+            endpoint: self.endpoint.clone(),
+            participant: self.participant.clone(),
+            store_keeps_checkpoint: self.store_keeps_checkpoint,
+            deployment_id: self.deployment_id.clone(),
+            sources,
+            log,
+            opts: self.opts.clone(),
+            timeouts: self.timeouts,
+            progress: self.progress.clone(),
+            metrics: self.metrics.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        txn::run(ctx, summary).await
+    }
+}
