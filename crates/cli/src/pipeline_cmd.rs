@@ -5,6 +5,7 @@
 //! `grpc` and `command` endpoints are external), and hands over to
 //! `sluice_runtime::pipeline`.
 
+use crate::progress::human_bytes;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use sluice_app::registry;
@@ -272,17 +273,6 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-pub(crate) fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// `sluice check`: plans every materialization as `run` would and, unless offline,

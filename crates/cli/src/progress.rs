@@ -174,7 +174,7 @@ impl Report {
         );
         match self.left {
             Some((n, "bytes")) => {
-                text += &format!(", {} left", crate::pipeline_cmd::human_bytes(n));
+                text += &format!(", {} left", human_bytes(n));
             }
             Some((n, unit)) => text += &format!(", {} {unit} left", grouped(n)),
             None => {}
@@ -215,7 +215,7 @@ impl Line {
             progress.phase().label(),
             grouped(read_docs),
             grouped(committed),
-            crate::pipeline_cmd::human_bytes(load(&progress.bytes)),
+            human_bytes(load(&progress.bytes)),
             grouped(load(&progress.transactions)),
             grouped(rate as u64),
         );
@@ -239,6 +239,18 @@ fn grouped(n: u64) -> String {
         out.push(digit);
     }
     out
+}
+
+/// A byte count for people: `1.5 MiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]

@@ -9,9 +9,11 @@
 //!   ([`postgres::LogicalPostgres`]).
 //! - [`tansu`]: the test Kafka broker, started when none answers.
 //! - [`mysql`]: a database of one's own on the shared MariaDB.
+//! - [`modules`]: the cycles of a crate's module graph, for the tests that keep none.
 
 pub mod conformance;
 pub mod etcd;
+pub mod modules;
 pub mod mysql;
 pub mod postgres;
 pub mod tansu;

@@ -12,7 +12,7 @@
 //! on SIGTERM. The harness compares the store with the model as for every scenario.
 
 use super::model::Rng;
-use super::scenarios::signal;
+use super::signal;
 use super::{Harness, Running};
 use anyhow::Context;
 use serde_json::Value;

@@ -18,8 +18,9 @@
 //! clients post them (in bodies with Idempotency-Keys) while runs are killed under
 //! them.
 
+use super::block_on;
 use super::server::{PrivateBroker, PrivateServer};
-use super::store::{block_on, yaml_str};
+use super::store::yaml_str;
 use anyhow::{Context, Error};
 use bytes::Bytes;
 use serde_json::Value;

@@ -426,6 +426,30 @@ impl Report {
     }
 }
 
+/// The table every torture pipeline materializes into.
+pub const TABLE: &str = "torture_events";
+
+/// Runs `f` to its end on a runtime of its own (the torture itself is synchronous).
+pub fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+/// Sends signal `name` (KILL, STOP, CONT) to process `pid`.
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill -{name} {pid}: {status}");
+    }
+    Ok(())
+}
+
 /// Whether `exe` was built with fail points: its version says so.
 fn has_failpoints(exe: &Path) -> anyhow::Result<bool> {
     let out = Command::new(exe)

@@ -22,7 +22,7 @@
 //! mismatched).
 
 use super::server::{PrivateBroker, PrivateServer};
-use super::store::{TABLE, block_on};
+use super::{TABLE, block_on};
 use anyhow::Context;
 use serde_json::{Value, json};
 use sluice_files_output::parse_batch_file_name;

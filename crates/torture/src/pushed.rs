@@ -236,7 +236,7 @@ fn kill_under_clients(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    super::scenarios::signal(run.child.id(), "TERM")?;
+    super::signal(run.child.id(), "TERM")?;
     let outcome = run.wait(RUN_TIMEOUT)?;
     if !outcome.success() || !clients.all_acknowledged() {
         bail!(

@@ -5,7 +5,7 @@
 use super::input::SourceKind;
 use super::model::Rng;
 use super::server::PrivateServer;
-use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport};
+use super::{Harness, Outcome, RUN_TIMEOUT, Scenario, TortureArgs, Transport, signal};
 use anyhow::{Context, bail};
 use sluice_runtime::failpoint::{self, OnReturn};
 use std::io::BufRead;
@@ -479,17 +479,4 @@ fn kill_children(parent: u32, needle: &str) -> anyhow::Result<bool> {
         }
     }
     Ok(killed)
-}
-
-/// Sends signal `name` (KILL, STOP, CONT) to process `pid`.
-pub(super) fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .context("running kill")?;
-    if !status.success() {
-        bail!("kill -{name} {pid}: {status}");
-    }
-    Ok(())
 }

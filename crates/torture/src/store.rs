@@ -9,14 +9,12 @@
 //! server store is written once.
 
 use super::output::{self, Output};
+use super::{TABLE, block_on};
 use anyhow::Context;
 use mysql_async::prelude::Queryable;
 use serde_json::{Value, json};
 use sluice_runtime::failpoint::{OnReturn, POINTS};
 use std::path::{Path, PathBuf};
-
-/// The table every torture pipeline materializes into.
-pub const TABLE: &str = "torture_events";
 
 pub enum Store {
     Sqlite {
@@ -282,14 +280,6 @@ impl Store {
 /// A path as a double-quoted YAML string.
 pub fn yaml_str(path: &Path) -> String {
     serde_json::to_string(&path.to_string_lossy()).expect("a string serializes")
-}
-
-/// Runs `f` to its end on a runtime of its own (the torture itself is synchronous).
-pub fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(f)
 }
 
 /// A PostgreSQL client whose connection runs on the current runtime.

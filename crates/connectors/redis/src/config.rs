@@ -23,7 +23,7 @@ pub const DOCUMENTATION_URL: &str =
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long one command or pipeline may wait for its answer when `response_timeout`
-/// is not set. A pipeline carries up to [`crate::client::CHUNK_BYTES`] of documents
+/// is not set. A pipeline carries up to `client::CHUNK_BYTES` of documents
 /// (and a single document may be far larger), so this is generous; only a hung server
 /// or a stalled connection reaches it, and then it is a retryable error.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);

@@ -3,7 +3,7 @@
 //!
 //! Document `seq` (0, 1, 2, ...) is the pure function [`pageview`]`(seed, keys, seq)`:
 //! no state but the sequence number, so the source resumes and replays by sequence
-//! number (see [`crate::source`]), and a test computes the expected reduction
+//! number (see `source.rs`), and a test computes the expected reduction
 //! independently:
 //!
 //! ```
