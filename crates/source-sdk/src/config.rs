@@ -200,7 +200,10 @@ fn unit_values(alternatives: &Value) -> Option<Vec<Value>> {
     for alternative in alternatives.as_array()? {
         let alternative = alternative.as_object()?;
         let only_metadata = |key: &String| {
-            matches!(key.as_str(), "type" | "const" | "enum" | "description" | "title")
+            matches!(
+                key.as_str(),
+                "type" | "const" | "enum" | "description" | "title"
+            )
         };
         if !alternative.keys().all(only_metadata)
             || alternative.get("type").is_some_and(|t| t != "string")
@@ -230,7 +233,7 @@ pub fn bytes_schema(_: &mut SchemaGenerator) -> Schema {
 pub fn ser_bytes<S: Serializer>(bytes: &u64, s: S) -> Result<S::Ok, S::Error> {
     let unit = [(30, "GiB"), (20, "MiB"), (10, "KiB")]
         .into_iter()
-        .find(|&(shift, _)| *bytes != 0 && bytes % (1 << shift) == 0);
+        .find(|&(shift, _)| *bytes != 0 && bytes.is_multiple_of(1 << shift));
     match unit {
         Some((shift, unit)) => s.serialize_str(&format!("{}{unit}", bytes >> shift)),
         None => s.serialize_u64(*bytes),
@@ -250,7 +253,7 @@ pub fn ser_duration<S: Serializer>(duration: &Duration, s: S) -> Result<S::Ok, S
     let millis = duration.as_millis();
     let text = [(3_600_000, "h"), (60_000, "m"), (1_000, "s")]
         .into_iter()
-        .find(|&(unit, _)| millis != 0 && millis % unit == 0)
+        .find(|&(unit, _)| millis != 0 && millis.is_multiple_of(unit))
         .map(|(unit, name)| format!("{}{name}", millis / unit))
         .unwrap_or_else(|| format!("{millis}ms"));
     s.serialize_str(&text)

@@ -21,8 +21,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_driver_sdk::flow;
-use sluice_source_sdk::config::schema_for;
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
 use std::borrow::Cow;
 use std::time::Duration;
 

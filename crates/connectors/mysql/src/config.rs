@@ -212,7 +212,10 @@ mod tests {
         assert_schema_judges(
             &resource,
             &[json!({"table": "é".repeat(64)})],
-            &[json!({"table": "x".repeat(65)}), json!({"table": "t", "tabel": "t"})],
+            &[
+                json!({"table": "x".repeat(65)}),
+                json!({"table": "t", "tabel": "t"}),
+            ],
         );
     }
 }

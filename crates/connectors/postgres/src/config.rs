@@ -264,7 +264,10 @@ mod tests {
         assert_schema_judges(
             &resource,
             &[json!({"table": "x".repeat(63)})],
-            &[json!({"table": "x".repeat(64)}), json!({"table": "t", "tabel": "t"})],
+            &[
+                json!({"table": "x".repeat(64)}),
+                json!({"table": "t", "tabel": "t"}),
+            ],
         );
     }
 }

@@ -88,7 +88,11 @@ mod tests {
         assert_schema_judges(
             &endpoint,
             &[json!({"path": "out/views.db"})],
-            &[json!({"path": "a", "pth": "b"}), json!({"path": ""}), json!({})],
+            &[
+                json!({"path": "a", "pth": "b"}),
+                json!({"path": ""}),
+                json!({}),
+            ],
         );
         let resource: Value = serde_json::from_str(&resource_schema()).unwrap();
         assert_eq!(resource["title"], "SQLite table");

@@ -71,7 +71,10 @@ mod tests {
                 json!({"path": "views"}),
                 json!({"path": "views", "format": "csv", "snapshot": true}),
             ],
-            &[json!({"path": "views", "topic": "t"}), json!({"format": "json"})],
+            &[
+                json!({"path": "views", "topic": "t"}),
+                json!({"format": "json"}),
+            ],
         );
     }
 }
