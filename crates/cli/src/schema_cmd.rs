@@ -1,6 +1,6 @@
-//! `sluice schema`: the JSON schema of a connector's configuration, from the same place
-//! the pipeline file is checked against (a source kind's `SCHEMA`, an endpoint's Spec),
-//! as JSON or as the reference tables the connector pages of `docs/` include.
+//! `sluice schema`: the JSON schema of a connector's configuration, derived from the
+//! type the pipeline file is parsed with (a source kind's configuration, an endpoint's
+//! Spec), as JSON or as the reference tables the connector pages of `docs/` include.
 //!
 //! A name may be both a source and an endpoint (`kafka`, `nats`): both are printed.
 
@@ -42,9 +42,7 @@ pub fn main(args: SchemaArgs) -> anyhow::Result<()> {
 pub fn schemas(registry: &Registry, name: &str) -> anyhow::Result<Map<String, Value>> {
     let mut schemas = Map::new();
     if let Some(kind) = registry.source(name) {
-        let schema = serde_json::from_str(kind.schema())
-            .with_context(|| format!("the `{name}` source's schema is not JSON"))?;
-        schemas.insert("source".into(), schema);
+        schemas.insert("source".into(), kind.schema());
     }
     if let Some(kind) = registry.driver(name) {
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -37,9 +37,11 @@ pub struct OutputKind {
     pub name: &'static str,
     /// Top-level keys of its configuration that hold paths.
     pub paths: &'static [&'static str],
-    pub endpoint_schema: &'static str,
+    /// The JSON schema of its endpoint configuration (derived from the type it is
+    /// parsed with).
+    pub endpoint_schema: fn() -> String,
     /// The JSON schema of a binding's destination keys; the encoding keys are added.
-    pub resource_schema: &'static str,
+    pub resource_schema: fn() -> String,
     /// Checks an endpoint configuration strictly; connects nothing.
     pub check: fn(&Value) -> OutputResult<()>,
     /// The resource path of a binding's destination (`[topic]`).
@@ -93,12 +95,12 @@ impl Resource {
     }
 }
 
-/// The resource schema of `kind`: its destination keys and the encoding keys.
 /// The JSON schema of a binding's resource of `kind`: its destination keys and the
-/// encoding keys every output takes.
+/// encoding keys every output takes. The encoding keys are written here, not derived:
+/// [`Resource::parse`] takes them out by hand before the destination is parsed.
 pub fn resource_schema(kind: &OutputKind) -> String {
     let mut schema: Value =
-        serde_json::from_str(kind.resource_schema).expect("a kind's resource schema is JSON");
+        serde_json::from_str(&(kind.resource_schema)()).expect("a kind's resource schema is JSON");
     let common = json!({
         "format": {"enum": ["json", "debezium", "csv", "avro"], "default": "json",
                    "description": "How changes are encoded"},
@@ -205,7 +207,7 @@ async fn blocking<T: Send + 'static>(
 impl Driver for OutputDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
-            endpoint_spec_schema_json: self.kind.endpoint_schema.into(),
+            endpoint_spec_schema_json: (self.kind.endpoint_schema)(),
             resource_spec_schema_json: resource_schema(&self.kind),
             documentation_url: String::new(),
         })

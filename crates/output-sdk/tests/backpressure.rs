@@ -51,8 +51,8 @@ fn kind() -> OutputKind {
     OutputKind {
         name: "recording",
         paths: &[],
-        endpoint_schema: r#"{"type":"object"}"#,
-        resource_schema: r#"{"type":"object","properties":{}}"#,
+        endpoint_schema: || r#"{"type":"object"}"#.into(),
+        resource_schema: || r#"{"type":"object","properties":{}}"#.into(),
         check: |_| Ok(()),
         resource_path: |r: &Value| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
         endpoint: |_, _: Target| Ok(Box::new(Recording)),

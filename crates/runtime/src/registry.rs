@@ -601,7 +601,7 @@ impl DriverKind for Output {
 
     async fn schemas(&self) -> Result<Schemas, String> {
         Schemas::parse(
-            self.0.endpoint_schema,
+            &(self.0.endpoint_schema)(),
             &sluice_output_sdk::resource_schema(&self.0),
         )
     }

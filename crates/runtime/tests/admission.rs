@@ -193,8 +193,8 @@ fn registry() -> Registry {
         .with_driver(Epoch(SinkKind {
             name: "declaring",
             paths: &[],
-            endpoint_schema: "{}",
-            resource_schema: r#"{"type":"object"}"#,
+            endpoint_schema: || "{}".into(),
+            resource_schema: || r#"{"type":"object"}"#.into(),
             build: declaring,
             resource_path: |r| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
         }))

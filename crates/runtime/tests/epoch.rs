@@ -177,8 +177,8 @@ fn registry() -> Registry {
         .with_driver(Epoch(SinkKind {
             name: "folder",
             paths: &["dir"],
-            endpoint_schema: r#"{"type":"object"}"#,
-            resource_schema: r#"{"type":"object"}"#,
+            endpoint_schema: || r#"{"type":"object"}"#.into(),
+            resource_schema: || r#"{"type":"object"}"#.into(),
             build: folder_sink,
             resource_path: |r| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
         }))

@@ -743,7 +743,6 @@ impl ScriptOf for Barriers {
 
 impl<S: ScriptOf> SourceKind for ScriptedFileKind<S> {
     const NAME: &'static str = S::NAME;
-    const SCHEMA: &'static str = sluice_file::config::SCHEMA;
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
@@ -806,7 +805,6 @@ struct FlakyFileKind;
 
 impl SourceKind for FlakyFileKind {
     const NAME: &'static str = "flaky_file";
-    const SCHEMA: &'static str = sluice_file::config::SCHEMA;
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {

@@ -40,7 +40,6 @@ struct DownKind;
 
 impl SourceKind for DownKind {
     const NAME: &'static str = "down";
-    const SCHEMA: &'static str = "{}";
     type Config = Value;
 
     fn prepare(_: &mut Value, _: &Path) -> Result<(), InvalidConfig> {

@@ -44,8 +44,10 @@ pub struct SinkKind {
     pub name: &'static str,
     /// Top-level keys of its configuration that hold paths.
     pub paths: &'static [&'static str],
-    pub endpoint_schema: &'static str,
-    pub resource_schema: &'static str,
+    /// The JSON schemas of its endpoint configuration and of a binding's resource
+    /// (derived from the types they are parsed with).
+    pub endpoint_schema: fn() -> String,
+    pub resource_schema: fn() -> String,
     /// A sink of this configuration, checked strictly; opens nothing.
     pub build: fn(&Value) -> Result<Box<dyn EpochSink>, SinkError>,
     /// The resource path of a binding's resource configuration (its table).
@@ -209,8 +211,8 @@ pub fn sink_error(err: SinkError) -> Error {
 impl Driver for EpochDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
-            endpoint_spec_schema_json: self.kind.endpoint_schema.into(),
-            resource_spec_schema_json: self.kind.resource_schema.into(),
+            endpoint_spec_schema_json: (self.kind.endpoint_schema)(),
+            resource_spec_schema_json: (self.kind.resource_schema)(),
             documentation_url: String::new(),
         })
     }

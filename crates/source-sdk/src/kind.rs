@@ -19,6 +19,7 @@ use crate::config::{self, InvalidConfig};
 use crate::health::Health;
 use crate::intake::Intake;
 use crate::{Source, SourceError};
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::any::Any;
@@ -31,11 +32,11 @@ use std::sync::Arc;
 pub trait SourceKind: 'static {
     /// The key naming this kind in a source of the pipeline file (`file`, `datagen`).
     const NAME: &'static str;
-    /// What the user writes under that key; strict (`deny_unknown_fields`).
-    type Config: DeserializeOwned + fmt::Debug + Send + Sync + 'static;
-    /// The JSON schema (draft 7) of `Config`, with a `description` and any `default`
-    /// per property: what `sluice schema` prints and the docs' reference is made of.
-    const SCHEMA: &'static str;
+    /// What the user writes under that key; strict (`deny_unknown_fields`). Its JSON
+    /// schema ([`config::schema_for`]: each field's doc comment its description, its
+    /// serde default its `default`) is what `sluice schema` prints and the docs'
+    /// reference is made of.
+    type Config: DeserializeOwned + JsonSchema + fmt::Debug + Send + Sync + 'static;
 
     /// What serde cannot express: cross-field checks, and making relative paths
     /// relative to the pipeline file's folder `base_dir` ([`config::resolve_path`]).
@@ -97,7 +98,7 @@ impl<'a> Opening<'a> {
 #[derive(Clone, Copy)]
 pub struct Kind {
     name: &'static str,
-    schema: &'static str,
+    schema: fn() -> Value,
     pinned: Option<&'static str>,
     parse: fn(Value, &Path) -> Result<SourceConfig, InvalidConfig>,
 }
@@ -106,7 +107,7 @@ pub struct Kind {
 pub fn kind<K: SourceKind>() -> Kind {
     Kind {
         name: K::NAME,
-        schema: K::SCHEMA,
+        schema: config::schema_for::<K::Config>,
         pinned: K::PINNED,
         parse: parse_as::<K>,
     }
@@ -125,8 +126,8 @@ impl Kind {
     }
 
     /// The JSON schema of the configuration written under this kind's key.
-    pub fn schema(&self) -> &'static str {
-        self.schema
+    pub fn schema(&self) -> Value {
+        (self.schema)()
     }
 
     /// Why a source of this kind cannot run in a cluster ([`SourceKind::PINNED`]).

@@ -17,10 +17,12 @@
 //! [`crate::tls`]). Every connection has a [`connect_timeout`],
 //! [`DEFAULT_CONNECT_TIMEOUT`] unless the URL says otherwise.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -40,9 +42,11 @@ pub fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
 }
 
 /// One binding's resource in a SQL store: a table.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TableResource {
+    /// Name of the table to materialize into (any name: it is always quoted).
+    #[schemars(length(min = 1))]
     pub table: String,
     /// Append every stored document as a new row instead of keeping one row per key.
     #[serde(default)]
@@ -103,32 +107,15 @@ pub fn check_identifier(what: &str, name: &str, limit: Option<NameLimit>) -> Res
     Ok(())
 }
 
-/// JSON schema of a [`TableResource`] whose table name is within `max_length` (if any).
+/// JSON schema of a [`TableResource`] whose table name is within `max_length` (if any),
+/// titled `title`.
 pub fn table_resource_schema(title: &str, max_length: Option<usize>) -> String {
-    let max_length = max_length
-        .map(|max| format!("\n      \"maxLength\": {max},"))
-        .unwrap_or_default();
-    format!(
-        r#"{{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "{title}",
-  "type": "object",
-  "required": ["table"],
-  "additionalProperties": false,
-  "properties": {{
-    "table": {{
-      "type": "string",
-      "minLength": 1,{max_length}
-      "description": "Name of the table to materialize into (any name: it is always quoted)."
-    }},
-    "delta_updates": {{
-      "type": "boolean",
-      "default": false,
-      "description": "Append every stored document as a new row instead of keeping one row per key."
-    }}
-  }}
-}}"#
-    )
+    let mut schema = schema_for::<TableResource>();
+    schema["title"] = title.into();
+    if let Some(max) = max_length {
+        schema["properties"]["table"]["maxLength"] = max.into();
+    }
+    schema.to_string()
 }
 
 /// The materialization spec of an Apply or Open request, which must carry one.
@@ -332,6 +319,29 @@ pub fn connect_timeout(options: &[(String, String)]) -> Result<Duration> {
 mod tests {
     use super::*;
     use serde::Deserialize;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
+
+    #[test]
+    fn the_table_schema_takes_a_table_within_the_limit_and_refuses_an_unknown_key() {
+        let schema: Value =
+            serde_json::from_str(&table_resource_schema("Some table", Some(8))).unwrap();
+        assert_eq!(schema["title"], "Some table");
+        assert_eq!(schema["properties"]["delta_updates"]["default"], false);
+        assert_schema_judges(
+            &schema,
+            &[
+                json!({"table": "views"}),
+                json!({"table": "views", "delta_updates": true}),
+            ],
+            &[
+                json!({"table": "views", "schema": "s"}),
+                json!({"table": "much_too_long"}),
+                json!({"table": ""}),
+                json!({}),
+            ],
+        );
+    }
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]

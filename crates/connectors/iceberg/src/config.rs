@@ -5,9 +5,11 @@
 //! that is wrong.
 
 use crate::catalog::CatalogLocation;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_sink_sdk::SinkError;
+use sluice_source_sdk::config::schema_for;
 use std::path::PathBuf;
 
 /// 128 MiB: Iceberg's own default target data file size (`write.target-file-size-bytes`
@@ -18,87 +20,53 @@ pub const DEFAULT_TARGET_FILE_SIZE: u64 = 128 * 1024 * 1024;
 /// would make a file per batch.
 pub const MIN_TARGET_FILE_SIZE: u64 = 64 * 1024;
 
-/// JSON schema of [`EndpointConfig`].
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Iceberg endpoint",
-  "type": "object",
-  "required": ["catalog", "warehouse"],
-  "additionalProperties": false,
-  "properties": {
-    "catalog": {
-      "type": "string",
-      "minLength": 1,
-      "description": "The SQL catalog, in pyiceberg's SqlCatalog layout (catalog name \"sluice\"): a SQLite file (created if missing) or a postgres:// URL."
-    },
-    "warehouse": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Directory on the local filesystem where tables live (created if missing)."
-    },
-    "namespace": {
-      "type": "string",
-      "default": "sluice",
-      "pattern": "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$",
-      "description": "Namespace of the tables (created if missing); dots separate levels."
-    },
-    "target_file_size": {
-      "type": "integer",
-      "minimum": 65536,
-      "default": 134217728,
-      "description": "Bytes after which a Parquet data file is closed and the next begun."
-    },
-    "commit_every": {
-      "type": "integer",
-      "minimum": 1,
-      "default": 1,
-      "description": "Commit a snapshot every this many transactions (and at close); the ones between are decided but not yet visible."
-    }
-  }
-}"#;
+/// JSON schema of [`EndpointConfig`] (what Spec returns and `sluice schema` prints).
+pub fn endpoint_schema() -> String {
+    schema_for::<EndpointConfig>().to_string()
+}
 
 /// JSON schema of [`ResourceConfig`].
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Iceberg table",
-  "type": "object",
-  "required": ["table"],
-  "additionalProperties": false,
-  "properties": {
-    "table": {
-      "type": "string",
-      "pattern": "^[A-Za-z0-9_]+$",
-      "description": "Name of the table in the namespace: the binding's columns, then _txn and _op."
-    }
-  }
-}"#;
+pub fn resource_schema() -> String {
+    schema_for::<ResourceConfig>().to_string()
+}
 
-/// The endpoint configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Iceberg tables in a SQL catalog, over a warehouse on the local filesystem.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Iceberg endpoint")]
 pub struct EndpointConfig {
-    /// The catalog (pyiceberg's `SqlCatalog` layout): a SQLite file, created if missing
-    /// (`sqlite:` and `sqlite:///` prefixes allowed), or a `postgres://` URL.
+    /// The SQL catalog, in pyiceberg's SqlCatalog layout (catalog name "sluice"): a
+    /// SQLite file (created if missing) or a postgres:// URL.
+    // `sqlite:` and `sqlite:///` prefixes are allowed before a file.
+    #[schemars(length(min = 1))]
     pub catalog: String,
-    /// The warehouse directory on the local filesystem, where tables live.
+    /// Directory on the local filesystem where tables live (created if missing).
+    #[schemars(length(min = 1))]
     pub warehouse: PathBuf,
-    /// The namespace the tables are in (created if missing).
+    /// Namespace of the tables (created if missing); dots separate levels.
     #[serde(default = "default_namespace")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"))]
     pub namespace: String,
-    /// Bytes after which a data file is closed and the next one begun.
+    /// Bytes after which a Parquet data file is closed and the next begun.
     #[serde(default = "default_target_file_size")]
+    #[schemars(range(min = MIN_TARGET_FILE_SIZE))]
     pub target_file_size: u64,
-    /// Commit a snapshot every this many transactions (epochs divisible by it), and at
-    /// close; the epochs between are staged and decided, then committed together.
+    /// Commit a snapshot every this many transactions (and at close); the ones between
+    /// are decided but not yet visible.
+    // Epochs divisible by it commit; the ones between are staged and decided, then
+    // committed together.
     #[serde(default = "default_commit_every")]
+    #[schemars(range(min = 1))]
     pub commit_every: u64,
 }
 
-/// A binding's resource.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A binding's table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Iceberg table")]
 pub struct ResourceConfig {
-    /// The table's name in the namespace.
+    /// Name of the table in the namespace: the binding's columns, then _txn and _op.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_]+$"))]
     pub table: String,
 }
 
@@ -199,6 +167,7 @@ fn valid_name(name: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sluice_source_sdk::config::assert_schema_judges;
 
     #[test]
     fn defaults_fill_what_is_left_out() {
@@ -233,8 +202,8 @@ mod tests {
     }
 
     #[test]
-    fn the_schemas_are_json_and_agree_with_the_defaults() {
-        let e: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let e: Value = serde_json::from_str(&endpoint_schema()).unwrap();
         assert_eq!(
             e["properties"]["target_file_size"]["default"],
             DEFAULT_TARGET_FILE_SIZE
@@ -243,8 +212,27 @@ mod tests {
             e["properties"]["target_file_size"]["minimum"],
             MIN_TARGET_FILE_SIZE
         );
-        let r: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
-        assert_eq!(r["required"], json!(["table"]));
+        assert_schema_judges(
+            &e,
+            &[
+                json!({"catalog": "/c.db", "warehouse": "/wh"}),
+                json!({"catalog": "postgres://u@h/db", "warehouse": "wh", "namespace": "a.b_c",
+                       "target_file_size": 1048576, "commit_every": 10}),
+            ],
+            &[
+                json!({"catalog": "/c.db", "warehouse": "/wh", "extra": 1}),
+                json!({"catalog": "/c.db", "warehouse": "/wh", "commit_every": 0}),
+                json!({"catalog": "/c.db", "warehouse": "/wh", "target_file_size": 10}),
+                json!({"catalog": "/c.db", "warehouse": "/wh", "namespace": "a-b"}),
+                json!({"warehouse": "/wh"}),
+            ],
+        );
+        let r: Value = serde_json::from_str(&resource_schema()).unwrap();
+        assert_schema_judges(
+            &r,
+            &[json!({"table": "views"})],
+            &[json!({"table": "t", "x": 1}), json!({"table": "a.b"})],
+        );
     }
 
     #[test]

@@ -79,16 +79,13 @@ pub fn pyiceberg_read(
 pub const MID_APPLY: &str = "iceberg::mid-apply";
 pub const FAIL_POINTS: &[&str] = &[MID_APPLY];
 
-const ENDPOINT_SCHEMA: &str = r#"{"type":"object","required":["catalog","warehouse"],"properties":{"catalog":{"type":"string","description":"the SQLite catalog file (pyiceberg SqlCatalog layout)"},"warehouse":{"type":"string","description":"the warehouse folder"},"namespace":{"type":"string","default":"sluice"},"target_file_size":{"type":"integer","minimum":65536},"commit_every":{"type":"integer","minimum":1}},"additionalProperties":false}"#;
-const RESOURCE_SCHEMA: &str = r#"{"type":"object","required":["table"],"properties":{"table":{"type":"string"}},"additionalProperties":false}"#;
-
 /// The `iceberg:` endpoint kind, as a binary registers it.
 pub fn kind() -> SinkKind {
     SinkKind {
         name: "iceberg",
         paths: &["catalog", "warehouse"],
-        endpoint_schema: ENDPOINT_SCHEMA,
-        resource_schema: RESOURCE_SCHEMA,
+        endpoint_schema: config::endpoint_schema,
+        resource_schema: config::resource_schema,
         build: |config| Ok(Box::new(IcebergSink::new(config)?) as Box<dyn EpochSink>),
         resource_path: |resource: &Value| -> Result<Vec<String>, SinkError> {
             Ok(vec![ResourceConfig::parse(resource)?.table])

@@ -3,25 +3,43 @@
 //! schemas Spec returns. Both refuse unknown fields, so a misspelled setting is an
 //! error naming it rather than silently ignored.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result, flow};
+use sluice_source_sdk::config::schema_for;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
-pub const ENDPOINT_SCHEMA: &str = r#"{"type":"object","properties":{"path":{"type":"string","description":"File holding the whole state; shared by processes. Omit to keep the state in memory."}},"additionalProperties":false}"#;
-pub const RESOURCE_SCHEMA: &str = r#"{"type":"object","properties":{"table":{"type":"string"},"delta_updates":{"type":"boolean"}},"required":["table"],"additionalProperties":false}"#;
+/// JSON schema of [`EndpointConfig`], derived once.
+pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
+static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
-/// The endpoint configuration: `{ "path"?: string }`.
-#[derive(Debug, Default, Deserialize)]
+/// JSON schema of [`ResourceConfig`], derived once.
+pub static RESOURCE_SCHEMA: &LazyLock<String> = &RESOURCE_SCHEMA_TEXT;
+static RESOURCE_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<ResourceConfig>().to_string());
+
+/// Tables in memory, or in one JSON file.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Memory endpoint")]
 pub struct EndpointConfig {
+    /// File holding the whole state; shared by processes. Omit to keep the state in
+    /// memory.
+    #[serde(default)]
+    #[schemars(with = "PathBuf")]
     pub path: Option<PathBuf>,
 }
 
-/// The resource configuration of a binding: `{ "table": string, "delta_updates"?: bool }`.
-#[derive(Debug, Deserialize)]
+/// A binding's table.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Memory table")]
 pub struct ResourceConfig {
+    /// The table's name.
     pub table: String,
+    /// Append every stored document as a new row instead of keeping one row per key.
     #[serde(default)]
     pub delta_updates: bool,
 }
@@ -42,4 +60,27 @@ pub fn binding_tables(spec: &flow::MaterializationSpec) -> Result<Vec<(String, b
             Ok((resource.table, b.delta_updates))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
+
+    #[test]
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_schema_judges(
+            &endpoint,
+            &[json!({}), json!({"path": "state.json"})],
+            &[json!({"pth": "state.json"})],
+        );
+        let resource: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        assert_schema_judges(
+            &resource,
+            &[json!({"table": "views", "delta_updates": true})],
+            &[json!({"table": "views", "schema": "s"}), json!({})],
+        );
+    }
 }

@@ -76,8 +76,8 @@ impl MemoryDriver {
 impl Driver for MemoryDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
-            endpoint_spec_schema_json: ENDPOINT_SCHEMA.into(),
-            resource_spec_schema_json: RESOURCE_SCHEMA.into(),
+            endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_string(),
+            resource_spec_schema_json: RESOURCE_SCHEMA.to_string(),
             documentation_url: "https://docs.rs/sluice-memory/latest/sluice_memory/".into(),
         })
     }

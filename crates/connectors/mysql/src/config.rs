@@ -14,42 +14,44 @@
 //! (milliseconds, mysql_async's) defaults to [`TCP_KEEPALIVE`].
 
 use crate::tls::Tls;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{
     self, ConnectionUrl, NameLimit, TableResource, parse, table_resource_schema,
 };
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Where the documentation of this driver lives (returned by Spec).
 pub const DOCUMENTATION_URL: &str =
     "https://github.com/sluice-rs/sluice/tree/main/crates/connectors/mysql";
 
-/// JSON schema of [`EndpointConfig`].
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "MariaDB / MySQL endpoint",
-  "type": "object",
-  "required": ["url"],
-  "additionalProperties": false,
-  "properties": {
-    "url": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Connection URL naming the database, e.g. mysql://user:${MYSQL_PASSWORD}@host:3306/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ssl/db-ca.pem. Query options as MySQL clients spell them: ssl-mode (DISABLED, PREFERRED (default), REQUIRED, VERIFY_CA, VERIFY_IDENTITY), ssl-ca (a PEM file of CA certificates), connect_timeout (seconds, default 10); and mysql_async's, e.g. tcp_keepalive (milliseconds, default 30000). The server must allow LOAD DATA LOCAL INFILE (local_infile=ON, the MariaDB default)."
-    }
-  }
-}"#;
+/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
+/// (Spec).
+pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
+static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`].
 pub fn resource_schema() -> String {
     table_resource_schema("MariaDB / MySQL table", Some(NAME_LIMIT.max))
 }
 
-/// The endpoint: one database of one server.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// One database of a MariaDB or MySQL server.
+#[derive(Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "MariaDB / MySQL endpoint")]
 pub struct EndpointConfig {
+    /// Connection URL naming the database, e.g.
+    /// mysql://user:${MYSQL_PASSWORD}@host:3306/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/ssl/db-ca.pem.
+    /// Query options as MySQL clients spell them: ssl-mode (DISABLED, PREFERRED
+    /// (default), REQUIRED, VERIFY_CA, VERIFY_IDENTITY), ssl-ca (a PEM file of CA
+    /// certificates), connect_timeout (seconds, default 10); and mysql_async's, e.g.
+    /// tcp_keepalive (milliseconds, default 30000). The server must allow LOAD DATA
+    /// LOCAL INFILE (local_infile=ON, the MariaDB default).
+    #[schemars(length(min = 1))]
     pub url: String,
 }
 
@@ -137,6 +139,8 @@ impl EndpointConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
 
     #[test]
     fn the_endpoint_names_its_database() {
@@ -197,7 +201,21 @@ mod tests {
     }
 
     #[test]
-    fn the_endpoint_schema_is_json() {
-        serde_json::from_str::<serde_json::Value>(ENDPOINT_SCHEMA).unwrap();
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_schema_judges(
+            &endpoint,
+            &[json!({"url": "mysql://u:${MYSQL_PASSWORD}@h:3306/db?ssl-mode=REQUIRED"})],
+            &[json!({"url": "mysql://u@h/db", "schema": "s"}), json!({})],
+        );
+        let resource: Value = serde_json::from_str(&resource_schema()).unwrap();
+        assert_schema_judges(
+            &resource,
+            &[json!({"table": "é".repeat(64)})],
+            &[
+                json!({"table": "x".repeat(65)}),
+                json!({"table": "t", "tabel": "t"}),
+            ],
+        );
     }
 }

@@ -15,12 +15,15 @@
 //! minute instead of the two hours of the kernel's.
 
 use crate::tls::Tls;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{
     self, ConnectionUrl, NameLimit, TableResource, check_identifier, parse, table_resource_schema,
 };
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Where the documentation of this driver lives (returned by Spec).
@@ -30,39 +33,35 @@ pub const DOCUMENTATION_URL: &str =
 /// The schema used when the endpoint names none.
 pub const DEFAULT_SCHEMA: &str = "public";
 
-/// JSON schema of [`EndpointConfig`].
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "PostgreSQL endpoint",
-  "type": "object",
-  "required": ["url"],
-  "additionalProperties": false,
-  "properties": {
-    "url": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Connection URL, e.g. postgres://user:${PGPASSWORD}@host:5432/db?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem. Query options as libpq reads them: sslmode (disable, allow, prefer (default), require, verify-ca, verify-full), sslrootcert (a PEM file of CA certificates, or system for the bundled public roots with verify-full), connect_timeout (seconds, default 10), keepalives_idle (default 30), keepalives_interval (default 10), keepalives_retries (default 3), tcp_user_timeout (default 60), application_name."
-    },
-    "schema": {
-      "type": "string",
-      "minLength": 1,
-      "default": "public",
-      "description": "Schema holding the tables and the checkpoints table; created by apply if missing."
-    }
-  }
-}"#;
+/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
+/// (Spec).
+pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
+static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`].
 pub fn resource_schema() -> String {
     table_resource_schema("PostgreSQL table", Some(NAME_LIMIT.max))
 }
 
-/// The endpoint: one database, one schema in it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// One schema of one PostgreSQL database.
+#[derive(Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "PostgreSQL endpoint")]
 pub struct EndpointConfig {
+    /// Connection URL, e.g.
+    /// postgres://user:${PGPASSWORD}@host:5432/db?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem.
+    /// Query options as libpq reads them: sslmode (disable, allow, prefer (default),
+    /// require, verify-ca, verify-full), sslrootcert (a PEM file of CA certificates, or
+    /// system for the bundled public roots with verify-full), connect_timeout (seconds,
+    /// default 10), keepalives_idle (default 30), keepalives_interval (default 10),
+    /// keepalives_retries (default 3), tcp_user_timeout (default 60), application_name.
+    #[schemars(length(min = 1))]
     pub url: String,
+    /// Schema holding the tables and the checkpoints table; created by apply if
+    /// missing.
     #[serde(default)]
+    #[schemars(with = "String", length(min = 1), extend("default" = DEFAULT_SCHEMA))]
     pub schema: Option<String>,
 }
 
@@ -174,6 +173,8 @@ impl EndpointConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
 
     #[test]
     fn endpoint_defaults_to_the_public_schema() {
@@ -245,7 +246,28 @@ mod tests {
     }
 
     #[test]
-    fn the_endpoint_schema_is_json() {
-        serde_json::from_str::<serde_json::Value>(ENDPOINT_SCHEMA).unwrap();
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_eq!(endpoint["properties"]["schema"]["default"], DEFAULT_SCHEMA);
+        assert_schema_judges(
+            &endpoint,
+            &[
+                json!({"url": "postgres://u@h:5432/db"}),
+                json!({"url": "postgres://u:${PGPASSWORD}@h/db?sslmode=require", "schema": "sales"}),
+            ],
+            &[
+                json!({"url": "postgres://u@h/db", "database": "d"}),
+                json!({"schema": "sales"}),
+            ],
+        );
+        let resource: Value = serde_json::from_str(&resource_schema()).unwrap();
+        assert_schema_judges(
+            &resource,
+            &[json!({"table": "x".repeat(63)})],
+            &[
+                json!({"table": "x".repeat(64)}),
+                json!({"table": "t", "tabel": "t"}),
+            ],
+        );
     }
 }

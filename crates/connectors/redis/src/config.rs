@@ -8,9 +8,12 @@
 //! can find it in their file. Only `redis://` URLs are taken: this driver is built
 //! without TLS.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Where the documentation of this driver lives (returned by Spec).
@@ -28,74 +31,47 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// or a stalled connection reaches it, and then it is a retryable error.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// JSON schema of [`EndpointConfig`].
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Redis endpoint",
-  "type": "object",
-  "required": ["url"],
-  "additionalProperties": false,
-  "properties": {
-    "url": {
-      "type": "string",
-      "pattern": "^redis://",
-      "description": "redis://[user:password@]host[:port][/db]; no TLS."
-    },
-    "connect_timeout": {
-      "type": "integer",
-      "minimum": 1,
-      "description": "Seconds a connection attempt may take (default 10)."
-    },
-    "response_timeout": {
-      "type": "integer",
-      "minimum": 1,
-      "description": "Seconds a command or pipeline may wait for its answer (default 60)."
-    }
-  }
-}"#;
+/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
+/// (Spec).
+pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
+static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
-/// JSON schema of [`ResourceConfig`].
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Redis key prefix",
-  "type": "object",
-  "required": ["prefix"],
-  "additionalProperties": false,
-  "properties": {
-    "prefix": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Every key of the binding is this prefix followed by the hex of its packed key."
-    },
-    "format": {
-      "type": "string",
-      "enum": ["json", "hash"],
-      "default": "json",
-      "description": "json: the document as a string value; hash: the selected fields as hash fields plus the document."
-    },
-    "delta_updates": {
-      "type": "boolean",
-      "const": false,
-      "description": "Not supported: a replayed append would be applied twice."
-    }
-  }
-}"#;
+/// JSON schema of [`ResourceConfig`], derived once.
+pub static RESOURCE_SCHEMA: &LazyLock<String> = &RESOURCE_SCHEMA_TEXT;
+static RESOURCE_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<ResourceConfig>().to_string());
 
-/// The endpoint: one Redis server (and database).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One Redis server (and database).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Redis endpoint")]
 pub struct EndpointConfig {
+    /// redis://[user:password@]host[:port][/db]; no TLS.
+    #[schemars(regex(pattern = "^redis://"))]
     pub url: String,
-    /// Seconds; [`DEFAULT_CONNECT_TIMEOUT`] when absent.
+    /// Seconds a connection attempt may take.
+    // [`DEFAULT_CONNECT_TIMEOUT`] when absent.
     #[serde(default)]
+    #[schemars(
+        with = "u64",
+        range(min = 1),
+        extend("default" = DEFAULT_CONNECT_TIMEOUT.as_secs())
+    )]
     pub connect_timeout: Option<u64>,
-    /// Seconds; [`DEFAULT_RESPONSE_TIMEOUT`] when absent.
+    /// Seconds a command or pipeline may wait for its answer.
+    // [`DEFAULT_RESPONSE_TIMEOUT`] when absent.
     #[serde(default)]
+    #[schemars(
+        with = "u64",
+        range(min = 1),
+        extend("default" = DEFAULT_RESPONSE_TIMEOUT.as_secs())
+    )]
     pub response_timeout: Option<u64>,
 }
 
 /// How a binding's documents are stored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// The document's JSON text as a string value (SET, MGET).
@@ -115,16 +91,23 @@ impl Format {
     }
 }
 
-/// One binding's resource: a key prefix and a storage format.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One binding's keys: a key prefix and a storage format.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Redis key prefix")]
 pub struct ResourceConfig {
+    /// Every key of the binding is this prefix followed by the hex of its packed key.
+    #[schemars(length(min = 1))]
     pub prefix: String,
+    /// json: the document as a string value; hash: the selected fields as hash fields
+    /// plus the document.
     #[serde(default)]
     pub format: Format,
-    /// Only so that asking for delta updates here is refused with the reason
-    /// ([`binding_resource`]) rather than as an unknown field.
+    /// Not supported: a replayed append would be applied twice.
+    // Only so that asking for delta updates here is refused with the reason
+    // ([`binding_resource`]) rather than as an unknown field.
     #[serde(default)]
+    #[schemars(extend("const" = false))]
     pub delta_updates: bool,
 }
 
@@ -220,6 +203,41 @@ fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
+
+    #[test]
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_eq!(endpoint["properties"]["connect_timeout"]["default"], 10);
+        assert_eq!(endpoint["properties"]["response_timeout"]["default"], 60);
+        assert_schema_judges(
+            &endpoint,
+            &[
+                json!({"url": "redis://127.0.0.1:6379/0"}),
+                json!({"url": "redis://h", "connect_timeout": 3, "response_timeout": 120}),
+            ],
+            &[
+                json!({"url": "redis://h", "conect_timeout": 3}),
+                json!({"url": "rediss://h"}),
+                json!({"url": "redis://h", "connect_timeout": 0}),
+            ],
+        );
+        let resource: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        assert_eq!(resource["properties"]["format"]["default"], "json");
+        assert_schema_judges(
+            &resource,
+            &[
+                json!({"prefix": "views:"}),
+                json!({"prefix": "views:", "format": "hash", "delta_updates": false}),
+            ],
+            &[
+                json!({"prefix": "views:", "formt": "hash"}),
+                json!({"prefix": "views:", "format": "list"}),
+                json!({"prefix": "views:", "delta_updates": true}),
+            ],
+        );
+    }
 
     fn config_error<T: std::fmt::Debug>(result: Result<T>) -> String {
         match result {

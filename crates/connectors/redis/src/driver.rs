@@ -80,8 +80,8 @@ fn describe(verb: &str, resource: &ResourceConfig) -> String {
 impl Driver for RedisDriver {
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
-            endpoint_spec_schema_json: ENDPOINT_SCHEMA.into(),
-            resource_spec_schema_json: RESOURCE_SCHEMA.into(),
+            endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_string(),
+            resource_spec_schema_json: RESOURCE_SCHEMA.to_string(),
             documentation_url: DOCUMENTATION_URL.into(),
         })
     }

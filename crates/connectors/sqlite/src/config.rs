@@ -5,40 +5,37 @@
 //! that is wrong (`endpoint config: table: invalid type ...`), so a pipeline author can
 //! find it in their file.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_driver_sdk::{Error, Result};
+use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{TableResource, parse, table_resource_schema};
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 /// Where the documentation of this driver lives (returned by Spec).
 pub const DOCUMENTATION_URL: &str =
     "https://github.com/sluice-rs/sluice/tree/main/crates/connectors/sqlite";
 
-/// JSON schema of [`EndpointConfig`].
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "SQLite endpoint",
-  "type": "object",
-  "required": ["path"],
-  "additionalProperties": false,
-  "properties": {
-    "path": {
-      "type": "string",
-      "minLength": 1,
-      "description": "Path of the database file; it and its parent directories are created if missing."
-    }
-  }
-}"#;
+/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
+/// (Spec).
+pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
+static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+    LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`].
 pub fn resource_schema() -> String {
     table_resource_schema("SQLite table", None)
 }
 
-/// The endpoint: one SQLite database file.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One SQLite database file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "SQLite endpoint")]
 pub struct EndpointConfig {
+    /// Path of the database file; it and its parent directories are created if
+    /// missing.
+    #[schemars(length(min = 1))]
     pub path: PathBuf,
 }
 
@@ -61,6 +58,8 @@ impl EndpointConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
 
     #[test]
     fn endpoint_parses_a_path() {
@@ -84,7 +83,23 @@ mod tests {
     }
 
     #[test]
-    fn the_endpoint_schema_is_json() {
-        serde_json::from_str::<serde_json::Value>(ENDPOINT_SCHEMA).unwrap();
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        assert_schema_judges(
+            &endpoint,
+            &[json!({"path": "out/views.db"})],
+            &[
+                json!({"path": "a", "pth": "b"}),
+                json!({"path": ""}),
+                json!({}),
+            ],
+        );
+        let resource: Value = serde_json::from_str(&resource_schema()).unwrap();
+        assert_eq!(resource["title"], "SQLite table");
+        assert_schema_judges(
+            &resource,
+            &[json!({"table": "pageviews", "delta_updates": true})],
+            &[json!({"table": "pageviews", "schema": "s"})],
+        );
     }
 }

@@ -2,45 +2,33 @@
 //! `{topic, partitions?}`. Strict: unknown keys are errors, and every error names its
 //! field.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 pub use sluice_output_sdk::config::parse;
+use sluice_source_sdk::config::schema_for;
 use std::num::NonZeroUsize;
 
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "type": "object",
-  "required": ["brokers"],
-  "additionalProperties": false,
-  "properties": {
-    "brokers": {
-      "oneOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1}
-      ],
-      "description": "Bootstrap brokers: host:port, a comma-separated string of them, or a list"
-    },
-    "max_buffer_size_bytes": {"type": "integer", "minimum": 1, "default": 1048576,
-      "description": "Bytes of encoded changes buffered before they are produced"}
-  }
-}"#;
+/// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
+pub fn endpoint_schema() -> String {
+    schema_for::<Config>().to_string()
+}
 
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "type": "object",
-  "required": ["topic"],
-  "additionalProperties": true,
-  "properties": {
-    "topic": {"type": "string", "description": "The binding's topic"},
-    "partitions": {"type": "integer", "minimum": 1, "default": 1,
-      "description": "Partitions of the topic when the endpoint creates it (an existing topic keeps its own)"}
-  }
-}"#;
+/// JSON schema of [`Resource`]'s keys; the output SDK adds the encoding keys.
+pub fn resource_schema() -> String {
+    schema_for::<Resource>().to_string()
+}
 
-#[derive(Debug, Clone, Deserialize)]
+/// Kafka topics, one per binding, written in transaction order.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Kafka endpoint")]
 pub struct Config {
-    /// Bootstrap brokers, `host:port` each.
+    /// Bootstrap brokers: host:port, a comma-separated string of them, or a list
     #[serde(deserialize_with = "sluice_kafka::config::brokers")]
+    #[schemars(schema_with = "sluice_kafka::config::brokers_schema")]
     pub brokers: Vec<String>,
+    /// Bytes of encoded changes buffered before they are produced
     #[serde(default = "default_buffer")]
     pub max_buffer_size_bytes: NonZeroUsize,
 }
@@ -49,13 +37,20 @@ fn default_buffer() -> NonZeroUsize {
     NonZeroUsize::new(1 << 20).expect("not zero")
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A binding's topic.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Kafka binding")]
 pub struct Resource {
+    /// The binding's topic
+    // A name Kafka accepts, checked by `topic`.
     #[serde(deserialize_with = "topic")]
+    #[schemars(length(min = 1, max = 249), regex(pattern = r"^[a-zA-Z0-9._-]+$"))]
     pub topic: String,
-    /// Partitions of a topic the endpoint creates.
+    /// Partitions of the topic when the endpoint creates it (an existing topic keeps its
+    /// own)
     #[serde(default = "one_partition", deserialize_with = "partitions")]
+    #[schemars(range(min = 1))]
     pub partitions: i32,
 }
 
@@ -97,6 +92,38 @@ fn partitions<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+    use sluice_source_sdk::config::assert_schema_judges;
+
+    #[test]
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(&endpoint_schema()).unwrap();
+        assert_schema_judges(
+            &endpoint,
+            &[
+                json!({"brokers": "127.0.0.1:9092"}),
+                json!({"brokers": ["a:1", "b:2"], "max_buffer_size_bytes": 10}),
+            ],
+            &[
+                json!({"brokers": "a:1", "topic": "t"}),
+                json!({"brokers": []}),
+                json!({"brokers": "a:1", "max_buffer_size_bytes": 0}),
+            ],
+        );
+        let resource = sluice_output_sdk::resource_schema(&crate::kind());
+        let resource: Value = serde_json::from_str(&resource).unwrap();
+        assert_schema_judges(
+            &resource,
+            &[
+                json!({"topic": "views.v1_a-b"}),
+                json!({"topic": "t", "partitions": 3, "format": "avro", "schema_id": 7}),
+            ],
+            &[
+                json!({"topic": "t", "subject": "s"}),
+                json!({"topic": "a/b"}),
+                json!({"topic": "t", "partitions": 0}),
+            ],
+        );
+    }
 
     fn config_error(value: Value) -> String {
         parse::<Config>(&value).unwrap_err().to_string()

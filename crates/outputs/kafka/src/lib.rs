@@ -50,8 +50,8 @@ pub fn kind() -> OutputKind {
     OutputKind {
         name: "kafka",
         paths: &[],
-        endpoint_schema: config::ENDPOINT_SCHEMA,
-        resource_schema: config::RESOURCE_SCHEMA,
+        endpoint_schema: config::endpoint_schema,
+        resource_schema: config::resource_schema,
         check: |config| config::parse::<Config>(config).map(drop),
         resource_path: |resource| {
             let resource: Resource = config::parse(resource)?;

@@ -425,7 +425,7 @@ fn the_kind_checks_configs_and_names_a_bindings_topic() {
     let err = (kind.resource_path)(&json!({"topik": "views"})).unwrap_err();
     assert!(matches!(err, OutputError::Config(_)), "{err:?}");
     for schema in [kind.endpoint_schema, kind.resource_schema] {
-        serde_json::from_str::<serde_json::Value>(schema).unwrap();
+        serde_json::from_str::<serde_json::Value>(&schema()).unwrap();
     }
     let target = Target {
         materialization: MATERIALIZATION.into(),

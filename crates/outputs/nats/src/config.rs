@@ -4,47 +4,45 @@
 //! Server addresses and stream names follow the rules the `nats` source checks too
 //! ([`sluice_nats_client`]), so a stream this output creates can be named in a source.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_output_sdk::OutputError;
 use sluice_output_sdk::config::parse;
+use sluice_source_sdk::config::schema_for;
 
-pub const ENDPOINT_SCHEMA: &str = r#"{
-  "type": "object",
-  "additionalProperties": false,
-  "properties": {
-    "url": {"type": "string", "default": "nats://127.0.0.1:4222",
-      "description": "The NATS server (plain nats://), JetStream enabled"},
-    "stream": {"type": "string",
-      "description": "The stream created (or given the subject) when no stream holds a binding's subject; default: one per subject, named after it"},
-    "max_buffer_size_bytes": {"type": "integer", "minimum": 1, "default": 1048576,
-      "description": "Bytes of encoded changes buffered before they are published"},
-    "max_in_flight": {"type": "integer", "minimum": 1, "default": 256,
-      "description": "Publishes awaiting the stream's acknowledgement at once (1: none pipelined)"}
-  }
-}"#;
+/// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
+pub fn endpoint_schema() -> String {
+    schema_for::<Config>().to_string()
+}
 
-pub const RESOURCE_SCHEMA: &str = r#"{
-  "type": "object",
-  "required": ["subject"],
-  "additionalProperties": true,
-  "properties": {
-    "subject": {"type": "string", "description": "The subject the binding's changes are published to (no wildcards)"}
-  }
-}"#;
+/// JSON schema of [`Resource`]'s keys; the output SDK adds the encoding keys.
+pub fn resource_schema() -> String {
+    schema_for::<Resource>().to_string()
+}
 
 const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 
-#[derive(Debug, Clone, Deserialize)]
+/// JetStream subjects, one per binding, published in transaction order.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "NATS endpoint")]
 pub struct Config {
+    /// The NATS server (plain nats://), JetStream enabled
     #[serde(default = "default_url")]
     pub url: String,
+    /// The stream created (or given the subject) when no stream holds a binding's
+    /// subject; default: one per subject, named after it
     #[serde(default)]
+    #[schemars(with = "String")]
     pub stream: Option<String>,
+    /// Bytes of encoded changes buffered before they are published
     #[serde(default = "default_buffer")]
+    #[schemars(range(min = 1))]
     pub max_buffer_size_bytes: usize,
+    /// Publishes awaiting the stream's acknowledgement at once (1: none pipelined)
     #[serde(default = "default_in_flight")]
+    #[schemars(range(min = 1))]
     pub max_in_flight: usize,
 }
 
@@ -82,9 +80,12 @@ impl Config {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// A binding's subject.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "NATS binding")]
 pub struct Resource {
+    /// The subject the binding's changes are published to (no wildcards)
     pub subject: String,
 }
 
@@ -115,6 +116,32 @@ impl Resource {
 mod tests {
     use super::*;
     use serde_json::json;
+    use sluice_source_sdk::config::assert_schema_judges;
+
+    #[test]
+    fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
+        let endpoint: Value = serde_json::from_str(&endpoint_schema()).unwrap();
+        assert_eq!(endpoint["properties"]["url"]["default"], DEFAULT_URL);
+        assert_schema_judges(
+            &endpoint,
+            &[
+                json!({}),
+                json!({"url": "nats://h:4222", "stream": "VIEWS", "max_in_flight": 1,
+                       "max_buffer_size_bytes": 4096}),
+            ],
+            &[json!({"urls": "x"}), json!({"max_in_flight": 0})],
+        );
+        let resource = sluice_output_sdk::resource_schema(&crate::kind());
+        let resource: Value = serde_json::from_str(&resource).unwrap();
+        assert_schema_judges(
+            &resource,
+            &[
+                json!({"subject": "views.orders"}),
+                json!({"subject": "v", "format": "debezium", "snapshot": false}),
+            ],
+            &[json!({"subject": "v", "topic": "t"}), json!({})],
+        );
+    }
 
     #[test]
     fn defaults_reach_the_local_server_with_a_pipeline_of_256() {

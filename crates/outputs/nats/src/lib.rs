@@ -76,8 +76,8 @@ pub fn kind() -> OutputKind {
     OutputKind {
         name: "nats",
         paths: &[],
-        endpoint_schema: config::ENDPOINT_SCHEMA,
-        resource_schema: config::RESOURCE_SCHEMA,
+        endpoint_schema: config::endpoint_schema,
+        resource_schema: config::resource_schema,
         check: |config| Config::parse(config).map(drop),
         resource_path: |resource| Ok(vec![Resource::parse(resource)?.subject]),
         endpoint: |config: &Value, target: Target| {

@@ -1,38 +1,31 @@
 //! What the user writes: `datagen: {seed: 7, documents: 1000000, keys: 100000}`, every
 //! key optional. Strict: unknown keys are errors.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use sluice_source_sdk::InvalidConfig;
 
-/// JSON schema of [`DatagenConfig`] (what `sluice schema datagen` prints).
-pub const SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Generated documents",
-  "type": "object",
-  "additionalProperties": false,
-  "properties": {
-    "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "Seeds the generator: the same seed, keys and shape give the same documents."},
-    "documents": {"type": "integer", "minimum": 0, "description": "How many documents to generate; unset for an endless stream."},
-    "keys": {"type": "integer", "minimum": 1, "default": 1000, "description": "How many distinct keys the documents spread over."},
-    "rate": {"type": "number", "exclusiveMinimum": 0, "description": "Documents per second; unset for as fast as possible."},
-    "shape": {"type": "string", "enum": ["pageviews"], "default": "pageviews", "description": "The documents' shape: pageviews are {user_id, views, bytes, last_seen, tags}."}
-  }
-}"#;
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Generated documents, the same for the same seed, keys and shape.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Generated documents")]
 pub struct DatagenConfig {
+    /// Seeds the generator: the same seed, keys and shape give the same documents.
     #[serde(default)]
     pub seed: u64,
-    /// How many documents; unset for an endless stream.
+    /// How many documents to generate; unset for an endless stream.
     #[serde(default)]
+    #[schemars(with = "u64")]
     pub documents: Option<u64>,
-    /// How many distinct keys (key cardinality).
+    /// How many distinct keys the documents spread over.
     #[serde(default = "default_keys")]
+    #[schemars(range(min = 1))]
     pub keys: u64,
     /// Documents per second; unset for as fast as possible.
     #[serde(default)]
+    #[schemars(with = "f64", extend("exclusiveMinimum" = 0))]
     pub rate: Option<f64>,
+    /// The documents' shape: pageviews are {user_id, views, bytes, last_seen, tags}.
     #[serde(default)]
     pub shape: DatagenShape,
 }
@@ -41,7 +34,7 @@ fn default_keys() -> u64 {
     1000
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatagenShape {
     #[default]
@@ -69,6 +62,26 @@ impl DatagenConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use sluice_source_sdk::config::{assert_schema_judges, schema_for};
+
+    #[test]
+    fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {
+        assert_schema_judges(
+            &schema_for::<DatagenConfig>(),
+            &[
+                json!({}),
+                json!({"seed": 7, "documents": 1000000, "keys": 100000}),
+                json!({"rate": 0.5, "shape": "pageviews"}),
+            ],
+            &[
+                json!({"seed": 7, "count": 10}),
+                json!({"keys": 0}),
+                json!({"rate": 0}),
+                json!({"shape": "orders"}),
+            ],
+        );
+    }
 
     #[test]
     fn keys_and_rate_are_checked() {

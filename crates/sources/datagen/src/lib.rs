@@ -23,7 +23,6 @@ pub struct DatagenKind;
 
 impl SourceKind for DatagenKind {
     const NAME: &'static str = "datagen";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = DatagenConfig;
 
     fn prepare(config: &mut DatagenConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {

@@ -22,7 +22,6 @@ pub struct FileKind;
 
 impl SourceKind for FileKind {
     const NAME: &'static str = "file";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> Result<(), InvalidConfig> {

@@ -3,49 +3,55 @@
 //! errors. `${ENV}` in the token is expanded by the pipeline loader, so the token need
 //! not be written in the file.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_source_sdk::InvalidConfig;
-use sluice_source_sdk::config::{de_bytes, de_duration};
+use sluice_source_sdk::config::{
+    bytes_schema, de_bytes, de_duration, duration_schema, ser_bytes, ser_duration,
+};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// JSON schema of [`HttpConfig`] (what `sluice schema http` prints).
-pub const SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "HTTP ingest",
-  "type": "object",
-  "required": ["listen", "token"],
-  "additionalProperties": false,
-  "properties": {
-    "listen": {"type": "string", "minLength": 1, "description": "The address the server listens on, IP:port (127.0.0.1:8080; 0.0.0.0:8080 for every interface)."},
-    "token": {"type": "string", "minLength": 1, "description": "The bearer token every POST must carry (Authorization: Bearer <token>); write it as ${ENV_VAR}."},
-    "max_body_bytes": {"type": ["integer", "string"], "default": "16MiB", "description": "A larger body is refused with a 413."},
-    "max_buffered_bytes": {"type": ["integer", "string"], "default": "64MiB", "description": "Accepted bodies not yet in a transaction; above it a POST gets a 429 with Retry-After."},
-    "idempotency_window": {"type": "string", "default": "10m", "description": "How long an Idempotency-Key is remembered after its request was accepted."}
-  }
-}"#;
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// An HTTP server taking JSON documents POSTed to /ingest/<source>, each request
+/// answered once the transaction holding its body is durable.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "HTTP ingest")]
 pub struct HttpConfig {
-    /// The address the server listens on, `host:port` (`127.0.0.1:8080`,
-    /// `0.0.0.0:8080` for every interface).
+    /// The address the server listens on, IP:port (127.0.0.1:8080; 0.0.0.0:8080 for
+    /// every interface).
+    #[schemars(length(min = 1))]
     pub listen: String,
-    /// The bearer token every `POST` must carry (`Authorization: Bearer <token>`).
+    /// The bearer token every POST must carry (Authorization: Bearer <token>); write it
+    /// as ${ENV_VAR}.
+    #[schemars(length(min = 1))]
     pub token: String,
-    /// A body above this size is refused with a 413.
-    #[serde(default = "default_max_body_bytes", deserialize_with = "de_bytes")]
+    /// A larger body is refused with a 413.
+    #[serde(
+        default = "default_max_body_bytes",
+        deserialize_with = "de_bytes",
+        serialize_with = "ser_bytes"
+    )]
+    #[schemars(schema_with = "bytes_schema")]
     pub max_body_bytes: u64,
-    /// Accepted bodies not yet taken into a transaction: above this, a `POST` is
-    /// refused with a 429 and `Retry-After`, instead of buffering without bound.
-    #[serde(default = "default_max_buffered_bytes", deserialize_with = "de_bytes")]
+    /// Accepted bodies not yet in a transaction; above it a POST gets a 429 with
+    /// Retry-After.
+    // Instead of buffering without bound.
+    #[serde(
+        default = "default_max_buffered_bytes",
+        deserialize_with = "de_bytes",
+        serialize_with = "ser_bytes"
+    )]
+    #[schemars(schema_with = "bytes_schema")]
     pub max_buffered_bytes: u64,
-    /// How long an `Idempotency-Key` is remembered after its request was accepted: a
-    /// retry within it is answered with the original outcome.
+    /// How long an Idempotency-Key is remembered after its request was accepted.
+    // A retry within it is answered with the original outcome.
     #[serde(
         default = "default_idempotency_window",
-        deserialize_with = "de_duration"
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
     )]
+    #[schemars(schema_with = "duration_schema")]
     pub idempotency_window: Duration,
 }
 
@@ -122,7 +128,29 @@ impl HttpConfig {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::parse;
+    use sluice_source_sdk::config::{assert_schema_judges, parse, schema_for};
+
+    #[test]
+    fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {
+        let schema = schema_for::<HttpConfig>();
+        let defaults: Vec<_> = ["max_body_bytes", "max_buffered_bytes", "idempotency_window"]
+            .map(|key| schema["properties"][key]["default"].clone())
+            .into();
+        assert_eq!(defaults, ["16MiB", "64MiB", "10m"]);
+        assert_schema_judges(
+            &schema,
+            &[
+                json!({"listen": "127.0.0.1:8080", "token": "${INGEST_TOKEN}"}),
+                json!({"listen": "0.0.0.0:8080", "token": "t", "max_body_bytes": 1024,
+                       "max_buffered_bytes": "1GiB", "idempotency_window": "1h"}),
+            ],
+            &[
+                json!({"listen": "127.0.0.1:8080", "token": "t", "port": 80}),
+                json!({"listen": "127.0.0.1:8080"}),
+                json!({"listen": "127.0.0.1:8080", "token": ""}),
+            ],
+        );
+    }
 
     fn parsed(value: serde_json::Value) -> Result<HttpConfig, InvalidConfig> {
         let config: HttpConfig = parse(value)?;

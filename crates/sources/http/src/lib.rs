@@ -30,7 +30,6 @@ pub struct HttpKind;
 
 impl SourceKind for HttpKind {
     const NAME: &'static str = "http";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = HttpConfig;
     const PINNED: Option<&'static str> = Some(
         "it listens on this machine and keeps its idempotency keys beside the local recovery log",

@@ -2,58 +2,55 @@
 //! `partitions`, `start` and `meta` optional. Strict: unknown keys are errors, and the
 //! cross-field checks ([`KafkaConfig::check`]) name their place.
 
-use serde::Deserialize;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 use sluice_source_sdk::InvalidConfig;
+use sluice_source_sdk::config::{duration_schema, nullable_string, ser_duration};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
-/// JSON schema of [`KafkaConfig`] (what `sluice schema kafka` prints).
-pub const SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "Kafka topic",
-  "type": "object",
-  "required": ["brokers", "topic", "format"],
-  "additionalProperties": false,
-  "properties": {
-    "brokers": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}], "description": "Bootstrap brokers (plain TCP): host:port, a comma-separated string of them, or a list."},
-    "topic": {"type": "string", "minLength": 1, "description": "The topic read."},
-    "partitions": {"type": "array", "items": {"type": "integer", "minimum": 0}, "description": "The partitions read; unset for all of them, and partitions added later too."},
-    "start": {"oneOf": [{"type": "string", "enum": ["earliest", "latest"]}, {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}], "default": "earliest", "description": "Where a source with no committed position begins: earliest, latest, or offsets per partition ({\"0\": 120}; others at earliest)."},
-    "format": {"type": "string", "enum": ["json"], "description": "Each message value is one JSON document."},
-    "meta": {"type": ["string", "null"], "default": "_meta", "description": "The top-level property receiving each message's topic, partition, offset, timestamp, key and headers; null for none."},
-    "fetch_wait": {"type": "string", "default": "10ms", "description": "How long one fetch waits for new messages."}
-  }
-}"#;
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// A Kafka topic, read from its partitions' offsets (no consumer group).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Kafka topic")]
 pub struct KafkaConfig {
-    /// Bootstrap brokers, `host:port` each.
+    /// Bootstrap brokers (plain TCP): host:port, a comma-separated string of them, or a
+    /// list.
     #[serde(deserialize_with = "brokers")]
+    #[schemars(schema_with = "brokers_schema")]
     pub brokers: Vec<String>,
+    /// The topic read.
+    #[schemars(length(min = 1))]
     pub topic: String,
-    /// The partitions to read; all of the topic's when absent, and then partitions
-    /// added later are read too, from their beginning.
+    /// The partitions read; unset for all of them, and partitions added later too.
+    // Partitions added later are read from their beginning.
     #[serde(default)]
+    #[schemars(with = "Vec<u32>")]
     pub partitions: Option<Vec<u32>>,
-    /// Where a source with no committed position begins.
+    /// Where a source with no committed position begins: earliest, latest, or offsets
+    /// per partition ({"0": 120}; others at earliest).
     #[serde(default)]
+    #[schemars(schema_with = "start_schema")]
     pub start: Start,
+    /// Each message value is one JSON document.
     pub format: KafkaFormat,
-    /// The property of each document that receives the message's metadata (topic,
-    /// partition, offset, timestamp, key, headers); `null` for none.
+    /// The top-level property receiving each message's topic, partition, offset,
+    /// timestamp, key and headers; null for none.
     #[serde(default = "default_meta")]
+    #[schemars(schema_with = "nullable_string")]
     pub meta: Option<String>,
-    /// How long one fetch waits for new messages (`"10ms"`). A Kafka broker answers as
-    /// soon as messages arrive, so a longer wait costs no latency there and saves
-    /// requests; tansu holds every fetch for its whole wait, which then bounds the
-    /// latency of a trickle.
+    /// How long one fetch waits for new messages.
+    // A Kafka broker answers as soon as messages arrive, so a longer wait costs no
+    // latency there and saves requests; tansu holds every fetch for its whole wait,
+    // which then bounds the latency of a trickle.
     #[serde(
         default = "default_fetch_wait",
-        deserialize_with = "sluice_source_sdk::config::de_duration"
+        deserialize_with = "sluice_source_sdk::config::de_duration",
+        serialize_with = "ser_duration"
     )]
+    #[schemars(schema_with = "duration_schema")]
     pub fetch_wait: Duration,
 }
 
@@ -67,7 +64,7 @@ fn default_meta() -> Option<String> {
     Some("_meta".to_string())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KafkaFormat {
     /// Each message's value is one JSON document.
@@ -84,6 +81,33 @@ pub enum Start {
     Latest,
     /// These offsets; partitions not named begin at their earliest.
     Offsets(BTreeMap<u32, u64>),
+}
+
+/// As it is written: `earliest`, `latest`, or `{"0": 120}`.
+impl Serialize for Start {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Start::Earliest => s.serialize_str("earliest"),
+            Start::Latest => s.serialize_str("latest"),
+            Start::Offsets(offsets) => offsets.serialize(s),
+        }
+    }
+}
+
+/// The schema of [`Start`] as it is written.
+fn start_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"oneOf": [
+        {"type": "string", "enum": ["earliest", "latest"]},
+        {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+    ]})
+}
+
+/// The schema of bootstrap brokers as [`brokers`] reads them (for the output's too).
+pub fn brokers_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"oneOf": [
+        {"type": "string"},
+        {"type": "array", "minItems": 1, "items": {"type": "string"}}
+    ]})
 }
 
 impl<'de> Deserialize<'de> for Start {
@@ -234,5 +258,36 @@ impl KafkaConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use sluice_source_sdk::config::{assert_schema_judges, schema_for};
+
+    #[test]
+    fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {
+        let schema = schema_for::<KafkaConfig>();
+        assert_eq!(schema["properties"]["start"]["default"], "earliest");
+        assert_eq!(schema["properties"]["fetch_wait"]["default"], "10ms");
+        assert_schema_judges(
+            &schema,
+            &[
+                json!({"brokers": ["127.0.0.1:9092"], "topic": "views", "format": "json"}),
+                json!({"brokers": "a:9092,b:9092", "topic": "views", "format": "json",
+                       "partitions": [0, 2], "start": {"0": 120}, "meta": null,
+                       "fetch_wait": "250ms"}),
+                json!({"brokers": "a:9092", "topic": "t", "format": "json",
+                       "start": "latest", "meta": "_kafka"}),
+            ],
+            &[
+                json!({"brokers": "a:9092", "topic": "t", "format": "json", "group": "g"}),
+                json!({"brokers": [], "topic": "t", "format": "json"}),
+                json!({"brokers": "a:9092", "topic": "t", "format": "json", "start": "first"}),
+                json!({"brokers": "a:9092", "format": "json"}),
+            ],
+        );
     }
 }

@@ -24,7 +24,6 @@ pub struct KafkaKind;
 
 impl SourceKind for KafkaKind {
     const NAME: &'static str = "kafka";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = KafkaConfig;
 
     fn prepare(config: &mut KafkaConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {

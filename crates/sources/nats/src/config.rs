@@ -1,41 +1,37 @@
 //! What the user writes: `nats: {url: nats://127.0.0.1:4222, stream: EVENTS}`, with
 //! `subject`, `start` and `meta` optional. Strict: unknown keys are errors.
 
-use serde::{Deserialize, Deserializer};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sluice_source_sdk::InvalidConfig;
+use sluice_source_sdk::config::nullable_string;
 
-/// JSON schema of [`NatsConfig`] (what `sluice schema nats` prints).
-pub const SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "NATS JetStream stream",
-  "type": "object",
-  "required": ["url", "stream"],
-  "additionalProperties": false,
-  "properties": {
-    "url": {"type": "string", "minLength": 1, "description": "The server, nats://host:port (no TLS in this build)."},
-    "stream": {"type": "string", "minLength": 1, "description": "The JetStream stream read; its retention must be limits."},
-    "subject": {"type": "string", "description": "Only messages whose subject matches this filter (events.>)."},
-    "start": {"oneOf": [{"type": "string", "enum": ["first", "last", "new"]}, {"type": "integer", "minimum": 1}], "default": "first", "description": "Where a source with no committed position begins: first, last, new, or a stream sequence."},
-    "meta": {"type": ["string", "null"], "default": "_meta", "description": "The top-level property receiving each message's stream, subject, sequence, timestamp and headers; null for none."}
-  }
-}"#;
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A NATS JetStream stream, read by stream sequence (no durable consumer).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "NATS JetStream stream")]
 pub struct NatsConfig {
-    /// The server, `nats://host:port` (or `host:port`).
+    /// The server, nats://host:port (no TLS in this build).
+    // `host:port` is taken too.
+    #[schemars(length(min = 1))]
     pub url: String,
-    /// The JetStream stream read; its retention must be `limits`.
+    /// The JetStream stream read; its retention must be limits.
+    #[schemars(length(min = 1))]
     pub stream: String,
-    /// Only messages whose subject matches this filter (`events.>`, `events.*.eu`).
+    /// Only messages whose subject matches this filter (events.>).
     #[serde(default)]
+    #[schemars(with = "String")]
     pub subject: Option<String>,
-    /// Where a source with no committed position begins.
+    /// Where a source with no committed position begins: first, last, new, or a stream
+    /// sequence.
     #[serde(default)]
+    #[schemars(schema_with = "start_schema")]
     pub start: Start,
-    /// The top-level property each document gets the message's metadata under;
-    /// `null` hands the message over as it is.
+    /// The top-level property receiving each message's stream, subject, sequence,
+    /// timestamp and headers; null for none.
+    // `null` hands the message over as it is.
     #[serde(default = "default_meta")]
+    #[schemars(schema_with = "nullable_string")]
     pub meta: Option<String>,
 }
 
@@ -58,6 +54,26 @@ pub enum Start {
     New,
     /// This stream sequence (1-based).
     Sequence(u64),
+}
+
+/// As it is written: `first`, `last`, `new`, or the sequence.
+impl Serialize for Start {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Start::First => s.serialize_str("first"),
+            Start::Last => s.serialize_str("last"),
+            Start::New => s.serialize_str("new"),
+            Start::Sequence(sequence) => s.serialize_u64(*sequence),
+        }
+    }
+}
+
+/// The schema of [`Start`] as it is written.
+fn start_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"oneOf": [
+        {"type": "string", "enum": ["first", "last", "new"]},
+        {"type": "integer", "minimum": 1}
+    ]})
 }
 
 impl<'de> Deserialize<'de> for Start {
@@ -114,7 +130,29 @@ impl NatsConfig {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::parse;
+    use sluice_source_sdk::config::{assert_schema_judges, parse, schema_for};
+
+    #[test]
+    fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {
+        let schema = schema_for::<NatsConfig>();
+        assert_eq!(schema["properties"]["start"]["default"], "first");
+        assert_eq!(schema["properties"]["meta"]["default"], DEFAULT_META);
+        assert_schema_judges(
+            &schema,
+            &[
+                json!({"url": "nats://127.0.0.1:4222", "stream": "EVENTS"}),
+                json!({"url": "127.0.0.1:4222", "stream": "EVENTS", "subject": "events.>",
+                       "start": 17, "meta": null}),
+                json!({"url": "nats://h:4222", "stream": "S", "start": "new"}),
+            ],
+            &[
+                json!({"url": "nats://h:4222", "stream": "S", "topic": "x"}),
+                json!({"url": "nats://h:4222", "stream": "S", "start": 0}),
+                json!({"url": "nats://h:4222", "stream": "S", "start": "earliest"}),
+                json!({"url": "nats://h:4222"}),
+            ],
+        );
+    }
 
     fn parsed(value: serde_json::Value) -> Result<NatsConfig, InvalidConfig> {
         let config: NatsConfig = parse(value)?;

@@ -23,7 +23,6 @@ pub struct NatsKind;
 
 impl SourceKind for NatsKind {
     const NAME: &'static str = "nats";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = NatsConfig;
 
     fn prepare(config: &mut NatsConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {

@@ -3,65 +3,62 @@
 //! `heartbeat` and `retained_warning` optional. Strict: unknown keys are errors.
 
 use crate::wire::Target;
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use sluice_source_sdk::InvalidConfig;
+use sluice_source_sdk::config::{bytes_schema, duration_schema, ser_bytes};
 use sluice_source_sdk::redact::redact;
 use std::time::Duration;
 
-/// JSON schema of [`PostgresCdcConfig`] (what `sluice schema postgres_cdc` prints).
-pub const SCHEMA: &str = r#"{
-  "$schema": "http://json-schema.org/draft-07/schema#",
-  "title": "PostgreSQL change data capture",
-  "type": "object",
-  "required": ["url"],
-  "additionalProperties": false,
-  "properties": {
-    "url": {"type": "string", "minLength": 1, "description": "postgres://user[:password]@host[:port]/database (plain TCP); the user needs REPLICATION."},
-    "publication": {"type": "string", "minLength": 1, "description": "The publication read; must exist unless tables is given (then default sluice_<slot>, created if missing)."},
-    "tables": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "The tables (schema.table, or table in public) of the publication Sluice creates when it is missing."},
-    "slot": {"type": "string", "minLength": 1, "description": "The replication slot; default sluice_<materialization>_<source>, made a valid slot name."},
-    "chunk_rows": {"type": "integer", "minimum": 1, "default": 10000, "description": "Rows read per backfill query."},
-    "truncate": {"type": "string", "enum": ["error"], "default": "error", "description": "A TRUNCATE of a published table stops the source naming the table (delete_all is refused)."},
-    "heartbeat": {"type": "string", "description": "Off by default. Every this long (e.g. 30s), write a small logical message into the WAL (pg_logical_emit_message, not sent to the source): for a database with no traffic at all, the slot's position then still moves."},
-    "retained_warning": {"type": ["integer", "string"], "default": "1GiB", "description": "Log a warning (at most once a minute) while the slot holds back more WAL than this (bytes, or e.g. \"512MiB\"); the amount is the metric sluice_source_retained_bytes."}
-  }
-}"#;
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A PostgreSQL database's changes by logical replication (pgoutput), after a snapshot
+/// of the published tables.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "PostgreSQL change data capture")]
 pub struct PostgresCdcConfig {
-    /// `postgres://user[:password]@host[:port]/database` (plain TCP).
+    /// postgres://user[:password]@host[:port]/database (plain TCP); the user needs
+    /// REPLICATION.
+    #[schemars(length(min = 1))]
     pub url: String,
-    /// The publication read. Must exist, unless `tables` is given: then it is created
-    /// for them if missing (named `sluice_<slot>` when not given).
+    /// The publication read; must exist unless tables is given (then default
+    /// sluice_<slot>, created if missing).
     #[serde(default)]
+    #[schemars(with = "String", length(min = 1))]
     pub publication: Option<String>,
-    /// The tables (`schema.table`, or `table` in `public`) of the publication Sluice
-    /// creates when it does not exist.
+    /// The tables (schema.table, or table in public) of the publication Sluice creates
+    /// when it is missing.
     #[serde(default)]
+    #[schemars(with = "Vec<String>", length(min = 1))]
     pub tables: Option<Vec<String>>,
-    /// The replication slot; by default `sluice_<materialization>_<source>`, made a
-    /// valid slot name.
+    /// The replication slot; default sluice_<materialization>_<source>, made a valid
+    /// slot name.
     #[serde(default)]
+    #[schemars(with = "String", length(min = 1))]
     pub slot: Option<String>,
-    /// Rows read per backfill query (the most a query reads; a step takes fewer when
-    /// its limits are smaller).
+    /// Rows read per backfill query.
+    // The most a query reads; a step takes fewer when its limits are smaller.
     #[serde(default = "default_chunk_rows")]
+    #[schemars(range(min = 1))]
     pub chunk_rows: usize,
-    /// What a TRUNCATE of a published table does.
+    /// A TRUNCATE of a published table stops the source naming the table (delete_all
+    /// is refused).
     #[serde(default)]
     pub truncate: Truncate,
-    /// Every this long, a small logical message is written into the WAL
-    /// (`pg_logical_emit_message`; pgoutput does not send it), so that a database with
-    /// no traffic at all still moves the slot's position. Off by default.
+    /// Off by default. Every this long (e.g. 30s), write a small logical message into
+    /// the WAL (pg_logical_emit_message, not sent to the source): for a database with
+    /// no traffic at all, the slot's position then still moves.
     #[serde(default, deserialize_with = "de_heartbeat")]
+    #[schemars(schema_with = "duration_schema")]
     pub heartbeat: Option<Duration>,
-    /// A warning is logged (at most once a minute) while the slot holds back more WAL
-    /// than this many bytes.
+    /// Log a warning (at most once a minute) while the slot holds back more WAL than
+    /// this (bytes, or e.g. "512MiB"); the amount is the metric
+    /// sluice_source_retained_bytes.
     #[serde(
         default = "default_retained_warning",
-        deserialize_with = "sluice_source_sdk::config::de_bytes"
+        deserialize_with = "sluice_source_sdk::config::de_bytes",
+        serialize_with = "ser_bytes"
     )]
+    #[schemars(schema_with = "bytes_schema")]
     pub retained_warning: u64,
 }
 
@@ -80,7 +77,7 @@ fn de_heartbeat<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duratio
 }
 
 /// What a TRUNCATE becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Truncate {
     /// The source fails, naming the table: a truncate is not a change of some keys.
@@ -88,7 +85,8 @@ pub enum Truncate {
     Error,
     /// Refused when the configuration is read: a delete of every key of a table
     /// needs those keys, which a truncate does not carry, and no store takes a
-    /// "delete all" change yet.
+    /// "delete all" change yet. Not in the schema: it is no value to write.
+    #[schemars(skip)]
     DeleteAll,
 }
 
@@ -235,7 +233,28 @@ pub fn sanitize_slot(name: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::parse;
+    use sluice_source_sdk::config::{assert_schema_judges, parse, schema_for};
+
+    #[test]
+    fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {
+        let schema = schema_for::<PostgresCdcConfig>();
+        assert_eq!(schema["properties"]["truncate"]["enum"], json!(["error"]));
+        assert_eq!(schema["properties"]["retained_warning"]["default"], "1GiB");
+        assert_schema_judges(
+            &schema,
+            &[
+                json!({"url": "postgres://u@h/db", "publication": "p"}),
+                json!({"url": "postgres://u@h/db", "tables": ["public.orders", "items"],
+                       "slot": "s", "chunk_rows": 500, "truncate": "error",
+                       "heartbeat": "30s", "retained_warning": "512MiB"}),
+            ],
+            &[
+                json!({"url": "postgres://u@h/db", "publication": "p", "slots": "s"}),
+                json!({"url": "postgres://u@h/db", "tables": []}),
+                json!({"publication": "p"}),
+            ],
+        );
+    }
 
     fn parsed(value: serde_json::Value) -> Result<PostgresCdcConfig, InvalidConfig> {
         let config: PostgresCdcConfig = parse(value)?;

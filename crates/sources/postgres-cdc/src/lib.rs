@@ -44,7 +44,6 @@ pub struct PostgresCdcKind;
 
 impl SourceKind for PostgresCdcKind {
     const NAME: &'static str = "postgres_cdc";
-    const SCHEMA: &'static str = config::SCHEMA;
     type Config = PostgresCdcConfig;
     const PINNED: Option<&'static str> =
         Some("it reads one replication slot, which the shards of a cluster cannot share");
