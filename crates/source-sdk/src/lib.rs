@@ -71,7 +71,7 @@
 //! - [`redact`]: secrets (URL passwords, tokens) out of messages and logs.
 //! - `testing` (feature `testing`): what the tests of every source share.
 
-pub mod config;
+pub use sluice_config as config;
 pub mod health;
 pub mod intake;
 pub mod kind;

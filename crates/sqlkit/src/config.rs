@@ -20,9 +20,9 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use sluice_config::schema_for;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
-use sluice_source_sdk::config::schema_for;
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -320,7 +320,7 @@ mod tests {
     use super::*;
     use serde::Deserialize;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_table_schema_takes_a_table_within_the_limit_and_refuses_an_unknown_key() {

@@ -9,6 +9,7 @@
 //!   ([`postgres::LogicalPostgres`]).
 //! - [`tansu`]: the test Kafka broker, started when none answers.
 //! - [`mysql`]: a database of one's own on the shared MariaDB.
+//! - [`schema`]: a connector's configuration schema checked as the runtime checks it.
 //! - [`modules`]: the cycles of a crate's module graph, for the tests that keep none.
 
 pub mod conformance;
@@ -16,4 +17,5 @@ pub mod etcd;
 pub mod modules;
 pub mod mysql;
 pub mod postgres;
+pub mod schema;
 pub mod tansu;

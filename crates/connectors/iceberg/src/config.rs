@@ -8,8 +8,8 @@ use crate::catalog::CatalogLocation;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
+use sluice_config::schema_for;
 use sluice_sink_sdk::SinkError;
-use sluice_source_sdk::config::schema_for;
 use std::path::PathBuf;
 
 /// 128 MiB: Iceberg's own default target data file size (`write.target-file-size-bytes`
@@ -167,7 +167,7 @@ fn valid_name(name: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn defaults_fill_what_is_left_out() {

@@ -5,8 +5,8 @@
 
 use schemars::JsonSchema;
 use serde::Deserialize;
+use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result, flow};
-use sluice_source_sdk::config::schema_for;
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
@@ -66,7 +66,7 @@ pub fn binding_tables(spec: &flow::MaterializationSpec) -> Result<Vec<(String, b
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {

@@ -16,8 +16,8 @@
 use crate::tls::Tls;
 use schemars::JsonSchema;
 use serde::Deserialize;
+use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result};
-use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{
     self, ConnectionUrl, NameLimit, TableResource, parse, table_resource_schema,
 };
@@ -140,7 +140,7 @@ impl EndpointConfig {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_endpoint_names_its_database() {

@@ -17,8 +17,8 @@
 use crate::tls::Tls;
 use schemars::JsonSchema;
 use serde::Deserialize;
+use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result};
-use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{
     self, ConnectionUrl, NameLimit, TableResource, check_identifier, parse, table_resource_schema,
 };
@@ -174,7 +174,7 @@ impl EndpointConfig {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn endpoint_defaults_to_the_public_schema() {

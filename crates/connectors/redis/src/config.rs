@@ -11,8 +11,8 @@
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result};
-use sluice_source_sdk::config::schema_for;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -204,7 +204,7 @@ fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {

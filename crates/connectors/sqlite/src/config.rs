@@ -7,8 +7,8 @@
 
 use schemars::JsonSchema;
 use serde::Deserialize;
+use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result};
-use sluice_source_sdk::config::schema_for;
 use sluice_sqlkit::config::{TableResource, parse, table_resource_schema};
 use std::path::PathBuf;
 use std::sync::LazyLock;
@@ -59,7 +59,7 @@ impl EndpointConfig {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn endpoint_parses_a_path() {

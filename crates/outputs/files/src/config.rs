@@ -2,8 +2,8 @@
 
 use schemars::JsonSchema;
 use serde::Deserialize;
+use sluice_config::schema_for;
 pub use sluice_output_sdk::config::parse;
-use sluice_source_sdk::config::schema_for;
 use std::path::PathBuf;
 
 /// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
@@ -46,7 +46,7 @@ pub struct Resource {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {

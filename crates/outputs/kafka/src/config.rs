@@ -5,8 +5,8 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use sluice_config::schema_for;
 pub use sluice_output_sdk::config::parse;
-use sluice_source_sdk::config::schema_for;
 use std::num::NonZeroUsize;
 
 /// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
@@ -92,7 +92,7 @@ fn partitions<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {

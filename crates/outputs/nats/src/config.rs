@@ -7,9 +7,9 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
+use sluice_config::schema_for;
 use sluice_output_sdk::OutputError;
 use sluice_output_sdk::config::parse;
-use sluice_source_sdk::config::schema_for;
 
 /// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
 pub fn endpoint_schema() -> String {
@@ -116,7 +116,7 @@ impl Resource {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::assert_schema_judges;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {

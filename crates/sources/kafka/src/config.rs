@@ -265,7 +265,8 @@ impl KafkaConfig {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::{assert_schema_judges, schema_for};
+    use sluice_source_sdk::config::schema_for;
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {

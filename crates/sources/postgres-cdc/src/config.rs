@@ -233,7 +233,8 @@ pub fn sanitize_slot(name: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
-    use sluice_source_sdk::config::{assert_schema_judges, parse, schema_for};
+    use sluice_source_sdk::config::{parse, schema_for};
+    use sluice_testkit::schema::assert_schema_judges;
 
     #[test]
     fn the_schema_takes_the_examples_and_refuses_an_unknown_key() {

@@ -1,5 +1,6 @@
-//! Parsing a source kind's configuration: what every kind's parser shares with the
-//! pipeline file, so that all of them read and report alike.
+//! Parsing a connector's configuration, and its JSON schema: what every source, driver
+//! and output shares with the pipeline file, so that all of them read, describe and
+//! report alike. (Sources reach it as `sluice_source_sdk::config`.)
 //!
 //! - A configuration is strict (`#[serde(deny_unknown_fields)]` on the kind's type):
 //!   a typo is an error, never silently ignored.
@@ -264,27 +265,6 @@ pub fn ser_duration<S: Serializer>(duration: &Duration, s: S) -> Result<S::Ok, S
 /// (`#[schemars(schema_with = "nullable_string")]`).
 pub fn nullable_string(_: &mut SchemaGenerator) -> Schema {
     json_schema!({"type": ["string", "null"]})
-}
-
-/// Checks a configuration's schema the way the runtime checks a document against one
-/// (`sluice_doc`): it compiles, admits each of `admitted` and refuses each of
-/// `refused`. For each config's tests (feature `testing`): the crate's examples, and an
-/// unknown key where the type denies them.
-#[cfg(feature = "testing")]
-pub fn assert_schema_judges(schema: &Value, admitted: &[Value], refused: &[Value]) {
-    let compiled = sluice_doc::Schema::compile(schema)
-        .unwrap_or_else(|e| panic!("the schema does not compile: {e}\n{schema:#}"));
-    for config in admitted {
-        if let Err(e) = compiled.validate(config) {
-            panic!("the schema refuses {config}: {e:?}\n{schema:#}");
-        }
-    }
-    for config in refused {
-        assert!(
-            compiled.validate(config).is_err(),
-            "the schema admits {config}\n{schema:#}"
-        );
-    }
 }
 
 #[cfg(test)]
