@@ -5,10 +5,10 @@
 //! A new source is a crate implementing `sluice_source_sdk::SourceKind` and a
 //! `with_source` line here; a new built-in driver is a `with_driver(Builtin::new…)` line
 //! naming its endpoint configuration type (checked when the pipeline file is read), its
-//! endpoint type, the configuration keys that hold paths, and its constructor.
+//! endpoint type, the configuration keys that hold paths, and its constructor (the
+//! driver declares how it commits itself: `Driver::declared`).
 
 use sluice_datagen::DatagenKind;
-use sluice_driver_sdk::CommitPattern::{RecoveryLogNonTransactional, RemoteAuthoritative};
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
 use sluice_http::HttpKind;
@@ -38,35 +38,30 @@ pub fn registry() -> Registry {
             "memory",
             SluiceMemory,
             &["path"],
-            RemoteAuthoritative,
             || Arc::new(MemoryDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_mysql::config::EndpointConfig>(
             "mysql",
             SluiceMysql,
             &[],
-            RemoteAuthoritative,
             || Arc::new(MysqlDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_postgres::config::EndpointConfig>(
             "postgres",
             SluicePostgres,
             &[],
-            RemoteAuthoritative,
             || Arc::new(PostgresDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_sqlite::config::EndpointConfig>(
             "sqlite",
             Sqlite,
             &["path"],
-            RemoteAuthoritative,
             || Arc::new(SqliteDriver::new()),
         ))
         .with_driver(Builtin::new::<sluice_redis::config::EndpointConfig>(
             "redis",
             SluiceRedis,
             &[],
-            RecoveryLogNonTransactional,
             || Arc::new(RedisDriver::new()),
         ))
         .with_driver(Epoch(sluice_iceberg::kind()))

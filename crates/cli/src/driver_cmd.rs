@@ -9,9 +9,9 @@
 //! ```
 //!
 //! `test` holds the driver to every capability (authoritative, deletes, delta updates,
-//! strict exists checks) unless told what it lacks: the scenarios needing those are
-//! then skipped with their reason. Over `--command` (stdio) an error reaches the suite
-//! as text, so a fenced commit is recognized by its `fenced off` message.
+//! strict exists checks) unless told what it lacks (a built-in driver to what it
+//! declares): the scenarios needing those are then skipped with their reason. Every transport carries an error's kind (stdio in
+//! the driver's last stderr line), so a fenced commit is `Fenced` whatever carried it.
 //!
 //! `serve` prints its bound address on stdout only once it accepts connections, so a
 //! script (or test) can read that line and connect. `stdio` keeps stdout for frames:
@@ -80,7 +80,8 @@ pub struct TestArgs {
     #[arg(long)]
     resource: Option<PathBuf>,
     /// A capability the driver does not claim, whose scenarios are skipped: authoritative,
-    /// deletes, delta-updates or strict-exists. Repeatable.
+    /// deletes, delta-updates or strict-exists. Repeatable. A built-in driver claims what
+    /// it declares, less these.
     #[arg(long, value_name = "CAPABILITY")]
     lacks: Vec<Capability>,
 }
@@ -149,6 +150,9 @@ async fn test(args: TestArgs) -> anyhow::Result<()> {
         Some(path) => read_json(path)?,
         None => serde_json::json!({"table": "sluice_conformance"}),
     };
+    // A built-in driver says what it does; another is held to everything it does not
+    // disclaim with --lacks.
+    let mut claimed = Capabilities::ALL;
     let endpoint: Box<dyn Endpoint> = match (&args.endpoint, &args.command, &args.builtin) {
         (Some(address), _, _) => Box::new(GrpcEndpoint::connect(address).await?),
         (_, Some(command), _) => {
@@ -160,18 +164,15 @@ async fn test(args: TestArgs) -> anyhow::Result<()> {
                 words.collect(),
             ))
         }
-        (_, _, Some(name)) => Box::new(InProcess::new(name.clone(), builtin(name)?)),
+        (_, _, Some(name)) => {
+            let driver = builtin(name)?;
+            claimed = Capabilities::declared(driver.declared());
+            Box::new(InProcess::new(name.clone(), driver))
+        }
         // clap requires exactly one of the three.
         (None, None, None) => bail!("one of --endpoint, --command or --builtin is required"),
     };
-    let typed_errors = args.command.is_none();
-    let claimed = (args.lacks.iter()).fold(
-        Capabilities {
-            typed_errors,
-            ..Capabilities::ALL
-        },
-        |claimed, lacks| claimed.without(*lacks),
-    );
+    let claimed = (args.lacks.iter()).fold(claimed, |claimed, lacks| claimed.without(*lacks));
     let results = run_suite(endpoint.as_ref(), claimed, config, resource).await;
     let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     let passed = count(|o| matches!(o, Outcome::Pass));

@@ -7,7 +7,7 @@ use sluice_driver_sdk::flow;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
-use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_driver_sdk::{Declared, Driver, Result, Transactor};
 use std::sync::Arc;
 
 /// Names of the built-in drivers, sorted, for help texts and errors.
@@ -49,6 +49,10 @@ impl WithDefaultConfig {
 
 #[async_trait]
 impl Driver for WithDefaultConfig {
+    fn declared(&self) -> Declared {
+        self.driver.declared()
+    }
+
     async fn spec(&self, mut req: m::SpecRequest) -> Result<m::SpecResponse> {
         self.fill(&mut req.endpoint_spec_json);
         self.driver.spec(req).await

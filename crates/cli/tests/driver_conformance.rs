@@ -119,6 +119,31 @@ fn sqlite_driver_passes_in_process() {
     assert_all_passed(&stdout);
 }
 
+/// Redis declares what it does (deletes only: no fence, no delta updates, no strict
+/// exists), so it passes with no `--lacks`, the scenarios it cannot run skipped.
+#[test]
+fn redis_driver_passes_in_process_claiming_what_it_declares() {
+    let dir = tempfile::tempdir().unwrap();
+    let resource = dir.path().join("resource.json");
+    let prefix = format!("sluice-cli-conformance-{}", std::process::id());
+    std::fs::write(
+        &resource,
+        serde_json::json!({ "prefix": prefix }).to_string(),
+    )
+    .unwrap();
+    let resource = resource.to_string_lossy().into_owned();
+    let config = serde_json::json!({"url": "redis://127.0.0.1:6379/0"});
+    let stdout = driver_test(&["--builtin", "redis", "--resource", &resource], config);
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.contains(" passed, 0 failed, "), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("SKIP second-open-fences-first")),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn a_failing_scenario_is_reported_and_makes_the_exit_status_non_zero() {
     // The memory driver refuses unknown endpoint settings, so every scenario fails.

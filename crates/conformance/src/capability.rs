@@ -6,6 +6,7 @@
 //! claim, with the reason. A claimed capability is then held to the strictest check: a
 //! driver that claims deletions and refuses a null document fails, it is not skipped.
 
+use sluice_driver_sdk::{CommitPattern, Declared};
 use std::fmt;
 use std::str::FromStr;
 
@@ -71,23 +72,29 @@ pub struct Capabilities {
     pub deletes: bool,
     pub delta_updates: bool,
     pub strict_exists: bool,
-    /// The transport carries an error's kind (in-process and gRPC do; a stdio driver
-    /// reports its errors as text on stderr). Without it, a fenced commit is recognized
-    /// by the `fenced off` its error's text starts with instead of its
-    /// [`sluice_driver_sdk::Error::Fenced`] variant.
-    pub typed_errors: bool,
 }
 
 impl Capabilities {
-    /// Every capability, over a transport that keeps error kinds: what the built-in
-    /// drivers claim in process.
+    /// Every capability: what an authoritative table-writing driver claims.
     pub const ALL: Capabilities = Capabilities {
         authoritative: true,
         deletes: true,
         delta_updates: true,
         strict_exists: true,
-        typed_errors: true,
     };
+
+    /// What a driver declares ([`Driver::declared`]): authoritative when it commits by
+    /// the remote-authoritative pattern.
+    ///
+    /// [`Driver::declared`]: sluice_driver_sdk::Driver::declared
+    pub fn declared(declared: Declared) -> Capabilities {
+        Capabilities {
+            authoritative: declared.pattern == CommitPattern::RemoteAuthoritative,
+            deletes: declared.deletes,
+            delta_updates: declared.delta_updates,
+            strict_exists: declared.strict_exists,
+        }
+    }
 
     pub fn has(&self, capability: Capability) -> bool {
         match capability {

@@ -25,6 +25,47 @@ impl fmt::Display for Peer {
     }
 }
 
+/// The kinds of error a remote driver can report, each decoded as the same [`Error`]
+/// variant on the runtime's side ([`Error::remote`], [`Error::from_remote`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteKind {
+    Malformed,
+    Timeout,
+    Fenced,
+    Config,
+    /// Retryable: the transport, or a store failure the store calls transient.
+    Unavailable,
+    /// A store failure that a retry would meet again.
+    Store,
+}
+
+impl RemoteKind {
+    const ALL: [RemoteKind; 6] = [
+        RemoteKind::Malformed,
+        RemoteKind::Timeout,
+        RemoteKind::Fenced,
+        RemoteKind::Config,
+        RemoteKind::Unavailable,
+        RemoteKind::Store,
+    ];
+
+    /// The kind's name in a stdio driver's error line.
+    pub fn name(self) -> &'static str {
+        match self {
+            RemoteKind::Malformed => "malformed",
+            RemoteKind::Timeout => "timeout",
+            RemoteKind::Fenced => "fenced",
+            RemoteKind::Config => "config",
+            RemoteKind::Unavailable => "unavailable",
+            RemoteKind::Store => "store",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<RemoteKind> {
+        RemoteKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+}
+
 /// A message arrived that the protocol does not allow here. Ends the stream.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("protocol violation by the {peer}: expected {expected}, got {got}")]
@@ -83,6 +124,43 @@ impl Error {
             Error::Transport(_) | Error::Timeout { .. } => true,
             Error::Store { retryable, .. } => *retryable,
             Error::Protocol(_) | Error::Fenced(_) | Error::Config(_) | Error::Malformed(_) => false,
+        }
+    }
+
+    /// The error as it crosses a process boundary (a gRPC status, a stdio driver's
+    /// error line): its kind and message. [`Error::from_remote`] is its inverse.
+    pub fn remote(&self) -> (RemoteKind, String) {
+        let kind = match self {
+            Error::Protocol(_) | Error::Malformed(_) => RemoteKind::Malformed,
+            Error::Timeout { .. } => RemoteKind::Timeout,
+            Error::Fenced(_) => RemoteKind::Fenced,
+            Error::Config(_) => RemoteKind::Config,
+            Error::Store {
+                retryable: true, ..
+            }
+            | Error::Transport(_) => RemoteKind::Unavailable,
+            Error::Store { .. } => RemoteKind::Store,
+        };
+        let message = match self {
+            // The inner message only, so the variant's prefix is not doubled on return.
+            Error::Fenced(message) | Error::Config(message) => message.clone(),
+            other => other.to_string(),
+        };
+        (kind, message)
+    }
+
+    /// The error a remote driver `peer` reported, by its kind: a fenced commit is
+    /// [`Error::Fenced`] again, whatever carried it.
+    pub fn from_remote(kind: RemoteKind, peer: &str, message: String) -> Error {
+        match kind {
+            RemoteKind::Fenced => Error::Fenced(message),
+            RemoteKind::Config => Error::Config(message),
+            RemoteKind::Store => Error::store(peer, message, false),
+            // A violation or malformed message the driver found: deterministic, as it is.
+            RemoteKind::Malformed => Error::Malformed(format!("{peer}: {message}")),
+            RemoteKind::Timeout | RemoteKind::Unavailable => {
+                Error::Transport(format!("{peer}: {message}"))
+            }
         }
     }
 

@@ -16,7 +16,7 @@
 //! [`RangeFence::explain`] tells the truth.
 
 use crate::materialize::transaction_request::{Load, Prepare, Store};
-use crate::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor, flow};
+use crate::{Error, LoadedSink, PriorState, Result, Transactor, flow};
 use async_trait::async_trait;
 
 /// The runtime checkpoint of the transaction in progress: set by Prepare, taken by
@@ -191,10 +191,6 @@ pub trait FencedStore: Send + 'static {
 
 #[async_trait]
 impl<T: FencedStore> Transactor for T {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RemoteAuthoritative
-    }
-
     async fn load(
         &mut self,
         load: Load,

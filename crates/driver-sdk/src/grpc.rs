@@ -25,7 +25,7 @@
 //! carries at least one whole document, and the protocol has no way to split one.
 
 use crate::serve::serve_transactions;
-use crate::{Driver, Endpoint, Error, Result, TransactionStream};
+use crate::{Driver, Endpoint, Error, RemoteKind, Result, TransactionStream};
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use sluice_proto::materialize::{self as m, driver_client::DriverClient, driver_server};
@@ -137,21 +137,14 @@ fn reply<T>(result: Result<T>) -> Result<Response<T>, Status> {
 
 /// The status a driver error travels as. [`status_to_error`] is its inverse.
 fn error_to_status(err: &Error) -> Status {
-    let code = match err {
-        Error::Protocol(_) | Error::Malformed(_) => Code::FailedPrecondition,
-        Error::Timeout { .. } => Code::DeadlineExceeded,
-        Error::Fenced(_) => Code::Aborted,
-        Error::Config(_) => Code::InvalidArgument,
-        Error::Store {
-            retryable: true, ..
-        }
-        | Error::Transport(_) => Code::Unavailable,
-        Error::Store { .. } => Code::Internal,
-    };
-    let message = match err {
-        // Carry the inner message only, so the variant's prefix is not doubled on return.
-        Error::Fenced(message) | Error::Config(message) => message.clone(),
-        other => other.to_string(),
+    let (kind, message) = err.remote();
+    let code = match kind {
+        RemoteKind::Malformed => Code::FailedPrecondition,
+        RemoteKind::Timeout => Code::DeadlineExceeded,
+        RemoteKind::Fenced => Code::Aborted,
+        RemoteKind::Config => Code::InvalidArgument,
+        RemoteKind::Unavailable => Code::Unavailable,
+        RemoteKind::Store => Code::Internal,
     };
     Status::new(code, message)
 }
@@ -159,14 +152,16 @@ fn error_to_status(err: &Error) -> Status {
 /// The error a status from the driver at `address` stands for.
 fn status_to_error(address: &str, status: Status) -> Error {
     let message = status.message().to_string();
-    match status.code() {
-        Code::Aborted => Error::Fenced(message),
-        Code::InvalidArgument => Error::Config(message),
-        Code::Internal => Error::store(format!("driver at {address}"), message, false),
-        // A violation or malformed message the driver found: deterministic, as it is.
-        Code::FailedPrecondition => Error::Malformed(format!("driver at {address}: {message}")),
-        code => Error::Transport(format!("driver at {address}: {code:?}: {message}")),
-    }
+    let kind = match status.code() {
+        Code::Aborted => RemoteKind::Fenced,
+        Code::InvalidArgument => RemoteKind::Config,
+        Code::Internal => RemoteKind::Store,
+        Code::FailedPrecondition => RemoteKind::Malformed,
+        code => {
+            return Error::Transport(format!("driver at {address}: {code:?}: {message}"));
+        }
+    };
+    Error::from_remote(kind, &format!("driver at {address}"), message)
 }
 
 /// A bound, not yet serving, gRPC listener.

@@ -33,5 +33,5 @@ pub mod traits;
 pub use sluice_proto::{flow, materialize};
 
 pub use endpoint::{Endpoint, TransactionStream};
-pub use error::{Error, Peer, ProtocolError, Result};
-pub use traits::{CommitPattern, Driver, LoadedSink, PriorState, Transactor};
+pub use error::{Error, Peer, ProtocolError, RemoteKind, Result};
+pub use traits::{CommitPattern, Declared, Driver, LoadedSink, PriorState, Transactor};

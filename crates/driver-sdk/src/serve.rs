@@ -32,7 +32,7 @@
 
 use crate::arena::LoadedBuilder;
 use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
-use crate::{Driver, Error, LoadedSink, Peer, PriorState, Result, Transactor};
+use crate::{CommitPattern, Driver, Error, LoadedSink, Peer, PriorState, Result, Transactor};
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -74,9 +74,11 @@ pub async fn serve_transactions(
         // Not reached: the machine accepts only Open first.
         return Err(violation(Peer::Runtime, "Open", open.name()).into());
     };
+    let pattern = driver.declared().pattern;
     let (transactor, opened) = driver.open(open).await?;
     let mut session = Session {
-        gate: LoadGate::new(transactor.as_ref()),
+        pattern,
+        gate: LoadGate::new(pattern),
         transactor,
         loaded: LoadedBuilder::new(),
         out,
@@ -136,8 +138,8 @@ enum LoadGate {
 }
 
 impl LoadGate {
-    fn new(transactor: &dyn Transactor) -> Self {
-        if transactor.pattern().loads_await_acknowledge() {
+    fn new(pattern: CommitPattern) -> Self {
+        if pattern.loads_await_acknowledge() {
             LoadGate::AwaitingAcknowledge(DeferredLoads::default())
         } else {
             LoadGate::Open
@@ -258,6 +260,8 @@ impl LoadedSink for LoadedOut<'_> {
 
 struct Session {
     transactor: Box<dyn Transactor>,
+    /// The driver's declared pattern: whether Loads wait for `acknowledge`.
+    pattern: CommitPattern,
     gate: LoadGate,
     loaded: LoadedBuilder,
     out: Responses,
@@ -309,7 +313,7 @@ impl Session {
                     self.transactor.commit().await?;
                     fail_point!("driver::after-commit");
                     self.out.send(Response::DriverCommitted).await?;
-                    self.gate = LoadGate::new(self.transactor.as_ref());
+                    self.gate = LoadGate::new(self.pattern);
                 }
                 // Not reached: the machine accepts Open only as the first request.
                 Request::Open(_) => {

@@ -20,12 +20,16 @@
 //!   (`kill_on_drop`): a runtime that gives up never leaves a driver behind.
 //! - A Transactions stream ends cleanly only if the runtime closed its side first and the
 //!   child then exited with success; any other exit is an error.
+//! - A driver's error keeps its kind: a failing call's last stderr line is
+//!   `sluice-driver-error {"kind": …, "message": …}` ([`RemoteKind`]), which the runtime
+//!   reads back as the same [`Error`] variant (a fenced commit is `Fenced`, as in-process
+//!   and over gRPC). A process that exits without one is a transport error.
 //!
 //! [`serve_stdio`] is the driver side: it lets any [`Driver`] act as such an executable.
 
 use crate::grpc::MAX_WIRE_MESSAGE_BYTES;
 use crate::serve::serve_transactions;
-use crate::{Driver, Endpoint, Error, Result, TransactionStream};
+use crate::{Driver, Endpoint, Error, RemoteKind, Result, TransactionStream};
 use async_trait::async_trait;
 use futures::StreamExt;
 use prost::Message;
@@ -264,7 +268,30 @@ impl StdioEndpoint {
     }
 }
 
-/// An error about a driver process: what went wrong, its exit status, its stderr tail.
+/// What a failing driver writes as its last stderr line, before the error as JSON.
+const ERROR_LINE: &str = "sluice-driver-error ";
+
+/// The error line of `err`, as [`serve_stdio`] writes it.
+fn error_line(err: &Error) -> String {
+    let (kind, message) = err.remote();
+    let body = serde_json::json!({"kind": kind.name(), "message": message});
+    format!("{ERROR_LINE}{body}")
+}
+
+/// The error the last error line of `tail` reports, if any.
+fn reported_error(peer: &str, tail: &[String]) -> Option<Error> {
+    let line = tail
+        .iter()
+        .rev()
+        .find_map(|line| line.strip_prefix(ERROR_LINE))?;
+    let body: serde_json::Value = serde_json::from_str(line).ok()?;
+    let kind = RemoteKind::from_name(body["kind"].as_str()?)?;
+    let message = body["message"].as_str()?.to_owned();
+    Some(Error::from_remote(kind, peer, message))
+}
+
+/// An error about a driver process: the error it reported, else what went wrong, its
+/// exit status and its stderr tail.
 fn process_error(
     name: &str,
     sub: SubCommand,
@@ -272,11 +299,15 @@ fn process_error(
     status: &std::io::Result<ExitStatus>,
     tail: &[String],
 ) -> Error {
+    let peer = format!("driver {name} ({})", sub.as_str());
+    if let Some(reported) = reported_error(&peer, tail) {
+        return reported;
+    }
     let status = match status {
         Ok(status) => status.to_string(),
         Err(err) => format!("exit status unknown: {err}"),
     };
-    let mut message = format!("driver {name} ({}): {what} ({status})", sub.as_str());
+    let mut message = format!("{peer}: {what} ({status})");
     if !tail.is_empty() {
         message.push_str("; stderr:\n");
         message.push_str(&tail.join("\n"));
@@ -394,9 +425,21 @@ async fn write_requests(
 
 /// The driver side of the stdio protocol: serves `sub_command` of `driver` on this
 /// process's stdin and stdout. Returns when the call is answered (unary) or the runtime
-/// closes stdin (transactions); an error should make the process exit non-zero, with the
-/// error on stderr.
+/// closes stdin (transactions). A failure has been written to stderr as its error line
+/// when it returns; the process should then exit non-zero.
 pub async fn serve_stdio(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
+    let served = serve(driver, sub_command).await;
+    if let Err(err) = &served {
+        let mut stderr = tokio::io::stderr();
+        let line = format!("{}\n", error_line(err));
+        // Nothing else can be told if stderr is gone too.
+        let _ = stderr.write_all(line.as_bytes()).await;
+        let _ = stderr.flush().await;
+    }
+    served
+}
+
+async fn serve(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
     let mut stdin = tokio::io::stdin();
     let mut stdout = tokio::io::stdout();
     match sub_command {

@@ -58,6 +58,30 @@ impl CommitPattern {
     }
 }
 
+/// What a driver declares where it is defined: how it commits (what admission decides on
+/// before the driver is asked anything, and when the serve loop lets Loads run) and what
+/// the conformance suite holds it to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Declared {
+    pub pattern: CommitPattern,
+    /// A null document stored with `exists` deletes its key.
+    pub deletes: bool,
+    /// Takes delta-updates bindings (stores appended, never loaded).
+    pub delta_updates: bool,
+    /// Fails the transaction that stores, as absent, a key the store holds.
+    pub strict_exists: bool,
+}
+
+impl Declared {
+    /// An authoritative table store: every capability.
+    pub const AUTHORITATIVE_TABLE: Declared = Declared {
+        pattern: CommitPattern::RemoteAuthoritative,
+        deletes: true,
+        delta_updates: true,
+        strict_exists: true,
+    };
+}
+
 /// What the transactor is told about the prior transaction when asked to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PriorState {
@@ -85,6 +109,8 @@ pub trait LoadedSink: Send {
 
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
+    /// How this driver commits and what it supports: the one place it is said.
+    fn declared(&self) -> Declared;
     /// Endpoint and resource JSON schemas, documentation URL.
     async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse>;
     /// Per binding: constraints on every projection, the resource path, delta updates.
@@ -105,8 +131,6 @@ pub trait Driver: Send + Sync + 'static {
 
 #[async_trait]
 pub trait Transactor: Send + 'static {
-    fn pattern(&self) -> CommitPattern;
-
     /// Looks up the keys of `load` (its arena and packed_keys) and pushes each found
     /// document to `loaded`; keys not found are simply skipped. May instead remember the
     /// keys and push their documents in [`Transactor::flush_loads`]. Never called for a

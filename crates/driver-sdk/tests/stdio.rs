@@ -101,6 +101,33 @@ async fn a_unary_call_to_a_failing_driver_reports_its_exit_status_and_stderr() {
 }
 
 #[tokio::test]
+async fn a_driver_error_line_keeps_the_kind_of_the_error() {
+    let fenced = shell_driver(
+        "echo 'some log line' >&2; \
+         echo 'sluice-driver-error {\"kind\":\"fenced\",\"message\":\"range 0-ff reopened\"}' >&2; \
+         exit 1",
+    );
+    match fenced.spec(m::SpecRequest::default()).await {
+        Err(Error::Fenced(message)) => assert_eq!(message, "range 0-ff reopened"),
+        other => panic!("expected a fenced error, got {other:?}"),
+    }
+    let store = shell_driver(
+        "echo 'sluice-driver-error {\"kind\":\"store\",\"message\":\"duplicate key\"}' >&2; exit 1",
+    );
+    let err = store.spec(m::SpecRequest::default()).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err}");
+    assert!(matches!(&err, Error::Store { .. }), "{err}");
+    assert!(err.to_string().contains("duplicate key"), "{err}");
+    // A line that is not one of ours is stderr like any other.
+    let garbled = shell_driver("echo 'sluice-driver-error {not json' >&2; exit 1");
+    let message = transport_message(garbled.spec(m::SpecRequest::default()).await.unwrap_err());
+    assert!(
+        message.contains("sluice-driver-error {not json"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn a_unary_response_that_is_not_protobuf_is_a_clear_error() {
     let driver = shell_driver("cat >/dev/null; printf '\\003\\000\\000\\000\\377\\377\\377'");
     let err = driver.spec(m::SpecRequest::default()).await.unwrap_err();

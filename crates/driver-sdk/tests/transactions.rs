@@ -10,7 +10,7 @@ use sluice_driver_sdk::client::{self, ClientReceiver, ClientSender, Response};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::machine::{self, Request};
 use sluice_driver_sdk::{
-    CommitPattern, Driver, Endpoint, Error, LoadedSink, Peer, PriorState, Result,
+    CommitPattern, Declared, Driver, Endpoint, Error, LoadedSink, Peer, PriorState, Result,
     TransactionStream, Transactor,
 };
 use sluice_memory::MemoryDriver;
@@ -346,6 +346,13 @@ struct Recorder {
 
 #[async_trait]
 impl Driver for Recorder {
+    fn declared(&self) -> Declared {
+        Declared {
+            pattern: CommitPattern::RecoveryLogIdempotentApply,
+            ..Declared::AUTHORITATIVE_TABLE
+        }
+    }
+
     async fn spec(&self, _: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(Default::default())
     }
@@ -380,9 +387,6 @@ impl RecorderTransactor {
 
 #[async_trait]
 impl Transactor for RecorderTransactor {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RecoveryLogIdempotentApply
-    }
     async fn load(
         &mut self,
         load: Load,

@@ -22,7 +22,7 @@ use sluice_driver_sdk::materialize::{
     transaction_request::{Load, Open, Store},
     transaction_response::Opened,
 };
-use sluice_driver_sdk::{Driver, Error, LoadedSink, Result, Transactor};
+use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, LoadedSink, Result, Transactor};
 use sluice_sink_sdk::driver::epoch_of;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -205,6 +205,17 @@ async fn blocking<T: Send + 'static>(
 
 #[async_trait]
 impl Driver for OutputDriver {
+    /// Authoritative over its local view (fenced by generation); a change stream, so
+    /// no delta updates, and a key stored as absent is an insert whatever was published.
+    fn declared(&self) -> Declared {
+        Declared {
+            pattern: CommitPattern::RemoteAuthoritative,
+            deletes: true,
+            delta_updates: false,
+            strict_exists: false,
+        }
+    }
+
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: (self.kind.endpoint_schema)(),

@@ -298,19 +298,17 @@ pub struct Builtin {
     paths: &'static [&'static str],
     check: fn(Value) -> Result<(), InvalidConfig>,
     driver: fn() -> Arc<dyn Driver>,
-    pattern: CommitPattern,
 }
 
 impl Builtin {
     /// The driver `name`, reporting itself as `endpoint_type`, whose endpoint
     /// configuration the driver parses as `C` (strict, so the pipeline file is checked
     /// against it) and whose keys `paths` hold paths; `driver` makes an instance, which
-    /// commits by `pattern` (what admission knows of it).
+    /// declares how it commits ([`Driver::declared`]: what admission knows of it).
     pub fn new<C: DeserializeOwned>(
         name: &'static str,
         endpoint_type: EndpointType,
         paths: &'static [&'static str],
-        pattern: CommitPattern,
         driver: fn() -> Arc<dyn Driver>,
     ) -> Builtin {
         Builtin {
@@ -319,7 +317,6 @@ impl Builtin {
             paths,
             check: |config| parse::<C>(config).map(drop),
             driver,
-            pattern,
         }
     }
 }
@@ -353,11 +350,13 @@ impl DriverKind for Builtin {
         _state_dir: &Path,
         config: &Value,
     ) -> Result<Connected, String> {
+        let driver = (self.driver)();
+        let pattern = driver.declared().pattern;
         Ok(Connected::flow(
-            Arc::new(InProcess::new(self.name, (self.driver)())),
+            Arc::new(InProcess::new(self.name, driver)),
             self.endpoint_type,
             config.clone(),
-            Some(self.pattern),
+            Some(pattern),
         ))
     }
 
@@ -366,7 +365,8 @@ impl DriverKind for Builtin {
     }
 
     fn pinned(&self, _config: &Value) -> Option<&'static str> {
-        (self.pattern == CommitPattern::RecoveryLogNonTransactional).then_some(UNFENCED)
+        let pattern = (self.driver)().declared().pattern;
+        (pattern == CommitPattern::RecoveryLogNonTransactional).then_some(UNFENCED)
     }
 }
 

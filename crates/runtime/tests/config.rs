@@ -71,14 +71,12 @@ fn registry() -> Registry {
             "sqlite",
             EndpointType::Sqlite,
             &["path"],
-            sluice_driver_sdk::CommitPattern::RemoteAuthoritative,
             memory,
         ))
         .with_driver(Builtin::new::<UrlEndpoint>(
             "postgres",
             EndpointType::SluicePostgres,
             &[],
-            sluice_driver_sdk::CommitPattern::RemoteAuthoritative,
             memory,
         ))
         .with_driver(Command)

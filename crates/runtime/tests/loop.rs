@@ -36,7 +36,7 @@ use sluice_driver_sdk::materialize::{
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
-use sluice_driver_sdk::{CommitPattern, Driver, LoadedSink, PriorState, Result, Transactor, flow};
+use sluice_driver_sdk::{Declared, Driver, LoadedSink, PriorState, Result, Transactor, flow};
 use sluice_file::{FileConfig, FileKind};
 use sluice_memory::MemoryDriver;
 use sluice_runtime::config::{Pipeline, Timeouts};
@@ -173,6 +173,10 @@ struct Observing {
 
 #[async_trait]
 impl Driver for Observing {
+    fn declared(&self) -> Declared {
+        self.inner.declared()
+    }
+
     async fn spec(&self, req: m::SpecRequest) -> Result<m::SpecResponse> {
         self.inner.spec(req).await
     }
@@ -245,10 +249,6 @@ impl ObservingTransactor {
 
 #[async_trait]
 impl Transactor for ObservingTransactor {
-    fn pattern(&self) -> CommitPattern {
-        self.inner.pattern()
-    }
-
     async fn load(
         &mut self,
         load: Load,

@@ -28,7 +28,6 @@ fn registry() -> Registry {
             "memory",
             EndpointType::SluiceMemory,
             &["path"],
-            sluice_driver_sdk::CommitPattern::RemoteAuthoritative,
             memory,
         ))
         .with_driver(Command)

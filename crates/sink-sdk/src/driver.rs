@@ -29,7 +29,9 @@ use sluice_driver_sdk::materialize::{
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
-use sluice_driver_sdk::{CommitPattern, Driver, Error, LoadedSink, PriorState, Result, Transactor};
+use sluice_driver_sdk::{
+    CommitPattern, Declared, Driver, Error, LoadedSink, PriorState, Result, Transactor,
+};
 use std::sync::{Arc, Mutex};
 
 /// Rows per Arrow batch, at most.
@@ -209,6 +211,17 @@ pub fn sink_error(err: SinkError) -> Error {
 
 #[async_trait]
 impl Driver for EpochDriver {
+    /// An epoch is applied idempotently once the recovery log holds its decision; delta
+    /// bindings only, so nothing is loaded or deleted by key.
+    fn declared(&self) -> Declared {
+        Declared {
+            pattern: CommitPattern::RecoveryLogIdempotentApply,
+            deletes: false,
+            delta_updates: true,
+            strict_exists: false,
+        }
+    }
+
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: (self.kind.endpoint_schema)(),
@@ -358,10 +371,6 @@ pub fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
 
 #[async_trait]
 impl Transactor for EpochTransactor {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RecoveryLogIdempotentApply
-    }
-
     async fn load(&mut self, load: Load, _: PriorState, _: &mut dyn LoadedSink) -> Result<()> {
         Err(Error::Malformed(format!(
             "Load of binding {}: an epoch sink's bindings are delta updates",

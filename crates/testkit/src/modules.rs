@@ -32,7 +32,7 @@ pub fn cycles(src: &Path) -> Vec<String> {
     let file_graph: BTreeMap<String, BTreeSet<String>> = edges
         .iter()
         .map(|(m, ts)| {
-            let ts = ts.iter().filter(|t| !related(m, t)).map(|t| name(t));
+            let ts = ts.iter().filter(|t| !related(m, t)).map(name);
             (name(m), ts.collect())
         })
         .collect();
@@ -150,8 +150,7 @@ fn group_members(text: &str) -> Vec<String> {
     let mut members = Vec::new();
     let mut depth = 0;
     let mut expecting = true;
-    let mut chars = text.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
+    for (i, c) in text.char_indices() {
         match c {
             '{' => depth += 1,
             '}' if depth == 0 => break,

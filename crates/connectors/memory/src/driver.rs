@@ -19,7 +19,7 @@ use sluice_driver_sdk::fence::{Claim, check_version};
 use sluice_driver_sdk::materialize::{
     self as m, constraint, transaction_request::Open, transaction_response::Opened,
 };
-use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_driver_sdk::{Declared, Driver, Result, Transactor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -74,6 +74,10 @@ impl MemoryDriver {
 
 #[async_trait]
 impl Driver for MemoryDriver {
+    fn declared(&self) -> Declared {
+        Declared::AUTHORITATIVE_TABLE
+    }
+
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_string(),

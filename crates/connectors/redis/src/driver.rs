@@ -28,7 +28,7 @@ use async_trait::async_trait;
 use sluice_driver_sdk::materialize::{
     self as m, constraint, transaction_request::Open, transaction_response::Opened,
 };
-use sluice_driver_sdk::{Driver, Error, Result, Transactor, flow};
+use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, Result, Transactor, flow};
 
 /// The Redis driver. Holds nothing: every call connects with its own configuration.
 #[derive(Debug, Clone, Default)]
@@ -78,6 +78,17 @@ fn describe(verb: &str, resource: &ResourceConfig) -> String {
 
 #[async_trait]
 impl Driver for RedisDriver {
+    /// No fence and no checkpoint in Redis: the recovery log decides, and a replayed
+    /// transaction writes its values again (admitted under `delivery: at_least_once`).
+    fn declared(&self) -> Declared {
+        Declared {
+            pattern: CommitPattern::RecoveryLogNonTransactional,
+            deletes: true,
+            delta_updates: false,
+            strict_exists: false,
+        }
+    }
+
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(m::SpecResponse {
             endpoint_spec_schema_json: ENDPOINT_SCHEMA.to_string(),

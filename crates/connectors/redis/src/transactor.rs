@@ -1,5 +1,5 @@
 //! One instance's Transactions stream, of the
-//! [`CommitPattern::RecoveryLogNonTransactional`] pattern.
+//! `CommitPattern::RecoveryLogNonTransactional` pattern (declared by the driver).
 //!
 //! ```text
 //!  load    ─▶ MGET / HGET pipelines of CHUNK_KEYS keys, Loaded pushed as they come
@@ -36,7 +36,7 @@ use sluice_doc::tuple;
 use sluice_driver_sdk::arena::{load_keys, store_docs};
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::materialize::transaction_request::{Load, Prepare, Store};
-use sluice_driver_sdk::{CommitPattern, Error, LoadedSink, PriorState, Result, Transactor};
+use sluice_driver_sdk::{Error, LoadedSink, PriorState, Result, Transactor};
 
 /// What the transactor needs of one binding.
 #[derive(Debug, Clone)]
@@ -128,10 +128,6 @@ fn hash_fields(
 
 #[async_trait]
 impl Transactor for RedisTransactor {
-    fn pattern(&self) -> CommitPattern {
-        CommitPattern::RecoveryLogNonTransactional
-    }
-
     /// Runs after the prior transaction's acknowledge (the serve loop defers it), so it
     /// reads what that transaction's commit wrote.
     async fn load(

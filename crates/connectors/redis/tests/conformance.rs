@@ -1,5 +1,5 @@
 //! The conformance suite against the real Redis at 127.0.0.1:6379, in process, claiming
-//! what this driver does: deletions, and nothing of authoritative (no fence, no
+//! what this driver declares: deletions, and nothing of authoritative (no fence, no
 //! checkpoint in Redis), delta updates (refused) or strict `exists` checks. Every other
 //! scenario must pass; those needing an unclaimed capability are skipped with the
 //! reason. Each scenario has its own key prefix, and its cleanup (ApplyDelete) removes
@@ -7,17 +7,23 @@
 
 use serde_json::json;
 use sluice_conformance::{Capabilities, Capability, Outcome, run_suite};
+use sluice_driver_sdk::Driver;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_redis::RedisDriver;
 use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_conformance_suite_passes_for_what_the_driver_claims() {
-    let claimed = Capabilities::ALL
-        .without(Capability::Authoritative)
-        .without(Capability::DeltaUpdates)
-        .without(Capability::StrictExists);
-    let endpoint = InProcess::new("redis", Arc::new(RedisDriver::new()));
+    let driver = RedisDriver::new();
+    let claimed = Capabilities::declared(driver.declared());
+    assert_eq!(
+        claimed,
+        Capabilities::ALL
+            .without(Capability::Authoritative)
+            .without(Capability::DeltaUpdates)
+            .without(Capability::StrictExists)
+    );
+    let endpoint = InProcess::new("redis", Arc::new(driver));
     let config = json!({ "url": "redis://127.0.0.1:6379/0" });
     for format in ["json", "hash"] {
         let resource =

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
-use sluice_driver_sdk::{Driver, Result, Transactor};
+use sluice_driver_sdk::{Declared, Driver, Result, Transactor};
 use sluice_sqlkit as kit;
 use sluice_sqlkit::apply::{Action, Catalog, Empty, spec_response, validate_tables};
 use sluice_sqlkit::config::materialization;
@@ -64,6 +64,10 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
 
 #[async_trait]
 impl Driver for SqliteDriver {
+    fn declared(&self) -> Declared {
+        Declared::AUTHORITATIVE_TABLE
+    }
+
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(spec_response(
             ENDPOINT_SCHEMA,

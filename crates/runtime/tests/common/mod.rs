@@ -22,7 +22,6 @@ pub fn memory_kind() -> Builtin {
         "memory",
         flow::EndpointType::SluiceMemory,
         &["path"],
-        CommitPattern::RemoteAuthoritative,
         || Arc::new(MemoryDriver::new()),
     )
 }
