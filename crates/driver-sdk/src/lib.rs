@@ -29,6 +29,7 @@ pub mod machine;
 pub mod serve;
 pub mod stdio;
 pub mod traits;
+pub mod validate;
 
 pub use sluice_proto::{flow, materialize};
 

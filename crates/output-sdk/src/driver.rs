@@ -17,11 +17,13 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::arena::{load_keys, store_docs};
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
-    self as m, constraint,
+    self as m,
     transaction_request::{Load, Open, Store},
     transaction_response::Opened,
 };
+use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, LoadedSink, Result, Transactor};
 use sluice_sink_sdk::driver::epoch_of;
 use std::path::PathBuf;
@@ -232,25 +234,16 @@ impl Driver for OutputDriver {
         let bindings = req.bindings.iter().map(|binding| {
             let (_, resource_path) = self.resource(&binding.resource_spec_json)?;
             let collection = binding.collection.clone().unwrap_or_default();
-            let constraints = collection.projections.iter().map(|p| {
-                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
-                    (constraint::Type::LocationRequired, "part of the key")
-                } else if p.ptr.is_empty() {
-                    (
-                        constraint::Type::LocationRequired,
-                        "the document, before and after each change",
-                    )
-                } else if p.ptr.matches('/').count() == 1 {
-                    (constraint::Type::LocationRecommended, "a top-level field")
-                } else {
-                    (constraint::Type::FieldOptional, "a nested field")
-                };
-                let c = m::Constraint {
-                    r#type: kind as i32,
-                    reason: reason.into(),
-                };
-                (p.field.clone(), c)
-            });
+            let constraints = ProjectionRules {
+                key: "part of the key",
+                document: (
+                    Type::LocationRequired,
+                    "the document, before and after each change",
+                ),
+                top_level: (Type::LocationRecommended, "a top-level field"),
+                nested: (Type::FieldOptional, "a nested field"),
+            }
+            .constraints(&collection);
             Ok(m::validate_response::Binding {
                 constraints: constraints.collect(),
                 resource_path,

@@ -24,11 +24,13 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::arena::store_docs;
 use sluice_driver_sdk::flow::{self, MaterializationSpec};
+use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
-    self as m, constraint,
+    self as m,
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
+use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{
     CommitPattern, Declared, Driver, Error, LoadedSink, PriorState, Result, Transactor,
 };
@@ -240,25 +242,13 @@ impl Driver for EpochDriver {
                 .map_err(|e| Error::Config(format!("resource config is not JSON: {e}")))?;
             let resource_path = (self.kind.resource_path)(&resource).map_err(sink_error)?;
             let collection = binding.collection.clone().unwrap_or_default();
-            let constraints = collection.projections.iter().map(|p| {
-                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
-                    (constraint::Type::LocationRequired, "part of the key")
-                } else if p.ptr.is_empty() {
-                    (
-                        constraint::Type::LocationRecommended,
-                        "the document, as JSON text",
-                    )
-                } else if p.ptr.matches('/').count() == 1 {
-                    (constraint::Type::LocationRecommended, "a top-level field")
-                } else {
-                    (constraint::Type::FieldOptional, "a nested field")
-                };
-                let c = m::Constraint {
-                    r#type: kind as i32,
-                    reason: reason.into(),
-                };
-                (p.field.clone(), c)
-            });
+            let constraints = ProjectionRules {
+                key: "part of the key",
+                document: (Type::LocationRecommended, "the document, as JSON text"),
+                top_level: (Type::LocationRecommended, "a top-level field"),
+                nested: (Type::FieldOptional, "a nested field"),
+            }
+            .constraints(&collection);
             Ok(m::validate_response::Binding {
                 constraints: constraints.collect(),
                 resource_path,

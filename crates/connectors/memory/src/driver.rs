@@ -16,9 +16,11 @@ use crate::config::{
 use crate::transactor::MemoryTransactor;
 use async_trait::async_trait;
 use sluice_driver_sdk::fence::{Claim, check_version};
+use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
-    self as m, constraint, transaction_request::Open, transaction_response::Opened,
+    self as m, transaction_request::Open, transaction_response::Opened,
 };
+use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{Declared, Driver, Result, Transactor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -91,29 +93,13 @@ impl Driver for MemoryDriver {
         let bindings = req.bindings.iter().map(|binding| {
             let resource: ResourceConfig = parse("resource config", &binding.resource_spec_json)?;
             let collection = binding.collection.clone().unwrap_or_default();
-            let constraints = collection.projections.iter().map(|p| {
-                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
-                    (
-                        constraint::Type::LocationRequired,
-                        "part of the table's key",
-                    )
-                } else if p.ptr.is_empty() {
-                    (
-                        constraint::Type::FieldRequired,
-                        "the document is what the table stores",
-                    )
-                } else {
-                    (
-                        constraint::Type::FieldOptional,
-                        "stored inside the document anyway",
-                    )
-                };
-                let c = m::Constraint {
-                    r#type: kind as i32,
-                    reason: reason.into(),
-                };
-                (p.field.clone(), c)
-            });
+            let constraints = ProjectionRules {
+                key: "part of the table's key",
+                document: (Type::FieldRequired, "the document is what the table stores"),
+                top_level: (Type::FieldOptional, "stored inside the document anyway"),
+                nested: (Type::FieldOptional, "stored inside the document anyway"),
+            }
+            .constraints(&collection);
             Ok(m::validate_response::Binding {
                 constraints: constraints.collect(),
                 resource_path: vec![resource.table],

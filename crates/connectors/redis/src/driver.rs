@@ -25,9 +25,11 @@ use crate::config::{
 };
 use crate::transactor::{Binding, RedisTransactor};
 use async_trait::async_trait;
+use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
-    self as m, constraint, transaction_request::Open, transaction_response::Opened,
+    self as m, transaction_request::Open, transaction_response::Opened,
 };
+use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, Result, Transactor, flow};
 
 /// The Redis driver. Holds nothing: every call connects with its own configuration.
@@ -105,31 +107,20 @@ impl Driver for RedisDriver {
         check_prefixes(&resources)?;
         let bindings = (req.bindings.iter().zip(resources)).map(|(binding, resource)| {
             let collection = binding.collection.clone().unwrap_or_default();
-            let constraints = collection.projections.iter().map(|p| {
-                let (kind, reason) = if p.is_primary_key || collection.key_ptrs.contains(&p.ptr) {
-                    (constraint::Type::LocationRequired, "part of the Redis key")
-                } else if p.ptr.is_empty() {
-                    (
-                        constraint::Type::FieldRequired,
-                        "the document is what each key stores",
-                    )
-                } else if resource.format == Format::Hash {
-                    (
-                        constraint::Type::LocationRecommended,
-                        "a field of the hash beside the document",
-                    )
-                } else {
-                    (
-                        constraint::Type::FieldOptional,
-                        "stored inside the document anyway",
-                    )
-                };
-                let c = m::Constraint {
-                    r#type: kind as i32,
-                    reason: reason.into(),
-                };
-                (p.field.clone(), c)
-            });
+            let field = match resource.format {
+                Format::Hash => (
+                    Type::LocationRecommended,
+                    "a field of the hash beside the document",
+                ),
+                _ => (Type::FieldOptional, "stored inside the document anyway"),
+            };
+            let constraints = ProjectionRules {
+                key: "part of the Redis key",
+                document: (Type::FieldRequired, "the document is what each key stores"),
+                top_level: field,
+                nested: field,
+            }
+            .constraints(&collection);
             m::validate_response::Binding {
                 constraints: constraints.collect(),
                 resource_path: vec![resource.prefix],
