@@ -5,7 +5,8 @@
 //!
 //! `sluice torture` runs the `sluice-torture` binary beside it, which drives this
 //! `sluice`: it needs fail points, and both binaries built, as the README's test command
-//! builds them (`cargo nextest run --workspace --all-features`; this file is only built
+//! builds them (`cargo build --workspace --all-features --bins` before `cargo nextest run
+//! --workspace --all-features`; this file is only built
 //! with the `failpoints` feature). PostgreSQL and MariaDB scenarios use a
 //! schema (PostgreSQL) or database (MariaDB) of their own in the shared server (dropped
 //! after), except `server-restart`, which starts a private server in a temporary folder.
