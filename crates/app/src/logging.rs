@@ -26,6 +26,20 @@ pub enum LogFormat {
     Json,
 }
 
+/// The logging option every sluice binary takes.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct LogArgs {
+    /// How log lines are written to stderr: `text`, or `json` (one object a line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "SLUICE_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
 /// Installs the global subscriber.
 fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));

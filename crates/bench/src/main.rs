@@ -15,7 +15,7 @@ mod sources;
 mod sql;
 
 use clap::{Parser, Subcommand};
-use sluice_app::logging::{self, LogFormat};
+use sluice_app::logging::{self, LogArgs};
 
 /// Documents are many small allocations; the benchmarks that combine in this process
 /// measure them with the allocator `sluice` runs on (see its `main.rs`).
@@ -27,22 +27,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(name = "sluice bench", bin_name = "sluice bench", version)]
 struct Cli {
-    /// How log lines are written to stderr: `text`, or `json` (one object a line).
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        default_value_t,
-        env = "SLUICE_LOG_FORMAT"
-    )]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(subcommand)]
     command: BenchCommand,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    logging::run(cli.log_format, || run(cli.command))
+    logging::run(cli.log.log_format, || run(cli.command))
 }
 
 #[derive(Subcommand)]

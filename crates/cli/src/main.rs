@@ -38,15 +38,8 @@ const VERSION: &str = if cfg!(feature = "failpoints") {
     about = "Exactly-once streaming of keyed JSON documents into stores"
 )]
 struct Cli {
-    /// How log lines are written to stderr: `text`, or `json` (one object a line).
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        default_value_t,
-        env = "SLUICE_LOG_FORMAT"
-    )]
-    log_format: logging::LogFormat,
+    #[command(flatten)]
+    log: logging::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -90,12 +83,12 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let format = cli.log_format;
+    let format = cli.log.log_format;
     logging::run(format, || run(cli))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let format = cli.log_format;
+    let format = cli.log.log_format;
     // Fail points named in FAILPOINTS (tests and `sluice torture` only).
     #[cfg(feature = "failpoints")]
     let _failpoints = sluice_runtime::failpoint::setup();

@@ -53,7 +53,7 @@ use input::{Input, SourceKind};
 use model::{Model, Table, Verdict};
 use output::{Output, OutputKind};
 use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
-use sluice_app::logging::{self, LogFormat};
+use sluice_app::logging::{self, LogArgs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -66,16 +66,15 @@ use store::{Dialect, Store, yaml_str};
 #[derive(Parser)]
 #[command(name = "sluice torture", bin_name = "sluice torture", version)]
 struct Cli {
-    /// How log lines are written to stderr: `text`, or `json` (one object a line).
-    #[arg(long, value_enum, default_value_t, env = "SLUICE_LOG_FORMAT")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(flatten)]
     args: TortureArgs,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    logging::run(cli.log_format, || run(cli.args))
+    logging::run(cli.log.log_format, || run(cli.args))
 }
 
 #[derive(Args)]
