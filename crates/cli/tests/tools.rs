@@ -132,3 +132,21 @@ fn the_product_links_no_tool_no_test_kit_and_no_testing_feature() {
         }
     }
 }
+
+/// The runtime reaches every built-in driver through driver-sdk's one seam
+/// (`BuiltinKind`): it never depends on the epoch sink or output SDKs.
+#[test]
+fn the_runtime_knows_no_driver_family_but_the_driver_sdk() {
+    let metadata = product_dependencies();
+    let runtime = (metadata["packages"].as_array().unwrap().iter())
+        .find(|p| p["name"] == "sluice-runtime")
+        .unwrap();
+    let normal: Vec<&str> = (runtime["dependencies"].as_array().unwrap().iter())
+        .filter(|d| d["kind"].is_null())
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(normal.contains(&"sluice-driver-sdk"), "{normal:?}");
+    for family in ["sluice-sink-sdk", "sluice-output-sdk"] {
+        assert!(!normal.contains(&family), "the runtime depends on {family}");
+    }
+}

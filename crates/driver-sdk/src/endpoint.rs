@@ -1,6 +1,7 @@
 //! The runtime's view of a driver, whatever the transport (in-process, gRPC, stdio).
 
 use crate::Result;
+use crate::inprocess::LogHooks;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use sluice_proto::materialize as m;
@@ -10,6 +11,9 @@ use tokio::sync::mpsc;
 pub struct TransactionStream {
     pub requests: mpsc::Sender<m::TransactionRequest>,
     pub responses: BoxStream<'static, Result<m::TransactionResponse>>,
+    /// In process only: the calls beside the protocol ([`crate::traits`]'s "What the
+    /// protocol cannot carry"); `None` across the wire.
+    pub hooks: Option<LogHooks>,
 }
 
 #[async_trait]

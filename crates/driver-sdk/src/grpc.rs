@@ -332,6 +332,7 @@ impl Endpoint for GrpcEndpoint {
         Ok(TransactionStream {
             requests,
             responses,
+            hooks: None,
         })
     }
 }

@@ -1,26 +1,38 @@
-//! The in-process transport: a Rust driver linked into the binary.
+//! The in-process transport: a Rust driver linked into the binary, and the one shape in
+//! which a binary registers such drivers ([`BuiltinKind`]), whatever their family: a
+//! Flow driver, an epoch sink or an output.
 //!
 //! Unary calls go straight to the [`Driver`]. A Transactions stream is the serve loop
 //! ([`serve_transactions`]) spawned on a task, connected by two bounded channels of
-//! unencoded messages: no serialization on the hot path, arenas move by pointer.
+//! unencoded messages: no serialization on the hot path, arenas move by pointer. A third
+//! channel carries the calls beside the protocol ([`LogHooks`]): the runtime awaits each
+//! answer before it sends anything more, so each is served between the requests it
+//! belongs between.
 //!
 //! ```text
 //!  client ──mpsc(requests)──▶ serve_transactions task ──mpsc(responses)──▶ client
-//!                                      │ returns Err(e)
-//!                                      └──────────▶ last item of the response stream
+//!  client ──mpsc(hook calls)─▶       │ returns Err(e)
+//!                                    └──────────▶ last item of the response stream
 //! ```
 //!
 //! When the serve loop fails, its error becomes the last item of the response stream,
 //! after every response it sent, so the runtime sees the driver's own error (e.g.
 //! [`crate::Error::Fenced`]) rather than a bare "stream closed".
 
-use crate::serve::serve_transactions;
+use crate::contract::SinkContract;
+use crate::serve::serve_in_process;
+use crate::traits::LogContext;
 use crate::{Driver, Endpoint, Error, Result, TransactionStream};
 use async_trait::async_trait;
 use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sluice_config::{InvalidConfig, parse};
+use sluice_proto::flow::EndpointType;
 use sluice_proto::materialize as m;
+use std::path::Path;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
@@ -66,9 +78,10 @@ impl Endpoint for InProcess {
     async fn transactions(&self) -> Result<TransactionStream> {
         let (req_tx, req_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (resp_tx, resp_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (hook_tx, hook_rx) = mpsc::channel(1);
         let requests = ReceiverStream::new(req_rx).map(Ok).boxed();
         // In the caller's span: the driver's lines name the materialization it serves.
-        let serve = serve_transactions(self.driver.clone(), requests, resp_tx);
+        let serve = serve_in_process(self.driver.clone(), requests, hook_rx, resp_tx);
         let served = tokio::spawn(serve.in_current_span());
         let name = self.name.clone();
         // The response channel closes when the serve task ends; then its outcome follows.
@@ -86,6 +99,142 @@ impl Endpoint for InProcess {
         Ok(TransactionStream {
             requests: req_tx,
             responses,
+            hooks: Some(LogHooks { calls: hook_tx }),
         })
+    }
+}
+
+/// A call beside the protocol, as the serve loop receives it.
+pub(crate) enum HookCall {
+    /// Before Open: what the recovery log holds for the stream.
+    Opening(LogContext, oneshot::Sender<()>),
+    ArtifactIntent(u64, oneshot::Sender<Result<Option<Value>>>),
+    Decision(u64, oneshot::Sender<Option<Value>>),
+}
+
+/// The runtime's handle on an in-process stream's calls beside the protocol (see
+/// [`crate::traits`]). Each call waits for the serve loop to answer it.
+pub struct LogHooks {
+    calls: mpsc::Sender<HookCall>,
+}
+
+impl LogHooks {
+    /// Tells the driver what the log holds for this stream; before Open is sent.
+    pub async fn opening(&self, log: LogContext) -> Result<()> {
+        self.call(|reply| HookCall::Opening(log, reply)).await
+    }
+
+    /// Transaction `txn`'s artifact intent ([`crate::Transactor::artifact_intent`]).
+    pub async fn artifact_intent(&self, txn: u64) -> Result<Option<Value>> {
+        self.call(|reply| HookCall::ArtifactIntent(txn, reply))
+            .await?
+    }
+
+    /// The driver checkpoint to record with `txn`'s commit
+    /// ([`crate::Transactor::decision`]); after DriverCommitted of `txn`.
+    pub async fn decision(&self, txn: u64) -> Result<Option<Value>> {
+        self.call(|reply| HookCall::Decision(txn, reply)).await
+    }
+
+    async fn call<T>(&self, call: impl FnOnce(oneshot::Sender<T>) -> HookCall) -> Result<T> {
+        let ended = || Error::Transport("the driver's Transactions stream has ended".into());
+        let (reply, answer) = oneshot::channel();
+        self.calls.send(call(reply)).await.map_err(|_| ended())?;
+        answer.await.map_err(|_| ended())
+    }
+}
+
+/// A driver kind built into the binary, as the binary registers it: the one shape of
+/// every in-process family (Flow drivers as [`Builtin`], epoch sinks and outputs by their
+/// SDKs). The runtime's registry asks nothing else of it.
+pub trait BuiltinKind: Send + Sync + 'static {
+    /// Its key in an endpoint of the pipeline file (`sqlite`).
+    fn name(&self) -> &'static str;
+
+    /// What it reports itself as in requests.
+    fn endpoint_type(&self) -> EndpointType;
+
+    /// Top-level keys of its configuration that hold paths: made relative to the
+    /// pipeline file's folder before [`BuiltinKind::check`].
+    fn paths(&self) -> &'static [&'static str];
+
+    /// Checks an endpoint configuration strictly, by the very type the driver parses it
+    /// with; opens nothing. Errors name their place inside it.
+    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig>;
+
+    /// What a checked configuration declares for admission beyond the driver's commit
+    /// pattern ([`Driver::declared`]): an epoch sink's contract. `None`: nothing more.
+    fn contract(&self, _config: &Value) -> std::result::Result<Option<SinkContract>, String> {
+        Ok(None)
+    }
+
+    /// A driver instance. `state_dir` is a folder beside the recovery log that it may
+    /// keep state in; `None` where there is none (`sluice driver serve`), for which a
+    /// kind that needs one returns `None`.
+    fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>>;
+
+    /// The JSON schemas of its endpoint configuration and of a binding's resource, for a
+    /// kind whose instance cannot say them without a state folder; `None`: its Spec.
+    fn schemas(&self) -> Option<(String, String)> {
+        None
+    }
+
+    /// Why it cannot run under a cluster, beyond what its commit pattern says (state kept
+    /// beside the local recovery log); `None`: nothing more.
+    fn pinned(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// A Flow driver built into the binary: its name, what it reports itself as, the type
+/// its endpoint configuration parses as, and an instance maker.
+pub struct Builtin {
+    name: &'static str,
+    endpoint_type: EndpointType,
+    paths: &'static [&'static str],
+    check: fn(Value) -> std::result::Result<(), InvalidConfig>,
+    driver: fn() -> Arc<dyn Driver>,
+}
+
+impl Builtin {
+    /// The driver `name`, reporting itself as `endpoint_type`, whose endpoint
+    /// configuration the driver parses as `C` (strict, so the pipeline file is checked
+    /// against it) and whose keys `paths` hold paths; `driver` makes an instance, which
+    /// declares how it commits ([`Driver::declared`]: what admission knows of it).
+    pub fn new<C: DeserializeOwned>(
+        name: &'static str,
+        endpoint_type: EndpointType,
+        paths: &'static [&'static str],
+        driver: fn() -> Arc<dyn Driver>,
+    ) -> Builtin {
+        Builtin {
+            name,
+            endpoint_type,
+            paths,
+            check: |config| parse::<C>(config).map(drop),
+            driver,
+        }
+    }
+}
+
+impl BuiltinKind for Builtin {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn endpoint_type(&self) -> EndpointType {
+        self.endpoint_type
+    }
+
+    fn paths(&self) -> &'static [&'static str] {
+        self.paths
+    }
+
+    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig> {
+        (self.check)(config.clone())
+    }
+
+    fn driver(&self, _state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
+        Some((self.driver)())
     }
 }

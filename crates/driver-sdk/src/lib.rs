@@ -14,12 +14,14 @@
 //! - [`client`]: the runtime side of a Transactions stream.
 //! - [`endpoint`], [`inprocess`], [`grpc`], [`stdio`]: transports.
 //! - [`fence`]: an authoritative store's claim on its key range and the fenced commit.
+//! - [`contract`]: what an epoch sink declares for admission.
 //!
 //! Elsewhere: the reference driver is `sluice-memory`, what table-writing drivers share
 //! is `sluice-sqlkit`, and the scenarios every driver passes are `sluice-conformance`.
 
 pub mod arena;
 pub mod client;
+pub mod contract;
 pub mod endpoint;
 pub mod error;
 pub mod fence;
@@ -35,4 +37,8 @@ pub use sluice_proto::{flow, materialize};
 
 pub use endpoint::{Endpoint, TransactionStream};
 pub use error::{Error, Peer, ProtocolError, RemoteKind, Result};
-pub use traits::{CommitPattern, Declared, Driver, LoadedSink, PriorState, Transactor};
+pub use inprocess::{Builtin, BuiltinKind, LogHooks};
+pub use sluice_config::InvalidConfig;
+pub use traits::{
+    CommitPattern, Declared, Driver, LoadedSink, LogContext, PriorState, Transactor, Undecided,
+};

@@ -31,7 +31,9 @@
 //!   and before acknowledge (where an idempotent-apply driver applies).
 
 use crate::arena::LoadedBuilder;
+use crate::inprocess::HookCall;
 use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
+use crate::traits::LogContext;
 use crate::{CommitPattern, Driver, Error, LoadedSink, Peer, PriorState, Result, Transactor};
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -60,14 +62,53 @@ macro_rules! fail_point {
 /// reports it to the peer) and rolls back the transaction in progress.
 pub async fn serve_transactions(
     driver: Arc<dyn Driver>,
-    mut requests: BoxStream<'static, Result<m::TransactionRequest>>,
+    requests: BoxStream<'static, Result<m::TransactionRequest>>,
+    responses: mpsc::Sender<m::TransactionResponse>,
+) -> Result<()> {
+    serve(
+        driver,
+        Inbox {
+            requests,
+            hooks: None,
+        },
+        responses,
+    )
+    .await
+}
+
+/// [`serve_transactions`] in process, also serving the calls beside the protocol.
+pub(crate) async fn serve_in_process(
+    driver: Arc<dyn Driver>,
+    requests: BoxStream<'static, Result<m::TransactionRequest>>,
+    hooks: mpsc::Receiver<HookCall>,
+    responses: mpsc::Sender<m::TransactionResponse>,
+) -> Result<()> {
+    let hooks = Some(hooks);
+    serve(driver, Inbox { requests, hooks }, responses).await
+}
+
+async fn serve(
+    driver: Arc<dyn Driver>,
+    mut inbox: Inbox,
     responses: mpsc::Sender<m::TransactionResponse>,
 ) -> Result<()> {
     let mut out = Responses {
         machine: Machine::new(),
         tx: responses,
     };
-    let Some(open) = out.next_request(&mut requests).await? else {
+    let mut log = LogContext::default();
+    let open = loop {
+        match inbox.next().await {
+            Received::Hook(HookCall::Opening(context, reply)) => {
+                log = context;
+                let _ = reply.send(());
+            }
+            // Dropped unanswered: the caller learns no transactor is open.
+            Received::Hook(_) => {}
+            Received::Request(raw) => break out.check(raw)?,
+        }
+    };
+    let Some(open) = open else {
         return Ok(());
     };
     let Request::Open(open) = open else {
@@ -75,7 +116,7 @@ pub async fn serve_transactions(
         return Err(violation(Peer::Runtime, "Open", open.name()).into());
     };
     let pattern = driver.declared().pattern;
-    let (transactor, opened) = driver.open(open).await?;
+    let (transactor, opened) = driver.open_with_log(open, log).await?;
     let mut session = Session {
         pattern,
         gate: LoadGate::new(pattern),
@@ -83,9 +124,38 @@ pub async fn serve_transactions(
         loaded: LoadedBuilder::new(),
         out,
     };
-    let result = session.run(opened, &mut requests).await;
+    let result = session.run(opened, &mut inbox).await;
     session.transactor.destroy().await;
     result
+}
+
+/// What reaches the serve loop: the runtime's requests and, in process, its calls
+/// beside the protocol.
+struct Inbox {
+    requests: BoxStream<'static, Result<m::TransactionRequest>>,
+    hooks: Option<mpsc::Receiver<HookCall>>,
+}
+
+// Moved once per request, straight into the machine's check: boxing it would allocate
+// for every request of the hot path to save stack on the rare hook call.
+#[allow(clippy::large_enum_variant)]
+enum Received {
+    /// The next request; `None` when the runtime closed the stream.
+    Request(Option<Result<m::TransactionRequest>>),
+    Hook(HookCall),
+}
+
+impl Inbox {
+    async fn next(&mut self) -> Received {
+        let Some(hooks) = &mut self.hooks else {
+            return Received::Request(self.requests.next().await);
+        };
+        tokio::select! {
+            biased;
+            raw = self.requests.next() => Received::Request(raw),
+            Some(call) = hooks.recv() => Received::Hook(call),
+        }
+    }
 }
 
 /// The response half, with the machine that sees both directions in wire order.
@@ -95,13 +165,10 @@ struct Responses {
 }
 
 impl Responses {
-    /// The next request, checked; None if the runtime closed the stream where that is
-    /// allowed.
-    async fn next_request(
-        &mut self,
-        requests: &mut BoxStream<'static, Result<m::TransactionRequest>>,
-    ) -> Result<Option<Request>> {
-        let raw = match requests.next().await {
+    /// A request read from the stream, checked; None if the runtime closed the stream
+    /// where that is allowed.
+    fn check(&mut self, raw: Option<Result<m::TransactionRequest>>) -> Result<Option<Request>> {
+        let raw = match raw {
             Some(raw) => raw?,
             None if self.machine.may_close() || self.machine.phase() == Phase::AwaitingOpen => {
                 return Ok(None);
@@ -271,10 +338,20 @@ impl Session {
     async fn run(
         &mut self,
         opened: m::transaction_response::Opened,
-        requests: &mut BoxStream<'static, Result<m::TransactionRequest>>,
+        inbox: &mut Inbox,
     ) -> Result<()> {
         self.out.send(Response::Opened(opened)).await?;
-        while let Some(req) = self.out.next_request(requests).await? {
+        loop {
+            let req = match inbox.next().await {
+                Received::Hook(call) => {
+                    self.hook(call).await;
+                    continue;
+                }
+                Received::Request(raw) => match self.out.check(raw)? {
+                    Some(req) => req,
+                    None => break,
+                },
+            };
             match req {
                 Request::Acknowledge => {
                     fail_point!("driver::acknowledge");
@@ -322,6 +399,19 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Serves a call beside the protocol. A second Opening is answered and ignored: the
+    /// log it describes was read at Open.
+    async fn hook(&mut self, call: HookCall) {
+        // A caller that stopped waiting has nothing to be told: sends may fail.
+        match call {
+            HookCall::Opening(_, reply) => _ = reply.send(()),
+            HookCall::ArtifactIntent(txn, reply) => {
+                _ = reply.send(self.transactor.artifact_intent(txn).await)
+            }
+            HookCall::Decision(txn, reply) => _ = reply.send(self.transactor.decision(txn)),
+        }
     }
 
     /// Whether this transaction's `acknowledge` has returned.

@@ -401,6 +401,7 @@ impl Endpoint for StdioEndpoint {
         Ok(TransactionStream {
             requests,
             responses,
+            hooks: None,
         })
     }
 }

@@ -33,9 +33,26 @@
 //!   effects and returns a driver checkpoint that describes them; `acknowledge` applies
 //!   them idempotently (it may run again after a crash). Loads must see applied effects,
 //!   so they too await the prior **acknowledgement**; the SDK defers them likewise.
+//!
+//! ## What the protocol cannot carry (in process only)
+//!
+//! A driver linked into the binary may also take part in the runtime's recovery log, for
+//! what no Flow message carries. Each is optional, and a driver across the wire never
+//! sees them (the gRPC and stdio transports have no such calls):
+//!
+//! ```text
+//!  runtime log            in-process driver
+//!  before Open    ──▶  Driver::open_with_log(open, LogContext {deployment, undecided})
+//!  Intent(T)      ◀──  Transactor::artifact_intent(T)   where T's artifacts will go
+//!  Commit(T)      ◀──  Transactor::decision(T)          after commit: the checkpoint to record
+//! ```
+//!
+//! This is how an epoch sink's staging is named before it is written and its descriptor
+//! is decided by the log, on the same loop and the same seam as every other driver.
 
 use crate::Result;
 use async_trait::async_trait;
+use serde_json::Value;
 use sluice_proto::flow;
 use sluice_proto::materialize::{
     self as m,
@@ -127,6 +144,38 @@ pub trait Driver: Send + Sync + 'static {
     /// longer commit. `Opened.flow_checkpoint` is the checkpoint recovered from the store
     /// (empty: use the runtime's own).
     async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)>;
+
+    /// [`Driver::open`], told what the runtime's recovery log holds for this stream
+    /// beyond the protocol (in process only; see the module docs). A driver that names
+    /// artifacts in [`Transactor::artifact_intent`] overrides it to clean up after the
+    /// transactions that never reached their decision.
+    async fn open_with_log(
+        &self,
+        open: Open,
+        _log: LogContext,
+    ) -> Result<(Box<dyn Transactor>, Opened)> {
+        self.open(open).await
+    }
+}
+
+/// What the runtime's recovery log holds for an in-process driver's stream, told before
+/// Open ([`Driver::open_with_log`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogContext {
+    /// The pipeline's deployment: created once, kept beside its recovery logs; stable
+    /// across restarts, so artifacts may be named by it.
+    pub deployment_id: String,
+    /// Transactions whose intent the log holds with an artifact intent of this driver,
+    /// but no decision: what they staged is garbage.
+    pub undecided: Vec<Undecided>,
+}
+
+/// A transaction (an epoch) the recovery log holds an intent of but no decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undecided {
+    pub epoch: u64,
+    /// The artifact intent [`Transactor::artifact_intent`] gave before it began.
+    pub intent: Value,
 }
 
 #[async_trait]
@@ -166,4 +215,18 @@ pub trait Transactor: Send + 'static {
 
     /// Releases resources. Called once when the stream ends, cleanly or not.
     async fn destroy(self: Box<Self>) {}
+
+    /// In process only: where transaction `txn`'s artifacts will go, recorded durably in
+    /// the runtime's intent of `txn` before any request of it is sent. Bounded, naming
+    /// only what this stream and transaction own; `None`: it names nothing.
+    async fn artifact_intent(&mut self, _txn: u64) -> Result<Option<Value>> {
+        Ok(None)
+    }
+
+    /// In process only, after `commit` of `txn` returned: the driver checkpoint the
+    /// runtime's commit record of `txn` holds, in place of the one Prepared gave (a
+    /// decision known only once the transaction was staged). `None`: Prepared's stands.
+    fn decision(&mut self, _txn: u64) -> Option<Value> {
+        None
+    }
 }

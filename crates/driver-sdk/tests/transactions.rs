@@ -1,17 +1,18 @@
 //! Serve loop + client over the in-process transport, with the reference memory driver
 //! and with test transactors: full cycles, pipelining, fencing, deferred loads, and
-//! protocol violations ending the stream.
+//! protocol violations ending the stream, and the in-process calls beside the protocol.
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use serde_json::{Value, json};
 use sluice_conformance::messages::{load, open, spec, store};
 use sluice_driver_sdk::arena::{load_keys, loaded_docs};
 use sluice_driver_sdk::client::{self, ClientReceiver, ClientSender, Response};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::machine::{self, Request};
 use sluice_driver_sdk::{
-    CommitPattern, Declared, Driver, Endpoint, Error, LoadedSink, Peer, PriorState, Result,
-    TransactionStream, Transactor,
+    CommitPattern, Declared, Driver, Endpoint, Error, LoadedSink, LogContext, Peer, PriorState,
+    Result, TransactionStream, Transactor, Undecided,
 };
 use sluice_memory::MemoryDriver;
 use sluice_proto::flow;
@@ -234,6 +235,7 @@ async fn stream_closed_mid_transaction_is_an_error_naming_the_state() {
     let stream = TransactionStream {
         requests,
         responses,
+        hooks: None,
     };
     let spec = spec(MAT, "{}", &[("views", false)]);
     let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9), TIMEOUT)
@@ -262,6 +264,7 @@ async fn played_stream(
     let stream = TransactionStream {
         requests,
         responses: tokio_stream::wrappers::ReceiverStream::new(responses).boxed(),
+        hooks: None,
     };
     let opened = TransactionResponse::from(machine::Response::Opened(Default::default()));
     responses_tx.send(Ok(opened)).await.unwrap();
@@ -365,6 +368,19 @@ impl Driver for Recorder {
     async fn apply_delete(&self, _: m::ApplyRequest) -> Result<m::ApplyResponse> {
         Ok(Default::default())
     }
+    async fn open_with_log(
+        &self,
+        open: Open,
+        log: LogContext,
+    ) -> Result<(Box<dyn Transactor>, Opened)> {
+        // Noted when the runtime told it something (the other tests tell nothing).
+        if log != LogContext::default() {
+            let undecided: Vec<u64> = log.undecided.iter().map(|u| u.epoch).collect();
+            let opening = format!("open in {} undecided {undecided:?}", log.deployment_id);
+            self.log.lock().unwrap().push(opening);
+        }
+        self.open(open).await
+    }
     async fn open(&self, _: Open) -> Result<(Box<dyn Transactor>, Opened)> {
         let t = RecorderTransactor {
             log: self.log.clone(),
@@ -424,6 +440,14 @@ impl Transactor for RecorderTransactor {
     }
     async fn destroy(self: Box<Self>) {
         self.note("destroy".into());
+    }
+    async fn artifact_intent(&mut self, txn: u64) -> Result<Option<Value>> {
+        self.note(format!("artifact intent {txn}"));
+        Ok(Some(json!({ "staging": txn })))
+    }
+    fn decision(&mut self, txn: u64) -> Option<Value> {
+        self.note(format!("decision {txn}"));
+        Some(json!({ "decided": txn }))
     }
 }
 
@@ -542,4 +566,60 @@ async fn driver_loaded_for_a_delta_binding_reaches_the_runtime_as_a_driver_viola
         "the transaction never prepares"
     );
     assert_eq!(log.lock().unwrap().last().unwrap(), "destroy");
+}
+
+/// In process, the calls beside the protocol reach the driver where they belong: the
+/// log's context before Open, an artifact intent between transactions, a decision after
+/// commit; a call after the stream ended fails saying so.
+#[tokio::test]
+async fn in_process_calls_beside_the_protocol_reach_the_transactor_in_order() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let driver = Recorder {
+        log: log.clone(),
+        loaded_binding: 0,
+    };
+    let endpoint = InProcess::new("recorder", Arc::new(driver));
+    let mut stream = endpoint.transactions().await.unwrap();
+    let hooks = stream.hooks.take().expect("an in-process stream has hooks");
+    let context = LogContext {
+        deployment_id: "d7".into(),
+        undecided: vec![Undecided {
+            epoch: 3,
+            intent: json!({ "staging": 3 }),
+        }],
+    };
+    hooks.opening(context).await.unwrap();
+    let spec = spec(MAT, "{}", &[("views", false), ("events", true)]);
+    let (mut tx, mut rx, _) = client::open(stream, open(&spec, 0, 9), TIMEOUT)
+        .await
+        .unwrap();
+
+    let intent = hooks.artifact_intent(4).await.unwrap();
+    assert_eq!(intent, Some(json!({ "staging": 4 })));
+    tx.acknowledge().await.unwrap();
+    expect(&mut rx, "Acknowledged").await;
+    tx.prepare(prepare(br#"{"txn":4}"#)).await.unwrap();
+    until_prepared(&mut rx).await;
+    tx.commit().await.unwrap();
+    expect(&mut rx, "DriverCommitted").await;
+    assert_eq!(
+        hooks.decision(4).await.unwrap(),
+        Some(json!({ "decided": 4 }))
+    );
+    drop(tx);
+    assert!(rx.recv().await.is_err(), "the stream ends once closed");
+    let err = hooks.decision(5).await.unwrap_err().to_string();
+    assert!(err.contains("Transactions stream has ended"), "{err}");
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec![
+            "open in d7 undecided [3]",
+            "artifact intent 4",
+            "acknowledge",
+            "prepare",
+            "commit",
+            "decision 4",
+            "destroy",
+        ]
+    );
 }

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::arena::{load_keys, store_docs};
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
+use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
     self as m,
@@ -24,9 +25,12 @@ use sluice_driver_sdk::materialize::{
     transaction_response::Opened,
 };
 use sluice_driver_sdk::validate::ProjectionRules;
-use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, LoadedSink, Result, Transactor};
+use sluice_driver_sdk::{
+    BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, Result,
+    Transactor,
+};
 use sluice_sink_sdk::driver::epoch_of;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Documents per chunk of a snapshot's scan of the view.
@@ -50,6 +54,38 @@ pub struct OutputKind {
     pub resource_path: fn(&Value) -> OutputResult<Vec<String>>,
     /// The endpoint of one binding; connects nothing until its `open`.
     pub endpoint: fn(&Value, Target) -> OutputResult<Box<dyn OutputEndpoint>>,
+}
+
+impl BuiltinKind for OutputKind {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn endpoint_type(&self) -> EndpointType {
+        EndpointType::SluiceOutput
+    }
+
+    fn paths(&self) -> &'static [&'static str] {
+        self.paths
+    }
+
+    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig> {
+        (self.check)(config).map_err(|e| InvalidConfig::new("", e.to_string()))
+    }
+
+    /// Its views live in the materialization's state folder: without one, no instance.
+    fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
+        let state_dir = state_dir?.to_path_buf();
+        Some(Arc::new(OutputDriver::new(*self, state_dir)))
+    }
+
+    fn schemas(&self) -> Option<(String, String)> {
+        Some(((self.endpoint_schema)(), resource_schema(self)))
+    }
+
+    fn pinned(&self) -> Option<&'static str> {
+        Some("an output keeps its view beside the local recovery log")
+    }
 }
 
 /// A binding's resource: its destination and how its changes are encoded.

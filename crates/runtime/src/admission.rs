@@ -20,7 +20,7 @@
 
 use serde::Deserialize;
 use sluice_driver_sdk::CommitPattern;
-use sluice_sink_sdk::{Consistency, SinkContract};
+use sluice_driver_sdk::contract::{Consistency, SinkContract};
 use sluice_source_sdk::FaultTolerance;
 use std::fmt;
 
@@ -40,9 +40,6 @@ pub enum SinkGuarantee {
     Flow(Option<CommitPattern>),
     /// An epoch sink and its contract.
     Epoch(SinkContract),
-    /// An output endpoint: fault tolerant (a replayed transaction's messages that
-    /// its destination holds are discarded), so exactly once.
-    Output,
 }
 
 impl SinkGuarantee {
@@ -51,7 +48,7 @@ impl SinkGuarantee {
     pub fn store_keeps_checkpoint(&self) -> bool {
         matches!(
             self,
-            SinkGuarantee::Flow(Some(CommitPattern::RemoteAuthoritative)) | SinkGuarantee::Output
+            SinkGuarantee::Flow(Some(CommitPattern::RemoteAuthoritative))
         )
     }
 }
@@ -128,7 +125,7 @@ pub fn admit(
                      {OR_AT_LEAST_ONCE}"
             ),
         )),
-        (_, SinkGuarantee::Flow(_) | SinkGuarantee::Output) => None,
+        (_, SinkGuarantee::Flow(_)) => None,
         (_, SinkGuarantee::Epoch(contract)) => match (delivery, contract.consistency) {
             (_, Consistency::CheckpointCommittable) => None,
             (Delivery::AtLeastOnce, Consistency::AtLeastOnce) => None,

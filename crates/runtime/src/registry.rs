@@ -11,9 +11,13 @@
 //! ```
 //!
 //! A new source is a crate implementing `sluice_source_sdk::SourceKind` plus one
-//! `with_source` line in the binary; a built-in driver is one `with_driver(Builtin::new…)`
-//! line naming its crate's endpoint configuration type and constructor. Drivers outside
-//! the binary are reached by the [`Grpc`] and [`Command`] kinds.
+//! `with_source` line in the binary. A driver built into the binary is one `with_builtin`
+//! line whatever its family (`sluice_driver_sdk::BuiltinKind`): a Flow driver
+//! (`Builtin::new…`, naming its crate's endpoint configuration type and constructor), an
+//! epoch sink (a `SinkKind`) or an output (an `OutputKind`). All three run on the
+//! in-process transport, and reach the recovery log only by the transactor's calls beside
+//! the protocol. Drivers outside the binary are reached by the [`Grpc`] and [`Command`]
+//! kinds.
 //!
 //! What holds:
 //! - Names are unique: registering a kind twice is a bug of the binary, and panics.
@@ -27,16 +31,13 @@
 use crate::admission::{DeclaredPattern, SinkGuarantee};
 use crate::types::EndpointDef;
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::stdio::StdioEndpoint;
-use sluice_driver_sdk::{CommitPattern, Driver, Endpoint};
-use sluice_output_sdk::{OutputDriver, OutputKind};
-use sluice_sink_sdk::{EpochDriver, EpochParticipant, SinkKind};
+use sluice_driver_sdk::{BuiltinKind, CommitPattern, Driver, Endpoint};
 use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
 use std::path::{Path, PathBuf};
@@ -81,14 +82,7 @@ pub trait DriverKind: Send + Sync {
         let driver = self
             .driver()
             .ok_or_else(|| format!("the `{}` endpoint declares no schema", self.name()))?;
-        let spec = driver
-            .spec(Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        Schemas::parse(
-            &spec.endpoint_spec_schema_json,
-            &spec.resource_spec_schema_json,
-        )
+        Schemas::of_spec(driver.as_ref()).await
     }
 }
 
@@ -100,8 +94,6 @@ pub struct Connected {
     pub config: Value,
     /// What the endpoint declares it gives (admission).
     pub guarantee: SinkGuarantee,
-    /// An epoch sink's handle: what the loop records for it in the recovery log.
-    pub participant: Option<Arc<dyn EpochParticipant>>,
 }
 
 impl Connected {
@@ -117,7 +109,6 @@ impl Connected {
             endpoint_type,
             config,
             guarantee: SinkGuarantee::Flow(pattern),
-            participant: None,
         }
     }
 }
@@ -144,6 +135,18 @@ pub struct Schemas {
 }
 
 impl Schemas {
+    /// What a driver's Spec says.
+    async fn of_spec(driver: &dyn Driver) -> Result<Schemas, String> {
+        let spec = driver
+            .spec(Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        Schemas::parse(
+            &spec.endpoint_spec_schema_json,
+            &spec.resource_spec_schema_json,
+        )
+    }
+
     fn parse(endpoint: &str, resource: &str) -> Result<Schemas, String> {
         let parse = |what: &str, text: &str| {
             serde_json::from_str(text).map_err(|e| format!("the {what} schema is not JSON: {e}"))
@@ -228,6 +231,11 @@ impl Registry {
         self
     }
 
+    /// Adds a kind of driver built into the binary, run in process.
+    pub fn with_builtin(self, kind: impl BuiltinKind) -> Registry {
+        self.with_driver(InProcessKind(Box::new(kind)))
+    }
+
     /// Adds a driver kind.
     pub fn with_driver(mut self, kind: impl DriverKind + 'static) -> Registry {
         assert!(
@@ -290,37 +298,6 @@ impl Connect for Registry {
     }
 }
 
-/// A driver built into the binary, run in-process.
-pub struct Builtin {
-    name: &'static str,
-    endpoint_type: EndpointType,
-    /// Top-level keys of the configuration that hold paths.
-    paths: &'static [&'static str],
-    check: fn(Value) -> Result<(), InvalidConfig>,
-    driver: fn() -> Arc<dyn Driver>,
-}
-
-impl Builtin {
-    /// The driver `name`, reporting itself as `endpoint_type`, whose endpoint
-    /// configuration the driver parses as `C` (strict, so the pipeline file is checked
-    /// against it) and whose keys `paths` hold paths; `driver` makes an instance, which
-    /// declares how it commits ([`Driver::declared`]: what admission knows of it).
-    pub fn new<C: DeserializeOwned>(
-        name: &'static str,
-        endpoint_type: EndpointType,
-        paths: &'static [&'static str],
-        driver: fn() -> Arc<dyn Driver>,
-    ) -> Builtin {
-        Builtin {
-            name,
-            endpoint_type,
-            paths,
-            check: |config| parse::<C>(config).map(drop),
-            driver,
-        }
-    }
-}
-
 /// Makes the values of `paths` (top-level keys of `config`) relative to `base_dir`.
 fn resolve_paths(config: &mut Value, paths: &[&str], base_dir: &Path) {
     for key in paths {
@@ -332,41 +309,67 @@ fn resolve_paths(config: &mut Value, paths: &[&str], base_dir: &Path) {
     }
 }
 
+/// A driver kind built into the binary, run in process: a Flow driver, an epoch sink and
+/// an output alike. Admission reads an epoch sink's contract, else the commit pattern
+/// the driver declares.
+struct InProcessKind(Box<dyn BuiltinKind>);
+
+impl InProcessKind {
+    fn pattern(&self) -> Option<CommitPattern> {
+        Some(self.0.driver(None)?.declared().pattern)
+    }
+}
+
 #[async_trait]
-impl DriverKind for Builtin {
+impl DriverKind for InProcessKind {
     fn name(&self) -> &'static str {
-        self.name
+        self.0.name()
     }
 
     fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
-        (self.check)(config.clone())?;
-        resolve_paths(&mut config, self.paths, base_dir);
+        resolve_paths(&mut config, self.0.paths(), base_dir);
+        self.0.check(&config)?;
         Ok(config)
     }
 
     async fn connect(
         &self,
         _materialization: &str,
-        _state_dir: &Path,
+        state_dir: &Path,
         config: &Value,
     ) -> Result<Connected, String> {
-        let driver = (self.driver)();
-        let pattern = driver.declared().pattern;
-        Ok(Connected::flow(
-            Arc::new(InProcess::new(self.name, driver)),
-            self.endpoint_type,
-            config.clone(),
-            Some(pattern),
-        ))
+        let name = self.0.name();
+        let driver = (self.0.driver(Some(state_dir)))
+            .ok_or_else(|| format!("the built-in driver {name} made no instance"))?;
+        let guarantee = match self.0.contract(config)? {
+            Some(contract) => SinkGuarantee::Epoch(contract),
+            None => SinkGuarantee::Flow(Some(driver.declared().pattern)),
+        };
+        Ok(Connected {
+            endpoint: Arc::new(InProcess::new(name, driver)),
+            endpoint_type: self.0.endpoint_type(),
+            config: config.clone(),
+            guarantee,
+        })
     }
 
     fn driver(&self) -> Option<Arc<dyn Driver>> {
-        Some((self.driver)())
+        self.0.driver(None)
     }
 
     fn pinned(&self, _config: &Value) -> Option<&'static str> {
-        let pattern = (self.driver)().declared().pattern;
-        (pattern == CommitPattern::RecoveryLogNonTransactional).then_some(UNFENCED)
+        self.0.pinned().or_else(|| {
+            let unfenced = self.pattern() == Some(CommitPattern::RecoveryLogNonTransactional);
+            unfenced.then_some(UNFENCED)
+        })
+    }
+
+    async fn schemas(&self) -> Result<Schemas, String> {
+        match (self.0.schemas(), self.0.driver(None)) {
+            (Some((endpoint, resource)), _) => Schemas::parse(&endpoint, &resource),
+            (None, Some(driver)) => Schemas::of_spec(driver.as_ref()).await,
+            (None, None) => Err(format!("the `{}` endpoint declares no schema", self.name())),
+        }
     }
 }
 
@@ -514,95 +517,5 @@ impl DriverKind for Command {
         // pattern is undeclared.
         let pattern = serde_json::from_value::<CommandConfig>(config.clone()).ok();
         declared_pinned(pattern.and_then(|c| c.pattern))
-    }
-}
-
-/// An epoch sink built into the binary (`sluice_sink_sdk::SinkKind`), run in-process
-/// as an [`EpochDriver`]: admission reads its contract, the loop records its intents
-/// and descriptors through its participant.
-pub struct Epoch(pub SinkKind);
-
-#[async_trait]
-impl DriverKind for Epoch {
-    fn name(&self) -> &'static str {
-        self.0.name
-    }
-
-    fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
-        resolve_paths(&mut config, self.0.paths, base_dir);
-        (self.0.build)(&config).map_err(|e| InvalidConfig::new("", e.to_string()))?;
-        Ok(config)
-    }
-
-    async fn connect(
-        &self,
-        _materialization: &str,
-        _state_dir: &Path,
-        config: &Value,
-    ) -> Result<Connected, String> {
-        let contract = self.0.contract(config).map_err(|e| e.to_string())?;
-        let driver = EpochDriver::new(self.0);
-        Ok(Connected {
-            participant: Some(driver.participant()),
-            endpoint: Arc::new(InProcess::new(self.0.name, Arc::new(driver))),
-            endpoint_type: EndpointType::SluiceEpochSink,
-            config: config.clone(),
-            guarantee: SinkGuarantee::Epoch(contract),
-        })
-    }
-
-    fn driver(&self) -> Option<Arc<dyn Driver>> {
-        Some(Arc::new(EpochDriver::new(self.0)))
-    }
-
-    fn pinned(&self, _config: &Value) -> Option<&'static str> {
-        Some(
-            "an epoch sink names its staging by the deployment id kept beside the local recovery log",
-        )
-    }
-}
-
-/// An output endpoint kind built into the binary (`sluice_output_sdk::OutputKind`), run
-/// in-process as an [`OutputDriver`] whose views live in the materialization's endpoint
-/// state folder.
-pub struct Output(pub OutputKind);
-
-#[async_trait]
-impl DriverKind for Output {
-    fn name(&self) -> &'static str {
-        self.0.name
-    }
-
-    fn parse(&self, mut config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
-        resolve_paths(&mut config, self.0.paths, base_dir);
-        (self.0.check)(&config).map_err(|e| InvalidConfig::new("", e.to_string()))?;
-        Ok(config)
-    }
-
-    async fn connect(
-        &self,
-        _materialization: &str,
-        state_dir: &Path,
-        config: &Value,
-    ) -> Result<Connected, String> {
-        let driver = OutputDriver::new(self.0, state_dir.to_path_buf());
-        Ok(Connected {
-            participant: None,
-            endpoint: Arc::new(InProcess::new(self.0.name, Arc::new(driver))),
-            endpoint_type: EndpointType::SluiceOutput,
-            config: config.clone(),
-            guarantee: SinkGuarantee::Output,
-        })
-    }
-
-    fn pinned(&self, _config: &Value) -> Option<&'static str> {
-        Some("an output keeps its view beside the local recovery log")
-    }
-
-    async fn schemas(&self) -> Result<Schemas, String> {
-        Schemas::parse(
-            &(self.0.endpoint_schema)(),
-            &sluice_output_sdk::resource_schema(&self.0),
-        )
     }
 }

@@ -11,7 +11,7 @@ use sluice_driver_sdk::CommitPattern::*;
 use sluice_runtime::admission::{Delivery, SinkGuarantee, admit};
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::pipeline::{PipelineError, plan};
-use sluice_runtime::registry::{Command, Epoch, Registry};
+use sluice_runtime::registry::{Command, Registry};
 use sluice_sink_sdk::{
     Consistency, EpochSink, InputMode, Placement, RecordBatch, Recovery, SchemaPlan, SinkBinding,
     SinkContract, SinkError, SinkKind, WriteResult,
@@ -27,7 +27,7 @@ const TOLERANCES: [FaultTolerance; 3] = [
 ];
 
 fn guarantees() -> Vec<SinkGuarantee> {
-    let mut all = vec![SinkGuarantee::Flow(None), SinkGuarantee::Output];
+    let mut all = vec![SinkGuarantee::Flow(None)];
     for p in [
         RemoteAuthoritative,
         RecoveryLogIdempotentApply,
@@ -75,7 +75,6 @@ fn sink_admitted(delivery: Delivery, g: SinkGuarantee) -> bool {
             c.consistency == Consistency::CheckpointCommittable
         }
         (Delivery::AtLeastOnce, SinkGuarantee::Epoch(c)) => c.consistency != Consistency::Ephemeral,
-        (_, SinkGuarantee::Output) => true,
     }
 }
 
@@ -111,7 +110,7 @@ fn every_combination_is_admitted_exactly_as_the_table_says() {
             }
         }
     }
-    assert_eq!(combinations, 2 * 3 * 3 * (5 + 18));
+    assert_eq!(combinations, 2 * 3 * 3 * (4 + 18));
 }
 
 #[test]
@@ -188,16 +187,16 @@ fn declaring(config: &Value) -> Result<Box<dyn EpochSink>, SinkError> {
 fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<DatagenKind>())
-        .with_driver(common::memory_kind())
+        .with_builtin(common::memory_kind())
         .with_driver(Command)
-        .with_driver(Epoch(SinkKind {
+        .with_builtin(SinkKind {
             name: "declaring",
             paths: &[],
             endpoint_schema: || "{}".into(),
             resource_schema: || r#"{"type":"object"}"#.into(),
             build: declaring,
             resource_path: |r| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
-        }))
+        })
 }
 
 fn pipeline(delivery: &str, endpoint: &str) -> Pipeline {

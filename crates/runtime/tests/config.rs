@@ -8,11 +8,12 @@
 use serde::Deserialize;
 use serde_json::json;
 use sluice_datagen::{DatagenConfig, DatagenKind};
+use sluice_driver_sdk::Builtin;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::{FileConfig, FileFormat, FileKind};
 use sluice_memory::MemoryDriver;
 use sluice_runtime::config::{ConfigError, EndpointDef, OnError, Pipeline, ShardDef};
-use sluice_runtime::registry::{Builtin, Command, Registry};
+use sluice_runtime::registry::{Command, Registry};
 use sluice_source_sdk::kind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,13 +68,13 @@ fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
-        .with_driver(Builtin::new::<PathEndpoint>(
+        .with_builtin(Builtin::new::<PathEndpoint>(
             "sqlite",
             EndpointType::Sqlite,
             &["path"],
             memory,
         ))
-        .with_driver(Builtin::new::<UrlEndpoint>(
+        .with_builtin(Builtin::new::<UrlEndpoint>(
             "postgres",
             EndpointType::SluicePostgres,
             &[],

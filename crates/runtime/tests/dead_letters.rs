@@ -97,7 +97,7 @@ async fn a_restarted_run_leaves_each_rejected_document_once_and_the_store_exact(
     let dead_letters = dir.path().join("rejected.jsonl");
     let registry = Registry::new()
         .with_source(kind::<FileKind>())
-        .with_driver(common::memory_kind());
+        .with_builtin(common::memory_kind());
     let yaml = pipeline_yaml(&input, &dead_letters, &dir.path().join("log"));
     let pipeline = Pipeline::parse(&yaml, dir.path(), &registry).unwrap();
     let store = MemoryDriver::new();

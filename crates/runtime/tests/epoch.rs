@@ -15,7 +15,7 @@ use sluice_file::FileKind;
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::failpoint;
 use sluice_runtime::pipeline::{self, RunOptions};
-use sluice_runtime::registry::{Epoch, Registry};
+use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
 use sluice_sink_sdk::{
     Consistency, EpochSink, InputMode, Placement, RecordBatch, Recovery, RuntimeContext,
@@ -174,14 +174,14 @@ fn folder_sink(config: &Value) -> Result<Box<dyn EpochSink>, SinkError> {
 fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<FileKind>())
-        .with_driver(Epoch(SinkKind {
+        .with_builtin(SinkKind {
             name: "folder",
             paths: &["dir"],
             endpoint_schema: || r#"{"type":"object"}"#.into(),
             resource_schema: || r#"{"type":"object"}"#.into(),
             build: folder_sink,
             resource_path: |r| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
-        }))
+        })
 }
 
 fn write_input(dir: &Path) -> BTreeMap<String, i64> {

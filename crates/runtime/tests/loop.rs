@@ -375,7 +375,7 @@ impl Harness {
                 .with_source(kind::<FlakyFileKind>())
                 .with_source(kind::<ScriptedFileKind<SeekOnly>>())
                 .with_source(kind::<ScriptedFileKind<Barriers>>())
-                .with_driver(common::memory_kind()),
+                .with_builtin(common::memory_kind()),
         )
         .unwrap();
         let log_dir = pipeline.recovery_log().join(MATERIALIZATION);
@@ -426,7 +426,6 @@ impl Harness {
         let ctx = Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
-            participant: None,
             store_keeps_checkpoint: true,
             deployment_id: String::new(),
             sources,

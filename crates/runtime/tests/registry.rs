@@ -3,6 +3,7 @@
 
 use serde_json::json;
 use sluice_datagen::DatagenKind;
+use sluice_driver_sdk::Builtin;
 use sluice_driver_sdk::Driver;
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_file::FileKind;
@@ -10,7 +11,7 @@ use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
 use sluice_runtime::config::EndpointDef;
 use sluice_runtime::pipeline::Connect;
-use sluice_runtime::registry::{Builtin, Command, Grpc, Registry};
+use sluice_runtime::registry::{Command, Grpc, Registry};
 use sluice_source_sdk::kind;
 use std::path::Path;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ fn registry() -> Registry {
         .with_source(kind::<FileKind>())
         .with_source(kind::<DatagenKind>())
         .with_driver(Grpc)
-        .with_driver(Builtin::new::<EndpointConfig>(
+        .with_builtin(Builtin::new::<EndpointConfig>(
             "memory",
             EndpointType::SluiceMemory,
             &["path"],

@@ -90,7 +90,7 @@ async fn a_source_retrying_inside_a_call_backs_off_with_its_error_and_degrades_i
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::new()
         .with_source(kind::<DownKind>())
-        .with_driver(common::memory_kind());
+        .with_builtin(common::memory_kind());
     let yaml = format!(
         r#"
 collections:

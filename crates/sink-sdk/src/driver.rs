@@ -1,13 +1,16 @@
 //! An [`EpochSink`] on the one loop: [`EpochDriver`] speaks the Flow driver protocol in
-//! process, as a driver of the idempotent-apply pattern, and hands the runtime the
-//! sink's artifact intents and descriptors through its [`EpochParticipant`].
+//! process, as a driver of the idempotent-apply pattern, and uses the transactor's calls
+//! beside the protocol (`sluice_driver_sdk::traits`) for what the recovery log records
+//! of the sink: its artifact intents and its descriptors.
 //!
 //! ```text
-//!  Open(checkpoint {epoch, descriptor})  build, bind context, open, recover(decided, undecided)
-//!  Prepare(runtime checkpoint of N)      begin_epoch(N)              Prepared: no change
-//!  Store*                                Arrow batches of bounded size → write_batch
-//!  Commit                                last batches; pre_commit(N) → descriptor for the runtime
-//!  Acknowledge                           commit_epoch(N, descriptor): the decision is durable
+//!  open_with_log(checkpoint {epoch, descriptor}, log)   build, bind context, open, recover(decided, undecided)
+//!  artifact_intent(N)                  checkpoint_artifact_intent(N): into the runtime's Intent(N)
+//!  Prepare(runtime checkpoint of N)    begin_epoch(N)              Prepared: no change
+//!  Store*                              Arrow batches of bounded size → write_batch
+//!  Commit                              last batches; pre_commit(N) → descriptor
+//!  decision(N)                         {epoch, descriptor}: into the runtime's Commit(N)
+//!  Acknowledge                         commit_epoch(N, descriptor): the decision is durable
 //! ```
 //!
 //! An epoch sink receives each transaction's reduced changes (its bindings are delta
@@ -17,13 +20,12 @@
 
 use crate::arrow::{BatchBuilder, binding_schema};
 use crate::{
-    Decided, EpochParticipant, EpochSink, InputMode, Recovery, RuntimeContext, SinkBinding,
-    SinkContract, SinkError, Undecided,
+    Decided, EpochSink, InputMode, Recovery, RuntimeContext, SinkBinding, SinkContract, SinkError,
 };
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use sluice_driver_sdk::arena::store_docs;
-use sluice_driver_sdk::flow::{self, MaterializationSpec};
+use sluice_driver_sdk::flow::{self, EndpointType, MaterializationSpec};
 use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
     self as m,
@@ -32,9 +34,11 @@ use sluice_driver_sdk::materialize::{
 };
 use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{
-    CommitPattern, Declared, Driver, Error, LoadedSink, PriorState, Result, Transactor,
+    BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, LogContext,
+    PriorState, Result, Transactor,
 };
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 
 /// Rows per Arrow batch, at most.
 const BATCH_ROWS: usize = 16 * 1024;
@@ -58,10 +62,39 @@ pub struct SinkKind {
     pub resource_path: fn(&Value) -> Result<Vec<String>, SinkError>,
 }
 
-impl SinkKind {
-    /// The contract a configuration declares, without opening anything.
-    pub fn contract(&self, config: &Value) -> Result<SinkContract, SinkError> {
-        Ok((self.build)(config)?.contract())
+impl BuiltinKind for SinkKind {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn endpoint_type(&self) -> EndpointType {
+        EndpointType::SluiceEpochSink
+    }
+
+    fn paths(&self) -> &'static [&'static str] {
+        self.paths
+    }
+
+    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig> {
+        (self.build)(config)
+            .map(drop)
+            .map_err(|e| InvalidConfig::new("", e.to_string()))
+    }
+
+    fn contract(&self, config: &Value) -> std::result::Result<Option<SinkContract>, String> {
+        let sink = (self.build)(config).map_err(|e| e.to_string())?;
+        Ok(Some(sink.contract()))
+    }
+
+    fn driver(&self, _state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
+        Some(Arc::new(EpochDriver::new(*self)))
+    }
+
+    fn pinned(&self) -> Option<&'static str> {
+        Some(
+            "an epoch sink names its staging by the deployment id kept beside the local \
+             recovery log",
+        )
     }
 }
 
@@ -109,34 +142,14 @@ pub fn decided_epoch(materialization: &str, checkpoint: &[u8]) -> Result<Option<
     }))
 }
 
-/// What the driver and the runtime's participant handle share.
-#[derive(Default)]
-struct Shared {
-    /// The open stream's sink; `None` between streams.
-    sink: tokio::sync::Mutex<Option<Box<dyn EpochSink>>>,
-    deployment: Mutex<String>,
-    undecided: Mutex<Vec<Undecided>>,
-    /// The descriptor `pre_commit` returned for the epoch the driver just committed.
-    descriptor: Mutex<Option<(u64, Value)>>,
-}
-
 /// An epoch sink as an in-process driver of the idempotent-apply pattern.
 pub struct EpochDriver {
     kind: SinkKind,
-    shared: Arc<Shared>,
 }
 
 impl EpochDriver {
     pub fn new(kind: SinkKind) -> EpochDriver {
-        EpochDriver {
-            kind,
-            shared: Arc::default(),
-        }
-    }
-
-    /// The runtime's handle: what it records in the recovery log for this sink.
-    pub fn participant(&self) -> Arc<dyn EpochParticipant> {
-        Arc::new(Participant(self.shared.clone()))
+        EpochDriver { kind }
     }
 
     fn build(&self, endpoint_spec_json: &str) -> Result<Box<dyn EpochSink>> {
@@ -269,6 +282,16 @@ impl Driver for EpochDriver {
     }
 
     async fn open(&self, open: Open) -> Result<(Box<dyn Transactor>, Opened)> {
+        self.open_with_log(open, LogContext::default()).await
+    }
+
+    /// Binds the sink to the deployment and recovers it: the log's last descriptor is
+    /// applied again, and what its undecided epochs staged is removed.
+    async fn open_with_log(
+        &self,
+        open: Open,
+        log: LogContext,
+    ) -> Result<(Box<dyn Transactor>, Opened)> {
         let spec = open
             .materialization
             .clone()
@@ -276,22 +299,20 @@ impl Driver for EpochDriver {
         let mut sink = self.build(&spec.endpoint_spec_json)?;
         let (bindings, builders): (Vec<_>, Vec<_>) =
             self.bindings(&spec, sink.contract())?.into_iter().unzip();
-        let deployment_id = self.shared.deployment.lock().expect("not poisoned").clone();
         sink.bind_runtime_context(RuntimeContext {
-            deployment_id,
+            deployment_id: log.deployment_id,
             sink_id: spec.materialization.clone(),
             participant_id: u64::from(open.key_begin) + 1,
         })
         .map_err(sink_error)?;
         sink.open(&bindings).await.map_err(sink_error)?;
         let decided = decided_epoch(&spec.materialization, &open.driver_checkpoint_json)?;
-        let undecided = std::mem::take(&mut *self.shared.undecided.lock().expect("not poisoned"));
+        let undecided = log.undecided;
         sink.recover(&Recovery { decided, undecided })
             .await
             .map_err(sink_error)?;
-        *self.shared.sink.lock().await = Some(sink);
         let transactor = EpochTransactor {
-            shared: self.shared.clone(),
+            sink,
             builders,
             epoch: None,
             to_apply: None,
@@ -302,11 +323,12 @@ impl Driver for EpochDriver {
 
 /// One Transactions stream of an epoch sink.
 struct EpochTransactor {
-    shared: Arc<Shared>,
+    sink: Box<dyn EpochSink>,
     builders: Vec<BatchBuilder>,
     /// The epoch begun and not yet pre-committed.
     epoch: Option<u64>,
-    /// The descriptor to apply once the runtime acknowledges its epoch.
+    /// The descriptor `pre_commit` returned, to record in the epoch's commit and to apply
+    /// once the runtime acknowledges it.
     to_apply: Option<(u64, Value)>,
 }
 
@@ -316,36 +338,12 @@ impl EpochTransactor {
     async fn or_rollback<T>(&mut self, step: Result<T>) -> Result<T> {
         if step.is_err()
             && let Some(epoch) = self.epoch.take()
+            && let Err(err) = self.sink.rollback_epoch(epoch).await
         {
-            let mut sink = self.shared.sink.lock().await;
-            let rolled = match sink.as_mut() {
-                Some(sink) => sink.rollback_epoch(epoch).await.map_err(sink_error),
-                None => Err(closed()),
-            };
-            if let Err(err) = rolled {
-                tracing::warn!(epoch, %err, "rolling back a failed epoch failed; recovery removes its staging");
-            }
+            tracing::warn!(epoch, %err, "rolling back a failed epoch failed; recovery removes its staging");
         }
         step
     }
-}
-
-fn closed() -> Error {
-    Error::Config("the epoch sink is closed".into())
-}
-
-/// The open stream's sink, locked for the rest of the statement (a macro, not a method:
-/// an async method returning the guard trips the `Send` check of `async_trait`).
-macro_rules! open_sink {
-    ($transactor:expr) => {
-        $transactor
-            .shared
-            .sink
-            .lock()
-            .await
-            .as_mut()
-            .ok_or_else(closed)?
-    };
 }
 
 /// The transaction number of a runtime checkpoint (the epoch it commits).
@@ -371,10 +369,7 @@ impl Transactor for EpochTransactor {
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
         let epoch = epoch_of(&prepare.flow_checkpoint)?;
         self.epoch = Some(epoch);
-        let begun = open_sink!(self)
-            .begin_epoch(epoch)
-            .await
-            .map_err(sink_error);
+        let begun = self.sink.begin_epoch(epoch).await.map_err(sink_error);
         self.or_rollback(begun).await?;
         Ok(flow::DriverCheckpoint {
             driver_checkpoint_json: b"{}".to_vec(),
@@ -395,31 +390,42 @@ impl Transactor for EpochTransactor {
             let written = self.write_batch(binding).await;
             self.or_rollback(written).await?;
         }
-        let pre_committed = open_sink!(self).pre_commit(epoch).await.map_err(sink_error);
+        let pre_committed = self.sink.pre_commit(epoch).await.map_err(sink_error);
         let descriptor = self.or_rollback(pre_committed).await?;
         self.epoch = None;
-        if let Some(descriptor) = &descriptor {
-            self.to_apply = Some((epoch, descriptor.clone()));
-        }
-        *self.shared.descriptor.lock().expect("not poisoned") = descriptor.map(|d| (epoch, d));
+        self.to_apply = descriptor.map(|descriptor| (epoch, descriptor));
         Ok(())
     }
 
     async fn acknowledge(&mut self) -> Result<()> {
         if let Some((epoch, descriptor)) = self.to_apply.take() {
-            open_sink!(self)
-                .commit_epoch(epoch, &descriptor)
-                .await
-                .map_err(sink_error)?;
+            (self.sink.commit_epoch(epoch, &descriptor).await).map_err(sink_error)?;
         }
         Ok(())
     }
 
-    async fn destroy(self: Box<Self>) {
-        if let Some(mut sink) = self.shared.sink.lock().await.take()
-            && let Err(err) = sink.close().await
-        {
+    async fn destroy(mut self: Box<Self>) {
+        if let Err(err) = self.sink.close().await {
             tracing::warn!(%err, "closing the epoch sink failed");
+        }
+    }
+
+    async fn artifact_intent(&mut self, txn: u64) -> Result<Option<Value>> {
+        Ok(self.sink.checkpoint_artifact_intent(txn))
+    }
+
+    /// The descriptor of epoch `txn`, as the recovery log keeps it: the driver checkpoint
+    /// its commit records (`None`: it staged nothing; the last descriptor stays).
+    fn decision(&mut self, txn: u64) -> Option<Value> {
+        match &self.to_apply {
+            Some((epoch, descriptor)) if *epoch == txn => Some(
+                DecidedRecord {
+                    epoch: txn,
+                    descriptor: descriptor.clone(),
+                }
+                .to_value(),
+            ),
+            _ => None,
         }
     }
 }
@@ -449,40 +455,9 @@ impl EpochTransactor {
     /// Writes the rows binding `binding`'s batch holds, if any.
     async fn write_batch(&mut self, binding: usize) -> Result<()> {
         if let Some(batch) = self.builders[binding].finish().map_err(sink_error)? {
-            open_sink!(self)
-                .write_batch(binding, &batch)
-                .await
-                .map_err(sink_error)?;
+            (self.sink.write_batch(binding, &batch).await).map_err(sink_error)?;
         }
         Ok(())
-    }
-}
-
-struct Participant(Arc<Shared>);
-
-#[async_trait]
-impl EpochParticipant for Participant {
-    async fn artifact_intent(&self, epoch: u64) -> Result<Option<Value>, SinkError> {
-        let sink = self.0.sink.lock().await;
-        let sink = sink
-            .as_ref()
-            .ok_or_else(|| SinkError::Config("the epoch sink is not open".into()))?;
-        Ok(sink.checkpoint_artifact_intent(epoch))
-    }
-
-    async fn take_descriptor(&self, epoch: u64) -> Option<Value> {
-        let mut slot = self.0.descriptor.lock().expect("not poisoned");
-        match slot.take() {
-            Some((e, descriptor)) if e == epoch => {
-                Some(DecidedRecord { epoch, descriptor }.to_value())
-            }
-            _ => None,
-        }
-    }
-
-    async fn recovering(&self, deployment_id: &str, undecided: Vec<Undecided>) {
-        *self.0.deployment.lock().expect("not poisoned") = deployment_id.to_string();
-        *self.0.undecided.lock().expect("not poisoned") = undecided;
     }
 }
 

@@ -2,16 +2,17 @@
 //!
 //! An epoch is a transaction of the loop (epoch N = transaction N). A sink implements
 //! [`EpochSink`]; [`driver::EpochDriver`] runs it as an in-process Flow driver of the
-//! idempotent-apply pattern, and the runtime records what the sink asks it to through
-//! the [`EpochParticipant`] handle of that driver:
+//! idempotent-apply pattern, and a [`SinkKind`] registers it in a binary like any other
+//! built-in driver. What the recovery log records for the sink travels by the
+//! transactor's calls beside the protocol (`sluice_driver_sdk::traits`):
 //!
 //! ```text
 //!  runtime                          EpochDriver (Flow driver)        EpochSink
-//!  ── Intent(N) + artifact intent ◀── participant.artifact_intent ◀── checkpoint_artifact_intent(N)
+//!  ── Intent(N) + artifact intent ◀── artifact_intent(N) ◀─────────── checkpoint_artifact_intent(N)
 //!     Prepare(N) ─────────────────▶  prepare ────────────────────────▶ begin_epoch(N)
 //!     Store* ─────────────────────▶  store: Arrow batches ───────────▶ write_batch*
 //!     Commit ─────────────────────▶  commit ─────────────────────────▶ pre_commit(N) → descriptor
-//!  ── Commit(N) + descriptor      ◀── participant.take_descriptor
+//!  ── Commit(N) + descriptor      ◀── decision(N)
 //!     Acknowledge ────────────────▶  acknowledge ────────────────────▶ commit_epoch(N, descriptor)
 //!  at start: Open + the log's last descriptor and undecided intents ─▶ recover (abort cleaner)
 //! ```
@@ -26,13 +27,14 @@
 //!   (before `pre_commit` returned); after it, only recovery decides.
 
 pub mod arrow;
-mod contract;
 pub mod driver;
 
 pub use arrow_array::RecordBatch;
 pub use arrow_schema::{DataType, Field, Schema, SchemaRef};
-pub use contract::{Consistency, InputMode, Placement, SinkContract};
 pub use driver::{EpochDriver, SinkKind};
+/// An epoch the recovery log holds an intent of but no decision: its staging is garbage.
+pub use sluice_driver_sdk::Undecided;
+pub use sluice_driver_sdk::contract::{Consistency, InputMode, Placement, SinkContract};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -109,14 +111,6 @@ pub struct SchemaPlan {
 pub struct Decided {
     pub epoch: u64,
     pub descriptor: Value,
-}
-
-/// An epoch the recovery log holds an intent of but no decision: its staging is garbage.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Undecided {
-    pub epoch: u64,
-    /// The artifact intent recorded before it began.
-    pub intent: Value,
 }
 
 /// What recovery tells a sink at start, before its first epoch.
@@ -206,19 +200,4 @@ pub trait EpochSink: Send + 'static {
     async fn close(&mut self) -> Result<()> {
         Ok(())
     }
-}
-
-/// The runtime's side of an epoch sink's driver: what it records for the sink in the
-/// recovery log, beside the Flow protocol (in-process only).
-#[async_trait]
-pub trait EpochParticipant: Send + Sync {
-    /// Before `Intent(epoch)` is written: the sink's artifact intent, recorded in it.
-    async fn artifact_intent(&self, epoch: u64) -> Result<Option<Value>>;
-    /// After DriverCommitted of `epoch`, before `Commit(epoch)` is written: the descriptor
-    /// `pre_commit` returned, recorded in the commit as the driver's checkpoint (`None`:
-    /// nothing staged; the last descriptor stays).
-    async fn take_descriptor(&self, epoch: u64) -> Option<Value>;
-    /// Before Open: the pipeline's deployment id, and the artifact intents of epochs the
-    /// log began and never decided.
-    async fn recovering(&self, deployment_id: &str, undecided: Vec<Undecided>);
 }

@@ -16,7 +16,6 @@ use async_trait::async_trait;
 use sluice_driver_sdk::Endpoint;
 use sluice_proto::flow;
 use sluice_proto::materialize::transaction_request::Open;
-use sluice_sink_sdk::EpochParticipant;
 use sluice_source_sdk::{Health, Source, SourceError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -54,7 +53,6 @@ struct Template {
     bindings: Vec<Binding>,
     feeds: Vec<SourceFeed>,
     endpoint: Arc<dyn Endpoint>,
-    participant: Option<Arc<dyn EpochParticipant>>,
     store_keeps_checkpoint: bool,
     shard: config::ShardDef,
 }
@@ -89,7 +87,7 @@ impl Launcher {
         let deployment_id = if planned
             .materializations
             .iter()
-            .any(|m| m.participant.is_some())
+            .any(|m| m.needs_deployment_id)
         {
             recovery::deployment_id(pipeline.recovery_log())
                 .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
@@ -148,7 +146,6 @@ impl Launcher {
                 bindings,
                 feeds,
                 endpoint: m.endpoint,
-                participant: m.participant,
                 store_keeps_checkpoint: m.store_keeps_checkpoint,
                 shard: m.shard,
             };
@@ -201,7 +198,6 @@ impl Launcher {
             metrics,
             shard,
             endpoint: t.endpoint.clone(),
-            participant: t.participant.clone(),
             store_keeps_checkpoint: t.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             feeds: t.feeds.clone(),
@@ -264,7 +260,6 @@ struct Attempt {
     metrics: Arc<ShardMetrics>,
     shard: Shard,
     endpoint: Arc<dyn Endpoint>,
-    participant: Option<Arc<dyn EpochParticipant>>,
     store_keeps_checkpoint: bool,
     deployment_id: String,
     feeds: Vec<SourceFeed>,
@@ -343,7 +338,6 @@ impl Attempt {
         let ctx = txn::Context {
             shard: self.shard.clone(),
             endpoint: self.endpoint.clone(),
-            participant: self.participant.clone(),
             store_keeps_checkpoint: self.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             sources,

@@ -4,6 +4,7 @@
 
 use super::admit;
 use super::error::{PipelineError, invalid};
+use crate::admission::SinkGuarantee;
 use crate::config::{self, Pipeline};
 use crate::projections;
 use crate::registry::Connect;
@@ -13,15 +14,14 @@ use sluice_driver_sdk::Endpoint;
 use sluice_driver_sdk::error::within;
 use sluice_proto::flow;
 use sluice_proto::materialize as m;
-use sluice_sink_sdk::EpochParticipant;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub struct PlannedMaterialization {
     pub name: String,
     pub endpoint: Arc<dyn Endpoint>,
-    /// An epoch sink's handle (see [`Connected::participant`](crate::registry::Connected::participant)).
-    pub participant: Option<Arc<dyn EpochParticipant>>,
+    /// An epoch sink: it names its staging by the pipeline's deployment id.
+    pub needs_deployment_id: bool,
     /// See [`SinkGuarantee::store_keeps_checkpoint`](crate::admission::SinkGuarantee::store_keeps_checkpoint).
     pub store_keeps_checkpoint: bool,
     pub spec: flow::MaterializationSpec,
@@ -187,7 +187,7 @@ async fn plan_materialization(
     Ok(PlannedMaterialization {
         name: name.clone(),
         endpoint: connected.endpoint,
-        participant: connected.participant,
+        needs_deployment_id: matches!(connected.guarantee, SinkGuarantee::Epoch(_)),
         store_keeps_checkpoint: connected.guarantee.store_keeps_checkpoint(),
         spec: flow::MaterializationSpec {
             materialization: name.clone(),

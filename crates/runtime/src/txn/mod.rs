@@ -72,9 +72,8 @@ use sluice_doc::combine::{BindingSpec, Combiner, CombinerOptions};
 use sluice_driver_sdk::client::{self, Response};
 use sluice_driver_sdk::error::within;
 use sluice_driver_sdk::machine::{apply_driver_checkpoint, violation};
-use sluice_driver_sdk::{Endpoint, Error as DriverError, Peer};
+use sluice_driver_sdk::{Endpoint, Error as DriverError, LogContext, LogHooks, Peer, Undecided};
 use sluice_proto::flow;
-use sluice_sink_sdk::EpochParticipant;
 use sluice_source_sdk::{Resume, Source, SourceError};
 use state::{LogState, Settled};
 use std::sync::Arc;
@@ -133,13 +132,10 @@ impl SourceFailure for DeadLetterError {
 pub struct Context {
     pub shard: Shard,
     pub endpoint: Arc<dyn Endpoint>,
-    /// An epoch sink's handle: its artifact intents go into each intent, its
-    /// descriptors into each commit.
-    pub participant: Option<Arc<dyn EpochParticipant>>,
     /// The store keeps the runtime checkpoint in its own transactions (an
     /// authoritative driver): one reporting none while the log has commits lost them.
     pub store_keeps_checkpoint: bool,
-    /// The pipeline's deployment id, told to an epoch sink before Open.
+    /// The pipeline's deployment id, told to an in-process driver before Open.
     pub deployment_id: String,
     pub sources: Vec<BoundSource>,
     /// Opened by the caller: it holds the shard's lock.
@@ -205,7 +201,6 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let Context {
         shard,
         endpoint,
-        participant,
         store_keeps_checkpoint,
         deployment_id,
         sources,
@@ -223,16 +218,8 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             ..bound
         })
         .collect();
-    if let Some(participant) = &participant {
-        participant
-            .recovering(
-                &deployment_id,
-                undecided(&log, &materialization_name(&shard.open)),
-            )
-            .await;
-    }
     let store = (endpoint.as_ref(), store_keeps_checkpoint);
-    let recovered = recover(&shard, store, log, &mut sources, timeouts).await?;
+    let recovered = recover(&shard, store, log, deployment_id, &mut sources, timeouts).await?;
     metrics.status.enter(State::Running);
     progress.enter(LivePhase::Starting);
     let shared = Shared {
@@ -258,7 +245,8 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let committer = Committer {
         endpoint: endpoint.name().to_string(),
         materialization: materialization_name(&shard.open),
-        participant,
+        hooks: recovered.hooks,
+        driver_timeout: timeouts.driver,
         tx: recovered.tx,
         rx: recovered.rx,
         checkpoint: recovered.checkpoint,
@@ -279,6 +267,7 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
 
 /// The stream opened, and where the loop starts.
 struct Recovered {
+    hooks: Option<LogHooks>,
     tx: client::ClientSender,
     rx: client::ClientReceiver,
     /// The checkpoint processing begins at (the store's, if it reported one), which the
@@ -296,6 +285,7 @@ async fn recover(
     shard: &Shard,
     (endpoint, keeps_checkpoint): (&dyn Endpoint, bool),
     mut log: RecoveryLog,
+    deployment_id: String,
     sources: &mut [BoundSource],
     timeouts: Timeouts,
 ) -> Result<Recovered, RunError> {
@@ -313,13 +303,28 @@ async fn recover(
     } else if log_commit.is_some() || log.pending_intent().is_some() {
         open.driver_checkpoint_json = b"{}".to_vec();
     }
-    let stream = within(
+    let mut stream = within(
         timeouts.driver,
         || "the Transactions stream to start".into(),
         endpoint.transactions(),
     )
     .await
     .map_err(driver_err)?;
+    // In process: what the log holds beyond the protocol, before Open.
+    let hooks = stream.hooks.take();
+    if let Some(hooks) = &hooks {
+        let context = LogContext {
+            deployment_id,
+            undecided: undecided(&log, &materialization_name(&open)),
+        };
+        within(
+            timeouts.driver,
+            || "the driver to take the log's context".into(),
+            hooks.opening(context),
+        )
+        .await
+        .map_err(driver_err)?;
+    }
     let committed = log_commit.as_ref().map_or(0, |c| c.txn);
     let materialization = materialization_name(&open);
     let (tx, rx, opened) = client::open(stream, open, timeouts.driver)
@@ -398,6 +403,7 @@ async fn recover(
         .await
         .map_err(|e| RunError::Internal(format!("adopting the recovered checkpoint: {e}")))??;
     Ok(Recovered {
+        hooks,
         tx,
         rx,
         checkpoint,
@@ -410,7 +416,10 @@ async fn recover(
 struct Committer<'s> {
     endpoint: String,
     materialization: String,
-    participant: Option<Arc<dyn EpochParticipant>>,
+    /// In process: the driver's calls beside the protocol (artifact intents, decisions).
+    hooks: Option<LogHooks>,
+    /// Bounds each of those calls.
+    driver_timeout: std::time::Duration,
     tx: client::ClientSender,
     rx: client::ClientReceiver,
     /// The last committed checkpoint; during a transaction, the one it will commit.
@@ -505,11 +514,14 @@ impl Committer<'_> {
             steps,
             artifacts: Default::default(),
         };
-        if let Some(participant) = &self.participant {
-            let artifact = participant
-                .artifact_intent(txn)
-                .await
-                .map_err(|e| driver_err(&self.endpoint, sluice_sink_sdk::driver::sink_error(e)))?;
+        if let Some(hooks) = &self.hooks {
+            let artifact = within(
+                self.driver_timeout,
+                || format!("the artifact intent of transaction {txn}"),
+                hooks.artifact_intent(txn),
+            )
+            .await
+            .map_err(|e| driver_err(&self.endpoint, e))?;
             if let Some(artifact) = artifact {
                 intent
                     .artifacts
@@ -653,13 +665,21 @@ impl Committer<'_> {
             &prepared.driver_checkpoint,
         )
         .map_err(|e| driver_err(&self.endpoint, e))?;
-        // An epoch sink's descriptor of what it staged: the decision holds it.
-        if let Some(participant) = &self.participant
-            && let Some(descriptor) = participant.take_descriptor(txn).await
-        {
-            self.checkpoint
-                .driver_checkpoints
-                .insert(self.materialization.clone(), descriptor);
+        // A decision known only once the transaction was staged (an epoch sink's
+        // descriptor): the commit record holds it.
+        if let Some(hooks) = &self.hooks {
+            let decision = within(
+                self.driver_timeout,
+                || format!("the decision of transaction {txn}"),
+                hooks.decision(txn),
+            )
+            .await
+            .map_err(|e| driver_err(&self.endpoint, e))?;
+            if let Some(decision) = decision {
+                self.checkpoint
+                    .driver_checkpoints
+                    .insert(self.materialization.clone(), decision);
+            }
         }
         Ok(log.commit(
             self.checkpoint.clone(),
@@ -730,11 +750,11 @@ fn driver_err(endpoint: &str, source: DriverError) -> RunError {
 
 /// The artifact intents of `materialization` the log holds undecided: its pending
 /// intent's, if any.
-fn undecided(log: &RecoveryLog, materialization: &str) -> Vec<sluice_sink_sdk::Undecided> {
+fn undecided(log: &RecoveryLog, materialization: &str) -> Vec<Undecided> {
     log.pending_intent()
         .and_then(|intent| {
             let artifact = intent.artifacts.get(materialization)?;
-            Some(sluice_sink_sdk::Undecided {
+            Some(Undecided {
                 epoch: intent.txn,
                 intent: artifact.clone(),
             })

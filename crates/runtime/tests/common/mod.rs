@@ -6,13 +6,13 @@
 
 use async_trait::async_trait;
 use serde_json::json;
+use sluice_driver_sdk::Builtin;
 use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::{CommitPattern, flow};
 use sluice_memory::MemoryDriver;
 use sluice_memory::config::EndpointConfig;
 use sluice_runtime::config::EndpointDef;
 use sluice_runtime::pipeline::{Connect, Connected};
-use sluice_runtime::registry::Builtin;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
-//! What a sink declares about itself, before anything opens: the facts admission
-//! decides on.
+//! What an epoch sink declares about itself, before anything opens: the facts admission
+//! decides on beside a driver's commit pattern ([`crate::Declared`]). Here rather than in
+//! the sink SDK so that the runtime reads it knowing only this crate.
 
 use serde::Serialize;
 use std::fmt;
