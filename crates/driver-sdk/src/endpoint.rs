@@ -1,7 +1,7 @@
 //! The runtime's view of a driver, whatever the transport (in-process, gRPC, stdio).
 
 use crate::Result;
-use crate::inprocess::LogHooks;
+use crate::hooks::LogHooks;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use sluice_proto::materialize as m;

@@ -20,8 +20,8 @@
 //! [`crate::Error::Fenced`]) rather than a bare "stream closed".
 
 use crate::contract::SinkContract;
+use crate::hooks::LogHooks;
 use crate::serve::serve_in_process;
-use crate::traits::LogContext;
 use crate::{Driver, Endpoint, Error, Result, TransactionStream};
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -32,7 +32,7 @@ use sluice_proto::flow::EndpointType;
 use sluice_proto::materialize as m;
 use std::path::Path;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
@@ -99,48 +99,8 @@ impl Endpoint for InProcess {
         Ok(TransactionStream {
             requests: req_tx,
             responses,
-            hooks: Some(LogHooks { calls: hook_tx }),
+            hooks: Some(LogHooks::new(hook_tx)),
         })
-    }
-}
-
-/// A call beside the protocol, as the serve loop receives it.
-pub(crate) enum HookCall {
-    /// Before Open: what the recovery log holds for the stream.
-    Opening(LogContext, oneshot::Sender<()>),
-    ArtifactIntent(u64, oneshot::Sender<Result<Option<Value>>>),
-    Decision(u64, oneshot::Sender<Option<Value>>),
-}
-
-/// The runtime's handle on an in-process stream's calls beside the protocol (see
-/// [`crate::traits`]). Each call waits for the serve loop to answer it.
-pub struct LogHooks {
-    calls: mpsc::Sender<HookCall>,
-}
-
-impl LogHooks {
-    /// Tells the driver what the log holds for this stream; before Open is sent.
-    pub async fn opening(&self, log: LogContext) -> Result<()> {
-        self.call(|reply| HookCall::Opening(log, reply)).await
-    }
-
-    /// Transaction `txn`'s artifact intent ([`crate::Transactor::artifact_intent`]).
-    pub async fn artifact_intent(&self, txn: u64) -> Result<Option<Value>> {
-        self.call(|reply| HookCall::ArtifactIntent(txn, reply))
-            .await?
-    }
-
-    /// The driver checkpoint to record with `txn`'s commit
-    /// ([`crate::Transactor::decision`]); after DriverCommitted of `txn`.
-    pub async fn decision(&self, txn: u64) -> Result<Option<Value>> {
-        self.call(|reply| HookCall::Decision(txn, reply)).await
-    }
-
-    async fn call<T>(&self, call: impl FnOnce(oneshot::Sender<T>) -> HookCall) -> Result<T> {
-        let ended = || Error::Transport("the driver's Transactions stream has ended".into());
-        let (reply, answer) = oneshot::channel();
-        self.calls.send(call(reply)).await.map_err(|_| ended())?;
-        answer.await.map_err(|_| ended())
     }
 }
 

@@ -12,7 +12,8 @@
 //! - [`arena`]: building and reading arena + slices messages.
 //! - [`serve`]: the driver-side loop that runs a [`Transactor`] under the state machine.
 //! - [`client`]: the runtime side of a Transactions stream.
-//! - [`endpoint`], [`inprocess`], [`grpc`], [`stdio`]: transports.
+//! - [`endpoint`], [`inprocess`], [`grpc`], [`stdio`]: transports; [`hooks`]: the
+//!   in-process calls beside the protocol.
 //! - [`fence`]: an authoritative store's claim on its key range and the fenced commit.
 //! - [`contract`]: what an epoch sink declares for admission.
 //!
@@ -26,6 +27,7 @@ pub mod endpoint;
 pub mod error;
 pub mod fence;
 pub mod grpc;
+pub mod hooks;
 pub mod inprocess;
 pub mod machine;
 pub mod serve;
@@ -37,7 +39,8 @@ pub use sluice_proto::{flow, materialize};
 
 pub use endpoint::{Endpoint, TransactionStream};
 pub use error::{Error, Peer, ProtocolError, RemoteKind, Result};
-pub use inprocess::{Builtin, BuiltinKind, LogHooks};
+pub use hooks::LogHooks;
+pub use inprocess::{Builtin, BuiltinKind};
 pub use sluice_config::InvalidConfig;
 pub use traits::{
     CommitPattern, Declared, Driver, LoadedSink, LogContext, PriorState, Transactor, Undecided,

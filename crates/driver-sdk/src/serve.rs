@@ -31,7 +31,7 @@
 //!   and before acknowledge (where an idempotent-apply driver applies).
 
 use crate::arena::LoadedBuilder;
-use crate::inprocess::HookCall;
+use crate::hooks::HookCall;
 use crate::machine::{Ack, Machine, Phase, Request, Response, violation};
 use crate::traits::LogContext;
 use crate::{CommitPattern, Driver, Error, LoadedSink, Peer, PriorState, Result, Transactor};
