@@ -251,9 +251,27 @@ pub(super) struct RunningSluice {
 
 impl RunningSluice {
     pub(super) fn start(pipeline: &Path, log: &Path) -> anyhow::Result<RunningSluice> {
+        let command = Command::new(sluice_app::sibling::sibling("sluice")?);
+        Self::spawn(command, pipeline, log)
+    }
+
+    /// [`RunningSluice::start`] on the cores `cpus` only (`taskset -c`, e.g. `0,1`).
+    pub(super) fn start_pinned(
+        pipeline: &Path,
+        log: &Path,
+        cpus: &str,
+    ) -> anyhow::Result<RunningSluice> {
+        let mut command = Command::new("taskset");
+        command
+            .args(["-c", cpus])
+            .arg(sluice_app::sibling::sibling("sluice")?);
+        Self::spawn(command, pipeline, log)
+    }
+
+    fn spawn(mut command: Command, pipeline: &Path, log: &Path) -> anyhow::Result<RunningSluice> {
         let log_file = std::fs::File::create(log)?;
         let start = Instant::now();
-        let child = Command::new(sluice_app::sibling::sibling("sluice")?)
+        let child = command
             .arg("run")
             .arg(pipeline)
             // Each transaction's phases (`transaction committed`: load_ms, store_ms,

@@ -11,6 +11,7 @@ mod loads;
 mod mysql;
 mod outputs;
 mod postgres;
+mod scale;
 mod sources;
 mod sql;
 
@@ -67,6 +68,9 @@ enum BenchCommand {
     Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
     Mysql(sql::SqlArgs<mysql::Mysql>),
+    /// The quickstart pipeline on 1 core and on 2 cores (`taskset`): docs/s of each and
+    /// their ratio, what one process gains from a second core.
+    Scale(scale::ScaleArgs),
     /// The same documents preloaded into a file, a 4-partition Kafka topic and a NATS
     /// stream, each materialized into PostgreSQL: docs/s of each, brokers over file.
     Sources(sources::SourcesArgs),
@@ -84,6 +88,7 @@ fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Outputs(args) => outputs::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),
+        BenchCommand::Scale(args) => scale::run(args),
         BenchCommand::Sources(args) => sources::run(args),
     }
 }

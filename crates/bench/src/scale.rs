@@ -1,0 +1,148 @@
+//! `sluice bench scale`: what one `sluice run` gains from a second core. The quickstart
+//! pipeline (datagen page views reduced per user into SQLite) runs pinned to 1 core and
+//! then to 2 cores (`taskset`), from scratch each time, in the same bench run.
+//!
+//! ```text
+//!  for cores in [1, 2]:  fresh folder, `taskset -c 0..cores-1 sluice run pipeline.yaml`
+//!  figures: docs_per_sec_{1,2} (input documents over the wall time), cpu_seconds_{1,2}
+//!  (the process's user + system time), ratio_2_1, and exact (both tables equal)
+//! ```
+
+use super::loads::{Run, RunningSluice};
+use anyhow::{Context, bail, ensure};
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ScaleArgs {
+    /// Documents of the input.
+    #[arg(long, default_value_t = 1_000_000)]
+    docs: u64,
+    /// Distinct keys (users).
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The quickstart's collection, source and materialization (`examples/quickstart`),
+/// with the input's size as asked.
+fn pipeline_yaml(args: &ScaleArgs) -> String {
+    format!(
+        r#"collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {{strategy: merge}}
+      properties:
+        user_id: {{type: string}}
+        views: {{type: integer, reduce: {{strategy: sum}}}}
+        bytes: {{type: integer, reduce: {{strategy: sum}}}}
+        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
+        tags:
+          type: object
+          reduce: {{strategy: merge}}
+          additionalProperties: {{type: string}}
+sources:
+  views-gen:
+    target: acme/pageviews
+    datagen: {{seed: 7, documents: {docs}, keys: {keys}, shape: pageviews}}
+materializations:
+  views-db:
+    endpoint:
+      sqlite: {{path: out/views.db}}
+    bindings:
+      - source: acme/pageviews
+        resource: {{table: pageviews}}
+"#,
+        docs = args.docs,
+        keys = args.keys,
+    )
+}
+
+pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ensure!(cores >= 2, "this machine has {cores} core: two are needed");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let work = std::env::temp_dir().join(format!("sluice_scale_{}_{nanos:x}", std::process::id()));
+    let result = measure(&args, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    let (one, two, exact) = result?;
+    let rate = |run: &Run| args.docs as f64 / run.elapsed.as_secs_f64();
+    let (rate_1, rate_2) = (rate(&one), rate(&two));
+    let ratio = rate_2 / rate_1;
+    if args.json {
+        let figures = json!({
+            "docs": args.docs,
+            "keys": args.keys,
+            "cores": cores,
+            "docs_per_sec_1": rate_1.round(),
+            "docs_per_sec_2": rate_2.round(),
+            "ratio_2_1": (ratio * 100.0).round() / 100.0,
+            "secs_1": one.elapsed.as_secs_f64(),
+            "secs_2": two.elapsed.as_secs_f64(),
+            "cpu_seconds_1": one.cpu_seconds,
+            "cpu_seconds_2": two.cpu_seconds,
+            "exact": exact,
+        });
+        println!("{figures}");
+    } else {
+        for (n, run, rate) in [(1, &one, rate_1), (2, &two, rate_2)] {
+            println!(
+                "{n} core(s): {:.2} s, {rate:.0} docs/s, {:.2} CPU seconds",
+                run.elapsed.as_secs_f64(),
+                run.cpu_seconds
+            );
+        }
+        println!("ratio 2:1 {ratio:.2} ({cores} cores here); exact: {exact}");
+    }
+    if !exact {
+        bail!("the table of the 2-core run differs from the 1-core run's");
+    }
+    Ok(())
+}
+
+/// Both runs, and whether their tables hold the same rows.
+fn measure(args: &ScaleArgs, work: &Path) -> anyhow::Result<(Run, Run, bool)> {
+    let mut runs = Vec::new();
+    for cores in [1, 2] {
+        let dir = work.join(format!("cores{cores}"));
+        std::fs::create_dir_all(&dir)?;
+        let pipeline = dir.join("pipeline.yaml");
+        std::fs::write(&pipeline, pipeline_yaml(args))?;
+        if !args.json {
+            eprintln!("{} documents on {cores} core(s)…", args.docs);
+        }
+        let cpus = (0..cores)
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut running = RunningSluice::start_pinned(&pipeline, &dir.join("run.log"), &cpus)?;
+        let run = loop {
+            if let Some(run) = running.poll()? {
+                break run;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        runs.push(run);
+    }
+    let rows = |cores: u32| -> anyhow::Result<Vec<(String, i64, i64, String)>> {
+        let path = work.join(format!("cores{cores}/out/views.db"));
+        let db = rusqlite::Connection::open(&path).with_context(|| path.display().to_string())?;
+        let mut query =
+            db.prepare("SELECT user_id, views, bytes, last_seen FROM pageviews ORDER BY user_id")?;
+        let rows = query.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    };
+    let one = rows(1)?;
+    let exact = !one.is_empty() && one == rows(2)?;
+    let two = runs.pop().expect("two runs");
+    let one = runs.pop().expect("two runs");
+    Ok((one, two, exact))
+}
