@@ -110,7 +110,8 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
         format!(
             "CREATE TABLE IF NOT EXISTS \"{s}\".\"pageviews\" (\"user_id\" text NOT NULL, \
              \"views\" bigint, \"score\" double precision, \"active\" boolean, \"tags\" jsonb, \
-             \"seen_at\" timestamptz, \"flow_document\" json, PRIMARY KEY (\"user_id\"));\n"
+             \"seen_at\" timestamptz, \"flow_document\" json, PRIMARY KEY (\"user_id\")) \
+             WITH (fillfactor = 50);\n"
         ),
         c("user_id", "/user_id of acme/pageviews"),
         c("views", "/views of acme/pageviews"),
@@ -134,6 +135,14 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
     assert!(schemas.is_empty(), "a dry run must not create the schema");
     // The real apply runs exactly what the dry run described.
     assert_eq!(DRIVER.apply(&spec).await, dry.action_description);
+    // Half of each page stays free for its rows' next versions (HOT updates).
+    let options = db
+        .rows(&format!(
+            "SELECT to_json(c.reloptions) FROM pg_class c JOIN pg_namespace n \
+             ON n.oid = c.relnamespace WHERE n.nspname = '{s}' AND c.relname = 'pageviews'"
+        ))
+        .await;
+    assert_eq!(options, vec![json!(["fillfactor=50"])]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
