@@ -27,41 +27,17 @@ pub struct ScaleArgs {
     json: bool,
 }
 
-/// The quickstart's collection, source and materialization (`examples/quickstart`),
-/// with the input's size as asked.
-fn pipeline_yaml(args: &ScaleArgs) -> String {
-    format!(
-        r#"collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, format: date-time, reduce: {{strategy: maximize}}}}
-        tags:
-          type: object
-          reduce: {{strategy: merge}}
-          additionalProperties: {{type: string}}
-sources:
-  views-gen:
-    target: acme/pageviews
-    datagen: {{seed: 7, documents: {docs}, keys: {keys}, shape: pageviews}}
-materializations:
-  views-db:
-    endpoint:
-      sqlite: {{path: out/views.db}}
-    bindings:
-      - source: acme/pageviews
-        resource: {{table: pageviews}}
-"#,
-        docs = args.docs,
-        keys = args.keys,
-    )
+/// The quickstart's pipeline file (`examples/quickstart/pipeline.yaml`) itself, with the
+/// input's size as asked.
+fn pipeline_yaml(args: &ScaleArgs) -> anyhow::Result<String> {
+    const QUICKSTART: &str = include_str!("../../../examples/quickstart/pipeline.yaml");
+    const INPUT: &str = "documents: 1000000, keys: 100000,";
+    ensure!(
+        QUICKSTART.contains(INPUT),
+        "the quickstart's datagen source no longer reads `{INPUT}`"
+    );
+    let input = format!("documents: {}, keys: {},", args.docs, args.keys);
+    Ok(QUICKSTART.replace(INPUT, &input))
 }
 
 pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
@@ -115,7 +91,7 @@ fn measure(args: &ScaleArgs, work: &Path) -> anyhow::Result<(Run, Run, bool)> {
         let dir = work.join(format!("cores{cores}"));
         std::fs::create_dir_all(&dir)?;
         let pipeline = dir.join("pipeline.yaml");
-        std::fs::write(&pipeline, pipeline_yaml(args))?;
+        std::fs::write(&pipeline, pipeline_yaml(args)?)?;
         if !args.json {
             eprintln!("{} documents on {cores} core(s)…", args.docs);
         }

@@ -245,8 +245,10 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let committer = Committer {
         endpoint: endpoint.name().to_string(),
         materialization: materialization_name(&shard.open),
-        hooks: recovered.hooks,
-        driver_timeout: timeouts.driver,
+        beside: Beside {
+            hooks: recovered.hooks,
+            timeout: timeouts.driver,
+        },
         tx: recovered.tx,
         rx: recovered.rx,
         checkpoint: recovered.checkpoint,
@@ -412,14 +414,38 @@ async fn recover(
     })
 }
 
+/// An in-process driver's calls beside the protocol, each bounded by the driver timeout.
+struct Beside {
+    /// `None` for a driver across the wire: it has no such calls.
+    hooks: Option<LogHooks>,
+    timeout: std::time::Duration,
+}
+
+impl Beside {
+    /// Asks `call` of the driver (`what` names it if the timeout runs out); `None` when
+    /// it has no such calls or answers nothing.
+    async fn ask<'h, F>(
+        &'h self,
+        endpoint: &str,
+        what: impl FnOnce() -> String,
+        call: impl FnOnce(&'h LogHooks) -> F,
+    ) -> Result<Option<Value>, RunError>
+    where
+        F: std::future::Future<Output = Result<Option<Value>, DriverError>> + 'h,
+    {
+        let Some(hooks) = &self.hooks else {
+            return Ok(None);
+        };
+        (within(self.timeout, what, call(hooks)).await).map_err(|e| driver_err(endpoint, e))
+    }
+}
+
 /// The committer's side of one run: the stream, and what the last commit left.
 struct Committer<'s> {
     endpoint: String,
     materialization: String,
     /// In process: the driver's calls beside the protocol (artifact intents, decisions).
-    hooks: Option<LogHooks>,
-    /// Bounds each of those calls.
-    driver_timeout: std::time::Duration,
+    beside: Beside,
     tx: client::ClientSender,
     rx: client::ClientReceiver,
     /// The last committed checkpoint; during a transaction, the one it will commit.
@@ -514,19 +540,14 @@ impl Committer<'_> {
             steps,
             artifacts: Default::default(),
         };
-        if let Some(hooks) = &self.hooks {
-            let artifact = within(
-                self.driver_timeout,
-                || format!("the artifact intent of transaction {txn}"),
-                hooks.artifact_intent(txn),
-            )
-            .await
-            .map_err(|e| driver_err(&self.endpoint, e))?;
-            if let Some(artifact) = artifact {
-                intent
-                    .artifacts
-                    .insert(self.materialization.clone(), artifact);
-            }
+        let what = || format!("the artifact intent of transaction {txn}");
+        let asked = self
+            .beside
+            .ask(&self.endpoint, what, |h| h.artifact_intent(txn));
+        if let Some(artifact) = asked.await? {
+            intent
+                .artifacts
+                .insert(self.materialization.clone(), artifact);
         }
         let log = log.write_intent(&intent).await?;
         crate::failpoint::fail_point!(AFTER_INTENT, |e| driver_err(&self.endpoint, e));
@@ -667,19 +688,12 @@ impl Committer<'_> {
         .map_err(|e| driver_err(&self.endpoint, e))?;
         // A decision known only once the transaction was staged (an epoch sink's
         // descriptor): the commit record holds it.
-        if let Some(hooks) = &self.hooks {
-            let decision = within(
-                self.driver_timeout,
-                || format!("the decision of transaction {txn}"),
-                hooks.decision(txn),
-            )
-            .await
-            .map_err(|e| driver_err(&self.endpoint, e))?;
-            if let Some(decision) = decision {
-                self.checkpoint
-                    .driver_checkpoints
-                    .insert(self.materialization.clone(), decision);
-            }
+        let what = || format!("the decision of transaction {txn}");
+        let asked = self.beside.ask(&self.endpoint, what, |h| h.decision(txn));
+        if let Some(decision) = asked.await? {
+            self.checkpoint
+                .driver_checkpoints
+                .insert(self.materialization.clone(), decision);
         }
         Ok(log.commit(
             self.checkpoint.clone(),
