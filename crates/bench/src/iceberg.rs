@@ -21,7 +21,7 @@
 //! Commit phases, from the run's `transaction committed` lines: Arrow batches, Parquet,
 //! fsync), what ArrowWriter's figure is the limit of.
 
-use super::loads::sluice_run;
+use super::loads::{sink_secs, sluice_run};
 use anyhow::{Context, bail, ensure};
 use arrow_array::RecordBatch;
 use parquet::arrow::ArrowWriter;
@@ -227,36 +227,6 @@ pub(super) fn write_pageviews(path: &Path, docs: u64, keys: u64) -> anyhow::Resu
     file.flush()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(views)
-}
-
-/// The Store and Commit phases of every transaction of a run's log, in seconds.
-pub(super) fn sink_secs(log: &str) -> anyhow::Result<f64> {
-    // The log may be colored: drop the escape sequences (ESC [ … m).
-    let mut plain = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            plain.push(c);
-        }
-    }
-    let log = plain.as_str();
-    let field = |line: &str, name: &str| -> Option<u64> {
-        let at = line.find(&format!("{name}="))? + name.len() + 1;
-        line[at..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()
-    };
-    let ms: u64 = log
-        .lines()
-        .filter(|l| l.contains("transaction committed"))
-        .map(|l| field(l, "store_ms").unwrap_or(0) + field(l, "commit_ms").unwrap_or(0))
-        .sum();
-    ensure!(ms > 0, "the run logged no transaction's phases");
-    Ok(ms as f64 / 1000.0)
 }
 
 /// The Parquet data files of the warehouse (the table's; staging is empty after a run).

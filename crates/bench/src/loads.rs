@@ -98,7 +98,7 @@ async fn bench(args: &LoadsArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&work);
     }
     let (first, second, input_bytes, verdict) = result?;
-    report(args, &first, &second, input_bytes, &verdict);
+    report(args, &first, (&second.0, &second.1), input_bytes, &verdict);
     if let Err(differs) = verdict {
         bail!("the table is not the reduction of the input: {differs}");
     }
@@ -107,12 +107,20 @@ async fn bench(args: &LoadsArgs) -> anyhow::Result<()> {
 
 type Verdict = Result<(), String>;
 
+/// Where the reload's time went: its transactions' phases, in seconds (Load: every key
+/// looked up; Store: the rows written; Commit: the store's commit).
+struct Phases {
+    load: f64,
+    store: f64,
+    commit: f64,
+}
+
 async fn runs(
     args: &LoadsArgs,
     client: &tokio_postgres::Client,
     schema: &str,
     work: &Path,
-) -> anyhow::Result<(Run, Run, u64, Verdict)> {
+) -> anyhow::Result<(Run, (Run, Phases), u64, Verdict)> {
     std::fs::create_dir_all(work)?;
     let input = work.join("input.jsonl");
     let pipeline = work.join("pipeline.yaml");
@@ -122,10 +130,17 @@ async fn runs(
     let first = sluice_run(&pipeline, &work.join("run1.log"))?;
     input_bytes += append_input(&input, args, 2)?;
     progress(args, format!("run 2: {} keys, every one loaded", args.keys));
-    let second = sluice_run(&pipeline, &work.join("run2.log"))?;
+    let second_log = work.join("run2.log");
+    let second = sluice_run(&pipeline, &second_log)?;
+    let log = std::fs::read_to_string(&second_log)?;
+    let phases = Phases {
+        load: phase_secs(&log, &["load_ms"])?,
+        store: phase_secs(&log, &["store_ms"])?,
+        commit: phase_secs(&log, &["commit_ms"])?,
+    };
     progress(args, "checking the table".to_string());
     let verdict = check(args, client, schema).await?;
-    Ok((first, second, input_bytes, verdict))
+    Ok((first, (second, phases), input_bytes, verdict))
 }
 
 fn progress(args: &LoadsArgs, line: String) {
@@ -326,6 +341,46 @@ impl RunningSluice {
     }
 }
 
+/// The Store and Commit phases of every transaction of a run's log, in seconds.
+pub(super) fn sink_secs(log: &str) -> anyhow::Result<f64> {
+    phase_secs(log, &["store_ms", "commit_ms"])
+}
+
+/// The phases `phases` (`load_ms`, `store_ms`, `commit_ms`) of every transaction of a
+/// run's log (`transaction committed` lines, see [`RunningSluice::start`]), summed, in
+/// seconds.
+pub(super) fn phase_secs(log: &str, phases: &[&str]) -> anyhow::Result<f64> {
+    // The log may be colored: drop the escape sequences (ESC [ … m).
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    let log = plain.as_str();
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let at = line.find(&format!("{name}="))? + name.len() + 1;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let ms: u64 = log
+        .lines()
+        .filter(|l| l.contains("transaction committed"))
+        .flat_map(|l| phases.iter().map(move |phase| field(l, phase).unwrap_or(0)))
+        .sum();
+    ensure!(
+        log.contains("transaction committed"),
+        "the run logged no transaction's phases"
+    );
+    Ok(ms as f64 / 1000.0)
+}
+
 /// User plus system CPU seconds of a `/proc/<pid>/stat`: fields 14 and 15 (utime,
 /// stime) counted after the command's closing parenthesis, at Linux's fixed 100 ticks
 /// a second.
@@ -390,7 +445,13 @@ async fn check(
     })
 }
 
-fn report(args: &LoadsArgs, first: &Run, second: &Run, input_bytes: u64, verdict: &Verdict) {
+fn report(
+    args: &LoadsArgs,
+    first: &Run,
+    (second, phases): (&Run, &Phases),
+    input_bytes: u64,
+    verdict: &Verdict,
+) {
     let secs = |r: &Run| r.elapsed.as_secs_f64();
     let ratio_reload = secs(second) / secs(first).max(1e-9);
     let loaded_keys_per_sec = args.keys as f64 / secs(second).max(1e-9);
@@ -405,6 +466,9 @@ fn report(args: &LoadsArgs, first: &Run, second: &Run, input_bytes: u64, verdict
             "cores": cores,
             "first_secs": secs(first),
             "second_secs": secs(second),
+            "second_load_secs": phases.load,
+            "second_store_secs": phases.store,
+            "second_commit_secs": phases.commit,
             "ratio_reload": ratio_reload,
             "loaded_keys_per_sec": loaded_keys_per_sec,
             "first_peak_rss_bytes": first.peak_rss_bytes,
@@ -432,6 +496,10 @@ fn report(args: &LoadsArgs, first: &Run, second: &Run, input_bytes: u64, verdict
         secs(second),
         mib(second.peak_rss_bytes),
         loaded_keys_per_sec
+    );
+    println!(
+        "    its phases: load {:.2} s, store {:.2} s, commit {:.2} s",
+        phases.load, phases.store, phases.commit
     );
     println!("  ratio_reload (run 2 / run 1): {ratio_reload:.2}");
     match verdict {

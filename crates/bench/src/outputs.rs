@@ -33,7 +33,8 @@
 //! skipped, saying so. Topics and streams have unique names and are deleted at the
 //! end, also when a case fails.
 
-use super::iceberg::{sink_secs, write_pageviews};
+use super::iceberg::write_pageviews;
+use super::loads::sink_secs;
 use super::loads::sluice_run;
 use super::sql::PAGEVIEWS_COLLECTION;
 use anyhow::{Context, Error, ensure};
