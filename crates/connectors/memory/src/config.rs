@@ -11,13 +11,11 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 /// JSON schema of [`EndpointConfig`], derived once.
-pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
-static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+pub static ENDPOINT_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`], derived once.
-pub static RESOURCE_SCHEMA: &LazyLock<String> = &RESOURCE_SCHEMA_TEXT;
-static RESOURCE_SCHEMA_TEXT: LazyLock<String> =
+pub static RESOURCE_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<ResourceConfig>().to_string());
 
 /// Tables in memory, or in one JSON file.
@@ -70,13 +68,13 @@ mod tests {
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
-        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        let endpoint: Value = serde_json::from_str(&ENDPOINT_SCHEMA).unwrap();
         assert_schema_judges(
             &endpoint,
             &[json!({}), json!({"path": "state.json"})],
             &[json!({"pth": "state.json"})],
         );
-        let resource: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        let resource: Value = serde_json::from_str(&RESOURCE_SCHEMA).unwrap();
         assert_schema_judges(
             &resource,
             &[json!({"table": "views", "delta_updates": true})],

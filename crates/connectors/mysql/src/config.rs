@@ -28,10 +28,8 @@ use std::time::Duration;
 pub const DOCUMENTATION_URL: &str =
     "https://github.com/sluice-rs/sluice/tree/main/crates/connectors/mysql";
 
-/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
-/// (Spec).
-pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
-static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+/// JSON schema of [`EndpointConfig`], derived once.
+pub static ENDPOINT_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`].
@@ -202,7 +200,7 @@ mod tests {
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
-        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        let endpoint: Value = serde_json::from_str(&ENDPOINT_SCHEMA).unwrap();
         assert_schema_judges(
             &endpoint,
             &[json!({"url": "mysql://u:${MYSQL_PASSWORD}@h:3306/db?ssl-mode=REQUIRED"})],

@@ -71,7 +71,7 @@ impl Driver for MysqlDriver {
 
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {
         Ok(spec_response(
-            ENDPOINT_SCHEMA,
+            &ENDPOINT_SCHEMA,
             resource_schema(),
             DOCUMENTATION_URL,
         ))

@@ -33,10 +33,8 @@ pub const DOCUMENTATION_URL: &str =
 /// The schema used when the endpoint names none.
 pub const DEFAULT_SCHEMA: &str = "public";
 
-/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
-/// (Spec).
-pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
-static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+/// JSON schema of [`EndpointConfig`], derived once.
+pub static ENDPOINT_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`].
@@ -247,7 +245,7 @@ mod tests {
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
-        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        let endpoint: Value = serde_json::from_str(&ENDPOINT_SCHEMA).unwrap();
         assert_eq!(endpoint["properties"]["schema"]["default"], DEFAULT_SCHEMA);
         assert_schema_judges(
             &endpoint,

@@ -31,15 +31,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// or a stalled connection reaches it, and then it is a retryable error.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// JSON schema of [`EndpointConfig`], derived once; a `&str` wherever one is taken
-/// (Spec).
-pub static ENDPOINT_SCHEMA: &LazyLock<String> = &ENDPOINT_SCHEMA_TEXT;
-static ENDPOINT_SCHEMA_TEXT: LazyLock<String> =
+/// JSON schema of [`EndpointConfig`], derived once.
+pub static ENDPOINT_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
 
 /// JSON schema of [`ResourceConfig`], derived once.
-pub static RESOURCE_SCHEMA: &LazyLock<String> = &RESOURCE_SCHEMA_TEXT;
-static RESOURCE_SCHEMA_TEXT: LazyLock<String> =
+pub static RESOURCE_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<ResourceConfig>().to_string());
 
 /// One Redis server (and database).
@@ -208,7 +205,7 @@ mod tests {
 
     #[test]
     fn the_schemas_take_the_examples_and_refuse_an_unknown_key() {
-        let endpoint: Value = serde_json::from_str(ENDPOINT_SCHEMA).unwrap();
+        let endpoint: Value = serde_json::from_str(&ENDPOINT_SCHEMA).unwrap();
         assert_eq!(endpoint["properties"]["connect_timeout"]["default"], 10);
         assert_eq!(endpoint["properties"]["response_timeout"]["default"], 60);
         assert_schema_judges(
@@ -223,7 +220,7 @@ mod tests {
                 json!({"url": "redis://h", "connect_timeout": 0}),
             ],
         );
-        let resource: Value = serde_json::from_str(RESOURCE_SCHEMA).unwrap();
+        let resource: Value = serde_json::from_str(&RESOURCE_SCHEMA).unwrap();
         assert_eq!(resource["properties"]["format"]["default"], "json");
         assert_schema_judges(
             &resource,
