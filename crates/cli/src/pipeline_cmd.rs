@@ -416,15 +416,23 @@ pub fn inspect(cmd: InspectCommand) -> anyhow::Result<()> {
 /// `sluice status` when no process runs the pipeline).
 pub(crate) fn print_checkpoints(pipeline: &Pipeline) -> anyhow::Result<()> {
     for name in pipeline.materializations.keys() {
-        let dir = pipeline.recovery_log().join(name);
-        println!("materialization {name} (recovery log {})", dir.display());
-        if !dir.join("log").exists() {
-            println!("  (empty: never run)");
-            continue;
-        }
-        let text = sluice_runtime::recovery::inspect(&dir)?;
-        for line in text.lines() {
-            println!("  {line}");
+        let root = pipeline.recovery_log().join(name);
+        for (shard, dir) in sluice_runtime::pipeline::layout::local_logs(&root)? {
+            match shard {
+                None => println!("materialization {name} (recovery log {})", dir.display()),
+                Some(shard) => println!(
+                    "materialization {name} shard {shard} (recovery log {})",
+                    dir.display()
+                ),
+            }
+            if !dir.join("log").exists() {
+                println!("  (empty: never run)");
+                continue;
+            }
+            let text = sluice_runtime::recovery::inspect(&dir)?;
+            for line in text.lines() {
+                println!("  {line}");
+            }
         }
     }
     Ok(())

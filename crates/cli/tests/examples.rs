@@ -428,6 +428,14 @@ fn the_quickstart_example_reduces_its_generated_views_as_its_comments_say() {
         sqlite_table(&db) == expected,
         "the table is the generated views' reduction"
     );
+    // `workers: auto`: one key-range shard per core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shards = ex.path(".sluice/pipeline/views-db/shards/ranges");
+    let listed: Vec<String> = match std::fs::read(&shards) {
+        Ok(text) => serde_json::from_slice(&text).unwrap(),
+        Err(_) => vec![String::new()],
+    };
+    assert_eq!(listed.len(), cores, "one shard per core: {listed:?}");
     ex.run();
     assert_eq!(sqlite_snapshot(&db), rows, "a second run changes nothing");
 }

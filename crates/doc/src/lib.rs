@@ -20,6 +20,7 @@ pub mod combine;
 pub mod compact;
 pub mod hash;
 pub mod hex;
+pub mod keyscan;
 pub mod parse;
 pub mod ptr;
 pub mod reduce;

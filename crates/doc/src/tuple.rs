@@ -85,11 +85,15 @@ pub fn pack_doc(doc: &Doc, out: &mut Vec<u8>) {
     }
 }
 
-fn pack_bool(b: bool, out: &mut Vec<u8>) {
+pub(crate) fn pack_bool(b: bool, out: &mut Vec<u8>) {
     out.push(if b { TRUE } else { FALSE });
 }
 
-fn pack_string(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn pack_null(out: &mut Vec<u8>) {
+    out.push(NULL);
+}
+
+pub(crate) fn pack_string(s: &str, out: &mut Vec<u8>) {
     out.push(STRING);
     push_escaped(s.as_bytes(), out);
     out.push(NULL);
@@ -141,7 +145,7 @@ fn pack_double(f: f64, out: &mut Vec<u8>) {
 
 /// Integer element of magnitude `m`: length code around 0x14, then `len` big-endian bytes
 /// of `m` (positive) or of its one's complement (negative).
-fn pack_int(negative: bool, m: u64, out: &mut Vec<u8>) {
+pub(crate) fn pack_int(negative: bool, m: u64, out: &mut Vec<u8>) {
     let len = (64 - m.leading_zeros() as usize).div_ceil(8);
     let (code, body) = if negative {
         (INT_ZERO - len as u8, !m)

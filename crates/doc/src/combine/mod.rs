@@ -60,6 +60,7 @@ pub use drain::Drainer;
 
 use crate::compact::Doc;
 use crate::hash::KeyRange;
+use crate::keyscan::KeyScan;
 use crate::parse::DocParser;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
@@ -232,6 +233,9 @@ pub struct Combiner {
     /// Parse [`Combiner::combine_right_json`]'s text, keeping their buffers: one per
     /// binding, so each learns the shapes of its own collection's documents.
     parsers: Vec<DocParser>,
+    /// Per binding, its key read from the text alone, where it can be: in a shard of
+    /// part of the key range, the other shards' documents are passed over unparsed.
+    scans: Vec<Option<KeyScan>>,
     poisoned: Option<String>,
     /// New documents passed over for hashing outside the key range.
     elsewhere: u64,
@@ -241,6 +245,9 @@ impl Combiner {
     pub fn new(bindings: Vec<BindingSpec>, opts: CombinerOptions) -> Self {
         Combiner {
             parsers: bindings.iter().map(|_| DocParser::default()).collect(),
+            scans: (bindings.iter())
+                .map(|b| KeyScan::new(b.key.pointers()))
+                .collect(),
             bindings: bindings.into(),
             opts,
             table: MemTable::default(),
@@ -264,7 +271,16 @@ impl Combiner {
     pub fn combine_right_json(&mut self, binding: u32, json: &[u8]) -> Result<(), CombineError> {
         self.check_poisoned()?;
         let spec = spec(&self.bindings, binding)?;
-        // `spec` found the binding, so it has a parser.
+        // `spec` found the binding, so it has a parser and a scan.
+        if !self.opts.key_range.is_all()
+            && let Some(scan) = &self.scans[binding as usize]
+        {
+            self.scratch.clear();
+            if scan.pack(json, &mut self.scratch) && !self.opts.key_range.owns(&self.scratch) {
+                self.elsewhere += 1;
+                return Ok(());
+            }
+        }
         let doc = self.parsers[binding as usize]
             .parse(json)
             .map_err(|source| CombineError::Parse {
@@ -360,6 +376,11 @@ impl Combiner {
         }
         self.set_scratch(binding, key)?;
         self.insert(binding, Side::Left, doc)
+    }
+
+    /// How many new documents it passed over, for hashing outside its key range.
+    pub fn passed_over(&self) -> u64 {
+        self.elsewhere
     }
 
     pub fn is_empty(&self) -> bool {

@@ -24,7 +24,7 @@ impl PipelineFile {
         for (name, source) in self.sources {
             let place = format!("sources.{name}");
             let names = registry.source_names();
-            let (_, config) = read_kind(
+            let (kind, config) = read_kind(
                 &place,
                 source.kinds,
                 (SOURCE_FIELDS, &names),
@@ -51,6 +51,7 @@ impl PipelineFile {
                     max_queued_bytes: source.max_queued_bytes,
                 },
                 envelope: source.envelope,
+                pinned: registry.source(&kind).and_then(|k| k.pinned()),
                 config,
             };
             sources.insert(name, def);
@@ -71,7 +72,11 @@ impl PipelineFile {
                     kind.parse(config, base_dir)
                 },
             )?;
+            let pinned = (registry.driver(&kind))
+                .expect("parsed by its kind")
+                .pinned(&config);
             let def = MaterializationDef {
+                pinned,
                 endpoint: EndpointDef { kind, config },
                 bindings: m.bindings,
                 shard: m.shard,
@@ -81,18 +86,11 @@ impl PipelineFile {
         if self.cluster.is_some() {
             // A cluster moves shards between machines: what a part keeps outside the
             // recovery log would stay behind.
-            let sources = (sources.iter()).map(|(name, s)| {
-                let kind = registry
-                    .source(s.config.kind())
-                    .expect("parsed by its kind");
-                (format!("sources.{name}"), kind.name(), kind.pinned())
-            });
+            let sources = (sources.iter())
+                .map(|(name, s)| (format!("sources.{name}"), s.config.kind(), s.pinned));
             let endpoints = (materializations.iter()).map(|(name, m)| {
-                let kind = registry
-                    .driver(&m.endpoint.kind)
-                    .expect("parsed by its kind");
                 let place = format!("materializations.{name}.endpoint");
-                (place, kind.name(), kind.pinned(&m.endpoint.config))
+                (place, m.endpoint.kind.as_str(), m.pinned)
             });
             for (place, kind, pinned) in sources.chain(endpoints) {
                 if let Some(why) = pinned {

@@ -8,6 +8,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaterializationDef {
     pub endpoint: EndpointDef,
+    /// Why its endpoint cannot take several shards at once, or move between a
+    /// cluster's members (`DriverKind::pinned`).
+    pub pinned: Option<&'static str>,
     pub bindings: Vec<BindingDef>,
     pub shard: ShardDef,
 }
@@ -73,15 +76,22 @@ impl ShardDef {
 
     /// `n` equal ranges covering every key, in order.
     pub fn split_evenly(n: u32) -> Vec<ShardDef> {
-        let n = u64::from(n.max(1));
-        let span = (u64::from(u32::MAX) + 1) / n;
+        ShardDef::default().split_into(n)
+    }
+
+    /// This range in `n` equal parts (as many as it has hashes, at most), in order.
+    pub fn split_into(&self, n: u32) -> Vec<ShardDef> {
+        let width = u64::from(self.key_end - self.key_begin) + 1;
+        let n = u64::from(n.max(1)).min(width);
+        let span = width / n;
+        let begin = u64::from(self.key_begin);
         (0..n)
             .map(|i| ShardDef {
-                key_begin: (i * span) as u32,
+                key_begin: (begin + i * span) as u32,
                 key_end: if i + 1 == n {
-                    u32::MAX
+                    self.key_end
                 } else {
-                    ((i + 1) * span - 1) as u32
+                    (begin + (i + 1) * span - 1) as u32
                 },
             })
             .collect()

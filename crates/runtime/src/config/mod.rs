@@ -46,7 +46,7 @@ mod sources;
 pub use crate::types::EndpointDef;
 pub use env::Defaulted;
 pub use materializations::{BindingDef, FieldsDef, MaterializationDef, ShardDef};
-pub use runtime::{ClusterDef, RuntimeDef, Timeouts, TxnBounds};
+pub use runtime::{ClusterDef, RuntimeDef, Timeouts, TxnBounds, Workers};
 pub use sources::{DEAD_LETTER_FILE, OnError, ReadAhead, SourceDef};
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +222,31 @@ impl Pipeline {
             .filter(move |(_, s)| bindings.is_some_and(|b| b.iter().any(|b| b.source == s.target)))
     }
 
+    /// Why materialization `name` runs as one shard in this process whatever
+    /// `runtime.workers` says, if it does: a part that cannot be read or written by
+    /// several shards at once, or a dead-letter file (numbered by one shard's
+    /// transactions).
+    pub fn one_shard(&self, name: &str) -> Option<String> {
+        let m = self.materializations.get(name)?;
+        let sources = self.sources_of(name).find_map(|(source, s)| {
+            if let Some(why) = s.pinned {
+                return Some(format!(
+                    "source {source} (a {} source): {why}",
+                    s.config.kind()
+                ));
+            }
+            (s.on_error == OnError::Skip).then(|| {
+                format!(
+                    "source {source} has `on_error: skip`, and its dead-letter file is \
+                     numbered by one shard's transactions"
+                )
+            })
+        });
+        sources.or_else(|| {
+            (m.pinned).map(|why| format!("its endpoint (a {} driver): {why}", m.endpoint.kind))
+        })
+    }
+
     /// The folder a source keeps its own state in, for one materialization it feeds
     /// (`Opening::state_dir`): beside that materialization's recovery log.
     pub fn source_state_dir(&self, materialization: &str, source: &str) -> PathBuf {
@@ -272,6 +297,20 @@ impl Pipeline {
                 return Err(invalid(
                     format!("runtime.timeouts.{what}"),
                     "a timeout must be longer than 0, e.g. \"5m\"",
+                ));
+            }
+        }
+        if let Some(workers) = self.runtime.workers {
+            if let Workers::Count(n) = workers
+                && !(1..=256).contains(&n)
+            {
+                return Err(invalid("runtime.workers", "between 1 and 256, or `auto`"));
+            }
+            if self.cluster.is_some() {
+                return Err(invalid(
+                    "runtime.workers",
+                    "a cluster's members run the shards it assigns them: remove `workers`, \
+                     and set `cluster.shards` or use `sluice shards split`",
                 ));
             }
         }

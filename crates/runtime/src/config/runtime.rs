@@ -21,6 +21,12 @@ pub struct RuntimeDef {
     /// its documents take at most about four times this.
     #[serde(default = "default_memory_budget", deserialize_with = "de_bytes")]
     pub memory_budget: u64,
+    /// How many key-range shards a materialization runs as in this process, each with
+    /// its own transactions and recovery log (`docs/pipeline.md#workers`): a number, or
+    /// `auto` for the cores this process may use; 1 by default. The shards of one
+    /// materialization share its `memory_budget`.
+    #[serde(default)]
+    pub workers: Option<Workers>,
     #[serde(default)]
     pub timeouts: Timeouts,
     /// Where to serve Prometheus metrics on `/metrics` (`127.0.0.1:9464`); none by
@@ -35,6 +41,7 @@ impl Default for RuntimeDef {
             recovery_log: None,
             transactions: TxnBounds::default(),
             memory_budget: default_memory_budget(),
+            workers: None,
             timeouts: Timeouts::default(),
             metrics: None,
         }
@@ -80,6 +87,46 @@ fn default_driver_timeout() -> Duration {
 /// hung system takes this long.
 fn default_source_timeout() -> Duration {
     Duration::from_secs(60)
+}
+
+/// `runtime.workers`: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "serde_json::Value")]
+pub enum Workers {
+    Count(u32),
+    /// The cores the process may use.
+    Auto,
+}
+
+impl TryFrom<serde_json::Value> for Workers {
+    type Error = String;
+
+    fn try_from(value: serde_json::Value) -> Result<Workers, String> {
+        match &value {
+            serde_json::Value::String(s) if s == "auto" => Ok(Workers::Auto),
+            serde_json::Value::Number(n) => (n.as_u64())
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Workers::Count)
+                .ok_or_else(|| format!("{n} is not a number of workers")),
+            _ => Err(format!(
+                "expected a number of workers or `auto`, not {value}"
+            )),
+        }
+    }
+}
+
+impl RuntimeDef {
+    /// How many shards each materialization runs as here: `workers`, where `auto` is the
+    /// cores this process may use (its CPU affinity and quota: `taskset -c 0` gives one).
+    pub fn workers(&self) -> u32 {
+        match self.workers {
+            None => 1,
+            Some(Workers::Count(n)) => n,
+            Some(Workers::Auto) => {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(256) as u32)
+            }
+        }
+    }
 }
 
 /// 256 MiB: room for about 430 000 keys of small (150-byte) documents per combiner.

@@ -20,6 +20,9 @@ pub struct SourceDef {
     pub read_ahead: ReadAhead,
     /// How its records wrap their documents (change events).
     pub envelope: Envelope,
+    /// Why it cannot be read by several shards at once, or move between a cluster's
+    /// members ([`sluice_source_sdk::SourceKind::PINNED`]).
+    pub pinned: Option<&'static str>,
     /// The source's kind (`file`, `datagen`) and its configuration, parsed by the kind.
     pub config: SourceConfig,
 }

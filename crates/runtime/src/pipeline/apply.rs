@@ -66,8 +66,11 @@ pub async fn apply(
                     applied::forget(&dir).await.map_err(|e| failed(&e))?;
                     let dir = dir.clone();
                     ended::forget(&dir).await.map_err(|e| failed(&e))?;
-                    let removed =
-                        crate::blocking::unblock(move || recovery::remove(&dir, &lock)).await;
+                    let removed = crate::blocking::unblock(move || {
+                        super::layout::remove_shards(&dir, &lock)?;
+                        recovery::remove(&dir, &lock)
+                    })
+                    .await;
                     removed.map_err(|e| failed(&e))?;
                 }
             }

@@ -3,6 +3,7 @@
 //! ([`RunError::is_retryable`]); what `run` and a cluster member both start.
 
 use super::error::{PipelineError, invalid};
+use super::layout;
 use super::plan::Planned;
 use super::retries::Retries;
 use crate::applied;
@@ -34,8 +35,13 @@ pub struct RunOptions {
 /// Where a shard's recovery log is kept.
 #[derive(Clone)]
 pub enum LogPlace {
-    /// The folder `<recovery_log>/<materialization>` (the embedded default).
-    Local,
+    /// A local folder (the embedded default): `<recovery_log>/<materialization>`, or a
+    /// shard's own in it once split ([`layout`]). `shards`: how many shards of the
+    /// materialization this process runs, which share its memory budget.
+    Local {
+        dir: std::path::PathBuf,
+        shards: u32,
+    },
     /// A shared engine, opened anew by each attempt (a cluster's shard log).
     Shared(Arc<dyn OpenLog>),
 }
@@ -55,6 +61,8 @@ struct Template {
     endpoint: Arc<dyn Endpoint>,
     store_keeps_checkpoint: bool,
     shard: config::ShardDef,
+    /// Why it runs as one shard here whatever `runtime.workers` says, if it does.
+    one_shard: Option<String>,
 }
 
 /// Starts shard loops of a planned pipeline: each a [`txn::run`] with its restarts.
@@ -66,6 +74,8 @@ pub struct Launcher {
     opts: TxnOptions,
     timeouts: config::Timeouts,
     progress: Arc<Progress>,
+    /// How many shards a materialization runs as here (`runtime.workers`).
+    workers: u32,
 }
 
 impl Launcher {
@@ -142,6 +152,7 @@ impl Launcher {
                 }
             }
             let template = Template {
+                one_shard: pipeline.one_shard(&m.name),
                 spec: m.spec,
                 bindings,
                 feeds,
@@ -159,14 +170,40 @@ impl Launcher {
             opts: txn_opts,
             timeouts: pipeline.runtime.timeouts,
             progress,
+            workers: pipeline.runtime.workers(),
         })
     }
 
-    /// Each materialization with the shard its pipeline file configures.
-    pub fn configured_shards(&self) -> Vec<(String, config::ShardDef)> {
-        (self.templates.iter())
-            .map(|(name, t)| (name.clone(), t.shard))
-            .collect()
+    /// Each materialization's name.
+    pub fn materializations(&self) -> impl Iterator<Item = &str> {
+        self.templates.keys().map(String::as_str)
+    }
+
+    /// The shards `materialization` runs as in this process, over the range its
+    /// pipeline file configures: split into `runtime.workers` shards where its parts
+    /// allow ([`layout`]). Their lock is held until the returned value drops.
+    ///
+    /// Panics when the planned pipeline has no such materialization.
+    pub async fn local_shards(
+        &self,
+        materialization: &str,
+    ) -> Result<layout::LocalShards, PipelineError> {
+        let t = &self.templates[materialization];
+        if let Some(why) = &t.one_shard
+            && self.workers > 1
+        {
+            tracing::info!(
+                materialization,
+                "runs as one shard, not {} (runtime.workers): {why}",
+                self.workers
+            );
+        }
+        let dir = self.log_root.join(materialization);
+        let (range, workers, can_split) = (t.shard, self.workers, t.one_shard.is_none());
+        let shards =
+            crate::blocking::unblock(move || layout::local_shards(&dir, range, workers, can_split));
+        let place = format!("materializations.{materialization}");
+        shards.await.map_err(|e| invalid(place, e.to_string()))
     }
 
     /// The loop of materialization `materialization`'s shard over `range`, its log at
@@ -202,8 +239,14 @@ impl Launcher {
             deployment_id: self.deployment_id.clone(),
             feeds: t.feeds.clone(),
             log_dir: self.log_root.join(materialization),
+            opts: match &log {
+                LogPlace::Local { shards, .. } => TxnOptions {
+                    memory_budget: self.opts.memory_budget / (*shards).max(1) as usize,
+                    ..self.opts.clone()
+                },
+                LogPlace::Shared(_) => self.opts.clone(),
+            },
             log,
-            opts: self.opts.clone(),
             timeouts: self.timeouts,
             progress: self.progress.clone(),
             shutdown,
@@ -332,7 +375,7 @@ impl Attempt {
             });
         }
         let log = match &self.log {
-            LogPlace::Local => RecoveryLog::open_async(&self.log_dir).await?,
+            LogPlace::Local { dir, .. } => RecoveryLog::open_async(dir).await?,
             LogPlace::Shared(log) => log.open().await?,
         };
         let ctx = txn::Context {

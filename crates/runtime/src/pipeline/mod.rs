@@ -31,6 +31,7 @@ mod admit;
 mod apply;
 mod error;
 mod launch;
+pub mod layout;
 mod plan;
 mod probe;
 mod retries;
@@ -71,13 +72,28 @@ pub async fn run(
             }
         })
     };
+    // Every materialization's shards, before any runs (each split where it may).
+    let mut layouts = Vec::new();
+    let names: Vec<String> = launcher.materializations().map(String::from).collect();
+    for name in names {
+        let local = launcher.local_shards(&name).await?;
+        layouts.push((name, local));
+    }
     let mut tasks = tokio::task::JoinSet::new();
-    for (name, shard) in launcher.configured_shards() {
-        let run = launcher.launch(&name, shard, LogPlace::Local, stopped.clone());
-        tasks.spawn(async move {
-            let (summary, result) = run.await;
-            (name, summary, result)
-        });
+    // Each materialization's lock, held while its split shards run.
+    let mut locks = Vec::new();
+    for (name, local) in layouts {
+        let shards = local.shards.len() as u32;
+        for (range, dir) in local.shards {
+            let log = LogPlace::Local { dir, shards };
+            let run = launcher.launch(&name, range, log, stopped.clone());
+            let name = name.clone();
+            tasks.spawn(async move {
+                let (summary, result) = run.await;
+                (name, summary, result)
+            });
+        }
+        locks.extend(local.lock);
     }
     let mut summaries = Vec::new();
     let mut failed = None;
@@ -107,7 +123,13 @@ pub async fn run(
             format!("a materialization task panicked: {join}"),
         ));
     }
-    summaries.sort_by(|a, b| a.0.cmp(&b.0));
+    drop(locks);
+    // One summary per materialization, its shards' added up.
+    let mut merged: std::collections::BTreeMap<String, Summary> = Default::default();
+    for (name, summary) in summaries {
+        merged.entry(name).or_default().merge(&summary);
+    }
+    let summaries: Vec<(String, Summary)> = merged.into_iter().collect();
     match failed {
         None => Ok(summaries),
         Some((materialization, source)) => Err(PipelineError::Run {

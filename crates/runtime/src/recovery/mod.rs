@@ -140,6 +140,9 @@ pub enum RecoveryError {
         found: u32,
         supported: u32,
     },
+    /// The shards a materialization's folder was split into cannot run as they are.
+    #[error("recovery log {}: {reason}", dir.display())]
+    Layout { dir: PathBuf, reason: String },
     #[error("invalid runtime checkpoint: {0}")]
     BadCheckpoint(String),
     /// The runtime wrote out of order: an internal bug.

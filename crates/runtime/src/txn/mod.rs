@@ -525,8 +525,10 @@ impl Committer<'_> {
         let read::ReadBatch {
             combiner: c1,
             steps,
-            docs,
-            bytes,
+            docs: _,
+            bytes: _,
+            owned: docs,
+            owned_bytes: bytes,
             rejected,
             journaled: _,
             advances: _,

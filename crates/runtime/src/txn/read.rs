@@ -95,8 +95,13 @@ pub struct ReadBatch {
     pub combiner: Combiner,
     /// Every step queued per source, in order: the transaction's intent.
     pub steps: BTreeMap<String, Vec<Resume>>,
+    /// Documents read (of every key: each shard reads the whole input), and their
+    /// bytes: what its bounds count.
     pub docs: u64,
     pub bytes: u64,
+    /// Documents of its own key range, and their bytes: what it commits.
+    pub owned: u64,
+    pub owned_bytes: u64,
     /// Step data the intent journals (`Resume::Replay` with data).
     pub journaled: u64,
     /// Documents rejected (`on_error: skip`), already durable in dead-letter files.
@@ -127,7 +132,8 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Counts a step of `feed`'s source that added `docs` documents and `bytes` bytes.
+    /// Counts a step of `feed`'s source that added `docs` documents of the shard's keys,
+    /// of `bytes` bytes.
     fn step(&mut self, feed: &Feed<'_>, docs: u64, bytes: u64) {
         if docs > 0 {
             self.first_read.get_or_insert_with(Instant::now);
@@ -372,6 +378,8 @@ impl Reader {
             steps: BTreeMap::new(),
             docs: 0,
             bytes: 0,
+            owned: 0,
+            owned_bytes: 0,
             journaled: 0,
             rejected: 0,
             advances: false,
@@ -511,7 +519,7 @@ impl Reader {
                 if !self.records.is_empty() || !step.errors.is_empty() || step.advances {
                     progressed = true;
                     batch.advances |= step.advances;
-                    let (docs, bytes) = (batch.docs, batch.bytes);
+                    let (docs, bytes) = (batch.owned, batch.owned_bytes);
                     let combined = combine_step(
                         &step,
                         &mut self.records,
@@ -519,7 +527,8 @@ impl Reader {
                         &mut batch,
                         &mut self.rejects,
                     )?;
-                    self.progress.read(batch.docs - docs, batch.bytes - bytes);
+                    self.progress
+                        .read(batch.owned - docs, batch.owned_bytes - bytes);
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
                     batch.journaled += journaled(&step.resume);
@@ -670,7 +679,7 @@ impl Reader {
                     self.metrics.sources[index].stepped(shown(&step));
                     let feed = Feed::new(index, bound, &self.bindings);
                     batch.advances |= step.advances;
-                    let (docs, bytes) = (batch.docs, batch.bytes);
+                    let (docs, bytes) = (batch.owned, batch.owned_bytes);
                     let combined = combine_step(
                         &step,
                         &mut self.records,
@@ -678,7 +687,8 @@ impl Reader {
                         &mut batch,
                         &mut self.rejects,
                     )?;
-                    self.progress.read(batch.docs - docs, batch.bytes - bytes);
+                    self.progress
+                        .read(batch.owned - docs, batch.owned_bytes - bytes);
                     if let Combined::Rebuild = combined {
                         continue 'rebuild;
                     }
@@ -795,10 +805,10 @@ fn combine_step(
         }
         Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
     };
-    let before = (batch.docs, batch.bytes);
+    let before = (batch.owned, batch.owned_bytes);
     let combined = combine_records(records, failing_at, feed, batch, rejects);
     records.clear();
-    (batch.tally).step(feed, batch.docs - before.0, batch.bytes - before.1);
+    (batch.tally).step(feed, batch.owned - before.0, batch.owned_bytes - before.1);
     match combined? {
         Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
             Err(feed.input_error(&err.position, &err.reason))
@@ -852,6 +862,7 @@ fn combine_records(
                 },
             },
         };
+        let passed_over = batch.combiner.passed_over();
         let (combined, text) = match doc {
             RecordDoc::Json(text) => {
                 let combined = feed
@@ -876,6 +887,10 @@ fn combine_records(
             Ok(()) => {
                 batch.docs += 1;
                 batch.bytes += record.bytes as u64;
+                if batch.combiner.passed_over() == passed_over {
+                    batch.owned += 1;
+                    batch.owned_bytes += record.bytes as u64;
+                }
                 continue;
             }
             Err(err) => err,

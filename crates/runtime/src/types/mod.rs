@@ -121,6 +121,22 @@ pub struct Summary {
     pub idle: Duration,
 }
 
+impl Summary {
+    /// Adds what another shard of the same materialization did (counts add up; the
+    /// last transaction and the idle time are the larger).
+    pub fn merge(&mut self, other: &Summary) {
+        self.transactions += other.transactions;
+        self.docs += other.docs;
+        self.bytes += other.bytes;
+        self.loaded += other.loaded;
+        self.stored += other.stored;
+        self.last_txn = self.last_txn.max(other.last_txn);
+        self.restarts += other.restarts;
+        self.rejected += other.rejected;
+        self.idle = self.idle.max(other.idle);
+    }
+}
+
 /// The name of the materialization a shard's Open is for.
 pub(crate) fn materialization_name(open: &Open) -> String {
     open.materialization

@@ -1,0 +1,191 @@
+//! One process runs a materialization as `runtime.workers` key-range shards, each with
+//! its own transactions and recovery log (`<log>/<materialization>/shards/<range>`).
+//! What operators do to it ends exact: more workers split a log with an interrupted
+//! transaction in it, fewer keep every shard, a crash between two shards' commits
+//! recovers, and a reset starts over.
+
+mod common;
+
+use common::{
+    SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table, write_lines,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A pipeline reading `views.jsonl` in `dir` into SQLite, with `workers` shards.
+fn write_pipeline(dir: &Path, workers: u32) -> PathBuf {
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "sqlite: {path: views.db}",
+        false,
+        2000,
+        "10s",
+    );
+    let yaml = format!("{yaml}  workers: {workers}\n  recovery_log: log\n");
+    let path = dir.join(format!("pipeline-{workers}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn sluice(args: &[&str], pipeline: &Path, failpoints: Option<&str>) -> Output {
+    let mut cmd = Command::new(SLUICE);
+    cmd.args(args).arg(pipeline);
+    if let Some(points) = failpoints {
+        cmd.env("FAILPOINTS", points);
+    }
+    cmd.output().unwrap()
+}
+
+/// The shard logs `sluice inspect checkpoint` lists.
+fn shard_logs(pipeline: &Path) -> Vec<String> {
+    let out = sluice(&["inspect", "checkpoint"], pipeline, None);
+    assert_success(&out);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("materialization "))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn workers_split_a_materialization_into_key_range_shards_that_add_up_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(20_000, 2_000, 21);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let pipeline = write_pipeline(dir.path(), 3);
+    let out = sluice(&["run"], &pipeline, None);
+    assert_success(&out);
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+    let logs = shard_logs(&pipeline);
+    assert_eq!(logs.len(), 3, "{logs:?}");
+    for (log, range) in logs.iter().zip([
+        "00000000-55555554",
+        "55555555-aaaaaaa9",
+        "aaaaaaaa-ffffffff",
+    ]) {
+        assert!(log.contains(&format!("shard {range}")), "{log}");
+    }
+    // Each document is counted once, by the shard of its key.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("views-db: 20000 documents"), "{stdout}");
+    // Run again: nothing is read twice.
+    assert_success(&sluice(&["run"], &pipeline, None));
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+}
+
+/// A one-shard run crashes with a transaction's intent durable and its commit not; the
+/// next run has four workers: each new shard starts from a copy of the log, replays
+/// the interrupted transaction and keeps its own keys. Then fewer workers run the four
+/// shards still, on more input.
+#[test]
+fn more_workers_split_an_interrupted_log_and_fewer_keep_every_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut docs = generate(30_000, 3_000, 22);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let one = write_pipeline(dir.path(), 1);
+    let crashed = sluice(&["run"], &one, Some("txn::after-prepared=3*off->panic"));
+    assert!(!crashed.status.success(), "the fail point crashed the run");
+    assert_eq!(shard_logs(&one).len(), 1);
+
+    let four = write_pipeline(dir.path(), 4);
+    assert_success(&sluice(&["run"], &four, None));
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+    assert_eq!(shard_logs(&four).len(), 4);
+
+    let more = generate(10_000, 3_000, 23);
+    docs.extend(more);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    assert_success(&sluice(&["run"], &one, None));
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+    assert_eq!(shard_logs(&one).len(), 4, "shards never merge");
+}
+
+/// Two shards commit on their own: a crash after one shard's driver commit (before its
+/// log commit), while the other shard is anywhere in its own transaction, recovers
+/// exactly, at each of several moments.
+#[test]
+fn a_crash_between_two_shards_commits_recovers_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(30_000, 3_000, 24);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let two = write_pipeline(dir.path(), 2);
+    let mut crashes = 0;
+    for nth in [1, 4, 7] {
+        let points = format!("txn::after-driver-committed={nth}*off->panic");
+        let crashed = sluice(&["run"], &two, Some(&points));
+        if crashed.status.success() {
+            break;
+        }
+        crashes += 1;
+    }
+    assert!(crashes > 0, "no run crashed");
+    assert_success(&sluice(&["run"], &two, None));
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+}
+
+/// `sluice apply --delete` removes every shard's log with the table: the next run
+/// starts over, split again, and ends exact.
+#[test]
+fn a_reset_forgets_every_shard_and_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(10_000, 1_000, 25);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let two = write_pipeline(dir.path(), 2);
+    assert_success(&sluice(&["run"], &two, None));
+    assert_eq!(shard_logs(&two).len(), 2);
+
+    let reset = sluice(&["apply", "--delete"], &two, None);
+    assert_success(&reset);
+    let logs = shard_logs(&two);
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert!(!dir.path().join("log/views-db/shards").exists());
+
+    assert_success(&sluice(&["run"], &two, None));
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+    assert_eq!(shard_logs(&two).len(), 2);
+}
+
+/// A part that cannot be read by several shards keeps the materialization whole: a
+/// skipping source's dead letters are numbered by one shard's transactions.
+#[test]
+fn a_skipping_source_keeps_one_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(5_000, 500, 26);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let pipeline = write_pipeline(dir.path(), 2);
+    let yaml = std::fs::read_to_string(&pipeline).unwrap().replace(
+        "    target: acme/pageviews\n",
+        "    target: acme/pageviews\n    on_error: skip\n",
+    );
+    std::fs::write(&pipeline, yaml).unwrap();
+    let out = sluice(&["run"], &pipeline, None);
+    assert_success(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("runs as one shard, not 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(shard_logs(&pipeline).len(), 1);
+    assert_eq!(
+        sqlite_table(&dir.path().join("views.db")),
+        reduce_expected(&docs)
+    );
+}
