@@ -13,7 +13,7 @@
 //! which parses it and reports the error.
 
 use crate::Pointer;
-use crate::tuple::{pack_bool, pack_int, pack_null, pack_string};
+use crate::tuple::{pack_bool, pack_str_bytes, pack_int, pack_null};
 
 /// Key locations beyond this many are not scanned (the found spans live on the stack).
 const MAX_KEYS: usize = 4;
@@ -79,11 +79,11 @@ impl KeyScan {
             if text.get(at) != Some(&b'"') {
                 return None;
             }
-            let name_end = at + 1 + text[at + 1..].iter().position(|&b| b == b'"')?;
-            let name = &text[at + 1..name_end];
-            if name.contains(&b'\\') {
+            let name_end = at + 1 + memchr::memchr2(b'"', b'\\', &text[at + 1..])?;
+            if text[name_end] == b'\\' {
                 return None;
             }
+            let name = &text[at + 1..name_end];
             at = skip_ws(text, name_end + 1);
             if text.get(at) != Some(&b':') {
                 return None;
@@ -111,9 +111,8 @@ impl KeyScan {
 /// integer that is one in `u64` or `i64`, a boolean or null; `None` for anything else.
 fn pack_scalar(value: &[u8], out: &mut Vec<u8>) -> Option<()> {
     match value {
-        [b'"', inner @ .., b'"'] if !inner.contains(&b'\\') => {
-            pack_string(std::str::from_utf8(inner).ok()?, out)
-        }
+        // Bytes that are not UTF-8 fail the owner's parse, which reports them.
+        [b'"', inner @ .., b'"'] if !inner.contains(&b'\\') => pack_str_bytes(inner, out),
         b"true" => pack_bool(true, out),
         b"false" => pack_bool(false, out),
         b"null" => pack_null(out),
@@ -190,10 +189,10 @@ fn skip_value(text: &[u8], at: usize) -> Option<usize> {
 fn skip_string(text: &[u8], at: usize) -> Option<usize> {
     let mut i = at + 1;
     loop {
-        match text.get(i)? {
+        i += memchr::memchr2(b'"', b'\\', text.get(i..)?)?;
+        match text[i] {
             b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+            _ => i += 2,
         }
     }
 }
@@ -305,7 +304,7 @@ mod tests {
         );
         let owned = |id: &str| {
             let mut packed = Vec::new();
-            pack_string(id, &mut packed);
+            crate::tuple::pack_string(id, &mut packed);
             key_hash(&packed) <= low.end
         };
         let mine = (0..).map(|i| format!("k{i}")).find(|id| owned(id)).unwrap();

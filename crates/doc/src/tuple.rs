@@ -94,8 +94,13 @@ pub(crate) fn pack_null(out: &mut Vec<u8>) {
 }
 
 pub(crate) fn pack_string(s: &str, out: &mut Vec<u8>) {
+    pack_str_bytes(s.as_bytes(), out);
+}
+
+/// A string given as its UTF-8 bytes.
+pub(crate) fn pack_str_bytes(s: &[u8], out: &mut Vec<u8>) {
     out.push(STRING);
-    push_escaped(s.as_bytes(), out);
+    push_escaped(s, out);
     out.push(NULL);
 }
 
