@@ -13,7 +13,7 @@
 //! which parses it and reports the error.
 
 use crate::Pointer;
-use crate::tuple::{pack_bool, pack_str_bytes, pack_int, pack_null};
+use crate::tuple::{pack_bool, pack_int, pack_null, pack_str_bytes};
 
 /// Key locations beyond this many are not scanned (the found spans live on the stack).
 const MAX_KEYS: usize = 4;
