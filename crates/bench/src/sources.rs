@@ -14,6 +14,12 @@
 //! `ratio_kafka`, `ratio_nats` (each over the file's), plus `exact` per input: its
 //! table holds one row per key and the views generated. Preloading is not timed.
 //!
+//! The Kafka run has a second baseline, the consumer a user would pick instead:
+//! librdkafka (Python's confluent-kafka, `kafka_consume.py`) reading the same topic from
+//! the same broker in the same run, every partition from its start, counting values.
+//! Figures: `kafka_consumer_docs_per_sec` and `ratio_kafka_consumer` (Sluice's whole
+//! pipeline into PostgreSQL over the bare consumer).
+//!
 //! The brokers are the shared ones by default (a topic and a stream of unique names,
 //! deleted at the end, as is the PostgreSQL schema, also when a run fails). Documents
 //! are [`pageview`]s, written with their own JSON writer; a document goes to the Kafka
@@ -39,6 +45,8 @@ const SEED: u64 = 7;
 const PARTITIONS: i32 = 4;
 /// Documents per produce or publish call while preloading.
 const BATCH: usize = 10_000;
+/// The librdkafka baseline (see the module docs).
+const CONSUME_PY: &str = include_str!("kafka_consume.py");
 
 #[derive(clap::Args)]
 pub struct SourcesArgs {
@@ -192,7 +200,55 @@ async fn runs(
         );
         figures.push(figure);
     }
+    // After Sluice's run: the broker has served the topic once, as it has for a user's
+    // consumer reading what others read before.
+    progress(args, "kafka: librdkafka consuming the topic".to_string());
+    let consumer = tokio::task::block_in_place(|| consume(args, names, work))?;
+    progress(
+        args,
+        format!(
+            "kafka: librdkafka {:.2} s, {:.0} docs/s",
+            consumer.secs,
+            consumer.docs_per_sec(args.docs)
+        ),
+    );
+    figures.push(consumer);
     Ok(figures)
+}
+
+/// The librdkafka baseline: `kafka_consume.py` reading the preloaded topic whole.
+fn consume(args: &SourcesArgs, names: &Names, work: &Path) -> anyhow::Result<Figure> {
+    let script = work.join("kafka_consume.py");
+    std::fs::write(&script, CONSUME_PY)?;
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&args.kafka)
+        .arg(&names.topic)
+        .arg(args.docs.to_string())
+        .output()
+        .context("running python3")?;
+    ensure!(
+        out.status.success(),
+        "the librdkafka baseline failed (is confluent-kafka installed? \
+         `pip install confluent-kafka`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "kafka_consume.py printed {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    ensure!(
+        figures["messages"].as_u64() == Some(args.docs),
+        "librdkafka read {} messages, not {}",
+        figures["messages"],
+        args.docs
+    );
+    Ok(Figure {
+        secs: figures["secs"].as_f64().context("secs")?,
+        exact: Ok(()),
+    })
 }
 
 /// The rows and the views every table must hold.
@@ -342,7 +398,7 @@ async fn check(
 
 fn report(args: &SourcesArgs, figures: &[Figure]) {
     let rate = |i: usize| figures[i].docs_per_sec(args.docs);
-    let (file, kafka, nats) = (rate(0), rate(1), rate(2));
+    let (file, kafka, nats, consumer) = (rate(0), rate(1), rate(2), rate(3));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exact = figures.iter().all(|f| f.exact.is_ok());
     if args.json {
@@ -358,6 +414,9 @@ fn report(args: &SourcesArgs, figures: &[Figure]) {
             "nats_docs_per_sec": nats,
             "ratio_kafka": kafka / file,
             "ratio_nats": nats / file,
+            "kafka_consumer_secs": figures[3].secs,
+            "kafka_consumer_docs_per_sec": consumer,
+            "ratio_kafka_consumer": kafka / consumer,
             "exact": exact,
         });
         println!("{figures}");
@@ -383,5 +442,10 @@ fn report(args: &SourcesArgs, figures: &[Figure]) {
         "  ratio_kafka {:.2}, ratio_nats {:.2} (each over the file)",
         kafka / file,
         nats / file
+    );
+    println!(
+        "  librdkafka {:>7.2} s  {consumer:>9.0} docs/s  ratio_kafka_consumer {:.2} (Sluice over it)",
+        figures[3].secs,
+        kafka / consumer
     );
 }
