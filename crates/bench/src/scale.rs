@@ -6,6 +6,9 @@
 //!  for cores in [1, 2]:  fresh folder, `taskset -c 0..cores-1 sluice run pipeline.yaml`
 //!  figures: docs_per_sec_{1,2} (input documents over the wall time), cpu_seconds_{1,2}
 //!  (the process's user + system time), ratio_2_1, and exact (both tables equal)
+//!  then the bound: two processes at once on 2 cores, each over half the documents and
+//!  half the keys (one shard each) into tables of one SQLite file: docs_per_sec_split,
+//!  ratio_split_1 (what a perfectly partitioned read would reach)
 //! ```
 
 use super::loads::{Run, RunningSluice};
@@ -30,14 +33,38 @@ pub struct ScaleArgs {
 /// The quickstart's pipeline file (`examples/quickstart/pipeline.yaml`) itself, with the
 /// input's size as asked.
 fn pipeline_yaml(args: &ScaleArgs) -> anyhow::Result<String> {
+    quickstart(&[(
+        "documents: 1000000, keys: 100000,",
+        &format!("documents: {}, keys: {},", args.docs, args.keys),
+    )])
+}
+
+/// One half of the split bound's input: `half`'s own materialization and table, half
+/// the documents over half the keys, one shard.
+fn half_yaml(args: &ScaleArgs, half: &str) -> anyhow::Result<String> {
+    quickstart(&[
+        (
+            "documents: 1000000, keys: 100000,",
+            &format!("documents: {}, keys: {},", args.docs / 2, args.keys / 2),
+        ),
+        ("  views-db:", &format!("  views-{half}:")),
+        ("table: pageviews", &format!("table: pv_{half}")),
+        ("workers: auto", "workers: 1"),
+    ])
+}
+
+/// The quickstart's pipeline file with each `(text, replacement)` made.
+fn quickstart(replacements: &[(&str, &str)]) -> anyhow::Result<String> {
     const QUICKSTART: &str = include_str!("../../../examples/quickstart/pipeline.yaml");
-    const INPUT: &str = "documents: 1000000, keys: 100000,";
-    ensure!(
-        QUICKSTART.contains(INPUT),
-        "the quickstart's datagen source no longer reads `{INPUT}`"
-    );
-    let input = format!("documents: {}, keys: {},", args.docs, args.keys);
-    Ok(QUICKSTART.replace(INPUT, &input))
+    let mut yaml = QUICKSTART.to_string();
+    for (text, replacement) in replacements {
+        ensure!(
+            yaml.contains(text),
+            "the quickstart's pipeline file no longer reads `{text}`"
+        );
+        yaml = yaml.replace(text, replacement);
+    }
+    Ok(yaml)
 }
 
 pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
@@ -49,10 +76,11 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
     let work = std::env::temp_dir().join(format!("sluice_scale_{}_{nanos:x}", std::process::id()));
     let result = measure(&args, &work);
     let _ = std::fs::remove_dir_all(&work);
-    let (one, two, exact) = result?;
+    let (one, two, exact, split) = result?;
     let rate = |run: &Run| args.docs as f64 / run.elapsed.as_secs_f64();
     let (rate_1, rate_2) = (rate(&one), rate(&two));
     let ratio = rate_2 / rate_1;
+    let rate_split = (args.docs / 2 * 2) as f64 / split.as_secs_f64();
     if args.json {
         let figures = json!({
             "docs": args.docs,
@@ -65,6 +93,8 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
             "secs_2": two.elapsed.as_secs_f64(),
             "cpu_seconds_1": one.cpu_seconds,
             "cpu_seconds_2": two.cpu_seconds,
+            "docs_per_sec_split": rate_split.round(),
+            "ratio_split_1": (rate_split / rate_1 * 100.0).round() / 100.0,
             "exact": exact,
         });
         println!("{figures}");
@@ -77,6 +107,12 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
             );
         }
         println!("ratio 2:1 {ratio:.2} ({cores} cores here); exact: {exact}");
+        println!(
+            "bound: two processes over pre-split halves, {:.2} s, {rate_split:.0} docs/s, \
+             ratio {:.2} over 1 core",
+            split.as_secs_f64(),
+            rate_split / rate_1
+        );
     }
     if !exact {
         bail!("the table of the 2-core run differs from the 1-core run's");
@@ -84,8 +120,8 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Both runs, and whether their tables hold the same rows.
-fn measure(args: &ScaleArgs, work: &Path) -> anyhow::Result<(Run, Run, bool)> {
+/// Both runs, whether their tables hold the same rows, and the split bound's wall time.
+fn measure(args: &ScaleArgs, work: &Path) -> anyhow::Result<(Run, Run, bool, Duration)> {
     let mut runs = Vec::new();
     for cores in [1, 2] {
         let dir = work.join(format!("cores{cores}"));
@@ -120,5 +156,32 @@ fn measure(args: &ScaleArgs, work: &Path) -> anyhow::Result<(Run, Run, bool)> {
     let exact = !one.is_empty() && one == rows(2)?;
     let two = runs.pop().expect("two runs");
     let one = runs.pop().expect("two runs");
-    Ok((one, two, exact))
+    Ok((one, two, exact, split(args, &work.join("split"))?))
+}
+
+/// The split bound: both halves at once on 2 cores; the wall time until both ended.
+fn split(args: &ScaleArgs, dir: &Path) -> anyhow::Result<Duration> {
+    std::fs::create_dir_all(dir)?;
+    if !args.json {
+        eprintln!("two processes over pre-split halves on 2 cores…");
+    }
+    let started = std::time::Instant::now();
+    let mut running = Vec::new();
+    for half in ["a", "b"] {
+        let pipeline = dir.join(format!("pipeline-{half}.yaml"));
+        std::fs::write(&pipeline, half_yaml(args, half)?)?;
+        let log = dir.join(format!("run-{half}.log"));
+        running.push(Some(RunningSluice::start_pinned(&pipeline, &log, "0,1")?));
+    }
+    while running.iter().any(Option::is_some) {
+        for slot in &mut running {
+            if let Some(run) = slot
+                && run.poll()?.is_some()
+            {
+                *slot = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(started.elapsed())
 }
