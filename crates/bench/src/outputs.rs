@@ -28,7 +28,8 @@
 //! each, `ratio` (Sluice over the baseline), and `ratio_phases`: Sluice's Store and
 //! Commit phases alone (from the run's `transaction committed` lines: view, encoding,
 //! publishing), what the baseline is the limit of. Top level: `ratio_kafka`,
-//! `ratio_nats`, `ratio_files` (the JSON-lines cases), the target being ≥ 0.8. Files
+//! `ratio_nats`, `ratio_files`, and `ratio_phases_kafka`, `ratio_phases_nats` (the
+//! JSON-lines cases), the target being ≥ 0.8. Files
 //! take JSON lines only (a file holds lines, Avro datums are not): their Avro case is
 //! skipped, saying so. Topics and streams have unique names and are deleted at the
 //! end, also when a case fails.
@@ -593,12 +594,11 @@ fn files_baseline(folder: &Path, baseline: &Path) -> anyhow::Result<Published> {
 
 fn report(args: &OutputsArgs, cases: &[Case]) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let ratio_of = |destination: Destination| {
-        cases
-            .iter()
-            .find(|c| c.destination == destination && c.format == Format::Json)
-            .map(Case::ratio)
+    let json_case = |destination: Destination| {
+        (cases.iter()).find(|c| c.destination == destination && c.format == Format::Json)
     };
+    let ratio_of = |destination| json_case(destination).map(Case::ratio);
+    let phases_of = |destination| json_case(destination).map(Case::ratio_phases);
     if args.json {
         println!(
             "{}",
@@ -610,6 +610,8 @@ fn report(args: &OutputsArgs, cases: &[Case]) {
                 "ratio_kafka": ratio_of(Destination::Kafka),
                 "ratio_nats": ratio_of(Destination::Nats),
                 "ratio_files": ratio_of(Destination::Files),
+                "ratio_phases_kafka": phases_of(Destination::Kafka),
+                "ratio_phases_nats": phases_of(Destination::Nats),
             })
         );
         return;
