@@ -9,6 +9,7 @@ mod common;
 use common::{
     SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table, write_lines,
 };
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -36,6 +37,11 @@ fn sluice(args: &[&str], pipeline: &Path, failpoints: Option<&str>) -> Output {
     cmd.output().unwrap()
 }
 
+/// The table in `dir` is the reduction of `docs`.
+fn assert_exact(dir: &Path, docs: &[Value]) {
+    assert_eq!(sqlite_table(&dir.join("views.db")), reduce_expected(docs));
+}
+
 /// The shard logs `sluice inspect checkpoint` lists.
 fn shard_logs(pipeline: &Path) -> Vec<String> {
     let out = sluice(&["inspect", "checkpoint"], pipeline, None);
@@ -55,10 +61,7 @@ fn workers_split_a_materialization_into_key_range_shards_that_add_up_exactly() {
     let pipeline = write_pipeline(dir.path(), 3);
     let out = sluice(&["run"], &pipeline, None);
     assert_success(&out);
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
     let logs = shard_logs(&pipeline);
     assert_eq!(logs.len(), 3, "{logs:?}");
     for (log, range) in logs.iter().zip([
@@ -73,10 +76,7 @@ fn workers_split_a_materialization_into_key_range_shards_that_add_up_exactly() {
     assert!(stdout.contains("views-db: 20000 documents"), "{stdout}");
     // Run again: nothing is read twice.
     assert_success(&sluice(&["run"], &pipeline, None));
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
 }
 
 /// A one-shard run crashes with a transaction's intent durable and its commit not; the
@@ -95,20 +95,14 @@ fn more_workers_split_an_interrupted_log_and_fewer_keep_every_shard() {
 
     let four = write_pipeline(dir.path(), 4);
     assert_success(&sluice(&["run"], &four, None));
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
     assert_eq!(shard_logs(&four).len(), 4);
 
     let more = generate(10_000, 3_000, 23);
     docs.extend(more);
     write_lines(&dir.path().join("views.jsonl"), &docs);
     assert_success(&sluice(&["run"], &one, None));
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
     assert_eq!(shard_logs(&one).len(), 4, "shards never merge");
 }
 
@@ -132,10 +126,7 @@ fn a_crash_between_two_shards_commits_recovers_exactly() {
     }
     assert!(crashes > 0, "no run crashed");
     assert_success(&sluice(&["run"], &two, None));
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
 }
 
 /// `sluice apply --delete` removes every shard's log with the table: the next run
@@ -156,10 +147,7 @@ fn a_reset_forgets_every_shard_and_starts_over() {
     assert!(!dir.path().join("log/views-db/shards").exists());
 
     assert_success(&sluice(&["run"], &two, None));
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
-    );
+    assert_exact(dir.path(), &docs);
     assert_eq!(shard_logs(&two).len(), 2);
 }
 
@@ -184,8 +172,63 @@ fn a_skipping_source_keeps_one_shard() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(shard_logs(&pipeline).len(), 1);
-    assert_eq!(
-        sqlite_table(&dir.path().join("views.db")),
-        reduce_expected(&docs)
+    assert_exact(dir.path(), &docs);
+}
+
+/// A store restored from a backup taken while split is behind every shard's log: each
+/// shard resumes from the checkpoint the backup holds for its range, and the table is
+/// caught up exactly.
+#[test]
+fn a_split_store_restored_from_a_backup_is_caught_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = generate(6_000, 600, 27);
+    write_lines(&dir.path().join("views.jsonl"), &first);
+    let two = write_pipeline(dir.path(), 2);
+    assert_success(&sluice(&["run"], &two, None));
+    let (db, backup) = (dir.path().join("views.db"), dir.path().join("backup.db"));
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    drop(conn);
+    let all: Vec<Value> = first
+        .iter()
+        .chain(&generate(6_000, 600, 28))
+        .cloned()
+        .collect();
+    write_lines(&dir.path().join("views.jsonl"), &all);
+    assert_success(&sluice(&["run"], &two, None));
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("views.db{suffix}")));
+    }
+    std::fs::copy(&backup, &db).unwrap();
+    assert_exact(dir.path(), &first);
+    assert_success(&sluice(&["run"], &two, None));
+    assert_exact(dir.path(), &all);
+}
+
+/// A database recreated and applied again under split shards: the shards' logs hold
+/// transactions the store lost, so the run is refused and writes nothing; a reset
+/// starts over exactly.
+#[test]
+fn a_recreated_database_under_split_shards_is_refused_then_starts_over_on_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(6_000, 600, 29);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let two = write_pipeline(dir.path(), 2);
+    assert_success(&sluice(&["run"], &two, None));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("views.db{suffix}")));
+    }
+    assert_success(&sluice(&["apply"], &two, None));
+    let refused = sluice(&["run"], &two, None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("sluice apply --delete"), "{stderr}");
+    assert!(
+        sqlite_table(&dir.path().join("views.db")).is_empty(),
+        "nothing written"
     );
+    assert_success(&sluice(&["apply", "--delete"], &two, None));
+    assert_success(&sluice(&["run"], &two, None));
+    assert_exact(dir.path(), &docs);
 }

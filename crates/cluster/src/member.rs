@@ -731,15 +731,7 @@ impl Member {
     }
 
     fn add(&mut self, shard: &ShardId, s: &Summary) {
-        let total = self.summaries.entry(shard.to_string()).or_default();
-        total.transactions += s.transactions;
-        total.docs += s.docs;
-        total.bytes += s.bytes;
-        total.loaded += s.loaded;
-        total.stored += s.stored;
-        total.last_txn = total.last_txn.max(s.last_txn);
-        total.restarts += s.restarts;
-        total.rejected += s.rejected;
+        (self.summaries.entry(shard.to_string()).or_default()).merge(s);
     }
 }
 

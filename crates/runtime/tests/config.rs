@@ -640,3 +640,34 @@ fn shard_ranges_split_evenly_halve_and_read_back_from_their_ids() {
     assert_eq!(ShardDef::parse("0000-ffff"), None);
     assert_eq!(ShardDef::parse("ffffffff-00000000"), None);
 }
+
+#[test]
+fn workers_are_a_count_or_auto_and_refused_otherwise_naming_the_key() {
+    let with = |workers: &str| format!("{DESIGN_EXAMPLE}runtime:\n  workers: {workers}\n");
+    assert_eq!(
+        parse(DESIGN_EXAMPLE).unwrap().runtime.workers(),
+        1,
+        "one by default"
+    );
+    assert_eq!(parse(&with("3")).unwrap().runtime.workers(), 3);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    assert_eq!(parse(&with("auto")).unwrap().runtime.workers(), cores);
+    for (workers, says) in [
+        ("0", "between 1 and 256"),
+        ("257", "between 1 and 256"),
+        ("many", "expected a number of workers or `auto`"),
+        ("-1", "is not a number of workers"),
+    ] {
+        let err = error(&with(workers));
+        assert!(
+            err.contains("runtime.workers") && err.contains(says),
+            "{workers}: {err}"
+        );
+    }
+    let cluster = "cluster:\n  etcd: [\"127.0.0.1:2379\"]\n  member: m\n";
+    let err = error(&format!("{}{cluster}", with("2")));
+    assert!(
+        err.contains("runtime.workers") && err.contains("cluster"),
+        "{err}"
+    );
+}

@@ -21,8 +21,9 @@
 //! splits, applies or resets under them. An unsplit shard's log is that folder's own,
 //! and its lock is the log's.
 
+use crate::blocking::replace_file;
 use crate::config::ShardDef;
-use crate::recovery::{self, RecoveryError};
+use crate::recovery::{self, RecoveryError, io, sync_dir};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -49,74 +50,106 @@ pub fn local_shards(
     can_split: bool,
 ) -> Result<LocalShards, RecoveryError> {
     let lock = recovery::lock_dir(dir)?;
-    let shards_dir = dir.join(SHARDS);
-    let mut ranges = read_ranges(&shards_dir)?.unwrap_or_else(|| vec![configured]);
-    let covered = crate::types::shard_label(ranges[0].key_begin, ranges[ranges.len() - 1].key_end);
-    if covered != configured.id() {
-        return Err(layout_error(
-            &shards_dir,
-            format!(
-                "its shards cover {covered}, not the configured range {}: restore the \
-                 materialization's `shard`, or reset it (`sluice apply --delete`)",
-                configured.id()
-            ),
-        ));
+    let mut shards = local_logs_of(dir)?;
+    let covered =
+        crate::types::shard_label(shards[0].0.key_begin, shards[shards.len() - 1].0.key_end);
+    match &mut shards[..] {
+        // Unsplit: its one log is over the range as configured.
+        [(range, log)] if log == dir => *range = configured,
+        _ if covered != configured.id() => {
+            return Err(layout_error(
+                dir,
+                format!(
+                    "its shards cover {covered}, not the configured range {}: restore the \
+                     materialization's `shard`, or reset it (`sluice apply --delete`)",
+                    configured.id()
+                ),
+            ));
+        }
+        _ => {}
     }
-    if can_split && ranges.len() < wanted as usize {
-        let parents = ranges.clone();
-        ranges = split(&parents, wanted);
-        write_split(dir, &parents, &ranges)?;
-        tracing::info!(
-            from = parents.len(),
-            to = ranges.len(),
-            "split into {} key-range shards (runtime.workers)",
-            ranges.len()
-        );
+    if can_split && shards.len() < wanted as usize {
+        shards = split(dir, &shards, wanted)?;
     }
-    remove_stale(dir, &ranges, &lock)?;
-    if ranges == [configured] && !shards_dir.join(RANGES).exists() {
-        // Unsplit: its log's own lock guards it.
-        return Ok(LocalShards {
-            shards: vec![(configured, dir.to_path_buf())],
-            lock: None,
-        });
-    }
-    let shards = ranges
-        .into_iter()
-        .map(|r| (r, shards_dir.join(r.id())))
-        .collect();
+    remove_stale(dir, &shards, &lock)?;
+    // Unsplit, its log is the folder's own, guarded by that log's lock.
+    let split = shards[0].1 != dir;
     Ok(LocalShards {
         shards,
-        lock: Some(lock),
+        lock: split.then_some(lock),
     })
 }
 
 /// Every shard log kept in the materialization folder `dir`, by shard id: its own
 /// log, or its split shards' (for `sluice inspect` and `sluice status`).
 pub fn local_logs(dir: &Path) -> Result<Vec<(Option<String>, PathBuf)>, RecoveryError> {
-    match read_ranges(&dir.join(SHARDS))? {
-        None => Ok(vec![(None, dir.to_path_buf())]),
-        Some(ranges) => Ok(ranges
-            .into_iter()
-            .map(|r| (Some(r.id()), dir.join(SHARDS).join(r.id())))
-            .collect()),
-    }
+    let logs = local_logs_of(dir)?;
+    Ok(logs
+        .into_iter()
+        .map(|(range, log)| ((log != dir).then(|| range.id()), log))
+        .collect())
 }
 
 /// Removes the split shards' logs of the materialization folder `dir`, whose lock is
 /// `held` (a reset).
 pub fn remove_shards(dir: &Path, _held: &File) -> Result<(), RecoveryError> {
-    let shards = dir.join(SHARDS);
-    match std::fs::remove_dir_all(&shards) {
-        Ok(()) => sync_dir(dir),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io(&shards, "remove")(e)),
+    remove_folder(dir, &dir.join(SHARDS))
+}
+
+/// Each shard's range and log folder: the split shards listed, or the folder's own log
+/// over every key.
+fn local_logs_of(dir: &Path) -> Result<Vec<(ShardDef, PathBuf)>, RecoveryError> {
+    let shards_dir = dir.join(SHARDS);
+    Ok(match read_ranges(&shards_dir)? {
+        None => vec![(ShardDef::default(), dir.to_path_buf())],
+        Some(ranges) => (ranges.into_iter())
+            .map(|range| (range, shards_dir.join(range.id())))
+            .collect(),
+    })
+}
+
+/// Splits `parents` into `wanted` shards: each new shard's log a copy of its parent's,
+/// then the list that makes them the layout.
+fn split(
+    dir: &Path,
+    parents: &[(ShardDef, PathBuf)],
+    wanted: u32,
+) -> Result<Vec<(ShardDef, PathBuf)>, RecoveryError> {
+    let shards_dir = dir.join(SHARDS);
+    let ranges = split_ranges(&parents.iter().map(|(r, _)| *r).collect::<Vec<_>>(), wanted);
+    let mut shards = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        if let Some(kept) = parents.iter().find(|(r, _)| *r == range) {
+            shards.push(kept.clone());
+            continue;
+        }
+        let (_, parent) = (parents.iter())
+            .find(|(p, _)| p.key_begin <= range.key_begin && range.key_end <= p.key_end)
+            .expect("a split range lies within one parent");
+        let log = shards_dir.join(range.id());
+        recovery::copy(parent, &log)?;
+        shards.push((range, log));
     }
+    let ids: Vec<String> = shards.iter().map(|(r, _)| r.id()).collect();
+    let list = serde_json::to_vec(&ids).expect("strings serialize");
+    replace_file(&shards_dir, RANGES, &list).map_err(|e| RecoveryError::Io {
+        path: e.path,
+        action: e.action,
+        error: e.error,
+    })?;
+    sync_dir(dir)?;
+    tracing::info!(
+        from = parents.len(),
+        to = shards.len(),
+        "split into {} key-range shards (runtime.workers)",
+        shards.len()
+    );
+    Ok(shards)
 }
 
 /// `ranges` split until there are `wanted`: one range into `wanted` equal parts, more
 /// by halving the widest until there are enough.
-fn split(ranges: &[ShardDef], wanted: u32) -> Vec<ShardDef> {
+fn split_ranges(ranges: &[ShardDef], wanted: u32) -> Vec<ShardDef> {
     if let [one] = ranges {
         return one.split_into(wanted);
     }
@@ -133,76 +166,37 @@ fn split(ranges: &[ShardDef], wanted: u32) -> Vec<ShardDef> {
     ranges
 }
 
-/// Writes the logs of the new shards `ranges` (each a copy of its parent's among
-/// `parents`), then the `ranges` file that makes them the layout.
-fn write_split(dir: &Path, parents: &[ShardDef], ranges: &[ShardDef]) -> Result<(), RecoveryError> {
+/// Removes what the layout `shards` does not use: unsplit, the folders of a split that
+/// never got its list; split, the unsplit log and the folders of split parents.
+fn remove_stale(
+    dir: &Path,
+    shards: &[(ShardDef, PathBuf)],
+    held: &File,
+) -> Result<(), RecoveryError> {
     let shards_dir = dir.join(SHARDS);
-    let split_before = shards_dir.join(RANGES).exists();
-    let parent_dir = |p: &ShardDef| match split_before {
-        true => shards_dir.join(p.id()),
-        false => dir.to_path_buf(),
-    };
-    for range in ranges {
-        if parents.contains(range) {
-            continue;
-        }
-        let parent = (parents.iter())
-            .find(|p| p.key_begin <= range.key_begin && range.key_end <= p.key_end)
-            .expect("a split range lies within one parent");
-        let from = parent_dir(parent).join("log");
-        let child = shards_dir.join(range.id());
-        std::fs::create_dir_all(&child).map_err(io(&child, "create the directory"))?;
-        let to = child.join("log");
-        match std::fs::read(&from) {
-            Ok(bytes) => write_synced(&to, &bytes)?,
-            // Never committed: the new shard starts empty too.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::remove_file(&to) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&to, "remove")(e)),
-            },
-            Err(e) => return Err(io(&from, "read")(e)),
-        }
-        sync_dir(&child)?;
+    if shards[0].1 == dir {
+        return remove_folder(dir, &shards_dir);
     }
-    sync_dir(&shards_dir)?;
-    let ids: Vec<String> = ranges.iter().map(ShardDef::id).collect();
-    let text = serde_json::to_vec(&ids).expect("strings serialize");
-    let tmp = shards_dir.join(format!("{RANGES}.new"));
-    write_synced(&tmp, &text)?;
-    let path = shards_dir.join(RANGES);
-    std::fs::rename(&tmp, &path).map_err(io(&path, "rename into place"))?;
-    sync_dir(&shards_dir)?;
-    sync_dir(dir)
-}
-
-/// Removes what a layout of `ranges` does not use: the unsplit log once split, shard
-/// folders of an unfinished split or of parents already split.
-fn remove_stale(dir: &Path, ranges: &[ShardDef], held: &File) -> Result<(), RecoveryError> {
-    let shards_dir = dir.join(SHARDS);
-    if !shards_dir.join(RANGES).exists() {
-        return match std::fs::remove_dir_all(&shards_dir) {
-            Ok(()) => sync_dir(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io(&shards_dir, "remove")(e)),
-        };
+    if dir.join("log").exists() {
+        recovery::remove(dir, held)?;
     }
-    recovery::remove(dir, held)?;
-    let ids: Vec<String> = ranges.iter().map(ShardDef::id).collect();
     let entries = std::fs::read_dir(&shards_dir).map_err(io(&shards_dir, "list"))?;
-    let mut removed = false;
     for entry in entries {
-        let entry = entry.map_err(io(&shards_dir, "list"))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if entry.path().is_dir() && !ids.contains(&name) {
-            std::fs::remove_dir_all(entry.path()).map_err(io(&entry.path(), "remove"))?;
-            removed = true;
+        let path = entry.map_err(io(&shards_dir, "list"))?.path();
+        if path.is_dir() && !shards.iter().any(|(_, log)| *log == path) {
+            remove_folder(&shards_dir, &path)?;
         }
-    }
-    if removed {
-        sync_dir(&shards_dir)?;
     }
     Ok(())
+}
+
+/// Removes `folder` in `parent` with everything in it, durably; nothing if missing.
+fn remove_folder(parent: &Path, folder: &Path) -> Result<(), RecoveryError> {
+    match std::fs::remove_dir_all(folder) {
+        Ok(()) => sync_dir(parent),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(folder, "remove")(e)),
+    }
 }
 
 /// The shards listed in `shards_dir`, if it was split.
@@ -233,31 +227,9 @@ fn read_ranges(shards_dir: &Path) -> Result<Option<Vec<ShardDef>>, RecoveryError
     Ok(Some(ranges))
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), RecoveryError> {
-    use std::io::Write;
-    let mut file = File::create(path).map_err(io(path, "create"))?;
-    file.write_all(bytes).map_err(io(path, "write"))?;
-    file.sync_all().map_err(io(path, "fsync"))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), RecoveryError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir, "fsync the directory"))
-}
-
-fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RecoveryError {
-    let path = path.to_path_buf();
-    move |error| RecoveryError::Io {
-        path,
-        action,
-        error,
-    }
-}
-
-fn layout_error(shards_dir: &Path, reason: String) -> RecoveryError {
+fn layout_error(dir: &Path, reason: String) -> RecoveryError {
     RecoveryError::Layout {
-        dir: shards_dir.to_path_buf(),
+        dir: dir.to_path_buf(),
         reason,
     }
 }
@@ -276,20 +248,24 @@ mod tests {
     #[test]
     fn one_range_splits_evenly_and_more_by_halving_the_widest() {
         let all = ShardDef::default();
-        assert_eq!(split(&[all], 1), vec![all]);
-        assert_eq!(split(&[all], 2), ShardDef::split_evenly(2));
-        assert_eq!(split(&[all], 3), ShardDef::split_evenly(3));
+        assert_eq!(split_ranges(&[all], 1), vec![all]);
+        assert_eq!(split_ranges(&[all], 2), ShardDef::split_evenly(2));
+        assert_eq!(split_ranges(&[all], 3), ShardDef::split_evenly(3));
         let halves = ShardDef::split_evenly(2);
-        let four = split(&halves, 4);
+        let four = split_ranges(&halves, 4);
         assert_eq!(four, ShardDef::split_evenly(4));
-        let three = split(&halves, 3);
+        let three = split_ranges(&halves, 3);
         assert_eq!(three.len(), 3);
         assert_eq!(
             three[0],
             halves[0].halves().unwrap().0,
             "the first of equals"
         );
-        assert_eq!(split(&[range(7, 7)], 4), vec![range(7, 7)], "one hash");
+        assert_eq!(
+            split_ranges(&[range(7, 7)], 4),
+            vec![range(7, 7)],
+            "one hash"
+        );
         assert_eq!(range(0, 2).split_into(8).len(), 3, "at most one per hash");
     }
 
@@ -356,6 +332,21 @@ mod tests {
         assert_eq!(shards.shards, vec![(ShardDef::default(), root.clone())]);
         assert!(!root.join("shards").exists());
         assert_eq!(std::fs::read(root.join("log")).unwrap(), b"parent");
+    }
+
+    /// A materialization configured as part of the key space (`shard:`) runs its own
+    /// log over that part, and splits that part.
+    #[test]
+    fn a_configured_part_of_the_key_space_splits_within_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("m");
+        let part = range(0, 99);
+        let unsplit = local_shards(&root, part, 2, false).unwrap();
+        assert_eq!(unsplit.shards, vec![(part, root.clone())]);
+        drop(unsplit);
+        let split = local_shards(&root, part, 2, true).unwrap();
+        let ranges: Vec<ShardDef> = split.shards.iter().map(|(r, _)| *r).collect();
+        assert_eq!(ranges, vec![range(0, 49), range(50, 99)]);
     }
 
     #[test]

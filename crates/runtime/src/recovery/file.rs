@@ -96,7 +96,10 @@ pub fn deployment_id(root: impl AsRef<Path>) -> Result<String, RecoveryError> {
     Ok(id)
 }
 
-fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> RecoveryError {
+pub(crate) fn io(
+    path: &Path,
+    action: &'static str,
+) -> impl FnOnce(std::io::Error) -> RecoveryError {
     let path = path.to_path_buf();
     move |error| RecoveryError::Io {
         path,
@@ -286,7 +289,7 @@ pub fn lock_dir(dir: &Path) -> Result<File, RecoveryError> {
     Ok(lock)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), RecoveryError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), RecoveryError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir, "fsync the directory"))
@@ -453,6 +456,28 @@ pub fn remove(dir: &Path, _held: &File) -> Result<(), RecoveryError> {
         }
     }
     sync_dir(dir)
+}
+
+/// Makes the log in `to` a durable copy of the log in `from` (a split shard's first
+/// state: its parent's last commit and pending intent), or none when `from` has none.
+/// Both logs' locks are the caller's to hold.
+pub fn copy(from: &Path, to: &Path) -> Result<(), RecoveryError> {
+    std::fs::create_dir_all(to).map_err(io(to, "create the directory"))?;
+    let (source, copy) = (from.join("log"), to.join("log"));
+    match std::fs::read(&source) {
+        Ok(bytes) => {
+            let mut out = File::create(&copy).map_err(io(&copy, "create"))?;
+            out.write_all(&bytes).map_err(io(&copy, "write"))?;
+            out.sync_all().map_err(io(&copy, "fsync"))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::remove_file(&copy) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&copy, "remove")(e)),
+        },
+        Err(e) => return Err(io(&source, "read")(e)),
+    }
+    sync_dir(to)
 }
 
 /// Renders what the log in `dir` holds, for `sluice inspect checkpoint`. Reads without

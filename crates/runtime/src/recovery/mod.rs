@@ -30,7 +30,8 @@
 mod file;
 mod plan;
 
-pub use file::{FORMAT_VERSION, MAGIC, deployment_id, inspect, lock_dir, remove};
+pub use file::{FORMAT_VERSION, MAGIC, copy, deployment_id, inspect, lock_dir, remove};
+pub(crate) use file::{io, sync_dir};
 pub use plan::{REBUILD_SENTINEL, RecoveryPlan, StoreCheckpoint, plan_recovery};
 
 use serde::{Deserialize, Serialize};

@@ -122,8 +122,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Adds what another shard of the same materialization did (counts add up; the
-    /// last transaction and the idle time are the larger).
+    /// Adds what another run of the same shard, or another shard of the same
+    /// materialization, did (counts add up; the last transaction and the idle time are
+    /// the larger).
     pub fn merge(&mut self, other: &Summary) {
         self.transactions += other.transactions;
         self.docs += other.docs;
