@@ -232,3 +232,22 @@ fn a_recreated_database_under_split_shards_is_refused_then_starts_over_on_delete
     assert_success(&sluice(&["run"], &two, None));
     assert_exact(dir.path(), &docs);
 }
+
+/// The shards share one reader: a document that fails validation stops every shard at
+/// the transaction that holds it, as one shard would; none commits past it, whichever
+/// shard owns its key.
+#[test]
+fn bad_input_stops_every_shard_at_its_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(10_000, 1_000, 30);
+    let mut lines = docs.clone();
+    lines[5_000]["views"] = Value::from("many");
+    write_lines(&dir.path().join("views.jsonl"), &lines);
+    let two = write_pipeline(dir.path(), 2);
+    let failed = sluice(&["run"], &two, None);
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{stderr}");
+    assert!(stderr.contains(":5001"), "names the bad line: {stderr}");
+    // Transactions of 2 000 documents: the first two commit in both shards.
+    assert_exact(dir.path(), &docs[..4_000]);
+}

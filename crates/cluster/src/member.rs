@@ -456,10 +456,10 @@ impl Member {
                 let task = (!splitting).then(|| {
                     let log = SharedLog::new(self.etcd.clone(), &self.keys, &shard, token);
                     tracing::info!(%shard, token, "claimed; recovering from its log");
+                    let log = LogPlace::Shared(Arc::new(log));
                     tokio::spawn(launcher.launch(
                         &shard.materialization,
-                        shard.range,
-                        LogPlace::Shared(Arc::new(log)),
+                        vec![(shard.range, log)],
                         stopped,
                     ))
                 });

@@ -47,7 +47,7 @@ use sluice_runtime::projections::loop_binding;
 use sluice_runtime::recovery::{REBUILD_SENTINEL, RecoveryLog, StoreCheckpoint, inspect};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{
-    self, BoundSource, Context, Progress, RunError, Shard, Summary, TxnOptions,
+    self, BoundSource, Context, Progress, RunError, Shard, ShardContext, Summary, TxnOptions,
 };
 use sluice_source_sdk::testing::{Script, Scripted};
 use sluice_source_sdk::{
@@ -424,12 +424,18 @@ impl Harness {
             })
             .collect();
         let ctx = Context {
-            shard: self.shard.clone(),
+            shards: vec![ShardContext {
+                shard: self.shard.clone(),
+                log: RecoveryLog::open(&self.log_dir).map_err(|e| e.to_string())?,
+                metrics: Arc::new(Metrics::new().shard(
+                    &self.shard,
+                    self.pipeline.sources.keys().map(String::as_str),
+                )),
+            }],
             endpoint: self.endpoint.clone(),
             store_keeps_checkpoint: true,
             deployment_id: String::new(),
             sources,
-            log: RecoveryLog::open(&self.log_dir).map_err(|e| e.to_string())?,
             opts: TxnOptions {
                 max_docs,
                 max_bytes: u64::MAX,
@@ -441,11 +447,8 @@ impl Harness {
             },
             timeouts: Timeouts::default(),
             progress: Arc::new(Progress::default()),
-            metrics: Arc::new(Metrics::new().shard(
-                &self.shard,
-                self.pipeline.sources.keys().map(String::as_str),
-            )),
             shutdown: tokio::sync::watch::channel(false).1,
+            threads: 1,
         };
         txn::run(ctx, summary).await.map_err(|e| e.to_string())
     }

@@ -36,12 +36,8 @@ pub struct RunOptions {
 #[derive(Clone)]
 pub enum LogPlace {
     /// A local folder (the embedded default): `<recovery_log>/<materialization>`, or a
-    /// shard's own in it once split ([`layout`]). `shards`: how many shards of the
-    /// materialization this process runs, which share its memory budget.
-    Local {
-        dir: std::path::PathBuf,
-        shards: u32,
-    },
+    /// shard's own in it once split ([`layout`]).
+    Local(std::path::PathBuf),
     /// A shared engine, opened anew by each attempt (a cluster's shard log).
     Shared(Arc<dyn OpenLog>),
 }
@@ -206,61 +202,80 @@ impl Launcher {
         shards.await.map_err(|e| invalid(place, e.to_string()))
     }
 
-    /// The loop of materialization `materialization`'s shard over `range`, its log at
-    /// `log`, reopened after retryable failures until its sources end, it fails, or
-    /// `shutdown` (after the transaction in progress). Resolves to what it committed.
+    /// The loop of materialization `materialization`'s shards over `ranges` (in key
+    /// order, contiguous; each with its log), one reader shared by them all, reopened
+    /// after retryable failures until its sources end, it fails, or `shutdown` (after
+    /// the transaction in progress). Resolves to what it committed.
     ///
-    /// Panics when the planned pipeline has no such materialization.
+    /// Panics when the planned pipeline has no such materialization, or `ranges` is
+    /// empty.
     pub fn launch(
         &self,
         materialization: &str,
-        range: config::ShardDef,
-        log: LogPlace,
+        ranges: Vec<(config::ShardDef, LogPlace)>,
         shutdown: watch::Receiver<bool>,
     ) -> impl std::future::Future<Output = (Summary, Result<(), RunError>)> + Send + 'static {
         let t = &self.templates[materialization];
-        let shard = Shard {
-            open: Open {
-                version: applied::version(&t.spec),
-                materialization: Some(t.spec.clone()),
-                key_begin: range.key_begin,
-                key_end: range.key_end,
-                driver_checkpoint_json: Vec::new(),
-            },
-            bindings: t.bindings.clone(),
-        };
-        let metrics =
-            Arc::new((self.metrics).shard(&shard, t.feeds.iter().map(|f| f.name.as_str())));
+        let (first, last) = (ranges[0].0, ranges[ranges.len() - 1].0);
+        let count = ranges.len();
+        let shards = ranges
+            .into_iter()
+            .map(|(range, log)| {
+                let shard = Shard {
+                    open: Open {
+                        version: applied::version(&t.spec),
+                        materialization: Some(t.spec.clone()),
+                        key_begin: range.key_begin,
+                        key_end: range.key_end,
+                        driver_checkpoint_json: Vec::new(),
+                    },
+                    bindings: t.bindings.clone(),
+                };
+                let metrics = (self.metrics).shard(&shard, t.feeds.iter().map(|f| f.name.as_str()));
+                AttemptShard {
+                    shard,
+                    metrics: Arc::new(metrics),
+                    log,
+                }
+            })
+            .collect();
         let attempt = Attempt {
-            metrics,
-            shard,
+            shards,
             endpoint: t.endpoint.clone(),
             store_keeps_checkpoint: t.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             feeds: t.feeds.clone(),
             log_dir: self.log_root.join(materialization),
-            opts: match &log {
-                LogPlace::Local { shards, .. } => TxnOptions {
-                    memory_budget: self.opts.memory_budget / (*shards).max(1) as usize,
+            // Local shards share the process's memory; each of a cluster's is its own.
+            opts: match count {
+                1 => self.opts.clone(),
+                n => TxnOptions {
+                    memory_budget: self.opts.memory_budget / n,
                     ..self.opts.clone()
                 },
-                LogPlace::Shared(_) => self.opts.clone(),
             },
-            log,
+            threads: (self.workers as usize).clamp(1, count),
             timeouts: self.timeouts,
             progress: self.progress.clone(),
             shutdown,
         };
-        // Every line logged by this shard's work, its retries included, carries its
+        // Every line logged by this group's work, its retries included, carries its
         // materialization and range.
+        let range = config::ShardDef {
+            key_begin: first.key_begin,
+            key_end: last.key_end,
+        };
         let span = tracing::info_span!(
             "materialization",
             materialization = %materialization,
             shard = %range.id(),
+            shards = count,
         );
         async move {
             let (summary, result) = attempt.run_with_restarts().await;
-            attempt.metrics.ended(result.is_ok());
+            for shard in &attempt.shards {
+                shard.metrics.ended(result.is_ok());
+            }
             attempt.record_end().await;
             (summary, result)
         }
@@ -297,23 +312,31 @@ impl SourceFeed {
     }
 }
 
-/// Everything one materialization needs to (re)start its loop.
+/// Everything one materialization's group of shards needs to (re)start its loop.
 struct Attempt {
-    /// Its sources in the order of `feeds`.
-    metrics: Arc<ShardMetrics>,
-    shard: Shard,
+    /// In key order.
+    shards: Vec<AttemptShard>,
     endpoint: Arc<dyn Endpoint>,
     store_keeps_checkpoint: bool,
     deployment_id: String,
     feeds: Vec<SourceFeed>,
-    /// `<recovery_log>/<materialization>`: the log when it is [`LogPlace::Local`], and
-    /// what stays local in any case (default dead-letter files).
+    /// `<recovery_log>/<materialization>`: what stays local in any case (default
+    /// dead-letter files, how each shard's loop ended).
     log_dir: std::path::PathBuf,
-    log: LogPlace,
     opts: TxnOptions,
+    /// Threads that combine a step's shards' parts at once.
+    threads: usize,
     timeouts: config::Timeouts,
     progress: Arc<Progress>,
     shutdown: watch::Receiver<bool>,
+}
+
+/// One shard of an [`Attempt`].
+struct AttemptShard {
+    shard: Shard,
+    /// Its sources in the order of the attempt's `feeds`.
+    metrics: Arc<ShardMetrics>,
+    log: LogPlace,
 }
 
 impl Attempt {
@@ -342,7 +365,9 @@ impl Attempt {
                 retries.progressed();
             }
             let retry = retries.failed(err.is_retryable(), &self.shutdown);
-            self.metrics.failed(&err, retry);
+            for shard in &self.shards {
+                shard.metrics.failed(&err, retry);
+            }
             if !retry {
                 return (summary, Err(err));
             }
@@ -356,15 +381,22 @@ impl Attempt {
     /// Records the state the loop ended in beside its log ([`ended`]), for `sluice
     /// status` once the process is gone.
     async fn record_end(&self) {
-        if let Err(err) = ended::record(&self.log_dir, self.metrics.status.view()).await {
-            tracing::warn!("cannot record how the loop ended: {err}");
+        for shard in &self.shards {
+            if let Err(err) = ended::record(&self.log_dir, shard.metrics.status.view()).await {
+                tracing::warn!("cannot record how the loop ended: {err}");
+            }
         }
     }
 
     async fn run_once(&self, summary: &mut Summary) -> Result<(), RunError> {
-        self.metrics.opening();
+        for shard in &self.shards {
+            shard.metrics.opening();
+        }
+        // One reader for every shard: its sources report their connection in the
+        // first shard's metrics.
+        let first = &self.shards[0].metrics;
         let mut sources = Vec::with_capacity(self.feeds.len());
-        for (feed, metrics) in self.feeds.iter().zip(&self.metrics.sources) {
+        for (feed, metrics) in self.feeds.iter().zip(&first.sources) {
             let source = feed.open(&metrics.health).map_err(RunError::Source)?;
             sources.push(BoundSource {
                 source,
@@ -374,22 +406,29 @@ impl Attempt {
                 envelope: feed.def.envelope,
             });
         }
-        let log = match &self.log {
-            LogPlace::Local { dir, .. } => RecoveryLog::open_async(dir).await?,
-            LogPlace::Shared(log) => log.open().await?,
-        };
+        let mut shards = Vec::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            let log = match &shard.log {
+                LogPlace::Local(dir) => RecoveryLog::open_async(dir).await?,
+                LogPlace::Shared(log) => log.open().await?,
+            };
+            shards.push(txn::ShardContext {
+                shard: shard.shard.clone(),
+                log,
+                metrics: shard.metrics.clone(),
+            });
+        }
         let ctx = txn::Context {
-            shard: self.shard.clone(),
+            shards,
             endpoint: self.endpoint.clone(),
             store_keeps_checkpoint: self.store_keeps_checkpoint,
             deployment_id: self.deployment_id.clone(),
             sources,
-            log,
             opts: self.opts.clone(),
             timeouts: self.timeouts,
             progress: self.progress.clone(),
-            metrics: self.metrics.clone(),
             shutdown: self.shutdown.clone(),
+            threads: self.threads,
         };
         txn::run(ctx, summary).await
     }

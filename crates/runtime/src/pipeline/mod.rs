@@ -9,8 +9,9 @@
 //!                     ApplyDelete; recorded beside the recovery log;
 //!                     apply_first_start: applies a never-applied spec, refuses a
 //!                     spec that differs from the applied one
-//!          ──run / Launcher──▶ one txn::run per shard, each with its own        launch.rs
-//!                     recovery log `<recovery_log>/<materialization>`
+//!          ──run / Launcher──▶ one txn::run per materialization: its shards     launch.rs
+//!                     (layout.rs) share one reader, each with its own recovery
+//!                     log `<recovery_log>/<materialization>[/shards/<range>]`
 //! ```
 //!
 //! `sluice run` plans, probes its sources (`check_sources`, [`probe`]: nothing is created
@@ -83,16 +84,15 @@ pub async fn run(
     // Each materialization's lock, held while its split shards run.
     let mut locks = Vec::new();
     for (name, local) in layouts {
-        let shards = local.shards.len() as u32;
-        for (range, dir) in local.shards {
-            let log = LogPlace::Local { dir, shards };
-            let run = launcher.launch(&name, range, log, stopped.clone());
-            let name = name.clone();
-            tasks.spawn(async move {
-                let (summary, result) = run.await;
-                (name, summary, result)
-            });
-        }
+        // One group: the shards share one reader of the sources.
+        let shards = (local.shards.into_iter())
+            .map(|(range, dir)| (range, LogPlace::Local(dir)))
+            .collect();
+        let run = launcher.launch(&name, shards, stopped.clone());
+        tasks.spawn(async move {
+            let (summary, result) = run.await;
+            (name, summary, result)
+        });
         locks.extend(local.lock);
     }
     let mut summaries = Vec::new();

@@ -9,7 +9,10 @@
 //!
 //! - Reading ([`read`]): a task queues sources round-robin into combiner C1 (validate,
 //!   key, reduce) until a bound, running one transaction ahead of the committer (so the
-//!   two cores parse and store at the same time).
+//!   two cores parse and store at the same time). One reader serves a group of key-range
+//!   shards ([`group`]): each document goes to its shard's C1, and every shard, with a
+//!   committer task, stream, fence range and log of its own, commits its part of each
+//!   batch as the same transaction.
 //! - Loads: C1 is drained in key order; each key of a standard binding that the last
 //!   committed transaction stored goes left into C2 as it was stored ([`stored`]: no
 //!   Load needed), any other becomes a Load (unless it lies above the highest key ever
@@ -47,6 +50,7 @@
 //! Tested in-process with fail points at every boundary by `tests/loop.rs`.
 
 mod decide;
+mod group;
 mod phases;
 mod progress;
 
@@ -128,9 +132,11 @@ impl SourceFailure for DeadLetterError {
     }
 }
 
-/// Everything one run of the loop takes.
+/// Everything one run of the loop takes: one group of a materialization's shards, which
+/// share one reader of its sources ([`group`]).
 pub struct Context {
-    pub shard: Shard,
+    /// The group's shards, in key order, their ranges contiguous.
+    pub shards: Vec<ShardContext>,
     pub endpoint: Arc<dyn Endpoint>,
     /// The store keeps the runtime checkpoint in its own transactions (an
     /// authoritative driver): one reporting none while the log has commits lost them.
@@ -138,18 +144,25 @@ pub struct Context {
     /// The pipeline's deployment id, told to an in-process driver before Open.
     pub deployment_id: String,
     pub sources: Vec<BoundSource>,
-    /// Opened by the caller: it holds the shard's lock.
-    pub log: RecoveryLog,
     pub opts: TxnOptions,
     /// Bounds on every wait for the driver and every source call.
     pub timeouts: Timeouts,
     pub progress: Arc<Progress>,
-    /// The shard's metrics, its sources in the order of `sources`.
-    pub metrics: Arc<ShardMetrics>,
     pub shutdown: watch::Receiver<bool>,
+    /// Threads that combine a step's shards' parts at once.
+    pub threads: usize,
 }
 
-/// What the committer and its reader share.
+/// One shard of a group: its range and bindings, its log, its metrics.
+pub struct ShardContext {
+    pub shard: Shard,
+    /// Opened by the caller: it holds the shard's lock.
+    pub log: RecoveryLog,
+    /// The shard's metrics, its sources in the order of the group's `sources`.
+    pub metrics: Arc<ShardMetrics>,
+}
+
+/// What a shard's committer shares with the group.
 #[derive(Clone)]
 struct Shared {
     bindings: Arc<Vec<Binding>>,
@@ -157,17 +170,20 @@ struct Shared {
     progress: Arc<Progress>,
     opts: TxnOptions,
     metrics: Arc<ShardMetrics>,
-    shutdown: watch::Receiver<bool>,
-    /// Batches handed to the committer and not yet committed (see `read`).
+    /// Shards' batches handed to committers and not yet committed (see `read`).
     in_flight: Arc<InFlight>,
     /// The last transaction whose recovery-log commit is durable: the reader tells the
-    /// sources ([`Source::committed`]).
+    /// sources once it is in every shard ([`Source::committed`]).
     durable: Arc<watch::Sender<u64>>,
+    /// Where this shard's intents meet the others' before a driver Commit.
+    barrier: group::IntentBarrier,
+    /// The shard's place in its group.
+    index: usize,
 }
 
-/// Batches sent by the reader and not yet done by the committer; zero means the
-/// committer waits for work. The reader waits on [`InFlight::done`] when a batch of its
-/// waits for the committer, so it sends it the moment the committer is free.
+/// Shards' batches sent by the reader and not yet done by their committers; zero means
+/// every committer waits for work. The reader waits on [`InFlight::next_done`] when a
+/// batch of its waits for the committers, so it sends it the moment they are free.
 #[derive(Default)]
 struct InFlight {
     batches: AtomicUsize,
@@ -175,8 +191,9 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn sent(&self) {
-        self.batches.fetch_add(1, Ordering::AcqRel);
+    /// A batch of `parts` shards' parts was sent.
+    fn sent(&self, parts: usize) {
+        self.batches.fetch_add(parts, Ordering::AcqRel);
     }
 
     fn done(&self) {
@@ -194,22 +211,21 @@ impl InFlight {
     }
 }
 
-/// Runs one materialization shard until its sources are exhausted (or `shutdown` fires),
-/// committing every transaction exactly once. `summary` counts what was committed, also
-/// when an error ends the run.
+/// Runs one group of a materialization's shards until its sources are exhausted (or
+/// `shutdown` fires), committing every transaction exactly once in every shard.
+/// `summary` counts what was committed, also when an error ends the run.
 pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
     let Context {
-        shard,
+        shards,
         endpoint,
         store_keeps_checkpoint,
         deployment_id,
         sources,
-        log,
         opts,
         timeouts,
         progress,
-        metrics,
         shutdown,
+        threads,
     } = ctx;
     let mut sources: Vec<BoundSource> = sources
         .into_iter()
@@ -219,52 +235,250 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         })
         .collect();
     let store = (endpoint.as_ref(), store_keeps_checkpoint);
-    let recovered = recover(&shard, store, log, deployment_id, &mut sources, timeouts).await?;
-    metrics.status.enter(State::Running);
+    let (shards, logs): (Vec<_>, Vec<_>) = shards
+        .into_iter()
+        .map(|s| ((s.shard, s.metrics), s.log))
+        .unzip();
+    let opened = shards
+        .iter()
+        .zip(logs)
+        .map(|((shard, _), log)| recover(shard, store, log, deployment_id.clone(), timeouts));
+    let recovered = futures::future::try_join_all(opened).await?;
+    let start = start_group(&shards[0].0, &recovered)?;
+    // A rewind: a store's checkpoint older than what its log committed (and released
+    // upstream); the furthest such commit, with the checkpoint it went back to.
+    let rewound = (recovered.iter())
+        .filter_map(|r| {
+            let log = r.log_commit.as_ref()?;
+            (log.txn > r.checkpoint.txn).then(|| (r.checkpoint.txn, log.clone()))
+        })
+        .max_by_key(|(_, log)| log.txn);
+    position_sources(&mut sources, &start.from, rewound).await?;
+    let recovered = futures::future::try_join_all(recovered.into_iter().map(adopt)).await?;
     progress.enter(LivePhase::Starting);
-    let shared = Shared {
-        key_range: KeyRange {
+
+    let bindings = Arc::new(shards[0].0.bindings.clone());
+    let ranges: Vec<KeyRange> = (shards.iter())
+        .map(|(shard, _)| KeyRange {
             begin: shard.open.key_begin,
             end: shard.open.key_end,
-        },
-        bindings: Arc::new(shard.bindings),
+        })
+        .collect();
+    let reader_metrics: Vec<_> = shards.iter().map(|(_, m)| m.clone()).collect();
+    let in_flight = Arc::new(InFlight::default());
+    let barrier = group::IntentBarrier::new(recovered.iter().map(|r| r.checkpoint.txn).collect());
+    let mut feeds = Vec::new();
+    let mut durables = Vec::new();
+    let mut committers = Vec::new();
+    for (index, ((shard, metrics), r)) in shards.into_iter().zip(recovered).enumerate() {
+        metrics.status.enter(State::Running);
+        let durable = watch::Sender::new(r.checkpoint.txn);
+        durables.push(durable.subscribe());
+        let (feed, batches) = tokio::sync::mpsc::channel(1);
+        feeds.push(feed);
+        let committer = Committer {
+            endpoint: endpoint.name().to_string(),
+            materialization: materialization_name(&shard.open),
+            beside: Beside {
+                hooks: r.hooks,
+                timeout: timeouts.driver,
+            },
+            tx: r.tx,
+            rx: r.rx,
+            previous: stored::StoredDocs::empty(),
+            shared: Shared {
+                bindings: bindings.clone(),
+                key_range: ranges[index],
+                progress: progress.clone(),
+                opts: opts.clone(),
+                metrics,
+                in_flight: in_flight.clone(),
+                durable: Arc::new(durable),
+                barrier: barrier.clone(),
+                index,
+            },
+            summary: Summary {
+                last_txn: r.checkpoint.txn,
+                ..Summary::default()
+            },
+            checkpoint: r.checkpoint,
+        };
+        // A task each: the shards' load and store phases run on every core.
+        let log = r.log;
+        let barrier = barrier.clone();
+        let committed = async move {
+            let mut committer = committer;
+            let result = committer.commit_all(batches, log).await;
+            if result.is_err() {
+                barrier.fail();
+            }
+            (committer.summary, result)
+        };
+        committers.push(tokio::spawn(committed.in_current_span()));
+    }
+    let group = read::ReaderGroup {
+        bindings,
+        ranges,
+        metrics: reader_metrics,
         progress,
         opts,
-        metrics,
         shutdown,
-        in_flight: Arc::new(InFlight::default()),
-        durable: Arc::new(watch::Sender::new(recovered.checkpoint.txn)),
+        in_flight: in_flight.clone(),
+        durables: group::Durables::new(durables),
+        threads,
     };
-    let (batches, reader) = read::spawn(
-        sources,
-        shared.clone(),
-        recovered.replay,
-        &recovered.checkpoint,
-    );
-    summary.last_txn = recovered.checkpoint.txn;
-    let committer = Committer {
-        endpoint: endpoint.name().to_string(),
-        materialization: materialization_name(&shard.open),
-        beside: Beside {
-            hooks: recovered.hooks,
-            timeout: timeouts.driver,
-        },
-        tx: recovered.tx,
-        rx: recovered.rx,
-        checkpoint: recovered.checkpoint,
-        previous: stored::StoredDocs::empty(),
-        shared,
-        summary,
-    };
-    let result = committer.commit_all(batches, recovered.log).await;
+    let (batches, reader) = read::spawn(sources, group, start.replay, &start.from);
+    // A reader's failure ends the feeds: each committer finishes the transaction in
+    // hand (every shard has its part of it), then stops. A committer's failure fails
+    // the barrier, so no shard waits for it.
+    let dispatched = dispatch(batches, feeds, start.skips, &barrier, &in_flight).await;
+    let mut failed = dispatched.err();
+    for committer in committers {
+        let (shard_summary, result) = match committer.await {
+            Ok(ended) => ended,
+            Err(join) => (
+                Summary::default(),
+                Err(RunError::Internal(format!(
+                    "a shard's committer panicked: {join}"
+                ))),
+            ),
+        };
+        summary.merge(&shard_summary);
+        summary.last_txn = summary.last_txn.max(shard_summary.last_txn);
+        if let Err(err) = result {
+            let stopped = matches!(err, RunError::GroupStopped(_));
+            match &failed {
+                None => failed = Some(err),
+                Some(RunError::GroupStopped(_)) if !stopped => failed = Some(err),
+                Some(_) => {}
+            }
+        }
+    }
     // Every task of this run ends before it returns: a restarted loop must not meet the
     // old reader (its sources, its dead-letter files). A run that ended well lets the
     // reader tell its sources of the last commits first.
-    match result {
-        Ok(()) => reader.join().await,
-        Err(_) => reader.stop().await,
+    match failed {
+        None => {
+            reader.join().await;
+            Ok(())
+        }
+        Some(err) => {
+            reader.stop().await;
+            Err(err)
+        }
     }
-    result
+}
+
+/// Hands each shard its part of every batch the reader sends, until the last one, the
+/// reader's failure (returned), or a shard's. A shard that committed the replayed
+/// transaction already (`skips`, the first batch's) is not sent it.
+async fn dispatch(
+    mut batches: tokio::sync::mpsc::Receiver<Result<read::ReadBatch, RunError>>,
+    feeds: Vec<tokio::sync::mpsc::Sender<read::ShardBatch>>,
+    skips: Option<(u64, Vec<bool>)>,
+    barrier: &group::IntentBarrier,
+    in_flight: &InFlight,
+) -> Result<(), RunError> {
+    let mut skips = skips;
+    loop {
+        let batch = tokio::select! {
+            batch = batches.recv() => batch,
+            () = barrier.failed() => return Ok(()),
+        };
+        let batch = match batch {
+            Some(batch) => batch?,
+            None => {
+                return Err(RunError::Internal(
+                    "the reader stopped without a reason".into(),
+                ));
+            }
+        };
+        let (txn, last) = (batch.txn, batch.last);
+        let skipping = skips.take_if(|(replayed, _)| Some(*replayed) == txn);
+        for (index, (feed, part)) in feeds.iter().zip(batch.split()).enumerate() {
+            if skipping.as_ref().is_some_and(|(_, skips)| skips[index]) {
+                in_flight.done();
+                continue;
+            }
+            // A shard that is gone failed: the barrier says so, and its error tells why.
+            if feed.send(part).await.is_err() {
+                return Ok(());
+            }
+        }
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// Where the group starts ([`group::plan_group`]).
+fn start_group(shard: &Shard, recovered: &[Recovered]) -> Result<GroupStart, RunError> {
+    let checkpoints: Vec<_> = (recovered.iter())
+        .map(|r| (&r.checkpoint, r.replay.as_ref()))
+        .collect();
+    let names: Vec<_> = recovered.iter().map(|r| r.range.to_string()).collect();
+    let start = group::plan_group(&checkpoints, &names).map_err(|e| RunError::ShardsDiverged {
+        materialization: materialization_name(&shard.open),
+        reason: e.to_string(),
+    })?;
+    let skips = start.skips_replay.iter().any(|s| *s).then(|| {
+        let replayed = start.replay.as_ref().map_or(0, |r| r.txn);
+        (replayed, start.skips_replay)
+    });
+    Ok(GroupStart {
+        from: start.from,
+        replay: start.replay,
+        skips,
+    })
+}
+
+/// Where the group's reader starts, and which shards it does not send the replay to.
+struct GroupStart {
+    from: Checkpoint,
+    replay: Option<Intent>,
+    skips: Option<(u64, Vec<bool>)>,
+}
+
+/// Positions every source at `from`, the group's start. A rewind (`rewound`: a store's
+/// checkpoint's transaction, older than the commit its log had released upstream)
+/// takes each source back there, or is refused naming the gap.
+async fn position_sources(
+    sources: &mut [BoundSource],
+    from: &Checkpoint,
+    rewound: Option<(u64, Checkpoint)>,
+) -> Result<(), RunError> {
+    let rewound = rewound.as_ref();
+    let seek_back = |source| match rewound {
+        Some((store_txn, log)) => RunError::SeekBack {
+            store_txn: *store_txn,
+            log_txn: log.txn,
+            source,
+        },
+        None => RunError::Source(source),
+    };
+    for bound in sources {
+        let name = bound.source.name().to_string();
+        if let Some(position) = from.sources.get(&name) {
+            bound.source.seek(position).await.map_err(seek_back)?;
+        }
+        if let Some(released) = rewound.and_then(|(_, log)| log.sources.get(&name)) {
+            bound.source.rewound(released).await.map_err(seek_back)?;
+        }
+    }
+    Ok(())
+}
+
+/// Records a shard's recovered checkpoint in its log, once every source is there (a
+/// failed seek leaves the log as it was); durable before any intent that follows it:
+/// the next transaction is numbered from here, also when that goes back (a store
+/// restored from a backup).
+async fn adopt(mut recovered: Recovered) -> Result<Recovered, RunError> {
+    let adopted = recovered.checkpoint.clone();
+    let mut log = recovered.log;
+    recovered.log = crate::blocking::spawn(move || log.adopt(&adopted).map(|()| log))
+        .await
+        .map_err(|e| RunError::Internal(format!("adopting the recovered checkpoint: {e}")))??;
+    Ok(recovered)
 }
 
 /// The stream opened, and where the loop starts.
@@ -278,17 +492,20 @@ struct Recovered {
     /// The interrupted transaction to replay first, exactly.
     replay: Option<Intent>,
     log: RecoveryLog,
+    /// What the log had committed last, before recovery chose `checkpoint`.
+    log_commit: Option<Checkpoint>,
+    /// The shard's key range.
+    range: KeyRange,
 }
 
-/// Opens the stream and plans recovery from the log's checkpoint and the store's
-/// (authoritative drivers), positions every source at the chosen checkpoint, then
-/// records it in the log.
+/// Opens a shard's stream and plans its recovery from the log's checkpoint and the
+/// store's (authoritative drivers); the group then positions the sources
+/// ([`position_sources`]) and each log [`adopt`]s its shard's checkpoint.
 async fn recover(
     shard: &Shard,
     (endpoint, keeps_checkpoint): (&dyn Endpoint, bool),
-    mut log: RecoveryLog,
+    log: RecoveryLog,
     deployment_id: String,
-    sources: &mut [BoundSource],
     timeouts: Timeouts,
 ) -> Result<Recovered, RunError> {
     let driver_err = |e| driver_err(endpoint.name(), e);
@@ -377,33 +594,6 @@ async fn recover(
             });
         }
     };
-    // A rewind: the store's checkpoint is older than what the log committed (and
-    // released upstream). Each source goes back to it, or refuses naming the gap.
-    let rewound = log_commit.as_ref().filter(|log| log.txn > checkpoint.txn);
-    let seek_back = |source| match rewound {
-        Some(log) => RunError::SeekBack {
-            store_txn: checkpoint.txn,
-            log_txn: log.txn,
-            source,
-        },
-        None => RunError::Source(source),
-    };
-    for bound in sources {
-        let name = bound.source.name().to_string();
-        if let Some(position) = checkpoint.sources.get(&name) {
-            bound.source.seek(position).await.map_err(seek_back)?;
-        }
-        if let Some(released) = rewound.and_then(|log| log.sources.get(&name)) {
-            bound.source.rewound(released).await.map_err(seek_back)?;
-        }
-    }
-    // Only once every source is there (a failed seek leaves the log as it was); durable
-    // before any intent that follows it: the next transaction is numbered from
-    // here, also when that goes back (a store restored from a backup).
-    let adopted = checkpoint.clone();
-    let log = crate::blocking::spawn(move || log.adopt(&adopted).map(|()| log))
-        .await
-        .map_err(|e| RunError::Internal(format!("adopting the recovered checkpoint: {e}")))??;
     Ok(Recovered {
         hooks,
         tx,
@@ -411,6 +601,11 @@ async fn recover(
         checkpoint,
         replay,
         log,
+        log_commit,
+        range: KeyRange {
+            begin: shard.open.key_begin,
+            end: shard.open.key_end,
+        },
     })
 }
 
@@ -441,7 +636,7 @@ impl Beside {
 }
 
 /// The committer's side of one run: the stream, and what the last commit left.
-struct Committer<'s> {
+struct Committer {
     endpoint: String,
     materialization: String,
     /// In process: the driver's calls beside the protocol (artifact intents, decisions).
@@ -453,7 +648,8 @@ struct Committer<'s> {
     /// What the last committed transaction stored: the next one's loads of those keys.
     previous: stored::StoredDocs,
     shared: Shared,
-    summary: &'s mut Summary,
+    /// What it committed.
+    summary: Summary,
 }
 
 /// What one transaction moved, counted once it is committed.
@@ -465,36 +661,35 @@ struct Counts {
     stored: u64,
 }
 
-impl Committer<'_> {
-    /// Commits each batch the reader sends as one transaction, until the last.
+impl Committer {
+    /// Commits each batch the group sends as one transaction, until the last.
     async fn commit_all(
-        mut self,
-        mut batches: tokio::sync::mpsc::Receiver<Result<read::ReadBatch, RunError>>,
+        &mut self,
+        mut batches: tokio::sync::mpsc::Receiver<read::ShardBatch>,
         log: RecoveryLog,
     ) -> Result<(), RunError> {
         let mut state = LogState::Settled(Settled::recovered(log));
         loop {
             self.shared.progress.enter(LivePhase::Reading);
             let batch = match batches.recv().await {
-                Some(Ok(batch)) => {
+                Some(batch) => {
                     self.summary.idle += batch.tally.idle;
                     batch
                 }
-                failed => {
+                None => {
                     // Join the log commit in flight: a restart must find the log's lock
                     // free and its last record written.
                     let _ = state.settle().await;
-                    return Err(match failed {
-                        Some(Err(err)) => err,
-                        _ => RunError::Internal("the reader stopped without a reason".into()),
-                    });
+                    return Err(RunError::GroupStopped(
+                        "the reader or another shard of this materialization failed".into(),
+                    ));
                 }
             };
             // The prior commit must be durable before it is acknowledged (and before a
             // new intent goes to the same log).
             let settled = state.settle().await?;
             crate::failpoint::fail_point!(AFTER_LOG_COMMIT, |e| driver_err(&self.endpoint, e));
-            state = if !batch.is_transaction() {
+            state = if !batch.transaction {
                 // Acknowledge the prior commit now, so that idempotent-apply drivers apply
                 // it without waiting for more input.
                 let sent = matches!(settled, Settled::AckOwed(_)).then(Instant::now);
@@ -519,24 +714,27 @@ impl Committer<'_> {
     /// [`state`]: returns once the driver committed it, with its log commit in flight.
     async fn transaction(
         &mut self,
-        batch: read::ReadBatch,
+        batch: read::ShardBatch,
         log: Settled,
     ) -> Result<LogState, RunError> {
-        let read::ReadBatch {
+        let read::ShardBatch {
             combiner: c1,
             steps,
-            docs: _,
-            bytes: _,
-            owned: docs,
-            owned_bytes: bytes,
+            transaction: _,
+            docs,
+            bytes,
             rejected,
-            journaled: _,
-            advances: _,
+            txn: numbered,
             last: _,
             tally,
         } = batch;
         // Intent: durable before any effect of this transaction reaches the driver.
         let txn = self.checkpoint.txn + 1;
+        if numbered.is_some_and(|numbered| numbered != txn) {
+            return Err(RunError::Internal(format!(
+                "the reader numbered transaction {numbered:?}, but this shard's next is {txn}"
+            )));
+        }
         let mut intent = Intent {
             txn,
             steps,
@@ -552,7 +750,14 @@ impl Committer<'_> {
                 .insert(self.materialization.clone(), artifact);
         }
         let log = log.write_intent(&intent).await?;
+        self.shared.barrier.intent_durable(self.shared.index, txn);
         crate::failpoint::fail_point!(AFTER_INTENT, |e| driver_err(&self.endpoint, e));
+        // Every shard's intent of this transaction is durable before any of them may
+        // commit it, so the shards recover at most one transaction apart ([`group`]).
+        // Waited for here, before this shard touches its store: a shard waiting while
+        // it held the store's write lock (SQLite's is one per file) could wait on a
+        // shard that waits for that lock to finish the transaction before.
+        self.shared.barrier.all_durable(txn).await?;
         for (source, resumes) in &intent.steps {
             if let Some(position) = resumes.last().and_then(Resume::position) {
                 self.checkpoint
@@ -707,7 +912,7 @@ impl Committer<'_> {
     /// Counts a committed transaction: counted once committed, so a restarted run never
     /// counts a document twice.
     fn count(&mut self, n: Counts) {
-        let summary = &mut *self.summary;
+        let summary = &mut self.summary;
         summary.docs += n.docs;
         summary.rejected += n.rejected;
         summary.bytes += n.bytes;
@@ -725,7 +930,7 @@ impl Committer<'_> {
     /// Ends a run whose input is exhausted: the last Acknowledge was sent (just now, at
     /// `sent`, or while the loop idled); waits for the driver to confirm it, then closes
     /// the stream.
-    async fn finish(mut self, sent: Option<Instant>) -> Result<(), RunError> {
+    async fn finish(&mut self, sent: Option<Instant>) -> Result<(), RunError> {
         phases::expect_acknowledged(&mut self.rx)
             .await
             .map_err(|e| driver_err(&self.endpoint, e))?;
@@ -803,9 +1008,9 @@ fn binding_specs(bindings: &[Binding], drains: Drains) -> Vec<BindingSpec> {
         .collect()
 }
 
-/// The combiners of a shard whose key range is `key_range`: every document read is
-/// routed by its key's hash and the shard keeps only its own (every shard reads the
-/// whole input, as in Flow).
+/// The combiners of a shard whose key range is `key_range`: the reader's (C1) take
+/// `KeyRange::ALL`, as the reader routed every document to its shard; the committer's
+/// (C2) check that each loaded document is of the shard's range.
 fn combiner_options(opts: &TxnOptions, key_range: KeyRange) -> CombinerOptions {
     CombinerOptions {
         memory_budget: opts.memory_budget,

@@ -8,6 +8,12 @@
 //!                                                   works on T+1 while the committer stores T
 //! ```
 //!
+//! One reader serves every shard of a group ([`super::group`]): each record goes to the
+//! part of the shard whose key range holds its key hash (its key read from the text by
+//! `KeyScan`, or from the parsed document where the scan cannot tell), and the parts of
+//! a step are combined at once, one thread per part up to the group's `threads`. Every
+//! shard's part of a batch has the batch's steps: one transaction of each shard.
+//!
 //! Documents reach the combiner as the JSON text their source has, whenever it has text:
 //! the combiner parses it straight into its compact `Doc` (no `Value` is built), which
 //! is most of the reading's cost saved. A record feeding several
@@ -50,7 +56,8 @@
 //!   runs) involve no single document and fail the transaction in either mode.
 
 use super::decide::{Close, Fault, RoundFacts, Triage, close_batch, triage};
-use super::{BoundSource, Drains, InFlight, Shared, TxnOptions, binding_specs, combiner_options};
+use super::group::Durables;
+use super::{BoundSource, Drains, InFlight, TxnOptions, binding_specs, combiner_options};
 use crate::config::OnError;
 use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId};
 use crate::envelope::{Envelope, Unwrapped};
@@ -59,8 +66,10 @@ use crate::metrics::status::{SourceCount, SourceState};
 use crate::recovery::{Checkpoint, Intent};
 use crate::types::{Binding, Collection, RunError};
 use serde_json::Value;
-use sluice_doc::KeyRange;
 use sluice_doc::combine::{CombineError, Combiner};
+use sluice_doc::keyscan::KeyScan;
+use sluice_doc::parse::DocParser;
+use sluice_doc::{KeyExtractor, KeyRange, key_hash};
 use sluice_source_sdk::{
     FaultTolerance, InputError, Lag, Position, QueueLimits, RecordDoc, Records, Resume, Step,
     bad_json,
@@ -75,48 +84,128 @@ use tracing::Instrument;
 /// large enough to amortise the call.
 const READ_BATCH: u64 = 8192;
 
+/// A step's records below this many are combined on the reader's thread alone: a
+/// thread per part would cost more than it saves.
+const PARALLEL_MIN: usize = 512;
+
 impl ReadBatch {
+    /// Documents read, of the group's keys, and their bytes: what its bounds count.
+    fn read(&self) -> (u64, u64) {
+        (self.parts.iter()).fold(self.outside, |(docs, bytes), p| {
+            (docs + p.docs, bytes + p.bytes)
+        })
+    }
+
     /// Whether it reached a size bound.
     fn full(&self, opts: &TxnOptions) -> bool {
-        opts.full(self.docs, self.bytes, self.journaled)
+        let (docs, bytes) = self.read();
+        opts.full(docs, bytes, self.journaled)
     }
 
     /// Whether it becomes a transaction: it has documents, rejections (whose source
     /// positions must be checkpointed, so they are not rejected twice), or a step that
     /// moved a source's position without records ([`Step::advances`]: a slot that may
     /// release WAL once that position is durable).
-    pub fn is_transaction(&self) -> bool {
-        self.docs > 0 || self.rejected > 0 || self.advances
+    fn is_transaction(&self) -> bool {
+        self.read().0 > 0 || self.rejected > 0 || self.advances
+    }
+
+    /// Each shard's batch: its part, and the steps, numbering and end every part shares.
+    pub fn split(self) -> Vec<ShardBatch> {
+        let transaction = self.is_transaction();
+        let tally = self.tally;
+        (self.parts.into_iter().enumerate())
+            .map(|(i, part)| ShardBatch {
+                combiner: part.combiner,
+                steps: self.steps.clone(),
+                transaction,
+                docs: part.docs,
+                bytes: part.bytes,
+                // Rejections are the reader's, counted once.
+                rejected: if i == 0 { self.rejected } else { 0 },
+                txn: self.txn,
+                last: self.last,
+                tally: Tally {
+                    sources: part.sources,
+                    combined: part.combined,
+                    ..tally
+                },
+            })
+            .collect()
     }
 }
 
-/// One transaction's input, combined.
+/// One transaction's input, combined: the steps every shard of the group commits, and
+/// each shard's part of the documents.
 pub struct ReadBatch {
-    pub combiner: Combiner,
+    /// Per shard of the group, in key order.
+    parts: Vec<Part>,
     /// Every step queued per source, in order: the transaction's intent.
-    pub steps: BTreeMap<String, Vec<Resume>>,
-    /// Documents read (of every key: each shard reads the whole input), and their
-    /// bytes: what its bounds count.
-    pub docs: u64,
-    pub bytes: u64,
-    /// Documents of its own key range, and their bytes: what it commits.
-    pub owned: u64,
-    pub owned_bytes: u64,
+    steps: BTreeMap<String, Vec<Resume>>,
+    /// Documents read whose keys no shard of the group owns (a pipeline's `shard:`),
+    /// and their bytes: counted by the bounds, committed by nobody.
+    outside: (u64, u64),
     /// Step data the intent journals (`Resume::Replay` with data).
-    pub journaled: u64,
+    journaled: u64,
     /// Documents rejected (`on_error: skip`), already durable in dead-letter files.
-    pub rejected: u64,
+    rejected: u64,
     /// A step of it has no records but moves its source's position ([`Step::advances`]).
-    pub advances: bool,
+    advances: bool,
+    /// The transaction it becomes, if it becomes one.
+    pub txn: Option<u64>,
     /// No more batches will follow (sources exhausted, or shutdown).
     pub last: bool,
-    /// What it read, per source and binding, and when (the metrics).
+    /// When it was read (the metrics); its counts are the parts'.
+    tally: Tally,
+}
+
+/// One shard's documents of a batch.
+struct Part {
+    combiner: Combiner,
+    /// Documents combined, and their bytes: what the shard commits.
+    docs: u64,
+    bytes: u64,
+    /// Per source, in the run's order.
+    sources: Vec<SourceCount>,
+    /// Per binding: documents combined into it.
+    combined: Vec<u64>,
+}
+
+impl Part {
+    /// Counts a step of `feed`'s source that added `docs` documents of `bytes` bytes.
+    fn count(&mut self, feed: &Feed<'_>, docs: u64, bytes: u64) {
+        let source = &mut self.sources[feed.index];
+        source.docs += docs;
+        source.bytes += bytes;
+        for &binding in feed.targets {
+            self.combined[binding as usize] += docs;
+        }
+    }
+}
+
+/// One shard's transaction: its part of a [`ReadBatch`].
+pub struct ShardBatch {
+    pub combiner: Combiner,
+    /// The batch's steps: the transaction's intent, the same in every shard.
+    pub steps: BTreeMap<String, Vec<Resume>>,
+    /// It is a transaction of every shard (see [`ReadBatch::is_transaction`]), whatever
+    /// its own part holds.
+    pub transaction: bool,
+    /// The shard's documents and their bytes: what it commits.
+    pub docs: u64,
+    pub bytes: u64,
+    /// Documents rejected (`on_error: skip`), counted by the group's first shard.
+    pub rejected: u64,
+    /// The transaction the batch becomes, if it becomes one.
+    pub txn: Option<u64>,
+    /// No more batches will follow.
+    pub last: bool,
     pub tally: Tally,
 }
 
 /// What a batch read, per source and per binding, and when: counted by the metrics once
 /// its transaction commits.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Tally {
     /// Per source, in the run's order.
     pub sources: Vec<SourceCount>,
@@ -131,20 +220,23 @@ pub struct Tally {
     pub idle: Duration,
 }
 
-impl Tally {
-    /// Counts a step of `feed`'s source that added `docs` documents of the shard's keys,
-    /// of `bytes` bytes.
-    fn step(&mut self, feed: &Feed<'_>, docs: u64, bytes: u64) {
-        if docs > 0 {
-            self.first_read.get_or_insert_with(Instant::now);
-        }
-        let source = &mut self.sources[feed.index];
-        source.docs += docs;
-        source.bytes += bytes;
-        for &binding in feed.targets {
-            self.combined[binding as usize] += docs;
-        }
-    }
+/// What one group's reader serves: its shards, and what they share.
+pub(super) struct ReaderGroup {
+    pub bindings: Arc<Vec<Binding>>,
+    /// Each shard's key range, in key order, contiguous.
+    pub ranges: Vec<KeyRange>,
+    /// Each shard's metrics (a source's steps and lag are shown in every shard's).
+    pub metrics: Vec<Arc<ShardMetrics>>,
+    pub progress: Arc<super::Progress>,
+    pub opts: TxnOptions,
+    pub shutdown: watch::Receiver<bool>,
+    /// Shards' batches handed to committers and not yet done.
+    pub in_flight: Arc<InFlight>,
+    /// Each shard's last durable log commit: the reader tells the sources of those
+    /// durable in every shard ([`sluice_source_sdk::Source::committed`]).
+    pub durables: Durables,
+    /// Threads that combine a step's parts at once.
+    pub threads: usize,
 }
 
 /// Starts the reader. `replay` (an interrupted transaction's intent) is read first,
@@ -154,7 +246,7 @@ impl Tally {
 /// sources (or writes the same dead-letter files) again.
 pub(super) fn spawn(
     sources: Vec<BoundSource>,
-    shared: Shared,
+    group: ReaderGroup,
     replay: Option<Intent>,
     recovered: &Checkpoint,
 ) -> (mpsc::Receiver<Result<ReadBatch, RunError>>, ReaderTask) {
@@ -177,23 +269,26 @@ pub(super) fn spawn(
             let _ = tx.send(Err(super::source_err(name, e))).await;
             return;
         }
-        let Shared {
+        let ReaderGroup {
             bindings,
-            key_range,
+            ranges,
+            metrics,
             progress,
             opts,
-            metrics,
             shutdown,
             in_flight,
-            durable,
-        } = shared;
+            durables,
+            threads,
+        } = group;
         let mut reader = Reader {
             metrics,
             progress,
             exhausted: vec![false; sources.len()],
+            router: Router::new(ranges, &sources, &bindings),
+            routed: Vec::new(),
+            threads,
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
-            key_range,
             opts,
             shutdown,
             in_flight,
@@ -201,11 +296,9 @@ pub(super) fn spawn(
             dead_letters,
             next_txn: committed + 1,
             rejects: Rejects::default(),
-            durable: durable.subscribe(),
+            durable: durables,
             commits,
         };
-        // Only the committer may keep the sender: if it goes, so do the commits.
-        drop(durable);
         reader.tell_committed();
         let mut replay = replay;
         loop {
@@ -215,8 +308,11 @@ pub(super) fn spawn(
                 None => reader.read().await,
             };
             let mut batch = match batch {
-                Ok(batch) => match reader.number(&batch) {
-                    Some(txn) => reader.write_dead_letters(txn, batch).await,
+                Ok(mut batch) => match reader.number(&batch) {
+                    Some(txn) => {
+                        batch.txn = Some(txn);
+                        reader.write_dead_letters(txn, batch).await
+                    }
                     None => Ok(batch),
                 },
                 Err(e) => Err(e),
@@ -224,21 +320,21 @@ pub(super) fn spawn(
             if let Ok(b) = &mut batch {
                 b.tally.took = started.elapsed().saturating_sub(b.tally.idle);
                 tracing::debug!(
-                    docs = b.docs,
+                    docs = b.read().0,
                     read_ms = b.tally.took.as_millis() as u64,
                     "transaction read"
                 );
             }
             let last = batch.as_ref().map_or(true, |b| b.last);
-            reader.in_flight.sent();
+            reader.in_flight.sent(reader.router.ranges.len());
             if tx.send(batch).await.is_err() || last {
                 break;
             }
         }
         // The last transactions' commits, as they become durable, before the sources
         // go: a source may owe someone word of them (a client its answer). Ends when
-        // the committer does.
-        while !reader.commits.is_empty() && reader.durable.changed().await.is_ok() {
+        // the committers do.
+        while !reader.commits.is_empty() && reader.durable.changed().await {
             reader.tell_committed();
         }
         // Disconnect: no command follows. (A stopped reader's sources are dropped
@@ -323,18 +419,22 @@ impl ReaderSource {
 
 struct Reader {
     sources: Vec<ReaderSource>,
-    /// Each source's lag goes here after its steps.
-    metrics: Arc<ShardMetrics>,
+    /// Each source's lag goes here after its steps, in every shard's metrics.
+    metrics: Vec<Arc<ShardMetrics>>,
     /// Documents read, and what the sources have left (the CLI's progress line).
     progress: Arc<super::Progress>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
-    /// The shard's: documents of other keys are passed over.
-    key_range: KeyRange,
+    /// Which shard's part each record goes to.
+    router: Router,
+    /// Each part's records of the step in hand (when routed).
+    routed: Vec<Routed>,
+    /// Threads that combine a step's parts at once.
+    threads: usize,
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
-    /// Batches sent and not yet committed: counted up here, down by the committer when
-    /// it is done with one.
+    /// Batches sent and not yet committed: counted up here, down by the committers
+    /// when they are done with their parts.
     in_flight: Arc<InFlight>,
     records: Records,
     dead_letters: DeadLetterWriter,
@@ -342,11 +442,119 @@ struct Reader {
     next_txn: u64,
     /// The current batch's rejections.
     rejects: Rejects,
-    /// The last transaction whose log commit is durable.
-    durable: watch::Receiver<u64>,
+    /// The last transaction whose log commit is durable in every shard.
+    durable: Durables,
     /// Transactions sent and not yet told to their sources: each with the position of
     /// every source's last step in it, in order.
     commits: VecDeque<(u64, Vec<(usize, Value)>)>,
+}
+
+/// One part's records of a step, with where each stood in the step.
+#[derive(Default)]
+struct Routed {
+    records: Records,
+    ordinals: Vec<usize>,
+}
+
+/// Where each document goes: the shard of the group whose key range holds its key hash.
+struct Router {
+    /// The shards' ranges, in key order, contiguous.
+    ranges: Vec<KeyRange>,
+    /// Per source (the run's order): how its documents' keys are read.
+    keys: Vec<SourceKey>,
+    key: Vec<u8>,
+    unwrapped: Vec<u8>,
+}
+
+/// How a source's documents' keys are read: scanned from the text where `KeyScan` can,
+/// else from the parsed document.
+struct SourceKey {
+    scan: Option<KeyScan>,
+    extractor: KeyExtractor,
+    parser: DocParser,
+}
+
+/// Where a record goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Route {
+    Part(usize),
+    /// Its key is of no shard of the group.
+    Outside,
+}
+
+impl Router {
+    fn new(ranges: Vec<KeyRange>, sources: &[BoundSource], bindings: &[Binding]) -> Router {
+        let keys = sources
+            .iter()
+            .map(|bound| {
+                // Every binding of a source materializes its one target collection.
+                let first = bound.bindings[0] as usize;
+                let key = &bindings[first].collection.key;
+                SourceKey {
+                    scan: KeyScan::new(key.pointers()),
+                    extractor: key.clone(),
+                    parser: DocParser::default(),
+                }
+            })
+            .collect();
+        Router {
+            ranges,
+            keys,
+            key: Vec::with_capacity(64),
+            unwrapped: Vec::new(),
+        }
+    }
+
+    /// One shard of every key takes every document: nothing to route.
+    fn takes_all(&self) -> bool {
+        self.ranges.len() == 1 && self.ranges[0].is_all()
+    }
+
+    /// The part a record of source `source` goes to. A record whose key cannot be read
+    /// here (not JSON, no key, not its envelope) goes to the first part, whose combiner
+    /// reports what is wrong with it, as a shard's own would.
+    fn route(&mut self, source: usize, envelope: Envelope, doc: &RecordDoc<'_>) -> Route {
+        self.key.clear();
+        let keys = &mut self.keys[source];
+        let keyed = match (envelope, doc) {
+            (Envelope::None, RecordDoc::Json(text)) => keys.pack_text(text, &mut self.key),
+            (Envelope::None, RecordDoc::Value(value)) => {
+                keys.extractor.pack(value, &mut self.key).is_ok()
+            }
+            (envelope, doc) => {
+                matches!(
+                    unwrap_envelope(envelope, doc, &mut self.unwrapped),
+                    Ok(true)
+                ) && keys.pack_text(&self.unwrapped, &mut self.key)
+            }
+        };
+        if !keyed {
+            return Route::Part(0);
+        }
+        let hash = key_hash(&self.key);
+        let at = self.ranges.partition_point(|r| r.end < hash);
+        match self.ranges.get(at) {
+            Some(range) if range.begin <= hash => Route::Part(at),
+            _ => Route::Outside,
+        }
+    }
+}
+
+impl SourceKey {
+    /// Appends the packed key of the document `text` holds to `out`; false when it has
+    /// none to read.
+    fn pack_text(&mut self, text: &[u8], out: &mut Vec<u8>) -> bool {
+        if let Some(scan) = &self.scan
+            && scan.pack(text, out)
+        {
+            return true;
+        }
+        out.clear();
+        match self.parser.parse(text) {
+            Ok(doc) => self.extractor.pack_doc(&doc, out).is_ok(),
+            Err(_) => false,
+        }
+    }
 }
 
 /// What a batch rejected so far (sources with `on_error: skip`).
@@ -370,32 +578,35 @@ impl Reader {
     /// A new, empty batch (forgetting the rejections of the previous one).
     fn batch(&mut self) -> ReadBatch {
         self.rejects.letters.clear();
-        ReadBatch {
+        // The reader routes each document to its shard's part: every part's combiner
+        // keeps whatever it is given.
+        let part = || Part {
             combiner: Combiner::new(
                 binding_specs(&self.bindings, Drains::IntoCombiner),
-                combiner_options(&self.opts, self.key_range),
+                combiner_options(&self.opts, KeyRange::ALL),
             ),
-            steps: BTreeMap::new(),
             docs: 0,
             bytes: 0,
-            owned: 0,
-            owned_bytes: 0,
+            sources: vec![SourceCount::default(); self.sources.len()],
+            combined: vec![0; self.bindings.len()],
+        };
+        ReadBatch {
+            parts: self.router.ranges.iter().map(|_| part()).collect(),
+            steps: BTreeMap::new(),
+            outside: (0, 0),
             journaled: 0,
             rejected: 0,
             advances: false,
+            txn: None,
             last: false,
-            tally: Tally {
-                sources: vec![SourceCount::default(); self.sources.len()],
-                combined: vec![0; self.bindings.len()],
-                ..Tally::default()
-            },
+            tally: Tally::default(),
         }
     }
 
     /// Whether the batch becomes a transaction ([`ReadBatch::is_transaction`], before
     /// its rejections are written): it has documents, rejections, or an advancing step.
     fn has_work(&self, batch: &ReadBatch) -> bool {
-        batch.docs > 0 || !self.rejects.letters.is_empty() || batch.advances
+        batch.read().0 > 0 || !self.rejects.letters.is_empty() || batch.advances
     }
 
     /// The transaction the batch becomes, if it has work: numbered in order, and noted
@@ -431,7 +642,7 @@ impl Reader {
         let rejects = std::mem::take(&mut self.rejects);
         batch.rejected = rejects.letters.len() as u64;
         for ((source, _, _), _) in &rejects.letters {
-            batch.tally.sources[*source].dead_lettered += 1;
+            batch.parts[0].sources[*source].dead_lettered += 1;
         }
         self.dead_letters
             .write(txn, rejects.letters)
@@ -444,7 +655,7 @@ impl Reader {
     /// ([`sluice_source_sdk::Source::committed`]), then samples the lag of those told:
     /// a source that counts its read-ahead as left (datagen) has less left now.
     fn tell_committed(&mut self) {
-        let durable = *self.durable.borrow_and_update();
+        let durable = self.durable.borrow_and_update();
         let mut told = vec![false; self.sources.len()];
         while let Some((txn, _)) = self.commits.front()
             && *txn <= durable
@@ -465,11 +676,14 @@ impl Reader {
     fn sample_lag(&mut self, index: usize) {
         let reading = &mut self.sources[index];
         reading.lag = reading.bound.source.lag();
-        if let Some(lag) = reading.lag {
-            self.metrics.sources[index].lag(lag);
-        }
-        if let Some(bytes) = reading.bound.source.retained() {
-            self.metrics.sources[index].retained(bytes);
+        let retained = reading.bound.source.retained();
+        for metrics in &self.metrics {
+            if let Some(lag) = reading.lag {
+                metrics.sources[index].lag(lag);
+            }
+            if let Some(bytes) = retained {
+                metrics.sources[index].retained(bytes);
+            }
         }
         self.progress.behind(self.sources.iter().map(|s| &s.lag));
     }
@@ -493,10 +707,11 @@ impl Reader {
                 {
                     continue;
                 }
+                let (docs, bytes) = batch.read();
                 let limits = QueueLimits {
-                    max_records: (self.opts.max_docs.saturating_sub(batch.docs))
-                        .clamp(1, READ_BATCH) as usize,
-                    max_bytes: self.opts.max_bytes.saturating_sub(batch.bytes).max(1),
+                    max_records: (self.opts.max_docs.saturating_sub(docs)).clamp(1, READ_BATCH)
+                        as usize,
+                    max_bytes: self.opts.max_bytes.saturating_sub(bytes).max(1),
                 };
                 let reading = &mut self.sources[index];
                 let step = reading
@@ -506,10 +721,8 @@ impl Reader {
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
                 reading.apply_backpressure();
-                self.metrics.sources[index].stepped(shown(&step));
+                self.stepped(index, &step);
                 self.sample_lag(index);
-                let reading = &self.sources[index];
-                let feed = Feed::new(index, &reading.bound, &self.bindings);
                 self.exhausted[index] = step.end_of_input;
                 backlogged |= !step.end_of_input
                     && (step.records + step.errors.len() >= limits.max_records
@@ -519,16 +732,7 @@ impl Reader {
                 if !self.records.is_empty() || !step.errors.is_empty() || step.advances {
                     progressed = true;
                     batch.advances |= step.advances;
-                    let (docs, bytes) = (batch.owned, batch.owned_bytes);
-                    let combined = combine_step(
-                        &step,
-                        &mut self.records,
-                        &feed,
-                        &mut batch,
-                        &mut self.rejects,
-                    )?;
-                    self.progress
-                        .read(batch.owned - docs, batch.owned_bytes - bytes);
+                    let combined = self.combine(&step, index, &mut batch)?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
                     batch.journaled += journaled(&step.resume);
@@ -549,9 +753,10 @@ impl Reader {
                 tokio::task::yield_now().await;
             }
             let has_work = self.has_work(&batch);
+            let (docs, bytes) = batch.read();
             let facts = RoundFacts {
-                docs: batch.docs,
-                bytes: batch.bytes,
+                docs,
+                bytes,
                 journaled: batch.journaled,
                 has_work,
                 elapsed: started.elapsed(),
@@ -669,27 +874,16 @@ impl Reader {
                     .iter()
                     .position(|s| s.bound.source.name() == name)
                     .ok_or_else(|| RunError::IntentSource { name: name.clone() })?;
-                let bound = &mut self.sources[index].bound;
                 for resume in resumes {
-                    let step = bound
+                    let step = self.sources[index]
+                        .bound
                         .source
                         .replay(resume, &mut self.records)
                         .await
                         .map_err(|e| super::source_err(name, e))?;
-                    self.metrics.sources[index].stepped(shown(&step));
-                    let feed = Feed::new(index, bound, &self.bindings);
+                    self.stepped(index, &step);
                     batch.advances |= step.advances;
-                    let (docs, bytes) = (batch.owned, batch.owned_bytes);
-                    let combined = combine_step(
-                        &step,
-                        &mut self.records,
-                        &feed,
-                        &mut batch,
-                        &mut self.rejects,
-                    )?;
-                    self.progress
-                        .read(batch.owned - docs, batch.owned_bytes - bytes);
-                    if let Combined::Rebuild = combined {
+                    if let Combined::Rebuild = self.combine(&step, index, &mut batch)? {
                         continue 'rebuild;
                     }
                 }
@@ -699,6 +893,183 @@ impl Reader {
             return Ok(batch);
         }
     }
+}
+
+impl Reader {
+    /// Shows source `index`'s step in every shard's metrics.
+    fn stepped(&self, index: usize, step: &Step) {
+        for metrics in &self.metrics {
+            metrics.sources[index].stepped(shown(step));
+        }
+    }
+
+    /// Feeds one step of source `index` to the batch: its input errors become rejections
+    /// (skipping source) or fail it at the first bad record, and its records go to their
+    /// shards' parts, each to every binding of its source (see [`combine_records`]); the
+    /// parts are combined at once on up to `threads` threads. Leaves `records` empty.
+    fn combine(
+        &mut self,
+        step: &Step,
+        index: usize,
+        batch: &mut ReadBatch,
+    ) -> Result<Combined, RunError> {
+        let feed = Feed::new(index, &self.sources[index].bound, &self.bindings);
+        let failing_at = match triage(Fault::Unreadable, feed.on_error) {
+            Triage::Reject => {
+                reject_input_errors(&feed, step, &mut self.rejects);
+                None
+            }
+            Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
+        };
+        let before: Vec<(u64, u64)> = batch.parts.iter().map(|p| (p.docs, p.bytes)).collect();
+        let combined = if self.router.takes_all() {
+            let part = &mut batch.parts[0];
+            combine_records(
+                &mut self.records,
+                failing_at,
+                &feed,
+                part,
+                &mut self.rejects,
+            )
+            .map_err(|failed| failed.err)
+        } else {
+            let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
+            self.routed.resize_with(batch.parts.len(), Routed::default);
+            for (ordinal, record) in self.records.iter_mut().enumerate() {
+                let position = record.position;
+                if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
+                    break;
+                }
+                match self.router.route(index, feed.envelope, &record.doc) {
+                    Route::Part(part) => {
+                        let routed = &mut self.routed[part];
+                        match record.doc {
+                            RecordDoc::Json(text) => {
+                                routed
+                                    .records
+                                    .push_json(text, position.clone(), record.bytes)
+                            }
+                            RecordDoc::Value(doc) => routed.records.push_value(
+                                std::mem::take(doc),
+                                position.clone(),
+                                record.bytes,
+                            ),
+                        }
+                        routed.ordinals.push(ordinal);
+                    }
+                    Route::Outside => {
+                        batch.outside.0 += 1;
+                        batch.outside.1 += record.bytes as u64;
+                    }
+                }
+            }
+            let parts = batch.parts.iter_mut().zip(&mut self.routed);
+            combine_parts(parts, &feed, &mut self.rejects, self.threads)
+        };
+        self.records.clear();
+        let mut read = (0, 0);
+        for (part, (docs, bytes)) in batch.parts.iter_mut().zip(before) {
+            let added = (part.docs - docs, part.bytes - bytes);
+            part.count(&feed, added.0, added.1);
+            read = (read.0 + added.0, read.1 + added.1);
+        }
+        if read.0 > 0 {
+            batch.tally.first_read.get_or_insert_with(Instant::now);
+        }
+        self.progress.read(read.0, read.1);
+        match combined? {
+            Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
+                Err(feed.input_error(&err.position, &err.reason))
+            }),
+            Combined::Rebuild => Ok(Combined::Rebuild),
+        }
+    }
+}
+
+/// Combines each part's routed records of a step into it, the parts at once on up to
+/// `threads` threads (a step too small for that on this one); empties the routed
+/// records. A failure is the one of the earliest record in the step; rejections join
+/// `rejects` in the step's order.
+fn combine_parts<'p>(
+    parts: impl Iterator<Item = (&'p mut Part, &'p mut Routed)>,
+    feed: &Feed<'_>,
+    rejects: &mut Rejects,
+    threads: usize,
+) -> Result<Combined, RunError> {
+    let work: Vec<_> = parts
+        .filter(|(_, routed)| !routed.ordinals.is_empty())
+        .collect();
+    let records: usize = work.iter().map(|(_, routed)| routed.ordinals.len()).sum();
+    let combine_one = |(part, routed): (&mut Part, &mut Routed)| {
+        let mut own = Rejects {
+            letters: Vec::new(),
+            unreducible: rejects.unreducible.clone(),
+        };
+        let combined = combine_records(&mut routed.records, None, feed, part, &mut own);
+        let ordinals = std::mem::take(&mut routed.ordinals);
+        routed.records.clear();
+        // Each failure and rejection at its record's place in the step.
+        let combined = combined.map_err(|failed| Failed {
+            at: ordinals.get(failed.at).copied().unwrap_or(usize::MAX),
+            err: failed.err,
+        });
+        (combined, own)
+    };
+    let outcomes: Vec<_> = if threads <= 1 || work.len() <= 1 || records < PARALLEL_MIN {
+        work.into_iter().map(combine_one).collect()
+    } else {
+        // Each thread takes every `threads`-th part; this one takes the first share.
+        let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, work) in work.into_iter().enumerate() {
+            shares[i % threads].push(work);
+        }
+        let combine_one = &combine_one;
+        std::thread::scope(|scope| {
+            let mut shares = shares.into_iter();
+            let first = shares.next().unwrap_or_default();
+            let spawned: Vec<_> = shares
+                .filter(|share| !share.is_empty())
+                .map(|share| {
+                    scope.spawn(move || share.into_iter().map(combine_one).collect::<Vec<_>>())
+                })
+                .collect();
+            let mut outcomes: Vec<_> = first.into_iter().map(combine_one).collect();
+            for handle in spawned {
+                match handle.join() {
+                    Ok(more) => outcomes.extend(more),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            outcomes
+        })
+    };
+    let mut result = Ok(Combined::All);
+    let mut first_failure = usize::MAX;
+    let mut letters = Vec::new();
+    for (combined, own) in outcomes {
+        rejects.unreducible.extend(own.unreducible);
+        letters.extend(own.letters);
+        match combined {
+            Ok(Combined::Rebuild) if first_failure == usize::MAX => {
+                result = Ok(Combined::Rebuild);
+            }
+            Ok(_) => {}
+            Err(failed) if failed.at <= first_failure => {
+                first_failure = failed.at;
+                result = Err(failed.err);
+            }
+            Err(_) => {}
+        }
+    }
+    letters.sort_by_key(|(id, _)| *id);
+    rejects.letters.extend(letters);
+    result
+}
+
+/// A record that failed its batch, and where it stood among the records combined.
+struct Failed {
+    at: usize,
+    err: RunError,
 }
 
 /// The state a step leaves its source in, as the status shows it.
@@ -788,35 +1159,6 @@ impl<'a> Feed<'a> {
     }
 }
 
-/// Feeds one step to the batch: its input errors become rejections (skipping source)
-/// or fail it at the first bad record, and its records go to every binding of its
-/// source (see [`combine_records`]). Leaves `records` empty.
-fn combine_step(
-    step: &Step,
-    records: &mut Records,
-    feed: &Feed<'_>,
-    batch: &mut ReadBatch,
-    rejects: &mut Rejects,
-) -> Result<Combined, RunError> {
-    let failing_at = match triage(Fault::Unreadable, feed.on_error) {
-        Triage::Reject => {
-            reject_input_errors(feed, step, rejects);
-            None
-        }
-        Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
-    };
-    let before = (batch.owned, batch.owned_bytes);
-    let combined = combine_records(records, failing_at, feed, batch, rejects);
-    records.clear();
-    (batch.tally).step(feed, batch.owned - before.0, batch.owned_bytes - before.1);
-    match combined? {
-        Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
-            Err(feed.input_error(&err.position, &err.reason))
-        }),
-        Combined::Rebuild => Ok(Combined::Rebuild),
-    }
-}
-
 /// Feeds records to every binding of their source, up to `failing_at` (a failing
 /// source's first input error, which then fails the step). A skipping source's bad
 /// documents are rejected instead; `Rebuild` when one failed to reduce.
@@ -824,13 +1166,14 @@ fn combine_records(
     records: &mut Records,
     failing_at: Option<&InputError>,
     feed: &Feed<'_>,
-    batch: &mut ReadBatch,
+    part: &mut Part,
     rejects: &mut Rejects,
-) -> Result<Combined, RunError> {
+) -> Result<Combined, Failed> {
     let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
     let mut key = Vec::new();
     let mut unwrapped = Vec::new();
-    for record in records.iter_mut() {
+    for (at, record) in records.iter_mut().enumerate() {
+        let failed = |err| Failed { at, err };
         let position = record.position;
         if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
             break;
@@ -849,7 +1192,7 @@ fn combine_records(
                 Ok(true) => RecordDoc::Json(&unwrapped),
                 // Nothing to apply (a tombstone after a deletion); its bytes still count.
                 Ok(false) => {
-                    batch.bytes += record.bytes as u64;
+                    part.bytes += record.bytes as u64;
                     continue;
                 }
                 Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
@@ -858,17 +1201,16 @@ fn combine_records(
                         rejects.letters.push((id, letter));
                         continue;
                     }
-                    _ => return Err(feed.input_error(position, &reason)),
+                    _ => return Err(failed(feed.input_error(position, &reason))),
                 },
             },
         };
-        let passed_over = batch.combiner.passed_over();
         let (combined, text) = match doc {
             RecordDoc::Json(text) => {
                 let combined = feed
                     .targets
                     .iter()
-                    .try_for_each(|&binding| batch.combiner.combine_right_json(binding, text));
+                    .try_for_each(|&binding| part.combiner.combine_right_json(binding, text));
                 (combined, Some(text))
             }
             RecordDoc::Value(doc) => {
@@ -880,17 +1222,13 @@ fn combine_records(
                     rejects.letters.push((id, letter));
                     continue;
                 }
-                (combine_value(&mut batch.combiner, feed.targets, doc), None)
+                (combine_value(&mut part.combiner, feed.targets, doc), None)
             }
         };
         let err = match combined {
             Ok(()) => {
-                batch.docs += 1;
-                batch.bytes += record.bytes as u64;
-                if batch.combiner.passed_over() == passed_over {
-                    batch.owned += 1;
-                    batch.owned_bytes += record.bytes as u64;
-                }
+                part.docs += 1;
+                part.bytes += record.bytes as u64;
                 continue;
             }
             Err(err) => err,
@@ -910,23 +1248,26 @@ fn combine_records(
                 rejects.letters.push((id, letter));
             }
             (Triage::FailInput, CombineError::Parse { source, .. }, Some(text)) => {
-                return Err(feed.input_error(position, &bad_json(text, &source)));
+                return Err(failed(feed.input_error(position, &bad_json(text, &source))));
             }
             // A `Value` was checked before it was combined (and is gone now).
             // A reduction failed, and the batch cannot be re-read without the document.
             (Triage::Reject | Triage::FailInput | Triage::Fail | Triage::Rebuild, err, _) => {
-                return Err(RunError::Document {
+                return Err(failed(RunError::Document {
                     position: position.to_string(),
                     source: Box::new(err),
-                });
+                }));
             }
         }
     }
     // The reader talks to no driver: its injected error is reported as the driver
     // errors are, so that it is retried like them.
-    crate::failpoint::fail_point!(AFTER_QUEUE, |source| RunError::Driver {
-        endpoint: "(reader)".to_string(),
-        source,
+    crate::failpoint::fail_point!(AFTER_QUEUE, |source| Failed {
+        at: usize::MAX,
+        err: RunError::Driver {
+            endpoint: "(reader)".to_string(),
+            source,
+        },
     });
     Ok(Combined::All)
 }

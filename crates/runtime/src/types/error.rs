@@ -107,6 +107,17 @@ pub enum RunError {
          no longer has: restore the source so the interrupted transaction can replay"
     )]
     IntentSource { name: String },
+    /// The shards of a materialization that share a reader recovered checkpoints it
+    /// cannot resume together.
+    #[error("materialization {materialization:?}: {reason}")]
+    ShardsDiverged {
+        materialization: String,
+        reason: String,
+    },
+    /// Another shard of the group, or its reader, failed first: this shard stopped
+    /// without committing its transaction in progress.
+    #[error("stopped: {0}")]
+    GroupStopped(String),
     /// A bug: a task that panicked, a reader that stopped without a reason.
     #[error("internal error: {0}")]
     Internal(String),
@@ -137,6 +148,8 @@ impl RunError {
             | RunError::OpenAfterCommits { .. }
             | RunError::Recovery(_)
             | RunError::IntentSource { .. }
+            | RunError::ShardsDiverged { .. }
+            | RunError::GroupStopped(_)
             | RunError::Internal(_) => false,
         }
     }
@@ -173,6 +186,8 @@ impl RunError {
             RunError::StoreLost { .. } | RunError::OpenAfterCommits { .. } => "store_lost",
             RunError::Recovery(_) => "recovery",
             RunError::IntentSource { .. } => "intent_source",
+            RunError::ShardsDiverged { .. } => "shards_diverged",
+            RunError::GroupStopped(_) => "group_stopped",
             RunError::Internal(_) => "internal",
         }
     }
