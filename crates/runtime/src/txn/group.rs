@@ -289,7 +289,9 @@ mod tests {
 
     #[test]
     fn what_one_reader_cannot_resume_is_refused_naming_the_shards() {
-        let cases: Vec<(Vec<(Checkpoint, Option<Intent>)>, &str)> = vec![
+        // Each case: the shards' recovered checkpoints and intents, and why refused.
+        type Shards = Vec<(Checkpoint, Option<Intent>)>;
+        let cases: Vec<(Shards, &str)> = vec![
             (
                 vec![(cp(4, 40), None), (cp(4, 41), None)],
                 "different positions",

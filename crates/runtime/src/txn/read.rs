@@ -173,11 +173,11 @@ struct Part {
 
 impl Part {
     /// Counts a step of `feed`'s source that added `docs` documents of `bytes` bytes.
-    fn count(&mut self, feed: &Feed<'_>, docs: u64, bytes: u64) {
+    fn count(&mut self, feed: &Feed, docs: u64, bytes: u64) {
         let source = &mut self.sources[feed.index];
         source.docs += docs;
         source.bytes += bytes;
-        for &binding in feed.targets {
+        for &binding in feed.targets.iter() {
             self.combined[binding as usize] += docs;
         }
     }
@@ -213,8 +213,12 @@ pub struct Tally {
     pub combined: Vec<u64>,
     /// When its first document was combined.
     pub first_read: Option<Instant>,
-    /// How long reading it took, idle time left out.
+    /// How long reading it took, idle time left out; of that, in its sources' `queue`,
+    /// routing records to shards, and combining them.
     pub took: Duration,
+    pub queue: Duration,
+    pub route: Duration,
+    pub combine: Duration,
     /// How long the reader waited for input with nothing read (a `--follow` run caught
     /// up): not reading, so left out of `took` and out of the run's rate.
     pub idle: Duration,
@@ -285,6 +289,9 @@ pub(super) fn spawn(
             progress,
             exhausted: vec![false; sources.len()],
             router: Router::new(ranges, &sources, &bindings),
+            feeds: (sources.iter().enumerate())
+                .map(|(index, bound)| Arc::new(Feed::new(index, bound, &bindings)))
+                .collect(),
             routed: Vec::new(),
             threads,
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
@@ -319,9 +326,13 @@ pub(super) fn spawn(
             };
             if let Ok(b) = &mut batch {
                 b.tally.took = started.elapsed().saturating_sub(b.tally.idle);
+                let (tally, ms) = (&b.tally, |d: Duration| d.as_millis() as u64);
                 tracing::debug!(
                     docs = b.read().0,
-                    read_ms = b.tally.took.as_millis() as u64,
+                    read_ms = ms(tally.took),
+                    queue_ms = ms(tally.queue),
+                    route_ms = ms(tally.route),
+                    combine_ms = ms(tally.combine.saturating_sub(tally.route)),
                     "transaction read"
                 );
             }
@@ -425,6 +436,8 @@ struct Reader {
     progress: Arc<super::Progress>,
     exhausted: Vec<bool>,
     bindings: Arc<Vec<Binding>>,
+    /// Per source (the run's order): how its records are combined.
+    feeds: Vec<Arc<Feed>>,
     /// Which shard's part each record goes to.
     router: Router,
     /// Each part's records of the step in hand (when routed).
@@ -714,12 +727,14 @@ impl Reader {
                     max_bytes: self.opts.max_bytes.saturating_sub(bytes).max(1),
                 };
                 let reading = &mut self.sources[index];
+                let queued = Instant::now();
                 let step = reading
                     .bound
                     .source
                     .queue(limits, &mut self.records)
                     .await
                     .map_err(|e| super::source_err(reading.bound.source.name(), e))?;
+                batch.tally.queue += queued.elapsed();
                 reading.apply_backpressure();
                 self.stepped(index, &step);
                 self.sample_lag(index);
@@ -732,7 +747,7 @@ impl Reader {
                 if !self.records.is_empty() || !step.errors.is_empty() || step.advances {
                     progressed = true;
                     batch.advances |= step.advances;
-                    let combined = self.combine(&step, index, &mut batch)?;
+                    let combined = self.combine(&step, index, &mut batch).await?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
                     batch.journaled += journaled(&step.resume);
@@ -883,7 +898,7 @@ impl Reader {
                         .map_err(|e| super::source_err(name, e))?;
                     self.stepped(index, &step);
                     batch.advances |= step.advances;
-                    if let Combined::Rebuild = self.combine(&step, index, &mut batch)? {
+                    if let Combined::Rebuild = self.combine(&step, index, &mut batch).await? {
                         continue 'rebuild;
                     }
                 }
@@ -907,13 +922,13 @@ impl Reader {
     /// (skipping source) or fail it at the first bad record, and its records go to their
     /// shards' parts, each to every binding of its source (see [`combine_records`]); the
     /// parts are combined at once on up to `threads` threads. Leaves `records` empty.
-    fn combine(
+    async fn combine(
         &mut self,
         step: &Step,
         index: usize,
         batch: &mut ReadBatch,
     ) -> Result<Combined, RunError> {
-        let feed = Feed::new(index, &self.sources[index].bound, &self.bindings);
+        let feed = self.feeds[index].clone();
         let failing_at = match triage(Fault::Unreadable, feed.on_error) {
             Triage::Reject => {
                 reject_input_errors(&feed, step, &mut self.rejects);
@@ -922,6 +937,7 @@ impl Reader {
             Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
         };
         let before: Vec<(u64, u64)> = batch.parts.iter().map(|p| (p.docs, p.bytes)).collect();
+        let started = Instant::now();
         let combined = if self.router.takes_all() {
             let part = &mut batch.parts[0];
             combine_records(
@@ -931,7 +947,7 @@ impl Reader {
                 part,
                 &mut self.rejects,
             )
-            .map_err(|failed| failed.err)
+            .map_err(|failed| *failed.err)
         } else {
             let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
             self.routed.resize_with(batch.parts.len(), Routed::default);
@@ -963,10 +979,17 @@ impl Reader {
                     }
                 }
             }
-            let parts = batch.parts.iter_mut().zip(&mut self.routed);
-            combine_parts(parts, &feed, &mut self.rejects, self.threads)
+            let routed_at = Instant::now();
+            batch.tally.route += routed_at - started;
+            let parts = std::mem::take(&mut batch.parts);
+            let routed = std::mem::take(&mut self.routed);
+            let (parts, routed, combined) =
+                combine_parts(parts, routed, &feed, &mut self.rejects, self.threads).await;
+            (batch.parts, self.routed) = (parts, routed);
+            combined
         };
         self.records.clear();
+        batch.tally.combine += started.elapsed();
         let mut read = (0, 0);
         for (part, (docs, bytes)) in batch.parts.iter_mut().zip(before) {
             let added = (part.docs - docs, part.bytes - bytes);
@@ -987,89 +1010,122 @@ impl Reader {
 }
 
 /// Combines each part's routed records of a step into it, the parts at once on up to
-/// `threads` threads (a step too small for that on this one); empties the routed
-/// records. A failure is the one of the earliest record in the step; rejections join
-/// `rejects` in the step's order.
-fn combine_parts<'p>(
-    parts: impl Iterator<Item = (&'p mut Part, &'p mut Routed)>,
-    feed: &Feed<'_>,
+/// `threads` threads (tokio's blocking pool, whose threads live on, so the scheduler
+/// spreads them over the cores; a step too small for that on this one); returns the
+/// parts and their emptied records. A failure is the one of the earliest record in the
+/// step; rejections join `rejects`.
+async fn combine_parts(
+    parts: Vec<Part>,
+    routed: Vec<Routed>,
+    feed: &Arc<Feed>,
     rejects: &mut Rejects,
     threads: usize,
-) -> Result<Combined, RunError> {
-    let work: Vec<_> = parts
-        .filter(|(_, routed)| !routed.ordinals.is_empty())
-        .collect();
-    let records: usize = work.iter().map(|(_, routed)| routed.ordinals.len()).sum();
-    let combine_one = |(part, routed): (&mut Part, &mut Routed)| {
-        let mut own = Rejects {
-            letters: Vec::new(),
-            unreducible: rejects.unreducible.clone(),
-        };
-        let combined = combine_records(&mut routed.records, None, feed, part, &mut own);
-        let ordinals = std::mem::take(&mut routed.ordinals);
-        routed.records.clear();
-        // Each failure and rejection at its record's place in the step.
-        let combined = combined.map_err(|failed| Failed {
-            at: ordinals.get(failed.at).copied().unwrap_or(usize::MAX),
-            err: failed.err,
-        });
-        (combined, own)
-    };
-    let outcomes: Vec<_> = if threads <= 1 || work.len() <= 1 || records < PARALLEL_MIN {
-        work.into_iter().map(combine_one).collect()
+) -> (Vec<Part>, Vec<Routed>, Result<Combined, RunError>) {
+    let busy = routed.iter().filter(|r| !r.ordinals.is_empty()).count();
+    let records: usize = routed.iter().map(|r| r.ordinals.len()).sum();
+    let threads = if busy > 1 && records >= PARALLEL_MIN {
+        threads.max(1)
     } else {
-        // Each thread takes every `threads`-th part; this one takes the first share.
-        let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
-        for (i, work) in work.into_iter().enumerate() {
-            shares[i % threads].push(work);
-        }
-        let combine_one = &combine_one;
-        std::thread::scope(|scope| {
-            let mut shares = shares.into_iter();
-            let first = shares.next().unwrap_or_default();
-            let spawned: Vec<_> = shares
-                .filter(|share| !share.is_empty())
-                .map(|share| {
-                    scope.spawn(move || share.into_iter().map(combine_one).collect::<Vec<_>>())
-                })
-                .collect();
-            let mut outcomes: Vec<_> = first.into_iter().map(combine_one).collect();
-            for handle in spawned {
-                match handle.join() {
-                    Ok(more) => outcomes.extend(more),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-            outcomes
-        })
+        1
     };
+    // Each thread takes every `threads`-th part; this one takes the first share.
+    let mut shares: Vec<Vec<Job>> = (0..threads).map(|_| Vec::new()).collect();
+    for (at, (part, routed)) in parts.into_iter().zip(routed).enumerate() {
+        shares[at % threads].push(Job {
+            at,
+            part,
+            routed,
+            rejects: Rejects {
+                letters: Vec::new(),
+                unreducible: rejects.unreducible.clone(),
+            },
+            combined: Ok(Combined::All),
+        });
+    }
+    let mut shares = shares.into_iter();
+    let first = shares.next().unwrap_or_default();
+    let spawned: Vec<_> = shares
+        .map(|share| {
+            let feed = feed.clone();
+            tokio::task::spawn_blocking(move || Job::run_all(share, &feed))
+        })
+        .collect();
+    let mut jobs = Job::run_all(first, feed);
+    for handle in spawned {
+        match handle.await {
+            Ok(done) => jobs.extend(done),
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+    jobs.sort_by_key(|job| job.at);
     let mut result = Ok(Combined::All);
     let mut first_failure = usize::MAX;
     let mut letters = Vec::new();
-    for (combined, own) in outcomes {
-        rejects.unreducible.extend(own.unreducible);
-        letters.extend(own.letters);
-        match combined {
+    let (mut parts, mut routed) = (Vec::with_capacity(jobs.len()), Vec::new());
+    for job in jobs {
+        rejects.unreducible.extend(job.rejects.unreducible);
+        letters.extend(job.rejects.letters);
+        match job.combined {
             Ok(Combined::Rebuild) if first_failure == usize::MAX => {
                 result = Ok(Combined::Rebuild);
             }
             Ok(_) => {}
             Err(failed) if failed.at <= first_failure => {
                 first_failure = failed.at;
-                result = Err(failed.err);
+                result = Err(*failed.err);
             }
             Err(_) => {}
         }
+        parts.push(job.part);
+        routed.push(job.routed);
     }
     letters.sort_by_key(|(id, _)| *id);
     rejects.letters.extend(letters);
-    result
+    (parts, routed, result)
+}
+
+/// One part's records of a step, to combine into it (on whichever thread).
+struct Job {
+    /// The part's place in the group.
+    at: usize,
+    part: Part,
+    routed: Routed,
+    rejects: Rejects,
+    combined: Result<Combined, Failed>,
+}
+
+impl Job {
+    fn run_all(mut jobs: Vec<Job>, feed: &Feed) -> Vec<Job> {
+        for job in &mut jobs {
+            let routed = &mut job.routed;
+            let combined = (combine_records(
+                &mut routed.records,
+                None,
+                feed,
+                &mut job.part,
+                &mut job.rejects,
+            ))
+            // A failure at its record's place in the step.
+            .map_err(|failed| Failed {
+                at: routed
+                    .ordinals
+                    .get(failed.at)
+                    .copied()
+                    .unwrap_or(usize::MAX),
+                err: failed.err,
+            });
+            routed.records.clear();
+            routed.ordinals.clear();
+            job.combined = combined;
+        }
+        jobs
+    }
 }
 
 /// A record that failed its batch, and where it stood among the records combined.
 struct Failed {
     at: usize,
-    err: RunError,
+    err: Box<RunError>,
 }
 
 /// The state a step leaves its source in, as the status shows it.
@@ -1093,15 +1149,16 @@ fn journaled(resume: &Resume) -> u64 {
     }
 }
 
-/// A source as the combining of its records needs it.
-struct Feed<'a> {
+/// A source as the combining of its records needs it (shared with the threads that
+/// combine a step's parts).
+struct Feed {
     index: usize,
-    name: &'a str,
+    name: Arc<str>,
     /// The bindings its documents feed.
-    targets: &'a [u32],
+    targets: Arc<[u32]>,
     on_error: OnError,
     /// `on_error: skip`: the collection its documents are checked against first.
-    skip: Option<&'a Collection>,
+    skip: Option<Arc<Collection>>,
     /// Its steps can be re-read exactly, so a batch can be rebuilt without a document
     /// that failed to reduce.
     replayable: bool,
@@ -1109,16 +1166,16 @@ struct Feed<'a> {
     envelope: Envelope,
 }
 
-impl<'a> Feed<'a> {
-    fn new(index: usize, bound: &'a BoundSource, bindings: &'a [Binding]) -> Feed<'a> {
+impl Feed {
+    fn new(index: usize, bound: &BoundSource, bindings: &[Binding]) -> Feed {
         let first = *bound
             .bindings
             .first()
             .expect("a bound source feeds a binding");
         Feed {
             index,
-            name: bound.source.name(),
-            targets: &bound.bindings,
+            name: bound.source.name().into(),
+            targets: bound.bindings.as_slice().into(),
             on_error: if bound.dead_letter.is_some() {
                 OnError::Skip
             } else {
@@ -1128,7 +1185,7 @@ impl<'a> Feed<'a> {
             skip: bound
                 .dead_letter
                 .is_some()
-                .then(|| &*bindings[first as usize].collection),
+                .then(|| bindings[first as usize].collection.clone()),
             replayable: bound.source.fault_tolerance() == FaultTolerance::ExactlyOnce,
             envelope: bound.envelope,
         }
@@ -1142,9 +1199,9 @@ impl<'a> Feed<'a> {
     fn dead_letter(&self, position: &Position, reason: String, doc: RecordDoc<'_>) -> DeadLetter {
         let position = position.to_string();
         match doc {
-            RecordDoc::Json(text) => DeadLetter::json(self.name, position, reason, text),
+            RecordDoc::Json(text) => DeadLetter::json(&self.name, position, reason, text),
             RecordDoc::Value(doc) => {
-                DeadLetter::document(self.name, position, reason, std::mem::take(doc))
+                DeadLetter::document(&self.name, position, reason, std::mem::take(doc))
             }
         }
     }
@@ -1165,7 +1222,7 @@ impl<'a> Feed<'a> {
 fn combine_records(
     records: &mut Records,
     failing_at: Option<&InputError>,
-    feed: &Feed<'_>,
+    feed: &Feed,
     part: &mut Part,
     rejects: &mut Rejects,
 ) -> Result<Combined, Failed> {
@@ -1173,7 +1230,10 @@ fn combine_records(
     let mut key = Vec::new();
     let mut unwrapped = Vec::new();
     for (at, record) in records.iter_mut().enumerate() {
-        let failed = |err| Failed { at, err };
+        let failed = |err| Failed {
+            at,
+            err: Box::new(err),
+        };
         let position = record.position;
         if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
             break;
@@ -1214,15 +1274,14 @@ fn combine_records(
                 (combined, Some(text))
             }
             RecordDoc::Value(doc) => {
-                let rejected = feed
-                    .skip
+                let rejected = (feed.skip.as_deref())
                     .and_then(|collection| check_document(collection, doc, &mut key));
                 if let Some(reason) = rejected {
                     let letter = feed.dead_letter(position, reason, RecordDoc::Value(doc));
                     rejects.letters.push((id, letter));
                     continue;
                 }
-                (combine_value(&mut part.combiner, feed.targets, doc), None)
+                (combine_value(&mut part.combiner, &feed.targets, doc), None)
             }
         };
         let err = match combined {
@@ -1264,10 +1323,10 @@ fn combine_records(
     // errors are, so that it is retried like them.
     crate::failpoint::fail_point!(AFTER_QUEUE, |source| Failed {
         at: usize::MAX,
-        err: RunError::Driver {
+        err: Box::new(RunError::Driver {
             endpoint: "(reader)".to_string(),
             source,
-        },
+        }),
     });
     Ok(Combined::All)
 }
@@ -1326,10 +1385,10 @@ fn check_document(
 }
 
 /// A skipping source's input errors: its rejections.
-fn reject_input_errors(feed: &Feed<'_>, step: &Step, rejects: &mut Rejects) {
+fn reject_input_errors(feed: &Feed, step: &Step, rejects: &mut Rejects) {
     for err in &step.errors {
         let letter = DeadLetter::raw(
-            feed.name,
+            &feed.name,
             err.position.to_string(),
             err.reason.clone(),
             &err.raw,
