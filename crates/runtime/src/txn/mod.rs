@@ -344,7 +344,6 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             ),
         };
         summary.merge(&shard_summary);
-        summary.last_txn = summary.last_txn.max(shard_summary.last_txn);
         if let Err(err) = result {
             let stopped = matches!(err, RunError::GroupStopped(_));
             match &failed {
