@@ -1,6 +1,6 @@
 //! The packed key of a document read straight from its JSON text, without parsing the
-//! document: how a shard passes over the documents of other shards' keys (each shard
-//! reads the whole input) at a fraction of a parse.
+//! document: how the reader routes a record to its shard (by its key's hash) at a
+//! fraction of a parse.
 //!
 //! Only the common case is read: a top-level object whose key locations are each a
 //! top-level property, present once, holding a string without escapes, an integer, a
@@ -9,8 +9,8 @@
 //! full path, whose key is the authority. Where the scan answers, its bytes are the ones
 //! [`KeyExtractor::pack_doc`](crate::KeyExtractor::pack_doc) gives the parsed document,
 //! whenever that document parses (a property test holds the two together). Text that
-//! does not parse is passed over by every shard but the one its scanned key hashes to,
-//! which parses it and reports the error.
+//! does not parse goes to the shard its scanned key hashes to, which parses it and
+//! reports the error.
 
 use crate::Pointer;
 use crate::tuple::{pack_bool, pack_int, pack_null, pack_str_bytes};
@@ -276,51 +276,6 @@ mod tests {
         assert!(KeyScan::new(&[Pointer::parse("/a/b").unwrap()]).is_none());
         let id = Pointer::parse("/id").unwrap();
         assert!(KeyScan::new(&[id.clone(), id]).is_none());
-    }
-
-    /// A shard passes over another shard's document unparsed: past its key, text that is
-    /// not JSON is the owner's to report.
-    #[test]
-    fn a_shard_passes_over_other_keys_unparsed_and_the_owner_reports_bad_text() {
-        use crate::combine::{BindingSpec, CombineError, Combiner, CombinerOptions};
-        use crate::{KeyRange, Schema, key_hash};
-        let (_, key) = scan(&["/id"]);
-        let low = KeyRange {
-            begin: 0,
-            end: u32::MAX / 2,
-        };
-        let mut combiner = Combiner::new(
-            vec![BindingSpec {
-                schema: std::sync::Arc::new(Schema::compile(&json!({"type": "object"})).unwrap()),
-                key,
-                name: "c".to_string(),
-                full: true,
-                deletions: true,
-            }],
-            CombinerOptions {
-                key_range: low,
-                ..CombinerOptions::default()
-            },
-        );
-        let owned = |id: &str| {
-            let mut packed = Vec::new();
-            crate::tuple::pack_string(id, &mut packed);
-            key_hash(&packed) <= low.end
-        };
-        let mine = (0..).map(|i| format!("k{i}")).find(|id| owned(id)).unwrap();
-        let theirs = (0..)
-            .map(|i| format!("k{i}"))
-            .find(|id| !owned(id))
-            .unwrap();
-        let bad = |id: &str| format!(r#"{{"id": "{id}", "n": nul}}"#);
-        combiner
-            .combine_right_json(0, bad(&theirs).as_bytes())
-            .unwrap();
-        assert_eq!(combiner.passed_over(), 1);
-        assert!(matches!(
-            combiner.combine_right_json(0, bad(&mine).as_bytes()),
-            Err(CombineError::Parse { .. })
-        ));
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

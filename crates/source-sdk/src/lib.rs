@@ -87,7 +87,9 @@ pub use health::{Connection, Health};
 pub use intake::Intake;
 pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch};
-pub use records::{InputError, Position, Record, RecordDoc, Records, Unit, bad_json};
+pub use records::{
+    InputError, Position, Record, RecordDoc, Records, SharedDoc, SharedRecord, Unit, bad_json,
+};
 pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
 
 use serde::{Deserialize, Serialize};

@@ -104,6 +104,32 @@ pub enum RecordDoc<'a> {
     Value(&'a mut Value),
 }
 
+impl RecordDoc<'_> {
+    /// The document, read in place.
+    pub fn shared(&self) -> SharedDoc<'_> {
+        match self {
+            RecordDoc::Json(text) => SharedDoc::Json(text),
+            RecordDoc::Value(value) => SharedDoc::Value(value),
+        }
+    }
+}
+
+/// A record read in place ([`Records::get`]), where the records are shared (between
+/// threads): its `Value` is borrowed, not taken.
+#[derive(Debug)]
+pub struct SharedRecord<'a> {
+    pub doc: SharedDoc<'a>,
+    pub position: &'a Position,
+    pub bytes: usize,
+}
+
+/// A document read in place: JSON text, or the `Value` its source built.
+#[derive(Debug, Clone, Copy)]
+pub enum SharedDoc<'a> {
+    Json(&'a [u8]),
+    Value(&'a Value),
+}
+
 impl Records {
     /// Appends a document given as JSON text, unparsed; `bytes` is its raw record's size.
     pub fn push_json(&mut self, text: &[u8], position: Position, bytes: usize) {
@@ -171,6 +197,19 @@ impl Records {
     pub fn clear(&mut self) {
         self.text.clear();
         self.records.clear();
+    }
+
+    /// Record `at`, read in place.
+    pub fn get(&self, at: usize) -> Option<SharedRecord<'_>> {
+        let stored = self.records.get(at)?;
+        Some(SharedRecord {
+            doc: match &stored.doc {
+                StoredDoc::Json(range) => SharedDoc::Json(&self.text[range.clone()]),
+                StoredDoc::Value(value) => SharedDoc::Value(value),
+            },
+            position: &stored.position,
+            bytes: stored.bytes,
+        })
     }
 
     /// The records in order; a `Value` document may be taken out of its record.

@@ -243,6 +243,13 @@ impl MemTable {
         result
     }
 
+    /// Makes room for `keys` more keys, so that a table whose size is known ahead (the
+    /// next combiner of a drain) does not grow, and rehash, step by step.
+    pub(super) fn reserve(&mut self, keys: usize) {
+        let (arena, hasher) = (&self.keys, &self.hasher);
+        self.index.reserve(keys, |e| hasher.hash_one(e.key(arena)));
+    }
+
     /// Whether the key arena reached [`KEY_ARENA_LIMIT`]: the table must be spilled.
     pub(super) fn keys_full(&self) -> bool {
         self.keys.len() >= KEY_ARENA_LIMIT

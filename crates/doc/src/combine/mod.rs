@@ -60,7 +60,6 @@ pub use drain::Drainer;
 
 use crate::compact::Doc;
 use crate::hash::KeyRange;
-use crate::keyscan::KeyScan;
 use crate::parse::DocParser;
 use crate::reduce::ReduceError;
 use crate::schema::{Schema, ValidationError};
@@ -116,8 +115,8 @@ pub struct CombinerOptions {
     pub memory_budget: usize,
     /// Where the spill file goes; `None` means `std::env::temp_dir()`.
     pub spill_dir: Option<PathBuf>,
-    /// The shard's key range: new documents of other keys are passed over (another
-    /// shard owns them), a loaded one is an error.
+    /// The shard's key range: a loaded document of another key is an error (the caller
+    /// routes new documents to their shard's combiner).
     pub key_range: KeyRange,
 }
 
@@ -147,8 +146,6 @@ pub struct CombinerStats {
     pub spilled_runs: usize,
     /// Bytes written to the spill file so far.
     pub spilled_bytes: u64,
-    /// New documents passed over: their keys hash outside the key range.
-    pub elsewhere: u64,
 }
 
 /// Why a document could not be combined or drained. Every variant about a document names
@@ -233,28 +230,19 @@ pub struct Combiner {
     /// Parse [`Combiner::combine_right_json`]'s text, keeping their buffers: one per
     /// binding, so each learns the shapes of its own collection's documents.
     parsers: Vec<DocParser>,
-    /// Per binding, its key read from the text alone, where it can be: in a shard of
-    /// part of the key range, the other shards' documents are passed over unparsed.
-    scans: Vec<Option<KeyScan>>,
     poisoned: Option<String>,
-    /// New documents passed over for hashing outside the key range.
-    elsewhere: u64,
 }
 
 impl Combiner {
     pub fn new(bindings: Vec<BindingSpec>, opts: CombinerOptions) -> Self {
         Combiner {
             parsers: bindings.iter().map(|_| DocParser::default()).collect(),
-            scans: (bindings.iter())
-                .map(|b| KeyScan::new(b.key.pointers()))
-                .collect(),
             bindings: bindings.into(),
             opts,
             table: MemTable::default(),
             spill: None,
             scratch: Vec::with_capacity(64),
             poisoned: None,
-            elsewhere: 0,
         }
     }
 
@@ -271,16 +259,7 @@ impl Combiner {
     pub fn combine_right_json(&mut self, binding: u32, json: &[u8]) -> Result<(), CombineError> {
         self.check_poisoned()?;
         let spec = spec(&self.bindings, binding)?;
-        // `spec` found the binding, so it has a parser and a scan.
-        if !self.opts.key_range.is_all()
-            && let Some(scan) = &self.scans[binding as usize]
-        {
-            self.scratch.clear();
-            if scan.pack(json, &mut self.scratch) && !self.opts.key_range.owns(&self.scratch) {
-                self.elsewhere += 1;
-                return Ok(());
-            }
-        }
+        // `spec` found the binding, so it has a parser.
         let doc = self.parsers[binding as usize]
             .parse(json)
             .map_err(|source| CombineError::Parse {
@@ -295,10 +274,7 @@ impl Combiner {
     pub fn combine_right_doc(&mut self, binding: u32, doc: Doc) -> Result<(), CombineError> {
         self.check_poisoned()?;
         let deletion = doc.is_deletion();
-        if !self.key_and_validate(binding, &doc, deletion)? {
-            self.elsewhere += 1;
-            return Ok(());
-        }
+        self.key_and_validate(binding, &doc, deletion)?;
         let side = if deletion && self.bindings[binding as usize].deletions {
             Side::Reset
         } else {
@@ -307,24 +283,19 @@ impl Combiner {
         self.insert(binding, side, doc)
     }
 
-    /// Packs `doc`'s table key into `scratch`; false when it hashes outside the key range
-    /// (another shard owns it: it is passed over unvalidated). Else validates it against
-    /// its binding's schema (a deletion needs only its key, in every binding, so a text
-    /// one binding of a collection accepts all accept). A document without a key is owned
-    /// by every shard, so each reports it.
+    /// Packs `doc`'s table key into `scratch` and validates it against its binding's
+    /// schema (a deletion needs only its key, in every binding, so a text one binding of
+    /// a collection accepts all accept).
     fn key_and_validate(
         &mut self,
         binding: u32,
         doc: &Doc,
         deletion: bool,
-    ) -> Result<bool, CombineError> {
+    ) -> Result<(), CombineError> {
         let spec = spec(&self.bindings, binding)?;
         self.scratch.clear();
         self.scratch.extend_from_slice(&binding.to_be_bytes());
         let keyed = spec.key.pack_doc(doc, &mut self.scratch);
-        if keyed.is_ok() && !self.opts.key_range.owns(&self.scratch[4..]) {
-            return Ok(false);
-        }
         if !deletion && let Err(source) = spec.schema.validate_doc(doc) {
             return Err(CombineError::Invalid {
                 collection: spec.name.clone(),
@@ -338,8 +309,7 @@ impl Combiner {
         keyed.map_err(|source| CombineError::Key {
             collection: spec.name.clone(),
             source,
-        })?;
-        Ok(true)
+        })
     }
 
     /// Like [`Combiner::combine_right`] for a document that was already validated and
@@ -378,9 +348,11 @@ impl Combiner {
         self.insert(binding, Side::Left, doc)
     }
 
-    /// How many new documents it passed over, for hashing outside its key range.
-    pub fn passed_over(&self) -> u64 {
-        self.elsewhere
+    /// Makes room in memory for `keys` more keys: a combiner about to take a drain of
+    /// known size (its keys' count in [`CombinerStats::entries`]) then fills without
+    /// growing step by step. Room counts towards the memory budget.
+    pub fn reserve(&mut self, keys: usize) {
+        self.table.reserve(keys);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -393,7 +365,6 @@ impl Combiner {
             memory_bytes: self.table.memory_bytes(),
             spilled_runs: self.spill.as_ref().map_or(0, |s| s.runs().len()),
             spilled_bytes: self.spill.as_ref().map_or(0, SpillFile::len),
-            elsewhere: self.elsewhere,
         }
     }
 

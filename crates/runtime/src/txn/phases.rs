@@ -84,6 +84,8 @@ pub(super) async fn send_loads(
     let mut known = KnownKeys::from_checkpoint(checkpoint, bindings);
     let mut builder = LoadBuilder::new();
     let mut reused = 0;
+    // Every key C1 holds in memory moves into C2 (a spilled run's keys grow it).
+    lock(c2).reserve(c1.stats().entries);
     let drain = c1.drain().map_err(PhaseError::Combine)?;
     // A non-associative binding drains a key's documents one by one: load it once.
     let (mut last_binding, mut last_key) = (None, Vec::new());

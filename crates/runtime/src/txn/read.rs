@@ -10,8 +10,10 @@
 //!
 //! One reader serves every shard of a group ([`super::group`]): each record goes to the
 //! part of the shard whose key range holds its key hash (its key read from the text by
-//! `KeyScan`, or from the parsed document where the scan cannot tell), and the parts of
-//! a step are combined at once, one thread per part up to the group's `threads`. Every
+//! `KeyScan`, or from the parsed document where the scan cannot tell). A step is worked
+//! in two rounds on up to the group's `threads` threads, its records shared by all and
+//! copied by none: each thread routes a slice of the records (each part's record numbers,
+//! in order), then each thread combines whole parts, reading its records in place. Every
 //! shard's part of a batch has the batch's steps: one transaction of each shard.
 //!
 //! Documents reach the combiner as the JSON text their source has, whenever it has text:
@@ -71,8 +73,8 @@ use sluice_doc::keyscan::KeyScan;
 use sluice_doc::parse::DocParser;
 use sluice_doc::{KeyExtractor, KeyRange, key_hash};
 use sluice_source_sdk::{
-    FaultTolerance, InputError, Lag, Position, QueueLimits, RecordDoc, Records, Resume, Step,
-    bad_json,
+    FaultTolerance, InputError, Lag, Position, QueueLimits, Record, RecordDoc, Records, Resume,
+    SharedDoc, Step, bad_json,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -284,15 +286,19 @@ pub(super) fn spawn(
             durables,
             threads,
         } = group;
+        let ranges: Arc<[KeyRange]> = ranges.into();
+        let threads = threads.max(1);
         let mut reader = Reader {
             metrics,
             progress,
             exhausted: vec![false; sources.len()],
-            router: Router::new(ranges, &sources, &bindings),
+            routers: (0..threads)
+                .map(|_| Router::new(ranges.clone(), &sources, &bindings))
+                .collect(),
+            ranges,
             feeds: (sources.iter().enumerate())
                 .map(|(index, bound)| Arc::new(Feed::new(index, bound, &bindings)))
                 .collect(),
-            routed: Vec::new(),
             threads,
             sources: sources.into_iter().map(ReaderSource::extended).collect(),
             bindings,
@@ -337,7 +343,7 @@ pub(super) fn spawn(
                 );
             }
             let last = batch.as_ref().map_or(true, |b| b.last);
-            reader.in_flight.sent(reader.router.ranges.len());
+            reader.in_flight.sent(reader.ranges.len());
             if tx.send(batch).await.is_err() || last {
                 break;
             }
@@ -438,11 +444,11 @@ struct Reader {
     bindings: Arc<Vec<Binding>>,
     /// Per source (the run's order): how its records are combined.
     feeds: Vec<Arc<Feed>>,
-    /// Which shard's part each record goes to.
-    router: Router,
-    /// Each part's records of the step in hand (when routed).
-    routed: Vec<Routed>,
-    /// Threads that combine a step's parts at once.
+    /// Each shard's key range, in key order, contiguous.
+    ranges: Arc<[KeyRange]>,
+    /// Which shard's part each record goes to: a router per thread.
+    routers: Vec<Router>,
+    /// Threads that route a step's records, then combine its parts, at once.
     threads: usize,
     opts: TxnOptions,
     shutdown: watch::Receiver<bool>,
@@ -462,17 +468,10 @@ struct Reader {
     commits: VecDeque<(u64, Vec<(usize, Value)>)>,
 }
 
-/// One part's records of a step, with where each stood in the step.
-#[derive(Default)]
-struct Routed {
-    records: Records,
-    ordinals: Vec<usize>,
-}
-
 /// Where each document goes: the shard of the group whose key range holds its key hash.
 struct Router {
     /// The shards' ranges, in key order, contiguous.
-    ranges: Vec<KeyRange>,
+    ranges: Arc<[KeyRange]>,
     /// Per source (the run's order): how its documents' keys are read.
     keys: Vec<SourceKey>,
     key: Vec<u8>,
@@ -496,7 +495,7 @@ enum Route {
 }
 
 impl Router {
-    fn new(ranges: Vec<KeyRange>, sources: &[BoundSource], bindings: &[Binding]) -> Router {
+    fn new(ranges: Arc<[KeyRange]>, sources: &[BoundSource], bindings: &[Binding]) -> Router {
         let keys = sources
             .iter()
             .map(|bound| {
@@ -518,20 +517,15 @@ impl Router {
         }
     }
 
-    /// One shard of every key takes every document: nothing to route.
-    fn takes_all(&self) -> bool {
-        self.ranges.len() == 1 && self.ranges[0].is_all()
-    }
-
     /// The part a record of source `source` goes to. A record whose key cannot be read
     /// here (not JSON, no key, not its envelope) goes to the first part, whose combiner
     /// reports what is wrong with it, as a shard's own would.
-    fn route(&mut self, source: usize, envelope: Envelope, doc: &RecordDoc<'_>) -> Route {
+    fn route(&mut self, source: usize, envelope: Envelope, doc: SharedDoc<'_>) -> Route {
         self.key.clear();
         let keys = &mut self.keys[source];
         let keyed = match (envelope, doc) {
-            (Envelope::None, RecordDoc::Json(text)) => keys.pack_text(text, &mut self.key),
-            (Envelope::None, RecordDoc::Value(value)) => {
+            (Envelope::None, SharedDoc::Json(text)) => keys.pack_text(text, &mut self.key),
+            (Envelope::None, SharedDoc::Value(value)) => {
                 keys.extractor.pack(value, &mut self.key).is_ok()
             }
             (envelope, doc) => {
@@ -604,7 +598,7 @@ impl Reader {
             combined: vec![0; self.bindings.len()],
         };
         ReadBatch {
-            parts: self.router.ranges.iter().map(|_| part()).collect(),
+            parts: self.ranges.iter().map(|_| part()).collect(),
             steps: BTreeMap::new(),
             outside: (0, 0),
             journaled: 0,
@@ -920,8 +914,9 @@ impl Reader {
 
     /// Feeds one step of source `index` to the batch: its input errors become rejections
     /// (skipping source) or fail it at the first bad record, and its records go to their
-    /// shards' parts, each to every binding of its source (see [`combine_records`]); the
-    /// parts are combined at once on up to `threads` threads. Leaves `records` empty.
+    /// shards' parts, each to every binding of its source (see [`combine_record`]): routed
+    /// in slices, then the parts combined, each round at once on up to `threads` threads
+    /// (see the module docs). Leaves `records` empty.
     async fn combine(
         &mut self,
         step: &Step,
@@ -938,7 +933,8 @@ impl Reader {
         };
         let before: Vec<(u64, u64)> = batch.parts.iter().map(|p| (p.docs, p.bytes)).collect();
         let started = Instant::now();
-        let combined = if self.router.takes_all() {
+        let combined = if self.ranges.len() == 1 && self.ranges[0].is_all() {
+            // One shard of every key takes every document: nothing to route.
             let part = &mut batch.parts[0];
             combine_records(
                 &mut self.records,
@@ -950,42 +946,62 @@ impl Reader {
             .map_err(|failed| *failed.err)
         } else {
             let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
-            self.routed.resize_with(batch.parts.len(), Routed::default);
-            for (ordinal, record) in self.records.iter_mut().enumerate() {
-                let position = record.position;
-                if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
-                    break;
-                }
-                match self.router.route(index, feed.envelope, &record.doc) {
-                    Route::Part(part) => {
-                        let routed = &mut self.routed[part];
-                        match record.doc {
-                            RecordDoc::Json(text) => {
-                                routed
-                                    .records
-                                    .push_json(text, position.clone(), record.bytes)
-                            }
-                            RecordDoc::Value(doc) => routed.records.push_value(
-                                std::mem::take(doc),
-                                position.clone(),
-                                record.bytes,
-                            ),
-                        }
-                        routed.ordinals.push(ordinal);
-                    }
-                    Route::Outside => {
-                        batch.outside.0 += 1;
-                        batch.outside.1 += record.bytes as u64;
-                    }
-                }
+            let records = Arc::new(std::mem::take(&mut self.records));
+            let threads = if records.len() >= PARALLEL_MIN {
+                self.threads
+            } else {
+                1
+            };
+            let slice = records.len().div_ceil(self.routers.len());
+            let slices = (std::mem::take(&mut self.routers).into_iter().enumerate())
+                .map(|(at, router)| Slice {
+                    range: (at * slice).min(records.len())..((at + 1) * slice).min(records.len()),
+                    parts: vec![Vec::new(); self.ranges.len()],
+                    outside: (0, 0),
+                    router,
+                })
+                .collect();
+            let (shared, envelope) = (records.clone(), feed.envelope);
+            let mut slices = on_pool(slices, threads, move |slice: &mut Slice| {
+                slice.route(&shared, index, envelope, stop)
+            })
+            .await;
+            batch.tally.route += started.elapsed();
+            let mut jobs = Vec::with_capacity(batch.parts.len());
+            for (at, part) in std::mem::take(&mut batch.parts).into_iter().enumerate() {
+                jobs.push(Job {
+                    part,
+                    ordinals: (slices.iter_mut())
+                        .map(|slice| std::mem::take(&mut slice.parts[at]))
+                        .collect(),
+                    rejects: Rejects {
+                        letters: Vec::new(),
+                        unreducible: self.rejects.unreducible.clone(),
+                    },
+                    combined: Ok(Combined::All),
+                });
             }
-            let routed_at = Instant::now();
-            batch.tally.route += routed_at - started;
-            let parts = std::mem::take(&mut batch.parts);
-            let routed = std::mem::take(&mut self.routed);
-            let (parts, routed, combined) =
-                combine_parts(parts, routed, &feed, &mut self.rejects, self.threads).await;
-            (batch.parts, self.routed) = (parts, routed);
+            for slice in slices {
+                batch.outside.0 += slice.outside.0;
+                batch.outside.1 += slice.outside.1;
+                self.routers.push(slice.router);
+            }
+            let busy = jobs.iter().filter(|job| job.records() > 0).count();
+            let routed: usize = jobs.iter().map(Job::records).sum();
+            let threads = if busy > 1 && routed >= PARALLEL_MIN {
+                self.threads
+            } else {
+                1
+            };
+            let shared = (records.clone(), feed.clone());
+            let jobs = on_pool(jobs, threads, move |job: &mut Job| {
+                job.run(&shared.0, &shared.1)
+            })
+            .await;
+            // Every thread is done with the records: their buffers are kept for the next step.
+            self.records = Arc::try_unwrap(records).unwrap_or_default();
+            let combined;
+            (batch.parts, combined) = Job::merge(jobs, &mut self.rejects);
             combined
         };
         self.records.clear();
@@ -1009,120 +1025,157 @@ impl Reader {
     }
 }
 
-/// Combines each part's routed records of a step into it, the parts at once on up to
-/// `threads` threads (tokio's blocking pool, whose threads live on, so the scheduler
-/// spreads them over the cores; a step too small for that on this one); returns the
-/// parts and their emptied records. A failure is the one of the earliest record in the
-/// step; rejections join `rejects`.
-async fn combine_parts(
-    parts: Vec<Part>,
-    routed: Vec<Routed>,
-    feed: &Arc<Feed>,
-    rejects: &mut Rejects,
+/// Runs `work` on each of `jobs`, the jobs spread over up to `threads` threads: this
+/// one takes the first share, tokio's blocking pool the others (its threads live on, so
+/// the scheduler spreads them over the cores). Returns the jobs in their order.
+async fn on_pool<J: Send + 'static>(
+    jobs: Vec<J>,
     threads: usize,
-) -> (Vec<Part>, Vec<Routed>, Result<Combined, RunError>) {
-    let busy = routed.iter().filter(|r| !r.ordinals.is_empty()).count();
-    let records: usize = routed.iter().map(|r| r.ordinals.len()).sum();
-    let threads = if busy > 1 && records >= PARALLEL_MIN {
-        threads.max(1)
-    } else {
-        1
-    };
-    // Each thread takes every `threads`-th part; this one takes the first share.
-    let mut shares: Vec<Vec<Job>> = (0..threads).map(|_| Vec::new()).collect();
-    for (at, (part, routed)) in parts.into_iter().zip(routed).enumerate() {
-        shares[at % threads].push(Job {
-            at,
-            part,
-            routed,
-            rejects: Rejects {
-                letters: Vec::new(),
-                unreducible: rejects.unreducible.clone(),
-            },
-            combined: Ok(Combined::All),
-        });
+    work: impl Fn(&mut J) + Clone + Send + 'static,
+) -> Vec<J> {
+    let threads = threads.clamp(1, jobs.len().max(1));
+    // Each thread takes every `threads`-th job.
+    let mut shares: Vec<Vec<(usize, J)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (at, job) in jobs.into_iter().enumerate() {
+        shares[at % threads].push((at, job));
     }
+    let run = |mut share: Vec<(usize, J)>, work: &dyn Fn(&mut J)| {
+        share.iter_mut().for_each(|(_, job)| work(job));
+        share
+    };
     let mut shares = shares.into_iter();
     let first = shares.next().unwrap_or_default();
     let spawned: Vec<_> = shares
         .map(|share| {
-            let feed = feed.clone();
-            tokio::task::spawn_blocking(move || Job::run_all(share, &feed))
+            let work = work.clone();
+            tokio::task::spawn_blocking(move || run(share, &work))
         })
         .collect();
-    let mut jobs = Job::run_all(first, feed);
+    let mut done = run(first, &work);
     for handle in spawned {
         match handle.await {
-            Ok(done) => jobs.extend(done),
+            Ok(share) => done.extend(share),
             Err(join) => std::panic::resume_unwind(join.into_panic()),
         }
     }
-    jobs.sort_by_key(|job| job.at);
-    let mut result = Ok(Combined::All);
-    let mut first_failure = usize::MAX;
-    let mut letters = Vec::new();
-    let (mut parts, mut routed) = (Vec::with_capacity(jobs.len()), Vec::new());
-    for job in jobs {
-        rejects.unreducible.extend(job.rejects.unreducible);
-        letters.extend(job.rejects.letters);
-        match job.combined {
-            Ok(Combined::Rebuild) if first_failure == usize::MAX => {
-                result = Ok(Combined::Rebuild);
+    done.sort_by_key(|(at, _)| *at);
+    done.into_iter().map(|(_, job)| job).collect()
+}
+
+/// A slice of a step's records, routed on one thread.
+struct Slice {
+    router: Router,
+    /// The records' numbers in the step.
+    range: std::ops::Range<usize>,
+    /// Per part: the numbers of the slice's records it takes, in order.
+    parts: Vec<Vec<usize>>,
+    /// Records whose key no shard of the group owns, and their bytes.
+    outside: (u64, u64),
+}
+
+impl Slice {
+    /// Routes the slice's records of source `source`, up to the one at `stop` (the
+    /// step's first input error, which then fails it).
+    fn route(&mut self, records: &Records, source: usize, envelope: Envelope, stop: Stop) {
+        for ordinal in self.range.clone() {
+            let record = records.get(ordinal).expect("a record of the step");
+            if past(record.position, stop) {
+                break;
             }
-            Ok(_) => {}
-            Err(failed) if failed.at <= first_failure => {
-                first_failure = failed.at;
-                result = Err(*failed.err);
+            match self.router.route(source, envelope, record.doc) {
+                Route::Part(part) => self.parts[part].push(ordinal),
+                Route::Outside => {
+                    self.outside.0 += 1;
+                    self.outside.1 += record.bytes as u64;
+                }
             }
-            Err(_) => {}
         }
-        parts.push(job.part);
-        routed.push(job.routed);
     }
-    letters.sort_by_key(|(id, _)| *id);
-    rejects.letters.extend(letters);
-    (parts, routed, result)
 }
 
 /// One part's records of a step, to combine into it (on whichever thread).
 struct Job {
-    /// The part's place in the group.
-    at: usize,
     part: Part,
-    routed: Routed,
+    /// The numbers of its records in the step, per slice, in order.
+    ordinals: Vec<Vec<usize>>,
     rejects: Rejects,
     combined: Result<Combined, Failed>,
 }
 
 impl Job {
-    fn run_all(mut jobs: Vec<Job>, feed: &Feed) -> Vec<Job> {
-        for job in &mut jobs {
-            let routed = &mut job.routed;
-            let combined = (combine_records(
-                &mut routed.records,
-                None,
+    fn records(&self) -> usize {
+        self.ordinals.iter().map(Vec::len).sum()
+    }
+
+    /// Combines the part's records, read in place from the step's (a `Value` is
+    /// cloned: the records are shared).
+    fn run(&mut self, records: &Records, feed: &Feed) {
+        let mut scratch = Scratch::default();
+        let mut value = Value::Null;
+        self.combined = Ok(Combined::All);
+        for &ordinal in self.ordinals.iter().flatten() {
+            let record = records.get(ordinal).expect("a record of the step");
+            let doc = match record.doc {
+                SharedDoc::Json(text) => RecordDoc::Json(text),
+                SharedDoc::Value(doc) => {
+                    value.clone_from(doc);
+                    RecordDoc::Value(&mut value)
+                }
+            };
+            let record = Record {
+                doc,
+                position: record.position,
+                bytes: record.bytes,
+            };
+            let at = ordinal;
+            match combine_record(
+                at,
+                record,
                 feed,
-                &mut job.part,
-                &mut job.rejects,
-            ))
-            // A failure at its record's place in the step.
-            .map_err(|failed| Failed {
-                at: routed
-                    .ordinals
-                    .get(failed.at)
-                    .copied()
-                    .unwrap_or(usize::MAX),
-                err: failed.err,
-            });
-            routed.records.clear();
-            routed.ordinals.clear();
-            job.combined = combined;
+                &mut self.part,
+                &mut self.rejects,
+                &mut scratch,
+            ) {
+                Ok(Combined::All) => {}
+                done => {
+                    self.combined = done;
+                    return;
+                }
+            }
         }
-        jobs
+        self.combined = combined_all();
+    }
+
+    /// The parts, in order, and the step's outcome: the failure of its earliest record,
+    /// else a rebuild if a part needs one. Rejections join `rejects`, in record order.
+    fn merge(jobs: Vec<Job>, rejects: &mut Rejects) -> (Vec<Part>, Result<Combined, RunError>) {
+        let mut result = Ok(Combined::All);
+        let mut first_failure = usize::MAX;
+        let mut letters = Vec::new();
+        let mut parts = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            rejects.unreducible.extend(job.rejects.unreducible);
+            letters.extend(job.rejects.letters);
+            match job.combined {
+                Ok(Combined::Rebuild) if first_failure == usize::MAX => {
+                    result = Ok(Combined::Rebuild);
+                }
+                Ok(_) => {}
+                Err(failed) if failed.at <= first_failure => {
+                    first_failure = failed.at;
+                    result = Err(*failed.err);
+                }
+                Err(_) => {}
+            }
+            parts.push(job.part);
+        }
+        letters.sort_by_key(|(id, _)| *id);
+        rejects.letters.extend(letters);
+        (parts, result)
     }
 }
 
-/// A record that failed its batch, and where it stood among the records combined.
+/// A record that failed its batch, and its number in the step.
 struct Failed {
     at: usize,
     err: Box<RunError>,
@@ -1216,9 +1269,23 @@ impl Feed {
     }
 }
 
+/// Where a failing step's first input error stands (`line`, `byte_offset`): the records
+/// after it are not combined.
+type Stop = Option<(u64, u64)>;
+
+fn past(position: &Position, stop: Stop) -> bool {
+    stop.is_some_and(|stop| (position.line, position.byte_offset) > stop)
+}
+
+/// A combining thread's buffers.
+#[derive(Default)]
+struct Scratch {
+    key: Vec<u8>,
+    unwrapped: Vec<u8>,
+}
+
 /// Feeds records to every binding of their source, up to `failing_at` (a failing
-/// source's first input error, which then fails the step). A skipping source's bad
-/// documents are rejected instead; `Rebuild` when one failed to reduce.
+/// source's first input error, which then fails the step); see [`combine_record`].
 fn combine_records(
     records: &mut Records,
     failing_at: Option<&InputError>,
@@ -1227,98 +1294,118 @@ fn combine_records(
     rejects: &mut Rejects,
 ) -> Result<Combined, Failed> {
     let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
-    let mut key = Vec::new();
-    let mut unwrapped = Vec::new();
+    let mut scratch = Scratch::default();
     for (at, record) in records.iter_mut().enumerate() {
-        let failed = |err| Failed {
-            at,
-            err: Box::new(err),
-        };
-        let position = record.position;
-        if stop.is_some_and(|stop| (position.line, position.byte_offset) > stop) {
+        if past(record.position, stop) {
             break;
         }
-        let id = feed.record_id(position);
-        if feed.skip.is_some()
-            && let Some(reason) = rejects.unreducible.get(&id)
-        {
-            let letter = feed.dead_letter(position, reason.clone(), record.doc);
-            rejects.letters.push((id, letter));
-            continue;
-        }
-        let doc = match feed.envelope {
-            Envelope::None => record.doc,
-            envelope => match unwrap_envelope(envelope, &record.doc, &mut unwrapped) {
-                Ok(true) => RecordDoc::Json(&unwrapped),
-                // Nothing to apply (a tombstone after a deletion); its bytes still count.
-                Ok(false) => {
-                    part.bytes += record.bytes as u64;
-                    continue;
-                }
-                Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
-                    Triage::Reject => {
-                        let letter = feed.dead_letter(position, reason, record.doc);
-                        rejects.letters.push((id, letter));
-                        continue;
-                    }
-                    _ => return Err(failed(feed.input_error(position, &reason))),
-                },
-            },
-        };
-        let (combined, text) = match doc {
-            RecordDoc::Json(text) => {
-                let combined = feed
-                    .targets
-                    .iter()
-                    .try_for_each(|&binding| part.combiner.combine_right_json(binding, text));
-                (combined, Some(text))
-            }
-            RecordDoc::Value(doc) => {
-                let rejected = (feed.skip.as_deref())
-                    .and_then(|collection| check_document(collection, doc, &mut key));
-                if let Some(reason) = rejected {
-                    let letter = feed.dead_letter(position, reason, RecordDoc::Value(doc));
-                    rejects.letters.push((id, letter));
-                    continue;
-                }
-                (combine_value(&mut part.combiner, &feed.targets, doc), None)
-            }
-        };
-        let err = match combined {
-            Ok(()) => {
-                part.docs += 1;
-                part.bytes += record.bytes as u64;
-                continue;
-            }
-            Err(err) => err,
-        };
-        // The position is formatted only for an error: this loop is hot.
-        match (triage(Fault::of(&err), feed.on_error), err, text) {
-            (Triage::Rebuild, err, _) if feed.replayable => {
-                rejects.unreducible.insert(id, err.to_string());
-                return Ok(Combined::Rebuild);
-            }
-            (Triage::Reject, err, Some(text)) => {
-                let reason = match err {
-                    CombineError::Parse { source, .. } => bad_json(text, &source),
-                    err => err.to_string(),
-                };
-                let letter = feed.dead_letter(position, reason, RecordDoc::Json(text));
-                rejects.letters.push((id, letter));
-            }
-            (Triage::FailInput, CombineError::Parse { source, .. }, Some(text)) => {
-                return Err(failed(feed.input_error(position, &bad_json(text, &source))));
-            }
-            // A `Value` was checked before it was combined (and is gone now).
-            // A reduction failed, and the batch cannot be re-read without the document.
-            (Triage::Reject | Triage::FailInput | Triage::Fail | Triage::Rebuild, err, _) => {
-                return Err(failed(RunError::Document {
-                    position: position.to_string(),
-                    source: Box::new(err),
-                }));
-            }
+        if let Combined::Rebuild = combine_record(at, record, feed, part, rejects, &mut scratch)? {
+            return Ok(Combined::Rebuild);
         }
     }
+    combined_all()
+}
+
+/// Feeds record `at` of a step to every binding of its source. A skipping source's bad
+/// document is rejected instead; `Rebuild` when one failed to reduce.
+fn combine_record(
+    at: usize,
+    record: Record<'_>,
+    feed: &Feed,
+    part: &mut Part,
+    rejects: &mut Rejects,
+    scratch: &mut Scratch,
+) -> Result<Combined, Failed> {
+    let failed = |err| Failed {
+        at,
+        err: Box::new(err),
+    };
+    let position = record.position;
+    let id = feed.record_id(position);
+    if feed.skip.is_some()
+        && let Some(reason) = rejects.unreducible.get(&id)
+    {
+        let letter = feed.dead_letter(position, reason.clone(), record.doc);
+        rejects.letters.push((id, letter));
+        return Ok(Combined::All);
+    }
+    let doc = match feed.envelope {
+        Envelope::None => record.doc,
+        envelope => match unwrap_envelope(envelope, record.doc.shared(), &mut scratch.unwrapped) {
+            Ok(true) => RecordDoc::Json(&scratch.unwrapped),
+            // Nothing to apply (a tombstone after a deletion); its bytes still count.
+            Ok(false) => {
+                part.bytes += record.bytes as u64;
+                return Ok(Combined::All);
+            }
+            Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
+                Triage::Reject => {
+                    let letter = feed.dead_letter(position, reason, record.doc);
+                    rejects.letters.push((id, letter));
+                    return Ok(Combined::All);
+                }
+                _ => return Err(failed(feed.input_error(position, &reason))),
+            },
+        },
+    };
+    let (combined, text) = match doc {
+        RecordDoc::Json(text) => {
+            let combined = feed
+                .targets
+                .iter()
+                .try_for_each(|&binding| part.combiner.combine_right_json(binding, text));
+            (combined, Some(text))
+        }
+        RecordDoc::Value(doc) => {
+            let rejected = (feed.skip.as_deref())
+                .and_then(|collection| check_document(collection, doc, &mut scratch.key));
+            if let Some(reason) = rejected {
+                let letter = feed.dead_letter(position, reason, RecordDoc::Value(doc));
+                rejects.letters.push((id, letter));
+                return Ok(Combined::All);
+            }
+            (combine_value(&mut part.combiner, &feed.targets, doc), None)
+        }
+    };
+    let err = match combined {
+        Ok(()) => {
+            part.docs += 1;
+            part.bytes += record.bytes as u64;
+            return Ok(Combined::All);
+        }
+        Err(err) => err,
+    };
+    // The position is formatted only for an error: this path is hot.
+    match (triage(Fault::of(&err), feed.on_error), err, text) {
+        (Triage::Rebuild, err, _) if feed.replayable => {
+            rejects.unreducible.insert(id, err.to_string());
+            Ok(Combined::Rebuild)
+        }
+        (Triage::Reject, err, Some(text)) => {
+            let reason = match err {
+                CombineError::Parse { source, .. } => bad_json(text, &source),
+                err => err.to_string(),
+            };
+            let letter = feed.dead_letter(position, reason, RecordDoc::Json(text));
+            rejects.letters.push((id, letter));
+            Ok(Combined::All)
+        }
+        (Triage::FailInput, CombineError::Parse { source, .. }, Some(text)) => {
+            Err(failed(feed.input_error(position, &bad_json(text, &source))))
+        }
+        // A `Value` was checked before it was combined (and is gone now).
+        // A reduction failed, and the batch cannot be re-read without the document.
+        (Triage::Reject | Triage::FailInput | Triage::Fail | Triage::Rebuild, err, _) => {
+            Err(failed(RunError::Document {
+                position: position.to_string(),
+                source: Box::new(err),
+            }))
+        }
+    }
+}
+
+/// The end of a part's records of a step, all combined.
+fn combined_all() -> Result<Combined, Failed> {
     // The reader talks to no driver: its injected error is reported as the driver
     // errors are, so that it is retried like them.
     crate::failpoint::fail_point!(AFTER_QUEUE, |source| Failed {
@@ -1336,12 +1423,12 @@ fn combine_records(
 /// not such an envelope (the record is left as it was, for its dead letter).
 fn unwrap_envelope(
     envelope: Envelope,
-    doc: &RecordDoc<'_>,
+    doc: SharedDoc<'_>,
     buf: &mut Vec<u8>,
 ) -> Result<bool, String> {
     let record = match doc {
-        RecordDoc::Json(text) => serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?,
-        RecordDoc::Value(value) => (**value).clone(),
+        SharedDoc::Json(text) => serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?,
+        SharedDoc::Value(value) => value.clone(),
     };
     let unwrapped = (envelope.unwrap(record))
         .map_err(|reason| format!("envelope {}: {reason}", envelope.name()))?;
