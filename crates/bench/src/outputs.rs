@@ -468,12 +468,21 @@ async fn kafka_baseline(broker: &str, names: &Names) -> anyhow::Result<Published
     let mut request_bytes = vec![0; PARTITIONS as usize];
     for message in written {
         let p = message.partition as usize;
-        let record = Record {
-            key: Some(message.key),
-            value: Some(message.value),
-            headers: Default::default(),
+        let stamp = &message.stamp;
+        let record = sluice_kafka_output::stamp::record(
+            &sluice_output_sdk::Message {
+                txn: stamp.txn,
+                index: stamp.index,
+                key: &message.key,
+                value: &message.value,
+            },
+            stamp.batch,
+            &stamp.materialization,
+            stamp
+                .generation
+                .expect("Sluice's messages name their generation"),
             timestamp,
-        };
+        );
         let size = record.approximate_size();
         if request_bytes[p] + size > PRODUCE_BYTES && request_bytes[p] > 0 {
             requests[p].push(Vec::new());

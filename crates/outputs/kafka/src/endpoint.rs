@@ -1,5 +1,13 @@
-//! One binding's topic: the tail of every partition, read at open and advanced as the
-//! broker acknowledges, and pushes that skip what a partition holds.
+//! One binding's topic: the tail of every partition, read at open, and pushes that skip
+//! what a partition holds.
+//!
+//! Each partition has a producer task of its own. A push queues each partition's share of
+//! its messages and returns; the task sends them in order, one request at a time, each
+//! request taking whatever is queued by then (up to [`PRODUCE_BYTES`], so later pushes'
+//! messages join it); `batch_end` waits until every partition acknowledged everything.
+//! So the broker works on every partition, and on the messages of earlier pushes, while
+//! the next push is encoded, and no push waits for the slowest partition. Order within a
+//! partition holds (one request in flight each), which is what its tail relies on.
 
 use crate::config::{Config, Resource};
 use crate::connection::Connection;
@@ -12,10 +20,17 @@ use rskafka::record::Record;
 use sluice_output_sdk::{
     BatchKind, Buffer, Generation, OutputEndpoint, OutputError, Result, Tail, Target,
 };
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 /// Bytes of records one produce request carries at most: under the 1 MiB a Kafka
 /// broker accepts by default (`message.max.bytes`), headers and framing included.
 pub const PRODUCE_BYTES: usize = 512 << 10;
+
+/// Pushes' shares a partition's queue holds before a push waits for its producer: a
+/// few requests' worth (a push is `max_buffer_size_bytes` over every partition).
+const QUEUED_SHARES: usize = 4;
 
 pub struct KafkaEndpoint {
     brokers: Vec<String>,
@@ -27,16 +42,17 @@ pub struct KafkaEndpoint {
     max_buffer_size_bytes: usize,
     /// The kind of the batch being written.
     batch: BatchKind,
-    /// `None` before `open`, and after a failed produce (which of its messages landed
-    /// is unknown until the tails are read again).
+    /// `None` before `open`, and after a failed produce or an abort (which of its
+    /// messages landed is unknown until the tails are read again).
     topic_state: Option<TopicState>,
 }
 
 struct TopicState {
-    connection: Connection,
-    partitions: Vec<PartitionState>,
+    connection: Arc<Connection>,
+    producers: Vec<Producer>,
 }
 
+/// What a partition holds, as read at open.
 struct PartitionState {
     client: PartitionClient,
     /// The last message the partition holds (`None`: none of this materialization's
@@ -44,6 +60,22 @@ struct PartitionState {
     tail: Option<Tail>,
     /// The offset the partition's next message gets (its high watermark).
     next_offset: i64,
+}
+
+/// A partition's producer task (see the module docs), and its tail as of open: what a
+/// replayed transaction's messages are compared with (every later message is new).
+struct Producer {
+    queue: mpsc::Sender<Order>,
+    task: JoinHandle<()>,
+    tail: Option<Tail>,
+}
+
+/// What a push asks of a partition's producer.
+enum Order {
+    /// Messages to send after those queued before, with their approximate bytes.
+    Send(Vec<(Record, Tail)>, usize),
+    /// Answer once everything queued before is acknowledged, or with the first failure.
+    Flush(oneshot::Sender<Result<()>>),
 }
 
 /// What producing to one partition acknowledged, and how it ended.
@@ -67,6 +99,14 @@ impl KafkaEndpoint {
         }
     }
 
+    /// Drops the topic's state once its producers have stopped: the next push opens it
+    /// again, reading the tails.
+    async fn close(&mut self) {
+        if let Some(state) = self.topic_state.take() {
+            state.close().await;
+        }
+    }
+
     /// Connects, creates the topic if it is missing, and reads every partition's tail.
     async fn read_topic_state(&self) -> Result<TopicState> {
         let connection = Connection::connect(&self.brokers, &self.topic).await?;
@@ -87,11 +127,103 @@ impl KafkaEndpoint {
         let partitions = join_all(partitions)
             .await
             .into_iter()
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<_>>>()?;
+        let connection = Arc::new(connection);
+        let producers = (partitions.into_iter())
+            .map(|partition| {
+                let (queue, orders) = mpsc::channel(QUEUED_SHARES);
+                Producer {
+                    tail: partition.tail,
+                    task: tokio::spawn(produce(connection.clone(), partition, orders)),
+                    queue,
+                }
+            })
+            .collect();
         Ok(TopicState {
             connection,
-            partitions,
+            producers,
         })
+    }
+}
+
+impl TopicState {
+    /// Waits until every partition acknowledged what was pushed; the first failure.
+    async fn flush(&self) -> Result<()> {
+        let asked = self.producers.iter().map(|producer| async {
+            let (answer, answered) = oneshot::channel();
+            if producer.queue.send(Order::Flush(answer)).await.is_err() {
+                return Err(self.stopped());
+            }
+            answered.await.unwrap_or_else(|_| Err(self.stopped()))
+        });
+        join_all(asked).await.into_iter().collect()
+    }
+
+    fn stopped(&self) -> OutputError {
+        OutputError::External(format!(
+            "{}: a partition's producer stopped",
+            self.connection.place(None)
+        ))
+    }
+
+    /// Stops the producers once their requests in flight are answered, so that nothing
+    /// of this state lands after the tails are read again.
+    async fn close(self) {
+        let tasks: Vec<_> = (self.producers.into_iter())
+            .map(|producer| producer.task)
+            .collect();
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// A partition's producer task: sends the queued messages in order, one request at a
+/// time, each of what is queued by then. After a failure it sends nothing more: the next
+/// flush hears the failure (and the state is closed, the tails read again).
+async fn produce(
+    connection: Arc<Connection>,
+    mut partition: PartitionState,
+    mut orders: mpsc::Receiver<Order>,
+) {
+    let mut failure: Option<OutputError> = None;
+    let mut stopped = false;
+    let mut records = Vec::new();
+    while let Some(order) = orders.recv().await {
+        // Take what is queued, up to a flush or a request's worth.
+        let (mut next, mut bytes, mut flush) = (Some(order), 0, None);
+        while let Some(order) = next.take() {
+            match order {
+                Order::Flush(answer) => flush = Some(answer),
+                Order::Send(mut share, share_bytes) => {
+                    records.append(&mut share);
+                    bytes += share_bytes;
+                    if bytes < PRODUCE_BYTES {
+                        next = orders.try_recv().ok();
+                    }
+                }
+            }
+        }
+        if !stopped && !records.is_empty() {
+            let produced = produce_in_order(&connection, &partition, &mut records).await;
+            partition.tail = produced.tail;
+            partition.next_offset = produced.next_offset;
+            if let Err(err) = produced.result {
+                (failure, stopped) = (Some(err), true);
+            }
+        }
+        records.clear();
+        if let Some(answer) = flush {
+            let answered = match (failure.take(), stopped) {
+                (Some(err), _) => Err(err),
+                (None, true) => Err(OutputError::External(format!(
+                    "{}: stopped after an earlier failure",
+                    connection.place(Some(partition.client.partition()))
+                ))),
+                (None, false) => Ok(()),
+            };
+            let _ = answer.send(answered);
+        }
     }
 }
 
@@ -157,14 +289,14 @@ async fn read_partition(
 async fn produce_in_order(
     connection: &Connection,
     partition: &PartitionState,
-    records: Vec<(Record, Tail)>,
+    records: &mut Vec<(Record, Tail)>,
 ) -> Produced {
     let mut produced = Produced {
         tail: partition.tail,
         next_offset: partition.next_offset,
         result: Ok(()),
     };
-    let mut records = records.into_iter().peekable();
+    let mut records = records.drain(..).peekable();
     while records.peek().is_some() {
         let (mut request, mut bytes, mut last) = (Vec::new(), 0, None);
         while let Some((record, _)) = records.peek() {
@@ -228,18 +360,20 @@ impl OutputEndpoint for KafkaEndpoint {
         Ok(())
     }
 
+    /// Queues each partition's share of the messages with its producer (see the module
+    /// docs); waits only while a producer's queue is full.
     async fn push(&mut self, buffer: &Buffer) -> Result<()> {
         if self.topic_state.is_none() {
             self.open().await?;
         }
-        let state = self.topic_state.as_mut().expect("opened above");
+        let state = self.topic_state.as_ref().expect("opened above");
         let timestamp = rskafka::chrono::Utc::now();
-        let mut pending: Vec<Vec<(Record, Tail)>> =
-            state.partitions.iter().map(|_| Vec::new()).collect();
+        let mut shares: Vec<(Vec<(Record, Tail)>, usize)> =
+            state.producers.iter().map(|_| (Vec::new(), 0)).collect();
         let mut discarded = 0;
         for message in buffer.messages() {
-            let p = partition_of(message.key, pending.len());
-            if Tail::holds(state.partitions[p].tail, &message) {
+            let p = partition_of(message.key, shares.len());
+            if Tail::holds(state.producers[p].tail, &message) {
                 // Written before a crash; the transaction is being replayed.
                 discarded += 1;
                 continue;
@@ -255,7 +389,8 @@ impl OutputEndpoint for KafkaEndpoint {
                 txn: message.txn,
                 index: message.index,
             };
-            pending[p].push((record, tail));
+            shares[p].1 += record.approximate_size();
+            shares[p].0.push((record, tail));
         }
         if discarded > 0 {
             tracing::info!(
@@ -265,30 +400,42 @@ impl OutputEndpoint for KafkaEndpoint {
                 "a replayed transaction: discarded the messages the topic holds"
             );
         }
-        let connection = &state.connection;
-        let producing = (state.partitions.iter().zip(pending))
-            .map(|(partition, records)| produce_in_order(connection, partition, records));
-        let produced = join_all(producing).await;
-        let mut failure = None;
-        for (partition, produced) in state.partitions.iter_mut().zip(produced) {
-            partition.tail = produced.tail;
-            partition.next_offset = produced.next_offset;
-            failure = failure.or(produced.result.err());
+        let mut stopped = None;
+        for (producer, (records, bytes)) in state.producers.iter().zip(shares) {
+            if !records.is_empty()
+                && producer
+                    .queue
+                    .send(Order::Send(records, bytes))
+                    .await
+                    .is_err()
+            {
+                stopped = Some(state.stopped());
+                break;
+            }
         }
-        match failure {
+        match stopped {
             None => Ok(()),
             Some(err) => {
-                self.topic_state = None;
+                self.close().await;
                 Err(err)
             }
         }
     }
 
-    /// Every push waited for the broker's acknowledgement of its messages.
+    /// Waits until the broker acknowledged every message pushed.
     async fn batch_end(&mut self) -> Result<()> {
-        Ok(())
+        let Some(state) = &self.topic_state else {
+            return Ok(());
+        };
+        let flushed = state.flush().await;
+        if flushed.is_err() {
+            self.close().await;
+        }
+        flushed
     }
 
-    /// What was produced stays: the replay discards it.
-    async fn abort(&mut self) {}
+    /// Stops producing: what was produced stays, and the replay discards it.
+    async fn abort(&mut self) {
+        self.close().await;
+    }
 }

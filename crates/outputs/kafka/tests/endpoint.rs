@@ -368,6 +368,42 @@ async fn a_foreign_message_at_a_partitions_end_fails_open_as_corrupt() {
     assert!(matches!(err, OutputError::Corrupt(_)), "{err:?}");
 }
 
+/// Pushes return before the broker answers (each partition's producer sends in the
+/// background): a produce that fails is the batch's end's error, nothing of the batch is
+/// sent after it, and the next push reads the tails again.
+#[tokio::test]
+async fn a_produce_that_fails_in_the_background_fails_the_batch_end_and_the_tails_are_read_again() {
+    let topic = new_topic("background");
+    let mut out = endpoint(&topic, 1);
+    out.open().await.unwrap();
+    // Another producer appends after open: the partition's next offset is not where
+    // this output's first produce finds its messages put.
+    let admin = Admin::connect(&[LOCAL_BROKER.to_string()]).await.unwrap();
+    admin
+        .produce(&topic, 0, [(None, b"not ours".to_vec())])
+        .await
+        .unwrap();
+    let batch = messages(1, 40, 0);
+    push_prefix(&mut out, 1, BatchKind::Delta, &batch, batch.len(), 10).await;
+    let err = out.batch_end().await.unwrap_err();
+    assert!(matches!(err, OutputError::Corrupt(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("topic {topic} partition 0"))
+            && message.contains("another producer writes to the topic"),
+        "{message}"
+    );
+    // The batch again (the runtime's replay): the endpoint reads the tail again and
+    // sends only what its failed produce did not land, so the partition holds the
+    // foreign message and each of the batch's once.
+    write_txn(&mut out, 1, BatchKind::Delta, &batch, 10).await;
+    let probe = admin
+        .produce(&topic, 0, [(None, b"probe".to_vec())])
+        .await
+        .unwrap();
+    assert_eq!(probe, vec![1 + 40]);
+}
+
 #[tokio::test]
 async fn another_materializations_message_at_a_partitions_end_fails_open_as_corrupt() {
     let topic = new_topic("other");
