@@ -314,7 +314,12 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             }
             (committer.summary, result)
         };
-        committers.push(tokio::spawn(committed.in_current_span()));
+        // In a group of several, each shard's lines name its own range too.
+        let span = match ranges.len() {
+            1 => tracing::Span::current(),
+            _ => tracing::info_span!("shard", range = %ranges[index]),
+        };
+        committers.push(tokio::spawn(committed.instrument(span)));
     }
     let group = read::ReaderGroup {
         bindings,

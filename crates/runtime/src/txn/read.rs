@@ -338,7 +338,7 @@ pub(super) fn spawn(
                     read_ms = ms(tally.took),
                     queue_ms = ms(tally.queue),
                     route_ms = ms(tally.route),
-                    combine_ms = ms(tally.combine.saturating_sub(tally.route)),
+                    combine_ms = ms(tally.combine),
                     "transaction read"
                 );
             }
@@ -932,20 +932,14 @@ impl Reader {
             Triage::FailInput | Triage::Fail | Triage::Rebuild => step.errors.first(),
         };
         let before: Vec<(u64, u64)> = batch.parts.iter().map(|p| (p.docs, p.bytes)).collect();
-        let started = Instant::now();
+        let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
+        let mut started = Instant::now();
         let combined = if self.ranges.len() == 1 && self.ranges[0].is_all() {
             // One shard of every key takes every document: nothing to route.
             let part = &mut batch.parts[0];
-            combine_records(
-                &mut self.records,
-                failing_at,
-                &feed,
-                part,
-                &mut self.rejects,
-            )
-            .map_err(|failed| *failed.err)
+            combine_records(&mut self.records, stop, &feed, part, &mut self.rejects)
+                .map_err(|failed| *failed.err)
         } else {
-            let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
             let records = Arc::new(std::mem::take(&mut self.records));
             let threads = if records.len() >= PARALLEL_MIN {
                 self.threads
@@ -967,6 +961,7 @@ impl Reader {
             })
             .await;
             batch.tally.route += started.elapsed();
+            started = Instant::now();
             let mut jobs = Vec::with_capacity(batch.parts.len());
             for (at, part) in std::mem::take(&mut batch.parts).into_iter().enumerate() {
                 jobs.push(Job {
@@ -1127,9 +1122,8 @@ impl Job {
                 position: record.position,
                 bytes: record.bytes,
             };
-            let at = ordinal;
             match combine_record(
-                at,
+                ordinal,
                 record,
                 feed,
                 &mut self.part,
@@ -1284,16 +1278,15 @@ struct Scratch {
     unwrapped: Vec<u8>,
 }
 
-/// Feeds records to every binding of their source, up to `failing_at` (a failing
-/// source's first input error, which then fails the step); see [`combine_record`].
+/// Feeds records to every binding of their source, up to `stop` (a failing source's
+/// first input error, which then fails the step); see [`combine_record`].
 fn combine_records(
     records: &mut Records,
-    failing_at: Option<&InputError>,
+    stop: Stop,
     feed: &Feed,
     part: &mut Part,
     rejects: &mut Rejects,
 ) -> Result<Combined, Failed> {
-    let stop = failing_at.map(|err| (err.position.line, err.position.byte_offset));
     let mut scratch = Scratch::default();
     for (at, record) in records.iter_mut().enumerate() {
         if past(record.position, stop) {
