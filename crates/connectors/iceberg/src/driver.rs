@@ -26,10 +26,12 @@
 //! stops leaves nothing decided outside the table. Epoch numbers, not counts, decide
 //! the cadence, so a restart keeps it without state of its own.
 //!
-//! Threads: everything runs on the caller's task; the SQLite catalog hops to the
-//! blocking pool per statement, and iceberg's local file writes are synchronous `std::fs`
-//! calls on the calling worker (Parquet pages are buffered, a write reaches the disk at
-//! most once per row group).
+//! Threads: a binding's Parquet writer of an epoch runs on a task of its own
+//! (`staging::Staging`: the next batch is built while one is encoded, one queued at
+//! most); the rest runs on the caller's task. The SQLite catalog hops to the blocking
+//! pool per statement, and iceberg's local file writes are synchronous `std::fs` calls
+//! on the writing worker (Parquet pages are buffered, a write reaches the disk at most
+//! once per row group).
 
 use crate::catalog::{CatalogLocation, SqlCatalog};
 use crate::commit::{
@@ -37,16 +39,13 @@ use crate::commit::{
 };
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::schema::{self, Column, TableChange};
-use crate::staging::{
-    Writer, WriterSpec, list_files, local_path, new_writer, remove_empty_dirs, table_batch,
-};
+use crate::staging::{Staging, WriterSpec, list_files, local_path, remove_empty_dirs, table_batch};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use iceberg::spec::serialize_data_file_to_json;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::writer::IcebergWriter;
 use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
 use serde_json::{Value, json};
 use sluice_sink_sdk::{
@@ -78,7 +77,7 @@ enum Epoch {
     Idle,
     Staging {
         epoch: u64,
-        writers: Vec<Option<Writer>>,
+        writers: Vec<Option<Staging>>,
     },
 }
 
@@ -237,15 +236,12 @@ impl IcebergSink {
     async fn close_writers(
         &mut self,
         epoch: u64,
-        writers: Vec<Option<Writer>>,
+        writers: Vec<Option<Staging>>,
     ) -> Result<EpochFiles> {
         let mut files = Vec::new();
         for (bound, writer) in self.tables.iter().zip(writers) {
-            let Some(mut writer) = writer else { continue };
-            // Returns only after every file is closed, and LocalFsStorage fsyncs on close.
-            let data_files = writer.close().await.map_err(|e| {
-                SinkError::External(format!("cannot close a data file of {}: {e}", bound.ident))
-            })?;
+            let Some(writer) = writer else { continue };
+            let data_files = writer.close().await?;
             for df in data_files {
                 let (path, size, records) = (
                     df.file_path().to_string(),
@@ -659,7 +655,7 @@ impl EpochSink for IcebergSink {
             .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
         let out = table_batch(&bound.arrow, &bound.ident.to_string(), batch, epoch)?;
         if writers[binding].is_none() {
-            let w = new_writer(self.writer_spec(binding, epoch)?).await?;
+            let w = Staging::start(self.writer_spec(binding, epoch)?).await?;
             let Epoch::Staging { writers, .. } = &mut self.epoch else {
                 unreachable!()
             };
@@ -674,8 +670,7 @@ impl EpochSink for IcebergSink {
             .as_mut()
             .expect("built above")
             .write(out)
-            .await
-            .map_err(|e| SinkError::External(format!("cannot write a data file: {e}")))?;
+            .await?;
         Ok(WriteResult { records, bytes })
     }
 
@@ -741,9 +736,12 @@ impl EpochSink for IcebergSink {
     async fn rollback_epoch(&mut self, epoch: u64) -> Result<()> {
         if let Epoch::Staging { epoch: e, .. } = &self.epoch
             && *e == epoch
+            && let Epoch::Staging { writers, .. } = std::mem::replace(&mut self.epoch, Epoch::Idle)
         {
-            // Dropping the writers abandons their open files; the folder goes below.
-            self.epoch = Epoch::Idle;
+            // Their open files are abandoned; the folder goes below.
+            for writer in writers.into_iter().flatten() {
+                writer.abandon().await;
+            }
         }
         self.prepared.retain(|e| e.epoch != epoch);
         for bound in &self.tables {

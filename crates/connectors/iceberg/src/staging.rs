@@ -8,23 +8,25 @@
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, new_null_array};
 use arrow_schema::SchemaRef;
-use iceberg::spec::DataFileFormat;
-use iceberg::writer::IcebergWriterBuilder;
+use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_sink_sdk::arrow::OP_COLUMN;
 use sluice_sink_sdk::{Result, SinkError};
 use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::schema::TXN_COLUMN;
 
-pub(crate) type Writer =
+type Writer =
     DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 
 pub(crate) struct WriterSpec {
@@ -36,7 +38,80 @@ pub(crate) struct WriterSpec {
     pub target_file_size: usize,
 }
 
-pub(crate) async fn new_writer(spec: WriterSpec) -> Result<Writer> {
+/// A binding's Parquet writer of one epoch, on a task of its own: [`Staging::write`]
+/// queues a batch and returns at once unless one already waits, so the sink builds the
+/// next batch while this one is encoded and written (at most one batch queued, one
+/// being written). [`Staging::close`] returns the staged files, or the first failure.
+pub(crate) struct Staging {
+    batches: mpsc::Sender<RecordBatch>,
+    /// `None` once a failed write has taken its error.
+    task: Option<JoinHandle<Result<Vec<DataFile>>>>,
+}
+
+impl Staging {
+    /// Starts the writer of `spec` (its first file is created with its first batch).
+    pub(crate) async fn start(spec: WriterSpec) -> Result<Staging> {
+        let ident = spec.ident.clone();
+        let mut writer = new_writer(spec).await?;
+        let (batches, mut queued) = mpsc::channel::<RecordBatch>(1);
+        let task = tokio::spawn(async move {
+            while let Some(batch) = queued.recv().await {
+                writer.write(batch).await.map_err(|e| {
+                    SinkError::External(format!("cannot write a data file of {ident}: {e}"))
+                })?;
+            }
+            // Returns only after every file is closed, and LocalFsStorage fsyncs on close.
+            writer.close().await.map_err(|e| {
+                SinkError::External(format!("cannot close a data file of {ident}: {e}"))
+            })
+        });
+        Ok(Staging {
+            batches,
+            task: Some(task),
+        })
+    }
+
+    /// Queues `batch`; waits only while the batch before it is still queued.
+    pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if self.batches.send(batch).await.is_ok() {
+            return Ok(());
+        }
+        // The task ended early: a write failed, and its error is the answer.
+        match self.task.take() {
+            Some(task) => finished(task).await.and(Err(SinkError::Corrupt(
+                "a staging writer ended before its epoch did".into(),
+            ))),
+            None => Err(SinkError::Corrupt("a staging writer failed before".into())),
+        }
+    }
+
+    /// Writes what is queued, closes the files (fsynced), and returns them.
+    pub(crate) async fn close(self) -> Result<Vec<DataFile>> {
+        drop(self.batches);
+        match self.task {
+            Some(task) => finished(task).await,
+            None => Err(SinkError::Corrupt("a staging writer failed before".into())),
+        }
+    }
+
+    /// Stops the writer where it is, and returns once it has stopped: nothing it does
+    /// lands after this (a rollback removes its folder next).
+    pub(crate) async fn abandon(self) {
+        drop(self.batches);
+        if let Some(task) = self.task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+/// The end of a staging writer's task.
+async fn finished(task: JoinHandle<Result<Vec<DataFile>>>) -> Result<Vec<DataFile>> {
+    task.await
+        .map_err(|e| SinkError::External(format!("a staging writer stopped: {e}")))?
+}
+
+async fn new_writer(spec: WriterSpec) -> Result<Writer> {
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .build();

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   CREATE TABLE IF NOT EXISTS "sluice_checkpoints" (…)          (table missing)
-//!   CREATE TABLE IF NOT EXISTS "t" (…, PRIMARY KEY (…))          (table missing)
+//!   CREATE TABLE IF NOT EXISTS "t" (…, PRIMARY KEY (…)) WITHOUT ROWID (table missing)
 //!   ALTER TABLE "t" ADD COLUMN "new" INTEGER                     (newly selected field)
 //! ```
 //!

@@ -95,14 +95,19 @@ impl Table {
         format!("{} {}", quote_ident(&column.field), column.ty.sql())
     }
 
-    /// `CREATE TABLE IF NOT EXISTS`, with a primary key unless delta-updated.
+    /// `CREATE TABLE IF NOT EXISTS`; unless delta-updated, with a primary key and
+    /// `WITHOUT ROWID`: the rows are stored in the key's own B-tree, so a Load or an
+    /// upsert searches one tree, not an index and then the table (and the keys are NOT
+    /// NULL, as in PostgreSQL).
     pub fn create_sql(&self) -> String {
         let mut defs: Vec<String> = self.columns.iter().map(Table::column_def).collect();
+        let mut options = "";
         if !self.delta_updates {
             defs.push(format!("PRIMARY KEY ({})", idents(self.keys())));
+            options = " WITHOUT ROWID";
         }
         format!(
-            "CREATE TABLE IF NOT EXISTS {} ({})",
+            "CREATE TABLE IF NOT EXISTS {} ({}){options}",
             quote_ident(&self.name),
             defs.join(", ")
         )

@@ -82,7 +82,7 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
          \"checkpoint\" BLOB, PRIMARY KEY (\"materialization\", \"key_begin\", \"key_end\"));\n\
          CREATE TABLE IF NOT EXISTS \"pageviews\" (\"user_id\" TEXT, \"views\" INTEGER, \
          \"score\" REAL, \"active\" INTEGER, \"tags\" TEXT, \"seen_at\" TEXT, \
-         \"flow_document\" TEXT, PRIMARY KEY (\"user_id\"));\n\
+         \"flow_document\" TEXT, PRIMARY KEY (\"user_id\")) WITHOUT ROWID;\n\
          INSERT INTO \"sluice_checkpoints\" VALUES ('acme/views-db', -1, -1, 0, X'7631') ON CONFLICT DO NOTHING;\n"
     );
     // The real apply runs exactly what the dry run described.
