@@ -12,14 +12,15 @@
 //!
 //! Sluice is timed from its start to its exit: reading and parsing the input, reducing
 //! it per key and transaction, the output's local view, encoding, publishing. The
-//! baseline is timed from its first send to its last acknowledgement, the messages
-//! already in memory, none of Sluice's headers:
+//! baseline is timed from its first send to its last acknowledgement, the very
+//! messages Sluice sent already in memory, their headers included (a broker's cost
+//! depends on them):
 //!
-//! - Kafka: rskafka, each message to the partition Sluice put it in, produce requests
+//! - Kafka: rskafka, each record to the partition Sluice put it in, produce requests
 //!   of at most 512 KiB (the output's), one at a time per partition, the partitions at
 //!   once.
-//! - NATS: async-nats JetStream publishes of the payloads, acknowledgements pipelined
-//!   (`sluice_nats::admin`).
+//! - NATS: async-nats JetStream publishes of the messages (their `Nats-Msg-Id` and
+//!   `Sluice-*` headers too), acknowledgements pipelined (`sluice_nats::admin`).
 //! - files: each of Sluice's batch files written again under the same name, buffered,
 //!   then fsync'ed.
 //!
@@ -39,7 +40,6 @@ use super::loads::sink_secs;
 use super::loads::sluice_run;
 use super::sql::PAGEVIEWS_COLLECTION;
 use anyhow::{Context, Error, ensure};
-use bytes::Bytes;
 use futures::future::try_join_all;
 use rskafka::client::ClientBuilder;
 use rskafka::client::error::ProtocolError;
@@ -538,14 +538,17 @@ async fn nats_baseline(url: &str, names: &Names) -> anyhow::Result<Published> {
         .await
         .map_err(Error::from_boxed)
         .with_context(|| format!("creating stream {} at {url}", names.baseline_stream))?;
-    let payloads: Vec<Bytes> = stored.into_iter().map(|m| m.payload).collect();
-    let (messages, bytes) = (
-        payloads.len() as u64,
-        payloads.iter().map(|p| p.len() as u64).sum(),
+    // The very messages Sluice published, headers included (`Nats-Msg-Id`, which the
+    // server checks against its duplicate window, and the `Sluice-*` stamp).
+    let messages: Vec<_> = stored.into_iter().map(|m| (m.headers, m.payload)).collect();
+    let (messages, bytes, sent) = (
+        messages.len() as u64,
+        messages.iter().map(|(_, p)| p.len() as u64).sum(),
+        messages,
     );
     let started = Instant::now();
     admin
-        .publish_batch(&names.baseline_subject, payloads)
+        .publish_batch_with_headers(&names.baseline_subject, sent)
         .await
         .map_err(Error::from_boxed)
         .with_context(|| format!("publishing to subject {}", names.baseline_subject))?;

@@ -94,14 +94,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let registry = registry();
     let pipeline = load(&args.pipeline, &registry)?;
     runtime()?.block_on(async {
-        let metrics = match args.metrics.or(pipeline.runtime.metrics) {
-            Some(address) => {
+        let metrics = match pipeline.runtime.metrics_server(args.metrics) {
+            Some(server) => {
                 let metrics = Arc::new(Metrics::new());
                 metrics.status.set_graph(Graph::of(&pipeline));
-                let bound = exporter::serve(address, metrics.clone())
+                let bound = exporter::serve(&server, metrics.clone())
                     .await
-                    .with_context(|| format!("serving metrics on {address}"))?;
-                tracing::info!("metrics on http://{bound}/metrics, status page on http://{bound}/");
+                    .with_context(|| format!("serving metrics on {}", server.listen))?;
+                let scheme = if server.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                tracing::info!(
+                    "metrics on {scheme}://{bound}/metrics, status page on {scheme}://{bound}/"
+                );
                 Some(metrics)
             }
             None => None,

@@ -1,6 +1,7 @@
 //! `sluice status`: a pipeline's status in the terminal. Asks the status API of the
-//! process running it (`--metrics`, else the file's `runtime.metrics`), the same JSON the
-//! status page draws; when nothing answers there, prints what the recovery logs hold
+//! process running it (`--metrics`, else the file's `runtime.metrics`, with its token and,
+//! over TLS, the CA given by `--ca`), the same JSON the status page draws; when nothing
+//! answers there, prints what the recovery logs hold
 //! (the last committed transaction of each materialization) and how each shard's last
 //! run ended ([`ended`]: its state, its sources', and their last errors).
 
@@ -8,12 +9,13 @@ use crate::pipeline_cmd::{load, print_checkpoints};
 use clap::Args;
 use sluice_app::registry;
 use sluice_http::client::Client;
-use sluice_runtime::config::Pipeline;
+use sluice_runtime::config::{MetricsServer, Pipeline};
 use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{LastError, ShardView, Snapshot};
+use sluice_source_sdk::tls::{ClientTls, server_name};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Args)]
@@ -24,18 +26,25 @@ pub struct StatusArgs {
     /// the pipeline file's `runtime.metrics` by default.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// The CA that signed the status server's certificate (PEM), when
+    /// `runtime.metrics.tls` serves HTTPS.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 pub fn main(args: StatusArgs) -> anyhow::Result<()> {
     let pipeline = load(&args.pipeline, &registry())?;
-    match args.metrics.or(pipeline.runtime.metrics) {
-        Some(address) => match fetch(address) {
+    match pipeline.runtime.metrics_server(args.metrics) {
+        Some(server) => match fetch(&server, args.ca.as_deref()) {
             Ok(snapshot) => {
                 print!("{}", render(&snapshot));
                 return Ok(());
             }
             Err(err) => {
-                println!("no running process answers on {address} ({err}); the recovery logs hold:")
+                let address = server.listen;
+                println!(
+                    "no running process answers on {address} ({err:#}); the recovery logs hold:"
+                )
             }
         },
         None => println!(
@@ -48,9 +57,43 @@ pub fn main(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fetch(address: SocketAddr) -> anyhow::Result<Snapshot> {
-    let response = Client::new(address, "").request("GET", "/api/status", &[], b"")?;
-    anyhow::ensure!(response.status == 200, "HTTP status {}", response.status);
+/// The status of the process serving `server`, over TLS when it has `tls` (checked
+/// against `ca`), with its token when it has one.
+fn fetch(server: &MetricsServer, ca: Option<&Path>) -> anyhow::Result<Snapshot> {
+    let token = server.token.as_deref().unwrap_or_default();
+    let mut client = Client::new(server.listen, token);
+    if server.tls.is_some() {
+        let Some(ca) = ca else {
+            anyhow::bail!(
+                "runtime.metrics serves HTTPS: give --ca FILE, the CA that signed its certificate"
+            );
+        };
+        let tls = ClientTls {
+            ca: ca.to_path_buf(),
+            certificate: None,
+            key: None,
+        };
+        // A server listening on every interface, or on loopback, is asked as localhost.
+        let ip = server.listen.ip();
+        let host = match ip.is_unspecified() || ip.is_loopback() {
+            true => "localhost".to_string(),
+            false => ip.to_string(),
+        };
+        let name = server_name(&host)?;
+        client = client.with_tls(tls.client_config("--ca")?, name);
+    }
+    let auth = format!("Bearer {token}");
+    let headers: &[(&str, &str)] = match server.token {
+        Some(_) => &[("Authorization", auth.as_str())],
+        None => &[],
+    };
+    let response = client.request("GET", "/api/status", headers, b"")?;
+    anyhow::ensure!(
+        response.status == 200,
+        "HTTP status {}: {}",
+        response.status,
+        String::from_utf8_lossy(&response.body)
+    );
     Ok(serde_json::from_slice(&response.body)?)
 }
 

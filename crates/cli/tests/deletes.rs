@@ -140,17 +140,7 @@ runtime:
     /// The table's documents in key order (a delta table's in the order stored).
     fn documents(&self) -> Vec<Value> {
         let texts: Vec<String> = match &self.schema {
-            None => {
-                let conn =
-                    rusqlite::Connection::open(self.dir.path().join("out/things.db")).unwrap();
-                let mut stmt = conn
-                    .prepare(r#"SELECT "flow_document" FROM "things" ORDER BY "k", rowid"#)
-                    .unwrap();
-                stmt.query_map([], |r| r.get::<_, String>(0))
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect()
-            }
+            None => common::sqlite_things(&self.dir.path().join("out/things.db")),
             Some(schema) => {
                 let sql = format!(
                     r#"SELECT "flow_document"::text FROM "{schema}"."things" ORDER BY "k""#

@@ -1,5 +1,5 @@
 //! Logs and errors as the binary writes them: secrets (a URL's password, the HTTP
-//! source's token) never appear, and JSON log lines carry the materialization, shard and
+//! source's token, a NATS password or NKey seed, a Kafka SASL password) never appear, and JSON log lines carry the materialization, shard and
 //! transaction of the work they describe.
 
 mod common;
@@ -151,6 +151,66 @@ fn an_unreachable_nats_source_is_named_with_its_password_redacted() {
         "the redacted URL is named: {all}"
     );
     assert!(!all.contains(PASSWORD), "{all}");
+}
+
+/// A NATS source's password in `auth`, or its NKey seed file, appear in no line of a run
+/// (which retries the unreachable server) or of a check.
+#[test]
+fn the_nats_sources_password_and_seed_are_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    const SEED: &str = "SUAIO3FHUX5PNV2LQIIP7TZ3N4L7TX3W53MQGEIVYFIGA635OZCKEYHFLM";
+    std::fs::write(dir.path().join("user.nk"), SEED).unwrap();
+    for auth in [
+        format!("{{user: sluice, password: \"{PASSWORD}\"}}"),
+        "{nkey_file: user.nk}".to_string(),
+    ] {
+        let path = pipeline(
+            dir.path(),
+            &format!("nats: {{url: \"nats://127.0.0.1:1\", stream: S, auth: {auth}}}"),
+            "sqlite: {path: out.db}",
+        );
+        let run = text(&retried_then_interrupted(sluice(&["run"], &path, "debug")));
+        assert!(
+            run.contains("127.0.0.1:1"),
+            "the error names the server: {run}"
+        );
+        let check = text(&sluice(&["check"], &path, "debug").output().unwrap());
+        for (command, all) in [("run", run), ("check", check)] {
+            assert!(!all.contains(PASSWORD), "{auth} {command}: {all}");
+            assert!(!all.contains(SEED), "{auth} {command}: {all}");
+        }
+    }
+}
+
+/// A Kafka source's SASL password, given in the file or read from `password_file`,
+/// appears in no line of a run (which retries the unreachable broker, rskafka logging
+/// at debug) or of a check.
+#[test]
+fn the_kafka_sources_sasl_password_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kafka-password"), format!("{PASSWORD}\n")).unwrap();
+    for password in [
+        format!("password: \"{PASSWORD}\""),
+        "password_file: kafka-password".into(),
+    ] {
+        let path = pipeline(
+            dir.path(),
+            &format!(
+                "kafka: {{brokers: \"127.0.0.1:1\", topic: t, format: json, \
+                 sasl: {{mechanism: SCRAM-SHA-256, username: sluice, {password}}}}}"
+            ),
+            "sqlite: {path: out.db}",
+        );
+        let run = text(&retried_then_interrupted(sluice(&["run"], &path, "debug")));
+        assert!(
+            run.contains("127.0.0.1:1"),
+            "the error names the broker: {run}"
+        );
+        let check = text(&sluice(&["check"], &path, "debug").output().unwrap());
+        for (command, all) in [("run", run), ("check", check)] {
+            assert!(!all.contains(PASSWORD), "{password} {command}: {all}");
+        }
+    }
 }
 
 #[test]

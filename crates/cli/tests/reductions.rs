@@ -3,7 +3,6 @@
 //! and of whole documents, full reductions of standard bindings, partial ones (with
 //! tombstones) of delta-updates bindings, and `associative: false`.
 
-use rusqlite::Connection;
 use serde_json::{Value, json};
 use std::io::Write;
 use std::process::Command;
@@ -88,13 +87,9 @@ runtime:
         .output()
         .unwrap();
     assert_success(&out);
-    let conn = Connection::open(dir.path().join("out/things.db")).unwrap();
-    let mut stmt = conn
-        .prepare(r#"SELECT "flow_document" FROM "things" ORDER BY "k", rowid"#)
-        .unwrap();
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|text| serde_json::from_str(&text.unwrap()).unwrap())
+    common::sqlite_things(&dir.path().join("out/things.db"))
+        .iter()
+        .map(|text| serde_json::from_str(text).unwrap())
         .collect()
 }
 

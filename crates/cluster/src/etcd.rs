@@ -1,9 +1,19 @@
 //! A small etcd v3 client over our own `proto/etcd.proto`: the key and lease calls the
 //! cluster makes, each bounded by a timeout, over one lazily connected channel that
-//! reconnects by itself (an etcd restart costs the calls made while it is down).
+//! reconnects by itself (an etcd restart costs the calls made while it is down). Over
+//! TLS (`cluster.tls`: the CA, and a client certificate for etcd's
+//! `--client-cert-auth`) the connection is ours (rustls, the issuer named when a
+//! certificate does not verify), and tonic frames gRPC over it.
 
 use futures::StreamExt;
+use hyper_util::rt::TokioIo;
+use sluice_tls::rustls::ClientConfig;
+use sluice_tls::rustls::pki_types::ServerName;
+use sluice_tls::{TlsConnector, handshake_failure};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
 #[allow(clippy::all, clippy::pedantic)]
@@ -31,12 +41,27 @@ fn failed(call: &'static str) -> impl FnOnce(tonic::Status) -> EtcdError {
         call,
         reason: match status.code() {
             tonic::Code::Unavailable | tonic::Code::Unknown => {
-                format!("unreachable ({})", status.message())
+                format!("unreachable ({})", with_causes(&status))
             }
             tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => "timed out".to_string(),
             code => format!("{code:?}: {}", status.message()),
         },
     }
+}
+
+/// The status's message and the errors under it: a connection's failure (a TLS
+/// certificate that does not verify, say) is only there.
+fn with_causes(status: &tonic::Status) -> String {
+    let mut text = status.message().to_string();
+    let mut cause = std::error::Error::source(status);
+    while let Some(err) = cause {
+        let said = err.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = err.source();
+    }
+    text
 }
 
 /// One condition of a transaction.
@@ -81,6 +106,95 @@ pub struct Etcd {
     lease: LeaseClient<Channel>,
 }
 
+fn bad_endpoint(url: &str, why: impl std::fmt::Display) -> EtcdError {
+    EtcdError {
+        call: "connect",
+        reason: format!("{url:?} is not an endpoint URL: {why}"),
+    }
+}
+
+/// Plain HTTP/2 to every endpoint, balanced by tonic.
+fn plain_channel(endpoints: &[String], timeout: Duration) -> Result<Channel, EtcdError> {
+    let mut list = Vec::new();
+    for url in endpoints {
+        if url.starts_with("https://") {
+            return Err(bad_endpoint(
+                url,
+                "an https:// endpoint needs cluster.tls (at least its ca)",
+            ));
+        }
+        let url = if url.contains("://") {
+            url.clone()
+        } else {
+            format!("http://{url}")
+        };
+        let endpoint = Endpoint::from_shared(url.clone()).map_err(|e| bad_endpoint(&url, e))?;
+        list.push(
+            endpoint
+                .connect_timeout(timeout)
+                .timeout(timeout)
+                .tcp_nodelay(true),
+        );
+    }
+    Ok(match list.len() {
+        1 => list.pop().expect("one endpoint").connect_lazy(),
+        _ => Channel::balance_list(list.into_iter()),
+    })
+}
+
+/// TLS to the endpoints (`https://host:port` or `host:port`), the server's certificate
+/// checked against `host`. One channel whose connector tries the endpoints in turn: a
+/// connection that fails moves on to the next member, as the plain channel's balancing
+/// does. HTTP/2 is negotiated by ALPN, as etcd's gRPC server requires.
+fn tls_channel(
+    endpoints: &[String],
+    timeout: Duration,
+    tls: &TlsConnector,
+) -> Result<Channel, EtcdError> {
+    let mut targets = Vec::new();
+    for url in endpoints {
+        if url.starts_with("http://") {
+            return Err(bad_endpoint(url, "with cluster.tls, write https://"));
+        }
+        let authority = url.strip_prefix("https://").unwrap_or(url);
+        let authority = authority.trim_end_matches('/');
+        let (host, port) = authority
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+            .ok_or_else(|| bad_endpoint(url, "write https://host:port"))?;
+        let name = ServerName::try_from(host.to_string()).map_err(|e| bad_endpoint(url, e))?;
+        targets.push((host.to_string(), port, name));
+    }
+    let mut config = ClientConfig::clone(tls.config());
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = TlsConnector::from(Arc::new(config));
+    let targets = Arc::new(targets);
+    let next = Arc::new(AtomicUsize::new(0));
+    let connect = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let (targets, next, connector) = (targets.clone(), next.clone(), connector.clone());
+        async move {
+            let at = next.fetch_add(1, Ordering::Relaxed) % targets.len();
+            let (host, port, name) = &targets[at];
+            let tcp = tokio::time::timeout(timeout, TcpStream::connect((host.as_str(), *port)))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+                })??;
+            tcp.set_nodelay(true)?;
+            let stream = connector.connect(name.clone(), tcp).await.map_err(|e| {
+                let reason = handshake_failure(&e).unwrap_or_else(|| e.to_string());
+                std::io::Error::new(e.kind(), format!("{host}:{port}: {reason}"))
+            })?;
+            Ok::<_, std::io::Error>(TokioIo::new(stream))
+        }
+    });
+    // The URI only frames the requests; the connector picks the member.
+    let endpoint = Endpoint::from_static("http://etcd.cluster")
+        .connect_timeout(timeout)
+        .timeout(timeout);
+    Ok(endpoint.connect_with_connector_lazy(connect))
+}
+
 /// The end of the key range holding every key that starts with `prefix`.
 fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
@@ -94,30 +208,17 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 impl Etcd {
-    /// A client of the cluster at `endpoints` (`http://host:2379`). Connects lazily:
-    /// an unreachable etcd shows in the first call, as an [`EtcdError`].
-    pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Etcd, EtcdError> {
-        let mut list = Vec::new();
-        for url in endpoints {
-            let url = if url.contains("://") {
-                url.clone()
-            } else {
-                format!("http://{url}")
-            };
-            let endpoint = Endpoint::from_shared(url.clone()).map_err(|e| EtcdError {
-                call: "connect",
-                reason: format!("{url:?} is not an endpoint URL: {e}"),
-            })?;
-            list.push(
-                endpoint
-                    .connect_timeout(timeout)
-                    .timeout(timeout)
-                    .tcp_nodelay(true),
-            );
-        }
-        let channel = match list.len() {
-            1 => list.pop().expect("one endpoint").connect_lazy(),
-            _ => Channel::balance_list(list.into_iter()),
+    /// A client of the cluster at `endpoints` (`http://host:2379`, or `https://` with
+    /// `tls`). Connects lazily: an unreachable etcd shows in the first call, as an
+    /// [`EtcdError`].
+    pub fn connect(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Option<&TlsConnector>,
+    ) -> Result<Etcd, EtcdError> {
+        let channel = match tls {
+            None => plain_channel(endpoints, timeout)?,
+            Some(tls) => tls_channel(endpoints, timeout, tls)?,
         };
         Ok(Etcd {
             kv: KvClient::new(channel.clone()),

@@ -71,7 +71,14 @@ pub fn cluster_of(pipeline: &Pipeline) -> &ClusterDef {
 
 /// The client of the pipeline's etcd and its key layout.
 pub fn connect(cluster: &ClusterDef) -> Result<(Etcd, Keys), ClusterError> {
-    let etcd = Etcd::connect(&cluster.etcd, Duration::from_secs(5))?;
+    let tls = match &cluster.tls {
+        None => None,
+        Some(tls) => Some(tls.connector("cluster.tls").map_err(|e| EtcdError {
+            call: "connect",
+            reason: e.to_string(),
+        })?),
+    };
+    let etcd = Etcd::connect(&cluster.etcd, Duration::from_secs(5), tls.as_ref())?;
     let prefix = cluster.prefix.as_deref().expect("parsing sets the prefix");
     Ok((etcd, Keys::new(prefix)))
 }

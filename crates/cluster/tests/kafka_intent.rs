@@ -43,6 +43,8 @@ fn config(topic: &str) -> KafkaConfig {
         format: KafkaFormat::Json,
         meta: None,
         fetch_wait: Duration::from_millis(10),
+        tls: None,
+        sasl: None,
     }
 }
 
@@ -96,7 +98,7 @@ async fn a_transaction_over_500_partitions_is_journaled_in_etcd_and_replays_ever
 
     // Journaled, then committed, through a holder's etcd log.
     let server = PrivateEtcd::start();
-    let etcd = Etcd::connect(&[server.url()], Duration::from_secs(2)).unwrap();
+    let etcd = Etcd::connect(&[server.url()], Duration::from_secs(2), None).unwrap();
     let keys = Keys::new("/test/kafka");
     let shard = ShardId {
         materialization: "views".into(),

@@ -67,7 +67,7 @@ async fn blocking<T: Send + 'static>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_is_fenced_once_another_claims_the_shard_and_the_new_one_recovers_its_log() {
     let mut server = PrivateEtcd::start();
-    let etcd = Etcd::connect(&[server.url()], Duration::from_secs(2)).unwrap();
+    let etcd = Etcd::connect(&[server.url()], Duration::from_secs(2), None).unwrap();
     let keys = Keys::new("/test/log");
     let shard = ShardId {
         materialization: "views".into(),

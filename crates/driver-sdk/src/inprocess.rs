@@ -114,8 +114,8 @@ pub trait BuiltinKind: Send + Sync + 'static {
     /// What it reports itself as in requests.
     fn endpoint_type(&self) -> EndpointType;
 
-    /// Top-level keys of its configuration that hold paths: made relative to the
-    /// pipeline file's folder before [`BuiltinKind::check`].
+    /// Keys of its configuration that hold paths (dotted inside an object: `tls.ca`):
+    /// made relative to the pipeline file's folder before [`BuiltinKind::check`].
     fn paths(&self) -> &'static [&'static str];
 
     /// Checks an endpoint configuration strictly, by the very type the driver parses it

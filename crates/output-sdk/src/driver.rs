@@ -41,7 +41,7 @@ const SNAPSHOT_CHUNK: usize = 2_000;
 pub struct OutputKind {
     /// Its key in an endpoint of the pipeline file (`kafka`).
     pub name: &'static str,
-    /// Top-level keys of its configuration that hold paths.
+    /// Keys of its configuration that hold paths (dotted inside an object: `tls.ca`).
     pub paths: &'static [&'static str],
     /// The JSON schema of its endpoint configuration (derived from the type it is
     /// parsed with).

@@ -298,10 +298,12 @@ impl Connect for Registry {
     }
 }
 
-/// Makes the values of `paths` (top-level keys of `config`) relative to `base_dir`.
+/// Makes the values of `paths` relative to `base_dir`: keys of `config`, dotted for a
+/// key inside an object (`tls.ca`); a key that is absent is skipped.
 fn resolve_paths(config: &mut Value, paths: &[&str], base_dir: &Path) {
     for key in paths {
-        if let Some(Value::String(text)) = config.get_mut(*key) {
+        let pointer = format!("/{}", key.replace('.', "/"));
+        if let Some(Value::String(text)) = config.pointer_mut(&pointer) {
             let mut path = PathBuf::from(&*text);
             resolve_path(&mut path, base_dir);
             *text = path.to_string_lossy().into_owned();
@@ -517,5 +519,30 @@ impl DriverKind for Command {
         // pattern is undeclared.
         let pattern = serde_json::from_value::<CommandConfig>(config.clone()).ok();
         declared_pinned(pattern.and_then(|c| c.pattern))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn paths_resolve_at_the_top_and_inside_objects_and_absent_ones_are_skipped() {
+        let mut config = json!({
+            "path": "out/a.db",
+            "tls": {"ca": "certs/ca.crt", "key": "/etc/key.pem"},
+            "sasl": {"username": "u"}
+        });
+        let paths = ["path", "tls.ca", "tls.key", "sasl.password_file", "missing"];
+        resolve_paths(&mut config, &paths, Path::new("/pipelines"));
+        assert_eq!(
+            config,
+            json!({
+                "path": "/pipelines/out/a.db",
+                "tls": {"ca": "/pipelines/certs/ca.crt", "key": "/etc/key.pem"},
+                "sasl": {"username": "u"}
+            })
+        );
     }
 }

@@ -264,6 +264,30 @@ fn environment_variables_expand_in_every_string() {
 }
 
 #[test]
+fn a_secret_file_expands_to_its_content_relative_to_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("table-name"), "from_a_file\n").unwrap();
+    let text = DESIGN_EXAMPLE.replace(
+        "{table: pageviews}",
+        "{table: \"t_${file:table-name}\", other: \"${file:missing:-fallback}\"}",
+    );
+    let p = Pipeline::parse(&text, dir.path(), &registry()).unwrap();
+    assert_eq!(
+        p.materializations["views-db"].bindings[0].resource,
+        json!({"table": "t_from_a_file", "other": "fallback"})
+    );
+    let text = DESIGN_EXAMPLE.replace("{table: pageviews}", "{table: \"${file:nope}\"}");
+    let e = Pipeline::parse(&text, dir.path(), &registry())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("materializations.views-db.bindings[0].resource.table: cannot read the file")
+            && e.contains("nope of ${file:…}"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unset_environment_variable_is_named_with_its_place() {
     let text = DESIGN_EXAMPLE.replace(
         "path: out/views.db",
@@ -415,10 +439,61 @@ fn timeouts_default_generously_and_read_as_durations() {
 fn the_metrics_address_is_off_by_default_and_an_ip_and_port() {
     assert_eq!(parse(DESIGN_EXAMPLE).unwrap().runtime.metrics, None);
     let text = format!("{DESIGN_EXAMPLE}runtime:\n  metrics: 127.0.0.1:9464\n");
-    let address = parse(&text).unwrap().runtime.metrics.unwrap();
-    assert_eq!(address.to_string(), "127.0.0.1:9464");
+    let server = parse(&text).unwrap().runtime.metrics.unwrap();
+    assert_eq!(server.listen.to_string(), "127.0.0.1:9464");
+    assert_eq!((server.tls, server.token), (None, None));
     let e = error(&format!("{DESIGN_EXAMPLE}runtime:\n  metrics: 9464\n"));
     assert!(e.starts_with("runtime.metrics: "), "{e}");
+}
+
+#[test]
+fn the_metrics_server_takes_tls_and_a_token_and_names_what_is_wrong() {
+    let with = |metrics: &str| format!("{DESIGN_EXAMPLE}runtime:\n  metrics: {metrics}\n");
+    let server = parse(&with("{listen: \"0.0.0.0:9464\", token: t0k}")).unwrap();
+    let server = server.runtime.metrics.unwrap();
+    assert_eq!(server.listen.to_string(), "0.0.0.0:9464");
+    assert_eq!(server.token.as_deref(), Some("t0k"));
+    // `--metrics ADDR` replaces the address only.
+    let moved = parse(&with("{listen: \"0.0.0.0:9464\", token: t0k}")).unwrap();
+    let moved = moved
+        .runtime
+        .metrics_server(Some("127.0.0.1:1".parse().unwrap()));
+    assert_eq!(
+        moved.as_ref().map(|m| m.listen.to_string()).as_deref(),
+        Some("127.0.0.1:1")
+    );
+    assert_eq!(moved.and_then(|m| m.token).as_deref(), Some("t0k"));
+    for (metrics, needle) in [
+        (
+            "{listen: \"127.0.0.1:9464\", port: 1}",
+            "unknown field `port`",
+        ),
+        (
+            "{listen: \"127.0.0.1:9464\", token: \"\"}",
+            "an empty token would let anyone in",
+        ),
+        (
+            "{listen: \"127.0.0.1:9464\", tls: {certificate: s.crt, key: s.key}}",
+            "runtime.metrics.tls.certificate: cannot read the certificate file /pipelines/s.crt",
+        ),
+    ] {
+        let e = error(&with(metrics));
+        assert!(e.starts_with("runtime.metrics"), "{metrics}: {e}");
+        assert!(e.contains(needle), "{metrics}: {e}");
+    }
+}
+
+#[test]
+fn etcd_tls_files_are_read_when_the_pipeline_is() {
+    let text = format!(
+        "{DESIGN_EXAMPLE}cluster:\n  etcd: [\"https://localhost:2379\"]\n  member: m1\n  \
+         tls: {{ca: certs/ca.crt}}\n"
+    );
+    let e = error(&text);
+    assert!(
+        e.starts_with("cluster.tls.ca: cannot read the certificate file /pipelines/certs/ca.crt"),
+        "{e}"
+    );
 }
 
 #[test]

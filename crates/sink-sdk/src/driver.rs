@@ -50,7 +50,7 @@ const BATCH_BYTES: usize = 16 << 20;
 pub struct SinkKind {
     /// Its key in an endpoint of the pipeline file (`iceberg`).
     pub name: &'static str,
-    /// Top-level keys of its configuration that hold paths.
+    /// Keys of its configuration that hold paths (dotted inside an object: `tls.ca`).
     pub paths: &'static [&'static str],
     /// The JSON schemas of its endpoint configuration and of a binding's resource
     /// (derived from the types they are parsed with).

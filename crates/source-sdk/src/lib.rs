@@ -72,6 +72,8 @@
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub use sluice_config as config;
+/// TLS options and their rustls configurations ([`sluice_tls`]).
+pub use sluice_tls as tls;
 pub mod health;
 pub mod intake;
 pub mod kind;

@@ -1,6 +1,7 @@
 //! Secrets out of text meant for people: passwords in URLs (`scheme://user:***@host`),
-//! the values of password and token parameters (`?password=***`, `"token": "***"`,
-//! Debug's `password: Some("***")`) and bearer tokens (`Bearer ***`).
+//! the values of password, token and seed parameters (`?password=***`, `"token":
+//! "***"`, Debug's `password: Some("***")`), bearer tokens (`Bearer ***`) and NKey seeds
+//! wherever they stand (`SU…`, as a NATS creds file holds them).
 //!
 //! One function over any text, not a careful `Display` per config: a secret reaches
 //! messages through configs, connectors and client libraries alike (a NATS client logs
@@ -25,6 +26,7 @@ const SECRET_NAMES: &[&str] = &[
     "access_token",
     "secret",
     "api_key",
+    "seed",
 ];
 
 /// `text` with every secret it holds replaced by [`HIDDEN`].
@@ -32,6 +34,7 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     let mut secrets = url_passwords(text);
     secrets.extend(named_values(text));
     secrets.extend(bearer_tokens(text));
+    secrets.extend(nkey_seeds(text));
     if secrets.is_empty() {
         return Cow::Borrowed(text);
     }
@@ -173,6 +176,28 @@ fn bearer_tokens(text: &str) -> Vec<(usize, usize)> {
     found
 }
 
+/// Byte ranges of NKey seeds: a word of 58 characters, `S`, a key type (user, account,
+/// operator, server, cluster, curve or private: `UAONCXP`), then base32 (`A-Z2-7`).
+/// A public key starts with its type, never with `S`, so it is kept.
+fn nkey_seeds(text: &str) -> Vec<(usize, usize)> {
+    const SEED_LEN: usize = 58;
+    let bytes = text.as_bytes();
+    let is_base32 = |b: &u8| b.is_ascii_uppercase() || (b'2'..=b'7').contains(b);
+    let mut found: Vec<(usize, usize)> = Vec::new();
+    for (start, _) in text.match_indices('S') {
+        let end = start + SEED_LEN;
+        let Some(seed) = bytes.get(start..end) else {
+            break;
+        };
+        let whole_word = (start == 0 || !is_word(bytes[start - 1]))
+            && bytes.get(end).is_none_or(|&b| !is_word(b));
+        if whole_word && b"UAONCXP".contains(&seed[1]) && seed[2..].iter().all(is_base32) {
+            found.push((start, end));
+        }
+    }
+    found
+}
+
 /// The quote at `i`, if one is there: `"`, `'`, or `\"` (a quote inside a JSON string).
 fn quote_at(bytes: &[u8], i: usize) -> Option<&'static [u8]> {
     match (bytes.get(i), bytes.get(i + 1)) {
@@ -286,12 +311,60 @@ mod tests {
     }
 
     #[test]
+    fn nkey_seeds_are_hidden_wherever_they_stand_and_public_keys_kept() {
+        let seed = "SUAIO3FHUX5PNV2LQIIP7TZ3N4L7TX3W53MQGEIVYFIGA635OZCKEYHFLM";
+        let public = "UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4";
+        assert_eq!(
+            redact(&format!(
+                "-----BEGIN USER NKEY SEED-----\n{seed}\n------END"
+            )),
+            "-----BEGIN USER NKEY SEED-----\n***\n------END"
+        );
+        assert_eq!(
+            redact(&format!("bad key {seed}: {public}")),
+            format!("bad key ***: {public}")
+        );
+        assert_eq!(
+            redact(&format!(r#"{{"seed": "x", "nkey": "{public}"}}"#)),
+            format!(r#"{{"seed": "***", "nkey": "{public}"}}"#)
+        );
+        // A longer word, or one in lower case, is not a seed.
+        for plain in [
+            format!("{seed}X"),
+            seed.to_lowercase(),
+            "STREAM_EVENTS".to_string(),
+        ] {
+            assert_eq!(redact(&plain), plain);
+        }
+    }
+
+    #[test]
     fn bearer_tokens_are_hidden() {
         assert_eq!(
             redact("Authorization: Bearer abc.DEF-123_~+/="),
             "Authorization: Bearer ***"
         );
         assert_eq!(redact("Bearer x y"), "Bearer *** y");
+    }
+
+    #[test]
+    fn a_kafka_login_keeps_its_user_and_password_file_and_hides_its_password() {
+        let sasl = json!({"mechanism": "SCRAM-SHA-512", "username": "sluice",
+                          "password": "s3cret", "password_file": "secrets/kafka"});
+        let config = json!({"kafka": {"brokers": "k:9093", "tls": {"ca": "ca.crt"}, "sasl": sasl}});
+        assert_eq!(
+            redact_json(&config),
+            json!({"kafka": {"brokers": "k:9093", "tls": {"ca": "ca.crt"},
+                   "sasl": {"mechanism": "SCRAM-SHA-512", "username": "sluice",
+                            "password": "***", "password_file": "secrets/kafka"}}})
+        );
+        // rskafka's credentials and the client builder holding them, as Debug shows them.
+        assert_eq!(
+            redact(r#"ScramSha256(Credentials { username: "sluice", password: "s3cret" })"#),
+            r#"ScramSha256(Credentials { username: "sluice", password: "***" })"#
+        );
+        let file = "sasl.password_file: cannot read the password file secrets/kafka";
+        assert_eq!(redact(file), file);
     }
 
     #[test]
@@ -302,6 +375,7 @@ mod tests {
                 "url": "postgres://app:s3cret@db:5432/sales?sslmode=require",
             }}}},
             "http": {"token": {"nested": "t0k"}, "headers": ["Bearer abc"], "port": 80},
+            "nats": {"auth": {"user": "sluice", "password": "pw", "token_file": "t"}},
         });
         assert_eq!(
             redact_json(&config),
@@ -311,6 +385,7 @@ mod tests {
                     "url": "postgres://app:***@db:5432/sales?sslmode=require",
                 }}}},
                 "http": {"token": "***", "headers": ["Bearer ***"], "port": 80},
+                "nats": {"auth": {"user": "sluice", "password": "***", "token_file": "t"}},
             })
         );
     }

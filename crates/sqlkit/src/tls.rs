@@ -85,27 +85,8 @@ pub fn ca_certificates(
     Ok(certificates)
 }
 
-/// Why a TLS handshake failed, when `err` or one of its sources is a rustls error
-/// (directly, or inside the `io::Error` a TLS stream returns): a certificate that does
-/// not verify, or another handshake failure.
-pub fn handshake_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source = Some(err);
-    while let Some(err) = source {
-        let inner = (err.downcast_ref::<std::io::Error>()).and_then(|io| io.get_ref());
-        let tls = (err.downcast_ref::<rustls::Error>())
-            .or_else(|| inner.and_then(|inner| inner.downcast_ref::<rustls::Error>()));
-        match tls {
-            Some(rustls::Error::InvalidCertificate(certificate)) => {
-                return Some(format!(
-                    "the server's certificate does not verify: {certificate}"
-                ));
-            }
-            Some(other) => return Some(format!("the TLS handshake failed: {other}")),
-            None => source = err.source(),
-        }
-    }
-    None
-}
+/// Why a TLS handshake failed: the one wording every connection uses.
+pub use sluice_tls::handshake_failure;
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,9 @@
 //! A private single-member etcd for tests: on free ports, its data
 //! in a folder of its own, stopped and started again on the same data by a test, killed
-//! when dropped. Needs the `etcd` binary (`.ci/services` installs etcd-server).
+//! when dropped; with [`PrivateEtcd::start_tls`], over TLS with client certificates
+//! required. Needs the `etcd` binary (`.ci/services` installs etcd-server).
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,8 @@ pub struct PrivateEtcd {
     dir: tempfile::TempDir,
     client: u16,
     peer: u16,
+    /// The folder of `TestCertificates` it serves TLS with, if any.
+    tls: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -19,31 +23,60 @@ fn free_port() -> u16 {
 
 impl PrivateEtcd {
     pub fn start() -> PrivateEtcd {
+        PrivateEtcd::launched(None)
+    }
+
+    /// An etcd serving TLS with `certs`' `server.crt` (it names `localhost`) and
+    /// requiring client certificates signed by its `ca.crt` (`--client-cert-auth`).
+    pub fn start_tls(certs: &Path) -> PrivateEtcd {
+        PrivateEtcd::launched(Some(certs.to_path_buf()))
+    }
+
+    fn launched(tls: Option<PathBuf>) -> PrivateEtcd {
         let mut etcd = PrivateEtcd {
             dir: tempfile::tempdir().expect("a temporary folder"),
             client: free_port(),
             peer: free_port(),
+            tls,
             child: None,
         };
         etcd.launch();
         etcd
     }
 
-    /// Its client URL.
+    /// Its client URL (`https://localhost:…` over TLS).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        match self.tls {
+            None => format!("http://127.0.0.1:{}", self.client),
+            Some(_) => format!("https://localhost:{}", self.client),
+        }
     }
 
     fn launch(&mut self) {
         let client = self.url();
+        let listen = match self.tls {
+            None => client.clone(),
+            Some(_) => format!("https://127.0.0.1:{}", self.client),
+        };
         let peer = format!("http://127.0.0.1:{}", self.peer);
+        let mut command = Command::new("etcd");
+        if let Some(certs) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(certs.join("server.crt"))
+                .arg("--key-file")
+                .arg(certs.join("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(certs.join("ca.crt"))
+                .arg("--client-cert-auth");
+        }
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("its log");
-        let child = Command::new("etcd")
+        let child = command
             .args(["--name", "test", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args([
                 "--listen-client-urls",
-                &client,
+                &listen,
                 "--advertise-client-urls",
                 &client,
             ])

@@ -7,8 +7,11 @@
 //! - [`etcd`]: a private single-member etcd ([`etcd::PrivateEtcd`]).
 //! - [`postgres`]: a private PostgreSQL with `wal_level=logical`
 //!   ([`postgres::LogicalPostgres`]).
-//! - [`tansu`]: the test Kafka broker, started when none answers.
+//! - [`tansu`]: the test Kafka broker, started when none answers, and a private one
+//!   requiring TLS and SASL ([`tansu::SecuredTansu`]).
 //! - [`mysql`]: a database of one's own on the shared MariaDB.
+//! - [`nats`]: a private nats-server requiring TLS, a password or a token
+//!   ([`nats::PrivateNats`], [`nats::SecuredNats`]).
 //! - [`schema`]: a connector's configuration schema checked as the runtime checks it.
 //! - [`modules`]: the cycles of a crate's module graph, for the tests that keep none.
 
@@ -16,6 +19,7 @@ pub mod conformance;
 pub mod etcd;
 pub mod modules;
 pub mod mysql;
+pub mod nats;
 pub mod postgres;
 pub mod schema;
 pub mod tansu;

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use sluice_doc::Pointer;
 use sluice_kafka::KafkaConfig;
 use sluice_kafka::admin::Admin;
+use sluice_kafka_client::Connector;
 use sluice_kafka_output::PRODUCE_BYTES;
 use sluice_kafka_output::partitioner::partition_of;
 
@@ -38,7 +39,13 @@ impl Topic {
         create: Option<i32>,
     ) -> anyhow::Result<Topic> {
         let (brokers, topic) = (config.brokers.join(","), &config.topic);
-        let admin = (Admin::connect(&config.brokers).await)
+        let connector = Connector::new(
+            "sluice",
+            &config.brokers,
+            config.tls.as_ref(),
+            config.sasl.as_ref(),
+        )?;
+        let admin = (Admin::over(&connector).await)
             .with_context(|| format!("connecting to brokers {brokers}"))?;
         let count = match admin.partitions(topic).await {
             Ok(Some(count)) => count,

@@ -19,7 +19,7 @@ impl Subject {
     pub async fn open(config: &NatsConfig, given: Option<&str>) -> anyhow::Result<Subject> {
         let (url, stream) = (&config.url, &config.stream);
         let failed = |doing: &str| format!("{doing} on {url}");
-        let admin = Admin::connect(url)
+        let admin = Admin::connect_to(&config.server())
             .await
             .map_err(|e| anyhow!(e))
             .with_context(|| failed("connecting"))?;

@@ -228,6 +228,29 @@ pub fn sqlite_rows(db: &Path) -> Vec<(String, i64, i64, String)> {
         .collect()
 }
 
+/// The `flow_document`s of the SQLite table `things` of `db` (keyed by `k`) in key
+/// order; a delta table's (no primary key, so a rowid) in the order stored too.
+pub fn sqlite_things(db: &Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let keyed: bool = conn
+        .query_row(
+            "SELECT sql LIKE '%WITHOUT ROWID' FROM sqlite_master WHERE name = 'things'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let order = if keyed { r#""k""# } else { r#""k", rowid"# };
+    let mut stmt = conn
+        .prepare(&format!(
+            r#"SELECT "flow_document" FROM "things" ORDER BY {order}"#
+        ))
+        .unwrap();
+    stmt.query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// The SQLite table `pageviews` of `db`, per user.
 pub fn sqlite_table(db: &Path) -> BTreeMap<String, Row> {
     let mut table: BTreeMap<String, Row> = BTreeMap::new();

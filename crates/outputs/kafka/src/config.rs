@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use sluice_config::schema_for;
+use sluice_kafka_client::{ClientTls, Connector, Sasl};
+use sluice_output_sdk::OutputError;
 pub use sluice_output_sdk::config::parse;
 use std::num::NonZeroUsize;
 
@@ -25,12 +27,28 @@ pub fn resource_schema() -> String {
 #[schemars(title = "Kafka endpoint")]
 pub struct Config {
     /// Bootstrap brokers: host:port, a comma-separated string of them, or a list
-    #[serde(deserialize_with = "sluice_kafka::config::brokers")]
-    #[schemars(schema_with = "sluice_kafka::config::brokers_schema")]
+    #[serde(deserialize_with = "sluice_kafka_client::config::brokers")]
+    #[schemars(schema_with = "sluice_kafka_client::config::brokers_schema")]
     pub brokers: Vec<String>,
     /// Bytes of encoded changes buffered before they are produced
     #[serde(default = "default_buffer")]
     pub max_buffer_size_bytes: NonZeroUsize,
+    /// Connect over TLS, checking the brokers' certificates against this CA (and their
+    /// names against the broker addresses); unset for plain TCP.
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+    /// Authenticate by SASL as this user; unset for none.
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
+}
+
+impl Config {
+    /// The client settings: the brokers, TLS and SASL, their files read now.
+    pub fn connector(&self) -> Result<Connector, OutputError> {
+        let (tls, sasl) = (self.tls.as_ref(), self.sasl.as_ref());
+        Connector::new("sluice-output", &self.brokers, tls, sasl)
+            .map_err(|e| OutputError::Config(e.to_string()))
+    }
 }
 
 fn default_buffer() -> NonZeroUsize {
@@ -102,9 +120,13 @@ mod tests {
             &[
                 json!({"brokers": "127.0.0.1:9092"}),
                 json!({"brokers": ["a:1", "b:2"], "max_buffer_size_bytes": 10}),
+                json!({"brokers": "localhost:9093", "tls": {"ca": "ca.crt"},
+                       "sasl": {"mechanism": "PLAIN", "username": "u", "password": "p"}}),
             ],
             &[
                 json!({"brokers": "a:1", "topic": "t"}),
+                json!({"brokers": "a:1", "tls": {}}),
+                json!({"brokers": "a:1", "sasl": {"mechanism": "scram", "username": "u"}}),
                 json!({"brokers": []}),
                 json!({"brokers": "a:1", "max_buffer_size_bytes": 0}),
             ],

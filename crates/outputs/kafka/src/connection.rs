@@ -1,6 +1,7 @@
-//! One topic's connection to the brokers: an rskafka client whose every request is
-//! tried once and bounded by [`REQUEST_TIMEOUT`], its failures as
-//! [`OutputError::External`] naming the brokers, the topic and the partition.
+//! One topic's connection to the brokers: an rskafka client (built by
+//! `sluice_kafka_client`, with its TLS and SASL) whose every request is tried once and
+//! bounded by [`REQUEST_TIMEOUT`], its failures as [`OutputError::External`] naming the
+//! brokers, the topic and the partition.
 //!
 //! Tried once because rskafka retries a produce whose connection broke after the
 //! request went out, and the broker may have written it already: a silent retry could
@@ -9,10 +10,11 @@
 //! whatever had landed.
 
 use rskafka::BackoffConfig;
+use rskafka::client::Client;
 use rskafka::client::error::{Error as KafkaError, ProtocolError};
 use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
-use rskafka::client::{Client, ClientBuilder};
 use rskafka::record::{Record, RecordAndOffset};
+use sluice_kafka_client::{ConnectError, Connector};
 use sluice_output_sdk::{OutputError, Result};
 use std::fmt::Display;
 use std::future::Future;
@@ -40,30 +42,28 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub async fn connect(brokers: &[String], topic: &str) -> Result<Connection> {
-        let joined = brokers.join(",");
-        let build = ClientBuilder::new(brokers.to_vec())
-            .client_id("sluice-output")
-            .backoff_config(tried_once())
-            .build();
-        let client = match tokio::time::timeout(REQUEST_TIMEOUT, build).await {
+    /// A client of `connector`'s brokers for `topic`, connecting tried once within
+    /// [`REQUEST_TIMEOUT`]; brokers refusing its TLS or SASL settings are a
+    /// [`OutputError::Config`] (not retried: the same settings are refused again).
+    pub async fn connect(connector: &Connector, topic: &str) -> Result<Connection> {
+        let brokers = connector.brokers();
+        let failed =
+            |why: String| format!("connecting to brokers {brokers} for topic {topic}: {why}");
+        let client = match tokio::time::timeout(REQUEST_TIMEOUT, connector.connect(tried_once()))
+            .await
+        {
             Ok(Ok(client)) => client,
-            Ok(Err(err)) => {
-                return Err(OutputError::External(format!(
-                    "connecting to brokers {joined} for topic {topic}: {err}"
-                )));
-            }
+            Ok(Err(ConnectError::Refused(why))) => return Err(OutputError::Config(failed(why))),
+            Ok(Err(ConnectError::Failed(why))) => return Err(OutputError::External(failed(why))),
             Err(_) => {
-                return Err(OutputError::External(format!(
-                    "connecting to brokers {joined} for topic {topic}: no answer within {} s",
-                    REQUEST_TIMEOUT.as_secs()
-                )));
+                let why = format!("no answer within {} s", REQUEST_TIMEOUT.as_secs());
+                return Err(OutputError::External(failed(why)));
             }
         };
         Ok(Connection {
             client,
             topic: topic.to_string(),
-            brokers: joined,
+            brokers,
         })
     }
 

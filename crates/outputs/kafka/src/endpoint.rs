@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use rskafka::client::partition::PartitionClient;
 use rskafka::record::Record;
+use sluice_kafka_client::Connector;
 use sluice_output_sdk::{
     BatchKind, Buffer, Generation, OutputEndpoint, OutputError, Result, Tail, Target,
 };
@@ -33,7 +34,7 @@ pub const PRODUCE_BYTES: usize = 512 << 10;
 const QUEUED_SHARES: usize = 4;
 
 pub struct KafkaEndpoint {
-    brokers: Vec<String>,
+    connector: Connector,
     topic: String,
     /// Partitions of the topic if this endpoint creates it.
     create_partitions: i32,
@@ -86,9 +87,10 @@ struct Produced {
 }
 
 impl KafkaEndpoint {
-    pub fn new(config: &Config, resource: &Resource, target: &Target) -> KafkaEndpoint {
-        KafkaEndpoint {
-            brokers: config.brokers.clone(),
+    /// The endpoint of `resource`; fails when the TLS or SASL files cannot be read.
+    pub fn new(config: &Config, resource: &Resource, target: &Target) -> Result<KafkaEndpoint> {
+        Ok(KafkaEndpoint {
+            connector: config.connector()?,
             topic: resource.topic.clone(),
             create_partitions: resource.partitions,
             materialization: target.materialization.clone(),
@@ -96,7 +98,7 @@ impl KafkaEndpoint {
             max_buffer_size_bytes: config.max_buffer_size_bytes.get(),
             batch: BatchKind::Delta,
             topic_state: None,
-        }
+        })
     }
 
     /// Drops the topic's state once its producers have stopped: the next push opens it
@@ -109,7 +111,7 @@ impl KafkaEndpoint {
 
     /// Connects, creates the topic if it is missing, and reads every partition's tail.
     async fn read_topic_state(&self) -> Result<TopicState> {
-        let connection = Connection::connect(&self.brokers, &self.topic).await?;
+        let connection = Connection::connect(&self.connector, &self.topic).await?;
         let count = match connection.partition_count().await? {
             Some(count) => count,
             None => {
@@ -341,7 +343,7 @@ impl OutputEndpoint for KafkaEndpoint {
     }
 
     async fn probe(&mut self) -> Result<String> {
-        let connection = Connection::connect(&self.brokers, &self.topic).await?;
+        let connection = Connection::connect(&self.connector, &self.topic).await?;
         Ok(match connection.partition_count().await? {
             Some(count) => format!("topic {} exists, {count} partitions", self.topic),
             None => format!(

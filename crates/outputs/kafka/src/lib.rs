@@ -49,10 +49,10 @@ use sluice_output_sdk::{OutputKind, Target};
 pub fn kind() -> OutputKind {
     OutputKind {
         name: "kafka",
-        paths: &[],
+        paths: sluice_kafka_client::config::PATHS,
         endpoint_schema: config::endpoint_schema,
         resource_schema: config::resource_schema,
-        check: |config| config::parse::<Config>(config).map(drop),
+        check: |config| config::parse::<Config>(config)?.connector().map(drop),
         resource_path: |resource| {
             let resource: Resource = config::parse(resource)?;
             Ok(vec![resource.topic])
@@ -60,7 +60,7 @@ pub fn kind() -> OutputKind {
         endpoint: |config: &Value, target: Target| {
             let config: Config = config::parse(config)?;
             let resource: Resource = config::parse(&target.resource)?;
-            Ok(Box::new(KafkaEndpoint::new(&config, &resource, &target)))
+            Ok(Box::new(KafkaEndpoint::new(&config, &resource, &target)?))
         },
     }
 }

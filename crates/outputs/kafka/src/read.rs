@@ -5,6 +5,7 @@
 
 use crate::connection::Connection;
 use crate::stamp::Stamp;
+use sluice_kafka_client::Connector;
 use sluice_output_sdk::{OutputError, Result};
 
 /// A message of the topic, as a consumer reads it.
@@ -21,7 +22,12 @@ pub struct Written {
 /// partition's earliest retained offset to its high watermark when it is read. A
 /// message without the output's headers is [`OutputError::Corrupt`].
 pub async fn read_topic(brokers: &[String], topic: &str) -> Result<Vec<Written>> {
-    let connection = Connection::connect(brokers, topic).await?;
+    read_topic_over(&Connector::plain("sluice-read", brokers), topic).await
+}
+
+/// [`read_topic`] over `connector`'s TLS and SASL.
+pub async fn read_topic_over(connector: &Connector, topic: &str) -> Result<Vec<Written>> {
+    let connection = Connection::connect(connector, topic).await?;
     let count = (connection.partition_count().await?)
         .ok_or_else(|| OutputError::Config(format!("topic {topic} does not exist")))?;
     let mut written = Vec::new();

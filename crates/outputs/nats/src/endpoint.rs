@@ -12,13 +12,14 @@ use async_nats::jetstream::message::{PublishMessage, StreamMessage};
 use async_nats::jetstream::stream::Stream;
 use async_trait::async_trait;
 use bytes::Bytes;
+use sluice_nats_client::Server;
 use sluice_output_sdk::{
     BatchKind, Buffer, Generation, OutputEndpoint, OutputError, Result, Tail, Target,
 };
 use std::collections::VecDeque;
 
 pub struct NatsEndpoint {
-    url: String,
+    server: Server,
     subject: Subject,
     /// The stream created (or given the subject) when no stream holds the subject.
     stream_name: String,
@@ -79,7 +80,7 @@ struct InFlight {
 impl NatsEndpoint {
     pub fn new(config: &Config, resource: &Resource, target: &Target) -> NatsEndpoint {
         NatsEndpoint {
-            url: config.url.clone(),
+            server: config.server(),
             subject: Subject::from(resource.subject.as_str()),
             stream_name: (config.stream.clone()).unwrap_or_else(|| resource.default_stream()),
             materialization: target.materialization.clone(),
@@ -278,7 +279,7 @@ impl NatsEndpoint {
 #[async_trait]
 impl OutputEndpoint for NatsEndpoint {
     async fn probe(&mut self) -> Result<String> {
-        let js = server::connect(&self.url, self.max_in_flight, &self.place).await?;
+        let js = server::connect(&self.server, self.max_in_flight, &self.place).await?;
         Ok(
             match server::stream_of(&js, &self.subject, &self.place).await? {
                 Some(stream) => format!(
@@ -297,12 +298,12 @@ impl OutputEndpoint for NatsEndpoint {
     async fn open(&mut self) -> Result<()> {
         self.tail_known = false;
         if self.connection.is_none() {
-            let js = server::connect(&self.url, self.max_in_flight, &self.place).await?;
+            let js = server::connect(&self.server, self.max_in_flight, &self.place).await?;
             let stream =
                 server::stream_holding(&js, &self.subject, &self.stream_name, &self.place).await?;
             self.place = format!(
                 "{} stream {} subject {}",
-                self.url,
+                self.server.url,
                 stream.cached_info().config.name,
                 self.subject
             );

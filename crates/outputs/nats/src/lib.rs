@@ -75,7 +75,7 @@ use sluice_output_sdk::{OutputKind, Target};
 pub fn kind() -> OutputKind {
     OutputKind {
         name: "nats",
-        paths: &[],
+        paths: sluice_nats_client::PATHS,
         endpoint_schema: config::endpoint_schema,
         resource_schema: config::resource_schema,
         check: |config| Config::parse(config).map(drop),

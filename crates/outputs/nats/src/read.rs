@@ -6,6 +6,7 @@ use crate::server::{self, TIMEOUT, external};
 use crate::stamp::{KEY, Stamp, msg_id_of};
 use bytes::Bytes;
 use futures::StreamExt;
+use sluice_nats_client::Server;
 use sluice_output_sdk::{OutputError, Result};
 
 /// A message of the subject as the stream holds it.
@@ -17,14 +18,23 @@ pub struct StoredMessage {
     pub msg_id: String,
     /// Its `Sluice-Key`, absent when the key was not header text.
     pub key: Option<String>,
+    /// All its headers, as published.
+    pub headers: async_nats::HeaderMap,
     pub payload: Bytes,
 }
 
-/// Every message `subject` holds on the server at `url`, read by an ordered consumer
-/// from the stream's start; a message this output did not write is `Corrupt`.
+/// Every message `subject` holds on the server at `url` (reached in plain text without
+/// authentication), as [`read_subject_on`] reads it.
 pub async fn read_subject(url: &str, subject: &str) -> Result<Vec<StoredMessage>> {
+    read_subject_on(&Server::from(url), subject).await
+}
+
+/// Every message `subject` holds on `server`, read by an ordered consumer from the
+/// stream's start; a message this output did not write is `Corrupt`.
+pub async fn read_subject_on(server: &Server, subject: &str) -> Result<Vec<StoredMessage>> {
+    let url = &server.url;
     let place = format!("{url} subject {subject}");
-    let js = server::connect(url, 1, &place).await?;
+    let js = server::connect(server, 1, &place).await?;
     let stream = server::stream_of(&js, subject, &place)
         .await?
         .ok_or_else(|| OutputError::External(format!("{place}: no stream holds the subject")))?;
@@ -70,6 +80,7 @@ pub async fn read_subject(url: &str, subject: &str) -> Result<Vec<StoredMessage>
             key: headers
                 .and_then(|h| h.get(KEY))
                 .map(|v| v.as_str().to_string()),
+            headers: headers.cloned().unwrap_or_default(),
             payload: message.message.payload.clone(),
         });
     }

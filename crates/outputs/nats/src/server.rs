@@ -12,6 +12,7 @@ use async_nats::jetstream::context::{
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind, Stream};
 use async_nats::jetstream::{self, Context};
+use sluice_nats_client::{ConnectError, Server};
 use sluice_output_sdk::{OutputError, Result};
 use std::fmt::Display;
 use std::time::Duration;
@@ -25,11 +26,13 @@ pub fn external(place: &str, doing: &str, error: impl Display) -> OutputError {
     OutputError::External(format!("{place}: {doing}: {error}"))
 }
 
-/// A JetStream context on `url`, at most `max_in_flight` publishes unacknowledged.
-pub async fn connect(url: &str, max_in_flight: usize, place: &str) -> Result<Context> {
-    let client = sluice_nats_client::connect(url)
-        .await
-        .map_err(|e| external(place, "connecting", e))?;
+/// A JetStream context on `server`, at most `max_in_flight` publishes unacknowledged;
+/// refused settings (credentials, TLS) are a configuration error, not retried.
+pub async fn connect(server: &Server, max_in_flight: usize, place: &str) -> Result<Context> {
+    let client = server.connect().await.map_err(|e| match e {
+        ConnectError::Refused(why) => OutputError::Config(format!("{place}: connecting: {why}")),
+        ConnectError::Unavailable(why) => external(place, "connecting", why),
+    })?;
     Ok(ContextBuilder::new()
         .timeout(TIMEOUT)
         .max_ack_inflight(max_in_flight)

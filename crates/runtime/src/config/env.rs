@@ -2,10 +2,14 @@
 //! environment before the file is read, and a record of every default taken: a spec
 //! that changed only because a variable was forgotten (unset, so its default stood in)
 //! can then say so where the change is shown, rather than leave the reader to guess.
+//! `${file:PATH}` expands to a file's content (one trailing newline dropped; a relative
+//! PATH is the pipeline folder's), so any secret (a password, a token, a URL) can live
+//! in a file a secret manager mounts rather than in the file or the environment.
 
 use super::{ConfigError, invalid};
 use serde_json::Value;
 use std::fmt::Write as _;
+use std::path::Path;
 
 /// A `${NAME:-default}` that expanded to its default, NAME being unset or empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,15 +50,16 @@ impl Defaulted {
 pub(super) fn expand(
     tree: &mut Value,
     place: &mut String,
+    base_dir: &Path,
     defaulted: &mut Vec<Defaulted>,
 ) -> Result<(), ConfigError> {
     let len = place.len();
     match tree {
-        Value::String(s) if s.contains('$') => *s = expand_str(s, place, defaulted)?,
+        Value::String(s) if s.contains('$') => *s = expand_str(s, place, base_dir, defaulted)?,
         Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
                 let _ = write!(place, "[{i}]");
-                expand(item, place, defaulted)?;
+                expand(item, place, base_dir, defaulted)?;
                 place.truncate(len);
             }
         }
@@ -64,7 +69,7 @@ pub(super) fn expand(
                     place.push('.');
                 }
                 place.push_str(key);
-                expand(value, place, defaulted)?;
+                expand(value, place, base_dir, defaulted)?;
                 place.truncate(len);
             }
         }
@@ -73,7 +78,12 @@ pub(super) fn expand(
     Ok(())
 }
 
-fn expand_str(s: &str, place: &str, defaulted: &mut Vec<Defaulted>) -> Result<String, ConfigError> {
+fn expand_str(
+    s: &str,
+    place: &str,
+    base_dir: &Path,
+    defaulted: &mut Vec<Defaulted>,
+) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -90,7 +100,11 @@ fn expand_str(s: &str, place: &str, defaulted: &mut Vec<Defaulted>) -> Result<St
                 Some((var, default)) => (var, Some(default)),
                 None => (&after[..end], None),
             };
-            let value = match (std::env::var(var), default) {
+            let found = match var.strip_prefix("file:") {
+                Some(path) => read_secret(place, &base_dir.join(path), default.is_some())?,
+                None => std::env::var(var).map_err(|_| ()),
+            };
+            let value = match (found, default) {
                 (Ok(value), None) => value,
                 (Ok(value), Some(_)) if !value.is_empty() => value,
                 (set, Some(default)) => {
@@ -102,7 +116,7 @@ fn expand_str(s: &str, place: &str, defaulted: &mut Vec<Defaulted>) -> Result<St
                     });
                     default.to_owned()
                 }
-                (Err(_), None) => {
+                (Err(()), None) => {
                     return Err(invalid(
                         place,
                         format!(
@@ -121,4 +135,27 @@ fn expand_str(s: &str, place: &str, defaulted: &mut Vec<Defaulted>) -> Result<St
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The content of the secret file `path` of a `${file:…}` (one trailing newline
+/// dropped); `Err(())` when it is missing and a default stands in.
+fn read_secret(
+    place: &str,
+    path: &Path,
+    has_default: bool,
+) -> Result<Result<String, ()>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            Ok(Ok(text.strip_suffix('\r').unwrap_or(text).to_string()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && has_default => Ok(Err(())),
+        Err(e) => Err(invalid(
+            place,
+            format!(
+                "cannot read the file {} of ${{file:…}}: {e}",
+                path.display()
+            ),
+        )),
+    }
 }

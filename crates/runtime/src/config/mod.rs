@@ -46,7 +46,7 @@ mod sources;
 pub use crate::types::EndpointDef;
 pub use env::Defaulted;
 pub use materializations::{BindingDef, FieldsDef, MaterializationDef, ShardDef};
-pub use runtime::{ClusterDef, RuntimeDef, Timeouts, TxnBounds, Workers};
+pub use runtime::{ClusterDef, MetricsServer, RuntimeDef, Timeouts, TxnBounds, Workers};
 pub use sources::{DEAD_LETTER_FILE, OnError, ReadAhead, SourceDef};
 
 #[derive(Debug, thiserror::Error)]
@@ -163,7 +163,7 @@ impl Pipeline {
         let mut tree = serde_json::to_value(tree)
             .map_err(|e| invalid("(top level)", format!("not representable as JSON: {e}")))?;
         let mut defaulted = Vec::new();
-        env::expand(&mut tree, &mut String::new(), &mut defaulted)?;
+        env::expand(&mut tree, &mut String::new(), base_dir, &mut defaulted)?;
         for d in &defaulted {
             tracing::debug!(place = %d.place, "{}", d.explain());
         }
@@ -196,7 +196,13 @@ impl Pipeline {
             .recovery_log
             .get_or_insert_with(|| Path::new(".sluice").join(stem));
         resolve_path(log, base);
+        if let Some(tls) = self.runtime.metrics.as_mut().and_then(|m| m.tls.as_mut()) {
+            tls.resolve(base);
+        }
         if let Some(cluster) = &mut self.cluster {
+            if let Some(tls) = &mut cluster.tls {
+                tls.resolve(base);
+            }
             cluster
                 .prefix
                 .get_or_insert_with(|| format!("/sluice/{stem}"));
@@ -291,6 +297,24 @@ impl Pipeline {
                 ))
             }
         };
+        // TLS files are read now, so a missing or wrong one fails here, named.
+        let named = |prefix: &str| {
+            let prefix = prefix.to_string();
+            move |e: sluice_source_sdk::InvalidConfig| {
+                let inner = if e.place.is_empty() {
+                    "tls".into()
+                } else {
+                    e.place
+                };
+                invalid(format!("{prefix}.{inner}"), e.message)
+            }
+        };
+        if let Some(tls) = self.runtime.metrics.as_ref().and_then(|m| m.tls.as_ref()) {
+            tls.acceptor("tls").map_err(named("runtime.metrics"))?;
+        }
+        if let Some(tls) = self.cluster.as_ref().and_then(|c| c.tls.as_ref()) {
+            tls.connector("tls").map_err(named("cluster"))?;
+        }
         let timeouts = &self.runtime.timeouts;
         for (what, timeout) in [("driver", timeouts.driver), ("source", timeouts.source)] {
             if timeout.is_zero() {

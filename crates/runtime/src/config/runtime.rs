@@ -3,7 +3,9 @@
 //! under `cluster:`, the etcd cluster it runs in; with the reasoning behind each default.
 
 use serde::Deserialize;
-use sluice_source_sdk::config::{de_bytes, de_duration};
+use sluice_source_sdk::config::{de_bytes, de_duration, parse};
+use sluice_source_sdk::tls::{ClientTls, ServerTls};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -29,10 +31,76 @@ pub struct RuntimeDef {
     pub workers: Option<Workers>,
     #[serde(default)]
     pub timeouts: Timeouts,
-    /// Where to serve Prometheus metrics on `/metrics` (`127.0.0.1:9464`); none by
-    /// default. `sluice run --metrics` overrides it.
+    /// Where to serve Prometheus metrics on `/metrics`, the status page on `/` and its
+    /// JSON on `/api/status`: an address (`127.0.0.1:9464`), or `{listen, tls, token}`;
+    /// none by default. `sluice run --metrics` overrides the address.
     #[serde(default)]
-    pub metrics: Option<std::net::SocketAddr>,
+    pub metrics: Option<MetricsServer>,
+}
+
+/// `runtime.metrics`: where the metrics and status server listens, and, optionally, its
+/// TLS and the bearer token `/metrics` and `/api` require.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "serde_json::Value")]
+pub struct MetricsServer {
+    pub listen: SocketAddr,
+    /// HTTPS with this certificate and key (and `client_ca`: mutual TLS).
+    pub tls: Option<ServerTls>,
+    /// The bearer token `/metrics` and `/api/*` require (`Authorization: Bearer …`);
+    /// the status page itself asks for it.
+    pub token: Option<String>,
+}
+
+/// The object form of [`MetricsServer`], as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsServerDef {
+    listen: SocketAddr,
+    #[serde(default)]
+    tls: Option<ServerTls>,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+impl MetricsServer {
+    /// Only an address.
+    pub fn at(listen: SocketAddr) -> MetricsServer {
+        MetricsServer {
+            listen,
+            tls: None,
+            token: None,
+        }
+    }
+}
+
+impl TryFrom<serde_json::Value> for MetricsServer {
+    type Error = String;
+
+    fn try_from(value: serde_json::Value) -> Result<MetricsServer, String> {
+        match value {
+            serde_json::Value::String(address) => {
+                address.parse().map(MetricsServer::at).map_err(|_| {
+                    format!("{address:?} is not an address: write IP:port, e.g. 127.0.0.1:9464")
+                })
+            }
+            value @ serde_json::Value::Object(_) => {
+                let def: MetricsServerDef = parse(value).map_err(|e| e.to_string())?;
+                if def.token.as_deref() == Some("") {
+                    return Err("token: an empty token would let anyone in: set one, \
+                                e.g. token: \"${STATUS_TOKEN}\""
+                        .into());
+                }
+                Ok(MetricsServer {
+                    listen: def.listen,
+                    tls: def.tls,
+                    token: def.token,
+                })
+            }
+            other => Err(format!(
+                "expected an address (127.0.0.1:9464) or {{listen, tls, token}}, not {other}"
+            )),
+        }
+    }
 }
 
 impl Default for RuntimeDef {
@@ -116,6 +184,16 @@ impl TryFrom<serde_json::Value> for Workers {
 }
 
 impl RuntimeDef {
+    /// The metrics server to run: `runtime.metrics`, its address replaced by `listen`
+    /// when given (`--metrics ADDR`), or only that address.
+    pub fn metrics_server(&self, listen: Option<SocketAddr>) -> Option<MetricsServer> {
+        match (listen, self.metrics.clone()) {
+            (Some(listen), Some(server)) => Some(MetricsServer { listen, ..server }),
+            (Some(listen), None) => Some(MetricsServer::at(listen)),
+            (None, server) => server,
+        }
+    }
+
     /// How many shards each materialization runs as here: `workers`, where `auto` is the
     /// cores this process may use (its CPU affinity and quota: `taskset -c 0` gives one).
     pub fn workers(&self) -> u32 {
@@ -195,6 +273,10 @@ pub struct ClusterDef {
     /// cluster first sees it; `sluice shards split` makes more later.
     #[serde(default = "default_initial_shards")]
     pub shards: u32,
+    /// TLS to etcd (`https://` endpoints): the CA its certificate must chain to, and a
+    /// client certificate and key when etcd runs with `--client-cert-auth`.
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
 }
 
 fn default_lease_ttl() -> Duration {

@@ -1,12 +1,16 @@
 //! A small blocking HTTP/1.1 client of the servers Sluice runs (the ingest server, the
 //! status API), for `sluice status`, benchmarks, the torture scenarios and tests: one
 //! keep-alive connection, requests in turn, bodies framed by
-//! `Content-Length` (as the server sends them). Not a general client: no TLS, no
-//! chunked responses, no redirects.
+//! `Content-Length` (as the server sends them), over TLS when given a rustls
+//! configuration ([`Client::with_tls`]). Not a general client: no chunked responses,
+//! no redirects.
 
 use serde_json::Value;
+use sluice_source_sdk::tls::rustls::pki_types::ServerName;
+use sluice_source_sdk::tls::rustls::{ClientConfig, ClientConnection, StreamOwned};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a request may wait for its answer (a commit): generous, as a test's
@@ -17,7 +21,39 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Client {
     address: SocketAddr,
     token: String,
-    connection: Option<BufReader<TcpStream>>,
+    tls: Option<(Arc<ClientConfig>, ServerName<'static>)>,
+    connection: Option<BufReader<Stream>>,
+}
+
+/// A connection, plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
 }
 
 /// An answer: status, headers (names lower-case) and body.
@@ -47,8 +83,19 @@ impl Client {
         Client {
             address,
             token: token.to_string(),
+            tls: None,
             connection: None,
         }
+    }
+
+    /// Speaks TLS with `config`, checking the server's certificate against `server_name`.
+    pub fn with_tls(
+        mut self,
+        config: Arc<ClientConfig>,
+        server_name: ServerName<'static>,
+    ) -> Client {
+        self.tls = Some((config, server_name));
+        self
     }
 
     /// `POST /ingest/<source>` of `body`, with `key` as its Idempotency-Key.
@@ -88,6 +135,19 @@ impl Client {
             let stream = TcpStream::connect_timeout(&self.address, Duration::from_secs(5))?;
             stream.set_nodelay(true)?;
             stream.set_read_timeout(Some(TIMEOUT))?;
+            let stream = match &self.tls {
+                None => Stream::Plain(stream),
+                Some((config, name)) => {
+                    let tls = ClientConnection::new(config.clone(), name.clone())
+                        .map_err(io::Error::other)?;
+                    let mut tls = StreamOwned::new(tls, stream);
+                    // The handshake now, so that a refused certificate is this call's error.
+                    while tls.conn.is_handshaking() {
+                        tls.conn.complete_io(&mut tls.sock)?;
+                    }
+                    Stream::Tls(Box::new(tls))
+                }
+            };
             self.connection = Some(BufReader::new(stream));
         }
         let connection = self.connection.as_mut().expect("connected above");
@@ -107,7 +167,7 @@ impl Client {
     }
 }
 
-fn read_response(connection: &mut BufReader<TcpStream>) -> io::Result<Response> {
+fn read_response(connection: &mut BufReader<Stream>) -> io::Result<Response> {
     let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     let mut line = String::new();
     if connection.read_line(&mut line)? == 0 {

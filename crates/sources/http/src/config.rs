@@ -1,7 +1,8 @@
 //! What the user writes: `http: {listen: 127.0.0.1:8080, token: "${INGEST_TOKEN}"}`,
-//! with the limits and the idempotency window optional. Strict: unknown keys are
+//! with TLS, the limits and the idempotency window optional. Strict: unknown keys are
 //! errors. `${ENV}` in the token is expanded by the pipeline loader, so the token need
-//! not be written in the file.
+//! not be written in the file. A token travels in every request, so plain HTTP is
+//! taken only on a loopback address unless the pipeline says `insecure: true`.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -9,7 +10,9 @@ use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::config::{
     bytes_schema, de_bytes, de_duration, duration_schema, ser_bytes, ser_duration,
 };
+use sluice_source_sdk::tls::ServerTls;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 /// An HTTP server taking JSON documents POSTed to /ingest/<source>, each request
@@ -26,6 +29,14 @@ pub struct HttpConfig {
     /// as ${ENV_VAR}.
     #[schemars(length(min = 1))]
     pub token: String,
+    /// Serve HTTPS with this certificate and key; with `client_ca`, only clients
+    /// presenting a certificate signed by it are let in (mutual TLS).
+    #[serde(default)]
+    pub tls: Option<ServerTls>,
+    /// Take the token over plain HTTP on an address other machines reach. Without it,
+    /// such a listener needs `tls`, since anyone on the network could read the token.
+    #[serde(default)]
+    pub insecure: bool,
     /// A larger body is refused with a 413.
     #[serde(
         default = "default_max_body_bytes",
@@ -79,9 +90,10 @@ impl HttpConfig {
             .expect("checked when the pipeline was read")
     }
 
-    /// What serde cannot check.
-    pub fn check(&self) -> Result<(), InvalidConfig> {
-        if self.listen.parse::<SocketAddr>().is_err() {
+    /// What serde cannot check, with relative paths made relative to `base_dir`; the
+    /// TLS files are read, so a missing or wrong one fails here, naming it.
+    pub fn check(&mut self, base_dir: &Path) -> Result<(), InvalidConfig> {
+        let Ok(address) = self.listen.parse::<SocketAddr>() else {
             return Err(InvalidConfig::new(
                 "listen",
                 format!(
@@ -90,6 +102,23 @@ impl HttpConfig {
                     self.listen
                 ),
             ));
+        };
+        match &mut self.tls {
+            Some(tls) => {
+                tls.resolve(base_dir);
+                tls.acceptor("tls")?;
+            }
+            None if !address.ip().is_loopback() && !self.insecure => {
+                return Err(InvalidConfig::new(
+                    "listen",
+                    format!(
+                        "{address} reaches beyond this machine, and without tls anyone on the \
+                         network could read the bearer token: set tls (certificate and key), \
+                         listen on 127.0.0.1, or write insecure: true"
+                    ),
+                ));
+            }
+            None => {}
         }
         if self.token.is_empty() {
             return Err(InvalidConfig::new(
@@ -143,7 +172,11 @@ mod tests {
             &[
                 json!({"listen": "127.0.0.1:8080", "token": "${INGEST_TOKEN}"}),
                 json!({"listen": "0.0.0.0:8080", "token": "t", "max_body_bytes": 1024,
-                       "max_buffered_bytes": "1GiB", "idempotency_window": "1h"}),
+                       "max_buffered_bytes": "1GiB", "idempotency_window": "1h",
+                       "insecure": true}),
+                json!({"listen": "0.0.0.0:8443", "token": "t",
+                       "tls": {"certificate": "server.crt", "key": "server.key",
+                               "client_ca": "clients.crt"}}),
             ],
             &[
                 json!({"listen": "127.0.0.1:8080", "token": "t", "port": 80}),
@@ -154,8 +187,8 @@ mod tests {
     }
 
     fn parsed(value: serde_json::Value) -> Result<HttpConfig, InvalidConfig> {
-        let config: HttpConfig = parse(value)?;
-        config.check()?;
+        let mut config: HttpConfig = parse(value)?;
+        config.check(Path::new("/pipelines"))?;
         Ok(config)
     }
 
@@ -174,6 +207,15 @@ mod tests {
         assert_eq!(config.max_body_bytes, 1 << 20);
         assert_eq!(config.max_buffered_bytes, 4 << 20);
         assert_eq!(config.idempotency_window, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn plain_http_beyond_loopback_only_when_insecure() {
+        for listen in ["127.0.0.1:8080", "[::1]:8080"] {
+            parsed(json!({"listen": listen, "token": "t"})).unwrap();
+        }
+        let config = parsed(json!({"listen": "0.0.0.0:8080", "token": "t", "insecure": true}));
+        assert!(config.unwrap().insecure);
     }
 
     #[test]
@@ -213,6 +255,23 @@ mod tests {
                 json!({"listen": "127.0.0.1:8080", "token": "t", "port": 1}),
                 "port",
                 "unknown field `port`",
+            ),
+            (
+                json!({"listen": "0.0.0.0:8080", "token": "t"}),
+                "listen",
+                "set tls (certificate and key), listen on 127.0.0.1, or write insecure: true",
+            ),
+            (
+                json!({"listen": "0.0.0.0:8080", "token": "t",
+                       "tls": {"certificate": "certs/server.crt", "key": "certs/server.key"}}),
+                "tls.certificate",
+                "cannot read the certificate file /pipelines/certs/server.crt",
+            ),
+            (
+                json!({"listen": "0.0.0.0:8080", "token": "t",
+                       "tls": {"certificate": "a.crt", "key": "a.key", "ca": "c.crt"}}),
+                "tls.ca",
+                "unknown field `ca`",
             ),
         ] {
             let error = parsed(config.clone()).unwrap_err();

@@ -35,8 +35,8 @@ impl SourceKind for HttpKind {
         "it listens on this machine and keeps its idempotency keys beside the local recovery log",
     );
 
-    fn prepare(config: &mut HttpConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
-        config.check()
+    fn prepare(config: &mut HttpConfig, base_dir: &Path) -> Result<(), InvalidConfig> {
+        config.check(base_dir)
     }
 
     fn open(opening: &Opening<'_>, config: &HttpConfig) -> Result<Box<dyn Source>, SourceError> {

@@ -23,7 +23,9 @@
 //!   transaction committed (the error says whether the body may have been applied).
 //!
 //! The server runs as a task of the source's own; it stops accepting when the source
-//! closes, and lets the requests in hand finish (they are answered by then).
+//! closes, and lets the requests in hand finish (they are answered by then). With
+//! `tls` it serves HTTPS only: a plain request gets no answer, and a client certificate
+//! that `client_ca` did not sign is refused in the handshake (logged, naming its issuer).
 
 use crate::body::Batch;
 use crate::ingest::{Answer, Outcome, Shared};
@@ -33,14 +35,16 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
+use axum::serve::{Listener, ListenerExt};
 use serde_json::{Value, json};
 use sluice_source_sdk::SourceError;
+use sluice_source_sdk::tls::TlsListener;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 /// The header a client names its request with, for safe retries.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -56,35 +60,43 @@ const DRAIN: Duration = Duration::from_secs(5);
 
 /// The running server task.
 pub struct Server {
-    task: tokio::task::JoinHandle<()>,
+    task: JoinHandle<()>,
     stop: Option<oneshot::Sender<()>>,
     pub address: SocketAddr,
 }
 
 impl Server {
-    /// Binds `shared.config.listen` and serves it.
+    /// Binds `shared.config.listen` and serves it, over TLS when the config has `tls`.
     pub async fn start(shared: Arc<Shared>) -> Result<Server, SourceError> {
         let address = shared.config.address();
+        let acceptor = match &shared.config.tls {
+            None => None,
+            Some(tls) => Some(tls.acceptor("tls").map_err(|e| SourceError::Config {
+                name: shared.name.clone(),
+                reason: e.to_string(),
+            })?),
+        };
         let listener = bind(&shared.name, address).await?;
         let address = listener.local_addr().unwrap_or(address);
-        let listener = listener.tap_io(|tcp| {
-            // Answers are small and awaited one by one: never hold them back.
-            let _ = tcp.set_nodelay(true);
-        });
+        let name = shared.name.clone();
         let router = Router::new()
             .route("/ingest/{source}", post(ingest))
             .route("/health", get(health))
             .fallback(not_found)
             .with_state(shared);
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let serving = axum::serve(listener, router).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(e) = serving.await {
-                tracing::warn!(%address, "the HTTP server stopped: {e}");
+        let task = match acceptor {
+            None => serve(listener.tap_io(nodelay), router, stopped),
+            Some(acceptor) => {
+                let listener =
+                    TlsListener::new(listener, acceptor).map_err(|error| SourceError::Io {
+                        name: name.clone(),
+                        path: format!("listen address {address}"),
+                        error,
+                    })?;
+                serve(listener, router, stopped)
             }
-        });
+        };
         Ok(Server {
             task,
             stop: Some(stop),
@@ -112,6 +124,27 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.signal_stop();
     }
+}
+
+/// Answers are small and awaited one by one: never hold them back.
+fn nodelay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+}
+
+/// Serves `router` on `listener` until `stopped`, on a task of its own.
+fn serve<L>(listener: L, router: Router, stopped: oneshot::Receiver<()>) -> JoinHandle<()>
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        let serving = axum::serve(listener, router).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        if let Err(e) = serving.await {
+            tracing::warn!("the HTTP server stopped: {e}");
+        }
+    })
 }
 
 pub(crate) async fn bind(

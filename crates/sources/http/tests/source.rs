@@ -19,8 +19,8 @@ fn config(extra: Value) -> HttpConfig {
     for (k, v) in extra.as_object().unwrap() {
         config[k] = v.clone();
     }
-    let config: HttpConfig = serde_json::from_value(config).unwrap();
-    config.check().unwrap();
+    let mut config: HttpConfig = serde_json::from_value(config).unwrap();
+    config.check(Path::new(".")).unwrap();
     config
 }
 

@@ -2,11 +2,12 @@
 //! create a topic with N partitions, produce to a partition, delete a topic. (Starting a
 //! local broker for tests is `sluice_testkit::tansu`.)
 
-use crate::broker::client_builder;
+use crate::broker::{RETRY_FOR, retrying_for};
 use rskafka::chrono::{DateTime, Utc};
 use rskafka::client::Client;
 use rskafka::client::partition::{Compression, UnknownTopicHandling};
 use rskafka::record::Record;
+use sluice_kafka_client::Connector;
 
 pub use rskafka::client::error::Error;
 
@@ -16,10 +17,15 @@ pub struct Admin {
 }
 
 impl Admin {
+    /// An admin of `brokers` over plain TCP, unauthenticated.
     pub async fn connect(brokers: &[String]) -> Result<Admin, Error> {
-        Ok(Admin {
-            client: client_builder(brokers).build().await?,
-        })
+        Admin::over(&Connector::plain("sluice", brokers)).await
+    }
+
+    /// An admin reaching the brokers as `connector` says (TLS, SASL).
+    pub async fn over(connector: &Connector) -> Result<Admin, Error> {
+        let client = connector.builder(retrying_for(RETRY_FOR)).build().await?;
+        Ok(Admin { client })
     }
 
     /// Creates `topic` with `partitions` partitions, replicated as the brokers' default.

@@ -8,13 +8,17 @@
 //! the status page would show a source that cannot reach a broker as fine until the
 //! call failed. The connection kept is
 //! built once a round got through, with the client's own retries for what follows (a
-//! broker restarting, a leader moving).
+//! broker restarting, a leader moving). The client is built by `sluice_kafka_client`
+//! (TLS, SASL); brokers refusing its settings end connecting at once, not retryable.
 
+use crate::config::KafkaConfig;
 use rskafka::BackoffConfig;
+use rskafka::client::Client;
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
-use rskafka::client::{Client, ClientBuilder};
-use sluice_source_sdk::{Health, SourceError};
+use sluice_kafka_client::{ConnectError, Connector};
+use sluice_source_sdk::{Health, InvalidConfig, SourceError};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,58 +43,68 @@ pub(crate) struct Broker {
     partitions: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
 }
 
-/// The retry policy of every client this crate builds.
-pub(crate) fn client_builder(brokers: &[String]) -> ClientBuilder {
-    client_builder_for(brokers, RETRY_FOR)
+/// The client settings of `config`: its brokers, TLS and SASL, files read now.
+fn connector(config: &KafkaConfig) -> Result<Connector, InvalidConfig> {
+    let (brokers, tls, sasl) = (&config.brokers, config.tls.as_ref(), config.sasl.as_ref());
+    Connector::new("sluice", brokers, tls, sasl)
 }
 
 /// A client retrying a failing request until `deadline` has passed in its pauses; a
 /// zero deadline tries once (each broker, for a connection).
-fn client_builder_for(brokers: &[String], deadline: Duration) -> ClientBuilder {
-    ClientBuilder::new(brokers.to_vec())
-        .client_id("sluice")
-        .backoff_config(BackoffConfig {
-            init_backoff: FIRST_PAUSE,
-            max_backoff: MAX_PAUSE,
-            base: 2.0,
-            deadline: Some(deadline),
-        })
+pub(crate) fn retrying_for(deadline: Duration) -> BackoffConfig {
+    BackoffConfig {
+        init_backoff: FIRST_PAUSE,
+        max_backoff: MAX_PAUSE,
+        base: 2.0,
+        deadline: Some(deadline),
+    }
 }
 
 impl Broker {
-    /// A client of `brokers` for `topic` (see the module docs), dialling for up to
-    /// `deadline` ([`RETRY_FOR`] when reading, [`PROBE_FOR`] for a probe) and telling
-    /// `health` how it goes; the client then retries a failing request as long.
+    /// A client of `config`'s brokers for its topic (see the module docs), dialling for
+    /// up to `deadline` ([`RETRY_FOR`] when reading, [`PROBE_FOR`] for a probe) and
+    /// telling `health` how it goes; the client then retries a failing request as long.
+    /// Brokers refusing the settings (TLS, SASL) fail at once: a retry cannot help.
     pub(crate) async fn connect(
         name: &str,
-        brokers: &[String],
-        topic: &str,
+        config: &KafkaConfig,
         deadline: Duration,
         health: &Health,
     ) -> Result<Arc<Broker>, SourceError> {
-        let failed = |e: rskafka::client::error::Error| SourceError::Io {
+        let connector = connector(config).map_err(|e| SourceError::Config {
             name: name.to_string(),
-            path: format!("brokers {}", brokers.join(",")),
-            error: std::io::Error::other(e.to_string()),
+            reason: e.to_string(),
+        })?;
+        let failed = |e: ConnectError| {
+            let kind = match e.is_retryable() {
+                true => ErrorKind::Other,
+                false => ErrorKind::PermissionDenied,
+            };
+            SourceError::Io {
+                name: name.to_string(),
+                path: format!("brokers {}", connector.brokers()),
+                error: std::io::Error::new(kind, e.to_string()),
+            }
         };
         health.connecting();
         let started = Instant::now();
         let mut pause = FIRST_PAUSE;
-        while let Err(e) = client_builder_for(brokers, Duration::ZERO).build().await {
+        while let Err(e) = connector.connect(retrying_for(Duration::ZERO)).await {
+            let retryable = e.is_retryable();
             let err = failed(e);
-            if started.elapsed() >= deadline {
+            if !retryable || started.elapsed() >= deadline {
                 return Err(err);
             }
             health.retrying(&err);
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_PAUSE);
         }
-        let client = client_builder_for(brokers, deadline).build().await;
+        let client = connector.connect(retrying_for(deadline)).await;
         let client = client.map_err(failed)?;
         health.connected();
         Ok(Arc::new(Broker {
             name: name.to_string(),
-            topic: topic.to_string(),
+            topic: config.topic.clone(),
             client,
             partitions: Mutex::default(),
         }))

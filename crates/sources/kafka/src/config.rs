@@ -3,8 +3,10 @@
 //! cross-field checks ([`KafkaConfig::check`]) name their place.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
+use sluice_kafka_client::config::{brokers, brokers_schema, checked_broker};
+use sluice_kafka_client::{ClientTls, Sasl};
 use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::config::{duration_schema, nullable_string, ser_duration};
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,8 +18,7 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Kafka topic")]
 pub struct KafkaConfig {
-    /// Bootstrap brokers (plain TCP): host:port, a comma-separated string of them, or a
-    /// list.
+    /// Bootstrap brokers: host:port, a comma-separated string of them, or a list.
     #[serde(deserialize_with = "brokers")]
     #[schemars(schema_with = "brokers_schema")]
     pub brokers: Vec<String>,
@@ -52,6 +53,13 @@ pub struct KafkaConfig {
     )]
     #[schemars(schema_with = "duration_schema")]
     pub fetch_wait: Duration,
+    /// Connect over TLS, checking the brokers' certificates against this CA (and their
+    /// names against the broker addresses); unset for plain TCP.
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+    /// Authenticate by SASL as this user; unset for none.
+    #[serde(default)]
+    pub sasl: Option<Sasl>,
 }
 
 /// Short, for brokers that hold a fetch for its whole wait (tansu): about 100 fetches a
@@ -102,14 +110,6 @@ fn start_schema(_: &mut SchemaGenerator) -> Schema {
     ]})
 }
 
-/// The schema of bootstrap brokers as [`brokers`] reads them (for the output's too).
-pub fn brokers_schema(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({"oneOf": [
-        {"type": "string"},
-        {"type": "array", "minItems": 1, "items": {"type": "string"}}
-    ]})
-}
-
 impl<'de> Deserialize<'de> for Start {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Start, D::Error> {
         struct StartVisitor;
@@ -143,64 +143,6 @@ impl<'de> Deserialize<'de> for Start {
         }
 
         d.deserialize_any(StartVisitor)
-    }
-}
-
-/// Bootstrap brokers as the source and the output take them: `"host:port"`,
-/// `"h1:p1,h2:p2"` or a list of either (so `["${KAFKA_BROKERS}"]` holding
-/// `a:9092,b:9092` is two brokers); each `host:port`.
-pub fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    struct BrokersVisitor;
-
-    impl<'de> Visitor<'de> for BrokersVisitor {
-        type Value = Vec<String>;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str(r#"host:port, or a list of them (["h1:9092", "h2:9092"])"#)
-        }
-
-        fn visit_str<E: de::Error>(self, s: &str) -> Result<Vec<String>, E> {
-            split_brokers(s).map_err(E::custom)
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-            let mut brokers = Vec::new();
-            while let Some(Brokers(listed)) = seq.next_element()? {
-                brokers.extend(listed);
-            }
-            if brokers.is_empty() {
-                return Err(de::Error::custom("name at least one broker (host:port)"));
-            }
-            Ok(brokers)
-        }
-    }
-
-    d.deserialize_any(BrokersVisitor)
-}
-
-/// One item of a list (a broker, or a comma-separated string of them), checked as it
-/// is read (so that an error names its index).
-struct Brokers(Vec<String>);
-
-impl<'de> Deserialize<'de> for Brokers {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Brokers, D::Error> {
-        let item = String::deserialize(d)?;
-        split_brokers(&item).map(Brokers).map_err(de::Error::custom)
-    }
-}
-
-fn split_brokers(text: &str) -> Result<Vec<String>, String> {
-    text.split(',')
-        .map(|broker| checked_broker(broker.trim()))
-        .collect()
-}
-
-fn checked_broker(broker: &str) -> Result<String, String> {
-    match broker.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-            Ok(broker.to_string())
-        }
-        _ => Err(format!("{broker:?} is not host:port")),
     }
 }
 
@@ -282,12 +224,20 @@ mod tests {
                        "fetch_wait": "250ms"}),
                 json!({"brokers": "a:9092", "topic": "t", "format": "json",
                        "start": "latest", "meta": "_kafka"}),
+                json!({"brokers": "localhost:9093", "topic": "t", "format": "json",
+                       "tls": {"ca": "ca.crt", "certificate": "c.crt", "key": "c.key"},
+                       "sasl": {"mechanism": "SCRAM-SHA-512", "username": "u",
+                                "password_file": "password"}}),
             ],
             &[
                 json!({"brokers": "a:9092", "topic": "t", "format": "json", "group": "g"}),
                 json!({"brokers": [], "topic": "t", "format": "json"}),
                 json!({"brokers": "a:9092", "topic": "t", "format": "json", "start": "first"}),
                 json!({"brokers": "a:9092", "format": "json"}),
+                json!({"brokers": "a:9092", "topic": "t", "format": "json",
+                       "tls": {"ca": "ca.crt", "verify": false}}),
+                json!({"brokers": "a:9092", "topic": "t", "format": "json",
+                       "sasl": {"mechanism": "GSSAPI", "username": "u", "password": "p"}}),
             ],
         );
     }

@@ -26,8 +26,10 @@ impl SourceKind for KafkaKind {
     const NAME: &'static str = "kafka";
     type Config = KafkaConfig;
 
-    fn prepare(config: &mut KafkaConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
-        config.check()
+    fn prepare(config: &mut KafkaConfig, base_dir: &Path) -> Result<(), InvalidConfig> {
+        config.check()?;
+        let (tls, sasl) = (config.tls.as_mut(), config.sasl.as_mut());
+        sluice_kafka_client::config::prepare(tls, sasl, base_dir)
     }
 
     fn open(opening: &Opening<'_>, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {

@@ -99,8 +99,7 @@ impl KafkaSource {
         if let Some(broker) = &self.broker {
             return Ok(broker.clone());
         }
-        let (brokers, topic) = (&self.config.brokers, &self.config.topic);
-        let broker = Broker::connect(&self.name, brokers, topic, RETRY_FOR, &self.health);
+        let broker = Broker::connect(&self.name, &self.config, RETRY_FOR, &self.health);
         let broker = broker.await?;
         self.broker = Some(broker.clone());
         Ok(broker)
@@ -296,8 +295,7 @@ impl Source for KafkaSource {
     }
 
     async fn probe(&mut self) -> Result<(), SourceError> {
-        let (brokers, topic) = (&self.config.brokers, &self.config.topic);
-        let broker = Broker::connect(&self.name, brokers, topic, PROBE_FOR, &self.health);
+        let broker = Broker::connect(&self.name, &self.config, PROBE_FOR, &self.health);
         let broker = broker.await?;
         broker.partitions().await.map(drop)
     }

@@ -43,6 +43,8 @@ impl Topic {
             format: KafkaFormat::Json,
             meta: None,
             fetch_wait: std::time::Duration::from_millis(10),
+            tls: None,
+            sasl: None,
         }
     }
 

@@ -5,6 +5,7 @@
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::{self, Context, stream};
 use bytes::Bytes;
+use sluice_nats_client::Server;
 use std::collections::VecDeque;
 
 pub use async_nats::Error;
@@ -18,8 +19,15 @@ const IN_FLIGHT: usize = 512;
 pub struct Admin(Context);
 
 impl Admin {
+    /// A context on the server at `url`, in plain text without authentication.
     pub async fn connect(url: &str) -> Result<Admin, Error> {
-        Ok(Admin(jetstream::new(async_nats::connect(url).await?)))
+        Admin::connect_to(&Server::from(url)).await
+    }
+
+    /// A context on `server`, reached as a source's configuration says
+    /// ([`NatsConfig::server`](crate::NatsConfig::server)).
+    pub async fn connect_to(server: &Server) -> Result<Admin, Error> {
+        Ok(Admin(jetstream::new(server.connect().await?)))
     }
 
     /// Creates the stream `name` of `subjects`, limits retention (replayable), files
@@ -80,15 +88,45 @@ impl Admin {
         subject: &str,
         payloads: impl IntoIterator<Item = Bytes>,
     ) -> Result<u64, Error> {
+        let messages = payloads.into_iter().map(|payload| (None, payload));
+        self.publish_in_window(subject, messages).await
+    }
+
+    /// [`Admin::publish_batch`] of messages with their headers (the very messages
+    /// another publisher sent, `Nats-Msg-Id` included).
+    pub async fn publish_batch_with_headers(
+        &self,
+        subject: &str,
+        messages: impl IntoIterator<Item = (async_nats::HeaderMap, Bytes)>,
+    ) -> Result<u64, Error> {
+        let messages = messages.into_iter().map(|(h, payload)| (Some(h), payload));
+        self.publish_in_window(subject, messages).await
+    }
+
+    /// Publishes in order with [`IN_FLIGHT`] acknowledgements awaited at once.
+    async fn publish_in_window(
+        &self,
+        subject: &str,
+        messages: impl Iterator<Item = (Option<async_nats::HeaderMap>, Bytes)>,
+    ) -> Result<u64, Error> {
         let mut acks = VecDeque::new();
         let mut last = 0;
-        for payload in payloads {
+        for (headers, payload) in messages {
             if acks.len() == IN_FLIGHT {
                 let ack: jetstream::context::PublishAckFuture =
                     acks.pop_front().expect("a full window");
                 last = ack.await?.sequence;
             }
-            acks.push_back(self.0.publish(subject.to_string(), payload).await?);
+            let subject = subject.to_string();
+            let ack = match headers {
+                None => self.0.publish(subject, payload).await?,
+                Some(headers) => {
+                    self.0
+                        .publish_with_headers(subject, headers, payload)
+                        .await?
+                }
+            };
+            acks.push_back(ack);
         }
         for ack in acks {
             last = ack.await?.sequence;

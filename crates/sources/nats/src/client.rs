@@ -14,6 +14,7 @@ use async_nats::jetstream::consumer::pull::{Ordered, OrderedConfig};
 use async_nats::jetstream::stream::{RetentionPolicy, Stream};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
+use sluice_nats_client::ConnectError;
 use sluice_source_sdk::{Fetch, SourceError};
 
 /// At most this many messages are moved into the prefetch buffer per fetch: those
@@ -53,9 +54,13 @@ impl Connection {
     /// read (work-queue or interest retention), as a step of it could not be replayed.
     pub async fn open(name: &str, config: &NatsConfig) -> Result<Connection, SourceError> {
         let place = format!("{} stream {}", config.url, config.stream);
-        let client = sluice_nats_client::connect(&config.url)
-            .await
-            .map_err(|e| io(name, &place, e))?;
+        let client = config.server().connect().await.map_err(|e| match e {
+            ConnectError::Refused(why) => SourceError::Config {
+                name: name.to_string(),
+                reason: format!("{place}: {why}"),
+            },
+            ConnectError::Unavailable(why) => io(name, &place, why),
+        })?;
         let js = async_nats::jetstream::new(client);
         let mut stream = js
             .get_stream(&config.stream)

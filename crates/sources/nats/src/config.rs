@@ -1,20 +1,35 @@
 //! What the user writes: `nats: {url: nats://127.0.0.1:4222, stream: EVENTS}`, with
-//! `subject`, `start` and `meta` optional. Strict: unknown keys are errors.
+//! `subject`, `start`, `meta`, `tls` and `auth` optional. Strict: unknown keys are
+//! errors. `tls` and `auth` are the output's too ([`sluice_nats_client`]).
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sluice_nats_client::{Auth, Server};
 use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::config::nullable_string;
+use sluice_source_sdk::tls::ClientTls;
+use std::path::Path;
 
 /// A NATS JetStream stream, read by stream sequence (no durable consumer).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "NATS JetStream stream")]
 pub struct NatsConfig {
-    /// The server, nats://host:port (no TLS in this build).
+    /// The server, nats://host:port, or tls://host:port to require TLS.
     // `host:port` is taken too.
     #[schemars(length(min = 1))]
     pub url: String,
+    /// TLS: the CA file the server's certificate must chain to (it must also name the
+    /// url's host), and a client certificate for mutual TLS. Setting it requires TLS,
+    /// whatever the url's scheme.
+    #[serde(default)]
+    #[schemars(with = "ClientTls")]
+    pub tls: Option<ClientTls>,
+    /// How the connection authenticates: user and password (or password_file), token
+    /// (or token_file), nkey_file or creds_file; one of them.
+    #[serde(default)]
+    #[schemars(with = "Auth")]
+    pub auth: Option<Auth>,
     /// The JetStream stream read; its retention must be limits.
     #[schemars(length(min = 1))]
     pub stream: String,
@@ -97,9 +112,17 @@ impl<'de> Deserialize<'de> for Start {
 }
 
 impl NatsConfig {
-    /// What serde cannot check: names the server would refuse or misread.
-    pub fn check(&self) -> Result<(), InvalidConfig> {
-        sluice_nats_client::check_url(&self.url).map_err(|why| InvalidConfig::new("url", why))?;
+    /// What serde cannot check, with relative paths made relative to `base_dir` (the
+    /// pipeline file's folder): names the server would refuse or misread, and the TLS
+    /// and secret files, read now, so a missing or wrong one fails here naming it.
+    pub fn check(&mut self, base_dir: &Path) -> Result<(), InvalidConfig> {
+        if let Some(tls) = &mut self.tls {
+            tls.resolve(base_dir);
+        }
+        if let Some(auth) = &mut self.auth {
+            auth.resolve(base_dir);
+        }
+        self.server().check()?;
         sluice_nats_client::check_stream(&self.stream)
             .map_err(|why| InvalidConfig::new("stream", why))?;
         if let Some(subject) = &self.subject
@@ -124,6 +147,15 @@ impl NatsConfig {
         }
         Ok(())
     }
+
+    /// The server and how to reach it.
+    pub fn server(&self) -> Server {
+        Server {
+            url: self.url.clone(),
+            tls: self.tls.clone(),
+            auth: self.auth.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -145,19 +177,25 @@ mod tests {
                 json!({"url": "127.0.0.1:4222", "stream": "EVENTS", "subject": "events.>",
                        "start": 17, "meta": null}),
                 json!({"url": "nats://h:4222", "stream": "S", "start": "new"}),
+                json!({"url": "tls://h:4222", "stream": "S", "tls": {"ca": "ca.crt"},
+                       "auth": {"user": "sluice", "password": "${NATS_PASSWORD}"}}),
+                json!({"url": "nats://h:4222", "stream": "S",
+                       "auth": {"nkey_file": "sluice.nk"}}),
             ],
             &[
                 json!({"url": "nats://h:4222", "stream": "S", "topic": "x"}),
                 json!({"url": "nats://h:4222", "stream": "S", "start": 0}),
                 json!({"url": "nats://h:4222", "stream": "S", "start": "earliest"}),
                 json!({"url": "nats://h:4222"}),
+                json!({"url": "nats://h:4222", "stream": "S", "auth": {"pass": "p"}}),
+                json!({"url": "nats://h:4222", "stream": "S", "tls": {"cafile": "c"}}),
             ],
         );
     }
 
     fn parsed(value: serde_json::Value) -> Result<NatsConfig, InvalidConfig> {
-        let config: NatsConfig = parse(value)?;
-        config.check()?;
+        let mut config: NatsConfig = parse(value)?;
+        config.check(Path::new("/pipelines"))?;
         Ok(config)
     }
 
@@ -238,9 +276,31 @@ mod tests {
                 "not a NATS server address",
             ),
             (
-                json!({"url": "tls://h:4222", "stream": "S"}),
+                json!({"url": "ws://h:4222", "stream": "S"}),
                 "url",
-                "only plain nats://",
+                "only nats:// and tls://",
+            ),
+            (
+                json!({"url": "tls://h:4222", "stream": "S"}),
+                "tls",
+                "asks for TLS: set tls (ca:",
+            ),
+            (
+                json!({"url": "tls://h:4222", "stream": "S", "tls": {"ca": "certs/ca.crt"}}),
+                "tls.ca",
+                "cannot read the certificate file /pipelines/certs/ca.crt",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S",
+                       "auth": {"user": "sluice", "password": "p", "token": "t"}}),
+                "auth",
+                "user and token are both set",
+            ),
+            (
+                json!({"url": "nats://h:4222", "stream": "S",
+                       "auth": {"nkey_file": "sluice.nk"}}),
+                "auth.nkey_file",
+                "cannot read /pipelines/sluice.nk",
             ),
         ] {
             let error = parsed(config.clone()).unwrap_err();

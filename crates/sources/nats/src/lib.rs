@@ -25,8 +25,8 @@ impl SourceKind for NatsKind {
     const NAME: &'static str = "nats";
     type Config = NatsConfig;
 
-    fn prepare(config: &mut NatsConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
-        config.check()
+    fn prepare(config: &mut NatsConfig, base_dir: &Path) -> Result<(), InvalidConfig> {
+        config.check(base_dir)
     }
 
     fn open(opening: &Opening<'_>, config: &NatsConfig) -> Result<Box<dyn Source>, SourceError> {

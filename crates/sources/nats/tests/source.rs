@@ -55,8 +55,8 @@ impl Fixture {
         for (k, v) in extra.as_object().unwrap() {
             config[k] = v.clone();
         }
-        let config: NatsConfig = serde_json::from_value(config).unwrap();
-        config.check().unwrap();
+        let mut config: NatsConfig = serde_json::from_value(config).unwrap();
+        config.check(std::path::Path::new("/")).unwrap();
         NatsSource::new("events", &config)
     }
 }

@@ -1,8 +1,9 @@
 //! Certificates for the SQL drivers' TLS tests, made by the `openssl` command in a
-//! directory of the test's: a CA, a second CA that signed nothing here, and a server
-//! certificate signed by the first that names `localhost` only (no IP address), so a
-//! test can tell a chain check (`verify-ca`) from a host check (`verify-full`) by
-//! connecting to `localhost` or to `127.0.0.1`. And [`SilentServer`], a server hung
+//! directory of the test's: a CA, a second CA, a server certificate signed by the first
+//! that names `localhost` only (no IP address), so a test can tell a chain check
+//! (`verify-ca`) from a host check (`verify-full`) by connecting to `localhost` or to
+//! `127.0.0.1`, and a client certificate signed by each CA (`client`, `other-client`),
+//! for mutual TLS. And [`SilentServer`], a server hung
 //! after accepting, [`closed_port`] and [`retryable_failure`], for the drivers' connect
 //! tests.
 
@@ -15,8 +16,9 @@ pub struct TestCertificates {
 }
 
 impl TestCertificates {
-    /// Writes `ca.crt`, `other-ca.crt`, `server.crt` and `server.key` (and their
-    /// by-products) into `dir`; panics with openssl's output if it fails.
+    /// Writes `ca.crt`, `other-ca.crt`, `server.crt`/`.key`, `client.crt`/`.key` and
+    /// `other-client.crt`/`.key` (and their by-products) into `dir`; panics with
+    /// openssl's output if it fails.
     pub fn make(dir: &Path) -> TestCertificates {
         let certificates = TestCertificates {
             dir: dir.to_path_buf(),
@@ -32,38 +34,57 @@ impl TestCertificates {
                 "-out", &crt, "-subj", &subject,
             ]);
         }
-        certificates.openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
+        certificates.sign(
+            "server",
             "/CN=localhost",
+            "ca",
+            "subjectAltName=DNS:localhost",
+        );
+        certificates.sign(
+            "client",
+            "/CN=sluice test client",
+            "ca",
+            "extendedKeyUsage=clientAuth",
+        );
+        certificates.sign(
+            "other-client",
+            "/CN=sluice other client",
+            "other-ca",
+            "extendedKeyUsage=clientAuth",
+        );
+        certificates
+    }
+
+    /// Writes `<name>.key` and `<name>.crt`, for `subject`, signed by `<ca>.crt` with
+    /// the extension `extension`.
+    fn sign(&self, name: &str, subject: &str, ca: &str, extension: &str) {
+        let (key, csr, ext, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.ext"),
+            format!("{name}.crt"),
+        );
+        std::fs::write(self.dir.join(&ext), format!("{extension}\n")).expect("writing an ext file");
+        self.openssl(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subject,
         ]);
-        std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\n")
-            .expect("writing server.ext");
-        certificates.openssl(&[
+        self.openssl(&[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
-            "ca.crt",
+            &format!("{ca}.crt"),
             "-CAkey",
-            "ca.key",
+            &format!("{ca}.key"),
             "-CAcreateserial",
             "-days",
             "2",
             "-extfile",
-            "server.ext",
+            &ext,
             "-out",
-            "server.crt",
+            &crt,
         ]);
-        certificates
     }
 
     /// The path of one of the files, e.g. `ca.crt`, as a URL option's value.
