@@ -1,6 +1,6 @@
 //! What the SQL drivers' TLS shares, whatever the client library: the one verification
-//! rule ([`Check::of`]), reading the CA file the URL names, naming the options in errors
-//! ([`describe`]), and saying why a handshake failed.
+//! rule ([`Check::of`], from [`libpq`]), reading the CA file the URL names, naming the
+//! options in errors ([`describe`]), and saying why a handshake failed.
 //!
 //! Both drivers verify by one rule, libpq's: a weak mode (`prefer`, MySQL's
 //! `PREFERRED`) encrypts when it can and checks nothing; `require`/`REQUIRED`
@@ -15,44 +15,8 @@ use sluice_driver_sdk::{Error, Result};
 use std::fmt::Display;
 use std::path::Path;
 
-/// A TLS mode's place in the one rule, whatever its spelling (`verify-full`,
-/// `VERIFY_IDENTITY`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strength {
-    /// Plain text only (`disable`, `DISABLED`).
-    Off,
-    /// TLS when it can be had, nothing checked (`allow`, `prefer`, `PREFERRED`).
-    Weak,
-    /// TLS or fail (`require`, `REQUIRED`).
-    Require,
-    /// TLS, the chain checked (`verify-ca`, `VERIFY_CA`).
-    VerifyCa,
-    /// TLS, the chain and the host name checked (`verify-full`, `VERIFY_IDENTITY`).
-    VerifyFull,
-}
-
-/// What the server's certificate must prove.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
-    Nothing,
-    Chain,
-    ChainAndHost,
-}
-
-impl Check {
-    /// The rule: what a mode of `strength` checks, given whether a CA file (or other
-    /// roots) is named; `None` when it attempts no TLS at all.
-    pub fn of(strength: Strength, has_roots: bool) -> Option<Check> {
-        match strength {
-            Strength::Off => None,
-            Strength::Weak => Some(Check::Nothing),
-            Strength::Require if has_roots => Some(Check::Chain),
-            Strength::Require => Some(Check::Nothing),
-            Strength::VerifyCa => Some(Check::Chain),
-            Strength::VerifyFull => Some(Check::ChainAndHost),
-        }
-    }
-}
+/// The rule and libpq's options, shared with the PostgreSQL CDC source.
+pub use sluice_tls::libpq::{self, Check, Strength};
 
 /// The options behind an endpoint's TLS, as errors name them: `sslmode=verify-full
 /// sslrootcert=/etc/ca.pem`; `mode` and `roots` are (option, value) pairs.
@@ -91,17 +55,6 @@ pub use sluice_tls::handshake_failure;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn require_checks_the_chain_only_with_roots_and_weak_modes_never() {
-        use Strength::*;
-        assert_eq!(Check::of(Off, true), None);
-        assert_eq!(Check::of(Weak, true), Some(Check::Nothing));
-        assert_eq!(Check::of(Require, false), Some(Check::Nothing));
-        assert_eq!(Check::of(Require, true), Some(Check::Chain));
-        assert_eq!(Check::of(VerifyCa, true), Some(Check::Chain));
-        assert_eq!(Check::of(VerifyFull, true), Some(Check::ChainAndHost));
-    }
 
     #[test]
     fn a_ca_file_that_is_unreadable_or_holds_no_certificate_names_the_option() {

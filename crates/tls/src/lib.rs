@@ -14,6 +14,7 @@
 //! usual mistake is a certificate signed by another CA than the one configured.
 
 mod der;
+pub mod libpq;
 mod listener;
 
 pub use der::issuer;

@@ -2,15 +2,24 @@
 //! the publication, primary keys), the tables' columns and keys, the type catalog, the
 //! slot's state, and the snapshot reads of the backfill.
 //!
+//! TLS as the URL's `sslmode` says, through `tokio-postgres-rustls` with the rustls
+//! configuration the replication connection uses ([`crate::wire`]).
+//!
 //! Snapshot rows are read with the simple query protocol, so every value arrives in
 //! its text form under the settings of [`crate::wire::SESSION`], as pgoutput sends it.
 
 use crate::position::{KeyKind, TableName};
 use crate::types::Types;
-use crate::wire::{SESSION, parse_lsn};
+use crate::wire::{SESSION, Target, parse_lsn};
 use sluice_source_sdk::SourceError;
+use sluice_source_sdk::tls::handshake_failure;
+use sluice_source_sdk::tls::libpq::Attempt;
+use sluice_source_sdk::tls::rustls::ClientConfig;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,6 +51,15 @@ impl Drop for Catalog {
     }
 }
 
+/// The tokio-postgres setting of one attempt.
+fn ssl_mode(attempt: Attempt) -> SslMode {
+    match attempt {
+        Attempt::Plain => SslMode::Disable,
+        Attempt::Prefer => SslMode::Prefer,
+        Attempt::Require => SslMode::Require,
+    }
+}
+
 /// `"a""b"`: an identifier quoted for SQL.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -53,14 +71,45 @@ pub fn quote_literal(text: &str) -> String {
 }
 
 impl Catalog {
-    pub async fn connect(name: &str, url: &str, redacted: &str) -> Result<Catalog, SourceError> {
+    /// Connects to `target` (over TLS as its `sslmode` says, checked by `tls`); `redacted`
+    /// is its URL without the password, for messages. A certificate that does not verify,
+    /// or TLS the server does not offer where it is required, is a configuration error
+    /// naming the options; an unreachable server is retryable I/O.
+    pub async fn connect(
+        name: &str,
+        target: &Target,
+        tls: &Arc<ClientConfig>,
+        redacted: &str,
+    ) -> Result<Catalog, SourceError> {
         let io = |e: String| SourceError::Io {
             name: name.to_string(),
             path: redacted.to_string(),
             error: std::io::Error::other(e),
         };
-        let connect = tokio_postgres::connect(url, NoTls);
-        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        let mut config: tokio_postgres::Config = (target.url.parse())
+            .map_err(|e: tokio_postgres::Error| io(format!("the URL is unreadable: {e}")))?;
+        let connector = MakeRustlsConnect::new(ClientConfig::clone(tls));
+        let (first, if_refused) = target.ssl.mode.attempts();
+        let attempts = async {
+            let connected = (config.ssl_mode(ssl_mode(first)))
+                .connect(connector.clone())
+                .await;
+            match (connected, if_refused) {
+                // `allow`: the server refused the plain attempt, perhaps for want of TLS.
+                (Err(e), Some(retry)) if e.as_db_error().is_some() => {
+                    config.ssl_mode(ssl_mode(retry)).connect(connector).await
+                }
+                (connected, _) => connected,
+            }
+        };
+        let tls_error = |why: String| SourceError::Config {
+            name: name.to_string(),
+            reason: format!(
+                "cannot connect to {redacted} ({}): {why}",
+                target.ssl.describe()
+            ),
+        };
+        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, attempts)
             .await
             .map_err(|_| {
                 io(format!(
@@ -68,7 +117,17 @@ impl Catalog {
                     CONNECT_TIMEOUT.as_secs()
                 ))
             })?
-            .map_err(|e| io(e.to_string()))?;
+            .map_err(|e| {
+                if let Some(why) = handshake_failure(&e) {
+                    return tls_error(why);
+                }
+                // tokio-postgres says so in words only, in the error's source.
+                let source = std::error::Error::source(&e).map(ToString::to_string);
+                if source.as_deref() == Some("server does not support TLS") {
+                    return tls_error("the server does not accept TLS (is ssl off?)".into());
+                }
+                io(db_error(&e))
+            })?;
         let task = tokio::spawn(async move {
             let _ = connection.await;
         });

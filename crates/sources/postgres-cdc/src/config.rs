@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use sluice_source_sdk::InvalidConfig;
 use sluice_source_sdk::config::{bytes_schema, duration_schema, ser_bytes};
 use sluice_source_sdk::redact::redact;
+use sluice_source_sdk::tls::libpq::{SslOptions, split_url};
 use std::time::Duration;
 
 /// A PostgreSQL database's changes by logical replication (pgoutput), after a snapshot
@@ -16,8 +17,9 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 #[schemars(title = "PostgreSQL change data capture")]
 pub struct PostgresCdcConfig {
-    /// postgres://user[:password]@host[:port]/database (plain TCP); the user needs
-    /// REPLICATION.
+    /// postgres://user[:password]@host[:port]/database[?sslmode=…&sslrootcert=…]; the
+    /// user needs REPLICATION. sslmode as libpq's: disable, allow, prefer (default),
+    /// require, verify-ca, verify-full; sslrootcert a PEM file of CAs, or system.
     #[schemars(length(min = 1))]
     pub url: String,
     /// The publication read; must exist unless tables is given (then default
@@ -155,7 +157,8 @@ impl PostgresCdcConfig {
         Ok(())
     }
 
-    /// Where the URL points.
+    /// Where the URL points, and its TLS options (taken out before tokio-postgres reads
+    /// the rest: it knows neither `sslrootcert` nor every `sslmode`).
     pub fn target(&self) -> Result<Target, InvalidConfig> {
         let bad = |why: &str| {
             InvalidConfig::new(
@@ -167,7 +170,9 @@ impl PostgresCdcConfig {
                 ),
             )
         };
-        let config: tokio_postgres::Config = self.url.parse().map_err(|_| bad("unreadable"))?;
+        let (options, url) = split_url(&self.url, SslOptions::URL_OPTIONS);
+        let ssl = SslOptions::read(&options)?;
+        let config: tokio_postgres::Config = url.parse().map_err(|_| bad("unreadable"))?;
         let host = match config.get_hosts().first() {
             Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
             Some(_) => return Err(bad("a Unix socket: only TCP hosts are supported")),
@@ -183,6 +188,8 @@ impl PostgresCdcConfig {
                 .or(config.get_user())
                 .unwrap_or("postgres")
                 .to_string(),
+            ssl,
+            url,
         })
     }
 
@@ -282,6 +289,21 @@ mod tests {
     }
 
     #[test]
+    fn tls_options_leave_the_url_tokio_postgres_reads() {
+        let url =
+            "postgres://u@h:6543/db?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x";
+        let config = parsed(json!({"url": url, "publication": "p"})).unwrap();
+        let target = config.target().unwrap();
+        assert_eq!(
+            target.ssl.describe(),
+            "sslmode=verify-full sslrootcert=/ca.pem"
+        );
+        assert_eq!(target.url, "postgres://u@h:6543/db?application_name=x");
+        let plain = parsed(json!({"url": "postgres://u@h/db", "publication": "p"})).unwrap();
+        assert_eq!(plain.target().unwrap().ssl.describe(), "sslmode=prefer");
+    }
+
+    #[test]
     fn heartbeat_is_off_and_the_retained_warning_at_1gib_by_default() {
         let config = parsed(json!({"url": "postgres://u@h/db", "publication": "p"})).unwrap();
         assert_eq!((config.heartbeat, config.retained_warning), (None, 1 << 30));
@@ -302,6 +324,17 @@ mod tests {
                 json!({"url": "nope://", "publication": "p"}),
                 "url",
                 "not a PostgreSQL URL",
+            ),
+            (
+                json!({"url": "postgres://h/db?sslmode=verify-full", "publication": "p"}),
+                "url",
+                "sslmode=verify-full: needs sslrootcert=",
+            ),
+            (
+                json!({"url": "postgres://h/db?sslmode=verify-ca&sslrootcert=system",
+                       "publication": "p"}),
+                "url",
+                "sslrootcert=system needs sslmode=verify-full",
             ),
             (
                 json!({"url": "postgres://h/db", "tables": ["a.b.c"]}),

@@ -22,7 +22,8 @@
 //! is gone): they are logged, and the connection is opened again at the next tick.
 
 use crate::catalog::{Catalog, quote_literal};
-use crate::wire::format_lsn;
+use crate::wire::{Target, format_lsn};
+use sluice_source_sdk::tls::rustls::ClientConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -40,8 +41,10 @@ const UNKNOWN: u64 = u64::MAX;
 /// What the monitor task needs.
 pub struct Watch {
     pub name: String,
-    /// The connection URL, and the same without its password (for messages).
-    pub url: String,
+    /// Where to connect and how TLS is checked, and the URL without its password (for
+    /// messages).
+    pub target: Target,
+    pub tls: Arc<ClientConfig>,
     pub redacted: String,
     pub slot: String,
     pub heartbeat: Option<Duration>,
@@ -84,7 +87,7 @@ async fn run(watch: Watch, retained: Arc<AtomicU64>) {
         let wake = next_heartbeat.map_or(next_retained, |h| h.min(next_retained));
         tokio::time::sleep_until(wake.into()).await;
         if catalog.is_none() {
-            match Catalog::connect(&watch.name, &watch.url, &watch.redacted).await {
+            match Catalog::connect(&watch.name, &watch.target, &watch.tls, &watch.redacted).await {
                 Ok(c) => catalog = Some(c),
                 Err(e) => {
                     tracing::debug!(source = %watch.name, "cannot watch the slot: {e}");

@@ -58,9 +58,10 @@ use crate::stream::{Confirmed, Feedback, Fetcher, Item, Start, Stream, Txn};
 use crate::types::Types;
 use crate::wire::{self, Target, WireError, format_lsn, parse_lsn};
 use serde_json::Value;
+use sluice_source_sdk::tls::rustls::ClientConfig;
 use sluice_source_sdk::{
-    FaultTolerance, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source,
-    SourceError, Step, StepHasher, Unit, check_replay,
+    FaultTolerance, InvalidConfig, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume,
+    Source, SourceError, Step, StepHasher, Unit, check_replay,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub struct PostgresCdcSource {
     name: String,
     config: PostgresCdcConfig,
     target: Target,
+    /// How both connections check the server's certificate (the CA file read at open).
+    tls: Arc<ClientConfig>,
     /// The URL without its password, for messages.
     url: String,
     slot: String,
@@ -178,10 +181,12 @@ impl PostgresCdcSource {
         materialization: &str,
         config: &PostgresCdcConfig,
     ) -> Result<Self, SourceError> {
-        let target = config.target().map_err(|e| SourceError::Config {
+        let invalid = |e: InvalidConfig| SourceError::Config {
             name: name.to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        let target = config.target().map_err(invalid)?;
+        let tls = Arc::new(target.ssl.client_config().map_err(invalid)?);
         let slot = config.slot_name(materialization, name);
         let url = format!(
             "postgres://{}@{}:{}/{}",
@@ -191,6 +196,7 @@ impl PostgresCdcSource {
             name: name.to_string(),
             config: config.clone(),
             target,
+            tls,
             url,
             publication: config.publication_name(&slot),
             origin: format!("slot {slot}").into(),
@@ -224,6 +230,11 @@ impl PostgresCdcSource {
             WireError::Server { code, message } if code == "42501" => self.config_error(format!(
                 "{what} at {}: {message}: the user needs the REPLICATION attribute (ALTER ROLE … REPLICATION)",
                 self.url
+            )),
+            WireError::Tls(why) => self.config_error(format!(
+                "{what} at {} ({}): {why}",
+                self.url,
+                self.target.ssl.describe()
             )),
             e => SourceError::Io {
                 name: self.name.clone(),
@@ -268,7 +279,8 @@ impl PostgresCdcSource {
         if self.monitor.is_none() {
             self.monitor = Some(Monitor::spawn(Watch {
                 name: self.name.clone(),
-                url: self.config.url.clone(),
+                target: self.target.clone(),
+                tls: self.tls.clone(),
                 redacted: self.url.clone(),
                 slot: self.slot.clone(),
                 heartbeat: self.config.heartbeat,
@@ -293,13 +305,13 @@ impl PostgresCdcSource {
     }
 
     async fn catalog(&self) -> Result<Catalog, SourceError> {
-        let catalog = Catalog::connect(&self.name, &self.config.url, &self.url).await?;
+        let catalog = Catalog::connect(&self.name, &self.target, &self.tls, &self.url).await?;
         catalog.check_wal_level().await?;
         Ok(catalog)
     }
 
     async fn replication(&self) -> Result<wire::Connection, SourceError> {
-        wire::Connection::connect(&self.target)
+        wire::Connection::connect(&self.target, &self.tls)
             .await
             .map_err(|e| self.wire_error("cannot open a replication connection", e))
     }

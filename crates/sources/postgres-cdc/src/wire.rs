@@ -3,8 +3,14 @@
 //! Message encoding and SCRAM/MD5 come from `postgres-protocol`; the framing of what
 //! the server sends, and the few messages a walsender sends, are read here.
 //!
+//! TLS as the URL's `sslmode` says ([`sluice_source_sdk::tls::libpq`], as the SQL
+//! connection and the store read it): an SSLRequest first, then the server's one byte,
+//! `S` (a rustls handshake checking the URL's host) or `N` (plain text, refused unless
+//! the mode allows it); `allow` tries plain text first and TLS if the server refuses.
+//! SCRAM has no channel binding (gs2 flag `n`), which a server accepts over TLS too.
+//!
 //! ```text
-//!  connect (startup, auth) ─▶ query("CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT")   (rows as text)
+//!  connect (SSLRequest?, TLS?, startup, auth) ─▶ query("CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT")   (rows as text)
 //!                          ─▶ start("START_REPLICATION SLOT s LOGICAL L (…)") ─▶ CopyBoth
 //!                                 ├─ Reader: XLogData ('w') and keepalives ('k')
 //!                                 └─ Writer: standby status updates ('r')
@@ -17,11 +23,21 @@
 use bytes::{Buf, BufMut, BytesMut};
 use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::message::frontend;
+use sluice_source_sdk::tls::libpq::{Attempt, SslOptions};
+use sluice_source_sdk::tls::rustls::ClientConfig;
+use sluice_source_sdk::tls::{TlsConnector, handshake_failure};
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// The halves of a connection, plain or TLS.
+type ReadHalf = Box<dyn AsyncRead + Send + Sync + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Sync + Unpin>;
+
+/// The SSLRequest: its length and the code 1234/5679.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// The settings under which values are formatted as text, on every connection.
 pub const SESSION: [(&str, &str); 5] = [
@@ -43,13 +59,18 @@ pub struct Target {
     pub user: String,
     pub password: Option<Vec<u8>>,
     pub database: String,
+    /// `sslmode` and `sslrootcert`.
+    pub ssl: SslOptions,
+    /// The URL without them, as tokio-postgres reads it (the SQL connection).
+    pub url: String,
 }
 
 /// A failure of the replication connection: the server's error (with its SQLSTATE),
-/// or I/O.
+/// TLS that cannot be had or does not verify (retrying does not change it), or I/O.
 #[derive(Debug)]
 pub enum WireError {
     Server { code: String, message: String },
+    Tls(String),
     Io(io::Error),
 }
 
@@ -57,6 +78,7 @@ impl std::fmt::Display for WireError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WireError::Server { code, message } => write!(f, "{message} (SQLSTATE {code})"),
+            WireError::Tls(why) => f.write_str(why),
             WireError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -141,15 +163,28 @@ fn server_error(body: &[u8]) -> WireError {
 
 /// A replication connection before streaming: simple queries only.
 pub struct Connection {
-    framed: Framed<OwnedReadHalf>,
-    write: OwnedWriteHalf,
+    framed: Framed<ReadHalf>,
+    write: WriteHalf,
 }
 
 impl Connection {
-    /// Connects, authenticates (trust, password, MD5 or SCRAM-SHA-256) and waits for
-    /// the server to be ready.
-    pub async fn connect(target: &Target) -> Result<Connection, WireError> {
-        match tokio::time::timeout(CONNECT_TIMEOUT, Self::connect_now(target)).await {
+    /// Connects (over TLS as `target.ssl` says, checked by `tls`), authenticates
+    /// (trust, password, MD5 or SCRAM-SHA-256) and waits for the server to be ready.
+    pub async fn connect(
+        target: &Target,
+        tls: &Arc<ClientConfig>,
+    ) -> Result<Connection, WireError> {
+        let (first, if_refused) = target.ssl.mode.attempts();
+        let attempts = async {
+            match (Self::connect_now(target, tls, first).await, if_refused) {
+                // `allow`: the server refused the plain attempt, perhaps for want of TLS.
+                (Err(WireError::Server { .. }), Some(retry)) => {
+                    Self::connect_now(target, tls, retry).await
+                }
+                (connected, _) => connected,
+            }
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, attempts).await {
             Ok(connected) => connected,
             Err(_) => Err(WireError::Io(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -158,10 +193,51 @@ impl Connection {
         }
     }
 
-    async fn connect_now(target: &Target) -> Result<Connection, WireError> {
-        let stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
+    /// The TCP connection, over TLS unless `attempt` is plain or the server declines
+    /// it where `attempt` allows that.
+    async fn open(
+        target: &Target,
+        tls: &Arc<ClientConfig>,
+        attempt: Attempt,
+    ) -> Result<(ReadHalf, WriteHalf), WireError> {
+        let mut stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
         stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
+        let plain = |stream: TcpStream| {
+            let (read, write) = stream.into_split();
+            Ok((Box::new(read) as ReadHalf, Box::new(write) as WriteHalf))
+        };
+        if attempt == Attempt::Plain {
+            return plain(stream);
+        }
+        stream.write_all(&SSL_REQUEST).await?;
+        match (stream.read_u8().await?, attempt) {
+            (b'S', _) => {}
+            (b'N', Attempt::Prefer) => return plain(stream),
+            (b'N', _) => {
+                return Err(WireError::Tls(
+                    "the server does not accept TLS (is ssl off?)".into(),
+                ));
+            }
+            (other, _) => {
+                return Err(protocol(format!(
+                    "expected S or N in answer to the SSLRequest, got {other:?}"
+                )));
+            }
+        }
+        let name = sluice_source_sdk::tls::server_name(&target.host)
+            .map_err(|e| WireError::Tls(e.message))?;
+        let stream = (TlsConnector::from(tls.clone()).connect(name, stream).await)
+            .map_err(|e| handshake_failure(&e).map_or(WireError::Io(e), WireError::Tls))?;
+        let (read, write) = tokio::io::split(stream);
+        Ok((Box::new(read) as ReadHalf, Box::new(write) as WriteHalf))
+    }
+
+    async fn connect_now(
+        target: &Target,
+        tls: &Arc<ClientConfig>,
+        attempt: Attempt,
+    ) -> Result<Connection, WireError> {
+        let (read, write) = Self::open(target, tls, attempt).await?;
         let mut conn = Connection {
             framed: Framed::new(read),
             write,
@@ -324,7 +400,7 @@ pub enum Copy {
 
 /// The receiving half of a replication stream.
 pub struct Reader {
-    framed: Framed<OwnedReadHalf>,
+    framed: Framed<ReadHalf>,
 }
 
 impl Reader {
@@ -361,7 +437,7 @@ impl Reader {
 
 /// The sending half of a replication stream.
 pub struct Writer {
-    write: OwnedWriteHalf,
+    write: WriteHalf,
 }
 
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -404,6 +480,57 @@ pub fn format_lsn(lsn: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PostgresCdcConfig;
+    use sluice_testkit::postgres::LogicalPostgres;
+
+    /// Connects to `pg` (TLS only) at `host` with the URL options `query`.
+    async fn connect(
+        pg: &LogicalPostgres,
+        host: &str,
+        query: &str,
+    ) -> Result<Connection, WireError> {
+        let url = format!("postgres://postgres@{host}:{}/postgres?{query}", pg.port);
+        let value = serde_json::json!({"url": url, "publication": "p"});
+        let config: PostgresCdcConfig = sluice_source_sdk::config::parse(value).unwrap();
+        let target = config.target().unwrap();
+        let tls = Arc::new(target.ssl.client_config().unwrap());
+        Connection::connect(&target, &tls).await
+    }
+
+    #[tokio::test]
+    async fn the_replication_connection_takes_tls_as_sslmode_says() {
+        let pg = LogicalPostgres::start_tls();
+        let ca = pg.certificates.as_ref().unwrap().file("ca.crt");
+        let other_ca = pg.certificates.as_ref().unwrap().file("other-ca.crt");
+        let full = format!("sslmode=verify-full&sslrootcert={ca}");
+        let mut conn = connect(&pg, "localhost", &full).await.unwrap();
+        let rows = conn.query("IDENTIFY_SYSTEM").await.unwrap();
+        assert_eq!(rows.len(), 1);
+        // The weak modes find TLS: prefer at once, allow after the plain refusal.
+        for weak in ["sslmode=prefer", "sslmode=allow", "sslmode=require"] {
+            connect(&pg, "127.0.0.1", weak).await.unwrap();
+        }
+
+        let wrong_ca = format!("sslmode=verify-full&sslrootcert={other_ca}");
+        match connect(&pg, "localhost", &wrong_ca).await {
+            Err(WireError::Tls(why)) => assert!(
+                why.contains("the server's certificate does not verify: UnknownIssuer"),
+                "{why}"
+            ),
+            other => panic!("expected a TLS failure, got {:?}", other.err()),
+        }
+        match connect(&pg, "127.0.0.1", &full).await {
+            Err(WireError::Tls(why)) => assert!(why.contains("not valid for name"), "{why}"),
+            other => panic!("expected a TLS failure, got {:?}", other.err()),
+        }
+        match connect(&pg, "127.0.0.1", "sslmode=disable").await {
+            Err(WireError::Server { code, message }) => assert!(
+                code == "28000" && message.contains("no encryption"),
+                "{code} {message}"
+            ),
+            other => panic!("expected the server's refusal, got {:?}", other.err()),
+        }
+    }
 
     #[test]
     fn lsns_round_trip_in_postgres_text_form() {
