@@ -63,7 +63,7 @@ pub fn registry() -> Registry {
         .with_builtin(Builtin::new::<sluice_redis::config::EndpointConfig>(
             "redis",
             SluiceRedis,
-            &[],
+            sluice_redis::config::PATHS,
             || Arc::new(RedisDriver::new()),
         ))
         .with_builtin(sluice_iceberg::kind())

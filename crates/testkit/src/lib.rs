@@ -21,5 +21,6 @@ pub mod modules;
 pub mod mysql;
 pub mod nats;
 pub mod postgres;
+pub mod redis;
 pub mod schema;
 pub mod tansu;

@@ -5,6 +5,14 @@
 //! call or transactor: every command is sent from the async task that awaits it, with
 //! the endpoint's response timeout, so a hung server becomes a retryable error.
 //!
+//! TLS (`rediss://`): the driver connects the TCP stream and does the handshake itself,
+//! with the rustls configuration of the shared `tls` options (`sluice_tls`: ring, the
+//! server's certificate checked against `tls.ca` and the URL's host, a certificate from
+//! another CA named by its issuer), and hands redis-rs the encrypted stream; redis-rs's
+//! own TLS features (which read the system's certificate store and need a process-wide
+//! rustls provider) stay off. A certificate that does not verify is a configuration
+//! error, not retried.
+//!
 //! Tuning constants:
 //! - [`CHUNK_KEYS`]: keys per MGET / HGET pipeline and writes per MULTI/EXEC; 1000 keeps
 //!   a round trip's request small (tens of KiB of keys) while amortizing its latency
@@ -16,8 +24,11 @@
 use crate::config::{EndpointConfig, Format};
 use crate::key;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo, RedisError,
+};
 use sluice_driver_sdk::{Error, Result};
+use sluice_tls::{ClientTls, TlsConnector};
 
 /// Keys per load round trip and writes per MULTI/EXEC.
 pub const CHUNK_KEYS: usize = 1000;
@@ -41,20 +52,107 @@ pub fn redis_error(what: impl Into<String>, err: RedisError) -> Error {
 
 /// A connection to the endpoint's server, checked with a PING.
 pub async fn connect(config: &EndpointConfig) -> Result<MultiplexedConnection> {
-    let client = Client::open(config.url.as_str())
-        .map_err(|err| Error::Config(format!("endpoint config: url: {err}")))?;
     let options = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connect_timeout()))
         .set_response_timeout(Some(config.response_timeout()));
     let what = || format!("connecting to {}", redacted(&config.url));
-    let mut conn = (client.get_multiplexed_async_connection_with_config(&options))
-        .await
-        .map_err(|err| redis_error(what(), err))?;
+    let mut conn = match &config.tls {
+        None => {
+            let client = Client::open(config.url.as_str())
+                .map_err(|err| Error::Config(format!("endpoint config: url: {err}")))?;
+            (client.get_multiplexed_async_connection_with_config(&options))
+                .await
+                .map_err(|err| connect_error(config, what(), err))?
+        }
+        Some(tls) => connect_tls(config, tls, options).await?,
+    };
     redis::cmd("PING")
         .query_async::<String>(&mut conn)
         .await
-        .map_err(|err| redis_error(what(), err))?;
+        .map_err(|err| connect_error(config, what(), err))?;
     Ok(conn)
+}
+
+/// A failure to connect: a refused password is the user's to fix (not retried, naming
+/// the user), anything else as [`redis_error`] says.
+fn connect_error(config: &EndpointConfig, what: String, err: RedisError) -> Error {
+    let refused = err.kind() == ErrorKind::AuthenticationFailed
+        || err.to_string().contains("WRONGPASS")
+        || err.to_string().contains("NOAUTH");
+    if !refused {
+        return redis_error(what, err);
+    }
+    let user = (redis_url(&config.url).into_connection_info().ok())
+        .and_then(|info| info.redis_settings().username().map(str::to_string))
+        .unwrap_or_else(|| "default".to_string());
+    Error::Config(format!(
+        "endpoint config: url: {what}: the server refused user {user:?} (wrong password, \
+         unknown user, or a password needed): check the URL's user:password@ ({err})"
+    ))
+}
+
+/// `url` with `rediss://` written `redis://`, for redis-rs's parser (built without TLS).
+fn redis_url(url: &str) -> String {
+    match url.strip_prefix("rediss://") {
+        Some(rest) => format!("redis://{rest}"),
+        None => url.to_string(),
+    }
+}
+
+/// A TLS connection: TCP, the handshake with `tls`'s configuration checking the URL's
+/// host, then redis-rs's connection (AUTH, SELECT) over the encrypted stream; all
+/// within the connect timeout.
+async fn connect_tls(
+    config: &EndpointConfig,
+    tls: &ClientTls,
+    options: AsyncConnectionConfig,
+) -> Result<MultiplexedConnection> {
+    let what = || format!("connecting to {}", redacted(&config.url));
+    let client_config = tls
+        .client_config("tls")
+        .map_err(|e| Error::Config(format!("endpoint config: {}: {}", e.place, e.message)))?;
+    let info = (redis_url(&config.url).into_connection_info())
+        .map_err(|err| Error::Config(format!("endpoint config: url: {err}")))?;
+    let ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+        return Err(Error::Config(
+            "endpoint config: url: a rediss:// URL names a host (rediss://host:port/db)".into(),
+        ));
+    };
+    let server_name = sluice_tls::server_name(&host)
+        .map_err(|e| Error::Config(format!("endpoint config: url: {}", e.message)))?;
+    let settings = info.redis_settings().clone();
+    let attempt = async {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|err| Error::store(format!("Redis: {}", what()), err, true))?;
+        let _ = tcp.set_nodelay(true);
+        let stream = (TlsConnector::from(client_config).connect(server_name, tcp))
+            .await
+            .map_err(|err| match sluice_tls::handshake_failure(&err) {
+                Some(why) => Error::Config(format!(
+                    "endpoint config: tls: {}: {why} (check tls.ca, tls.certificate and \
+                     tls.key, and that the server's certificate names {host:?})",
+                    what()
+                )),
+                None => Error::store(format!("Redis: {} (TLS handshake)", what()), err, true),
+            })?;
+        let (conn, driver) = MultiplexedConnection::new_with_config(&settings, stream, options)
+            .await
+            .map_err(|err| connect_error(config, what(), err))?;
+        tokio::spawn(driver);
+        Ok(conn)
+    };
+    match tokio::time::timeout(config.connect_timeout(), attempt).await {
+        Ok(connected) => connected,
+        Err(_) => Err(Error::store(
+            format!("Redis: {}", what()),
+            format!(
+                "no connection within the connect timeout ({}s)",
+                config.connect_timeout().as_secs()
+            ),
+            true,
+        )),
+    }
 }
 
 /// `url` without its password, for messages.

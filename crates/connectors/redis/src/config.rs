@@ -1,18 +1,21 @@
 //! What the user writes: the endpoint `{"url": "redis://127.0.0.1:6379/0",
-//! "connect_timeout"?: seconds, "response_timeout"?: seconds}` and each binding's
+//! "tls"?: {ca, certificate?, key?}, "connect_timeout"?: seconds,
+//! "response_timeout"?: seconds}` and each binding's
 //! resource `{"prefix": "views:", "format"?: "json" | "hash"}`, with the JSON schemas
 //! Spec returns.
 //!
 //! Parsing is strict: unknown properties are errors, and every error names the field
 //! that is wrong (`resource config: format: unknown variant ...`), so a pipeline author
-//! can find it in their file. Only `redis://` URLs are taken: this driver is built
-//! without TLS.
+//! can find it in their file. A `redis://` URL is plain text; a `rediss://` URL is TLS
+//! and needs `tls` (the CA its certificate chains to; the certificate must name the
+//! URL's host), and `tls` is refused with a `redis://` URL rather than ignored.
 
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sluice_config::schema_for;
 use sluice_driver_sdk::{Error, Result};
+use sluice_tls::ClientTls;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -31,6 +34,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// or a stalled connection reaches it, and then it is a retryable error.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The endpoint keys whose values are paths, made relative to the pipeline file's
+/// folder (the driver kind's `paths`).
+pub const PATHS: &[&str] = &["tls.ca", "tls.certificate", "tls.key"];
+
 /// JSON schema of [`EndpointConfig`], derived once.
 pub static ENDPOINT_SCHEMA: LazyLock<String> =
     LazyLock::new(|| schema_for::<EndpointConfig>().to_string());
@@ -44,9 +51,14 @@ pub static RESOURCE_SCHEMA: LazyLock<String> =
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Redis endpoint")]
 pub struct EndpointConfig {
-    /// redis://[user:password@]host[:port][/db]; no TLS.
-    #[schemars(regex(pattern = "^redis://"))]
+    /// redis://[user:password@]host[:port][/db], or rediss://… for TLS (then set
+    /// tls).
+    #[schemars(regex(pattern = "^rediss?://"))]
     pub url: String,
+    /// TLS, for a rediss:// URL: the CA the server's certificate chains to (the
+    /// certificate must name the URL's host), and a client certificate for mutual TLS.
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
     /// Seconds a connection attempt may take.
     // [`DEFAULT_CONNECT_TIMEOUT`] when absent.
     #[serde(default)]
@@ -111,12 +123,37 @@ pub struct ResourceConfig {
 impl EndpointConfig {
     pub fn parse(json: &str) -> Result<Self> {
         let config: Self = parse("endpoint config", json)?;
-        if !config.url.starts_with("redis://") {
+        let tls_url = config.url.starts_with("rediss://");
+        if !tls_url && !config.url.starts_with("redis://") {
             return Err(Error::Config(format!(
-                "endpoint config: url: {:?} is not a redis:// URL (e.g. \"redis://127.0.0.1:6379/0\"; \
-                 this driver has no TLS, so rediss:// is not taken)",
+                "endpoint config: url: {:?} is not a redis:// or rediss:// URL (e.g. \
+                 \"redis://127.0.0.1:6379/0\", or \"rediss://redis.example.com:6380/0\" for TLS)",
                 config.url
             )));
+        }
+        if tls_url && config.url.contains('#') {
+            return Err(Error::Config(
+                "endpoint config: url: a rediss:// URL takes no #fragment (#insecure is not \
+                 supported: the server's certificate is always checked)"
+                    .into(),
+            ));
+        }
+        match (tls_url, &config.tls) {
+            (true, None) => {
+                return Err(Error::Config(
+                    "endpoint config: tls: a rediss:// URL needs tls (ca: the CA file the \
+                     server's certificate chains to)"
+                        .into(),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(Error::Config(
+                    "endpoint config: url: tls is set but the URL is redis:// (plain text): \
+                     write it as rediss://"
+                        .into(),
+                ));
+            }
+            _ => {}
         }
         for (field, value) in [
             ("connect_timeout", config.connect_timeout),
@@ -213,10 +250,13 @@ mod tests {
             &[
                 json!({"url": "redis://127.0.0.1:6379/0"}),
                 json!({"url": "redis://h", "connect_timeout": 3, "response_timeout": 120}),
+                json!({"url": "rediss://h:6380", "tls": {"ca": "ca.crt"}}),
+                json!({"url": "rediss://h", "tls": {"ca": "ca.crt", "certificate": "c.crt", "key": "c.key"}}),
             ],
             &[
                 json!({"url": "redis://h", "conect_timeout": 3}),
-                json!({"url": "rediss://h"}),
+                json!({"url": "http://h"}),
+                json!({"url": "rediss://h", "tls": {"ca": "ca.crt", "cert": "c.crt"}}),
                 json!({"url": "redis://h", "connect_timeout": 0}),
             ],
         );
@@ -267,7 +307,17 @@ mod tests {
                 r#"{"url":"redis://h","connect_timeout":0}"#,
                 "connect_timeout",
             ),
-            (r#"{"url":"rediss://h"}"#, "url"),
+            (r#"{"url":"http://h"}"#, "url"),
+            (r#"{"url":"rediss://h"}"#, "tls"),
+            (r#"{"url":"redis://h","tls":{"ca":"ca.crt"}}"#, "url"),
+            (
+                r#"{"url":"rediss://h#insecure","tls":{"ca":"ca.crt"}}"#,
+                "url",
+            ),
+            (
+                r#"{"url":"rediss://h","tls":{"ca":"ca.crt","cert":"c"}}"#,
+                "tls.cert",
+            ),
             (r#"{"url":7}"#, "url"),
             (r#"{}"#, "url"),
         ];

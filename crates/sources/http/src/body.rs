@@ -448,3 +448,47 @@ mod tests {
         assert_ne!(hash(&data), hash(&data[..data.len() - 1]));
     }
 }
+
+/// Fuzz targets of the body reader (issue 34): a request body, and a step's data read
+/// back from a store, are outside input; whatever their bytes, `Batch::parse` and
+/// `unframe` return `Ok` or `Err`, never a panic, a hang or an allocation the input's
+/// length does not bound. Bounded `#[test]`s after the corpus in
+/// `src/__fuzz__/<target>/corpus`; for the longer run see docs/guarantees.md.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn fuzz_body_parse_accepts_or_refuses_any_bytes() {
+        bolero::check!()
+            .with_test_time(Duration::from_secs(2))
+            .with_iterations(usize::MAX)
+            .with_max_len(4096)
+            .for_each(|bytes: &[u8]| {
+                if let Ok(batch) = Batch::parse(bytes) {
+                    assert!(batch.bytes() <= bytes.len() as u64);
+                    // What is accepted frames and reads back as itself.
+                    let mut data = Vec::new();
+                    frame(&mut data, 1, Some("k"), 2, &batch);
+                    let framed = unframe(&data).expect("a framed batch unframes");
+                    assert_eq!(framed.len(), 1);
+                }
+            });
+    }
+
+    #[test]
+    fn fuzz_unframe_reads_or_refuses_any_bytes() {
+        bolero::check!()
+            .with_test_time(Duration::from_secs(2))
+            .with_iterations(usize::MAX)
+            .with_max_len(4096)
+            .for_each(|bytes: &[u8]| {
+                let _ = unframe(bytes);
+                // The same with the magic in front, so the generator reaches the frames.
+                let mut data = MAGIC.to_vec();
+                data.extend_from_slice(bytes);
+                let _ = unframe(&data);
+            });
+    }
+}
