@@ -3,9 +3,10 @@
 //! when dropped; with [`PrivateEtcd::start_tls`], over TLS with client certificates
 //! required. Needs the `etcd` binary (`.ci/services` installs etcd-server).
 
+use crate::ports::{free_port, wait_for_port};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct PrivateEtcd {
     dir: tempfile::TempDir,
@@ -14,11 +15,6 @@ pub struct PrivateEtcd {
     /// The folder of `TestCertificates` it serves TLS with, if any.
     tls: Option<PathBuf>,
     child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    probe.local_addr().expect("its address").port()
 }
 
 impl PrivateEtcd {
@@ -92,14 +88,10 @@ impl PrivateEtcd {
             .spawn()
             .expect("etcd is installed (.ci/services installs etcd-server)");
         self.child = Some(child);
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.client)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "etcd did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log_path = self.dir.path().join("etcd.log");
+        wait_for_port(self.client, "etcd", || {
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        });
     }
 
     /// Stops etcd as a service manager would (SIGTERM) and waits for it to exit.

@@ -20,6 +20,7 @@ pub mod etcd;
 pub mod modules;
 pub mod mysql;
 pub mod nats;
+pub mod ports;
 pub mod postgres;
 pub mod redis;
 pub mod schema;

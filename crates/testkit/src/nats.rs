@@ -5,8 +5,8 @@
 //! `/usr/sbin/nats-server`, or `NATS_SERVER`).
 
 use crate::conformance::tls::TestCertificates;
+use crate::ports::{free_port, wait_for_port};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The user [`SecuredNats`] lets in, with [`PASSWORD`].
 pub const USER: &str = "sluice";
@@ -39,15 +39,7 @@ impl PrivateNats {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {binary} (nats-server 2.9): {e}"));
         let server = PrivateNats { dir, port, child };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "nats-server did not start: {}",
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_port(port, "nats-server", || server.log());
         server
     }
 
@@ -66,11 +58,6 @@ impl Drop for PrivateNats {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    probe.local_addr().expect("its address").port()
 }
 
 /// A private server taking only TLS (its certificate signed by the test CA, naming

@@ -5,8 +5,8 @@
 //! `REDIS_SERVER`).
 
 use crate::conformance::tls::TestCertificates;
+use crate::ports::{free_port, wait_for_port};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The password [`PrivateRedis`] asks of the `default` user.
 pub const PASSWORD: &str = "s3cret-of-the-test-user";
@@ -52,15 +52,7 @@ impl PrivateRedis {
             child,
             certificates,
         };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "redis-server did not start: {}",
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_port(port, "redis-server", || server.log());
         server
     }
 
@@ -79,9 +71,4 @@ impl Drop for PrivateRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    probe.local_addr().expect("its address").port()
 }

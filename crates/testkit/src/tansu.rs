@@ -2,6 +2,7 @@
 //! there, the way `.ci/services` starts it; and [`SecuredTansu`], a private one
 //! requiring TLS and SASL.
 
+use crate::ports::free_port;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -213,12 +214,4 @@ async fn terminate_tls(listener: tokio::net::TcpListener, tls: sluice_tls::TlsAc
             let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
         });
     }
-}
-
-/// A port on 127.0.0.1 nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free local port")
-        .port()
 }

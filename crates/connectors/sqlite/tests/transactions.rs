@@ -106,3 +106,22 @@ async fn oddly_named_tables_and_fields_round_trip() {
     let views: Vec<i64> = db.query(r#"SELECT "Mixed Case" FROM "select""#);
     assert_eq!(views, [7]);
 }
+
+/// A table an earlier release created (a rowid table and its key index, before tables
+/// were `WITHOUT ROWID`) is taken as it is: applied again, stored to and loaded from.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rowid_table_of_an_earlier_release_keeps_working() {
+    let db = TestFile::new();
+    rusqlite::Connection::open(&db.path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE \"pageviews\" (\"user_id\" TEXT, \"views\" INTEGER, \"score\" REAL, \
+             \"active\" INTEGER, \"tags\" TEXT, \"seen_at\" TEXT, \"flow_document\" TEXT, \
+             PRIMARY KEY (\"user_id\"))",
+        )
+        .unwrap();
+    scenarios::loads_read_the_prior_commit(&db).await;
+    let rows: Vec<String> =
+        db.query("SELECT user_id || ':' || views FROM pageviews ORDER BY rowid");
+    assert_eq!(rows, ["alice:2", "bob:1"]);
+}
