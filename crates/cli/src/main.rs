@@ -3,6 +3,7 @@
 
 mod driver_cmd;
 mod drivers;
+mod pause_cmd;
 mod pipeline_cmd;
 mod produce;
 mod progress;
@@ -62,6 +63,11 @@ enum Command {
     /// Print a pipeline's status: from the running process's status API, else from its
     /// recovery logs.
     Status(status_cmd::StatusArgs),
+    /// Pause a running pipeline, or one source of it: its sources are read no more and
+    /// nothing new of them commits, until `sluice resume` (through the status API).
+    Pause(pause_cmd::PauseArgs),
+    /// Resume a paused pipeline, or one source of it (through the status API).
+    Resume(pause_cmd::PauseArgs),
     /// Print the JSON schema of a connector's configuration (`--markdown`: as the
     /// reference tables of the docs); without a connector, list them.
     Schema(schema_cmd::SchemaArgs),
@@ -99,6 +105,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Produce(args) => produce::main(args),
         Command::Inspect(cmd) => pipeline_cmd::inspect(cmd),
         Command::Status(args) => status_cmd::main(args),
+        Command::Pause(args) => pause_cmd::main("pause", args),
+        Command::Resume(args) => pause_cmd::main("resume", args),
         Command::Schema(args) => schema_cmd::main(args),
         Command::Shards(cmd) => shards_cmd::main(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),

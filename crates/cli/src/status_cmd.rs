@@ -3,12 +3,15 @@
 //! over TLS, the CA given by `--ca`), the same JSON the status page draws; when nothing
 //! answers there, prints what the recovery logs hold
 //! (the last committed transaction of each materialization) and how each shard's last
-//! run ended ([`ended`]: its state, its sources', and their last errors).
+//! run ended ([`ended`]: its state, its sources', and their last errors). Each source
+//! and endpoint is shown with its health (healthy, or unhealthy or fatal with the
+//! reason), a source also with its parse errors, the memory it holds and its own
+//! metrics.
 
 use crate::pipeline_cmd::{load, print_checkpoints};
 use clap::Args;
 use sluice_app::registry;
-use sluice_http::client::Client;
+use sluice_http::client::{Client, Response};
 use sluice_runtime::config::{MetricsServer, Pipeline};
 use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{LastError, ShardView, Snapshot};
@@ -57,9 +60,27 @@ pub fn main(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The status of the process serving `server`, over TLS when it has `tls` (checked
-/// against `ca`), with its token when it has one.
+/// The status of the process serving `server` ([`ask`]).
 fn fetch(server: &MetricsServer, ca: Option<&Path>) -> anyhow::Result<Snapshot> {
+    let response = ask(server, ca, "GET", "/api/status")?;
+    anyhow::ensure!(
+        response.status == 200,
+        "HTTP status {}: {}",
+        response.status,
+        String::from_utf8_lossy(&response.body)
+    );
+    Ok(serde_json::from_slice(&response.body)?)
+}
+
+/// Asks the status API of the process serving `server` (`method` on `path`), over TLS
+/// when it has `tls` (checked against `ca`), with its token when it has one: `sluice
+/// status`, `pause` and `resume` address a running pipeline alike.
+pub(crate) fn ask(
+    server: &MetricsServer,
+    ca: Option<&Path>,
+    method: &str,
+    path: &str,
+) -> anyhow::Result<Response> {
     let token = server.token.as_deref().unwrap_or_default();
     let mut client = Client::new(server.listen, token);
     if server.tls.is_some() {
@@ -69,7 +90,7 @@ fn fetch(server: &MetricsServer, ca: Option<&Path>) -> anyhow::Result<Snapshot> 
             );
         };
         let tls = ClientTls {
-            ca: ca.to_path_buf(),
+            ca: Some(ca.to_path_buf()),
             certificate: None,
             key: None,
         };
@@ -87,23 +108,17 @@ fn fetch(server: &MetricsServer, ca: Option<&Path>) -> anyhow::Result<Snapshot> 
         Some(_) => &[("Authorization", auth.as_str())],
         None => &[],
     };
-    let response = client.request("GET", "/api/status", headers, b"")?;
-    anyhow::ensure!(
-        response.status == 200,
-        "HTTP status {}: {}",
-        response.status,
-        String::from_utf8_lossy(&response.body)
-    );
-    Ok(serde_json::from_slice(&response.body)?)
+    Ok(client.request(method, path, headers, b"")?)
 }
 
 fn render(snapshot: &Snapshot) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "sluice {}, up {}",
+        "sluice {}, up {}; pipeline {}",
         snapshot.version,
-        duration(snapshot.uptime_ms)
+        duration(snapshot.uptime_ms),
+        snapshot.state
     );
     let graph = &snapshot.graph;
     for source in &graph.sources {
@@ -197,14 +212,27 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
         let _ = writeln!(
             out,
             "  source {name}: {} (since {}), {} documents ({:.1}/s), {} dead-lettered, \
-             {} retries{lag}{retained}",
+             {} parse errors, {} retries{lag}{retained}, holds {} bytes",
             words(source.state),
             ago(now, source.since),
             source.documents,
             source.rate,
             source.dead_lettered,
-            source.retries
+            source.parse_errors,
+            source.retries,
+            source.memory
         );
+        let _ = writeln!(out, "    health: {}", source.health);
+        for metric in &source.metrics {
+            let labels = (metric.labels.iter())
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>();
+            let labels = match labels.is_empty() {
+                true => String::new(),
+                false => format!("{{{}}}", labels.join(",")),
+            };
+            let _ = writeln!(out, "    {}{labels}: {}", metric.name, metric.value);
+        }
         if let Some(err) = &source.last_error {
             let _ = writeln!(out, "    {}", last_error(err, now));
         }
@@ -222,6 +250,12 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
             binding.deleted
         );
     }
+    let _ = writeln!(out, "  endpoint: {}", shard.endpoint.health);
+    let _ = writeln!(
+        out,
+        "  loop memory: read combiner {} bytes, load combiner {} bytes",
+        shard.memory.read_combiner, shard.memory.load_combiner
+    );
     match &shard.last_error {
         None => out.push_str("  last error: none\n"),
         Some(err) => {

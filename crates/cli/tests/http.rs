@@ -45,6 +45,11 @@ impl Fixture {
     /// As [`Fixture::new`], with the source's runtime keys `keys` (YAML lines under
     /// the source, each indented by four spaces).
     fn with_keys(http: &str, keys: &str) -> Fixture {
+        Fixture::bounded(http, keys, 100_000)
+    }
+
+    /// As [`Fixture::with_keys`], its transactions closing at `max_docs`.
+    fn bounded(http: &str, keys: &str, max_docs: u64) -> Fixture {
         let address = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap()
@@ -56,7 +61,7 @@ impl Fixture {
             &source,
             "sqlite: {path: out/views.db}",
             false,
-            100_000,
+            max_docs,
             "20ms",
         );
         let dir = tempfile::tempdir().unwrap();
@@ -143,6 +148,29 @@ fn posted_documents_are_in_the_store_when_the_200_comes() {
     assert_eq!(second.status, 200);
     assert_eq!(second.json()["documents"], 200);
     assert!(second.json()["txn"].as_u64() > first.json()["txn"].as_u64());
+    assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
+    terminate(running);
+}
+
+/// A body is one unit of the source's input: it commits in one transaction whatever
+/// its size, here three times the transactions' `max_docs`, never split across two.
+#[test]
+fn a_body_larger_than_max_docs_commits_in_one_transaction() {
+    let fx = Fixture::bounded("", "", 100);
+    let running = fx.start();
+    let docs = generate(600, 37, 3);
+    let mut txns = Vec::new();
+    for body in docs.chunks(300) {
+        let answer = fx.post(None, &lines(body));
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        txns.push(answer.json()["txn"].as_u64().unwrap());
+    }
+    assert_eq!(txns, [1, 2], "each body in a transaction of its own, whole");
     assert_eq!(sqlite_table(&fx.db()), reduce_expected(&docs));
     terminate(running);
 }

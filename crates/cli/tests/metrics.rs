@@ -261,7 +261,10 @@ fn a_scrape_during_a_run_agrees_with_its_summary() {
         let unit_ok = match kind.as_str() {
             "counter" => name.ends_with("_total"),
             "histogram" => name.ends_with("_seconds"),
-            "gauge" => name.ends_with("_bytes") || name.ends_with("_messages"),
+            // Health is a state (0 healthy, 1 unhealthy, 2 fatal), not a quantity.
+            "gauge" => {
+                name.ends_with("_bytes") || name.ends_with("_messages") || name.ends_with("_health")
+            }
             other => panic!("{name}: unexpected type {other}"),
         };
         assert!(unit_ok, "{name} ({kind})");

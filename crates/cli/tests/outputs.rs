@@ -196,19 +196,20 @@ fn decode_debezium(lines: &[String], txn: u64, snapshot: bool) -> Changes {
 fn decode_csv(lines: &[String]) -> Changes {
     assert_eq!(lines[0], "user_id,bytes,last_seen,views,_op", "the header");
     fold(lines[1..].iter().map(|line| {
-        let cells: Vec<&str> = line.split(',').collect();
+        let cells = sluice_output_sdk::encode::read_csv_row(line.as_bytes()).unwrap();
+        let cell = |i: usize| {
+            cells[i]
+                .as_deref()
+                .unwrap_or_else(|| panic!("cell {i}: {line}"))
+        };
         let mut row = Row::default();
-        row.add(
-            cells[3].parse().unwrap(),
-            cells[1].parse().unwrap(),
-            cells[2],
-        );
-        let insert = match cells[4] {
+        row.add(cell(3).parse().unwrap(), cell(1).parse().unwrap(), cell(2));
+        let insert = match cell(4) {
             "insert" => true,
             "delete" => false,
             other => panic!("_op {other:?}"),
         };
-        (insert, cells[0].to_string(), row)
+        (insert, cell(0).to_string(), row)
     }))
 }
 

@@ -32,7 +32,7 @@ impl Drop for Running {
 /// A client of `address` over TLS, trusting `<ca>.crt`.
 fn client(certs: &Path, address: SocketAddr, ca: &str, token: &str) -> Client {
     let tls = ClientTls {
-        ca: certs.join(format!("{ca}.crt")),
+        ca: Some(certs.join(format!("{ca}.crt"))),
         certificate: None,
         key: None,
     };

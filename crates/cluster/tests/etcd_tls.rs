@@ -15,7 +15,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 
 fn client(certs: &Path, url: &str, ca: &str, identity: Option<&str>) -> Etcd {
     let tls = ClientTls {
-        ca: certs.join(format!("{ca}.crt")),
+        ca: Some(certs.join(format!("{ca}.crt"))),
         certificate: identity.map(|i| certs.join(format!("{i}.crt"))),
         key: identity.map(|i| certs.join(format!("{i}.key"))),
     };

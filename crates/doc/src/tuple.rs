@@ -46,6 +46,10 @@ const FALSE: u8 = 0x26;
 const TRUE: u8 = 0x27;
 /// Escape byte following a `00` inside bytes, strings and nested tuples.
 const ESCAPE: u8 = 0xff;
+/// Nested tuples deeper than this are refused, as serde_json refuses JSON nested deeper
+/// than 128: reading (and dropping) them recurses, and a few KiB of `05` bytes would
+/// overflow the stack (found by fuzzing, issue 34).
+const MAX_NESTING: usize = 128;
 
 /// Bytes that are not a packed tuple of JSON values.
 #[derive(Debug, thiserror::Error)]
@@ -173,7 +177,11 @@ fn push_escaped(bytes: &[u8], out: &mut Vec<u8>) {
 
 /// Decodes a packed tuple (concatenated elements) back into JSON values.
 pub fn unpack(packed: &[u8]) -> Result<Vec<Value>, TupleError> {
-    let mut reader = Reader { buf: packed, at: 0 };
+    let mut reader = Reader {
+        buf: packed,
+        at: 0,
+        depth: 0,
+    };
     let mut values = Vec::new();
     while reader.at < packed.len() {
         values.push(reader.element(false)?);
@@ -229,7 +237,11 @@ impl Element<'_> {
 
 /// Decodes a packed tuple element by element, borrowing text from `packed`.
 pub fn elements(packed: &[u8]) -> impl Iterator<Item = Result<Element<'_>, TupleError>> {
-    let mut reader = Reader { buf: packed, at: 0 };
+    let mut reader = Reader {
+        buf: packed,
+        at: 0,
+        depth: 0,
+    };
     std::iter::from_fn(move || {
         (reader.at < reader.buf.len()).then(|| {
             let element = reader.borrowed(false);
@@ -244,6 +256,8 @@ pub fn elements(packed: &[u8]) -> impl Iterator<Item = Result<Element<'_>, Tuple
 struct Reader<'b> {
     buf: &'b [u8],
     at: usize,
+    /// How many nested tuples the element being read is in.
+    depth: usize,
 }
 
 impl<'b> Reader<'b> {
@@ -315,6 +329,12 @@ impl<'b> Reader<'b> {
                 })?),
             }),
             NESTED => {
+                if self.depth == MAX_NESTING {
+                    return Err(
+                        self.malformed(start, format!("nested tuples deeper than {MAX_NESTING}"))
+                    );
+                }
+                self.depth += 1;
                 let mut items = Vec::new();
                 loop {
                     match self.buf.get(self.at..self.at + 2) {
@@ -328,6 +348,7 @@ impl<'b> Reader<'b> {
                     items.push(self.borrowed(true)?);
                 }
                 self.at += 1;
+                self.depth -= 1;
                 Element::Tuple(items)
             }
             0x0c..=0x13 => {
@@ -530,6 +551,20 @@ mod tests {
             unpack(packed).unwrap(),
             vec![json!([null, 1, "x"]), json!(true)]
         );
+    }
+
+    #[test]
+    fn tuples_nested_too_deep_are_malformed() {
+        let nested = |depth: usize| {
+            let mut packed = vec![NESTED; depth];
+            packed.extend(std::iter::repeat_n(NULL, depth));
+            packed
+        };
+        assert_eq!(unpack(&nested(MAX_NESTING)).unwrap().len(), 1);
+        let err = unpack(&nested(MAX_NESTING + 1)).unwrap_err().to_string();
+        assert!(err.contains("nested tuples deeper than 128"), "{err}");
+        let err = unpack(&[NESTED; 4096]).unwrap_err().to_string();
+        assert!(err.contains("nested tuples deeper than 128"), "{err}");
     }
 
     #[test]

@@ -243,7 +243,7 @@ mod tests {
     fn the_tls_files_are_read_when_checked() {
         let server = Server {
             tls: Some(ClientTls {
-                ca: PathBuf::from("/nonexistent/ca.crt"),
+                ca: Some(PathBuf::from("/nonexistent/ca.crt")),
                 certificate: None,
                 key: None,
             }),

@@ -28,6 +28,7 @@ pub mod envelope;
 pub mod failpoint;
 pub mod intake;
 pub mod metrics;
+pub mod pause;
 pub mod pipeline;
 pub mod projections;
 pub mod recovery;

@@ -375,6 +375,7 @@ impl Harness {
                 .with_source(kind::<FlakyFileKind>())
                 .with_source(kind::<ScriptedFileKind<SeekOnly>>())
                 .with_source(kind::<ScriptedFileKind<Barriers>>())
+                .with_source(kind::<UnitFileKind>())
                 .with_builtin(common::memory_kind()),
         )
         .unwrap();
@@ -783,6 +784,126 @@ async fn no_transaction_ends_at_a_barrier() {
         "1*off->1*return",
     )
     .await;
+}
+
+/// The ends of the units every `unit_file` source of the process handed over: (the
+/// position of the unit's last step, the unit's records).
+static UNIT_ENDS: Mutex<Vec<(Value, usize)>> = Mutex::new(Vec::new());
+/// The positions every `unit_file` source of the process was told are committed.
+static UNITS_TOLD_COMMITTED: Mutex<Vec<Value>> = Mutex::new(Vec::new());
+
+/// The `file` source kind, its steps grouped in units of four (`Script::UnitsOf`): 13
+/// documents at `max_docs` 10, as a transaction full after the first step reads on one
+/// document at a time from the source inside a unit. Notes the units it hands over and
+/// the positions it is told are committed.
+struct UnitFileKind;
+
+impl SourceKind for UnitFileKind {
+    const NAME: &'static str = "unit_file";
+    type Config = FileConfig;
+
+    fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
+        FileKind::prepare(config, base_dir)
+    }
+
+    fn open(
+        opening: &Opening<'_>,
+        config: &FileConfig,
+    ) -> std::result::Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(UnitFile {
+            inner: Scripted::new(FileKind::open(opening, config)?, Script::UnitsOf(4)),
+            unit: 0,
+        }))
+    }
+}
+
+struct UnitFile {
+    inner: Scripted,
+    /// Records of the unit in progress.
+    unit: usize,
+}
+
+#[async_trait]
+impl Source for UnitFile {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn fault_tolerance(&self) -> FaultTolerance {
+        self.inner.fault_tolerance()
+    }
+    async fn seek(&mut self, position: &Value) -> std::result::Result<(), SourceError> {
+        self.inner.seek(position).await
+    }
+    async fn replay(
+        &mut self,
+        step: &Resume,
+        out: &mut Records,
+    ) -> std::result::Result<Step, SourceError> {
+        self.inner.replay(step, out).await
+    }
+    async fn queue(
+        &mut self,
+        limits: QueueLimits,
+        out: &mut Records,
+    ) -> std::result::Result<Step, SourceError> {
+        let step = self.inner.queue(limits, out).await?;
+        if step.records > 0 {
+            self.unit += step.records;
+            if !step.unit_continues {
+                let end = step.resume.position().expect("a position").clone();
+                UNIT_ENDS.lock().unwrap().push((end, self.unit));
+                self.unit = 0;
+            }
+        }
+        Ok(step)
+    }
+    fn committed(&mut self, _txn: u64, position: &Value) {
+        UNITS_TOLD_COMMITTED.lock().unwrap().push(position.clone());
+    }
+}
+
+/// Every position a `unit_file` source was told is committed ends one of its units, and
+/// some unit was larger than the transactions' `max_docs`.
+fn assert_units_committed_whole(max_docs: u64) {
+    let ends = UNIT_ENDS.lock().unwrap();
+    let told = UNITS_TOLD_COMMITTED.lock().unwrap();
+    assert!(!told.is_empty(), "the source heard of its commits");
+    for position in told.iter() {
+        assert!(
+            ends.iter().any(|(end, _)| end == position),
+            "a commit at {position}, inside a unit (unit ends: {ends:?})"
+        );
+    }
+    let largest = ends.iter().map(|(_, records)| *records).max().unwrap();
+    assert!(
+        largest as u64 > max_docs,
+        "a unit larger than max_docs: {ends:?}"
+    );
+}
+
+/// Units of 13 documents commit whole although transactions close at 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_larger_than_max_docs_commits_whole() {
+    let h = Harness::reading("unit_file").await;
+    assert_eq!(h.run_to_end().await, Vec::<String>::new());
+    h.assert_exact();
+    assert_units_committed_whole(FIRST_MAX_DOCS);
+}
+
+/// A crash between two steps of a unit: the restart reads the unit again whole from the
+/// last checkpoint (never inside a unit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_inside_a_unit_reads_it_again_whole() {
+    crash_and_recover_reading("unit_file", failpoint::AFTER_QUEUE, THIRD).await;
+    assert_units_committed_whole(RESTART_MAX_DOCS);
+}
+
+/// A crash after the intent of a transaction holding a unit: the replay re-reads every
+/// step of the unit, each checked against its hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_unit_replays_whole() {
+    crash_and_recover_reading("unit_file", failpoint::AFTER_INTENT, THIRD).await;
+    assert_units_committed_whole(RESTART_MAX_DOCS);
 }
 
 /// Queue calls of every `flaky_file` source of the process until the one that fails.

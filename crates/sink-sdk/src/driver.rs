@@ -4,23 +4,43 @@
 //! of the sink: its artifact intents and its descriptors.
 //!
 //! ```text
-//!  open_with_log(checkpoint {epoch, descriptor}, log)   build, bind context, open, recover(decided, undecided)
+//!  open_with_log(checkpoint {epoch, descriptor}, log)   build, bind context, abort cleaner(undecided),
+//!                                      committer(decided), open, recover(what is left)
 //!  artifact_intent(N)                  checkpoint_artifact_intent(N): into the runtime's Intent(N)
 //!  Prepare(runtime checkpoint of N)    begin_epoch(N)              Prepared: no change
-//!  Store*                              Arrow batches of bounded size → write_batch
+//!  Store*                              Arrow batches of bounded size → write_batch;
+//!                                      flush_interval passed: the rows held → write_batch, flush
 //!  Commit                              last batches; pre_commit(N) → descriptor
 //!  decision(N)                         {epoch, descriptor}: into the runtime's Commit(N)
 //!  Acknowledge                         commit_epoch(N, descriptor): the decision is durable
+//!  end of the stream                   close; the instance's tracked tasks awaited
 //! ```
 //!
 //! An epoch sink receives each transaction's reduced changes (its bindings are delta
 //! updates: Validate says so, and nothing is loaded). A failure before `pre_commit`
 //! returned rolls the epoch back; after it only recovery decides, from what the
 //! recovery log holds: the last descriptor is re-applied and undecided staging removed.
+//!
+//! Deadlines: every sink call of a stream (`begin_epoch` to `close`) is bounded by the
+//! sink's `suggested_write_timeout` (the runtime's `runtime.timeouts.driver` does not
+//! reach an in-process driver, so it caps nothing here; the default suggestion stays
+//! well inside the runtime's default). A call past it is dropped and the epoch fails with
+//! a retryable error, so the runtime reopens the loop and replays the transaction. Before
+//! that error returns, the sink's cancellation policy is honoured: a cancel-safe instance
+//! rolls the epoch back and stays; a retire-on-cancel instance is dropped unclosed, its
+//! tracked tasks are awaited (bounded by `TASKS_BOUND`; past it the run stops rather than
+//! let two instances overlap), and a new instance is built from the kept [`SinkKind`],
+//! configuration, context and bindings, then recovered with the last durable decision and
+//! this stream's undecided intents (the failing epoch's staging included) as garbage.
+//!
+//! Flushes run between calls, never beside one: after a Store is taken, when the sink's
+//! `flush_interval` has passed since the epoch began or last flushed.
 
 use crate::arrow::{BatchBuilder, binding_schema};
+use crate::tasks::TaskTracker;
 use crate::{
-    Decided, EpochSink, InputMode, Recovery, RuntimeContext, SinkBinding, SinkContract, SinkError,
+    CancellationPolicy, Decided, EpochSink, InputMode, Recovery, RuntimeContext, SinkBinding,
+    SinkContract, SinkError, Undecided,
 };
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -39,6 +59,7 @@ use sluice_driver_sdk::{
 };
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Rows per Arrow batch, at most.
 const BATCH_ROWS: usize = 16 * 1024;
@@ -296,53 +317,279 @@ impl Driver for EpochDriver {
             .materialization
             .clone()
             .ok_or_else(|| Error::Config("Open without a materialization".into()))?;
-        let mut sink = self.build(&spec.endpoint_spec_json)?;
+        let config: Value = serde_json::from_str(&spec.endpoint_spec_json)
+            .map_err(|e| Error::Config(format!("endpoint config is not JSON: {e}")))?;
+        let contract = (self.kind.build)(&config).map_err(sink_error)?.contract();
         let (bindings, builders): (Vec<_>, Vec<_>) =
-            self.bindings(&spec, sink.contract())?.into_iter().unzip();
-        sink.bind_runtime_context(RuntimeContext {
-            deployment_id: log.deployment_id,
-            sink_id: spec.materialization.clone(),
-            participant_id: u64::from(open.key_begin) + 1,
-        })
-        .map_err(sink_error)?;
-        sink.open(&bindings).await.map_err(sink_error)?;
+            self.bindings(&spec, contract)?.into_iter().unzip();
+        let recipe = Recipe {
+            kind: self.kind,
+            config,
+            context: RuntimeContext {
+                deployment_id: log.deployment_id,
+                sink_id: spec.materialization.clone(),
+                participant_id: u64::from(open.key_begin) + 1,
+            },
+            bindings,
+        };
         let decided = decided_epoch(&spec.materialization, &open.driver_checkpoint_json)?;
-        let undecided = log.undecided;
-        sink.recover(&Recovery { decided, undecided })
-            .await
-            .map_err(sink_error)?;
+        let instance = recipe.start(1, decided.clone(), log.undecided).await?;
         let transactor = EpochTransactor {
-            sink,
+            recipe,
+            instance: Some(instance),
             builders,
             epoch: None,
             to_apply: None,
+            last_decided: decided,
+            intents: Vec::new(),
+            committed: None,
         };
         Ok((Box::new(transactor), Opened::default()))
     }
 }
 
+/// How long the background tasks of an instance being dropped or replaced may take to
+/// end: a tracked task is one batch's encoding or a file's close, seconds at most; a
+/// minute means it hangs, and the next instance must not start beside it.
+const TASKS_BOUND: Duration = Duration::from_secs(60);
+
+/// What the driver keeps to build its sink again: the kind, the endpoint configuration,
+/// the runtime context and the bindings.
+struct Recipe {
+    kind: SinkKind,
+    config: Value,
+    context: RuntimeContext,
+    bindings: Vec<SinkBinding>,
+}
+
+/// One built, opened and recovered instance of the sink, with what the driver read of
+/// it once.
+struct Instance {
+    /// 1 for the stream's first instance, then one more per replacement (for logs).
+    number: u64,
+    sink: Box<dyn EpochSink>,
+    policy: CancellationPolicy,
+    deadline: Duration,
+    flush_interval: Option<Duration>,
+    tasks: Option<TaskTracker>,
+}
+
+impl Instance {
+    /// Drops the sink, then waits until its background tasks have ended. Postcondition
+    /// of `Ok`: nothing of this instance runs any more.
+    async fn retire(self) -> Result<()> {
+        let Instance {
+            number,
+            sink,
+            tasks,
+            ..
+        } = self;
+        drop(sink);
+        match tasks {
+            Some(tasks) => tasks.wait(TASKS_BOUND).await.map_err(|e| Error::Store {
+                context: "epoch sink".into(),
+                message: format!(
+                    "instance {number} of the sink is done, but {e}: refusing to start \
+                     another instance beside its work (the sink's tasks must end once it \
+                     is dropped)"
+                ),
+                retryable: false,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Recipe {
+    /// Builds instance `number`, binds its context, and recovers it: the abort cleaner
+    /// removes `undecided`'s staging and the committer applies `decided` (each if the
+    /// sink has the handle), then `open`, then `recover` with what is left to do. On
+    /// failure the instance is retired before the error returns.
+    async fn start(
+        &self,
+        number: u64,
+        decided: Option<Decided>,
+        undecided: Vec<Undecided>,
+    ) -> Result<Instance> {
+        let sink = (self.kind.build)(&self.config).map_err(sink_error)?;
+        let mut instance = Instance {
+            number,
+            policy: sink.cancellation_policy(),
+            deadline: sink.suggested_write_timeout(),
+            flush_interval: sink.flush_interval(),
+            tasks: sink.terminal_task_tracker(),
+            sink,
+        };
+        let recovery = Recovery {
+            decided,
+            undecided,
+            decided_applied: false,
+            undecided_cleaned: false,
+        };
+        match self.recover(&mut instance, recovery).await {
+            Ok(()) => Ok(instance),
+            Err(err) => {
+                instance.retire().await?;
+                Err(err)
+            }
+        }
+    }
+
+    async fn recover(&self, instance: &mut Instance, mut recovery: Recovery) -> Result<()> {
+        let sink = &mut instance.sink;
+        sink.bind_runtime_context(self.context.clone())
+            .map_err(sink_error)?;
+        if let Some(cleaner) = sink.abort_cleaner() {
+            cleaner
+                .clean(&recovery.undecided)
+                .await
+                .map_err(sink_error)?;
+            recovery.undecided_cleaned = true;
+        }
+        if let (Some(committer), Some(decided)) = (sink.committer(), &recovery.decided) {
+            (committer
+                .commit_epoch(decided.epoch, &decided.descriptor)
+                .await)
+                .map_err(sink_error)?;
+            recovery.decided_applied = true;
+        }
+        sink.open(&self.bindings).await.map_err(sink_error)?;
+        sink.recover(&recovery).await.map_err(sink_error)
+    }
+}
+
 /// One Transactions stream of an epoch sink.
 struct EpochTransactor {
-    sink: Box<dyn EpochSink>,
+    recipe: Recipe,
+    /// `None` once an instance was retired and its replacement failed to start: the
+    /// stream then fails every call.
+    instance: Option<Instance>,
     builders: Vec<BatchBuilder>,
-    /// The epoch begun and not yet pre-committed.
-    epoch: Option<u64>,
+    /// The epoch begun and not yet pre-committed, and when it last flushed.
+    epoch: Option<(u64, Instant)>,
     /// The descriptor `pre_commit` returned, to record in the epoch's commit and to apply
     /// once the runtime acknowledges it.
     to_apply: Option<(u64, Value)>,
+    /// The last decision whose record is durable: what a replacement instance recovers.
+    last_decided: Option<Decided>,
+    /// The artifact intents handed out this stream whose epochs are not decided yet:
+    /// what a replacement instance removes as garbage.
+    intents: Vec<Undecided>,
+    /// The epoch pre-committed last: the one the next Acknowledge acknowledges.
+    committed: Option<u64>,
+}
+
+/// Runs one call of the sink under the instance's deadline, and settles a dropped call
+/// by the instance's cancellation policy ([`EpochTransactor::settle`]).
+macro_rules! bounded {
+    ($self:ident, $what:expr, |$sink:ident| $call:expr) => {{
+        let instance = $self.live()?;
+        let deadline = instance.deadline;
+        let $sink = instance.sink.as_mut();
+        let outcome = tokio::time::timeout(deadline, $call).await;
+        $self.settle($what, deadline, outcome).await
+    }};
 }
 
 impl EpochTransactor {
+    fn live(&mut self) -> Result<&mut Instance> {
+        self.instance.as_mut().ok_or_else(|| Error::Store {
+            context: "epoch sink".into(),
+            message: "the sink was retired and no instance replaced it".into(),
+            retryable: true,
+        })
+    }
+
+    /// A call's outcome as the driver's: a call that returned is its result; a call
+    /// dropped at its deadline is a retryable error, after which a cancel-safe instance
+    /// stays and a retire-on-cancel one is replaced ([`EpochTransactor::replace`]).
+    async fn settle<T>(
+        &mut self,
+        what: &str,
+        deadline: Duration,
+        outcome: std::result::Result<Result<T, SinkError>, tokio::time::error::Elapsed>,
+    ) -> Result<T> {
+        let returned = match outcome {
+            Ok(returned) => return returned.map_err(sink_error),
+            Err(_) => Error::Store {
+                context: "epoch sink".into(),
+                message: format!(
+                    "{what} did not return within {deadline:?} (the sink's suggested write \
+                     timeout): the call was dropped"
+                ),
+                retryable: true,
+            },
+        };
+        match self.instance.as_ref().map(|i| i.policy) {
+            Some(CancellationPolicy::RetireOnCancel) => {
+                let old = self.instance.take().expect("live");
+                tracing::warn!(
+                    instance = old.number,
+                    what,
+                    ?deadline,
+                    "an epoch sink call passed its deadline: retiring the instance"
+                );
+                // The new instance recovers the epoch in progress as garbage: nothing
+                // is rolled back on it, and the old one is never called again.
+                self.epoch = None;
+                match self.replace(old).await {
+                    Ok(()) => Err(returned),
+                    Err(err) => Err(err),
+                }
+            }
+            _ => Err(returned),
+        }
+    }
+
+    /// Retires `old` (its tasks ended) and starts the next instance, recovering the last
+    /// durable decision and the undecided epochs of this stream.
+    async fn replace(&mut self, old: Instance) -> Result<()> {
+        let number = old.number + 1;
+        old.retire().await?;
+        let instance = (self.recipe)
+            .start(number, self.last_decided.clone(), self.intents.clone())
+            .await?;
+        tracing::info!(
+            instance = number,
+            "a new epoch sink instance replaced the retired one"
+        );
+        self.instance = Some(instance);
+        Ok(())
+    }
+
     /// Runs `step` of the epoch in progress; on failure, rolls the epoch back (the
     /// failure comes before its decision) and returns the step's error.
     async fn or_rollback<T>(&mut self, step: Result<T>) -> Result<T> {
         if step.is_err()
-            && let Some(epoch) = self.epoch.take()
-            && let Err(err) = self.sink.rollback_epoch(epoch).await
+            && let Some((epoch, _)) = self.epoch.take()
+            && self.instance.is_some()
+            && let Err(err) = bounded!(self, "rollback_epoch", |sink| sink.rollback_epoch(epoch))
         {
             tracing::warn!(epoch, %err, "rolling back a failed epoch failed; recovery removes its staging");
         }
         step
+    }
+
+    /// Flushes the epoch in progress when the sink's interval has passed since it began
+    /// or last flushed: the rows the driver holds go to `write_batch`, then `flush`.
+    async fn flush_if_due(&mut self) -> Result<()> {
+        let Some(interval) = self.instance.as_ref().and_then(|i| i.flush_interval) else {
+            return Ok(());
+        };
+        if self
+            .epoch
+            .is_none_or(|(_, flushed)| flushed.elapsed() < interval)
+        {
+            return Ok(());
+        }
+        for binding in 0..self.builders.len() {
+            self.write_batch(binding).await?;
+        }
+        bounded!(self, "flush", |sink| sink.flush())?;
+        if let Some((_, flushed)) = &mut self.epoch {
+            *flushed = Instant::now();
+        }
+        Ok(())
     }
 }
 
@@ -368,8 +615,8 @@ impl Transactor for EpochTransactor {
 
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {
         let epoch = epoch_of(&prepare.flow_checkpoint)?;
-        self.epoch = Some(epoch);
-        let begun = self.sink.begin_epoch(epoch).await.map_err(sink_error);
+        self.epoch = Some((epoch, Instant::now()));
+        let begun = bounded!(self, "begin_epoch", |sink| sink.begin_epoch(epoch));
         self.or_rollback(begun).await?;
         Ok(flow::DriverCheckpoint {
             driver_checkpoint_json: b"{}".to_vec(),
@@ -378,40 +625,74 @@ impl Transactor for EpochTransactor {
     }
 
     async fn store(&mut self, store: Store) -> Result<()> {
-        let stored = self.push_store(&store).await;
+        let mut stored = self.push_store(&store).await;
+        if stored.is_ok() {
+            stored = self.flush_if_due().await;
+        }
         self.or_rollback(stored).await
     }
 
     async fn commit(&mut self) -> Result<()> {
-        let epoch = self
+        let (epoch, _) = self
             .epoch
             .ok_or_else(|| Error::Malformed("Commit without a Prepare".into()))?;
         for binding in 0..self.builders.len() {
             let written = self.write_batch(binding).await;
             self.or_rollback(written).await?;
         }
-        let pre_committed = self.sink.pre_commit(epoch).await.map_err(sink_error);
+        let pre_committed = bounded!(self, "pre_commit", |sink| sink.pre_commit(epoch));
         let descriptor = self.or_rollback(pre_committed).await?;
         self.epoch = None;
+        self.committed = Some(epoch);
         self.to_apply = descriptor.map(|descriptor| (epoch, descriptor));
         Ok(())
     }
 
+    /// The decision of the epoch committed last is durable now: it is no longer a
+    /// replacement's garbage but its decision, and its descriptor is applied.
     async fn acknowledge(&mut self) -> Result<()> {
+        if let Some(epoch) = self.committed.take() {
+            self.intents.retain(|u| u.epoch > epoch);
+        }
         if let Some((epoch, descriptor)) = self.to_apply.take() {
-            (self.sink.commit_epoch(epoch, &descriptor).await).map_err(sink_error)?;
+            self.last_decided = Some(Decided {
+                epoch,
+                descriptor: descriptor.clone(),
+            });
+            bounded!(self, "commit_epoch", |sink| sink
+                .commit_epoch(epoch, &descriptor))?;
         }
         Ok(())
     }
 
+    /// Closes the instance (bounded; a close past its deadline is dropped, and the
+    /// instance with it), then waits for its background tasks.
     async fn destroy(mut self: Box<Self>) {
-        if let Err(err) = self.sink.close().await {
-            tracing::warn!(%err, "closing the epoch sink failed");
+        let Some(mut instance) = self.instance.take() else {
+            return;
+        };
+        match tokio::time::timeout(instance.deadline, instance.sink.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "closing the epoch sink failed"),
+            Err(_) => {
+                tracing::warn!(deadline = ?instance.deadline, "closing the epoch sink passed its deadline")
+            }
+        }
+        if let Err(err) = instance.retire().await {
+            tracing::error!(%err, "the epoch sink's background work did not end");
         }
     }
 
     async fn artifact_intent(&mut self, txn: u64) -> Result<Option<Value>> {
-        Ok(self.sink.checkpoint_artifact_intent(txn))
+        let intent = self.live()?.sink.checkpoint_artifact_intent(txn);
+        if let Some(intent) = &intent {
+            self.intents.retain(|u| u.epoch != txn);
+            self.intents.push(Undecided {
+                epoch: txn,
+                intent: intent.clone(),
+            });
+        }
+        Ok(intent)
     }
 
     /// The descriptor of epoch `txn`, as the recovery log keeps it: the driver checkpoint
@@ -455,7 +736,8 @@ impl EpochTransactor {
     /// Writes the rows binding `binding`'s batch holds, if any.
     async fn write_batch(&mut self, binding: usize) -> Result<()> {
         if let Some(batch) = self.builders[binding].finish().map_err(sink_error)? {
-            (self.sink.write_batch(binding, &batch).await).map_err(sink_error)?;
+            bounded!(self, "write_batch", |sink| sink
+                .write_batch(binding, &batch))?;
         }
         Ok(())
     }

@@ -8,14 +8,27 @@
 //!
 //! ```text
 //!  runtime                          EpochDriver (Flow driver)        EpochSink
+//!  at start: Open + the log's last descriptor and undecided intents ─▶ build, bind_runtime_context
+//!                                   abort_cleaner()?.clean(undecided) (before the writer opens)
+//!                                   committer()?.commit_epoch(decided)
+//!                                   open, recover (what the handles did not)
 //!  ── Intent(N) + artifact intent ◀── artifact_intent(N) ◀─────────── checkpoint_artifact_intent(N)
 //!     Prepare(N) ─────────────────▶  prepare ────────────────────────▶ begin_epoch(N)
 //!     Store* ─────────────────────▶  store: Arrow batches ───────────▶ write_batch*
+//!                                    every flush_interval, between calls ─▶ flush
 //!     Commit ─────────────────────▶  commit ─────────────────────────▶ pre_commit(N) → descriptor
 //!  ── Commit(N) + descriptor      ◀── decision(N)
 //!     Acknowledge ────────────────▶  acknowledge ────────────────────▶ commit_epoch(N, descriptor)
-//!  at start: Open + the log's last descriptor and undecided intents ─▶ recover (abort cleaner)
+//!  end of the stream ─────────────▶  destroy ────────────────────────▶ close; terminal_task_tracker waited
 //! ```
+//!
+//! Every call from `begin_epoch` to `close` has a deadline, the sink's
+//! [`EpochSink::suggested_write_timeout`]. A call past it is dropped, and the sink's
+//! [`EpochSink::cancellation_policy`] says what follows: a cancel-safe instance is kept
+//! (the epoch rolls back on it), a retire-on-cancel one is never called again: its
+//! background work ([`TaskTracker`]) is awaited, then a new instance is built, bound,
+//! opened and recovered (the epoch in progress is then undecided garbage), and the epoch
+//! fails with a retryable error, so the runtime reopens the loop and replays it.
 //!
 //! What holds:
 //! - An epoch's artifact intent (where its staging goes) is durable in the recovery log
@@ -25,9 +38,13 @@
 //!   it is durable; it may be applied again after a crash, so applying is idempotent.
 //! - `rollback_epoch` runs only when a failure is known to come before the decision
 //!   (before `pre_commit` returned); after it, only recovery decides.
+//! - Calls to one instance come one at a time (a flush never races a write), and two
+//!   instances of one sink never run at once, their background tasks included: an
+//!   instance's tracked tasks have ended before the next instance is built.
 
 pub mod arrow;
 pub mod driver;
+pub mod tasks;
 
 pub use arrow_array::RecordBatch;
 pub use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -35,9 +52,11 @@ pub use driver::{EpochDriver, SinkKind};
 /// An epoch the recovery log holds an intent of but no decision: its staging is garbage.
 pub use sluice_driver_sdk::Undecided;
 pub use sluice_driver_sdk::contract::{Consistency, InputMode, Placement, SinkContract};
+pub use tasks::{TaskGuard, TaskTracker};
 
 use async_trait::async_trait;
 use serde_json::Value;
+use std::time::Duration;
 
 /// The identity a sink's staging is named by: stable across restarts, bound before `open`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,13 +139,52 @@ pub struct Recovery {
     pub decided: Option<Decided>,
     /// Epochs begun and never decided.
     pub undecided: Vec<Undecided>,
+    /// `decided` was applied already, through [`EpochSink::committer`]: adopt what it
+    /// says (what is pending, the generation), do not apply it again.
+    pub decided_applied: bool,
+    /// The staging of `undecided` was removed already, through
+    /// [`EpochSink::abort_cleaner`].
+    pub undecided_cleaned: bool,
+}
+
+/// What a cancelled call leaves of a sink instance (LaminarDB's cancellation policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancellationPolicy {
+    /// Every call's future may be dropped at any await: the instance stays usable (the
+    /// epoch in progress is rolled back on it).
+    CancelSafe,
+    /// A dropped call may leave the instance inconsistent: it is never called again, and
+    /// a new instance is built and recovered in its place.
+    RetireOnCancel,
+}
+
+/// Applies decided descriptors without the writer: usable once the sink's runtime
+/// context is bound, before (or without) `open`, so a decision can be applied by
+/// recovery, or elsewhere (another member after a failover).
+#[async_trait]
+pub trait EpochCommitter: Send + Sync {
+    /// What [`EpochSink::commit_epoch`] does: applies `descriptor` of decided epoch
+    /// `epoch`. Idempotent.
+    async fn commit_epoch(&self, epoch: u64, descriptor: &Value) -> Result<()>;
+}
+
+/// Removes the staging of epochs that never reached their decision, without the
+/// writer: usable once the sink's runtime context is bound, before (or without) `open`.
+#[async_trait]
+pub trait AbortCleaner: Send + Sync {
+    /// Removes what `undecided` staged, where their artifact intents said. Idempotent;
+    /// refuses (`Corrupt`) an intent naming anything this context does not own.
+    async fn clean(&self, undecided: &[Undecided]) -> Result<()>;
 }
 
 /// A sink of LaminarDB's epoch contract. Calls come one at a time, in this order:
-/// `bind_runtime_context`, `open`, `recover`, then per epoch `begin_epoch`,
-/// `write_batch`*, `pre_commit`, and (once the decision is durable) `commit_epoch`;
-/// `close` at the end. `contract`, `keyed_mutation_key`, `resolve_schema` and
-/// `prepare_schema` may run on a sink that is never opened.
+/// `bind_runtime_context`, (`abort_cleaner`, `committer`), `open`, `recover`, then per
+/// epoch `begin_epoch`, `write_batch`* (with `flush` between them on its interval),
+/// `pre_commit`, and (once the decision is durable) `commit_epoch`; `close` at the end.
+/// `contract`, `keyed_mutation_key`, `resolve_schema` and `prepare_schema` may run on a
+/// sink that is never opened. Each call from `begin_epoch` on is bounded by
+/// [`EpochSink::suggested_write_timeout`]; what a call dropped there leaves is the
+/// sink's [`EpochSink::cancellation_policy`].
 #[async_trait]
 pub trait EpochSink: Send + 'static {
     /// Durability, placement and input mode of this configuration. Opens nothing. The
@@ -145,6 +203,57 @@ pub trait EpochSink: Send + 'static {
     /// Binds the identity staging is named by. Before `open`.
     fn bind_runtime_context(&mut self, _context: RuntimeContext) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether the instance survives a call dropped at its deadline. The default,
+    /// retirement, is the conservative one: a sink is cancel-safe only once every await
+    /// of every call was checked to leave it consistent.
+    fn cancellation_policy(&self) -> CancellationPolicy {
+        CancellationPolicy::RetireOnCancel
+    }
+
+    /// The deadline of each call from `begin_epoch` on (`write_batch`, `flush`,
+    /// `pre_commit`, `commit_epoch`, `rollback_epoch`, `close`). One minute by default,
+    /// well inside the runtime's own wait on a driver (`runtime.timeouts.driver`, five
+    /// minutes by default), so the sink's policy, not the runtime's, handles a hang.
+    fn suggested_write_timeout(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+
+    /// How long rows may stay buffered within an epoch: when this long has passed since
+    /// the epoch began or last flushed, the driver hands the sink the rows it holds and
+    /// calls [`EpochSink::flush`], between two calls. `None` (the default): only
+    /// `pre_commit` flushes.
+    fn flush_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Moves what the sink buffers of the epoch in progress on towards its staging
+    /// (bounded work: the thorough part belongs in `pre_commit`). Nothing becomes
+    /// visible. The default has nothing to move.
+    async fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The tracker of every task this instance spawns in the background, if it spawns
+    /// any: the driver waits for them all to end before the instance is dropped or
+    /// replaced. Asked once, right after the instance is built.
+    fn terminal_task_tracker(&self) -> Option<TaskTracker> {
+        None
+    }
+
+    /// A handle applying decided descriptors without the writer (see
+    /// [`EpochCommitter`]). Asked after `bind_runtime_context`; when it is `Some`,
+    /// recovery applies the decided descriptor through it before `open`.
+    fn committer(&self) -> Option<Box<dyn EpochCommitter>> {
+        None
+    }
+
+    /// A handle removing undecided staging without the writer (see [`AbortCleaner`]).
+    /// Asked after `bind_runtime_context`; when it is `Some`, recovery removes the
+    /// undecided epochs' staging through it before `open`.
+    fn abort_cleaner(&self) -> Option<Box<dyn AbortCleaner>> {
+        None
     }
 
     /// Read-only: what `prepare_schema` would change for these bindings.
@@ -168,8 +277,9 @@ pub trait EpochSink: Send + 'static {
     /// Connects, ready to write `bindings` (whose schemas were prepared).
     async fn open(&mut self, bindings: &[SinkBinding]) -> Result<()>;
 
-    /// The abort cleaner: removes the staging of `recovery.undecided` (and of any
-    /// attempt of this context it finds orphaned), and re-applies `recovery.decided`.
+    /// After `open`: removes the staging of `recovery.undecided` unless the abort
+    /// cleaner did, re-applies `recovery.decided` unless the committer did (either way
+    /// adopting what it says), and removes what this context left orphaned.
     async fn recover(&mut self, recovery: &Recovery) -> Result<()>;
 
     /// Where epoch `epoch`'s artifacts will go: bounded, no credentials, naming only

@@ -32,6 +32,12 @@
 //!   carries everything needed, and `hash` is the [`StepHasher`] hash of the step's raw
 //!   records, checked on replay (exactly-once).
 //!
+//! A run of steps can form one *unit* (Feldera's source-driven transaction): a source
+//! that knows its input's own transactions (a CDC transaction too large for one step)
+//! marks every step but the unit's last with [`Step::unit_continues`], and the runtime
+//! commits the unit whole, never splitting it across two of its transactions, past its
+//! size bounds if need be.
+//!
 //! Invariants every source keeps:
 //! - After `seek(p)` with `p` the position of a step's `Resume`, the next `queue`
 //!   returns exactly the records that followed that step; a source that can no longer
@@ -62,8 +68,9 @@
 //! - [`config`]: parsing a kind's configuration (errors that name their place, byte
 //!   sizes, relative paths).
 //! - [`kind`]: what a registered source kind provides.
-//! - [`health`]: how a source that retries inside a call tells the runtime so (a client
-//!   backing off from a broker it cannot reach), for the status page.
+//! - [`health`]: a part's health (healthy, unhealthy, fatal) and how a source tells it
+//!   (a client backing off from a broker it cannot reach), for the status page and the
+//!   metrics.
 //! - [`intake`]: the check of a document against the collection a source feeds, for a
 //!   source that refuses bad documents where they come in (a push source).
 //! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
@@ -85,7 +92,7 @@ pub mod step;
 pub mod testing;
 
 pub use config::InvalidConfig;
-pub use health::{Connection, Health};
+pub use health::{Connection, Health, HealthState};
 pub use intake::Intake;
 pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch};
@@ -303,8 +310,76 @@ pub trait Source: Send {
     fn retained(&self) -> Option<u64> {
         None
     }
+    /// Bytes of memory the source holds (after Feldera's `memory()`): its read-ahead
+    /// buffer, a client's own buffers if it knows them. Sampled with [`lag`](Source::lag)
+    /// (at most once a second), for `sluice_source_memory_bytes` and the status page's
+    /// "where memory goes". By default the bytes it has read ahead ([`queued`](Source::queued)):
+    /// a source that buffers more than that says so ([`Prefetch::memory`]).
+    fn memory(&self) -> u64 {
+        self.queued().bytes
+    }
+    /// The source's own metrics (a broker's lag per partition, messages a consumer has
+    /// pending), sampled with [`memory`](Source::memory) and exported as
+    /// `sluice_source_custom{name, …}` (gauges) and `sluice_source_custom_counter_total{name, …}`
+    /// (counters), labelled with the source; none by default. Names and label keys are
+    /// snake_case and fixed in code; a label's values must stay few (partitions, not
+    /// keys).
+    fn metrics(&self) -> Vec<Metric> {
+        Vec::new()
+    }
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
+}
+
+/// One of a source's own metrics ([`Source::metrics`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metric {
+    /// Its name, snake_case, without a unit suffix the kind adds (`_total`):
+    /// `partition_lag_messages`, `buffered_bytes`.
+    pub name: &'static str,
+    /// What it measures, shown on the status page.
+    pub help: &'static str,
+    pub kind: MetricKind,
+    /// Labels beside the source's (`partition`), each key snake_case.
+    pub labels: Vec<(&'static str, String)>,
+    pub value: u64,
+}
+
+/// How a [`Metric`]'s value behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricKind {
+    /// Goes up and down: a lag, a buffer's size.
+    Gauge,
+    /// Only grows, for the life of the source instance: messages received, reconnects.
+    Counter,
+}
+
+impl Metric {
+    /// A gauge of `value`, without labels.
+    pub fn gauge(name: &'static str, help: &'static str, value: u64) -> Metric {
+        Metric {
+            name,
+            help,
+            kind: MetricKind::Gauge,
+            labels: Vec::new(),
+            value,
+        }
+    }
+
+    /// A counter at `value`, without labels.
+    pub fn counter(name: &'static str, help: &'static str, value: u64) -> Metric {
+        Metric {
+            kind: MetricKind::Counter,
+            ..Metric::gauge(name, help, value)
+        }
+    }
+
+    /// With the label `key` = `value` too.
+    pub fn label(mut self, key: &'static str, value: impl ToString) -> Metric {
+        self.labels.push((key, value.to_string()));
+        self
+    }
 }
 
 /// How far a source is behind its input, in the unit the input counts in

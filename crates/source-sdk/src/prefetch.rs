@@ -136,6 +136,15 @@ impl<T: Send + 'static> Prefetch<T> {
         }
     }
 
+    /// Bytes of memory the buffer holds: the items' sizes as fetched, plus the queue's
+    /// own slots (its capacity, which stays at its high-water mark). What a source
+    /// reading through a prefetch answers for [`Source::memory`](crate::Source::memory).
+    pub fn memory(&self) -> u64 {
+        let buffer = self.shared.buffer.lock().expect("the prefetch buffer");
+        let slots = buffer.items.capacity() * std::mem::size_of::<(T, u64)>();
+        buffer.bytes + slots as u64
+    }
+
     /// Returns once something is buffered or the fetch failed (at once if so already).
     pub async fn ready(&self) {
         loop {
@@ -218,6 +227,11 @@ mod tests {
                 records: 3,
                 bytes: 30
             }
+        );
+        let memory = prefetch.memory();
+        assert!(
+            memory >= 30 + 3 * 16,
+            "the items' bytes and their slots: {memory}"
         );
         let two = QueueLimits {
             max_records: 2,

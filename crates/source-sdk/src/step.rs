@@ -72,6 +72,17 @@ pub struct Step {
     /// that WAL. `false` for every other step: a step with neither records nor errors
     /// is dropped, and its position is not checkpointed.
     pub advances: bool,
+    /// The step ends inside a *unit* of the source's input that the source's next
+    /// step(s) continue: an upstream transaction too large for one step. The runtime
+    /// commits a unit whole or not at all: no transaction ends after this step, past
+    /// `max_docs` and `max_bytes` if need be (it then reads on from this source only,
+    /// its combiners spilling to disk), and a stop waits for the unit's last step (the
+    /// first with `false`). Each step of a unit keeps its own `resume`, so an
+    /// interrupted transaction replays the whole unit; a crash before its intent reads
+    /// it again whole from the last checkpoint, which never lies inside a unit. A source
+    /// must not end its input (`end_of_input`) inside a unit. `false` for every step
+    /// that is whole by itself, as most are.
+    pub unit_continues: bool,
     pub resume: Resume,
 }
 

@@ -1,6 +1,7 @@
 //! What the tests of every source share (feature `testing`): queue limits, reading a
 //! step's records back as documents or texts, and [`Scripted`], a source whose steps
-//! resume as a script says (the runtime's tests of `Seek` and `Barrier` steps).
+//! resume as a script says (the runtime's tests of `Seek` and `Barrier` steps, and of
+//! units that span steps).
 
 use crate::{
     FaultTolerance, QueueLimits, Queued, RecordDoc, Records, Resume, Source, SourceError, Step,
@@ -66,10 +67,15 @@ pub enum Script {
     /// Of every `n` steps with records, all but the last are `Barrier`s: no position to
     /// resume from; the last is a `Seek`.
     BarrierEvery(usize),
+    /// Resumes as the inner source's do (replayed by it), and every `n` steps with
+    /// records form one unit: all but the last say the unit continues
+    /// ([`Step::unit_continues`]).
+    UnitsOf(usize),
 }
 
 /// A source read through another (`inner`, which resumes by position), its steps'
-/// resumes rewritten by `script`: what a source that cannot replay hands the runtime.
+/// resumes rewritten by `script`: what a source that cannot replay hands the runtime,
+/// or one that groups its steps into units.
 pub struct Scripted {
     inner: Box<dyn Source>,
     script: Script,
@@ -94,16 +100,22 @@ impl Source for Scripted {
     }
 
     fn fault_tolerance(&self) -> FaultTolerance {
-        FaultTolerance::AtLeastOnce
+        match self.script {
+            Script::UnitsOf(_) => self.inner.fault_tolerance(),
+            Script::Seek | Script::BarrierEvery(_) => FaultTolerance::AtLeastOnce,
+        }
     }
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
         self.inner.seek(position).await
     }
 
-    /// Never asked by a runtime that keeps the contract: no step of this source is a
-    /// `Replay`.
-    async fn replay(&mut self, step: &Resume, _out: &mut Records) -> Result<Step, SourceError> {
+    /// The inner source's replay for units; never asked otherwise by a runtime that
+    /// keeps the contract: no step of this source is a `Replay`.
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
+        if let Script::UnitsOf(_) = self.script {
+            return self.inner.replay(step, out).await;
+        }
         Err(SourceError::BadResume {
             name: self.inner.name().to_string(),
             action: "replay",
@@ -118,6 +130,11 @@ impl Source for Scripted {
             return Ok(step);
         }
         self.steps += 1;
+        if let Script::UnitsOf(n) = self.script {
+            // A source never ends its input inside a unit: the last step ends it.
+            step.unit_continues = !step.end_of_input && !self.steps.is_multiple_of(n);
+            return Ok(step);
+        }
         let position = step.resume.position().cloned();
         step.resume = match (self.script, position) {
             (Script::BarrierEvery(n), _) if !self.steps.is_multiple_of(n) => Resume::Barrier,

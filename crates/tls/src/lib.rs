@@ -4,14 +4,16 @@
 //!
 //! ```text
 //!  ServerTls {certificate, key, client_ca?}  ─ acceptor(place) ─▶ TlsAcceptor   (listeners)
-//!  ClientTls {ca, certificate?, key?}        ─ connector(place) ─▶ TlsConnector (clients)
+//!  ClientTls {ca?, certificate?, key?}       ─ connector(place) ─▶ TlsConnector (clients)
 //!  TcpListener + TlsAcceptor ─ TlsListener::new ─▶ an axum listener serving HTTPS
 //! ```
 //!
 //! Every file is PEM, and every error names the option that holds it (`tls.client_ca`),
 //! the file, and what is wrong with it. A certificate that does not chain to the trusted
 //! CAs fails naming its issuer (`issued by CN=…, not by a CA of …`), on both sides: the
-//! usual mistake is a certificate signed by another CA than the one configured.
+//! usual mistake is a certificate signed by another CA than the one configured. A
+//! client with no `ca` trusts the operating system's roots (`rustls-native-certs`: on
+//! Linux the files `openssl-probe` finds, such as `/etc/ssl/certs`, read without OpenSSL).
 
 mod der;
 pub mod libpq;
@@ -102,9 +104,11 @@ impl ServerTls {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClientTls {
-    /// The CAs the server's certificate must chain to, a PEM file. The certificate
-    /// must also name the host connected to.
-    pub ca: PathBuf,
+    /// The CAs the server's certificate must chain to, a PEM file; when unset, the
+    /// operating system's trusted roots. The certificate must also name the host
+    /// connected to.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
     /// A client certificate to present (mutual TLS), a PEM file; needs `key`.
     #[serde(default)]
     pub certificate: Option<PathBuf>,
@@ -116,8 +120,8 @@ pub struct ClientTls {
 impl ClientTls {
     /// Makes relative paths relative to `base_dir` (the pipeline file's folder).
     pub fn resolve(&mut self, base_dir: &Path) {
-        resolve_path(&mut self.ca, base_dir);
-        for path in [&mut self.certificate, &mut self.key].into_iter().flatten() {
+        let paths = [&mut self.ca, &mut self.certificate, &mut self.key];
+        for path in paths.into_iter().flatten() {
             resolve_path(path, base_dir);
         }
     }
@@ -132,19 +136,17 @@ impl ClientTls {
     pub fn client_config(&self, place: &str) -> Result<Arc<rustls::ClientConfig>, InvalidConfig> {
         let provider = provider();
         let option = format!("{place}.ca");
-        let roots = Arc::new(roots(&option, &self.ca)?);
-        let webpki =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                .build()
-                .map_err(|e| InvalidConfig::new(&option, e.to_string()))?;
+        let (roots, trusted) = match &self.ca {
+            Some(path) => (roots(&option, path)?, describe_file(&option, path)),
+            None => (native_roots(&option)?, SYSTEM_ROOTS.to_string()),
+        };
+        let verifier = naming_server_verifier(roots, provider.clone(), trusted)
+            .map_err(|e| InvalidConfig::new(&option, e.to_string()))?;
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| InvalidConfig::new(place, e.to_string()))?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NamingServerVerifier {
-                inner: webpki,
-                trusted: describe_file(&option, &self.ca),
-            }));
+            .with_custom_certificate_verifier(verifier);
         let config = match (&self.certificate, &self.key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(certificate), Some(key)) => {
@@ -287,6 +289,57 @@ fn roots(option: &str, path: &Path) -> Result<RootCertStore, InvalidConfig> {
     Ok(roots)
 }
 
+/// The trusted roots of a client with no `ca`, as messages name them.
+const SYSTEM_ROOTS: &str = "the operating system's trusted roots";
+
+/// The operating system's trusted roots (a client's `option`, unset): an error naming
+/// `option` when none can be loaded, as on a machine with no CA bundle installed.
+fn native_roots(option: &str) -> Result<RootCertStore, InvalidConfig> {
+    system_roots(option, rustls_native_certs::load_native_certs())
+}
+
+/// The roots of what the operating system's store gave (`found`), or the error of
+/// [`native_roots`] when none is usable.
+fn system_roots(
+    option: &str,
+    found: rustls_native_certs::CertificateResult,
+) -> Result<RootCertStore, InvalidConfig> {
+    let mut roots = RootCertStore::empty();
+    let (_, unusable) = roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        let errors: Vec<String> = (found.errors.iter()).map(ToString::to_string).collect();
+        let why = match (errors.is_empty(), unusable) {
+            (true, 0) => "none was found".to_string(),
+            (true, _) => format!("none of the {unusable} found is usable"),
+            (false, _) => errors.join("; "),
+        };
+        return Err(InvalidConfig::new(
+            option,
+            format!(
+                "unset, so the operating system's trusted roots are used, but none could \
+                 be loaded ({why}): set {option} to a PEM file of the CAs to trust, or \
+                 install the system's CA certificates (SSL_CERT_FILE or SSL_CERT_DIR name \
+                 other places)"
+            ),
+        ));
+    }
+    Ok(roots)
+}
+
+/// webpki's server check of the chain up to `roots` and the server's name, an unknown
+/// issuer said with the issuer's name and `trusted` (what `roots` are, as messages
+/// name them). Fails only when `roots` is empty.
+fn naming_server_verifier(
+    roots: RootCertStore,
+    provider: Arc<CryptoProvider>,
+    trusted: String,
+) -> Result<Arc<NamingServerVerifier>, rustls::client::VerifierBuilderError> {
+    let inner =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()?;
+    Ok(Arc::new(NamingServerVerifier { inner, trusted }))
+}
+
 /// An unknown issuer, said with the issuer's name and the file it is not in.
 fn unknown_issuer(
     error: rustls::Error,
@@ -398,4 +451,36 @@ impl ServerCertVerifier for NamingServerVerifier {
     }
 
     signatures_of_inner!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_without_a_ca_file_trusts_the_operating_systems_roots() {
+        let roots = native_roots("tls.ca").expect("this machine's CA bundle (/etc/ssl/certs)");
+        assert!(!roots.is_empty());
+        let tls = ClientTls {
+            ca: None,
+            certificate: None,
+            key: None,
+        };
+        tls.client_config("tls").unwrap();
+        let parsed: ClientTls = serde_json::from_str("{}").unwrap();
+        assert_eq!(parsed, tls);
+    }
+
+    #[test]
+    fn no_system_roots_at_all_is_an_error_naming_the_option() {
+        let empty = rustls_native_certs::CertificateResult::default();
+        let err = system_roots("sinks.redis.tls.ca", empty).unwrap_err();
+        assert_eq!(err.place, "sinks.redis.tls.ca");
+        assert!(
+            err.message
+                .contains("none could be loaded (none was found)")
+                && err.message.contains("set sinks.redis.tls.ca to a PEM file"),
+            "{err}"
+        );
+    }
 }

@@ -15,11 +15,12 @@
 //! `sslrootcert` is a PEM file of CA certificates, or `system` for the Mozilla roots
 //! bundled with the binary (`webpki-roots`; as libpq 16, only with `verify-full`).
 //! `verify-ca` and `verify-full` need it: libpq's fallback `~/.postgresql/root.crt` is
-//! not read. Only `verify-full` is rustls' own check; the verifier of `require` and
-//! `verify-ca`, which checks less, is [`LaxVerifier`].
+//! not read. `verify-full` is rustls' own check; the verifier of `require` and
+//! `verify-ca`, which checks less, is [`LaxVerifier`]. Either names the issuer of a
+//! certificate another CA signed, as every TLS connection's errors do
+//! (`issued by CN=…, not by a CA of sslrootcert (/etc/ca.pem)`).
 
-use crate::provider;
-use rustls::client::WebPkiServerVerifier;
+use crate::{NamingServerVerifier, naming_server_verifier, provider};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -139,6 +140,19 @@ pub enum RootCert {
     System,
 }
 
+impl RootCert {
+    /// These roots as a certificate's unknown issuer names them: `sslrootcert
+    /// (/etc/ca.pem)`, `sslrootcert=system (the Mozilla roots bundled with sluice)`.
+    pub fn describe(&self) -> String {
+        match self {
+            RootCert::File(path) => crate::describe_file("sslrootcert", path),
+            RootCert::System => {
+                "sslrootcert=system (the Mozilla roots bundled with sluice)".to_string()
+            }
+        }
+    }
+}
+
 /// The TLS options of a PostgreSQL URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SslOptions {
@@ -213,6 +227,7 @@ impl SslOptions {
     /// The rustls configuration of these options, the CA file read now (place `url`).
     pub fn client_config(&self) -> Result<ClientConfig, InvalidConfig> {
         let check = self.check();
+        let trusted = (self.root_cert.as_ref()).map_or_else(String::new, RootCert::describe);
         let roots = match (&self.root_cert, check) {
             (None, _) | (_, Check::Nothing) => RootCertStore::empty(),
             (Some(RootCert::System), _) => system_roots(),
@@ -221,7 +236,7 @@ impl SslOptions {
                 InvalidConfig::new("url", message)
             })?,
         };
-        client_config(check, roots).map_err(|e| InvalidConfig::new("url", e.to_string()))
+        client_config(check, roots, &trusted).map_err(|e| InvalidConfig::new("url", e.to_string()))
     }
 }
 
@@ -261,21 +276,27 @@ pub fn system_roots() -> RootCertStore {
 }
 
 /// The client configuration that checks what `check` says against `roots`: rustls'
-/// own verifier for [`Check::ChainAndHost`], [`LaxVerifier`] for less.
-pub fn client_config(check: Check, roots: RootCertStore) -> Result<ClientConfig, rustls::Error> {
+/// own verifier for [`Check::ChainAndHost`], [`LaxVerifier`] for less. A certificate
+/// another CA signed fails naming its issuer and `trusted`, what `roots` are
+/// ([`RootCert::describe`]).
+pub fn client_config(
+    check: Check,
+    roots: RootCertStore,
+    trusted: &str,
+) -> Result<ClientConfig, rustls::Error> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
+    let chain = || {
+        naming_server_verifier(roots, provider.clone(), trusted.to_string())
+            .map_err(|err| rustls::Error::General(err.to_string()))
+    };
     let config = match check {
-        Check::ChainAndHost => builder.with_root_certificates(roots),
+        Check::ChainAndHost => builder
+            .dangerous()
+            .with_custom_certificate_verifier(chain()?),
         Check::Chain | Check::Nothing => {
-            let chain = (check == Check::Chain)
-                .then(|| {
-                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                        .build()
-                })
-                .transpose()
-                .map_err(|err| rustls::Error::General(err.to_string()))?;
+            let chain = (check == Check::Chain).then(chain).transpose()?;
             let verifier = LaxVerifier {
                 chain,
                 algorithms: provider.signature_verification_algorithms,
@@ -293,7 +314,7 @@ pub fn client_config(check: Check, roots: RootCertStore) -> Result<ClientConfig,
 /// peer holds the key of the certificate it presented.
 #[derive(Debug)]
 struct LaxVerifier {
-    chain: Option<Arc<WebPkiServerVerifier>>,
+    chain: Option<Arc<NamingServerVerifier>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 

@@ -8,10 +8,22 @@
 //!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.generation = G, sluice.txn = N,
 //!                     skipped where an ancestor of generation G has txn >= N
 //!                     else: d's epochs stay staged, decided, until a due epoch or close
-//!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor;
+//!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor
+//!                     (each unless the handles below did it before `open`);
 //!                     remove every file under our attempt prefix, above the table's last
 //!                     epoch of ours, that no snapshot and no decided epoch holds
 //! ```
+//!
+//! The commit and the cleanup need no writer: [`IcebergCommitter`] applies a decided
+//! descriptor and [`IcebergCleaner`] removes undecided staging from the configuration
+//! and the runtime context alone (the catalog is opened on first use), so recovery runs
+//! them before the writer opens, and they could run anywhere the warehouse is.
+//!
+//! Lifecycle: retired after a cancelled call (the default policy: the writers' tasks
+//! and the pending state are not audited for a dropped call), every writer task on the
+//! sink's [`TaskTracker`], each call bounded by [`WRITE_TIMEOUT`]. No `flush` of its
+//! own: a batch goes to its writer's task as soon as it is written, and the driver's
+//! interval flush (none asked) would only hand over what the driver holds.
 //!
 //! The generation G is the recovery log's: taken from the decided descriptor at
 //! `recover`, minted when the log has none (a new log, or one started over after a
@@ -49,14 +61,22 @@ use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
 use serde_json::{Value, json};
 use sluice_sink_sdk::{
-    Consistency, EpochSink, InputMode, Placement, Recovery, Result, RuntimeContext, SchemaPlan,
-    SinkBinding, SinkContract, SinkError, WriteResult,
+    AbortCleaner, Consistency, EpochCommitter, EpochSink, InputMode, Placement, Recovery, Result,
+    RuntimeContext, SchemaPlan, SinkBinding, SinkContract, SinkError, TaskTracker, Undecided,
+    WriteResult,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The folder under a table's data location that holds this sink's staging.
 pub const STAGING_DIR: &str = "_sluice";
+
+/// The deadline of each call: two minutes. The slowest healthy call is `pre_commit`
+/// closing an epoch's files (the last row group of each, up to the target size, encoded
+/// and fsynced) or `commit_epoch` retrying a contended catalog swap a few times: seconds
+/// each; the runtime's own wait on the driver (five minutes by default) stays longer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One binding's table, once open.
 struct Bound {
@@ -96,6 +116,8 @@ pub struct IcebergSink {
     nonce: String,
     /// The recovery log's generation, known from `recover` on.
     generation: Option<Generation>,
+    /// Every staging writer's task.
+    tasks: TaskTracker,
 }
 
 impl IcebergSink {
@@ -114,12 +136,12 @@ impl IcebergSink {
             pending: Vec::new(),
             nonce: format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
             generation: None,
+            tasks: TaskTracker::new(),
         })
     }
 
     fn namespace(&self) -> Result<NamespaceIdent> {
-        NamespaceIdent::from_strs(self.config.namespace.split('.'))
-            .map_err(|e| SinkError::Config(format!("namespace: {e}")))
+        namespace(&self.config)
     }
 
     async fn catalog(&mut self) -> Result<SqlCatalog> {
@@ -149,20 +171,8 @@ impl IcebergSink {
         })
     }
 
-    /// `<deployment>-<sink>-<participant>`, with anything but `[A-Za-z0-9_.-]` as `_`.
     fn attempt(&self) -> Result<String> {
-        let c = self.context()?;
-        let raw = format!("{}-{}-{}", c.deployment_id, c.sink_id, c.participant_id);
-        Ok(raw
-            .chars()
-            .map(|ch| {
-                if ch.is_ascii_alphanumeric() || "_.-".contains(ch) {
-                    ch
-                } else {
-                    '_'
-                }
-            })
-            .collect())
+        Ok(attempt(self.context()?))
     }
 
     fn generation(&self) -> Result<&Generation> {
@@ -287,24 +297,8 @@ impl IcebergSink {
         let catalog = self.catalog.clone().expect("open");
         let owner = self.owner()?;
         let generation = self.generation()?.clone();
-        let tables: Vec<String> = {
-            let mut t: Vec<String> = self
-                .pending
-                .iter()
-                .flat_map(|e| e.files.iter().map(|f| f.table.clone()))
-                .collect();
-            t.sort();
-            t.dedup();
-            t
-        };
         let ns = self.namespace()?;
-        for table in tables {
-            let ident = TableIdent::new(ns.clone(), table);
-            let added =
-                commit::commit_table(&catalog, &ident, &owner, &generation, txn, &self.pending)
-                    .await?;
-            tracing::debug!(table = %ident, txn, added, "Iceberg commit");
-        }
+        commit_epochs(&catalog, &ns, &owner, &generation, txn, &self.pending).await?;
         self.pending.clear();
         Ok(())
     }
@@ -378,7 +372,6 @@ impl IcebergSink {
     /// Removes a staging prefix an intent named, after checking it is ours.
     async fn remove_prefix(&mut self, prefix: &str) -> Result<()> {
         let attempt = self.attempt()?;
-        let marker = format!("/data/{STAGING_DIR}/{attempt}/");
         let warehouse = self.catalog.as_ref().expect("open").warehouse();
         // Ours: under a bound table's attempt prefix, or (a table since unbound) under
         // the warehouse with our attempt's folder in it.
@@ -386,21 +379,182 @@ impl IcebergSink {
             .tables
             .iter()
             .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
-        let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
-        if !(of_bound || in_warehouse) || prefix.contains("/../") {
+        remove_staging(warehouse, &attempt, of_bound, prefix)
+    }
+}
+
+/// The configured namespace.
+fn namespace(config: &EndpointConfig) -> Result<NamespaceIdent> {
+    NamespaceIdent::from_strs(config.namespace.split('.'))
+        .map_err(|e| SinkError::Config(format!("namespace: {e}")))
+}
+
+/// `<deployment>-<sink>-<participant>`, with anything but `[A-Za-z0-9_.-]` as `_`.
+fn attempt(c: &RuntimeContext) -> String {
+    let raw = format!("{}-{}-{}", c.deployment_id, c.sink_id, c.participant_id);
+    raw.chars()
+        .map(|ch| {
+            if ch.is_ascii_alphanumeric() || "_.-".contains(ch) {
+                ch
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn owner(c: &RuntimeContext) -> Owner {
+    Owner {
+        deployment: c.deployment_id.clone(),
+        materialization: c.sink_id.clone(),
+    }
+}
+
+/// Commits `pending`'s files to each table they name as transaction `txn` of
+/// `generation`, exactly once per table ([`commit::commit_table`]).
+async fn commit_epochs(
+    catalog: &SqlCatalog,
+    ns: &NamespaceIdent,
+    owner: &Owner,
+    generation: &Generation,
+    txn: u64,
+    pending: &[EpochFiles],
+) -> Result<()> {
+    let mut tables: Vec<&str> = pending
+        .iter()
+        .flat_map(|e| e.files.iter().map(|f| f.table.as_str()))
+        .collect();
+    tables.sort();
+    tables.dedup();
+    for table in tables {
+        let ident = TableIdent::new(ns.clone(), table.to_string());
+        let added = commit::commit_table(catalog, &ident, owner, generation, txn, pending).await?;
+        tracing::debug!(table = %ident, txn, added, "Iceberg commit");
+    }
+    Ok(())
+}
+
+/// Removes staging prefix `prefix` an artifact intent named, once it is known ours:
+/// `of_bound` (under a bound table's attempt prefix), or under `warehouse` with
+/// `attempt`'s staging folder in it. Anything else is refused: the intent is damaged.
+fn remove_staging(warehouse: &str, attempt: &str, of_bound: bool, prefix: &str) -> Result<()> {
+    let marker = format!("/data/{STAGING_DIR}/{attempt}/");
+    let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
+    if !(of_bound || in_warehouse) || prefix.contains("/../") {
+        return Err(SinkError::Corrupt(format!(
+            "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
+        )));
+    }
+    let dir = local_path(prefix);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SinkError::External(format!(
+            "cannot remove {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+/// The prefixes an undecided epoch's artifact intent names.
+fn intent_prefixes(undecided: &Undecided) -> Result<Vec<&str>> {
+    let prefixes = (undecided.intent.get("prefixes"))
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            SinkError::Corrupt(format!(
+                "the artifact intent of epoch {} has no prefixes: {}",
+                undecided.epoch, undecided.intent
+            ))
+        })?;
+    prefixes
+        .iter()
+        .map(|p| {
+            p.as_str().ok_or_else(|| {
+                SinkError::Corrupt(format!("artifact intent prefix {p} is not a string"))
+            })
+        })
+        .collect()
+}
+
+/// What the writerless handles share: the configuration, the context, and the catalog,
+/// opened on first use.
+struct Detached {
+    config: EndpointConfig,
+    context: RuntimeContext,
+    catalog: tokio::sync::OnceCell<SqlCatalog>,
+}
+
+impl Detached {
+    fn of(sink: &IcebergSink) -> Option<Arc<Detached>> {
+        Some(Arc::new(Detached {
+            config: sink.config.clone(),
+            context: sink.context.clone()?,
+            catalog: tokio::sync::OnceCell::new(),
+        }))
+    }
+
+    async fn catalog(&self) -> Result<&SqlCatalog> {
+        self.catalog
+            .get_or_try_init(|| async {
+                SqlCatalog::connect(&self.config.catalog_location(), &self.config.warehouse)
+                    .await
+                    .map_err(|e| {
+                        SinkError::External(format!("cannot open the Iceberg catalog: {e}"))
+                    })
+            })
+            .await
+    }
+}
+
+/// Applies a decided descriptor without the writer: what [`IcebergSink::commit_epoch`]
+/// does to the tables, from the configuration and the runtime context alone.
+pub struct IcebergCommitter(Arc<Detached>);
+
+#[async_trait]
+impl EpochCommitter for IcebergCommitter {
+    async fn commit_epoch(&self, epoch: u64, descriptor: &Value) -> Result<()> {
+        let owner = owner(&self.0.context);
+        let d = Descriptor::parse(descriptor, &owner)?;
+        if d.epoch != epoch {
             return Err(SinkError::Corrupt(format!(
-                "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
+                "commit_epoch({epoch}) was handed the descriptor of epoch {}",
+                d.epoch
             )));
         }
-        let dir = local_path(prefix);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(SinkError::External(format!(
-                "cannot remove {}: {e}",
-                dir.display()
-            ))),
+        if !d.commit {
+            // Decided, not due: its epochs stay staged until a due epoch lists them.
+            return Ok(());
         }
+        // A descriptor before generations: its snapshots are this log's, as `recover`
+        // takes them.
+        let generation = d
+            .generation
+            .clone()
+            .unwrap_or_else(|| Generation::mint(true));
+        let catalog = self.0.catalog().await?;
+        let ns = namespace(&self.0.config)?;
+        commit_epochs(catalog, &ns, &owner, &generation, epoch, &d.epochs).await
+    }
+}
+
+/// Removes undecided staging without the writer: the prefixes each intent names, once
+/// each is known to be this context's staging in the warehouse.
+pub struct IcebergCleaner(Arc<Detached>);
+
+#[async_trait]
+impl AbortCleaner for IcebergCleaner {
+    async fn clean(&self, undecided: &[Undecided]) -> Result<()> {
+        if undecided.is_empty() {
+            return Ok(());
+        }
+        let warehouse = self.0.catalog().await?.warehouse();
+        let attempt = attempt(&self.0.context);
+        for u in undecided {
+            for prefix in intent_prefixes(u)? {
+                remove_staging(warehouse, &attempt, false, prefix)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -446,6 +600,22 @@ impl EpochSink for IcebergSink {
     fn bind_runtime_context(&mut self, context: RuntimeContext) -> Result<()> {
         self.context = Some(context);
         Ok(())
+    }
+
+    fn suggested_write_timeout(&self) -> Duration {
+        WRITE_TIMEOUT
+    }
+
+    fn terminal_task_tracker(&self) -> Option<TaskTracker> {
+        Some(self.tasks.clone())
+    }
+
+    fn committer(&self) -> Option<Box<dyn EpochCommitter>> {
+        Detached::of(self).map(|d| Box::new(IcebergCommitter(d)) as Box<dyn EpochCommitter>)
+    }
+
+    fn abort_cleaner(&self) -> Option<Box<dyn AbortCleaner>> {
+        Detached::of(self).map(|d| Box::new(IcebergCleaner(d)) as Box<dyn AbortCleaner>)
     }
 
     async fn resolve_schema(&mut self, bindings: &[SinkBinding]) -> Result<SchemaPlan> {
@@ -575,22 +745,11 @@ impl EpochSink for IcebergSink {
     }
 
     async fn recover(&mut self, recovery: &Recovery) -> Result<()> {
-        for undecided in &recovery.undecided {
-            let prefixes = undecided
-                .intent
-                .get("prefixes")
-                .and_then(Value::as_array)
-                .ok_or_else(|| {
-                    SinkError::Corrupt(format!(
-                        "the artifact intent of epoch {} has no prefixes: {}",
-                        undecided.epoch, undecided.intent
-                    ))
-                })?;
-            for p in prefixes {
-                let p = p.as_str().ok_or_else(|| {
-                    SinkError::Corrupt(format!("artifact intent prefix {p} is not a string"))
-                })?;
-                self.remove_prefix(p).await?;
+        if !recovery.undecided_cleaned {
+            for undecided in &recovery.undecided {
+                for p in intent_prefixes(undecided)? {
+                    self.remove_prefix(p).await?;
+                }
             }
         }
         let decided = match &recovery.decided {
@@ -613,7 +772,12 @@ impl EpochSink for IcebergSink {
         if let Some(d) = decided {
             self.pending = d.epochs;
             if d.commit {
-                self.commit_pending(d.epoch).await?;
+                if recovery.decided_applied {
+                    // The committer put them in the tables already.
+                    self.pending.clear();
+                } else {
+                    self.commit_pending(d.epoch).await?;
+                }
             }
         }
         self.sweep_orphans().await
@@ -655,7 +819,7 @@ impl EpochSink for IcebergSink {
             .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
         let out = table_batch(&bound.arrow, &bound.ident.to_string(), batch, epoch)?;
         if writers[binding].is_none() {
-            let w = Staging::start(self.writer_spec(binding, epoch)?).await?;
+            let w = Staging::start(self.writer_spec(binding, epoch)?, &self.tasks).await?;
             let Epoch::Staging { writers, .. } = &mut self.epoch else {
                 unreachable!()
             };

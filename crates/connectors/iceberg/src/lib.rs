@@ -30,7 +30,7 @@ mod staging;
 
 pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
-pub use driver::{IcebergSink, STAGING_DIR};
+pub use driver::{IcebergCleaner, IcebergCommitter, IcebergSink, STAGING_DIR, WRITE_TIMEOUT};
 pub use read::{open_catalog, orphan_data_files, orphan_files, read_rows, referenced_files};
 
 use serde_json::Value;

@@ -5,6 +5,11 @@
 //!
 //! The walks and removals are synchronous `std::fs` calls on the caller's worker, as
 //! iceberg's own local storage is: they touch one table's staging folder.
+//!
+//! Each writer's task is spawned on the sink's [`TaskTracker`], and a [`Staging`]
+//! dropped unclosed (its sink retired mid-call) aborts it: the driver awaits the tracker
+//! before the next instance of the sink starts, so no writer of a retired instance writes
+//! into staging the next one is cleaning.
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, new_null_array};
 use arrow_schema::SchemaRef;
@@ -19,7 +24,7 @@ use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_sink_sdk::arrow::OP_COLUMN;
-use sluice_sink_sdk::{Result, SinkError};
+use sluice_sink_sdk::{Result, SinkError, TaskTracker};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -41,20 +46,31 @@ pub(crate) struct WriterSpec {
 /// A binding's Parquet writer of one epoch, on a task of its own: [`Staging::write`]
 /// queues a batch and returns at once unless one already waits, so the sink builds the
 /// next batch while this one is encoded and written (at most one batch queued, one
-/// being written). [`Staging::close`] returns the staged files, or the first failure.
+/// being written). [`Staging::close`] returns the staged files, or the first failure;
+/// dropped otherwise, it aborts its task.
 pub(crate) struct Staging {
-    batches: mpsc::Sender<RecordBatch>,
-    /// `None` once a failed write has taken its error.
+    /// `None` once closed or abandoned.
+    batches: Option<mpsc::Sender<RecordBatch>>,
+    /// `None` once a failed write has taken its error, or closed or abandoned.
     task: Option<JoinHandle<Result<Vec<DataFile>>>>,
 }
 
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
 impl Staging {
-    /// Starts the writer of `spec` (its first file is created with its first batch).
-    pub(crate) async fn start(spec: WriterSpec) -> Result<Staging> {
+    /// Starts the writer of `spec` (its first file is created with its first batch), its
+    /// task counted by `tasks`.
+    pub(crate) async fn start(spec: WriterSpec, tasks: &TaskTracker) -> Result<Staging> {
         let ident = spec.ident.clone();
         let mut writer = new_writer(spec).await?;
         let (batches, mut queued) = mpsc::channel::<RecordBatch>(1);
-        let task = tokio::spawn(async move {
+        let task = tasks.spawn(async move {
             while let Some(batch) = queued.recv().await {
                 writer.write(batch).await.map_err(|e| {
                     SinkError::External(format!("cannot write a data file of {ident}: {e}"))
@@ -66,14 +82,17 @@ impl Staging {
             })
         });
         Ok(Staging {
-            batches,
+            batches: Some(batches),
             task: Some(task),
         })
     }
 
     /// Queues `batch`; waits only while the batch before it is still queued.
     pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        if self.batches.send(batch).await.is_ok() {
+        let Some(batches) = &self.batches else {
+            return Err(SinkError::Corrupt("a staging writer was closed".into()));
+        };
+        if batches.send(batch).await.is_ok() {
             return Ok(());
         }
         // The task ended early: a write failed, and its error is the answer.
@@ -86,9 +105,9 @@ impl Staging {
     }
 
     /// Writes what is queued, closes the files (fsynced), and returns them.
-    pub(crate) async fn close(self) -> Result<Vec<DataFile>> {
-        drop(self.batches);
-        match self.task {
+    pub(crate) async fn close(mut self) -> Result<Vec<DataFile>> {
+        drop(self.batches.take());
+        match self.task.take() {
             Some(task) => finished(task).await,
             None => Err(SinkError::Corrupt("a staging writer failed before".into())),
         }
@@ -96,9 +115,9 @@ impl Staging {
 
     /// Stops the writer where it is, and returns once it has stopped: nothing it does
     /// lands after this (a rollback removes its folder next).
-    pub(crate) async fn abandon(self) {
-        drop(self.batches);
-        if let Some(task) = self.task {
+    pub(crate) async fn abandon(mut self) {
+        drop(self.batches.take());
+        if let Some(task) = self.task.take() {
             task.abort();
             let _ = task.await;
         }

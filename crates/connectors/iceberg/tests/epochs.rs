@@ -76,6 +76,7 @@ async fn reopening_and_recovering_an_applied_decision_adds_nothing() {
             descriptor: d2.clone(),
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -112,6 +113,7 @@ async fn a_decision_never_applied_is_applied_by_recovery() {
             descriptor: d1,
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -154,6 +156,7 @@ async fn undecided_staging_is_removed_by_recovery() {
         }),
         // Only epoch 2's intent made it to the log; epoch 3's file is found by the sweep.
         undecided: vec![Undecided { epoch: 2, intent }],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -224,6 +227,7 @@ async fn commit_every_three_makes_one_snapshot_per_three_epochs() {
             descriptor: d5.clone(),
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -246,6 +250,7 @@ async fn commit_every_three_makes_one_snapshot_per_three_epochs() {
             descriptor: d5,
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -410,4 +415,94 @@ async fn a_new_recovery_log_commits_every_epoch_though_an_older_run_numbered_the
         ]
     );
     assert_eq!(orphans(&f).await, Vec::<String>::new());
+}
+
+/// The committer and the abort cleaner work from a sink that is only built and bound
+/// (never opened): a decision whose commit never ran is applied once, and an undecided
+/// epoch's staging is removed; the writer's recovery, told so, adds nothing more.
+#[tokio::test]
+async fn the_committer_and_cleaner_handles_work_without_the_writer() {
+    let f = Fixture::new();
+    let bindings = [binding("events")];
+    let mut sink = f.sink(json!({}), &bindings).await;
+    sink.recover(&Recovery::default()).await.unwrap();
+    sink.begin_epoch(1).await.unwrap();
+    sink.write_batch(0, &batch(&[(7, Some("x"), "U")]))
+        .await
+        .unwrap();
+    let d1 = sink.pre_commit(1).await.unwrap().unwrap(); // decided, never applied
+    let intent = sink.checkpoint_artifact_intent(2).unwrap();
+    sink.begin_epoch(2).await.unwrap();
+    sink.write_batch(0, &batch(&[(8, Some("y"), "U")]))
+        .await
+        .unwrap();
+    sink.pre_commit(2).await.unwrap().unwrap(); // staged, never decided
+    drop(sink);
+    assert_eq!(orphans(&f).await.len(), 2);
+
+    let mut detached = IcebergSink::new(&f.endpoint(json!({}))).unwrap();
+    detached.bind_runtime_context(common::context()).unwrap();
+    let undecided = vec![Undecided { epoch: 2, intent }];
+    let cleaner = detached
+        .abort_cleaner()
+        .expect("the Iceberg sink has a cleaner");
+    cleaner.clean(&undecided).await.unwrap();
+    let committer = detached
+        .committer()
+        .expect("the Iceberg sink has a committer");
+    committer.commit_epoch(1, &d1).await.unwrap();
+    committer.commit_epoch(1, &d1).await.unwrap(); // idempotent
+    assert_eq!(rows(&f, "events").await, u(&[7], 1));
+    assert_eq!(orphans(&f).await, Vec::<String>::new());
+    assert_eq!(snapshots(&f, "events").await.len(), 1);
+
+    // A foreign prefix is refused, never removed.
+    let foreign = Undecided {
+        epoch: 3,
+        intent: json!({"prefixes": [format!("file://{}", f.warehouse().display())]}),
+    };
+    let err = cleaner.clean(&[foreign]).await.unwrap_err();
+    assert!(matches!(err, SinkError::Corrupt(_)), "{err}");
+
+    let mut sink = f.sink(json!({}), &bindings).await;
+    sink.recover(&Recovery {
+        decided: Some(Decided {
+            epoch: 1,
+            descriptor: d1,
+        }),
+        undecided,
+        decided_applied: true,
+        undecided_cleaned: true,
+    })
+    .await
+    .unwrap();
+    epoch(&mut sink, 2, &[(8, Some("y"), "U")]).await.unwrap();
+    let mut want = u(&[7], 1);
+    want.extend(u(&[8], 2));
+    assert_eq!(rows(&f, "events").await, want);
+    assert_eq!(snapshots(&f, "events").await.len(), 2);
+}
+
+/// Every staging writer runs on the sink's tracker, and a sink dropped mid-epoch (as a
+/// retired one is) leaves no writer running once the tracker is awaited.
+#[tokio::test]
+async fn a_dropped_sinks_writers_end_on_its_tracker() {
+    let f = Fixture::new();
+    let bindings = [binding("events")];
+    let mut sink = f.sink(json!({}), &bindings).await;
+    sink.recover(&Recovery::default()).await.unwrap();
+    let tracker = sink
+        .terminal_task_tracker()
+        .expect("the Iceberg sink tracks its tasks");
+    sink.begin_epoch(1).await.unwrap();
+    sink.write_batch(0, &batch(&[(1, Some("a"), "U")]))
+        .await
+        .unwrap();
+    assert_eq!(tracker.live(), 1, "one writer task for the binding");
+    drop(sink);
+    tracker
+        .wait(std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(tracker.live(), 0);
 }

@@ -38,6 +38,7 @@ async fn a_decision_under_another_writers_snapshot_is_still_found_in_the_ancestr
                 descriptor: d1.clone(),
             }),
             undecided: vec![],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -172,6 +173,7 @@ async fn two_bindings_commit_to_two_tables_and_a_half_applied_decision_finishes_
             descriptor: d,
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -166,6 +166,7 @@ async fn the_sink_commits_and_recovers_exactly_once_over_a_postgres_catalog() {
             descriptor: d2,
         }),
         undecided: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -76,7 +76,8 @@ impl Tls {
                 roots
             }
         };
-        let config = libpq::client_config(check, roots)
+        let trusted = (self.0.root_cert.as_ref()).map_or_else(String::new, RootCert::describe);
+        let config = libpq::client_config(check, roots, &trusted)
             .map_err(|err| Error::store("configuring TLS", err, false))?;
         Ok(MakeRustlsConnect::new(config))
     }

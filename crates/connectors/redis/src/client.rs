@@ -7,11 +7,12 @@
 //!
 //! TLS (`rediss://`): the driver connects the TCP stream and does the handshake itself,
 //! with the rustls configuration of the shared `tls` options (`sluice_tls`: ring, the
-//! server's certificate checked against `tls.ca` and the URL's host, a certificate from
-//! another CA named by its issuer), and hands redis-rs the encrypted stream; redis-rs's
-//! own TLS features (which read the system's certificate store and need a process-wide
-//! rustls provider) stay off. A certificate that does not verify is a configuration
-//! error, not retried.
+//! server's certificate checked against `tls.ca`, or the operating system's roots, and
+//! the URL's host, a certificate from another CA named by its issuer), and hands
+//! redis-rs the encrypted stream; redis-rs's own TLS features (which need a
+//! process-wide rustls provider) stay off. A certificate that does not verify is a
+//! configuration error, not retried. A plain `redis://` connection the server closes
+//! says to write `rediss://` and set `tls`: a server that requires TLS closes plain text.
 //!
 //! Tuning constants:
 //! - [`CHUNK_KEYS`]: keys per MGET / HGET pipeline and writes per MULTI/EXEC; 1000 keeps
@@ -74,11 +75,22 @@ pub async fn connect(config: &EndpointConfig) -> Result<MultiplexedConnection> {
 }
 
 /// A failure to connect: a refused password is the user's to fix (not retried, naming
-/// the user), anything else as [`redis_error`] says.
+/// the user); a plain connection the server closed says how to ask for TLS, as a
+/// server that takes TLS only closes plain text (retried as [`redis_error`] says: a
+/// server restarting closes it too); anything else as [`redis_error`] says.
 fn connect_error(config: &EndpointConfig, what: String, err: RedisError) -> Error {
     let refused = err.kind() == ErrorKind::AuthenticationFailed
         || err.to_string().contains("WRONGPASS")
         || err.to_string().contains("NOAUTH");
+    if config.tls.is_none() && closed_by_the_server(&err) {
+        let retry = retryable(&err);
+        let why = format!(
+            "the server closed the connection ({err}); a server that requires TLS closes \
+             plain text: write the URL as rediss:// and set tls (ca: the CA file its \
+             certificate chains to, or tls: {{}} for the operating system's roots)"
+        );
+        return Error::store(format!("Redis: {what}"), why, retry);
+    }
     if !refused {
         return redis_error(what, err);
     }
@@ -89,6 +101,12 @@ fn connect_error(config: &EndpointConfig, what: String, err: RedisError) -> Erro
         "endpoint config: url: {what}: the server refused user {user:?} (wrong password, \
          unknown user, or a password needed): check the URL's user:password@ ({err})"
     ))
+}
+
+/// Whether the server ended the connection (closed or reset it) rather than refusing it
+/// or not answering in time.
+fn closed_by_the_server(err: &RedisError) -> bool {
+    err.is_connection_dropped() && !err.is_connection_refusal() && !err.is_timeout()
 }
 
 /// `url` with `rediss://` written `redis://`, for redis-rs's parser (built without TLS).

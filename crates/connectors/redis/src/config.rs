@@ -55,8 +55,9 @@ pub struct EndpointConfig {
     /// tls).
     #[schemars(regex(pattern = "^rediss?://"))]
     pub url: String,
-    /// TLS, for a rediss:// URL: the CA the server's certificate chains to (the
-    /// certificate must name the URL's host), and a client certificate for mutual TLS.
+    /// TLS, for a rediss:// URL: the CA the server's certificate chains to (without
+    /// `ca`, the operating system's roots; the certificate must name the URL's host),
+    /// and a client certificate for mutual TLS.
     #[serde(default)]
     pub tls: Option<ClientTls>,
     /// Seconds a connection attempt may take.
@@ -142,7 +143,8 @@ impl EndpointConfig {
             (true, None) => {
                 return Err(Error::Config(
                     "endpoint config: tls: a rediss:// URL needs tls (ca: the CA file the \
-                     server's certificate chains to)"
+                     server's certificate chains to, or tls: {} for the operating system's \
+                     roots)"
                         .into(),
                 ));
             }

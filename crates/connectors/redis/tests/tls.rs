@@ -1,8 +1,9 @@
 //! TLS against a private redis-server started by each test (TLS only, a password,
-//! certificates of the test CA naming `localhost`): plain text gets nowhere, a server
-//! certificate from another CA or not naming the host is a configuration error naming
-//! the options, a wrong password names the user, mutual TLS needs the client
-//! certificate, and with the right CA the conformance suite passes over TLS.
+//! certificates of the test CA naming `localhost`): plain text gets nowhere, told to
+//! write `rediss://` and set `tls`; a server certificate from another CA or not naming
+//! the host is a configuration error naming the options, a wrong password names the
+//! user, mutual TLS needs the client certificate, and with the right CA the conformance
+//! suite passes over TLS.
 
 use serde_json::{Value, json};
 use sluice_conformance::{Capabilities, Outcome, run_suite};
@@ -49,7 +50,15 @@ async fn plain_text_another_ca_a_wrong_host_and_a_wrong_password_are_refused() {
     let right = tls(&server, "ca.crt", None);
 
     let plain = connect(json!({ "url": url("redis", PASSWORD, "localhost", port), "connect_timeout": 3, "response_timeout": 3 })).await;
-    assert!(plain.is_err(), "plain text to a TLS-only server: {plain:?}");
+    let Err(Error::Store { message, .. }) = plain else {
+        panic!("plain text to a TLS-only server: {plain:?}");
+    };
+    assert!(
+        message.contains("the server closed the connection")
+            && message.contains("a server that requires TLS closes plain text")
+            && message.contains("write the URL as rediss:// and set tls"),
+        "{message}"
+    );
 
     let other = config_error(
         connect(json!({ "url": url("rediss", PASSWORD, "localhost", port), "tls": tls(&server, "other-ca.crt", None) })).await,

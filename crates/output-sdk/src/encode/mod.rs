@@ -17,6 +17,7 @@ mod csv;
 mod json;
 
 pub use avro::schemas as avro_schemas;
+pub use csv::read_row as read_csv_row;
 
 use crate::change::Change;
 use crate::{OutputError, Result};

@@ -122,10 +122,12 @@ mod tests {
                 json!({"brokers": ["a:1", "b:2"], "max_buffer_size_bytes": 10}),
                 json!({"brokers": "localhost:9093", "tls": {"ca": "ca.crt"},
                        "sasl": {"mechanism": "PLAIN", "username": "u", "password": "p"}}),
+                // No CA file: the operating system's roots.
+                json!({"brokers": "a:1", "tls": {}}),
             ],
             &[
                 json!({"brokers": "a:1", "topic": "t"}),
-                json!({"brokers": "a:1", "tls": {}}),
+                json!({"brokers": "a:1", "tls": {"cafile": "ca.crt"}}),
                 json!({"brokers": "a:1", "sasl": {"mechanism": "scram", "username": "u"}}),
                 json!({"brokers": []}),
                 json!({"brokers": "a:1", "max_buffer_size_bytes": 0}),

@@ -131,7 +131,7 @@ fn list(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::status::{State, Status};
+    use crate::metrics::status::{Part, State, Status};
 
     #[tokio::test]
     async fn an_end_reads_back_by_shard_and_is_forgotten_with_the_log() {
@@ -140,7 +140,7 @@ mod tests {
         let status = Status::default();
         for range in ["80000000-ffffffff", "00000000-7fffffff"] {
             let shard = status.shard("m".into(), range.into(), vec!["a".into()], vec![]);
-            shard.failed("source", "source a: gone".into(), false, Some("a"));
+            shard.failed("source", "source a: gone".into(), false, Part::Source("a"));
             record(dir.path(), shard.view()).await.unwrap();
         }
         std::fs::write(dir.path().join("applied"), "kept").unwrap();

@@ -12,6 +12,15 @@
 //! a fixed few values (`phase`, `kind`, `combiner`); never a key or a transaction
 //! number: the pipeline file bounds the number of series.
 //!
+//! Health (`sluice_source_health`, `sluice_endpoint_health`) is a gauge per part, set
+//! from the [`status`] when scraped: 0 healthy, 1 unhealthy, 2 fatal
+//! ([`HealthState::code`](sluice_source_sdk::HealthState::code)). Parse errors, a
+//! source's memory and its own metrics (`Source::metrics`) are counted or sampled as the
+//! reader sees them, in the group's first shard (the one whose `Health` its sources
+//! report to): a source's own metrics as `sluice_source_custom{name, …}` (gauges) and
+//! `sluice_source_custom_counter_total{name, …}` (counters), one family each, so that their
+//! series carry the source's labels and no source can clash with a runtime metric.
+//!
 //! Counted once committed: a transaction's documents, bytes, loads, stores and dead
 //! letters are added when its driver has committed it, as the run's summary counts them,
 //! so the counters agree with the summary and a restart never counts a document twice.
@@ -33,9 +42,10 @@ use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
 use sluice_source_sdk::health::Report;
 use sluice_source_sdk::{Connection, Health, Lag};
-use status::{ShardStatus, SourceState, State, Status};
-use std::sync::Arc;
-use std::time::Duration;
+use sluice_source_sdk::{HealthState, MetricKind};
+use status::{Part, ShardStatus, SourceState, State, Status};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardLabels {
@@ -48,6 +58,16 @@ struct SourceLabels {
     #[prometheus(flatten)]
     shard: ShardLabels,
     source: String,
+}
+
+/// A source's own metric: its name, and the labels it gives beside the source's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CustomLabels {
+    #[prometheus(flatten)]
+    source: SourceLabels,
+    name: String,
+    #[prometheus(flatten)]
+    labels: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -161,6 +181,12 @@ pub struct Metrics {
     source_lag_bytes: Family<SourceLabels, Gauge>,
     source_lag_messages: Family<SourceLabels, Gauge>,
     source_retained_bytes: Family<SourceLabels, Gauge>,
+    source_health: Family<SourceLabels, Gauge>,
+    source_parse_errors: Family<SourceLabels, Counter>,
+    source_memory: Family<SourceLabels, Gauge>,
+    source_custom: Family<CustomLabels, Gauge>,
+    source_custom_total: Family<CustomLabels, Counter>,
+    endpoint_health: Family<ShardLabels, Gauge>,
     binding_combined: Family<BindingLabels, Counter>,
     binding_loaded: Family<BindingLabels, Counter>,
     binding_stored: Family<BindingLabels, Counter>,
@@ -249,6 +275,56 @@ impl Metrics {
                 "Bytes of input the system a source reads keeps for it and has not \
                  released, as of its last step (the WAL a PostgreSQL replication slot \
                  holds back, from its restart_lsn).",
+                Family::default(),
+            ),
+            source_health: register(
+                &mut r,
+                "source_health",
+                None,
+                "The source's health: 0 healthy, 1 unhealthy (it cannot read now: it \
+                 backs off, or the loop reopens on its error), 2 fatal (the run ended on \
+                 its error). The reason is in /api/status.",
+                Family::default(),
+            ),
+            source_parse_errors: register(
+                &mut r,
+                "source_parse_errors",
+                None,
+                "Records of the source that did not parse (bad JSON, a bad envelope) or \
+                 that it refused (its step's input errors), as read: a step read again \
+                 counts again.",
+                Family::default(),
+            ),
+            source_memory: register(
+                &mut r,
+                "source_memory",
+                bytes(),
+                "Memory the source holds (its read-ahead buffer), as it last said.",
+                Family::default(),
+            ),
+            source_custom: register(
+                &mut r,
+                "source_custom",
+                None,
+                "A source's own gauge, named by the name label (a broker's lag per \
+                 partition, messages a consumer has pending); its help is in /api/status.",
+                Family::default(),
+            ),
+            source_custom_total: register(
+                &mut r,
+                "source_custom_counter",
+                None,
+                "A source's own counter, named by the name label, since that instance of \
+                 the source was opened; its help is in /api/status.",
+                Family::default(),
+            ),
+            endpoint_health: register(
+                &mut r,
+                "endpoint_health",
+                None,
+                "The health of the shard's endpoint (its materialization's driver or \
+                 output): 0 healthy, 1 unhealthy (the loop reopens on its error), 2 fatal \
+                 (the run ended on its error). The reason is in /api/status.",
                 Family::default(),
             ),
             binding_combined: register(
@@ -340,9 +416,30 @@ impl Metrics {
 
     /// Every metric, in Prometheus' text format 0.0.4.
     pub fn render(&self) -> String {
+        self.set_health();
         let mut text = String::new();
         prometheus_text::encode(&mut text, &self.registry).expect("a String takes any text");
         text
+    }
+
+    /// The health gauges, from the status (its trackers are the one account of health).
+    fn set_health(&self) {
+        for (materialization, shard, parts) in self.status.healths() {
+            let shard = ShardLabels {
+                materialization,
+                shard,
+            };
+            for (source, code) in parts {
+                let gauge = match source {
+                    Some(source) => self.source_health.get_or_create_owned(&SourceLabels {
+                        shard: shard.clone(),
+                        source,
+                    }),
+                    None => self.endpoint_health.get_or_create_owned(&shard),
+                };
+                gauge.set(code);
+            }
+        }
     }
 
     /// The handles of one shard, whose sources are `sources` (names, in the order the
@@ -401,6 +498,11 @@ impl Metrics {
                     lag_bytes: self.source_lag_bytes.clone(),
                     lag_messages: self.source_lag_messages.clone(),
                     retained: self.source_retained_bytes.clone(),
+                    parse_errors: self.source_parse_errors.get_or_create_owned(&of),
+                    memory: self.source_memory.get_or_create_owned(&of),
+                    custom: self.source_custom.clone(),
+                    custom_total: self.source_custom_total.clone(),
+                    sampled_at: Mutex::new(None),
                     labels: of,
                     status: status.clone(),
                 }
@@ -474,6 +576,13 @@ pub(crate) struct SourceMetrics {
     lag_messages: Family<SourceLabels, Gauge>,
     /// Created on the first report, likewise.
     retained: Family<SourceLabels, Gauge>,
+    parse_errors: Counter,
+    memory: Gauge,
+    /// The source's own metrics, each series created on its first report.
+    custom: Family<CustomLabels, Gauge>,
+    custom_total: Family<CustomLabels, Counter>,
+    /// When its memory and own metrics were last sampled ([`SAMPLE_EVERY`]).
+    sampled_at: Mutex<Option<Instant>>,
     labels: SourceLabels,
     status: Arc<ShardStatus>,
 }
@@ -495,6 +604,31 @@ struct SourceHealth {
 impl Report for SourceHealth {
     fn report(&self, connection: Connection) {
         self.status.connection(&self.source, connection);
+    }
+
+    fn health(&self, state: HealthState) {
+        self.status.said(&self.source, state);
+    }
+}
+
+/// A source's memory and own metrics are sampled at most this often: asking builds a
+/// list (a Kafka source's has a series per partition), and the reader asks after every
+/// step, far more often than anyone scrapes.
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// The part of the shard whose call `err` is: its source's, its endpoint's (the driver's
+/// calls, what it loaded, its checkpoint), or the loop's own.
+fn culprit(err: &RunError) -> Part<'_> {
+    if let Some(source) = err.source_name() {
+        return Part::Source(source);
+    }
+    match err {
+        RunError::Driver { .. }
+        | RunError::Loaded { .. }
+        | RunError::StoreCheckpoint { .. }
+        | RunError::StoreLost { .. }
+        | RunError::OpenAfterCommits { .. } => Part::Endpoint,
+        _ => Part::Loop,
     }
 }
 
@@ -519,6 +653,7 @@ impl ShardMetrics {
             .memory
             .set(saturating_i64(stats.memory_bytes as u64));
         combiner.spilled.inc_by(stats.spilled_bytes);
+        (self.status).combiner_memory(role, stats.memory_bytes as u64);
     }
 
     /// A run of the loop ended with `err`; `retried`: it is reopened.
@@ -531,7 +666,7 @@ impl ShardMetrics {
         if retried {
             self.retries.get_or_create(&of).inc();
         }
-        (self.status).failed(err.kind(), err.to_string(), retried, err.source_name());
+        (self.status).failed(err.kind(), err.to_string(), retried, culprit(err));
     }
 
     /// The loop ended: `Stopped` if well, else `Failed` (its error already recorded).
@@ -556,6 +691,53 @@ impl SourceMetrics {
         family
             .get_or_create(&self.labels)
             .set(saturating_i64(behind));
+    }
+
+    /// `n` more records of the source did not parse, or it refused them.
+    pub(crate) fn parse_errors(&self, n: u64) {
+        if n > 0 {
+            self.parse_errors.inc_by(n);
+            self.status.parse_errors(&self.labels.source, n);
+        }
+    }
+
+    /// Whether the source's memory and own metrics are due to be sampled again
+    /// ([`SAMPLE_EVERY`]); if so, they count as sampled now.
+    pub(crate) fn sample_due(&self) -> bool {
+        let mut at = self.sampled_at.lock().unwrap_or_else(|p| p.into_inner());
+        let due = at.is_none_or(|at| at.elapsed() >= SAMPLE_EVERY);
+        if due {
+            *at = Some(Instant::now());
+        }
+        due
+    }
+
+    /// What the source holds in memory, and its own metrics
+    /// ([`sluice_source_sdk::Source::memory`], [`sluice_source_sdk::Source::metrics`]).
+    pub(crate) fn sampled(&self, memory: u64, metrics: &[sluice_source_sdk::Metric]) {
+        self.memory.set(saturating_i64(memory));
+        for metric in metrics {
+            let of = CustomLabels {
+                source: self.labels.clone(),
+                name: metric.name.to_string(),
+                labels: (metric.labels.iter())
+                    .map(|(key, value)| (key.to_string(), value.clone()))
+                    .collect(),
+            };
+            match metric.kind {
+                MetricKind::Gauge => {
+                    self.custom
+                        .get_or_create(&of)
+                        .set(saturating_i64(metric.value));
+                }
+                // Sampled, not incremented: the source counts.
+                MetricKind::Counter => {
+                    (self.custom_total.get_or_create(&of).inner())
+                        .store(metric.value, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        self.status.sampled(&self.labels.source, memory, metrics);
     }
 
     /// What the source's input system keeps for it ([`sluice_source_sdk::Source::retained`]).
@@ -587,6 +769,16 @@ mod tests {
         handles.sources[0].lag(Lag::Bytes(5));
         handles.sources[0].lag(Lag::Messages(u64::MAX));
         handles.sources[0].retained(16 << 20);
+        handles.sources[0].parse_errors(3);
+        let custom = [
+            sluice_source_sdk::Metric::gauge("kafka_partition_lag_messages", "lag", 7)
+                .label("partition", 2),
+            sluice_source_sdk::Metric::counter("reconnects", "reconnects", 4),
+        ];
+        handles.sources[0].sampled(4096, &custom);
+        handles
+            .status
+            .failed("driver", "reset".into(), true, Part::Endpoint);
         let text = metrics.render();
         for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let (name, kind) = family.split_once(' ').unwrap();
@@ -594,7 +786,15 @@ mod tests {
             match kind {
                 "counter" => assert!(name.ends_with("_total"), "{name}"),
                 "histogram" => assert!(name.ends_with("_seconds"), "{name}"),
-                "gauge" => assert!(name.ends_with("_bytes") || name.ends_with("_messages")),
+                // Health is a state (0, 1, 2); a source's own gauges carry their unit
+                // in their name label.
+                "gauge" => assert!(
+                    name.ends_with("_bytes")
+                        || name.ends_with("_messages")
+                        || name.ends_with("_health")
+                        || name == "sluice_source_custom",
+                    "{name}"
+                ),
                 other => panic!("{name}: unexpected type {other}"),
             }
         }
@@ -614,5 +814,20 @@ mod tests {
             ),
             "{text}"
         );
+        const OF: &str = r#"materialization="",shard="00000000-00000000""#;
+        for line in [
+            format!(r#"sluice_source_parse_errors_total{{{OF},source="views"}} 3"#),
+            format!(r#"sluice_source_memory_bytes{{{OF},source="views"}} 4096"#),
+            format!(
+                r#"sluice_source_custom{{{OF},source="views",name="kafka_partition_lag_messages",partition="2"}} 7"#
+            ),
+            format!(
+                r#"sluice_source_custom_counter_total{{{OF},source="views",name="reconnects"}} 4"#
+            ),
+            format!(r#"sluice_source_health{{{OF},source="views"}} 0"#),
+            format!(r#"sluice_endpoint_health{{{OF}}} 1"#),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 }

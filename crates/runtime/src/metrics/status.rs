@@ -22,17 +22,35 @@
 //!                     └── a step, or the source connected ──▶ reading | idle | caught_up
 //!  shard:   starting ──▶ running ⇄ degraded (a source backing off) ──▶ backing_off ──▶ … ──▶ stopped | failed
 //! ```
+//!
+//! A source the operator paused ([`crate::pause`]) is served `paused`, unless it
+//! backs off or failed; a running shard all of whose sources are paused is served
+//! `paused`; the snapshot's `state` is the pipeline's (`paused` while every source is).
+//!
+//! Beside its state, each source and the shard's endpoint has a health
+//! ([`HealthState`]: healthy, unhealthy or fatal, with the reason), kept by a
+//! [`Tracker`] per part from what the part says (a source's `Health`) and what the loop
+//! sees: a source's step or the endpoint's recovery and commits succeed, the error the
+//! loop ends on is the part's whose call failed (unhealthy when the loop reopens, fatal
+//! when the run ends). Every change is logged once, naming the part and the reason.
 
 mod view;
 
 pub use view::*;
 
+use crate::pause::{Held, Pauses, pipeline_state};
 use serde_json::Value;
+use sluice_source_sdk::health::Tracker;
 use sluice_source_sdk::redact::redact_json;
-use sluice_source_sdk::{Connection, Lag};
-use std::collections::VecDeque;
+use sluice_source_sdk::{Connection, Lag, Metric};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// A shard's materialization and label, and each part's health code: a source's by
+/// name, the endpoint's as `None`.
+pub(crate) type ShardHealths = (String, String, Vec<(Option<String>, i64)>);
 
 /// Transactions kept per shard: minutes of history at a few transactions a second.
 pub const HISTORY: usize = 512;
@@ -48,6 +66,9 @@ pub struct Status {
     graph: Mutex<Graph>,
     config: Mutex<Value>,
     shards: Mutex<Vec<Arc<ShardStatus>>>,
+    /// The operator's pauses, which the status server changes and every shard's reader
+    /// follows ([`crate::pause`]).
+    pauses: Arc<Pauses>,
 }
 
 impl Default for Status {
@@ -57,6 +78,7 @@ impl Default for Status {
             graph: Mutex::default(),
             config: Mutex::default(),
             shards: Mutex::default(),
+            pauses: Arc::default(),
         }
     }
 }
@@ -93,6 +115,10 @@ impl Status {
                 lag: None,
                 retained: None,
                 last_error: None,
+                health: HealthState::Healthy,
+                parse_errors: 0,
+                memory: 0,
+                metrics: Vec::new(),
             };
             (name.clone(), view)
         };
@@ -118,21 +144,58 @@ impl Status {
             sources: sources.iter().map(source).collect(),
             bindings: bindings.into_iter().map(binding).collect(),
             last_error: None,
+            endpoint: EndpointView::default(),
+            memory: LoopMemory::default(),
             history: VecDeque::new(),
         };
         let status = Arc::new(ShardStatus(Mutex::new(Recorded {
             view,
             created: now,
+            health: (sources.iter())
+                .map(|name| (name.clone(), Tracker::default()))
+                .collect(),
+            endpoint: Tracker::default(),
             sources,
             recent: VecDeque::new(),
+            pauses: self.pauses.clone(),
         })));
         lock(&self.shards).push(status.clone());
         status
     }
 
+    /// The process's pause state (`POST /api/pause`, `/api/resume`).
+    pub fn pauses(&self) -> &Pauses {
+        &self.pauses
+    }
+
+    /// The pipeline's sources, by name: the graph's, else every shard's.
+    pub fn source_names(&self) -> Vec<String> {
+        let graph = lock(&self.graph);
+        if !graph.sources.is_empty() {
+            return graph.sources.iter().map(|s| s.name.clone()).collect();
+        }
+        let mut names: Vec<String> = (lock(&self.shards).iter())
+            .flat_map(|shard| lock(&shard.0).sources.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Every shard's parts' health ([`ShardStatus::healths`]).
+    pub(crate) fn healths(&self) -> Vec<ShardHealths> {
+        lock(&self.shards)
+            .iter()
+            .map(|shard| shard.healths())
+            .collect()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let now = unix_ms(SystemTime::now());
+        let held = self.pauses.held();
+        let state = pipeline_state(&self.source_names(), &held);
         Snapshot {
+            state,
             now,
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: self.started_at,
@@ -140,7 +203,7 @@ impl Status {
             config: lock(&self.config).clone(),
             graph: lock(&self.graph).clone(),
             shards: (lock(&self.shards).iter())
-                .map(|shard| shard.view_at(now))
+                .map(|shard| show_held(shard.view_at(now), &held))
                 .collect(),
         }
     }
@@ -160,11 +223,114 @@ struct Recorded {
     sources: Vec<String>,
     /// The transactions committed in the last [`RATE_WINDOW`], oldest first.
     recent: VecDeque<(u64, Counted)>,
+    /// Each source's health, by name; the view shows its state.
+    health: BTreeMap<String, Tracker>,
+    /// The endpoint's.
+    endpoint: Tracker,
+    /// The process's pauses, which its reader follows.
+    pauses: Arc<Pauses>,
+}
+
+/// A view as the operator's pauses leave it: a held source `paused` (unless it backs off
+/// or failed: that says more), since it was paused; a running shard all of whose sources
+/// are held `paused`. Served, never recorded.
+fn show_held(mut view: ShardView, held: &Held) -> ShardView {
+    let mut all = !view.sources.is_empty();
+    for (name, source) in view.sources.iter_mut() {
+        match held.get(name) {
+            Some(&since)
+                if !matches!(source.state, SourceState::BackingOff | SourceState::Failed) =>
+            {
+                source.state = SourceState::Paused;
+                source.since = since;
+            }
+            Some(_) => {}
+            None => all = false,
+        }
+    }
+    if all && view.state == State::Running {
+        view.state = State::Paused;
+        view.since = (view.sources.values())
+            .map(|s| s.since)
+            .max()
+            .unwrap_or(view.since);
+    }
+    view
+}
+
+/// The part of a shard whose call failed, if one's did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part<'a> {
+    Source(&'a str),
+    Endpoint,
+    /// Neither: the loop's own (its recovery log, a document that does not reduce).
+    Loop,
+}
+
+impl Recorded {
+    /// Applies `event` to source `name`'s health, showing and logging a change.
+    fn source_health(
+        &mut self,
+        name: &str,
+        event: impl FnOnce(&mut Tracker) -> Option<HealthState>,
+    ) {
+        let (Some(tracker), Some(source)) =
+            (self.health.get_mut(name), self.view.sources.get_mut(name))
+        else {
+            return;
+        };
+        if let Some(now) = event(tracker) {
+            log_health(
+                &self.view.materialization,
+                &self.view.shard,
+                &format!("source {name}"),
+                &now,
+            );
+            source.health = now;
+        }
+    }
+
+    /// Applies `event` to the endpoint's health, likewise.
+    fn endpoint_health(&mut self, event: impl FnOnce(&mut Tracker) -> Option<HealthState>) {
+        if let Some(now) = event(&mut self.endpoint) {
+            let view = &mut self.view;
+            log_health(&view.materialization, &view.shard, "endpoint", &now);
+            view.endpoint.health = now;
+        }
+    }
+}
+
+/// A part's health changed to `now`: said once, as a change of state (`info`). The
+/// error behind an unhealthy or fatal part is logged where it happens, as a warning
+/// (the loop reopens) or as the run's last line (it ends): not a second time here.
+fn log_health(materialization: &str, shard: &str, part: &str, now: &HealthState) {
+    match now {
+        HealthState::Healthy => {
+            tracing::info!(materialization, shard, "{part} is healthy");
+        }
+        HealthState::Unhealthy { reason } => {
+            tracing::info!(materialization, shard, "{part} is unhealthy: {reason}");
+        }
+        HealthState::Fatal { reason } => {
+            tracing::info!(materialization, shard, "{part} is fatal: {reason}");
+        }
+    }
 }
 
 impl ShardStatus {
+    /// Follows the process's pauses (a reader of this shard).
+    pub(crate) fn pauses(&self) -> watch::Receiver<Held> {
+        lock(&self.0).pauses.subscribe()
+    }
+
+    /// The loop entered `state`; `running` follows its recovery, which the endpoint
+    /// answered.
     pub fn enter(&self, state: State) {
-        lock(&self.0).view.enter(state);
+        let mut recorded = lock(&self.0);
+        recorded.view.enter(state);
+        if state == State::Running {
+            recorded.endpoint_health(Tracker::succeeded);
+        }
     }
 
     /// The view served now ([`ShardStatus::view_at`]).
@@ -216,6 +382,9 @@ impl ShardStatus {
                 source.enter(SourceState::Connecting, now);
             }
         }
+        for name in recorded.sources.clone() {
+            recorded.source_health(&name, Tracker::reopened);
+        }
     }
 
     /// Transaction `txn` is durable; `counted` is what it moved.
@@ -255,12 +424,24 @@ impl ShardStatus {
         }
         view.history.push_back(txn.clone());
         view.last_committed = Some(txn);
+        recorded.endpoint_health(Tracker::succeeded);
     }
 
     /// A run of the loop failed with an error of `kind`; `retried`: it is reopened.
-    /// `source`: the source whose call failed, if one did.
-    pub fn failed(&self, kind: &str, message: String, retried: bool, source: Option<&str>) {
+    /// `part`: the one whose call failed: unhealthy with the error if retried, else fatal.
+    pub fn failed(&self, kind: &str, message: String, retried: bool, part: Part<'_>) {
         let mut recorded = lock(&self.0);
+        match part {
+            Part::Source(name) => {
+                recorded.source_health(name, |t| t.failed(message.clone(), retried));
+            }
+            Part::Endpoint => recorded.endpoint_health(|t| t.failed(message.clone(), retried)),
+            Part::Loop => {}
+        }
+        let source = match part {
+            Part::Source(name) => Some(name),
+            Part::Endpoint | Part::Loop => None,
+        };
         let view = &mut recorded.view;
         let (state, source_state) = match retried {
             true => (State::BackingOff, SourceState::BackingOff),
@@ -280,6 +461,7 @@ impl ShardStatus {
     /// What source `name` said of its connection ([`sluice_source_sdk::Health`]).
     pub fn connection(&self, name: &str, connection: Connection) {
         let mut recorded = lock(&self.0);
+        recorded.source_health(name, |t| t.connection(connection.clone()));
         let view = &mut recorded.view;
         let Some(source) = view.sources.get_mut(name) else {
             return;
@@ -307,11 +489,54 @@ impl ShardStatus {
         }
     }
 
-    /// Source `name`'s last step left it in `state`.
+    /// What source `name` said of its health outright ([`sluice_source_sdk::Health`]).
+    pub fn said(&self, name: &str, state: HealthState) {
+        lock(&self.0).source_health(name, |t| t.said(state));
+    }
+
+    /// Source `name`'s last step left it in `state`: its call succeeded.
     pub fn stepped(&self, name: &str, state: SourceState) {
-        if let Some(source) = lock(&self.0).view.sources.get_mut(name) {
+        let mut recorded = lock(&self.0);
+        if let Some(source) = recorded.view.sources.get_mut(name) {
             source.enter(state, unix_ms(SystemTime::now()));
         }
+        recorded.source_health(name, Tracker::succeeded);
+    }
+
+    /// Source `name` had `n` more records that did not parse or that it refused.
+    pub fn parse_errors(&self, name: &str, n: u64) {
+        if let Some(source) = lock(&self.0).view.sources.get_mut(name) {
+            source.parse_errors += n;
+        }
+    }
+
+    /// What source `name` said it holds in memory, and its own metrics.
+    pub fn sampled(&self, name: &str, memory: u64, metrics: &[Metric]) {
+        if let Some(source) = lock(&self.0).view.sources.get_mut(name) {
+            source.memory = memory;
+            source.metrics = metrics.iter().map(CustomMetric::from).collect();
+        }
+    }
+
+    /// The combiner of `role` held `bytes` when it was done with.
+    pub fn combiner_memory(&self, role: super::CombinerRole, bytes: u64) {
+        let memory = &mut lock(&self.0).view.memory;
+        match role {
+            super::CombinerRole::Read => memory.read_combiner = bytes,
+            super::CombinerRole::Load => memory.load_combiner = bytes,
+        }
+    }
+
+    /// Each part's health, for the metrics: `(Some(source), code)` per source and
+    /// `(None, code)` for the endpoint, beside the shard's labels.
+    pub(crate) fn healths(&self) -> ShardHealths {
+        let recorded = lock(&self.0);
+        let view = &recorded.view;
+        let mut parts: Vec<_> = (view.sources.iter())
+            .map(|(name, source)| (Some(name.clone()), source.health.code()))
+            .collect();
+        parts.push((None, view.endpoint.health.code()));
+        (view.materialization.clone(), view.shard.clone(), parts)
     }
 
     pub fn lag(&self, source: &str, lag: Lag) {
@@ -450,7 +675,7 @@ mod tests {
         let status = Status::default();
         let shard = shard(&status);
         assert_eq!(status.snapshot().shards[0].state, State::Starting);
-        shard.failed("driver", "connection reset".into(), true, None);
+        shard.failed("driver", "connection reset".into(), true, Part::Endpoint);
         let view = &status.snapshot().shards[0];
         assert_eq!(view.state, State::BackingOff);
         assert_eq!(view.retries, 1);
@@ -458,7 +683,7 @@ mod tests {
             view.last_error.as_ref().unwrap().message,
             "connection reset"
         );
-        shard.failed("driver", "gone".into(), false, None);
+        shard.failed("driver", "gone".into(), false, Part::Endpoint);
         assert_eq!(status.snapshot().shards[0].state, State::Failed);
         assert_eq!(status.snapshot().shards[0].retries, 1);
     }
@@ -512,7 +737,7 @@ mod tests {
         shard.enter(State::Running);
         shard.stepped("a", SourceState::Reading);
         shard.stepped("b", SourceState::CaughtUp);
-        shard.failed("source", "source a: gone".into(), true, Some("a"));
+        shard.failed("source", "source a: gone".into(), true, Part::Source("a"));
         let view = &status.snapshot().shards[0];
         assert_eq!(view.state, State::BackingOff);
         assert_eq!(view.sources["a"].state, SourceState::BackingOff);
@@ -530,11 +755,138 @@ mod tests {
         shard.stepped("a", SourceState::Reading);
         assert_eq!(status.snapshot().shards[0].state, State::Running);
 
-        shard.failed("source", "source b: corrupt".into(), false, Some("b"));
+        shard.failed(
+            "source",
+            "source b: corrupt".into(),
+            false,
+            Part::Source("b"),
+        );
         let view = &status.snapshot().shards[0];
         assert_eq!(view.state, State::Failed);
         assert_eq!(view.sources["b"].state, SourceState::Failed);
         assert_eq!(view.sources["b"].retries, 0);
+    }
+
+    #[test]
+    fn each_part_is_unhealthy_from_its_failure_to_its_next_success_and_fatal_at_the_end() {
+        let status = Status::default();
+        let shard = shard(&status);
+        let health = |status: &Status| {
+            let view = status.snapshot().shards[0].clone();
+            let sources = view
+                .sources
+                .iter()
+                .map(|(n, s)| (n.clone(), s.health.clone()));
+            (sources.collect::<BTreeMap<_, _>>(), view.endpoint.health)
+        };
+        let unhealthy = |reason: &str| HealthState::Unhealthy {
+            reason: reason.into(),
+        };
+        shard.enter(State::Running);
+        assert_eq!(health(&status).1, HealthState::Healthy);
+
+        // The endpoint: a driver failure the loop reopens for, until it recovers.
+        shard.failed("driver", "connection reset".into(), true, Part::Endpoint);
+        assert_eq!(health(&status).1, unhealthy("connection reset"));
+        assert_eq!(
+            health(&status).0["a"],
+            HealthState::Healthy,
+            "not its sources'"
+        );
+        shard.opening();
+        shard.enter(State::Running);
+        assert_eq!(health(&status).1, HealthState::Healthy);
+
+        // A source: what it says, then what the loop sees, the worse.
+        shard.connection(
+            "a",
+            Connection::Retrying {
+                error: "refused".into(),
+            },
+        );
+        assert_eq!(health(&status).0["a"], unhealthy("refused"));
+        shard.stepped("a", SourceState::Reading);
+        assert_eq!(health(&status).0["a"], unhealthy("refused"), "it said so");
+        shard.connection("a", Connection::Connected);
+        assert_eq!(health(&status).0["a"], HealthState::Healthy);
+        shard.said("b", unhealthy("1 of 3 brokers down"));
+        shard.failed("source", "b: reset".into(), true, Part::Source("b"));
+        assert_eq!(health(&status).0["b"], unhealthy("b: reset"));
+        shard.opening();
+        assert_eq!(
+            health(&status).0["b"],
+            unhealthy("b: reset"),
+            "until it reads"
+        );
+        shard.stepped("b", SourceState::Idle);
+        assert_eq!(
+            health(&status).0["b"],
+            HealthState::Healthy,
+            "the new instance said nothing"
+        );
+
+        // The end: fatal, and it stays.
+        shard.failed(
+            "input",
+            "views.jsonl:3: not JSON".into(),
+            false,
+            Part::Source("a"),
+        );
+        let fatal = HealthState::Fatal {
+            reason: "views.jsonl:3: not JSON".into(),
+        };
+        assert_eq!(health(&status).0["a"], fatal);
+        shard.stepped("a", SourceState::Reading);
+        assert_eq!(health(&status).0["a"], fatal);
+        let json = serde_json::to_value(status.snapshot()).unwrap();
+        assert_eq!(
+            json["shards"][0]["sources"]["a"]["health"],
+            json!({"state": "fatal", "reason": "views.jsonl:3: not JSON"})
+        );
+        assert_eq!(
+            json["shards"][0]["endpoint"]["health"],
+            json!({"state": "healthy"})
+        );
+    }
+
+    #[test]
+    fn parse_errors_memory_and_own_metrics_are_served_per_source() {
+        let status = Status::default();
+        let shard = shard(&status);
+        shard.parse_errors("a", 2);
+        shard.parse_errors("a", 1);
+        let metric = Metric::gauge("nats_consumer_pending_messages", "pending", 9);
+        shard.sampled("b", 1 << 10, &[metric.label("partition", 0)]);
+        shard.combiner_memory(super::super::CombinerRole::Read, 5 << 20);
+        let json = serde_json::to_value(status.snapshot()).unwrap();
+        let view = &json["shards"][0];
+        assert_eq!(view["sources"]["a"]["parse_errors"], 3);
+        assert_eq!(view["sources"]["b"]["memory"], 1024);
+        assert_eq!(
+            view["sources"]["b"]["metrics"],
+            json!([{"name": "nats_consumer_pending_messages", "help": "pending", "kind": "gauge",
+                    "labels": {"partition": "0"}, "value": 9}])
+        );
+        assert_eq!(
+            view["memory"],
+            json!({"read_combiner": 5 << 20, "load_combiner": 0})
+        );
+    }
+
+    #[test]
+    fn an_end_recorded_before_health_existed_still_reads() {
+        let status = Status::default();
+        let shard = shard(&status);
+        let mut json = serde_json::to_value(shard.view()).unwrap();
+        let view = json.as_object_mut().unwrap();
+        view.remove("endpoint");
+        view.remove("memory");
+        let a = view["sources"]["a"].as_object_mut().unwrap();
+        for field in ["health", "parse_errors", "memory", "metrics"] {
+            a.remove(field);
+        }
+        let read: ShardView = serde_json::from_value(json).unwrap();
+        assert_eq!(read.sources["a"].health, HealthState::Healthy);
     }
 
     #[test]

@@ -30,6 +30,9 @@
 mod file;
 mod plan;
 
+/// The log reader, for the fuzz target (crates/fuzz, issue 34).
+#[doc(hidden)]
+pub use file::read_log_valid_len;
 pub use file::{FORMAT_VERSION, MAGIC, copy, deployment_id, inspect, lock_dir, remove};
 pub(crate) use file::{io, sync_dir};
 pub use plan::{REBUILD_SENTINEL, RecoveryPlan, StoreCheckpoint, plan_recovery};

@@ -5,6 +5,7 @@
 //! Why a batch closes when it does (see also the reader, `read.rs`):
 //!
 //! ```text
+//!  a source inside a unit it declared ─▶ ReadOn, or Wait (never closes there)
 //!  full (max_docs / max_bytes), no source at a barrier ─────▶ Full
 //!  every source exhausted (not following), or shutdown ─────▶ End { last: no work }
 //!  a source's last step was a barrier ─▶ ReadOn, or Wait (never closes there)
@@ -18,6 +19,12 @@
 //!   barrier only, once full) until that source's next step can be checkpointed. Only
 //!   the end of input or shutdown closes such a batch; its source then resumes from its
 //!   last position (at-least-once, which is what a barrier source offers).
+//!
+//! - A unit (a run of steps a source says belong together, `Step::unit_continues`:
+//!   an upstream transaction) commits whole: the batch stays open past every bound
+//!   and through a stop until the unit's last step, reading on from the sources inside
+//!   a unit only once full (their combiners spill). A source that ends its input inside
+//!   a unit fails the run; what it handed of the unit is not committed.
 //!
 //! - A backlogged source (its last step filled the limits it was given) fills
 //!   transactions to their bounds: each commit costs about one store write per distinct
@@ -78,6 +85,9 @@ pub(super) struct RoundFacts {
     pub backlogged: bool,
     /// Some source's last step was a barrier: no position to checkpoint it at yet.
     pub at_barrier: bool,
+    /// Some source's last step ended inside a unit it declared
+    /// (`Step::unit_continues`): nothing closes the batch before the unit ends.
+    pub in_unit: bool,
     /// The committer has no batch: it waits for this one.
     pub committer_idle: bool,
     /// No more input will come: shutdown, or every source exhausted (not following).
@@ -104,7 +114,14 @@ pub(super) enum Close {
 
 /// When a batch closes (see the module docs).
 pub(super) fn close_batch(bounds: &TxnOptions, facts: &RoundFacts) -> Close {
-    if bounds.full(facts.docs, facts.bytes, facts.journaled) && !facts.at_barrier {
+    if facts.in_unit {
+        // A unit commits whole: not at a size bound, not at a stop.
+        if facts.progressed {
+            Close::ReadOn
+        } else {
+            Close::Wait
+        }
+    } else if bounds.full(facts.docs, facts.bytes, facts.journaled) && !facts.at_barrier {
         Close::Full
     } else if facts.ending {
         Close::End {
@@ -216,6 +233,7 @@ mod tests {
             progressed: true,
             backlogged: false,
             at_barrier: false,
+            in_unit: false,
             committer_idle: false,
             ending: false,
         }
@@ -258,6 +276,11 @@ mod tests {
             ("a barrier holds an early close", RoundFacts { committer_idle: true, at_barrier: true, ..base }, Close::ReadOn),
             ("a barrier holds past max_duration", RoundFacts { elapsed: 50 * MS, at_barrier: true, progressed: false, ..base }, Close::Wait),
             ("the end of input closes at a barrier", RoundFacts { ending: true, at_barrier: true, ..base }, Close::End { last: false }),
+            ("a unit holds a full batch open", RoundFacts { docs: 100, in_unit: true, ..base }, Close::ReadOn),
+            ("a unit holds past max_bytes and the journal bound", RoundFacts { bytes: 1 << 40, journaled: MAX_JOURNALED, in_unit: true, ..base }, Close::ReadOn),
+            ("a unit holds an early close", RoundFacts { committer_idle: true, in_unit: true, ..base }, Close::ReadOn),
+            ("a unit holds past max_duration", RoundFacts { elapsed: 50 * MS, in_unit: true, progressed: false, ..base }, Close::Wait),
+            ("a unit holds at a stop", RoundFacts { ending: true, in_unit: true, ..base }, Close::ReadOn),
         ];
         for (case, facts, expected) in table {
             assert_eq!(close_batch(&bounds(), facts), *expected, "{case}");

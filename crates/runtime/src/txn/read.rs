@@ -65,6 +65,7 @@ use crate::deadletter::{DeadLetter, DeadLetterThread, DeadLetterWriter, RecordId
 use crate::envelope::{Envelope, Unwrapped};
 use crate::metrics::ShardMetrics;
 use crate::metrics::status::{SourceCount, SourceState};
+use crate::pause::{Held, Pauses};
 use crate::recovery::{Checkpoint, Intent};
 use crate::types::{Binding, Collection, RunError};
 use serde_json::Value;
@@ -266,6 +267,11 @@ pub(super) fn spawn(
         .collect();
     commits.push_back((committed, positions));
     let (tx, rx) = mpsc::channel(1);
+    // The process's pauses outlive this reader: a reopened loop starts as they stand.
+    let pauses = (group.metrics.first()).map_or_else(
+        || Pauses::default().subscribe(),
+        |metrics| metrics.status.pauses(),
+    );
     let paths = sources.iter().map(|b| b.dead_letter.clone()).collect();
     let (mut dead_letters, writer) = DeadLetterWriter::spawn(paths, committed);
     // In the caller's span: the reader's lines name their materialization too.
@@ -311,6 +317,7 @@ pub(super) fn spawn(
             rejects: Rejects::default(),
             durable: durables,
             commits,
+            pauses,
         };
         reader.tell_committed();
         let mut replay = replay;
@@ -394,7 +401,15 @@ struct ReaderSource {
     bound: BoundSource,
     /// Its last step in the batch was a [`Resume::Barrier`].
     at_barrier: bool,
-    /// Paused for having read ahead beyond its limits.
+    /// Its last step in the batch ended inside a unit it declared
+    /// ([`Step::unit_continues`]): the batch cannot close before the unit ends.
+    in_unit: bool,
+    /// It had read ahead beyond its limits when last asked (the reader's backpressure).
+    full: bool,
+    /// Paused by the operator ([`crate::pause`]): not queued, unless the batch cannot
+    /// close after its last step ([`ReaderSource::holds_open`]).
+    held: bool,
+    /// Its last command was Pause (`full`, or `held`), not Extend.
     paused: bool,
     /// How far behind its input it said it was after its last step.
     lag: Option<Lag>,
@@ -407,6 +422,9 @@ impl ReaderSource {
         ReaderSource {
             bound,
             at_barrier: false,
+            in_unit: false,
+            full: false,
+            held: false,
             paused: false,
             lag: None,
         }
@@ -419,18 +437,39 @@ impl ReaderSource {
         let limits = self.bound.read_ahead;
         let over =
             queued.records >= limits.max_queued_records || queued.bytes >= limits.max_queued_bytes;
-        if over && !self.paused {
+        if over && !self.full {
             tracing::debug!(
                 source = self.bound.source.name(),
                 records = queued.records,
                 bytes = queued.bytes,
                 "read-ahead full: pausing the source"
             );
-            self.bound.source.pause();
-        } else if !over && self.paused {
-            self.bound.source.extend();
         }
-        self.paused = over;
+        self.full = over;
+        self.command();
+    }
+
+    /// Whether the operator's pause keeps it from being queued now.
+    fn on_hold(&self) -> bool {
+        self.held && !self.holds_open()
+    }
+
+    /// Tells the source Pause when its read-ahead is full or the operator holds it, and
+    /// Extend once neither does: each only when that changed (the seed's commands pair
+    /// up). A held source that the batch waits on (`holds_open`) reads ahead on.
+    fn command(&mut self) {
+        let pause = self.full || self.on_hold();
+        match (self.paused, pause) {
+            (false, true) => self.bound.source.pause(),
+            (true, false) => self.bound.source.extend(),
+            _ => {}
+        }
+        self.paused = pause;
+    }
+
+    /// Whether the batch cannot close after this source's last step.
+    fn holds_open(&self) -> bool {
+        self.at_barrier || self.in_unit
     }
 }
 
@@ -466,6 +505,8 @@ struct Reader {
     /// Transactions sent and not yet told to their sources: each with the position of
     /// every source's last step in it, in order.
     commits: VecDeque<(u64, Vec<(usize, Value)>)>,
+    /// The operator's pauses ([`crate::pause`]), followed at every round.
+    pauses: watch::Receiver<Held>,
 }
 
 /// Where each document goes: the shard of the group whose key range holds its key hash.
@@ -571,6 +612,9 @@ struct Rejects {
     /// Documents whose reduction failed, with the reason: rejected when the batch is
     /// rebuilt. Kept across rebuilds of one batch.
     unreducible: HashMap<RecordId, String>,
+    /// Records whose text did not parse (bad JSON, a bad envelope), rejected or not:
+    /// what a step adds goes to its source's `sluice_source_parse_errors_total`.
+    parse_errors: u64,
 }
 
 /// Whether every record was combined, or a reduction failed and the batch needs a
@@ -692,7 +736,39 @@ impl Reader {
                 metrics.sources[index].retained(bytes);
             }
         }
+        // Its memory and own metrics, in the first shard's (its `Health`'s), at most
+        // once a second.
+        if let Some(first) = self.metrics.first()
+            && first.sources[index].sample_due()
+        {
+            let source = &reading.bound.source;
+            first.sources[index].sampled(source.memory(), &source.metrics());
+        }
         self.progress.behind(self.sources.iter().map(|s| &s.lag));
+    }
+
+    /// Holds the sources the operator paused and releases the others, commanding each
+    /// whose state changed (see [`ReaderSource::command`]); logged by [`Pauses`] once,
+    /// here only at debug.
+    fn follow_pauses(&mut self) {
+        // Read every round, not only when changed: a wait may have seen the change.
+        let held = self.pauses.borrow_and_update();
+        for reading in &mut self.sources {
+            let hold = held.contains_key(reading.bound.source.name());
+            if hold != reading.held {
+                tracing::debug!(
+                    source = reading.bound.source.name(),
+                    held = hold,
+                    "the reader follows the operator's pause"
+                );
+            }
+            reading.held = hold;
+        }
+        drop(held);
+        // Also after a step that left a held source's batch able to close.
+        for reading in &mut self.sources {
+            reading.command();
+        }
     }
 
     fn all_exhausted(&self) -> bool {
@@ -705,12 +781,15 @@ impl Reader {
         let mut batch = self.batch();
         loop {
             self.tell_committed();
+            self.follow_pauses();
             let (mut progressed, mut backlogged) = (false, false);
-            // Full, but a source's last step was a barrier: read on only from those.
-            let barriers_only = batch.full(&self.opts);
+            // Full, but a source's last step was a barrier or inside a unit: read on only
+            // from those. At a stop, sources inside a unit read on until it ends.
+            let held_only = batch.full(&self.opts) || (self.in_unit() && *self.shutdown.borrow());
             for index in 0..self.sources.len() {
                 if (self.exhausted[index] && !self.opts.follow)
-                    || (barriers_only && !self.sources[index].at_barrier)
+                    || (held_only && !self.sources[index].holds_open())
+                    || self.sources[index].on_hold()
                 {
                     continue;
                 }
@@ -744,6 +823,7 @@ impl Reader {
                     let combined = self.combine(&step, index, &mut batch).await?;
                     let reading = &mut self.sources[index];
                     reading.at_barrier = step.resume == Resume::Barrier;
+                    reading.in_unit = step.unit_continues;
                     batch.journaled += journaled(&step.resume);
                     batch
                         .steps
@@ -754,7 +834,12 @@ impl Reader {
                         batch = self.rebuild(std::mem::take(&mut batch.steps)).await?;
                     }
                 }
-                if batch.full(&self.opts) && !self.at_barrier() {
+                if step.unit_continues && step.end_of_input {
+                    return Err(RunError::UnitUnfinished {
+                        name: self.sources[index].bound.source.name().to_string(),
+                    });
+                }
+                if batch.full(&self.opts) && !self.at_barrier() && !self.in_unit() {
                     return Ok(batch);
                 }
                 // Parsing and combining never wait on I/O: yield, or tasks queued behind
@@ -772,6 +857,7 @@ impl Reader {
                 progressed,
                 backlogged,
                 at_barrier: self.at_barrier(),
+                in_unit: self.in_unit(),
                 committer_idle: self.in_flight.committer_idle(),
                 ending: *self.shutdown.borrow() || self.all_exhausted(),
             };
@@ -800,6 +886,12 @@ impl Reader {
         self.sources.iter().any(|s| s.at_barrier)
     }
 
+    /// Whether some source's last step in the batch ended inside a unit it declared:
+    /// the batch cannot close, not even at a stop, before that unit ends.
+    fn in_unit(&self) -> bool {
+        self.sources.iter().any(|s| s.in_unit)
+    }
+
     /// Waits, after a round in which nothing progressed, for whatever may change the
     /// decision: a source told of new input ([`Source::ready`]), the committer taking
     /// no more of our time (when the batch waits for it), a log commit becoming durable
@@ -817,7 +909,7 @@ impl Reader {
             .sources
             .iter_mut()
             .zip(&self.exhausted)
-            .filter(|(_, exhausted)| follow || !**exhausted)
+            .filter(|(reading, exhausted)| (follow || !**exhausted) && !reading.on_hold())
             .map(|(reading, _)| reading.bound.source.ready())
             .collect::<Vec<_>>();
         let any_ready = async {
@@ -839,6 +931,7 @@ impl Reader {
             () = tokio::time::sleep_until((started + deadline).into()) => {}
             _ = self.shutdown.changed() => {}
             _ = self.durable.changed() => {}
+            () = pause_changed(&mut self.pauses) => {}
         }
     }
 
@@ -924,6 +1017,7 @@ impl Reader {
         batch: &mut ReadBatch,
     ) -> Result<Combined, RunError> {
         let feed = self.feeds[index].clone();
+        let parse_errors = self.rejects.parse_errors;
         let failing_at = match triage(Fault::Unreadable, feed.on_error) {
             Triage::Reject => {
                 reject_input_errors(&feed, step, &mut self.rejects);
@@ -972,6 +1066,7 @@ impl Reader {
                     rejects: Rejects {
                         letters: Vec::new(),
                         unreducible: self.rejects.unreducible.clone(),
+                        parse_errors: 0,
                     },
                     combined: Ok(Combined::All),
                 });
@@ -1011,6 +1106,12 @@ impl Reader {
             batch.tally.first_read.get_or_insert_with(Instant::now);
         }
         self.progress.read(read.0, read.1);
+        // Parse errors, as read: those the source refused, then those of its text (in
+        // the first shard's metrics, as its rejections).
+        if let Some(first) = self.metrics.first() {
+            let bad_text = self.rejects.parse_errors - parse_errors;
+            first.sources[index].parse_errors(step.errors.len() as u64 + bad_text);
+        }
         match combined? {
             Combined::All => failing_at.map_or(Ok(Combined::All), |err| {
                 Err(feed.input_error(&err.position, &err.reason))
@@ -1149,6 +1250,7 @@ impl Job {
         let mut parts = Vec::with_capacity(jobs.len());
         for job in jobs {
             rejects.unreducible.extend(job.rejects.unreducible);
+            rejects.parse_errors += job.rejects.parse_errors;
             letters.extend(job.rejects.letters);
             match job.combined {
                 Ok(Combined::Rebuild) if first_failure == usize::MAX => {
@@ -1173,6 +1275,13 @@ impl Job {
 struct Failed {
     at: usize,
     err: Box<RunError>,
+}
+
+/// Returns when the operator's pauses change; never once nobody can change them.
+async fn pause_changed(pauses: &mut watch::Receiver<Held>) {
+    if pauses.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The state a step leaves its source in, as the status shows it.
@@ -1257,6 +1366,7 @@ impl Feed {
     /// read, or text that is not JSON.
     fn input_error(&self, position: &Position, reason: &str) -> RunError {
         RunError::Input {
+            name: self.name.to_string(),
             position: position.to_string(),
             reason: format!("{reason} (source {})", self.name),
         }
@@ -1331,14 +1441,17 @@ fn combine_record(
                 part.bytes += record.bytes as u64;
                 return Ok(Combined::All);
             }
-            Err(reason) => match triage(Fault::Unreadable, feed.on_error) {
-                Triage::Reject => {
-                    let letter = feed.dead_letter(position, reason, record.doc);
-                    rejects.letters.push((id, letter));
-                    return Ok(Combined::All);
+            Err(reason) => {
+                rejects.parse_errors += 1;
+                match triage(Fault::Unreadable, feed.on_error) {
+                    Triage::Reject => {
+                        let letter = feed.dead_letter(position, reason, record.doc);
+                        rejects.letters.push((id, letter));
+                        return Ok(Combined::All);
+                    }
+                    _ => return Err(failed(feed.input_error(position, &reason))),
                 }
-                _ => return Err(failed(feed.input_error(position, &reason))),
-            },
+            }
         },
     };
     let (combined, text) = match doc {
@@ -1376,7 +1489,10 @@ fn combine_record(
         }
         (Triage::Reject, err, Some(text)) => {
             let reason = match err {
-                CombineError::Parse { source, .. } => bad_json(text, &source),
+                CombineError::Parse { source, .. } => {
+                    rejects.parse_errors += 1;
+                    bad_json(text, &source)
+                }
                 err => err.to_string(),
             };
             let letter = feed.dead_letter(position, reason, RecordDoc::Json(text));
@@ -1384,6 +1500,7 @@ fn combine_record(
             Ok(Combined::All)
         }
         (Triage::FailInput, CombineError::Parse { source, .. }, Some(text)) => {
+            rejects.parse_errors += 1;
             Err(failed(feed.input_error(position, &bad_json(text, &source))))
         }
         // A `Value` was checked before it was combined (and is gone now).
@@ -1519,6 +1636,60 @@ mod tests {
         fn pause(&mut self) {
             self.commands.lock().unwrap().push("pause");
         }
+    }
+
+    /// The operator's pause and the read-ahead's compose: Pause once either holds,
+    /// Extend only once neither does; a held source that the batch waits on (its last
+    /// step a barrier) is neither skipped nor paused until it can be checkpointed.
+    #[test]
+    fn an_operators_pause_and_a_full_read_ahead_compose_into_one_pause_and_one_extend() {
+        let queued = Arc::new(Mutex::new(Queued::default()));
+        let commands = Arc::new(Mutex::new(Vec::new()));
+        let mut reading = ReaderSource::extended(BoundSource {
+            source: Box::new(Buffering {
+                queued: queued.clone(),
+                commands: commands.clone(),
+            }),
+            bindings: vec![0],
+            dead_letter: None,
+            read_ahead: ReadAhead {
+                max_queued_records: 100,
+                max_queued_bytes: 1000,
+            },
+            envelope: Envelope::None,
+        });
+        let full = Queued {
+            records: 100,
+            bytes: 0,
+        };
+        reading.held = true;
+        reading.command();
+        assert!(reading.on_hold() && reading.paused);
+        *queued.lock().unwrap() = full;
+        reading.apply_backpressure();
+        reading.held = false;
+        reading.command();
+        assert!(
+            !reading.on_hold() && reading.paused,
+            "the read-ahead still holds it"
+        );
+        *queued.lock().unwrap() = Queued::default();
+        reading.apply_backpressure();
+        assert!(!reading.paused);
+        reading.held = true;
+        reading.at_barrier = true;
+        reading.command();
+        assert!(
+            !reading.on_hold() && !reading.paused,
+            "the batch waits on it"
+        );
+        reading.at_barrier = false;
+        reading.command();
+        assert!(reading.on_hold() && reading.paused);
+        assert_eq!(
+            *commands.lock().unwrap(),
+            ["extend", "pause", "extend", "pause"]
+        );
     }
 
     /// Extend once positioned; Pause above either bound, once; Extend again below both.

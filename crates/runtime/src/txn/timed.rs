@@ -16,7 +16,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Lag, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
+    FaultTolerance, Lag, Metric, QueueLimits, Queued, Records, Resume, Source, SourceError, Step,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -141,6 +141,14 @@ impl Source for Bounded {
 
     fn retained(&self) -> Option<u64> {
         self.inner.retained()
+    }
+
+    fn memory(&self) -> u64 {
+        self.inner.memory()
+    }
+
+    fn metrics(&self) -> Vec<Metric> {
+        self.inner.metrics()
     }
 
     /// Bounded too; a source that hangs here is simply dropped.

@@ -16,7 +16,12 @@ use sluice_source_sdk::SourceError;
 pub enum RunError {
     /// Bad input the source found, at its position (the user's data).
     #[error("{position}: {reason}")]
-    Input { position: String, reason: String },
+    Input {
+        /// The source it came from (its health turns fatal).
+        name: String,
+        position: String,
+        reason: String,
+    },
     /// A document that does not parse, validate, key or reduce (the user's data).
     #[error("{position}: {source}")]
     Document {
@@ -107,6 +112,12 @@ pub enum RunError {
          no longer has: restore the source so the interrupted transaction can replay"
     )]
     IntentSource { name: String },
+    /// A source ended its input inside a unit it declared (`Step::unit_continues`).
+    #[error(
+        "source {name} ended its input inside a unit (an upstream transaction) whose \
+         end it never handed over: the unit's records are not committed"
+    )]
+    UnitUnfinished { name: String },
     /// The shards of a materialization that share a reader recovered checkpoints it
     /// cannot resume together.
     #[error("materialization {materialization:?}: {reason}")]
@@ -148,6 +159,7 @@ impl RunError {
             | RunError::OpenAfterCommits { .. }
             | RunError::Recovery(_)
             | RunError::IntentSource { .. }
+            | RunError::UnitUnfinished { .. }
             | RunError::ShardsDiverged { .. }
             | RunError::GroupStopped(_)
             | RunError::Internal(_) => false,
@@ -160,7 +172,9 @@ impl RunError {
             RunError::Source(source) | RunError::SeekBack { source, .. } => {
                 Some(source.source_name())
             }
-            RunError::DeadLetter { name, .. } => Some(name),
+            RunError::DeadLetter { name, .. }
+            | RunError::UnitUnfinished { name }
+            | RunError::Input { name, .. } => Some(name),
             _ => None,
         }
     }
@@ -186,6 +200,7 @@ impl RunError {
             RunError::StoreLost { .. } | RunError::OpenAfterCommits { .. } => "store_lost",
             RunError::Recovery(_) => "recovery",
             RunError::IntentSource { .. } => "intent_source",
+            RunError::UnitUnfinished { .. } => "unit_unfinished",
             RunError::ShardsDiverged { .. } => "shards_diverged",
             RunError::GroupStopped(_) => "group_stopped",
             RunError::Internal(_) => "internal",
@@ -309,6 +324,7 @@ mod tests {
             ),
             (
                 RunError::Input {
+                    name: "views".into(),
                     position: "views.jsonl:3".into(),
                     reason: "too large".into(),
                 },
@@ -355,6 +371,12 @@ mod tests {
             ),
             (
                 RunError::IntentSource {
+                    name: "views".into(),
+                },
+                false,
+            ),
+            (
+                RunError::UnitUnfinished {
                     name: "views".into(),
                 },
                 false,

@@ -83,6 +83,7 @@ impl DatagenSource {
             errors: Vec::new(),
             end_of_input: self.def.documents.is_some_and(|n| end >= n),
             advances: false,
+            unit_continues: false,
             resume: Span { begin, end }.replay(hasher.finish()),
         }
     }

@@ -379,6 +379,7 @@ impl Acc {
             errors: self.errors,
             end_of_input,
             advances: false,
+            unit_continues: false,
             resume: Span { begin, end }.replay(self.hasher.finish()),
         }
     }

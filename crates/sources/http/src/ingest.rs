@@ -319,6 +319,7 @@ impl Shared {
             errors: Vec::new(),
             end_of_input: false,
             advances: false,
+            unit_continues: false,
             resume: resume(state.handed, data),
         })
     }

@@ -19,6 +19,9 @@ mod keys;
 mod server;
 pub mod source;
 
+/// The body reader, for the fuzz targets (crates/fuzz, issue 34).
+#[doc(hidden)]
+pub use body::{Batch, frame, unframe};
 pub use config::HttpConfig;
 pub use source::HttpSource;
 

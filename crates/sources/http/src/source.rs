@@ -291,6 +291,7 @@ impl Source for HttpSource {
             errors: Vec::new(),
             end_of_input: false,
             advances: false,
+            unit_continues: false,
             resume: step.clone(),
         })
     }

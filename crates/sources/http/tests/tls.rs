@@ -22,7 +22,7 @@ const TOKEN: &str = "s3cret";
 fn client(certs: &Path, address: SocketAddr, ca: &str, identity: Option<&str>) -> Client {
     let file = |name: String| -> PathBuf { certs.join(name) };
     let tls = ClientTls {
-        ca: file(format!("{ca}.crt")),
+        ca: Some(file(format!("{ca}.crt"))),
         certificate: identity.map(|i| file(format!("{i}.crt"))),
         key: identity.map(|i| file(format!("{i}.key"))),
     };

@@ -43,6 +43,7 @@ impl Acc {
             errors: self.errors,
             end_of_input,
             advances: false,
+            unit_continues: false,
             resume,
         }
     }

@@ -27,7 +27,7 @@ use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Health, Lag, Prefetch, QueueLimits, Queued, Records, Resume, Source,
+    FaultTolerance, Health, Lag, Metric, Prefetch, QueueLimits, Queued, Records, Resume, Source,
     SourceError, Step, check_replay,
 };
 use std::collections::{BTreeMap, BTreeSet};
@@ -465,6 +465,36 @@ impl Source for KafkaSource {
     fn lag(&self) -> Option<Lag> {
         let next = self.next.as_ref()?;
         Some(Lag::Messages(offsets_behind(next, &self.high)))
+    }
+
+    /// Its prefetch buffer: the fetched records not yet queued, and their slots.
+    fn memory(&self) -> u64 {
+        self.prefetch.as_ref().map_or(0, Prefetch::memory)
+    }
+
+    /// Each partition's offsets behind its high watermark last seen, and the records
+    /// fetched ahead and not yet queued.
+    fn metrics(&self) -> Vec<Metric> {
+        let mut metrics = Vec::new();
+        if let Some(next) = &self.next {
+            metrics.extend(next.iter().filter_map(|(partition, &next)| {
+                let behind = self.high.get(partition)?.saturating_sub(next).max(0);
+                Some(
+                    Metric::gauge(
+                        "kafka_partition_lag_messages",
+                        "Offsets the partition is behind its high watermark last seen.",
+                        behind as u64,
+                    )
+                    .label("partition", partition),
+                )
+            }));
+        }
+        metrics.push(Metric::gauge(
+            "kafka_prefetched_messages",
+            "Records fetched ahead of the transaction and not yet read into it.",
+            self.queued().records as u64,
+        ));
+        metrics
     }
 
     async fn disconnect(&mut self) {

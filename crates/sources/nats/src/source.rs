@@ -43,8 +43,8 @@ use crate::config::{NatsConfig, Start};
 use serde::Serialize;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, InputError, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume,
-    Source, SourceError, Span, Step, StepHasher, Unit, check_replay, replay_target,
+    FaultTolerance, InputError, Lag, Metric, Position, Prefetch, QueueLimits, Queued, Records,
+    Resume, Source, SourceError, Span, Step, StepHasher, Unit, check_replay, replay_target,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -243,6 +243,7 @@ impl Acc {
             errors: self.errors,
             end_of_input,
             advances: false,
+            unit_continues: false,
             resume: span.replay(self.hasher.finish()),
         }
     }
@@ -378,6 +379,31 @@ impl Source for NatsSource {
         self.reader
             .as_ref()
             .map(|reader| Lag::Messages(reader.pending))
+    }
+
+    /// Its prefetch buffer: the messages delivered and not yet queued, and their slots.
+    fn memory(&self) -> u64 {
+        self.reader.as_ref().map_or(0, |r| r.prefetch.memory())
+    }
+
+    /// What the consumer has pending and what the prefetch holds.
+    fn metrics(&self) -> Vec<Metric> {
+        let Some(reader) = &self.reader else {
+            return Vec::new();
+        };
+        vec![
+            Metric::gauge(
+                "nats_consumer_pending_messages",
+                "Messages of the stream (matching the subject) the consumer has pending \
+                 after the last one read into a transaction.",
+                reader.pending,
+            ),
+            Metric::gauge(
+                "nats_prefetched_messages",
+                "Messages delivered ahead of the transaction and not yet read into it.",
+                reader.prefetch.queued().records as u64,
+            ),
+        ]
     }
 
     async fn disconnect(&mut self) {

@@ -10,8 +10,8 @@
 //! - `catalog`: the SQL connection (checks, tables, keys, types, snapshot reads).
 //! - `wire`: the replication connection (our own: tokio-postgres has no CopyBoth).
 //! - `pgoutput`: the logical decoding messages.
-//! - `stream`: whole transactions of documents from the slot, keepalives between
-//!   them, and status updates.
+//! - `stream`: whole transactions of documents from the slot (a large one in parts,
+//!   the steps of one unit), keepalives between them, and status updates.
 //! - `monitor`: the WAL the slot holds back, its warning, and the optional heartbeat.
 //! - [`types`]: column values as JSON, from their text form.
 //! - `doc`: a change as a document.
@@ -34,6 +34,9 @@ pub mod types;
 mod wire;
 
 pub use config::{PostgresCdcConfig, Truncate};
+/// The pgoutput decoder, for the fuzz target (crates/fuzz, issue 34).
+#[doc(hidden)]
+pub use pgoutput::decode as decode_pgoutput;
 pub use source::PostgresCdcSource;
 
 use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};

@@ -237,25 +237,3 @@ mod tests {
         );
     }
 }
-
-/// Fuzz target of the pgoutput decoder (issue 34): the server's replication stream is
-/// outside input; whatever its bytes, `decode` returns a message or `Malformed`, never a
-/// panic or an allocation the message's length does not bound. A bounded `#[test]`
-/// after the corpus in `src/__fuzz__/<target>/corpus`; for the longer run see
-/// docs/guarantees.md.
-#[cfg(test)]
-mod fuzz {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn fuzz_pgoutput_decode_returns_a_message_or_malformed() {
-        bolero::check!()
-            .with_test_time(Duration::from_secs(2))
-            .with_iterations(usize::MAX)
-            .with_max_len(4096)
-            .for_each(|bytes: &[u8]| {
-                let _ = decode(BytesMut::from(bytes));
-            });
-    }
-}

@@ -9,7 +9,23 @@
 //!  stream {begin B, end E, quiet: true}
 //!      a step of none: the server said it sent all the WAL through E, and no
 //!      transaction of the slot ends in (B, E] (the captured tables were quiet)
+//!  stream {begin B, end B, part: {lsn L, from i, to j}}
+//!      a part of a large transaction, not its last (`Step::unit_continues`): its
+//!      documents [i, j), of the transaction committing first after B (its commit
+//!      record starts at L); never checkpointed, so never sought
+//!  stream {begin B, end E, part: {lsn L, from i}}
+//!      the last part of that transaction: its documents from i on; it commits at E
 //! ```
+//!
+//! **Parts.** A transaction of more than the stream's `PART_DOCS` documents (or
+//! `PART_BYTES` of text) is handed over in parts as it is decoded, each a step of its
+//! own, the steps of one *unit*: the runtime commits them in one of its transactions,
+//! whole or not at all. A part's position says which of the transaction's documents
+//! it holds, counted from the transaction's start, so a replay re-reads the slot from
+//! `B` and hands exactly those, whatever size of part the replaying stream decodes.
+//! Only a unit's end (the last part) is ever checkpointed: `seek` refuses a part that
+//! is not the last ([`CdcPosition::mid_unit`]), and `committed` only hears of commit
+//! ends.
 //!
 //! **Segments.** The backfill reads under one exported snapshot as long as it runs. A
 //! crash loses that snapshot, so a restarted backfill reads the rest under a new one,
@@ -85,7 +101,39 @@ pub enum CdcPosition {
         /// transaction before it.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         quiet: bool,
+        /// The step is a part of one large transaction (see the module docs); none:
+        /// whole transactions (or a quiet step), as every position written before
+        /// parts existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        part: Option<Part>,
     },
+}
+
+impl CdcPosition {
+    /// The part this position ends inside a transaction with (a part not its last):
+    /// the runtime never checkpoints there, so it is never sought.
+    pub fn mid_unit(&self) -> Option<&Part> {
+        match self {
+            CdcPosition::Stream {
+                part: Some(part), ..
+            } if part.to.is_some() => Some(part),
+            _ => None,
+        }
+    }
+}
+
+/// The documents of one large transaction that a step holds: `[from, to)`, counted
+/// from the transaction's first (the first transaction committing after the step's
+/// `begin`); `to` none: through its last, where the transaction ends (the unit's
+/// last step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Part {
+    /// Where the transaction's commit record starts (its documents' `_meta/lsn`).
+    pub lsn: u64,
+    pub from: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -294,6 +342,7 @@ mod tests {
             end: 2,
             segments: vec![],
             quiet: false,
+            part: None,
         };
         let text = serde_json::to_string(&p).unwrap();
         assert_eq!(text, r#"{"phase":"stream","begin":1,"end":2}"#);
@@ -303,9 +352,38 @@ mod tests {
             end: 2,
             segments: vec![],
             quiet: true,
+            part: None,
         };
         let text = serde_json::to_string(&quiet).unwrap();
         assert_eq!(text, r#"{"phase":"stream","begin":1,"end":2,"quiet":true}"#);
         assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), quiet);
+        assert_eq!(quiet.mid_unit(), None);
+        let part = |to| CdcPosition::Stream {
+            begin: 1,
+            end: 1,
+            segments: vec![],
+            quiet: false,
+            part: Some(Part {
+                lsn: 5,
+                from: 4,
+                to,
+            }),
+        };
+        let mid = part(Some(8));
+        let text = serde_json::to_string(&mid).unwrap();
+        assert_eq!(
+            text,
+            r#"{"phase":"stream","begin":1,"end":1,"part":{"lsn":5,"from":4,"to":8}}"#
+        );
+        assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), mid);
+        assert_eq!(mid.mid_unit().map(|p| p.to), Some(Some(8)));
+        let last = part(None);
+        let text = serde_json::to_string(&last).unwrap();
+        assert_eq!(
+            text,
+            r#"{"phase":"stream","begin":1,"end":1,"part":{"lsn":5,"from":4}}"#
+        );
+        assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), last);
+        assert_eq!(last.mid_unit(), None, "a unit's end is checkpointed");
     }
 }

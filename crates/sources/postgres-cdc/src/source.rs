@@ -5,6 +5,7 @@
 //!  first command, no checkpoint:  checks ─▶ CREATE_REPLICATION_SLOT s LOGICAL pgoutput EXPORT_SNAPSHOT (at C)
 //!      backfill: SET TRANSACTION SNAPSHOT; per table, chunks in primary-key order ─▶ steps (journaled)
 //!      stream:   START_REPLICATION SLOT s LOGICAL C ─▶ whole transactions ─▶ steps (replayed by LSN range)
+//!                                       a large one's parts ─▶ a step each (one unit)
 //!  Source::committed(stream step ending at E) ─▶ the slot confirms E (never earlier)
 //! ```
 //!
@@ -22,6 +23,17 @@
 //! holds ([`Source::committed`]), so after a crash it still holds the step, which is
 //! re-read from `begin` and checked by its hash; transactions ending at or below the
 //! committed `end` are skipped.
+//!
+//! **Large transactions** come from the stream in parts ([`crate::stream`]), and each
+//! part is a step of its own (never shared with other transactions), all but the last
+//! with `Step::unit_continues`: the runtime commits the parts of one upstream
+//! transaction in one of its transactions, so it still commits every upstream
+//! transaction whole, while neither the stream, the read-ahead nor a step holds more
+//! than a part of it. A part's position ([`crate::position::Part`]) names its
+//! documents by their index in the transaction: its replay re-reads the slot from the
+//! transaction's `begin` and hands exactly those (an interrupted unit replays part
+//! after part on one stream). Only a unit's end is checkpointed; `seek` refuses a
+//! position inside one.
 //!
 //! **Quiet steps.** WAL written to tables outside the publication (or other
 //! databases) reaches the stream only as keepalives. When one arrives between
@@ -44,17 +56,19 @@
 //! server has sent everything written before the stream started and nothing is
 //! buffered (the runtime ends a run there; `--follow` goes on).
 //!
-//! Length: about 1000 lines, over the house's 800, as the phases share the opening and
+//! Length: about 1200 lines, over the house's 800, as the phases share the opening and
 //! the step-making code; the pure rules already live in `position`, the I/O in
-//! `catalog`, `wire`, `stream` and `monitor`. Splitting the backfill phase out is the
-//! next cut.
+//! `catalog`, `wire`, `stream` and `monitor`, the replay of streamed steps in
+//! `source/replay.rs`. Splitting the backfill phase out is the next cut.
+
+mod replay;
 
 use crate::catalog::{Catalog, Table};
 use crate::config::{PostgresCdcConfig, split_table};
 use crate::doc::Layout;
 use crate::monitor::{Monitor, Watch};
-use crate::position::{CdcPosition, Segments, TableName, quiet_step_after};
-use crate::stream::{Confirmed, Feedback, Fetcher, Item, Start, Stream, Txn};
+use crate::position::{CdcPosition, Part, Segments, TableName, quiet_step_after};
+use crate::stream::{Confirmed, Feedback, Fetcher, Item, PartBound, Start, Stream, Txn};
 use crate::types::Types;
 use crate::wire::{self, Target, WireError, format_lsn, parse_lsn};
 use serde_json::Value;
@@ -71,6 +85,17 @@ use std::time::{Duration, Instant};
 /// How long a start waits for the slot to be released by an earlier walsender (one
 /// of a killed process lingers until it notices).
 const SLOT_BUSY_WAIT: Duration = Duration::from_secs(60);
+
+/// What a streamed step holds.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    /// Whole transactions (maybe none).
+    Txns,
+    /// None, moving the position to a keepalive's end ([`Step::advances`]).
+    Quiet,
+    /// One part of a large transaction.
+    Part(Part),
+}
 
 pub struct PostgresCdcSource {
     name: String,
@@ -93,6 +118,8 @@ pub struct PostgresCdcSource {
     paused: bool,
     /// The slot's retained WAL and the heartbeat, from the first open on.
     monitor: Option<Monitor>,
+    /// When a transaction is handed over in parts.
+    bound: PartBound,
 }
 
 enum Phase {
@@ -141,6 +168,9 @@ struct Streaming {
     pending: Option<Txn>,
     /// The commit end of the last transaction handed over, or a quiet step's end.
     end: u64,
+    /// Inside a large transaction, the one committing first after `end`: the parts
+    /// handed over so far.
+    unit: Option<InUnit>,
     segments: Segments,
     caught_up: bool,
     /// The highest `wal_end` of a keepalive between transactions taken from the
@@ -153,14 +183,30 @@ struct Streaming {
     moved: Instant,
 }
 
+/// How far the parts of a large transaction were handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InUnit {
+    /// Where its commit record starts.
+    lsn: u64,
+    /// The index of its next document to hand over.
+    next: u64,
+}
+
 impl Streaming {
-    fn new(stream: Stream, feedback: Feedback, from: u64, segments: Segments) -> Streaming {
+    fn new(
+        stream: Stream,
+        feedback: Feedback,
+        from: u64,
+        segments: Segments,
+        unit: Option<InUnit>,
+    ) -> Streaming {
         Streaming {
             stream: Some(stream),
             prefetch: None,
             feedback,
             pending: None,
             end: from,
+            unit,
             segments,
             caught_up: false,
             sent: 0,
@@ -169,8 +215,11 @@ impl Streaming {
         }
     }
 
-    /// When a quiet step is due, if one is owed.
+    /// When a quiet step is due, if one is owed (never inside a unit).
     fn quiet_due(&self) -> Option<Instant> {
+        if self.unit.is_some() {
+            return None;
+        }
         quiet_step_after(self.sent, self.end, self.recorded).map(|after| self.moved + after)
     }
 }
@@ -207,7 +256,16 @@ impl PostgresCdcSource {
             phase: Phase::Idle,
             paused: false,
             monitor: None,
+            bound: PartBound::default(),
         })
+    }
+
+    /// Hands a transaction of more than `docs` documents over in parts of `docs`
+    /// (`stream::PART_DOCS` by default), so that tests need not write thousands of rows.
+    /// Takes effect at the next stream start.
+    #[doc(hidden)]
+    pub fn set_part_docs(&mut self, docs: usize) {
+        self.bound.docs = docs.max(1);
     }
 
     /// The replication slot this source reads.
@@ -365,7 +423,7 @@ impl PostgresCdcSource {
             }) => {
                 let mut segments = Segments(segments);
                 if table >= tables.len() {
-                    self.streaming(consistent, segments).await?
+                    self.streaming(consistent, segments, None).await?
                 } else {
                     if let Some(after) = &after {
                         segments.push(&tables[table], Some(after.clone()), snapshot);
@@ -374,8 +432,23 @@ impl PostgresCdcSource {
                         .await?
                 }
             }
+            // Inside a unit (the queue failed mid-unit, or a part was replayed): from
+            // the unit's start, handing over only its documents after those taken.
+            Some(CdcPosition::Stream {
+                begin,
+                segments,
+                part: Some(part),
+                ..
+            }) if part.to.is_some() => {
+                let unit = InUnit {
+                    lsn: part.lsn,
+                    next: part.to.unwrap_or_default(),
+                };
+                self.streaming(begin, Segments(segments), Some(unit))
+                    .await?
+            }
             Some(CdcPosition::Stream { end, segments, .. }) => {
-                self.streaming(end, Segments(segments)).await?
+                self.streaming(end, Segments(segments), None).await?
             }
         };
         Ok(())
@@ -497,11 +570,17 @@ impl PostgresCdcSource {
         }))
     }
 
-    /// Streams from `from` (a commit end, or the consistent point).
-    async fn streaming(&mut self, from: u64, segments: Segments) -> Result<Phase, SourceError> {
+    /// Streams from `from` (a commit end, or the consistent point), inside `unit` if
+    /// some.
+    async fn streaming(
+        &mut self,
+        from: u64,
+        segments: Segments,
+        unit: Option<InUnit>,
+    ) -> Result<Phase, SourceError> {
         let (stream, feedback) = self.stream_from(from, segments.clone()).await?;
         Ok(Phase::Stream(Box::new(Streaming::new(
-            stream, feedback, from, segments,
+            stream, feedback, from, segments, unit,
         ))))
     }
 
@@ -554,6 +633,7 @@ impl PostgresCdcSource {
                 skip_through: from,
                 segments,
                 target,
+                bound: self.bound,
             },
             self.wal_end.clone(),
         ))
@@ -653,6 +733,7 @@ impl PostgresCdcSource {
                 end: consistent,
                 segments: segments.0,
                 quiet: false,
+                part: None,
             });
             return Ok(None);
         }
@@ -664,6 +745,7 @@ impl PostgresCdcSource {
             errors: Vec::new(),
             end_of_input: false,
             advances: false,
+            unit_continues: false,
             resume: Resume::Replay {
                 position: serde_json::to_value(&position).expect("a position serializes"),
                 data: Some(data),
@@ -672,45 +754,77 @@ impl PostgresCdcSource {
         }))
     }
 
-    /// The step of the whole transactions `txns`, ending at `end`: their documents
-    /// handed over, hashed as the replay will hash them. `quiet`: a step of none that
-    /// moves the position to a keepalive's `end` ([`Step::advances`]).
+    /// The step of the whole transactions `txns`, ending at `end`, or of one part of a
+    /// large transaction (`txns` its pieces): their documents handed over, hashed as
+    /// the replay will hash them.
     fn stream_step(
         &self,
         (begin, end): (u64, u64),
         segments: &Segments,
         txns: &[Txn],
         out: &mut Records,
-        (end_of_input, quiet): (bool, bool),
+        (end_of_input, shape): (bool, Shape),
     ) -> Step {
         let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
         for txn in txns {
             for (i, doc) in txn.docs().enumerate() {
-                out.push_json(doc, self.position_of(txn.final_lsn, i as u64), doc.len());
+                let index = txn.first + i as u64;
+                out.push_json(doc, self.position_of(txn.final_lsn, index), doc.len());
                 hasher.append(doc);
                 hasher.append(b"\n");
                 records += 1;
                 bytes += doc.len() as u64;
             }
         }
+        let (quiet, part) = match shape {
+            Shape::Txns => (false, None),
+            Shape::Quiet => (true, None),
+            Shape::Part(part) => (false, Some(part)),
+        };
+        let unit_continues = part.is_some_and(|p| p.to.is_some());
         let position = CdcPosition::Stream {
             begin,
             end,
             segments: segments.after(begin).0,
             quiet,
+            part,
         };
         Step {
             records,
             bytes,
             errors: Vec::new(),
-            end_of_input,
-            advances: quiet,
+            end_of_input: end_of_input && !unit_continues,
+            // A last part without documents (only after a reopen inside a unit whose
+            // documents were all taken) still ends the unit and moves the position.
+            advances: quiet || (part.is_some() && !unit_continues && records == 0),
+            unit_continues,
             resume: Resume::Replay {
                 position: serde_json::to_value(&position).expect("a position serializes"),
                 data: None,
                 hash: hasher.finish(),
             },
         }
+    }
+
+    /// After a streamed step failed: the next open goes on where the step began
+    /// (inside its unit, after the documents taken before, if it was in one).
+    fn failed_at(&mut self, begin: u64, unit: Option<InUnit>) {
+        let segments = match &self.phase {
+            Phase::Stream(s) => s.segments.0.clone(),
+            _ => Vec::new(),
+        };
+        self.phase = Phase::Idle;
+        self.resume = Some(CdcPosition::Stream {
+            begin,
+            end: begin,
+            segments,
+            quiet: false,
+            part: unit.map(|u| Part {
+                lsn: u.lsn,
+                from: u.next,
+                to: Some(u.next),
+            }),
+        });
     }
 
     fn bad_resume(&self, action: &'static str, resume: &Value, reason: String) -> SourceError {
@@ -764,7 +878,21 @@ impl Source for PostgresCdcSource {
     /// where it continues (refused with [`SourceError::SeekBack`]: the server would
     /// silently start later). The stream opens at the first `queue` or `replay`.
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        let position = self.parse_position("seek to", position)?;
+        let value = position;
+        let position = self.parse_position("seek to", value)?;
+        if let Some(part) = position.mid_unit() {
+            return Err(self.bad_resume(
+                "seek to",
+                value,
+                format!(
+                    "the position lies inside the transaction committing at {} (after its \
+                     document {}): the runtime checkpoints only where a unit ends, so no \
+                     checkpoint holds it",
+                    format_lsn(part.lsn),
+                    part.to.unwrap_or_default()
+                ),
+            ));
+        }
         self.phase = Phase::Idle;
         let from = match &position {
             CdcPosition::Backfill { consistent, .. } => *consistent,
@@ -803,6 +931,7 @@ impl Source for PostgresCdcSource {
                     errors: Vec::new(),
                     end_of_input: false,
                     advances: false,
+                    unit_continues: false,
                     resume: Resume::Replay {
                         position: position.clone(),
                         data: Some(data.clone()),
@@ -816,12 +945,18 @@ impl Source for PostgresCdcSource {
                     end,
                     segments,
                     quiet,
+                    part,
                 },
                 None,
-            ) => {
+            ) if !(*quiet && part.is_some()) => {
                 self.watch();
+                let shape = match (quiet, part) {
+                    (_, Some(part)) => Shape::Part(*part),
+                    (true, None) => Shape::Quiet,
+                    (false, None) => Shape::Txns,
+                };
                 match self
-                    .replay_stream((*begin, *end), Segments(segments.clone()), *quiet, out)
+                    .replay_stream((*begin, *end), Segments(segments.clone()), shape, out)
                     .await
                 {
                     Ok(step) => step,
@@ -836,7 +971,9 @@ impl Source for PostgresCdcSource {
                 return Err(self.bad_resume(
                     "replay",
                     position,
-                    "a backfill step journals its rows; a streamed one does not".into(),
+                    "a backfill step journals its rows, a streamed one does not, and a \
+                     quiet step is no part of a transaction"
+                        .into(),
                 ));
             }
         };
@@ -864,9 +1001,10 @@ impl Source for PostgresCdcSource {
             s.prefetch = Some(Prefetch::spawn(Fetcher(stream), paused));
         }
         let prefetch = s.prefetch.as_ref().expect("spawned above");
-        let begin = s.end;
+        let (begin, unit) = (s.end, s.unit);
         let (mut records, mut bytes) = (0usize, 0u64);
         let mut taken = Vec::new();
+        let mut part = None;
         loop {
             let txn = match s.pending.take() {
                 Some(txn) => txn,
@@ -878,14 +1016,7 @@ impl Source for PostgresCdcSource {
                     let mut items = match prefetch.take(one) {
                         Ok(items) => items,
                         Err(e) => {
-                            let segments = s.segments.0.clone();
-                            self.phase = Phase::Idle;
-                            self.resume = Some(CdcPosition::Stream {
-                                begin,
-                                end: begin,
-                                segments,
-                                quiet: false,
-                            });
+                            self.failed_at(begin, unit);
                             return Err(e);
                         }
                     };
@@ -900,6 +1031,31 @@ impl Source for PostgresCdcSource {
                     }
                 }
             };
+            let continued = match s.unit {
+                None => Ok(Some(txn)),
+                Some(unit) => after_handed(unit, txn),
+            };
+            let txn = match continued {
+                Ok(Some(txn)) => txn,
+                Ok(None) => continue,
+                Err(reason) => {
+                    let e = SourceError::Unavailable {
+                        name: self.name.clone(),
+                        position: Value::from(format_lsn(begin)),
+                        reason: format!("{reason}, in the middle of a transaction"),
+                    };
+                    self.failed_at(begin, unit);
+                    return Err(e);
+                }
+            };
+            if !txn.whole() {
+                // A part of a large transaction: a step of its own.
+                match taken.is_empty() {
+                    true => part = Some(txn),
+                    false => s.pending = Some(txn),
+                }
+                break;
+            }
             let docs = txn.ends.len();
             if records > 0 && (records + docs > limits.max_records || bytes >= limits.max_bytes) {
                 s.pending = Some(txn);
@@ -907,12 +1063,37 @@ impl Source for PostgresCdcSource {
             }
             records += docs;
             bytes += txn.text.len() as u64;
-            s.end = txn.end_lsn;
+            s.end = txn.end_lsn.unwrap_or(s.end);
             taken.push(txn);
+        }
+        let now = Instant::now();
+        if let Some(txn) = part {
+            let to = match txn.end_lsn {
+                Some(end) => {
+                    (s.end, s.unit) = (end, None);
+                    None
+                }
+                None => {
+                    s.unit = Some(InUnit {
+                        lsn: txn.final_lsn,
+                        next: txn.next(),
+                    });
+                    Some(txn.next())
+                }
+            };
+            let part = Part {
+                lsn: txn.final_lsn,
+                from: txn.first,
+                to,
+            };
+            (s.recorded, s.moved) = (s.end, now);
+            let (end, segments) = (s.end, s.segments.clone());
+            let end_of_input = s.caught_up && s.pending.is_none() && prefetch.queued().records == 0;
+            let shape = (end_of_input, Shape::Part(part));
+            return Ok(self.stream_step((begin, end), &segments, &[txn], out, shape));
         }
         // Every transaction ending at or before `sent` was taken (none is pending):
         // with none in this step, a quiet one may move the position up to `sent`.
-        let now = Instant::now();
         let quiet =
             taken.is_empty() && s.pending.is_none() && s.quiet_due().is_some_and(|due| due <= now);
         if quiet {
@@ -922,8 +1103,16 @@ impl Source for PostgresCdcSource {
             (s.recorded, s.moved) = (s.end, now);
         }
         let (end, segments) = (s.end, s.segments.clone());
-        let end_of_input = s.caught_up && s.pending.is_none() && prefetch.queued().records == 0;
-        Ok(self.stream_step((begin, end), &segments, &taken, out, (end_of_input, quiet)))
+        // Never inside a unit: its next part is still to come.
+        let end_of_input = s.caught_up
+            && s.unit.is_none()
+            && s.pending.is_none()
+            && prefetch.queued().records == 0;
+        let shape = match quiet {
+            true => Shape::Quiet,
+            false => Shape::Txns,
+        };
+        Ok(self.stream_step((begin, end), &segments, &taken, out, (end_of_input, shape)))
     }
 
     async fn ready(&mut self) {
@@ -1019,88 +1208,27 @@ impl Source for PostgresCdcSource {
     }
 }
 
-impl PostgresCdcSource {
-    /// Re-reads the transactions ending in `(begin, end]` from the slot, leaving the
-    /// stream after them for the steps that follow. A `quiet` step holds none: the slot
-    /// is read to the first keepalive at or past `end` (a transaction ending after it
-    /// is kept for the next step), and a transaction ending inside the range is an
-    /// error.
-    async fn replay_stream(
-        &mut self,
-        (begin, end): (u64, u64),
-        segments: Segments,
-        quiet: bool,
-        out: &mut Records,
-    ) -> Result<Step, SourceError> {
-        let reuse = matches!(&self.phase, Phase::Stream(s) if s.stream.is_some() && s.end == begin && s.pending.is_none());
-        if !reuse {
-            self.phase = Phase::Idle;
-            let (stream, feedback) = self.stream_from(begin, segments.clone()).await?;
-            self.phase = Phase::Stream(Box::new(Streaming::new(
-                stream,
-                feedback,
-                begin,
-                segments.clone(),
-            )));
-        }
-        let mut taken = Vec::new();
-        if begin < end {
-            let Phase::Stream(s) = &mut self.phase else {
-                unreachable!("set above")
-            };
-            let stream = s.stream.as_mut().expect("set above");
-            loop {
-                match stream.next().await? {
-                    Item::Sent { wal_end, caught_up } => {
-                        s.caught_up |= caught_up;
-                        s.sent = s.sent.max(wal_end);
-                        if quiet && wal_end >= end {
-                            break;
-                        }
-                    }
-                    Item::Txn(txn) if quiet && txn.end_lsn > end => {
-                        s.pending = Some(txn);
-                        break;
-                    }
-                    Item::Txn(txn) if quiet => {
-                        return Err(SourceError::Unavailable {
-                            name: self.name.clone(),
-                            position: Value::from(format_lsn(end)),
-                            reason: format!(
-                                "the step moved the position from {} to {} with no \
-                                 transaction of the slot in between, and the slot now has \
-                                 one committing at {}: was it dropped and created again?",
-                                format_lsn(begin),
-                                format_lsn(end),
-                                format_lsn(txn.end_lsn)
-                            ),
-                        });
-                    }
-                    Item::Txn(txn) if txn.end_lsn <= end => {
-                        let last = txn.end_lsn == end;
-                        taken.push(txn);
-                        if last {
-                            break;
-                        }
-                    }
-                    Item::Txn(txn) => {
-                        return Err(SourceError::Unavailable {
-                            name: self.name.clone(),
-                            position: Value::from(format_lsn(end)),
-                            reason: format!(
-                                "the step ended with the transaction committing at {}, and the \
-                                 slot now has none ending there (next: {}): was it dropped and \
-                                 created again?",
-                                format_lsn(end),
-                                format_lsn(txn.end_lsn)
-                            ),
-                        });
-                    }
-                }
-            }
-            s.end = end;
-            (s.recorded, s.moved) = (end, Instant::now());
-        }
-        Ok(self.stream_step((begin, end), &segments, &taken, out, (false, quiet)))
+/// `txn` as the continuation of `unit`: without the documents handed over before (a
+/// stream reopened inside a unit hands its transaction from the start). None: all of
+/// it was handed over before, and more follows. An error: the slot no longer holds
+/// the unit's transaction there.
+fn after_handed(unit: InUnit, mut txn: Txn) -> Result<Option<Txn>, String> {
+    if txn.final_lsn != unit.lsn {
+        return Err(format!(
+            "the slot now has the transaction committing at {} there",
+            format_lsn(txn.final_lsn)
+        ));
     }
+    if txn.first > unit.next {
+        return Err(format!(
+            "the slot now hands its documents from {} on, not {}",
+            txn.first, unit.next
+        ));
+    }
+    let rest = if txn.first < unit.next {
+        txn.split_off(unit.next)
+    } else {
+        txn
+    };
+    Ok((!rest.is_empty() || rest.end_lsn.is_some()).then_some(rest))
 }

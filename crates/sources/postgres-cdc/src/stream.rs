@@ -1,12 +1,24 @@
-//! Streaming from the slot: pgoutput decoded into whole transactions of documents, and
-//! the standby status updates that confirm what is durable.
+//! Streaming from the slot: pgoutput decoded into transactions of documents (whole, or
+//! a large one in parts), and the standby status updates that confirm what is durable.
 //!
 //! ```text
-//!  walsender ──XLogData/keepalive──▶ Stream::next ─▶ Item::Txn (docs of one whole transaction)
-//!      ▲                                          └─▶ Item::Sent (a keepalive between transactions:
+//!  walsender ──XLogData/keepalive──▶ Stream::next ─▶ Item::Txn (docs of one whole transaction,
+//!      ▲                                          │    or of one part of a large one)
+//!      │                                          └─▶ Item::Sent (a keepalive between transactions:
 //!      │                                               all WAL through wal_end sent; caught up?)
 //!      └──── standby status (flush = confirmed) ◀── feedback task ◀── Source::committed
 //! ```
+//!
+//! **Parts.** A transaction is held whole until its Commit, unless it grows past
+//! [`PART_DOCS`] documents or [`PART_BYTES`] of text: then what it holds is handed over
+//! as a *part* (`end_lsn` none, `first` its first document's index in the
+//! transaction) as soon as one more document is decoded, and the rest follows in
+//! further parts, the last one with the Commit (`end_lsn` set). No part is empty,
+//! the last included. pgoutput v1 sends a transaction only once it committed, so a
+//! part handed over before its Commit message is never rolled back; its documents
+//! carry the Begin's `final_lsn` as every document of the transaction does. So the
+//! stream holds at most one part of a transaction (plus the one or two documents of
+//! a change), however large the transaction.
 //!
 //! **Keepalives between transactions.** A keepalive's `wal_end` is the walsender's
 //! `sentPtr`: the end of the last WAL record it decoded. Every transaction whose commit
@@ -28,7 +40,11 @@
 //!
 //! What is skipped, so that nothing is handed over twice:
 //! - whole transactions whose commit ends at or before `skip_through` (the committed
-//!   position: a slot confirmed less than was committed redelivers them);
+//!   position: a slot confirmed less than was committed redelivers them). Told apart
+//!   at their Begin, so that no part of one is handed over: `skip_through` is the end
+//!   of a WAL record (a commit end, a keepalive's `sentPtr`, a slot's consistent
+//!   point), so a commit record ends at or before it exactly when it starts before it
+//!   (checked again at the Commit);
 //! - changes that a backfill snapshot already held ([`Segments::holds`]).
 //!
 //! [`Prefetch`]: sluice_source_sdk::Prefetch
@@ -40,7 +56,7 @@ use crate::position::{KeyKind, Segments, TableName};
 use crate::types::Types;
 use crate::wire::{Copy, Reader, WireError, Writer};
 use sluice_source_sdk::{Fetch, SourceError};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -52,13 +68,42 @@ use tokio::sync::Notify;
 const STATUS_EVERY: Duration = Duration::from_secs(5);
 const STATUS_CATCHING_UP: Duration = Duration::from_millis(200);
 
-/// One whole transaction, as documents.
+/// A transaction of more documents than this is handed over in parts of this many
+/// (see the module docs): large enough that nearly every transaction is one step,
+/// as before parts existed, and one step's hash and documents stay cheap; small
+/// enough that a part of wide rows stays a few MiB.
+pub const PART_DOCS: usize = 8192;
+/// Or in parts of about this much document text (one document more at most): what
+/// the stream, the read-ahead and a step hold of one transaction at a time.
+pub const PART_BYTES: usize = 8 << 20;
+
+/// When a transaction's documents are handed over as a part ([`PART_DOCS`],
+/// [`PART_BYTES`]; lower in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartBound {
+    pub docs: usize,
+    pub bytes: usize,
+}
+
+impl Default for PartBound {
+    fn default() -> Self {
+        PartBound {
+            docs: PART_DOCS,
+            bytes: PART_BYTES,
+        }
+    }
+}
+
+/// One whole transaction as documents, or one part of a large one.
 #[derive(Debug)]
 pub struct Txn {
     /// Where its commit record starts (each document's `_meta/lsn`).
     pub final_lsn: u64,
-    /// Just past its commit record.
-    pub end_lsn: u64,
+    /// Just past its commit record; none in a part that is not the transaction's last.
+    pub end_lsn: Option<u64>,
+    /// The transaction's index of this part's first document (0: its first part, or
+    /// the whole transaction).
+    pub first: u64,
     /// The documents' texts back to back; `ends[i]` is where document `i` ends.
     pub text: Vec<u8>,
     pub ends: Vec<usize>,
@@ -72,6 +117,61 @@ impl Txn {
             start = end;
             doc
         })
+    }
+
+    /// How many documents it holds.
+    pub fn len(&self) -> u64 {
+        self.ends.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// A whole transaction, not a part of one.
+    pub fn whole(&self) -> bool {
+        self.first == 0 && self.end_lsn.is_some()
+    }
+
+    /// The transaction's index just past this part's last document.
+    pub fn next(&self) -> u64 {
+        self.first + self.len()
+    }
+
+    /// Whether a document more makes it larger than a part (see the module docs).
+    fn full(&self, bound: PartBound) -> bool {
+        !self.ends.is_empty() && (self.ends.len() >= bound.docs || self.text.len() >= bound.bytes)
+    }
+
+    /// Hands over the documents decoded so far as a part that is not the
+    /// transaction's last; `self` goes on after them.
+    fn take_part(&mut self) -> Txn {
+        let part = Txn {
+            final_lsn: self.final_lsn,
+            end_lsn: None,
+            first: self.first,
+            text: std::mem::take(&mut self.text),
+            ends: std::mem::take(&mut self.ends),
+        };
+        self.first = part.next();
+        part
+    }
+
+    /// Splits off the documents from the transaction's index `at` on (within this
+    /// part): they become the part returned (with the end, if this part had it), and
+    /// `self` ends before them (no end).
+    pub fn split_off(&mut self, at: u64) -> Txn {
+        let keep = (at.saturating_sub(self.first) as usize).min(self.ends.len());
+        let cut = if keep == 0 { 0 } else { self.ends[keep - 1] };
+        let text = self.text.split_off(cut);
+        let ends = self.ends.split_off(keep).iter().map(|e| e - cut).collect();
+        Txn {
+            final_lsn: self.final_lsn,
+            end_lsn: self.end_lsn.take(),
+            first: self.first + keep as u64,
+            text,
+            ends,
+        }
     }
 }
 
@@ -130,7 +230,15 @@ pub struct Stream {
     skip_through: u64,
     segments: Segments,
     target: u64,
+    /// The transaction being decoded (after what earlier parts of it handed over).
     txn: Option<Txn>,
+    /// The open transaction commits at or before `skip_through`: its changes are
+    /// not decoded.
+    skipping: bool,
+    bound: PartBound,
+    /// Parts split off `txn`, to hand over before anything else (a change may make
+    /// two documents, so two parts with a bound of one document).
+    ready: VecDeque<Txn>,
     /// The end of the WAL the server reported last (a keepalive's, a message's).
     wal_end: Arc<AtomicU64>,
     /// The last `wal_end` handed out as [`Item::Sent`].
@@ -169,6 +277,7 @@ pub struct Start {
     pub segments: Segments,
     /// `end_of_input` once the server has sent the WAL up to here.
     pub target: u64,
+    pub bound: PartBound,
 }
 
 impl Stream {
@@ -206,6 +315,9 @@ impl Stream {
             segments: start.segments,
             target: start.target,
             txn: None,
+            skipping: false,
+            bound: start.bound,
+            ready: VecDeque::new(),
             wal_end,
             sent: 0,
         };
@@ -224,10 +336,13 @@ impl Stream {
         self.catalog.io(format!("replication stream: {what}"))
     }
 
-    /// The next whole transaction (or the news of being caught up). Cancel-safe only in
-    /// that a cancelled stream is dropped, never used again.
+    /// The next whole transaction or part of one (or the news of being caught up).
+    /// Cancel-safe only in that a cancelled stream is dropped, never used again.
     pub async fn next(&mut self) -> Result<Item, SourceError> {
         loop {
+            if let Some(part) = self.ready.pop_front() {
+                return Ok(Item::Txn(part));
+            }
             let copy = self.reader.next().await.map_err(|e| self.io(e))?;
             let body = match copy {
                 Copy::Keepalive { wal_end, reply } => {
@@ -256,9 +371,11 @@ impl Stream {
             let message = pgoutput::decode(body).map_err(|e| self.malformed(e.0))?;
             match message {
                 Message::Begin { final_lsn } => {
+                    self.skipping = final_lsn < self.skip_through;
                     self.txn = Some(Txn {
                         final_lsn,
-                        end_lsn: 0,
+                        end_lsn: None,
+                        first: 0,
                         text: Vec::new(),
                         ends: Vec::new(),
                     });
@@ -267,10 +384,19 @@ impl Stream {
                     let Some(mut txn) = self.txn.take() else {
                         return Err(self.malformed("a commit without its begin".into()));
                     };
-                    if end_lsn <= self.skip_through {
+                    if std::mem::take(&mut self.skipping) {
+                        if end_lsn > self.skip_through {
+                            return Err(self.malformed(format!(
+                                "the commit record of the transaction at {} ends at {}, past \
+                                 the start position {}, which is no record's end",
+                                crate::wire::format_lsn(txn.final_lsn),
+                                crate::wire::format_lsn(end_lsn),
+                                crate::wire::format_lsn(self.skip_through)
+                            )));
+                        }
                         continue;
                     }
-                    txn.end_lsn = end_lsn;
+                    txn.end_lsn = Some(end_lsn);
                     return Ok(Item::Txn(txn));
                 }
                 Message::Relation(rel) => self.relation(rel).await?,
@@ -296,6 +422,9 @@ impl Stream {
                     });
                 }
                 Message::Other => {}
+            }
+            if let Some(part) = self.ready.pop_front() {
+                return Ok(Item::Txn(part));
             }
         }
     }
@@ -350,6 +479,9 @@ impl Stream {
         let Some(txn) = self.txn.as_mut() else {
             return Err(self.malformed("a change outside a transaction".into()));
         };
+        if self.skipping {
+            return Ok(());
+        }
         let key_of = |tuple: &[Datum]| -> Vec<String> {
             rel.key
                 .iter()
@@ -364,7 +496,11 @@ impl Stream {
             self.segments
                 .holds(&rel.name, rel.kinds.as_deref(), key, final_lsn)
         };
-        let emit = |txn: &mut Txn, op: &str, tuple: &[Datum], only_key: bool| {
+        let (bound, ready) = (self.bound, &mut self.ready);
+        let mut emit = |txn: &mut Txn, op: &str, tuple: &[Datum], only_key: bool| {
+            if txn.full(bound) {
+                ready.push_back(txn.take_part());
+            }
             let types = &self.types;
             let values = tuple.iter().enumerate().filter_map(|(i, datum)| {
                 if only_key && !rel.key.contains(&i) {
@@ -452,5 +588,77 @@ impl Fetch for Fetcher {
             Item::Sent { .. } => 0,
         };
         Ok(vec![(item, bytes)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(first: u64, docs: &[&str], end_lsn: Option<u64>) -> Txn {
+        let mut txn = Txn {
+            final_lsn: 7,
+            end_lsn,
+            first,
+            text: Vec::new(),
+            ends: Vec::new(),
+        };
+        for doc in docs {
+            txn.text.extend_from_slice(doc.as_bytes());
+            txn.ends.push(txn.text.len());
+        }
+        txn
+    }
+
+    fn texts(txn: &Txn) -> Vec<&str> {
+        txn.docs()
+            .map(|d| std::str::from_utf8(d).unwrap())
+            .collect()
+    }
+
+    /// Splitting at a transaction index keeps the documents before it, and the tail
+    /// takes the end; an index outside the part leaves all or nothing behind.
+    #[test]
+    fn a_part_splits_at_a_transaction_index_and_the_tail_keeps_the_end() {
+        let mut head = part(3, &["a", "bb", "ccc"], Some(99));
+        let tail = head.split_off(5);
+        assert_eq!(
+            (texts(&head), head.first, head.end_lsn),
+            (vec!["a", "bb"], 3, None)
+        );
+        assert_eq!(
+            (texts(&tail), tail.first, tail.end_lsn),
+            (vec!["ccc"], 5, Some(99))
+        );
+        assert!(!tail.whole() && tail.next() == 6);
+        let mut all = part(3, &["a"], None);
+        let none = all.split_off(9);
+        assert_eq!(
+            (texts(&all), texts(&none), none.first),
+            (vec!["a"], vec![], 4)
+        );
+        let mut before = part(3, &["a"], Some(1));
+        let rest = before.split_off(0);
+        assert!(before.is_empty() && rest.first == 3 && rest.end_lsn == Some(1));
+    }
+
+    /// A full transaction hands its documents over as a part and goes on after them.
+    #[test]
+    fn a_full_transaction_hands_over_a_part_and_counts_on() {
+        let bound = PartBound {
+            docs: 2,
+            bytes: 1 << 20,
+        };
+        let mut txn = part(0, &["a"], None);
+        assert!(!txn.full(bound));
+        txn = part(0, &["a", "b"], None);
+        assert!(txn.full(bound));
+        let first = txn.take_part();
+        assert_eq!(
+            (texts(&first), first.first, first.end_lsn),
+            (vec!["a", "b"], 0, None)
+        );
+        assert!(txn.is_empty() && txn.first == 2 && !txn.full(bound));
+        assert!(part(0, &["abc"], None).full(PartBound { docs: 10, bytes: 3 }));
     }
 }

@@ -722,3 +722,147 @@ async fn the_heartbeat_writes_wal_and_the_retained_wal_is_known() {
         .await
         .unwrap();
 }
+
+/// (table, id, op) of each document, for comparing change streams.
+fn changes(docs: &[Value]) -> Vec<(String, i64, String)> {
+    docs.iter()
+        .map(|d| {
+            let meta = &d["_meta"];
+            (
+                meta["source"]["table"].as_str().unwrap().to_string(),
+                d["id"].as_i64().unwrap(),
+                meta["op"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Reads steps until `n` documents were handed over, keeping only the steps with
+/// documents (the runtime drops the others), each with its documents.
+async fn steps_of(source: &mut PostgresCdcSource, n: usize) -> Vec<(Step, Vec<Value>)> {
+    let started = Instant::now();
+    let (mut read, mut got) = (0, Vec::new());
+    while read < n {
+        let (docs, s) = step(source, 100).await;
+        if s.records == 0 {
+            assert!(!s.unit_continues, "{s:?}");
+            assert!(started.elapsed() < Duration::from_secs(60), "{got:?}");
+            tokio::time::timeout(Duration::from_millis(200), source.ready())
+                .await
+                .ok();
+            continue;
+        }
+        read += docs.len();
+        got.push((s, docs));
+    }
+    got
+}
+
+/// One upstream transaction over two captured tables, larger than two parts, is handed
+/// over as a unit: a step per part, `unit_continues` on all but the last, together the
+/// transaction's changes in order. Each part replays alone on a fresh source to the same
+/// documents and hash (whatever part size the replaying stream decodes), a position
+/// inside the unit is refused by `seek`, the parts replay one after another as after a
+/// crash, and a restart at the position before the transaction reads it again whole.
+#[tokio::test]
+async fn a_large_transaction_spanning_tables_is_handed_over_as_one_unit_of_parts() {
+    let pg = LogicalPostgres::start();
+    let client = sql(&pg.url()).await;
+    items(&client, 1).await;
+    client
+        .batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, item bigint)")
+        .await
+        .unwrap();
+    let config = config(
+        &pg.url(),
+        json!({"tables": ["public.items", "public.orders"]}),
+    );
+    let mut first = source(&config);
+    first.set_part_docs(4);
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(&mut first, 100, &mut docs, &mut steps, caught_up).await;
+    let before = commit(&mut first, &steps);
+    // 11 documents (parts of 4, 4 and 3) across both tables, then a small transaction.
+    client
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO items SELECT g, 'bulk', g FROM generate_series(100, 104) g;
+             INSERT INTO orders SELECT g, g + 100 FROM generate_series(1, 4) g;
+             UPDATE items SET qty = 0 WHERE id = 1;
+             DELETE FROM orders WHERE id = 2;
+             COMMIT;
+             INSERT INTO items VALUES (200, 'after', 1);",
+        )
+        .await
+        .unwrap();
+    let read = steps_of(&mut first, 12).await;
+    let continues: Vec<bool> = read.iter().map(|(s, _)| s.unit_continues).collect();
+    assert_eq!(continues, [true, true, false, false], "{read:?}");
+    let sizes: Vec<usize> = read.iter().map(|(s, _)| s.records).collect();
+    assert_eq!(sizes, [4, 4, 3, 1]);
+    let all: Vec<Value> = read.iter().flat_map(|(_, d)| d.clone()).collect();
+    let c = |t: &str, id: i64, op: &str| (t.to_string(), id, op.to_string());
+    let mut expected: Vec<_> = (100..=104).map(|id| c("items", id, "c")).collect();
+    expected.extend((1..=4).map(|id| c("orders", id, "c")));
+    expected.extend([
+        c("items", 1, "u"),
+        c("orders", 2, "d"),
+        c("items", 200, "c"),
+    ]);
+    assert_eq!(changes(&all), expected);
+    let lsn = &all[0]["_meta"]["lsn"];
+    assert!(
+        all[..11].iter().all(|d| &d["_meta"]["lsn"] == lsn),
+        "{all:?}"
+    );
+    let unit: Vec<(Step, Vec<Value>)> = read[..3].to_vec();
+    first.disconnect().await;
+    drop(first);
+
+    // Each part alone on a fresh source, decoding parts of another size than the
+    // first run (the whole transaction at once, parts of 3, of 1).
+    for ((step, docs), part_docs) in unit.iter().zip([None, Some(3), Some(1)]) {
+        let mut fresh = source(&config);
+        if let Some(n) = part_docs {
+            fresh.set_part_docs(n);
+        }
+        let mut out = Records::default();
+        let replayed = fresh.replay(&step.resume, &mut out).await.unwrap();
+        assert_eq!(replayed.resume, step.resume, "same position and hash");
+        assert_eq!(replayed.unit_continues, step.unit_continues);
+        assert_eq!(&parsed_docs(&mut out), docs);
+        fresh.disconnect().await;
+    }
+
+    // A position inside the unit is never checkpointed: seeking it is refused.
+    let mid = unit[0].0.resume.position().unwrap();
+    let err = source(&config).seek(mid).await.unwrap_err();
+    assert!(matches!(err, SourceError::BadResume { .. }), "{err}");
+
+    // After a crash with the unit journaled: its parts replay one after another on
+    // one stream, and reading goes on after it.
+    let mut second = source(&config);
+    second.seek(&before).await.unwrap();
+    for (step, docs) in &unit {
+        let mut out = Records::default();
+        let replayed = second.replay(&step.resume, &mut out).await.unwrap();
+        assert_eq!(replayed.resume, step.resume);
+        assert_eq!(&parsed_docs(&mut out), docs);
+    }
+    let after = steps_of(&mut second, 1).await;
+    assert_eq!(changes(&after[0].1), [c("items", 200, "c")]);
+    second.disconnect().await;
+
+    // A crash before the unit's intent: a restart at the position before it reads
+    // it again whole, as the same parts.
+    let mut third = source(&config);
+    third.set_part_docs(4);
+    third.seek(&before).await.unwrap();
+    let again = steps_of(&mut third, 12).await;
+    let resumes = |steps: &[(Step, Vec<Value>)]| -> Vec<Resume> {
+        steps.iter().map(|(s, _)| s.resume.clone()).collect()
+    };
+    assert_eq!(resumes(&again), resumes(&read));
+    let again: Vec<Value> = again.into_iter().flat_map(|(_, d)| d).collect();
+    assert_eq!(again, all);
+}

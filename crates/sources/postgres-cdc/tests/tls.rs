@@ -2,8 +2,8 @@
 //! `wal_level=logical` that takes TLS only (`hostssl` alone in pg_hba.conf,
 //! [`LogicalPostgres::start_tls`]), its certificate naming `localhost` only:
 //! `verify-full` with the right CA snapshots and streams; another CA, or a host the
-//! certificate does not name, fails naming the certificate problem and the options,
-//! not retryable; a plain connection is refused by the server, in its words.
+//! certificate does not name, fails naming the certificate problem (for another CA,
+//! the issuer, in `verify-ca` too) and the options, not retryable; a plain connection is refused by the server, in its words.
 
 use serde_json::{Value, json};
 use sluice_postgres_cdc::{PostgresCdcConfig, PostgresCdcSource};
@@ -106,9 +106,21 @@ async fn certificates_that_do_not_verify_fail_naming_the_problem_and_the_options
     let other_ca = file(&pg, "other-ca.crt");
     let wrong_ca = format!("sslmode=verify-full&sslrootcert={other_ca}");
     let err = permanent(source(&pg, "localhost", &wrong_ca, "wrong_ca")).await;
+    let issued_by = format!(
+        "the server's certificate does not verify: issued by CN=Sluice test ca, not by a \
+         CA of sslrootcert ({other_ca})"
+    );
     assert!(
         err.contains(&format!("sslmode=verify-full sslrootcert={other_ca}"))
-            && err.contains("the server's certificate does not verify: UnknownIssuer"),
+            && err.contains(&issued_by),
+        "{err}"
+    );
+    // verify-ca, which checks the chain and not the name, names the issuer too.
+    let chain_only = format!("sslmode=verify-ca&sslrootcert={other_ca}");
+    let err = permanent(source(&pg, "127.0.0.1", &chain_only, "wrong_ca_chain")).await;
+    assert!(
+        err.contains(&format!("sslmode=verify-ca sslrootcert={other_ca}"))
+            && err.contains(&issued_by),
         "{err}"
     );
 

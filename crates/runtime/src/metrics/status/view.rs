@@ -5,6 +5,8 @@ use super::unix_ms;
 use crate::config::Pipeline;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+pub use sluice_source_sdk::HealthState;
+use sluice_source_sdk::{Metric, MetricKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime};
 
@@ -61,6 +63,9 @@ pub enum State {
     /// Running, but a source of it cannot be read and is retrying: its entry in
     /// `sources` says why. Served for a running loop, never recorded.
     Degraded,
+    /// Running, with every source of it paused by the operator (`sluice pause`).
+    /// Served for a running loop, never recorded.
+    Paused,
     /// Failed with a retryable error; reopens after a pause.
     BackingOff,
     /// Failed for good: the run ends.
@@ -128,6 +133,9 @@ pub enum SourceState {
     BackingOff,
     /// The loop ended for good on its error.
     Failed,
+    /// Paused by the operator (`sluice pause`): not read until resumed. Served, never
+    /// recorded.
+    Paused,
 }
 
 /// One source of a shard, as served.
@@ -152,6 +160,63 @@ pub struct SourceView {
     /// source that knows that.
     pub retained: Option<u64>,
     pub last_error: Option<LastError>,
+    /// Healthy, unhealthy or fatal, with the reason (`sluice_source_health`): what it
+    /// said through its `Health`, or what the loop saw of its calls, the worse.
+    #[serde(default)]
+    pub health: HealthState,
+    /// Records that did not parse or that it refused (`Step::errors`), seen by this
+    /// process (`sluice_source_parse_errors_total`); a step read again counts again.
+    #[serde(default)]
+    pub parse_errors: u64,
+    /// Bytes of memory it holds, as it last said (`Source::memory`).
+    #[serde(default)]
+    pub memory: u64,
+    /// Its own metrics, as it last said (`Source::metrics`).
+    #[serde(default)]
+    pub metrics: Vec<CustomMetric>,
+}
+
+/// One of a source's own metrics, as served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CustomMetric {
+    pub name: String,
+    pub help: String,
+    pub kind: MetricKind,
+    /// Beside the source's (`partition`).
+    pub labels: BTreeMap<String, String>,
+    pub value: u64,
+}
+
+impl From<&Metric> for CustomMetric {
+    fn from(metric: &Metric) -> Self {
+        CustomMetric {
+            name: metric.name.to_string(),
+            help: metric.help.to_string(),
+            kind: metric.kind,
+            labels: (metric.labels.iter())
+                .map(|(key, value)| (key.to_string(), value.clone()))
+                .collect(),
+            value: metric.value,
+        }
+    }
+}
+
+/// A shard's endpoint (its materialization's driver or output), as served.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointView {
+    /// Healthy, unhealthy or fatal, with the reason (`sluice_endpoint_health`): what the
+    /// loop saw of its driver's calls.
+    pub health: HealthState,
+}
+
+/// What a shard's loop itself knows it holds in memory, in bytes, as of its last
+/// transaction (`sluice_combiner_memory_bytes`); its sources' is in theirs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopMemory {
+    /// The reader's combiner when its batch closed.
+    pub read_combiner: u64,
+    /// The load phase's combiner when its loads ended.
+    pub load_combiner: u64,
 }
 
 /// One binding of a shard, as served: what its transactions moved, committed by this
@@ -194,6 +259,10 @@ pub struct ShardView {
     pub bindings: Vec<BindingView>,
     /// The last error of the shard: its loop's, or one a source retries by itself.
     pub last_error: Option<LastError>,
+    #[serde(default)]
+    pub endpoint: EndpointView,
+    #[serde(default)]
+    pub memory: LoopMemory,
     /// The last [`HISTORY`](super::HISTORY) transactions, oldest first.
     pub history: VecDeque<Transaction>,
 }
@@ -208,6 +277,9 @@ pub struct Snapshot {
     /// Unix milliseconds when the process began recording, and how long ago.
     pub started_at: u64,
     pub uptime_ms: u64,
+    /// `paused` while the operator paused every source (`sluice pause`), else `running`.
+    #[serde(default)]
+    pub state: crate::pause::RunState,
     /// The pipeline file as the run read it (`${ENV}` expanded), secrets hidden
     /// ([`redact_json`]); `null` until the run has it.
     pub config: Value,
