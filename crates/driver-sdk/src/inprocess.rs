@@ -128,6 +128,15 @@ pub trait BuiltinKind: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The longest one call of a driver of this configuration may take before the
+    /// driver gives up on it by itself (an epoch sink's suggested write timeout, plus
+    /// what retiring the sink may wait): the runtime's waits on such a driver outlast
+    /// it, whatever `runtime.timeouts.driver` says. `None`: no call takes longer than
+    /// the store it writes.
+    fn longest_call(&self, _config: &Value) -> Option<std::time::Duration> {
+        None
+    }
+
     /// A driver instance. `state_dir` is a folder beside the recovery log that it may
     /// keep state in; `None` where there is none (`sluice driver serve`), for which a
     /// kind that needs one returns `None`.

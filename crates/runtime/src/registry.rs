@@ -42,6 +42,7 @@ use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A kind of endpoint: its key in a pipeline file, its configuration, how to connect it.
 #[async_trait]
@@ -94,6 +95,9 @@ pub struct Connected {
     pub config: Value,
     /// What the endpoint declares it gives (admission).
     pub guarantee: SinkGuarantee,
+    /// The longest one call of it may take, as its kind says
+    /// ([`BuiltinKind::longest_call`]): the runtime's waits on it outlast that.
+    pub longest_call: Option<Duration>,
 }
 
 impl Connected {
@@ -109,6 +113,7 @@ impl Connected {
             endpoint_type,
             config,
             guarantee: SinkGuarantee::Flow(pattern),
+            longest_call: None,
         }
     }
 }
@@ -352,6 +357,7 @@ impl DriverKind for InProcessKind {
             endpoint_type: self.0.endpoint_type(),
             config: config.clone(),
             guarantee,
+            longest_call: self.0.longest_call(config),
         })
     }
 

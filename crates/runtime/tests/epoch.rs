@@ -487,6 +487,11 @@ struct Ran {
 /// Runs the pipeline with endpoint `endpoint` to its end, with `failure` (`point`,
 /// `actions`) configured meanwhile. Runs one at a time (fail points are global).
 async fn run_pipeline(endpoint: &str, failure: Option<(&str, &str)>) -> Ran {
+    run_pipeline_text(&pipeline_text(endpoint), failure).await
+}
+
+/// [`run_pipeline`] of the pipeline file `text`.
+async fn run_pipeline_text(text: &str, failure: Option<(&str, &str)>) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     write_input(dir.path());
     let scenario = fail::FailScenario::setup();
@@ -494,7 +499,7 @@ async fn run_pipeline(endpoint: &str, failure: Option<(&str, &str)>) -> Ran {
         fail::cfg(point, actions).unwrap();
     }
     let registry = registry();
-    let pipeline = Pipeline::parse(&pipeline_text(endpoint), dir.path(), &registry).unwrap();
+    let pipeline = Pipeline::parse(text, dir.path(), &registry).unwrap();
     let planned = pipeline::plan(&pipeline, &registry).await.unwrap();
     pipeline::apply_first_start(&pipeline, &planned, &tokio::sync::watch::channel(false).1)
         .await
@@ -721,6 +726,30 @@ async fn a_write_past_its_deadline_retires_the_sink_and_a_new_instance_recovers(
         "the replacement recovers epoch 3 as garbage, then the stream ends: {events:?}"
     );
     assert!(!events.iter().any(|(_, e)| e == "stall survived"));
+}
+
+/// A sink's suggested write timeout feeds the runtime's: with `runtime.timeouts.driver`
+/// at 1 s, a write of 2.5 s within the sink's 5 s deadline completes, and the runtime,
+/// whose wait outlasts the sink's deadline, neither times out nor restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_waits_out_a_write_within_the_sinks_suggested_timeout() {
+    let text = pipeline_text("{dir: out, write_timeout_ms: 5000, stall_epoch: 3, stall_ms: 2500}")
+        .replace(
+            "  transactions: {max_docs: 20}",
+            "  transactions: {max_docs: 20}\n  timeouts: {driver: 1s}",
+        );
+    assert!(text.contains("timeouts: {driver: 1s}"));
+    let ran = run_pipeline_text(&text, None).await;
+    let events = ran.journal.events();
+    assert!(
+        events.iter().any(|(_, e)| e == "stall survived"),
+        "the slow write completed: {events:?}"
+    );
+    assert_eq!(
+        ran.summary.restarts, 0,
+        "no timeout, no restart: {events:?}"
+    );
+    check_exact(&ran, "a slow write within its deadline");
 }
 
 /// The same stall on a cancel-safe sink: the instance is kept, epoch 3 rolls back on

@@ -107,6 +107,13 @@ impl BuiltinKind for SinkKind {
         Ok(Some(sink.contract()))
     }
 
+    /// A call's deadline, plus the bound on the tasks a retired instance leaves: the
+    /// runtime's wait outlasts both, so the driver, not the runtime, gives up first.
+    fn longest_call(&self, config: &Value) -> Option<Duration> {
+        let sink = (self.build)(config).ok()?;
+        Some(sink.suggested_write_timeout() + TASKS_BOUND)
+    }
+
     fn driver(&self, _state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
         Some(Arc::new(EpochDriver::new(*self)))
     }

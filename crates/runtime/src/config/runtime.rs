@@ -132,6 +132,18 @@ pub struct Timeouts {
     pub source: Duration,
 }
 
+impl Timeouts {
+    /// These timeouts, with the driver's raised to outlast `longest_call`: the longest
+    /// one call of the endpoint may take before its driver gives up on it by itself (an
+    /// epoch sink's suggested write timeout). The runtime never gives up first.
+    pub fn outlasting(self, longest_call: Option<Duration>) -> Timeouts {
+        Timeouts {
+            driver: self.driver.max(longest_call.unwrap_or_default()),
+            ..self
+        }
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {

@@ -56,6 +56,9 @@ struct Template {
     feeds: Vec<SourceFeed>,
     endpoint: Arc<dyn Endpoint>,
     store_keeps_checkpoint: bool,
+    /// The runtime's timeouts for this materialization: the driver's outlasting the
+    /// longest call its endpoint may take.
+    timeouts: config::Timeouts,
     shard: config::ShardDef,
     /// Why it runs as one shard here whatever `runtime.workers` says, if it does.
     one_shard: Option<String>,
@@ -68,7 +71,6 @@ pub struct Launcher {
     deployment_id: String,
     metrics: Arc<Metrics>,
     opts: TxnOptions,
-    timeouts: config::Timeouts,
     progress: Arc<Progress>,
     /// How many shards a materialization runs as here (`runtime.workers`).
     workers: u32,
@@ -154,6 +156,7 @@ impl Launcher {
                 feeds,
                 endpoint: m.endpoint,
                 store_keeps_checkpoint: m.store_keeps_checkpoint,
+                timeouts: pipeline.runtime.timeouts.outlasting(m.longest_call),
                 shard: m.shard,
             };
             templates.insert(m.name, template);
@@ -164,7 +167,6 @@ impl Launcher {
             deployment_id,
             metrics,
             opts: txn_opts,
-            timeouts: pipeline.runtime.timeouts,
             progress,
             workers: pipeline.runtime.workers(),
         })
@@ -255,7 +257,7 @@ impl Launcher {
                 },
             },
             threads: (self.workers as usize).clamp(1, count),
-            timeouts: self.timeouts,
+            timeouts: t.timeouts,
             progress: self.progress.clone(),
             shutdown,
         };
