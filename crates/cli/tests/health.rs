@@ -11,33 +11,19 @@
 use serde_json::Value;
 use sluice_http::client::Client;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, free_address};
+use common::{PATIENCE, SLUICE, free_address, sluice_status, user_ids_into_sqlite, wait_until};
 
 const SHARD: &str = r#"materialization="views-db",shard="00000000-ffffffff""#;
 
 /// The pageviews collection from a file source (`file`: the source's YAML under
 /// `views-file:`) into SQLite.
 fn pipeline(file: &str) -> String {
-    format!(
-        r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema: {{type: object, required: [user_id], properties: {{user_id: {{type: string}}}}}}
-sources:
-  views-file:
-    target: acme/pageviews
-{file}
-materializations:
-  views-db:
-    endpoint: {{sqlite: {{path: out/views.db}}}}
-    bindings: [{{source: acme/pageviews, resource: {{table: pageviews}}}}]
-"#
-    )
+    user_ids_into_sqlite(&format!(
+        "  views-file:\n    target: acme/pageviews\n{file}"
+    ))
 }
 
 /// Two good lines, one that is not JSON, one over 1 KiB.
@@ -46,22 +32,6 @@ fn input() -> String {
     format!(
         "{{\"user_id\": \"a\"}}\n{{\"user_id\": \"b\"\n{{\"user_id\": \"{long}\"}}\n{{\"user_id\": \"c\"}}\n"
     )
-}
-
-fn sluice_status(pipeline: &std::path::Path, metrics: Option<&str>) -> String {
-    let mut command = Command::new(SLUICE);
-    command.arg("status");
-    if let Some(address) = metrics {
-        command.args(["--metrics", address]);
-    }
-    let out = command.arg(pipeline).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 #[test]
@@ -82,22 +52,14 @@ fn bad_lines_count_as_parse_errors_beside_memory_and_health() {
         .spawn()
         .unwrap();
     let mut client = Client::new(address, "");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status: Value = loop {
+    let status: Value = wait_until("two documents", PATIENCE, || {
         assert!(child.try_wait().unwrap().is_none(), "sluice run exited");
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for two documents"
-        );
-        let status = (client.request("GET", "/api/status", &[], b"").ok()).map(|r| r.json());
-        if let Some(status) = status.filter(|s: &Value| s["shards"][0]["documents"] == 2) {
-            break status;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        let status: Value = client.request("GET", "/api/status", &[], b"").ok()?.json();
+        Some(status).filter(|s| s["shards"][0]["documents"] == 2)
+    });
     let scraped = client.request("GET", "/metrics", &[], b"").unwrap();
     let text = String::from_utf8(scraped.body).unwrap();
-    let printed = sluice_status(&pipeline, Some(&address.to_string()));
+    let printed = sluice_status(&pipeline, &["--metrics", &address.to_string()]);
     let _ = child.kill();
     let _ = child.wait();
 
@@ -144,7 +106,7 @@ fn a_bad_line_that_ends_the_run_leaves_its_source_fatal() {
         .unwrap();
     assert!(!run.status.success(), "line 2 is not JSON");
 
-    let printed = sluice_status(&pipeline, None);
+    let printed = sluice_status(&pipeline, &[]);
     let fatal = printed
         .split("  source views-file: failed")
         .nth(1)

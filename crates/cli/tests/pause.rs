@@ -15,28 +15,19 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
-use common::{SLUICE, free_address, generate, reduce_expected, sqlite_table};
+use common::{
+    PAGEVIEWS_COLLECTION, PATIENCE, SLUICE, free_address, generate, reduce_expected, sqlite_table,
+    wait_until,
+};
 
 const TOKEN: &str = "pause-t0ken";
 const SOURCES: [&str; 2] = ["views-a", "views-b"];
-const PATIENCE: Duration = Duration::from_secs(120);
 /// How long a paused run is watched for commits: many times `max_duration`.
 const WATCHED: Duration = Duration::from_secs(3);
-
-fn wait_until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// `sluice run --follow` of two files (sources `views-a`, `views-b`) that a thread
 /// keeps appending to; killed when dropped.
@@ -83,7 +74,7 @@ impl Run {
                     .spawn()
                     .unwrap();
                 let auth = format!("Bearer {TOKEN}");
-                let answered = wait_until("the status server or an exit", || {
+                let answered = wait_until("the status server or an exit", PATIENCE, || {
                     if child.try_wait().unwrap().is_some() {
                         return Some(false);
                     }
@@ -124,7 +115,7 @@ impl Run {
 
     /// The first status whose only shard satisfies `done`.
     fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        wait_until(what, || {
+        wait_until(what, PATIENCE, || {
             assert!(
                 self.child.try_wait().unwrap().is_none(),
                 "sluice run exited: {}",
@@ -219,19 +210,7 @@ fn pipeline_yaml(address: SocketAddr) -> String {
         .collect();
     format!(
         r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
-sources:
+{PAGEVIEWS_COLLECTION}sources:
 {sources}
 materializations:
   views-db:

@@ -17,27 +17,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
-use common::{SLUICE, free_address, generate, pipeline_yaml};
+use common::{
+    PATIENCE, SLUICE, free_address, generate, pipeline_yaml, sluice_status, user_ids_into_sqlite,
+    wait_until,
+};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const PATIENCE: Duration = Duration::from_secs(120);
-
-/// Polls `probe` until it returns something, failing with `what` after [`PATIENCE`].
-fn wait_until<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe() {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// `sluice run --follow --metrics` of a file that a thread keeps appending to, so that
 /// transactions keep committing; killed when dropped.
@@ -118,7 +108,7 @@ impl Run {
 
     /// The first status whose only shard satisfies `done`.
     fn wait_for(&mut self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        wait_until(what, || {
+        wait_until(what, PATIENCE, || {
             assert!(
                 self.child.try_wait().unwrap().is_none(),
                 "sluice run exited"
@@ -150,19 +140,7 @@ impl Run {
 
     /// `sluice status <pipeline> <args>`: its standard output.
     fn sluice_status(&self, args: &[&str]) -> String {
-        let out = Command::new(SLUICE)
-            .arg("status")
-            .args(args)
-            .arg(&self.pipeline)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        sluice_status(&self.pipeline, args)
     }
 }
 
@@ -285,7 +263,7 @@ impl Browser {
             .spawn()
             .unwrap();
         let mut client = Client::new(address, "");
-        wait_until("chromedriver", || {
+        wait_until("chromedriver", PATIENCE, || {
             let ready = client.request("GET", "/status", &[], b"").ok()?;
             ready.json()["value"]["ready"]
                 .as_bool()
@@ -394,7 +372,7 @@ fn the_page_draws_the_graph_and_live_counters_in_chromium() {
     let mut browser = Browser::start();
     browser.open(&format!("http://{}/", run.address));
 
-    let nodes = wait_until("the graph's nodes", || {
+    let nodes = wait_until("the graph's nodes", PATIENCE, || {
         let nodes = browser.eval(
             "return [...document.querySelectorAll('#graph .node')]\
                .map(n => n.dataset.kind + ' ' + n.dataset.name)",
@@ -417,8 +395,10 @@ fn the_page_draws_the_graph_and_live_counters_in_chromium() {
         text.as_str()
             .and_then(|text| text.replace(',', "").parse::<u64>().ok())
     };
-    let first = wait_until("the transactions counter", &mut counter);
-    let second = wait_until("the counter to update", || counter().filter(|n| *n > first));
+    let first = wait_until("the transactions counter", PATIENCE, &mut counter);
+    let second = wait_until("the counter to update", PATIENCE, || {
+        counter().filter(|n| *n > first)
+    });
     assert!(second > first);
     let bars = browser.eval("return document.querySelectorAll('.timeline rect').length");
     assert!(bars.as_u64().unwrap() > 0, "no transaction in the timeline");
@@ -446,25 +426,6 @@ fn the_page_draws_the_graph_and_live_counters_in_chromium() {
     println!("status page screenshot: {}", screenshot.display());
 }
 
-/// The pageviews collection's documents from `sources` (YAML, indented as sources) into
-/// SQLite.
-fn pipeline_of(sources: &str) -> String {
-    format!(
-        r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema: {{type: object, required: [user_id], properties: {{user_id: {{type: string}}}}}}
-sources:
-{sources}
-materializations:
-  views-db:
-    endpoint: {{sqlite: {{path: out/views.db}}}}
-    bindings: [{{source: acme/pageviews, resource: {{table: pageviews}}}}]
-"#
-    )
-}
-
 /// The log names the status page beside `/metrics` at start; the status serves the
 /// binary's version and the configuration with the HTTP source's token hidden.
 #[test]
@@ -477,7 +438,7 @@ fn the_log_names_the_page_and_the_status_hides_the_configurations_secrets() {
     target: acme/pageviews
     http: {{listen: \"127.0.0.1:0\", token: \"{TOKEN}\"}}"
     );
-    std::fs::write(&pipeline, pipeline_of(&sources)).unwrap();
+    std::fs::write(&pipeline, user_ids_into_sqlite(&sources)).unwrap();
     let address = free_address();
     let log = dir.path().join("sluice.log");
     let mut child = Command::new(SLUICE)
@@ -489,7 +450,7 @@ fn the_log_names_the_page_and_the_status_hides_the_configurations_secrets() {
         .spawn()
         .unwrap();
     let mut client = Client::new(address, "");
-    let status = wait_until("the shard", || {
+    let status = wait_until("the shard", PATIENCE, || {
         assert!(child.try_wait().unwrap().is_none(), "sluice run exited");
         let status = client.request("GET", "/api/status", &[], b"").ok()?.json();
         Some(status.clone()).filter(|_| status["shards"][0].is_object())
@@ -522,7 +483,7 @@ fn a_failed_run_leaves_its_state_and_error_for_sluice_status() {
     let sources = "  views-file:
     target: acme/pageviews
     file: {path: views.jsonl, format: json}";
-    std::fs::write(&pipeline, pipeline_of(sources)).unwrap();
+    std::fs::write(&pipeline, user_ids_into_sqlite(sources)).unwrap();
     let input = dir.path().join("views.jsonl");
     let run = || {
         Command::new(SLUICE)
@@ -531,15 +492,7 @@ fn a_failed_run_leaves_its_state_and_error_for_sluice_status() {
             .output()
             .unwrap()
     };
-    let status = || {
-        let out = Command::new(SLUICE)
-            .arg("status")
-            .arg(&pipeline)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let status = || sluice_status(&pipeline, &[]);
     let ended = format!(
         "views-db 00000000-ffffffff: its last run (sluice {}) ended ",
         env!("CARGO_PKG_VERSION")

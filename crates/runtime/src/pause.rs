@@ -18,8 +18,8 @@
 //! - Nothing new of it commits. The batch being read when the pause arrives closes and
 //!   commits as usual (a transaction in flight finishes); after it, no step of the source
 //!   enters a batch. A source whose last step was a barrier (at-least-once, no position
-//!   to checkpoint there) is read on until a step it can be checkpointed at: the batch
-//!   in hand could not close otherwise.
+//!   to checkpoint there) or inside a unit (`Step::unit_continues`) is read on until a
+//!   step it can be checkpointed at: the batch in hand could not close otherwise.
 //! - It is still told of the commits of earlier steps (`Source::committed`: a slot
 //!   confirms them, an HTTP client gets its answer), as the reader waits on durable
 //!   commits whatever it queues.

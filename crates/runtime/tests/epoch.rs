@@ -662,6 +662,42 @@ async fn a_damaged_decided_epoch_refuses_to_start_and_keeps_its_staging() {
     assert!(staged.exists(), "the decided epoch's staging was removed");
 }
 
+/// What a run's sinks did, in order: `(instance, event)`.
+type Events = Vec<(u64, String)>;
+
+/// [`run_pipeline`], then [`check_exact`] (`what` names the run); the run and what its
+/// sinks did.
+async fn run_checked(endpoint: &str, failure: Option<(&str, &str)>, what: &str) -> (Ran, Events) {
+    run_checked_text(&pipeline_text(endpoint), failure, what).await
+}
+
+/// [`run_checked`] of the pipeline file `text`.
+async fn run_checked_text(text: &str, failure: Option<(&str, &str)>, what: &str) -> (Ran, Events) {
+    let ran = run_pipeline_text(text, failure).await;
+    check_exact(&ran, what);
+    let events = ran.journal.events();
+    (ran, events)
+}
+
+/// [`run_checked`] with `write_batch` of epoch 3 sleeping 20 s past the sink's 1 s
+/// deadline once (`knobs`: more endpoint settings, each after a comma); no retired
+/// instance is called. The run, what its sinks did, and the instance whose write was
+/// dropped.
+async fn run_stalled(knobs: &str, what: &str) -> (Ran, Events, u64) {
+    let endpoint =
+        format!("{{dir: out, write_timeout_ms: 1000, stall_epoch: 3, stall_ms: 20000{knobs}}}");
+    let (ran, events) = run_checked(&endpoint, None, what).await;
+    let violations: Vec<_> = (events.iter())
+        .filter(|(_, e)| e.contains("violation"))
+        .collect();
+    assert!(
+        violations.is_empty(),
+        "{what}: a retired instance was called: {violations:?}"
+    );
+    let stalled = stalled_instance(&events);
+    (ran, events, stalled)
+}
+
 /// The events of `instance`.
 fn of(events: &[(u64, String)], instance: u64) -> Vec<&str> {
     (events.iter())
@@ -690,26 +726,11 @@ fn stalled_instance(events: &[(u64, String)]) -> u64 {
 /// 3 undecided, the epoch fails retryably, and the run ends exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_past_its_deadline_retires_the_sink_and_a_new_instance_recovers() {
-    let ran = run_pipeline(
-        "{dir: out, write_timeout_ms: 1000, stall_epoch: 3, stall_ms: 20000}",
-        None,
-    )
-    .await;
-    let events = ran.journal.events();
+    let (ran, events, old) = run_stalled("", "a retired sink").await;
     assert!(
         ran.summary.restarts >= 1,
         "the dropped write failed its epoch"
     );
-    check_exact(&ran, "a retired sink");
-    let violations: Vec<_> = events
-        .iter()
-        .filter(|(_, e)| e.contains("violation"))
-        .collect();
-    assert!(
-        violations.is_empty(),
-        "a retired instance was called: {violations:?}"
-    );
-    let old = stalled_instance(&events);
     assert_eq!(
         of(&events, old).last(),
         Some(&"cancelled write 3"),
@@ -739,8 +760,7 @@ async fn the_runtime_waits_out_a_write_within_the_sinks_suggested_timeout() {
             "  transactions: {max_docs: 20}\n  timeouts: {driver: 1s}",
         );
     assert!(text.contains("timeouts: {driver: 1s}"));
-    let ran = run_pipeline_text(&text, None).await;
-    let events = ran.journal.events();
+    let (ran, events) = run_checked_text(&text, None, "a slow write within its deadline").await;
     assert!(
         events.iter().any(|(_, e)| e == "stall survived"),
         "the slow write completed: {events:?}"
@@ -749,21 +769,13 @@ async fn the_runtime_waits_out_a_write_within_the_sinks_suggested_timeout() {
         ran.summary.restarts, 0,
         "no timeout, no restart: {events:?}"
     );
-    check_exact(&ran, "a slow write within its deadline");
 }
 
 /// The same stall on a cancel-safe sink: the instance is kept, epoch 3 rolls back on
 /// it, and no instance is built until the runtime reopens the loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_safe_sink_is_kept_past_a_deadline_and_rolls_the_epoch_back() {
-    let ran = run_pipeline(
-        "{dir: out, write_timeout_ms: 1000, stall_epoch: 3, stall_ms: 20000, cancel_safe: true}",
-        None,
-    )
-    .await;
-    let events = ran.journal.events();
-    check_exact(&ran, "a cancel-safe sink");
-    let kept = stalled_instance(&events);
+    let (_, events, kept) = run_stalled(", cancel_safe: true", "a cancel-safe sink").await;
     let after: Vec<&str> = of(&events, kept)
         .into_iter()
         .skip_while(|e| *e != "cancelled write 3")
@@ -793,14 +805,7 @@ async fn a_cancel_safe_sink_is_kept_past_a_deadline_and_rolls_the_epoch_back() {
 /// built: two instances never overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retired_sinks_background_work_ends_before_its_replacement_starts() {
-    let ran = run_pipeline(
-        "{dir: out, write_timeout_ms: 1000, stall_epoch: 3, stall_ms: 20000, background_ms: 2000}",
-        None,
-    )
-    .await;
-    let events = ran.journal.events();
-    check_exact(&ran, "background work");
-    let old = stalled_instance(&events);
+    let (_, events, old) = run_stalled(", background_ms: 2000", "background work").await;
     let at = |wanted: &(u64, &str)| {
         (events.iter())
             .position(|(i, e)| (*i, e.as_str()) == *wanted)
@@ -820,9 +825,7 @@ async fn a_retired_sinks_background_work_ends_before_its_replacement_starts() {
 /// (every other test) no flush runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushes_run_on_the_sinks_interval_within_each_epoch() {
-    let ran = run_pipeline("{dir: out, flush_interval_ms: 0}", None).await;
-    let events = ran.journal.events();
-    check_exact(&ran, "flushes");
+    let (ran, events) = run_checked("{dir: out, flush_interval_ms: 0}", None, "flushes").await;
     for epoch in 1..=ran.summary.last_txn {
         let within: Vec<&str> = (events.iter())
             .map(|(_, e)| e.as_str())
@@ -837,9 +840,12 @@ async fn flushes_run_on_the_sinks_interval_within_each_epoch() {
         );
     }
 
-    let ran = run_pipeline("{dir: out, flush_interval_ms: 3600000}", None).await;
-    let events = ran.journal.events();
-    check_exact(&ran, "no flush due");
+    let (_, events) = run_checked(
+        "{dir: out, flush_interval_ms: 3600000}",
+        None,
+        "no flush due",
+    )
+    .await;
     assert!(
         !events.iter().any(|(_, e)| e.starts_with("flush")),
         "an hour never passed: {events:?}"
@@ -851,14 +857,11 @@ async fn flushes_run_on_the_sinks_interval_within_each_epoch() {
 /// `recover` so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_applies_and_cleans_through_the_sinks_handles() {
+    const HANDLES: &str = "{dir: out, handles: true}";
+
     // Decided, not applied: the committer applies it at the restart.
-    let ran = run_pipeline(
-        "{dir: out, handles: true}",
-        Some((failpoint::AFTER_LOG_COMMIT, THIRD)),
-    )
-    .await;
-    let events = ran.journal.events();
-    check_exact(&ran, "the committer");
+    let failure = Some((failpoint::AFTER_LOG_COMMIT, THIRD));
+    let (_, events) = run_checked(HANDLES, failure, "the committer").await;
     let (restarted, committed) = (events.iter())
         .find_map(|(i, e)| Some((*i, e.strip_prefix("committer ")?.parse::<u64>().ok()?)))
         .unwrap_or_else(|| panic!("the committer never applied the decided epoch: {events:?}"));
@@ -884,13 +887,8 @@ async fn recovery_applies_and_cleans_through_the_sinks_handles() {
     );
 
     // Undecided: the cleaner removes its staging at the restart.
-    let ran = run_pipeline(
-        "{dir: out, handles: true}",
-        Some((failpoint::MID_STORE, THIRD)),
-    )
-    .await;
-    let events = ran.journal.events();
-    check_exact(&ran, "the cleaner");
+    let failure = Some((failpoint::MID_STORE, THIRD));
+    let (_, events) = run_checked(HANDLES, failure, "the cleaner").await;
     let cleaned: Vec<(u64, &str)> = (events.iter())
         .filter(|(_, e)| e.starts_with("cleaner [") && e != "cleaner []")
         .map(|(i, e)| (*i, e.as_str()))

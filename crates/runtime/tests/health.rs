@@ -7,18 +7,10 @@
 
 mod common;
 
-use common::Connector;
-
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sluice_driver_sdk::inprocess::InProcess;
-use sluice_memory::MemoryDriver;
-use sluice_runtime::config::Pipeline;
-use sluice_runtime::metrics::Metrics;
 use sluice_runtime::metrics::status::{HealthState, ShardView};
-use sluice_runtime::pipeline::{self, RunOptions};
 use sluice_runtime::registry::Registry;
-use sluice_runtime::txn::Progress;
 use sluice_source_sdk::{
     FaultTolerance, InvalidConfig, Metric, Opening, Position, QueueLimits, Records, Resume, Source,
     SourceError, SourceKind, Step, Unit, kind,
@@ -125,9 +117,7 @@ impl Source for Flaky {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_source_is_unhealthy_with_its_error_until_it_reads_again() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = Registry::new()
-        .with_source(kind::<FlakyKind>())
-        .with_builtin(common::memory_kind());
+    let registry = Registry::new().with_source(kind::<FlakyKind>());
     let yaml = format!(
         r#"
 delivery: at_least_once
@@ -148,26 +138,9 @@ runtime:
 "#,
         dir.path().join("log").display()
     );
-    let pipeline = Pipeline::parse(&yaml, dir.path(), &registry).unwrap();
-    let store = Arc::new(MemoryDriver::new());
-    let connector = Connector(Arc::new(InProcess::new("memory", store)));
-    let planned = pipeline::plan(&pipeline, &connector).await.unwrap();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    pipeline::apply_first_start(&pipeline, &planned, &stopped)
-        .await
-        .unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let run = tokio::spawn({
-        let (pipeline, metrics) = (pipeline.clone(), metrics.clone());
-        async move {
-            let options = RunOptions {
-                follow: true,
-                metrics: Some(metrics),
-            };
-            let progress = Arc::new(Progress::default());
-            pipeline::run(&pipeline, planned, options, progress, stopped).await
-        }
-    });
+    let common::Following {
+        metrics, stop, run, ..
+    } = common::follow(&yaml, dir.path(), registry).await;
     let wait_for = async |what: &str, done: &dyn Fn(&ShardView) -> bool| -> ShardView {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

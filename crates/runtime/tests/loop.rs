@@ -375,7 +375,8 @@ impl Harness {
                 .with_source(kind::<FlakyFileKind>())
                 .with_source(kind::<ScriptedFileKind<SeekOnly>>())
                 .with_source(kind::<ScriptedFileKind<Barriers>>())
-                .with_source(kind::<UnitFileKind>())
+                .with_source(kind::<UnitFileKind<false>>())
+                .with_source(kind::<UnitFileKind<true>>())
                 .with_builtin(common::memory_kind()),
         )
         .unwrap();
@@ -795,11 +796,16 @@ static UNITS_TOLD_COMMITTED: Mutex<Vec<Value>> = Mutex::new(Vec::new());
 /// The `file` source kind, its steps grouped in units of four (`Script::UnitsOf`): 13
 /// documents at `max_docs` 10, as a transaction full after the first step reads on one
 /// document at a time from the source inside a unit. Notes the units it hands over and
-/// the positions it is told are committed.
-struct UnitFileKind;
+/// the positions it is told are committed. `unfinished_unit_file`: every step says its
+/// unit continues, the last one too (a source that ends its input inside a unit).
+struct UnitFileKind<const UNFINISHED: bool>;
 
-impl SourceKind for UnitFileKind {
-    const NAME: &'static str = "unit_file";
+impl<const UNFINISHED: bool> SourceKind for UnitFileKind<UNFINISHED> {
+    const NAME: &'static str = if UNFINISHED {
+        "unfinished_unit_file"
+    } else {
+        "unit_file"
+    };
     type Config = FileConfig;
 
     fn prepare(config: &mut FileConfig, base_dir: &Path) -> std::result::Result<(), InvalidConfig> {
@@ -813,6 +819,7 @@ impl SourceKind for UnitFileKind {
         Ok(Box::new(UnitFile {
             inner: Scripted::new(FileKind::open(opening, config)?, Script::UnitsOf(4)),
             unit: 0,
+            unfinished: UNFINISHED,
         }))
     }
 }
@@ -821,6 +828,8 @@ struct UnitFile {
     inner: Scripted,
     /// Records of the unit in progress.
     unit: usize,
+    /// Every step continues its unit.
+    unfinished: bool,
 }
 
 #[async_trait]
@@ -846,7 +855,8 @@ impl Source for UnitFile {
         limits: QueueLimits,
         out: &mut Records,
     ) -> std::result::Result<Step, SourceError> {
-        let step = self.inner.queue(limits, out).await?;
+        let mut step = self.inner.queue(limits, out).await?;
+        step.unit_continues |= self.unfinished;
         if step.records > 0 {
             self.unit += step.records;
             if !step.unit_continues {
@@ -888,6 +898,22 @@ async fn a_unit_larger_than_max_docs_commits_whole() {
     assert_eq!(h.run_to_end().await, Vec::<String>::new());
     h.assert_exact();
     assert_units_committed_whole(FIRST_MAX_DOCS);
+}
+
+/// A source that ends its input inside a unit fails the run naming itself, and nothing
+/// of the unit commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_ending_inside_a_unit_fails_and_commits_none_of_it() {
+    let h = Harness::reading("unfinished_unit_file").await;
+    let err = h
+        .run_once(FIRST_MAX_DOCS, &mut Summary::default())
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("source input ended its input inside a unit"),
+        "{err}"
+    );
+    assert_eq!(h.rows(), BTreeMap::new(), "nothing of the unit committed");
 }
 
 /// A crash between two steps of a unit: the restart reads the unit again whole from the

@@ -7,25 +7,16 @@
 
 mod common;
 
-use common::Connector;
-
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sluice_driver_sdk::inprocess::InProcess;
-use sluice_memory::MemoryDriver;
-use sluice_runtime::config::Pipeline;
-use sluice_runtime::metrics::Metrics;
 use sluice_runtime::metrics::ended;
 use sluice_runtime::metrics::status::{Snapshot, SourceState, State};
-use sluice_runtime::pipeline::{self, RunOptions};
 use sluice_runtime::registry::Registry;
-use sluice_runtime::txn::Progress;
 use sluice_source_sdk::{
     FaultTolerance, Health, InvalidConfig, Opening, QueueLimits, Records, Resume, Source,
     SourceError, SourceKind, Step, kind,
 };
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 const REFUSED: &str = "source down: cannot read brokers 127.0.0.1:1: connection refused";
@@ -88,9 +79,7 @@ impl Source for Down {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_retrying_inside_a_call_backs_off_with_its_error_and_degrades_its_shard() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = Registry::new()
-        .with_source(kind::<DownKind>())
-        .with_builtin(common::memory_kind());
+    let registry = Registry::new().with_source(kind::<DownKind>());
     let yaml = format!(
         r#"
 collections:
@@ -110,26 +99,12 @@ runtime:
 "#,
         dir.path().join("log").display()
     );
-    let pipeline = Pipeline::parse(&yaml, dir.path(), &registry).unwrap();
-    let store = Arc::new(MemoryDriver::new());
-    let connector = Connector(Arc::new(InProcess::new("memory", store)));
-    let planned = pipeline::plan(&pipeline, &connector).await.unwrap();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    pipeline::apply_first_start(&pipeline, &planned, &stopped)
-        .await
-        .unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let run = tokio::spawn({
-        let (pipeline, metrics) = (pipeline.clone(), metrics.clone());
-        async move {
-            let options = RunOptions {
-                follow: true,
-                metrics: Some(metrics),
-            };
-            let progress = Arc::new(Progress::default());
-            pipeline::run(&pipeline, planned, options, progress, stopped).await
-        }
-    });
+    let common::Following {
+        pipeline,
+        metrics,
+        stop,
+        run,
+    } = common::follow(&yaml, dir.path(), registry).await;
 
     let backing_off = |snapshot: &Snapshot| {
         let shard = snapshot.shards.first()?;

@@ -2,6 +2,7 @@
 //! there, the way `.ci/services` starts it; and [`SecuredTansu`], a private one
 //! requiring TLS and SASL.
 
+use crate::conformance::tls::TestCertificates;
 use crate::ports::free_port;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -106,8 +107,17 @@ pub struct SecuredTansu {
 
 impl SecuredTansu {
     /// Starts tansu with [`USER`] (created by a first start without authentication, as
-    /// creating a user needs no login then), and the proxy presenting `tls`.
-    pub async fn start(tls: sluice_tls::TlsAcceptor) -> SecuredTansu {
+    /// creating a user needs no login then), and the proxy presenting `certificates`'
+    /// server certificate.
+    pub async fn start(certificates: &TestCertificates) -> SecuredTansu {
+        let server = sluice_tls::ServerTls {
+            certificate: certificates.file("server.crt").into(),
+            key: certificates.file("server.key").into(),
+            client_ca: None,
+        };
+        let tls = server
+            .acceptor("tls")
+            .expect("the test server's certificate");
         let dir = tempfile::tempdir().expect("a temporary folder");
         let proxy = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the proxy");
         let proxy_port = proxy.local_addr().expect("its address").port();

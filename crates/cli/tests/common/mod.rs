@@ -11,8 +11,25 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// How long a test waits for what a run should soon do.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Polls `probe` every 100 ms until it returns something, failing with `what` after
+/// `limit`.
+pub fn wait_until<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// The shared PostgreSQL server's test database.
 pub const POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -271,6 +288,22 @@ pub fn reduce_expected(docs: &[Value]) -> BTreeMap<String, Row> {
     out
 }
 
+/// The `collections:` section of the pageviews pipelines: `acme/pageviews`, keyed by
+/// user, summing views and bytes and keeping the latest `last_seen`.
+pub const PAGEVIEWS_COLLECTION: &str = r#"collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema:
+      type: object
+      required: [user_id, views, bytes, last_seen]
+      reduce: {strategy: merge}
+      properties:
+        user_id: {type: string}
+        views: {type: integer, reduce: {strategy: sum}}
+        bytes: {type: integer, reduce: {strategy: sum}}
+        last_seen: {type: string, reduce: {strategy: maximize}}
+"#;
+
 /// A pipeline of the pageviews collection: `source` is the YAML of the source's kind
 /// (indented for the source), `endpoint` the endpoint's (indented for the endpoint).
 /// Transactions hold exactly `max_docs` documents unless `max_duration` passes first
@@ -284,19 +317,7 @@ pub fn pipeline_yaml(
 ) -> String {
     format!(
         r#"
-collections:
-  acme/pageviews:
-    key: [/user_id]
-    schema:
-      type: object
-      required: [user_id, views, bytes, last_seen]
-      reduce: {{strategy: merge}}
-      properties:
-        user_id: {{type: string}}
-        views: {{type: integer, reduce: {{strategy: sum}}}}
-        bytes: {{type: integer, reduce: {{strategy: sum}}}}
-        last_seen: {{type: string, reduce: {{strategy: maximize}}}}
-sources:
+{PAGEVIEWS_COLLECTION}sources:
   views-file:
     target: acme/pageviews
 {source}
@@ -312,6 +333,42 @@ runtime:
   transactions: {{max_docs: {max_docs}, max_duration: {max_duration}, min_duration: {max_duration}}}
 "#
     )
+}
+
+/// The pageviews collection (its documents only need a `user_id`) from `sources` (YAML,
+/// indented as sources) into SQLite.
+pub fn user_ids_into_sqlite(sources: &str) -> String {
+    format!(
+        r#"
+collections:
+  acme/pageviews:
+    key: [/user_id]
+    schema: {{type: object, required: [user_id], properties: {{user_id: {{type: string}}}}}}
+sources:
+{sources}
+materializations:
+  views-db:
+    endpoint: {{sqlite: {{path: out/views.db}}}}
+    bindings: [{{source: acme/pageviews, resource: {{table: pageviews}}}}]
+"#
+    )
+}
+
+/// `sluice status <args> <pipeline>`, which must succeed: its standard output.
+pub fn sluice_status(pipeline: &Path, args: &[&str]) -> String {
+    let out = Command::new(SLUICE)
+        .arg("status")
+        .args(args)
+        .arg(pipeline)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 pub fn assert_success(out: &Output) {

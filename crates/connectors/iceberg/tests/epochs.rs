@@ -4,12 +4,20 @@
 mod common;
 
 use common::{Fixture, batch, binding, epoch, orphans, rows};
-use serde_json::json;
+use serde_json::{Value, json};
 use sluice_iceberg::IcebergSink;
 use sluice_sink_sdk::{Decided, EpochSink, Recovery, SinkError, Undecided};
 
 fn u(ids: &[i64], txn: i64) -> Vec<(i64, i64, String)> {
     ids.iter().map(|&i| (i, txn, "U".to_string())).collect()
+}
+
+/// Stages epoch `n` with `rows` on binding 0 and pre-commits it, never applying it:
+/// returns its descriptor.
+async fn stage(sink: &mut IcebergSink, n: u64, rows: &[(i64, Option<&str>, &str)]) -> Value {
+    sink.begin_epoch(n).await.unwrap();
+    sink.write_batch(0, &batch(rows)).await.unwrap();
+    sink.pre_commit(n).await.unwrap().unwrap()
 }
 
 async fn snapshots(f: &Fixture, table: &str) -> Vec<std::collections::HashMap<String, String>> {
@@ -99,11 +107,7 @@ async fn a_decision_never_applied_is_applied_by_recovery() {
     let bindings = [binding("events")];
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery::default()).await.unwrap();
-    sink.begin_epoch(1).await.unwrap();
-    sink.write_batch(0, &batch(&[(7, Some("x"), "U")]))
-        .await
-        .unwrap();
-    let d1 = sink.pre_commit(1).await.unwrap().unwrap();
+    let d1 = stage(&mut sink, 1, &[(7, Some("x"), "U")]).await;
     drop(sink); // the decision is durable, the commit never ran
 
     let mut sink = f.sink(json!({}), &bindings).await;
@@ -128,18 +132,10 @@ async fn undecided_staging_is_removed_by_recovery() {
     sink.recover(&Recovery::default()).await.unwrap();
     let d1 = epoch(&mut sink, 1, &[(1, Some("a"), "U")]).await.unwrap();
     let intent = sink.checkpoint_artifact_intent(2).unwrap();
-    sink.begin_epoch(2).await.unwrap();
-    sink.write_batch(0, &batch(&[(2, Some("b"), "U")]))
-        .await
-        .unwrap();
-    sink.pre_commit(2).await.unwrap().unwrap(); // staged, fsynced, never decided
+    stage(&mut sink, 2, &[(2, Some("b"), "U")]).await; // staged, fsynced, never decided
     // An older attempt's leftover too: a file under our prefix nobody references.
     let intent3 = sink.checkpoint_artifact_intent(3).unwrap();
-    sink.begin_epoch(3).await.unwrap();
-    sink.write_batch(0, &batch(&[(3, Some("c"), "U")]))
-        .await
-        .unwrap();
-    sink.pre_commit(3).await.unwrap().unwrap();
+    stage(&mut sink, 3, &[(3, Some("c"), "U")]).await;
     drop(sink);
     assert_eq!(
         orphans(&f).await.len(),
@@ -426,17 +422,9 @@ async fn the_committer_and_cleaner_handles_work_without_the_writer() {
     let bindings = [binding("events")];
     let mut sink = f.sink(json!({}), &bindings).await;
     sink.recover(&Recovery::default()).await.unwrap();
-    sink.begin_epoch(1).await.unwrap();
-    sink.write_batch(0, &batch(&[(7, Some("x"), "U")]))
-        .await
-        .unwrap();
-    let d1 = sink.pre_commit(1).await.unwrap().unwrap(); // decided, never applied
+    let d1 = stage(&mut sink, 1, &[(7, Some("x"), "U")]).await; // decided, never applied
     let intent = sink.checkpoint_artifact_intent(2).unwrap();
-    sink.begin_epoch(2).await.unwrap();
-    sink.write_batch(0, &batch(&[(8, Some("y"), "U")]))
-        .await
-        .unwrap();
-    sink.pre_commit(2).await.unwrap().unwrap(); // staged, never decided
+    stage(&mut sink, 2, &[(8, Some("y"), "U")]).await; // staged, never decided
     drop(sink);
     assert_eq!(orphans(&f).await.len(), 2);
 

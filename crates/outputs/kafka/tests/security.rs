@@ -12,7 +12,6 @@ use sluice_output_sdk::{
 };
 use sluice_testkit::conformance::tls::TestCertificates;
 use sluice_testkit::tansu::{PASSWORD, SecuredTansu, USER};
-use sluice_tls::ServerTls;
 
 fn endpoint(config: &Value) -> Box<dyn OutputEndpoint> {
     let target = Target {
@@ -40,12 +39,7 @@ async fn refusal(config: Value) -> String {
 async fn a_secured_broker_takes_messages_only_with_its_ca_and_user() {
     let dir = tempfile::tempdir().unwrap();
     let certificates = TestCertificates::make(dir.path());
-    let server = ServerTls {
-        certificate: certificates.file("server.crt").into(),
-        key: certificates.file("server.key").into(),
-        client_ca: None,
-    };
-    let broker = SecuredTansu::start(server.acceptor("tls").unwrap()).await;
+    let broker = SecuredTansu::start(&certificates).await;
     let brokers = broker.address();
     let login = json!({"mechanism": "SCRAM-SHA-512", "username": USER, "password": PASSWORD});
     let ca = certificates.file("ca.crt");

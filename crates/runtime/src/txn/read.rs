@@ -1605,9 +1605,12 @@ mod tests {
     use std::sync::Mutex;
 
     /// A source whose buffer the test sets, recording the commands it is given.
+    /// The commands a test source was given, in order.
+    type Commands = Arc<Mutex<Vec<&'static str>>>;
+
     struct Buffering {
         queued: Arc<Mutex<Queued>>,
-        commands: Arc<Mutex<Vec<&'static str>>>,
+        commands: Commands,
     }
 
     #[async_trait::async_trait]
@@ -1638,14 +1641,12 @@ mod tests {
         }
     }
 
-    /// The operator's pause and the read-ahead's compose: Pause once either holds,
-    /// Extend only once neither does; a held source that the batch waits on (its last
-    /// step a barrier) is neither skipped nor paused until it can be checkpointed.
-    #[test]
-    fn an_operators_pause_and_a_full_read_ahead_compose_into_one_pause_and_one_extend() {
+    /// A `Buffering` source of read-ahead bounds 100 records and 1 000 bytes, extended;
+    /// what it says it has queued, and the commands it was given.
+    fn buffering() -> (ReaderSource, Arc<Mutex<Queued>>, Commands) {
         let queued = Arc::new(Mutex::new(Queued::default()));
         let commands = Arc::new(Mutex::new(Vec::new()));
-        let mut reading = ReaderSource::extended(BoundSource {
+        let reading = ReaderSource::extended(BoundSource {
             source: Box::new(Buffering {
                 queued: queued.clone(),
                 commands: commands.clone(),
@@ -1658,6 +1659,15 @@ mod tests {
             },
             envelope: Envelope::None,
         });
+        (reading, queued, commands)
+    }
+
+    /// The operator's pause and the read-ahead's compose: Pause once either holds,
+    /// Extend only once neither does; a held source that the batch waits on (its last
+    /// step a barrier) is neither skipped nor paused until it can be checkpointed.
+    #[test]
+    fn an_operators_pause_and_a_full_read_ahead_compose_into_one_pause_and_one_extend() {
+        let (mut reading, queued, commands) = buffering();
         let full = Queued {
             records: 100,
             bytes: 0,
@@ -1686,30 +1696,25 @@ mod tests {
         reading.at_barrier = false;
         reading.command();
         assert!(reading.on_hold() && reading.paused);
+        reading.in_unit = true;
+        reading.command();
+        assert!(
+            !reading.on_hold() && !reading.paused,
+            "inside a unit, the batch waits on it too"
+        );
+        reading.in_unit = false;
+        reading.command();
+        assert!(reading.on_hold() && reading.paused);
         assert_eq!(
             *commands.lock().unwrap(),
-            ["extend", "pause", "extend", "pause"]
+            ["extend", "pause", "extend", "pause", "extend", "pause"]
         );
     }
 
     /// Extend once positioned; Pause above either bound, once; Extend again below both.
     #[test]
     fn a_source_is_paused_above_its_read_ahead_and_extended_below_it() {
-        let queued = Arc::new(Mutex::new(Queued::default()));
-        let commands = Arc::new(Mutex::new(Vec::new()));
-        let mut reading = ReaderSource::extended(BoundSource {
-            source: Box::new(Buffering {
-                queued: queued.clone(),
-                commands: commands.clone(),
-            }),
-            bindings: vec![0],
-            dead_letter: None,
-            read_ahead: ReadAhead {
-                max_queued_records: 100,
-                max_queued_bytes: 1000,
-            },
-            envelope: Envelope::None,
-        });
+        let (mut reading, queued, commands) = buffering();
         let steps = [
             (
                 Queued {

@@ -9,7 +9,6 @@ use sluice_kafka::admin::Admin;
 use sluice_kafka::{KafkaConfig, KafkaKind, KafkaSource};
 use sluice_kafka_client::Connector;
 use sluice_source_sdk::testing::{ALL, parsed_docs};
-use sluice_source_sdk::tls::ServerTls;
 use sluice_source_sdk::{Records, Source, SourceError, kind};
 use sluice_testkit::conformance::tls::TestCertificates;
 use sluice_testkit::tansu::{PASSWORD, SecuredTansu, USER};
@@ -38,12 +37,7 @@ async fn refusal(config: &KafkaConfig) -> String {
 async fn a_secured_broker_is_read_only_with_its_ca_and_user() {
     let dir = tempfile::tempdir().unwrap();
     let certificates = TestCertificates::make(dir.path());
-    let server = ServerTls {
-        certificate: certificates.file("server.crt").into(),
-        key: certificates.file("server.key").into(),
-        client_ca: None,
-    };
-    let broker = SecuredTansu::start(server.acceptor("tls").unwrap()).await;
+    let broker = SecuredTansu::start(&certificates).await;
     let address = broker.address();
     std::fs::write(dir.path().join("password"), format!("{PASSWORD}\n")).unwrap();
     let login = json!({"mechanism": "SCRAM-SHA-256", "username": USER,
