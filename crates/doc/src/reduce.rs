@@ -23,11 +23,18 @@
 //!   (Flow's arbitrary precision; see [`number`]).
 //! - `minimize` / `maximize` keep the lesser / greater in JSON order
 //!   (null < bool < numbers < strings < arrays < objects, numbers compared numerically
-//!   across integer and float); ties take `rhs`, or with a `key` the two are deep-merged.
+//!   across integer and float); ties take `rhs`. With a `key` (a missing key sorts before
+//!   `null`), ties are deep-merged and a winning `rhs` must be an object or array, as
+//!   Flow merges it onto nothing: a scalar there is an error.
 //! - `merge` reduces objects property by property with each child's own strategy and
-//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays; a
-//!   right side of another type than the left replaces it (two scalars: an error).
-//! - `append` concatenates arrays. `set` is described in [`set`].
+//!   arrays index by index, or with a `key` as a sorted merge of two key-sorted arrays. An
+//!   object or array onto a value of another type replaces it; a scalar right side is an
+//!   error (Flow's: it cannot be merged into anything).
+//! - `append` concatenates arrays; onto `null` it is a no-op (the left stays `null`), and
+//!   any other pair is an error. `set` is described in [`set`].
+//!
+//! Every error names the location (a JSON pointer) and quotes both sides; the combiner
+//! reports it as `CombineError::Reduce` and the transaction fails.
 //! - `delete: true` (lastWriteWins, firstWriteWins, merge) marks the reduced value as a
 //!   deletion: kept as a tombstone by partial reductions, removed from its parent (or the
 //!   whole document, at the root) by the finish of a full one ([`Reducer::finish`]). A
@@ -41,8 +48,10 @@
 //!
 //! Invariants: every strategy is associative (`(a·b)·c == a·(b·c)`), which the combiner
 //! relies on to reduce in any grouping, except where a location changes type between
-//! documents (a merge replaced, or a tombstone recreated, by a value of another type:
-//! in Flow too); properties present on one side only are kept. Locations without
+//! documents (a merge replaced, or a tombstone recreated, by an object or array of
+//! another type; Flow refuses such a partial reduction and keeps both documents for the
+//! full one, Sluice replaces the value in both); properties present on one side only are
+//! kept. Locations without
 //! conditionals or deletions cost one branch more than before. Reducing scalars never
 //! allocates (the sum of two integers is computed in an `i128` and
 //! stored back into `lhs`); the location of an error is tracked as a stack-allocated
@@ -443,7 +452,9 @@ impl Cx<'_> {
             Strategy::Sum => sum(lhs, &rhs, loc)?,
             Strategy::Append => match (&mut *lhs, rhs) {
                 (Value::Array(l), Value::Array(r)) => l.extend(r),
-                (l, r) => return Err(error(loc, "append needs two arrays", l, &r)),
+                // A null left side stays null: appending onto it is a no-op (Flow).
+                (Value::Null, Value::Array(_)) => {}
+                (l, r) => return Err(error(loc, APPEND_NEEDS_ARRAYS, l, &r)),
             },
             Strategy::Minimize { key } => self.min_max(n, key, lhs, rhs, loc, Ordering::Less)?,
             Strategy::Maximize { key } => self.min_max(n, key, lhs, rhs, loc, Ordering::Greater)?,
@@ -466,7 +477,14 @@ impl Cx<'_> {
     ) -> Result<(), ReduceError> {
         match compare_by_key(key, lhs, &rhs) {
             ord if ord == keep => Ok(()),
-            Ordering::Equal if !key.is_empty() => self.merge(n, &[], lhs, rhs, loc),
+            _ if key.is_empty() => {
+                *lhs = rhs;
+                Ok(())
+            }
+            Ordering::Equal => self.merge(n, &[], lhs, rhs, loc),
+            // With a key the kept value is a document to merge into: a right side that
+            // wins must be one (Flow merges it onto nothing).
+            _ if !is_composite(&rhs) => Err(error(loc, MERGE_NEEDS_COMPOSITES, lhs, &rhs)),
             _ => {
                 *lhs = rhs;
                 Ok(())
@@ -499,11 +517,13 @@ impl Cx<'_> {
                 *l = self.join_sorted(n, key, left, r, Join::Union, loc)?;
                 Ok(())
             }
-            (l, r) if rank(l) != rank(&r) => {
-                *l = r; // The right side changes the type: it replaces the value.
+            // An object or array onto a value of another type replaces it (Flow: in a full
+            // reduction; a partial one is not associative there, see the module docs).
+            (l, r) if is_composite(&r) => {
+                *l = r;
                 Ok(())
             }
-            (l, r) => Err(error(loc, "merge needs two objects or two arrays", l, &r)),
+            (l, r) => Err(error(loc, MERGE_NEEDS_COMPOSITES, l, &r)),
         }
     }
 
@@ -609,6 +629,18 @@ fn sum(lhs: &mut Value, rhs: &Value, loc: Loc<'_>) -> Result<(), ReduceError> {
 
 /// Why `sum` refuses two values, one of them no number.
 const NOT_NUMBERS: &str = "sum needs two numbers (or numeric strings)";
+
+/// Why `merge` (or a keyed minimize/maximize, which merges) refuses a right-hand value.
+pub(crate) const MERGE_NEEDS_COMPOSITES: &str =
+    "merge needs an object or an array on the right (a scalar cannot be merged into the left)";
+
+/// Why `append` refuses two values.
+const APPEND_NEEDS_ARRAYS: &str = "append needs two arrays (or a null left side)";
+
+/// An object or an array: what `merge` reduces into.
+fn is_composite(v: &Value) -> bool {
+    matches!(v, Value::Object(_) | Value::Array(_))
+}
 
 fn as_integer(n: &Number) -> Option<i128> {
     n.as_u64()

@@ -267,22 +267,28 @@ fn merge_of_arrays_with_a_key_is_a_sorted_merge() {
 }
 
 #[test]
-fn merge_of_two_scalars_is_an_error() {
-    let err = fold(at("merge"), vec![json!("a"), json!("text")]).unwrap_err();
-    assert!(
-        err.reason.contains("merge needs two objects or two arrays"),
-        "{err}"
-    );
-    let err = fold(at("merge"), vec![json!(1), json!(2.5)]).unwrap_err();
-    assert!(err.reason.contains("merge"), "{err}");
+fn merge_of_a_scalar_right_side_is_an_error() {
+    for (lhs, rhs) in [
+        (json!("a"), json!("text")),
+        (json!(1), json!(2.5)),
+        (json!({"a": 1}), json!("text")),
+        (json!([1]), json!(null)),
+    ] {
+        let err = fold(at("merge"), vec![lhs, rhs]).unwrap_err();
+        assert!(
+            err.reason
+                .contains("merge needs an object or an array on the right"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
-fn a_merge_whose_right_side_changes_the_type_replaces_the_value() {
-    let out = fold(merged(json!({})), vec![json!({"a": 1}), json!("text")]).unwrap();
-    assert_eq!(out, json!("text"));
+fn a_merge_whose_right_side_is_an_object_or_array_of_another_type_replaces_the_value() {
     let out = fold(at("merge"), vec![json!([1]), json!({"a": 1})]).unwrap();
     assert_eq!(out, json!({"a": 1}));
+    let out = fold(at("merge"), vec![json!("text"), json!([1])]).unwrap();
+    assert_eq!(out, json!([1]));
     let out = fold_full(at("merge"), vec![json!(null), json!({"a": 1})]).unwrap();
     assert_eq!(out, Some(json!({"a": 1})));
 }
@@ -292,6 +298,13 @@ fn append_concatenates_arrays_only() {
     let out = fold(at("append"), vec![json!([1]), json!([2, 3]), json!([])]).unwrap();
     assert_eq!(out, json!([1, 2, 3]));
     let err = fold(at("append"), vec![json!([1]), json!({"a": 1})]).unwrap_err();
+    assert!(err.reason.contains("append needs two arrays"), "{err}");
+    // Appending onto null is a no-op (Flow); onto another scalar, an error.
+    assert_eq!(
+        fold(at("append"), vec![json!(null), json!([1])]).unwrap(),
+        json!(null)
+    );
+    let err = fold(at("append"), vec![json!(0), json!([1])]).unwrap_err();
     assert!(err.reason.contains("append needs two arrays"), "{err}");
 }
 

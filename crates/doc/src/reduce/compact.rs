@@ -20,7 +20,9 @@
 //! exact estimate per key without walking the document again after every reduction.
 
 use super::number::{self, Addend};
-use super::{Cx, Loc, NOT_NUMBERS, ReduceError, Strategy, compare_numbers, error};
+use super::{
+    Cx, Loc, MERGE_NEEDS_COMPOSITES, NOT_NUMBERS, ReduceError, Strategy, compare_numbers, error,
+};
 use crate::compact::{Doc, Field, block_size, next_named};
 use serde_json::{Number, Value};
 use std::cmp::Ordering;
@@ -112,8 +114,8 @@ impl Cx<'_> {
             Strategy::Merge { key } if key.is_empty() => match (lhs, rhs) {
                 (Doc::Object(l), Doc::Object(r)) => self.merge_fields(n, l, r, loc)?,
                 (Doc::Array(l), Doc::Array(r)) => self.merge_items(n, l, r, loc)?,
-                // The right side changes the type: it replaces the value.
-                (lhs, rhs) if json_type(lhs) != json_type(&rhs) => replace(lhs, rhs),
+                // An object or array of another type than the left replaces it.
+                (lhs, rhs @ (Doc::Object(_) | Doc::Array(_))) => replace(lhs, rhs),
                 (lhs, rhs) => return Err(merge_error(lhs, &rhs, loc)),
             },
             _ => self.via_value(n, lhs, rhs, loc)?,
@@ -207,18 +209,6 @@ impl Cx<'_> {
     }
 }
 
-/// The JSON type of a value, as [`super::compare`] ranks it (numbers are one type).
-fn json_type(doc: &Doc) -> u8 {
-    match doc {
-        Doc::Null => 0,
-        Doc::Bool(_) => 1,
-        Doc::String(_) => 3,
-        Doc::Array(_) => 4,
-        Doc::Object(_) => 5,
-        _ => 2,
-    }
-}
-
 /// `*lhs = rhs`, returning the change of the heap estimate.
 #[inline(always)]
 fn replace(lhs: &mut Doc, rhs: Doc) -> isize {
@@ -228,7 +218,7 @@ fn replace(lhs: &mut Doc, rhs: Doc) -> isize {
 
 fn merge_error(lhs: &Doc, rhs: &Doc, loc: Loc<'_>) -> ReduceError {
     let (l, r) = (Value::from(lhs.clone()), Value::from(rhs.clone()));
-    error(loc, "merge needs two objects or two arrays", &l, &r)
+    error(loc, MERGE_NEEDS_COMPOSITES, &l, &r)
 }
 
 /// Inline for what counters mostly are, two non-negative integers: one checked addition.

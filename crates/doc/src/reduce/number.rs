@@ -9,15 +9,21 @@
 //!
 //! A numeric string is `[+-]digits[.digits][(e|E)[+-]digits]`, either side of the point
 //! may be empty but not both: what Flow's decimal parser reads, less its digit separators
-//! (`1_000`) and space. A string that is not one makes `sum` fail as a non-number does. A
-//! float joins a decimal sum as the shortest decimal that reads back as it (`0.1` is
-//! `0.1`, not its binary expansion), so the sum is what the documents show. A string total
-//! is written plainly, without exponent or trailing fractional zeros (`"1.50" + 1` is
-//! `"2.5"`, `"1e3"` is `"1000"`), as Flow writes its normalized decimals.
+//! (`1_000`) and space. A string that is not one makes `sum` fail as a non-number does.
 //!
-//! Invariant: decimal addition is exact, hence associative; the two bounded classes are
-//! associative wherever no intermediate total overflows (IEEE floats: where they are
-//! exact).
+//! A string total keeps the scale of its operands, as Flow's decimals do: it is written
+//! plainly (no exponent) with as many fractional digits as the operand that has most
+//! (`"1.50" + "2.25"` is `"3.75"`, `"1.10" + 2` is `"3.10"`, `"1.50" + "-1.5"` is
+//! `"0.00"`; an integer has none, and an exponent that leaves none, as `"1e3"`, writes
+//! the integer: `"1000"`). A float joins a decimal sum as Flow converts it: rounded to 16
+//! significant digits, all of them kept (`86753.09` is `86753.09000000000`, `0.2` is
+//! `0.2000000000000000`).
+//!
+//! Invariant: decimal addition is exact, and the scale of a total is the largest of its
+//! operands', so sums of strings and integers are associative, digits and scale alike;
+//! the two bounded classes are associative wherever no intermediate total overflows (IEEE
+//! floats: where they are exact); a float's conversion depends on the float, so a float
+//! summed before or after joining a decimal may leave a different scale (as in Flow).
 
 use crate::compact::{Doc, Str};
 use serde_json::{Number, Value};
@@ -98,8 +104,8 @@ impl Addend {
             Addend::Decimal(d) => d,
             // Both spellings are well formed, so they parse.
             Addend::Integer(i) => Decimal::parse(&i.to_string()).unwrap_or_default(),
-            // `{:e}` is the shortest form that reads back as `f` (finite: from JSON).
-            Addend::Float(f) => Decimal::parse(&format!("{f:e}")).unwrap_or_default(),
+            // Flow's conversion: 16 significant digits (finite: from JSON), all kept.
+            Addend::Float(f) => Decimal::parse(&format!("{f:.15e}")).unwrap_or_default(),
         }
     }
 }
@@ -149,12 +155,15 @@ impl Total {
 
 /// An exact decimal: `(-1)^negative × digits × 10^exponent`, `digits` most significant
 /// first, with neither leading nor trailing zeros (zero: no digits, exponent 0, not
-/// negative), so each value has one form.
+/// negative), so each value has one form; and the scale it is written with.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct Decimal {
     negative: bool,
     digits: Vec<u8>,
     exponent: i64,
+    /// How many fractional digits the spelling had (`"1.50"`: 2, `"1e3"`: -3): at least
+    /// `-exponent`. Written as `max(scale, 0)` fractional digits.
+    scale: i64,
 }
 
 impl Decimal {
@@ -176,7 +185,17 @@ impl Decimal {
         }
         let digits = whole.bytes().chain(fraction.bytes()).map(|b| b - b'0');
         let exponent = exponent - i64::try_from(fraction.len()).ok()?;
-        Some(Decimal::normalized(negative, digits.collect(), exponent))
+        Some(Decimal::normalized(negative, digits.collect(), exponent).with_scale(-exponent))
+    }
+
+    fn with_scale(mut self, scale: i64) -> Decimal {
+        self.scale = scale;
+        self
+    }
+
+    /// The fractional digits written: the scale, or more if the digits need them.
+    fn fraction(&self) -> i64 {
+        self.scale.max(-self.exponent).max(0)
     }
 
     fn normalized(negative: bool, mut digits: Vec<u8>, mut exponent: i64) -> Decimal {
@@ -192,6 +211,7 @@ impl Decimal {
             negative,
             digits,
             exponent,
+            scale: 0,
         }
     }
 
@@ -203,9 +223,10 @@ impl Decimal {
     /// `self + other`, exact; `Overflow::Digits` when the total (or the alignment of the two)
     /// spans more than [`MAX_DIGITS`] positions.
     fn add(&self, other: &Decimal) -> Result<Decimal, Overflow> {
+        let scale = self.scale.max(other.scale);
         if self.digits.is_empty() || other.digits.is_empty() {
             let total = if self.digits.is_empty() { other } else { self };
-            return fits(total.clone());
+            return fits(total.clone().with_scale(scale));
         }
         let low = self.exponent.min(other.exponent);
         let high = self.top().max(other.top()) + 1; // room for a carry
@@ -227,20 +248,20 @@ impl Decimal {
             (self.negative, add_grids(&a, &b))
         } else {
             match compare_grids(&a, &b) {
-                Ordering::Equal => return Ok(Decimal::default()),
+                Ordering::Equal => return fits(Decimal::default().with_scale(scale)),
                 Ordering::Greater => (self.negative, subtract_grids(&a, &b)),
                 Ordering::Less => (other.negative, subtract_grids(&b, &a)),
             }
         };
         let digits = grid.into_iter().rev().collect();
-        fits(Decimal::normalized(negative, digits, low))
+        fits(Decimal::normalized(negative, digits, low).with_scale(scale))
     }
 }
 
 /// Keeps a total only if it fits [`MAX_DIGITS`], counting the zeros its plain form
-/// writes between the point and its digits.
+/// writes between the point and its digits, and after them to its scale.
 fn fits(d: Decimal) -> Result<Decimal, Overflow> {
-    let width = d.top().max(0) - d.exponent.min(0);
+    let width = d.top().max(0) + d.fraction();
     if width > MAX_DIGITS as i64 {
         return Err(Overflow::Digits);
     }
@@ -303,34 +324,41 @@ fn compare_grids(a: &[u8], b: &[u8]) -> Ordering {
 }
 
 impl std::fmt::Display for Decimal {
-    /// Plain notation: `-12.5`, `1000`, `0.005`, `0`.
+    /// Plain notation with [`Decimal::fraction`] fractional digits: `-12.50`, `1000`,
+    /// `0.005`, `0.00`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.digits.is_empty() {
-            return f.write_str("0");
-        }
-        if self.negative {
+        let zeros = |f: &mut std::fmt::Formatter<'_>, n: i64| -> std::fmt::Result {
+            (0..n).try_for_each(|_| f.write_str("0"))
+        };
+        let write = |f: &mut std::fmt::Formatter<'_>, digits: &[u8]| -> std::fmt::Result {
+            digits
+                .iter()
+                .try_for_each(|d| write!(f, "{}", char::from(b'0' + d)))
+        };
+        let fraction = self.fraction();
+        if self.negative && !self.digits.is_empty() {
             f.write_str("-")?;
         }
-        let digit = |d: &u8| char::from(b'0' + d);
-        if self.exponent >= 0 {
-            self.digits
-                .iter()
-                .try_for_each(|d| write!(f, "{}", digit(d)))?;
-            return (0..self.exponent).try_for_each(|_| f.write_str("0"));
+        // Digits left of the point: those at positions 0 and up.
+        let whole = self.top().clamp(0, self.digits.len() as i64) as usize;
+        match whole {
+            0 => f.write_str("0")?,
+            _ => {
+                write(f, &self.digits[..whole])?;
+                zeros(f, self.exponent.max(0))?;
+            }
         }
-        let fraction = self.exponent.unsigned_abs() as usize;
-        if fraction >= self.digits.len() {
-            f.write_str("0.")?;
-            (0..fraction - self.digits.len()).try_for_each(|_| f.write_str("0"))?;
-            return self
-                .digits
-                .iter()
-                .try_for_each(|d| write!(f, "{}", digit(d)));
+        if fraction == 0 {
+            return Ok(());
         }
-        let (whole, part) = self.digits.split_at(self.digits.len() - fraction);
-        whole.iter().try_for_each(|d| write!(f, "{}", digit(d)))?;
         f.write_str(".")?;
-        part.iter().try_for_each(|d| write!(f, "{}", digit(d)))
+        // Zeros between the point and the first fractional digit, then those digits, then
+        // zeros to the scale.
+        let gap = (-self.top()).max(0).min(fraction);
+        zeros(f, gap)?;
+        let part = &self.digits[whole..];
+        write(f, part)?;
+        zeros(f, fraction - gap - part.len() as i64)
     }
 }
 
@@ -349,7 +377,10 @@ mod tests {
             ("0", Some("0")),
             ("-0", Some("0")),
             ("+7", Some("7")),
-            ("007.50", Some("7.5")),
+            ("007.50", Some("7.50")),
+            ("0.000", Some("0.000")),
+            ("-1.10", Some("-1.10")),
+            ("1.50e1", Some("15.0")),
             ("1.", Some("1")),
             (".5", Some("0.5")),
             ("-.05", Some("-0.05")),
@@ -401,15 +432,18 @@ mod tests {
             ),
             (text("1"), int(2), s("3")),
             (int(u64::MAX.into()), text("1"), s("18446744073709551616")),
-            (text("0.1"), Addend::Float(0.2), s("0.3")),
+            (text("0.1"), Addend::Float(0.2), s("0.3000000000000000")),
             (
                 Addend::Float(86753.09),
                 text("19000000000000000001"),
-                s("19000000000000086754.09"),
+                s("19000000000000086754.09000000000"),
             ),
-            (text("1.50"), text("-1.5"), s("0")),
+            (text("1.50"), text("2.25"), s("3.75")),
+            (text("1.10"), int(2), s("3.10")),
+            (text("1.50"), text("-1.5"), s("0.00")),
             (text("-10"), text("0.001"), s("-9.999")),
-            (text("99.99"), text("0.01"), s("100")),
+            (text("99.99"), text("0.01"), s("100.00")),
+            (text("1e3"), text("0.5"), s("1000.5")),
             (
                 text("1e4095"),
                 text("0"),
