@@ -52,6 +52,7 @@ const TESTED: &[&str] = &[
     "postgres-cdc",
     "http",
     "python-driver",
+    "python-driver-current",
 ];
 
 /// Folders of `examples/` that are not examples: the sample they share.
@@ -1149,6 +1150,134 @@ fn the_python_driver_example_fills_the_drivers_table_as_its_comments_say() {
         let state: Value = serde_json::from_str(&text).unwrap();
         let table = state["views-driver"]["pageviews"].as_object().unwrap();
         table.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    ex.run();
+    let rows = table();
+    let view: BTreeMap<String, Row> = rows
+        .values()
+        .map(|doc| (doc["user_id"].as_str().unwrap().to_string(), Row::of(doc)))
+        .collect();
+    assert_eq!(rows.len(), USERS);
+    assert_view(&view, "the driver's table");
+    ex.run();
+    assert_eq!(table(), rows, "a second run changes nothing");
+    drop(driver);
+}
+
+/// The example's current-protocol Python driver, started as its README says (its
+/// modules generated into its `out/generated`, where it finds them); killed when
+/// dropped.
+fn start_python_driver_current(ex: &Example) -> (Running, String) {
+    let generated = ex.path("out/generated");
+    std::fs::create_dir_all(&generated).unwrap();
+    let protoc = Command::new("python3")
+        .args([
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            "crates/proto/proto/current",
+        ])
+        .arg(format!("--python_out={}", generated.display()))
+        .arg(format!("--grpc_python_out={}", generated.display()))
+        .args(["consumer.proto", "flow.proto", "materialize.proto"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("run python3 with grpcio-tools");
+    assert!(
+        protoc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&protoc.stderr)
+    );
+    let log = ex.path("out/driver.log");
+    let mut child = Command::new("python3")
+        .args([
+            "examples/python-driver-current/driver.py",
+            "--state",
+            "examples/python-driver-current/out/driver-state.json",
+        ])
+        .current_dir(ex.root.path())
+        .env_remove("PYTHONPATH")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the driver");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let running = Running { child, log };
+    let Some(address) = line.trim().strip_prefix("listening on ") else {
+        panic!("the driver did not start ({line:?}):\n{}", running.log());
+    };
+    let address = address.to_string();
+    (running, address)
+}
+
+#[test]
+fn the_python_driver_current_example_fills_the_drivers_table_as_its_comments_say() {
+    assert_says(
+        "python-driver-current",
+        &[
+            "export DRIVER_ADDRESS=127.0.0.1:PORT",
+            "--protocol current",
+            "1000 10000 25323633",
+        ],
+    );
+    let readme =
+        std::fs::read_to_string(Path::new(EXAMPLES).join("python-driver-current/README.md"))
+            .unwrap();
+    for step in [
+        "python3 -m grpc_tools.protoc -I crates/proto/proto/current",
+        "python3 examples/python-driver-current/driver.py \\\n  --state examples/python-driver-current/out/driver-state.json",
+        "sluice driver test --endpoint $DRIVER_ADDRESS --protocol current",
+        "sluice run examples/python-driver-current/pipeline.yaml",
+    ] {
+        assert!(readme.contains(step), "the README says {step:?}");
+    }
+    let ex = Example::new("python-driver-current");
+    let (driver, address) = start_python_driver_current(&ex);
+    let ex = ex.var("DRIVER_ADDRESS", &address);
+
+    let suite = ex
+        .sluice(&[
+            "driver",
+            "test",
+            "--endpoint",
+            &address,
+            "--protocol",
+            "current",
+            "--config",
+            "examples/python-driver-current/config.json",
+            "--lacks",
+            "delta-updates",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        suite.status.success(),
+        "sluice driver test: {}\n{}\ndriver log:\n{}",
+        String::from_utf8_lossy(&suite.stdout),
+        String::from_utf8_lossy(&suite.stderr),
+        driver.log()
+    );
+
+    // The store: {"tables": {materialization: {table: {key hex: document text}}}, …}.
+    let table = || -> BTreeMap<String, Value> {
+        let text = std::fs::read_to_string(ex.path("out/driver-state.json")).unwrap();
+        let state: Value = serde_json::from_str(&text).unwrap();
+        let table = state["tables"]["views-driver"]["pageviews"]
+            .as_object()
+            .unwrap();
+        (table.iter())
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    serde_json::from_str(v.as_str().unwrap()).unwrap(),
+                )
+            })
+            .collect()
     };
     ex.run();
     let rows = table();

@@ -25,14 +25,18 @@ pub enum Capability {
     /// Refuses, failing the whole transaction, a document stored with `exists = false`
     /// whose key the store holds (as a table's primary key does).
     StrictExists,
+    /// Describes an Apply without doing it (`dry_run`): a property of the protocol as
+    /// much as of the driver, since Flow's current protocol has no dry run.
+    DryRun,
 }
 
 impl Capability {
-    pub const ALL: [Capability; 4] = [
+    pub const ALL: [Capability; 5] = [
         Capability::Authoritative,
         Capability::Deletes,
         Capability::DeltaUpdates,
         Capability::StrictExists,
+        Capability::DryRun,
     ];
 
     /// The name of the capability on the command line and in skip reasons.
@@ -42,6 +46,7 @@ impl Capability {
             Capability::Deletes => "deletes",
             Capability::DeltaUpdates => "delta-updates",
             Capability::StrictExists => "strict-exists",
+            Capability::DryRun => "dry-run",
         }
     }
 }
@@ -72,6 +77,7 @@ pub struct Capabilities {
     pub deletes: bool,
     pub delta_updates: bool,
     pub strict_exists: bool,
+    pub dry_run: bool,
 }
 
 impl Capabilities {
@@ -81,10 +87,12 @@ impl Capabilities {
         deletes: true,
         delta_updates: true,
         strict_exists: true,
+        dry_run: true,
     };
 
     /// What a driver declares ([`Driver::declared`]): authoritative when it commits by
-    /// the remote-authoritative pattern.
+    /// the remote-authoritative pattern; dry runs, which every driver of the seed's
+    /// protocol takes (served over the current protocol, it has none: see `without`).
     ///
     /// [`Driver::declared`]: sluice_driver_sdk::Driver::declared
     pub fn declared(declared: Declared) -> Capabilities {
@@ -93,6 +101,7 @@ impl Capabilities {
             deletes: declared.deletes,
             delta_updates: declared.delta_updates,
             strict_exists: declared.strict_exists,
+            dry_run: true,
         }
     }
 
@@ -102,6 +111,7 @@ impl Capabilities {
             Capability::Deletes => self.deletes,
             Capability::DeltaUpdates => self.delta_updates,
             Capability::StrictExists => self.strict_exists,
+            Capability::DryRun => self.dry_run,
         }
     }
 
@@ -112,6 +122,7 @@ impl Capabilities {
             Capability::Deletes => &mut self.deletes,
             Capability::DeltaUpdates => &mut self.delta_updates,
             Capability::StrictExists => &mut self.strict_exists,
+            Capability::DryRun => &mut self.dry_run,
         };
         *flag = false;
         self
@@ -144,7 +155,8 @@ mod tests {
             .without(Authoritative)
             .without(Deletes)
             .without(DeltaUpdates)
-            .without(StrictExists);
+            .without(StrictExists)
+            .without(DryRun);
         let cases: [(&[Capability], Capabilities, Option<&str>); 7] = [
             (&[], Capabilities::ALL, None),
             (&[], none, None),
@@ -183,7 +195,7 @@ mod tests {
         let err = "deletions".parse::<Capability>().unwrap_err();
         assert_eq!(
             err,
-            "no capability \"deletions\"; capabilities: authoritative, deletes, delta-updates, strict-exists"
+            "no capability \"deletions\"; capabilities: authoritative, deletes, delta-updates, strict-exists, dry-run"
         );
     }
 }

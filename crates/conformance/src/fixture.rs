@@ -135,6 +135,7 @@ impl<'a> Fixture<'a> {
                             field_config_json: Default::default(),
                         }),
                         delta_updates: delta(i),
+                        backfill: 0,
                     }
                 })
                 .collect(),

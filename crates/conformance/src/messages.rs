@@ -47,6 +47,7 @@ pub fn apply_request(spec: &flow::MaterializationSpec, dry_run: bool) -> ApplyRe
         materialization: Some(spec.clone()),
         version: "v1".into(),
         dry_run,
+        ..Default::default()
     }
 }
 

@@ -5,7 +5,8 @@
 //! |---|---|---|
 //! | `spec-schemas` | | Spec returns endpoint and resource JSON schemas that compile and accept the configurations given to the suite |
 //! | `validate-key-constraints` | | Validate constrains every projection, requires the key field (FIELD_REQUIRED or LOCATION_REQUIRED), returns a resource path |
-//! | `apply-dry-run-and-idempotence` | | a dry run changes nothing (a second dry run and the real apply describe the same actions); re-applying keeps stored documents |
+//! | `apply-dry-run` | dry-run | a dry run changes nothing (a second dry run and the real apply describe the same actions) |
+//! | `apply-idempotence` | | re-applying the same spec keeps stored documents |
 //! | `fresh-open` | | a never-used materialization opens, runs an empty transaction and acknowledges |
 //! | `rebuild-sentinel` | | the Opened checkpoint of a never-committed range is empty or exactly the rebuild sentinel `f8 ff ff ff 0f 01` |
 //! | `absent-keys-load-nothing` | | loads of keys never stored return no documents |
@@ -67,13 +68,16 @@ const fn scenario(name: &'static str, needs: &'static [Capability], run: Run) ->
     Scenario { name, needs, run }
 }
 
-pub const ALL: [Scenario; 23] = [
+pub const ALL: [Scenario; 24] = [
     scenario("spec-schemas", &[], |fx| Box::pin(spec_schemas(fx))),
     scenario("validate-key-constraints", &[], |fx| {
         Box::pin(validate_key_constraints(fx))
     }),
-    scenario("apply-dry-run-and-idempotence", &[], |fx| {
-        Box::pin(apply_dry_run_and_idempotence(fx))
+    scenario("apply-dry-run", &[Capability::DryRun], |fx| {
+        Box::pin(apply_dry_run(fx))
+    }),
+    scenario("apply-idempotence", &[], |fx| {
+        Box::pin(apply_idempotence(fx))
     }),
     scenario("fresh-open", &[], |fx| Box::pin(fresh_open(fx))),
     scenario("rebuild-sentinel", &[], |fx| Box::pin(rebuild_sentinel(fx))),
@@ -290,6 +294,7 @@ async fn validate_key_constraints(fx: &Fixture<'_>) -> Verdict {
             resource_spec_json: fx.resource(0).to_string(),
             collection: Some(collection()),
             field_config_json: Default::default(),
+            backfill: 0,
         }],
     };
     let response = fx.endpoint.validate(request).await?;
@@ -320,7 +325,7 @@ async fn validate_key_constraints(fx: &Fixture<'_>) -> Verdict {
     })
 }
 
-async fn apply_dry_run_and_idempotence(fx: &Fixture<'_>) -> Verdict {
+async fn apply_dry_run(fx: &Fixture<'_>) -> Verdict {
     let spec = fx.spec(1, |_| false);
     let dry = fx.apply(&spec, true).await?;
     let dry_again = fx.apply(&spec, true).await?;
@@ -332,7 +337,12 @@ async fn apply_dry_run_and_idempotence(fx: &Fixture<'_>) -> Verdict {
     let applied = fx.apply(&spec, false).await?;
     ensure(applied == dry, || {
         format!("apply described {applied:?}, its dry run {dry:?}")
-    })?;
+    })
+}
+
+async fn apply_idempotence(fx: &Fixture<'_>) -> Verdict {
+    let spec = fx.spec(1, |_| false);
+    fx.apply(&spec, false).await?;
     let mut session = fx.session(&spec).await?;
     commit(fx, &mut session, 1, &[put(1, "kept", false)]).await?;
     session.close().await?;

@@ -110,7 +110,7 @@ impl Session {
             let mut loaded = Vec::new();
             loop {
                 match rx.recv().await? {
-                    Response::Acknowledged => {
+                    Response::Acknowledged(_) => {
                         if let Some(acked) = acked.take() {
                             let _ = acked.send(());
                         }
@@ -125,7 +125,7 @@ impl Session {
                     }
                     Response::Prepared(_) => return Ok(loaded),
                     // The state machine rejects DriverCommitted before Commit.
-                    Response::DriverCommitted => {
+                    Response::DriverCommitted(_) => {
                         return Err(Error::Transport("DriverCommitted before Commit".into()));
                     }
                 }
@@ -146,7 +146,7 @@ impl Session {
             self.driver_error(sent).await?;
         }
         match self.rx.recv().await? {
-            Response::DriverCommitted => Ok(loaded),
+            Response::DriverCommitted(_) => Ok(loaded),
             // Not reached: the state machine accepts only DriverCommitted after Commit.
             other => Err(Error::Transport(format!(
                 "expected DriverCommitted, got {other:?}"
@@ -178,7 +178,7 @@ impl Session {
         let sent = self.tx.acknowledge().await;
         self.driver_error(sent).await?;
         match self.rx.recv().await? {
-            Response::Acknowledged => Ok(()),
+            Response::Acknowledged(_) => Ok(()),
             other => Err(Error::Transport(format!(
                 "expected Acknowledged, got {other:?}"
             ))),

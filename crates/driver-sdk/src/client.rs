@@ -42,20 +42,22 @@ use tokio::time::Instant;
 /// A response, checked against the protocol state machine.
 #[derive(Debug)]
 pub enum Response {
-    Acknowledged,
+    /// With the driver's non-transactional state update, if any.
+    Acknowledged(Option<flow::DriverCheckpoint>),
     Loaded(Loaded),
     Prepared(flow::DriverCheckpoint),
-    DriverCommitted,
+    /// With the driver's transactional state update, if any.
+    DriverCommitted(Option<flow::DriverCheckpoint>),
 }
 
 impl Response {
     /// The message's name, as protocol errors spell it.
     pub fn name(&self) -> &'static str {
         match self {
-            Response::Acknowledged => "Acknowledged",
+            Response::Acknowledged(_) => "Acknowledged",
             Response::Loaded(_) => "Loaded",
             Response::Prepared(_) => "Prepared",
-            Response::DriverCommitted => "DriverCommitted",
+            Response::DriverCommitted(_) => "DriverCommitted",
         }
     }
 }
@@ -237,10 +239,10 @@ impl ClientReceiver {
     /// The next response; an error if the driver broke the protocol or the stream ended.
     pub async fn recv(&mut self) -> Result<Response> {
         match self.next().await? {
-            Checked::Acknowledged => Ok(Response::Acknowledged),
+            Checked::Acknowledged(state) => Ok(Response::Acknowledged(state)),
             Checked::Loaded(loaded) => Ok(Response::Loaded(loaded)),
             Checked::Prepared(checkpoint) => Ok(Response::Prepared(checkpoint)),
-            Checked::DriverCommitted => Ok(Response::DriverCommitted),
+            Checked::DriverCommitted(state) => Ok(Response::DriverCommitted(state)),
             // Not reached: the machine accepts Opened only once, first.
             Checked::Opened(_) => Err(violation(Peer::Driver, "no second Opened", "Opened").into()),
         }

@@ -19,7 +19,8 @@ use crate::materialize::transaction_request::{Load, Prepare, Store};
 use crate::{Error, LoadedSink, PriorState, Result, Transactor, flow};
 use async_trait::async_trait;
 
-/// The runtime checkpoint of the transaction in progress: set by Prepare, taken by
+/// The runtime checkpoint of the transaction in progress: set by Prepare (or replaced by
+/// the one Commit carried, for a runtime of the current protocol), taken by
 /// Commit, which writes it in the same store transaction as the data.
 #[derive(Debug, Default)]
 pub struct PreparedCheckpoint(Option<Vec<u8>>);
@@ -34,6 +35,12 @@ impl PreparedCheckpoint {
             driver_checkpoint_json: b"{}".to_vec(),
             rfc7396_merge_patch: true,
         }
+    }
+
+    /// Replaces the prepared checkpoint with the one Commit carried
+    /// ([`Transactor::commit_checkpoint`]): what the following Commit writes.
+    pub fn replace(&mut self, checkpoint: Vec<u8>) {
+        self.0 = Some(checkpoint);
     }
 
     /// The prepared checkpoint, if a Prepare has set it (what transaction a Store is of).
@@ -213,6 +220,10 @@ impl<T: FencedStore> Transactor for T {
         self.fence_checked(started).await
     }
 
+    fn commit_checkpoint(&mut self, checkpoint: Vec<u8>) {
+        self.checkpoint().replace(checkpoint);
+    }
+
     async fn commit(&mut self) -> Result<()> {
         let committed = self.commit_writes().await;
         self.fence_checked(committed).await
@@ -261,6 +272,30 @@ mod tests {
         assert!(driver.rfc7396_merge_patch);
         assert_eq!(prepared.take().unwrap(), b"cp1");
         let err = prepared.take().unwrap_err();
+        assert!(
+            err.to_string().contains("without a prepared checkpoint"),
+            "{err}"
+        );
+    }
+
+    /// A runtime of the current protocol gives the checkpoint at Commit, Prepare none.
+    #[test]
+    fn commit_writes_the_checkpoint_commit_carried_in_place_of_prepares() {
+        let mut store = Scripted {
+            claim: Claim::new("m", 0, u32::MAX, 3),
+            now: Ok(Some(3)),
+            rolled_back: false,
+            checkpoint: PreparedCheckpoint::default(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(Transactor::prepare(&mut store, Prepare::default()))
+            .unwrap();
+        Transactor::commit_checkpoint(&mut store, b"cp2".to_vec());
+        assert_eq!(store.checkpoint.take().unwrap(), b"cp2");
+        let err = store.checkpoint.take().unwrap_err();
         assert!(
             err.to_string().contains("without a prepared checkpoint"),
             "{err}"

@@ -42,7 +42,7 @@ pub const MAX_WIRE_MESSAGE_BYTES: usize = 64 << 20;
 
 /// How many Transactions messages may wait in a channel between a transport and its peer.
 /// Enough to keep pipelined Loads flowing; small enough to push back on a slow peer.
-const STREAM_BUFFER: usize = 32;
+pub(crate) const STREAM_BUFFER: usize = 32;
 
 /// Serves one [`Driver`] as the tonic `materialize.Driver` service.
 pub struct GrpcServer {
@@ -104,29 +104,49 @@ impl driver_server::Driver for GrpcServer {
                 Error::Transport(format!("runtime request stream: {}", status.message()))
             })
             .boxed();
-        let (responses, responses_rx) = mpsc::channel(STREAM_BUFFER);
-        let (done, outcome) = oneshot::channel();
         let driver = self.driver.clone();
-        tokio::spawn(async move {
-            let result = serve_transactions(driver, requests, responses).await;
-            if let Err(err) = &result {
-                tracing::warn!(error = %err, "Transactions stream ended with an error");
-            }
-            let _ = done.send(result);
+        let stream = serve_stream("Transactions", |responses| {
+            serve_transactions(driver, requests, responses)
         });
-        // The serve loop owns the only response sender, so the channel drains completely
-        // before its outcome is read: responses first, then the closing status, if any.
-        let closing = futures::stream::once(async move {
-            match outcome.await {
-                Ok(Ok(())) => None,
-                Ok(Err(err)) => Some(Err(error_to_status(&err))),
-                Err(_) => Some(Err(Status::internal("the driver's serve loop panicked"))),
-            }
-        })
-        .filter_map(futures::future::ready);
-        let stream = ReceiverStream::new(responses_rx).map(Ok).chain(closing);
-        Ok(Response::new(stream.boxed()))
+        Ok(Response::new(stream))
     }
+}
+
+/// The response stream of a streaming call served by `serve` (a task), which sends its
+/// responses on the channel it is given: its responses, then, if it failed, the status
+/// of its error. `call` names the call in the log of a failure.
+pub(crate) fn serve_stream<T, F>(
+    call: &'static str,
+    serve: impl FnOnce(mpsc::Sender<T>) -> F,
+) -> BoxStream<'static, Result<T, Status>>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<()>> + Send + 'static,
+{
+    let (responses, responses_rx) = mpsc::channel(STREAM_BUFFER);
+    let (done, outcome) = oneshot::channel();
+    let served = serve(responses);
+    tokio::spawn(async move {
+        let result = served.await;
+        if let Err(err) = &result {
+            tracing::warn!(error = %err, "{call} stream ended with an error");
+        }
+        let _ = done.send(result);
+    });
+    // The serve loop owns the only response sender, so the channel drains completely
+    // before its outcome is read: responses first, then the closing status, if any.
+    let closing = futures::stream::once(async move {
+        match outcome.await {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(Err(error_to_status(&err))),
+            Err(_) => Some(Err(Status::internal("the driver's serve loop panicked"))),
+        }
+    })
+    .filter_map(futures::future::ready);
+    ReceiverStream::new(responses_rx)
+        .map(Ok)
+        .chain(closing)
+        .boxed()
 }
 
 fn reply<T>(result: Result<T>) -> Result<Response<T>, Status> {
@@ -136,7 +156,7 @@ fn reply<T>(result: Result<T>) -> Result<Response<T>, Status> {
 }
 
 /// The status a driver error travels as. [`status_to_error`] is its inverse.
-fn error_to_status(err: &Error) -> Status {
+pub(crate) fn error_to_status(err: &Error) -> Status {
     let (kind, message) = err.remote();
     let code = match kind {
         RemoteKind::Malformed => Code::FailedPrecondition,
@@ -150,7 +170,7 @@ fn error_to_status(err: &Error) -> Status {
 }
 
 /// The error a status from the driver at `address` stands for.
-fn status_to_error(address: &str, status: Status) -> Error {
+pub(crate) fn status_to_error(address: &str, status: Status) -> Error {
     let message = status.message().to_string();
     let kind = match status.code() {
         Code::Aborted => RemoteKind::Fenced,
@@ -218,7 +238,13 @@ impl GrpcListener {
     /// streams are cut, and their transactions roll back, as after any transport error).
     pub async fn serve(self, driver: Arc<dyn Driver>) -> Result<()> {
         let service = GrpcServer::new(driver).into_service();
-        let server = tonic::transport::Server::builder().add_service(service);
+        self.serve_router(tonic::transport::Server::builder().add_service(service))
+            .await
+    }
+
+    /// Serves `server`'s services (e.g. the current protocol's `CurrentServer`) until
+    /// the listener fails, as [`GrpcListener::serve`] does.
+    pub async fn serve_router(self, server: tonic::transport::server::Router) -> Result<()> {
         let result = match self.socket {
             Socket::Tcp(socket) => {
                 server
@@ -252,15 +278,7 @@ impl GrpcEndpoint {
     /// `unix:/path`). Fails with [`Error::Transport`] naming the address when nothing
     /// answers there.
     pub async fn connect(address: &str) -> Result<Self> {
-        let uri = channel_uri(address).map_err(Error::Config)?;
-        let transport_error = |err: tonic::transport::Error| {
-            Error::Transport(format!("{address}: {}", crate::error::chain(&err)))
-        };
-        let channel = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(transport_error)?
-            .connect()
-            .await
-            .map_err(transport_error)?;
+        let channel = connect_channel(address).await?;
         let client = DriverClient::new(channel)
             .max_decoding_message_size(MAX_WIRE_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_WIRE_MESSAGE_BYTES);
@@ -335,6 +353,20 @@ impl Endpoint for GrpcEndpoint {
             hooks: None,
         })
     }
+}
+
+/// A channel to the driver at `address` ([`channel_uri`]). Fails with
+/// [`Error::Transport`] naming the address when nothing answers there.
+pub(crate) async fn connect_channel(address: &str) -> Result<Channel> {
+    let uri = channel_uri(address).map_err(Error::Config)?;
+    let transport_error = |err: tonic::transport::Error| {
+        Error::Transport(format!("{address}: {}", crate::error::chain(&err)))
+    };
+    tonic::transport::Endpoint::from_shared(uri)
+        .map_err(transport_error)?
+        .connect()
+        .await
+        .map_err(transport_error)
 }
 
 /// The URI tonic connects to for a driver address: `grpc://HOST:PORT` or a plain

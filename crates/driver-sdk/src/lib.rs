@@ -23,6 +23,7 @@
 pub mod arena;
 pub mod client;
 pub mod contract;
+pub mod current;
 pub mod endpoint;
 pub mod error;
 pub mod fence;

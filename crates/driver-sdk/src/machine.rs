@@ -71,8 +71,12 @@ pub enum Response {
     Opened(Opened),
     Loaded(Loaded),
     Prepared(flow::DriverCheckpoint),
-    DriverCommitted,
-    Acknowledged,
+    /// With the driver's transactional state update, if any (Sluice's extension: the
+    /// current protocol's StartedCommit state).
+    DriverCommitted(Option<flow::DriverCheckpoint>),
+    /// With the driver's non-transactional state update, if any (Sluice's extension:
+    /// the current protocol's Acknowledged state).
+    Acknowledged(Option<flow::DriverCheckpoint>),
 }
 
 impl Request {
@@ -94,8 +98,8 @@ impl Response {
             Response::Opened(_) => "Opened",
             Response::Loaded(_) => "Loaded",
             Response::Prepared(_) => "Prepared",
-            Response::DriverCommitted => "DriverCommitted",
-            Response::Acknowledged => "Acknowledged",
+            Response::DriverCommitted(_) => "DriverCommitted",
+            Response::Acknowledged(_) => "Acknowledged",
         }
     }
 }
@@ -155,7 +159,7 @@ impl From<Request> for TransactionRequest {
             Request::Load(v) => m.load = Some(v),
             Request::Prepare(v) => m.prepare = Some(v),
             Request::Store(v) => m.store = Some(v),
-            Request::Commit => m.commit = Some(Commit {}),
+            Request::Commit => m.commit = Some(Commit::default()),
             Request::Acknowledge => m.acknowledge = Some(Acknowledge {}),
         }
         m
@@ -175,11 +179,13 @@ impl TryFrom<TransactionResponse> for Response {
                 ("prepared", r.prepared.map(Response::Prepared)),
                 (
                     "driver_committed",
-                    r.driver_committed.map(|_| Response::DriverCommitted),
+                    r.driver_committed
+                        .map(|c| Response::DriverCommitted(c.driver_checkpoint)),
                 ),
                 (
                     "acknowledged",
-                    r.acknowledged.map(|_| Response::Acknowledged),
+                    r.acknowledged
+                        .map(|a| Response::Acknowledged(a.driver_checkpoint)),
                 ),
             ],
         )
@@ -193,8 +199,12 @@ impl From<Response> for TransactionResponse {
             Response::Opened(v) => m.opened = Some(v),
             Response::Loaded(v) => m.loaded = Some(v),
             Response::Prepared(v) => m.prepared = Some(v),
-            Response::DriverCommitted => m.driver_committed = Some(DriverCommitted {}),
-            Response::Acknowledged => m.acknowledged = Some(Acknowledged {}),
+            Response::DriverCommitted(driver_checkpoint) => {
+                m.driver_committed = Some(DriverCommitted { driver_checkpoint })
+            }
+            Response::Acknowledged(driver_checkpoint) => {
+                m.acknowledged = Some(Acknowledged { driver_checkpoint })
+            }
         }
         m
     }
@@ -389,7 +399,7 @@ impl Machine {
                     ack: Ack::Sent,
                     loads,
                 },
-                Response::Acknowledged,
+                Response::Acknowledged(_),
             ) => Ok(self.with(Phase::Loading {
                 ack: Ack::Done,
                 loads,
@@ -416,7 +426,7 @@ impl Machine {
 
             (Phase::Storing, _) => err("no response before Commit"),
 
-            (Phase::Committing { loads }, Response::DriverCommitted) => Ok(Machine {
+            (Phase::Committing { loads }, Response::DriverCommitted(_)) => Ok(Machine {
                 phase: Phase::Loading {
                     ack: Ack::Pending,
                     loads,

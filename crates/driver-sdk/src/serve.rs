@@ -95,6 +95,7 @@ async fn serve(
     let mut out = Responses {
         machine: Machine::new(),
         tx: responses,
+        commit_checkpoint: None,
     };
     let mut log = LogContext::default();
     let open = loop {
@@ -162,13 +163,16 @@ impl Inbox {
 struct Responses {
     machine: Machine,
     tx: mpsc::Sender<m::TransactionResponse>,
+    /// The runtime checkpoint the last Commit carried (Sluice's extension, set when the
+    /// runtime speaks the current protocol), for [`Transactor::commit_checkpoint`].
+    commit_checkpoint: Option<Vec<u8>>,
 }
 
 impl Responses {
     /// A request read from the stream, checked; None if the runtime closed the stream
     /// where that is allowed.
     fn check(&mut self, raw: Option<Result<m::TransactionRequest>>) -> Result<Option<Request>> {
-        let raw = match raw {
+        let mut raw = match raw {
             Some(raw) => raw?,
             None if self.machine.may_close() || self.machine.phase() == Phase::AwaitingOpen => {
                 return Ok(None);
@@ -180,6 +184,9 @@ impl Responses {
                 )));
             }
         };
+        self.commit_checkpoint = (raw.commit.as_mut())
+            .map(|commit| std::mem::take(&mut commit.flow_checkpoint))
+            .filter(|checkpoint| !checkpoint.is_empty());
         let req = Request::try_from(raw)?;
         self.machine = std::mem::take(&mut self.machine).on_request(&req)?;
         Ok(Some(req))
@@ -356,7 +363,8 @@ impl Session {
                 Request::Acknowledge => {
                     fail_point!("driver::acknowledge");
                     self.transactor.acknowledge().await?;
-                    self.out.send(Response::Acknowledged).await?;
+                    let state = self.transactor.acknowledged_state();
+                    self.out.send(Response::Acknowledged(state)).await?;
                     if let LoadGate::AwaitingAcknowledge(deferred) =
                         std::mem::replace(&mut self.gate, LoadGate::Open)
                     {
@@ -386,10 +394,14 @@ impl Session {
                     self.transactor.store(store).await?
                 }
                 Request::Commit => {
+                    if let Some(checkpoint) = self.out.commit_checkpoint.take() {
+                        self.transactor.commit_checkpoint(checkpoint);
+                    }
                     fail_point!("driver::before-commit");
                     self.transactor.commit().await?;
                     fail_point!("driver::after-commit");
-                    self.out.send(Response::DriverCommitted).await?;
+                    let state = self.transactor.committed_state();
+                    self.out.send(Response::DriverCommitted(state)).await?;
                     self.gate = LoadGate::new(self.pattern);
                 }
                 // Not reached: the machine accepts Open only as the first request.

@@ -39,7 +39,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -72,6 +72,14 @@ where
     W: AsyncWrite + Unpin,
     M: Message,
 {
+    let buf = encode_frame(msg)?;
+    out.write_all(&buf).await?;
+    out.flush().await?;
+    Ok(())
+}
+
+/// The frame [`write_frame`] writes: `msg`'s length as a little-endian u32, then `msg`.
+pub fn encode_frame<M: Message>(msg: &M) -> Result<Vec<u8>, FrameError> {
     let len = msg.encoded_len();
     if len > MAX_WIRE_MESSAGE_BYTES {
         return Err(FrameError::TooLarge {
@@ -83,9 +91,7 @@ where
     buf.extend_from_slice(&(len as u32).to_le_bytes());
     msg.encode(&mut buf)
         .expect("a Vec grows to fit the message");
-    out.write_all(&buf).await?;
-    out.flush().await?;
-    Ok(())
+    Ok(buf)
 }
 
 /// Reads one frame and decodes it as `M`. `Ok(None)` is a clean end of stream: EOF
@@ -190,12 +196,40 @@ pub struct StdioEndpoint {
     args: Vec<String>,
 }
 
-/// A started driver process, its stderr being forwarded.
-struct Started {
+/// A started driver process, its stderr being forwarded. Killed when dropped.
+pub(crate) struct Started {
     child: Child,
-    stdout: ChildStdout,
     /// Resolves to the last stderr lines once stderr closes (the process has exited).
     stderr_tail: JoinHandle<Vec<String>>,
+}
+
+/// Starts driver `name` as `program args... [sub]`, its stdin and stdout piped, its
+/// stderr forwarded to `tracing` ([`forward_stderr`]).
+pub(crate) fn spawn(
+    name: &str,
+    program: &str,
+    args: &[String],
+    sub: Option<&str>,
+) -> Result<(Started, ChildStdin, ChildStdout)> {
+    let mut child = Command::new(program)
+        .args(args)
+        .args(sub)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|err| {
+            let sub = sub.map(|sub| format!(" {sub}")).unwrap_or_default();
+            Error::Transport(format!("driver {name}: cannot start {program}{sub}: {err}"))
+        })?;
+    let (stdin, stdout, stderr) = (
+        child.stdin.take().expect("stdin is piped"),
+        child.stdout.take().expect("stdout is piped"),
+        child.stderr.take().expect("stderr is piped"),
+    );
+    let stderr_tail = tokio::spawn(forward_stderr(name.to_string(), stderr).in_current_span());
+    Ok((Started { child, stderr_tail }, stdin, stdout))
 }
 
 impl StdioEndpoint {
@@ -208,35 +242,8 @@ impl StdioEndpoint {
         }
     }
 
-    fn start(&self, sub: SubCommand) -> Result<(Started, tokio::process::ChildStdin)> {
-        let mut child = Command::new(&self.program)
-            .args(&self.args)
-            .arg(sub.as_str())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|err| {
-                Error::Transport(format!(
-                    "driver {}: cannot start {} {}: {err}",
-                    self.name,
-                    self.program,
-                    sub.as_str()
-                ))
-            })?;
-        let (stdin, stdout, stderr) = (
-            child.stdin.take().expect("stdin is piped"),
-            child.stdout.take().expect("stdout is piped"),
-            child.stderr.take().expect("stderr is piped"),
-        );
-        let stderr_tail = tokio::spawn(forward_stderr(self.name.clone(), stderr).in_current_span());
-        let started = Started {
-            child,
-            stdout,
-            stderr_tail,
-        };
-        Ok((started, stdin))
+    fn start(&self, sub: SubCommand) -> Result<(Started, ChildStdin, ChildStdout)> {
+        spawn(&self.name, &self.program, &self.args, Some(sub.as_str()))
     }
 
     /// One request frame, one response frame, then the process must exit with success.
@@ -245,14 +252,14 @@ impl StdioEndpoint {
         sub: SubCommand,
         req: Req,
     ) -> Result<Resp> {
-        let (mut started, mut stdin) = self.start(sub)?;
+        let (started, mut stdin, mut stdout) = self.start(sub)?;
         // A driver may exit before reading its request; its exit status and response (or
         // lack of one) then say more than the broken pipe, so they are reported first.
         let written = write_frame(&mut stdin, &req).await;
         drop(stdin);
-        let read = read_frame::<_, Resp>(&mut started.stdout).await;
+        let read = read_frame::<_, Resp>(&mut stdout).await;
         let (status, tail) = started.finish().await;
-        let failure = |what: String| process_error(&self.name, sub, &what, &status, &tail);
+        let failure = |what: String| process_error(&self.name, sub.as_str(), &what, &status, &tail);
         if !status.as_ref().is_ok_and(|status| status.success()) {
             return Err(failure("exited".into()));
         }
@@ -278,6 +285,16 @@ fn error_line(err: &Error) -> String {
     format!("{ERROR_LINE}{body}")
 }
 
+/// Writes `err`'s error line to this process's stderr: what a driver process does last
+/// when it fails, so the runtime reads the error back as the same kind.
+pub(crate) async fn report_error(err: &Error) {
+    let mut stderr = tokio::io::stderr();
+    let line = format!("{}\n", error_line(err));
+    // Nothing else can be told if stderr is gone too.
+    let _ = stderr.write_all(line.as_bytes()).await;
+    let _ = stderr.flush().await;
+}
+
 /// The error the last error line of `tail` reports, if any.
 fn reported_error(peer: &str, tail: &[String]) -> Option<Error> {
     let line = tail
@@ -290,16 +307,17 @@ fn reported_error(peer: &str, tail: &[String]) -> Option<Error> {
     Some(Error::from_remote(kind, peer, message))
 }
 
-/// An error about a driver process: the error it reported, else what went wrong, its
-/// exit status and its stderr tail.
+/// An error about driver process `name` serving `call` (its sub-command, or the call of
+/// a current-protocol driver): the error it reported, else what went wrong, its exit
+/// status and its stderr tail.
 fn process_error(
     name: &str,
-    sub: SubCommand,
+    call: &str,
     what: &str,
     status: &std::io::Result<ExitStatus>,
     tail: &[String],
 ) -> Error {
-    let peer = format!("driver {name} ({})", sub.as_str());
+    let peer = format!("driver {name} ({call})");
     if let Some(reported) = reported_error(&peer, tail) {
         return reported;
     }
@@ -321,6 +339,27 @@ impl Started {
         let status = self.child.wait().await;
         let tail = self.stderr_tail.await.unwrap_or_default();
         (status, tail)
+    }
+
+    /// Once a driver's stream of responses to `call` ended (`bad`: on a response that
+    /// could not be read, else at the end of stdout), waits for the process: `None` if
+    /// the end was clean (the runtime had closed its side, stdout ended at a message
+    /// boundary, and the process exited with success), else the error to report.
+    pub(crate) async fn end(
+        self,
+        name: &str,
+        call: &str,
+        bad: Option<String>,
+        runtime_closed: bool,
+    ) -> Option<Error> {
+        let (status, tail) = self.finish().await;
+        let success = status.as_ref().is_ok_and(|status| status.success());
+        let what = match bad {
+            None if runtime_closed && success => return None,
+            Some(bad) => format!("bad response: {bad}"),
+            None => "exited mid-stream".to_string(),
+        };
+        Some(process_error(name, call, &what, &status, &tail))
     }
 }
 
@@ -364,7 +403,7 @@ impl Endpoint for StdioEndpoint {
     /// the child, so dropping the stream kills it.
     async fn transactions(&self) -> Result<TransactionStream> {
         let sub = SubCommand::Transactions;
-        let (started, stdin) = self.start(sub)?;
+        let (started, stdin, stdout) = self.start(sub)?;
         let (requests, requests_rx) = mpsc::channel(STREAM_BUFFER);
         let runtime_closed = Arc::new(AtomicBool::new(false));
         tokio::spawn(write_requests(
@@ -372,29 +411,21 @@ impl Endpoint for StdioEndpoint {
             requests_rx,
             stdin,
             runtime_closed.clone(),
+            encode_frame,
         ));
         let name = self.name.clone();
-        let responses = futures::stream::unfold(Some(started), move |started| {
+        let responses = futures::stream::unfold(Some((started, stdout)), move |state| {
             let (name, runtime_closed) = (name.clone(), runtime_closed.clone());
             async move {
-                let mut started = started?;
-                match read_frame::<_, m::TransactionResponse>(&mut started.stdout).await {
-                    Ok(Some(response)) => Some((Ok(response), Some(started))),
-                    end => {
-                        let (status, tail) = started.finish().await;
-                        let clean = matches!(end, Ok(None))
-                            && runtime_closed.load(Ordering::Acquire)
-                            && status.as_ref().is_ok_and(|status| status.success());
-                        if clean {
-                            return None;
-                        }
-                        let what = match end {
-                            Err(err) => format!("bad response: {err}"),
-                            Ok(_) => "exited mid-stream".to_string(),
-                        };
-                        Some((Err(process_error(&name, sub, &what, &status, &tail)), None))
-                    }
-                }
+                let (started, mut stdout) = state?;
+                let bad = match read_frame::<_, m::TransactionResponse>(&mut stdout).await {
+                    Ok(Some(response)) => return Some((Ok(response), Some((started, stdout)))),
+                    Ok(None) => None,
+                    Err(err) => Some(err.to_string()),
+                };
+                let closed = runtime_closed.load(Ordering::Acquire);
+                let err = started.end(&name, sub.as_str(), bad, closed).await?;
+                Some((Err(err), None))
             }
         })
         .boxed();
@@ -406,22 +437,38 @@ impl Endpoint for StdioEndpoint {
     }
 }
 
-/// Copies requests to the child's stdin until the runtime closes its sender (then closes
-/// stdin, the driver's signal to finish) or the child stops reading.
-async fn write_requests(
+/// Copies requests to the child's stdin, each as `encode` writes it, until the runtime
+/// closes its sender (then closes stdin, the driver's signal to finish; `runtime_closed`
+/// says so) or the child stops reading.
+pub(crate) async fn write_requests<M>(
     name: String,
-    mut requests: mpsc::Receiver<m::TransactionRequest>,
-    mut stdin: tokio::process::ChildStdin,
+    mut requests: mpsc::Receiver<M>,
+    mut stdin: ChildStdin,
     runtime_closed: Arc<AtomicBool>,
+    encode: impl Fn(&M) -> Result<Vec<u8>, FrameError>,
 ) {
     while let Some(request) = requests.recv().await {
-        if let Err(err) = write_frame(&mut stdin, &request).await {
+        let written = match encode(&request) {
+            Ok(bytes) => write_all(&mut stdin, &bytes).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = written {
             // The reader side reports the child's exit; this only explains the write.
             tracing::debug!(driver = %name, error = %err, "stopped writing requests");
             return;
         }
     }
     runtime_closed.store(true, Ordering::Release);
+}
+
+/// Writes `bytes` and flushes.
+pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    bytes: &[u8],
+) -> Result<(), FrameError> {
+    out.write_all(bytes).await?;
+    out.flush().await?;
+    Ok(())
 }
 
 /// The driver side of the stdio protocol: serves `sub_command` of `driver` on this
@@ -431,11 +478,7 @@ async fn write_requests(
 pub async fn serve_stdio(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
     let served = serve(driver, sub_command).await;
     if let Err(err) = &served {
-        let mut stderr = tokio::io::stderr();
-        let line = format!("{}\n", error_line(err));
-        // Nothing else can be told if stderr is gone too.
-        let _ = stderr.write_all(line.as_bytes()).await;
-        let _ = stderr.flush().await;
+        report_error(err).await;
     }
     served
 }
@@ -470,13 +513,8 @@ async fn serve(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
                 }
             })
             .boxed();
-            let (responses, mut responses_rx) = mpsc::channel(STREAM_BUFFER);
-            let writer = tokio::spawn(async move {
-                while let Some(response) = responses_rx.recv().await {
-                    write_response(&mut stdout, &response).await?;
-                }
-                Ok::<_, Error>(())
-            });
+            let (responses, responses_rx) = mpsc::channel(STREAM_BUFFER);
+            let writer = tokio::spawn(write_responses(responses_rx, encode_frame));
             let served = serve_transactions(driver, requests, responses).await;
             let written = writer
                 .await
@@ -484,6 +522,23 @@ async fn serve(driver: Arc<dyn Driver>, sub_command: SubCommand) -> Result<()> {
             served.and(written)
         }
     }
+}
+
+/// Copies responses to this process's stdout, each as `encode` writes it, until their
+/// sender closes.
+pub(crate) async fn write_responses<M>(
+    mut responses: mpsc::Receiver<M>,
+    encode: impl Fn(&M) -> Result<Vec<u8>, FrameError>,
+) -> Result<()> {
+    let mut stdout = tokio::io::stdout();
+    while let Some(response) = responses.recv().await {
+        let written = match encode(&response) {
+            Ok(bytes) => write_all(&mut stdout, &bytes).await,
+            Err(err) => Err(err),
+        };
+        written.map_err(|err| Error::Transport(format!("writing a response to stdout: {err}")))?;
+    }
+    Ok(())
 }
 
 async fn read_request<M: Message + Default>(stdin: &mut tokio::io::Stdin) -> Result<M> {
@@ -499,6 +554,7 @@ async fn write_response<M: Message>(stdout: &mut tokio::io::Stdout, msg: &M) -> 
         .map_err(|err| Error::Transport(format!("writing a response to stdout: {err}")))
 }
 
-fn runtime_frame_error(err: FrameError) -> Error {
+/// The error a request that could not be read from stdin ends the driver with.
+pub(crate) fn runtime_frame_error(err: impl std::fmt::Display) -> Error {
     Error::Transport(format!("reading a request from stdin: {err}"))
 }

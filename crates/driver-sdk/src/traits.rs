@@ -201,6 +201,29 @@ pub trait Transactor: Send + 'static {
     /// object `{}` with merge-patch set means "no change").
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint>;
 
+    /// Called before [`Transactor::commit`] when the runtime gave the checkpoint to
+    /// commit only at Commit (a runtime of Flow's current protocol, whose StartCommit
+    /// carries it, while its Flush, this Prepare, carries none): `checkpoint` replaces
+    /// `prepare.flow_checkpoint`. A driver that commits the runtime checkpoint (an
+    /// authoritative store) takes it; the default ignores it, as a driver of the
+    /// recovery-log patterns ignores the runtime checkpoint.
+    fn commit_checkpoint(&mut self, _checkpoint: Vec<u8>) {}
+
+    /// After `commit` returned: an update of the driver checkpoint, recorded with this
+    /// transaction's commit to the runtime's log (transactional: Flow's StartedCommit
+    /// state). `None`: no change.
+    fn committed_state(&mut self) -> Option<flow::DriverCheckpoint> {
+        None
+    }
+
+    /// After `acknowledge` returned: an update of the driver checkpoint that is not
+    /// transactional (Flow's Acknowledged state): recorded with the next commit, and
+    /// lost if the runtime stops first, so the driver must tolerate seeing the prior
+    /// state again. `None`: no change.
+    fn acknowledged_state(&mut self) -> Option<flow::DriverCheckpoint> {
+        None
+    }
+
     /// Stores documents of one binding; `exists[i]` says whether the runtime loaded key i.
     async fn store(&mut self, store: Store) -> Result<()>;
 

@@ -31,7 +31,7 @@ fn ack() -> Ev {
     Ev::Rq(Request::Acknowledge)
 }
 fn acked() -> Ev {
-    Ev::Rs(Response::Acknowledged)
+    Ev::Rs(Response::Acknowledged(None))
 }
 fn load_of(binding: u32) -> Ev {
     Ev::Rq(Request::Load(Load {
@@ -70,7 +70,7 @@ fn commit() -> Ev {
     Ev::Rq(Request::Commit)
 }
 fn committed() -> Ev {
-    Ev::Rs(Response::DriverCommitted)
+    Ev::Rs(Response::DriverCommitted(None))
 }
 
 fn step(m: Machine, ev: &Ev) -> Result<Machine, sluice_driver_sdk::ProtocolError> {
@@ -485,7 +485,7 @@ fn request_and_response_must_have_exactly_one_field_set() {
     );
     let two = TransactionRequest {
         load: Some(Load::default()),
-        commit: Some(Commit {}),
+        commit: Some(Commit::default()),
         ..Default::default()
     };
     let err = Request::try_from(two).unwrap_err();

@@ -55,9 +55,10 @@ async fn until_prepared(rx: &mut ClientReceiver) -> Vec<String> {
     }
 }
 
+/// The next response is `want` (its name).
 async fn expect(rx: &mut ClientReceiver, want: &str) {
     let got = rx.recv().await.unwrap();
-    assert_eq!(format!("{got:?}"), want);
+    assert_eq!(got.name(), want, "{got:?}");
 }
 
 fn prepare(checkpoint: &[u8]) -> Prepare {
@@ -121,7 +122,7 @@ async fn loads_of_next_transaction_before_its_acknowledge_read_the_prior_commit(
     let mut docs = Vec::new();
     loop {
         match rx.recv().await.unwrap() {
-            Response::Acknowledged => break,
+            Response::Acknowledged(_) => break,
             Response::Loaded(l) => docs.extend(loaded_docs(&l).map(|d| d.unwrap().to_vec())),
             other => panic!("unexpected {other:?}"),
         }
@@ -297,7 +298,7 @@ async fn a_driver_that_owes_an_answer_and_sends_nothing_times_out_naming_what_it
 async fn holding_loaded_until_prepare_is_not_a_timeout_but_silence_after_prepare_is() {
     let (mut tx, mut rx, _requests, responses) = played_stream(8, SHORT).await;
     tx.acknowledge().await.unwrap();
-    let acked = machine::Response::Acknowledged;
+    let acked = machine::Response::Acknowledged(None);
     responses.send(Ok(acked.into())).await.unwrap();
     expect(&mut rx, "Acknowledged").await;
     tx.load(load(0, &[b"a"])).await.unwrap();

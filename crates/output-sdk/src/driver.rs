@@ -328,6 +328,7 @@ impl Driver for OutputDriver {
         }
         Ok(m::ApplyResponse {
             action_description: actions.join("\n"),
+            driver_checkpoint: None,
         })
     }
 
@@ -361,6 +362,7 @@ impl Driver for OutputDriver {
         }
         Ok(m::ApplyResponse {
             action_description: actions.join("\n"),
+            driver_checkpoint: None,
         })
     }
 

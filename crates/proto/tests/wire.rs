@@ -110,7 +110,7 @@ fn empty_commit_is_still_present_on_the_wire() {
     // TransactionRequest.commit = 5 holds an empty message; being set is the whole
     // content: tag (5<<3)|2 = 0x2a, length 00.
     let msg = TransactionRequest {
-        commit: Some(transaction_request::Commit {}),
+        commit: Some(transaction_request::Commit::default()),
         ..Default::default()
     };
     assert_wire(&msg, &[0x2a, 0x00]);

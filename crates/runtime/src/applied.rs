@@ -392,6 +392,13 @@ fn binding_changes(
             old.resource_spec_json, new.resource_spec_json
         ));
     }
+    if old.backfill != new.backfill {
+        change(format!(
+            "backfill {} → {} (`sluice apply` rebuilds the binding: its resource dropped \
+             and recreated, its sources read again from the beginning)",
+            old.backfill, new.backfill
+        ));
+    }
     if old.delta_updates != new.delta_updates {
         change(format!(
             "delta updates {} → {}",
@@ -430,6 +437,60 @@ fn binding_changes(
     }
 }
 
+/// The bindings of `next` to rebuild: each whose backfill counter rose against the
+/// binding of the same resource path in `last` (the spec applied last). A binding new
+/// to the spec is created, not rebuilt.
+pub fn rebuilt(last: &flow::MaterializationSpec, next: &flow::MaterializationSpec) -> Vec<usize> {
+    (next.bindings.iter().enumerate())
+        .filter(|(_, b)| {
+            (last.bindings.iter())
+                .find(|l| l.resource_path == b.resource_path)
+                .is_some_and(|l| b.backfill > l.backfill)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Refuses a backfill (a binding of `next` rebuilt against `last`) whose collection's
+/// sources also feed a binding of `next` that is not rebuilt: reading them again would
+/// reduce their documents into that binding twice. Names both bindings and the source.
+pub fn check_backfills(
+    pipeline: &Pipeline,
+    last: Option<&flow::MaterializationSpec>,
+    next: &flow::MaterializationSpec,
+) -> Result<(), String> {
+    let Some(last) = last else {
+        return Ok(());
+    };
+    let rebuilt = rebuilt(last, next);
+    let collection = |b: &flow::materialization_spec::Binding| {
+        b.collection
+            .as_ref()
+            .map(|c| c.collection.clone())
+            .unwrap_or_default()
+    };
+    for &i in &rebuilt {
+        let back = &next.bindings[i];
+        let other = (next.bindings.iter().enumerate())
+            .find(|(j, b)| !rebuilt.contains(j) && collection(b) == collection(back));
+        let Some((_, other)) = other else {
+            continue;
+        };
+        let source = (pipeline.sources.iter())
+            .find(|(_, def)| def.target == collection(back))
+            .map_or_else(
+                || format!("of collection {}", collection(back)),
+                |(n, _)| n.clone(),
+            );
+        return Err(crate::txn::shared_source(
+            &source,
+            &back.resource_path.join("."),
+            &other.resource_path.join("."),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,6 +512,7 @@ mod tests {
                 ..Default::default()
             }),
             delta_updates: false,
+            backfill: 0,
         }
     }
 
@@ -490,6 +552,19 @@ mod tests {
                 "another collection",
                 spec(vec![binding("t", "acme/other", &["n"])]),
                 &["binding t: collection acme/views → acme/other"],
+            ),
+            (
+                "a backfill",
+                {
+                    let mut s = base();
+                    s.bindings[0].backfill = 1;
+                    s
+                },
+                &[
+                    "binding t: backfill 0 → 1 (`sluice apply` rebuilds the binding: its \
+                   resource dropped and recreated, its sources read again from the \
+                   beginning)",
+                ],
             ),
             (
                 "delta updates",

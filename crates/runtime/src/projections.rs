@@ -145,6 +145,7 @@ pub fn select_fields(
     constraints: &m::validate_response::Binding,
     include: &[String],
     exclude: &[String],
+    backfill: u32,
 ) -> Result<flow::FieldSelection, BuildError> {
     let known: BTreeSet<&str> = spec.projections.iter().map(|p| p.field.as_str()).collect();
     for field in include.iter().chain(exclude) {
@@ -170,10 +171,16 @@ pub fn select_fields(
         let reason = constraint
             .map(|c| c.reason.as_str())
             .unwrap_or("no constraint given");
+        // INCOMPATIBLE (the seed's UNSATISFIABLE): the resource as it exists cannot
+        // take the field. Left out when the user excludes a non-key field; otherwise the
+        // fix is a backfill, which rebuilds the resource.
         if kind == ConstraintType::Unsatisfiable {
+            if exclude.contains(field) && !keys.contains(field) {
+                continue;
+            }
             return Err(invalid(
                 place.to_string(),
-                format!("field {field:?} cannot be materialized: {reason}"),
+                incompatible(place, field, reason, backfill),
             ));
         }
         if keys.contains(field) {
@@ -225,6 +232,18 @@ pub fn select_fields(
         document,
         ..Default::default()
     })
+}
+
+/// What an INCOMPATIBLE field says: the binding (`place`), the field, the driver's
+/// reason, and the fix: raise the binding's `backfill` (now `backfill`) and apply.
+fn incompatible(place: &str, field: &str, reason: &str, backfill: u32) -> String {
+    format!(
+        "field {field:?} is incompatible with the binding's existing resource: {reason}; \
+         to rebuild the resource, raise {place}.backfill (now {backfill}) to {} and run \
+         `sluice apply` (its table is dropped and recreated and its sources read again \
+         from the beginning), or exclude the field if the binding can do without it",
+        backfill + 1
+    )
 }
 
 /// The loop's view of a binding: its collection and the pointers of its value fields.
@@ -296,5 +315,47 @@ mod tests {
              it, so no document would have this key (the schema's properties are region, \
              user_id)"
         );
+    }
+
+    #[test]
+    fn an_incompatible_field_names_the_binding_the_reason_and_the_backfill_fix() {
+        let collection = compile_collection(
+            "collections.c",
+            "c",
+            &["/id".parse().unwrap()],
+            &json!({"type": "object", "required": ["id"],
+                    "properties": {"id": {"type": "string"}, "n": {"type": "integer"}}}),
+        )
+        .unwrap();
+        let spec = collection_spec(&collection);
+        let constraint = |t: ConstraintType, reason: &str| m::Constraint {
+            r#type: t as i32,
+            reason: reason.to_string(),
+        };
+        let mut constraints = m::validate_response::Binding::default();
+        for p in &spec.projections {
+            let c = match p.field.as_str() {
+                "n" => constraint(ConstraintType::Unsatisfiable, "column n is TEXT"),
+                "id" => constraint(ConstraintType::LocationRequired, "the key"),
+                _ => constraint(ConstraintType::LocationRecommended, "the document"),
+            };
+            constraints.constraints.insert(p.field.clone(), c);
+        }
+        let place = "materializations.m.bindings[0]";
+        let err = select_fields(place, &spec, &constraints, &[], &[], 2)
+            .unwrap_err()
+            .to_string();
+        for part in [
+            place,
+            "field \"n\"",
+            "column n is TEXT",
+            "raise materializations.m.bindings[0].backfill (now 2) to 3",
+            "`sluice apply`",
+        ] {
+            assert!(err.contains(part), "{part:?} missing from: {err}");
+        }
+        // Excluded, the binding goes on without it.
+        let excluded = select_fields(place, &spec, &constraints, &[], &["n".to_string()], 2);
+        assert!(!excluded.unwrap().values.contains(&"n".to_string()));
     }
 }

@@ -33,10 +33,10 @@ use crate::types::EndpointDef;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sluice_driver_sdk::current::{self, Codec, Protocol};
 use sluice_driver_sdk::flow::EndpointType;
-use sluice_driver_sdk::grpc::{GrpcEndpoint, channel_uri};
+use sluice_driver_sdk::grpc::channel_uri;
 use sluice_driver_sdk::inprocess::InProcess;
-use sluice_driver_sdk::stdio::StdioEndpoint;
 use sluice_driver_sdk::{BuiltinKind, CommitPattern, Driver, Endpoint};
 use sluice_source_sdk::config::{parse, resolve_path};
 use sluice_source_sdk::{InvalidConfig, Kind};
@@ -172,7 +172,8 @@ const EXTERNAL_RESOURCE_SCHEMA: &str = r#"{
 }"#;
 
 /// The endpoint schema of an external driver kind: `title`, its `required` key, its own
-/// `properties` (JSON members), and the `config` and `pattern` keys both kinds take.
+/// `properties` (JSON members), and the `config`, `pattern` and `protocol` keys both
+/// kinds take.
 fn external_endpoint_schema(title: &str, required: &str, properties: &str) -> String {
     format!(
         r#"{{
@@ -184,7 +185,8 @@ fn external_endpoint_schema(title: &str, required: &str, properties: &str) -> St
   "properties": {{
     {properties},
     "config": {{"type": "object", "default": {{}}, "description": "The endpoint configuration sent to the driver."}},
-    "pattern": {{"type": "string", "enum": ["authoritative", "idempotent_apply", "non_transactional"], "description": "How the driver commits, as its author declares (undeclared: non-transactional; admission reads it)."}}
+    "pattern": {{"type": "string", "enum": ["authoritative", "idempotent_apply", "non_transactional"], "description": "How the driver commits, as its author declares (undeclared: non-transactional; admission reads it)."}},
+    "protocol": {{"type": "string", "enum": ["current", "transactions"], "description": "The protocol the driver speaks: Flow's current one (materialize.Connector/Materialize) or the seed's Transactions. Unset: asked of the driver once, by a Spec request, before the first call."}}
   }}
 }}"#
     )
@@ -385,8 +387,9 @@ fn empty_object() -> Value {
     Value::Object(Default::default())
 }
 
-/// A driver served over gRPC: `grpc: {address, config?}`, the address as
-/// `grpc://HOST:PORT`, `HOST:PORT` or `unix:/path` (checked at parse time).
+/// A driver served over gRPC: `grpc: {address, config?, pattern?, protocol?}`, the
+/// address as `grpc://HOST:PORT`, `HOST:PORT` or `unix:/path` (checked at parse time),
+/// speaking `protocol` (unset: detected before the first call).
 pub struct Grpc;
 
 #[derive(Serialize, Deserialize)]
@@ -399,6 +402,9 @@ struct GrpcConfig {
     /// How the driver commits, as its author says (undeclared: non-transactional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pattern: Option<DeclaredPattern>,
+    /// The protocol the driver speaks (unset: asked of it before the first call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    protocol: Option<Protocol>,
 }
 
 #[async_trait]
@@ -432,12 +438,13 @@ impl DriverKind for Grpc {
             address,
             config,
             pattern,
+            protocol,
         } = serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
-        let endpoint = GrpcEndpoint::connect(&address)
+        let endpoint = current::grpc::connect(&address, protocol)
             .await
             .map_err(|e| e.to_string())?;
         Ok(Connected::flow(
-            Arc::new(endpoint),
+            endpoint,
             EndpointType::SluiceGrpc,
             config,
             pattern.map(Into::into),
@@ -453,7 +460,9 @@ impl DriverKind for Grpc {
 }
 
 /// A driver run as a child process speaking the stdio protocol:
-/// `command: {program, args?, config?}`.
+/// `command: {program, args?, config?, pattern?, protocol?, codec?}`: the seed's
+/// (`PROGRAM ARGS... <sub-command>`, protobuf frames) or the current one (`PROGRAM
+/// ARGS...`, in `codec`), unset: detected before the first call.
 pub struct Command;
 
 #[derive(Serialize, Deserialize)]
@@ -470,6 +479,12 @@ struct CommandConfig {
     /// How the driver commits, as its author says (undeclared: non-transactional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pattern: Option<DeclaredPattern>,
+    /// The protocol the driver speaks (unset: asked of it before the first call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    protocol: Option<Protocol>,
+    /// How a current-protocol driver writes its messages (unset: `proto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    codec: Option<Codec>,
 }
 
 #[async_trait]
@@ -483,13 +498,21 @@ impl DriverKind for Command {
             "A driver run as a child process speaking the stdio protocol",
             "program",
             r#""program": {"type": "string", "minLength": 1, "description": "A bare name is looked up in PATH; one with a / is a file, relative to the pipeline file's folder."},
-    "args": {"type": "array", "items": {"type": "string"}, "default": [], "description": "Its arguments."}"#,
+    "args": {"type": "array", "items": {"type": "string"}, "default": [], "description": "Its arguments."},
+    "codec": {"type": "string", "enum": ["proto", "json"], "default": "proto", "description": "How a driver of the current protocol writes its messages: proto (each a little-endian u32 length, then the protobuf message) or json (one JSON object a line). Not with protocol: transactions, whose messages are always proto."}"#,
         );
         Schemas::parse(&endpoint, EXTERNAL_RESOURCE_SCHEMA)
     }
 
     fn parse(&self, config: Value, base_dir: &Path) -> Result<Value, InvalidConfig> {
         let mut config: CommandConfig = parse(config)?;
+        if config.codec == Some(Codec::Json) && config.protocol == Some(Protocol::Transactions) {
+            return Err(InvalidConfig::new(
+                "codec",
+                "`codec: json` is for the current protocol only: the transactions protocol's \
+                 messages are always protobuf frames; remove `codec` or set `protocol: current`",
+            ));
+        }
         if config.program.components().count() > 1 {
             resolve_path(&mut config.program, base_dir);
         }
@@ -507,13 +530,17 @@ impl DriverKind for Command {
             args,
             config,
             pattern,
+            protocol,
+            codec,
         } = serde_json::from_value(config.clone()).map_err(|e| e.to_string())?;
         Ok(Connected::flow(
-            Arc::new(StdioEndpoint::new(
+            current::stdio::endpoint(
                 materialization,
                 program.to_string_lossy().as_ref(),
                 args,
-            )),
+                protocol,
+                codec.unwrap_or_default(),
+            ),
             EndpointType::SluiceCommand,
             config,
             pattern.map(Into::into),
@@ -532,6 +559,51 @@ impl DriverKind for Command {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_command_endpoint_takes_a_protocol_and_a_codec_of_the_current_protocol_only() {
+        let base = Path::new("/pipelines");
+        let parsed = Command
+            .parse(
+                json!({"program": "driver", "protocol": "current", "codec": "json"}),
+                base,
+            )
+            .unwrap();
+        assert_eq!(parsed["protocol"], "current");
+        assert_eq!(parsed["codec"], "json");
+        // Unset, the protocol is detected and the codec is proto: neither is written.
+        let parsed = Command.parse(json!({"program": "driver"}), base).unwrap();
+        assert!(parsed.get("protocol").is_none() && parsed.get("codec").is_none());
+        let err = Command
+            .parse(
+                json!({"program": "driver", "protocol": "transactions", "codec": "json"}),
+                base,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("codec: ") && err.contains("current protocol only"),
+            "{err}"
+        );
+        let err = Command
+            .parse(json!({"program": "driver", "protocol": "flow"}), base)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("protocol") && err.contains("current"), "{err}");
+    }
+
+    #[test]
+    fn a_grpc_endpoint_takes_a_protocol() {
+        let base = Path::new("/pipelines");
+        let config = json!({"address": "127.0.0.1:7000", "protocol": "current"});
+        let parsed = Grpc.parse(config, base).unwrap();
+        assert_eq!(parsed["protocol"], "current");
+        let err = Grpc
+            .parse(json!({"address": "127.0.0.1:7000", "codec": "json"}), base)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("codec"), "{err}");
+    }
 
     #[test]
     fn paths_resolve_at_the_top_and_inside_objects_and_absent_ones_are_skipped() {

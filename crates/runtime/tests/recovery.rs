@@ -17,6 +17,7 @@ fn checkpoint(txn: u64) -> Checkpoint {
         sources: BTreeMap::from([("views".to_string(), json!({"begin": txn, "end": txn + 1}))]),
         driver_checkpoints: BTreeMap::from([("db".to_string(), json!({"txn": txn}))]),
         max_keys: BTreeMap::from([("pageviews".to_string(), format!("{txn:02x}"))]),
+        backfills: BTreeMap::new(),
     }
 }
 

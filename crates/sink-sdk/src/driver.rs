@@ -235,6 +235,7 @@ impl EpochDriver {
         };
         Ok(m::ApplyResponse {
             action_description: actions.join("\n"),
+            driver_checkpoint: None,
         })
     }
 }

@@ -5,7 +5,8 @@
 //! ```text
 //!   upsert:  create schema        (the dialect has schemas, and it is missing)
 //!            create checkpoints   (its table has no columns)
-//!            per table: create it, or add its missing columns;
+//!            per table: a backfill (see below): drop it if it exists, then create it;
+//!                       else create it, or add its missing columns;
 //!                       then a comment per new column (dialects with comment statements)
 //!            record the version   (another one is recorded, or none: the reserved
 //!                                  range row of the checkpoints table, see crate::fence)
@@ -18,6 +19,12 @@
 //! SQLite in one transaction) and its [`Ddl`] (the statements' text). The plan is a pure
 //! function of what the catalog answers, in the order it asks.
 //!
+//! A backfill: a binding whose `backfill` counter rose against the binding of the same
+//! resource path in the spec applied last (`ApplyRequest.last_materialization`, see
+//! [`Target`]) has its table dropped and created anew, so its rows are gone; the runtime
+//! then reads the binding's input again from the beginning. A binding new to the spec is
+//! created as any other.
+//!
 //! Spec and Validate are the same for every SQL store too: [`spec_response`] and
 //! [`validate_tables`].
 
@@ -26,8 +33,8 @@ use crate::fence::{FenceClient, FenceDialect, FenceSql, Param, VERSION_RANGE};
 use crate::validate;
 use crate::{Column, ColumnKind, Table};
 use async_trait::async_trait;
-use sluice_driver_sdk::materialize as m;
 use sluice_driver_sdk::{Error, Result};
+use sluice_driver_sdk::{flow, materialize as m};
 use std::ops::Deref;
 
 /// Which Apply call is being served.
@@ -237,37 +244,76 @@ pub trait Ddl: Sync {
     }
 }
 
-/// Plans `action` for `tables` of `materialization` (of spec `version`) from what
-/// `catalog` holds now, runs the plan unless `dry_run`, and describes it (one
-/// `statement;` per line).
+/// What an Apply is for: the materialization, the version of its spec, and the
+/// bindings whose tables are rebuilt (a backfill).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub materialization: &'a str,
+    pub version: &'a str,
+    /// Indices into the spec's bindings (and so into its tables, one per binding, in
+    /// order) whose backfill counter rose against `last`'s binding of the same
+    /// resource path.
+    pub rebuild: Vec<usize>,
+}
+
+impl<'a> Target<'a> {
+    /// The Apply of `spec` at `version`, after `last` (the spec applied last, if any).
+    pub fn new(
+        spec: &'a flow::MaterializationSpec,
+        version: &'a str,
+        last: Option<&flow::MaterializationSpec>,
+    ) -> Target<'a> {
+        let rebuild = match last {
+            None => Vec::new(),
+            Some(last) => (spec.bindings.iter().enumerate())
+                .filter(|(_, b)| {
+                    (last.bindings.iter())
+                        .find(|l| l.resource_path == b.resource_path)
+                        .is_some_and(|l| b.backfill > l.backfill)
+                })
+                .map(|(i, _)| i)
+                .collect(),
+        };
+        Target {
+            materialization: &spec.materialization,
+            version,
+            rebuild,
+        }
+    }
+}
+
+/// Plans `action` for `tables` of `target` from what `catalog` holds now, runs the plan
+/// unless `dry_run`, and describes it (one `statement;` per line).
 pub async fn apply<D: Ddl>(
     catalog: &mut dyn Catalog,
     ddl: &D,
     tables: &[D::Table],
-    (materialization, version): (&str, &str),
+    target: Target<'_>,
     action: Action,
     dry_run: bool,
 ) -> Result<m::ApplyResponse> {
     let statements = match action {
-        Action::Upsert => plan_upsert(catalog, ddl, tables, (materialization, version)).await?,
-        Action::Delete => plan_delete(catalog, ddl, tables, materialization).await?,
+        Action::Upsert => plan_upsert(catalog, ddl, tables, &target).await?,
+        Action::Delete => plan_delete(catalog, ddl, tables, target.materialization).await?,
     };
     if !dry_run && !statements.is_empty() {
         Catalog::execute(catalog, &statements).await?;
     }
     Ok(m::ApplyResponse {
         action_description: statements.iter().map(|s| format!("{s};\n")).collect(),
+        driver_checkpoint: None,
     })
 }
 
-/// Creates the schema, the checkpoints table and missing tables; adds missing columns;
-/// records the version.
+/// Creates the schema, the checkpoints table and missing tables; drops and creates the
+/// tables of a backfill; adds missing columns; records the version.
 async fn plan_upsert<D: Ddl>(
     catalog: &mut dyn Catalog,
     ddl: &D,
     tables: &[D::Table],
-    (materialization, version): (&str, &str),
+    target: &Target<'_>,
 ) -> Result<Vec<String>> {
+    let (materialization, version) = (target.materialization, target.version);
     let mut statements = Vec::new();
     if let Some(create) = ddl.create_schema()
         && !catalog.schema_exists().await?
@@ -287,8 +333,12 @@ async fn plan_upsert<D: Ddl>(
             .query_bytes(&sql, &[Param::Text(materialization)])
             .await?
     };
-    for table in tables {
-        let existing = catalog.existing_columns(&table.name).await?;
+    for (i, table) in tables.iter().enumerate() {
+        let mut existing = catalog.existing_columns(&table.name).await?;
+        if target.rebuild.contains(&i) && !existing.is_empty() {
+            statements.push(ddl.drop_table(table));
+            existing.clear();
+        }
         let added: Vec<_> = if existing.is_empty() {
             statements.push(ddl.create_table(table));
             table.columns.iter().collect()
@@ -565,7 +615,7 @@ mod tests {
             catalog,
             &TestDdl,
             &[table()],
-            ("m", "v1"),
+            target(&[]),
             action,
             dry_run,
         ));
@@ -573,6 +623,70 @@ mod tests {
     }
 
     const CP: &str = "sluice_checkpoints";
+
+    /// Materialization `m` at version `v1`, rebuilding the tables at `rebuild`.
+    fn target(rebuild: &[usize]) -> Target<'static> {
+        Target {
+            materialization: "m",
+            version: "v1",
+            rebuild: rebuild.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_raised_backfill_drops_and_creates_its_table() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let plan = |catalog: &mut Model, rebuild: &[usize]| {
+            let applied = runtime.block_on(apply(
+                catalog,
+                &TestDdl,
+                &[table()],
+                target(rebuild),
+                Action::Upsert,
+                false,
+            ));
+            applied.unwrap().action_description
+        };
+        let tables: &[(&str, &[&str])] = &[(CP, &["fence"]), ("t", &["k", "v", "doc"])];
+        let mut store = applied(tables, b"v1");
+        assert_eq!(
+            plan(&mut store, &[0]),
+            "DROP TABLE IF EXISTS s.<t>;\ncreate t;\ncomment t.k;\ncomment t.v;\ncomment t.doc;\n"
+        );
+        // A table that does not exist (yet) is created, nothing dropped.
+        let mut empty = applied(&[(CP, &["fence"])], b"v1");
+        assert_eq!(
+            plan(&mut empty, &[0]),
+            "create t;\ncomment t.k;\ncomment t.v;\ncomment t.doc;\n"
+        );
+    }
+
+    #[test]
+    fn the_tables_rebuilt_are_the_bindings_whose_counter_rose() {
+        let binding = |table: &str, backfill| flow::materialization_spec::Binding {
+            resource_path: vec![table.to_string()],
+            backfill,
+            ..Default::default()
+        };
+        let spec = |bindings| flow::MaterializationSpec {
+            materialization: "m".into(),
+            bindings,
+            ..Default::default()
+        };
+        let last = spec(vec![binding("a", 1), binding("b", 0), binding("c", 0)]);
+        let next = spec(vec![
+            binding("b", 0),
+            binding("a", 2),
+            binding("c", 0),
+            binding("d", 3),
+        ]);
+        assert_eq!(Target::new(&next, "v2", Some(&last)).rebuild, vec![1]);
+        assert_eq!(Target::new(&next, "v2", None).rebuild, Vec::<usize>::new());
+        // Lowered: nothing to rebuild (the counter only asks when it rises).
+        assert!(Target::new(&last, "v1", Some(&next)).rebuild.is_empty());
+    }
 
     #[test]
     fn the_plan_is_what_the_catalog_lacks() {
@@ -692,7 +806,7 @@ mod tests {
             &mut Empty,
             &TestDdl,
             &tables,
-            ("m", "v1"),
+            target(&[]),
             Action::Upsert,
             true,
         ));
@@ -705,7 +819,7 @@ mod tests {
             &mut Empty,
             &TestDdl,
             &tables,
-            ("m", "v1"),
+            target(&[]),
             Action::Upsert,
             false,
         ));

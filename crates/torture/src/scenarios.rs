@@ -289,7 +289,7 @@ fn driver_dies(h: &mut Harness, transport: Transport) -> anyhow::Result<()> {
     let endpoint = match &server {
         None => format!(
             "command: {{program: {}, args: [driver, stdio, {driver}], config: {config}, \
-             pattern: authoritative}}",
+             pattern: authoritative, protocol: transactions}}",
             super::yaml_str(&h.exe)
         ),
         Some(server) => format!(

@@ -222,5 +222,6 @@ async fn apply(
     let lines: Vec<String> = todo.iter().map(|t| format!("{verb} table {t}")).collect();
     Ok(m::ApplyResponse {
         action_description: lines.join("\n"),
+        driver_checkpoint: None,
     })
 }

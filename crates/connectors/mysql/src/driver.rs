@@ -56,7 +56,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
         &mut catalog,
         &sql::Ddl { flavor },
         &tables,
-        (&spec.materialization, &req.version),
+        kit::apply::Target::new(&spec, &req.version, req.last_materialization.as_ref()),
         action,
         req.dry_run,
     )

@@ -62,7 +62,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
         &mut catalog,
         &ddl,
         &tables,
-        (&spec.materialization, &req.version),
+        kit::apply::Target::new(&spec, &req.version, req.last_materialization.as_ref()),
         action,
         req.dry_run,
     )

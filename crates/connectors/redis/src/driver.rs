@@ -143,6 +143,7 @@ impl Driver for RedisDriver {
             .collect();
         Ok(m::ApplyResponse {
             action_description: lines.join("\n"),
+            driver_checkpoint: None,
         })
     }
 
@@ -160,6 +161,7 @@ impl Driver for RedisDriver {
         let lines: Vec<String> = (resources.iter()).map(|r| describe("delete ", r)).collect();
         Ok(m::ApplyResponse {
             action_description: lines.join("\n"),
+            driver_checkpoint: None,
         })
     }
 

@@ -215,6 +215,7 @@ fn validate_request(resource: serde_json::Value) -> m::ValidateRequest {
             resource_spec_json: resource.to_string(),
             collection: Some(collection()),
             field_config_json: Default::default(),
+            backfill: 0,
         }],
     }
 }

@@ -36,6 +36,11 @@ pub struct BindingDef {
     pub delta_updates: bool,
     #[serde(default)]
     pub fields: Option<FieldsDef>,
+    /// The binding's backfill counter (default 0). Raising it and running `sluice apply`
+    /// rebuilds the binding: its driver drops and recreates the resource, and its
+    /// sources are read again from the beginning.
+    #[serde(default)]
+    pub backfill: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]

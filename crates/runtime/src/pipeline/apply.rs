@@ -1,6 +1,32 @@
 //! Apply: each planned materialization's resources created or updated (or deleted) by
 //! its driver, and the spec recorded as applied beside its recovery log
 //! ([`crate::applied`]); a first start applies, a changed pipeline file is refused.
+//!
+//! ```text
+//!  read (folder locked): applied record ──▶ ApplyRequest.last_materialization/last_version
+//!                        recovery log's last commit ──▶ ApplyRequest.driver_checkpoint_json
+//!  driver Apply ──▶ ApplyResponse.driver_checkpoint (Applied state)
+//!      ──▶ merged into every local log's last commit (one atomic rewrite per log)
+//!      ──▶ then the applied record
+//! ```
+//!
+//! Where the Applied state goes, and why there: the driver checkpoint lives in the
+//! recovery log's commits, which Open reads and every commit carries on, so the state is
+//! merged into the log's last commit at once, while `apply` holds the folder's lock (no
+//! run can be between), by rewriting the log as its latest state the way a compaction
+//! does (atomic: the old log or the new one). A log with no commit yet gets one of
+//! transaction 0 holding only the driver checkpoint, which recovery starts from. Exactly
+//! once: the log is amended before the applied record is written, and a run refuses a
+//! spec not recorded as applied, so a crash in between only leads to `sluice apply`
+//! again, whose state is merged right onto the same patch: a merge patch (or a
+//! replacement) applied twice in a row is applied once. Kept out of the applied record
+//! on purpose: a state there would need a second write to mark it consumed.
+//!
+//! A raised backfill counter (see [`crate::applied::rebuilt`]) is told to the driver by
+//! `last_materialization`: it rebuilds the binding's resource; the run that follows
+//! reads the binding's sources again ([`crate::txn`]'s backfill). A backfill whose
+//! source also feeds a binding that is not backfilled is refused here, before the
+//! driver drops anything.
 
 use super::error::{PipelineError, invalid};
 use super::plan::{Planned, PlannedMaterialization};
@@ -10,7 +36,8 @@ use crate::config::Pipeline;
 use crate::metrics::ended;
 use crate::recovery;
 use sluice_driver_sdk::error::within;
-use sluice_proto::materialize as m;
+use sluice_proto::{flow, materialize as m};
+use std::path::Path;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -47,8 +74,13 @@ pub async fn apply(
                 Some(lock.map_err(|e| failed(&e))?)
             }
         };
-        let mut actions =
-            apply_materialization(m, action, dry_run, pipeline.runtime.timeouts.driver).await?;
+        let prior = read_prior(&dir, &m.name).await.map_err(|e| failed(&e))?;
+        if action == ApplyAction::Upsert {
+            let last = prior.applied.as_ref().map(|a| &a.spec);
+            applied::check_backfills(pipeline, last, &m.spec).map_err(|e| failed(&e))?;
+        }
+        let timeout = pipeline.runtime.timeouts.driver;
+        let (mut actions, state) = apply_with(m, action, dry_run, timeout, &prior).await?;
         if action == ApplyAction::Delete {
             let verb = if dry_run { "would remove" } else { "removed" };
             actions = format!(
@@ -60,6 +92,9 @@ pub async fn apply(
         if let Some(lock) = lock {
             match action {
                 ApplyAction::Upsert => {
+                    record_state(&dir, &m.name, state, &lock)
+                        .await
+                        .map_err(|e| failed(&e))?;
                     (applied::record(&dir, &m.spec).await).map_err(|e| failed(&e))?
                 }
                 ApplyAction::Delete => {
@@ -80,17 +115,94 @@ pub async fn apply(
     Ok(out)
 }
 
+/// What a materialization was applied with last: the spec recorded beside its recovery
+/// log, and the driver checkpoint its log holds.
+#[derive(Debug, Clone, Default)]
+pub struct Prior {
+    pub applied: Option<applied::Applied>,
+    /// The driver checkpoint of the log's last commit (the first shard's, when split:
+    /// each shard keeps its own, and the driver is told one); `None` when the log holds
+    /// none.
+    pub driver_checkpoint: Option<serde_json::Value>,
+}
+
+/// Reads what materialization `name`, whose folder is `dir`, was applied with last. The
+/// caller holds the folder's lock, or reads for a dry run.
+pub async fn read_prior(dir: &Path, name: &str) -> Result<Prior, String> {
+    let applied = applied::read(dir).await.map_err(|e| e.to_string())?;
+    let (dir, name) = (dir.to_path_buf(), name.to_string());
+    let driver_checkpoint = crate::blocking::unblock(move || {
+        let Some((_, log)) = super::layout::local_logs(&dir)?.into_iter().next() else {
+            return Ok(None);
+        };
+        let (last_commit, _) = recovery::read_latest(&log)?;
+        Ok::<_, recovery::RecoveryError>(
+            last_commit.and_then(|c| c.driver_checkpoints.get(&name).cloned()),
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Prior {
+        applied,
+        driver_checkpoint,
+    })
+}
+
+/// Merges the driver's Applied state (`state`) into the last commit of every local log
+/// of the materialization (see the module header); `held` is its folder's lock.
+async fn record_state(
+    dir: &Path,
+    name: &str,
+    state: Option<flow::DriverCheckpoint>,
+    held: &std::fs::File,
+) -> Result<(), String> {
+    let Some(state) = state else {
+        return Ok(());
+    };
+    let held = held.try_clone().map_err(|e| e.to_string())?;
+    let (dir, name) = (dir.to_path_buf(), name.to_string());
+    let recorded = crate::blocking::unblock(move || {
+        for (_, log) in super::layout::local_logs(&dir)? {
+            recovery::amend_last_commit(&log, &held, |commit| {
+                crate::txn::merge_driver_checkpoint(commit, &name, &state)
+                    .map_err(|e| recovery::RecoveryError::BadCheckpoint(e.to_string()))
+            })?;
+        }
+        Ok::<_, recovery::RecoveryError>(())
+    })
+    .await;
+    recorded.map_err(|e| format!("recording the driver's Applied state: {e}"))
+}
+
 /// Applies one planned materialization (its driver's Apply), returning what it did.
+/// Tells the driver nothing of what was applied before: see [`apply_with`].
 pub async fn apply_materialization(
     m: &PlannedMaterialization,
     action: ApplyAction,
     dry_run: bool,
     timeout: Duration,
 ) -> Result<String, PipelineError> {
+    let prior = Prior::default();
+    Ok(apply_with(m, action, dry_run, timeout, &prior).await?.0)
+}
+
+/// Applies one planned materialization, telling the driver the spec applied last and
+/// the driver checkpoint (`prior`); returns what it did and the driver's Applied state.
+pub async fn apply_with(
+    m: &PlannedMaterialization,
+    action: ApplyAction,
+    dry_run: bool,
+    timeout: Duration,
+    prior: &Prior,
+) -> Result<(String, Option<flow::DriverCheckpoint>), PipelineError> {
     let request = m::ApplyRequest {
         materialization: Some(m.spec.clone()),
         version: applied::version(&m.spec),
         dry_run,
+        last_materialization: prior.applied.as_ref().map(|a| a.spec.clone()),
+        last_version: (prior.applied.as_ref()).map_or_else(String::new, |a| a.version.clone()),
+        driver_checkpoint_json: (prior.driver_checkpoint.as_ref())
+            .map_or_else(|| b"{}".to_vec(), |cp| cp.to_string().into_bytes()),
     };
     let response = match action {
         ApplyAction::Upsert => {
@@ -109,7 +221,7 @@ pub async fn apply_materialization(
         materialization: m.name.clone(),
         source,
     })?;
-    Ok(response.action_description)
+    Ok((response.action_description, response.driver_checkpoint))
 }
 
 /// What `sluice run` does before it runs: applies each materialization that was never
@@ -131,11 +243,20 @@ pub async fn apply_first_start(
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => {}
             applied::Check::FirstApply => {
+                // The folder's lock, as `sluice apply` holds it: the Applied state
+                // goes into its logs.
+                let lock = {
+                    let dir = dir.clone();
+                    crate::blocking::unblock(move || recovery::lock_dir(&dir)).await
+                };
+                let lock = lock.map_err(|e| invalid(&place, e.to_string()))?;
+                let prior = (read_prior(&dir, &m.name).await).map_err(|e| invalid(&place, e))?;
                 let mut retries = Retries::new();
-                let actions = loop {
+                let (actions, state) = loop {
                     let timeout = pipeline.runtime.timeouts.driver;
-                    match apply_materialization(m, ApplyAction::Upsert, false, timeout).await {
-                        Ok(actions) => break actions,
+                    let upsert = ApplyAction::Upsert;
+                    match apply_with(m, upsert, false, timeout, &prior).await {
+                        Ok(applied) => break applied,
                         Err(err) => {
                             let retryable = matches!(
                                 &err, PipelineError::Driver { source, .. } if source.is_retryable()
@@ -148,8 +269,11 @@ pub async fn apply_first_start(
                         }
                     }
                 };
+                (record_state(&dir, &m.name, state, &lock).await)
+                    .map_err(|e| invalid(&place, e))?;
                 (applied::record(&dir, &m.spec).await)
                     .map_err(|e| invalid(&place, e.to_string()))?;
+                drop(lock);
                 out.push((m.name.clone(), actions));
             }
             applied::Check::Differs {

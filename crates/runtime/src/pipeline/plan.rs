@@ -142,6 +142,7 @@ async fn plan_materialization(
             resource_spec_json: binding.resource.to_string(),
             collection: Some(collection_spec.clone()),
             field_config_json: Default::default(),
+            backfill: binding.backfill,
         });
         collection_specs.push(collection_spec);
     }
@@ -177,6 +178,7 @@ async fn plan_materialization(
             constraints,
             &fields.include,
             &fields.exclude,
+            binding.backfill,
         )?;
         bindings.push(flow::materialization_spec::Binding {
             resource_spec_json: binding.resource.to_string(),
@@ -184,6 +186,7 @@ async fn plan_materialization(
             collection: Some(collection_spec),
             field_selection: Some(selection),
             delta_updates: binding.delta_updates || constraints.delta_updates,
+            backfill: binding.backfill,
         });
     }
     Ok(PlannedMaterialization {

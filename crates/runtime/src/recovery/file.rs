@@ -237,23 +237,9 @@ impl FileLog {
 
     /// Rewrites the log as its latest state (see the module invariants).
     fn compact(&mut self, latest: Latest<'_>) -> Result<(), RecoveryError> {
-        let tmp = self.dir.join("log.compact");
-        let mut bytes = file_header().to_vec();
-        if let Some(commit) = latest.last_commit {
-            bytes.extend(frame(&LogRecord::Commit(commit.clone())));
-        }
-        if let Some(intent) = latest.pending_intent {
-            bytes.extend(frame(&LogRecord::Intent(intent.clone())));
-        }
-        let mut file = File::create(&tmp).map_err(io(&tmp, "create"))?;
-        file.write_all(&bytes).map_err(io(&tmp, "write"))?;
-        file.sync_all().map_err(io(&tmp, "fsync"))?;
-        std::fs::rename(&tmp, &self.path).map_err(io(&self.path, "replace"))?;
-        sync_dir(&self.dir)?;
-        file.seek(SeekFrom::End(0))
-            .map_err(io(&self.path, "seek"))?;
+        let (file, len) = rewrite(&self.dir, &self.path, latest)?;
         self.file = file;
-        self.len = bytes.len() as u64;
+        self.len = len;
         tracing::debug!(log = %self.path.display(), bytes = self.len, "compacted the recovery log");
         Ok(())
     }
@@ -442,6 +428,63 @@ fn latest(records: Vec<LogRecord>) -> (Option<Checkpoint>, Option<Intent>) {
     }
     let committed = commit.as_ref().map_or(0, |c| c.txn);
     (commit, intent.filter(|i| i.txn > committed))
+}
+
+/// The latest state of the log in `dir` (last commit, pending intent), read without
+/// taking its lock (the caller holds it, or a lock that keeps its writer away: the
+/// materialization folder's); none of either for a log that does not exist.
+pub fn read_latest(dir: &Path) -> Result<(Option<Checkpoint>, Option<Intent>), RecoveryError> {
+    let path = dir.join("log");
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, None)),
+        Err(e) => return Err(io(&path, "read")(e)),
+    };
+    let contents = read_log(&path, &bytes)?;
+    Ok(latest(contents.records))
+}
+
+/// Changes the last commit of the log in `dir` (whose writers `_held` keeps away: the
+/// lock of the log's folder, or of the materialization folder of its split shards)
+/// with `change`, keeping its pending intent; a log with no commit gets one of
+/// transaction 0 (what `change` made of the empty checkpoint). The log is rewritten as
+/// its latest state the way a compaction rewrites it: written beside, fsync'ed, renamed
+/// over, the folder fsync'ed, so a crash leaves the old log or the new one, never part
+/// of the change.
+pub fn amend_last_commit(
+    dir: &Path,
+    _held: &File,
+    change: impl FnOnce(&mut Checkpoint) -> Result<(), RecoveryError>,
+) -> Result<Checkpoint, RecoveryError> {
+    let (last_commit, pending_intent) = read_latest(dir)?;
+    let mut commit = last_commit.unwrap_or_default();
+    change(&mut commit)?;
+    let latest = Latest {
+        last_commit: Some(&commit),
+        pending_intent: pending_intent.as_ref(),
+    };
+    rewrite(dir, &dir.join("log"), latest)?;
+    Ok(commit)
+}
+
+/// Writes `latest` as the whole log at `path` (see [`amend_last_commit`]); returns the
+/// new file, open at its end.
+fn rewrite(dir: &Path, path: &Path, latest: Latest<'_>) -> Result<(File, u64), RecoveryError> {
+    let tmp = dir.join("log.compact");
+    let mut bytes = file_header().to_vec();
+    if let Some(commit) = latest.last_commit {
+        bytes.extend(frame(&LogRecord::Commit(commit.clone())));
+    }
+    if let Some(intent) = latest.pending_intent {
+        bytes.extend(frame(&LogRecord::Intent(intent.clone())));
+    }
+    let mut file = File::create(&tmp).map_err(io(&tmp, "create"))?;
+    file.write_all(&bytes).map_err(io(&tmp, "write"))?;
+    file.sync_all().map_err(io(&tmp, "fsync"))?;
+    std::fs::rename(&tmp, path).map_err(io(path, "replace"))?;
+    sync_dir(dir)?;
+    file.seek(SeekFrom::End(0)).map_err(io(path, "seek"))?;
+    Ok((file, bytes.len() as u64))
 }
 
 /// Forgets the log in `dir` (a deleted materialization starts over); `_held` is its

@@ -33,7 +33,10 @@ mod plan;
 /// The log reader, for the fuzz target (crates/fuzz, issue 34).
 #[doc(hidden)]
 pub use file::read_log_valid_len;
-pub use file::{FORMAT_VERSION, MAGIC, copy, deployment_id, inspect, lock_dir, remove};
+pub use file::{
+    FORMAT_VERSION, MAGIC, amend_last_commit, copy, deployment_id, inspect, lock_dir, read_latest,
+    remove,
+};
 pub(crate) use file::{io, sync_dir};
 pub use plan::{REBUILD_SENTINEL, RecoveryPlan, StoreCheckpoint, plan_recovery};
 
@@ -61,6 +64,11 @@ pub struct Checkpoint {
     /// missing here is not tracked: all its keys are loaded.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub max_keys: BTreeMap<String, String>,
+    /// Binding resource → the backfill counter the stored data reflects (bindings at 0
+    /// are left out). A binding whose spec counts higher is read again from the
+    /// beginning, once: the first commit carrying the new counter consumes it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backfills: BTreeMap<String, u32>,
 }
 
 impl Checkpoint {
@@ -149,6 +157,12 @@ pub enum RecoveryError {
     Layout { dir: PathBuf, reason: String },
     #[error("invalid runtime checkpoint: {0}")]
     BadCheckpoint(String),
+    /// A backfill that cannot start as the pipeline file asks (the user's to change).
+    #[error("materialization {materialization:?}: {reason}")]
+    Backfill {
+        materialization: String,
+        reason: String,
+    },
     /// The runtime wrote out of order: an internal bug.
     #[error("recovery log {log}: {reason} (internal error)")]
     OutOfOrder { log: String, reason: String },

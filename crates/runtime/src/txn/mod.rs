@@ -49,12 +49,14 @@
 //!
 //! Tested in-process with fail points at every boundary by `tests/loop.rs`.
 
+mod backfill;
 mod decide;
 mod group;
 mod phases;
 mod progress;
 
 pub use crate::types::{Binding, Collection, RunError, Shard, Summary};
+pub use backfill::shared_source;
 pub use progress::{LivePhase, Progress, Remaining};
 pub(crate) use timed::bounded;
 mod read;
@@ -243,7 +245,8 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         .iter()
         .zip(logs)
         .map(|((shard, _), log)| recover(shard, store, log, deployment_id.clone(), timeouts));
-    let recovered = futures::future::try_join_all(opened).await?;
+    let mut recovered = futures::future::try_join_all(opened).await?;
+    restart_backfills(&shards[0].0, &sources, &mut recovered)?;
     let start = start_group(&shards[0].0, &recovered)?;
     // A rewind: a store's checkpoint older than what its log committed (and released
     // upstream); the furthest such commit, with the checkpoint it went back to.
@@ -371,6 +374,52 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
             Err(err)
         }
     }
+}
+
+/// Applies the spec's backfills to every shard's recovered checkpoint
+/// ([`backfill::restart`]): the sources of a rebuilt binding start over.
+fn restart_backfills(
+    shard: &Shard,
+    sources: &[BoundSource],
+    recovered: &mut [Recovered],
+) -> Result<(), RunError> {
+    let Some(spec) = &shard.open.materialization else {
+        return Ok(());
+    };
+    let feeds: Vec<backfill::Feed<'_>> = (sources.iter())
+        .map(|s| backfill::Feed {
+            name: s.source.name(),
+            bindings: &s.bindings,
+        })
+        .collect();
+    let refused = |reason: String| {
+        RunError::Recovery(crate::recovery::RecoveryError::Backfill {
+            materialization: materialization_name(&shard.open),
+            reason,
+        })
+    };
+    for r in recovered {
+        let restarted = backfill::restart(&mut r.checkpoint, spec, &feeds).map_err(refused)?;
+        if restarted.is_empty() {
+            continue;
+        }
+        // An interrupted transaction read the sources at their old positions: it cannot
+        // be replayed into a binding being rebuilt.
+        if let Some(replay) = &r.replay {
+            return Err(refused(format!(
+                "transaction {} was interrupted before the backfill was applied; restore \
+                 the bindings' backfill counters, run until it commits, then apply the \
+                 backfill again",
+                replay.txn
+            )));
+        }
+        tracing::info!(
+            range = %r.range,
+            sources = %restarted.join(", "),
+            "a backfill: these sources are read again from the beginning"
+        );
+    }
+    Ok(())
 }
 
 /// Hands each shard its part of every batch the reader sends, until the last one, the
@@ -598,6 +647,20 @@ async fn recover(
             });
         }
     };
+    // An apply before the first transaction left the driver's Applied state in the
+    // log's commit of transaction 0 (`pipeline/apply.rs`): a start from nothing carries
+    // it on, so the first commit records it.
+    let mut checkpoint = checkpoint;
+    let applied_state = (log_commit.as_ref())
+        .filter(|c| c.txn == 0)
+        .and_then(|c| c.driver_checkpoints.get(&materialization));
+    if checkpoint.txn == 0
+        && let Some(state) = applied_state
+    {
+        (checkpoint.driver_checkpoints)
+            .entry(materialization.clone())
+            .or_insert_with(|| state.clone());
+    }
     Ok(Recovered {
         hooks,
         tx,
@@ -828,13 +891,11 @@ impl Committer {
         if let Err(err) = self.tx.commit().await {
             return Err(self.phase_error(phases::PhaseError::Driver(err)).await);
         }
-        match self
-            .rx
-            .recv()
-            .await
-            .map_err(|e| driver_err(&self.endpoint, e))?
-        {
-            Response::DriverCommitted => {}
+        let committed = (self.rx.recv().await).map_err(|e| driver_err(&self.endpoint, e))?;
+        // The driver's StartedCommit state: transactional, recorded with this commit.
+        let committed_state = phases::state_update(&committed);
+        match committed {
+            Response::DriverCommitted(_) => {}
             // Not reached: the client's machine accepts only DriverCommitted here.
             other => {
                 let violation = violation(Peer::Driver, "DriverCommitted", format!("{other:?}"));
@@ -891,12 +952,15 @@ impl Committer {
         });
 
         // Decision: record the commit durably, overlapping the next transaction's reads.
-        merge_driver_checkpoint(
-            &mut self.checkpoint,
-            &self.materialization,
-            &prepared.driver_checkpoint,
-        )
-        .map_err(|e| driver_err(&self.endpoint, e))?;
+        // The driver's state updates in the order it sent them: the prior commit's
+        // Acknowledged state, this transaction's Prepared, then its StartedCommit state.
+        let updates = (prepared.acknowledged_state.iter())
+            .chain([&prepared.driver_checkpoint])
+            .chain(committed_state.iter());
+        for update in updates {
+            merge_driver_checkpoint(&mut self.checkpoint, &self.materialization, update)
+                .map_err(|e| driver_err(&self.endpoint, e))?;
+        }
         // A decision known only once the transaction was staged (an epoch sink's
         // descriptor): the commit record holds it.
         let what = || format!("the decision of transaction {txn}");
@@ -1028,7 +1092,7 @@ fn source_err(name: &str, err: impl SourceFailure) -> RunError {
 }
 
 /// Applies the driver's checkpoint update (replacement or RFC 7396 merge patch).
-fn merge_driver_checkpoint(
+pub(crate) fn merge_driver_checkpoint(
     checkpoint: &mut Checkpoint,
     materialization: &str,
     update: &flow::DriverCheckpoint,

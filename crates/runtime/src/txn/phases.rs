@@ -216,8 +216,22 @@ impl KnownKeys {
     }
 }
 
+/// The driver's state update a response carries beside the protocol's own: the current
+/// protocol's StartedCommit state (on DriverCommitted) and Acknowledged state (on
+/// Acknowledged), which the seed protocol carries as `driver_checkpoint` extension
+/// fields. Prepared's is [`Prepared::driver_checkpoint`].
+pub(super) fn state_update(response: &Response) -> Option<flow::DriverCheckpoint> {
+    match response {
+        Response::Acknowledged(state) | Response::DriverCommitted(state) => state.clone(),
+        Response::Loaded(_) | Response::Prepared(_) => None,
+    }
+}
+
 /// What [`recv_loaded`] received.
 pub(super) struct Prepared {
+    /// The Acknowledged state of the prior commit, if the driver sent one: merged
+    /// before this transaction's Prepared (not transactional: it rides on this commit).
+    pub acknowledged_state: Option<flow::DriverCheckpoint>,
     pub driver_checkpoint: flow::DriverCheckpoint,
     /// Documents loaded, per binding.
     pub loaded: Vec<u64>,
@@ -239,8 +253,13 @@ pub(super) async fn recv_loaded(
     let mut key = Vec::new();
     let mut loaded = vec![0; bindings.len()];
     let mut acknowledged = None;
+    let mut acknowledged_state = None;
     loop {
-        match rx.recv().await? {
+        let response = rx.recv().await?;
+        if let (Response::Acknowledged(_), Some(state)) = (&response, state_update(&response)) {
+            acknowledged_state = Some(state);
+        }
+        match response {
             Response::Loaded(msg) => {
                 let binding = msg.binding;
                 let Some(b) = bindings.get(binding as usize) else {
@@ -268,7 +287,7 @@ pub(super) async fn recv_loaded(
                     loaded[binding as usize] += 1;
                 }
             }
-            Response::Acknowledged => {
+            Response::Acknowledged(_) => {
                 acknowledged = Some(Instant::now());
                 if let Some(acked) = acked.take() {
                     let _ = acked.send(());
@@ -276,12 +295,13 @@ pub(super) async fn recv_loaded(
             }
             Response::Prepared(driver_checkpoint) => {
                 return Ok(Prepared {
+                    acknowledged_state,
                     driver_checkpoint,
                     loaded,
                     acknowledged,
                 });
             }
-            Response::DriverCommitted => {
+            Response::DriverCommitted(_) => {
                 return Err(PhaseError::Driver(
                     violation(
                         Peer::Driver,
@@ -297,7 +317,7 @@ pub(super) async fn recv_loaded(
 
 pub(super) async fn expect_acknowledged(rx: &mut ClientReceiver) -> Result<(), DriverError> {
     match rx.recv().await? {
-        Response::Acknowledged => Ok(()),
+        Response::Acknowledged(_) => Ok(()),
         other => Err(violation(Peer::Driver, "Acknowledged", other.name()).into()),
     }
 }

@@ -107,6 +107,7 @@ pub fn binding_keyed(
             ..Default::default()
         }),
         delta_updates,
+        backfill: 0,
     }
 }
 
@@ -296,5 +297,6 @@ impl TestDriver {
     }
 }
 
+pub mod current;
 pub mod scenarios;
 pub mod tls;

@@ -324,6 +324,7 @@ pub async fn validate_requires_keys_and_document_and_forbids_untyped_fields(
             resource_spec_json: json!({"table": "pageviews"}).to_string(),
             collection: Some(collection()),
             field_config_json: Default::default(),
+            backfill: 0,
         }],
     };
     let mut response = (db.driver().driver)().validate(request).await.unwrap();
