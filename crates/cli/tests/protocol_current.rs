@@ -242,3 +242,79 @@ fn a_pipeline_detects_a_current_driver_and_materializes_through_it_in_json() {
     );
     assert_eq!(sqlite_table(&db), reduce_expected(&docs));
 }
+
+/// `sluice driver serve postgres --listen 127.0.0.1:0 --protocol current`, with the
+/// endpoint configuration the pipeline's Spec and Open carry.
+fn serve_postgres_current() -> (Server, String) {
+    let mut child = Command::new(SLUICE)
+        .args(["driver", "serve", "postgres", "--listen", "127.0.0.1:0"])
+        .args(["--protocol", "current"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sluice driver serve postgres");
+    let stdout = child.stdout.take().unwrap();
+    let server = Server(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let address = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    (server, address)
+}
+
+/// A pipeline through a built-in driver of another process in the current protocol, over
+/// gRPC: PostgreSQL holds the reduction, and a second run with more input (after the
+/// driver process was restarted) adds exactly the rest.
+#[test]
+fn a_pipeline_runs_through_the_postgres_driver_served_in_the_current_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = common::Schema::new("protocol_current");
+    let (server, address) = serve_postgres_current();
+    let endpoint = |address: &str| {
+        format!(
+            "grpc: {{address: \"{address}\", protocol: current, pattern: authoritative, \
+             config: {{url: \"{}\", schema: {}}}}}",
+            common::POSTGRES_URL,
+            schema.0
+        )
+    };
+    let write = |endpoint: &str| {
+        let yaml = pipeline_yaml(
+            "    file: {path: views.jsonl, format: json}",
+            endpoint,
+            false,
+            100,
+            "10s",
+        );
+        std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    };
+    let run = || {
+        let out = Command::new(SLUICE)
+            .args(["run", "pipeline.yaml"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let first = common::generate(600, 50, 71);
+    write_lines(&dir.path().join("views.jsonl"), &first);
+    write(&endpoint(&address));
+    run();
+    assert_eq!(common::postgres_table(&schema.0), reduce_expected(&first));
+
+    // Another driver process: the store's checkpoint says where to go on.
+    drop(server);
+    let (_server, address) = serve_postgres_current();
+    let all: Vec<serde_json::Value> = first
+        .iter()
+        .chain(&common::generate(300, 50, 72))
+        .cloned()
+        .collect();
+    write_lines(&dir.path().join("views.jsonl"), &all);
+    write(&endpoint(&address));
+    run();
+    assert_eq!(common::postgres_table(&schema.0), reduce_expected(&all));
+}
