@@ -17,6 +17,7 @@ use sluice_http::HttpKind;
 use sluice_kafka::KafkaKind;
 use sluice_memory::MemoryDriver;
 use sluice_mysql::MysqlDriver;
+use sluice_mysql_cdc::MysqlCdcKind;
 use sluice_nats::NatsKind;
 use sluice_postgres::PostgresDriver;
 use sluice_postgres_cdc::PostgresCdcKind;
@@ -35,6 +36,7 @@ pub fn registry() -> Registry {
         .with_source(kind::<KafkaKind>())
         .with_source(kind::<NatsKind>())
         .with_source(kind::<PostgresCdcKind>())
+        .with_source(kind::<MysqlCdcKind>())
         .with_source(kind::<HttpKind>())
         .with_builtin(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",

@@ -53,6 +53,7 @@ const TESTED: &[&str] = &[
     "http",
     "python-driver",
     "python-driver-current",
+    "mysql-cdc",
 ];
 
 /// Folders of `examples/` that are not examples: the sample they share.
@@ -1290,4 +1291,79 @@ fn the_python_driver_current_example_fills_the_drivers_table_as_its_comments_say
     ex.run();
     assert_eq!(table(), rows, "a second run changes nothing");
     drop(driver);
+}
+
+/// Runs the mariadb client in the example's copy (LOAD DATA LOCAL reads files there).
+fn mariadb_client(ex: &Example, port: u16, args: &[&str], input: Option<&str>) {
+    let mut cmd = Command::new("mariadb");
+    cmd.args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
+        .args(args)
+        .current_dir(ex.root.path());
+    if let Some(file) = input {
+        cmd.stdin(std::fs::File::open(ex.root.path().join(file)).unwrap());
+    }
+    let out = cmd.output().expect("run mariadb");
+    assert!(
+        out.status.success(),
+        "mariadb {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_mysql_cdc_example_mirrors_its_table_as_its_comments_say() {
+    assert_says(
+        "mysql-cdc",
+        &[
+            "binlog_format = ROW",
+            "mariadb -h 127.0.0.1 -u root --local-infile=1 test < examples/mysql-cdc/setup.sql",
+            "10000|1000|10000|25323633",
+            "-e 'UPDATE pageviews SET views = 5 WHERE id = 1; DELETE FROM pageviews WHERE id = 2'",
+            "9999 rows, the views adding up to 10003",
+        ],
+    );
+    let server = sluice_testkit::mariadb::BinlogMariadb::start();
+    let ex = Example::new("mysql-cdc").var("MYSQL_CDC_URL", format!("{}/test", server.url()));
+    mariadb_client(&ex, server.port, &["-e", "CREATE DATABASE test"], None);
+    mariadb_client(
+        &ex,
+        server.port,
+        &["--local-infile=1", "test"],
+        Some("examples/mysql-cdc/setup.sql"),
+    );
+    ex.run();
+    let db = ex.path("out/pageviews.db");
+    let rows = mirror(&db);
+    let expected: Mirror = (sample().iter().enumerate())
+        .map(|(i, doc)| {
+            let row = (
+                doc["user_id"].as_str().unwrap().to_string(),
+                doc["views"].as_i64().unwrap(),
+                doc["bytes"].as_i64().unwrap(),
+                doc["last_seen"].as_str().unwrap().to_string(),
+            );
+            (i as i64 + 1, row)
+        })
+        .collect();
+    assert!(rows == expected, "the mirror is the sample, line by line");
+    let distinct: BTreeSet<&String> = rows.values().map(|r| &r.0).collect();
+    assert_eq!(distinct.len(), USERS);
+    ex.run();
+    assert_eq!(mirror(&db), rows, "a second run changes nothing");
+    mariadb_client(
+        &ex,
+        server.port,
+        &[
+            "test",
+            "-e",
+            "UPDATE pageviews SET views = 5 WHERE id = 1; DELETE FROM pageviews WHERE id = 2",
+        ],
+        None,
+    );
+    ex.run();
+    let changed = mirror(&db);
+    assert_eq!(changed.len(), 9_999);
+    assert_eq!(changed.values().map(|r| r.1).sum::<i64>(), 10_003);
+    assert_eq!(changed[&1].1, 5);
+    assert!(!changed.contains_key(&2));
 }

@@ -257,7 +257,11 @@ fn serve_postgres_current() -> (Server, String) {
     let server = Server(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
-    let address = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
     (server, address)
 }
 

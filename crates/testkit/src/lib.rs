@@ -10,6 +10,7 @@
 //! - [`tansu`]: the test Kafka broker, started when none answers, and a private one
 //!   requiring TLS and SASL ([`tansu::SecuredTansu`]).
 //! - [`mysql`]: a database of one's own on the shared MariaDB.
+//! - [`mariadb`]: a private `mariadbd` with the binary log on ([`mariadb::BinlogMariadb`]).
 //! - [`nats`]: a private nats-server requiring TLS, a password or a token
 //!   ([`nats::PrivateNats`], [`nats::SecuredNats`]).
 //! - [`schema`]: a connector's configuration schema checked as the runtime checks it.
@@ -17,6 +18,7 @@
 
 pub mod conformance;
 pub mod etcd;
+pub mod mariadb;
 pub mod modules;
 pub mod mysql;
 pub mod nats;

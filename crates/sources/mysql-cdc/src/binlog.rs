@@ -1,0 +1,651 @@
+//! The replica's binlog stream (`COM_BINLOG_DUMP` from a file and offset) decoded into
+//! whole transactions of documents.
+//!
+//! ```text
+//!  server ──events──▶ Dump::next ─▶ Item::Txn (the documents of one transaction, its end)
+//!                                └▶ Item::Heartbeat (nothing new; the server's end of log)
+//! ```
+//!
+//! A transaction is the events from its `GTID_EVENT` (MariaDB, 162) or `BEGIN` query to
+//! its `XID` or `COMMIT` query; its start is where its first event starts, its end
+//! that last event's `log_pos`. Rows events of captured tables become documents (an
+//! update changing the key: a delete of the old key, then the update), each held back
+//! when a snapshot already held it ([`Segments::holds`]: a snapshot position is a
+//! transaction boundary, so a transaction is in a snapshot at P exactly when its rows
+//! events end at or before P).
+//!
+//! **Parts.** A transaction is held whole until its commit event, unless it grows past
+//! [`PartBound`]: then what it holds is handed over as a *part* (`end` none, `first`
+//! its first document's index in the transaction), and the rest follows in further
+//! parts, the last one (maybe empty) with the commit. The server writes a transaction
+//! to the binary log only once it committed, so a part handed over is never rolled
+//! back. The stream so holds at most one part of a transaction.
+//!
+//! What `mysql_common` parses: the MySQL event types (rows events v1/v2, table maps,
+//! queries, XID, rotate, format description, MySQL's GTID events). What it does not,
+//! handled here: MariaDB's `GTID_EVENT` (162: read from its body, [`Gtid::from_event`]),
+//! `GTID_LIST` (163), `ANNOTATE_ROWS` (160) and `BINLOG_CHECKPOINT` (161) (skipped:
+//! nothing in them changes a row); MariaDB's compressed events (165-171, with
+//! `log_bin_compress=ON`) and `START_ENCRYPTION` (164) fail the stream naming the
+//! setting. The replica says `@mariadb_slave_capability=4` so MariaDB sends its GTID
+//! events rather than rewriting them into `BEGIN` queries.
+//!
+//! DDL on a captured table (a query naming it) fails the stream naming the table and
+//! the statement, except `ALTER TABLE … ADD [COLUMN]`: new columns flow through (the
+//! table is described again from the catalog).
+
+use crate::catalog::{Catalog, Table, server_error, timed};
+use crate::ddl::{Ddl, Named, classify};
+use crate::doc::Layout;
+use crate::position::{BinlogPos, Gtid, Segments, TableName};
+use crate::types::Origin;
+use futures::StreamExt;
+use mysql_async::binlog::events::{EventData, RotateEvent, RowsEventData};
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, Value};
+use sluice_source_sdk::{Fetch, SourceError};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The heartbeat the server sends when it has nothing new: how soon a stream that
+/// caught up says so, and how soon a dead connection is noticed.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A stream that hears nothing (not even a heartbeat) this long is dead.
+const SILENCE: Duration = Duration::from_secs(30);
+
+/// What the stream hands over.
+#[derive(Debug)]
+pub enum Item {
+    Txn(Txn),
+    /// Nothing new: the server's log ends at `end` (same file as the stream's).
+    Heartbeat {
+        end: BinlogPos,
+    },
+}
+
+/// A transaction of more documents than `docs`, or of more than `bytes` of document
+/// text, is handed over in parts (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartBound {
+    pub docs: usize,
+    pub bytes: usize,
+}
+
+impl Default for PartBound {
+    /// 8192 documents or 8 MiB: large enough that nearly every transaction is one
+    /// step, and a step's hash and documents stay cheap; small enough that a part of
+    /// wide rows stays a few MiB (as `postgres_cdc`'s).
+    fn default() -> PartBound {
+        PartBound {
+            docs: 8192,
+            bytes: 8 << 20,
+        }
+    }
+}
+
+/// The documents of one transaction (maybe none: it touched no captured table), or of
+/// one part of a large one.
+#[derive(Debug, Clone)]
+pub struct Txn {
+    /// Where the transaction's first event starts (its documents' `_meta/pos`).
+    pub start: BinlogPos,
+    /// Where its commit event ends; none: a part, more of it follows.
+    pub end: Option<BinlogPos>,
+    pub gtid: Option<String>,
+    /// The index of the first document in the transaction.
+    pub first: u64,
+    pub text: Vec<u8>,
+    /// Where each document ends in `text`.
+    pub ends: Vec<usize>,
+}
+
+impl Txn {
+    /// Whether this is a whole transaction, not a part.
+    pub fn whole(&self) -> bool {
+        self.first == 0 && self.end.is_some()
+    }
+
+    /// The index of the document after this one's last.
+    pub fn next(&self) -> u64 {
+        self.first + self.ends.len() as u64
+    }
+
+    /// Keeps the documents before index `at`, returns the rest (with the end).
+    pub fn split_off(&mut self, at: u64) -> Txn {
+        let keep = (at.saturating_sub(self.first) as usize).min(self.ends.len());
+        let cut = if keep == 0 { 0 } else { self.ends[keep - 1] };
+        Txn {
+            start: self.start.clone(),
+            end: self.end.take(),
+            gtid: self.gtid.clone(),
+            first: self.first + keep as u64,
+            text: self.text.split_off(cut),
+            ends: self.ends.split_off(keep).iter().map(|e| e - cut).collect(),
+        }
+    }
+
+    /// Appends `more`, the next part of the same transaction.
+    pub fn append(&mut self, more: Txn) {
+        let base = self.text.len();
+        self.text.extend_from_slice(&more.text);
+        self.ends.extend(more.ends.iter().map(|e| e + base));
+        self.end = more.end;
+    }
+
+    /// Whether it holds no document.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn docs(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let doc = &self.text[start..end];
+            start = end;
+            doc
+        })
+    }
+}
+
+/// A transaction being read: the documents not yet handed over.
+struct Open {
+    start: BinlogPos,
+    gtid: Option<String>,
+    /// A single statement with no BEGIN/COMMIT (MariaDB's standalone GTID).
+    standalone: bool,
+    /// The index of the first document of `text`.
+    first: u64,
+    text: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Open {
+    fn new(start: BinlogPos, gtid: Option<String>, standalone: bool) -> Open {
+        Open {
+            start,
+            gtid,
+            standalone,
+            first: 0,
+            text: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    /// Hands over what it holds, up to `end` (none: a part).
+    fn take(&mut self, end: Option<BinlogPos>) -> Txn {
+        let txn = Txn {
+            start: self.start.clone(),
+            end,
+            gtid: self.gtid.clone(),
+            first: self.first,
+            text: std::mem::take(&mut self.text),
+            ends: std::mem::take(&mut self.ends),
+        };
+        self.first = txn.next();
+        txn
+    }
+}
+
+/// Where and how a stream starts.
+pub struct Start {
+    /// The replica id it registers with.
+    pub server_id: u32,
+    pub from: BinlogPos,
+    /// The captured tables, as the catalog describes them now.
+    pub tables: Vec<Table>,
+    /// The backfilled ranges whose changes are skipped.
+    pub segments: Segments,
+    pub bound: PartBound,
+}
+
+pub struct Dump {
+    name: String,
+    url: String,
+    opts: Opts,
+    stream: BinlogStream,
+    file: String,
+    tables: Vec<Table>,
+    layouts: Vec<Layout>,
+    by_name: HashMap<TableName, usize>,
+    segments: Segments,
+    open: Option<Open>,
+    bound: PartBound,
+}
+
+impl Dump {
+    /// Registers as replica `start.server_id` and streams from `start.from`.
+    pub async fn start(
+        name: &str,
+        url: &str,
+        opts: &Opts,
+        start: Start,
+    ) -> Result<Dump, SourceError> {
+        let Start {
+            server_id,
+            from,
+            tables,
+            segments,
+            bound,
+        } = start;
+        let from = &from;
+        let err = |what: &str, e| server_error(name, url, what, e);
+        let mut conn = timed(name, "connect", Conn::new(opts.clone()))
+            .await?
+            .map_err(|e| err("cannot connect", e))?;
+        use mysql_async::prelude::Queryable;
+        let period = HEARTBEAT.as_nanos();
+        for set in [
+            "SET @mariadb_slave_capability = 4".to_string(),
+            format!("SET @master_heartbeat_period = {period}"),
+        ] {
+            timed(name, "query", conn.query_drop(set.as_str()))
+                .await?
+                .map_err(|e| err(&set, e))?;
+        }
+        let request = BinlogStreamRequest::new(server_id)
+            .with_filename(from.file.as_bytes())
+            .with_pos(from.pos);
+        let stream = timed(name, "binlog dump", conn.get_binlog_stream(request))
+            .await?
+            .map_err(|e| match &e {
+                // COM_REGISTER_SLAVE refused: the user lacks REPLICATION SLAVE (the
+                // server says "access denied", as for a wrong password).
+                mysql_async::Error::Server(server) if matches!(server.code, 1045 | 1227) => {
+                    SourceError::Config {
+                        name: name.to_string(),
+                        reason: format!(
+                            "cannot register as a replica at {url}: {}: the user needs \
+                             REPLICATION SLAVE: GRANT REPLICATION SLAVE, REPLICATION CLIENT \
+                             ON *.* TO the user",
+                            server.message
+                        ),
+                    }
+                }
+                _ => err("cannot start the binlog stream", e),
+            })?;
+        let layouts = tables.iter().map(Layout::new).collect();
+        let by_name = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(Dump {
+            name: name.to_string(),
+            url: url.to_string(),
+            opts: opts.clone(),
+            stream,
+            file: from.file.clone(),
+            tables,
+            layouts,
+            by_name,
+            segments,
+            open: None,
+            bound,
+        })
+    }
+
+    fn fail(&self, reason: String) -> SourceError {
+        SourceError::Io {
+            name: self.name.clone(),
+            path: self.url.clone(),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        }
+    }
+
+    fn config(&self, reason: String) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason,
+        }
+    }
+
+    /// The next transaction or heartbeat.
+    pub async fn next(&mut self) -> Result<Item, SourceError> {
+        loop {
+            let event = match tokio::time::timeout(SILENCE, self.stream.next()).await {
+                Err(_) => {
+                    return Err(SourceError::Timeout {
+                        name: self.name.clone(),
+                        call: "the binlog stream",
+                        after: SILENCE,
+                    });
+                }
+                Ok(None) => return Err(self.fail("the server ended the binlog stream".into())),
+                Ok(Some(Err(e))) => return Err(self.stream_error(e)),
+                Ok(Some(Ok(event))) => event,
+            };
+            let header = event.header();
+            let at = BinlogPos::new(self.file.clone(), u64::from(header.log_pos()));
+            let start = BinlogPos::new(
+                self.file.clone(),
+                u64::from(header.log_pos()).saturating_sub(u64::from(header.event_size())),
+            );
+            match header.event_type_raw() {
+                // MariaDB: GTID_EVENT.
+                162 => {
+                    let gtid = Gtid::from_event(header.server_id(), event.data());
+                    self.open = Some(Open::new(
+                        start,
+                        gtid.map(|g| g.to_string()),
+                        Gtid::standalone(event.data()),
+                    ));
+                    continue;
+                }
+                // ANNOTATE_ROWS, BINLOG_CHECKPOINT, GTID_LIST: nothing to a row.
+                160 | 161 | 163 => continue,
+                164 => {
+                    return Err(self.config(
+                        "the binary log is encrypted (encrypt_binlog=ON): a replica \
+                         receives it decrypted only from MariaDB itself; turn \
+                         encrypt_binlog off to capture changes"
+                            .into(),
+                    ));
+                }
+                165..=171 => {
+                    return Err(self.config(
+                        "the binary log holds compressed events (log_bin_compress=ON), \
+                         which are not read yet: set log_bin_compress=OFF"
+                            .into(),
+                    ));
+                }
+                _ => {}
+            }
+            let data = event
+                .read_data()
+                .map_err(|e| self.fail(format!("an unreadable binlog event at {at}: {e}")))?;
+            let Some(data) = data else { continue };
+            match data {
+                EventData::RotateEvent(rotate) => self.rotate(&rotate),
+                EventData::HeartbeatEvent => {
+                    return Ok(Item::Heartbeat { end: at });
+                }
+                EventData::GtidEvent(_) | EventData::AnonymousGtidEvent(_) => {
+                    self.open = Some(Open::new(start, None, false));
+                }
+                EventData::QueryEvent(query) => {
+                    let sql = query.query();
+                    let trimmed = sql.trim();
+                    if trimmed.eq_ignore_ascii_case("BEGIN") {
+                        if self.open.is_none() {
+                            self.open = Some(Open::new(start, None, false));
+                        }
+                        continue;
+                    }
+                    if trimmed.eq_ignore_ascii_case("COMMIT") {
+                        if let Some(txn) = self.finish(at) {
+                            return Ok(Item::Txn(txn));
+                        }
+                        continue;
+                    }
+                    let schema = query.schema().to_string();
+                    self.ddl(&schema, trimmed).await?;
+                    let group_ends = self.open.as_ref().is_none_or(|o| o.standalone);
+                    if group_ends {
+                        return Ok(Item::Txn(self.finish_or_empty(start, at)));
+                    }
+                }
+                EventData::XidEvent(_) => {
+                    if let Some(txn) = self.finish(at) {
+                        return Ok(Item::Txn(txn));
+                    }
+                }
+                EventData::RowsEvent(rows) => {
+                    self.rows(&rows, &at, start)?;
+                    if let Some(open) = &mut self.open
+                        && (open.ends.len() >= self.bound.docs
+                            || open.text.len() >= self.bound.bytes)
+                    {
+                        return Ok(Item::Txn(open.take(None)));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The stream's file becomes the rotate's. The fake rotate a dump starts with
+    /// comes before the format description that says events carry a checksum, so
+    /// `mysql_common` leaves the checksum's 4 bytes on its name: the name is cut after
+    /// the digits of its number.
+    fn rotate(&mut self, rotate: &RotateEvent<'_>) {
+        self.file = file_name(&rotate.name());
+    }
+
+    fn stream_error(&self, e: mysql_async::Error) -> SourceError {
+        if let mysql_async::Error::Server(server) = &e {
+            // ER_MASTER_FATAL_ERROR_READING_BINLOG: a purged or missing position.
+            if server.code == 1236 {
+                return SourceError::Unavailable {
+                    name: self.name.clone(),
+                    position: serde_json::Value::from(self.file.clone()),
+                    reason: format!(
+                        "the server no longer has the binary log this source must read \
+                         from ({}): the changes since the committed position are gone \
+                         (the logs were purged: PURGE BINARY LOGS, expire_logs_days, \
+                         binlog_expire_logs_seconds). Start over: reset the pipeline \
+                         (`sluice apply --delete <pipeline>`, then run it again), and the \
+                         tables are snapshotted anew; keep the binary logs longer than \
+                         the pipeline may stand still",
+                        server.message
+                    ),
+                };
+            }
+        }
+        server_error(&self.name, &self.url, "the binlog stream", e)
+    }
+
+    /// Turns the rows of a captured table into documents of the open transaction.
+    fn rows(
+        &mut self,
+        rows: &RowsEventData<'_>,
+        at: &BinlogPos,
+        start: BinlogPos,
+    ) -> Result<(), SourceError> {
+        let Some(tme) = self.stream.get_tme(rows.table_id()) else {
+            return Err(self.fail(format!(
+                "a rows event at {at} for table id {} without its table map",
+                rows.table_id()
+            )));
+        };
+        let name = TableName {
+            schema: tme.database_name().to_string(),
+            table: tme.table_name().to_string(),
+        };
+        let Some(&index) = self.by_name.get(&name) else {
+            return Ok(());
+        };
+        let op_new = match rows {
+            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => "c",
+            RowsEventData::UpdateRowsEvent(_) | RowsEventData::UpdateRowsEventV1(_) => "u",
+            RowsEventData::DeleteRowsEvent(_) | RowsEventData::DeleteRowsEventV1(_) => "d",
+            RowsEventData::PartialUpdateRowsEvent(_) => {
+                return Err(self.config(
+                    "a partial JSON update (binlog_row_value_options=PARTIAL_JSON): set \
+                     binlog_row_value_options='' so updates carry whole rows"
+                        .into(),
+                ));
+            }
+        };
+        let table = &self.tables[index];
+        if tme.columns_count() as usize > table.columns.len() {
+            return Err(self.config(format!(
+                "table {name} has {} columns in the binary log at {at}, {} when the source \
+                 described it: a column was added without a DDL event this source saw; \
+                 restart the pipeline",
+                tme.columns_count(),
+                table.columns.len()
+            )));
+        }
+        let open = self
+            .open
+            .get_or_insert_with(|| Open::new(start, None, false));
+        let gtid = open.gtid.clone();
+        let txn_start = open.start.clone();
+        // mysql_common's row decoding can panic on values it misreads (an arithmetic
+        // overflow in debug builds): caught here, so a bad event fails the stream
+        // with its position rather than kill the read-ahead task.
+        let values = |row: Option<mysql_async::binlog::row::BinlogRow>| {
+            row.map(|row| {
+                row.unwrap()
+                    .into_iter()
+                    .map(|v| Value::try_from(v).ok())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rows.rows(tme)
+                .map(|row| row.map(|(before, after)| (values(before), values(after))))
+                .collect::<std::io::Result<Vec<_>>>()
+        }));
+        let unreadable = |why: String| SourceError::Io {
+            name: self.name.clone(),
+            path: self.url.clone(),
+            error: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("an unreadable row of {name} at {at}: {why}"),
+            ),
+        };
+        let decoded = match decoded {
+            Ok(Ok(decoded)) => decoded,
+            Ok(Err(e)) => return Err(unreadable(e.to_string())),
+            Err(_) => return Err(unreadable("the binlog row decoder panicked".into())),
+        };
+        for (before, after) in decoded {
+            let segments = &self.segments;
+            let layout = &self.layouts[index];
+            let mut push = |op: &str, values: &[Option<Value>]| {
+                if segments.holds(&table.name, table.chunked, &table.key_of(values), at) {
+                    return;
+                }
+                layout.write(
+                    &mut open.text,
+                    table,
+                    op,
+                    &txn_start,
+                    gtid.as_deref(),
+                    values,
+                    Origin::Binlog,
+                );
+                open.ends.push(open.text.len());
+            };
+            match (op_new, before, after) {
+                ("d", Some(before), _) => push("d", &before),
+                ("u", Some(before), Some(after)) => {
+                    if table.key_of(&before) != table.key_of(&after) {
+                        push("d", &before);
+                    }
+                    push("u", &after);
+                }
+                (_, _, Some(after)) => push(op_new, &after),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the open transaction at `end`; none open: none.
+    fn finish(&mut self, end: BinlogPos) -> Option<Txn> {
+        let mut open = self.open.take()?;
+        Some(open.take(Some(end)))
+    }
+
+    /// Ends the open transaction, or makes an empty one (a statement outside any,
+    /// starting at `start`).
+    fn finish_or_empty(&mut self, start: BinlogPos, end: BinlogPos) -> Txn {
+        let mut open = self
+            .open
+            .take()
+            .unwrap_or_else(|| Open::new(start, None, true));
+        open.take(Some(end))
+    }
+
+    /// A statement other than BEGIN/COMMIT: DDL changing a captured table fails the
+    /// stream, naming both; one adding columns has the table described again (new
+    /// columns flow through); the rest passes ([`crate::ddl`]).
+    async fn ddl(&mut self, schema: &str, sql: &str) -> Result<(), SourceError> {
+        let captured = |names: &[Named]| -> Vec<usize> {
+            let mut hit: Vec<usize> = names
+                .iter()
+                .filter_map(|n| {
+                    let db = n.schema.as_deref().unwrap_or(schema);
+                    self.tables.iter().position(|t| {
+                        t.name.schema.eq_ignore_ascii_case(db)
+                            && t.name.table.eq_ignore_ascii_case(&n.table)
+                    })
+                })
+                .collect();
+            hit.dedup();
+            hit
+        };
+        let refresh = match classify(sql) {
+            Ddl::None | Ddl::Harmless => return Ok(()),
+            Ddl::Changes(names) => {
+                if let Some(&i) = captured(&names).first() {
+                    let table = &self.tables[i].name;
+                    return Err(self.config(format!(
+                        "a DDL statement on captured table {table} in the binary log: {sql:?}. \
+                         Only added columns flow through; after another change of a table's \
+                         shape, reset the pipeline (`sluice apply --delete <pipeline>`, then \
+                         run it again) so the table is snapshotted anew"
+                    )));
+                }
+                return Ok(());
+            }
+            Ddl::AddsColumns(names) => captured(&names),
+        };
+        if refresh.is_empty() {
+            return Ok(());
+        }
+        let mut catalog = Catalog::connect(&self.name, &self.opts, &self.url).await?;
+        for i in refresh {
+            let table = catalog.table(&self.tables[i].name).await?;
+            self.layouts[i] = Layout::new(&table);
+            self.tables[i] = table;
+        }
+        Ok(())
+    }
+}
+
+/// A binlog file's name without what follows the digits of its number.
+fn file_name(raw: &str) -> String {
+    match raw.rfind('.') {
+        Some(dot) => {
+            let digits = raw[dot + 1..]
+                .bytes()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            raw[..dot + 1 + digits].to_string()
+        }
+        None => raw.to_string(),
+    }
+}
+
+/// The stream as the read-ahead's fetcher.
+pub struct Fetcher(pub Dump);
+
+#[async_trait::async_trait]
+impl Fetch for Fetcher {
+    type Item = Item;
+
+    async fn fetch(&mut self) -> Result<Vec<(Item, u64)>, SourceError> {
+        let item = self.0.next().await?;
+        let bytes = match &item {
+            Item::Txn(txn) => txn.text.len() as u64,
+            Item::Heartbeat { .. } => 0,
+        };
+        Ok(vec![(item, bytes)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rotate_name_loses_the_checksum_mysql_common_leaves_on_it() {
+        assert_eq!(
+            file_name("mysql-bin.000001\u{14}Da\u{7f}"),
+            "mysql-bin.000001"
+        );
+        assert_eq!(file_name("mysql-bin.000002"), "mysql-bin.000002");
+    }
+}

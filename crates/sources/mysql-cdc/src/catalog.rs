@@ -1,0 +1,407 @@
+//! The SQL connection: the server's checks (binary log on, `ROW` format, `FULL` row
+//! image, the replication privileges), the captured tables (columns, kinds, primary
+//! key), the consistent snapshot and its binlog position, and the chunk reads.
+//!
+//! Every call runs under [`CALL_TIMEOUT`]: a server that hangs becomes a retryable
+//! [`SourceError::Timeout`], never a stuck pipeline.
+
+use crate::position::{BinlogPos, TableName};
+use crate::types::{self, Kind, Origin};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Row, Value};
+use sluice_source_sdk::SourceError;
+use std::time::Duration;
+
+/// The longest any one SQL call may take (a chunk of `chunk_rows` rows included).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// A captured table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub name: TableName,
+    pub columns: Vec<Column>,
+    /// The primary key's columns, by index into `columns`, in key order.
+    pub key: Vec<usize>,
+    /// Read by ranges of its (integer) key; else whole, in one step.
+    pub chunked: bool,
+}
+
+impl Table {
+    /// The key of a row (one value per column) as the text of its JSON.
+    pub fn key_of(&self, values: &[Option<Value>]) -> Vec<String> {
+        self.key
+            .iter()
+            .map(|&i| {
+                let mut out = Vec::new();
+                let value = values.get(i).cloned().flatten().unwrap_or(Value::NULL);
+                types::write(&self.columns[i].kind, &value, Origin::Snapshot, &mut out);
+                String::from_utf8(out).expect("JSON is UTF-8")
+            })
+            .collect()
+    }
+}
+
+/// Backquotes an identifier.
+pub fn quote(ident: &str) -> String {
+    format!("`{}`", ident.replace('`', "``"))
+}
+
+pub struct Catalog {
+    conn: Conn,
+    name: String,
+    /// The URL without its password, for messages.
+    url: String,
+}
+
+impl Catalog {
+    pub async fn connect(name: &str, opts: &Opts, url: &str) -> Result<Catalog, SourceError> {
+        let conn = timed(name, "connect", Conn::new(opts.clone()))
+            .await?
+            .map_err(|e| server_error(name, url, "cannot connect", e))?;
+        let mut catalog = Catalog {
+            conn,
+            name: name.to_string(),
+            url: url.to_string(),
+        };
+        // Snapshot TIMESTAMPs in UTC, as the binlog sends them.
+        catalog.exec_drop("SET time_zone = '+00:00'").await?;
+        Ok(catalog)
+    }
+
+    fn err(&self, what: &str, e: mysql_async::Error) -> SourceError {
+        server_error(&self.name, &self.url, what, e)
+    }
+
+    fn config(&self, reason: String) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason: format!("{reason} (at {})", self.url),
+        }
+    }
+
+    async fn exec_drop(&mut self, sql: &str) -> Result<(), SourceError> {
+        timed(&self.name, "query", self.conn.query_drop(sql))
+            .await?
+            .map_err(|e| server_error(&self.name, &self.url, sql, e))
+    }
+
+    async fn rows(&mut self, sql: &str, params: Vec<Value>) -> Result<Vec<Row>, SourceError> {
+        let result = match params.is_empty() {
+            true => timed(&self.name, "query", self.conn.query::<Row, _>(sql)).await?,
+            false => {
+                timed(
+                    &self.name,
+                    "query",
+                    self.conn.exec::<Row, _, _>(sql, params),
+                )
+                .await?
+            }
+        };
+        result.map_err(|e| self.err(sql, e))
+    }
+
+    async fn variable(&mut self, name: &str) -> Result<Option<String>, SourceError> {
+        let rows = self
+            .rows(&format!("SHOW GLOBAL VARIABLES LIKE '{name}'"), vec![])
+            .await?;
+        Ok(rows.into_iter().next().and_then(|r| r.get::<String, _>(1)))
+    }
+
+    /// The binary log is on, in `ROW` format with `FULL` images, uncompressed, and the
+    /// user may read it.
+    pub async fn check_server(&mut self) -> Result<(), SourceError> {
+        let setting = |name: &str, want: &str, now: Option<String>| match now {
+            Some(now) if now.eq_ignore_ascii_case(want) => Ok(()),
+            now => Err(format!(
+                "{name} is {}, and change data capture needs {name}={want}: set it in the \
+                 server's configuration ([mysqld] {name}={want}) and restart the server",
+                now.as_deref().unwrap_or("unset"),
+            )),
+        };
+        let log_bin = self.variable("log_bin").await?;
+        if !log_bin.is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
+            return Err(self.config(
+                "the binary log is off (log_bin), and change data capture reads it: set \
+                 log_bin=mysql-bin (the files' base name), binlog_format=ROW and server_id=1 \
+                 in the server's configuration ([mysqld]) and restart the server"
+                    .into(),
+            ));
+        }
+        let format = self.variable("binlog_format").await?;
+        setting("binlog_format", "ROW", format).map_err(|r| self.config(r))?;
+        let image = self.variable("binlog_row_image").await?;
+        setting("binlog_row_image", "FULL", image).map_err(|r| self.config(r))?;
+        if let Some(compress) = self.variable("log_bin_compress").await?
+            && compress.eq_ignore_ascii_case("ON")
+        {
+            return Err(self.config(
+                "log_bin_compress is ON: the compressed binlog events of MariaDB are not \
+                 read yet; set log_bin_compress=OFF"
+                    .into(),
+            ));
+        }
+        self.master().await.map(drop)
+    }
+
+    /// The end of the binary log now (`SHOW MASTER STATUS`: needs REPLICATION CLIENT,
+    /// MariaDB 10.5+: BINLOG MONITOR).
+    pub async fn master(&mut self) -> Result<BinlogPos, SourceError> {
+        let rows = self.rows("SHOW MASTER STATUS", vec![]).await?;
+        let row = rows.into_iter().next().ok_or_else(|| {
+            self.config(
+                "SHOW MASTER STATUS returned nothing: the binary log is off; set \
+                 log_bin=mysql-bin in the server's configuration and restart it"
+                    .into(),
+            )
+        })?;
+        Ok(BinlogPos::new(
+            row.get::<String, _>(0).unwrap_or_default(),
+            row.get::<u64, _>(1).unwrap_or(4),
+        ))
+    }
+
+    /// The binary log files the server holds, with their sizes.
+    pub async fn binary_logs(&mut self) -> Result<Vec<(String, u64)>, SourceError> {
+        let rows = self.rows("SHOW BINARY LOGS", vec![]).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.get::<String, _>(0).unwrap_or_default(),
+                    r.get::<u64, _>(1).unwrap_or(0),
+                )
+            })
+            .collect())
+    }
+
+    /// A captured table: its columns, their kinds, its primary key.
+    pub async fn table(&mut self, name: &TableName) -> Result<Table, SourceError> {
+        let params = || vec![Value::from(&name.schema), Value::from(&name.table)];
+        let rows = self
+            .rows(
+                "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE), \
+                 LOWER(CHARACTER_SET_NAME) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+                params(),
+            )
+            .await?;
+        if rows.is_empty() {
+            return Err(self.config(format!(
+                "table {name} does not exist, or the user may not read it: create it, or \
+                 GRANT SELECT ON {name} to the user"
+            )));
+        }
+        // MariaDB's JSON is LONGTEXT with a CHECK (json_valid(`col`)) constraint.
+        let checks = self
+            .rows(
+                "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS \
+                 WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ?",
+                params(),
+            )
+            .await
+            .unwrap_or_default();
+        let json_columns: Vec<String> = checks
+            .into_iter()
+            .filter_map(|r| r.get::<String, _>(0))
+            .filter_map(|c| {
+                c.strip_prefix("json_valid(`")
+                    .and_then(|c| c.strip_suffix("`)"))
+                    .map(str::to_string)
+            })
+            .collect();
+        let mut columns = Vec::new();
+        for row in rows {
+            let column: String = row.get(0).unwrap_or_default();
+            let data_type: String = row.get(1).unwrap_or_default();
+            let column_type: String = row.get(2).unwrap_or_default();
+            let charset: Option<String> = row.get::<Option<String>, _>(3).flatten();
+            let mut kind = Kind::of(&data_type, &column_type, json_columns.contains(&column))
+                .map_err(|why| {
+                    self.config(format!(
+                        "column {column} of {name}: {why}; leave the table out of tables"
+                    ))
+                })?;
+            if let Kind::Text { latin1 } = &mut kind {
+                match charset.as_deref() {
+                    None | Some("utf8mb4" | "utf8mb3" | "utf8" | "ascii") => {}
+                    Some("latin1") => *latin1 = true,
+                    Some(other) => {
+                        return Err(self.config(format!(
+                            "column {column} of {name} is in character set {other}, which \
+                             the binary log sends as its bytes and is not decoded yet: \
+                             convert it (ALTER TABLE {name} MODIFY {column} … CHARACTER SET \
+                             utf8mb4) or leave the table out of tables"
+                        )));
+                    }
+                }
+            }
+            columns.push(Column { name: column, kind });
+        }
+        let keys = self
+            .rows(
+                "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND CONSTRAINT_NAME = 'PRIMARY' \
+                 ORDER BY ORDINAL_POSITION",
+                params(),
+            )
+            .await?;
+        let key: Vec<usize> = keys
+            .into_iter()
+            .filter_map(|r| r.get::<String, _>(0))
+            .filter_map(|k| columns.iter().position(|c| c.name == k))
+            .collect();
+        if key.is_empty() {
+            return Err(self.config(format!(
+                "table {name} has no primary key: a change could not name the row it \
+                 changes; add one (ALTER TABLE {name} ADD PRIMARY KEY (…)) or leave the \
+                 table out of tables"
+            )));
+        }
+        let chunked = key.iter().all(|&i| columns[i].kind.is_int());
+        Ok(Table {
+            name: name.clone(),
+            columns,
+            key,
+            chunked,
+        })
+    }
+
+    /// Starts a consistent snapshot and returns the binlog position it is consistent
+    /// with, and `@@gtid_binlog_pos` (MariaDB: `binlog_snapshot_file/position`, given
+    /// by the server for exactly this snapshot, no lock taken).
+    pub async fn begin_snapshot(&mut self) -> Result<(BinlogPos, String), SourceError> {
+        self.exec_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await?;
+        self.exec_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            .await?;
+        let rows = self
+            .rows("SHOW STATUS LIKE 'binlog_snapshot_%'", vec![])
+            .await?;
+        let (mut file, mut pos) = (None, None);
+        for row in rows {
+            let name: String = row.get(0).unwrap_or_default();
+            let value: String = row.get(1).unwrap_or_default();
+            match name.to_ascii_lowercase().as_str() {
+                "binlog_snapshot_file" => file = Some(value),
+                "binlog_snapshot_position" => pos = value.parse().ok(),
+                _ => {}
+            }
+        }
+        let (Some(file), Some(pos)) = (file.filter(|f| !f.is_empty()), pos) else {
+            return Err(self.config(
+                "the server gives no binlog position for a consistent snapshot \
+                 (binlog_snapshot_file): that is MariaDB's; MySQL is not supported yet"
+                    .into(),
+            ));
+        };
+        let gtid = self
+            .rows("SELECT @@GLOBAL.gtid_binlog_pos", vec![])
+            .await
+            .ok()
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|r| r.get::<Option<String>, _>(0).flatten())
+            .unwrap_or_default();
+        Ok((BinlogPos::new(file, pos), gtid))
+    }
+
+    /// Up to `limit` rows of `table` after the key `after` (text forms), in key order;
+    /// a table not chunked is read whole.
+    pub async fn chunk(
+        &mut self,
+        table: &Table,
+        after: Option<&[String]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Option<Value>>>, SourceError> {
+        let columns: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
+        let keys: Vec<String> = table.key.iter().map(|&i| columns[i].clone()).collect();
+        let from = format!("{}.{}", quote(&table.name.schema), quote(&table.name.table));
+        let mut sql = format!("SELECT {} FROM {from}", columns.join(", "));
+        let mut params = Vec::new();
+        if table.chunked {
+            if let Some(after) = after {
+                let marks = vec!["?"; keys.len()].join(", ");
+                sql += &format!(" WHERE ({}) > ({marks})", keys.join(", "));
+                params = after.iter().map(|k| int_param(k)).collect();
+            }
+            sql += &format!(" ORDER BY {} LIMIT {limit}", keys.join(", "));
+        }
+        // The binary protocol (typed values, as the binlog's) even without parameters.
+        let result = timed(
+            &self.name,
+            "query",
+            self.conn.exec::<Row, _, _>(sql.as_str(), params),
+        )
+        .await?;
+        let rows = result.map_err(|e| self.err(&sql, e))?;
+        Ok(rows
+            .into_iter()
+            .map(|row| row.unwrap().into_iter().map(Some).collect())
+            .collect())
+    }
+}
+
+fn int_param(text: &str) -> Value {
+    match text.parse::<i64>() {
+        Ok(v) => Value::Int(v),
+        Err(_) => text
+            .parse::<u64>()
+            .map(Value::UInt)
+            .unwrap_or_else(|_| Value::from(text)),
+    }
+}
+
+/// Runs `call` under [`CALL_TIMEOUT`].
+pub async fn timed<T>(
+    name: &str,
+    call: &'static str,
+    future: impl std::future::Future<Output = T>,
+) -> Result<T, SourceError> {
+    tokio::time::timeout(CALL_TIMEOUT, future)
+        .await
+        .map_err(|_| SourceError::Timeout {
+            name: name.to_string(),
+            call,
+            after: CALL_TIMEOUT,
+        })
+}
+
+/// A server's error, named: a missing privilege, a purged log, a bad password are the
+/// user's to fix (not retryable); the rest is I/O (retryable).
+pub fn server_error(name: &str, url: &str, what: &str, e: mysql_async::Error) -> SourceError {
+    let config = |reason: String| SourceError::Config {
+        name: name.to_string(),
+        reason: format!("{what} at {url}: {reason}"),
+    };
+    match &e {
+        mysql_async::Error::Server(server) => match server.code {
+            // ER_SPECIFIC_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+            1227 | 1698 => config(format!(
+                "{}: the user needs REPLICATION SLAVE and REPLICATION CLIENT (MariaDB 10.5+: \
+                 REPLICATION SLAVE and BINLOG MONITOR): GRANT REPLICATION SLAVE, \
+                 REPLICATION CLIENT ON *.* TO the user",
+                server.message
+            )),
+            // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR
+            1045 | 1044 | 1142 => config(format!(
+                "{}: check the user and password in url, and GRANT SELECT on the tables",
+                server.message
+            )),
+            _ => io(name, url, what, e),
+        },
+        _ => io(name, url, what, e),
+    }
+}
+
+fn io(name: &str, url: &str, what: &str, e: mysql_async::Error) -> SourceError {
+    SourceError::Io {
+        name: name.to_string(),
+        path: url.to_string(),
+        error: std::io::Error::other(format!("{what}: {e}")),
+    }
+}

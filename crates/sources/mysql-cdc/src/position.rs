@@ -1,0 +1,421 @@
+//! Where a step leaves the source, as its `Resume` position says, and the pure rules
+//! that read it: binary log positions, MariaDB GTIDs, and which snapshotted key ranges
+//! a change from the log is already in.
+//!
+//! ```text
+//!  backfill {start S, tables, table i, after pk, snapshot P, segments}
+//!      step after step: the rows of table i after `after`, read in a snapshot at P
+//!  stream {begin B, end E, gtid G}
+//!      a step: the whole transactions whose commit event ends in (B, E]; G the GTID
+//!      of the last (MariaDB `domain-server-seq`)
+//!  stream {begin B, end E, quiet: true}
+//!      a step without documents: the transactions ending in (B, E] touch no captured
+//!      table, and the runtime checkpoints E ([`quiet_step_after`])
+//!  stream {begin B, end B, part: {from i, to j}}
+//!      a part of a large transaction, not its last (`Step::unit_continues`): its
+//!      documents [i, j), of the first transaction ending after B; never
+//!      checkpointed, so never sought
+//!  stream {begin B, end E, part: {from i}}
+//!      the last part of that transaction: its documents from i on; it ends at E
+//! ```
+//!
+//! **Parts.** A transaction larger than the stream's part bound is handed over in
+//! parts, each a step of its own, the steps of one *unit* the runtime commits whole.
+//! A part's position names its documents by their index in the transaction, so a
+//! replay re-reads the log from B and hands exactly those, whatever size of part the
+//! replaying stream decodes (as `postgres_cdc`'s parts).
+//!
+//! A binlog position is a file and the offset just past an event (`log_pos`). Files
+//! are numbered (`mysql-bin.000012`): positions order by the file's number, then the
+//! offset ([`BinlogPos::cmp`]). A transaction's end is the `log_pos` of its commit
+//! event (XID, or a `COMMIT` query); a snapshot taken at P holds exactly the
+//! transactions ending at or before P.
+//!
+//! **Segments.** As in `postgres_cdc`: a crash mid-backfill loses its snapshot, so the
+//! rest is read in a new one at a later position. A table's segments `[(upto, P)]` say
+//! its keys up to `upto` were read at P; streaming starts at the first snapshot's
+//! position S, and a change of key `k` in a transaction ending at or before the P of
+//! the segment holding `k` is skipped: that snapshot already held it
+//! ([`Segments::holds`]). Only integer keys are compared here (a table with another
+//! key is read whole, in one step), so the comparison never depends on a collation.
+
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+use std::time::Duration;
+
+/// A quiet step is made once the stream has read this much binary log past the last
+/// checkpointed end with nothing captured (or a rotation into a new file), [`QUIET_EVERY`]
+/// after the position last moved: a busy server whose captured tables are quiet then
+/// checkpoints every few seconds, and the committed position stays in the newest log
+/// files, clear of a purge of the old ones.
+pub const QUIET_BYTES: u64 = 1 << 20;
+/// The least time between quiet steps (each is a small transaction of its own).
+pub const QUIET_EVERY: Duration = Duration::from_secs(3);
+/// Below [`QUIET_BYTES`], a quiet step waits this long after the position last moved:
+/// a pipeline whose store lives on the same server writes binary log with each commit,
+/// and checkpointing that at once would make a transaction of it every few seconds
+/// forever.
+pub const QUIET_IDLE: Duration = Duration::from_secs(60);
+
+/// When the stream owes a quiet step (a step without records that moves the
+/// checkpointed position to `end`), counted from when the position last moved: `end`
+/// is where the stream is (a transaction boundary), `recorded` the end of the last step
+/// the runtime checkpoints. None: no step is owed.
+pub fn quiet_step_after(end: &BinlogPos, recorded: &BinlogPos) -> Option<Duration> {
+    (end > recorded).then(|| {
+        let far = end.file != recorded.file || end.pos.saturating_sub(recorded.pos) >= QUIET_BYTES;
+        match far {
+            true => QUIET_EVERY,
+            false => QUIET_IDLE,
+        }
+    })
+}
+
+/// A position in the binary log: just past an event of `file`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BinlogPos {
+    pub file: String,
+    pub pos: u64,
+}
+
+impl BinlogPos {
+    pub fn new(file: impl Into<String>, pos: u64) -> BinlogPos {
+        BinlogPos {
+            file: file.into(),
+            pos,
+        }
+    }
+
+    /// The number a binlog file's name ends with (`mysql-bin.000012` → 12).
+    fn number(&self) -> Option<u64> {
+        self.file.rsplit_once('.').and_then(|(_, n)| n.parse().ok())
+    }
+}
+
+impl std::fmt::Display for BinlogPos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.pos)
+    }
+}
+
+impl PartialOrd for BinlogPos {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BinlogPos {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let files = match (self.number(), other.number()) {
+            (Some(a), Some(b)) => a.cmp(&b),
+            _ => self.file.cmp(&other.file),
+        };
+        files.then(self.pos.cmp(&other.pos))
+    }
+}
+
+/// A step's resume position (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CdcPosition {
+    Backfill {
+        /// Where the first snapshot was consistent: streaming starts there.
+        start: BinlogPos,
+        /// The server's `@@gtid_binlog_pos` then (MariaDB; empty without GTIDs), for
+        /// the operator.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        gtid: String,
+        /// The tables to read, in order, fixed when the backfill began.
+        tables: Vec<TableName>,
+        /// The table being read (`tables.len()`: all read).
+        table: usize,
+        /// The primary key of the last row read of `table` (text forms); none: none yet.
+        after: Option<Vec<String>>,
+        /// The position of the snapshot `table` is being read in.
+        snapshot: BinlogPos,
+        /// The ranges read so far in earlier snapshots, and whole tables read.
+        segments: Vec<TableSegments>,
+    },
+    Stream {
+        /// The end of the transaction before this step (exclusive).
+        begin: BinlogPos,
+        /// The end of this step's last transaction (inclusive).
+        end: BinlogPos,
+        /// The GTID of the last transaction read (MariaDB), if the server sends them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gtid: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        segments: Vec<TableSegments>,
+        /// The step is a part of one large transaction; none: whole transactions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        part: Option<Part>,
+        /// A step without documents that moves the checkpointed position past
+        /// transactions of tables not captured (`Step::advances`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        quiet: bool,
+    },
+}
+
+impl CdcPosition {
+    /// The part this position ends inside a transaction with (a part not its last):
+    /// the runtime never checkpoints there, so it is never sought.
+    pub fn mid_unit(&self) -> Option<&Part> {
+        match self {
+            CdcPosition::Stream {
+                part: Some(part), ..
+            } if part.to.is_some() => Some(part),
+            _ => None,
+        }
+    }
+}
+
+/// The documents of one large transaction that a step holds: `[from, to)`, counted
+/// from the transaction's first (the first transaction ending after the step's
+/// `begin`); `to` none: through its last, where the transaction ends (the unit's last
+/// step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Part {
+    pub from: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableName {
+    pub schema: String,
+    pub table: String,
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.table)
+    }
+}
+
+/// The backfilled ranges of one table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSegments {
+    #[serde(flatten)]
+    pub name: TableName,
+    pub segments: Vec<Segment>,
+}
+
+/// Keys up to `upto` (text forms; none: the end of the table) were read at `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    pub upto: Option<Vec<String>>,
+    pub at: BinlogPos,
+}
+
+/// Compares two integer keys (text forms) column by column.
+pub fn compare_keys(a: &[String], b: &[String]) -> Ordering {
+    for (a, b) in a.iter().zip(b) {
+        let order = match (a.parse::<i128>(), b.parse::<i128>()) {
+            (Ok(x), Ok(y)) => x.cmp(&y),
+            _ => a.cmp(b),
+        };
+        if order != Ordering::Equal {
+            return order;
+        }
+    }
+    Ordering::Equal
+}
+
+/// The segments of every table, looked up by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Segments(pub Vec<TableSegments>);
+
+impl Segments {
+    /// Whether the snapshot that read `key` of `table` already holds a change of a
+    /// transaction ending at `end`. `chunked`: the table was read by key ranges
+    /// (else whole).
+    pub fn holds(&self, table: &TableName, chunked: bool, key: &[String], end: &BinlogPos) -> bool {
+        let Some(entry) = self.0.iter().find(|t| &t.name == table) else {
+            return false;
+        };
+        let segment = entry.segments.iter().find(|s| match &s.upto {
+            None => true,
+            Some(upto) => chunked && compare_keys(key, upto) != Ordering::Greater,
+        });
+        segment.is_some_and(|s| end <= &s.at)
+    }
+
+    /// Only the segments that can skip a change of a transaction ending after `pos`.
+    pub fn after(&self, pos: &BinlogPos) -> Segments {
+        Segments(
+            self.0
+                .iter()
+                .filter(|t| t.segments.iter().any(|s| &s.at > pos))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Adds the range of `table` up to `upto` read at `at` (ranges come in key order).
+    pub fn push(&mut self, table: &TableName, upto: Option<Vec<String>>, at: BinlogPos) {
+        let segment = Segment { upto, at };
+        match self.0.iter_mut().find(|t| &t.name == table) {
+            Some(entry) => entry.segments.push(segment),
+            None => self.0.push(TableSegments {
+                name: table.clone(),
+                segments: vec![segment],
+            }),
+        }
+    }
+}
+
+/// A MariaDB GTID, `domain-server-seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gtid {
+    pub domain: u32,
+    pub server: u32,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for Gtid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}-{}", self.domain, self.server, self.seq)
+    }
+}
+
+impl Gtid {
+    /// The GTID of a MariaDB `GTID_EVENT` (type 162): its body starts with the
+    /// sequence number (8 bytes) and the domain (4), little-endian; the server is the
+    /// event header's. None: too short.
+    pub fn from_event(server: u32, body: &[u8]) -> Option<Gtid> {
+        let seq = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+        let domain = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?);
+        Some(Gtid {
+            domain,
+            server,
+            seq,
+        })
+    }
+
+    /// Whether a `GTID_EVENT`'s flags (byte 12 of its body) say it holds a single
+    /// statement with no `BEGIN`/`COMMIT` around it (DDL, a non-transactional table):
+    /// its end is the end of its one event group.
+    pub fn standalone(body: &[u8]) -> bool {
+        const FL_STANDALONE: u8 = 1;
+        body.get(12).is_some_and(|f| f & FL_STANDALONE != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(t: &str) -> TableName {
+        TableName {
+            schema: "db".into(),
+            table: t.into(),
+        }
+    }
+
+    fn key(k: &[&str]) -> Vec<String> {
+        k.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn positions_order_by_file_number_then_offset() {
+        let a = BinlogPos::new("mysql-bin.000009", 900);
+        let b = BinlogPos::new("mysql-bin.000010", 4);
+        assert!(a < b);
+        assert!(BinlogPos::new("mysql-bin.000010", 5) > b);
+        assert_eq!(a.to_string(), "mysql-bin.000009:900");
+    }
+
+    /// Keys 1..=10 read at 100 before a crash, the rest at 300 after it: a change
+    /// committed at 200 is in the second snapshot only.
+    #[test]
+    fn a_change_is_skipped_only_where_its_snapshot_already_held_it() {
+        let at = |p| BinlogPos::new("b.000001", p);
+        let mut segments = Segments::default();
+        segments.push(&name("t"), Some(key(&["10"])), at(100));
+        segments.push(&name("t"), None, at(300));
+        let holds = |k: &str, p| segments.holds(&name("t"), true, &key(&[k]), &at(p));
+        assert!(!holds("9", 200), "read at 100: the change at 200 is new");
+        assert!(!holds("10", 200));
+        assert!(holds("11", 200), "read at 300: already held");
+        assert!(holds("100", 300), "a transaction ending at 300 is in it");
+        assert!(!holds("100", 301));
+        assert!(holds("2", 50), "older than both snapshots");
+        assert!(!segments.holds(&name("other"), true, &key(&["1"]), &at(0)));
+        assert_eq!(segments.after(&at(300)), Segments::default());
+        assert_eq!(segments.after(&at(299)).0.len(), 1);
+    }
+
+    /// A quiet step comes soon after a rotation or a large stretch of uncaptured log,
+    /// late after a small one (a store on the same server), never at the position.
+    #[test]
+    fn a_quiet_step_is_owed_only_past_the_position_and_sooner_the_further() {
+        let at = |f: &str, p| BinlogPos::new(f, p);
+        let a = "b.000001";
+        for (end, recorded, expected) in [
+            (at(a, 100), at(a, 100), None),
+            (at(a, 99), at(a, 100), None),
+            (at(a, 101), at(a, 100), Some(QUIET_IDLE)),
+            (at(a, 100 + QUIET_BYTES), at(a, 100), Some(QUIET_EVERY)),
+            (at("b.000002", 4), at(a, 100), Some(QUIET_EVERY)),
+        ] {
+            assert_eq!(
+                quiet_step_after(&end, &recorded),
+                expected,
+                "{end} after {recorded}"
+            );
+        }
+    }
+
+    #[test]
+    fn mariadb_gtids_read_from_their_event() {
+        let mut body = 7u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&2u32.to_le_bytes());
+        body.push(1);
+        let gtid = Gtid::from_event(5, &body).unwrap();
+        assert_eq!(gtid.to_string(), "2-5-7");
+        assert!(Gtid::standalone(&body));
+        assert_eq!(Gtid::from_event(5, &body[..6]), None);
+    }
+
+    #[test]
+    fn positions_round_trip_as_json() {
+        let p = CdcPosition::Stream {
+            begin: BinlogPos::new("b.000001", 4),
+            end: BinlogPos::new("b.000001", 900),
+            gtid: Some("0-1-5".into()),
+            segments: vec![],
+            part: None,
+            quiet: false,
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            r#"{"phase":"stream","begin":{"file":"b.000001","pos":4},"end":{"file":"b.000001","pos":900},"gtid":"0-1-5"}"#
+        );
+        assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), p);
+        assert_eq!(p.mid_unit(), None);
+        let part = |to| CdcPosition::Stream {
+            begin: BinlogPos::new("b.000001", 4),
+            end: BinlogPos::new("b.000001", 4),
+            gtid: None,
+            segments: vec![],
+            part: Some(Part { from: 3, to }),
+            quiet: false,
+        };
+        assert_eq!(
+            part(Some(6)).mid_unit(),
+            Some(&Part {
+                from: 3,
+                to: Some(6)
+            })
+        );
+        assert_eq!(part(None).mid_unit(), None);
+        let text = serde_json::to_string(&part(Some(6))).unwrap();
+        assert!(text.ends_with(r#""part":{"from":3,"to":6}}"#), "{text}");
+    }
+}

@@ -1,0 +1,803 @@
+//! The MariaDB CDC source: a snapshot consistent with a binlog position, then the
+//! binary log from there, exactly once.
+//!
+//! ```text
+//!  first command, no checkpoint: checks ─▶ START TRANSACTION WITH CONSISTENT SNAPSHOT (at S)
+//!      backfill: per table, chunks in primary-key order ─▶ steps (journaled)
+//!      stream:   COM_BINLOG_DUMP from S ─▶ whole transactions ─▶ steps (replayed by position range)
+//! ```
+//!
+//! **Backfill steps** journal their documents (`Resume::Replay` with data): the
+//! snapshot they were read in is gone after a crash. A crash mid-backfill resumes
+//! after the last committed key in a new snapshot at P2 ≥ S, and records the range
+//! read before as a segment ([`crate::position`]), so that streaming from S skips
+//! exactly the changes each snapshot already held. A table whose key is not all
+//! integers is read whole, as one step.
+//!
+//! **Streaming steps** are whole transactions, their position the range of ends
+//! `(begin, end]` in the binary log. A transaction larger than the stream's part bound
+//! comes in parts (`binlog`), each a step of its own, all but the last with
+//! `Step::unit_continues`: the runtime commits the parts of one transaction in one of
+//! its transactions, and neither the stream, the read-ahead nor a step holds more than
+//! a part of it. A part's position names its documents by their index in the
+//! transaction ([`crate::position::Part`]); only a unit's end is checkpointed, and
+//! `seek` refuses a position inside one.
+//! A replica holds nothing back on the server (the binary log's retention is the
+//! server's own), so nothing is confirmed at a commit; a replay re-reads the range
+//! from `begin` and checks its hash. A position whose log file was purged fails with
+//! [`SourceError::Unavailable`], naming how to start over.
+//!
+//! **Quiet steps.** Transactions of tables not captured move the stream's position
+//! too (empty transactions). When only such came since the last checkpointed step, a
+//! step without records moves the checkpoint to the stream's position
+//! (`Step::advances`, position `quiet: true`), when
+//! [`crate::position::quiet_step_after`] says: the committed position follows a busy
+//! server's log even while the captured tables are quiet, so purging old log files
+//! never strands it.
+//!
+//! **Lag** comes from `monitor`: the binary log the server holds past what
+//! the stream has handed over, across files.
+//!
+//! `end_of_input` is never said during the backfill; while streaming it says the
+//! stream has read everything the server had written when it started (or a
+//! heartbeat said it has nothing more), and nothing is buffered.
+//!
+//! The backfill phase lives in `source/backfill.rs`, the replay of streamed steps in
+//! `source/replay.rs`; the pure rules in `position`, the I/O in `catalog` and `binlog`.
+
+mod backfill;
+mod replay;
+
+use backfill::{Backfill, backfill};
+
+use crate::binlog::{self, Dump, Fetcher, Item, PartBound, Start, Txn};
+use crate::catalog::{Catalog, Table};
+use crate::config::{MysqlCdcConfig, split_table};
+use crate::monitor::Monitor;
+use crate::position::{BinlogPos, CdcPosition, Part, Segments, TableName, quiet_step_after};
+use mysql_async::Opts;
+use serde_json::Value;
+use sluice_source_sdk::{
+    FaultTolerance, InvalidConfig, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume,
+    Source, SourceError, Step, StepHasher, Unit, check_replay,
+};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct MysqlCdcSource {
+    name: String,
+    config: MysqlCdcConfig,
+    opts: Opts,
+    /// The URL without its password, for messages.
+    url: String,
+    server_id: u32,
+    /// Where records come from, as positions read: `binlog of host:port`.
+    origin: Arc<str>,
+    /// Where the next open continues (a seek or a replay); none: from scratch.
+    resume: Option<CdcPosition>,
+    phase: Phase,
+    paused: bool,
+    /// When a transaction is handed over in parts.
+    bound: PartBound,
+    /// The lag, from the first stream on.
+    monitor: Option<Monitor>,
+}
+
+enum Phase {
+    Idle,
+    Backfill(Box<Backfill>),
+    Stream(Box<Streaming>),
+}
+
+struct Streaming {
+    dump: Option<Dump>,
+    prefetch: Option<Prefetch<Item>>,
+    pending: Option<Txn>,
+    /// The end of the last transaction handed over.
+    end: BinlogPos,
+    gtid: Option<String>,
+    segments: Segments,
+    /// The end of the server's log as last heard (at the start, then heartbeats).
+    server_end: BinlogPos,
+    caught_up: bool,
+    /// Inside a large transaction (the first ending after `end`): the index of its
+    /// next document to hand over.
+    unit: Option<u64>,
+    /// The end of the last step the runtime checkpoints (one with records, or quiet).
+    recorded: BinlogPos,
+    /// When `recorded` last moved (or the stream started).
+    moved: Instant,
+    /// How far the log was read with nothing left to hand over: `end`, or a
+    /// heartbeat's position past events that are no transaction (a rotation's
+    /// checkpoint events): what the lag counts from.
+    read: BinlogPos,
+}
+
+impl Streaming {
+    /// When a quiet step is due, if one is owed (never inside a unit or with a
+    /// transaction pending).
+    fn quiet_due(&self) -> Option<Instant> {
+        if self.unit.is_some() || self.pending.is_some() {
+            return None;
+        }
+        quiet_step_after(&self.end, &self.recorded).map(|after| self.moved + after)
+    }
+
+    /// The runtime checkpoints the step ending here.
+    fn record(&mut self) {
+        self.recorded = self.end.clone();
+        self.moved = Instant::now();
+    }
+
+    /// Moves the position past `txn`, which ended (whole, or its last part).
+    fn took(&mut self, txn: &Txn) {
+        if let Some(end) = &txn.end {
+            self.end = end.clone();
+            self.read = self.read.clone().max(end.clone());
+            if self.end >= self.server_end {
+                self.caught_up = true;
+                self.server_end = self.end.clone();
+            }
+        }
+        if txn.gtid.is_some() {
+            self.gtid = txn.gtid.clone();
+        }
+    }
+}
+
+/// `txn` as the continuation of the unit whose documents before `next` were handed
+/// over (a stream reopened inside a unit hands its transaction from the start). None:
+/// all of it was handed over before, and more follows.
+fn after_handed(next: u64, mut txn: Txn) -> Option<Txn> {
+    let rest = if txn.first < next {
+        txn.split_off(next)
+    } else {
+        txn
+    };
+    (!rest.is_empty() || rest.end.is_some()).then_some(rest)
+}
+
+impl MysqlCdcSource {
+    pub fn new(
+        name: &str,
+        materialization: &str,
+        config: &MysqlCdcConfig,
+    ) -> Result<Self, SourceError> {
+        let invalid = |e: InvalidConfig| SourceError::Config {
+            name: name.to_string(),
+            reason: e.to_string(),
+        };
+        let opts = config.opts().map_err(invalid)?;
+        let url = format!(
+            "mysql://{}@{}:{}",
+            opts.user().unwrap_or(""),
+            opts.ip_or_hostname(),
+            opts.tcp_port()
+        );
+        Ok(MysqlCdcSource {
+            name: name.to_string(),
+            config: config.clone(),
+            server_id: config.server_id(materialization, name),
+            origin: format!("binlog of {}:{}", opts.ip_or_hostname(), opts.tcp_port()).into(),
+            opts,
+            url,
+            resume: None,
+            phase: Phase::Idle,
+            paused: false,
+            bound: PartBound::default(),
+            monitor: None,
+        })
+    }
+
+    /// Hands a transaction of more than `docs` documents over in parts of `docs`, so
+    /// that tests need not write thousands of rows. Takes effect at the next stream
+    /// start.
+    #[doc(hidden)]
+    pub fn set_part_docs(&mut self, docs: usize) {
+        self.bound.docs = docs.max(1);
+    }
+
+    fn tables(&self) -> Vec<TableName> {
+        self.config
+            .tables
+            .iter()
+            .filter_map(|t| split_table(t))
+            .map(|(schema, table)| TableName { schema, table })
+            .collect()
+    }
+
+    async fn catalog(&self) -> Result<Catalog, SourceError> {
+        let mut catalog = Catalog::connect(&self.name, &self.opts, &self.url).await?;
+        catalog.check_server().await?;
+        Ok(catalog)
+    }
+
+    async fn describe(
+        &self,
+        catalog: &mut Catalog,
+        names: &[TableName],
+    ) -> Result<Vec<Table>, SourceError> {
+        let mut tables = Vec::new();
+        for name in names {
+            tables.push(catalog.table(name).await?);
+        }
+        Ok(tables)
+    }
+
+    /// Refuses a position whose log file the server no longer has.
+    async fn check_available(
+        &self,
+        catalog: &mut Catalog,
+        from: &BinlogPos,
+    ) -> Result<(), SourceError> {
+        let logs = catalog.binary_logs().await?;
+        if logs.iter().any(|(file, _)| file == &from.file) {
+            return Ok(());
+        }
+        let first = logs.first().map_or("none", |(f, _)| f.as_str());
+        Err(SourceError::Unavailable {
+            name: self.name.clone(),
+            position: Value::from(from.to_string()),
+            reason: format!(
+                "the server at {} no longer has binary log {} (its first is now {first}): \
+                 the changes since the committed position were purged (PURGE BINARY LOGS, \
+                 expire_logs_days, binlog_expire_logs_seconds) and are lost to this \
+                 pipeline. Start over: reset the pipeline (`sluice apply --delete \
+                 <pipeline>`, then run it again), and the tables are snapshotted anew; \
+                 keep the binary logs longer than the pipeline may stand still",
+                self.url, from.file
+            ),
+        })
+    }
+
+    /// Opens from `resume`, if nothing is open.
+    async fn open(&mut self) -> Result<(), SourceError> {
+        if !matches!(self.phase, Phase::Idle) {
+            return Ok(());
+        }
+        self.phase = match self.resume.clone() {
+            None => {
+                let mut catalog = self.catalog().await?;
+                let tables = self.describe(&mut catalog, &self.tables()).await?;
+                let (snapshot, gtid) = catalog.begin_snapshot().await?;
+                backfill(catalog, tables, snapshot.clone(), gtid, 0, None, snapshot)
+                    .with(Segments::default())
+            }
+            Some(CdcPosition::Backfill {
+                start,
+                gtid,
+                tables,
+                table,
+                after,
+                snapshot,
+                segments,
+            }) => {
+                let mut segments = Segments(segments);
+                if table >= tables.len() {
+                    self.streaming(start, None, segments, None).await?
+                } else {
+                    if let Some(after) = &after {
+                        segments.push(&tables[table], Some(after.clone()), snapshot);
+                    }
+                    let mut catalog = self.catalog().await?;
+                    self.check_available(&mut catalog, &start).await?;
+                    let described = self.describe(&mut catalog, &tables).await?;
+                    let (snapshot, _) = catalog.begin_snapshot().await?;
+                    backfill(catalog, described, start, gtid, table, after, snapshot).with(segments)
+                }
+            }
+            // Inside a unit (the queue failed mid-unit, or a part was replayed): from
+            // the unit's start, handing over only its documents after those taken.
+            Some(CdcPosition::Stream {
+                begin,
+                gtid,
+                segments,
+                part: Some(Part { to: Some(to), .. }),
+                ..
+            }) => {
+                self.streaming(begin, gtid, Segments(segments), Some(to))
+                    .await?
+            }
+            Some(CdcPosition::Stream {
+                end,
+                gtid,
+                segments,
+                ..
+            }) => self.streaming(end, gtid, Segments(segments), None).await?,
+        };
+        Ok(())
+    }
+
+    async fn streaming(
+        &self,
+        from: BinlogPos,
+        gtid: Option<String>,
+        segments: Segments,
+        unit: Option<u64>,
+    ) -> Result<Phase, SourceError> {
+        let (dump, server_end) = self.dump_from(&from, segments.clone()).await?;
+        Ok(Phase::Stream(Box::new(Streaming {
+            dump: Some(dump),
+            prefetch: None,
+            pending: None,
+            caught_up: from >= server_end,
+            end: from.clone(),
+            gtid,
+            segments,
+            server_end,
+            unit,
+            recorded: from.clone(),
+            moved: Instant::now(),
+            read: from,
+        })))
+    }
+
+    /// A binlog stream from `from`, and the end of the server's log now.
+    async fn dump_from(
+        &self,
+        from: &BinlogPos,
+        segments: Segments,
+    ) -> Result<(Dump, BinlogPos), SourceError> {
+        let mut catalog = self.catalog().await?;
+        self.check_available(&mut catalog, from).await?;
+        let tables = self.describe(&mut catalog, &self.tables()).await?;
+        let server_end = catalog.master().await?;
+        let start = Start {
+            server_id: self.server_id,
+            from: from.clone(),
+            tables,
+            segments: segments.after(from),
+            bound: self.bound,
+        };
+        let dump = Dump::start(&self.name, &self.url, &self.opts, start).await?;
+        Ok((dump, server_end))
+    }
+
+    fn position_of(&self, at: u64, index: u64) -> Position {
+        Position::in_log(self.origin.clone(), Unit::Offset, at, index)
+    }
+
+    /// The step of the whole transactions `txns`, from `begin` to `end`, or of one
+    /// part of a large transaction (`txns` its pieces): their documents handed over,
+    /// hashed as the replay will hash them.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_step(
+        &self,
+        (begin, end): (&BinlogPos, &BinlogPos),
+        gtid: Option<String>,
+        segments: &Segments,
+        txns: &[Txn],
+        out: &mut Records,
+        end_of_input: bool,
+        part: Option<Part>,
+        quiet: bool,
+    ) -> Step {
+        let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
+        for txn in txns {
+            for (i, doc) in txn.docs().enumerate() {
+                let index = txn.first + i as u64;
+                out.push_json(doc, self.position_of(txn.start.pos, index), doc.len());
+                hasher.append(doc);
+                hasher.append(b"\n");
+                records += 1;
+                bytes += doc.len() as u64;
+            }
+        }
+        let unit_continues = part.is_some_and(|p| p.to.is_some());
+        let position = CdcPosition::Stream {
+            begin: begin.clone(),
+            end: end.clone(),
+            gtid,
+            segments: segments.after(begin).0,
+            part,
+            quiet,
+        };
+        Step {
+            records,
+            bytes,
+            errors: Vec::new(),
+            end_of_input: end_of_input && !unit_continues,
+            // A last part without documents still ends the unit and moves the position.
+            advances: quiet || (part.is_some() && !unit_continues && records == 0),
+            unit_continues,
+            resume: Resume::Replay {
+                position: serde_json::to_value(&position).expect("a position serializes"),
+                data: None,
+                hash: hasher.finish(),
+            },
+        }
+    }
+
+    /// After a streamed step failed: the next open goes on where the step began
+    /// (inside its unit, after the documents taken before, if it was in one).
+    fn failed_at(&mut self, begin: BinlogPos, unit: Option<u64>) {
+        let (gtid, segments) = match &self.phase {
+            Phase::Stream(s) => (s.gtid.clone(), s.segments.0.clone()),
+            _ => (None, Vec::new()),
+        };
+        self.phase = Phase::Idle;
+        self.resume = Some(CdcPosition::Stream {
+            begin: begin.clone(),
+            end: begin,
+            gtid,
+            segments,
+            part: unit.map(|next| Part {
+                from: next,
+                to: Some(next),
+            }),
+            quiet: false,
+        });
+    }
+
+    fn bad_resume(&self, action: &'static str, resume: &Value, reason: String) -> SourceError {
+        SourceError::BadResume {
+            name: self.name.clone(),
+            action,
+            resume: resume.clone(),
+            reason,
+        }
+    }
+
+    fn parse_position(
+        &self,
+        action: &'static str,
+        value: &Value,
+    ) -> Result<CdcPosition, SourceError> {
+        serde_json::from_value(value.clone())
+            .map_err(|e| self.bad_resume(action, value, e.to_string()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Source for MysqlCdcSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn fault_tolerance(&self) -> FaultTolerance {
+        FaultTolerance::ExactlyOnce
+    }
+
+    /// The server's settings and the user's privileges, and every table (each with a
+    /// primary key, every column of a supported type).
+    ///
+    /// Then registers as a replica at the end of the log and reads what the server sends
+    /// first (the stream's opening events, then a heartbeat within a second): a user
+    /// without REPLICATION SLAVE is refused there. Nothing stays behind on the server.
+    async fn probe(&mut self) -> Result<(), SourceError> {
+        let mut catalog = self.catalog().await?;
+        self.describe(&mut catalog, &self.tables()).await?;
+        let end = catalog.master().await?;
+        let (mut dump, _) = self.dump_from(&end, Segments::default()).await?;
+        match tokio::time::timeout(binlog::HEARTBEAT * 3, dump.next()).await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) | Err(_) => Ok(()),
+        }
+    }
+
+    /// Records the position, after checking that the server still has its log. The
+    /// stream opens at the first `queue` or `replay`.
+    async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
+        let parsed = self.parse_position("seek to", position)?;
+        if let Some(part) = parsed.mid_unit() {
+            return Err(self.bad_resume(
+                "seek to",
+                position,
+                format!(
+                    "the position lies inside a transaction (after its document {}): the \
+                     runtime checkpoints only where a unit ends, so no checkpoint holds it",
+                    part.to.unwrap_or_default()
+                ),
+            ));
+        }
+        self.phase = Phase::Idle;
+        let from = match &parsed {
+            CdcPosition::Backfill { start, .. } => start,
+            CdcPosition::Stream { end, .. } => end,
+        };
+        let mut catalog = self.catalog().await?;
+        self.check_available(&mut catalog, from).await?;
+        self.resume = Some(parsed);
+        Ok(())
+    }
+
+    async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
+        let Resume::Replay { position, data, .. } = step else {
+            let resume = serde_json::to_value(step).expect("a resume serializes");
+            return Err(self.bad_resume("replay", &resume, "not a step of this source".into()));
+        };
+        let parsed = self.parse_position("replay", position)?;
+        let first = out.len();
+        self.phase = Phase::Idle;
+        let replayed = match (&parsed, data) {
+            (CdcPosition::Backfill { snapshot, .. }, Some(data)) => {
+                let mut hasher = StepHasher::new();
+                hasher.append(data);
+                let mut records = 0;
+                for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                    out.push_json(
+                        line,
+                        self.position_of(snapshot.pos, records as u64),
+                        line.len(),
+                    );
+                    records += 1;
+                }
+                Step {
+                    records,
+                    bytes: data.len() as u64,
+                    errors: Vec::new(),
+                    end_of_input: false,
+                    advances: false,
+                    unit_continues: false,
+                    resume: Resume::Replay {
+                        position: position.clone(),
+                        data: Some(data.clone()),
+                        hash: hasher.finish(),
+                    },
+                }
+            }
+            (
+                CdcPosition::Stream {
+                    begin,
+                    end,
+                    gtid,
+                    segments,
+                    part,
+                    quiet,
+                },
+                None,
+            ) => {
+                let segments = Segments(segments.clone());
+                let read = match part {
+                    None => self.replay_txns((begin, end), segments.clone()).await,
+                    Some(part) => self
+                        .replay_part((begin, end), *part, segments.clone())
+                        .await
+                        .map(|txn| vec![txn]),
+                };
+                let txns = match read {
+                    Ok(txns) => txns,
+                    Err(e) => {
+                        out.truncate(first);
+                        return Err(e);
+                    }
+                };
+                self.stream_step(
+                    (begin, end),
+                    gtid.clone(),
+                    &segments,
+                    &txns,
+                    out,
+                    false,
+                    *part,
+                    *quiet,
+                )
+            }
+            _ => {
+                return Err(self.bad_resume(
+                    "replay",
+                    position,
+                    "a backfill step journals its rows, a streamed one does not".into(),
+                ));
+            }
+        };
+        if let Err(e) = check_replay(&self.name, step, replayed.resume.hash()) {
+            out.truncate(first);
+            return Err(e);
+        }
+        self.resume = Some(parsed);
+        Ok(replayed)
+    }
+
+    async fn queue(&mut self, limits: QueueLimits, out: &mut Records) -> Result<Step, SourceError> {
+        self.open().await?;
+        if let Some(step) = self.queue_backfill(limits, out).await? {
+            return Ok(step);
+        }
+        self.open().await?; // the backfill may have just ended
+        if self.monitor.is_none() {
+            self.monitor = Some(Monitor::spawn(
+                self.name.clone(),
+                self.opts.clone(),
+                self.url.clone(),
+            ));
+        }
+        let paused = self.paused;
+        let Phase::Stream(s) = &mut self.phase else {
+            unreachable!("opened above: a backfill returns its step, else the stream is open")
+        };
+        if let Some(dump) = s.dump.take() {
+            s.prefetch = Some(Prefetch::spawn(Fetcher(dump), paused));
+        }
+        let (begin, unit) = (s.end.clone(), s.unit);
+        let (mut records, mut bytes) = (0usize, 0u64);
+        let mut taken = Vec::new();
+        let mut part = None;
+        loop {
+            let txn = match s.pending.take() {
+                Some(txn) => txn,
+                None => {
+                    let one = QueueLimits {
+                        max_records: 1,
+                        max_bytes: u64::MAX,
+                    };
+                    let prefetch = s.prefetch.as_ref().expect("spawned above");
+                    let mut items = match prefetch.take(one) {
+                        Ok(items) => items,
+                        Err(e) => {
+                            self.failed_at(begin, unit);
+                            return Err(e);
+                        }
+                    };
+                    match items.pop() {
+                        None => break,
+                        Some(Item::Heartbeat { end }) => {
+                            s.caught_up = true;
+                            // Everything before it was taken (FIFO).
+                            if s.pending.is_none() && s.unit.is_none() && end > s.read {
+                                s.read = end.clone();
+                            }
+                            if end.file == s.end.file || end > s.server_end {
+                                s.server_end = end;
+                            }
+                            continue;
+                        }
+                        Some(Item::Txn(txn)) => txn,
+                    }
+                }
+            };
+            let txn = match s.unit {
+                None => txn,
+                Some(next) => match after_handed(next, txn) {
+                    Some(txn) => txn,
+                    None => continue,
+                },
+            };
+            if !txn.whole() {
+                // A part of a large transaction: a step of its own.
+                match taken.is_empty() {
+                    true => part = Some(txn),
+                    false => s.pending = Some(txn),
+                }
+                break;
+            }
+            let docs = txn.ends.len();
+            if records > 0 && (records + docs > limits.max_records || bytes >= limits.max_bytes) {
+                s.pending = Some(txn);
+                break;
+            }
+            records += docs;
+            bytes += txn.text.len() as u64;
+            s.took(&txn);
+            taken.push(txn);
+        }
+        if let Some(txn) = part {
+            let to = match &txn.end {
+                Some(_) => {
+                    s.took(&txn);
+                    s.unit = None;
+                    s.record();
+                    None
+                }
+                None => {
+                    s.unit = Some(txn.next());
+                    Some(txn.next())
+                }
+            };
+            let part = Part {
+                from: txn.first,
+                to,
+            };
+            let end_of_input = s.caught_up
+                && s.pending.is_none()
+                && s.prefetch.as_ref().is_none_or(|p| p.queued().records == 0);
+            let (end, gtid, segments) = (s.end.clone(), s.gtid.clone(), s.segments.clone());
+            if let Some(monitor) = &self.monitor {
+                monitor.at(&s.read);
+            }
+            return Ok(self.stream_step(
+                (&begin, &end),
+                gtid,
+                &segments,
+                &[txn],
+                out,
+                end_of_input,
+                Some(part),
+                false,
+            ));
+        }
+        // Only transactions of other tables since the last checkpointed step, for a
+        // while: a step without records moves the checkpoint past them.
+        let quiet = records == 0 && s.quiet_due().is_some_and(|due| due <= Instant::now());
+        if records > 0 || quiet {
+            s.record();
+        }
+        let end_of_input = s.caught_up
+            && s.unit.is_none()
+            && s.pending.is_none()
+            && s.prefetch.as_ref().is_none_or(|p| p.queued().records == 0);
+        let (end, gtid, segments) = (s.end.clone(), s.gtid.clone(), s.segments.clone());
+        if let Some(monitor) = &self.monitor {
+            monitor.at(&s.read);
+        }
+        Ok(self.stream_step(
+            (&begin, &end),
+            gtid,
+            &segments,
+            &taken,
+            out,
+            end_of_input,
+            None,
+            quiet,
+        ))
+    }
+
+    async fn ready(&mut self) {
+        if let Phase::Stream(s) = &self.phase
+            && s.pending.is_none()
+            && let Some(prefetch) = &s.prefetch
+        {
+            match s.quiet_due() {
+                // A quiet step owed: `queue` makes it when due.
+                Some(due) => tokio::select! {
+                    () = prefetch.ready() => {}
+                    () = tokio::time::sleep_until(due.into()) => {}
+                },
+                None => prefetch.ready().await,
+            }
+        }
+    }
+
+    fn queued(&self) -> Queued {
+        match &self.phase {
+            Phase::Stream(s) => {
+                let mut queued = s.prefetch.as_ref().map(|p| p.queued()).unwrap_or_default();
+                if let Some(txn) = &s.pending {
+                    queued.records += txn.ends.len();
+                    queued.bytes += txn.text.len() as u64;
+                }
+                queued
+            }
+            _ => Queued::default(),
+        }
+    }
+
+    fn extend(&mut self) {
+        self.paused = false;
+        if let Phase::Stream(s) = &self.phase
+            && let Some(p) = &s.prefetch
+        {
+            p.extend();
+        }
+    }
+
+    fn pause(&mut self) {
+        self.paused = true;
+        if let Phase::Stream(s) = &self.phase
+            && let Some(p) = &s.prefetch
+        {
+            p.pause();
+        }
+    }
+
+    /// While streaming: the bytes of binary log the server holds past the last
+    /// transaction handed over, as the monitor last read them (every 2 s, across
+    /// files; `monitor`); before its first reading, in the same file as the
+    /// server's end as the stream last heard it (at its start, then heartbeats).
+    /// Unknown during the backfill.
+    fn lag(&self) -> Option<Lag> {
+        let Phase::Stream(s) = &self.phase else {
+            return None;
+        };
+        if let Some(bytes) = self.monitor.as_ref().and_then(Monitor::lag) {
+            return Some(Lag::Bytes(bytes));
+        }
+        (s.server_end.file == s.end.file)
+            .then(|| Lag::Bytes(s.server_end.pos.saturating_sub(s.end.pos)))
+    }
+
+    async fn disconnect(&mut self) {
+        self.phase = Phase::Idle;
+        self.monitor = None;
+    }
+}
