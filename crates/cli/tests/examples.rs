@@ -32,8 +32,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{
-    REDIS_URL, Row, SLUICE, assert_success, block_on, free_address, postgres_at, postgres_execute,
-    redis, redis_keys, reduce_expected, sqlite_rows, sqlite_table,
+    MYSQL_SERVER, MyDatabase, REDIS_URL, Row, SLUICE, assert_success, block_on, free_address,
+    mysql, postgres_at, postgres_execute, redis, redis_keys, reduce_expected, sqlite_rows,
+    sqlite_table,
 };
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
@@ -553,30 +554,6 @@ fn the_postgres_example_fills_its_table_as_its_comments_say() {
     assert_eq!(left, None, "apply --delete drops the table");
 }
 
-/// A database of the shared MariaDB server, dropped when dropped.
-struct MyDatabase(String);
-
-const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
-
-fn mysql<T>(f: impl AsyncFnOnce(&mut mysql_async::Conn) -> T) -> T {
-    block_on(async {
-        let mut conn = mysql_async::Conn::from_url(format!("{MYSQL_SERVER}/test"))
-            .await
-            .unwrap();
-        let out = f(&mut conn).await;
-        conn.disconnect().await.unwrap();
-        out
-    })
-}
-
-impl Drop for MyDatabase {
-    fn drop(&mut self) {
-        use mysql_async::prelude::Queryable;
-        let sql = format!("DROP DATABASE IF EXISTS `{}`", self.0);
-        mysql(async |conn| conn.query_drop(sql).await.unwrap());
-    }
-}
-
 fn mysql_rows(database: &str) -> Vec<(String, i64, i64, String)> {
     use mysql_async::prelude::Queryable;
     let sql = format!(
@@ -596,9 +573,7 @@ fn the_mysql_example_fills_its_table_as_its_comments_say() {
             "latest last_seen is 2026-01-31T23:47:35Z",
         ],
     );
-    let database = MyDatabase(unique("ex"));
-    let create = format!("CREATE DATABASE `{}`", database.0);
-    mysql(async |conn| conn.query_drop(create).await.unwrap());
+    let database = MyDatabase::create(&unique("ex"));
     let ex = Example::new("mysql").var("MYSQL_URL", format!("{MYSQL_SERVER}/{}", database.0));
     ex.run_twice("the MariaDB table", || mysql_rows(&database.0));
     ex.apply_delete();

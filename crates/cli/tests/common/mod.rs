@@ -423,3 +423,44 @@ impl Drop for Schema {
         postgres_execute(POSTGRES_URL, &sql);
     }
 }
+
+/// The shared MariaDB server (its databases under it).
+pub const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
+
+/// `f` on a connection to the shared MariaDB server.
+pub fn mysql<T>(f: impl AsyncFnOnce(&mut mysql_async::Conn) -> T) -> T {
+    block_on(async {
+        let mut conn = mysql_async::Conn::from_url(format!("{MYSQL_SERVER}/test"))
+            .await
+            .unwrap();
+        let out = f(&mut conn).await;
+        conn.disconnect().await.unwrap();
+        out
+    })
+}
+
+/// A database of the shared MariaDB server, dropped when dropped.
+pub struct MyDatabase(pub String);
+
+impl MyDatabase {
+    /// Creates database `name`.
+    pub fn create(name: &str) -> MyDatabase {
+        use mysql_async::prelude::Queryable;
+        let sql = format!("CREATE DATABASE `{name}`");
+        mysql(async |conn| conn.query_drop(sql).await.unwrap());
+        MyDatabase(name.to_string())
+    }
+
+    /// The URL of a driver writing into it.
+    pub fn url(&self) -> String {
+        format!("{MYSQL_SERVER}/{}", self.0)
+    }
+}
+
+impl Drop for MyDatabase {
+    fn drop(&mut self) {
+        use mysql_async::prelude::Queryable;
+        let sql = format!("DROP DATABASE IF EXISTS `{}`", self.0);
+        mysql(async |conn| conn.query_drop(sql).await.unwrap());
+    }
+}
