@@ -6,9 +6,8 @@
 
 mod common;
 
-use common::{MyDatabase, POSTGRES_URL, REDIS_URL, SLUICE, Schema};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use common::{MyDatabase, POSTGRES_URL, REDIS_URL, SLUICE, Schema, serve_driver};
+use std::process::Command;
 
 /// Runs `sluice driver test <target> --config <config>`, which must exit 0; returns
 /// its stdout.
@@ -51,37 +50,6 @@ fn assert_all_passed(stdout: &str) {
     );
 }
 
-/// Kills the served driver however the test ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `sluice driver serve memory --listen <listen>`; returns it and the address
-/// from its `listening on ADDRESS` line.
-fn serve_memory(listen: &str) -> (Server, String) {
-    let mut child = Command::new(SLUICE)
-        .args(["driver", "serve", "memory", "--listen", listen])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice driver serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    (server, address)
-}
-
 #[test]
 fn memory_driver_passes_in_process() {
     let stdout = driver_test(&["--builtin", "memory"], serde_json::json!({}));
@@ -92,7 +60,7 @@ fn memory_driver_passes_in_process() {
 fn memory_driver_passes_over_grpc_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let listen = format!("unix:{}", dir.path().join("driver.sock").display());
-    let (_server, address) = serve_memory(&listen);
+    let (_server, address) = serve_driver("memory", &listen, "transactions");
     let stdout = driver_test(&["--endpoint", &address], serde_json::json!({}));
     assert_all_passed(&stdout);
 }
@@ -236,27 +204,6 @@ impl Store {
     }
 }
 
-/// Starts `sluice driver serve <name> --listen 127.0.0.1:0 --protocol <protocol>`.
-fn serve(name: &str, protocol: &str) -> (Server, String) {
-    let mut child = Command::new(SLUICE)
-        .args(["driver", "serve", name, "--listen", "127.0.0.1:0"])
-        .args(["--protocol", protocol])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice driver serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
-    (server, address)
-}
-
 /// The whole suite against built-in driver `name` over `transport` (`grpc` or
 /// `stdio`) in `protocol`: nothing fails; only what the driver does not claim is
 /// skipped, and, in the current protocol, the dry run (that protocol has none).
@@ -273,7 +220,7 @@ fn passes(name: &str, transport: &str, protocol: &str) {
     }
     let _server = match transport {
         "grpc" => {
-            let (server, address) = serve(name, protocol);
+            let (server, address) = serve_driver(name, "127.0.0.1:0", protocol);
             args.extend(["--endpoint".to_string(), address]);
             Some(server)
         }

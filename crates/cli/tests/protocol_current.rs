@@ -11,11 +11,13 @@
 
 mod common;
 
-use common::{SLUICE, pipeline_yaml, reduce_expected, sqlite_table, write_lines};
+use common::{
+    Row, SLUICE, pipeline_yaml, reduce_expected, serve_driver, sqlite_table, write_lines,
+};
 use sluice_driver_sdk::current::{self, Codec, Protocol};
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 /// Runs `sluice driver test <args> --config <config>`; returns whether it exited 0 and
 /// its stdout and stderr.
@@ -54,38 +56,6 @@ fn assert_all_but_the_dry_run_passed(stdout: &str, stderr: &str) {
     }
 }
 
-/// Kills the served driver however the test ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `sluice driver serve memory --listen 127.0.0.1:0 --protocol <protocol>`;
-/// returns it and the address from its `listening on ADDRESS` line.
-fn serve_memory(protocol: &str) -> (Server, String) {
-    let mut child = Command::new(SLUICE)
-        .args(["driver", "serve", "memory", "--listen", "127.0.0.1:0"])
-        .args(["--protocol", protocol])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice driver serve");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    (server, address)
-}
-
 /// Writes an executable shell script `name` holding `body` into `dir`.
 fn script(dir: &Path, name: &str, body: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
@@ -97,7 +67,7 @@ fn script(dir: &Path, name: &str, body: &str) -> String {
 
 #[test]
 fn memory_driver_served_as_a_connector_passes_over_grpc() {
-    let (_server, address) = serve_memory("current");
+    let (_server, address) = serve_driver("memory", "127.0.0.1:0", "current");
     let args = ["--endpoint", &address, "--protocol", "current"];
     let (_, stdout, stderr) = driver_test(&args, serde_json::json!({}));
     assert_all_but_the_dry_run_passed(&stdout, &stderr);
@@ -141,8 +111,8 @@ fn json_codec_is_refused_with_the_transactions_protocol() {
 
 #[tokio::test]
 async fn grpc_detection_picks_each_protocol() {
-    let (_current, current_address) = serve_memory("current");
-    let (_seed, seed_address) = serve_memory("transactions");
+    let (_current, current_address) = serve_driver("memory", "127.0.0.1:0", "current");
+    let (_seed, seed_address) = serve_driver("memory", "127.0.0.1:0", "transactions");
     let detect = current::grpc::detect;
     assert_eq!(detect(&current_address).await.unwrap(), Protocol::Current);
     assert_eq!(detect(&seed_address).await.unwrap(), Protocol::Transactions);
@@ -243,48 +213,20 @@ fn a_pipeline_detects_a_current_driver_and_materializes_through_it_in_json() {
     assert_eq!(sqlite_table(&db), reduce_expected(&docs));
 }
 
-/// `sluice driver serve postgres --listen 127.0.0.1:0 --protocol current`, with the
-/// endpoint configuration the pipeline's Spec and Open carry.
-fn serve_postgres_current() -> (Server, String) {
-    let mut child = Command::new(SLUICE)
-        .args(["driver", "serve", "postgres", "--listen", "127.0.0.1:0"])
-        .args(["--protocol", "current"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start sluice driver serve postgres");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let address = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string();
-    (server, address)
-}
-
-/// A pipeline through a built-in driver of another process in the current protocol, over
-/// gRPC: PostgreSQL holds the reduction, and a second run with more input (after the
-/// driver process was restarted) adds exactly the rest.
-#[test]
-fn a_pipeline_runs_through_the_postgres_driver_served_in_the_current_protocol() {
+/// A pipeline through built-in driver `name` served by another process in the current
+/// protocol, over gRPC, with `config`: the store holds the reduction (`table` reads it),
+/// and a second run with more input, after the driver process was restarted, adds
+/// exactly the rest (the store's checkpoint says where to go on).
+fn a_pipeline_runs_through(name: &str, config: &str, table: impl Fn() -> BTreeMap<String, Row>) {
     let dir = tempfile::tempdir().unwrap();
-    let schema = common::Schema::new("protocol_current");
-    let (server, address) = serve_postgres_current();
-    let endpoint = |address: &str| {
-        format!(
+    let write = |address: &str| {
+        let endpoint = format!(
             "grpc: {{address: \"{address}\", protocol: current, pattern: authoritative, \
-             config: {{url: \"{}\", schema: {}}}}}",
-            common::POSTGRES_URL,
-            schema.0
-        )
-    };
-    let write = |endpoint: &str| {
+             config: {config}}}"
+        );
         let yaml = pipeline_yaml(
             "    file: {path: views.jsonl, format: json}",
-            endpoint,
+            &endpoint,
             false,
             100,
             "10s",
@@ -303,22 +245,40 @@ fn a_pipeline_runs_through_the_postgres_driver_served_in_the_current_protocol() 
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    let (server, address) = serve_driver(name, "127.0.0.1:0", "current");
     let first = common::generate(600, 50, 71);
     write_lines(&dir.path().join("views.jsonl"), &first);
-    write(&endpoint(&address));
+    write(&address);
     run();
-    assert_eq!(common::postgres_table(&schema.0), reduce_expected(&first));
+    assert_eq!(table(), reduce_expected(&first));
 
-    // Another driver process: the store's checkpoint says where to go on.
     drop(server);
-    let (_server, address) = serve_postgres_current();
+    let (_server, address) = serve_driver(name, "127.0.0.1:0", "current");
     let all: Vec<serde_json::Value> = first
         .iter()
         .chain(&common::generate(300, 50, 72))
         .cloned()
         .collect();
     write_lines(&dir.path().join("views.jsonl"), &all);
-    write(&endpoint(&address));
+    write(&address);
     run();
-    assert_eq!(common::postgres_table(&schema.0), reduce_expected(&all));
+    assert_eq!(table(), reduce_expected(&all));
+}
+
+#[test]
+fn a_pipeline_runs_through_the_postgres_driver_served_in_the_current_protocol() {
+    let schema = common::Schema::new("protocol_current");
+    let config = format!(
+        "{{url: \"{}\", schema: {}}}",
+        common::POSTGRES_URL,
+        schema.0
+    );
+    a_pipeline_runs_through("postgres", &config, || common::postgres_table(&schema.0));
+}
+
+#[test]
+fn a_pipeline_runs_through_the_mysql_driver_served_in_the_current_protocol() {
+    let database = common::MyDatabase::create(&format!("protocol_current_{}", std::process::id()));
+    let config = format!("{{url: \"{}\"}}", database.url());
+    a_pipeline_runs_through("mysql", &config, || common::mysql_table(&database.0));
 }

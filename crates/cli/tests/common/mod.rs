@@ -464,3 +464,49 @@ impl Drop for MyDatabase {
         mysql(async |conn| conn.query_drop(sql).await.unwrap());
     }
 }
+
+/// The `pageviews` table of `database` of the shared MariaDB server, per user, asserting
+/// no user has two rows.
+pub fn mysql_table(database: &str) -> BTreeMap<String, Row> {
+    use mysql_async::prelude::Queryable;
+    let sql = format!("SELECT user_id, views, bytes, last_seen FROM `{database}`.pageviews");
+    let rows: Vec<(String, i64, i64, String)> = mysql(async |conn| conn.query(sql).await.unwrap());
+    let mut table: BTreeMap<String, Row> = BTreeMap::new();
+    for (user, views, bytes, seen) in rows {
+        assert!(!table.contains_key(&user), "{user} written twice");
+        table.entry(user).or_default().add(views, bytes, &seen);
+    }
+    table
+}
+
+/// A driver served by `sluice driver serve`, killed however the test ends.
+pub struct Served(pub Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `sluice driver serve <name> --listen <listen> --protocol <protocol>`;
+/// returns it and the address from its `listening on ADDRESS` line.
+pub fn serve_driver(name: &str, listen: &str, protocol: &str) -> (Served, String) {
+    let mut child = Command::new(SLUICE)
+        .args(["driver", "serve", name, "--listen", listen])
+        .args(["--protocol", protocol])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sluice driver serve");
+    let stdout = child.stdout.take().unwrap();
+    let served = Served(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (served, address)
+}
