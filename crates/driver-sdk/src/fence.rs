@@ -194,6 +194,11 @@ pub trait FencedStore: Send + 'static {
 
     /// [`Transactor::destroy`].
     async fn release(self: Box<Self>);
+
+    /// [`Transactor::report`]: by default nothing.
+    fn report(&self) -> crate::Report {
+        crate::Report::default()
+    }
 }
 
 #[async_trait]
@@ -236,6 +241,10 @@ impl<T: FencedStore> Transactor for T {
 
     async fn destroy(self: Box<Self>) {
         self.release().await
+    }
+
+    fn report(&self) -> crate::Report {
+        FencedStore::report(self)
     }
 }
 

@@ -5,6 +5,7 @@
 use crate::traits::LogContext;
 use crate::{Error, Result};
 use serde_json::Value;
+use sluice_report::Report;
 use tokio::sync::{mpsc, oneshot};
 
 /// A call beside the protocol, as the serve loop receives it.
@@ -13,6 +14,7 @@ pub(crate) enum HookCall {
     Opening(LogContext, oneshot::Sender<()>),
     ArtifactIntent(u64, oneshot::Sender<Result<Option<Value>>>),
     Decision(u64, oneshot::Sender<Option<Value>>),
+    Report(oneshot::Sender<Report>),
 }
 
 /// The runtime's handle on an in-process stream's calls beside the protocol (see
@@ -41,6 +43,13 @@ impl LogHooks {
     /// ([`crate::Transactor::decision`]); after DriverCommitted of `txn`.
     pub async fn decision(&self, txn: u64) -> Result<Option<Value>> {
         self.call(|reply| HookCall::Decision(txn, reply)).await
+    }
+
+    /// What the driver reports of itself ([`crate::Transactor::report`]); after
+    /// DriverCommitted of a transaction. Before Open there is no transactor to ask: the
+    /// empty report.
+    pub async fn report(&self) -> Result<Report> {
+        self.call(HookCall::Report).await
     }
 
     async fn call<T>(&self, call: impl FnOnce(oneshot::Sender<T>) -> HookCall) -> Result<T> {

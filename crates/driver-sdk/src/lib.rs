@@ -43,6 +43,7 @@ pub use error::{Error, Peer, ProtocolError, RemoteKind, Result};
 pub use hooks::LogHooks;
 pub use inprocess::{Builtin, BuiltinKind};
 pub use sluice_config::InvalidConfig;
+pub use sluice_report::{HealthState, Metric, MetricKind, Report};
 pub use traits::{
     CommitPattern, Declared, Driver, LoadedSink, LogContext, PriorState, Transactor, Undecided,
 };

@@ -104,6 +104,8 @@ async fn serve(
                 log = context;
                 let _ = reply.send(());
             }
+            // Nothing to report yet.
+            Received::Hook(HookCall::Report(reply)) => _ = reply.send(Default::default()),
             // Dropped unanswered: the caller learns no transactor is open.
             Received::Hook(_) => {}
             Received::Request(raw) => break out.check(raw)?,
@@ -423,6 +425,7 @@ impl Session {
                 _ = reply.send(self.transactor.artifact_intent(txn).await)
             }
             HookCall::Decision(txn, reply) => _ = reply.send(self.transactor.decision(txn)),
+            HookCall::Report(reply) => _ = reply.send(self.transactor.report()),
         }
     }
 

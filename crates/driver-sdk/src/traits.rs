@@ -45,6 +45,7 @@
 //!  before Open    ──▶  Driver::open_with_log(open, LogContext {deployment, undecided})
 //!  Intent(T)      ◀──  Transactor::artifact_intent(T)   where T's artifacts will go
 //!  Commit(T)      ◀──  Transactor::decision(T)          after commit: the checkpoint to record
+//!  (status)       ◀──  Transactor::report()             after commit: memory, metrics, health
 //! ```
 //!
 //! This is how an epoch sink's staging is named before it is written and its descriptor
@@ -59,6 +60,7 @@ use sluice_proto::materialize::{
     transaction_request::{Load, Open, Prepare, Store},
     transaction_response::Opened,
 };
+use sluice_report::Report;
 
 /// How a driver makes a transaction's effects durable exactly once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,11 @@ pub struct Declared {
     pub delta_updates: bool,
     /// Fails the transaction that stores, as absent, a key the store holds.
     pub strict_exists: bool,
+    /// Empties what a standard binding stored when Apply raises its backfill counter
+    /// (against the last spec's binding of the same resource path), so the run that
+    /// reads its input again from the start reduces onto nothing. Without it a backfill
+    /// of a standard binding is refused: its sums would count twice.
+    pub rebuilds_on_backfill: bool,
 }
 
 impl Declared {
@@ -96,6 +103,7 @@ impl Declared {
         deletes: true,
         delta_updates: true,
         strict_exists: true,
+        rebuilds_on_backfill: true,
     };
 }
 
@@ -251,5 +259,15 @@ pub trait Transactor: Send + 'static {
     /// decision known only once the transaction was staged). `None`: Prepared's stands.
     fn decision(&mut self, _txn: u64) -> Option<Value> {
         None
+    }
+
+    /// In process only, after each transaction it committed: what it reports of itself
+    /// (after Feldera's `memory()` and connector health): the bytes of memory it holds
+    /// (staging, an encode buffer), its own metrics (`sluice_endpoint_custom{name, …}`)
+    /// and, if it has something to say, its health (see [`Report::health`]). Cheap: no
+    /// I/O. The default reports nothing. A driver across the wire is never asked: its
+    /// health is what the runtime sees of its calls.
+    fn report(&self) -> Report {
+        Report::default()
     }
 }

@@ -26,8 +26,8 @@ use sluice_driver_sdk::materialize::{
 };
 use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{
-    BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, Result,
-    Transactor,
+    BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, Metric, Report,
+    Result, Transactor,
 };
 use sluice_sink_sdk::driver::epoch_of;
 use std::path::{Path, PathBuf};
@@ -225,6 +225,7 @@ impl OutputDriver {
                     buffer: Some(Buffer::default()),
                     snapshot: resource.snapshot,
                     in_batch: false,
+                    published: 0,
                 })
             })
             .collect()
@@ -251,6 +252,7 @@ impl Driver for OutputDriver {
             deletes: true,
             delta_updates: false,
             strict_exists: false,
+            rebuilds_on_backfill: false,
         }
     }
 
@@ -453,6 +455,8 @@ struct BindingOutput {
     snapshot: bool,
     /// Its endpoint has begun the transaction's batch.
     in_batch: bool,
+    /// Messages this stream pushed to its endpoint ([`Transactor::report`]).
+    published: u64,
 }
 
 fn taken() -> Error {
@@ -469,6 +473,7 @@ impl BindingOutput {
         let buffer = self.buffer.as_mut().ok_or_else(taken)?;
         if !buffer.is_empty() {
             self.endpoint.push(buffer).await.map_err(output_error)?;
+            self.published += buffer.len() as u64;
             buffer.pushed();
             crate::fail_point!(crate::AFTER_PUSH);
         }
@@ -783,6 +788,26 @@ impl FencedStore for OutputTransactor {
     async fn release(self: Box<Self>) {
         for output in self.outputs {
             output.endpoint.close().await;
+        }
+    }
+
+    /// The bytes its encode buffers hold (none right after a commit, which pushes them
+    /// all), and the messages it published.
+    fn report(&self) -> Report {
+        let buffered = (self.outputs.iter())
+            .filter_map(|o| o.buffer.as_ref())
+            .map(|b| b.bytes() as u64)
+            .sum();
+        let published = self.outputs.iter().map(|o| o.published).sum();
+        Report {
+            memory: buffered,
+            metrics: vec![Metric::counter(
+                "messages_published",
+                "Messages this stream of the output pushed to its destinations (those of \
+                 batches later aborted included).",
+                published,
+            )],
+            health: None,
         }
     }
 }

@@ -94,7 +94,15 @@ async fn a_large_transaction_is_pushed_in_bounded_awaited_pieces() {
         "the Store returned with {} messages unpushed",
         500 - pushed_before_commit
     );
+    // What it reports (`Transactor::report`): the partly filled buffer's bytes, then
+    // none once the commit pushed them, and every message it published.
+    let held = transactor.report();
+    assert!(held.memory > 0, "the last buffer is held until Commit");
     transactor.commit().await.unwrap();
+    let report = transactor.report();
+    assert_eq!(report.memory, 0, "Commit pushed every buffer");
+    assert_eq!(report.metrics[0].name, "messages_published");
+    assert_eq!(report.metrics[0].value, 500);
 
     let pushes = std::mem::take(&mut *PUSHES.lock().unwrap());
     assert!(pushes.len() >= 20, "{} pushes", pushes.len());

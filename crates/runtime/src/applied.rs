@@ -451,18 +451,32 @@ pub fn rebuilt(last: &flow::MaterializationSpec, next: &flow::MaterializationSpe
         .collect()
 }
 
-/// Refuses a backfill (a binding of `next` rebuilt against `last`) whose collection's
-/// sources also feed a binding of `next` that is not rebuilt: reading them again would
-/// reduce their documents into that binding twice. Names both bindings and the source.
+/// Refuses a backfill (a binding of `next` rebuilt against `last`) that would reduce
+/// documents twice: of a standard binding when the driver does not empty what it stored
+/// (`driver_rebuilds`: [`sluice_driver_sdk::Declared::rebuilds_on_backfill`]), or whose
+/// collection's sources also feed a binding of `next` that is not rebuilt. Names the
+/// bindings, and the source.
 pub fn check_backfills(
     pipeline: &Pipeline,
     last: Option<&flow::MaterializationSpec>,
     next: &flow::MaterializationSpec,
+    driver_rebuilds: bool,
 ) -> Result<(), String> {
     let Some(last) = last else {
         return Ok(());
     };
     let rebuilt = rebuilt(last, next);
+    let kept = (rebuilt.iter().map(|&i| &next.bindings[i])).find(|b| !b.delta_updates);
+    if let (false, Some(binding)) = (driver_rebuilds, kept) {
+        return Err(format!(
+            "binding {}: its backfill counter rose, so its input is read again from the \
+             start, but this endpoint's driver does not empty what the binding stored \
+             (only the SQL stores do, and drivers speaking Flow's current protocol: \
+             `protocol: current`), so every reduction would count twice; empty it \
+             yourself with `sluice apply --delete` and start over, or put the counter back",
+            binding.resource_path.join(".")
+        ));
+    }
     let collection = |b: &flow::materialization_spec::Binding| {
         b.collection
             .as_ref()

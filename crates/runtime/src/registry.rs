@@ -98,6 +98,10 @@ pub struct Connected {
     /// The longest one call of it may take, as its kind says
     /// ([`BuiltinKind::longest_call`]): the runtime's waits on it outlast that.
     pub longest_call: Option<Duration>,
+    /// Its Apply empties a standard binding whose backfill counter rose
+    /// ([`sluice_driver_sdk::Declared::rebuilds_on_backfill`]); an external driver only
+    /// when it is configured to speak Flow's current protocol, whose connectors must.
+    pub rebuilds_on_backfill: bool,
 }
 
 impl Connected {
@@ -114,6 +118,15 @@ impl Connected {
             config,
             guarantee: SinkGuarantee::Flow(pattern),
             longest_call: None,
+            rebuilds_on_backfill: false,
+        }
+    }
+
+    /// An external driver configured to speak `protocol`.
+    fn speaking(self, protocol: Option<Protocol>) -> Connected {
+        Connected {
+            rebuilds_on_backfill: protocol == Some(Protocol::Current),
+            ..self
         }
     }
 }
@@ -350,9 +363,10 @@ impl DriverKind for InProcessKind {
         let name = self.0.name();
         let driver = (self.0.driver(Some(state_dir)))
             .ok_or_else(|| format!("the built-in driver {name} made no instance"))?;
+        let declared = driver.declared();
         let guarantee = match self.0.contract(config)? {
             Some(contract) => SinkGuarantee::Epoch(contract),
-            None => SinkGuarantee::Flow(Some(driver.declared().pattern)),
+            None => SinkGuarantee::Flow(Some(declared.pattern)),
         };
         Ok(Connected {
             endpoint: Arc::new(InProcess::new(name, driver)),
@@ -360,6 +374,7 @@ impl DriverKind for InProcessKind {
             config: config.clone(),
             guarantee,
             longest_call: self.0.longest_call(config),
+            rebuilds_on_backfill: declared.rebuilds_on_backfill,
         })
     }
 
@@ -448,7 +463,8 @@ impl DriverKind for Grpc {
             EndpointType::SluiceGrpc,
             config,
             pattern.map(Into::into),
-        ))
+        )
+        .speaking(protocol))
     }
 
     fn pinned(&self, config: &Value) -> Option<&'static str> {
@@ -544,7 +560,8 @@ impl DriverKind for Command {
             EndpointType::SluiceCommand,
             config,
             pattern.map(Into::into),
-        ))
+        )
+        .speaking(protocol))
     }
 
     fn pinned(&self, config: &Value) -> Option<&'static str> {

@@ -4,6 +4,8 @@
 //! beginning, so the table holds each key's sum once (not doubled, not lost), new input
 //! included. A backfill whose source also feeds a binding not backfilled is refused.
 
+mod common;
+
 use rusqlite::Connection;
 use sluice_driver_sdk::{Builtin, flow};
 use sluice_file::FileKind;
@@ -20,6 +22,7 @@ use tokio::sync::watch;
 fn registry() -> Registry {
     Registry::new()
         .with_source(kind::<FileKind>())
+        .with_builtin(common::memory_kind())
         .with_builtin(Builtin::new::<sluice_sqlite::config::EndpointConfig>(
             "sqlite",
             flow::EndpointType::Sqlite,
@@ -178,4 +181,23 @@ async fn a_backfill_whose_source_feeds_another_binding_is_refused() {
     for table in ["t", "u"] {
         assert_eq!(sums(dir, table), owned(&[("a", 1), ("b", 2)]), "{table}");
     }
+}
+
+/// A driver that keeps what a binding stored across Apply (the memory driver) cannot
+/// take a backfill of a standard binding: the input read again would add onto the sums
+/// it holds. Refused at apply, naming the binding and the ways out; nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_into_a_driver_that_keeps_its_rows_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let into_memory = |t| yaml(t, None).replace("{sqlite: {path: out.db}}", "{memory: {}}");
+    append(dir, &[("a", 1), ("b", 2)]);
+    run(dir, &into_memory(0)).await.unwrap();
+    let err = apply(dir, &into_memory(1)).await.unwrap_err().to_string();
+    for part in ["binding t", "count twice", "sluice apply --delete"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    // The applied spec is the old one still: a run of the raised one is refused.
+    let refused = run(dir, &into_memory(1)).await.unwrap_err().to_string();
+    assert!(refused.contains("backfill 0 → 1"), "{refused}");
 }

@@ -222,6 +222,11 @@ impl BatchBuilder {
         self.rows
     }
 
+    /// Bytes of values added since the last batch (its packed keys, values and JSON).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Whether the batch reached a bound.
     pub fn is_full(&self) -> bool {
         self.rows >= self.max_rows || self.bytes >= self.max_bytes

@@ -12,6 +12,7 @@
 //!                                      flush_interval passed: the rows held → write_batch, flush
 //!  Commit                              last batches; pre_commit(N) → descriptor
 //!  decision(N)                         {epoch, descriptor}: into the runtime's Commit(N)
+//!  report()                            rows' bytes buffered, epochs_committed
 //!  Acknowledge                         commit_epoch(N, descriptor): the decision is durable
 //!  end of the stream                   close; the instance's tracked tasks awaited
 //! ```
@@ -55,7 +56,7 @@ use sluice_driver_sdk::materialize::{
 use sluice_driver_sdk::validate::ProjectionRules;
 use sluice_driver_sdk::{
     BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, LogContext,
-    PriorState, Result, Transactor,
+    Metric, PriorState, Report, Result, Transactor,
 };
 use std::path::Path;
 use std::sync::Arc;
@@ -263,6 +264,7 @@ impl Driver for EpochDriver {
             deletes: false,
             delta_updates: true,
             strict_exists: false,
+            rebuilds_on_backfill: false,
         }
     }
 
@@ -351,6 +353,7 @@ impl Driver for EpochDriver {
             last_decided: decided,
             intents: Vec::new(),
             committed: None,
+            epochs_committed: 0,
         };
         Ok((Box::new(transactor), Opened::default()))
     }
@@ -485,6 +488,8 @@ struct EpochTransactor {
     intents: Vec<Undecided>,
     /// The epoch pre-committed last: the one the next Acknowledge acknowledges.
     committed: Option<u64>,
+    /// Epochs this stream pre-committed ([`Transactor::report`]).
+    epochs_committed: u64,
 }
 
 /// Runs one call of the sink under the instance's deadline, and settles a dropped call
@@ -652,6 +657,7 @@ impl Transactor for EpochTransactor {
         let descriptor = self.or_rollback(pre_committed).await?;
         self.epoch = None;
         self.committed = Some(epoch);
+        self.epochs_committed += 1;
         self.to_apply = descriptor.map(|descriptor| (epoch, descriptor));
         Ok(())
     }
@@ -715,6 +721,21 @@ impl Transactor for EpochTransactor {
                 .to_value(),
             ),
             _ => None,
+        }
+    }
+
+    /// The bytes of rows its batch builders hold (none right after a commit, which
+    /// writes them all), and the epochs this stream committed.
+    fn report(&self) -> Report {
+        let buffered = self.builders.iter().map(|b| b.bytes() as u64).sum();
+        Report {
+            memory: buffered,
+            metrics: vec![Metric::counter(
+                "epochs_committed",
+                "Epochs this stream of the epoch sink pre-committed.",
+                self.epochs_committed,
+            )],
+            health: None,
         }
     }
 }

@@ -35,7 +35,7 @@
 //! and metrics; a source opened outside a pipeline gets [`Health::none`], which reports
 //! nowhere. Reporting is cheap (a lock held for an assignment) and never waits.
 
-use serde::{Deserialize, Serialize};
+pub use sluice_report::HealthState;
 use std::fmt;
 use std::sync::Arc;
 
@@ -48,57 +48,6 @@ pub enum Connection {
     Retrying { error: String },
     /// Connected: what it reads is now told by its steps.
     Connected,
-}
-
-/// A part's health (see the module docs), as served: `{"state": "healthy"}`,
-/// `{"state": "unhealthy", "reason": …}`, `{"state": "fatal", "reason": …}`. Ordered
-/// from well to worst.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum HealthState {
-    #[default]
-    Healthy,
-    /// It cannot do its work now and is expected to recover: `reason` says why.
-    Unhealthy { reason: String },
-    /// It cannot go on: the run ends, or has ended, on `reason`.
-    Fatal { reason: String },
-}
-
-impl HealthState {
-    /// The metrics' encoding (`sluice_source_health`, `sluice_endpoint_health`):
-    /// 0 healthy, 1 unhealthy, 2 fatal.
-    pub fn code(&self) -> i64 {
-        match self {
-            HealthState::Healthy => 0,
-            HealthState::Unhealthy { .. } => 1,
-            HealthState::Fatal { .. } => 2,
-        }
-    }
-
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            HealthState::Healthy => None,
-            HealthState::Unhealthy { reason } | HealthState::Fatal { reason } => Some(reason),
-        }
-    }
-
-    /// `healthy`, `unhealthy` or `fatal`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            HealthState::Healthy => "healthy",
-            HealthState::Unhealthy { .. } => "unhealthy",
-            HealthState::Fatal { .. } => "fatal",
-        }
-    }
-}
-
-impl fmt::Display for HealthState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.reason() {
-            None => f.write_str(self.label()),
-            Some(reason) => write!(f, "{}: {reason}", self.label()),
-        }
-    }
 }
 
 /// One part's health from its two witnesses (see the module docs); each event returns

@@ -99,6 +99,8 @@ pub use prefetch::{Fetch, Prefetch};
 pub use records::{
     InputError, Position, Record, RecordDoc, Records, SharedDoc, SharedRecord, Unit, bad_json,
 };
+/// A source's own metrics ([`Source::metrics`]): the types every part reports in.
+pub use sluice_report::{Metric, MetricKind};
 pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
 
 use serde::{Deserialize, Serialize};
@@ -329,57 +331,6 @@ pub trait Source: Send {
     }
     /// Release resources; no command follows.
     async fn disconnect(&mut self) {}
-}
-
-/// One of a source's own metrics ([`Source::metrics`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Metric {
-    /// Its name, snake_case, without a unit suffix the kind adds (`_total`):
-    /// `partition_lag_messages`, `buffered_bytes`.
-    pub name: &'static str,
-    /// What it measures, shown on the status page.
-    pub help: &'static str,
-    pub kind: MetricKind,
-    /// Labels beside the source's (`partition`), each key snake_case.
-    pub labels: Vec<(&'static str, String)>,
-    pub value: u64,
-}
-
-/// How a [`Metric`]'s value behaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MetricKind {
-    /// Goes up and down: a lag, a buffer's size.
-    Gauge,
-    /// Only grows, for the life of the source instance: messages received, reconnects.
-    Counter,
-}
-
-impl Metric {
-    /// A gauge of `value`, without labels.
-    pub fn gauge(name: &'static str, help: &'static str, value: u64) -> Metric {
-        Metric {
-            name,
-            help,
-            kind: MetricKind::Gauge,
-            labels: Vec::new(),
-            value,
-        }
-    }
-
-    /// A counter at `value`, without labels.
-    pub fn counter(name: &'static str, help: &'static str, value: u64) -> Metric {
-        Metric {
-            kind: MetricKind::Counter,
-            ..Metric::gauge(name, help, value)
-        }
-    }
-
-    /// With the label `key` = `value` too.
-    pub fn label(mut self, key: &'static str, value: impl ToString) -> Metric {
-        self.labels.push((key, value.to_string()));
-        self
-    }
 }
 
 /// How far a source is behind its input, in the unit the input counts in

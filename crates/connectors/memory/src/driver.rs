@@ -77,7 +77,11 @@ impl MemoryDriver {
 #[async_trait]
 impl Driver for MemoryDriver {
     fn declared(&self) -> Declared {
-        Declared::AUTHORITATIVE_TABLE
+        // Apply keeps a table whose binding's backfill rose.
+        Declared {
+            rebuilds_on_backfill: false,
+            ..Declared::AUTHORITATIVE_TABLE
+        }
     }
 
     async fn spec(&self, _req: m::SpecRequest) -> Result<m::SpecResponse> {

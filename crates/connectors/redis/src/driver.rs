@@ -88,6 +88,7 @@ impl Driver for RedisDriver {
             deletes: true,
             delta_updates: false,
             strict_exists: false,
+            rebuilds_on_backfill: false,
         }
     }
 

@@ -20,6 +20,11 @@
 //! report to): a source's own metrics as `sluice_source_custom{name, …}` (gauges) and
 //! `sluice_source_custom_counter_total{name, …}` (counters), one family each, so that their
 //! series carry the source's labels and no source can clash with a runtime metric.
+//! An endpoint reports the same of itself after each transaction it commits
+//! ([`Report`](sluice_driver_sdk::Report), `Transactor::report`, in-process drivers only): its memory as
+//! `sluice_endpoint_memory_bytes`, its own metrics as `sluice_endpoint_custom{name, …}` and
+//! `sluice_endpoint_custom_counter_total{name, …}` (labelled with the shard, which names
+//! the endpoint), and its health into the endpoint's tracker.
 //!
 //! Counted once committed: a transaction's documents, bytes, loads, stores and dead
 //! letters are added when its driver has committed it, as the run's summary counts them,
@@ -40,6 +45,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry, Unit};
 use sluice_doc::combine::CombinerStats;
+use sluice_driver_sdk::Report as EndpointReport;
 use sluice_source_sdk::health::Report;
 use sluice_source_sdk::{Connection, Health, Lag};
 use sluice_source_sdk::{HealthState, MetricKind};
@@ -65,6 +71,16 @@ struct SourceLabels {
 struct CustomLabels {
     #[prometheus(flatten)]
     source: SourceLabels,
+    name: String,
+    #[prometheus(flatten)]
+    labels: Vec<(String, String)>,
+}
+
+/// An endpoint's own metric: its name, and the labels it gives beside the shard's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointCustomLabels {
+    #[prometheus(flatten)]
+    shard: ShardLabels,
     name: String,
     #[prometheus(flatten)]
     labels: Vec<(String, String)>,
@@ -187,6 +203,9 @@ pub struct Metrics {
     source_custom: Family<CustomLabels, Gauge>,
     source_custom_total: Family<CustomLabels, Counter>,
     endpoint_health: Family<ShardLabels, Gauge>,
+    endpoint_memory: Family<ShardLabels, Gauge>,
+    endpoint_custom: Family<EndpointCustomLabels, Gauge>,
+    endpoint_custom_total: Family<EndpointCustomLabels, Counter>,
     binding_combined: Family<BindingLabels, Counter>,
     binding_loaded: Family<BindingLabels, Counter>,
     binding_stored: Family<BindingLabels, Counter>,
@@ -325,6 +344,30 @@ impl Metrics {
                 "The health of the shard's endpoint (its materialization's driver or \
                  output): 0 healthy, 1 unhealthy (the loop reopens on its error), 2 fatal \
                  (the run ended on its error). The reason is in /api/status.",
+                Family::default(),
+            ),
+            endpoint_memory: register(
+                &mut r,
+                "endpoint_memory",
+                bytes(),
+                "Memory the shard's endpoint holds (its staging, an encode buffer), as it \
+                 last reported after a commit (in-process drivers only).",
+                Family::default(),
+            ),
+            endpoint_custom: register(
+                &mut r,
+                "endpoint_custom",
+                None,
+                "An endpoint's own gauge, named by the name label, as it last reported \
+                 after a commit; its help is in /api/status.",
+                Family::default(),
+            ),
+            endpoint_custom_total: register(
+                &mut r,
+                "endpoint_custom_counter",
+                None,
+                "An endpoint's own counter, named by the name label, since that instance \
+                 of its driver's stream was opened; its help is in /api/status.",
                 Family::default(),
             ),
             binding_combined: register(
@@ -524,7 +567,13 @@ impl Metrics {
                 }
             })
             .collect();
+        let endpoint = EndpointMetrics {
+            memory: self.endpoint_memory.get_or_create_owned(&labels),
+            custom: self.endpoint_custom.clone(),
+            custom_total: self.endpoint_custom_total.clone(),
+        };
         ShardMetrics {
+            endpoint,
             transactions: self.transactions.get_or_create_owned(&labels),
             end_to_end: self.end_to_end_seconds.get_or_create_owned(&labels),
             phases,
@@ -543,6 +592,7 @@ impl Metrics {
 #[derive(Debug)]
 pub struct ShardMetrics {
     labels: ShardLabels,
+    endpoint: EndpointMetrics,
     transactions: Counter,
     /// Indexed by [`Phase`] (declared in the order of [`Phase::ALL`]).
     phases: [Histogram; Phase::ALL.len()],
@@ -556,6 +606,14 @@ pub struct ShardMetrics {
     errors: Family<KindLabels, Counter>,
     retries: Family<KindLabels, Counter>,
     pub(crate) status: Arc<ShardStatus>,
+}
+
+/// The endpoint's memory and own metrics, each custom series created on its first report.
+#[derive(Debug)]
+struct EndpointMetrics {
+    memory: Gauge,
+    custom: Family<EndpointCustomLabels, Gauge>,
+    custom_total: Family<EndpointCustomLabels, Counter>,
 }
 
 #[derive(Debug)]
@@ -656,6 +714,24 @@ impl ShardMetrics {
         (self.status).combiner_memory(role, stats.memory_bytes as u64);
     }
 
+    /// What the endpoint reported of itself after a commit
+    /// ([`sluice_driver_sdk::Transactor::report`]).
+    pub(crate) fn reported(&self, report: &EndpointReport) {
+        let endpoint = &self.endpoint;
+        endpoint.memory.set(saturating_i64(report.memory));
+        record_custom(
+            &endpoint.custom,
+            &endpoint.custom_total,
+            &report.metrics,
+            |name, labels| EndpointCustomLabels {
+                shard: self.labels.clone(),
+                name,
+                labels,
+            },
+        );
+        self.status.reported(report);
+    }
+
     /// A run of the loop ended with `err`; `retried`: it is reopened.
     pub(crate) fn failed(&self, err: &RunError, retried: bool) {
         let of = KindLabels {
@@ -716,27 +792,13 @@ impl SourceMetrics {
     /// ([`sluice_source_sdk::Source::memory`], [`sluice_source_sdk::Source::metrics`]).
     pub(crate) fn sampled(&self, memory: u64, metrics: &[sluice_source_sdk::Metric]) {
         self.memory.set(saturating_i64(memory));
-        for metric in metrics {
-            let of = CustomLabels {
+        record_custom(&self.custom, &self.custom_total, metrics, |name, labels| {
+            CustomLabels {
                 source: self.labels.clone(),
-                name: metric.name.to_string(),
-                labels: (metric.labels.iter())
-                    .map(|(key, value)| (key.to_string(), value.clone()))
-                    .collect(),
-            };
-            match metric.kind {
-                MetricKind::Gauge => {
-                    self.custom
-                        .get_or_create(&of)
-                        .set(saturating_i64(metric.value));
-                }
-                // Sampled, not incremented: the source counts.
-                MetricKind::Counter => {
-                    (self.custom_total.get_or_create(&of).inner())
-                        .store(metric.value, std::sync::atomic::Ordering::Relaxed);
-                }
+                name,
+                labels,
             }
-        }
+        });
         self.status.sampled(&self.labels.source, memory, metrics);
     }
 
@@ -746,6 +808,36 @@ impl SourceMetrics {
         self.retained
             .get_or_create(&self.labels)
             .set(saturating_i64(bytes));
+    }
+}
+
+/// A part's own metrics into its two families (gauges, counters), each series labelled
+/// by `of(name, labels)`: one scheme for sources and endpoints.
+fn record_custom<L>(
+    gauges: &Family<L, Gauge>,
+    counters: &Family<L, Counter>,
+    metrics: &[sluice_source_sdk::Metric],
+    of: impl Fn(String, Vec<(String, String)>) -> L,
+) where
+    L: Clone + std::hash::Hash + Eq,
+{
+    for metric in metrics {
+        let of = of(
+            metric.name.to_string(),
+            (metric.labels.iter())
+                .map(|(key, value)| (key.to_string(), value.clone()))
+                .collect(),
+        );
+        match metric.kind {
+            MetricKind::Gauge => {
+                gauges.get_or_create(&of).set(saturating_i64(metric.value));
+            }
+            // Sampled, not incremented: the part counts.
+            MetricKind::Counter => {
+                (counters.get_or_create(&of).inner())
+                    .store(metric.value, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -776,6 +868,14 @@ mod tests {
             sluice_source_sdk::Metric::counter("reconnects", "reconnects", 4),
         ];
         handles.sources[0].sampled(4096, &custom);
+        handles.reported(&EndpointReport {
+            memory: 2048,
+            metrics: vec![
+                sluice_source_sdk::Metric::counter("epochs_committed", "epochs", 3),
+                sluice_source_sdk::Metric::gauge("staged_bytes", "staged", 9).label("table", "t"),
+            ],
+            health: None,
+        });
         handles
             .status
             .failed("driver", "reset".into(), true, Part::Endpoint);
@@ -792,7 +892,8 @@ mod tests {
                     name.ends_with("_bytes")
                         || name.ends_with("_messages")
                         || name.ends_with("_health")
-                        || name == "sluice_source_custom",
+                        || name == "sluice_source_custom"
+                        || name == "sluice_endpoint_custom",
                     "{name}"
                 ),
                 other => panic!("{name}: unexpected type {other}"),
@@ -826,6 +927,9 @@ mod tests {
             ),
             format!(r#"sluice_source_health{{{OF},source="views"}} 0"#),
             format!(r#"sluice_endpoint_health{{{OF}}} 1"#),
+            format!(r#"sluice_endpoint_memory_bytes{{{OF}}} 2048"#),
+            format!(r#"sluice_endpoint_custom_counter_total{{{OF},name="epochs_committed"}} 3"#),
+            format!(r#"sluice_endpoint_custom{{{OF},name="staged_bytes",table="t"}} 9"#),
         ] {
             assert!(text.contains(&line), "{line} in {text}");
         }

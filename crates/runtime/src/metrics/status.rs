@@ -32,7 +32,11 @@
 //! [`Tracker`] per part from what the part says (a source's `Health`) and what the loop
 //! sees: a source's step or the endpoint's recovery and commits succeed, the error the
 //! loop ends on is the part's whose call failed (unhealthy when the loop reopens, fatal
-//! when the run ends). Every change is logged once, naming the part and the reason.
+//! when the run ends). An endpoint says its health in the report it gives after each
+//! commit (`Transactor::report`): unhealthy or fatal while it says so, and a report
+//! that says nothing says it is well (the derived health stands); a reopened stream's
+//! new instance has said nothing yet. Every change is logged once, naming the part and
+//! the reason.
 
 mod view;
 
@@ -385,6 +389,7 @@ impl ShardStatus {
         for name in recorded.sources.clone() {
             recorded.source_health(&name, Tracker::reopened);
         }
+        recorded.endpoint_health(Tracker::reopened);
     }
 
     /// Transaction `txn` is durable; `counted` is what it moved.
@@ -516,6 +521,18 @@ impl ShardStatus {
             source.memory = memory;
             source.metrics = metrics.iter().map(CustomMetric::from).collect();
         }
+    }
+
+    /// What the endpoint reported of itself after a commit: its memory and own metrics
+    /// as it says them now; its health, if it said one, else that it is well (the
+    /// health derived from its calls stands).
+    pub fn reported(&self, report: &sluice_driver_sdk::Report) {
+        let mut recorded = lock(&self.0);
+        let said = report.health.clone().unwrap_or_default();
+        recorded.endpoint_health(|t| t.said(said));
+        let endpoint = &mut recorded.view.endpoint;
+        endpoint.memory = report.memory;
+        endpoint.metrics = report.metrics.iter().map(CustomMetric::from).collect();
     }
 
     /// The combiner of `role` held `bytes` when it was done with.
@@ -846,6 +863,54 @@ mod tests {
         assert_eq!(
             json["shards"][0]["endpoint"]["health"],
             json!({"state": "healthy"})
+        );
+    }
+
+    #[test]
+    fn an_endpoint_that_says_it_is_unhealthy_is_so_while_it_says_so() {
+        use sluice_driver_sdk::Report;
+        let status = Status::default();
+        let shard = shard(&status);
+        let endpoint = |status: &Status| status.snapshot().shards[0].endpoint.clone();
+        let unhealthy = |reason: &str| HealthState::Unhealthy {
+            reason: reason.into(),
+        };
+        let says = |health: Option<HealthState>| Report {
+            memory: 4096,
+            metrics: vec![Metric::counter("epochs_committed", "epochs", 2)],
+            health,
+        };
+        shard.enter(State::Running);
+        shard.reported(&says(Some(unhealthy("staging 90% full"))));
+        let view = endpoint(&status);
+        assert_eq!(view.health, unhealthy("staging 90% full"));
+        assert_eq!(view.memory, 4096);
+        assert_eq!(view.metrics[0].name, "epochs_committed");
+        shard.committed(txn(1), counted(1, 0));
+        assert_eq!(
+            endpoint(&status).health,
+            unhealthy("staging 90% full"),
+            "its commits succeed, yet it says so"
+        );
+        // A failed call is unhealthy with its error; the worse, or else what the runtime saw.
+        shard.failed("driver", "reset".into(), true, Part::Endpoint);
+        assert_eq!(endpoint(&status).health, unhealthy("reset"));
+        // The stream reopens: the new instance has said nothing yet.
+        shard.opening();
+        shard.enter(State::Running);
+        assert_eq!(endpoint(&status).health, HealthState::Healthy);
+        shard.reported(&says(Some(HealthState::Fatal {
+            reason: "table dropped".into(),
+        })));
+        assert_eq!(endpoint(&status).health.code(), 2);
+        // A report that says nothing ends what it said: the derived health stands.
+        shard.reported(&says(None));
+        assert_eq!(endpoint(&status).health, HealthState::Healthy);
+        let json = serde_json::to_value(status.snapshot()).unwrap();
+        assert_eq!(json["shards"][0]["endpoint"]["memory"], 4096);
+        assert_eq!(
+            json["shards"][0]["endpoint"]["metrics"][0]["kind"],
+            "counter"
         );
     }
 

@@ -77,7 +77,8 @@ pub async fn apply(
         let prior = read_prior(&dir, &m.name).await.map_err(|e| failed(&e))?;
         if action == ApplyAction::Upsert {
             let last = prior.applied.as_ref().map(|a| &a.spec);
-            applied::check_backfills(pipeline, last, &m.spec).map_err(|e| failed(&e))?;
+            applied::check_backfills(pipeline, last, &m.spec, m.rebuilds_on_backfill)
+                .map_err(|e| failed(&e))?;
         }
         let timeout = pipeline.runtime.timeouts.driver;
         let (mut actions, state) = apply_with(m, action, dry_run, timeout, &prior).await?;

@@ -24,6 +24,8 @@ pub struct PlannedMaterialization {
     pub needs_deployment_id: bool,
     /// See [`SinkGuarantee::store_keeps_checkpoint`](crate::admission::SinkGuarantee::store_keeps_checkpoint).
     pub store_keeps_checkpoint: bool,
+    /// See [`Connected::rebuilds_on_backfill`](crate::registry::Connected::rebuilds_on_backfill).
+    pub rebuilds_on_backfill: bool,
     /// The longest one call of the endpoint may take ([`Connected::longest_call`](crate::registry::Connected::longest_call)).
     pub longest_call: Option<std::time::Duration>,
     pub spec: flow::MaterializationSpec,
@@ -194,6 +196,7 @@ async fn plan_materialization(
         endpoint: connected.endpoint,
         needs_deployment_id: matches!(connected.guarantee, SinkGuarantee::Epoch(_)),
         store_keeps_checkpoint: connected.guarantee.store_keeps_checkpoint(),
+        rebuilds_on_backfill: connected.rebuilds_on_backfill,
         longest_call: connected.longest_call,
         spec: flow::MaterializationSpec {
             materialization: name.clone(),

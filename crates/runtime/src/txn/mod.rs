@@ -685,20 +685,21 @@ struct Beside {
 
 impl Beside {
     /// Asks `call` of the driver (`what` names it if the timeout runs out); `None` when
-    /// it has no such calls or answers nothing.
-    async fn ask<'h, F>(
+    /// it has no such calls.
+    async fn ask<'h, T, F>(
         &'h self,
         endpoint: &str,
         what: impl FnOnce() -> String,
         call: impl FnOnce(&'h LogHooks) -> F,
-    ) -> Result<Option<Value>, RunError>
+    ) -> Result<Option<T>, RunError>
     where
-        F: std::future::Future<Output = Result<Option<Value>, DriverError>> + 'h,
+        F: std::future::Future<Output = Result<T, DriverError>> + 'h,
     {
         let Some(hooks) = &self.hooks else {
             return Ok(None);
         };
-        (within(self.timeout, what, call(hooks)).await).map_err(|e| driver_err(endpoint, e))
+        let answer = within(self.timeout, what, call(hooks)).await;
+        answer.map(Some).map_err(|e| driver_err(endpoint, e))
     }
 }
 
@@ -811,7 +812,7 @@ impl Committer {
         let asked = self
             .beside
             .ask(&self.endpoint, what, |h| h.artifact_intent(txn));
-        if let Some(artifact) = asked.await? {
+        if let Some(artifact) = asked.await?.flatten() {
             intent
                 .artifacts
                 .insert(self.materialization.clone(), artifact);
@@ -965,10 +966,17 @@ impl Committer {
         // descriptor): the commit record holds it.
         let what = || format!("the decision of transaction {txn}");
         let asked = self.beside.ask(&self.endpoint, what, |h| h.decision(txn));
-        if let Some(decision) = asked.await? {
+        if let Some(decision) = asked.await?.flatten() {
             self.checkpoint
                 .driver_checkpoints
                 .insert(self.materialization.clone(), decision);
+        }
+        // What the driver reports of itself now that it committed (its memory, its own
+        // metrics, its health): into the metrics and the status.
+        let what = || format!("the report after transaction {txn}");
+        let asked = self.beside.ask(&self.endpoint, what, LogHooks::report);
+        if let Some(report) = asked.await? {
+            metrics.reported(&report);
         }
         Ok(log.commit(
             self.checkpoint.clone(),

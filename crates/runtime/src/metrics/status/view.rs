@@ -176,13 +176,13 @@ pub struct SourceView {
     pub metrics: Vec<CustomMetric>,
 }
 
-/// One of a source's own metrics, as served.
+/// One of a source's or an endpoint's own metrics, as served.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CustomMetric {
     pub name: String,
     pub help: String,
     pub kind: MetricKind,
-    /// Beside the source's (`partition`).
+    /// Beside the part's (`partition`).
     pub labels: BTreeMap<String, String>,
     pub value: u64,
 }
@@ -205,8 +205,15 @@ impl From<&Metric> for CustomMetric {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndpointView {
     /// Healthy, unhealthy or fatal, with the reason (`sluice_endpoint_health`): what the
-    /// loop saw of its driver's calls.
+    /// loop saw of its driver's calls, or what the driver reported of itself, the worse.
     pub health: HealthState,
+    /// Bytes of memory it holds, as it last reported (`Transactor::report`; in-process
+    /// drivers only).
+    #[serde(default)]
+    pub memory: u64,
+    /// Its own metrics, as it last reported.
+    #[serde(default)]
+    pub metrics: Vec<CustomMetric>,
 }
 
 /// What a shard's loop itself knows it holds in memory, in bytes, as of its last

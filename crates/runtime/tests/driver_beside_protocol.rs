@@ -1,3 +1,5 @@
+//! What an in-process driver tells the runtime beside the protocol.
+//!
 //! The driver's state across Apply and Open: Apply is told the spec applied last and
 //! the driver checkpoint the recovery log holds, and its Applied state
 //! (`ApplyResponse.driver_checkpoint`) is recorded in the recovery log with the apply,
@@ -7,8 +9,14 @@
 //! are recorded with each commit, and its acknowledgements' states (`Acknowledged`: not
 //! transactional) with the next commit.
 //!
-//! The driver is the memory driver, wrapped by one that records what it is asked and
-//! answers each Apply, commit and acknowledgement with a state.
+//! What it reports of itself (`Transactor::report`, asked after each transaction it
+//! commits) reaches the run's metrics and status: the memory it holds
+//! (`sluice_endpoint_memory_bytes`), its own metrics (`sluice_endpoint_custom…`) and its
+//! health, which it says is unhealthy while every call of it succeeds: what it says
+//! wins over what the runtime sees, and is shown with its reason.
+//!
+//! The driver is the memory driver, wrapped by one that records what it is asked,
+//! answers each Apply, commit and acknowledgement with a state, and reports.
 
 mod common;
 
@@ -19,10 +27,13 @@ use sluice_driver_sdk::inprocess::InProcess;
 use sluice_driver_sdk::materialize as m;
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Prepare, Store};
 use sluice_driver_sdk::materialize::transaction_response::Opened;
-use sluice_driver_sdk::{Declared, Driver, LoadedSink, PriorState, Result, Transactor, flow};
+use sluice_driver_sdk::{
+    Declared, Driver, HealthState, LoadedSink, Metric, PriorState, Report, Result, Transactor, flow,
+};
 use sluice_file::FileKind;
 use sluice_memory::MemoryDriver;
 use sluice_runtime::config::Pipeline;
+use sluice_runtime::metrics::Metrics;
 use sluice_runtime::pipeline::{self, ApplyAction, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::Progress;
@@ -101,7 +112,23 @@ impl Transactor for StatefulTransactor {
     async fn destroy(self: Box<Self>) {
         self.inner.destroy().await
     }
+    fn report(&self) -> Report {
+        let commits = self.counts.lock().unwrap().commits;
+        Report {
+            memory: 12_345,
+            metrics: vec![
+                Metric::counter("commits", "Transactions committed.", commits),
+                Metric::gauge("replica_lag_seconds", "How far the replica is behind.", 40)
+                    .label("replica", "r1"),
+            ],
+            health: Some(HealthState::Unhealthy {
+                reason: LAGGING.into(),
+            }),
+        }
+    }
 }
+
+const LAGGING: &str = "the replica is 40 s behind";
 
 #[async_trait]
 impl Driver for Stateful {
@@ -203,6 +230,10 @@ impl Harness {
     }
 
     async fn run(&self) {
+        self.run_with(RunOptions::default()).await
+    }
+
+    async fn run_with(&self, options: RunOptions) {
         let planned = pipeline::plan(&self.pipeline, &self.connector)
             .await
             .unwrap();
@@ -211,15 +242,9 @@ impl Harness {
             .await
             .unwrap();
         let progress = Arc::new(Progress::default());
-        pipeline::run(
-            &self.pipeline,
-            planned,
-            RunOptions::default(),
-            progress,
-            stopped,
-        )
-        .await
-        .unwrap();
+        pipeline::run(&self.pipeline, planned, options, progress, stopped)
+            .await
+            .unwrap();
     }
 
     fn last_open(&self) -> Value {
@@ -338,6 +363,59 @@ async fn commit_states_are_recorded_with_their_commits_and_acknowledged_ones_wit
         commits,
         "{state}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoints_memory_metrics_and_health_are_served_as_it_reports_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    input(dir, &["a", "b"]);
+    let h = Harness::new(dir);
+    let metrics = Arc::new(Metrics::new());
+    h.run_with(RunOptions {
+        follow: false,
+        metrics: Some(metrics.clone()),
+    })
+    .await;
+
+    let shard = &metrics.status.snapshot().shards[0];
+    assert!(shard.transactions >= 1);
+    let endpoint = &shard.endpoint;
+    assert_eq!(endpoint.memory, 12_345);
+    assert_eq!(
+        endpoint.health,
+        HealthState::Unhealthy {
+            reason: LAGGING.into()
+        },
+        "what it says wins over its calls succeeding"
+    );
+    let commits = (endpoint.metrics.iter())
+        .find(|m| m.name == "commits")
+        .expect("its counter is served");
+    assert_eq!(commits.value, shard.transactions);
+    let lag = (endpoint.metrics.iter())
+        .find(|m| m.name == "replica_lag_seconds")
+        .expect("its gauge is served");
+    assert_eq!((lag.value, lag.labels["replica"].as_str()), (40, "r1"));
+    let json = serde_json::to_value(metrics.status.snapshot()).unwrap();
+    assert_eq!(
+        json["shards"][0]["endpoint"]["health"]["reason"], LAGGING,
+        "/api/status names the reason"
+    );
+
+    let text = metrics.render();
+    const OF: &str = r#"materialization="views",shard="00000000-ffffffff""#;
+    for line in [
+        format!("sluice_endpoint_memory_bytes{{{OF}}} 12345"),
+        format!("sluice_endpoint_health{{{OF}}} 1"),
+        format!(
+            r#"sluice_endpoint_custom_counter_total{{{OF},name="commits"}} {}"#,
+            shard.transactions
+        ),
+        format!(r#"sluice_endpoint_custom{{{OF},name="replica_lag_seconds",replica="r1"}} 40"#),
+    ] {
+        assert!(text.contains(&line), "{line} in {text}");
+    }
 }
 
 /// The Applied state is merged into the log's last commit atomically, keeping an
