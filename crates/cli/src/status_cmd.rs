@@ -6,7 +6,7 @@
 //! run ended ([`ended`]: its state, its sources', and their last errors). Each source
 //! and endpoint is shown with its health (healthy, or unhealthy or fatal with the
 //! reason), a source also with its parse errors, the memory it holds and its own
-//! metrics.
+//! metrics, and the endpoint with the memory and metrics it reports.
 
 use crate::pipeline_cmd::{load, print_checkpoints};
 use clap::Args;
@@ -14,7 +14,7 @@ use sluice_app::registry;
 use sluice_http::client::{Client, Response};
 use sluice_runtime::config::{MetricsServer, Pipeline};
 use sluice_runtime::metrics::ended;
-use sluice_runtime::metrics::status::{LastError, ShardView, Snapshot};
+use sluice_runtime::metrics::status::{CustomMetric, LastError, ShardView, Snapshot};
 use sluice_source_sdk::tls::{ClientTls, server_name};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -223,16 +223,7 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
             source.memory
         );
         let _ = writeln!(out, "    health: {}", source.health);
-        for metric in &source.metrics {
-            let labels = (metric.labels.iter())
-                .map(|(key, value)| format!("{key}={value}"))
-                .collect::<Vec<_>>();
-            let labels = match labels.is_empty() {
-                true => String::new(),
-                false => format!("{{{}}}", labels.join(",")),
-            };
-            let _ = writeln!(out, "    {}{labels}: {}", metric.name, metric.value);
-        }
+        write_metrics(out, &source.metrics);
         if let Some(err) = &source.last_error {
             let _ = writeln!(out, "    {}", last_error(err, now));
         }
@@ -250,7 +241,12 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
             binding.deleted
         );
     }
-    let _ = writeln!(out, "  endpoint: {}", shard.endpoint.health);
+    let _ = writeln!(
+        out,
+        "  endpoint: {}, holds {} bytes",
+        shard.endpoint.health, shard.endpoint.memory
+    );
+    write_metrics(out, &shard.endpoint.metrics);
     let _ = writeln!(
         out,
         "  loop memory: read combiner {} bytes, load combiner {} bytes",
@@ -261,6 +257,20 @@ fn render_shard(out: &mut String, shard: &ShardView, now: u64, by: &str) {
         Some(err) => {
             let _ = writeln!(out, "  {}", last_error(err, now));
         }
+    }
+}
+
+/// A part's own metrics, one line each: `name{label=value,…}: value`.
+fn write_metrics(out: &mut String, metrics: &[CustomMetric]) {
+    for metric in metrics {
+        let labels = (metric.labels.iter())
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect::<Vec<_>>();
+        let labels = match labels.is_empty() {
+            true => String::new(),
+            false => format!("{{{}}}", labels.join(",")),
+        };
+        let _ = writeln!(out, "    {}{labels}: {}", metric.name, metric.value);
     }
 }
 

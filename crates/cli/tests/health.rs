@@ -88,7 +88,7 @@ fn bad_lines_count_as_parse_errors_beside_memory_and_health() {
         "{printed}"
     );
     assert!(printed.contains("    health: healthy\n"), "{printed}");
-    assert!(printed.contains("  endpoint: healthy\n"), "{printed}");
+    assert!(printed.contains("  endpoint: healthy, holds "), "{printed}");
 }
 
 #[test]
@@ -119,5 +119,5 @@ fn a_bad_line_that_ends_the_run_leaves_its_source_fatal() {
     );
     assert!(health.contains("(source views-file)"), "{printed}");
     assert!(fatal.contains("1 parse errors"), "{printed}");
-    assert!(printed.contains("  endpoint: healthy\n"), "{printed}");
+    assert!(printed.contains("  endpoint: healthy, holds "), "{printed}");
 }
