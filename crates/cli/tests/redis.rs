@@ -12,7 +12,7 @@ mod common;
 
 use common::{
     REDIS_URL as URL, Row, SLUICE, assert_success, generate, pipeline_yaml, redis, redis_keys,
-    reduce_expected, write_lines,
+    reduce_expected, serve_driver, write_lines,
 };
 
 /// The test's key prefix; every key under it is deleted when dropped (SCAN + UNLINK
@@ -120,4 +120,27 @@ fn sluice_run_stores_every_reduced_document_under_the_prefix_at_least_once() {
         .collect();
     assert_eq!(stored.len(), expected.len(), "one key per user");
     assert_eq!(stored, expected);
+}
+
+/// The same pipeline through the Redis driver served by another process in Flow's
+/// current protocol, over gRPC: every reduced document stored once per user.
+#[test]
+fn a_pipeline_runs_through_the_redis_driver_served_in_the_current_protocol() {
+    let keys = Keys::new("current");
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(2_000, 150, 62);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    let (_served, address) = serve_driver("redis", "127.0.0.1:0", "current");
+    let endpoint = format!(
+        "grpc: {{address: \"{address}\", protocol: current, pattern: non_transactional, \
+         config: {{url: \"{URL}\"}}}}"
+    );
+    let yaml = pipeline(&keys.prefix, Some("at_least_once"))
+        .replace(&format!("redis: {{url: \"{URL}\"}}"), &endpoint);
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    assert_success(&sluice(dir.path(), &["run", "pipeline.yaml"]));
+    let stored: BTreeMap<String, Row> = (keys.documents().into_values())
+        .map(|doc| (doc["user_id"].as_str().unwrap().to_string(), Row::of(&doc)))
+        .collect();
+    assert_eq!(stored, reduce_expected(&docs));
 }
