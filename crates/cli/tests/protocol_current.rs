@@ -215,8 +215,10 @@ fn a_pipeline_detects_a_current_driver_and_materializes_through_it_in_json() {
 
 /// A pipeline through built-in driver `name` served by another process in the current
 /// protocol, over gRPC, with `config`: the store holds the reduction (`table` reads it),
-/// and a second run with more input, after the driver process was restarted, adds
-/// exactly the rest (the store's checkpoint says where to go on).
+/// a second run with more input, after the driver process was restarted, adds exactly
+/// the rest (the store's checkpoint says where to go on), and a reset (`sluice apply
+/// --delete`: an Apply with no bindings, which the served driver takes as ApplyDelete)
+/// starts the store over from the whole input, nothing doubled.
 fn a_pipeline_runs_through(name: &str, config: &str, table: impl Fn() -> BTreeMap<String, Row>) {
     let dir = tempfile::tempdir().unwrap();
     let write = |address: &str| {
@@ -233,18 +235,20 @@ fn a_pipeline_runs_through(name: &str, config: &str, table: impl Fn() -> BTreeMa
         );
         std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
     };
-    let run = || {
+    let sluice = |args: &[&str]| {
         let out = Command::new(SLUICE)
-            .args(["run", "pipeline.yaml"])
+            .args(args)
+            .arg("pipeline.yaml")
             .current_dir(dir.path())
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "{}",
+            "sluice {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    let run = || sluice(&["run"]);
     let (server, address) = serve_driver(name, "127.0.0.1:0", "current");
     let first = common::generate(600, 50, 71);
     write_lines(&dir.path().join("views.jsonl"), &first);
@@ -263,6 +267,16 @@ fn a_pipeline_runs_through(name: &str, config: &str, table: impl Fn() -> BTreeMa
     write(&address);
     run();
     assert_eq!(table(), reduce_expected(&all));
+
+    sluice(&["apply", "--delete"]);
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&table));
+    assert!(read.is_err(), "the reset dropped the table");
+    run();
+    assert_eq!(
+        table(),
+        reduce_expected(&all),
+        "started over after the reset"
+    );
 }
 
 #[test]
