@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{
-    MYSQL_SERVER, MyDatabase, REDIS_URL, Row, SLUICE, assert_success, block_on, free_address,
-    mysql, postgres_at, postgres_execute, redis, redis_keys, reduce_expected, sqlite_rows,
-    sqlite_table,
+    MYSQL_SERVER, MyDatabase, PythonProtocol, REDIS_URL, Row, SLUICE, assert_success, block_on,
+    free_address, mysql, postgres_at, postgres_execute, redis, redis_keys, reduce_expected,
+    sqlite_rows, sqlite_table,
 };
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
@@ -1073,7 +1073,12 @@ fn start_python_driver(ex: &Example) -> (Running, String) {
             "examples/python-driver/out/driver-state.json",
         ])
         .current_dir(ex.root.path());
-    let (child, address) = common::start_python_driver(command, &ex.path("out/generated"), &log);
+    let (child, address) = common::start_python_driver(
+        PythonProtocol::Seed,
+        command,
+        &ex.path("out/generated"),
+        &log,
+    );
     (Running { child, log }, address)
 }
 
@@ -1144,51 +1149,19 @@ fn the_python_driver_example_fills_the_drivers_table_as_its_comments_say() {
 /// modules generated into its `out/generated`, where it finds them); killed when
 /// dropped.
 fn start_python_driver_current(ex: &Example) -> (Running, String) {
-    let generated = ex.path("out/generated");
-    std::fs::create_dir_all(&generated).unwrap();
-    let protoc = Command::new("python3")
-        .args([
-            "-m",
-            "grpc_tools.protoc",
-            "-I",
-            "crates/proto/proto/current",
-        ])
-        .arg(format!("--python_out={}", generated.display()))
-        .arg(format!("--grpc_python_out={}", generated.display()))
-        .args(["consumer.proto", "flow.proto", "materialize.proto"])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .output()
-        .expect("run python3 with grpcio-tools");
-    assert!(
-        protoc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&protoc.stderr)
-    );
     let log = ex.path("out/driver.log");
-    let mut child = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .args([
             "examples/python-driver-current/driver.py",
             "--state",
             "examples/python-driver-current/out/driver-state.json",
         ])
-        .current_dir(ex.root.path())
-        .env_remove("PYTHONPATH")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start the driver");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let running = Running { child, log };
-    let Some(address) = line.trim().strip_prefix("listening on ") else {
-        panic!("the driver did not start ({line:?}):\n{}", running.log());
-    };
-    let address = address.to_string();
-    (running, address)
+        .current_dir(ex.root.path());
+    let generated = ex.path("out/generated");
+    let (child, address) =
+        common::start_python_driver(PythonProtocol::Current, command, &generated, &log);
+    (Running { child, log }, address)
 }
 
 #[test]

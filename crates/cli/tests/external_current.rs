@@ -32,15 +32,14 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, free_address, generate, pipeline_yaml, reduce_expected, write_lines};
+use common::{
+    PythonProtocol, SLUICE, free_address, generate, pipeline_yaml, reduce_expected, write_lines,
+};
 
 const DRIVER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../examples/python-driver-current/driver.py"
 );
-
-/// The current protocol's definitions, which the driver's modules are generated from.
-const PROTOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/proto/current");
 
 /// A bound on one `sluice` command here, far above what it needs (a run or the suite
 /// takes seconds to a minute): past it, the command is hung, not slow.
@@ -49,20 +48,7 @@ const RUN_BOUND: Duration = Duration::from_secs(300);
 /// Generates the driver's Python modules into `dir/generated`, which it returns.
 fn generate_modules(dir: &Path) -> PathBuf {
     let generated = dir.join("generated");
-    std::fs::create_dir_all(&generated).unwrap();
-    let protoc = Command::new("python3")
-        .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
-        .arg(format!("--python_out={}", generated.display()))
-        .arg(format!("--grpc_python_out={}", generated.display()))
-        .args(["consumer.proto", "flow.proto", "materialize.proto"])
-        .output()
-        .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
-    assert!(
-        protoc.status.success(),
-        "generating the Python protobuf modules failed (python3 -m pip install grpcio \
-         grpcio-tools, as .ci/services does): {}",
-        String::from_utf8_lossy(&protoc.stderr)
-    );
+    common::generate_python_modules(PythonProtocol::Current, &generated);
     generated
 }
 

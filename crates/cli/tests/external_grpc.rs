@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{SLUICE, pipeline_yaml, reduce_expected, start_python_driver};
+use common::{PythonProtocol, SLUICE, pipeline_yaml, reduce_expected, start_python_driver};
 
 const DRIVER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -55,7 +55,8 @@ impl PythonDriver {
         let state = dir.join("driver-state.json");
         let mut command = Command::new("python3");
         command.arg(DRIVER).arg("--state").arg(&state);
-        let (child, address) = start_python_driver(command, &dir.join("generated"), &log);
+        let (child, address) =
+            start_python_driver(PythonProtocol::Seed, command, &dir.join("generated"), &log);
         PythonDriver {
             child,
             address,

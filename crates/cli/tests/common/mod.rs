@@ -123,17 +123,29 @@ pub async fn redis_keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &s
     }
 }
 
-/// Starts a driver written with Python's grpcio: generates the protobuf modules of
-/// [`PROTOS`] into `generated`, spawns `driver` (a `python3` command) with them on its
-/// path and its stderr in `log`, and returns it with the address its first line names
-/// (`listening on HOST:PORT`). A driver that does not start is killed, failing the test.
-pub fn start_python_driver(mut driver: Command, generated: &Path, log: &Path) -> (Child, String) {
+/// The `.proto` files a Python driver's modules are generated from: the seed's protocol
+/// or Flow's current one.
+#[derive(Clone, Copy)]
+pub enum PythonProtocol {
+    Seed,
+    Current,
+}
+
+/// Generates the Python protobuf and grpcio modules of `protocol` into `generated`.
+pub fn generate_python_modules(protocol: PythonProtocol, generated: &Path) {
+    let (dir, files): (String, &[&str]) = match protocol {
+        PythonProtocol::Seed => (PROTOS.to_string(), &["flow.proto", "materialize.proto"]),
+        PythonProtocol::Current => (
+            format!("{PROTOS}/current"),
+            &["consumer.proto", "flow.proto", "materialize.proto"],
+        ),
+    };
     std::fs::create_dir_all(generated).unwrap();
     let protoc = Command::new("python3")
-        .args(["-m", "grpc_tools.protoc", "-I", PROTOS])
+        .args(["-m", "grpc_tools.protoc", "-I", &dir])
         .arg(format!("--python_out={}", generated.display()))
         .arg(format!("--grpc_python_out={}", generated.display()))
-        .args(["flow.proto", "materialize.proto"])
+        .args(files)
         .output()
         .expect("run python3 (needed with grpcio and grpcio-tools: see .ci/services)");
     assert!(
@@ -142,6 +154,19 @@ pub fn start_python_driver(mut driver: Command, generated: &Path, log: &Path) ->
          grpcio-tools, as .ci/services does): {}",
         String::from_utf8_lossy(&protoc.stderr)
     );
+}
+
+/// Starts a driver written with Python's grpcio: generates the protobuf modules of
+/// `protocol` into `generated`, spawns `driver` (a `python3` command) with them on its
+/// path and its stderr in `log`, and returns it with the address its first line names
+/// (`listening on HOST:PORT`). A driver that does not start is killed, failing the test.
+pub fn start_python_driver(
+    protocol: PythonProtocol,
+    mut driver: Command,
+    generated: &Path,
+    log: &Path,
+) -> (Child, String) {
+    generate_python_modules(protocol, generated);
     let mut child = driver
         .env("PYTHONPATH", generated)
         .stdout(Stdio::piped())
