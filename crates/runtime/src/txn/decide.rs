@@ -2,7 +2,7 @@
 //! ([`close_batch`]) and what bad input does to it ([`triage`]). The reader gathers the
 //! facts and executes the returned decision; each function is tested by a table.
 //!
-//! Why a batch closes when it does (see also the reader, `read.rs`):
+//! Why a batch closes when it does (see also the reader, `read/`):
 //!
 //! ```text
 //!  a source inside a unit it declared ─▶ ReadOn, or Wait (never closes there)
