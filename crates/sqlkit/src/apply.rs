@@ -25,13 +25,19 @@
 //! then reads the binding's input again from the beginning. A binding new to the spec is
 //! created as any other.
 //!
+//! A field selected in both specs whose type changed so that its existing column cannot
+//! hold the new values (an integer column and a number, [`ColumnKind::holds`]) refuses
+//! the Apply, naming the table, the field and both types, unless its binding is
+//! backfilled: nothing is run, rather than rows stored wrong (MariaDB rounds 1.5 into a
+//! BIGINT) or a store failing at every transaction.
+//!
 //! Spec and Validate are the same for every SQL store too: [`spec_response`] and
 //! [`validate_tables`].
 
 use crate::config::{NameLimit, TableResource};
 use crate::fence::{FenceClient, FenceDialect, FenceSql, Param, VERSION_RANGE};
 use crate::validate;
-use crate::{Column, ColumnKind, Table};
+use crate::{Column, ColumnKind, Inferred, Table};
 use async_trait::async_trait;
 use sluice_driver_sdk::{Error, Result};
 use sluice_driver_sdk::{flow, materialize as m};
@@ -244,8 +250,9 @@ pub trait Ddl: Sync {
     }
 }
 
-/// What an Apply is for: the materialization, the version of its spec, and the
-/// bindings whose tables are rebuilt (a backfill).
+/// What an Apply is for: the materialization, the version of its spec, the bindings
+/// whose tables are rebuilt (a backfill), and the fields whose type changed since the
+/// spec applied last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target<'a> {
     pub materialization: &'a str,
@@ -254,6 +261,19 @@ pub struct Target<'a> {
     /// order) whose backfill counter rose against `last`'s binding of the same
     /// resource path.
     pub rebuild: Vec<usize>,
+    /// Selected fields of bindings not rebuilt whose shape differs from the one `last`
+    /// selected them with: their column may not hold the new values.
+    pub retyped: Vec<Retyped>,
+}
+
+/// A selected field whose shape changed between the spec applied last and this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retyped {
+    /// Index into the spec's bindings (and tables).
+    pub binding: usize,
+    pub field: String,
+    pub was: Inferred,
+    pub now: Inferred,
 }
 
 impl<'a> Target<'a> {
@@ -263,22 +283,84 @@ impl<'a> Target<'a> {
         version: &'a str,
         last: Option<&flow::MaterializationSpec>,
     ) -> Target<'a> {
-        let rebuild = match last {
-            None => Vec::new(),
-            Some(last) => (spec.bindings.iter().enumerate())
-                .filter(|(_, b)| {
-                    (last.bindings.iter())
-                        .find(|l| l.resource_path == b.resource_path)
-                        .is_some_and(|l| b.backfill > l.backfill)
-                })
-                .map(|(i, _)| i)
-                .collect(),
-        };
+        let mut rebuild = Vec::new();
+        let mut retyped = Vec::new();
+        for (i, binding) in spec.bindings.iter().enumerate() {
+            let Some(before) = last.and_then(|last| {
+                (last.bindings.iter()).find(|l| l.resource_path == binding.resource_path)
+            }) else {
+                continue;
+            };
+            if binding.backfill > before.backfill {
+                rebuild.push(i);
+                continue;
+            }
+            for field in value_fields(binding) {
+                let (Some(was), Some(now)) = (shape(before, field), shape(binding, field)) else {
+                    continue;
+                };
+                if was != now && value_fields(before).any(|f| f == field) {
+                    retyped.push(Retyped {
+                        binding: i,
+                        field: field.to_owned(),
+                        was,
+                        now,
+                    });
+                }
+            }
+        }
         Target {
             materialization: &spec.materialization,
             version,
             rebuild,
+            retyped,
         }
+    }
+}
+
+/// The selected key and value fields of `binding` (not its document field): the
+/// columns typed by their projection.
+fn value_fields(binding: &flow::materialization_spec::Binding) -> impl Iterator<Item = &str> {
+    let selection = binding.field_selection.as_ref();
+    (selection.into_iter())
+        .flat_map(|s| s.keys.iter().chain(&s.values))
+        .map(String::as_str)
+}
+
+/// The shape of `field` in `binding`'s collection.
+fn shape(binding: &flow::materialization_spec::Binding, field: &str) -> Option<Inferred> {
+    let collection = binding.collection.as_ref()?;
+    let projection = collection.projections.iter().find(|p| p.field == field)?;
+    Inferred::of(projection)
+}
+
+/// Refuses an Apply whose retyped fields' existing columns cannot hold the new shape
+/// ([`ColumnKind::holds`]).
+fn check_retyped<K: ColumnKind>(
+    tables: &[&str],
+    retyped: &[Retyped],
+    existing: impl Fn(usize, &str) -> bool,
+) -> Result<()> {
+    let refused: Vec<String> = (retyped.iter())
+        .filter(|r| existing(r.binding, &r.field) && !K::holds(r.was, r.now))
+        .map(|r| {
+            format!(
+                "table {:?}: field {:?} was {} and is now {}, which its {} column cannot hold",
+                tables[r.binding],
+                r.field,
+                r.was.name(),
+                r.now.name(),
+                K::STORE,
+            )
+        })
+        .collect();
+    match refused.is_empty() {
+        true => Ok(()),
+        false => Err(Error::Config(format!(
+            "{}; raise the binding's `backfill` to drop and rebuild its table (its input is read \
+             again), or project the field under a new name",
+            refused.join("; ")
+        ))),
     }
 }
 
@@ -333,8 +415,15 @@ async fn plan_upsert<D: Ddl>(
             .query_bytes(&sql, &[Param::Text(materialization)])
             .await?
     };
-    for (i, table) in tables.iter().enumerate() {
-        let mut existing = catalog.existing_columns(&table.name).await?;
+    let mut columns = Vec::with_capacity(tables.len());
+    for table in tables {
+        columns.push(catalog.existing_columns(&table.name).await?);
+    }
+    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    check_retyped::<D::Kind>(&names, &target.retyped, |i, field| {
+        !target.rebuild.contains(&i) && columns[i].iter().any(|c| c == field)
+    })?;
+    for ((i, table), mut existing) in tables.iter().enumerate().zip(columns) {
         if target.rebuild.contains(&i) && !existing.is_empty() {
             statements.push(ddl.drop_table(table));
             existing.clear();
@@ -630,6 +719,7 @@ mod tests {
             materialization: "m",
             version: "v1",
             rebuild: rebuild.to_vec(),
+            retyped: Vec::new(),
         }
     }
 
@@ -661,6 +751,89 @@ mod tests {
             plan(&mut empty, &[0]),
             "create t;\ncomment t.k;\ncomment t.v;\ncomment t.doc;\n"
         );
+    }
+
+    /// A store whose column type is the shape itself: an integer column does not hold
+    /// numbers, a number column holds integers, a text column date-times.
+    impl ColumnKind for Inferred {
+        const STORE: &'static str = "ShapeDB";
+        const DOCUMENT: Self = Inferred::Other;
+        fn of_inferred(inferred: Inferred) -> Self {
+            inferred
+        }
+    }
+
+    #[test]
+    fn a_field_whose_column_cannot_hold_its_new_shape_refuses_the_apply_unless_rebuilt() {
+        use crate::Inferred::{DateTime, Integer, Number, Other, String as Text};
+        let projection = |field: &str, types: &[&str]| flow::Projection {
+            field: field.into(),
+            ptr: format!("/{field}"),
+            inference: Some(flow::Inference {
+                types: types.iter().map(|t| t.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let binding = |v: &[&str], w: &[&str], backfill| flow::materialization_spec::Binding {
+            resource_path: vec!["t".to_string()],
+            backfill,
+            collection: Some(flow::CollectionSpec {
+                projections: vec![
+                    projection("k", &["string"]),
+                    projection("v", v),
+                    projection("w", w),
+                ],
+                ..Default::default()
+            }),
+            field_selection: Some(flow::FieldSelection {
+                keys: vec!["k".into()],
+                values: vec!["v".into(), "w".into()],
+                document: "flow_document".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let spec = |b| flow::MaterializationSpec {
+            materialization: "m".into(),
+            bindings: vec![b],
+            ..Default::default()
+        };
+        let last = spec(binding(&["integer"], &["number"], 0));
+        let next = spec(binding(&["number"], &["integer"], 0));
+        let target = Target::new(&next, "v2", Some(&last));
+        assert_eq!(
+            (target.retyped.iter())
+                .map(|r| (r.field.as_str(), r.was, r.now))
+                .collect::<Vec<_>>(),
+            [("v", Integer, Number), ("w", Number, Integer)]
+        );
+        // Raised: the table is rebuilt, nothing is retyped.
+        let rebuilt = spec(binding(&["number"], &["integer"], 1));
+        let target = Target::new(&rebuilt, "v2", Some(&last));
+        assert_eq!((target.rebuild, target.retyped), (vec![0], vec![]));
+
+        let retyped = |field: &str, was, now| Retyped {
+            binding: 0,
+            field: field.into(),
+            was,
+            now,
+        };
+        let check = |r: Retyped, exists: bool| {
+            check_retyped::<Inferred>(&["t"], &[r], |_, _| exists).map_err(|e| e.to_string())
+        };
+        let refused = check(retyped("v", Integer, Number), true).unwrap_err();
+        assert!(
+            refused.contains("table \"t\": field \"v\" was integer and is now number, which its ShapeDB column cannot hold")
+                && refused.contains("raise the binding's `backfill`"),
+            "{refused}"
+        );
+        assert!(check(retyped("w", Number, Integer), true).is_ok());
+        assert!(check(retyped("s", Text, DateTime), true).is_ok());
+        assert!(check(retyped("s", DateTime, Text), true).is_err());
+        assert!(check(retyped("o", Other, Integer), true).is_ok());
+        // A column the table does not have (yet) is added, whatever it held before.
+        assert!(check(retyped("v", Integer, Number), false).is_ok());
     }
 
     #[test]

@@ -32,6 +32,30 @@ pub enum Inferred {
 }
 
 impl Inferred {
+    /// The narrowest shape holding the values of both: a column of this shape's type
+    /// holds what either did.
+    pub fn union(self, other: Inferred) -> Inferred {
+        use Inferred::*;
+        match (self, other) {
+            (a, b) if a == b => a,
+            (Integer, Number) | (Number, Integer) => Number,
+            (String, DateTime) | (DateTime, String) => String,
+            _ => Other,
+        }
+    }
+
+    /// How errors name the shape: its JSON type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Inferred::Integer => "integer",
+            Inferred::Number => "number",
+            Inferred::Boolean => "boolean",
+            Inferred::String => "string",
+            Inferred::DateTime => "date-time string",
+            Inferred::Other => "object, array or mixed",
+        }
+    }
+
     /// The shape of `projection`, or `None` if it has no type at all (or is always null).
     pub fn of(projection: &flow::Projection) -> Option<Inferred> {
         let inference = projection.inference.as_ref();
@@ -58,7 +82,7 @@ impl Inferred {
 }
 
 /// A store's column type.
-pub trait ColumnKind: Copy + Sized {
+pub trait ColumnKind: Copy + PartialEq + Sized {
     /// The store, as errors name it ("PostgreSQL").
     const STORE: &'static str;
     /// The type of the whole-document column.
@@ -66,6 +90,13 @@ pub trait ColumnKind: Copy + Sized {
 
     /// The column type of a field of shape `inferred`.
     fn of_inferred(inferred: Inferred) -> Self;
+
+    /// Whether a column made for a field of shape `was` holds the field's values once
+    /// it is of shape `now`: by default when its type is also the type of the union of
+    /// both (an integer column does not hold numbers; a number column holds integers).
+    fn holds(was: Inferred, now: Inferred) -> bool {
+        Self::of_inferred(was) == Self::of_inferred(was.union(now))
+    }
 
     /// The column type of `projection`, or `None` if the store cannot hold it.
     fn of_projection(projection: &flow::Projection) -> Option<Self> {

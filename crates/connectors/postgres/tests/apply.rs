@@ -145,6 +145,18 @@ async fn dry_run_returns_the_exact_sql_and_changes_nothing() {
     assert_eq!(options, vec![json!(["fillfactor=50"])]);
 }
 
+/// An integer column does not take numbers: the Apply that would write them is
+/// refused until the binding's backfill is raised.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_field_retyped_beyond_its_column_is_refused_unless_backfilled() {
+    let db = TestDb::new();
+    let refused = scenarios::a_retyped_field_is_refused_unless_backfilled(&db).await;
+    assert!(
+        refused.contains("which its PostgreSQL column cannot hold"),
+        "{refused}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
     let db = TestDb::new();

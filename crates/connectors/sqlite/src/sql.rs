@@ -68,6 +68,12 @@ impl ColumnKind for ColumnType {
             Inferred::Other => ColumnType::Json,
         }
     }
+
+    /// Every column holds every value: SQLite's typing is flexible (a declared type is
+    /// an affinity), and a Store encodes each value by the spec's type, not the column's.
+    fn holds(_was: Inferred, _now: Inferred) -> bool {
+        true
+    }
 }
 
 impl ColumnType {

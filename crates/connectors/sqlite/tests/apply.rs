@@ -111,6 +111,28 @@ async fn dry_run_prints_the_sql_and_changes_nothing() {
     );
 }
 
+/// SQLite's columns hold any value (a declared type is an affinity): a field whose type
+/// widens from integer to number applies with nothing to change, and the column keeps
+/// what is stored in it next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retyped_field_applies_with_nothing_to_change() {
+    let db = TestFile::new();
+    let first = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    db.driver().apply(&first).await;
+    let mut retyped = binding("pageviews", false);
+    let collection = retyped.collection.as_mut().unwrap();
+    let views = collection
+        .projections
+        .iter_mut()
+        .find(|p| p.field == "views")
+        .unwrap();
+    views.inference.as_mut().unwrap().types = vec!["number".into()];
+    let mut request = apply_request(&spec(&db.endpoint(), vec![retyped]), false);
+    request.last_materialization = Some(first);
+    let applied = SqliteDriver::new().apply_upsert(request).await.unwrap();
+    assert_eq!(applied.action_description, "");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_newly_selected_field_becomes_a_nullable_column() {
     let db = TestFile::new();

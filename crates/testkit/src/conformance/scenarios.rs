@@ -310,6 +310,52 @@ pub async fn a_newly_selected_field_is_added_as_the_dry_run_describes(
     dry
 }
 
+/// A field whose inferred type changes from integer to number between two applies
+/// (`views`, an integer column) refuses the second Apply, naming the table, the field,
+/// both types and the backfill; nothing changes. With the binding's backfill raised the
+/// same change applies (the table is rebuilt). Returns the refusal for the connector
+/// to check its store's name in.
+pub async fn a_retyped_field_is_refused_unless_backfilled(db: &impl TestStore) -> String {
+    let first = spec(&db.endpoint(), vec![binding("pageviews", false)]);
+    db.driver().apply(&first).await;
+    let retyped = |backfill| {
+        let mut b = binding("pageviews", false);
+        b.backfill = backfill;
+        let collection = b.collection.as_mut().expect("a collection");
+        let views = (collection.projections.iter_mut())
+            .find(|p| p.field == "views")
+            .expect("a views projection");
+        views.inference.as_mut().expect("an inference").types = vec!["number".into()];
+        spec(&db.endpoint(), vec![b])
+    };
+    let apply_after = |next: MaterializationSpec| {
+        let mut request = apply_request(&next, false);
+        request.last_materialization = Some(first.clone());
+        request
+    };
+    let refused = (db.driver().driver)()
+        .apply_upsert(apply_after(retyped(0)))
+        .await
+        .expect_err("an integer column cannot hold numbers")
+        .to_string();
+    for part in [
+        "table \"pageviews\"",
+        "field \"views\" was integer and is now number",
+        "raise the binding's `backfill`",
+    ] {
+        assert!(refused.contains(part), "{part:?} missing from: {refused}");
+    }
+    // Nothing was applied: re-applying the first spec changes nothing.
+    assert_eq!(db.driver().apply(&first).await, "");
+    let rebuilt = (db.driver().driver)()
+        .apply_upsert(apply_after(retyped(1)))
+        .await
+        .expect("a raised backfill rebuilds the table")
+        .action_description;
+    assert!(rebuilt.contains("DROP TABLE"), "{rebuilt}");
+    refused
+}
+
 /// Validate of the pageviews collection requires the key and the document, recommends
 /// typed values, leaves nested fields optional and forbids always-null ones. Returns
 /// the resource path for the connector to check.
