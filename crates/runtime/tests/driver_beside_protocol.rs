@@ -15,6 +15,11 @@
 //! health, which it says is unhealthy while every call of it succeeds: what it says
 //! wins over what the runtime sees, and is shown with its reason.
 //!
+//! A crash after the driver committed a transaction and before the recovery log did
+//! loses that commit's state (it was to be recorded with the log's commit, which never
+//! happened), while the transaction itself is adopted from the store: nothing doubled,
+//! and the state the next Open carries is the log's, whole.
+//!
 //! The driver is the memory driver, wrapped by one that records what it is asked,
 //! answers each Apply, commit and acknowledgement with a state, and reports.
 
@@ -476,4 +481,63 @@ fn amending_the_last_commit_keeps_the_pending_intent() {
     let log = RecoveryLog::open(&fresh).unwrap();
     assert_eq!(log.last_commit().map(|c| c.txn), Some(0));
     assert_eq!(log.pending_intent(), None);
+}
+
+/// Flow's StartedCommit state is transactional with the runtime's commit: a crash
+/// between the driver's commit and the log's loses it, never half of it, and the
+/// transaction (which the store holds) is neither replayed into it nor lost. The run
+/// retries the failure itself (it is retryable): its second Open is the recovery.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_driver_commit_and_the_log_commit_loses_only_that_commits_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    input(dir, &["a", "b"]);
+    let h = Harness::new(dir);
+    h.apply().await;
+    h.run().await;
+    let before = logged(dir).unwrap();
+    let committed = h.driver.counts.lock().unwrap().commits;
+    let opens = h.driver.opens.lock().unwrap().len();
+
+    input(dir, &["c"]);
+    let scenario = fail::FailScenario::setup();
+    fail::cfg(
+        sluice_runtime::failpoint::AFTER_DRIVER_COMMITTED,
+        "1*return",
+    )
+    .unwrap();
+    h.run().await;
+    fail::remove(sluice_runtime::failpoint::AFTER_DRIVER_COMMITTED);
+    scenario.teardown();
+    let reopened = h.driver.opens.lock().unwrap()[opens..].to_vec();
+    assert_eq!(
+        reopened.len(),
+        2,
+        "the fail point fired, and the run recovered"
+    );
+    assert_eq!(
+        reopened[1]["commits"], before["commits"],
+        "the recovering Open carries the log's state, whole"
+    );
+    let lost = committed + 1;
+
+    input(dir, &["d"]);
+    h.run().await;
+    let ids: Vec<Value> = (h.driver.inner.rows("views", "t").into_iter())
+        .map(|(_, doc)| doc["id"].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [json!("a"), json!("b"), json!("c"), json!("d")],
+        "each once"
+    );
+    let state = logged(dir).unwrap();
+    let commits = state["commits"].as_object().unwrap();
+    assert!(!commits.contains_key(&lost.to_string()), "{state}");
+    let last = h.driver.counts.lock().unwrap().commits;
+    assert!(last > lost, "the runs after it committed");
+    for n in (1..=committed).chain(lost + 1..=last) {
+        assert!(commits.contains_key(&n.to_string()), "commit {n}: {state}");
+    }
 }
