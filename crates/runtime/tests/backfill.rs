@@ -135,6 +135,20 @@ async fn a_raised_backfill_rebuilds_the_table_with_each_sum_once() {
         "{refused}"
     );
 
+    // `sluice check` shows what the apply would do: told the spec applied last, the
+    // store's dry run drops and creates the table.
+    let pipeline = pipeline(dir, &raised);
+    let planned = pipeline::plan(&pipeline, &registry()).await.unwrap();
+    let probed = pipeline::probe(&pipeline, &planned).await;
+    assert!(probed.problems.is_empty(), "{:?}", probed.problems);
+    let (_, actions) = &probed.stores[0];
+    assert!(actions.contains("DROP TABLE IF EXISTS \"t\""), "{actions}");
+    assert_eq!(
+        sums(dir, "t"),
+        owned(&[("a", 4), ("b", 12), ("c", 5)]),
+        "a dry run"
+    );
+
     // Applied: the table is dropped and created anew, empty.
     apply(dir, &raised).await.unwrap();
     assert_eq!(sums(dir, "t"), Vec::new(), "the rebuilt table starts empty");

@@ -2,7 +2,7 @@
 //! reached through an Apply dry run, each source probed ([`Source::probe`](sluice_source_sdk::Source::probe)).
 
 use super::admit::open_to_look;
-use super::apply::{ApplyAction, apply_materialization};
+use super::apply::{ApplyAction, apply_with, read_prior};
 use super::error::{PipelineError, invalid};
 use super::plan::Planned;
 use super::retries::Retries;
@@ -23,14 +23,25 @@ pub struct Probed {
 }
 
 /// What `sluice check` finds past the file: every planned materialization's Apply as a
-/// dry run (its driver connects to the store and reads what is there, creating
-/// nothing), and every source probed ([`probe_sources`]).
+/// dry run, told the spec applied last (its driver connects to the store and reads what
+/// is there, creating nothing), and every source probed ([`probe_sources`]).
 pub async fn probe(pipeline: &Pipeline, planned: &Planned) -> Probed {
     let mut probed = Probed::default();
     let timeout = pipeline.runtime.timeouts.driver;
     for m in &planned.materializations {
-        match apply_materialization(m, ApplyAction::Upsert, true, timeout).await {
-            Ok(actions) => probed.stores.push((m.name.clone(), actions)),
+        // Told what was applied last, as `sluice apply` is: a raised backfill or a
+        // retyped field shows here as it would there.
+        let dir = pipeline.recovery_log().join(&m.name);
+        let prior = match read_prior(&dir, &m.name).await {
+            Ok(prior) => prior,
+            Err(err) => {
+                let place = format!("materializations.{}", m.name);
+                probed.problems.push(invalid(place, err));
+                continue;
+            }
+        };
+        match apply_with(m, ApplyAction::Upsert, true, timeout, &prior).await {
+            Ok((actions, _)) => probed.stores.push((m.name.clone(), actions)),
             Err(PipelineError::Driver { source, .. }) => probed.problems.push(invalid(
                 format!("materializations.{}.endpoint", m.name),
                 sluice_driver_sdk::error::chain(&source),
