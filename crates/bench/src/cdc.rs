@@ -6,18 +6,25 @@
 //! ```text
 //!  sluice run --follow (postgres_cdc of src.events ─▶ table bench.cdc), streaming
 //!  loader task: N rows, INSERT … SELECT generate_series in batches (a transaction each)
-//!  sampler task: (time, pg_current_wal_lsn, the slot's confirmed_flush_lsn) every 50 ms
+//!  sampler task: (time, upstream's written position, its confirmed position) every 50 ms
 //!  then: the same rows as JSON lines (with the same _meta) ─▶ sluice run ─▶ bench.file
 //! ```
+//!
+//! The machinery is generic over the [`Upstream`] database: `sluice bench mysql-cdc`
+//! ([`crate::mysql_cdc`]) runs the same measurement with a private MariaDB as the
+//! source and a private PostgreSQL as the store.
 //!
 //! Figures:
 //! - `cdc_rows_per_sec`: N over the time from the load's start until the store holds
 //!   all N rows (the loader is faster than Sluice here, so this is Sluice's rate);
 //! - `file_rows_per_sec`: N over the file run, start to exit; `ratio` = cdc / file;
-//! - `lag_p99_ms`: for each sample, how long ago the server's WAL first reached the
-//!   position the slot has confirmed: the time from a source commit until the store's
-//!   commit of it is durable (the slot confirms only then), p99 over the samples taken
-//!   while the load runs and until the store caught up.
+//! - `lag_p99_ms`: for each sample, how long ago the upstream first reached the
+//!   position now confirmed: the time from a source commit until the store's commit of
+//!   it is durable, p99 over the samples taken while the load runs and until the store
+//!   caught up. PostgreSQL's positions are the WAL's and the slot's confirmed flush (the
+//!   slot confirms only after the store's commit); where the upstream confirms nothing
+//!   (a MariaDB replica), they are the rows the loader committed and the greatest id
+//!   the store holds (ids are loaded in order, and a store transaction is a prefix).
 //!
 //! Both tables are checked: one row per id and every generated view.
 
@@ -27,6 +34,8 @@ use serde_json::json;
 use sluice_testkit::postgres::LogicalPostgres;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 
@@ -48,7 +57,131 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 /// How long the store may take to catch up after the load before the bench fails.
 const CATCH_UP: Duration = Duration::from_secs(600);
 
-pub fn run(args: CdcArgs) -> anyhow::Result<()> {
+/// The database the changes come from: it holds table `src.events (id, user_id, views,
+/// bytes, last_seen)`, which its source captures into the store (PostgreSQL, schema
+/// `bench`).
+#[async_trait::async_trait]
+pub trait Upstream: Send + Sync + Sized {
+    /// The bench's name (its folder's, its text's).
+    const NAME: &'static str;
+    /// The source database, as the report describes it.
+    const DESCRIPTION: &'static str;
+    /// Starts the private servers, the source table created, the store's schema
+    /// `bench` too.
+    async fn start() -> anyhow::Result<Self>;
+    /// The PostgreSQL URL of the store.
+    fn store_url(&self) -> String;
+    /// The pipeline's source (YAML flow style).
+    fn source_yaml(&self) -> String;
+    /// Whether the source streams changes yet.
+    async fn streaming(&self) -> anyhow::Result<bool>;
+    /// Inserts rows `first..=last` in one transaction (see [`load`] for the values).
+    async fn insert(&self, first: u64, last: u64) -> anyhow::Result<()>;
+    /// (written, confirmed): the upstream's position and the one the store has
+    /// durably, in one order (see the module docs). `loaded`: the rows the loader
+    /// committed; `store`: a connection to the store.
+    async fn sample(&self, loaded: u64, store: &Client) -> anyhow::Result<(u64, u64)>;
+    /// The source table's rows as the documents the source makes of them (with the
+    /// same `_meta`), one JSON line each, in id order.
+    async fn write_lines(&self, path: &Path) -> anyhow::Result<()>;
+}
+
+/// PostgreSQL with `wal_level=logical`, the source and the store in one cluster.
+pub struct Postgres {
+    server: LogicalPostgres,
+    client: Client,
+}
+
+/// The replication slot `postgres_cdc` makes for materialization `bench-cdc`.
+const SLOT: &str = "sluice_bench_cdc_events";
+
+#[async_trait::async_trait]
+impl Upstream for Postgres {
+    const NAME: &'static str = "cdc";
+    const DESCRIPTION: &'static str = "PostgreSQL (wal_level=logical)";
+
+    async fn start() -> anyhow::Result<Self> {
+        let server = tokio::task::block_in_place(LogicalPostgres::start);
+        let client = connect(&server.url()).await?;
+        client
+            .batch_execute(
+                "CREATE SCHEMA src; CREATE SCHEMA bench;
+                 CREATE TABLE src.events (id bigint PRIMARY KEY, user_id text NOT NULL,
+                   views int NOT NULL, bytes bigint NOT NULL, last_seen timestamptz NOT NULL);",
+            )
+            .await?;
+        Ok(Postgres { server, client })
+    }
+
+    fn store_url(&self) -> String {
+        self.server.url()
+    }
+
+    fn source_yaml(&self) -> String {
+        format!(
+            "postgres_cdc: {{url: {}, tables: [src.events]}}",
+            json!(self.server.url())
+        )
+    }
+
+    async fn streaming(&self) -> anyhow::Result<bool> {
+        let active = self
+            .client
+            .query(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&SLOT],
+            )
+            .await?;
+        Ok(!active.is_empty())
+    }
+
+    async fn insert(&self, first: u64, last: u64) -> anyhow::Result<()> {
+        self.client
+            .batch_execute(&format!(
+                "INSERT INTO src.events SELECT g, 'user' || (g % 200000), 1 + g % 9, g % 5000, \
+                 clock_timestamp() FROM generate_series({first}, {last}) g"
+            ))
+            .await?;
+        Ok(())
+    }
+
+    async fn sample(&self, _loaded: u64, store: &Client) -> anyhow::Result<(u64, u64)> {
+        let row = store
+            .query_one(
+                "SELECT (pg_current_wal_lsn() - '0/0')::bigint, \
+                 (coalesce(confirmed_flush_lsn, '0/0') - '0/0')::bigint \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .await?;
+        let (current, confirmed): (i64, i64) = (row.get(0), row.get(1));
+        Ok((current as u64, confirmed as u64))
+    }
+
+    async fn write_lines(&self, path: &Path) -> anyhow::Result<()> {
+        use futures::StreamExt;
+        use std::io::Write;
+        let copy = self
+            .client
+            .copy_out(
+                "COPY (SELECT json_build_object('_meta', json_build_object('op', 'c', 'lsn', 0, \
+                 'source', json_build_object('schema', 'src', 'table', 'events')), 'id', id, \
+                 'user_id', user_id, 'views', views, 'bytes', bytes, 'last_seen', last_seen) \
+                 FROM src.events ORDER BY id) TO STDOUT",
+            )
+            .await?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+        let mut copy = std::pin::pin!(copy);
+        while let Some(chunk) = copy.next().await {
+            out.write_all(&chunk?)?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// Runs the bench of `U` on a runtime of its own.
+pub fn run_with<U: Upstream + 'static>(args: CdcArgs) -> anyhow::Result<()> {
     ensure!(
         args.rows > 0 && args.batch > 0,
         "--rows and --batch must be at least 1"
@@ -57,7 +190,11 @@ pub fn run(args: CdcArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(bench(&args))
+    runtime.block_on(bench::<U>(&args))
+}
+
+pub fn run(args: CdcArgs) -> anyhow::Result<()> {
+    run_with::<Postgres>(args)
 }
 
 struct Figures {
@@ -67,7 +204,7 @@ struct Figures {
     samples: usize,
 }
 
-async fn connect(url: &str) -> anyhow::Result<Client> {
+pub(crate) async fn connect(url: &str) -> anyhow::Result<Client> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
         .with_context(|| format!("connecting to {url}"))?;
@@ -81,41 +218,27 @@ fn progress(args: &CdcArgs, line: String) {
     }
 }
 
-async fn bench(args: &CdcArgs) -> anyhow::Result<()> {
-    progress(
-        args,
-        "starting a private PostgreSQL with wal_level=logical".into(),
-    );
-    let server = tokio::task::block_in_place(LogicalPostgres::start);
-    let url = server.url();
-    let client = connect(&url).await?;
-    client
-        .batch_execute(
-            "CREATE SCHEMA src; CREATE SCHEMA bench;
-             CREATE TABLE src.events (id bigint PRIMARY KEY, user_id text NOT NULL,
-               views int NOT NULL, bytes bigint NOT NULL, last_seen timestamptz NOT NULL);",
-        )
-        .await?;
-    let work = std::env::temp_dir().join(format!("sluice-bench-cdc-{}", std::process::id()));
+async fn bench<U: Upstream + 'static>(args: &CdcArgs) -> anyhow::Result<()> {
+    progress(args, format!("starting a private {}", U::DESCRIPTION));
+    let upstream = Arc::new(U::start().await?);
+    let work =
+        std::env::temp_dir().join(format!("sluice-bench-{}-{}", U::NAME, std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let figures = measure(args, &client, &url, &work).await;
+    let figures = measure(args, &upstream, &work).await;
     let _ = std::fs::remove_dir_all(&work);
-    report(args, &figures?);
+    report::<U>(args, &figures?);
     Ok(())
 }
 
-async fn measure(
+async fn measure<U: Upstream + 'static>(
     args: &CdcArgs,
-    client: &Client,
-    url: &str,
+    upstream: &Arc<U>,
     work: &Path,
 ) -> anyhow::Result<Figures> {
+    let url = upstream.store_url();
+    let store = connect(&url).await?;
     let cdc = work.join("cdc.yaml");
-    let source = format!(
-        "postgres_cdc: {{url: {}, tables: [src.events]}}",
-        json!(url)
-    );
-    std::fs::write(&cdc, pipeline_yaml(url, "cdc", &source))?;
+    std::fs::write(&cdc, pipeline_yaml(&url, "cdc", &upstream.source_yaml()))?;
     let log = std::fs::File::create(work.join("cdc.log"))?;
     let mut child = Command::new(sluice_app::sibling::sibling("sluice")?)
         .args(["run", "--follow"])
@@ -129,27 +252,27 @@ async fn measure(
         .stdin(Stdio::null())
         .spawn()
         .context("starting sluice run --follow")?;
-    let result = follow(args, client, url, &mut child).await;
+    let result = follow(args, upstream, &store, &mut child).await;
     let _ = child.kill();
     let _ = child.wait();
     let (cdc_secs, lag_p99_ms, samples) = result.map_err(|e| {
         let log = std::fs::read_to_string(work.join("cdc.log")).unwrap_or_default();
         e.context(format!("the CDC run's log:\n{log}"))
     })?;
-    check(client, "cdc", args.rows).await?;
+    check(&store, "cdc", args.rows).await?;
 
     progress(args, "writing the same rows as JSON lines".into());
     let input = work.join("events.jsonl");
-    write_lines(client, &input).await?;
+    upstream.write_lines(&input).await?;
     let file = work.join("file.yaml");
     let source = format!(
         "file: {{path: {}, format: json}}",
         json!(input.to_string_lossy())
     );
-    std::fs::write(&file, pipeline_yaml(url, "file", &source))?;
+    std::fs::write(&file, pipeline_yaml(&url, "file", &source))?;
     progress(args, "file: sluice run into PostgreSQL".into());
     let run = tokio::task::block_in_place(|| sluice_run(&file, &work.join("file.log")))?;
-    check(client, "file", args.rows).await?;
+    check(&store, "file", args.rows).await?;
     Ok(Figures {
         cdc_secs,
         file_secs: run.elapsed.as_secs_f64(),
@@ -160,24 +283,14 @@ async fn measure(
 
 /// Waits for the stream, loads the rows while sampling the lag, and waits for the store
 /// to hold them all: (seconds from the load's start, lag p99 in ms, samples).
-async fn follow(
+async fn follow<U: Upstream + 'static>(
     args: &CdcArgs,
-    client: &Client,
-    url: &str,
+    upstream: &Arc<U>,
+    store: &Client,
     child: &mut std::process::Child,
 ) -> anyhow::Result<(f64, f64, usize)> {
-    let slot = "sluice_bench_cdc_events";
     let started = Instant::now();
-    loop {
-        let active = client
-            .query(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                &[&slot],
-            )
-            .await?;
-        if !active.is_empty() {
-            break;
-        }
+    while !upstream.streaming().await? {
         if let Some(status) = child.try_wait()? {
             bail!("sluice run --follow exited ({status}) before streaming");
         }
@@ -195,24 +308,24 @@ async fn follow(
         ),
     );
     let load_start = Instant::now();
-    let loader = tokio::spawn(load(connect(url).await?, args.rows, args.batch));
-    let sampler = connect(url).await?;
+    let loaded = Arc::new(AtomicU64::new(0));
+    let mut loader = tokio::spawn(load(
+        upstream.clone(),
+        args.rows,
+        args.batch,
+        loaded.clone(),
+    ));
     let mut samples: Vec<(Instant, u64, u64)> = Vec::new();
-    let mut loaded = false;
+    let mut finished = false;
     let mut complete = None;
     while complete.is_none() {
-        let row = sampler
-            .query_one(
-                "SELECT (pg_current_wal_lsn() - '0/0')::bigint, \
-                 (coalesce(confirmed_flush_lsn, '0/0') - '0/0')::bigint \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            )
+        let (written, confirmed) = upstream
+            .sample(loaded.load(Ordering::Acquire), store)
             .await?;
-        let (current, confirmed): (i64, i64) = (row.get(0), row.get(1));
-        samples.push((Instant::now(), current as u64, confirmed as u64));
-        if !loaded && loader.is_finished() {
-            loaded = true;
+        samples.push((Instant::now(), written, confirmed));
+        if !finished && loader.is_finished() {
+            finished = true;
+            (&mut loader).await?.context("loading the source table")?;
             progress(
                 args,
                 format!(
@@ -221,8 +334,8 @@ async fn follow(
                 ),
             );
         }
-        if loaded {
-            let count: i64 = sampler
+        if finished {
+            let count: i64 = store
                 .query_one("SELECT count(*) FROM bench.cdc", &[])
                 .await
                 .map(|r| r.get(0))
@@ -240,7 +353,6 @@ async fn follow(
         );
         tokio::time::sleep(SAMPLE_EVERY).await;
     }
-    loader.await??;
     let lags = lags(&samples);
     let secs = complete.expect("the loop ends once complete").as_secs_f64();
     progress(
@@ -250,8 +362,8 @@ async fn follow(
     Ok((secs, percentile(lags.clone(), 0.99), lags.len()))
 }
 
-/// Per sample: how long before it the server's WAL first reached the confirmed
-/// position (0 when it has confirmed everything written).
+/// Per sample: how long before it the upstream first reached the confirmed position
+/// (0 when it has confirmed everything written).
 fn lags(samples: &[(Instant, u64, u64)]) -> Vec<f64> {
     samples
         .iter()
@@ -276,41 +388,22 @@ fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
     values[((values.len() as f64 * p).ceil() as usize).clamp(1, values.len()) - 1]
 }
 
-/// The load: `rows` rows in INSERTs of `batch`, each its own transaction.
-async fn load(client: Client, rows: u64, batch: u64) -> anyhow::Result<()> {
+/// The load: `rows` rows in INSERTs of `batch`, each its own transaction, row `g`
+/// being (g, 'user' || g % 200000, 1 + g % 9, g % 5000, the time); `loaded` counts the
+/// rows committed.
+async fn load<U: Upstream>(
+    upstream: Arc<U>,
+    rows: u64,
+    batch: u64,
+    loaded: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
     let mut first = 1;
     while first <= rows {
         let last = (first + batch - 1).min(rows);
-        client
-            .batch_execute(&format!(
-                "INSERT INTO src.events SELECT g, 'user' || (g % 200000), 1 + g % 9, g % 5000, \
-                 clock_timestamp() FROM generate_series({first}, {last}) g"
-            ))
-            .await?;
+        upstream.insert(first, last).await?;
+        loaded.store(last, Ordering::Release);
         first = last + 1;
     }
-    Ok(())
-}
-
-/// The source table's rows as the documents the CDC source makes of them (with the
-/// same `_meta`), one JSON line each.
-async fn write_lines(client: &Client, path: &Path) -> anyhow::Result<()> {
-    use futures::StreamExt;
-    use std::io::Write;
-    let copy = client
-        .copy_out(
-            "COPY (SELECT json_build_object('_meta', json_build_object('op', 'c', 'lsn', 0, \
-             'source', json_build_object('schema', 'src', 'table', 'events')), 'id', id, \
-             'user_id', user_id, 'views', views, 'bytes', bytes, 'last_seen', last_seen) \
-             FROM src.events ORDER BY id) TO STDOUT",
-        )
-        .await?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut copy = std::pin::pin!(copy);
-    while let Some(chunk) = copy.next().await {
-        out.write_all(&chunk?)?;
-    }
-    out.flush()?;
     Ok(())
 }
 
@@ -362,7 +455,7 @@ async fn check(client: &Client, table: &str, rows: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(args: &CdcArgs, f: &Figures) {
+fn report<U: Upstream>(args: &CdcArgs, f: &Figures) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cdc = args.rows as f64 / f.cdc_secs.max(1e-9);
     let file = args.rows as f64 / f.file_secs.max(1e-9);
@@ -383,8 +476,10 @@ fn report(args: &CdcArgs, f: &Figures) {
         return;
     }
     println!(
-        "{} rows inserted in batches of {} into PostgreSQL (wal_level=logical), materialized into PostgreSQL, {cores} cores",
-        args.rows, args.batch
+        "{} rows inserted in batches of {} into {}, materialized into PostgreSQL, {cores} cores",
+        args.rows,
+        args.batch,
+        U::DESCRIPTION
     );
     println!(
         "  cdc  {:>7.2} s  {cdc:>9.0} rows/s (from the load's start to the last row stored)",

@@ -9,6 +9,7 @@ mod iceberg;
 mod latency;
 mod loads;
 mod mysql;
+mod mysql_cdc;
 mod outputs;
 mod postgres;
 mod scale;
@@ -68,6 +69,9 @@ enum BenchCommand {
     Postgres(sql::SqlArgs<postgres::Postgres>),
     /// Sluice into MariaDB/MySQL against a hand-written bulk loader and row-by-row upserts.
     Mysql(sql::SqlArgs<mysql::Mysql>),
+    /// MariaDB change data capture (binary log) while a load inserts rows, against the
+    /// same rows read from a file: rows/s of each, their ratio, lag p99.
+    MysqlCdc(cdc::CdcArgs),
     /// The quickstart pipeline on 1 core and on 2 cores (`taskset`): docs/s of each and
     /// their ratio, what one process gains from a second core.
     Scale(scale::ScaleArgs),
@@ -88,6 +92,7 @@ fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Outputs(args) => outputs::run(args),
         BenchCommand::Postgres(args) => sql::run(args),
         BenchCommand::Mysql(args) => sql::run(args),
+        BenchCommand::MysqlCdc(args) => cdc::run_with::<mysql_cdc::Mariadb>(args),
         BenchCommand::Scale(args) => scale::run(args),
         BenchCommand::Sources(args) => sources::run(args),
     }

@@ -245,6 +245,21 @@ fn postgres_cdc_random_crashes_lose_and_double_nothing() {
     assert_exact_after(&out, 8);
 }
 
+/// The same for `mysql_cdc`: a private MariaDB with the binary log on, its table
+/// snapshotted in chunks, then streamed as a replica.
+#[test]
+fn mysql_cdc_random_crashes_lose_and_double_nothing() {
+    let out = torture(&[
+        "--store",
+        "sqlite",
+        "--source",
+        "mysql_cdc",
+        "--faults",
+        "8",
+    ]);
+    assert_exact_after(&out, 8);
+}
+
 #[test]
 fn postgres_cdc_delta_is_refused_naming_why() {
     let out = torture(&[

@@ -10,6 +10,8 @@
 //! what the table holds (in small chunks, so that kills land mid-backfill), later
 //! segments are inserted between runs and streamed. A row read twice would be summed
 //! twice, a row lost would be missing from the sums: the model's comparison tells.
+//! A `mysql_cdc` input is the same table in a private `mariadbd` with the binary log on
+//! (`BinlogMariadb`), snapshotted, then read from the log as a replica.
 //!
 //! A segment is produced only while no run reads (between runs), and whole: the
 //! model's segments are then exactly what the broker holds.
@@ -23,9 +25,11 @@ use super::server::{PrivateBroker, PrivateServer};
 use super::store::yaml_str;
 use anyhow::{Context, Error};
 use bytes::Bytes;
+use mysql_async::prelude::Queryable;
 use serde_json::Value;
 use sluice_kafka::admin as kafka;
 use sluice_nats::admin as nats;
+use sluice_testkit::mariadb::BinlogMariadb;
 use sluice_testkit::postgres::LogicalPostgres;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -45,7 +49,17 @@ pub enum SourceKind {
     Nats,
     #[value(name = "postgres_cdc")]
     PostgresCdc,
+    #[value(name = "mysql_cdc")]
+    MysqlCdc,
     Http,
+}
+
+impl SourceKind {
+    /// A change-data-capture source: its steps are the server's transactions and
+    /// backfill chunks, not the model's fixed transactions.
+    pub fn is_cdc(self) -> bool {
+        matches!(self, SourceKind::PostgresCdc | SourceKind::MysqlCdc)
+    }
 }
 
 /// The bearer token of the torture's HTTP source.
@@ -67,6 +81,10 @@ pub enum Input {
         server: LogicalPostgres,
         rows: u64,
     },
+    MysqlCdc {
+        server: BinlogMariadb,
+        rows: u64,
+    },
     Http {
         address: std::net::SocketAddr,
         /// Documents generated, not yet handed to the clients.
@@ -74,7 +92,7 @@ pub enum Input {
     },
 }
 
-/// Backfill rows per query of a postgres_cdc input: small, so that a backfill takes
+/// Backfill rows per query of a CDC input: small, so that a backfill takes
 /// many steps.
 const CDC_CHUNK_ROWS: usize = 200;
 /// Rows per INSERT (a transaction each) when a segment goes into the table.
@@ -124,6 +142,21 @@ impl Input {
                 .with_context(|| format!("creating table events at {}", server.url()))?;
                 Input::PostgresCdc { server, rows: 0 }
             }
+            SourceKind::MysqlCdc => {
+                let server = BinlogMariadb::start();
+                block_on(async {
+                    let mut conn = mysql(&server.url()).await?;
+                    conn.query_drop(
+                        "CREATE DATABASE src; CREATE TABLE src.events (seq bigint PRIMARY KEY, \
+                         `key` varchar(255) NOT NULL, views bigint NOT NULL, bytes bigint NOT \
+                         NULL, last_seen varchar(255) NOT NULL, attrs json NOT NULL)",
+                    )
+                    .await?;
+                    Ok(())
+                })
+                .with_context(|| format!("creating table src.events at {}", server.url()))?;
+                Input::MysqlCdc { server, rows: 0 }
+            }
             SourceKind::Http => {
                 let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
                 Input::Http {
@@ -141,6 +174,7 @@ impl Input {
             Input::Kafka { .. } => "kafka",
             Input::Nats { .. } => "nats",
             Input::PostgresCdc { .. } => "postgres_cdc",
+            Input::MysqlCdc { .. } => "mysql_cdc",
             Input::Http { .. } => "http",
         }
     }
@@ -148,7 +182,10 @@ impl Input {
     /// The private broker, if the input lives in one.
     pub fn broker(&mut self) -> Option<&mut PrivateBroker> {
         match self {
-            Input::File { .. } | Input::PostgresCdc { .. } | Input::Http { .. } => None,
+            Input::File { .. }
+            | Input::PostgresCdc { .. }
+            | Input::MysqlCdc { .. }
+            | Input::Http { .. } => None,
             Input::Kafka { broker } | Input::Nats { broker } => Some(broker),
         }
     }
@@ -171,6 +208,10 @@ impl Input {
             }
             Input::PostgresCdc { server, .. } => format!(
                 r#"postgres_cdc: {{url: "{}", tables: [public.events], chunk_rows: {CDC_CHUNK_ROWS}}}"#,
+                server.url()
+            ),
+            Input::MysqlCdc { server, .. } => format!(
+                r#"mysql_cdc: {{url: "{}", tables: [src.events], chunk_rows: {CDC_CHUNK_ROWS}}}"#,
                 server.url()
             ),
             Input::Http { address, .. } => {
@@ -226,7 +267,9 @@ impl Input {
                     let client = connect(&server.url()).await?;
                     for (n, chunk) in docs.chunks(CDC_INSERT_ROWS).enumerate() {
                         let seq = first + (n * CDC_INSERT_ROWS) as u64;
-                        client.batch_execute(&insert_rows(seq, chunk)?).await?;
+                        client
+                            .batch_execute(&insert_rows("events", seq, chunk)?)
+                            .await?;
                     }
                     Ok(())
                 })
@@ -234,8 +277,34 @@ impl Input {
                 *rows += docs.len() as u64;
                 Ok(())
             }
+            Input::MysqlCdc { server, rows } => {
+                let first = *rows;
+                block_on(async {
+                    let mut conn = mysql(&server.url()).await?;
+                    // Quotes are doubled, backslashes left alone, as in PostgreSQL.
+                    conn.query_drop(
+                        "SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_BACKSLASH_ESCAPES'",
+                    )
+                    .await?;
+                    for (n, chunk) in docs.chunks(CDC_INSERT_ROWS).enumerate() {
+                        let seq = first + (n * CDC_INSERT_ROWS) as u64;
+                        conn.query_drop(insert_rows("src.events", seq, chunk)?)
+                            .await?;
+                    }
+                    Ok(())
+                })
+                .with_context(|| format!("inserting into table src.events at {}", server.url()))?;
+                *rows += docs.len() as u64;
+                Ok(())
+            }
         }
     }
+}
+
+async fn mysql(url: &str) -> anyhow::Result<mysql_async::Conn> {
+    mysql_async::Conn::from_url(url)
+        .await
+        .with_context(|| format!("connecting to {url}"))
 }
 
 async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
@@ -244,8 +313,9 @@ async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// One INSERT of `docs` as rows of `events`, numbered from `first`.
-fn insert_rows(first: u64, docs: &[Value]) -> anyhow::Result<String> {
+/// One INSERT of `docs` as rows of `table`, numbered from `first` (standard quoting:
+/// a quote doubled, a backslash plain).
+fn insert_rows(table: &str, first: u64, docs: &[Value]) -> anyhow::Result<String> {
     let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
     let mut values = Vec::with_capacity(docs.len());
     for (seq, doc) in (first..).zip(docs) {
@@ -268,7 +338,7 @@ fn insert_rows(first: u64, docs: &[Value]) -> anyhow::Result<String> {
             literal(&doc["attrs"].to_string())
         ));
     }
-    Ok(format!("INSERT INTO events VALUES {}", values.join(", ")))
+    Ok(format!("INSERT INTO {table} VALUES {}", values.join(", ")))
 }
 
 /// The partition of a record's key: a hash (FNV-1a) of its bytes.

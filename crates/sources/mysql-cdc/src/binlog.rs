@@ -1,5 +1,5 @@
-//! The replica's binlog stream (`COM_BINLOG_DUMP` from a file and offset) decoded into
-//! whole transactions of documents.
+//! The replica's binlog stream (`COM_BINLOG_DUMP` from a file and offset, or from a
+//! MariaDB GTID state) decoded into whole transactions of documents.
 //!
 //! ```text
 //!  server ──events──▶ Dump::next ─▶ Item::Txn (the documents of one transaction, its end)
@@ -30,6 +30,14 @@
 //! setting. The replica says `@mariadb_slave_capability=4` so MariaDB sends its GTID
 //! events rather than rewriting them into `BEGIN` queries.
 //!
+//! **By GTID.** A stream started from a GTID state sets `@slave_connect_state` to it
+//! (the server then starts after the last transaction of each domain the state
+//! names, whatever its files are called), with `@slave_gtid_strict_mode=1` (a state
+//! the server's log does not hold, such as a GTID another server wrote after a
+//! failover diverged, fails the stream rather than being skipped over) and
+//! `@slave_gtid_ignore_duplicates=0`. The server's first events (a rotate into the
+//! file it starts in) give the stream its file; its offsets are the server's own.
+//!
 //! DDL on a captured table (a query naming it) fails the stream naming the table and
 //! the statement, except `ALTER TABLE … ADD [COLUMN]`: new columns flow through (the
 //! table is described again from the catalog).
@@ -37,7 +45,7 @@
 use crate::catalog::{Catalog, Table, server_error, timed};
 use crate::ddl::{Ddl, Named, classify};
 use crate::doc::Layout;
-use crate::position::{BinlogPos, Gtid, Segments, TableName};
+use crate::position::{BinlogPos, Gtid, GtidState, Segments, TableName};
 use crate::types::Origin;
 use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, RotateEvent, RowsEventData};
@@ -190,6 +198,9 @@ pub struct Start {
     /// The replica id it registers with.
     pub server_id: u32,
     pub from: BinlogPos,
+    /// Connect by this GTID state rather than at `from` (which then only names the
+    /// file until the server's rotate says where the stream is).
+    pub gtid: Option<GtidState>,
     /// The captured tables, as the catalog describes them now.
     pub tables: Vec<Table>,
     /// The backfilled ranges whose changes are skipped.
@@ -209,6 +220,9 @@ pub struct Dump {
     segments: Segments,
     open: Option<Open>,
     bound: PartBound,
+    /// The server's events carry a checksum, and the stream's first rotate (the fake
+    /// one, read before the format description says so) still has it on its name.
+    fake_rotate_checksum: bool,
 }
 
 impl Dump {
@@ -222,6 +236,7 @@ impl Dump {
         let Start {
             server_id,
             from,
+            gtid,
             tables,
             segments,
             bound,
@@ -233,17 +248,34 @@ impl Dump {
             .map_err(|e| err("cannot connect", e))?;
         use mysql_async::prelude::Queryable;
         let period = HEARTBEAT.as_nanos();
-        for set in [
+        let mut sets = vec![
             "SET @mariadb_slave_capability = 4".to_string(),
             format!("SET @master_heartbeat_period = {period}"),
-        ] {
+        ];
+        if let Some(state) = &gtid {
+            sets.extend([
+                format!("SET @slave_connect_state = '{state}'"),
+                "SET @slave_gtid_strict_mode = 1".to_string(),
+                "SET @slave_gtid_ignore_duplicates = 0".to_string(),
+            ]);
+        }
+        for set in sets {
             timed(name, "query", conn.query_drop(set.as_str()))
                 .await?
                 .map_err(|e| err(&set, e))?;
         }
-        let request = BinlogStreamRequest::new(server_id)
-            .with_filename(from.file.as_bytes())
-            .with_pos(from.pos);
+        let checksum = "SELECT @@GLOBAL.binlog_checksum";
+        let checksummed = timed(name, "query", conn.query_first::<String, _>(checksum))
+            .await?
+            .map_err(|e| err(checksum, e))?
+            .is_some_and(|alg| !alg.eq_ignore_ascii_case("NONE"));
+        let request = match gtid {
+            // The server starts by the state: the file and offset are not read.
+            Some(_) => BinlogStreamRequest::new(server_id).with_pos(4u64),
+            None => BinlogStreamRequest::new(server_id)
+                .with_filename(from.file.as_bytes())
+                .with_pos(from.pos),
+        };
         let stream = timed(name, "binlog dump", conn.get_binlog_stream(request))
             .await?
             .map_err(|e| match &e {
@@ -279,6 +311,7 @@ impl Dump {
             by_name,
             segments,
             open: None,
+            fake_rotate_checksum: checksummed,
             bound,
         })
     }
@@ -404,10 +437,11 @@ impl Dump {
 
     /// The stream's file becomes the rotate's. The fake rotate a dump starts with
     /// comes before the format description that says events carry a checksum, so
-    /// `mysql_common` leaves the checksum's 4 bytes on its name: the name is cut after
-    /// the digits of its number.
+    /// `mysql_common` leaves the checksum's 4 bytes on its name (which may be
+    /// digits): they are cut off that first rotate's name only.
     fn rotate(&mut self, rotate: &RotateEvent<'_>) {
-        self.file = file_name(&rotate.name());
+        let checksummed = std::mem::take(&mut self.fake_rotate_checksum);
+        self.file = file_name(rotate.name_raw(), checksummed);
     }
 
     fn stream_error(&self, e: mysql_async::Error) -> SourceError {
@@ -421,7 +455,8 @@ impl Dump {
                         "the server no longer has the binary log this source must read \
                          from ({}): the changes since the committed position are gone \
                          (the logs were purged: PURGE BINARY LOGS, expire_logs_days, \
-                         binlog_expire_logs_seconds). Start over: reset the pipeline \
+                         binlog_expire_logs_seconds; or, after a failover, the new server's \
+                         log never held the committed GTID state). Start over: reset the pipeline \
                          (`sluice apply --delete <pipeline>`, then run it again), and the \
                          tables are snapshotted anew; keep the binary logs longer than \
                          the pipeline may stand still",
@@ -605,18 +640,14 @@ impl Dump {
     }
 }
 
-/// A binlog file's name without what follows the digits of its number.
-fn file_name(raw: &str) -> String {
-    match raw.rfind('.') {
-        Some(dot) => {
-            let digits = raw[dot + 1..]
-                .bytes()
-                .take_while(u8::is_ascii_digit)
-                .count();
-            raw[..dot + 1 + digits].to_string()
-        }
-        None => raw.to_string(),
-    }
+/// A rotate event's file name, without the 4 bytes of checksum `checksummed` says
+/// were left on it.
+fn file_name(raw: &[u8], checksummed: bool) -> String {
+    let name = match checksummed {
+        true => &raw[..raw.len().saturating_sub(4)],
+        false => raw,
+    };
+    String::from_utf8_lossy(name).into_owned()
 }
 
 /// The stream as the read-ahead's fetcher.
@@ -640,12 +671,18 @@ impl Fetch for Fetcher {
 mod tests {
     use super::*;
 
+    /// The checksum's bytes may be anything, digits too (`26` once cost a torture
+    /// run its position: `mysql-bin.00000126`).
     #[test]
     fn a_rotate_name_loses_the_checksum_mysql_common_leaves_on_it() {
         assert_eq!(
-            file_name("mysql-bin.000001\u{14}Da\u{7f}"),
+            file_name(b"mysql-bin.000001\x14Da\x7f", true),
             "mysql-bin.000001"
         );
-        assert_eq!(file_name("mysql-bin.000002"), "mysql-bin.000002");
+        assert_eq!(
+            file_name(b"mysql-bin.00000126\x8a\x01", true),
+            "mysql-bin.000001"
+        );
+        assert_eq!(file_name(b"mysql-bin.000002", false), "mysql-bin.000002");
     }
 }

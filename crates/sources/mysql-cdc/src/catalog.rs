@@ -1,11 +1,12 @@
 //! The SQL connection: the server's checks (binary log on, `ROW` format, `FULL` row
 //! image, the replication privileges), the captured tables (columns, kinds, primary
-//! key), the consistent snapshot and its binlog position, and the chunk reads.
+//! key), the consistent snapshot and its binlog position, the GTID state at a binlog
+//! position (MariaDB), and the chunk reads.
 //!
 //! Every call runs under [`CALL_TIMEOUT`]: a server that hangs becomes a retryable
 //! [`SourceError::Timeout`], never a stuck pipeline.
 
-use crate::position::{BinlogPos, TableName};
+use crate::position::{BinlogPos, GtidState, TableName};
 use crate::types::{self, Kind, Origin};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row, Value};
@@ -164,6 +165,29 @@ impl Catalog {
             row.get::<String, _>(0).unwrap_or_default(),
             row.get::<u64, _>(1).unwrap_or(4),
         ))
+    }
+
+    /// The GTID state at `pos` of this server's binary log (MariaDB's
+    /// `BINLOG_GTID_POS`): what a replica connecting by GTID there says. None: the
+    /// server has no GTIDs (MySQL: no such function) or cannot map the position.
+    pub async fn gtid_state_at(&mut self, pos: &BinlogPos) -> Option<GtidState> {
+        let params = vec![Value::from(pos.file.as_str()), Value::from(pos.pos)];
+        let rows = self
+            .rows("SELECT BINLOG_GTID_POS(?, ?)", params)
+            .await
+            .ok()?;
+        let text = rows.into_iter().next()?.get::<Option<String>, _>(0)??;
+        GtidState::parse(&text)
+    }
+
+    /// The GTID state the server's oldest binary log starts from: transactions of it
+    /// and before are gone. None: as for [`Catalog::gtid_state_at`].
+    pub async fn oldest_gtid_state(&mut self) -> Result<Option<GtidState>, SourceError> {
+        let logs = self.binary_logs().await?;
+        let Some((first, _)) = logs.into_iter().next() else {
+            return Ok(None);
+        };
+        Ok(self.gtid_state_at(&BinlogPos::new(first, 4)).await)
     }
 
     /// The binary log files the server holds, with their sizes.

@@ -5,9 +5,9 @@
 //! ```text
 //!  backfill {start S, tables, table i, after pk, snapshot P, segments}
 //!      step after step: the rows of table i after `after`, read in a snapshot at P
-//!  stream {begin B, end E, gtid G}
+//!  stream {begin B, end E, gtid G, gtid_state S}
 //!      a step: the whole transactions whose commit event ends in (B, E]; G the GTID
-//!      of the last (MariaDB `domain-server-seq`)
+//!      of the last (MariaDB `domain-server-seq`), S the server's GTID state after it
 //!  stream {begin B, end E, quiet: true}
 //!      a step without documents: the transactions ending in (B, E] touch no captured
 //!      table, and the runtime checkpoints E ([`quiet_step_after`])
@@ -30,6 +30,17 @@
 //! offset ([`BinlogPos::cmp`]). A transaction's end is the `log_pos` of its commit
 //! event (XID, or a `COMMIT` query); a snapshot taken at P holds exactly the
 //! transactions ending at or before P.
+//!
+//! **GTIDs.** Where the server has them (MariaDB: every transaction), a streamed
+//! step also records the GTID state after its end ([`GtidState`]: the last GTID of
+//! each replication domain, `gtid_binlog_pos`'s form), and a stream resumed from a
+//! checkpoint connects by it (`@slave_connect_state`), not by file and offset: the
+//! position survives a failover to a replica whose binary log has another layout
+//! (its own files and offsets, the same GTIDs). File and offset stay the fallback
+//! where GTIDs are off, and replays re-read by file and offset (a step in flight is
+//! replayed from the server that wrote it). A state that the server's oldest log
+//! already passes (in some domain, its first GTIDs come after ours) lost changes to a
+//! purge ([`GtidState::purged_since`]).
 //!
 //! **Segments.** As in `postgres_cdc`: a crash mid-backfill loses its snapshot, so the
 //! rest is read in a new one at a later position. A table's segments `[(upto, P)]` say
@@ -145,6 +156,10 @@ pub enum CdcPosition {
         /// The GTID of the last transaction read (MariaDB), if the server sends them.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gtid: Option<String>,
+        /// The server's GTID state after `end` (MariaDB): where a resumed stream
+        /// connects; none: GTIDs are off, it connects at `end`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gtid_state: Option<GtidState>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         segments: Vec<TableSegments>,
         /// The step is a part of one large transaction; none: whole transactions.
@@ -284,6 +299,16 @@ impl std::fmt::Display for Gtid {
 }
 
 impl Gtid {
+    /// `domain-server-seq`.
+    pub fn parse(text: &str) -> Option<Gtid> {
+        let mut parts = text.trim().splitn(3, '-');
+        Some(Gtid {
+            domain: parts.next()?.parse().ok()?,
+            server: parts.next()?.parse().ok()?,
+            seq: parts.next()?.parse().ok()?,
+        })
+    }
+
     /// The GTID of a MariaDB `GTID_EVENT` (type 162): its body starts with the
     /// sequence number (8 bytes) and the domain (4), little-endian; the server is the
     /// event header's. None: too short.
@@ -303,6 +328,70 @@ impl Gtid {
     pub fn standalone(body: &[u8]) -> bool {
         const FL_STANDALONE: u8 = 1;
         body.get(12).is_some_and(|f| f & FL_STANDALONE != 0)
+    }
+}
+
+/// A MariaDB GTID state: the last GTID of each replication domain, written as
+/// `gtid_binlog_pos` and `@slave_connect_state` write it (`0-1-17,2-5-3`, by domain;
+/// empty: no transaction yet).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GtidState(std::collections::BTreeMap<u32, Gtid>);
+
+impl GtidState {
+    /// `gtid_binlog_pos`'s text. None: not a GTID list.
+    pub fn parse(text: &str) -> Option<GtidState> {
+        let mut state = GtidState::default();
+        for gtid in text.split(',').filter(|g| !g.trim().is_empty()) {
+            state.apply(Gtid::parse(gtid)?);
+        }
+        Some(state)
+    }
+
+    /// After transaction `gtid`.
+    pub fn apply(&mut self, gtid: Gtid) {
+        self.0.insert(gtid.domain, gtid);
+    }
+
+    /// The first GTID of the server's oldest binary log that shows transactions after
+    /// this state are gone: given `oldest`, the state that log starts from, a domain
+    /// whose last purged sequence number is past ours (or one we never saw, whose
+    /// transactions were purged). None: every transaction after this state is still
+    /// there.
+    pub fn purged_since(&self, oldest: &GtidState) -> Option<Gtid> {
+        oldest.0.values().copied().find(|gone| {
+            self.0
+                .get(&gone.domain)
+                .is_none_or(|ours| ours.seq < gone.seq)
+        })
+    }
+}
+
+impl std::fmt::Display for GtidState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, gtid) in self.0.values().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{gtid}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for GtidState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GtidState {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        GtidState::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not a GTID state (domain-server-seq, comma-separated)"
+            ))
+        })
     }
 }
 
@@ -383,11 +472,40 @@ mod tests {
     }
 
     #[test]
+    fn gtid_states_follow_each_domain_and_print_as_the_server_does() {
+        let mut state = GtidState::parse("1-2-9, 0-1-5").unwrap();
+        assert_eq!(state.to_string(), "0-1-5,1-2-9");
+        state.apply(Gtid::parse("0-3-6").unwrap());
+        state.apply(Gtid::parse("4-3-1").unwrap());
+        assert_eq!(state.to_string(), "0-3-6,1-2-9,4-3-1");
+        assert_eq!(GtidState::parse(""), Some(GtidState::default()));
+        assert_eq!(GtidState::parse("0-1"), None);
+        assert_eq!(GtidState::parse("0-1-x"), None);
+    }
+
+    /// The oldest log starts after 0-1-5: a state at 0-1-5 or later misses nothing, one
+    /// at 0-1-4 missed 0-1-5; a domain the state never saw lost what was purged of it.
+    #[test]
+    fn a_purge_past_the_state_in_any_domain_is_found() {
+        let state = |t: &str| GtidState::parse(t).unwrap();
+        let oldest = state("0-1-5");
+        assert_eq!(state("0-1-5").purged_since(&oldest), None);
+        assert_eq!(state("0-2-7,1-1-1").purged_since(&oldest), None);
+        assert_eq!(state("0-1-4").purged_since(&oldest), Gtid::parse("0-1-5"));
+        assert_eq!(
+            state("0-1-9").purged_since(&state("0-1-5,3-1-2")),
+            Gtid::parse("3-1-2")
+        );
+        assert_eq!(state("").purged_since(&GtidState::default()), None);
+    }
+
+    #[test]
     fn positions_round_trip_as_json() {
         let p = CdcPosition::Stream {
             begin: BinlogPos::new("b.000001", 4),
             end: BinlogPos::new("b.000001", 900),
             gtid: Some("0-1-5".into()),
+            gtid_state: GtidState::parse("0-1-5,1-2-9"),
             segments: vec![],
             part: None,
             quiet: false,
@@ -395,14 +513,18 @@ mod tests {
         let text = serde_json::to_string(&p).unwrap();
         assert_eq!(
             text,
-            r#"{"phase":"stream","begin":{"file":"b.000001","pos":4},"end":{"file":"b.000001","pos":900},"gtid":"0-1-5"}"#
+            r#"{"phase":"stream","begin":{"file":"b.000001","pos":4},"end":{"file":"b.000001","pos":900},"gtid":"0-1-5","gtid_state":"0-1-5,1-2-9"}"#
         );
+        let bad = text.replace("1-2-9", "1-2");
+        let error = serde_json::from_str::<CdcPosition>(&bad).unwrap_err();
+        assert!(error.to_string().contains("not a GTID state"), "{error}");
         assert_eq!(serde_json::from_str::<CdcPosition>(&text).unwrap(), p);
         assert_eq!(p.mid_unit(), None);
         let part = |to| CdcPosition::Stream {
             begin: BinlogPos::new("b.000001", 4),
             end: BinlogPos::new("b.000001", 4),
             gtid: None,
+            gtid_state: None,
             segments: vec![],
             part: Some(Part { from: 3, to }),
             quiet: false,

@@ -42,27 +42,34 @@
 //! stream has read everything the server had written when it started (or a
 //! heartbeat said it has nothing more), and nothing is buffered.
 //!
-//! The backfill phase lives in `source/backfill.rs`, the replay of streamed steps in
-//! `source/replay.rs`; the pure rules in `position`, the I/O in `catalog` and `binlog`.
+//! **GTIDs.** A streamed position records the server's GTID state after its end
+//! (MariaDB), and a stream resumed from one connects by it: a failover to a replica
+//! whose binary log has other files and offsets resumes exactly (see
+//! [`crate::position`]). Replays re-read by file and offset.
+//!
+//! The backfill phase lives in `source/backfill.rs`, the streaming phase in
+//! `source/stream.rs`, the replay of streamed steps in `source/replay.rs`; the pure
+//! rules in `position`, the I/O in `catalog` and `binlog`.
 
 mod backfill;
 mod replay;
+mod stream;
 
 use backfill::{Backfill, backfill};
+use stream::{Here, Streaming};
 
-use crate::binlog::{self, Dump, Fetcher, Item, PartBound, Start, Txn};
+use crate::binlog::{self, PartBound};
 use crate::catalog::{Catalog, Table};
 use crate::config::{MysqlCdcConfig, split_table};
 use crate::monitor::Monitor;
-use crate::position::{BinlogPos, CdcPosition, Part, Segments, TableName, quiet_step_after};
+use crate::position::{CdcPosition, Part, Segments, TableName};
 use mysql_async::Opts;
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, InvalidConfig, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume,
-    Source, SourceError, Step, StepHasher, Unit, check_replay,
+    FaultTolerance, InvalidConfig, Lag, Position, QueueLimits, Queued, Records, Resume, Source,
+    SourceError, Step, StepHasher, Unit, check_replay,
 };
 use std::sync::Arc;
-use std::time::Instant;
 
 pub struct MysqlCdcSource {
     name: String,
@@ -87,74 +94,6 @@ enum Phase {
     Idle,
     Backfill(Box<Backfill>),
     Stream(Box<Streaming>),
-}
-
-struct Streaming {
-    dump: Option<Dump>,
-    prefetch: Option<Prefetch<Item>>,
-    pending: Option<Txn>,
-    /// The end of the last transaction handed over.
-    end: BinlogPos,
-    gtid: Option<String>,
-    segments: Segments,
-    /// The end of the server's log as last heard (at the start, then heartbeats).
-    server_end: BinlogPos,
-    caught_up: bool,
-    /// Inside a large transaction (the first ending after `end`): the index of its
-    /// next document to hand over.
-    unit: Option<u64>,
-    /// The end of the last step the runtime checkpoints (one with records, or quiet).
-    recorded: BinlogPos,
-    /// When `recorded` last moved (or the stream started).
-    moved: Instant,
-    /// How far the log was read with nothing left to hand over: `end`, or a
-    /// heartbeat's position past events that are no transaction (a rotation's
-    /// checkpoint events): what the lag counts from.
-    read: BinlogPos,
-}
-
-impl Streaming {
-    /// When a quiet step is due, if one is owed (never inside a unit or with a
-    /// transaction pending).
-    fn quiet_due(&self) -> Option<Instant> {
-        if self.unit.is_some() || self.pending.is_some() {
-            return None;
-        }
-        quiet_step_after(&self.end, &self.recorded).map(|after| self.moved + after)
-    }
-
-    /// The runtime checkpoints the step ending here.
-    fn record(&mut self) {
-        self.recorded = self.end.clone();
-        self.moved = Instant::now();
-    }
-
-    /// Moves the position past `txn`, which ended (whole, or its last part).
-    fn took(&mut self, txn: &Txn) {
-        if let Some(end) = &txn.end {
-            self.end = end.clone();
-            self.read = self.read.clone().max(end.clone());
-            if self.end >= self.server_end {
-                self.caught_up = true;
-                self.server_end = self.end.clone();
-            }
-        }
-        if txn.gtid.is_some() {
-            self.gtid = txn.gtid.clone();
-        }
-    }
-}
-
-/// `txn` as the continuation of the unit whose documents before `next` were handed
-/// over (a stream reopened inside a unit hands its transaction from the start). None:
-/// all of it was handed over before, and more follows.
-fn after_handed(next: u64, mut txn: Txn) -> Option<Txn> {
-    let rest = if txn.first < next {
-        txn.split_off(next)
-    } else {
-        txn
-    };
-    (!rest.is_empty() || rest.end.is_some()).then_some(rest)
 }
 
 impl MysqlCdcSource {
@@ -224,32 +163,6 @@ impl MysqlCdcSource {
         Ok(tables)
     }
 
-    /// Refuses a position whose log file the server no longer has.
-    async fn check_available(
-        &self,
-        catalog: &mut Catalog,
-        from: &BinlogPos,
-    ) -> Result<(), SourceError> {
-        let logs = catalog.binary_logs().await?;
-        if logs.iter().any(|(file, _)| file == &from.file) {
-            return Ok(());
-        }
-        let first = logs.first().map_or("none", |(f, _)| f.as_str());
-        Err(SourceError::Unavailable {
-            name: self.name.clone(),
-            position: Value::from(from.to_string()),
-            reason: format!(
-                "the server at {} no longer has binary log {} (its first is now {first}): \
-                 the changes since the committed position were purged (PURGE BINARY LOGS, \
-                 expire_logs_days, binlog_expire_logs_seconds) and are lost to this \
-                 pipeline. Start over: reset the pipeline (`sluice apply --delete \
-                 <pipeline>`, then run it again), and the tables are snapshotted anew; \
-                 keep the binary logs longer than the pipeline may stand still",
-                self.url, from.file
-            ),
-        })
-    }
-
     /// Opens from `resume`, if nothing is open.
     async fn open(&mut self) -> Result<(), SourceError> {
         if !matches!(self.phase, Phase::Idle) {
@@ -274,7 +187,7 @@ impl MysqlCdcSource {
             }) => {
                 let mut segments = Segments(segments);
                 if table >= tables.len() {
-                    self.streaming(start, None, segments, None).await?
+                    self.streaming(start, None, None, segments, None).await?
                 } else {
                     if let Some(after) = &after {
                         segments.push(&tables[table], Some(after.clone()), snapshot);
@@ -291,142 +204,30 @@ impl MysqlCdcSource {
             Some(CdcPosition::Stream {
                 begin,
                 gtid,
+                gtid_state,
                 segments,
                 part: Some(Part { to: Some(to), .. }),
                 ..
             }) => {
-                self.streaming(begin, gtid, Segments(segments), Some(to))
+                self.streaming(begin, gtid, gtid_state, Segments(segments), Some(to))
                     .await?
             }
             Some(CdcPosition::Stream {
                 end,
                 gtid,
+                gtid_state,
                 segments,
                 ..
-            }) => self.streaming(end, gtid, Segments(segments), None).await?,
+            }) => {
+                self.streaming(end, gtid, gtid_state, Segments(segments), None)
+                    .await?
+            }
         };
         Ok(())
     }
 
-    async fn streaming(
-        &self,
-        from: BinlogPos,
-        gtid: Option<String>,
-        segments: Segments,
-        unit: Option<u64>,
-    ) -> Result<Phase, SourceError> {
-        let (dump, server_end) = self.dump_from(&from, segments.clone()).await?;
-        Ok(Phase::Stream(Box::new(Streaming {
-            dump: Some(dump),
-            prefetch: None,
-            pending: None,
-            caught_up: from >= server_end,
-            end: from.clone(),
-            gtid,
-            segments,
-            server_end,
-            unit,
-            recorded: from.clone(),
-            moved: Instant::now(),
-            read: from,
-        })))
-    }
-
-    /// A binlog stream from `from`, and the end of the server's log now.
-    async fn dump_from(
-        &self,
-        from: &BinlogPos,
-        segments: Segments,
-    ) -> Result<(Dump, BinlogPos), SourceError> {
-        let mut catalog = self.catalog().await?;
-        self.check_available(&mut catalog, from).await?;
-        let tables = self.describe(&mut catalog, &self.tables()).await?;
-        let server_end = catalog.master().await?;
-        let start = Start {
-            server_id: self.server_id,
-            from: from.clone(),
-            tables,
-            segments: segments.after(from),
-            bound: self.bound,
-        };
-        let dump = Dump::start(&self.name, &self.url, &self.opts, start).await?;
-        Ok((dump, server_end))
-    }
-
     fn position_of(&self, at: u64, index: u64) -> Position {
         Position::in_log(self.origin.clone(), Unit::Offset, at, index)
-    }
-
-    /// The step of the whole transactions `txns`, from `begin` to `end`, or of one
-    /// part of a large transaction (`txns` its pieces): their documents handed over,
-    /// hashed as the replay will hash them.
-    #[allow(clippy::too_many_arguments)]
-    fn stream_step(
-        &self,
-        (begin, end): (&BinlogPos, &BinlogPos),
-        gtid: Option<String>,
-        segments: &Segments,
-        txns: &[Txn],
-        out: &mut Records,
-        end_of_input: bool,
-        part: Option<Part>,
-        quiet: bool,
-    ) -> Step {
-        let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
-        for txn in txns {
-            for (i, doc) in txn.docs().enumerate() {
-                let index = txn.first + i as u64;
-                out.push_json(doc, self.position_of(txn.start.pos, index), doc.len());
-                hasher.append(doc);
-                hasher.append(b"\n");
-                records += 1;
-                bytes += doc.len() as u64;
-            }
-        }
-        let unit_continues = part.is_some_and(|p| p.to.is_some());
-        let position = CdcPosition::Stream {
-            begin: begin.clone(),
-            end: end.clone(),
-            gtid,
-            segments: segments.after(begin).0,
-            part,
-            quiet,
-        };
-        Step {
-            records,
-            bytes,
-            errors: Vec::new(),
-            end_of_input: end_of_input && !unit_continues,
-            // A last part without documents still ends the unit and moves the position.
-            advances: quiet || (part.is_some() && !unit_continues && records == 0),
-            unit_continues,
-            resume: Resume::Replay {
-                position: serde_json::to_value(&position).expect("a position serializes"),
-                data: None,
-                hash: hasher.finish(),
-            },
-        }
-    }
-
-    /// After a streamed step failed: the next open goes on where the step began
-    /// (inside its unit, after the documents taken before, if it was in one).
-    fn failed_at(&mut self, begin: BinlogPos, unit: Option<u64>) {
-        let (gtid, segments) = match &self.phase {
-            Phase::Stream(s) => (s.gtid.clone(), s.segments.0.clone()),
-            _ => (None, Vec::new()),
-        };
-        self.phase = Phase::Idle;
-        self.resume = Some(CdcPosition::Stream {
-            begin: begin.clone(),
-            end: begin,
-            gtid,
-            segments,
-            part: unit.map(|next| Part {
-                from: next,
-                to: Some(next),
-            }),
-            quiet: false,
-        });
     }
 
     fn bad_resume(&self, action: &'static str, resume: &Value, reason: String) -> SourceError {
@@ -468,7 +269,7 @@ impl Source for MysqlCdcSource {
         let mut catalog = self.catalog().await?;
         self.describe(&mut catalog, &self.tables()).await?;
         let end = catalog.master().await?;
-        let (mut dump, _) = self.dump_from(&end, Segments::default()).await?;
+        let mut dump = self.dump_from(&end, None, Segments::default()).await?.dump;
         match tokio::time::timeout(binlog::HEARTBEAT * 3, dump.next()).await {
             Ok(Err(e)) => Err(e),
             Ok(Ok(_)) | Err(_) => Ok(()),
@@ -491,12 +292,18 @@ impl Source for MysqlCdcSource {
             ));
         }
         self.phase = Phase::Idle;
-        let from = match &parsed {
-            CdcPosition::Backfill { start, .. } => start,
-            CdcPosition::Stream { end, .. } => end,
-        };
         let mut catalog = self.catalog().await?;
-        self.check_available(&mut catalog, from).await?;
+        match &parsed {
+            CdcPosition::Backfill { start, .. } => {
+                self.check_available(&mut catalog, start).await?
+            }
+            CdcPosition::Stream {
+                end,
+                gtid_state: Some(state),
+                ..
+            } => self.check_gtids(&mut catalog, end, state).await?,
+            CdcPosition::Stream { end, .. } => self.check_available(&mut catalog, end).await?,
+        }
         self.resume = Some(parsed);
         Ok(())
     }
@@ -541,6 +348,7 @@ impl Source for MysqlCdcSource {
                     begin,
                     end,
                     gtid,
+                    gtid_state,
                     segments,
                     part,
                     quiet,
@@ -562,16 +370,13 @@ impl Source for MysqlCdcSource {
                         return Err(e);
                     }
                 };
-                self.stream_step(
-                    (begin, end),
-                    gtid.clone(),
-                    &segments,
-                    &txns,
-                    out,
-                    false,
-                    *part,
-                    *quiet,
-                )
+                let here = Here {
+                    end: end.clone(),
+                    gtid: gtid.clone(),
+                    state: gtid_state.clone(),
+                    segments,
+                };
+                self.stream_step(begin, here, &txns, out, (false, *part, *quiet))
             }
             _ => {
                 return Err(self.bad_resume(
@@ -602,134 +407,7 @@ impl Source for MysqlCdcSource {
                 self.url.clone(),
             ));
         }
-        let paused = self.paused;
-        let Phase::Stream(s) = &mut self.phase else {
-            unreachable!("opened above: a backfill returns its step, else the stream is open")
-        };
-        if let Some(dump) = s.dump.take() {
-            s.prefetch = Some(Prefetch::spawn(Fetcher(dump), paused));
-        }
-        let (begin, unit) = (s.end.clone(), s.unit);
-        let (mut records, mut bytes) = (0usize, 0u64);
-        let mut taken = Vec::new();
-        let mut part = None;
-        loop {
-            let txn = match s.pending.take() {
-                Some(txn) => txn,
-                None => {
-                    let one = QueueLimits {
-                        max_records: 1,
-                        max_bytes: u64::MAX,
-                    };
-                    let prefetch = s.prefetch.as_ref().expect("spawned above");
-                    let mut items = match prefetch.take(one) {
-                        Ok(items) => items,
-                        Err(e) => {
-                            self.failed_at(begin, unit);
-                            return Err(e);
-                        }
-                    };
-                    match items.pop() {
-                        None => break,
-                        Some(Item::Heartbeat { end }) => {
-                            s.caught_up = true;
-                            // Everything before it was taken (FIFO).
-                            if s.pending.is_none() && s.unit.is_none() && end > s.read {
-                                s.read = end.clone();
-                            }
-                            if end.file == s.end.file || end > s.server_end {
-                                s.server_end = end;
-                            }
-                            continue;
-                        }
-                        Some(Item::Txn(txn)) => txn,
-                    }
-                }
-            };
-            let txn = match s.unit {
-                None => txn,
-                Some(next) => match after_handed(next, txn) {
-                    Some(txn) => txn,
-                    None => continue,
-                },
-            };
-            if !txn.whole() {
-                // A part of a large transaction: a step of its own.
-                match taken.is_empty() {
-                    true => part = Some(txn),
-                    false => s.pending = Some(txn),
-                }
-                break;
-            }
-            let docs = txn.ends.len();
-            if records > 0 && (records + docs > limits.max_records || bytes >= limits.max_bytes) {
-                s.pending = Some(txn);
-                break;
-            }
-            records += docs;
-            bytes += txn.text.len() as u64;
-            s.took(&txn);
-            taken.push(txn);
-        }
-        if let Some(txn) = part {
-            let to = match &txn.end {
-                Some(_) => {
-                    s.took(&txn);
-                    s.unit = None;
-                    s.record();
-                    None
-                }
-                None => {
-                    s.unit = Some(txn.next());
-                    Some(txn.next())
-                }
-            };
-            let part = Part {
-                from: txn.first,
-                to,
-            };
-            let end_of_input = s.caught_up
-                && s.pending.is_none()
-                && s.prefetch.as_ref().is_none_or(|p| p.queued().records == 0);
-            let (end, gtid, segments) = (s.end.clone(), s.gtid.clone(), s.segments.clone());
-            if let Some(monitor) = &self.monitor {
-                monitor.at(&s.read);
-            }
-            return Ok(self.stream_step(
-                (&begin, &end),
-                gtid,
-                &segments,
-                &[txn],
-                out,
-                end_of_input,
-                Some(part),
-                false,
-            ));
-        }
-        // Only transactions of other tables since the last checkpointed step, for a
-        // while: a step without records moves the checkpoint past them.
-        let quiet = records == 0 && s.quiet_due().is_some_and(|due| due <= Instant::now());
-        if records > 0 || quiet {
-            s.record();
-        }
-        let end_of_input = s.caught_up
-            && s.unit.is_none()
-            && s.pending.is_none()
-            && s.prefetch.as_ref().is_none_or(|p| p.queued().records == 0);
-        let (end, gtid, segments) = (s.end.clone(), s.gtid.clone(), s.segments.clone());
-        if let Some(monitor) = &self.monitor {
-            monitor.at(&s.read);
-        }
-        Ok(self.stream_step(
-            (&begin, &end),
-            gtid,
-            &segments,
-            &taken,
-            out,
-            end_of_input,
-            None,
-            quiet,
-        ))
+        self.queue_stream(limits, out).await
     }
 
     async fn ready(&mut self) {

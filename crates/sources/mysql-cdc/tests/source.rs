@@ -9,124 +9,17 @@
 //! keys).
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts};
 use serde_json::{Value, json};
-use sluice_mysql_cdc::{MysqlCdcConfig, MysqlCdcSource};
+use sluice_mysql_cdc::MysqlCdcConfig;
 use sluice_source_sdk::testing::{parsed_docs, records};
 use sluice_source_sdk::{Lag, Records, Resume, Source, SourceError, Step};
 use sluice_testkit::mariadb::BinlogMariadb;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-async fn sql(server: &BinlogMariadb) -> Conn {
-    Conn::new(Opts::from_url(&server.url()).unwrap())
-        .await
-        .unwrap()
-}
+mod common;
 
-fn config(server: &BinlogMariadb, tables: &[&str]) -> MysqlCdcConfig {
-    let config: MysqlCdcConfig = sluice_source_sdk::config::parse(
-        json!({"url": server.url(), "tables": tables, "chunk_rows": 3}),
-    )
-    .unwrap();
-    config.check().unwrap();
-    config
-}
-
-fn source(config: &MysqlCdcConfig) -> MysqlCdcSource {
-    MysqlCdcSource::new("cdc", "test", config).unwrap()
-}
-
-async fn step(source: &mut MysqlCdcSource, max: usize) -> (Vec<Value>, Step) {
-    let mut out = Records::default();
-    let step = source.queue(records(max), &mut out).await.unwrap();
-    assert_eq!(step.records, out.len());
-    (parsed_docs(&mut out), step)
-}
-
-/// Steps until `done` holds of what was read, or the clock runs out.
-async fn until(
-    source: &mut MysqlCdcSource,
-    max: usize,
-    docs: &mut Vec<Value>,
-    steps: &mut Vec<Step>,
-    done: impl Fn(&[Value], &Step) -> bool,
-) {
-    let started = Instant::now();
-    loop {
-        let (got, s) = step(source, max).await;
-        docs.extend(got);
-        let finished = done(docs, &s);
-        steps.push(s);
-        if finished {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no end after {} docs: {docs:?}",
-            docs.len()
-        );
-        if steps.last().unwrap().records == 0 {
-            tokio::time::timeout(Duration::from_millis(200), source.ready())
-                .await
-                .ok();
-        }
-    }
-}
-
-fn caught_up(_: &[Value], s: &Step) -> bool {
-    s.end_of_input
-}
-
-/// Folds change documents by `id`: a delete forgets the key.
-fn fold(docs: &[Value]) -> BTreeMap<i64, Value> {
-    let mut table = BTreeMap::new();
-    for doc in docs {
-        let id = doc["id"].as_i64().unwrap();
-        if doc["_meta"]["op"] == "d" {
-            table.remove(&id);
-        } else {
-            let mut row = doc.clone();
-            row.as_object_mut().unwrap().remove("_meta");
-            table.insert(id, row);
-        }
-    }
-    table
-}
-
-async fn table_rows(conn: &mut Conn) -> BTreeMap<i64, Value> {
-    let rows: Vec<(i64, Option<String>, Option<i32>)> = conn
-        .query("SELECT id, name, qty FROM shop.items ORDER BY id")
-        .await
-        .unwrap();
-    rows.into_iter()
-        .map(|(id, name, qty)| (id, json!({"id": id, "name": name, "qty": qty})))
-        .collect()
-}
-
-async fn items(conn: &mut Conn, n: i64) {
-    conn.query_drop(
-        "CREATE DATABASE shop; \
-         CREATE TABLE shop.items (id BIGINT PRIMARY KEY, name TEXT, qty INT) ENGINE=InnoDB",
-    )
-    .await
-    .unwrap();
-    for i in 1..=n {
-        conn.query_drop(format!(
-            "INSERT INTO shop.items VALUES ({i}, 'item {i}', {})",
-            i * 10
-        ))
-        .await
-        .unwrap();
-    }
-}
-
-fn position(step: &Step) -> Value {
-    match &step.resume {
-        Resume::Replay { position, .. } => position.clone(),
-        other => panic!("not a replay step: {other:?}"),
-    }
-}
+use common::*;
 
 #[tokio::test]
 async fn a_snapshot_written_during_it_then_inserts_updates_deletes_fold_to_the_table() {
@@ -359,28 +252,7 @@ async fn a_purged_position_says_how_to_start_over() {
     )
     .await
     .unwrap();
-    let status: mysql_async::Row = conn
-        .query_first("SHOW MASTER STATUS")
-        .await
-        .unwrap()
-        .unwrap();
-    let last: String = status.get(0).unwrap();
-    // A dump thread of the first source may still hold the older logs a moment.
-    let started = Instant::now();
-    loop {
-        conn.query_drop(format!("PURGE BINARY LOGS TO '{last}'"))
-            .await
-            .unwrap();
-        let first: Option<mysql_async::Row> = conn.query_first("SHOW BINARY LOGS").await.unwrap();
-        if first.and_then(|r| r.get::<String, _>(0)).as_deref() == Some(last.as_str()) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "logs not purged"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    purge_to_newest(&mut conn).await;
     let error = source(&config).seek(&committed).await.unwrap_err();
     assert!(matches!(error, SourceError::Unavailable { .. }), "{error}");
     let text = error.to_string();

@@ -114,6 +114,7 @@ impl MysqlCdcSource {
                 begin: start.clone(),
                 end: start,
                 gtid: None,
+                gtid_state: None,
                 segments: segments.0,
                 part: None,
                 quiet: false,

@@ -62,7 +62,7 @@ impl MysqlCdcSource {
         if begin >= end {
             return Ok(taken);
         }
-        let (mut dump, _) = self.dump_from(begin, segments).await?;
+        let mut dump = self.dump_from(begin, None, segments).await?.dump;
         loop {
             let txn = self.next_whole(&mut dump, end).await?;
             let ends = txn.end.clone().expect("whole");
@@ -95,7 +95,7 @@ impl MysqlCdcSource {
         part: Part,
         segments: Segments,
     ) -> Result<Txn, SourceError> {
-        let (mut dump, _) = self.dump_from(begin, segments).await?;
+        let mut dump = self.dump_from(begin, None, segments).await?.dump;
         let mut held: Option<Txn> = None;
         loop {
             let txn = match dump.next().await? {
