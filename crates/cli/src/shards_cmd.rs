@@ -11,7 +11,7 @@ use std::time::Duration;
 #[derive(Subcommand)]
 pub enum ShardsCommand {
     /// List the shards of a cluster's materializations: ranges, members, last
-    /// transaction and lag.
+    /// transaction, rate (documents per second) and lag.
     List {
         /// The pipeline file (YAML), with a `cluster:` section.
         pipeline: PathBuf,
@@ -58,18 +58,19 @@ pub fn main(cmd: ShardsCommand) -> anyhow::Result<()> {
                     return Ok(());
                 }
                 println!(
-                    "{:<20} {:<18} {:<10} {:<12} {:>8}  LAG",
-                    "MATERIALIZATION", "SHARD", "STATUS", "MEMBER", "TXN"
+                    "{:<20} {:<18} {:<10} {:<12} {:>8} {:>9}  LAG",
+                    "MATERIALIZATION", "SHARD", "STATUS", "MEMBER", "TXN", "DOCS/S"
                 );
                 for r in rows {
                     let lag: Vec<String> = r.lag.iter().map(|(s, l)| format!("{s}: {l}")).collect();
                     println!(
-                        "{:<20} {:<18} {:<10} {:<12} {:>8}  {}",
+                        "{:<20} {:<18} {:<10} {:<12} {:>8} {:>9}  {}",
                         r.materialization,
                         r.shard,
                         r.status,
                         r.member.as_deref().unwrap_or("-"),
                         r.txn,
+                        r.rate,
                         if lag.is_empty() {
                             "-".to_string()
                         } else {
@@ -86,12 +87,14 @@ pub fn main(cmd: ShardsCommand) -> anyhow::Result<()> {
                 ..
             } => {
                 eprintln!("asking the holder of {materialization}/{shard} to split it…");
+                let singleton = sluice_cluster::assign::singleton(&pipeline, &materialization);
                 let (lo, hi) = admin::split(
                     &etcd,
                     &keys,
                     &materialization,
                     &shard,
                     Duration::from_secs(wait),
+                    singleton,
                 )
                 .await?;
                 println!("{materialization}/{shard} split into {lo} and {hi}");

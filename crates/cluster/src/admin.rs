@@ -1,8 +1,8 @@
 //! What `sluice shards list | split` read and write in a cluster's etcd.
 
 use crate::etcd::{Cond, Etcd, Op};
-use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
-use crate::member::{ClusterError, read_view};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus, read_view};
+use crate::member::ClusterError;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,15 +21,17 @@ pub struct ShardRow {
     pub txn: u64,
     /// Each source's lag as its holder last published it.
     pub lag: BTreeMap<String, String>,
+    /// Documents per second committed, as its holder last published it.
+    pub rate: u64,
 }
 
-/// Every shard of the cluster, with its member, last transaction and lag.
+/// Every shard of the cluster, with its member, last transaction, rate and lag.
 pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterError> {
     let (members, _) = etcd.get_prefix(&keys.members()).await?;
     let (shards, _) = etcd.get_prefix(&keys.shards()).await?;
     let (assignments, _) = etcd.get_prefix(&keys.assignments()).await?;
     let (statuses, _) = etcd.get_prefix(&keys.statuses()).await?;
-    let view = read_view(keys, &members, &shards, &assignments)?;
+    let view = read_view(keys, &members, &shards, &assignments);
     let (logs, _) = etcd.get_prefix(&keys.logs()).await?;
     let by_shard = |under: String, kvs: &[crate::etcd::KeyValue], suffix: &str| {
         let mut out = BTreeMap::new();
@@ -53,10 +55,9 @@ pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterErro
             .and_then(|c| serde_json::from_slice::<serde_json::Value>(c).ok())
             .and_then(|c| c["txn"].as_u64())
             .unwrap_or(0);
-        let lag = (statuses.get(&at))
+        let status = (statuses.get(&at))
             .and_then(|s| serde_json::from_slice::<ShardStatus>(s).ok())
-            .unwrap_or_default()
-            .lag;
+            .unwrap_or_default();
         rows.push(ShardRow {
             materialization: id.materialization.clone(),
             shard: id.range.id(),
@@ -69,7 +70,8 @@ pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterErro
             },
             member: state.holder.as_ref().map(|(m, _)| m.clone()),
             txn,
-            lag,
+            lag: status.lag,
+            rate: status.rate,
         });
     }
     Ok(rows)
@@ -77,17 +79,25 @@ pub async fn list(etcd: &Etcd, keys: &Keys) -> Result<Vec<ShardRow>, ClusterErro
 
 /// Asks the holder of `materialization`'s shard `shard` (its id, `00000000-ffffffff`)
 /// to split it, then waits up to `wait` for its halves. Returns the halves' ids.
+/// `singleton`: why the materialization runs as one shard ([`crate::assign::singleton`]),
+/// which refuses the split.
 pub async fn split(
     etcd: &Etcd,
     keys: &Keys,
     materialization: &str,
     shard: &str,
     wait: Duration,
+    singleton: Option<String>,
 ) -> Result<(String, String), ClusterError> {
     let unknown = |reason: String| ClusterError::Invalid {
         place: format!("shard {materialization}/{shard}"),
         reason,
     };
+    if let Some(why) = singleton {
+        return Err(unknown(format!(
+            "{materialization} runs as one shard, which cannot split: {why}"
+        )));
+    }
     let range = ShardDef::parse(shard)
         .ok_or_else(|| unknown("a shard id is `<key_begin>-<key_end>` in 8 hex digits each, as `sluice shards list` shows it".into()))?;
     let Some((lo, hi)) = range.halves() else {

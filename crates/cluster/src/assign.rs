@@ -29,6 +29,7 @@
 //! one claim fails, and the next view settles it.
 
 use crate::keys::ShardId;
+use sluice_runtime::config::Pipeline;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -71,6 +72,19 @@ pub enum Action {
     Release(ShardId),
     /// Finish the transaction in progress, stop, then replace the shard by its halves.
     Split(ShardId),
+}
+
+/// Why materialization `name` runs as one shard in a cluster, never split, if it does:
+/// a source of it that one shard only may read (a replication slot). That shard moves
+/// between members as any does, one holder at a time.
+pub fn singleton(pipeline: &Pipeline, name: &str) -> Option<String> {
+    pipeline.sources_of(name).find_map(|(source, s)| {
+        let why = s.singleton?;
+        Some(format!(
+            "source {source} (a {} source): {why}",
+            s.config.kind()
+        ))
+    })
 }
 
 /// The live member that should run `shard`, `None` with no members.

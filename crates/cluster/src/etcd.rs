@@ -1,6 +1,8 @@
-//! A small etcd v3 client over our own `proto/etcd.proto`: the key and lease calls the
-//! cluster makes, each bounded by a timeout, over one lazily connected channel that
-//! reconnects by itself (an etcd restart costs the calls made while it is down). Over
+//! A small etcd v3 client over our own `proto/etcd.proto`: the key, lease and watch
+//! calls the cluster makes, each bounded by a timeout (a watch's only until etcd
+//! answers; its stream then lasts until it fails), over one lazily connected channel
+//! that reconnects by itself (an etcd restart costs the calls made while it is down,
+//! and ends the watches open then: their holder watches again). Over
 //! TLS (`cluster.tls`: the CA, and a client certificate for etcd's
 //! `--client-cert-auth`) the connection is ours (rustls, the issuer named when a
 //! certificate does not verify), and tonic frames gRPC over it.
@@ -27,6 +29,7 @@ use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
 use pb::request_op::Request;
 use pb::response_op::Response;
+use pb::watch_client::WatchClient;
 
 /// A call to etcd that failed: which call, and why.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -34,11 +37,29 @@ use pb::response_op::Response;
 pub struct EtcdError {
     pub call: &'static str,
     pub reason: String,
+    /// etcd refused the call because the lease it names has expired (or was revoked):
+    /// whoever wrote with that lease has lost it.
+    pub lease_gone: bool,
 }
+
+impl EtcdError {
+    pub fn new(call: &'static str, reason: impl Into<String>) -> EtcdError {
+        EtcdError {
+            call,
+            reason: reason.into(),
+            lease_gone: false,
+        }
+    }
+}
+
+/// What etcd answers a write or renewal naming a lease it no longer has
+/// (`rpctypes.ErrGRPCLeaseNotFound`).
+const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
 
 fn failed(call: &'static str) -> impl FnOnce(tonic::Status) -> EtcdError {
     move |status| EtcdError {
         call,
+        lease_gone: status.code() == tonic::Code::NotFound && status.message() == LEASE_NOT_FOUND,
         reason: match status.code() {
             tonic::Code::Unavailable | tonic::Code::Unknown => {
                 format!("unreachable ({})", with_causes(&status))
@@ -104,13 +125,11 @@ pub struct TxnOutcome {
 pub struct Etcd {
     kv: KvClient<Channel>,
     lease: LeaseClient<Channel>,
+    watch: WatchClient<Channel>,
 }
 
 fn bad_endpoint(url: &str, why: impl std::fmt::Display) -> EtcdError {
-    EtcdError {
-        call: "connect",
-        reason: format!("{url:?} is not an endpoint URL: {why}"),
-    }
+    EtcdError::new("connect", format!("{url:?} is not an endpoint URL: {why}"))
 }
 
 /// Plain HTTP/2 to every endpoint, balanced by tonic.
@@ -222,7 +241,8 @@ impl Etcd {
         };
         Ok(Etcd {
             kv: KvClient::new(channel.clone()),
-            lease: LeaseClient::new(channel),
+            lease: LeaseClient::new(channel.clone()),
+            watch: WatchClient::new(channel),
         })
     }
 
@@ -357,10 +377,7 @@ impl Etcd {
             .map_err(failed("lease grant"))?
             .into_inner();
         if !response.error.is_empty() {
-            return Err(EtcdError {
-                call: "lease grant",
-                reason: response.error,
-            });
+            return Err(EtcdError::new("lease grant", response.error));
         }
         Ok(response.id)
     }
@@ -377,11 +394,72 @@ impl Etcd {
             Some(Ok(answer)) if answer.ttl > 0 => Ok(Some(Duration::from_secs(answer.ttl as u64))),
             Some(Ok(_)) => Ok(None),
             Some(Err(status)) => Err(failed("lease keep-alive")(status)),
-            None => Err(EtcdError {
-                call: "lease keep-alive",
-                reason: "the stream ended without an answer".into(),
-            }),
+            None => Err(EtcdError::new(
+                "lease keep-alive",
+                "the stream ended without an answer",
+            )),
         }
+    }
+
+    /// Watches every key under each of `prefixes` from now on. Returns once etcd has
+    /// created every watch; the stream then yields, for each change etcd reports, the
+    /// revision it was made at, and ends with an error when the watch ends (etcd
+    /// stopped or cancelled it): a caller that keeps watching calls again, and looks
+    /// at the keys again for what changed in between.
+    pub async fn watch(
+        &self,
+        prefixes: &[String],
+    ) -> Result<impl futures::Stream<Item = Result<i64, EtcdError>> + Send + use<>, EtcdError> {
+        let creates: Vec<pb::WatchRequest> = (prefixes.iter())
+            .map(|prefix| pb::WatchRequest {
+                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                    pb::WatchCreateRequest {
+                        key: prefix.as_bytes().to_vec(),
+                        range_end: prefix_end(prefix),
+                        start_revision: 0,
+                    },
+                )),
+            })
+            .collect();
+        // The request stream stays open: a closed one may end the watches with it.
+        let requests = futures::stream::iter(creates).chain(futures::stream::pending());
+        let mut answers = (self.watch.clone())
+            .watch(requests)
+            .await
+            .map_err(failed("watch"))?
+            .into_inner();
+        let ended = |reason: String| EtcdError::new("watch", reason);
+        let mut created = 0;
+        while created < prefixes.len() {
+            match answers.next().await {
+                Some(Ok(answer)) if answer.canceled => {
+                    return Err(ended(format!("refused: {}", answer.cancel_reason)));
+                }
+                Some(Ok(answer)) => created += usize::from(answer.created),
+                Some(Err(status)) => return Err(failed("watch")(status)),
+                None => return Err(ended("the stream ended before the watch began".into())),
+            }
+        }
+        Ok(futures::stream::unfold(
+            Some(answers),
+            move |answers| async move {
+                let mut answers = answers?;
+                loop {
+                    let next = match answers.next().await {
+                        Some(Ok(answer)) if answer.canceled => Err(ended(format!(
+                            "etcd cancelled it: {} (compacted at revision {})",
+                            answer.cancel_reason, answer.compact_revision
+                        ))),
+                        Some(Ok(answer)) if answer.events.is_empty() => continue,
+                        Some(Ok(answer)) => Ok(answer.header.map_or(0, |h| h.revision)),
+                        Some(Err(status)) => Err(failed("watch")(status)),
+                        None => Err(ended("the stream ended".into())),
+                    };
+                    let more = next.is_ok().then_some(answers);
+                    return Some((next, more));
+                }
+            },
+        ))
     }
 
     /// Ends lease `id` now: every key written with it is deleted.

@@ -3,7 +3,8 @@
 //! ```text
 //!  join:  lease (TTL) ── P/members/<me> with it ── first shards of each materialization
 //!         (once, by CAS on P/init/<mat>) ── first Apply (under P/lock/apply/<mat>)
-//!  every tick (TTL/4, at most 1 s):
+//!  at each wake-up (wake.rs: a change to the watched keys, a loop that returned, a
+//!  backoff or publishing that is due, or at most SAFETY_NET after the last):
 //!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop)
 //!    view (members, shards, assignments) ──assign::plan──▶ Claim | Drop | Release | Split
 //!    Claim: CAS the assignment with the lease; its revision is the fencing token;
@@ -14,9 +15,12 @@
 //!  it (P/declined/<shard>/<me>, with the lease) for a backoff, 5 s doubling to 5 min;
 //!  the other members' plans pass it to the next owner, this member's other shards run
 //!  on; the marker is deleted when the backoff ends.
-//!  keep-alive task: renews the lease every TTL/3; a lease that expired (the member
-//!  was stopped or cut off longer than the TTL) ends the member with an error: its
-//!  shards have been, or will be, taken over, and its writes are fenced.
+//!  keep-alive task: renews the lease every TTL/3; a lease that etcd says expired
+//!  (the member was stopped or cut off longer than the TTL) ends the member with an
+//!  error: its shards have been, or will be, taken over, and its writes are fenced.
+//!  While etcd cannot be reached the member keeps asking: etcd keeps leases across its
+//!  restarts, and a cut-off member commits nothing (each commit writes the shard's log
+//!  in etcd, conditioned on its claim).
 //!  shutdown (SIGINT/SIGTERM): each loop finishes its transaction, assignments are
 //!  deleted and the lease revoked, so the others take over at once.
 //! ```
@@ -24,10 +28,11 @@
 //! Every loop is the runtime's one transaction loop ([`Launcher::launch`]); the member
 //! only decides which shards run here.
 
-use crate::assign::{self, Action, Held, ShardState, View};
+use crate::assign::{self, Action, Held, View};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
-use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus, read_view};
 use crate::log::SharedLog;
+use crate::wake::{self, Wake};
 use sluice_runtime::applied;
 use sluice_runtime::config::{ClusterDef, Pipeline};
 use sluice_runtime::metrics::Metrics;
@@ -73,10 +78,9 @@ pub fn cluster_of(pipeline: &Pipeline) -> &ClusterDef {
 pub fn connect(cluster: &ClusterDef) -> Result<(Etcd, Keys), ClusterError> {
     let tls = match &cluster.tls {
         None => None,
-        Some(tls) => Some(tls.connector("cluster.tls").map_err(|e| EtcdError {
-            call: "connect",
-            reason: e.to_string(),
-        })?),
+        Some(tls) => Some(
+            (tls.connector("cluster.tls")).map_err(|e| EtcdError::new("connect", e.to_string()))?,
+        ),
     };
     let etcd = Etcd::connect(&cluster.etcd, Duration::from_secs(5), tls.as_ref())?;
     let prefix = cluster.prefix.as_deref().expect("parsing sets the prefix");
@@ -122,7 +126,14 @@ pub async fn run(
     tracing::info!(member = %me, lease, "joined the cluster at {}", cluster.etcd.join(","));
     let (lost_tx, lost) = watch::channel(None::<String>);
     let keepalive = tokio::spawn(keep_alive(etcd.clone(), lease, cluster.lease_ttl, lost_tx));
+    let watched = vec![
+        keys.members(),
+        keys.shards(),
+        keys.assignments(),
+        keys.declines(),
+    ];
     let member = Member {
+        wake: Wake::watching(etcd.clone(), watched, wake::SAFETY_NET),
         etcd: etcd.clone(),
         keys,
         me: me.clone(),
@@ -164,15 +175,20 @@ async fn keep_alive(etcd: Etcd, lease: i64, ttl: Duration, lost: watch::Sender<O
                 return;
             }
             Err(e) => {
-                // etcd restarting: leases survive it (etcd renews them on recovery),
-                // so keep trying until one TTL has passed since the last renewal.
-                tracing::warn!("renewing the member's lease: {e}");
-                if renewed.elapsed() > ttl {
-                    lost.send_replace(Some(format!(
-                        "not renewed for {:.1}s, longer than its TTL: {e}",
-                        renewed.elapsed().as_secs_f64()
-                    )));
-                    return;
+                // etcd restarting, or this member cut off from it: only etcd can say
+                // that the lease expired, and it keeps leases across a restart (it
+                // renews each on recovery), so keep asking. Meanwhile this member's
+                // loops commit nothing: each commit writes its shard's log in etcd,
+                // conditioned on the claim, and the store fences a former holder.
+                let silent = renewed.elapsed();
+                match silent > ttl {
+                    true => tracing::warn!(
+                        "renewing the member's lease: {e}; not renewed for {:.1}s, longer \
+                         than its TTL: etcd's answer, once it comes, says whether it \
+                         expired",
+                        silent.as_secs_f64()
+                    ),
+                    false => tracing::warn!("renewing the member's lease: {e}"),
                 }
                 Duration::from_millis(500)
             }
@@ -217,6 +233,8 @@ struct Failing {
 const FAILURES_FORGOTTEN: Duration = Duration::from_secs(600);
 
 struct Member {
+    /// What wakes the reconcile loop.
+    wake: Wake,
     etcd: Etcd,
     keys: Keys,
     me: String,
@@ -240,24 +258,39 @@ impl Member {
     ) -> Result<Vec<(String, Summary)>, ClusterError> {
         let cluster = cluster_of(pipeline);
         for m in &planned.materializations {
-            self.first_shards(&m.name, cluster.shards).await?;
+            let count = match assign::singleton(pipeline, &m.name) {
+                Some(why) => {
+                    tracing::info!(materialization = %m.name, "runs as one shard: {why}");
+                    1
+                }
+                None => cluster.shards,
+            };
+            self.first_shards(&m.name, count).await?;
         }
         self.first_apply(pipeline, &planned).await?;
         // A member serves until stopped: its shards' inputs may grow at any time.
         opts.follow = true;
         opts.metrics = Some(self.metrics.clone());
         let launcher = Launcher::new(pipeline, planned, opts, progress)?;
-        let tick = (cluster.lease_ttl / 4).min(Duration::from_secs(1));
         let mut published = Instant::now();
         let mut lost = self.lost.clone();
         let outcome = loop {
+            // The next backoff to end or publishing due, whichever is first (a decline
+            // whose withdrawal failed is tried again at the next wake-up).
+            let now = Instant::now();
+            let due = (self.failing.values())
+                .filter(|f| f.marked && f.until > now)
+                .map(|f| f.until)
+                .chain([published + PUBLISH_EVERY])
+                .min()
+                .map(tokio::time::Instant::from_std);
             tokio::select! {
                 _ = shutdown.wait_for(|down| *down) => break Ok(()),
                 why = lost.wait_for(Option::is_some) => {
                     let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
                     break Err(ClusterError::LeaseLost { member: self.me.clone(), why });
                 }
-                () = tokio::time::sleep(tick) => {}
+                _ = self.wake.next(due) => {}
             }
             self.reap().await;
             self.end_backoffs().await;
@@ -308,7 +341,21 @@ impl Member {
                 self.add(&shard, &summary);
             }
         }
+        self.wake.stop().await;
         outcome.map(|()| self.summaries.into_iter().collect())
+    }
+
+    /// `e`, or the loss of this member's lease when etcd refused a write with it
+    /// because it has expired: a member stopped past its lease while it was joining
+    /// learns it here, before its keep-alive task does.
+    fn lease_lost(&self, e: EtcdError) -> ClusterError {
+        match e.lease_gone {
+            true => ClusterError::LeaseLost {
+                member: self.me.clone(),
+                why: format!("etcd refused a write with it: {e}"),
+            },
+            false => e.into(),
+        }
     }
 
     /// Makes materialization `name`'s first shards, unless the cluster has seen it.
@@ -359,7 +406,8 @@ impl Member {
                         }],
                         vec![],
                     )
-                    .await?;
+                    .await
+                    .map_err(|e| self.lease_lost(e))?;
                 if taken.succeeded {
                     break;
                 }
@@ -418,7 +466,7 @@ impl Member {
         let (shards, _) = self.etcd.get_prefix(&self.keys.shards()).await?;
         let (assignments, _) = self.etcd.get_prefix(&self.keys.assignments()).await?;
         let (declined, _) = self.etcd.get_prefix(&self.keys.declines()).await?;
-        let mut view = read_view(&self.keys, &members, &shards, &assignments)?;
+        let mut view = read_view(&self.keys, &members, &shards, &assignments);
         for kv in &declined {
             let key = String::from_utf8_lossy(&kv.key);
             if let Some((materialization, range, member)) = self.keys.parse_declined(&key) {
@@ -464,11 +512,15 @@ impl Member {
                     let log = SharedLog::new(self.etcd.clone(), &self.keys, &shard, token);
                     tracing::info!(%shard, token, "claimed; recovering from its log");
                     let log = LogPlace::Shared(Arc::new(log));
-                    tokio::spawn(launcher.launch(
-                        &shard.materialization,
-                        vec![(shard.range, log)],
-                        stopped,
-                    ))
+                    let run =
+                        launcher.launch(&shard.materialization, vec![(shard.range, log)], stopped);
+                    // Its end wakes the member, which hands the shard over at once.
+                    let ended = self.wake.notifier();
+                    tokio::spawn(async move {
+                        let outcome = run.await;
+                        ended.notify_one();
+                        outcome
+                    })
                 });
                 let stopping = splitting.then_some(Stopping::Split);
                 self.held.insert(
@@ -694,7 +746,8 @@ impl Member {
         Ok(())
     }
 
-    /// Publishes each running shard's lag, when it changed since last published.
+    /// Publishes each running shard's lag and rate, when they changed since last
+    /// published.
     async fn publish(&mut self) {
         let snapshot = self.metrics.status.snapshot();
         for (shard, running) in &mut self.held {
@@ -712,6 +765,7 @@ impl Member {
                     .filter_map(|(source, view)| Some((source, view.lag.as_ref()?)))
                     .map(|(source, lag)| (source.clone(), format!("{} {}", lag.behind, lag.unit)))
                     .collect(),
+                rate: view.rate.round() as u64,
             };
             if running.published.as_ref() == Some(&status) {
                 continue;
@@ -740,56 +794,4 @@ impl Member {
     fn add(&mut self, shard: &ShardId, s: &Summary) {
         (self.summaries.entry(shard.to_string()).or_default()).merge(s);
     }
-}
-
-/// The view in the keys read (pure).
-pub fn read_view(
-    keys: &Keys,
-    members: &[crate::etcd::KeyValue],
-    shards: &[crate::etcd::KeyValue],
-    assignments: &[crate::etcd::KeyValue],
-) -> Result<View, EtcdError> {
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let mut view = View::default();
-    let members_dir = keys.members();
-    for kv in members {
-        if let Some(member) = text(&kv.key).strip_prefix(&members_dir) {
-            view.members.insert(member.to_string());
-        }
-    }
-    let shards_dir = keys.shards();
-    for kv in shards {
-        let key = text(&kv.key);
-        let Some((materialization, range)) = keys.parse_shard(&shards_dir, &key) else {
-            continue;
-        };
-        let spec: ShardSpec = serde_json::from_slice(&kv.value).unwrap_or_default();
-        let id = ShardId {
-            materialization: materialization.to_string(),
-            range,
-        };
-        view.shards.insert(
-            id,
-            ShardState {
-                splitting: spec.splitting,
-                holder: None,
-                declined: Default::default(),
-            },
-        );
-    }
-    let assignments_dir = keys.assignments();
-    for kv in assignments {
-        let key = text(&kv.key);
-        let Some((materialization, range)) = keys.parse_shard(&assignments_dir, &key) else {
-            continue;
-        };
-        let id = ShardId {
-            materialization: materialization.to_string(),
-            range,
-        };
-        if let Some(state) = view.shards.get_mut(&id) {
-            state.holder = Some((text(&kv.value), kv.mod_revision));
-        }
-    }
-    Ok(view)
 }

@@ -47,6 +47,13 @@ pub trait SourceKind: 'static {
     /// it can (all it resumes from is in the recovery log).
     const PINNED: Option<&'static str> = None;
 
+    /// Why a source of this kind is read by one shard only, though it can move between
+    /// a cluster's members with it (all it resumes from is in the recovery log and the
+    /// system it reads, as a server-side replication slot); `None`: any number of shards
+    /// may read it at once. Its materialization runs as one shard, never split, with one
+    /// holder at a time.
+    const SINGLETON: Option<&'static str> = None;
+
     /// Opens the source `opening.name` at the start of its input.
     fn open(opening: &Opening<'_>, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
 }
@@ -100,6 +107,7 @@ pub struct Kind {
     name: &'static str,
     schema: fn() -> Value,
     pinned: Option<&'static str>,
+    singleton: Option<&'static str>,
     parse: fn(Value, &Path) -> Result<SourceConfig, InvalidConfig>,
 }
 
@@ -109,6 +117,7 @@ pub fn kind<K: SourceKind>() -> Kind {
         name: K::NAME,
         schema: config::schema_for::<K::Config>,
         pinned: K::PINNED,
+        singleton: K::SINGLETON,
         parse: parse_as::<K>,
     }
 }
@@ -133,6 +142,12 @@ impl Kind {
     /// Why a source of this kind cannot run in a cluster ([`SourceKind::PINNED`]).
     pub fn pinned(&self) -> Option<&'static str> {
         self.pinned
+    }
+
+    /// Why a source of this kind is read by one shard only
+    /// ([`SourceKind::SINGLETON`]).
+    pub fn singleton(&self) -> Option<&'static str> {
+        self.singleton
     }
 
     /// Reads the configuration written under this kind's key; relative paths are

@@ -75,12 +75,15 @@ pub(super) fn run(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result
                 let fenced = !outcome.success() && outcome.stderr.contains("fenced");
                 h.report.armed("cluster: zombie past its lease", fenced);
                 if !fenced {
-                    h.report.anomaly(format!(
-                        "member {name}, stopped past its lease, must exit naming \"fenced\" \
+                    h.report.anomaly_of(
+                        "zombie not fenced",
+                        format!(
+                            "member {name}, stopped past its lease, must exit naming \"fenced\" \
                          ({}):\n    {}",
-                        outcome.status,
-                        outcome.tail()
-                    ));
+                            outcome.status,
+                            outcome.tail()
+                        ),
+                    );
                 }
                 members.join(h, &pipeline)?;
             }
@@ -91,21 +94,34 @@ pub(super) fn run(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result
                 }
                 Err(why) => {
                     h.report.armed("cluster: shard split", false);
-                    h.report.anomaly(format!("a split failed: {why}"));
+                    h.report
+                        .anomaly_of("split failed", format!("a split failed: {why}"));
                 }
             },
             _ => {
                 etcd.restart(Duration::from_secs(1));
                 std::thread::sleep(Duration::from_secs(2));
-                let mut alive = true;
-                for (name, member) in &mut members.running {
+                let mut died = Vec::new();
+                for (at, (_, member)) in members.running.iter_mut().enumerate() {
                     if member.child.try_wait()?.is_some() {
-                        alive = false;
-                        h.report
-                            .anomaly(format!("member {name} exited when etcd restarted"));
+                        died.push(at);
                     }
                 }
-                h.report.armed("cluster: etcd restarted", alive);
+                h.report.armed("cluster: etcd restarted", died.is_empty());
+                // In place of each dead member a new one joins, as after a kill.
+                for at in died.into_iter().rev() {
+                    let (name, member) = members.running.swap_remove(at);
+                    let outcome = member.wait(Duration::ZERO)?;
+                    h.report.anomaly_of(
+                        "member died on etcd restart",
+                        format!(
+                            "member {name} exited when etcd restarted ({}):\n    {}",
+                            outcome.status,
+                            outcome.tail()
+                        ),
+                    );
+                    members.join(h, &pipeline)?;
+                }
             }
         }
     }
@@ -115,11 +131,14 @@ pub(super) fn run(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result
         let outcome = member.wait(Duration::from_secs(60))?;
         h.report.restarts += outcome.reopenings();
         if !outcome.success() {
-            h.report.anomaly(format!(
-                "member {name} did not leave cleanly on SIGTERM ({}):\n    {}",
-                outcome.status,
-                outcome.tail()
-            ));
+            h.report.anomaly_of(
+                "unclean leave",
+                format!(
+                    "member {name} did not leave cleanly on SIGTERM ({}):\n    {}",
+                    outcome.status,
+                    outcome.tail()
+                ),
+            );
         }
     }
     Ok(())
@@ -202,9 +221,12 @@ fn converge(h: &mut Harness) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    h.report.anomaly(format!(
-        "the members did not reach the model within {}s of the last append",
-        CONVERGE.as_secs()
-    ));
+    h.report.anomaly_of(
+        "no convergence",
+        format!(
+            "the members did not reach the model within {}s of the last append",
+            CONVERGE.as_secs()
+        ),
+    );
     Ok(())
 }

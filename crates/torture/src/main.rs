@@ -96,7 +96,8 @@ struct TortureArgs {
     output: Option<OutputKind>,
     /// Where the input lives: a JSON-lines file, a 4-partition topic of a private
     /// Kafka broker (tansu), a stream of a private NATS JetStream server, a table of a
-    /// private PostgreSQL read by change data capture (postgres_cdc), or clients posting
+    /// private PostgreSQL or MariaDB read by change data capture (postgres_cdc,
+    /// mysql_cdc), or clients posting
     /// to an HTTP source (and retrying with their Idempotency-Keys).
     #[arg(long, value_enum, default_value = "file")]
     source: SourceKind,
@@ -220,13 +221,13 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
         bail!("broker-restart restarts a log broker: --source kafka or nats");
     }
-    if args.source == SourceKind::PostgresCdc
-        && (args.mode == Mode::Delta || args.scenario != Scenario::Random)
-    {
+    if args.source.is_cdc() && (args.mode == Mode::Delta || args.scenario != Scenario::Random) {
+        let source = args.source.to_possible_value().expect("no skipped values");
         bail!(
-            "--source postgres_cdc runs the random scenario in standard mode: a CDC step is \
-             a whole PostgreSQL transaction or a backfill chunk, not the model's fixed \
-             transactions, which --mode delta and the other scenarios check"
+            "--source {} runs the random scenario in standard mode: a CDC step is a whole \
+             transaction of the database or a backfill chunk, not the model's fixed \
+             transactions, which --mode delta and the other scenarios check",
+            source.get_name()
         );
     }
     if args.source == SourceKind::Kafka
@@ -336,12 +337,12 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
     report.print(&verdict);
     if failed {
         bail!(
-            "torture {} failed: {} lost, {} duplicated, {} mismatched, {} anomalies",
+            "torture {} failed: {} lost, {} duplicated, {} mismatched, {}",
             report.scenario,
             verdict.lost,
             verdict.duplicated,
             verdict.mismatched,
-            report.anomalies.len()
+            report.anomaly_counts()
         );
     }
     Ok(())
@@ -366,7 +367,8 @@ struct Report {
     restarts: u64,
     /// Per fault kind: (kind, armed, fired).
     kinds: Vec<(String, u64, u64)>,
-    anomalies: Vec<String>,
+    /// Each anomaly: its kind (what the summary line counts) and what happened.
+    anomalies: Vec<(&'static str, String)>,
 }
 
 impl Report {
@@ -383,10 +385,30 @@ impl Report {
         self.faults += u64::from(fired);
     }
 
+    /// An outcome no fault explains (of a kind the scenario does not name).
     fn anomaly(&mut self, what: impl Into<String>) {
+        self.anomaly_of("unexpected outcome", what);
+    }
+
+    /// An anomaly of `kind`, which the summary line counts by name.
+    fn anomaly_of(&mut self, kind: &'static str, what: impl Into<String>) {
         let what = what.into();
-        eprintln!("anomaly: {what}");
-        self.anomalies.push(what);
+        eprintln!("anomaly ({kind}): {what}");
+        self.anomalies.push((kind, what));
+    }
+
+    /// The anomalies counted by kind: `2 anomalies (split failed: 1, zombie not
+    /// fenced: 1)`.
+    fn anomaly_counts(&self) -> String {
+        let mut counts = std::collections::BTreeMap::new();
+        for (kind, _) in &self.anomalies {
+            *counts.entry(*kind).or_insert(0u64) += 1;
+        }
+        let named: Vec<String> = counts.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        match named.is_empty() {
+            true => "0 anomalies".to_string(),
+            false => format!("{} anomalies ({})", self.anomalies.len(), named.join(", ")),
+        }
     }
 
     fn print(&self, v: &Verdict) {
@@ -422,6 +444,9 @@ impl Report {
             v.mismatched,
             self.anomalies.len()
         );
+        if !self.anomalies.is_empty() {
+            println!("{}", self.anomaly_counts());
+        }
     }
 }
 

@@ -52,6 +52,7 @@ impl PipelineFile {
                 },
                 envelope: source.envelope,
                 pinned: registry.source(&kind).and_then(|k| k.pinned()),
+                singleton: registry.source(&kind).and_then(|k| k.singleton()),
                 config,
             };
             sources.insert(name, def);

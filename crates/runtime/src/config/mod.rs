@@ -235,7 +235,7 @@ impl Pipeline {
     pub fn one_shard(&self, name: &str) -> Option<String> {
         let m = self.materializations.get(name)?;
         let sources = self.sources_of(name).find_map(|(source, s)| {
-            if let Some(why) = s.pinned {
+            if let Some(why) = s.pinned.or(s.singleton) {
                 return Some(format!(
                     "source {source} (a {} source): {why}",
                     s.config.kind()

@@ -23,6 +23,9 @@ pub struct SourceDef {
     /// Why it cannot be read by several shards at once, or move between a cluster's
     /// members ([`sluice_source_sdk::SourceKind::PINNED`]).
     pub pinned: Option<&'static str>,
+    /// Why it is read by one shard only, though it can move between a cluster's
+    /// members ([`sluice_source_sdk::SourceKind::SINGLETON`]).
+    pub singleton: Option<&'static str>,
     /// The source's kind (`file`, `datagen`) and its configuration, parsed by the kind.
     pub config: SourceConfig,
 }

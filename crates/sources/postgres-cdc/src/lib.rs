@@ -48,8 +48,8 @@ pub struct PostgresCdcKind;
 impl SourceKind for PostgresCdcKind {
     const NAME: &'static str = "postgres_cdc";
     type Config = PostgresCdcConfig;
-    const PINNED: Option<&'static str> =
-        Some("it reads one replication slot, which the shards of a cluster cannot share");
+    const SINGLETON: Option<&'static str> =
+        Some("it reads one replication slot, which two shards cannot share");
 
     fn prepare(config: &mut PostgresCdcConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
         config.check()
