@@ -9,6 +9,7 @@
 //! that hold paths, and its constructor (the driver declares how it commits itself:
 //! `Driver::declared`); an epoch sink or an output crate gives its `kind()`.
 
+use sluice_airbyte_source::{AirbyteKind, SingerKind};
 use sluice_datagen::DatagenKind;
 use sluice_driver_sdk::Builtin;
 use sluice_driver_sdk::flow::EndpointType;
@@ -38,6 +39,8 @@ pub fn registry() -> Registry {
         .with_source(kind::<PostgresCdcKind>())
         .with_source(kind::<MysqlCdcKind>())
         .with_source(kind::<HttpKind>())
+        .with_source(kind::<AirbyteKind>())
+        .with_source(kind::<SingerKind>())
         .with_builtin(Builtin::new::<sluice_memory::config::EndpointConfig>(
             "memory",
             SluiceMemory,

@@ -1,6 +1,7 @@
 //! The `sluice` command. Each sub-command lives in its own module; this file only parses
 //! arguments, sets up logging and dispatches.
 
+mod discover_cmd;
 mod driver_cmd;
 mod drivers;
 mod pause_cmd;
@@ -68,6 +69,10 @@ enum Command {
     Pause(pause_cmd::PauseArgs),
     /// Resume a paused pipeline, or one source of it (through the status API).
     Resume(pause_cmd::PauseArgs),
+    /// Run an Airbyte connector's or a Singer tap's discover and print a pipeline file
+    /// reading its streams (collections with its schemas and keys, sources, a binding
+    /// each into SQLite or PostgreSQL) that runs as printed.
+    Discover(discover_cmd::DiscoverArgs),
     /// Print the JSON schema of a connector's configuration (`--markdown`: as the
     /// reference tables of the docs); without a connector, list them.
     Schema(schema_cmd::SchemaArgs),
@@ -107,6 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status_cmd::main(args),
         Command::Pause(args) => pause_cmd::main("pause", args),
         Command::Resume(args) => pause_cmd::main("resume", args),
+        Command::Discover(args) => discover_cmd::main(args),
         Command::Schema(args) => schema_cmd::main(args),
         Command::Shards(cmd) => shards_cmd::main(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),

@@ -10,13 +10,16 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use sluice_app::registry;
 use sluice_proto::materialize::constraint::Type as ConstraintType;
+use sluice_runtime::admission::BindingReplay;
 use sluice_runtime::config::{ConfigError, Pipeline};
 use sluice_runtime::metrics::status::Graph;
 use sluice_runtime::metrics::{Metrics, exporter};
 use sluice_runtime::pipeline::{self, ApplyAction, PipelineError, RunOptions};
 use sluice_runtime::registry::Registry;
 use sluice_runtime::txn::{Progress, Summary};
+use sluice_runtime::types::Collection;
 use sluice_source_sdk::config::parse_duration;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -295,7 +298,7 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
             false => Some(pipeline::probe(&pipeline, &planned).await),
         };
         for m in &planned.materializations {
-            print_materialization(&pipeline, m);
+            print_materialization(&pipeline, &planned.collections, m);
             let mut stores = probed.iter().flat_map(|p| &p.stores);
             if let Some((_, actions)) = stores.find(|(name, _)| *name == m.name) {
                 match actions.trim() {
@@ -331,17 +334,23 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     })
 }
 
-/// A planned materialization as `check` shows it: each binding's resource, fields and
-/// the driver's constraints.
-fn print_materialization(pipeline: &Pipeline, m: &pipeline::PlannedMaterialization) {
+/// A planned materialization as `check` shows it: each binding's resource, fields, the
+/// driver's constraints, and whether its reductions survive a replay (what
+/// effectively-once admission reads, naming the reduction that stops it).
+fn print_materialization(
+    pipeline: &Pipeline,
+    collections: &BTreeMap<String, Arc<Collection>>,
+    m: &pipeline::PlannedMaterialization,
+) {
     println!("materialization {} ({})", m.name, m.endpoint.name());
     let written = &pipeline.materializations[&m.name].bindings;
-    for ((binding, validated), def) in m
+    for (i, ((binding, validated), def)) in m
         .spec
         .bindings
         .iter()
         .zip(&m.validated.bindings)
         .zip(written)
+        .enumerate()
     {
         let collection = binding
             .collection
@@ -377,6 +386,11 @@ fn print_materialization(pipeline: &Pipeline, m: &pipeline::PlannedMaterializati
                 .map(|t| t.as_str_name().to_string())
                 .unwrap_or_else(|_| format!("type {}", c.r#type));
             println!("    {field:<20} {kind:<22} {}", c.reason);
+        }
+        if let Some(compiled) = collections.get(&def.source) {
+            let place = format!("materializations.{}.bindings[{i}]", m.name);
+            let replay = BindingReplay::of(place, def.delta_updates, compiled.schema.reducer());
+            println!("    replay:   {}", replay.replay);
         }
     }
 }

@@ -55,6 +55,7 @@ const TESTED: &[&str] = &[
     "python-driver",
     "python-driver-current",
     "mysql-cdc",
+    "airbyte-faker",
 ];
 
 /// Folders of `examples/` that are not examples: the sample they share.
@@ -456,6 +457,32 @@ fn the_file_example_fills_its_sqlite_table_as_its_comments_say() {
     let ex = Example::new("file");
     let db = ex.path("out/views.db");
     ex.run_twice("the SQLite table", || sqlite_snapshot(&db));
+}
+
+#[test]
+fn the_airbyte_faker_example_reads_fake_users_into_sqlite_as_its_comments_say() {
+    assert_says(
+        "airbyte-faker",
+        &["pip install airbyte-source-faker", "100|100", "100 rows"],
+    );
+    // `.ci/services` installs the connector and links it into this folder.
+    let home = std::env::var("HOME").unwrap();
+    let bin = std::env::var("SLUICE_CONNECTORS")
+        .unwrap_or_else(|_| format!("{home}/.cache/sluice-connectors/bin"));
+    assert!(
+        Path::new(&bin).join("source-faker").exists(),
+        "{bin}/source-faker is missing: run `bash .ci/services`"
+    );
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let ex = Example::new("airbyte-faker").var("PATH", path);
+    ex.run();
+    let db = rusqlite::Connection::open(ex.path("out/faker.db")).unwrap();
+    let counted: (i64, i64) = db
+        .query_row("SELECT count(*), count(DISTINCT id) FROM users", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(counted, (100, 100));
 }
 
 /// A schema of the shared PostgreSQL server, dropped with everything in it when dropped.

@@ -61,6 +61,7 @@
 pub(crate) mod build;
 mod compact;
 mod finish;
+mod idempotent;
 mod number;
 mod set;
 

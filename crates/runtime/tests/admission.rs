@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 use sluice_datagen::DatagenKind;
 use sluice_driver_sdk::CommitPattern::*;
-use sluice_runtime::admission::{Delivery, SinkGuarantee, admit};
+use sluice_runtime::admission::{
+    BindingReplay, Delivery, Replay, SinkGuarantee, admit, admit_bindings,
+};
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::pipeline::{PipelineError, plan};
 use sluice_runtime::registry::{Command, Registry};
@@ -260,4 +262,127 @@ async fn plan_refuses_weaker_parts_before_asking_any_driver() {
     );
     assert_eq!(refusal("exactly_once", "memory: {}").await, None);
     assert_eq!(refusal("at_least_once", "memory: {}").await, None);
+}
+
+/// The bindings of a materialization as effectively-once admission sees them: none, all
+/// idempotent, or one counting (a sum).
+fn binding_sets() -> Vec<Vec<BindingReplay>> {
+    let binding = |i: usize, replay: Replay| BindingReplay {
+        place: format!("materializations.m.bindings[{i}]"),
+        replay,
+    };
+    let sum = || Replay::Counts("/total: sum".into());
+    vec![
+        vec![],
+        vec![binding(0, Replay::Idempotent)],
+        vec![
+            binding(0, Replay::Idempotent),
+            binding(1, Replay::Idempotent),
+        ],
+        vec![binding(0, Replay::Idempotent), binding(1, sum())],
+        vec![binding(0, Replay::Counts("delta updates".into()))],
+    ]
+}
+
+#[test]
+fn idempotent_bindings_admit_at_least_once_parts_under_exactly_once() {
+    let mut combinations = 0;
+    for delivery in [Delivery::ExactlyOnce, Delivery::AtLeastOnce] {
+        for a in TOLERANCES {
+            for b in TOLERANCES {
+                for guarantee in guarantees() {
+                    for bindings in binding_sets() {
+                        combinations += 1;
+                        // Written out independently of admission.rs.
+                        let effectively_once = delivery == Delivery::ExactlyOnce
+                            && !bindings.is_empty()
+                            && bindings.iter().all(|b| b.replay == Replay::Idempotent);
+                        let sources = [("a".to_string(), a), ("b".to_string(), b)];
+                        let mut expected = Vec::new();
+                        for (name, t) in &sources {
+                            let admitted = match effectively_once {
+                                true => *t != FaultTolerance::None,
+                                false => source_admitted(delivery, *t),
+                            };
+                            if !admitted {
+                                expected.push(format!("sources.{name}"));
+                            }
+                        }
+                        let relaxed = effectively_once
+                            && guarantee == SinkGuarantee::Flow(Some(RecoveryLogNonTransactional));
+                        if !sink_admitted(delivery, guarantee) && !relaxed {
+                            expected.push("materializations.m.endpoint".to_string());
+                        }
+                        let refusals = admit_bindings(
+                            delivery,
+                            &sources,
+                            ("materializations.m.endpoint", guarantee),
+                            &bindings,
+                        );
+                        let places: Vec<String> =
+                            refusals.iter().map(|r| r.place.clone()).collect();
+                        assert_eq!(
+                            places, expected,
+                            "{delivery:?} {a:?} {b:?} {guarantee:?} {bindings:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(combinations, 2 * 3 * 3 * (4 + 18) * 5);
+}
+
+#[test]
+fn a_refusal_idempotence_would_lift_names_the_reduction_that_stops_it() {
+    let bindings = &binding_sets()[3];
+    let refusals = admit_bindings(
+        Delivery::ExactlyOnce,
+        &[("faker".into(), FaultTolerance::AtLeastOnce)],
+        (
+            "materializations.m.endpoint",
+            SinkGuarantee::Flow(Some(RecoveryLogNonTransactional)),
+        ),
+        bindings,
+    );
+    assert_eq!(refusals.len(), 2);
+    for r in &refusals {
+        assert!(
+            r.remedy
+                .contains("(materializations.m.bindings[1] has /total: sum)"),
+            "{r}"
+        );
+    }
+    // An undeclared driver is not lifted: it may not even write what it is sent whole.
+    let undeclared = admit_bindings(
+        Delivery::ExactlyOnce,
+        &[],
+        ("materializations.m.endpoint", SinkGuarantee::Flow(None)),
+        &binding_sets()[1],
+    );
+    assert_eq!(undeclared.len(), 1, "{undeclared:?}");
+}
+
+#[test]
+fn a_bindings_replay_names_its_first_counting_reduction() {
+    let reducer = |schema: Value| {
+        sluice_doc::Schema::compile(&schema)
+            .unwrap()
+            .reducer()
+            .clone()
+    };
+    let lww = reducer(serde_json::json!({"type": "object"}));
+    let of = |delta, r: &sluice_doc::Reducer| BindingReplay::of("b".into(), delta, r).replay;
+    assert_eq!(of(false, &lww), Replay::Idempotent);
+    assert_eq!(of(true, &lww), Replay::Counts("delta updates".into()));
+    let sum = reducer(
+        serde_json::json!({"type": "object", "reduce": {"strategy": "merge"},
+        "properties": {"total": {"type": "number", "reduce": {"strategy": "sum"}}}}),
+    );
+    assert_eq!(of(false, &sum), Replay::Counts("/total: sum".into()));
+    assert!(
+        of(false, &sum)
+            .to_string()
+            .contains("not idempotent under replay (/total: sum)")
+    );
 }

@@ -3,15 +3,20 @@
 //! sources are opened only to be looked at, which connects nothing.
 
 use super::error::{PipelineError, invalid};
-use crate::admission::{self, Delivery, SinkGuarantee};
+use crate::admission::{self, BindingReplay, Delivery, SinkGuarantee};
 use crate::config::{self, Pipeline};
+use crate::types::Collection;
 use sluice_source_sdk::{Health, Source, SourceError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Admission of materialization `name`: its sources, as each declares itself once
-/// opened (which connects nothing), and its endpoint's `guarantee`. Refuses
+/// opened (which connects nothing), its endpoint's `guarantee`, and whether its
+/// bindings' reductions survive a replay (`collections`: the compiled ones). Refuses
 /// ([`PipelineError::Refused`]) when a part cannot give the pipeline's `delivery`.
 pub(super) fn admit(
     pipeline: &Pipeline,
+    collections: &BTreeMap<String, Arc<Collection>>,
     name: &str,
     guarantee: SinkGuarantee,
 ) -> Result<(), PipelineError> {
@@ -21,8 +26,20 @@ pub(super) fn admit(
             .map_err(|e| invalid(format!("sources.{source}"), e.to_string()))?;
         sources.push((source.clone(), opened.fault_tolerance()));
     }
+    let bindings: Vec<BindingReplay> = (pipeline.materializations[name].bindings.iter())
+        .enumerate()
+        .filter_map(|(i, binding)| {
+            let collection = collections.get(&binding.source)?;
+            Some(BindingReplay::of(
+                format!("materializations.{name}.bindings[{i}]"),
+                binding.delta_updates,
+                collection.schema.reducer(),
+            ))
+        })
+        .collect();
     let place = format!("materializations.{name}.endpoint");
-    let refusals = admission::admit(pipeline.delivery, &sources, (&place, guarantee));
+    let refusals =
+        admission::admit_bindings(pipeline.delivery, &sources, (&place, guarantee), &bindings);
     if refusals.is_empty() {
         return Ok(());
     }

@@ -104,7 +104,7 @@ async fn plan_materialization(
         .map_err(|reason| invalid(format!("{place}.endpoint"), reason))?;
     // Admission first: a part that cannot give the delivery asked for is refused
     // before any driver is asked anything.
-    admit::admit(pipeline, name, connected.guarantee)?;
+    admit::admit(pipeline, collections, name, connected.guarantee)?;
     let driver_err = |source| PipelineError::Driver {
         materialization: name.clone(),
         source,
