@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The machinery is generic over the [`Upstream`] database: `sluice bench mysql-cdc`
-//! ([`crate::mysql_cdc`]) runs the same measurement with a private MariaDB as the
+//! (`mysql_cdc.rs`) runs the same measurement with a private MariaDB as the
 //! source and a private PostgreSQL as the store.
 //!
 //! Figures:

@@ -1,7 +1,8 @@
 //! What `sluice shards list | split` read and write in a cluster's etcd.
 
+use crate::assign::read_view;
 use crate::etcd::{Cond, Etcd, Op};
-use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus, read_view};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
 use crate::member::ClusterError;
 use serde::Serialize;
 use std::collections::BTreeMap;

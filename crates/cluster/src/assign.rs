@@ -28,7 +28,8 @@
 //! disagree (one saw a member join, the other not yet) can never both hold a shard:
 //! one claim fails, and the next view settles it.
 
-use crate::keys::ShardId;
+use crate::etcd::KeyValue;
+use crate::keys::{Keys, ShardId, ShardSpec};
 use sluice_runtime::config::Pipeline;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -170,6 +171,58 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
         }
     }
     actions
+}
+
+/// The view in the keys read (pure).
+pub fn read_view(
+    keys: &Keys,
+    members: &[KeyValue],
+    shards: &[KeyValue],
+    assignments: &[KeyValue],
+) -> View {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut view = View::default();
+    let members_dir = keys.members();
+    for kv in members {
+        if let Some(member) = text(&kv.key).strip_prefix(&members_dir) {
+            view.members.insert(member.to_string());
+        }
+    }
+    let shards_dir = keys.shards();
+    for kv in shards {
+        let key = text(&kv.key);
+        let Some((materialization, range)) = keys.parse_shard(&shards_dir, &key) else {
+            continue;
+        };
+        let spec: ShardSpec = serde_json::from_slice(&kv.value).unwrap_or_default();
+        let id = ShardId {
+            materialization: materialization.to_string(),
+            range,
+        };
+        view.shards.insert(
+            id,
+            ShardState {
+                splitting: spec.splitting,
+                holder: None,
+                declined: Default::default(),
+            },
+        );
+    }
+    let assignments_dir = keys.assignments();
+    for kv in assignments {
+        let key = text(&kv.key);
+        let Some((materialization, range)) = keys.parse_shard(&assignments_dir, &key) else {
+            continue;
+        };
+        let id = ShardId {
+            materialization: materialization.to_string(),
+            range,
+        };
+        if let Some(state) = view.shards.get_mut(&id) {
+            state.holder = Some((text(&kv.value), kv.mod_revision));
+        }
+    }
+    view
 }
 
 #[cfg(test)]

@@ -19,8 +19,6 @@
 //!
 //! A shard's id is its key range as the metrics label it (`00000000-7fffffff`).
 
-use crate::assign::{ShardState, View};
-use crate::etcd::KeyValue;
 use serde::{Deserialize, Serialize};
 pub use sluice_runtime::config::ShardDef;
 
@@ -165,58 +163,6 @@ impl Keys {
         let (materialization, id) = rest.rsplit_once('/')?;
         Some((materialization, ShardDef::parse(id)?))
     }
-}
-
-/// The view in the keys read (pure).
-pub fn read_view(
-    keys: &Keys,
-    members: &[KeyValue],
-    shards: &[KeyValue],
-    assignments: &[KeyValue],
-) -> View {
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    let mut view = View::default();
-    let members_dir = keys.members();
-    for kv in members {
-        if let Some(member) = text(&kv.key).strip_prefix(&members_dir) {
-            view.members.insert(member.to_string());
-        }
-    }
-    let shards_dir = keys.shards();
-    for kv in shards {
-        let key = text(&kv.key);
-        let Some((materialization, range)) = keys.parse_shard(&shards_dir, &key) else {
-            continue;
-        };
-        let spec: ShardSpec = serde_json::from_slice(&kv.value).unwrap_or_default();
-        let id = ShardId {
-            materialization: materialization.to_string(),
-            range,
-        };
-        view.shards.insert(
-            id,
-            ShardState {
-                splitting: spec.splitting,
-                holder: None,
-                declined: Default::default(),
-            },
-        );
-    }
-    let assignments_dir = keys.assignments();
-    for kv in assignments {
-        let key = text(&kv.key);
-        let Some((materialization, range)) = keys.parse_shard(&assignments_dir, &key) else {
-            continue;
-        };
-        let id = ShardId {
-            materialization: materialization.to_string(),
-            range,
-        };
-        if let Some(state) = view.shards.get_mut(&id) {
-            state.holder = Some((text(&kv.value), kv.mod_revision));
-        }
-    }
-    view
 }
 
 #[cfg(test)]

@@ -28,9 +28,10 @@
 //! Every loop is the runtime's one transaction loop ([`Launcher::launch`]); the member
 //! only decides which shards run here.
 
+use crate::assign::read_view;
 use crate::assign::{self, Action, Held, View};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
-use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus, read_view};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
 use crate::log::SharedLog;
 use crate::wake::{self, Wake};
 use sluice_runtime::applied;
