@@ -5,6 +5,10 @@
 //! in the warehouse that the table does not reference; `sluice apply --dry-run` shows the
 //! table it would create and creates nothing.
 //!
+//! A `mode: upsert` table (a standard binding, summing per user) reads back as ONE row
+//! per user equal to the whole input's reduction, after a clean run, a second run, and
+//! runs SIGKILLed at random moments.
+//!
 //! Needs `python3` with `pyiceberg[sql-sqlite,pyarrow]` (`.ci/services` installs it).
 
 use serde_json::Value;
@@ -26,6 +30,41 @@ fn write_pipeline(dir: &Path, max_docs: u64) {
         "10m",
     );
     std::fs::write(dir.join("pipeline.yaml"), yaml).unwrap();
+}
+
+/// The same pipeline into a `mode: upsert` table: a standard binding.
+fn write_upsert_pipeline(dir: &Path, max_docs: u64) {
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "iceberg: {catalog: out/catalog.db, warehouse: out/warehouse}",
+        false,
+        max_docs,
+        "10m",
+    )
+    .replace(
+        "resource: {table: pageviews}",
+        "resource: {table: pageviews, mode: upsert}",
+    );
+    std::fs::write(dir.join("pipeline.yaml"), yaml).unwrap();
+}
+
+/// The upsert table as pyiceberg reads it (position deletes applied): one row per user
+/// (asserted), as its reduction.
+fn upsert_view(dir: &Path) -> BTreeMap<String, Row> {
+    let mut view = BTreeMap::new();
+    for row in &pyiceberg_rows(dir) {
+        let user = row["user_id"].as_str().unwrap().to_string();
+        let doc: Value = serde_json::from_str(row["flow_document"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            doc["views"], row["views"],
+            "the document column holds the row"
+        );
+        assert!(
+            view.insert(user.clone(), Row::of(row)).is_none(),
+            "user {user} has two live rows"
+        );
+    }
+    view
 }
 
 /// Every row of the table, as pyiceberg reads it.
@@ -87,6 +126,28 @@ fn orphans(dir: &Path) -> Vec<String> {
                 .unwrap();
         sluice_iceberg::orphan_data_files(&catalog).await.unwrap()
     })
+}
+
+/// Runs the pipeline six times, each SIGKILLed after a while unless it ended first:
+/// how many were killed.
+fn kill_at_random_moments(dir: &Path) -> usize {
+    let mut killed = 0;
+    for delay_ms in [150u64, 400, 250, 700, 350, 900] {
+        let mut child = Command::new(SLUICE)
+            .args(["run", "pipeline.yaml"])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            killed += 1;
+        }
+        child.wait().unwrap();
+    }
+    killed
 }
 
 fn run(dir: &Path) {
@@ -173,22 +234,7 @@ fn runs_killed_at_random_moments_leave_the_table_exact_and_no_orphans() {
     let docs = generate(30_000, 700, 11);
     write_lines(&dir.path().join("views.jsonl"), &docs);
     write_pipeline(dir.path(), 500);
-    let mut killed = 0;
-    for delay_ms in [150u64, 400, 250, 700, 350, 900] {
-        let mut child = Command::new(SLUICE)
-            .args(["run", "pipeline.yaml"])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        if child.try_wait().unwrap().is_none() {
-            child.kill().unwrap();
-            killed += 1;
-        }
-        child.wait().unwrap();
-    }
+    let killed = kill_at_random_moments(dir.path());
     run(dir.path());
     let rows = pyiceberg_rows(dir.path());
     let n = assert_change_log(&rows, &reduce_expected(&docs));
@@ -198,4 +244,54 @@ fn runs_killed_at_random_moments_leave_the_table_exact_and_no_orphans() {
         Vec::<String>::new(),
         "after {killed} kills"
     );
+}
+
+#[test]
+fn an_upsert_table_holds_one_row_per_key_equal_to_the_reduction() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(20_000, 500, 5);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    write_upsert_pipeline(dir.path(), 2_000);
+    run(dir.path());
+    let expected = reduce_expected(&docs);
+    assert_eq!(
+        upsert_view(dir.path()),
+        expected,
+        "10 transactions reduced onto the table"
+    );
+    let snapshots = sluice_iceberg::pyiceberg_read(
+        &dir.path().join("out/catalog.db"),
+        &dir.path().join("out/warehouse"),
+        "sluice.pageviews",
+        true,
+    )
+    .unwrap();
+    assert_eq!(snapshots.len(), 10, "one snapshot per transaction");
+    assert!(
+        snapshots[1..].iter().all(|s| s["operation"] == "overwrite"),
+        "later transactions replace rows: {snapshots:?}"
+    );
+
+    run(dir.path());
+    assert_eq!(
+        upsert_view(dir.path()),
+        expected,
+        "a second run changes nothing"
+    );
+}
+
+#[test]
+fn runs_killed_at_random_moments_leave_the_upsert_table_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(30_000, 700, 13);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    write_upsert_pipeline(dir.path(), 500);
+    let killed = kill_at_random_moments(dir.path());
+    run(dir.path());
+    assert_eq!(
+        upsert_view(dir.path()),
+        reduce_expected(&docs),
+        "after {killed} kills"
+    );
+    assert_eq!(orphans(dir.path()), Vec::<String>::new());
 }

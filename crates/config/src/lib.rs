@@ -64,11 +64,22 @@ pub fn parse<C: DeserializeOwned>(config: Value) -> Result<C, InvalidConfig> {
     })
 }
 
-/// Makes a relative `path` relative to the pipeline file's folder `base_dir`.
+/// Makes a relative `path` relative to the pipeline file's folder `base_dir`. A URL
+/// (`s3://bucket/x`, `postgres://host/db`: a scheme, then `://`) is no path and is
+/// left as it is.
 pub fn resolve_path(path: &mut PathBuf, base_dir: &Path) {
-    if path.is_relative() {
+    if path.is_relative() && !is_url(&path.to_string_lossy()) {
         *path = base_dir.join(&*path);
     }
+}
+
+/// Whether `text` starts with a URL scheme and `://`.
+fn is_url(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        let mut chars = scheme.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
 }
 
 /// Parses a byte count: an integer, or a string like `"64MiB"`, `"512KiB"`, `"1GiB"`.
@@ -270,6 +281,21 @@ pub fn nullable_string(_: &mut SchemaGenerator) -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_path_joins_the_pipeline_folder_and_a_url_stays_as_it_is() {
+        let resolved = |text: &str| {
+            let mut path = PathBuf::from(text);
+            resolve_path(&mut path, Path::new("/pipelines"));
+            path.to_string_lossy().into_owned()
+        };
+        assert_eq!(resolved("out/db"), "/pipelines/out/db");
+        assert_eq!(resolved("/var/out"), "/var/out");
+        assert_eq!(resolved("s3://bucket/x"), "s3://bucket/x");
+        assert_eq!(resolved("postgres://h/db"), "postgres://h/db");
+        // Not a scheme: a folder named so.
+        assert_eq!(resolved("a b://c"), "/pipelines/a b://c");
+    }
 
     #[test]
     fn byte_sizes_read_integers_and_binary_units() {

@@ -24,6 +24,9 @@ use std::sync::Arc;
 pub const OP_COLUMN: &str = "_op";
 /// The field metadata key marking a Utf8 column that holds JSON text.
 pub const JSON_METADATA: &str = "sluice.json";
+/// The field metadata key marking the document column (the whole reduced document as
+/// JSON text): what a sink answering Load keeps and hands back.
+pub const DOCUMENT_METADATA: &str = "sluice.document";
 
 /// How a column holds its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,8 +119,13 @@ pub fn binding_schema(binding: &Binding, keyed: bool) -> Result<BindingColumns> 
     let document = !selection.document.is_empty();
     if document {
         fields.push(
-            Field::new(&selection.document, DataType::Utf8, false)
-                .with_metadata([(JSON_METADATA.to_string(), "true".into())].into()),
+            Field::new(&selection.document, DataType::Utf8, false).with_metadata(
+                [
+                    (JSON_METADATA.to_string(), "true".into()),
+                    (DOCUMENT_METADATA.to_string(), "true".into()),
+                ]
+                .into(),
+            ),
         );
         kinds.push(ColumnKind::Json);
     }
@@ -132,6 +140,34 @@ pub fn binding_schema(binding: &Binding, keyed: bool) -> Result<BindingColumns> 
         document,
         keyed,
     })
+}
+
+impl BindingColumns {
+    /// Only the key columns: the shape of a Load's keys ([`BatchBuilder::push`] with
+    /// empty values and document).
+    pub fn keys_only(&self) -> BindingColumns {
+        let n = self.key.len();
+        let fields: Vec<Field> = (self.schema.fields().iter().take(n))
+            .map(|f| f.as_ref().clone())
+            .collect();
+        BindingColumns {
+            schema: Arc::new(Schema::new(fields)),
+            kinds: self.kinds[..n].to_vec(),
+            key: self.key.clone(),
+            document: false,
+            keyed: false,
+        }
+    }
+}
+
+/// The name of the document column of `schema` (marked [`DOCUMENT_METADATA`]), if the
+/// binding selects the document.
+pub fn document_column(schema: &Schema) -> Option<&str> {
+    schema
+        .fields()
+        .iter()
+        .find(|f| f.metadata().contains_key(DOCUMENT_METADATA))
+        .map(|f| f.name().as_str())
 }
 
 /// Whether a document's JSON text is a deletion (`/_meta/op` is `"d"`). Only a text
@@ -497,6 +533,24 @@ mod tests {
         let ops = col(6);
         let ops = ops.as_any().downcast_ref::<StringArray>().unwrap();
         assert_eq!((ops.value(0), ops.value(1)), ("U", "D"));
+    }
+
+    #[test]
+    fn a_loads_keys_decode_into_the_key_columns_and_the_document_is_marked() {
+        let columns = binding_schema(&binding(), true).unwrap();
+        assert_eq!(document_column(&columns.schema), Some("flow_document"));
+        let mut keys = BatchBuilder::new(columns.keys_only(), 10, 1 << 20);
+        keys.push(&pack_key(&[json!("a")]), &[], &[]).unwrap();
+        keys.push(&pack_key(&[json!("b")]), &[], &[]).unwrap();
+        let batch = keys.finish().unwrap().unwrap();
+        assert_eq!(batch.num_columns(), 1);
+        assert_eq!(batch.schema().field(0).name(), "id");
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!((ids.value(0), ids.value(1)), ("a", "b"));
     }
 
     #[test]

@@ -17,8 +17,13 @@
 //!  end of the stream                   close; the instance's tracked tasks awaited
 //! ```
 //!
-//! An epoch sink receives each transaction's reduced changes (its bindings are delta
-//! updates: Validate says so, and nothing is loaded). A failure before `pre_commit`
+//! An epoch sink receives each transaction's reduced changes: a binding is a delta one
+//! (Validate says so, and nothing is loaded) unless the sink [`EpochSink::loads`] it,
+//! and then it is standard: the runtime's Loads (deferred by the serve loop until the
+//! prior epoch's `commit_epoch` returned) are the sink's [`EpochSink::load`], each
+//! Load's packed keys decoded into a batch of the key columns. A standard binding the
+//! pipeline file makes a delta one (`delta_updates: true`) is refused at Open, naming
+//! it. A failure before `pre_commit`
 //! returned rolls the epoch back; after it only recovery decides, from what the
 //! recovery log holds: the last descriptor is re-applied and undecided staging removed.
 //!
@@ -45,7 +50,7 @@ use crate::{
 };
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use sluice_driver_sdk::arena::store_docs;
+use sluice_driver_sdk::arena::{load_keys, store_docs};
 use sluice_driver_sdk::flow::{self, EndpointType, MaterializationSpec};
 use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
@@ -58,7 +63,7 @@ use sluice_driver_sdk::{
     BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, LoadedSink, LogContext,
     Metric, PriorState, Report, Result, Transactor,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,8 +120,8 @@ impl BuiltinKind for SinkKind {
         Some(sink.suggested_write_timeout() + TASKS_BOUND)
     }
 
-    fn driver(&self, _state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
-        Some(Arc::new(EpochDriver::new(*self)))
+    fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
+        Some(Arc::new(EpochDriver::new(*self, state_dir)))
     }
 
     fn pinned(&self) -> Option<&'static str> {
@@ -174,11 +179,20 @@ pub fn decided_epoch(materialization: &str, checkpoint: &[u8]) -> Result<Option<
 /// An epoch sink as an in-process driver of the idempotent-apply pattern.
 pub struct EpochDriver {
     kind: SinkKind,
+    /// The endpoint's folder beside the recovery log, when the runtime gave one.
+    state_dir: Option<PathBuf>,
 }
 
+/// A binding as the driver keeps it: the sink's view of it, the builder of its Store
+/// batches, and the builder of its Load keys.
+type Shaped = (SinkBinding, BatchBuilder, BatchBuilder);
+
 impl EpochDriver {
-    pub fn new(kind: SinkKind) -> EpochDriver {
-        EpochDriver { kind }
+    pub fn new(kind: SinkKind, state_dir: Option<&Path>) -> EpochDriver {
+        EpochDriver {
+            kind,
+            state_dir: state_dir.map(Path::to_path_buf),
+        }
     }
 
     fn build(&self, endpoint_spec_json: &str) -> Result<Box<dyn EpochSink>> {
@@ -187,27 +201,35 @@ impl EpochDriver {
         (self.kind.build)(&config).map_err(sink_error)
     }
 
-    /// The sink's bindings of `spec`, their Arrow schemas as `contract` shapes them.
-    fn bindings(
-        &self,
-        spec: &MaterializationSpec,
-        contract: SinkContract,
-    ) -> Result<Vec<(SinkBinding, BatchBuilder)>> {
-        let keyed = contract.input != InputMode::AppendOnly;
-        spec.bindings
-            .iter()
-            .map(|binding| {
+    /// The sink's bindings of `spec`, their Arrow schemas as `contract` shapes them. A
+    /// binding the sink loads must have stayed standard: the pipeline file's
+    /// `delta_updates: true` on it is refused, naming it.
+    fn bindings(&self, spec: &MaterializationSpec, sink: &dyn EpochSink) -> Result<Vec<Shaped>> {
+        let keyed = sink.contract().input != InputMode::AppendOnly;
+        (spec.bindings.iter().enumerate())
+            .map(|(i, binding)| {
                 let columns = binding_schema(binding, keyed).map_err(sink_error)?;
                 let resource = serde_json::from_str(&binding.resource_spec_json)
                     .map_err(|e| Error::Config(format!("resource config is not JSON: {e}")))?;
+                if binding.delta_updates && sink.loads(&resource).map_err(sink_error)? {
+                    return Err(Error::Config(format!(
+                        "{}.bindings[{i}] ({}) is a standard binding of this sink (it keeps \
+                         one row per key, reduced onto the stored document), but the \
+                         pipeline makes it a delta one: remove `delta_updates: true`, or \
+                         choose the sink's change-log mode",
+                        spec.materialization, binding.resource_spec_json
+                    )));
+                }
                 let sink_binding = SinkBinding {
                     resource,
                     schema: columns.schema.clone(),
                     key: columns.key.clone(),
                 };
+                let keys = BatchBuilder::new(columns.keys_only(), BATCH_ROWS, BATCH_BYTES);
                 Ok((
                     sink_binding,
                     BatchBuilder::new(columns, BATCH_ROWS, BATCH_BYTES),
+                    keys,
                 ))
             })
             .collect()
@@ -219,9 +241,9 @@ impl EpochDriver {
             .ok_or_else(|| Error::Config("Apply without a materialization".into()))?;
         let mut sink = self.build(&spec.endpoint_spec_json)?;
         let bindings: Vec<SinkBinding> = self
-            .bindings(&spec, sink.contract())?
+            .bindings(&spec, sink.as_ref())?
             .into_iter()
-            .map(|(b, _)| b)
+            .map(|(b, _, _)| b)
             .collect();
         let actions = if delete {
             sink.drop_schema(&bindings, req.dry_run)
@@ -256,8 +278,10 @@ pub fn sink_error(err: SinkError) -> Error {
 
 #[async_trait]
 impl Driver for EpochDriver {
-    /// An epoch is applied idempotently once the recovery log holds its decision; delta
-    /// bindings only, so nothing is loaded or deleted by key.
+    /// An epoch is applied idempotently once the recovery log holds its decision. Delta
+    /// bindings always; standard ones where the sink loads them ([`EpochSink::loads`],
+    /// per binding: Validate says which), their Loads deferred until the prior epoch is
+    /// applied, as the pattern has every Load.
     fn declared(&self) -> Declared {
         Declared {
             pattern: CommitPattern::RecoveryLogIdempotentApply,
@@ -276,19 +300,28 @@ impl Driver for EpochDriver {
         })
     }
 
-    /// Keys are required; the document is recommended (a change log keeps it), every
-    /// other field optional. Always delta updates: the sink takes each transaction's
-    /// changes and loads nothing.
+    /// Keys are required; the document is recommended (a change log keeps it), and
+    /// required for a binding the sink loads (Load hands it back), every other field
+    /// optional. Delta updates, unless the sink loads the binding: then standard.
     async fn validate(&self, req: m::ValidateRequest) -> Result<m::ValidateResponse> {
-        self.build(&req.endpoint_spec_json)?;
+        let sink = self.build(&req.endpoint_spec_json)?;
         let bindings = req.bindings.iter().map(|binding| {
             let resource: Value = serde_json::from_str(&binding.resource_spec_json)
                 .map_err(|e| Error::Config(format!("resource config is not JSON: {e}")))?;
             let resource_path = (self.kind.resource_path)(&resource).map_err(sink_error)?;
+            let standard = sink.loads(&resource).map_err(sink_error)?;
             let collection = binding.collection.clone().unwrap_or_default();
+            let document = if standard {
+                (
+                    Type::LocationRequired,
+                    "the document, which Load hands back",
+                )
+            } else {
+                (Type::LocationRecommended, "the document, as JSON text")
+            };
             let constraints = ProjectionRules {
                 key: "part of the key",
-                document: (Type::LocationRecommended, "the document, as JSON text"),
+                document,
                 top_level: (Type::LocationRecommended, "a top-level field"),
                 nested: (Type::FieldOptional, "a nested field"),
             }
@@ -296,7 +329,7 @@ impl Driver for EpochDriver {
             Ok(m::validate_response::Binding {
                 constraints: constraints.collect(),
                 resource_path,
-                delta_updates: true,
+                delta_updates: !standard,
             })
         });
         Ok(m::ValidateResponse {
@@ -329,9 +362,15 @@ impl Driver for EpochDriver {
             .ok_or_else(|| Error::Config("Open without a materialization".into()))?;
         let config: Value = serde_json::from_str(&spec.endpoint_spec_json)
             .map_err(|e| Error::Config(format!("endpoint config is not JSON: {e}")))?;
-        let contract = (self.kind.build)(&config).map_err(sink_error)?.contract();
-        let (bindings, builders): (Vec<_>, Vec<_>) =
-            self.bindings(&spec, contract)?.into_iter().unzip();
+        let probe = (self.kind.build)(&config).map_err(sink_error)?;
+        let mut bindings = Vec::new();
+        let mut builders = Vec::new();
+        let mut keys = Vec::new();
+        for (binding, batches, key_batches) in self.bindings(&spec, probe.as_ref())? {
+            bindings.push(binding);
+            builders.push(batches);
+            keys.push(key_batches);
+        }
         let recipe = Recipe {
             kind: self.kind,
             config,
@@ -340,6 +379,7 @@ impl Driver for EpochDriver {
                 sink_id: spec.materialization.clone(),
                 participant_id: u64::from(open.key_begin) + 1,
             },
+            state_dir: self.state_dir.clone(),
             bindings,
         };
         let decided = decided_epoch(&spec.materialization, &open.driver_checkpoint_json)?;
@@ -348,6 +388,7 @@ impl Driver for EpochDriver {
             recipe,
             instance: Some(instance),
             builders,
+            keys,
             epoch: None,
             to_apply: None,
             last_decided: decided,
@@ -365,11 +406,12 @@ impl Driver for EpochDriver {
 const TASKS_BOUND: Duration = Duration::from_secs(60);
 
 /// What the driver keeps to build its sink again: the kind, the endpoint configuration,
-/// the runtime context and the bindings.
+/// the runtime context, the state folder and the bindings.
 struct Recipe {
     kind: SinkKind,
     config: Value,
     context: RuntimeContext,
+    state_dir: Option<PathBuf>,
     bindings: Vec<SinkBinding>,
 }
 
@@ -450,6 +492,9 @@ impl Recipe {
         let sink = &mut instance.sink;
         sink.bind_runtime_context(self.context.clone())
             .map_err(sink_error)?;
+        if let Some(dir) = &self.state_dir {
+            sink.bind_state_dir(dir).map_err(sink_error)?;
+        }
         if let Some(cleaner) = sink.abort_cleaner() {
             cleaner
                 .clean(&recovery.undecided)
@@ -476,6 +521,8 @@ struct EpochTransactor {
     /// stream then fails every call.
     instance: Option<Instance>,
     builders: Vec<BatchBuilder>,
+    /// Per binding, the builder of a Load's keys as a batch of the key columns.
+    keys: Vec<BatchBuilder>,
     /// The epoch begun and not yet pre-committed, and when it last flushed.
     epoch: Option<(u64, Instant)>,
     /// The descriptor `pre_commit` returned, to record in the epoch's commit and to apply
@@ -619,11 +666,26 @@ pub fn epoch_of(flow_checkpoint: &[u8]) -> Result<u64> {
 
 #[async_trait]
 impl Transactor for EpochTransactor {
-    async fn load(&mut self, load: Load, _: PriorState, _: &mut dyn LoadedSink) -> Result<()> {
-        Err(Error::Malformed(format!(
-            "Load of binding {}: an epoch sink's bindings are delta updates",
-            load.binding
-        )))
+    /// A standard binding's keys, as a batch of its key columns, to the sink's `load`
+    /// (Loads come only once the prior epoch is applied: the pattern defers them).
+    async fn load(&mut self, load: Load, _: PriorState, loaded: &mut dyn LoadedSink) -> Result<()> {
+        let binding = load.binding as usize;
+        let Some(keys) = self.keys.get_mut(binding) else {
+            return Err(Error::Malformed(format!(
+                "Load of binding {binding}, which does not exist"
+            )));
+        };
+        for key in load_keys(&load) {
+            keys.push(key?, &[], &[]).map_err(sink_error)?;
+        }
+        let Some(batch) = keys.finish().map_err(sink_error)? else {
+            return Ok(());
+        };
+        let docs = bounded!(self, "load", |sink| sink.load(binding, &batch))?;
+        for doc in docs {
+            loaded.push(load.binding, doc.as_bytes());
+        }
+        Ok(())
     }
 
     async fn prepare(&mut self, prepare: Prepare) -> Result<flow::DriverCheckpoint> {

@@ -8,10 +8,12 @@
 //!
 //! ```text
 //!  runtime                          EpochDriver (Flow driver)        EpochSink
-//!  at start: Open + the log's last descriptor and undecided intents ─▶ build, bind_runtime_context
+//!  at start: Open + the log's last descriptor and undecided intents ─▶ build, bind_runtime_context,
+//!                                   bind_state_dir (the endpoint's folder, if any)
 //!                                   abort_cleaner()?.clean(undecided) (before the writer opens)
 //!                                   committer()?.commit_epoch(decided)
 //!                                   open, recover (what the handles did not)
+//!     Load* (standard bindings) ──▶  load: keys as a batch ──────────▶ load(binding, keys) → documents
 //!  ── Intent(N) + artifact intent ◀── artifact_intent(N) ◀─────────── checkpoint_artifact_intent(N)
 //!     Prepare(N) ─────────────────▶  prepare ────────────────────────▶ begin_epoch(N)
 //!     Store* ─────────────────────▶  store: Arrow batches ───────────▶ write_batch*
@@ -178,8 +180,8 @@ pub trait AbortCleaner: Send + Sync {
 }
 
 /// A sink of LaminarDB's epoch contract. Calls come one at a time, in this order:
-/// `bind_runtime_context`, (`abort_cleaner`, `committer`), `open`, `recover`, then per
-/// epoch `begin_epoch`, `write_batch`* (with `flush` between them on its interval),
+/// `bind_runtime_context`, `bind_state_dir`, (`abort_cleaner`, `committer`), `open`,
+/// `recover`, then per epoch (`load`* for standard bindings) `begin_epoch`, `write_batch`* (with `flush` between them on its interval),
 /// `pre_commit`, and (once the decision is durable) `commit_epoch`; `close` at the end.
 /// `contract`, `keyed_mutation_key`, `resolve_schema` and `prepare_schema` may run on a
 /// sink that is never opened. Each call from `begin_epoch` on is bounded by
@@ -203,6 +205,33 @@ pub trait EpochSink: Send + 'static {
     /// Binds the identity staging is named by. Before `open`.
     fn bind_runtime_context(&mut self, _context: RuntimeContext) -> Result<()> {
         Ok(())
+    }
+
+    /// Binds the endpoint's own folder beside the recovery log (kept across restarts,
+    /// removed by a reset), where a sink may keep state it can rebuild from its target
+    /// (an index answering [`EpochSink::load`]). Before `open`, when the runtime has one.
+    fn bind_state_dir(&mut self, _dir: &std::path::Path) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether the binding of `resource` is a standard one: the runtime loads each key's
+    /// stored document from the sink ([`EpochSink::load`]), reduces the transaction's
+    /// documents onto it, and stores the result, so the sink holds the reduced view (one
+    /// row per key) rather than each transaction's changes. `false` (the default): a
+    /// delta binding, never loaded. Opens nothing.
+    fn loads(&self, _resource: &Value) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The stored documents (JSON text) of `keys` (a batch of binding `binding`'s key
+    /// columns), for a binding [`EpochSink::loads`] said is standard: each key's
+    /// document as of the last applied epoch; keys it does not hold (never stored, or
+    /// deleted) are left out. Called between epochs only, after the last decided epoch
+    /// was applied (`commit_epoch`), never while one is staging.
+    async fn load(&mut self, binding: usize, _keys: &RecordBatch) -> Result<Vec<String>> {
+        Err(SinkError::Config(format!(
+            "binding {binding} was loaded, but this sink answers no Load"
+        )))
     }
 
     /// Whether the instance survives a call dropped at its deadline. The default,

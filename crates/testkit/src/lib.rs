@@ -13,6 +13,8 @@
 //! - [`mariadb`]: a private `mariadbd` with the binary log on ([`mariadb::BinlogMariadb`]).
 //! - [`nats`]: a private nats-server requiring TLS, a password or a token
 //!   ([`nats::PrivateNats`], [`nats::SecuredNats`]).
+//! - [`s3`]: the local S3-compatible server (moto), started when none answers, and a
+//!   bucket of a test's own ([`s3::TestBucket`]).
 //! - [`schema`]: a connector's configuration schema checked as the runtime checks it.
 //! - [`modules`]: the cycles of a crate's module graph, for the tests that keep none.
 
@@ -25,5 +27,6 @@ pub mod nats;
 pub mod ports;
 pub mod postgres;
 pub mod redis;
+pub mod s3;
 pub mod schema;
 pub mod tansu;

@@ -36,6 +36,46 @@ pub enum Store {
     Output(Output),
 }
 
+/// `SLUICE_TORTURE_ICEBERG_S3`: the Iceberg store's warehouse on S3 instead of its
+/// folder, as `{"warehouse": "s3://bucket/prefix", "s3": {endpoint, region, ...}}` (the
+/// sink's own keys; the bucket must exist). Each run writes under
+/// `<prefix>/<the run's folder name>`, so runs never share a table's files.
+pub const ICEBERG_S3_ENV: &str = "SLUICE_TORTURE_ICEBERG_S3";
+
+/// The Iceberg endpoint's configuration: the local `warehouse`, or the S3 one of
+/// [`ICEBERG_S3_ENV`].
+fn iceberg_endpoint(catalog: &Path, warehouse: &Path) -> Value {
+    let mut endpoint = json!({ "catalog": catalog, "warehouse": warehouse });
+    if let Ok(text) = std::env::var(ICEBERG_S3_ENV)
+        && let Ok(Value::Object(s3)) = serde_json::from_str::<Value>(&text)
+    {
+        let run = (catalog.parent().and_then(Path::file_name))
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let url = s3
+            .get("warehouse")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        endpoint["warehouse"] = json!(format!("{}/{run}", url.trim_end_matches('/')));
+        if let Some(settings) = s3.get("s3") {
+            endpoint["s3"] = settings.clone();
+        }
+    }
+    endpoint
+}
+
+/// The warehouse [`iceberg_endpoint`] configures, as the readers take it.
+fn iceberg_warehouse(
+    catalog: &Path,
+    warehouse: &Path,
+) -> anyhow::Result<sluice_iceberg::Warehouse> {
+    let config = sluice_iceberg::EndpointConfig::parse(&iceberg_endpoint(catalog, warehouse))
+        .with_context(|| {
+            format!("the Iceberg store's configuration (is {ICEBERG_S3_ENV} right?)")
+        })?;
+    Ok(config.warehouse()?)
+}
+
 /// What a store holds, read back ([`Store::read`]).
 pub struct Read {
     /// The stored document of every row (an output's: the view its changes fold into).
@@ -177,10 +217,9 @@ impl Store {
     pub fn driver(&self) -> (&'static str, Value) {
         match self {
             Store::Sqlite { path } => ("sqlite", json!({ "path": path })),
-            Store::Iceberg { catalog, warehouse } => (
-                "iceberg",
-                json!({ "catalog": catalog, "warehouse": warehouse }),
-            ),
+            Store::Iceberg { catalog, warehouse } => {
+                ("iceberg", iceberg_endpoint(catalog, warehouse))
+            }
             Store::Server {
                 dialect,
                 url,
@@ -227,7 +266,7 @@ impl Store {
             Store::Iceberg { catalog, warehouse } => {
                 sluice_iceberg::pyiceberg_read(
                     catalog,
-                    warehouse,
+                    iceberg_warehouse(catalog, warehouse)?,
                     &format!("sluice.{TABLE}"),
                     false,
                 )
@@ -251,6 +290,7 @@ impl Store {
         let violations = match self {
             Store::Iceberg { catalog, warehouse } => {
                 let orphans = block_on(async {
+                    let warehouse = iceberg_warehouse(catalog, warehouse)?;
                     let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
                     Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
                 })?;

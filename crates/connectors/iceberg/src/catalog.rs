@@ -32,13 +32,14 @@
 //! pool (`spawn_blocking`), one at a time through the connection's mutex. A PostgreSQL
 //! statement runs on the caller's task, with a timeout ([`STATEMENT_TIMEOUT`]).
 
+use crate::storage::{Warehouse, WarehouseIo};
 use async_trait::async_trait;
 use iceberg::io::FileIO;
 use iceberg::spec::{TableMetadata, TableMetadataBuilder};
 use iceberg::table::Table;
 use iceberg::{
     Catalog, Error, ErrorKind, MetadataLocation, Namespace, NamespaceIdent, Result, Runtime,
-    TableCommit, TableCreation, TableIdent,
+    TableCommit, TableCreation, TableIdent, TableRequirement, TableUpdate,
 };
 use rusqlite::Connection;
 use std::collections::{BTreeSet, HashMap};
@@ -103,9 +104,8 @@ type Row = Vec<Option<String>>;
 #[derive(Debug)]
 struct Inner {
     backend: Backend,
-    /// `file:///…` of the warehouse directory.
-    warehouse: String,
-    file_io: FileIO,
+    /// Where the tables' files are: a local folder or an S3 location.
+    warehouse: WarehouseIo,
     runtime: Runtime,
 }
 
@@ -117,29 +117,24 @@ pub struct SqlCatalog {
     pin: Option<String>,
 }
 
-/// `file:///abs/path` of a local directory (created if missing).
-pub fn warehouse_url(dir: &Path) -> std::io::Result<String> {
-    std::fs::create_dir_all(dir)?;
-    let abs = std::fs::canonicalize(dir)?;
-    Ok(format!("file://{}", abs.display()))
-}
-
 impl SqlCatalog {
     /// Opens (creating if needed) the catalog file `path`, with tables under `warehouse`.
     /// Must run inside a tokio runtime (tables spawn their scans on it).
-    pub async fn open(path: &Path, warehouse: &Path) -> Result<SqlCatalog> {
+    pub async fn open(path: &Path, warehouse: impl Into<Warehouse>) -> Result<SqlCatalog> {
         SqlCatalog::connect(&CatalogLocation::Sqlite(path.to_path_buf()), warehouse).await
     }
 
     /// Opens the catalog at `location` (creating its tables if missing), with tables
-    /// under `warehouse`. Must run inside a tokio runtime.
-    pub async fn connect(location: &CatalogLocation, warehouse: &Path) -> Result<SqlCatalog> {
-        let warehouse = warehouse_url(warehouse).map_err(|e| {
-            io_error(
-                format!("cannot create the warehouse {}", warehouse.display()),
-                e,
-            )
-        })?;
+    /// under `warehouse` (a local folder, created if missing, or an S3 location). Must
+    /// run inside a tokio runtime.
+    pub async fn connect(
+        location: &CatalogLocation,
+        warehouse: impl Into<Warehouse>,
+    ) -> Result<SqlCatalog> {
+        let warehouse = warehouse
+            .into()
+            .open()
+            .map_err(|e| Error::new(ErrorKind::Unexpected, e.to_string()))?;
         let backend = match location {
             CatalogLocation::Sqlite(path) => {
                 let path = path.clone();
@@ -182,7 +177,6 @@ impl SqlCatalog {
             inner: Arc::new(Inner {
                 backend,
                 warehouse,
-                file_io: FileIO::new_with_fs(),
                 runtime: Runtime::try_current()?,
             }),
             pin: None,
@@ -198,11 +192,16 @@ impl SqlCatalog {
     }
 
     pub fn file_io(&self) -> &FileIO {
-        &self.inner.file_io
+        self.inner.warehouse.file_io()
     }
 
-    /// `file:///…` of the warehouse.
+    /// `file:///…` or `s3://…` of the warehouse.
     pub fn warehouse(&self) -> &str {
+        self.inner.warehouse.root()
+    }
+
+    /// The warehouse's files: listing and removal under a prefix.
+    pub fn storage(&self) -> &WarehouseIo {
         &self.inner.warehouse
     }
 
@@ -331,7 +330,7 @@ impl SqlCatalog {
         metadata: TableMetadata,
     ) -> Result<Table> {
         Table::builder()
-            .file_io(self.inner.file_io.clone())
+            .file_io(self.file_io().clone())
             .identifier(ident)
             .metadata_location(location)
             .metadata(metadata)
@@ -587,7 +586,7 @@ impl Catalog for SqlCatalog {
             Some(location) => location.clone(),
             None => format!(
                 "{}/{}.db/{}",
-                self.inner.warehouse,
+                self.inner.warehouse.root(),
                 ns_string(namespace),
                 ident.name()
             ),
@@ -601,7 +600,7 @@ impl Catalog for SqlCatalog {
             .metadata;
         let metadata_location = MetadataLocation::new_with_metadata(location, &metadata);
         metadata
-            .write_to(&self.inner.file_io, &metadata_location)
+            .write_to(self.inner.warehouse.file_io(), &metadata_location)
             .await?;
         let metadata_location = metadata_location.to_string();
         self.insert_table(&ident, &metadata_location).await?;
@@ -613,7 +612,7 @@ impl Catalog for SqlCatalog {
             .metadata_location(ident)
             .await?
             .ok_or_else(|| no_table(ident))?;
-        let metadata = TableMetadata::read_from(&self.inner.file_io, &location).await?;
+        let metadata = TableMetadata::read_from(self.inner.warehouse.file_io(), &location).await?;
         self.build_table(ident.clone(), location, metadata)
     }
 
@@ -680,16 +679,32 @@ impl Catalog for SqlCatalog {
     }
 
     async fn register_table(&self, ident: &TableIdent, metadata_location: String) -> Result<Table> {
-        let metadata = TableMetadata::read_from(&self.inner.file_io, &metadata_location).await?;
+        let metadata =
+            TableMetadata::read_from(self.inner.warehouse.file_io(), &metadata_location).await?;
         self.insert_table(ident, &metadata_location).await?;
         self.build_table(ident.clone(), metadata_location, metadata)
     }
 
     /// Writes the committed metadata, then swaps it in with a compare-and-swap from the
     /// current location (or from the pinned one).
-    async fn update_table(&self, commit: TableCommit) -> Result<Table> {
+    async fn update_table(&self, mut commit: TableCommit) -> Result<Table> {
         let ident = commit.identifier().clone();
-        let current = self.load_table(&ident).await?;
+        let (requirements, updates) = (commit.take_requirements(), commit.take_updates());
+        self.commit_updates(&ident, requirements, updates).await
+    }
+}
+
+impl SqlCatalog {
+    /// What [`Catalog::update_table`] does, from a commit's parts (iceberg builds a
+    /// `TableCommit` only inside its own `Transaction`, and the sink's row-delta snapshot,
+    /// `rowdelta.rs`, is made outside one): the same pin, the same compare-and-swap.
+    pub async fn commit_updates(
+        &self,
+        ident: &TableIdent,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<Table> {
+        let current = self.load_table(ident).await?;
         let base = current.metadata_location_result()?.to_string();
         let conflict = |what: String| {
             Error::new(ErrorKind::CatalogCommitConflicts, what).with_retryable(self.pin.is_none())
@@ -701,12 +716,18 @@ impl Catalog for SqlCatalog {
                 "table {ident} moved from {pin} to {base} since it was read"
             )));
         }
-        let staged = commit.apply(current)?;
-        let location = MetadataLocation::from_str(staged.metadata_location_result()?)?;
-        staged
-            .metadata()
-            .write_to(staged.file_io(), &location)
-            .await?;
+        for requirement in &requirements {
+            requirement.check(Some(current.metadata()))?;
+        }
+        let mut builder = current.metadata().clone().into_builder(Some(base.clone()));
+        for update in updates {
+            builder = update.apply(builder)?;
+        }
+        let metadata = builder.build()?.metadata;
+        let location = MetadataLocation::from_str(&base)?
+            .with_next_version()
+            .with_new_metadata(&metadata);
+        metadata.write_to(self.file_io(), &location).await?;
         let location = location.to_string();
         fail::fail_point!(crate::MID_APPLY, |_| Err(Error::new(
             ErrorKind::Unexpected,
@@ -735,11 +756,11 @@ impl Catalog for SqlCatalog {
             .await?;
         if swapped == 0 {
             // Nobody references the file we wrote: remove it (a leftover is harmless).
-            let _ = self.inner.file_io.delete(&location).await;
+            let _ = self.inner.warehouse.file_io().delete(&location).await;
             return Err(conflict(format!(
                 "table {ident} was committed by another writer since {base}"
             )));
         }
-        Ok(staged)
+        self.build_table(ident.clone(), location, metadata)
     }
 }

@@ -23,9 +23,14 @@
 //! and the walk starts over. iceberg's duplicate-file check stays on behind ours: a
 //! staged file the table holds already although the ancestry does not say so (an
 //! expired ancestor) is `Corrupt`, never appended twice.
+//!
+//! An upsert table's epoch (`upsert.rs`) stages position delete files beside its data
+//! files, listed in the same descriptor (a `StagedFile` whose `data_file` says its
+//! content); its commit is one row-delta snapshot of both (`rowdelta.rs`) under the same
+//! rules: the ancestry walk, the pinned metadata, the catalog's compare-and-swap.
 
 use crate::catalog::SqlCatalog;
-use iceberg::spec::{DataFile, TableMetadata, deserialize_data_file_from_json};
+use iceberg::spec::{DataContentType, DataFile, TableMetadata, deserialize_data_file_from_json};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, ErrorKind, TableIdent};
 use serde::{Deserialize, Serialize};
@@ -273,15 +278,25 @@ pub async fn commit_table(
             (SUMMARY_TXN.to_string(), txn.to_string()),
             (SUMMARY_GENERATION.to_string(), generation.id.clone()),
         ]);
-        let tx = Transaction::new(&table);
-        let append = tx
-            .fast_append()
-            .set_snapshot_properties(properties)
-            .add_data_files(data_files);
-        let tx = append
-            .apply(tx)
-            .map_err(|e| external("cannot stage the append", e))?;
-        match tx.commit(&pinned).await {
+        // Deletes (an upsert table's epoch): one row-delta snapshot of both; else iceberg's
+        // fast append.
+        let committed = if data_files
+            .iter()
+            .any(|f| f.content_type() != DataContentType::Data)
+        {
+            crate::rowdelta::commit(&pinned, &table, data_files, properties).await
+        } else {
+            let tx = Transaction::new(&table);
+            let append = tx
+                .fast_append()
+                .set_snapshot_properties(properties)
+                .add_data_files(data_files);
+            let tx = append
+                .apply(tx)
+                .map_err(|e| external("cannot stage the append", e))?;
+            tx.commit(&pinned).await
+        };
+        match committed {
             Ok(_) => return Ok(true),
             Err(e) if e.kind() == ErrorKind::CatalogCommitConflicts => {
                 tracing::info!(table = %ident, txn, "Iceberg commit lost a swap; reading the table again");

@@ -5,10 +5,12 @@
 //! that is wrong.
 
 use crate::catalog::CatalogLocation;
+use crate::storage::Warehouse;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 use sluice_config::schema_for;
+use sluice_object_store::{S3Settings, S3Url};
 use sluice_sink_sdk::SinkError;
 use std::path::PathBuf;
 
@@ -30,7 +32,7 @@ pub fn resource_schema() -> String {
     schema_for::<ResourceConfig>().to_string()
 }
 
-/// Iceberg tables in a SQL catalog, over a warehouse on the local filesystem.
+/// Iceberg tables in a SQL catalog, over a warehouse on the local filesystem or on S3.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Iceberg endpoint")]
@@ -40,9 +42,15 @@ pub struct EndpointConfig {
     // `sqlite:` and `sqlite:///` prefixes are allowed before a file.
     #[schemars(length(min = 1))]
     pub catalog: String,
-    /// Directory on the local filesystem where tables live (created if missing).
+    /// Where tables live: a directory on the local filesystem (created if missing), or
+    /// s3://bucket/prefix on an S3 or S3-compatible store (see s3).
     #[schemars(length(min = 1))]
-    pub warehouse: PathBuf,
+    pub warehouse: String,
+    /// How to reach the store of an s3:// warehouse: endpoint, region, credentials,
+    /// path-style access; what is left out comes from the environment (AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL).
+    #[serde(default)]
+    pub s3: Option<S3Settings>,
     /// Namespace of the tables (created if missing); dots separate levels.
     #[serde(default = "default_namespace")]
     #[schemars(regex(pattern = r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"))]
@@ -68,6 +76,22 @@ pub struct ResourceConfig {
     /// Name of the table in the namespace: the binding's columns, then _txn and _op.
     #[schemars(regex(pattern = r"^[A-Za-z0-9_]+$"))]
     pub table: String,
+    /// `changelog` (the default): each transaction appends its changes per key, a delta
+    /// binding. `upsert`: one row per key, the reduced view, updated and deleted in place
+    /// (position deletes), a standard binding.
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// How a binding's table holds the collection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A change log: every transaction's rows appended, `_op` U or D.
+    #[default]
+    Changelog,
+    /// The view: one live row per key, replaced or deleted in place.
+    Upsert,
 }
 
 fn default_namespace() -> String {
@@ -94,11 +118,13 @@ impl EndpointConfig {
                 "iceberg endpoint: `catalog` is empty".into(),
             ));
         }
-        if config.warehouse.as_os_str().is_empty() {
+        if config.warehouse.is_empty() {
             return Err(SinkError::Config(
                 "iceberg endpoint: `warehouse` is empty".into(),
             ));
         }
+        // Checked here, so a wrong warehouse fails at `sluice check`, naming the option.
+        config.warehouse()?;
         if !valid_name(&config.namespace) {
             return Err(SinkError::Config(format!(
                 "iceberg endpoint: namespace {:?} must be letters, digits and `_` (dots separate levels)",
@@ -117,6 +143,28 @@ impl EndpointConfig {
             ));
         }
         Ok(config)
+    }
+
+    /// Where tables live: `s3://…` with its `s3` settings (the environment's when there
+    /// are none), else a local directory. The error names the option that is wrong.
+    pub fn warehouse(&self) -> Result<Warehouse, SinkError> {
+        let place = "iceberg endpoint";
+        if !S3Url::is_s3(&self.warehouse) {
+            if self.s3.is_some() {
+                return Err(SinkError::Config(format!(
+                    "{place}: `s3` is set, but `warehouse` {:?} is not an s3://bucket/prefix location",
+                    self.warehouse
+                )));
+            }
+            return Ok(Warehouse::Local(PathBuf::from(&self.warehouse)));
+        }
+        let url = S3Url::parse(&self.warehouse)
+            .map_err(|e| SinkError::Config(format!("{place}: `warehouse`: {e}")))?;
+        let settings = self.s3.clone().unwrap_or_default();
+        settings
+            .check(place)
+            .map_err(|e| SinkError::Config(e.to_string()))?;
+        Ok(Warehouse::S3 { url, settings })
     }
 
     /// Where the catalog is.
@@ -218,6 +266,8 @@ mod tests {
                 json!({"catalog": "/c.db", "warehouse": "/wh"}),
                 json!({"catalog": "postgres://u@h/db", "warehouse": "wh", "namespace": "a.b_c",
                        "target_file_size": 1048576, "commit_every": 10}),
+                json!({"catalog": "/c.db", "warehouse": "s3://bkt/x",
+                       "s3": {"endpoint": "http://127.0.0.1:9000", "path_style": true}}),
             ],
             &[
                 json!({"catalog": "/c.db", "warehouse": "/wh", "extra": 1}),
@@ -225,6 +275,7 @@ mod tests {
                 json!({"catalog": "/c.db", "warehouse": "/wh", "target_file_size": 10}),
                 json!({"catalog": "/c.db", "warehouse": "/wh", "namespace": "a-b"}),
                 json!({"warehouse": "/wh"}),
+                json!({"catalog": "/c.db", "warehouse": "s3://bkt", "s3": {"bucket": "x"}}),
             ],
         );
         let r: Value = serde_json::from_str(&resource_schema()).unwrap();
@@ -233,6 +284,61 @@ mod tests {
             &[json!({"table": "views"})],
             &[json!({"table": "t", "x": 1}), json!({"table": "a.b"})],
         );
+    }
+
+    #[test]
+    fn an_s3_warehouse_takes_its_settings_and_errors_name_the_option() {
+        let c = EndpointConfig::parse(&json!({
+            "catalog": "/c.db", "warehouse": "s3://bkt/tables",
+            "s3": {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "path_style": true,
+                   "access_key_id": "id", "secret_access_key": "secret"}
+        }))
+        .unwrap();
+        let Warehouse::S3 { url, settings } = c.warehouse().unwrap() else {
+            panic!("not S3")
+        };
+        assert_eq!(
+            (url.bucket.as_str(), url.prefix.as_str()),
+            ("bkt", "tables")
+        );
+        assert!(settings.path_style);
+        assert_eq!(settings.region.as_deref(), Some("eu-west-1"));
+        // The environment's credentials when the block is left out.
+        let bare =
+            EndpointConfig::parse(&json!({"catalog": "/c.db", "warehouse": "s3://bkt"})).unwrap();
+        assert!(matches!(bare.warehouse(), Ok(Warehouse::S3 { .. })));
+        // A pipeline file's folder joined onto the URL is taken back out.
+        let joined =
+            EndpointConfig::parse(&json!({"catalog": "/c.db", "warehouse": "/p/s3://bkt/x"}))
+                .unwrap();
+        assert_eq!(joined.warehouse, "s3://bkt/x");
+        for (bad, names) in [
+            (
+                json!({"catalog": "/c.db", "warehouse": "s3://B"}),
+                "`warehouse`",
+            ),
+            (
+                json!({"catalog": "/c.db", "warehouse": "/wh", "s3": {}}),
+                "`s3`",
+            ),
+            (
+                json!({"catalog": "/c.db", "warehouse": "s3://bkt", "s3": {"access_key_id": "a"}}),
+                "s3.secret_access_key",
+            ),
+            (
+                json!({"catalog": "/c.db", "warehouse": "s3://bkt", "s3": {"endpoint": "h:9000"}}),
+                "s3.endpoint",
+            ),
+            (
+                json!({"catalog": "/c.db", "warehouse": "s3://bkt", "s3": {"bucket": "x"}}),
+                "s3.bucket",
+            ),
+        ] {
+            match EndpointConfig::parse(&bad) {
+                Err(SinkError::Config(e)) => assert!(e.contains(names), "{bad}: {e}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

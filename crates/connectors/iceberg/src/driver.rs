@@ -51,7 +51,9 @@ use crate::commit::{
 };
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::schema::{self, Column, TableChange};
-use crate::staging::{Staging, WriterSpec, list_files, local_path, remove_empty_dirs, table_batch};
+use crate::staging::{Staging, WriterSpec, table_batch};
+use crate::storage::WarehouseIo;
+use crate::upsert::{self, UpsertState};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
@@ -118,6 +120,8 @@ pub struct IcebergSink {
     generation: Option<Generation>,
     /// Every staging writer's task.
     tasks: TaskTracker,
+    /// The upsert tables' index and epoch deletes (`upsert.rs`).
+    upsert: UpsertState,
 }
 
 impl IcebergSink {
@@ -137,6 +141,7 @@ impl IcebergSink {
             nonce: format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
             generation: None,
             tasks: TaskTracker::new(),
+            upsert: UpsertState::default(),
         })
     }
 
@@ -148,7 +153,7 @@ impl IcebergSink {
         if let Some(c) = &self.catalog {
             return Ok(c.clone());
         }
-        let c = SqlCatalog::connect(&self.config.catalog_location(), &self.config.warehouse)
+        let c = SqlCatalog::connect(&self.config.catalog_location(), self.config.warehouse()?)
             .await
             .map_err(|e| SinkError::External(format!("cannot open the Iceberg catalog: {e}")))?;
         self.catalog = Some(c.clone());
@@ -303,6 +308,36 @@ impl IcebergSink {
         Ok(())
     }
 
+    /// Brings the upsert tables' index to the tables (`upsert::sync`).
+    async fn sync_upsert(&mut self) -> Result<()> {
+        let Some(catalog) = self.catalog.clone() else {
+            return Ok(());
+        };
+        let idents: Vec<TableIdent> = self.tables.iter().map(|b| b.ident.clone()).collect();
+        self.upsert.sync(&catalog, &idents).await
+    }
+
+    /// The position delete files of epoch `epoch`'s upsert tables, in its staging.
+    async fn stage_upsert_deletes(&mut self, epoch: u64) -> Result<Vec<StagedFile>> {
+        let mut files = Vec::new();
+        for (binding, bound) in self.tables.iter().enumerate() {
+            if !self.upsert.is_upsert(binding) {
+                continue;
+            }
+            let spec = upsert::DeleteSpec {
+                file_io: self.catalog.as_ref().expect("open").file_io(),
+                location: self.epoch_prefix(bound, epoch)?,
+                prefix: format!("b{binding}-{}", self.nonce),
+                schema_id: bound.schema_id,
+                spec_id: bound.spec_id,
+                partition_type: &bound.partition_type,
+                format_version: bound.format_version,
+            };
+            files.extend(self.upsert.stage_deletes(binding, spec).await?);
+        }
+        Ok(files)
+    }
+
     /// Removes the files under our attempt prefixes that no snapshot of the table and no
     /// decided pending epoch holds, in this generation's epoch folders above the table's
     /// last epoch of it (`sluice.txn`): the folders of committed epochs are left alone,
@@ -320,9 +355,8 @@ impl IcebergSink {
             .flat_map(|e| e.files.iter().map(|f| f.path.as_str()))
             .collect();
         for bound in &self.tables {
-            let dir = local_path(&bound.attempt_prefix);
-            let files = list_files(&dir)
-                .map_err(|e| SinkError::External(format!("cannot list {}: {e}", dir.display())))?;
+            let dir = format!("{}/", bound.attempt_prefix);
+            let files = catalog.storage().list(&bound.attempt_prefix).await?;
             if files.is_empty() {
                 continue;
             }
@@ -336,18 +370,14 @@ impl IcebergSink {
                 .filter(|p| {
                     // `<attempt prefix>/<generation>-<epoch>/<file>` (`<epoch>` before
                     // generations); anything else is a candidate too.
-                    let folder = p
-                        .strip_prefix(&dir)
-                        .ok()
-                        .and_then(|rest| rest.iter().next())
-                        .and_then(|e| e.to_str());
+                    let folder = (p.strip_prefix(&dir))
+                        .and_then(|rest| rest.split('/').next().filter(|_| rest.contains('/')));
                     match folder.map(epoch_folder) {
                         Some(Some((of, _))) if !generation.owns(of.as_ref()) => false,
                         Some(Some((_, e))) => committed.is_none_or(|c| e > c),
                         _ => true,
                     }
                 })
-                .map(|p| format!("file://{}", p.display()))
                 .filter(|p| !keep.contains(p.as_str()))
                 .collect();
             if candidates.is_empty() {
@@ -364,7 +394,10 @@ impl IcebergSink {
                         .map_err(|e| SinkError::External(format!("cannot remove {path}: {e}")))?;
                 }
             }
-            remove_empty_dirs(&dir);
+            catalog
+                .storage()
+                .remove_empty_dirs(&bound.attempt_prefix)
+                .await;
         }
         Ok(())
     }
@@ -372,14 +405,14 @@ impl IcebergSink {
     /// Removes a staging prefix an intent named, after checking it is ours.
     async fn remove_prefix(&mut self, prefix: &str) -> Result<()> {
         let attempt = self.attempt()?;
-        let warehouse = self.catalog.as_ref().expect("open").warehouse();
+        let catalog = self.catalog.as_ref().expect("open");
         // Ours: under a bound table's attempt prefix, or (a table since unbound) under
         // the warehouse with our attempt's folder in it.
         let of_bound = self
             .tables
             .iter()
             .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
-        remove_staging(warehouse, &attempt, of_bound, prefix)
+        remove_staging(catalog.storage(), &attempt, of_bound, prefix).await
     }
 }
 
@@ -437,7 +470,13 @@ async fn commit_epochs(
 /// Removes staging prefix `prefix` an artifact intent named, once it is known ours:
 /// `of_bound` (under a bound table's attempt prefix), or under `warehouse` with
 /// `attempt`'s staging folder in it. Anything else is refused: the intent is damaged.
-fn remove_staging(warehouse: &str, attempt: &str, of_bound: bool, prefix: &str) -> Result<()> {
+async fn remove_staging(
+    storage: &WarehouseIo,
+    attempt: &str,
+    of_bound: bool,
+    prefix: &str,
+) -> Result<()> {
+    let warehouse = storage.root();
     let marker = format!("/data/{STAGING_DIR}/{attempt}/");
     let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
     if !(of_bound || in_warehouse) || prefix.contains("/../") {
@@ -445,15 +484,7 @@ fn remove_staging(warehouse: &str, attempt: &str, of_bound: bool, prefix: &str) 
             "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
         )));
     }
-    let dir = local_path(prefix);
-    match std::fs::remove_dir_all(&dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(SinkError::External(format!(
-            "cannot remove {}: {e}",
-            dir.display()
-        ))),
-    }
+    storage.delete_prefix(prefix).await
 }
 
 /// The prefixes an undecided epoch's artifact intent names.
@@ -496,7 +527,7 @@ impl Detached {
     async fn catalog(&self) -> Result<&SqlCatalog> {
         self.catalog
             .get_or_try_init(|| async {
-                SqlCatalog::connect(&self.config.catalog_location(), &self.config.warehouse)
+                SqlCatalog::connect(&self.config.catalog_location(), self.config.warehouse()?)
                     .await
                     .map_err(|e| {
                         SinkError::External(format!("cannot open the Iceberg catalog: {e}"))
@@ -547,11 +578,11 @@ impl AbortCleaner for IcebergCleaner {
         if undecided.is_empty() {
             return Ok(());
         }
-        let warehouse = self.0.catalog().await?.warehouse();
+        let storage = self.0.catalog().await?.storage();
         let attempt = attempt(&self.0.context);
         for u in undecided {
             for prefix in intent_prefixes(u)? {
-                remove_staging(warehouse, &attempt, false, prefix)?;
+                remove_staging(storage, &attempt, false, prefix).await?;
             }
         }
         Ok(())
@@ -592,14 +623,30 @@ impl EpochSink for IcebergSink {
         }
     }
 
-    fn keyed_mutation_key(&self, _binding: &SinkBinding) -> Option<Vec<String>> {
-        // An append-only change log: rows are never replaced or deleted in place.
-        None
+    /// An upsert table applies keyed mutations by its key columns; a change log (rows
+    /// never replaced or deleted in place) none.
+    fn keyed_mutation_key(&self, binding: &SinkBinding) -> Option<Vec<String>> {
+        upsert::is_upsert(&binding.resource)
+            .ok()?
+            .then(|| binding.key.clone())
     }
 
     fn bind_runtime_context(&mut self, context: RuntimeContext) -> Result<()> {
         self.context = Some(context);
         Ok(())
+    }
+
+    fn bind_state_dir(&mut self, dir: &std::path::Path) -> Result<()> {
+        self.upsert.bind_state_dir(dir);
+        Ok(())
+    }
+
+    fn loads(&self, resource: &Value) -> Result<bool> {
+        upsert::is_upsert(resource)
+    }
+
+    async fn load(&mut self, binding: usize, keys: &RecordBatch) -> Result<Vec<String>> {
+        self.upsert.load(binding, keys).await
     }
 
     fn suggested_write_timeout(&self) -> Duration {
@@ -741,7 +788,7 @@ impl EpochSink for IcebergSink {
             });
         }
         self.tables = tables;
-        Ok(())
+        self.upsert.open(bindings, self.config.commit_every).await
     }
 
     async fn recover(&mut self, recovery: &Recovery) -> Result<()> {
@@ -780,6 +827,7 @@ impl EpochSink for IcebergSink {
                 }
             }
         }
+        self.sync_upsert().await?;
         self.sweep_orphans().await
     }
 
@@ -801,6 +849,7 @@ impl EpochSink for IcebergSink {
                 "epoch {epoch} began while epoch {open} is still staging"
             )));
         }
+        self.upsert.begin(epoch, !self.prepared.is_empty())?;
         self.epoch = Epoch::Staging {
             epoch,
             writers: self.tables.iter().map(|_| None).collect(),
@@ -818,6 +867,17 @@ impl EpochSink for IcebergSink {
             .get(binding)
             .ok_or_else(|| SinkError::Corrupt(format!("no binding {binding}")))?;
         let out = table_batch(&bound.arrow, &bound.ident.to_string(), batch, epoch)?;
+        // An upsert table writes only its `U` rows (its deletes wait for pre_commit).
+        let runs = self.upsert.stage(binding, batch).await?;
+        let parts: Vec<RecordBatch> = match runs {
+            None => vec![out],
+            Some(runs) => (runs.into_iter())
+                .map(|(offset, len)| out.slice(offset, len))
+                .collect(),
+        };
+        if parts.is_empty() {
+            return Ok(WriteResult::default());
+        }
         if writers[binding].is_none() {
             let w = Staging::start(self.writer_spec(binding, epoch)?, &self.tasks).await?;
             let Epoch::Staging { writers, .. } = &mut self.epoch else {
@@ -828,14 +888,14 @@ impl EpochSink for IcebergSink {
         let Epoch::Staging { writers, .. } = &mut self.epoch else {
             unreachable!()
         };
-        let bytes = out.get_array_memory_size() as u64;
-        let records = out.num_rows();
-        writers[binding]
-            .as_mut()
-            .expect("built above")
-            .write(out)
-            .await?;
-        Ok(WriteResult { records, bytes })
+        let mut written = WriteResult::default();
+        for part in parts {
+            written.bytes += part.get_array_memory_size() as u64;
+            written.records += part.num_rows();
+            let writer = writers[binding].as_mut().expect("built above");
+            writer.write(part).await?;
+        }
+        Ok(written)
     }
 
     async fn pre_commit(&mut self, epoch: u64) -> Result<Option<Value>> {
@@ -848,7 +908,8 @@ impl EpochSink for IcebergSink {
             }
             Epoch::Idle => self.tables.iter().map(|_| None).collect(),
         };
-        let staged = self.close_writers(epoch, writers).await?;
+        let mut staged = self.close_writers(epoch, writers).await?;
+        staged.files.extend(self.stage_upsert_deletes(epoch).await?);
         let due = epoch.is_multiple_of(self.config.commit_every);
         let mut epochs: Vec<EpochFiles> = self
             .pending
@@ -894,7 +955,7 @@ impl EpochSink for IcebergSink {
         if d.commit {
             self.commit_pending(epoch).await?;
         }
-        Ok(())
+        self.sync_upsert().await
     }
 
     async fn rollback_epoch(&mut self, epoch: u64) -> Result<()> {
@@ -908,17 +969,11 @@ impl EpochSink for IcebergSink {
             }
         }
         self.prepared.retain(|e| e.epoch != epoch);
-        for bound in &self.tables {
-            let dir = local_path(&self.epoch_prefix(bound, epoch)?);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(SinkError::External(format!(
-                        "cannot remove {}: {e}",
-                        dir.display()
-                    )));
-                }
+        self.upsert.rollback();
+        if let Some(catalog) = &self.catalog {
+            for bound in &self.tables {
+                let prefix = self.epoch_prefix(bound, epoch)?;
+                catalog.storage().delete_prefix(&prefix).await?;
             }
         }
         Ok(())

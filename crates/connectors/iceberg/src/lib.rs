@@ -9,14 +9,21 @@
 //! materialization and the transaction, and a re-applied decision whose transaction an
 //! ancestor snapshot already holds changes nothing ([`commit`]).
 //!
+//! A binding of `mode: upsert` is the view instead: a standard binding (the runtime
+//! loads each key's document from the sink's index), one live row per key, each epoch's
+//! replaced and deleted rows named by a position delete file committed with its new
+//! rows in one row-delta snapshot ([`upsert`], [`rowdelta`], [`index`]).
+//!
 //! The catalog is our own SQL catalog over SQLite or PostgreSQL ([`catalog`]) in
 //! pyiceberg's `SqlCatalog` layout, so pyiceberg reads the tables through the same file
 //! (or database).
 //!
 //! Layout: `config.rs` (what the user writes), `driver.rs` (the [`EpochSink`]),
-//! `staging.rs` (Parquet writers, file walks), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
-//! schema evolution, which epochs a table still lacks), `read.rs` (reading back, for
-//! tests and benches).
+//! `staging.rs` (Parquet writers), `storage.rs` (the warehouse: a local folder or S3;
+//! iceberg's file IO, listing, removal), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
+//! schema evolution, which epochs a table still lacks), `upsert.rs`, `index.rs` and
+//! `rowdelta.rs` (`mode: upsert`: the epoch's deletes, the index of live rows, the
+//! row-delta commit), `read.rs` (reading back, for tests and benches).
 //!
 //! [`EpochSink`]: sluice_sink_sdk::EpochSink
 
@@ -24,14 +31,19 @@ pub mod catalog;
 pub mod commit;
 pub mod config;
 mod driver;
+pub mod index;
 pub mod read;
+pub mod rowdelta;
 pub mod schema;
 mod staging;
+pub mod storage;
+pub mod upsert;
 
 pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
 pub use config::{EndpointConfig, ResourceConfig};
 pub use driver::{IcebergCleaner, IcebergCommitter, IcebergSink, STAGING_DIR, WRITE_TIMEOUT};
 pub use read::{open_catalog, orphan_data_files, orphan_files, read_rows, referenced_files};
+pub use storage::{Warehouse, WarehouseIo};
 
 use serde_json::Value;
 use sluice_sink_sdk::{EpochSink, SinkError, SinkKind};
@@ -41,22 +53,31 @@ use sluice_sink_sdk::{EpochSink, SinkError, SinkKind};
 pub const READ_TABLE_PY: &str = include_str!("../read_table.py");
 
 /// Reads table `ident` (`namespace.table`) of the SQLite catalog `catalog`
-/// independently, through pyiceberg (`python3` running [`READ_TABLE_PY`]): each row as a
-/// JSON object, or with `snapshots` each snapshot's summary, oldest first. For tests,
-/// `sluice torture` and benches; the error says how to install pyiceberg.
+/// independently, through pyiceberg (`python3` running [`READ_TABLE_PY`]) over the same
+/// warehouse (a local folder, or an S3 location: pyiceberg is given its settings): each
+/// row as a JSON object, or with `snapshots` each snapshot's summary, oldest first. For
+/// tests, `sluice torture` and benches; the error says how to install pyiceberg.
 pub fn pyiceberg_read(
     catalog: &std::path::Path,
-    warehouse: &std::path::Path,
+    warehouse: impl Into<Warehouse>,
     ident: &str,
     snapshots: bool,
 ) -> Result<Vec<Value>, String> {
+    let (location, s3) = match warehouse.into() {
+        Warehouse::Local(dir) => (format!("file://{}", dir.display()), None),
+        Warehouse::S3 { url, settings } => (
+            url.to_string(),
+            Some(serde_json::to_string(&settings).map_err(|e| e.to_string())?),
+        ),
+    };
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(READ_TABLE_PY)
         .arg(catalog)
-        .arg(warehouse)
+        .arg(location)
         .arg(ident)
         .args(snapshots.then_some("--snapshots"))
+        .args(s3.iter().flat_map(|s3| ["--s3", s3.as_str()]))
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
     if !out.status.success() {

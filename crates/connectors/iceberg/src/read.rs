@@ -3,7 +3,7 @@
 //! current metadata references (the orphan check).
 
 use crate::catalog::SqlCatalog;
-use crate::staging::{list_files, local_path};
+use crate::storage::Warehouse;
 use arrow_array::{
     Array, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
@@ -20,8 +20,12 @@ fn external(what: String, e: iceberg::Error) -> SinkError {
     SinkError::External(format!("{what}: {e}"))
 }
 
-/// Opens the catalog at `catalog` with its warehouse `warehouse`.
-pub async fn open_catalog(catalog: &Path, warehouse: &Path) -> Result<SqlCatalog, SinkError> {
+/// Opens the SQLite catalog at `catalog` with its warehouse `warehouse` (a local folder,
+/// or an S3 location with its settings).
+pub async fn open_catalog(
+    catalog: &Path,
+    warehouse: impl Into<Warehouse>,
+) -> Result<SqlCatalog, SinkError> {
     SqlCatalog::open(catalog, warehouse)
         .await
         .map_err(|e| external(format!("cannot open catalog {}", catalog.display()), e))
@@ -136,7 +140,8 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<String>, SinkErro
 }
 
 /// The files under the warehouse that no table of the catalog references (see
-/// [`referenced_files`]), as `file://` locations, sorted. Empty for a clean warehouse.
+/// [`referenced_files`]), as `file://` or `s3://` locations, sorted. Empty for a clean
+/// warehouse.
 pub async fn orphan_files(catalog: &SqlCatalog) -> Result<Vec<String>, SinkError> {
     let mut referenced = HashSet::new();
     let mut pending = vec![None];
@@ -160,12 +165,9 @@ pub async fn orphan_files(catalog: &SqlCatalog) -> Result<Vec<String>, SinkError
             pending.push(Some(ns));
         }
     }
-    let root = local_path(catalog.warehouse());
-    let files = list_files(&root)
-        .map_err(|e| SinkError::External(format!("cannot list {}: {e}", root.display())))?;
+    let files = catalog.storage().list(catalog.warehouse()).await?;
     Ok(files
         .into_iter()
-        .map(|p| format!("file://{}", p.display()))
         .filter(|p| !referenced.contains(p))
         .collect())
 }

@@ -1,10 +1,8 @@
-//! Staging on the local filesystem: the Parquet writers of an epoch (rolled at the
-//! target size, named `b<binding>-<process nonce>-<n>.parquet` so no name is ever
-//! written twice), a binding's batch as the table's, and the file walks the abort
-//! cleaner and the orphan check share.
-//!
-//! The walks and removals are synchronous `std::fs` calls on the caller's worker, as
-//! iceberg's own local storage is: they touch one table's staging folder.
+//! Staging in the warehouse: the Parquet writers of an epoch (rolled at the target size,
+//! named `b<binding>-<process nonce>-<n>.parquet` so no name is ever written twice, on a
+//! local disk or an object store alike: see `storage.rs`), and a binding's batch as the
+//! table's. The file walks the abort cleaner and the orphan check share are the
+//! warehouse's (`storage::WarehouseIo`).
 //!
 //! Each writer's task is spawned on the sink's [`TaskTracker`], and a [`Staging`]
 //! dropped unclosed (its sink retired mid-call) aborts it: the driver awaits the tracker
@@ -76,7 +74,8 @@ impl Staging {
                     SinkError::External(format!("cannot write a data file of {ident}: {e}"))
                 })?;
             }
-            // Returns only after every file is closed, and LocalFsStorage fsyncs on close.
+            // Returns only after every file is closed: fsynced locally (LocalFsStorage),
+            // its upload completed on S3.
             writer.close().await.map_err(|e| {
                 SinkError::External(format!("cannot close a data file of {ident}: {e}"))
             })
@@ -104,7 +103,7 @@ impl Staging {
         }
     }
 
-    /// Writes what is queued, closes the files (fsynced), and returns them.
+    /// Writes what is queued, closes the files (fsynced, or uploaded), and returns them.
     pub(crate) async fn close(mut self) -> Result<Vec<DataFile>> {
         drop(self.batches.take());
         match self.task.take() {
@@ -148,46 +147,6 @@ async fn new_writer(spec: WriterSpec) -> Result<Writer> {
         .map_err(|e| {
             SinkError::External(format!("cannot start a data file of {}: {e}", spec.ident))
         })
-}
-
-/// `/path` of a `file://` location.
-pub(crate) fn local_path(location: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(location.strip_prefix("file://").unwrap_or(location))
-}
-
-/// Every regular file under `dir` (none when it does not exist).
-pub(crate) fn list_files(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                stack.push(entry.path());
-            } else {
-                out.push(entry.path());
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Removes the empty epoch folders under `dir` (best effort: a leftover folder is harmless).
-pub(crate) fn remove_empty_dirs(dir: &std::path::Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_empty_dirs(&entry.path());
-                let _ = std::fs::remove_dir(entry.path());
-            }
-        }
-    }
 }
 
 /// The binding's batch as the table's: its columns by name, `_txn`, `_op` (`U` when the

@@ -1,10 +1,10 @@
-//! What the user writes: `files: {directory}` and per binding `{path}`.
+//! What the user writes: `files: {directory, s3?}` and per binding `{path}`.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sluice_config::schema_for;
+use sluice_object_store::S3Settings;
 pub use sluice_output_sdk::config::parse;
-use std::path::PathBuf;
 
 /// JSON schema of [`Config`] (what Spec returns and `sluice schema` prints).
 pub fn endpoint_schema() -> String {
@@ -16,13 +16,20 @@ pub fn resource_schema() -> String {
     schema_for::<Resource>().to_string()
 }
 
-/// One file per transaction and binding, under a folder.
+/// One file per transaction and binding, under a folder or an S3 prefix.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(title = "Files endpoint")]
 pub struct Config {
-    /// The folder bindings write under (relative to the pipeline file)
-    pub directory: PathBuf,
+    /// The folder bindings write under (relative to the pipeline file), or
+    /// s3://bucket/prefix on an S3 or S3-compatible store (see s3)
+    #[schemars(length(min = 1))]
+    pub directory: String,
+    /// How to reach the store of an s3:// directory: endpoint, region, credentials,
+    /// path-style access; what is left out comes from the environment (AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL)
+    #[serde(default)]
+    pub s3: Option<S3Settings>,
     /// Bytes of encoded changes buffered before they are written
     #[serde(default = "default_buffer")]
     #[schemars(range(min = 1))]
@@ -56,11 +63,14 @@ mod tests {
             &[
                 json!({"directory": "out"}),
                 json!({"directory": "/var/out", "max_buffer_size_bytes": 4096}),
+                json!({"directory": "s3://bkt/out", "s3": {"endpoint": "http://127.0.0.1:9000",
+                       "path_style": true}}),
             ],
             &[
                 json!({"directory": "out", "dir": "x"}),
                 json!({"directory": "out", "max_buffer_size_bytes": 0}),
                 json!({}),
+                json!({"directory": "s3://bkt/out", "s3": {"bucket": "x"}}),
             ],
         );
         let resource = sluice_output_sdk::resource_schema(&crate::kind());

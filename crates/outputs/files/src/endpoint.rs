@@ -1,7 +1,23 @@
-//! One binding's folder of batch files.
+//! One binding's folder of batch files: a local folder, or a prefix in an S3 bucket.
+//!
+//! ```text
+//!            local folder                          S3 prefix
+//!  open      remove .tmp files; list → tail        list → tail
+//!  start     create .<name>.tmp                    a buffer in memory (the header)
+//!  push      write to it                           append to it
+//!  end       fsync, rename to <name>, fsync dir    PUT <name> If-None-Match: *
+//! ```
+//!
+//! On S3 there is no rename: the batch is written once, under its final name, by a
+//! conditional put. A name that exists already is this generation's batch of that
+//! transaction, written by an attempt that did not live to see its put return: the
+//! replay is discarded, as a restart discards it when the listing shows the file. The
+//! batch is held in memory until then (S3's single PUT takes up to 5 GiB; a
+//! transaction's batch of one binding is far below that in practice).
 
 use crate::config::{Config, Resource};
 use async_trait::async_trait;
+use sluice_object_store::{Created, S3Store, S3Url, StoreError};
 use sluice_output_sdk::{
     BatchKind, Buffer, Format, Generation, GenerationId, OutputEndpoint, OutputError, Result,
     Target,
@@ -61,15 +77,44 @@ fn io_error(what: &str, path: &Path, err: std::io::Error) -> OutputError {
     OutputError::External(format!("{what} {}: {err}", path.display()))
 }
 
+fn store_error(e: StoreError) -> OutputError {
+    match e {
+        StoreError::Config(m) => OutputError::Config(m),
+        StoreError::External(m) => OutputError::External(m),
+    }
+}
+
+/// The non-empty `parts` joined by `/`: an object key.
+fn key_of(parts: &[&str]) -> String {
+    let parts: Vec<&str> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    parts.join("/")
+}
+
+/// Where a binding's files go.
+enum Folder {
+    Local(PathBuf),
+    /// Keys `<prefix>/<name>` in the store's bucket.
+    S3 {
+        store: S3Store,
+        prefix: String,
+    },
+}
+
 /// The batch being written.
-struct Open {
-    temp: PathBuf,
-    path: PathBuf,
-    file: tokio::io::BufWriter<tokio::fs::File>,
+enum Open {
+    Local {
+        temp: PathBuf,
+        path: PathBuf,
+        file: tokio::io::BufWriter<tokio::fs::File>,
+    },
+    S3 {
+        name: String,
+        bytes: Vec<u8>,
+    },
 }
 
 pub struct FilesEndpoint {
-    folder: PathBuf,
+    folder: Folder,
     format: Format,
     header: Option<Vec<u8>>,
     max_buffer_size_bytes: usize,
@@ -99,8 +144,28 @@ impl FilesEndpoint {
                 resource.path
             )));
         }
+        let folder = match S3Url::is_s3(&config.directory) {
+            false => Folder::Local(Path::new(&config.directory).join(relative)),
+            true => {
+                let url = S3Url::parse(&config.directory)
+                    .map_err(|e| OutputError::Config(format!("directory: {e}")))?;
+                let settings = config.s3.clone().unwrap_or_default();
+                settings.check("files endpoint").map_err(store_error)?;
+                let prefix = key_of(&[&url.prefix, resource.path.trim_matches('/')]);
+                let store = S3Store::connect(&url.bucket, &settings).map_err(store_error)?;
+                // Checked now: a key of it is a valid object path.
+                store.path(&prefix).map_err(store_error)?;
+                Folder::S3 { store, prefix }
+            }
+        };
+        if config.s3.is_some() && matches!(folder, Folder::Local(_)) {
+            return Err(OutputError::Config(format!(
+                "files endpoint: `s3` is set, but `directory` {:?} is not an s3://bucket/prefix location",
+                config.directory
+            )));
+        }
         Ok(FilesEndpoint {
-            folder: config.directory.join(relative),
+            folder,
             format: target.format,
             header: target.header.clone(),
             max_buffer_size_bytes: config.max_buffer_size_bytes,
@@ -114,32 +179,27 @@ impl FilesEndpoint {
 #[async_trait]
 impl OutputEndpoint for FilesEndpoint {
     async fn open(&mut self) -> Result<()> {
-        let folder = self.folder.clone();
-        tokio::fs::create_dir_all(&folder)
-            .await
-            .map_err(|e| io_error("creating", &folder, e))?;
-        let mut entries = tokio::fs::read_dir(&folder)
-            .await
-            .map_err(|e| io_error("listing", &folder, e))?;
-        let mut tail = None;
-        while let Some(entry) =
-            (entries.next_entry().await).map_err(|e| io_error("listing", &folder, e))?
-        {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                // A batch a crash interrupted: its transaction is replayed.
-                tokio::fs::remove_file(entry.path())
-                    .await
-                    .map_err(|e| io_error("removing", &entry.path(), e))?;
-            } else if let Some(file) = parse_batch_file_name(&name)
-                && self.generation.owns(file.generation)
-            {
-                // Another generation's files are never this one's: after a reset, the
-                // new generation writes every transaction, whatever its number.
-                tail = tail.max(Some(file.txn));
+        let names = match &self.folder {
+            Folder::Local(folder) => local_names(folder).await?,
+            Folder::S3 { store, prefix } => {
+                let keys = store.list(prefix).await.map_err(store_error)?;
+                // Only the prefix's own files: `<prefix>/<name>`, not deeper keys.
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(prefix.as_str()))
+                    .map(|rest| rest.trim_start_matches('/'))
+                    .filter(|name| !name.contains('/'))
+                    .map(str::to_string)
+                    .collect()
             }
-        }
-        self.tail = tail;
+        };
+        // Another generation's files are never this one's: after a reset, the new
+        // generation writes every transaction, whatever its number.
+        self.tail = names
+            .iter()
+            .filter_map(|name| parse_batch_file_name(name))
+            .filter(|file| self.generation.owns(file.generation))
+            .map(|file| file.txn)
+            .max();
         Ok(())
     }
 
@@ -154,76 +214,148 @@ impl OutputEndpoint for FilesEndpoint {
             return Ok(());
         }
         let name = batch_file_name(self.generation.id, txn, kind, self.format);
-        let temp = self.folder.join(format!(".{name}.tmp"));
-        let file = tokio::fs::File::create(&temp)
-            .await
-            .map_err(|e| io_error("creating", &temp, e))?;
-        let mut file = tokio::io::BufWriter::with_capacity(256 << 10, file);
-        if let Some(header) = &self.header {
-            file.write_all(header)
-                .await
-                .map_err(|e| io_error("writing", &temp, e))?;
-        }
-        self.batch = Some(Open {
-            temp,
-            path: self.folder.join(name),
-            file,
+        let header = self.header.clone().unwrap_or_default();
+        self.batch = Some(match &self.folder {
+            Folder::Local(folder) => {
+                let temp = folder.join(format!(".{name}.tmp"));
+                let file = tokio::fs::File::create(&temp)
+                    .await
+                    .map_err(|e| io_error("creating", &temp, e))?;
+                let mut file = tokio::io::BufWriter::with_capacity(256 << 10, file);
+                file.write_all(&header)
+                    .await
+                    .map_err(|e| io_error("writing", &temp, e))?;
+                Open::Local {
+                    temp,
+                    path: folder.join(name),
+                    file,
+                }
+            }
+            Folder::S3 { .. } => Open::S3 {
+                name,
+                bytes: header,
+            },
         });
         Ok(())
     }
 
     async fn push(&mut self, buffer: &Buffer) -> Result<()> {
-        let Some(batch) = &mut self.batch else {
-            return Ok(());
-        };
-        for message in buffer.messages() {
-            batch
-                .file
-                .write_all(message.value)
-                .await
-                .map_err(|e| io_error("writing", &batch.temp, e))?;
+        match &mut self.batch {
+            None => {}
+            Some(Open::Local { temp, file, .. }) => {
+                for message in buffer.messages() {
+                    file.write_all(message.value)
+                        .await
+                        .map_err(|e| io_error("writing", temp, e))?;
+                }
+            }
+            Some(Open::S3 { bytes, .. }) => {
+                for message in buffer.messages() {
+                    bytes.extend_from_slice(message.value);
+                }
+            }
         }
         Ok(())
     }
 
     async fn batch_end(&mut self) -> Result<()> {
-        let Some(mut batch) = self.batch.take() else {
-            return Ok(());
+        let name = match self.batch.take() {
+            None => return Ok(()),
+            Some(Open::Local { temp, path, file }) => {
+                let Folder::Local(folder) = &self.folder else {
+                    unreachable!("a local batch of a local folder")
+                };
+                end_local(folder, temp, &path, file).await?;
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            }
+            Some(Open::S3 { name, bytes }) => {
+                let Folder::S3 { store, prefix } = &self.folder else {
+                    unreachable!("an S3 batch of an S3 folder")
+                };
+                let key = key_of(&[prefix, &name]);
+                // Returns once the object is durable, or was there already.
+                match store
+                    .put_new(&key, bytes.into())
+                    .await
+                    .map_err(store_error)?
+                {
+                    Created::Yes => {}
+                    Created::AlreadyThere => tracing::info!(
+                        key = %store.url(&key),
+                        "this transaction's batch was written before: the replay is discarded"
+                    ),
+                }
+                name
+            }
         };
-        let temp = batch.temp.clone();
-        batch
-            .file
-            .flush()
-            .await
-            .map_err(|e| io_error("writing", &temp, e))?;
-        let file = batch.file.into_inner();
-        file.sync_all()
-            .await
-            .map_err(|e| io_error("syncing", &temp, e))?;
-        drop(file);
-        tokio::fs::rename(&temp, &batch.path)
-            .await
-            .map_err(|e| io_error("renaming", &temp, e))?;
-        let folder = self.folder.clone();
-        tokio::task::spawn_blocking(move || std::fs::File::open(&folder)?.sync_all())
-            .await
-            .map_err(|e| OutputError::External(format!("syncing a folder: {e}")))?
-            .map_err(|e| io_error("syncing", &self.folder, e))?;
-        let txn =
-            parse_batch_file_name(&batch.path.file_name().unwrap_or_default().to_string_lossy())
-                .map(|file| file.txn);
-        self.tail = self.tail.max(txn);
+        self.tail = self
+            .tail
+            .max(parse_batch_file_name(&name).map(|file| file.txn));
         Ok(())
     }
 
     async fn abort(&mut self) {
-        if let Some(batch) = self.batch.take() {
-            drop(batch.file);
-            if let Err(err) = tokio::fs::remove_file(&batch.temp).await {
-                tracing::debug!(%err, path = %batch.temp.display(), "removing an abandoned batch file");
+        if let Some(Open::Local { temp, file, .. }) = self.batch.take() {
+            drop(file);
+            if let Err(err) = tokio::fs::remove_file(&temp).await {
+                tracing::debug!(%err, path = %temp.display(), "removing an abandoned batch file");
             }
         }
     }
+}
+
+/// The names in a local folder (created if missing), after removing the temporary files
+/// of batches a crash interrupted (their transactions are replayed).
+async fn local_names(folder: &Path) -> Result<Vec<String>> {
+    tokio::fs::create_dir_all(folder)
+        .await
+        .map_err(|e| io_error("creating", folder, e))?;
+    let mut entries = tokio::fs::read_dir(folder)
+        .await
+        .map_err(|e| io_error("listing", folder, e))?;
+    let mut names = Vec::new();
+    while let Some(entry) =
+        (entries.next_entry().await).map_err(|e| io_error("listing", folder, e))?
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            tokio::fs::remove_file(entry.path())
+                .await
+                .map_err(|e| io_error("removing", &entry.path(), e))?;
+        } else {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Makes a local batch whole under its name: flushed, fsynced, renamed from `temp` to
+/// `path`, and the folder fsynced; returns only then.
+async fn end_local(
+    folder: &Path,
+    temp: PathBuf,
+    path: &Path,
+    mut file: tokio::io::BufWriter<tokio::fs::File>,
+) -> Result<()> {
+    file.flush()
+        .await
+        .map_err(|e| io_error("writing", &temp, e))?;
+    let file = file.into_inner();
+    file.sync_all()
+        .await
+        .map_err(|e| io_error("syncing", &temp, e))?;
+    drop(file);
+    tokio::fs::rename(&temp, path)
+        .await
+        .map_err(|e| io_error("renaming", &temp, e))?;
+    let dir = folder.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
+        .await
+        .map_err(|e| OutputError::External(format!("syncing a folder: {e}")))?
+        .map_err(|e| io_error("syncing", folder, e))
 }
 
 #[cfg(test)]

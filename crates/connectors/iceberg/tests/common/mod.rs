@@ -1,22 +1,47 @@
 //! Shared by the Iceberg sink's tests: a binding of `id` (key), `name`, the document and
-//! `_op`, its batches, and a sink over a fresh catalog and warehouse.
+//! `_op`, its batches, and a sink over a fresh catalog and warehouse: a local folder, or
+//! a bucket of the test's own on the local S3 server ([`Fixture::s3`]).
 #![allow(dead_code)]
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use serde_json::{Value, json};
-use sluice_iceberg::IcebergSink;
+use sluice_iceberg::{IcebergSink, Warehouse};
+use sluice_object_store::S3Url;
 use sluice_sink_sdk::{DataType, EpochSink, Field, RuntimeContext, Schema, SinkBinding};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 pub struct Fixture {
     pub dir: tempfile::TempDir,
+    /// The bucket of an S3 warehouse; `None`: the warehouse is a local folder.
+    pub bucket: Option<sluice_testkit::s3::TestBucket>,
 }
 
 impl Fixture {
     pub fn new() -> Fixture {
         Fixture {
             dir: tempfile::tempdir().unwrap(),
+            bucket: None,
+        }
+    }
+
+    /// A fixture whose warehouse is `s3://<a bucket of its own>/warehouse` on the local
+    /// S3 server (the catalog stays a local SQLite file).
+    pub fn s3(test: &str) -> Fixture {
+        Fixture {
+            bucket: Some(sluice_testkit::s3::TestBucket::create(test)),
+            ..Fixture::new()
+        }
+    }
+
+    /// The warehouse, local or S3, as `open_catalog` and `pyiceberg_read` take it.
+    pub fn warehouse_location(&self) -> Warehouse {
+        match &self.bucket {
+            Some(b) => Warehouse::S3 {
+                url: S3Url::parse(&b.url("warehouse")).unwrap(),
+                settings: sluice_testkit::s3::settings(),
+            },
+            None => Warehouse::Local(self.warehouse()),
         }
     }
 
@@ -34,6 +59,10 @@ impl Fixture {
             "warehouse": self.warehouse(),
             "namespace": "sluice",
         });
+        if let Some(b) = &self.bucket {
+            e["warehouse"] = json!(b.url("warehouse"));
+            e["s3"] = serde_json::to_value(sluice_testkit::s3::settings()).unwrap();
+        }
         e.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
@@ -105,27 +134,30 @@ pub async fn epoch(
 
 /// `(id, _txn, _op)` of every row, sorted.
 pub async fn rows(f: &Fixture, table: &str) -> Vec<(i64, i64, String)> {
-    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), f.warehouse_location())
         .await
         .unwrap();
     let mut out: Vec<(i64, i64, String)> = sluice_iceberg::read_rows(&catalog, "sluice", table)
         .await
         .unwrap()
-        .into_iter()
-        .map(|r| {
-            (
-                r["id"].as_i64().unwrap(),
-                r["_txn"].as_i64().unwrap(),
-                r["_op"].as_str().unwrap().to_string(),
-            )
-        })
+        .iter()
+        .map(id_txn_op)
         .collect();
     out.sort();
     out
 }
 
+/// `(id, _txn, _op)` of a row read back (by the sink's reader or by pyiceberg).
+pub fn id_txn_op(row: &serde_json::Map<String, Value>) -> (i64, i64, String) {
+    (
+        row["id"].as_i64().unwrap(),
+        row["_txn"].as_i64().unwrap(),
+        row["_op"].as_str().unwrap().to_string(),
+    )
+}
+
 pub async fn orphans(f: &Fixture) -> Vec<String> {
-    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), &f.warehouse())
+    let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), f.warehouse_location())
         .await
         .unwrap();
     sluice_iceberg::orphan_files(&catalog).await.unwrap()
