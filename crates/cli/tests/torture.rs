@@ -454,9 +454,11 @@ fn a_tampered_files_output_fails_the_torture_naming_each_broken_rule() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!out.status.success(), "the torture passed:\n{stderr}");
     for rule in [
-        "anomaly: files-output: transaction 2 is published 2 times",
-        "anomaly: files-output: transactions 4..=4 are missing between 3 and 5",
-        &format!("anomaly: files-output: transaction 3 message {delete}: the delete of "),
+        "anomaly (output rule broken): files-output: transaction 2 is published 2 times",
+        "anomaly (output rule broken): files-output: transactions 4..=4 are missing between 3 and 5",
+        &format!(
+            "anomaly (output rule broken): files-output: transaction 3 message {delete}: the delete of "
+        ),
     ] {
         assert!(stderr.contains(rule), "{rule:?} not reported:\n{stderr}");
     }

@@ -764,7 +764,7 @@ runtime:
     fn verify(&mut self) -> anyhow::Result<Verdict> {
         let read = self.store.read()?;
         for violation in read.violations {
-            self.report.anomaly(violation);
+            self.report.anomaly_of("output rule broken", violation);
         }
         let txn_docs = self.txn_docs as usize;
         let all = self.model.transaction_count(txn_docs);

@@ -307,11 +307,6 @@ mod tests {
         let bare =
             EndpointConfig::parse(&json!({"catalog": "/c.db", "warehouse": "s3://bkt"})).unwrap();
         assert!(matches!(bare.warehouse(), Ok(Warehouse::S3 { .. })));
-        // A pipeline file's folder joined onto the URL is taken back out.
-        let joined =
-            EndpointConfig::parse(&json!({"catalog": "/c.db", "warehouse": "/p/s3://bkt/x"}))
-                .unwrap();
-        assert_eq!(joined.warehouse, "s3://bkt/x");
         for (bad, names) in [
             (
                 json!({"catalog": "/c.db", "warehouse": "s3://B"}),
