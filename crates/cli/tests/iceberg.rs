@@ -295,3 +295,51 @@ fn runs_killed_at_random_moments_leave_the_upsert_table_exact() {
     );
     assert_eq!(orphans(dir.path()), Vec::<String>::new());
 }
+
+/// Starting over without the sink's help: `sluice apply --delete` is refused for
+/// Iceberg (it does not drop what it created, saying so), so an operator removes the
+/// recovery log and runs again, which would read the input again from the beginning
+/// under a new generation. Reduced onto the rows the last run left, each key would count
+/// twice: the run is refused, naming the table and the ways out, and the table keeps
+/// each reduction once.
+#[test]
+fn an_upsert_table_whose_recovery_log_was_removed_is_refused_not_doubled() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(4_000, 200, 17);
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    write_upsert_pipeline(dir.path(), 1_000);
+    run(dir.path());
+    let expected = reduce_expected(&docs);
+    assert_eq!(upsert_view(dir.path()), expected);
+
+    let out = Command::new(SLUICE)
+        .args(["apply", "pipeline.yaml", "--delete"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let refused = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && refused.contains("cannot drop what it created"),
+        "{refused}"
+    );
+    std::fs::remove_dir_all(dir.path().join(".sluice")).unwrap();
+    let out = Command::new(SLUICE)
+        .args(["run", "pipeline.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let refused = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run went on:\n{refused}");
+    for part in [
+        "sluice.pageviews",
+        "holds the view of another run",
+        "Drop the table",
+    ] {
+        assert!(refused.contains(part), "{part:?} missing from:\n{refused}");
+    }
+    assert_eq!(
+        upsert_view(dir.path()),
+        expected,
+        "each key reduced once, nothing counted twice"
+    );
+}

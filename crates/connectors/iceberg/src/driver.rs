@@ -317,6 +317,48 @@ impl IcebergSink {
         self.upsert.sync(&catalog, &idents).await
     }
 
+    /// Refuses an upsert table whose last snapshot is this materialization's of another
+    /// generation: its recovery log was removed or replaced, so the input is read again
+    /// from the beginning, and reduced onto the rows that run left (which Load would
+    /// answer) it would count twice. A change log is safe (its generations tell its runs
+    /// apart); a view is not, so the operator chooses: drop the table, or restore the log.
+    async fn refuse_another_generations_view(&self) -> Result<()> {
+        let Some(catalog) = self.catalog.clone() else {
+            return Ok(());
+        };
+        let owner = self.owner()?;
+        let generation = self.generation()?;
+        for (binding, bound) in self.tables.iter().enumerate() {
+            if !self.upsert.is_upsert(binding) {
+                continue;
+            }
+            let table = catalog
+                .load_table(&bound.ident)
+                .await
+                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let Some(last) = table.metadata().current_snapshot() else {
+                continue;
+            };
+            let summary = &last.summary().additional_properties;
+            let ours = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
+                && summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization);
+            let stamped = summary.get(commit::SUMMARY_GENERATION);
+            if ours && !generation.owns(stamped) {
+                return Err(SinkError::Config(format!(
+                    "Iceberg table {} (mode: upsert) holds the view of another run of \
+                     materialization {} (generation {}): its recovery log was removed or \
+                     replaced, so the input would be read again from the beginning and \
+                     reduced onto those rows, counting it twice. Drop the table and run \
+                     `sluice apply` to start over, or restore the recovery log",
+                    bound.ident,
+                    owner.materialization,
+                    stamped.map_or("from before generations", String::as_str),
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The position delete files of epoch `epoch`'s upsert tables, in its staging.
     async fn stage_upsert_deletes(&mut self, epoch: u64) -> Result<Vec<StagedFile>> {
         let mut files = Vec::new();
@@ -828,6 +870,7 @@ impl EpochSink for IcebergSink {
             }
         }
         self.sync_upsert().await?;
+        self.refuse_another_generations_view().await?;
         self.sweep_orphans().await
     }
 
