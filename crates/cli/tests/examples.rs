@@ -33,8 +33,8 @@ mod common;
 
 use common::{
     MYSQL_SERVER, MyDatabase, PythonProtocol, REDIS_URL, Row, SLUICE, assert_success, block_on,
-    free_address, mysql, postgres_at, postgres_execute, redis, redis_keys, reduce_expected,
-    sqlite_rows, sqlite_table,
+    copy_dir, free_address, mysql, postgres_at, postgres_execute, redis, redis_keys,
+    reduce_expected, sqlite_rows, sqlite_table,
 };
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
@@ -155,23 +155,6 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-/// Copies `from` into `to`, leaving out what a run of the example in place wrote.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if ["out", ".sluice", "__pycache__"].contains(&name.to_string_lossy().as_ref()) {
-            continue;
-        }
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to.join(&name));
-        } else {
-            std::fs::copy(entry.path(), to.join(&name)).unwrap();
-        }
-    }
-}
-
 /// An example copied into a temp dir of its own (`examples/<name>` and `examples/data`),
 /// run from there as from the repository root, with the environment variables it is
 /// given.
@@ -188,6 +171,7 @@ impl Example {
             copy_dir(
                 &Path::new(EXAMPLES).join(folder),
                 &root.path().join("examples").join(folder),
+                &["out", ".sluice", "__pycache__"],
             );
         }
         Example {

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines};
+use common::{
+    Row, SLUICE, assert_success, copy_dir, generate, pipeline_yaml, reduce_expected, write_lines,
+};
 
 fn write_pipeline(dir: &Path, max_docs: u64) {
     let yaml = pipeline_yaml(
@@ -342,4 +344,50 @@ fn an_upsert_table_whose_recovery_log_was_removed_is_refused_not_doubled() {
         expected,
         "each key reduced once, nothing counted twice"
     );
+}
+
+/// A recovery log restored from an older backup is behind the table: the transactions
+/// after it would be read and numbered again, and applied to a table that holds them.
+/// The run is refused, naming the table, the epochs, and the ways out; the table keeps
+/// each reduction once.
+#[test]
+fn a_recovery_log_restored_from_an_older_backup_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = generate(6_000, 200, 19);
+    let (first, second) = docs.split_at(3_000);
+    write_lines(&dir.path().join("views.jsonl"), first);
+    write_upsert_pipeline(dir.path(), 1_000);
+    run(dir.path());
+    let backup = dir.path().join("backup");
+    copy_dir(&dir.path().join(".sluice"), &backup, &[]);
+
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    run(dir.path());
+    let expected = reduce_expected(&docs);
+    assert_eq!(upsert_view(dir.path()), expected);
+    assert_ne!(
+        expected,
+        reduce_expected(second),
+        "the halves overlap in keys"
+    );
+
+    std::fs::remove_dir_all(dir.path().join(".sluice")).unwrap();
+    copy_dir(&backup, &dir.path().join(".sluice"), &[]);
+    let out = Command::new(SLUICE)
+        .args(["run", "pipeline.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let refused = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run went on:\n{refused}");
+    for part in [
+        "sluice.pageviews",
+        "holds epoch 6",
+        "decided epochs up to 3 only",
+        "restored from an older backup",
+        "Restore the newest copy",
+    ] {
+        assert!(refused.contains(part), "{part:?} missing from:\n{refused}");
+    }
+    assert_eq!(upsert_view(dir.path()), expected, "nothing applied twice");
 }

@@ -18,6 +18,24 @@ pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// How long a test waits for what a run should soon do.
 pub const PATIENCE: Duration = Duration::from_secs(120);
 
+/// Copies folder `from` into `to`, recursively, leaving out the entries named in `skip`
+/// at any depth (a backup of a recovery log; an example without what a run wrote).
+pub fn copy_dir(from: &Path, to: &Path, skip: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if skip.contains(&name.to_string_lossy().as_ref()) {
+            continue;
+        }
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(&name), skip);
+        } else {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
 /// Polls `probe` every 100 ms until it returns something, failing with `what` after
 /// `limit`.
 pub fn wait_until<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {

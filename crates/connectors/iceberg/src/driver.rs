@@ -317,41 +317,67 @@ impl IcebergSink {
         self.upsert.sync(&catalog, &idents).await
     }
 
-    /// Refuses an upsert table whose last snapshot is this materialization's of another
-    /// generation: its recovery log was removed or replaced, so the input is read again
-    /// from the beginning, and reduced onto the rows that run left (which Load would
-    /// answer) it would count twice. A change log is safe (its generations tell its runs
-    /// apart); a view is not, so the operator chooses: drop the table, or restore the log.
-    async fn refuse_another_generations_view(&self) -> Result<()> {
+    /// Refuses a table that is ahead of the recovery log, which the log's next epochs
+    /// would then be applied to twice:
+    /// - a table holding an epoch of this generation above the last one the log
+    ///   decided (`decided`): the log was restored from an older backup, so its
+    ///   transactions after that would be read and numbered again, and skipped or
+    ///   counted twice where their boundaries differ from the first time's;
+    /// - an upsert table whose last snapshot is this materialization's of another
+    ///   deployment or generation: the log (and the deployment id beside it) was
+    ///   removed or replaced, or another copy of the pipeline writes the table, so input
+    ///   would be reduced onto the rows that run left (which Load answers) once more.
+    ///   A change log is safe there (its generations tell its runs apart).
+    ///
+    /// Either way the operator chooses: restore the newest log, or drop the table.
+    async fn refuse_tables_ahead_of_the_log(&self, decided: Option<u64>) -> Result<()> {
         let Some(catalog) = self.catalog.clone() else {
             return Ok(());
         };
         let owner = self.owner()?;
         let generation = self.generation()?;
         for (binding, bound) in self.tables.iter().enumerate() {
+            let Some(table) = load_optional(&catalog, &bound.ident).await? else {
+                continue;
+            };
+            let committed = commit::committed_txn(table.metadata(), &owner, generation)?;
+            if let Some(committed) = committed.filter(|&c| decided.is_none_or(|d| c > d)) {
+                return Err(SinkError::Config(format!(
+                    "Iceberg table {} holds epoch {committed} of materialization {}, but its \
+                     recovery log decided {}: the log was restored from an older backup, and \
+                     the transactions after it would be applied to the table again. Restore \
+                     the newest copy of the recovery log, or drop the table and run `sluice \
+                     apply` to start over",
+                    bound.ident,
+                    owner.materialization,
+                    decided.map_or("no epoch".to_string(), |d| format!("epochs up to {d} only")),
+                )));
+            }
             if !self.upsert.is_upsert(binding) {
                 continue;
             }
-            let table = catalog
-                .load_table(&bound.ident)
-                .await
-                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
             let Some(last) = table.metadata().current_snapshot() else {
                 continue;
             };
             let summary = &last.summary().additional_properties;
-            let ours = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
-                && summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization);
             let stamped = summary.get(commit::SUMMARY_GENERATION);
-            if ours && !generation.owns(stamped) {
+            let this_run = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
+                && generation.owns(stamped);
+            if summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
+                && !this_run
+            {
                 return Err(SinkError::Config(format!(
                     "Iceberg table {} (mode: upsert) holds the view of another run of \
-                     materialization {} (generation {}): its recovery log was removed or \
-                     replaced, so the input would be read again from the beginning and \
-                     reduced onto those rows, counting it twice. Drop the table and run \
-                     `sluice apply` to start over, or restore the recovery log",
+                     materialization {} (deployment {}, generation {}): its recovery log \
+                     was removed or replaced, or another copy of the pipeline writes the \
+                     table, so the input would be read again from the beginning and reduced \
+                     onto those rows, counting it twice. Drop the table and run `sluice \
+                     apply` to start over, or restore the recovery log",
                     bound.ident,
                     owner.materialization,
+                    summary
+                        .get(commit::SUMMARY_DEPLOYMENT)
+                        .map_or("?", String::as_str),
                     stamped.map_or("from before generations", String::as_str),
                 )));
             }
@@ -858,6 +884,7 @@ impl EpochSink for IcebergSink {
             "the Iceberg sink's generation"
         );
         self.generation = Some(generation);
+        let decided_epoch = decided.as_ref().map(|d| d.epoch);
         if let Some(d) = decided {
             self.pending = d.epochs;
             if d.commit {
@@ -870,7 +897,7 @@ impl EpochSink for IcebergSink {
             }
         }
         self.sync_upsert().await?;
-        self.refuse_another_generations_view().await?;
+        self.refuse_tables_ahead_of_the_log(decided_epoch).await?;
         self.sweep_orphans().await
     }
 
