@@ -23,31 +23,35 @@ use common::{
     Row, SLUICE, assert_success, copy_dir, generate, pipeline_yaml, reduce_expected, write_lines,
 };
 
-fn write_pipeline(dir: &Path, max_docs: u64) {
-    let yaml = pipeline_yaml(
-        "    file: {path: views.jsonl, format: json}",
-        "iceberg: {catalog: out/catalog.db, warehouse: out/warehouse}",
-        true,
-        max_docs,
-        "10m",
-    );
-    std::fs::write(dir.join("pipeline.yaml"), yaml).unwrap();
+/// The table's mode: a change log (delta updates), or one row per key (`mode: upsert`,
+/// a standard binding).
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Changelog,
+    Upsert,
 }
 
-/// The same pipeline into a `mode: upsert` table: a standard binding.
-fn write_upsert_pipeline(dir: &Path, max_docs: u64) {
+/// A folder holding `docs` as the input of the pageviews pipeline into an Iceberg table
+/// of `mode`, in transactions of `max_docs`.
+fn pipeline_dir(mode: Mode, docs: &[Value], max_docs: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_lines(&dir.path().join("views.jsonl"), docs);
     let yaml = pipeline_yaml(
         "    file: {path: views.jsonl, format: json}",
         "iceberg: {catalog: out/catalog.db, warehouse: out/warehouse}",
-        false,
+        mode == Mode::Changelog,
         max_docs,
         "10m",
-    )
-    .replace(
-        "resource: {table: pageviews}",
-        "resource: {table: pageviews, mode: upsert}",
     );
-    std::fs::write(dir.join("pipeline.yaml"), yaml).unwrap();
+    let yaml = match mode {
+        Mode::Changelog => yaml,
+        Mode::Upsert => yaml.replace(
+            "resource: {table: pageviews}",
+            "resource: {table: pageviews, mode: upsert}",
+        ),
+    };
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    dir
 }
 
 /// The upsert table as pyiceberg reads it (position deletes applied): one row per user
@@ -189,10 +193,8 @@ fn check_says_when_the_sink_makes_a_standard_binding_delta() {
 
 #[test]
 fn a_run_appends_each_transactions_changes_once_and_a_second_run_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(20_000, 500, 3);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    write_pipeline(dir.path(), 2_000);
+    let dir = pipeline_dir(Mode::Changelog, &docs, 2_000);
 
     let dry = Command::new(SLUICE)
         .args(["apply", "--dry-run", "pipeline.yaml"])
@@ -232,10 +234,8 @@ fn a_run_appends_each_transactions_changes_once_and_a_second_run_changes_nothing
 
 #[test]
 fn runs_killed_at_random_moments_leave_the_table_exact_and_no_orphans() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(30_000, 700, 11);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    write_pipeline(dir.path(), 500);
+    let dir = pipeline_dir(Mode::Changelog, &docs, 500);
     let killed = kill_at_random_moments(dir.path());
     run(dir.path());
     let rows = pyiceberg_rows(dir.path());
@@ -250,10 +250,8 @@ fn runs_killed_at_random_moments_leave_the_table_exact_and_no_orphans() {
 
 #[test]
 fn an_upsert_table_holds_one_row_per_key_equal_to_the_reduction() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(20_000, 500, 5);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    write_upsert_pipeline(dir.path(), 2_000);
+    let dir = pipeline_dir(Mode::Upsert, &docs, 2_000);
     run(dir.path());
     let expected = reduce_expected(&docs);
     assert_eq!(
@@ -284,10 +282,8 @@ fn an_upsert_table_holds_one_row_per_key_equal_to_the_reduction() {
 
 #[test]
 fn runs_killed_at_random_moments_leave_the_upsert_table_exact() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(30_000, 700, 13);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    write_upsert_pipeline(dir.path(), 500);
+    let dir = pipeline_dir(Mode::Upsert, &docs, 500);
     let killed = kill_at_random_moments(dir.path());
     run(dir.path());
     assert_eq!(
@@ -306,10 +302,8 @@ fn runs_killed_at_random_moments_leave_the_upsert_table_exact() {
 /// each reduction once.
 #[test]
 fn an_upsert_table_whose_recovery_log_was_removed_is_refused_not_doubled() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(4_000, 200, 17);
-    write_lines(&dir.path().join("views.jsonl"), &docs);
-    write_upsert_pipeline(dir.path(), 1_000);
+    let dir = pipeline_dir(Mode::Upsert, &docs, 1_000);
     run(dir.path());
     let expected = reduce_expected(&docs);
     assert_eq!(upsert_view(dir.path()), expected);
@@ -352,11 +346,9 @@ fn an_upsert_table_whose_recovery_log_was_removed_is_refused_not_doubled() {
 /// each reduction once.
 #[test]
 fn a_recovery_log_restored_from_an_older_backup_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
     let docs = generate(6_000, 200, 19);
     let (first, second) = docs.split_at(3_000);
-    write_lines(&dir.path().join("views.jsonl"), first);
-    write_upsert_pipeline(dir.path(), 1_000);
+    let dir = pipeline_dir(Mode::Upsert, first, 1_000);
     run(dir.path());
     let backup = dir.path().join("backup");
     copy_dir(&dir.path().join(".sluice"), &backup, &[]);
