@@ -45,7 +45,9 @@
 use crate::catalog::{Catalog, Table, server_error, timed};
 use crate::ddl::{Ddl, Named, classify};
 use crate::doc::Layout;
-use crate::position::{BinlogPos, Gtid, GtidState, Segments, TableName};
+use crate::position::{
+    BinlogPos, Gtid, GtidState, Holds, Segments, TableName, held_in, int_segment,
+};
 use crate::types::Origin;
 use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, RotateEvent, RowsEventData};
@@ -193,6 +195,9 @@ impl Open {
     }
 }
 
+/// A change of a row: its op and its values, one per column.
+type Change = (&'static str, Vec<Option<Value>>);
+
 /// Where and how a stream starts.
 pub struct Start {
     /// The replica id it registers with.
@@ -218,6 +223,9 @@ pub struct Dump {
     layouts: Vec<Layout>,
     by_name: HashMap<TableName, usize>,
     segments: Segments,
+    /// Where keys other than integers are placed among the segments (connected when
+    /// first needed).
+    order: Option<Catalog>,
     open: Option<Open>,
     bound: PartBound,
     /// The server's events carry a checksum, and the stream's first rotate (the fake
@@ -310,6 +318,7 @@ impl Dump {
             layouts,
             by_name,
             segments,
+            order: None,
             open: None,
             fake_rotate_checksum: checksummed,
             bound,
@@ -422,7 +431,9 @@ impl Dump {
                     }
                 }
                 EventData::RowsEvent(rows) => {
-                    self.rows(&rows, &at, start)?;
+                    if let Some((index, changes)) = self.rows(&rows, &at)? {
+                        self.push(index, changes, &at, start).await?;
+                    }
                     if let Some(open) = &mut self.open
                         && (open.ends.len() >= self.bound.docs
                             || open.text.len() >= self.bound.bytes)
@@ -468,13 +479,13 @@ impl Dump {
         server_error(&self.name, &self.url, "the binlog stream", e)
     }
 
-    /// Turns the rows of a captured table into documents of the open transaction.
+    /// The changes of a rows event, if of a captured table (its index): a row each, an
+    /// update of the key a delete of the old key and the new row.
     fn rows(
-        &mut self,
+        &self,
         rows: &RowsEventData<'_>,
         at: &BinlogPos,
-        start: BinlogPos,
-    ) -> Result<(), SourceError> {
+    ) -> Result<Option<(usize, Vec<Change>)>, SourceError> {
         let Some(tme) = self.stream.get_tme(rows.table_id()) else {
             return Err(self.fail(format!(
                 "a rows event at {at} for table id {} without its table map",
@@ -486,7 +497,7 @@ impl Dump {
             table: tme.table_name().to_string(),
         };
         let Some(&index) = self.by_name.get(&name) else {
-            return Ok(());
+            return Ok(None);
         };
         let op_new = match rows {
             RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => "c",
@@ -510,11 +521,6 @@ impl Dump {
                 table.columns.len()
             )));
         }
-        let open = self
-            .open
-            .get_or_insert_with(|| Open::new(start, None, false));
-        let gtid = open.gtid.clone();
-        let txn_start = open.start.clone();
         // mysql_common's row decoding can panic on values it misreads (an arithmetic
         // overflow in debug builds): caught here, so a bad event fails the stream
         // with its position rather than kill the read-ahead task.
@@ -544,37 +550,81 @@ impl Dump {
             Ok(Err(e)) => return Err(unreadable(e.to_string())),
             Err(_) => return Err(unreadable("the binlog row decoder panicked".into())),
         };
+        let mut changes = Vec::new();
         for (before, after) in decoded {
-            let segments = &self.segments;
-            let layout = &self.layouts[index];
-            let mut push = |op: &str, values: &[Option<Value>]| {
-                if segments.holds(&table.name, table.chunked, &table.key_of(values), at) {
-                    return;
-                }
-                layout.write(
-                    &mut open.text,
-                    table,
-                    op,
-                    &txn_start,
-                    gtid.as_deref(),
-                    values,
-                    Origin::Binlog,
-                );
-                open.ends.push(open.text.len());
-            };
             match (op_new, before, after) {
-                ("d", Some(before), _) => push("d", &before),
+                ("d", Some(before), _) => changes.push(("d", before)),
                 ("u", Some(before), Some(after)) => {
-                    if table.key_of(&before) != table.key_of(&after) {
-                        push("d", &before);
+                    let key = |row| table.key_of(row, Origin::Binlog);
+                    if key(&before) != key(&after) {
+                        changes.push(("d", before));
                     }
-                    push("u", &after);
+                    changes.push(("u", after));
                 }
-                (_, _, Some(after)) => push(op_new, &after),
+                (_, _, Some(after)) => changes.push((op_new, after)),
                 _ => {}
             }
         }
+        Ok(Some((index, changes)))
+    }
+
+    /// Writes the changes of captured table `index` into the open transaction, but
+    /// those a snapshot already held.
+    async fn push(
+        &mut self,
+        index: usize,
+        changes: Vec<Change>,
+        at: &BinlogPos,
+        start: BinlogPos,
+    ) -> Result<(), SourceError> {
+        let open = self
+            .open
+            .get_or_insert_with(|| Open::new(start, None, false));
+        let (gtid, txn_start) = (open.gtid.clone(), open.start.clone());
+        for (op, values) in changes {
+            if self.held(index, &values, at).await? {
+                continue;
+            }
+            let open = self.open.as_mut().expect("opened above");
+            self.layouts[index].write(
+                &mut open.text,
+                &self.tables[index],
+                op,
+                &txn_start,
+                gtid.as_deref(),
+                &values,
+                Origin::Binlog,
+            );
+            open.ends.push(open.text.len());
+        }
         Ok(())
+    }
+
+    /// Whether a snapshot already held this change of table `index` (a row of it, in
+    /// a transaction ending at `at`): [`Segments::holds`], the key's segment found by
+    /// the server unless the key is of integers.
+    async fn held(
+        &mut self,
+        index: usize,
+        values: &[Option<Value>],
+        at: &BinlogPos,
+    ) -> Result<bool, SourceError> {
+        let table = &self.tables[index];
+        let segments = match self.segments.holds(&table.name, at) {
+            Holds::Always(held) => return Ok(held),
+            Holds::ByKey(segments) => segments,
+        };
+        let key = table.key_of(values, Origin::Binlog);
+        if table.int_key() {
+            return Ok(held_in(segments, int_segment(segments, &key), at));
+        }
+        let uptos: Vec<Option<&[String]>> = segments.iter().map(|s| s.upto.as_deref()).collect();
+        if self.order.is_none() {
+            self.order = Some(Catalog::connect(&self.name, &self.opts, &self.url).await?);
+        }
+        let order = self.order.as_mut().expect("connected above");
+        let index = order.segment_of(table, &key, &uptos).await?;
+        Ok(held_in(segments, index, at))
     }
 
     /// Ends the open transaction at `end`; none open: none.

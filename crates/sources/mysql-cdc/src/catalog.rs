@@ -1,11 +1,13 @@
 //! The SQL connection: the server's checks (binary log on, `ROW` format, `FULL` row
 //! image, the replication privileges), the captured tables (columns, kinds, primary
 //! key), the consistent snapshot and its binlog position, the GTID state at a binlog
-//! position (MariaDB), and the chunk reads.
+//! position (MariaDB), the chunk reads, and which segment of a resumed snapshot a key
+//! falls in (both compared by the server, [`crate::key`]).
 //!
 //! Every call runs under [`CALL_TIMEOUT`]: a server that hangs becomes a retryable
 //! [`SourceError::Timeout`], never a stuck pipeline.
 
+use crate::key;
 use crate::position::{BinlogPos, GtidState, TableName};
 use crate::types::{self, Kind, Origin};
 use mysql_async::prelude::Queryable;
@@ -20,6 +22,16 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Column {
     pub name: String,
     pub kind: Kind,
+    /// `COLUMN_TYPE`, lower case: `decimal(20,4) unsigned`, `varchar(10)`.
+    pub sql_type: String,
+    /// A text column's character set and collation.
+    pub collation: Option<Collation>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Collation {
+    pub charset: String,
+    pub name: String,
 }
 
 /// A captured table as the catalog describes it.
@@ -29,22 +41,61 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The primary key's columns, by index into `columns`, in key order.
     pub key: Vec<usize>,
-    /// Read by ranges of its (integer) key; else whole, in one step.
+    /// Read by ranges of its key; else whole, in one step (a key of a `JSON` column:
+    /// [`key::is_bound`]).
     pub chunked: bool,
 }
 
 impl Table {
-    /// The key of a row (one value per column) as the text of its JSON.
-    pub fn key_of(&self, values: &[Option<Value>]) -> Vec<String> {
+    /// The key of a row (one value per column, as `origin` sends them) as the text of
+    /// its JSON.
+    pub fn key_of(&self, values: &[Option<Value>], origin: Origin) -> Vec<String> {
         self.key
             .iter()
             .map(|&i| {
                 let mut out = Vec::new();
                 let value = values.get(i).cloned().flatten().unwrap_or(Value::NULL);
-                types::write(&self.columns[i].kind, &value, Origin::Snapshot, &mut out);
+                types::write(&self.columns[i].kind, &value, origin, &mut out);
                 String::from_utf8(out).expect("JSON is UTF-8")
             })
             .collect()
+    }
+
+    /// Whether its keys compare as Rust compares their numbers
+    /// ([`crate::position::compare_keys`]); else the server compares them.
+    pub fn int_key(&self) -> bool {
+        self.key.iter().all(|&i| self.columns[i].kind.is_int())
+    }
+
+    /// A journaled key (text forms) as typed parameters; Err: one does not read as a
+    /// value of its column, named.
+    pub fn key_params(&self, key: &[String]) -> Result<Vec<Value>, String> {
+        if key.len() != self.key.len() {
+            return Err(format!(
+                "a key of {} values, and {} has {} key columns",
+                key.len(),
+                self.name,
+                self.key.len()
+            ));
+        }
+        self.key
+            .iter()
+            .zip(key)
+            .map(|(&i, text)| {
+                let column = &self.columns[i];
+                key::param(&column.kind, text).map_err(|e| format!("column {}: {e}", column.name))
+            })
+            .collect()
+    }
+
+    /// `(?, ?)` of a key bound: each parameter compared as its column orders.
+    fn key_row(&self) -> String {
+        let marks: Vec<String> = self
+            .key
+            .iter()
+            .map(|&i| key::placeholder(&self.columns[i]))
+            .collect();
+        format!("({})", marks.join(", "))
     }
 }
 
@@ -210,7 +261,8 @@ impl Catalog {
         let rows = self
             .rows(
                 "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE), \
-                 LOWER(CHARACTER_SET_NAME) FROM information_schema.COLUMNS \
+                 LOWER(CHARACTER_SET_NAME), LOWER(COLLATION_NAME) \
+                 FROM information_schema.COLUMNS \
                  WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
                 params(),
             )
@@ -245,6 +297,7 @@ impl Catalog {
             let data_type: String = row.get(1).unwrap_or_default();
             let column_type: String = row.get(2).unwrap_or_default();
             let charset: Option<String> = row.get::<Option<String>, _>(3).flatten();
+            let collation = row.get::<Option<String>, _>(4).flatten();
             let mut kind = Kind::of(&data_type, &column_type, json_columns.contains(&column))
                 .map_err(|why| {
                     self.config(format!(
@@ -265,7 +318,14 @@ impl Catalog {
                     }
                 }
             }
-            columns.push(Column { name: column, kind });
+            columns.push(Column {
+                name: column,
+                kind,
+                sql_type: column_type,
+                collation: charset
+                    .zip(collation)
+                    .map(|(charset, name)| Collation { charset, name }),
+            });
         }
         let keys = self
             .rows(
@@ -287,7 +347,7 @@ impl Catalog {
                  table out of tables"
             )));
         }
-        let chunked = key.iter().all(|&i| columns[i].kind.is_int());
+        let chunked = key.iter().all(|&i| key::is_bound(&columns[i].kind));
         Ok(Table {
             name: name.clone(),
             columns,
@@ -334,12 +394,16 @@ impl Catalog {
         Ok((BinlogPos::new(file, pos), gtid))
     }
 
-    /// Up to `limit` rows of `table` after the key `after` (text forms), in key order;
-    /// a table not chunked is read whole.
+    /// Up to `limit` rows of `table` after the key `after` (typed by
+    /// [`Table::key_params`]), in key order; a table not chunked is read whole.
+    ///
+    /// `WHERE k1 >= ? AND (k1, k2) > (?, ?)`: the server compares the bound as it
+    /// orders the rows, and the leading `k1 >= ?` lets it seek the key's index (MariaDB
+    /// reads a row comparison alone by scanning the index from its start).
     pub async fn chunk(
         &mut self,
         table: &Table,
-        after: Option<&[String]>,
+        after: Option<Vec<Value>>,
         limit: usize,
     ) -> Result<Vec<Vec<Option<Value>>>, SourceError> {
         let columns: Vec<String> = table.columns.iter().map(|c| quote(&c.name)).collect();
@@ -349,9 +413,15 @@ impl Catalog {
         let mut params = Vec::new();
         if table.chunked {
             if let Some(after) = after {
-                let marks = vec!["?"; keys.len()].join(", ");
-                sql += &format!(" WHERE ({}) > ({marks})", keys.join(", "));
-                params = after.iter().map(|k| int_param(k)).collect();
+                if keys.len() > 1 {
+                    let first = key::placeholder(&table.columns[table.key[0]]);
+                    sql += &format!(" WHERE {} >= {first} AND", keys[0]);
+                    params.push(after[0].clone());
+                } else {
+                    sql += " WHERE";
+                }
+                sql += &format!(" ({}) > {}", keys.join(", "), table.key_row());
+                params.extend(after);
             }
             sql += &format!(" ORDER BY {} LIMIT {limit}", keys.join(", "));
         }
@@ -370,13 +440,55 @@ impl Catalog {
     }
 }
 
-fn int_param(text: &str) -> Value {
-    match text.parse::<i64>() {
-        Ok(v) => Value::Int(v),
-        Err(_) => text
-            .parse::<u64>()
-            .map(Value::UInt)
-            .unwrap_or_else(|_| Value::from(text)),
+impl Catalog {
+    /// Which of `uptos` (the upper bounds of a table's segments, in key order; none:
+    /// the end of the table) the key `key` falls in, first to last, as the server
+    /// orders the table's keys. Err: a key does not read as a value of its column.
+    pub async fn segment_of(
+        &mut self,
+        table: &Table,
+        key: &[String],
+        uptos: &[Option<&[String]>],
+    ) -> Result<usize, SourceError> {
+        let bad = |e: String| SourceError::Io {
+            name: self.name.clone(),
+            path: self.url.clone(),
+            error: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a key of {} to place among its snapshot's segments: {e}",
+                    table.name
+                ),
+            ),
+        };
+        let row = table.key_row();
+        let mut tests = Vec::new();
+        let mut params = Vec::new();
+        let bounded = uptos.iter().take_while(|u| u.is_some()).flatten();
+        for upto in bounded {
+            tests.push(format!("{row} <= {row}"));
+            params.extend(table.key_params(key).map_err(bad)?);
+            params.extend(table.key_params(upto).map_err(bad)?);
+        }
+        if tests.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!("SELECT {}", tests.join(", "));
+        let rows = self.rows(&sql, params).await?;
+        let within: Vec<Option<i64>> = rows
+            .into_iter()
+            .next()
+            .map(|row| {
+                row.unwrap()
+                    .into_iter()
+                    .map(|v| mysql_async::from_value_opt(v).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(within
+            .iter()
+            .position(|w| *w == Some(1))
+            .unwrap_or(tests.len()))
     }
 }
 

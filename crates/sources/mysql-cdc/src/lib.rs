@@ -10,6 +10,7 @@
 //! - `catalog`: the SQL connection (checks, tables, keys, kinds, snapshot reads).
 //! - `binlog`: the replica's stream decoded into transactions of documents.
 //! - [`types`]: column values as JSON.
+//! - `key`: primary keys as bounds the server compares (chunks, segments).
 //! - `doc`: a change as a document.
 //! - `ddl`: what a DDL statement of the log does to the captured tables (pure).
 //! - `monitor`: the lag, from the sizes of the server's binary logs.
@@ -23,6 +24,7 @@ mod catalog;
 pub mod config;
 mod ddl;
 mod doc;
+mod key;
 mod monitor;
 pub mod position;
 pub mod source;

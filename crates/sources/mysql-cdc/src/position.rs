@@ -47,8 +47,11 @@
 //! its keys up to `upto` were read at P; streaming starts at the first snapshot's
 //! position S, and a change of key `k` in a transaction ending at or before the P of
 //! the segment holding `k` is skipped: that snapshot already held it
-//! ([`Segments::holds`]). Only integer keys are compared here (a table with another
-//! key is read whole, in one step), so the comparison never depends on a collation.
+//! ([`Segments::holds`]). Which segment holds `k` is a question of key order: integer
+//! keys are compared here ([`int_segment`]), every other key by the server, in its
+//! collation (`Catalog::segment_of`), and only for transactions that end between
+//! the table's first and last snapshot (before: every snapshot held them; after:
+//! none did).
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -227,7 +230,8 @@ pub struct Segment {
     pub at: BinlogPos,
 }
 
-/// Compares two integer keys (text forms) column by column.
+/// Compares two integer keys (text forms) column by column (other keys order as only
+/// the server knows).
 pub fn compare_keys(a: &[String], b: &[String]) -> Ordering {
     for (a, b) in a.iter().zip(b) {
         let order = match (a.parse::<i128>(), b.parse::<i128>()) {
@@ -245,19 +249,52 @@ pub fn compare_keys(a: &[String], b: &[String]) -> Ordering {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Segments(pub Vec<TableSegments>);
 
-impl Segments {
-    /// Whether the snapshot that read `key` of `table` already holds a change of a
-    /// transaction ending at `end`. `chunked`: the table was read by key ranges
-    /// (else whole).
-    pub fn holds(&self, table: &TableName, chunked: bool, key: &[String], end: &BinlogPos) -> bool {
-        let Some(entry) = self.0.iter().find(|t| &t.name == table) else {
-            return false;
-        };
-        let segment = entry.segments.iter().find(|s| match &s.upto {
+/// Whether a snapshot of a table already holds a change of a transaction ending at
+/// some position ([`Segments::holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds<'a> {
+    /// Whatever the change's key.
+    Always(bool),
+    /// Held when the segment its key falls in (of these, in key order: its index, from
+    /// the key's order) holds it: [`held_in`].
+    ByKey(&'a [Segment]),
+}
+
+/// Whether segment `index` of `segments` (the one a change's key falls in; past the
+/// last: none) holds a change of a transaction ending at `end`.
+pub fn held_in(segments: &[Segment], index: usize, end: &BinlogPos) -> bool {
+    segments.get(index).is_some_and(|s| end <= &s.at)
+}
+
+/// The segment an integer key (text forms) falls in: the first whose `upto` is at or
+/// after it.
+pub fn int_segment(segments: &[Segment], key: &[String]) -> usize {
+    segments
+        .iter()
+        .position(|s| match &s.upto {
             None => true,
-            Some(upto) => chunked && compare_keys(key, upto) != Ordering::Greater,
-        });
-        segment.is_some_and(|s| end <= &s.at)
+            Some(upto) => compare_keys(key, upto) != Ordering::Greater,
+        })
+        .unwrap_or(segments.len())
+}
+
+impl Segments {
+    /// Whether the snapshots that read `table` already hold a change of a transaction
+    /// ending at `end`: whatever its key when every segment (through the table's end)
+    /// was read at or after `end`, or none was; else by the segment its key falls in.
+    pub fn holds(&self, table: &TableName, end: &BinlogPos) -> Holds<'_> {
+        let Some(entry) = self.0.iter().find(|t| &t.name == table) else {
+            return Holds::Always(false);
+        };
+        let segments = &entry.segments;
+        let whole = segments.last().is_some_and(|s| s.upto.is_none());
+        if whole && segments.iter().all(|s| end <= &s.at) {
+            return Holds::Always(true);
+        }
+        if segments.iter().all(|s| end > &s.at) {
+            return Holds::Always(false);
+        }
+        Holds::ByKey(segments)
     }
 
     /// Only the segments that can skip a change of a transaction ending after `pos`.
@@ -427,14 +464,23 @@ mod tests {
         let mut segments = Segments::default();
         segments.push(&name("t"), Some(key(&["10"])), at(100));
         segments.push(&name("t"), None, at(300));
-        let holds = |k: &str, p| segments.holds(&name("t"), true, &key(&[k]), &at(p));
+        let holds = |k: &str, p| match segments.holds(&name("t"), &at(p)) {
+            Holds::Always(held) => held,
+            Holds::ByKey(by_key) => held_in(by_key, int_segment(by_key, &key(&[k])), &at(p)),
+        };
         assert!(!holds("9", 200), "read at 100: the change at 200 is new");
         assert!(!holds("10", 200));
         assert!(holds("11", 200), "read at 300: already held");
         assert!(holds("100", 300), "a transaction ending at 300 is in it");
         assert!(!holds("100", 301));
         assert!(holds("2", 50), "older than both snapshots");
-        assert!(!segments.holds(&name("other"), true, &key(&["1"]), &at(0)));
+        assert_eq!(segments.holds(&name("t"), &at(50)), Holds::Always(true));
+        assert_eq!(segments.holds(&name("t"), &at(301)), Holds::Always(false));
+        assert!(matches!(
+            segments.holds(&name("t"), &at(200)),
+            Holds::ByKey(_)
+        ));
+        assert_eq!(segments.holds(&name("other"), &at(0)), Holds::Always(false));
         assert_eq!(segments.after(&at(300)), Segments::default());
         assert_eq!(segments.after(&at(299)).0.len(), 1);
     }

@@ -11,8 +11,9 @@
 //! snapshot they were read in is gone after a crash. A crash mid-backfill resumes
 //! after the last committed key in a new snapshot at P2 ≥ S, and records the range
 //! read before as a segment ([`crate::position`]), so that streaming from S skips
-//! exactly the changes each snapshot already held. A table whose key is not all
-//! integers is read whole, as one step.
+//! exactly the changes each snapshot already held. Keys of any type bound the chunks,
+//! compared by the server in its own order (`key`); only a table keyed by a `JSON`
+//! column is read whole, as one step.
 //!
 //! **Streaming steps** are whole transactions, their position the range of ends
 //! `(begin, end]` in the binary log. A transaction larger than the stream's part bound

@@ -129,7 +129,8 @@ impl Kind {
         })
     }
 
-    /// Whether the chunked snapshot can order and compare this key column itself.
+    /// Whether keys of this column compare as Rust compares their numbers (else only
+    /// the server can order them: `crate::key`).
     pub fn is_int(&self) -> bool {
         matches!(self, Kind::Int { .. })
     }
@@ -462,6 +463,12 @@ fn civil(value: &Value) -> Option<Civil> {
         Value::Bytes(b) => parse_civil(&String::from_utf8_lossy(b)),
         _ => None,
     }
+}
+
+/// `2024-01-02[T03:04:05[.123]]` as the value the server sends for it.
+pub(crate) fn date_value(text: &str) -> Option<Value> {
+    let c = parse_civil(text)?;
+    Some(Value::Date(c.y, c.mo, c.d, c.h, c.mi, c.s, c.us))
 }
 
 /// `2024-01-02[ 03:04:05[.123]]`.

@@ -27,16 +27,10 @@ async fn gtid_binlog_pos(conn: &mut mysql_async::Conn) -> String {
 
 #[tokio::test]
 async fn a_restart_connects_by_gtid_whatever_file_and_offset_the_position_names() {
-    let server = BinlogMariadb::start();
-    let mut conn = sql(&server).await;
-    items(&mut conn, 3).await;
-    let config = config(&server, &["shop.items"]);
+    let (_server, mut conn, config) = shop(3).await;
     let mut first = source(&config);
-    let (mut docs, mut steps) = (Vec::new(), Vec::new());
-    until(&mut first, 10, &mut docs, &mut steps, caught_up).await;
-    conn.query_drop("INSERT INTO shop.items VALUES (4, 'four', 4)")
-        .await
-        .unwrap();
+    let (mut docs, mut steps) = catch_up(&mut first).await;
+    run(&mut conn, "INSERT INTO shop.items VALUES (4, 'four', 4)").await;
     until(&mut first, 10, &mut docs, &mut steps, |d, _| d.len() >= 4).await;
     first.disconnect().await;
     let last = committed(&steps);
@@ -51,12 +45,12 @@ async fn a_restart_connects_by_gtid_whatever_file_and_offset_the_position_names(
     let mut elsewhere = last.clone();
     elsewhere["begin"] = json!({"file": "mysql-bin.000099", "pos": 4});
     elsewhere["end"] = json!({"file": "mysql-bin.000099", "pos": 4});
-    conn.query_drop(
+    run(
+        &mut conn,
         "FLUSH BINARY LOGS; INSERT INTO shop.items VALUES (5, 'five', 5); \
          DELETE FROM shop.items WHERE id = 1",
     )
-    .await
-    .unwrap();
+    .await;
     let mut second = source(&config);
     second.seek(&elsewhere).await.unwrap();
     let (mut after, mut s2) = (Vec::new(), Vec::new());
@@ -81,24 +75,20 @@ async fn a_restart_connects_by_gtid_whatever_file_and_offset_the_position_names(
 
 #[tokio::test]
 async fn a_gtid_state_the_logs_no_longer_reach_is_refused_as_purged() {
-    let server = BinlogMariadb::start();
-    let mut conn = sql(&server).await;
-    items(&mut conn, 2).await;
-    let config = config(&server, &["shop.items"]);
+    let (_server, mut conn, config) = shop(2).await;
     let mut first = source(&config);
-    let (mut docs, mut steps) = (Vec::new(), Vec::new());
-    until(&mut first, 10, &mut docs, &mut steps, caught_up).await;
-    conn.query_drop("INSERT INTO shop.items VALUES (3, 'c', 3)")
-        .await
-        .unwrap();
+    let (mut docs, mut steps) = catch_up(&mut first).await;
+    run(&mut conn, "INSERT INTO shop.items VALUES (3, 'c', 3)").await;
     until(&mut first, 10, &mut docs, &mut steps, |d, _| d.len() >= 3).await;
     first.disconnect().await;
     let mut stale = committed(&steps);
     assert!(stale["gtid_state"].is_string(), "{stale}");
     // Purge everything up to a new log: the state is now older than the oldest log's.
-    conn.query_drop("INSERT INTO shop.items VALUES (4, 'd', 4); FLUSH BINARY LOGS")
-        .await
-        .unwrap();
+    run(
+        &mut conn,
+        "INSERT INTO shop.items VALUES (4, 'd', 4); FLUSH BINARY LOGS",
+    )
+    .await;
     let newest = purge_to_newest(&mut conn).await;
     // Keep the file name this server has, so only the GTID state can tell.
     stale["end"]["file"] = json!(newest);
@@ -130,8 +120,7 @@ async fn after_a_failover_to_a_promoted_replica_the_source_resumes_exactly() {
     let mut on_primary = sql(&primary).await;
     items(&mut on_primary, 4).await;
     let mut first = source(&config(&primary, &["shop.items"]));
-    let (mut docs, mut steps) = (Vec::new(), Vec::new());
-    until(&mut first, 10, &mut docs, &mut steps, caught_up).await;
+    let (mut docs, mut steps) = catch_up(&mut first).await;
     on_primary
         .query_drop(
             "INSERT INTO shop.items VALUES (5, 'five', 5); \

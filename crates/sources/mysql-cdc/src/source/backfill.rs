@@ -1,5 +1,10 @@
 //! The backfill: the captured tables read in a consistent snapshot, chunk by chunk in
 //! primary-key order, each step journaling its documents (see the parent module).
+//!
+//! A chunk starts after the key of the last row read (`after`, its text as the step's
+//! position journals it), sent back to the server as a typed bound it compares in the
+//! key's own order ([`crate::key`]): a continued backfill and one resumed from a
+//! journal read the same next chunk.
 
 use super::{MysqlCdcSource, Phase};
 use crate::catalog::{Catalog, Table};
@@ -76,7 +81,7 @@ impl MysqlCdcSource {
                 data.push(b'\n');
                 records += 1;
                 if !whole {
-                    b.after = Some(table.key_of(&row));
+                    b.after = Some(table.key_of(&row, Origin::Snapshot));
                 }
             }
             if b.exhausted {
@@ -92,7 +97,18 @@ impl MysqlCdcSource {
             } else {
                 chunk_rows.min(limits.max_records.max(1))
             };
-            let rows = b.catalog.chunk(table, b.after.as_deref(), limit).await?;
+            let after = match &b.after {
+                Some(after) if !whole => Some(table.key_params(after).map_err(|reason| {
+                    SourceError::BadResume {
+                        name: self.name.clone(),
+                        action: "resume the snapshot of",
+                        resume: serde_json::json!({"table": table.name.to_string(), "after": after}),
+                        reason,
+                    }
+                })?),
+                _ => None,
+            };
+            let rows = b.catalog.chunk(table, after, limit).await?;
             b.exhausted = whole || rows.len() < limit;
             b.rows.extend(rows);
         }

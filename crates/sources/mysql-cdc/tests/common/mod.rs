@@ -1,6 +1,8 @@
-//! What the source's tests share: a private server's connection and the `shop.items`
-//! table, the source's configuration, stepping until a condition holds, and folding
-//! change documents by key.
+//! What the source's tests share: a private server with the `shop.items` table and a
+//! connection to it, statements run on it, the source's configuration, stepping until
+//! a condition holds (and all that was read), and folding change documents by key.
+
+#![allow(dead_code)] // Each test binary uses its own subset of the fixtures.
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
@@ -16,6 +18,27 @@ pub async fn sql(server: &BinlogMariadb) -> Conn {
     Conn::new(Opts::from_url(&server.url()).unwrap())
         .await
         .unwrap()
+}
+
+/// A private server holding `shop.items` with `n` rows, a connection to it, and the
+/// source's configuration for the table.
+pub async fn shop(n: i64) -> (BinlogMariadb, Conn, MysqlCdcConfig) {
+    shop_on(BinlogMariadb::start(), n).await
+}
+
+/// [`shop`] on `server`.
+pub async fn shop_on(server: BinlogMariadb, n: i64) -> (BinlogMariadb, Conn, MysqlCdcConfig) {
+    let mut conn = sql(&server).await;
+    items(&mut conn, n).await;
+    let config = config(&server, &["shop.items"]);
+    (server, conn, config)
+}
+
+/// Runs `statements` (`;`-separated), panicking naming them.
+pub async fn run(conn: &mut Conn, statements: &str) {
+    conn.query_drop(statements)
+        .await
+        .unwrap_or_else(|e| panic!("{statements}: {e}"));
 }
 
 pub fn config(server: &BinlogMariadb, tables: &[&str]) -> MysqlCdcConfig {
@@ -72,17 +95,30 @@ pub fn caught_up(_: &[Value], s: &Step) -> bool {
     s.end_of_input
 }
 
+/// The documents and steps a source reads until it has caught up with the log, in
+/// steps of 10 at most.
+pub async fn catch_up(source: &mut MysqlCdcSource) -> (Vec<Value>, Vec<Step>) {
+    let (mut docs, mut steps) = (Vec::new(), Vec::new());
+    until(source, 10, &mut docs, &mut steps, caught_up).await;
+    (docs, steps)
+}
+
 /// Folds change documents by `id`: a delete forgets the key.
 pub fn fold(docs: &[Value]) -> BTreeMap<i64, Value> {
+    fold_by(docs, |doc| doc["id"].as_i64().unwrap())
+}
+
+/// Folds change documents by the key `key_of` reads from each: a delete forgets it.
+pub fn fold_by<K: Ord>(docs: &[Value], key_of: impl Fn(&Value) -> K) -> BTreeMap<K, Value> {
     let mut table = BTreeMap::new();
     for doc in docs {
-        let id = doc["id"].as_i64().unwrap();
+        let key = key_of(doc);
         if doc["_meta"]["op"] == "d" {
-            table.remove(&id);
+            table.remove(&key);
         } else {
             let mut row = doc.clone();
             row.as_object_mut().unwrap().remove("_meta");
-            table.insert(id, row);
+            table.insert(key, row);
         }
     }
     table
