@@ -4,6 +4,7 @@
 mod discover_cmd;
 mod driver_cmd;
 mod drivers;
+mod maintain_cmd;
 mod pause_cmd;
 mod pipeline_cmd;
 mod produce;
@@ -73,6 +74,10 @@ enum Command {
     /// reading its streams (collections with its schemas and keys, sources, a binding
     /// each into SQLite or PostgreSQL) that runs as printed.
     Discover(discover_cmd::DiscoverArgs),
+    /// Maintain the Iceberg tables a pipeline writes: compact small files (and their
+    /// deletes), expire old snapshots, remove orphaned files; each step one commit, safe
+    /// while the pipeline runs.
+    Maintain(maintain_cmd::MaintainArgs),
     /// Print the JSON schema of a connector's configuration (`--markdown`: as the
     /// reference tables of the docs); without a connector, list them.
     Schema(schema_cmd::SchemaArgs),
@@ -113,6 +118,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pause(args) => pause_cmd::main("pause", args),
         Command::Resume(args) => pause_cmd::main("resume", args),
         Command::Discover(args) => discover_cmd::main(args),
+        Command::Maintain(args) => maintain_cmd::main(args),
         Command::Schema(args) => schema_cmd::main(args),
         Command::Shards(cmd) => shards_cmd::main(cmd),
         Command::Driver(cmd) => driver_cmd::main(cmd),

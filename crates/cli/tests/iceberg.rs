@@ -383,3 +383,82 @@ fn a_recovery_log_restored_from_an_older_backup_is_refused() {
     }
     assert_eq!(upsert_view(dir.path()), expected, "nothing applied twice");
 }
+
+/// `sluice maintain` on an upsert table of many small transactions: its data files are
+/// compacted into one, its delete files and all but the kept snapshots go, and the table
+/// reads the same. The next run, on more input, still reduces each key once onto it (the
+/// ancestry walk and the index of live rows follow the compaction).
+#[test]
+fn maintain_compacts_an_upsert_table_and_later_runs_stay_exact() {
+    let docs = generate(12_000, 300, 23);
+    let (first, _) = docs.split_at(6_000);
+    let dir = pipeline_dir(Mode::Upsert, first, 500);
+    run(dir.path());
+    let maintain = |dir: &Path| {
+        let out = Command::new(SLUICE)
+            .args([
+                "maintain",
+                "pipeline.yaml",
+                "--json",
+                "--keep-snapshots",
+                "2",
+            ])
+            .args(["--snapshot-age", "0s", "--orphan-age", "0s"])
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert_success(&out);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["tables"][0].clone()
+    };
+    let report = maintain(dir.path());
+    assert_eq!(report["table"], "sluice.pageviews");
+    assert!(
+        report["data_files_before"].as_u64().unwrap() >= 12
+            && report["data_files_after"] == 1
+            && report["delete_files_before"].as_u64().unwrap() > 0
+            && report["delete_files_after"] == 0,
+        "{report}"
+    );
+    assert!(
+        report["snapshots_expired"].as_u64().unwrap() >= 10,
+        "{report}"
+    );
+    assert_eq!(upsert_view(dir.path()), reduce_expected(first));
+    assert_eq!(orphans(dir.path()), Vec::<String>::new());
+
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    run(dir.path());
+    assert_eq!(upsert_view(dir.path()), reduce_expected(&docs));
+    run(dir.path());
+    assert_eq!(
+        upsert_view(dir.path()),
+        reduce_expected(&docs),
+        "a second run changes nothing"
+    );
+}
+
+/// A pipeline without an Iceberg endpoint has nothing to maintain, and is told so.
+#[test]
+fn maintain_without_an_iceberg_endpoint_names_what_the_pipeline_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = pipeline_yaml(
+        "    file: {path: views.jsonl, format: json}",
+        "sqlite: {path: out/views.db}",
+        false,
+        100,
+        "10s",
+    );
+    std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
+    let out = Command::new(SLUICE)
+        .args(["maintain", "pipeline.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        error.contains("no Iceberg endpoint to maintain") && error.contains("(sqlite)"),
+        "{error}"
+    );
+}

@@ -13,6 +13,7 @@ use sluice_config::schema_for;
 use sluice_object_store::{S3Settings, S3Url};
 use sluice_sink_sdk::SinkError;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// 128 MiB: Iceberg's own default target data file size (`write.target-file-size-bytes`
 /// is 512 MiB in Java; 128 MiB keeps an epoch's staging bounded on small machines while
@@ -66,6 +67,94 @@ pub struct EndpointConfig {
     #[serde(default = "default_commit_every")]
     #[schemars(range(min = 1))]
     pub commit_every: u64,
+    /// Automatic table maintenance (compaction, snapshot expiry, orphan removal) after
+    /// every `every` table commits, outside the commit; off when left out. `sluice
+    /// maintain` runs the same steps on demand.
+    #[serde(default)]
+    #[schemars(with = "MaintenanceConfig")]
+    pub maintenance: Option<MaintenanceConfig>,
+}
+
+/// 10 snapshots: enough history for a reader pinned to a recent snapshot, and for an
+/// upsert epoch racing a compaction to find the rows it rewrote (`rebase.rs`).
+pub const DEFAULT_KEEP_SNAPSHOTS: u32 = 10;
+/// One hour, Iceberg's own orphan removal's order of magnitude (Java defaults to 3 days):
+/// far above the longest commit, whose files exist unreferenced until its swap.
+pub const DEFAULT_ORPHAN_AGE: Duration = Duration::from_secs(3600);
+/// One hour: a snapshot younger than this is kept however many are newer.
+pub const DEFAULT_SNAPSHOT_AGE: Duration = Duration::from_secs(3600);
+
+/// Table maintenance: what each step keeps (see docs/connectors/iceberg.md#maintenance).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "Iceberg maintenance")]
+pub struct MaintenanceConfig {
+    /// Run maintenance after every this many table commits of the sink (automatic
+    /// maintenance only).
+    #[serde(default = "default_every")]
+    #[schemars(range(min = 1))]
+    pub every: u64,
+    /// Data files below this size are compacted (with the position deletes that apply
+    /// to them) into files of about this size.
+    #[serde(
+        default = "default_target_file_size",
+        deserialize_with = "sluice_config::de_bytes",
+        serialize_with = "sluice_config::ser_bytes"
+    )]
+    #[schemars(schema_with = "sluice_config::bytes_schema")]
+    pub target_file_size: u64,
+    /// Snapshots kept however old: the newest this many (at least 2, so the snapshot
+    /// before a compaction stays, and an upsert transaction in flight finds the rows it
+    /// rewrote).
+    #[serde(default = "default_keep_snapshots")]
+    #[schemars(range(min = 2))]
+    pub keep_snapshots: u32,
+    /// Snapshots younger than this are kept too.
+    #[serde(
+        default = "default_snapshot_age",
+        deserialize_with = "sluice_config::de_duration",
+        serialize_with = "sluice_config::ser_duration"
+    )]
+    #[schemars(schema_with = "sluice_config::duration_schema")]
+    pub snapshot_age: Duration,
+    /// Files under a table's location that no snapshot references are removed once
+    /// older than this: it must exceed the longest commit (whose files exist before its
+    /// catalog swap references them).
+    #[serde(
+        default = "default_orphan_age",
+        deserialize_with = "sluice_config::de_duration",
+        serialize_with = "sluice_config::ser_duration"
+    )]
+    #[schemars(schema_with = "sluice_config::duration_schema")]
+    pub orphan_age: Duration,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> MaintenanceConfig {
+        MaintenanceConfig {
+            every: default_every(),
+            target_file_size: DEFAULT_TARGET_FILE_SIZE,
+            keep_snapshots: DEFAULT_KEEP_SNAPSHOTS,
+            snapshot_age: DEFAULT_SNAPSHOT_AGE,
+            orphan_age: DEFAULT_ORPHAN_AGE,
+        }
+    }
+}
+
+fn default_every() -> u64 {
+    100
+}
+
+fn default_keep_snapshots() -> u32 {
+    DEFAULT_KEEP_SNAPSHOTS
+}
+
+fn default_snapshot_age() -> Duration {
+    DEFAULT_SNAPSHOT_AGE
+}
+
+fn default_orphan_age() -> Duration {
+    DEFAULT_ORPHAN_AGE
 }
 
 /// A binding's table.
@@ -142,6 +231,9 @@ impl EndpointConfig {
                 "iceberg endpoint: commit_every must be at least 1".into(),
             ));
         }
+        if let Some(m) = &config.maintenance {
+            m.check("iceberg endpoint: maintenance")?;
+        }
         Ok(config)
     }
 
@@ -185,6 +277,30 @@ impl EndpointConfig {
             .or_else(|| c.strip_prefix("sqlite:").map(str::to_string))
             .unwrap_or_else(|| c.to_string());
         PathBuf::from(c)
+    }
+}
+
+impl MaintenanceConfig {
+    /// Checks the values serde cannot; errors start with `place`.
+    pub fn check(&self, place: &str) -> Result<(), SinkError> {
+        let bad = |m: String| Err(SinkError::Config(format!("{place}: {m}")));
+        if self.every == 0 {
+            return bad("`every` must be at least 1".into());
+        }
+        if self.keep_snapshots < 2 {
+            return bad(format!(
+                "`keep_snapshots` {} is below 2: the snapshot before a compaction must stay \
+                 for an upsert transaction in flight to find the rows it rewrote",
+                self.keep_snapshots
+            ));
+        }
+        if self.target_file_size < MIN_TARGET_FILE_SIZE {
+            return bad(format!(
+                "`target_file_size` {} is below the minimum {MIN_TARGET_FILE_SIZE}",
+                self.target_file_size
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -50,6 +50,7 @@ use crate::commit::{
     self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Generation, Owner, StagedFile,
 };
 use crate::config::{EndpointConfig, ResourceConfig};
+use crate::maintain::AutoMaintenance;
 use crate::schema::{self, Column, TableChange};
 use crate::staging::{Staging, WriterSpec, table_batch};
 use crate::storage::WarehouseIo;
@@ -122,6 +123,8 @@ pub struct IcebergSink {
     tasks: TaskTracker,
     /// The upsert tables' index and epoch deletes (`upsert.rs`).
     upsert: UpsertState,
+    /// `maintenance:` of the endpoint, run after every N commits (`maintain.rs`).
+    maintenance: AutoMaintenance,
 }
 
 impl IcebergSink {
@@ -130,8 +133,10 @@ impl IcebergSink {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or_default();
+        let config = EndpointConfig::parse(endpoint)?;
         Ok(IcebergSink {
-            config: EndpointConfig::parse(endpoint)?,
+            maintenance: AutoMaintenance::new(config.maintenance.clone()),
+            config,
             context: None,
             catalog: None,
             tables: Vec::new(),
@@ -659,7 +664,7 @@ impl AbortCleaner for IcebergCleaner {
 
 /// An epoch folder's generation (`None`: before generations) and epoch, from its name
 /// (`<generation>-<epoch>` or `<epoch>`); `None`: not an epoch folder.
-fn epoch_folder(name: &str) -> Option<(Option<String>, u64)> {
+pub(crate) fn epoch_folder(name: &str) -> Option<(Option<String>, u64)> {
     match name.split_once('-') {
         Some((generation, epoch)) => Some((Some(generation.to_string()), epoch.parse().ok()?)),
         None => Some((None, name.parse().ok()?)),
@@ -1024,6 +1029,11 @@ impl EpochSink for IcebergSink {
         self.pending = d.epochs;
         if d.commit {
             self.commit_pending(epoch).await?;
+            // Outside the commit, before the index follows the table: never fails it.
+            if let Some(catalog) = self.catalog.clone() {
+                let idents: Vec<TableIdent> = self.tables.iter().map(|b| b.ident.clone()).collect();
+                self.maintenance.after_commit(&catalog, &idents).await;
+            }
         }
         self.sync_upsert().await
     }

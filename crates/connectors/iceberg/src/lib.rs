@@ -23,7 +23,10 @@
 //! iceberg's file IO, listing, removal), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
 //! schema evolution, which epochs a table still lacks), `upsert.rs`, `index.rs` and
 //! `rowdelta.rs` (`mode: upsert`: the epoch's deletes, the index of live rows, the
-//! row-delta commit), `read.rs` (reading back, for tests and benches).
+//! row-delta commit), `rebase.rs` (an upsert epoch's deletes rebased onto a compaction
+//! that committed while it was in flight), `maintain.rs` and `maintain/` (compaction,
+//! snapshot expiry, orphan removal: `sluice maintain` and `maintenance:`), `read.rs`
+//! (reading back, for tests and benches).
 //!
 //! [`EpochSink`]: sluice_sink_sdk::EpochSink
 
@@ -32,7 +35,9 @@ pub mod commit;
 pub mod config;
 mod driver;
 pub mod index;
+pub mod maintain;
 pub mod read;
+mod rebase;
 pub mod rowdelta;
 pub mod schema;
 mod staging;

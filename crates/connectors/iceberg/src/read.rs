@@ -9,6 +9,7 @@ use arrow_array::{
 };
 use arrow_schema::DataType;
 use futures::TryStreamExt;
+use iceberg::spec::SnapshotRef;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use serde_json::{Map, Value};
@@ -73,7 +74,7 @@ pub async fn read_rows(
     Ok(rows)
 }
 
-fn json_value(column: &dyn Array, i: usize) -> Result<Value, SinkError> {
+pub(crate) fn json_value(column: &dyn Array, i: usize) -> Result<Value, SinkError> {
     if column.is_null(i) {
         return Ok(Value::Null);
     }
@@ -104,15 +105,28 @@ fn json_value(column: &dyn Array, i: usize) -> Result<Value, SinkError> {
 /// logged), each snapshot's manifest list, manifests and data files.
 pub async fn referenced_files(table: &Table) -> Result<HashSet<String>, SinkError> {
     let md = table.metadata();
-    let mut out = HashSet::new();
+    let snapshots: Vec<SnapshotRef> = md.snapshots().cloned().collect();
+    let mut out = snapshot_files(table, &snapshots, false).await?;
     if let Some(l) = table.metadata_location() {
         out.insert(l.to_string());
     }
     for entry in md.metadata_log() {
         out.insert(entry.metadata_file.clone());
     }
+    Ok(out)
+}
+
+/// The manifest lists, manifests and files of `snapshots` of `table` (with
+/// `alive_only`, only the files their manifests list as live: a file a snapshot removed
+/// is listed, deleted, in its manifests).
+pub async fn snapshot_files(
+    table: &Table,
+    snapshots: &[SnapshotRef],
+    alive_only: bool,
+) -> Result<HashSet<String>, SinkError> {
+    let mut out = HashSet::new();
     let mut manifests = HashSet::new();
-    for snapshot in md.snapshots() {
+    for snapshot in snapshots {
         out.insert(snapshot.manifest_list().to_string());
         let list = table
             .manifest_list_reader(snapshot)
@@ -130,7 +144,9 @@ pub async fn referenced_files(table: &Table) -> Result<HashSet<String>, SinkErro
                     external(format!("cannot read manifest {}", m.manifest_path), e)
                 })?;
                 for entry in manifest.entries() {
-                    out.insert(entry.file_path().to_string());
+                    if entry.is_alive() || !alive_only {
+                        out.insert(entry.file_path().to_string());
+                    }
                 }
             }
         }

@@ -21,7 +21,9 @@
 //! The files are written whole (one object each, a fresh name per epoch and process,
 //! through the table's `FileIO`); the manifests and the manifest list are named by the
 //! new snapshot's random id, so a retried commit never rewrites a file another attempt
-//! wrote.
+//! wrote. Writing manifests and the manifest list, and committing a snapshot of them
+//! ([`write_manifest`], [`commit_snapshot`]), is shared with maintenance's compaction
+//! (`maintain/compact.rs`), whose `replace` snapshot is made the same way.
 
 use crate::catalog::SqlCatalog;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -111,7 +113,7 @@ pub async fn write_position_deletes(
 }
 
 /// A snapshot id no snapshot of `table` has: positive, random.
-fn new_snapshot_id(table: &Table) -> i64 {
+pub(crate) fn new_snapshot_id(table: &Table) -> i64 {
     use std::hash::{BuildHasher, RandomState};
     let state = RandomState::new();
     let mut salt = 0u64;
@@ -124,35 +126,25 @@ fn new_snapshot_id(table: &Table) -> i64 {
     }
 }
 
-/// Commits `files` (data files and position delete files) to `table` as one snapshot
-/// with `properties` in its summary, through `catalog` (pinned to the metadata `table`
-/// was read at). Format v2 only.
-pub async fn commit(
-    catalog: &SqlCatalog,
-    table: &Table,
-    files: Vec<DataFile>,
-    properties: HashMap<String, String>,
-) -> iceberg::Result<Table> {
-    let md = table.metadata();
-    if md.format_version() != FormatVersion::V2 {
+/// Format v2, which position deletes and our manifests need.
+pub(crate) fn require_v2(table: &Table, what: &str) -> iceberg::Result<()> {
+    let version = table.metadata().format_version();
+    if version != FormatVersion::V2 {
         return Err(Error::new(
             ErrorKind::FeatureUnsupported,
             format!(
-                "upsert commits position deletes to format v2 tables; {} is {}",
-                table.identifier(),
-                md.format_version()
+                "{what} writes format v2 manifests; {} is {version}",
+                table.identifier()
             ),
         ));
     }
-    let file_io = table.file_io();
-    let snapshot_id = new_snapshot_id(table);
-    let sequence = md.next_sequence_number();
-    let parent = md.current_snapshot_id();
-    let schema = md.current_schema().clone();
-    let spec = md.default_partition_spec().clone();
-    let meta_dir = format!("{}/metadata", md.location().trim_end_matches('/'));
+    Ok(())
+}
 
-    let mut manifests: Vec<ManifestFile> = match md.current_snapshot() {
+/// The manifests of `table`'s current snapshot that still list a file (none without a
+/// snapshot).
+pub(crate) async fn current_manifests(table: &Table) -> iceberg::Result<Vec<ManifestFile>> {
+    Ok(match table.metadata().current_snapshot() {
         Some(current) => table
             .manifest_list_reader(current)
             .load()
@@ -162,7 +154,162 @@ pub async fn commit(
             .filter(|m| m.has_added_files() || m.has_existing_files() || m.has_deleted_files())
             .collect(),
         None => Vec::new(),
+    })
+}
+
+/// One entry of a manifest a new snapshot writes.
+pub(crate) enum Entry {
+    /// A file the snapshot adds (its data sequence number: the snapshot's).
+    Added(DataFile),
+    /// A file an earlier snapshot added, still live: its numbers kept.
+    Existing {
+        file: DataFile,
+        snapshot_id: i64,
+        sequence: i64,
+        file_sequence: Option<i64>,
+    },
+    /// A file the snapshot removes: its numbers kept.
+    Deleted {
+        file: DataFile,
+        sequence: i64,
+        file_sequence: Option<i64>,
+    },
+}
+
+/// Writes `entries` as one v2 manifest of `content` named `sluice-<snapshot>-<name>.avro`
+/// in `table`'s metadata folder, for snapshot `snapshot_id` of sequence `sequence`.
+pub(crate) async fn write_manifest(
+    table: &Table,
+    snapshot_id: i64,
+    sequence: i64,
+    name: &str,
+    content: ManifestContentType,
+    entries: Vec<Entry>,
+) -> iceberg::Result<ManifestFile> {
+    let md = table.metadata();
+    let path = format!("{}/sluice-{snapshot_id}-{name}.avro", meta_dir(table));
+    let builder = ManifestWriterBuilder::new(
+        table.file_io().new_output(&path)?,
+        Some(snapshot_id),
+        md.current_schema().clone(),
+        md.default_partition_spec().as_ref().clone(),
+    );
+    let mut writer = match content {
+        ManifestContentType::Data => builder.build_v2_data(),
+        ManifestContentType::Deletes => builder.build_v2_deletes(),
     };
+    for entry in entries {
+        match entry {
+            Entry::Added(file) => writer.add_file(file, sequence)?,
+            Entry::Existing {
+                file,
+                snapshot_id,
+                sequence,
+                file_sequence,
+            } => writer.add_existing_file(file, snapshot_id, sequence, file_sequence)?,
+            Entry::Deleted {
+                file,
+                sequence,
+                file_sequence,
+            } => writer.add_delete_file(file, sequence, file_sequence)?,
+        }
+    }
+    writer.write_manifest_file().await
+}
+
+fn meta_dir(table: &Table) -> String {
+    format!(
+        "{}/metadata",
+        table.metadata().location().trim_end_matches('/')
+    )
+}
+
+/// A snapshot to commit: its manifests (written, or carried from the parent), what it is.
+pub(crate) struct NewSnapshot {
+    pub snapshot_id: i64,
+    pub sequence: i64,
+    pub manifests: Vec<ManifestFile>,
+    pub operation: Operation,
+    /// Our `sluice.*` properties and iceberg's `added-*`/`deleted-*` counts.
+    pub summary: HashMap<String, String>,
+}
+
+/// Writes `new`'s manifest list and commits it as `table`'s next snapshot on `main`
+/// through `catalog` (pinned to the metadata `table` was read at): the compare-and-swap
+/// is the commit point; a lost swap leaves the list and manifests as orphans.
+pub(crate) async fn commit_snapshot(
+    catalog: &SqlCatalog,
+    table: &Table,
+    new: NewSnapshot,
+) -> iceberg::Result<Table> {
+    let md = table.metadata();
+    let parent = md.current_snapshot_id();
+    let list_path = format!("{}/snap-{}-sluice.avro", meta_dir(table), new.snapshot_id);
+    let mut list = ManifestListWriter::v2(
+        table.file_io().new_output(&list_path)?.writer().await?,
+        new.snapshot_id,
+        parent,
+        new.sequence,
+    );
+    list.add_manifests(new.manifests.into_iter())?;
+    list.close().await?;
+    let snapshot = Snapshot::builder()
+        .with_manifest_list(list_path)
+        .with_snapshot_id(new.snapshot_id)
+        .with_parent_snapshot_id(parent)
+        .with_sequence_number(new.sequence)
+        .with_summary(Summary {
+            operation: new.operation,
+            additional_properties: new.summary,
+        })
+        .with_schema_id(md.current_schema_id())
+        .with_timestamp_ms(now_ms())
+        .build();
+    let updates = vec![
+        TableUpdate::AddSnapshot { snapshot },
+        TableUpdate::SetSnapshotRef {
+            ref_name: MAIN_BRANCH.to_string(),
+            reference: SnapshotReference::new(
+                new.snapshot_id,
+                SnapshotRetention::branch(None, None, None),
+            ),
+        },
+    ];
+    catalog
+        .commit_updates(table.identifier(), on_top_of(table), updates)
+        .await
+}
+
+/// What a commit computed on `table` requires: the same table, `main` where it was.
+pub(crate) fn on_top_of(table: &Table) -> Vec<TableRequirement> {
+    let md = table.metadata();
+    vec![
+        TableRequirement::UuidMatch { uuid: md.uuid() },
+        TableRequirement::RefSnapshotIdMatch {
+            r#ref: MAIN_BRANCH.to_string(),
+            snapshot_id: md.current_snapshot_id(),
+        },
+    ]
+}
+
+/// Commits `files` (data files and position delete files) to `table` as one snapshot
+/// with `properties` in its summary, through `catalog` (pinned to the metadata `table`
+/// was read at). Position deletes naming rows of data files a compaction rewrote since
+/// they were staged are pointed at the rows' copies first (`rebase.rs`). Format v2 only.
+pub async fn commit(
+    catalog: &SqlCatalog,
+    table: &Table,
+    files: Vec<DataFile>,
+    properties: HashMap<String, String>,
+) -> iceberg::Result<Table> {
+    require_v2(table, "an upsert commit")?;
+    let md = table.metadata();
+    let snapshot_id = new_snapshot_id(table);
+    let sequence = md.next_sequence_number();
+    let schema = md.current_schema().clone();
+    let spec = md.default_partition_spec().clone();
+    let mut manifests = current_manifests(table).await?;
+    let files = crate::rebase::rebase_deletes(table, files, snapshot_id).await?;
     let mut summary = SnapshotSummaryCollector::default();
     for f in &files {
         summary.add_file(f, schema.clone(), spec.clone());
@@ -183,71 +330,25 @@ pub async fn commit(
         if group.is_empty() {
             continue;
         }
-        let path = format!("{meta_dir}/sluice-{snapshot_id}-m{n}.avro");
-        let builder = ManifestWriterBuilder::new(
-            file_io.new_output(&path)?,
-            Some(snapshot_id),
-            schema.clone(),
-            spec.as_ref().clone(),
-        );
-        let mut writer = match content {
-            ManifestContentType::Data => builder.build_v2_data(),
-            ManifestContentType::Deletes => builder.build_v2_deletes(),
-        };
-        for f in group {
-            writer.add_file(f, sequence)?;
-        }
-        manifests.push(writer.write_manifest_file().await?);
+        let entries = group.into_iter().map(Entry::Added).collect();
+        let name = format!("m{n}");
+        manifests
+            .push(write_manifest(table, snapshot_id, sequence, &name, content, entries).await?);
     }
-
-    let list_path = format!("{meta_dir}/snap-{snapshot_id}-sluice.avro");
-    let mut list = ManifestListWriter::v2(
-        file_io.new_output(&list_path)?.writer().await?,
-        snapshot_id,
-        parent,
-        sequence,
-    );
-    list.add_manifests(manifests.into_iter())?;
-    list.close().await?;
-
     let mut additional = properties;
     additional.extend(summary.build());
-    let snapshot = Snapshot::builder()
-        .with_manifest_list(list_path)
-        .with_snapshot_id(snapshot_id)
-        .with_parent_snapshot_id(parent)
-        .with_sequence_number(sequence)
-        .with_summary(Summary {
-            operation: if has_deletes {
-                Operation::Overwrite
-            } else {
-                Operation::Append
-            },
-            additional_properties: additional,
-        })
-        .with_schema_id(md.current_schema_id())
-        .with_timestamp_ms(now_ms())
-        .build();
-    let updates = vec![
-        TableUpdate::AddSnapshot { snapshot },
-        TableUpdate::SetSnapshotRef {
-            ref_name: MAIN_BRANCH.to_string(),
-            reference: SnapshotReference::new(
-                snapshot_id,
-                SnapshotRetention::branch(None, None, None),
-            ),
+    let new = NewSnapshot {
+        snapshot_id,
+        sequence,
+        manifests,
+        operation: if has_deletes {
+            Operation::Overwrite
+        } else {
+            Operation::Append
         },
-    ];
-    let requirements = vec![
-        TableRequirement::UuidMatch { uuid: md.uuid() },
-        TableRequirement::RefSnapshotIdMatch {
-            r#ref: MAIN_BRANCH.to_string(),
-            snapshot_id: parent,
-        },
-    ];
-    catalog
-        .commit_updates(table.identifier(), requirements, updates)
-        .await
+        summary: additional,
+    };
+    commit_snapshot(catalog, table, new).await
 }
 
 fn now_ms() -> i64 {

@@ -50,6 +50,7 @@ use sluice_sink_sdk::{Result, SinkError};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
 use tokio::io::AsyncWriteExt;
 
 /// Where tables live, as configured.
@@ -165,6 +166,48 @@ impl WarehouseIo {
                     .into_iter()
                     .map(|p| format!("file://{}", p.display()))
                     .collect())
+            }
+        }
+    }
+
+    /// Every file under `prefix`, as [`list`](Self::list) gives them, with the time it
+    /// was last written (for maintenance's orphan age).
+    pub async fn list_modified(&self, prefix: &str) -> Result<Vec<(String, SystemTime)>> {
+        match &self.s3 {
+            Some(store) => {
+                let key = store.key(prefix).map_err(store_error)?;
+                let path = store.path(key).map_err(store_error)?;
+                let inner = store.inner();
+                let mut listed = inner.list(Some(&path));
+                let mut out = Vec::new();
+                while let Some(meta) = listed.next().await {
+                    let meta = meta
+                        .map_err(|e| SinkError::External(format!("cannot list {prefix}: {e}")))?;
+                    let millis = meta.last_modified.timestamp_millis().max(0) as u64;
+                    out.push((
+                        store.url(meta.location.as_ref()),
+                        SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(millis),
+                    ));
+                }
+                out.sort();
+                Ok(out)
+            }
+            None => {
+                let dir = local_path(prefix);
+                let files = unblock(move || {
+                    list_files(&dir)?
+                        .into_iter()
+                        .map(|p| Ok((p.metadata()?.modified()?, p)))
+                        .collect::<std::io::Result<Vec<_>>>()
+                })
+                .await
+                .map_err(|e| SinkError::External(format!("cannot list {prefix}: {e}")))?;
+                let mut out: Vec<(String, SystemTime)> = files
+                    .into_iter()
+                    .map(|(t, p)| (format!("file://{}", p.display()), t))
+                    .collect();
+                out.sort();
+                Ok(out)
             }
         }
     }
