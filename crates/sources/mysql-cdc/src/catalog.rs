@@ -9,7 +9,7 @@
 
 use crate::key;
 use crate::position::{BinlogPos, GtidState, TableName};
-use crate::types::{self, Kind, Origin};
+use crate::types::{self, Collation, Column, Kind, Origin};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row, Value};
 use sluice_source_sdk::SourceError;
@@ -17,22 +17,6 @@ use std::time::Duration;
 
 /// The longest any one SQL call may take (a chunk of `chunk_rows` rows included).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
-
-#[derive(Debug, Clone)]
-pub struct Column {
-    pub name: String,
-    pub kind: Kind,
-    /// `COLUMN_TYPE`, lower case: `decimal(20,4) unsigned`, `varchar(10)`.
-    pub sql_type: String,
-    /// A text column's character set and collation.
-    pub collation: Option<Collation>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Collation {
-    pub charset: String,
-    pub name: String,
-}
 
 /// A captured table as the catalog describes it.
 #[derive(Debug, Clone)]

@@ -16,8 +16,7 @@
 //! read back is the value it came from. Only `JSON` keys (a `TEXT` prefix key holding
 //! JSON, which its document re-serializes) are not bounds: such a table is read whole.
 
-use crate::catalog::Column;
-use crate::types::{self, Kind};
+use crate::types::{self, Column, Kind};
 use base64::Engine as _;
 use mysql_async::Value;
 

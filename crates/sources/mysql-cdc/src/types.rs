@@ -130,10 +130,27 @@ impl Kind {
     }
 
     /// Whether keys of this column compare as Rust compares their numbers (else only
-    /// the server can order them: `crate::key`).
+    /// the server can order them, `key.rs`).
     pub fn is_int(&self) -> bool {
         matches!(self, Kind::Int { .. })
     }
+}
+
+/// A captured column: its name, how its values map to JSON, its SQL type and collation.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub kind: Kind,
+    /// `COLUMN_TYPE`, lower case: `decimal(20,4) unsigned`, `varchar(10)`.
+    pub sql_type: String,
+    /// A text column's character set and collation.
+    pub collation: Option<Collation>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Collation {
+    pub charset: String,
+    pub name: String,
 }
 
 /// The members of `enum('a','b''c')` / `set(…)`, unquoted.
