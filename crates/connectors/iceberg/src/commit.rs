@@ -41,6 +41,9 @@ pub const SUMMARY_DEPLOYMENT: &str = "sluice.deployment";
 pub const SUMMARY_MATERIALIZATION: &str = "sluice.materialization";
 pub const SUMMARY_TXN: &str = "sluice.txn";
 pub const SUMMARY_GENERATION: &str = "sluice.generation";
+/// The folder under a table's data location that holds this sink's staging.
+pub const STAGING_DIR: &str = "_sluice";
+
 /// The descriptor format written by this version.
 pub const DESCRIPTOR_VERSION: u32 = 1;
 /// Swaps lost to a concurrent writer before the commit gives up (retryably).
@@ -347,6 +350,15 @@ fn rebuild_data_file(metadata: &TableMetadata, f: &StagedFile) -> Result<DataFil
         .map_err(|e| SinkError::Corrupt(format!("partition type: {e}")))?;
     deserialize_data_file_from_json(&f.data_file, f.spec_id, &partition_type, schema)
         .map_err(|e| SinkError::Corrupt(format!("staged file {} cannot be described: {e}", f.path)))
+}
+
+/// An epoch folder's generation (`None`: before generations) and epoch, from its name
+/// (`<generation>-<epoch>` or `<epoch>`); `None`: not an epoch folder.
+pub(crate) fn epoch_folder(name: &str) -> Option<(Option<String>, u64)> {
+    match name.split_once('-') {
+        Some((generation, epoch)) => Some((Some(generation.to_string()), epoch.parse().ok()?)),
+        None => Some((None, name.parse().ok()?)),
+    }
 }
 
 #[cfg(test)]

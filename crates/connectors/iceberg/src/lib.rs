@@ -18,12 +18,12 @@
 //! pyiceberg's `SqlCatalog` layout, so pyiceberg reads the tables through the same file
 //! (or database).
 //!
-//! Layout: `config.rs` (what the user writes), `driver.rs` (the [`EpochSink`]),
+//! Layout: `config.rs` (what the user writes), `driver/` (the [`EpochSink`]; `recover.rs`, `detached.rs`: the committer and cleaner that need no writer),
 //! `staging.rs` (Parquet writers), `storage.rs` (the warehouse: a local folder or S3;
 //! iceberg's file IO, listing, removal), `catalog.rs` (talking to the catalog), `schema.rs` and `commit.rs` (pure decisions:
 //! schema evolution, which epochs a table still lacks), `upsert.rs`, `index.rs` and
 //! `rowdelta.rs` (`mode: upsert`: the epoch's deletes, the index of live rows, the
-//! row-delta commit), `rebase.rs` (an upsert epoch's deletes rebased onto a compaction
+//! row-delta commit), `rowdelta/rebase.rs` (an upsert epoch's deletes rebased onto a compaction
 //! that committed while it was in flight), `maintain.rs` and `maintain/` (compaction,
 //! snapshot expiry, orphan removal: `sluice maintain` and `maintenance:`), `read.rs`
 //! (reading back, for tests and benches).
@@ -37,7 +37,6 @@ mod driver;
 pub mod index;
 pub mod maintain;
 pub mod read;
-mod rebase;
 pub mod rowdelta;
 pub mod schema;
 mod staging;
@@ -45,8 +44,9 @@ pub mod storage;
 pub mod upsert;
 
 pub use catalog::{CATALOG_NAME, CatalogLocation, SqlCatalog};
+pub use commit::STAGING_DIR;
 pub use config::{EndpointConfig, ResourceConfig};
-pub use driver::{IcebergCleaner, IcebergCommitter, IcebergSink, STAGING_DIR, WRITE_TIMEOUT};
+pub use driver::{IcebergCleaner, IcebergCommitter, IcebergSink, WRITE_TIMEOUT};
 pub use read::{open_catalog, orphan_data_files, orphan_files, read_rows, referenced_files};
 pub use storage::{Warehouse, WarehouseIo};
 

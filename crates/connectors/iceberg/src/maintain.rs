@@ -33,7 +33,7 @@
 //! An upsert table's index of live rows (`index.rs`) notices a snapshot it did not write
 //! (a `replace`, or an expired snapshot it reflected) and rebuilds from the table; an
 //! upsert epoch whose deletes were staged before a compaction committed is rebased onto
-//! the rewritten rows at its commit (`rebase.rs`).
+//! the rewritten rows at its commit (`rowdelta/rebase.rs`).
 
 mod compact;
 mod expire;
@@ -66,7 +66,7 @@ pub fn table_ident(namespace: &str, table: &str) -> Result<TableIdent> {
 /// What the steps keep and aim for (`keep_snapshots` at least 2: compaction runs only
 /// where it leaves two or more files or deletes behind it, so with the snapshot before
 /// it kept, the files an upsert transaction in flight names stay readable until that
-/// transaction commits: `rebase.rs`).
+/// transaction commits: `rowdelta/rebase.rs`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     pub target_file_size: u64,

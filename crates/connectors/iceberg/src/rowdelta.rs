@@ -25,6 +25,8 @@
 //! ([`write_manifest`], [`commit_snapshot`]), is shared with maintenance's compaction
 //! (`maintain/compact.rs`), whose `replace` snapshot is made the same way.
 
+pub(crate) mod rebase;
+
 use crate::catalog::SqlCatalog;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema as ArrowSchema};
@@ -295,7 +297,7 @@ pub(crate) fn on_top_of(table: &Table) -> Vec<TableRequirement> {
 /// Commits `files` (data files and position delete files) to `table` as one snapshot
 /// with `properties` in its summary, through `catalog` (pinned to the metadata `table`
 /// was read at). Position deletes naming rows of data files a compaction rewrote since
-/// they were staged are pointed at the rows' copies first (`rebase.rs`). Format v2 only.
+/// they were staged are pointed at the rows' copies first (`rowdelta/rebase.rs`). Format v2 only.
 pub async fn commit(
     catalog: &SqlCatalog,
     table: &Table,
@@ -309,7 +311,7 @@ pub async fn commit(
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
     let mut manifests = current_manifests(table).await?;
-    let files = crate::rebase::rebase_deletes(table, files, snapshot_id).await?;
+    let files = rebase::rebase_deletes(table, files, snapshot_id).await?;
     let mut summary = SnapshotSummaryCollector::default();
     for f in &files {
         summary.add_file(f, schema.clone(), spec.clone());

@@ -45,15 +45,20 @@
 //! on the writing worker (Parquet pages are buffered, a write reaches the disk at most
 //! once per row group).
 
+mod detached;
+mod recover;
+
+use detached::{Detached, commit_epochs};
+pub use detached::{IcebergCleaner, IcebergCommitter};
+
 use crate::catalog::{CatalogLocation, SqlCatalog};
 use crate::commit::{
-    self, DESCRIPTOR_VERSION, Descriptor, EpochFiles, Generation, Owner, StagedFile,
+    DESCRIPTOR_VERSION, Descriptor, EpochFiles, Generation, Owner, STAGING_DIR, StagedFile,
 };
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::maintain::AutoMaintenance;
 use crate::schema::{self, Column, TableChange};
 use crate::staging::{Staging, WriterSpec, table_batch};
-use crate::storage::WarehouseIo;
 use crate::upsert::{self, UpsertState};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -65,15 +70,11 @@ use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
 use serde_json::{Value, json};
 use sluice_sink_sdk::{
     AbortCleaner, Consistency, EpochCommitter, EpochSink, InputMode, Placement, Recovery, Result,
-    RuntimeContext, SchemaPlan, SinkBinding, SinkContract, SinkError, TaskTracker, Undecided,
-    WriteResult,
+    RuntimeContext, SchemaPlan, SinkBinding, SinkContract, SinkError, TaskTracker, WriteResult,
 };
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The folder under a table's data location that holds this sink's staging.
-pub const STAGING_DIR: &str = "_sluice";
 
 /// The deadline of each call: two minutes. The slowest healthy call is `pre_commit`
 /// closing an epoch's files (the last row group of each, up to the target size, encoded
@@ -322,74 +323,6 @@ impl IcebergSink {
         self.upsert.sync(&catalog, &idents).await
     }
 
-    /// Refuses a table that is ahead of the recovery log, which the log's next epochs
-    /// would then be applied to twice:
-    /// - a table holding an epoch of this generation above the last one the log
-    ///   decided (`decided`): the log was restored from an older backup, so its
-    ///   transactions after that would be read and numbered again, and skipped or
-    ///   counted twice where their boundaries differ from the first time's;
-    /// - an upsert table whose last snapshot is this materialization's of another
-    ///   deployment or generation: the log (and the deployment id beside it) was
-    ///   removed or replaced, or another copy of the pipeline writes the table, so input
-    ///   would be reduced onto the rows that run left (which Load answers) once more.
-    ///   A change log is safe there (its generations tell its runs apart).
-    ///
-    /// Either way the operator chooses: restore the newest log, or drop the table.
-    async fn refuse_tables_ahead_of_the_log(&self, decided: Option<u64>) -> Result<()> {
-        let Some(catalog) = self.catalog.clone() else {
-            return Ok(());
-        };
-        let owner = self.owner()?;
-        let generation = self.generation()?;
-        for (binding, bound) in self.tables.iter().enumerate() {
-            let Some(table) = load_optional(&catalog, &bound.ident).await? else {
-                continue;
-            };
-            let committed = commit::committed_txn(table.metadata(), &owner, generation)?;
-            if let Some(committed) = committed.filter(|&c| decided.is_none_or(|d| c > d)) {
-                return Err(SinkError::Config(format!(
-                    "Iceberg table {} holds epoch {committed} of materialization {}, but its \
-                     recovery log decided {}: the log was restored from an older backup, and \
-                     the transactions after it would be applied to the table again. Restore \
-                     the newest copy of the recovery log, or drop the table and run `sluice \
-                     apply` to start over",
-                    bound.ident,
-                    owner.materialization,
-                    decided.map_or("no epoch".to_string(), |d| format!("epochs up to {d} only")),
-                )));
-            }
-            if !self.upsert.is_upsert(binding) {
-                continue;
-            }
-            let Some(last) = table.metadata().current_snapshot() else {
-                continue;
-            };
-            let summary = &last.summary().additional_properties;
-            let stamped = summary.get(commit::SUMMARY_GENERATION);
-            let this_run = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
-                && generation.owns(stamped);
-            if summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
-                && !this_run
-            {
-                return Err(SinkError::Config(format!(
-                    "Iceberg table {} (mode: upsert) holds the view of another run of \
-                     materialization {} (deployment {}, generation {}): its recovery log \
-                     was removed or replaced, or another copy of the pipeline writes the \
-                     table, so the input would be read again from the beginning and reduced \
-                     onto those rows, counting it twice. Drop the table and run `sluice \
-                     apply` to start over, or restore the recovery log",
-                    bound.ident,
-                    owner.materialization,
-                    summary
-                        .get(commit::SUMMARY_DEPLOYMENT)
-                        .map_or("?", String::as_str),
-                    stamped.map_or("from before generations", String::as_str),
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// The position delete files of epoch `epoch`'s upsert tables, in its staging.
     async fn stage_upsert_deletes(&mut self, epoch: u64) -> Result<Vec<StagedFile>> {
         let mut files = Vec::new();
@@ -409,83 +342,6 @@ impl IcebergSink {
             files.extend(self.upsert.stage_deletes(binding, spec).await?);
         }
         Ok(files)
-    }
-
-    /// Removes the files under our attempt prefixes that no snapshot of the table and no
-    /// decided pending epoch holds, in this generation's epoch folders above the table's
-    /// last epoch of it (`sluice.txn`): the folders of committed epochs are left alone,
-    /// so a clean restart reads no manifest, and so are another generation's (a run
-    /// before a reset: what it left is not this run's to judge). A file is removed only
-    /// after the manifests of every snapshot were read and none names it (the ancestry
-    /// alone could undercount, after an expired snapshot).
-    async fn sweep_orphans(&mut self) -> Result<()> {
-        let catalog = self.catalog.clone().expect("open");
-        let owner = self.owner()?;
-        let generation = self.generation()?.clone();
-        let keep: HashSet<&str> = self
-            .pending
-            .iter()
-            .flat_map(|e| e.files.iter().map(|f| f.path.as_str()))
-            .collect();
-        for bound in &self.tables {
-            let dir = format!("{}/", bound.attempt_prefix);
-            let files = catalog.storage().list(&bound.attempt_prefix).await?;
-            if files.is_empty() {
-                continue;
-            }
-            let table = catalog
-                .load_table(&bound.ident)
-                .await
-                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
-            let committed = commit::committed_txn(table.metadata(), &owner, &generation)?;
-            let candidates: Vec<String> = files
-                .into_iter()
-                .filter(|p| {
-                    // `<attempt prefix>/<generation>-<epoch>/<file>` (`<epoch>` before
-                    // generations); anything else is a candidate too.
-                    let folder = (p.strip_prefix(&dir))
-                        .and_then(|rest| rest.split('/').next().filter(|_| rest.contains('/')));
-                    match folder.map(epoch_folder) {
-                        Some(Some((of, _))) if !generation.owns(of.as_ref()) => false,
-                        Some(Some((_, e))) => committed.is_none_or(|c| e > c),
-                        _ => true,
-                    }
-                })
-                .filter(|p| !keep.contains(p.as_str()))
-                .collect();
-            if candidates.is_empty() {
-                continue;
-            }
-            let referenced = crate::read::referenced_files(&table).await?;
-            for path in candidates {
-                if !referenced.contains(&path) {
-                    tracing::info!(%path, "removing an orphaned Iceberg staging file");
-                    catalog
-                        .file_io()
-                        .delete(&path)
-                        .await
-                        .map_err(|e| SinkError::External(format!("cannot remove {path}: {e}")))?;
-                }
-            }
-            catalog
-                .storage()
-                .remove_empty_dirs(&bound.attempt_prefix)
-                .await;
-        }
-        Ok(())
-    }
-
-    /// Removes a staging prefix an intent named, after checking it is ours.
-    async fn remove_prefix(&mut self, prefix: &str) -> Result<()> {
-        let attempt = self.attempt()?;
-        let catalog = self.catalog.as_ref().expect("open");
-        // Ours: under a bound table's attempt prefix, or (a table since unbound) under
-        // the warehouse with our attempt's folder in it.
-        let of_bound = self
-            .tables
-            .iter()
-            .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
-        remove_staging(catalog.storage(), &attempt, of_bound, prefix).await
     }
 }
 
@@ -513,161 +369,6 @@ fn owner(c: &RuntimeContext) -> Owner {
     Owner {
         deployment: c.deployment_id.clone(),
         materialization: c.sink_id.clone(),
-    }
-}
-
-/// Commits `pending`'s files to each table they name as transaction `txn` of
-/// `generation`, exactly once per table ([`commit::commit_table`]).
-async fn commit_epochs(
-    catalog: &SqlCatalog,
-    ns: &NamespaceIdent,
-    owner: &Owner,
-    generation: &Generation,
-    txn: u64,
-    pending: &[EpochFiles],
-) -> Result<()> {
-    let mut tables: Vec<&str> = pending
-        .iter()
-        .flat_map(|e| e.files.iter().map(|f| f.table.as_str()))
-        .collect();
-    tables.sort();
-    tables.dedup();
-    for table in tables {
-        let ident = TableIdent::new(ns.clone(), table.to_string());
-        let added = commit::commit_table(catalog, &ident, owner, generation, txn, pending).await?;
-        tracing::debug!(table = %ident, txn, added, "Iceberg commit");
-    }
-    Ok(())
-}
-
-/// Removes staging prefix `prefix` an artifact intent named, once it is known ours:
-/// `of_bound` (under a bound table's attempt prefix), or under `warehouse` with
-/// `attempt`'s staging folder in it. Anything else is refused: the intent is damaged.
-async fn remove_staging(
-    storage: &WarehouseIo,
-    attempt: &str,
-    of_bound: bool,
-    prefix: &str,
-) -> Result<()> {
-    let warehouse = storage.root();
-    let marker = format!("/data/{STAGING_DIR}/{attempt}/");
-    let in_warehouse = prefix.starts_with(&format!("{warehouse}/")) && prefix.contains(&marker);
-    if !(of_bound || in_warehouse) || prefix.contains("/../") {
-        return Err(SinkError::Corrupt(format!(
-            "an artifact intent names {prefix}, which is not staging of {attempt} in {warehouse}"
-        )));
-    }
-    storage.delete_prefix(prefix).await
-}
-
-/// The prefixes an undecided epoch's artifact intent names.
-fn intent_prefixes(undecided: &Undecided) -> Result<Vec<&str>> {
-    let prefixes = (undecided.intent.get("prefixes"))
-        .and_then(Value::as_array)
-        .ok_or_else(|| {
-            SinkError::Corrupt(format!(
-                "the artifact intent of epoch {} has no prefixes: {}",
-                undecided.epoch, undecided.intent
-            ))
-        })?;
-    prefixes
-        .iter()
-        .map(|p| {
-            p.as_str().ok_or_else(|| {
-                SinkError::Corrupt(format!("artifact intent prefix {p} is not a string"))
-            })
-        })
-        .collect()
-}
-
-/// What the writerless handles share: the configuration, the context, and the catalog,
-/// opened on first use.
-struct Detached {
-    config: EndpointConfig,
-    context: RuntimeContext,
-    catalog: tokio::sync::OnceCell<SqlCatalog>,
-}
-
-impl Detached {
-    fn of(sink: &IcebergSink) -> Option<Arc<Detached>> {
-        Some(Arc::new(Detached {
-            config: sink.config.clone(),
-            context: sink.context.clone()?,
-            catalog: tokio::sync::OnceCell::new(),
-        }))
-    }
-
-    async fn catalog(&self) -> Result<&SqlCatalog> {
-        self.catalog
-            .get_or_try_init(|| async {
-                SqlCatalog::connect(&self.config.catalog_location(), self.config.warehouse()?)
-                    .await
-                    .map_err(|e| {
-                        SinkError::External(format!("cannot open the Iceberg catalog: {e}"))
-                    })
-            })
-            .await
-    }
-}
-
-/// Applies a decided descriptor without the writer: what [`IcebergSink::commit_epoch`]
-/// does to the tables, from the configuration and the runtime context alone.
-pub struct IcebergCommitter(Arc<Detached>);
-
-#[async_trait]
-impl EpochCommitter for IcebergCommitter {
-    async fn commit_epoch(&self, epoch: u64, descriptor: &Value) -> Result<()> {
-        let owner = owner(&self.0.context);
-        let d = Descriptor::parse(descriptor, &owner)?;
-        if d.epoch != epoch {
-            return Err(SinkError::Corrupt(format!(
-                "commit_epoch({epoch}) was handed the descriptor of epoch {}",
-                d.epoch
-            )));
-        }
-        if !d.commit {
-            // Decided, not due: its epochs stay staged until a due epoch lists them.
-            return Ok(());
-        }
-        // A descriptor before generations: its snapshots are this log's, as `recover`
-        // takes them.
-        let generation = d
-            .generation
-            .clone()
-            .unwrap_or_else(|| Generation::mint(true));
-        let catalog = self.0.catalog().await?;
-        let ns = namespace(&self.0.config)?;
-        commit_epochs(catalog, &ns, &owner, &generation, epoch, &d.epochs).await
-    }
-}
-
-/// Removes undecided staging without the writer: the prefixes each intent names, once
-/// each is known to be this context's staging in the warehouse.
-pub struct IcebergCleaner(Arc<Detached>);
-
-#[async_trait]
-impl AbortCleaner for IcebergCleaner {
-    async fn clean(&self, undecided: &[Undecided]) -> Result<()> {
-        if undecided.is_empty() {
-            return Ok(());
-        }
-        let storage = self.0.catalog().await?.storage();
-        let attempt = attempt(&self.0.context);
-        for u in undecided {
-            for prefix in intent_prefixes(u)? {
-                remove_staging(storage, &attempt, false, prefix).await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// An epoch folder's generation (`None`: before generations) and epoch, from its name
-/// (`<generation>-<epoch>` or `<epoch>`); `None`: not an epoch folder.
-pub(crate) fn epoch_folder(name: &str) -> Option<(Option<String>, u64)> {
-    match name.split_once('-') {
-        Some((generation, epoch)) => Some((Some(generation.to_string()), epoch.parse().ok()?)),
-        None => Some((None, name.parse().ok()?)),
     }
 }
 
@@ -865,45 +566,7 @@ impl EpochSink for IcebergSink {
     }
 
     async fn recover(&mut self, recovery: &Recovery) -> Result<()> {
-        if !recovery.undecided_cleaned {
-            for undecided in &recovery.undecided {
-                for p in intent_prefixes(undecided)? {
-                    self.remove_prefix(p).await?;
-                }
-            }
-        }
-        let decided = match &recovery.decided {
-            Some(decided) => Some(Descriptor::parse(&decided.descriptor, &self.owner()?)?),
-            None => None,
-        };
-        let generation = match decided.as_ref().map(|d| d.generation.clone()) {
-            Some(Some(generation)) => generation,
-            // Decided by the release before generations: its snapshots are this log's.
-            Some(None) => Generation::mint(true),
-            // A new log (or one that never decided anything to apply): a new generation.
-            None => Generation::mint(false),
-        };
-        tracing::info!(
-            generation = generation.id,
-            adopts_unstamped = generation.adopts_unstamped,
-            "the Iceberg sink's generation"
-        );
-        self.generation = Some(generation);
-        let decided_epoch = decided.as_ref().map(|d| d.epoch);
-        if let Some(d) = decided {
-            self.pending = d.epochs;
-            if d.commit {
-                if recovery.decided_applied {
-                    // The committer put them in the tables already.
-                    self.pending.clear();
-                } else {
-                    self.commit_pending(d.epoch).await?;
-                }
-            }
-        }
-        self.sync_upsert().await?;
-        self.refuse_tables_ahead_of_the_log(decided_epoch).await?;
-        self.sweep_orphans().await
+        self.recover_tables(recovery).await
     }
 
     fn checkpoint_artifact_intent(&self, epoch: u64) -> Option<Value> {

@@ -19,7 +19,7 @@
 use super::{ATTEMPTS, Options, SUMMARY_MAINTENANCE, ancestry, external, load};
 use crate::catalog::SqlCatalog;
 use crate::commit::SUMMARY_DEPLOYMENT;
-use crate::rebase::COMPACTED_PREFIX;
+use crate::rowdelta::rebase::COMPACTED_PREFIX;
 use crate::rowdelta::{self, Entry, NewSnapshot};
 use crate::staging::{Staging, WriterSpec};
 use arrow_array::RecordBatch;
@@ -142,7 +142,7 @@ async fn plan(table: &Table, live: &Live, target: u64) -> Result<Option<Plan>> {
     for entry in entries().filter(|e| e.content_type() == DataContentType::PositionDeletes) {
         let named = match entry.data_file().referenced_data_file() {
             Some(one) => vec![one],
-            None => crate::rebase::deleted_files(table, entry.file_path())
+            None => crate::rowdelta::rebase::deleted_files(table, entry.file_path())
                 .await
                 .map_err(|e| external(format!("cannot read {}", entry.file_path()), e))?,
         };

@@ -13,8 +13,8 @@
 
 use super::{Options, ancestry, load};
 use crate::catalog::SqlCatalog;
+use crate::commit::{STAGING_DIR, epoch_folder};
 use crate::commit::{SUMMARY_DEPLOYMENT, SUMMARY_GENERATION, SUMMARY_TXN};
-use crate::driver::{STAGING_DIR, epoch_folder};
 use iceberg::TableIdent;
 use iceberg::spec::TableMetadata;
 use sluice_sink_sdk::Result;

@@ -21,8 +21,8 @@
 //! Only the conflict path reads data files: a commit whose deletes name live files only
 //! (every commit without a compaction in between) reads the live data manifests alone.
 
+use super::write_position_deletes;
 use crate::read::json_value;
-use crate::rowdelta::write_position_deletes;
 use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind};

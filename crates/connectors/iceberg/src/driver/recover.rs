@@ -1,0 +1,210 @@
+//! Recovery of the Iceberg sink: what a restart finds in the warehouse and the tables
+//! made right before the first epoch, and what must not be made right refused.
+//!
+//! ```text
+//!  undecided epochs' staging ─▶ removed (unless the cleaner did it)
+//!  decided descriptor        ─▶ its generation adopted; applied (unless the committer did)
+//!  a table ahead of the log  ─▶ refused: a log restored from an older backup, or an
+//!                               upsert view of another run (the operator chooses)
+//!  the upsert index          ─▶ brought to the tables
+//!  our staging folders       ─▶ files no snapshot and no decided epoch holds, removed
+//! ```
+
+use super::detached::{intent_prefixes, remove_staging};
+use super::{IcebergSink, Result, load_optional};
+use crate::commit::{self, Descriptor, Generation, epoch_folder};
+use iceberg::Catalog;
+use sluice_sink_sdk::{Recovery, SinkError};
+use std::collections::HashSet;
+
+impl IcebergSink {
+    /// `EpochSink::recover`: undecided staging removed, the generation taken from the
+    /// decided descriptor (or minted), that descriptor applied, tables ahead of the log
+    /// refused, the upsert index brought to the tables, and orphans swept.
+    pub(super) async fn recover_tables(&mut self, recovery: &Recovery) -> Result<()> {
+        if !recovery.undecided_cleaned {
+            for undecided in &recovery.undecided {
+                for p in intent_prefixes(undecided)? {
+                    self.remove_prefix(p).await?;
+                }
+            }
+        }
+        let decided = match &recovery.decided {
+            Some(decided) => Some(Descriptor::parse(&decided.descriptor, &self.owner()?)?),
+            None => None,
+        };
+        let generation = match decided.as_ref().map(|d| d.generation.clone()) {
+            Some(Some(generation)) => generation,
+            // Decided by the release before generations: its snapshots are this log's.
+            Some(None) => Generation::mint(true),
+            // A new log (or one that never decided anything to apply): a new generation.
+            None => Generation::mint(false),
+        };
+        tracing::info!(
+            generation = generation.id,
+            adopts_unstamped = generation.adopts_unstamped,
+            "the Iceberg sink's generation"
+        );
+        self.generation = Some(generation);
+        let decided_epoch = decided.as_ref().map(|d| d.epoch);
+        if let Some(d) = decided {
+            self.pending = d.epochs;
+            if d.commit {
+                if recovery.decided_applied {
+                    // The committer put them in the tables already.
+                    self.pending.clear();
+                } else {
+                    self.commit_pending(d.epoch).await?;
+                }
+            }
+        }
+        self.refuse_tables_ahead_of_the_log(decided_epoch).await?;
+        self.sync_upsert().await?;
+        self.sweep_orphans().await
+    }
+
+    /// Refuses a table that is ahead of the recovery log, which the log's next epochs
+    /// would then be applied to twice:
+    /// - a table holding an epoch of this generation above the last one the log
+    ///   decided (`decided`): the log was restored from an older backup, so its
+    ///   transactions after that would be read and numbered again, and skipped or
+    ///   counted twice where their boundaries differ from the first time's;
+    /// - an upsert table whose last snapshot is this materialization's of another
+    ///   deployment or generation: the log (and the deployment id beside it) was
+    ///   removed or replaced, or another copy of the pipeline writes the table, so input
+    ///   would be reduced onto the rows that run left (which Load answers) once more.
+    ///   A change log is safe there (its generations tell its runs apart).
+    ///
+    /// Either way the operator chooses: restore the newest log, or drop the table.
+    async fn refuse_tables_ahead_of_the_log(&self, decided: Option<u64>) -> Result<()> {
+        let Some(catalog) = self.catalog.clone() else {
+            return Ok(());
+        };
+        let owner = self.owner()?;
+        let generation = self.generation()?;
+        for (binding, bound) in self.tables.iter().enumerate() {
+            let Some(table) = load_optional(&catalog, &bound.ident).await? else {
+                continue;
+            };
+            let committed = commit::committed_txn(table.metadata(), &owner, generation)?;
+            if let Some(committed) = committed.filter(|&c| decided.is_none_or(|d| c > d)) {
+                return Err(SinkError::Config(format!(
+                    "Iceberg table {} holds epoch {committed} of materialization {}, but its \
+                     recovery log decided {}: the log was restored from an older backup, and \
+                     the transactions after it would be applied to the table again. Restore \
+                     the newest copy of the recovery log, or drop the table and run `sluice \
+                     apply` to start over",
+                    bound.ident,
+                    owner.materialization,
+                    decided.map_or("no epoch".to_string(), |d| format!("epochs up to {d} only")),
+                )));
+            }
+            if !self.upsert.is_upsert(binding) {
+                continue;
+            }
+            let Some(last) = table.metadata().current_snapshot() else {
+                continue;
+            };
+            let summary = &last.summary().additional_properties;
+            let stamped = summary.get(commit::SUMMARY_GENERATION);
+            let this_run = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
+                && generation.owns(stamped);
+            if summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
+                && !this_run
+            {
+                return Err(SinkError::Config(format!(
+                    "Iceberg table {} (mode: upsert) holds the view of another run of \
+                     materialization {} (deployment {}, generation {}): its recovery log \
+                     was removed or replaced, or another copy of the pipeline writes the \
+                     table, so the input would be read again from the beginning and reduced \
+                     onto those rows, counting it twice. Drop the table and run `sluice \
+                     apply` to start over, or restore the recovery log",
+                    bound.ident,
+                    owner.materialization,
+                    summary
+                        .get(commit::SUMMARY_DEPLOYMENT)
+                        .map_or("?", String::as_str),
+                    stamped.map_or("from before generations", String::as_str),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the files under our attempt prefixes that no snapshot of the table and no
+    /// decided pending epoch holds, in this generation's epoch folders above the table's
+    /// last epoch of it (`sluice.txn`): the folders of committed epochs are left alone,
+    /// so a clean restart reads no manifest, and so are another generation's (a run
+    /// before a reset: what it left is not this run's to judge). A file is removed only
+    /// after the manifests of every snapshot were read and none names it (the ancestry
+    /// alone could undercount, after an expired snapshot).
+    async fn sweep_orphans(&mut self) -> Result<()> {
+        let catalog = self.catalog.clone().expect("open");
+        let owner = self.owner()?;
+        let generation = self.generation()?.clone();
+        let keep: HashSet<&str> = self
+            .pending
+            .iter()
+            .flat_map(|e| e.files.iter().map(|f| f.path.as_str()))
+            .collect();
+        for bound in &self.tables {
+            let dir = format!("{}/", bound.attempt_prefix);
+            let files = catalog.storage().list(&bound.attempt_prefix).await?;
+            if files.is_empty() {
+                continue;
+            }
+            let table = catalog
+                .load_table(&bound.ident)
+                .await
+                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let committed = commit::committed_txn(table.metadata(), &owner, &generation)?;
+            let candidates: Vec<String> = files
+                .into_iter()
+                .filter(|p| {
+                    // `<attempt prefix>/<generation>-<epoch>/<file>` (`<epoch>` before
+                    // generations); anything else is a candidate too.
+                    let folder = (p.strip_prefix(&dir))
+                        .and_then(|rest| rest.split('/').next().filter(|_| rest.contains('/')));
+                    match folder.map(epoch_folder) {
+                        Some(Some((of, _))) if !generation.owns(of.as_ref()) => false,
+                        Some(Some((_, e))) => committed.is_none_or(|c| e > c),
+                        _ => true,
+                    }
+                })
+                .filter(|p| !keep.contains(p.as_str()))
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            let referenced = crate::read::referenced_files(&table).await?;
+            for path in candidates {
+                if !referenced.contains(&path) {
+                    tracing::info!(%path, "removing an orphaned Iceberg staging file");
+                    catalog
+                        .file_io()
+                        .delete(&path)
+                        .await
+                        .map_err(|e| SinkError::External(format!("cannot remove {path}: {e}")))?;
+                }
+            }
+            catalog
+                .storage()
+                .remove_empty_dirs(&bound.attempt_prefix)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Removes a staging prefix an intent named, after checking it is ours.
+    pub(super) async fn remove_prefix(&mut self, prefix: &str) -> Result<()> {
+        let attempt = self.attempt()?;
+        let catalog = self.catalog.as_ref().expect("open");
+        // Ours: under a bound table's attempt prefix, or (a table since unbound) under
+        // the warehouse with our attempt's folder in it.
+        let of_bound = self
+            .tables
+            .iter()
+            .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
+        remove_staging(catalog.storage(), &attempt, of_bound, prefix).await
+    }
+}
