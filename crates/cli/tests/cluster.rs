@@ -405,8 +405,8 @@ fn members_ride_out_an_etcd_restart_and_the_end_is_exact() {
 fn a_part_that_keeps_state_on_one_machine_is_refused_naming_why() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = pipeline_yaml(
-        "    http: {listen: \"127.0.0.1:0\", token: secret}",
-        "sqlite: {path: views.db}",
+        "    file: {path: views.jsonl, format: json}",
+        "files: {directory: out}",
         false,
         100,
         "1s",
@@ -422,10 +422,14 @@ fn a_part_that_keeps_state_on_one_machine_is_refused_naming_why() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("sources.views-file") && err.contains("http cannot run under `cluster:`"),
+        err.contains("materializations.views-db.endpoint")
+            && err.contains("files cannot run under `cluster:`"),
         "{err}"
     );
-    assert!(err.contains("idempotency keys"), "{err}");
+    assert!(
+        err.contains("keeps its view beside the local recovery log"),
+        "{err}"
+    );
 }
 
 /// `sluice check` of the pipeline over `endpoint` with a `cluster:` section: its stderr

@@ -12,6 +12,8 @@
 //! - `pack.rs`: an intent as etcd stores it, each step's position a patch of the one
 //!   before (pure)
 //! - `member.rs`: the member: join, first shards, first Apply, the reconcile loop
+//! - `standby.rs`: every member listens for a listening source (HTTP); the ones not
+//!   holding its shard answer naming the holder
 //! - `wake.rs`: what wakes the reconcile loop: etcd watches of the keys it reads, its
 //!   loops ending, a safety net
 //! - `admin.rs`: `sluice shards list | split`
@@ -24,6 +26,7 @@ pub mod keys;
 pub mod log;
 pub mod member;
 pub mod pack;
+pub mod standby;
 pub mod wake;
 
 pub use member::{ClusterError, connect, run};

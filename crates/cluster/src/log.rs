@@ -106,8 +106,9 @@ impl SharedLog {
                 log: self.dir.clone(),
                 bytes: bytes.len(),
                 limit: MAX_RECORD,
-                hint: " (a cluster keeps shard logs in etcd: a source journaling whole \
-                       request bodies does not fit there)",
+                hint: " (a cluster keeps shard logs in etcd: an http source journals its \
+                       transaction's bodies in the intent, so keep runtime.transactions.\
+                       max_bytes and its max_body_bytes at 256KiB or less there)",
             });
         }
         Ok(bytes)

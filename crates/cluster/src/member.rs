@@ -1,7 +1,8 @@
 //! One member of a cluster: `sluice run` of a pipeline file with a `cluster:` section.
 //!
 //! ```text
-//!  join:  lease (TTL) ── P/members/<me> with it ── first shards of each materialization
+//!  join:  standby listeners (standby.rs) ── lease (TTL) ── P/members/<me> with it
+//!         (publishing their addresses) ── first shards of each materialization
 //!         (once, by CAS on P/init/<mat>) ── first Apply (under P/lock/apply/<mat>)
 //!  at each wake-up (wake.rs: a change to the watched keys, a loop that returned, a
 //!  backoff or publishing that is due, or at most SAFETY_NET after the last):
@@ -33,6 +34,7 @@ use crate::assign::{self, Action, Held, View};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
 use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
 use crate::log::SharedLog;
+use crate::standby::{Listens, MemberValue, Standbys, read_listens};
 use crate::wake::{self, Wake};
 use sluice_runtime::applied;
 use sluice_runtime::config::{ClusterDef, Pipeline};
@@ -100,8 +102,13 @@ pub async fn run(
     let cluster = cluster_of(pipeline);
     let (etcd, keys) = connect(cluster)?;
     let me = cluster.member.clone();
+    let standbys = Standbys::start(pipeline);
     let lease = etcd.grant(cluster.lease_ttl).await?;
-    let member_value = serde_json::json!({"pid": std::process::id()}).to_string();
+    let member_value = MemberValue {
+        pid: std::process::id(),
+        listens: standbys.addresses(),
+    };
+    let member_value = serde_json::to_string(&member_value).expect("serializes");
     let joined = etcd
         .txn(
             vec![Cond::Absent(keys.member(&me))],
@@ -139,6 +146,7 @@ pub async fn run(
         keys,
         me: me.clone(),
         lease,
+        standbys,
         lost,
         held: BTreeMap::new(),
         failing: BTreeMap::new(),
@@ -240,6 +248,8 @@ struct Member {
     keys: Keys,
     me: String,
     lease: i64,
+    /// The listeners of the sources whose shards this member does not run.
+    standbys: Standbys,
     /// Says why, once the lease has expired.
     lost: watch::Receiver<Option<String>>,
     held: BTreeMap<ShardId, Running>,
@@ -296,7 +306,8 @@ impl Member {
             self.reap().await;
             self.end_backoffs().await;
             match self.view().await {
-                Ok(mut view) => {
+                Ok((mut view, listens)) => {
+                    self.standbys.follow(&self.me, &view, &listens);
                     // What this member backs off from, also if publishing it failed.
                     for (shard, failing) in &self.failing {
                         if let Some(state) = view.shards.get_mut(shard)
@@ -343,6 +354,7 @@ impl Member {
             }
         }
         self.wake.stop().await;
+        self.standbys.stop_all().await;
         outcome.map(|()| self.summaries.into_iter().collect())
     }
 
@@ -461,8 +473,9 @@ impl Member {
         }
     }
 
-    /// The members, shards and assignments as etcd holds them now.
-    async fn view(&self) -> Result<View, EtcdError> {
+    /// The members, shards and assignments as etcd holds them now, and the addresses
+    /// the members publish.
+    async fn view(&self) -> Result<(View, BTreeMap<String, Listens>), EtcdError> {
         let (members, _) = self.etcd.get_prefix(&self.keys.members()).await?;
         let (shards, _) = self.etcd.get_prefix(&self.keys.shards()).await?;
         let (assignments, _) = self.etcd.get_prefix(&self.keys.assignments()).await?;
@@ -480,7 +493,7 @@ impl Member {
                 }
             }
         }
-        Ok(view)
+        Ok((view, read_listens(&self.keys, &members)))
     }
 
     /// Carries out one action of the plan.
@@ -509,6 +522,10 @@ impl Member {
                 let token = claimed.revision;
                 let (stop, stopped) = watch::channel(false);
                 let splitting = view.shards.get(&shard).is_some_and(|s| s.splitting);
+                if !splitting {
+                    // Its sources' addresses free before they bind them.
+                    self.standbys.stop_for(&shard.materialization).await;
+                }
                 let task = (!splitting).then(|| {
                     let log = SharedLog::new(self.etcd.clone(), &self.keys, &shard, token);
                     tracing::info!(%shard, token, "claimed; recovering from its log");
@@ -567,6 +584,13 @@ impl Member {
             .collect();
         for shard in done {
             let running = self.held.remove(&shard).expect("listed above");
+            if !self
+                .held
+                .keys()
+                .any(|s| s.materialization == shard.materialization)
+            {
+                self.standbys.resume_for(&shard.materialization);
+            }
             let result = match running.task {
                 Some(task) => match task.await {
                     Ok((summary, result)) => {

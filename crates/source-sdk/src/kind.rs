@@ -14,6 +14,11 @@
 //! opening. A [`SourceConfig`] opens as often as the runtime restarts its loop, each
 //! time a source at the start of its input, and once more for `sluice check`: `open`
 //! connects to nothing and binds nothing (a source does that on its first command).
+//!
+//! A kind that listens for its input (an HTTP server) may also provide a [`Standby`]:
+//! under `cluster:` every member listens on the source's address, and a member that
+//! does not hold the source's shard answers there for the holder (a refusal naming it),
+//! so a client behind a load balancer finds the holder.
 
 use crate::config::{self, InvalidConfig};
 use crate::health::Health;
@@ -27,6 +32,31 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
+
+/// The member of a cluster holding a shard, as a [`Standby`] names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its member id (`cluster.member`).
+    pub member: String,
+    /// The address it listens on for this source, as it published it; `None` if it
+    /// published none.
+    pub address: Option<String>,
+}
+
+/// What a cluster member runs on a listening source's address while another member
+/// holds the source's shard: every request is refused, naming the holder. Started by
+/// [`SourceConfig::standby`] (it binds in the background, waiting for the address to be
+/// free); stopped before this member runs the shard itself.
+#[async_trait::async_trait]
+pub trait Standby: Send + Sync {
+    /// The address the source listens on, for the member to publish (the configured
+    /// one: clients of every member reach it there).
+    fn address(&self) -> String;
+    /// Who holds the shard now (`None`: nobody, between holders); what refusals name.
+    fn set_holder(&self, holder: Option<Holder>);
+    /// Stops listening; returns once the address is free for the source itself.
+    async fn stop(self: Box<Self>);
+}
 
 /// A kind of source: its key in the pipeline file, its configuration, how to open it.
 pub trait SourceKind: 'static {
@@ -56,6 +86,13 @@ pub trait SourceKind: 'static {
 
     /// Opens the source `opening.name` at the start of its input.
     fn open(opening: &Opening<'_>, config: &Self::Config) -> Result<Box<dyn Source>, SourceError>;
+
+    /// For a kind that listens for its input: starts the [`Standby`] of source `name` on
+    /// its address (called on a Tokio runtime; it binds on a task of its own). `None`
+    /// (the default): this kind does not listen.
+    fn standby(_name: &str, _config: &Self::Config) -> Option<Box<dyn Standby>> {
+        None
+    }
 }
 
 /// What the runtime tells a source it opens: its name, and the materialization shard it
@@ -71,6 +108,10 @@ pub struct Opening<'a> {
     /// keys). Created by the source when it needs it; one process holds it at a time
     /// (the recovery log's lock).
     pub state_dir: &'a Path,
+    /// The shard this instance feeds may move to another machine with its recovery log
+    /// (a cluster's shard, its log in etcd): `state_dir` stays on this machine, so what
+    /// the source must find again after a move belongs in its resume positions.
+    pub shard_moves: bool,
     /// The run keeps reading once its sources caught up (`sluice run --follow`): a
     /// source that can tail its input (a file) tails it, as its own setting would.
     pub follow: bool,
@@ -94,6 +135,7 @@ impl<'a> Opening<'a> {
             name,
             materialization: name,
             state_dir,
+            shard_moves: false,
             follow: false,
             intake: None,
             health: Health::none(),
@@ -171,6 +213,7 @@ pub struct SourceConfig(Arc<dyn Parsed>);
 trait Parsed: Send + Sync {
     fn kind(&self) -> &'static str;
     fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError>;
+    fn standby(&self, name: &str) -> Option<Box<dyn Standby>>;
     fn config(&self) -> &dyn Any;
     fn debug(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
 }
@@ -184,6 +227,10 @@ impl<K: SourceKind> Parsed for Typed<K> {
 
     fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError> {
         K::open(opening, &self.0)
+    }
+
+    fn standby(&self, name: &str) -> Option<Box<dyn Standby>> {
+        K::standby(name, &self.0)
     }
 
     fn config(&self) -> &dyn Any {
@@ -204,6 +251,12 @@ impl SourceConfig {
     /// Opens the source `opening.name` at the start of its input.
     pub fn open(&self, opening: &Opening<'_>) -> Result<Box<dyn Source>, SourceError> {
         self.0.open(opening)
+    }
+
+    /// Starts the [`Standby`] of source `name` if its kind listens
+    /// ([`SourceKind::standby`]).
+    pub fn standby(&self, name: &str) -> Option<Box<dyn Standby>> {
+        self.0.standby(name)
     }
 
     /// The configuration, if its kind's configuration type is `C`.

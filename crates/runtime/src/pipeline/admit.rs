@@ -65,6 +65,7 @@ pub(super) fn open_to_look(
         name: source,
         materialization,
         state_dir: &pipeline.source_state_dir(materialization, source),
+        shard_moves: pipeline.cluster.is_some(),
         follow: false,
         intake: None,
         health: Health::none(),

@@ -142,6 +142,7 @@ impl Launcher {
                         ),
                         materialization: m.name.clone(),
                         state_dir: pipeline.source_state_dir(&m.name, name),
+                        shard_moves: pipeline.cluster.is_some(),
                         follow: opts.follow,
                         name: name.clone(),
                         def: def.clone(),
@@ -291,6 +292,8 @@ struct SourceFeed {
     name: String,
     materialization: String,
     state_dir: std::path::PathBuf,
+    /// A cluster's shard: it may move to another machine (`Opening::shard_moves`).
+    shard_moves: bool,
     /// The run follows its sources (`--follow`).
     follow: bool,
     def: config::SourceDef,
@@ -307,6 +310,7 @@ impl SourceFeed {
             name: &self.name,
             materialization: &self.materialization,
             state_dir: &self.state_dir,
+            shard_moves: self.shard_moves,
             follow: self.follow,
             intake: Some(&self.intake),
             health,

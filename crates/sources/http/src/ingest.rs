@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  handler: accept ──▶ queue (seq order) ──take (whole bodies)──▶ step of the reader
-//!             │          └ a keyed body is queueable once its key is durable (writer)
+//!             │          └ a keyed body is queueable once its key is durable (writer;
+//!             │            at once when the keys travel in the positions: keys.rs)
 //!             └──▶ waiting[seq] ◀── commit(txn, seq): answered 200 {txn, documents[, dead_lettered]}
 //! ```
 //!
@@ -19,7 +20,7 @@
 
 use crate::body::{Batch, Checked, frame, hash};
 use crate::config::HttpConfig;
-use crate::keys::{Command, KeyEntry, KeyTable, Writer, now_ms};
+use crate::keys::{CARRIED_BUDGET, Command, KeyEntry, KeyPlace, KeyTable, Writer, now_ms};
 use serde_json::json;
 use sluice_source_sdk::{Intake, Position, QueueLimits, Queued, Records, Resume, Step};
 use std::collections::{BTreeMap, VecDeque};
@@ -50,6 +51,10 @@ pub enum Outcome {
     Wait(oneshot::Receiver<Answer>),
     /// The buffer is full: 429.
     Busy,
+    /// The window holds as many keys as a cluster's shard log can carry: 429.
+    KeysFull {
+        keys: usize,
+    },
 }
 
 pub struct Shared {
@@ -58,6 +63,8 @@ pub struct Shared {
     pub config: HttpConfig,
     /// The check of a body's documents against the collection the source feeds.
     pub intake: Option<Intake>,
+    /// Where the keys are kept.
+    place: KeyPlace,
     state: Mutex<State>,
     /// Wakes the reader's [`Shared::ready`] when a body becomes queueable.
     ready: Notify,
@@ -119,10 +126,12 @@ pub struct Pending {
 impl Shared {
     /// The state after recovery: sequence numbers go on after `handed`; `pending` are
     /// the keyed bodies of the replayed transaction; `keys` what the keys file holds.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: &str,
         config: &HttpConfig,
         intake: Option<Intake>,
+        place: KeyPlace,
         handed: u64,
         pending: Vec<Pending>,
         keys: KeyTable,
@@ -145,6 +154,7 @@ impl Shared {
             name: name.to_string(),
             config: config.clone(),
             intake,
+            place,
             state: Mutex::new(State {
                 next_seq: handed + 1,
                 queue: VecDeque::new(),
@@ -231,6 +241,17 @@ impl Shared {
         if state.paused || state.buffered + batch.bytes() > self.config.max_buffered_bytes {
             return Outcome::Busy;
         }
+        if key.is_some()
+            && self.place == KeyPlace::Positions
+            && state.keys.carried_bytes() >= CARRIED_BUDGET
+        {
+            state.keys.expire(now);
+            if state.keys.carried_bytes() >= CARRIED_BUDGET {
+                return Outcome::KeysFull {
+                    keys: state.keys.len(),
+                };
+            }
+        }
         let seq = state.next_seq;
         state.next_seq += 1;
         let (tx, rx) = oneshot::channel();
@@ -251,23 +272,20 @@ impl Shared {
             key: key.clone(),
             at: now,
             batch,
-            durable: key.is_none(),
+            durable: key.is_none() || self.place == KeyPlace::Positions,
         });
-        match key {
-            None => {
-                drop(state);
-                self.ready.notify_one();
-            }
-            Some(key) => {
-                let entry = KeyEntry {
-                    key,
-                    seq,
-                    docs,
-                    dead_lettered,
-                    at: now,
-                    txn: None,
-                };
-                state.keys.insert(entry.clone());
+        if let Some(key) = key {
+            let entry = KeyEntry {
+                key,
+                seq,
+                docs,
+                dead_lettered,
+                at: now,
+                txn: None,
+            };
+            state.keys.insert(entry.clone());
+            if self.place == KeyPlace::File {
+                // Queueable once the writer made it durable ([`Shared::durable`]).
                 let sent = state
                     .writer
                     .as_ref()
@@ -275,8 +293,11 @@ impl Shared {
                 if !sent && state.phase == Phase::Running {
                     state.phase = Phase::Failed("the idempotency keys writer stopped".into());
                 }
+                return Outcome::Wait(rx);
             }
         }
+        drop(state);
+        self.ready.notify_one();
         Outcome::Wait(rx)
     }
 
@@ -320,7 +341,14 @@ impl Shared {
             end_of_input: false,
             advances: false,
             unit_continues: false,
-            resume: resume(state.handed, data),
+            resume: match self.place {
+                KeyPlace::Positions if records > 0 => {
+                    let carried = state.keys.carried(state.handed, now_ms());
+                    resume(state.handed, Some(carried), data)
+                }
+                // An empty step is dropped: its position is never checkpointed.
+                _ => resume(state.handed, None, data),
+            },
         })
     }
 
@@ -468,10 +496,15 @@ fn lookup(state: &mut State, key: &str, now: u64) -> Option<Outcome> {
     Some(Outcome::Wait(rx))
 }
 
-/// The resume of a step ending at sequence number `last`, holding the framed `data`.
-pub fn resume(last: u64, data: Vec<u8>) -> Resume {
+/// The resume of a step ending at sequence number `last`, holding the framed `data`;
+/// its position carries `keys` when they travel in the positions.
+pub fn resume(last: u64, keys: Option<crate::keys::CarriedKeys>, data: Vec<u8>) -> Resume {
+    let mut position = json!({ "seq": last });
+    if let Some(keys) = keys {
+        position["keys"] = serde_json::to_value(keys).expect("keys serialize");
+    }
     Resume::Replay {
-        position: json!({ "seq": last }),
+        position,
         hash: hash(&data),
         data: Some(data),
     }
@@ -489,5 +522,83 @@ pub fn push_records(name: &str, seq: u64, batch: &Batch, out: &mut Records) {
             unit: sluice_source_sdk::Unit::Line,
         };
         out.push_json(doc, position, doc.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::time::Duration;
+
+    fn shared(place: KeyPlace, keys: KeyTable) -> Arc<Shared> {
+        let config: HttpConfig =
+            serde_json::from_value(json!({"listen": "127.0.0.1:0", "token": "t"})).unwrap();
+        Shared::new("views", &config, None, place, 0, Vec::new(), keys, false)
+    }
+
+    fn body() -> Checked {
+        Checked {
+            batch: Batch::parse(b"{\"n\": 1}").unwrap(),
+            dead_lettered: 0,
+        }
+    }
+
+    /// In a cluster the keys travel in the positions: a window holding what a shard's
+    /// record can carry refuses a new keyed body (429), never drops a key early; a body
+    /// without a key is still taken, and one process (a keys file) has no such bound.
+    #[test]
+    fn a_window_full_of_carried_keys_refuses_a_keyed_body() {
+        let mut keys = KeyTable::new(Duration::from_secs(600));
+        let now = now_ms();
+        let mut seq = 0;
+        while keys.carried_bytes() < CARRIED_BUDGET {
+            seq += 1;
+            keys.insert(KeyEntry {
+                key: format!("{seq:036}"),
+                seq,
+                docs: 1,
+                dead_lettered: 0,
+                at: now,
+                txn: Some(1),
+            });
+        }
+        let cluster = shared(KeyPlace::Positions, keys.clone());
+        match cluster.accept(body(), Some("new".into())) {
+            Outcome::KeysFull { keys } => assert_eq!(keys, seq as usize),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(cluster.accept(body(), None), Outcome::Wait(_)));
+        let one_process = shared(KeyPlace::File, keys);
+        assert!(matches!(
+            one_process.accept(body(), Some("new".into())),
+            Outcome::Wait(_)
+        ));
+    }
+
+    /// A step's position carries the keys of its bodies and earlier ones (never those of
+    /// bodies still queued): what commits with it.
+    #[test]
+    fn a_position_carries_the_keys_of_the_bodies_up_to_it() {
+        let cluster = shared(KeyPlace::Positions, KeyTable::new(Duration::from_secs(600)));
+        let _first = cluster.accept(body(), Some("a".into()));
+        let limits = QueueLimits {
+            max_records: 1,
+            max_bytes: 1 << 20,
+        };
+        let mut out = Records::default();
+        let step = cluster.take(limits, &mut out).unwrap();
+        let _second = cluster.accept(body(), Some("b".into()));
+        let position = step.resume.position().unwrap();
+        assert_eq!(position["seq"], 1);
+        let carried = position["keys"].as_object().unwrap();
+        assert_eq!(carried.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(carried["a"][0], 1, "its seq");
+        assert_eq!(carried["a"][4], Value::Null, "not known to have committed");
+        cluster.commit(3, 1);
+        let step = cluster.take(limits, &mut out).unwrap();
+        let position = step.resume.position().unwrap();
+        assert_eq!(position["keys"]["a"][4], 3);
+        assert_eq!(position["keys"]["b"][0], 2);
     }
 }

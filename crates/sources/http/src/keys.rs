@@ -1,5 +1,6 @@
 //! Idempotency keys: which request each key named, and whether it committed, kept
-//! durably in `keys.jsonl` in the source's state folder.
+//! durably in `keys.jsonl` in the source's state folder, or, for a cluster's shard, in
+//! the source's resume positions ([`KeyPlace`]).
 //!
 //! ```text
 //!  POST with Idempotency-Key ──▶ Record {key, seq, docs, at} ──▶ writer thread: append,
@@ -33,6 +34,19 @@
 //!
 //! Threads: the file belongs to one writer thread per source instance
 //! ([`Writer::spawn`]), fed over a channel; its fsyncs never run on an async worker.
+//!
+//! **In a cluster** ([`KeyPlace::Positions`]) the shard moves between machines and the
+//! keys file would stay behind, so the keys travel in the recovery log instead: every
+//! step's position carries the keys of the window whose bodies are in that step or
+//! earlier ones (`{"seq": S, "keys": {key: [seq, docs, dead_lettered, at, txn]}}`,
+//! [`KeyTable::carried`]; `txn` null while that commit is not yet known). A position
+//! commits with its transaction, in the same record (and the store's copy of it), so
+//! whatever commits a body commits its key: there is no write between the two for a
+//! kill to fall in, and no file. A keyed body is queueable at once; its key is durable
+//! with the intent that journals the body (its framing names the key), and a new holder
+//! learns every key from the position it resumes from and the bodies it replays, by the
+//! same [`recover`]. What a record can carry bounds the window's keys
+//! ([`CARRIED_BUDGET`]): past it a keyed request is refused (429) until keys expire.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -43,6 +57,33 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub const FILE: &str = "keys.jsonl";
+
+/// Where a source keeps its keys (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPlace {
+    /// The keys file in the state folder (one process).
+    File,
+    /// The resume positions, so the recovery log holds them (a cluster's shard).
+    Positions,
+}
+
+/// The most the keys carried in a position may take (JSON): the shard's etcd records
+/// hold at most 1 MiB (a commit carries the keys once; an intent carries them once and
+/// the step's journaled bodies beside them), so 384 KiB leaves the bodies of a
+/// transaction about 450 KiB. About 6,000 keys of 36 characters (UUIDs).
+pub const CARRIED_BUDGET: usize = 384 << 10;
+
+/// A key as a position carries it: `[seq, docs, dead_lettered, at, txn]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Carried(u64, u64, u64, u64, Option<u64>);
+
+/// The keys a position carries, by key.
+pub type CarriedKeys = BTreeMap<String, Carried>;
+
+/// What one carried key costs in a position, about: its key, quotes, and five numbers.
+fn carried_size(entry: &KeyEntry) -> usize {
+    entry.key.len() + 48
+}
 const FORMAT: &str = "sluice-http-keys";
 const VERSION: u32 = 1;
 
@@ -73,7 +114,7 @@ fn is_zero(n: &u64) -> bool {
 /// One line of the file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
-enum Line {
+pub enum Line {
     Header { format: String, version: u32 },
     Key(KeyEntry),
     Marker { committed: u64, seq: u64 },
@@ -178,6 +219,23 @@ impl KeyTable {
     pub fn entries(&self) -> impl Iterator<Item = &KeyEntry> {
         self.live.values()
     }
+
+    /// The keys a position after body `upto` carries: those of bodies up to it, pending
+    /// or committed within the window.
+    pub fn carried(&self, upto: u64, now: u64) -> CarriedKeys {
+        (self.live.values())
+            .filter(|e| e.seq <= upto && (e.txn.is_none() || !self.expired(e.at, now)))
+            .map(|e| {
+                let carried = Carried(e.seq, e.docs, e.dead_lettered, e.at, e.txn);
+                (e.key.clone(), carried)
+            })
+            .collect()
+    }
+
+    /// What the live keys take in a position, about ([`CARRIED_BUDGET`]).
+    pub fn carried_bytes(&self) -> usize {
+        self.live.values().map(carried_size).sum()
+    }
 }
 
 /// The commit a source starts from: its recovered checkpoint's transaction, and the
@@ -262,15 +320,27 @@ fn read_lines(path: &Path) -> Result<Vec<Line>, ReadError> {
 }
 
 /// What a source starting from `start`, having replayed `replayed`, remembers of the
-/// keys in `lines` (see the module docs): pure, so every case is a table test.
-fn recover(
+/// keys in `lines` and those its position carried (see the module docs): pure, so every
+/// case is a table test.
+pub fn recover(
     lines: Vec<Line>,
+    carried: &CarriedKeys,
     start: Option<StartCommit>,
     replayed: &[Replayed],
     now: u64,
     window: Duration,
 ) -> KeyTable {
     let mut table = KeyTable::new(window);
+    for (key, &Carried(seq, docs, dead_lettered, at, txn)) in carried {
+        table.insert(KeyEntry {
+            key: key.clone(),
+            seq,
+            docs,
+            dead_lettered,
+            at,
+            txn,
+        });
+    }
     for line in lines {
         match line {
             Line::Key(entry) => table.insert(entry),
@@ -331,6 +401,7 @@ fn rewrite(path: &Path, table: &KeyTable) -> io::Result<File> {
 /// `start` remembers (see the module docs); blocking. Returns that and the file.
 pub fn open(
     dir: &Path,
+    carried: &CarriedKeys,
     start: Option<StartCommit>,
     replayed: &[Replayed],
     now: u64,
@@ -342,7 +413,7 @@ pub fn open(
         error,
     };
     std::fs::create_dir_all(dir).map_err(io_error)?;
-    let table = recover(read_lines(&path)?, start, replayed, now, window);
+    let table = recover(read_lines(&path)?, carried, start, replayed, now, window);
     let file = rewrite(&path, &table).map_err(io_error)?;
     Ok((table, file))
 }
@@ -581,7 +652,7 @@ mod tests {
                 vec![("a", 1, Some(4))],
             ),
         ] {
-            let table = recover(lines(), start, &replay, NOW, WINDOW);
+            let table = recover(lines(), &CarriedKeys::new(), start, &replay, NOW, WINDOW);
             let expected: Vec<_> = expected
                 .into_iter()
                 .map(|(k, s, t)| (k.to_string(), s, t))
@@ -609,10 +680,24 @@ mod tests {
             at: NOW - WINDOW.as_millis() as u64 - 1,
             txn: Some(1),
         };
-        let table = recover(vec![Line::Key(old.clone())], at(3, 8), &replay, NOW, WINDOW);
+        let table = recover(
+            vec![Line::Key(old.clone())],
+            &CarriedKeys::new(),
+            at(3, 8),
+            &replay,
+            NOW,
+            WINDOW,
+        );
         assert_eq!(state(&table), [("z".to_string(), 9, None)]);
         old.at = NOW - 5;
-        let table = recover(vec![Line::Key(old.clone())], at(3, 8), &[], NOW, WINDOW);
+        let table = recover(
+            vec![Line::Key(old.clone())],
+            &CarriedKeys::new(),
+            at(3, 8),
+            &[],
+            NOW,
+            WINDOW,
+        );
         assert_eq!(table.get("old", NOW).unwrap().txn, Some(1));
         assert_eq!(table.get("old", NOW + WINDOW.as_millis() as u64), None);
     }
@@ -645,7 +730,7 @@ mod tests {
     #[test]
     fn the_file_survives_a_torn_tail_and_refuses_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut table, _) = open(dir.path(), None, &[], NOW, WINDOW).unwrap();
+        let (mut table, _) = open(dir.path(), &CarriedKeys::new(), None, &[], NOW, WINDOW).unwrap();
         assert_eq!(table.len(), 0);
         let path = dir.path().join(FILE);
         let entry = KeyEntry {
@@ -668,27 +753,27 @@ mod tests {
         let mut text = std::fs::read(&path).unwrap();
         text.extend_from_slice(b"{\"key\":\"torn\",\"se");
         std::fs::write(&path, &text).unwrap();
-        let (table, _) = open(dir.path(), at(7, 1), &[], NOW, WINDOW).unwrap();
+        let (table, _) = open(dir.path(), &CarriedKeys::new(), at(7, 1), &[], NOW, WINDOW).unwrap();
         assert_eq!(state(&table), [("k".to_string(), 1, Some(7))]);
         // Rewritten: the commit is in the file itself now.
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.ends_with("\"txn\":7}\n"), "{text}");
         // A whole line that does not read is corruption, named by line.
         std::fs::write(&path, format!("{text}{{\"nonsense\":1}}\n")).unwrap();
-        let error = open(dir.path(), at(7, 1), &[], NOW, WINDOW).unwrap_err();
+        let error = open(dir.path(), &CarriedKeys::new(), at(7, 1), &[], NOW, WINDOW).unwrap_err();
         assert!(
             error.to_string().contains("keys.jsonl:3: not a line"),
             "{error}"
         );
         std::fs::write(&path, "{\"format\":\"sluice-http-keys\",\"version\":2}\n").unwrap();
-        let error = open(dir.path(), None, &[], NOW, WINDOW).unwrap_err();
+        let error = open(dir.path(), &CarriedKeys::new(), None, &[], NOW, WINDOW).unwrap_err();
         assert!(error.to_string().contains("newer than"), "{error}");
     }
 
     #[test]
     fn the_writer_reports_records_durable_and_answers_after_the_marker() {
         let dir = tempfile::tempdir().unwrap();
-        let (table, file) = open(dir.path(), None, &[], NOW, WINDOW).unwrap();
+        let (table, file) = open(dir.path(), &CarriedKeys::new(), None, &[], NOW, WINDOW).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let writer = Writer::spawn(
             dir.path().join(FILE),
@@ -719,7 +804,7 @@ mod tests {
         });
         done_rx.recv().unwrap();
         writer.join();
-        let (table, _) = open(dir.path(), at(5, 3), &[], NOW, WINDOW).unwrap();
+        let (table, _) = open(dir.path(), &CarriedKeys::new(), at(5, 3), &[], NOW, WINDOW).unwrap();
         assert_eq!(
             state(&table),
             [

@@ -18,7 +18,9 @@
 //! - `401` without a bearer token (with `WWW-Authenticate: Bearer`), `403` with a wrong
 //!   one (compared in constant time), `404` for another source or path.
 //! - `413` for a body above `max_body_bytes` (by its `Content-Length`, or as it streams).
-//! - `429` with `Retry-After` while the buffer is full or the runtime paused the source.
+//! - `429` with `Retry-After` while the buffer is full or the runtime paused the source,
+//!   or (a cluster's shard) while the idempotency window holds as many keys as the
+//!   shard's log can carry (`keys::CARRIED_BUDGET`).
 //! - `503` with `Retry-After` when the source closes or failed before the body's
 //!   transaction committed (the error says whether the body may have been applied).
 //!
@@ -52,7 +54,7 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 const MAX_KEY_LEN: usize = 256;
 /// How long a bind waits for the address to be released: a source reopened after a
 /// failure binds while the previous instance's listener is still closing.
-const BIND_PATIENCE: Duration = Duration::from_secs(5);
+pub(crate) const BIND_PATIENCE: Duration = Duration::from_secs(5);
 /// What a 429 or 503 tells the client to wait, in seconds.
 const RETRY_AFTER: &str = "1";
 /// How long a stopping server waits for its connections to finish.
@@ -68,29 +70,36 @@ pub struct Server {
 impl Server {
     /// Binds `shared.config.listen` and serves it, over TLS when the config has `tls`.
     pub async fn start(shared: Arc<Shared>) -> Result<Server, SourceError> {
-        let address = shared.config.address();
-        let acceptor = match &shared.config.tls {
-            None => None,
-            Some(tls) => Some(tls.acceptor("tls").map_err(|e| SourceError::Config {
-                name: shared.name.clone(),
-                reason: e.to_string(),
-            })?),
-        };
-        let listener = bind(&shared.name, address).await?;
-        let address = listener.local_addr().unwrap_or(address);
-        let name = shared.name.clone();
+        let (name, config) = (shared.name.clone(), shared.config.clone());
         let router = Router::new()
             .route("/ingest/{source}", post(ingest))
             .route("/health", get(health))
             .fallback(not_found)
             .with_state(shared);
+        let acceptor = acceptor(&name, &config)?;
+        let listener = bind(&name, config.address()).await?;
+        Server::over(&name, listener, acceptor, router)
+    }
+
+    /// Serves `router` on `listener`, over TLS with `acceptor`.
+    pub(crate) fn over(
+        name: &str,
+        listener: tokio::net::TcpListener,
+        acceptor: Option<sluice_source_sdk::tls::TlsAcceptor>,
+        router: Router,
+    ) -> Result<Server, SourceError> {
+        let address = listener.local_addr().map_err(|error| SourceError::Io {
+            name: name.to_string(),
+            path: "the listening socket".to_string(),
+            error,
+        })?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = match acceptor {
             None => serve(listener.tap_io(nodelay), router, stopped),
             Some(acceptor) => {
                 let listener =
                     TlsListener::new(listener, acceptor).map_err(|error| SourceError::Io {
-                        name: name.clone(),
+                        name: name.to_string(),
                         path: format!("listen address {address}"),
                         error,
                     })?;
@@ -147,6 +156,23 @@ where
     })
 }
 
+/// The TLS acceptor of `config`, when it has `tls`.
+pub(crate) fn acceptor(
+    name: &str,
+    config: &crate::HttpConfig,
+) -> Result<Option<sluice_source_sdk::tls::TlsAcceptor>, SourceError> {
+    match &config.tls {
+        None => Ok(None),
+        Some(tls) => tls
+            .acceptor("tls")
+            .map(Some)
+            .map_err(|e| SourceError::Config {
+                name: name.to_string(),
+                reason: e.to_string(),
+            }),
+    }
+}
+
 pub(crate) async fn bind(
     name: &str,
     address: SocketAddr,
@@ -181,7 +207,7 @@ pub(crate) async fn bind(
     }
 }
 
-fn reply(status: StatusCode, body: Value) -> Response {
+pub(crate) fn reply(status: StatusCode, body: Value) -> Response {
     let mut response = (
         status,
         [(
@@ -211,7 +237,7 @@ fn committed(txn: u64, documents: u64, dead_lettered: u64) -> Value {
     body
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     reply(status, json!({ "error": message.into() }))
 }
 
@@ -236,6 +262,15 @@ async fn outcome(outcome: Outcome) -> Response {
             "the source's buffer is full (max_buffered_bytes) while transactions \
              commit: retry after a second",
         ),
+        Outcome::KeysFull { keys } => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the idempotency window holds {keys} keys, as many as a cluster's shard log \
+                 can carry ({} KiB): retry after a second (keys leave as their window \
+                 passes), or shorten idempotency_window",
+                crate::keys::CARRIED_BUDGET >> 10
+            ),
+        ),
         Outcome::Wait(rx) => match rx.await {
             Ok(a) => answer(a),
             // The source was dropped without closing (its run failed).
@@ -255,14 +290,7 @@ async fn ingest(
     body: Body,
 ) -> Response {
     if source != shared.name {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no source {source:?} here: this server ingests into source {:?} \
-                 (POST /ingest/{})",
-                shared.name, shared.name
-            ),
-        );
+        return other_source(&source, &shared.name);
     }
     if let Err(response) = authorize(&headers, &shared.config.token) {
         return response;
@@ -319,9 +347,20 @@ async fn ingest(
     outcome(shared.accept(checked, key)).await
 }
 
+/// The 404 of a POST to another source than `name`.
+pub(crate) fn other_source(source: &str, name: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no source {source:?} here: this server ingests into source {name:?} \
+             (POST /ingest/{name})"
+        ),
+    )
+}
+
 /// `Err` is the 401 or 403 to answer.
 #[allow(clippy::result_large_err)]
-fn authorize(headers: &HeaderMap, token: &str) -> Result<(), Response> {
+pub(crate) fn authorize(headers: &HeaderMap, token: &str) -> Result<(), Response> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -398,7 +437,7 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn not_found() -> Response {
+pub(crate) async fn not_found() -> Response {
     error(
         StatusCode::NOT_FOUND,
         "no such route: POST /ingest/<source> or GET /health",

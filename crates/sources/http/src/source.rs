@@ -15,13 +15,17 @@
 //! begins at the first `queue` or `ready`, which the reader calls only after every
 //! replay, so recovery knows all it needs before a client is heard.
 //!
+//! In a cluster's shard ([`KeyPlace::Positions`]) there is no keys file: each position
+//! also carries the window's keys (`{"seq": S, "keys": {...}}`, see `keys`), `seek` and
+//! the commit at start hand them back, and serving starts from them alone.
+//!
 //! `end_of_input` is never set: the source serves until the run ends (a signal, or
 //! `sluice run` stopping for another reason).
 
 use crate::body::{hash, unframe};
 use crate::config::HttpConfig;
 use crate::ingest::{Pending, Shared, push_records};
-use crate::keys::{self, Replayed, StartCommit, Writer, now_ms};
+use crate::keys::{self, CarriedKeys, KeyPlace, Replayed, StartCommit, Writer, now_ms};
 use crate::server::Server;
 use serde::Deserialize;
 use serde_json::Value;
@@ -39,6 +43,8 @@ pub struct HttpSource {
     /// The check of a body's documents against the collection this source feeds, from
     /// the runtime ([`HttpSource::with_intake`]); `None` outside a pipeline.
     intake: Option<Intake>,
+    /// Where the keys are kept: the keys file, or (a cluster's shard) the positions.
+    place: KeyPlace,
     phase: Phase,
     /// The runtime's last word: Pause (true) or Extend.
     paused: bool,
@@ -53,6 +59,8 @@ enum Phase {
         last: u64,
         /// Keyed bodies of the interrupted transaction, replayed.
         replayed: Vec<Replayed>,
+        /// The keys the recovered position carried (none outside a cluster).
+        carried: CarriedKeys,
     },
     Serving {
         shared: Arc<Shared>,
@@ -66,6 +74,9 @@ enum Phase {
 #[serde(deny_unknown_fields)]
 struct At {
     seq: u64,
+    /// The window's keys, when they travel in the positions.
+    #[serde(default)]
+    keys: CarriedKeys,
 }
 
 impl HttpSource {
@@ -75,10 +86,12 @@ impl HttpSource {
             config: config.clone(),
             state_dir,
             intake: None,
+            place: KeyPlace::File,
             phase: Phase::Positioning {
                 start: None,
                 last: 0,
                 replayed: Vec::new(),
+                carried: CarriedKeys::new(),
             },
             paused: false,
         }
@@ -89,6 +102,14 @@ impl HttpSource {
     /// when the runtime dead-letters such documents (`on_error: skip`).
     pub fn with_intake(mut self, intake: Option<Intake>) -> HttpSource {
         self.intake = intake;
+        self
+    }
+
+    /// Keeps the idempotency keys in the resume positions rather than in a keys file in
+    /// the state folder: for a shard that moves between machines with its recovery log
+    /// (`Opening::shard_moves`).
+    pub fn keeping_keys_in_positions(mut self) -> HttpSource {
+        self.place = KeyPlace::Positions;
         self
     }
 
@@ -110,42 +131,55 @@ impl HttpSource {
         }
     }
 
-    fn at(&self, action: &'static str, position: &Value) -> Result<u64, SourceError> {
+    fn at(&self, action: &'static str, position: &Value) -> Result<At, SourceError> {
         serde_json::from_value::<At>(position.clone())
-            .map(|at| at.seq)
             .map_err(|e| self.bad_resume(action, position, e.to_string()))
     }
 
-    /// Starts serving, once: recovers the keys file, starts its writer, binds.
+    /// Starts serving, once: recovers the keys (from the keys file, with its writer
+    /// started, or from the position alone), binds.
     async fn serve(&mut self) -> Result<&Arc<Shared>, SourceError> {
         if let Phase::Positioning {
             start,
             last,
             replayed,
-        } = &self.phase
+            carried,
+        } = &mut self.phase
         {
             let (start, last, replayed) = (*start, *last, replayed.clone());
-            let dir = self.state_dir.clone();
+            let carried = std::mem::take(carried);
             let window = self.config.idempotency_window;
-            let recovered = tokio::task::spawn_blocking(move || {
-                keys::open(&dir, start, &replayed, now_ms(), window).map(|k| (k, replayed))
-            })
-            .await
-            .map_err(|e| SourceError::Config {
-                name: self.name.clone(),
-                reason: format!("reading the idempotency keys file: {e}"),
-            })?;
-            let ((table, file), replayed) = recovered.map_err(|e| match e {
-                keys::ReadError::Io { path, error } => SourceError::Io {
-                    name: self.name.clone(),
-                    path: path.display().to_string(),
-                    error,
-                },
-                corrupt @ keys::ReadError::Corrupt { .. } => SourceError::Config {
-                    name: self.name.clone(),
-                    reason: corrupt.to_string(),
-                },
-            })?;
+            let (table, file) = match self.place {
+                KeyPlace::Positions => {
+                    let table =
+                        keys::recover(Vec::new(), &carried, start, &replayed, now_ms(), window);
+                    (table, None)
+                }
+                KeyPlace::File => {
+                    let dir = self.state_dir.clone();
+                    let replayed = replayed.clone();
+                    let recovered = tokio::task::spawn_blocking(move || {
+                        keys::open(&dir, &carried, start, &replayed, now_ms(), window)
+                    })
+                    .await
+                    .map_err(|e| SourceError::Config {
+                        name: self.name.clone(),
+                        reason: format!("reading the idempotency keys file: {e}"),
+                    })?;
+                    let (table, file) = recovered.map_err(|e| match e {
+                        keys::ReadError::Io { path, error } => SourceError::Io {
+                            name: self.name.clone(),
+                            path: path.display().to_string(),
+                            error,
+                        },
+                        corrupt @ keys::ReadError::Corrupt { .. } => SourceError::Config {
+                            name: self.name.clone(),
+                            reason: corrupt.to_string(),
+                        },
+                    })?;
+                    (table, Some(file))
+                }
+            };
             let pending = replayed
                 .into_iter()
                 .map(|r| Pending {
@@ -159,17 +193,20 @@ impl HttpSource {
                 &self.name,
                 &self.config,
                 self.intake.clone(),
+                self.place,
                 last,
                 pending,
                 table.clone(),
                 self.paused,
             );
-            shared.set_writer(Writer::spawn(
-                self.state_dir.join(keys::FILE),
-                file,
-                table,
-                Shared::on_durable(Arc::downgrade(&shared)),
-            ));
+            if let Some(file) = file {
+                shared.set_writer(Writer::spawn(
+                    self.state_dir.join(keys::FILE),
+                    file,
+                    table,
+                    Shared::on_durable(Arc::downgrade(&shared)),
+                ));
+            }
             let server = match Server::start(shared.clone()).await {
                 Ok(server) => server,
                 Err(e) => {
@@ -211,10 +248,11 @@ impl Source for HttpSource {
     }
 
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        let seq = self.at("seek to", position)?;
+        let at = self.at("seek to", position)?;
         match &mut self.phase {
-            Phase::Positioning { last, .. } => {
-                *last = seq;
+            Phase::Positioning { last, carried, .. } => {
+                *last = at.seq;
+                *carried = at.keys;
                 Ok(())
             }
             _ => Err(self.bad_resume(
@@ -229,7 +267,7 @@ impl Source for HttpSource {
     /// transactions the store no longer holds: their clients were told they were
     /// applied and will not send them again, so going back past them loses them.
     async fn rewound(&mut self, released: &Value) -> Result<(), SourceError> {
-        let released = self.at("rewind from", released)?;
+        let released = self.at("rewind from", released)?.seq;
         let Phase::Positioning { last, .. } = &self.phase else {
             return Ok(());
         };
@@ -260,7 +298,7 @@ impl Source for HttpSource {
             let reason = "this source replays only steps with journaled data".to_string();
             return Err(self.bad_resume("replay", &resume, reason));
         };
-        let end = self.at("replay", position)?;
+        let end = self.at("replay", position)?.seq;
         let bodies = unframe(data).map_err(|reason| self.bad_resume("replay", position, reason))?;
         check_replay(&self.name, step, hash(data))?;
         let (mut records, mut bytes) = (0, 0);
@@ -335,12 +373,17 @@ impl Source for HttpSource {
     }
 
     fn committed(&mut self, txn: u64, position: &Value) {
-        let Ok(seq) = self.at("commit", position) else {
+        let Ok(at) = self.at("commit", position) else {
             tracing::error!(source = self.name, %position, "a commit position this source did not produce");
             return;
         };
+        let seq = at.seq;
         match &mut self.phase {
-            Phase::Positioning { start, .. } => *start = Some(StartCommit { txn, seq }),
+            Phase::Positioning { start, carried, .. } => {
+                // The checkpoint recovery adopted: its keys are the ones that hold.
+                *start = Some(StartCommit { txn, seq });
+                *carried = at.keys;
+            }
             Phase::Serving { shared, .. } => shared.commit(txn, seq),
             Phase::Stopped => {}
         }

@@ -277,3 +277,60 @@ async fn a_second_instance_on_the_same_address_names_it() {
     );
     drop(source);
 }
+
+/// A cluster's shard (`keeping_keys_in_positions`): no keys file; a new holder on
+/// another machine (another state folder) knows the key its predecessor committed from
+/// the position alone, and the key of the interrupted transaction from its replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_travel_in_the_positions_to_a_new_holder() {
+    let config = config(json!({}));
+    let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut source =
+        HttpSource::new("views", &config, old_dir.path().to_path_buf()).keeping_keys_in_positions();
+    source.extend();
+    source.queue(ALL, &mut Records::default()).await.unwrap();
+    let address = source.address().unwrap();
+    let request = post(address, Some("order-17"), "{\"n\": 1}");
+    let (committed, _) = queue_until(&mut source, 1, ALL).await;
+    let position = seq(&committed);
+    assert_eq!(position["seq"], 1);
+    // [seq, docs, dead_lettered, accepted at, txn: not known yet]
+    let carried = position["keys"]["order-17"].as_array().unwrap();
+    assert_eq!(
+        (&carried[..3], &carried[4]),
+        (&[json!(1), json!(1), json!(0)][..], &Value::Null)
+    );
+    source.committed(4, &position);
+    assert_eq!(
+        join(request).await.json(),
+        json!({"txn": 4, "documents": 1})
+    );
+    let interrupted = post(address, Some("k2"), "{\"n\": 2}");
+    let (journaled, _) = queue_until(&mut source, 1, ALL).await;
+    drop(source); // killed before transaction 5 committed
+    assert_eq!(join(interrupted).await.status, 503);
+    assert!(!old_dir.path().join("keys.jsonl").exists());
+
+    let mut source =
+        HttpSource::new("views", &config, new_dir.path().to_path_buf()).keeping_keys_in_positions();
+    source.seek(&position).await.unwrap();
+    source.committed(4, &position);
+    source.extend();
+    let mut out = Records::default();
+    source.replay(&journaled.resume, &mut out).await.unwrap();
+    source.queue(ALL, &mut Records::default()).await.unwrap();
+    let address = source.address().unwrap();
+    let again = join(post(address, Some("order-17"), "{\"n\": 1}")).await;
+    assert_eq!(again.json(), json!({"txn": 4, "documents": 1}));
+    let retry = post(address, Some("k2"), "{\"n\": 2}");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        source.queued().records,
+        0,
+        "a known key is never queued again"
+    );
+    source.committed(5, &seq(&journaled));
+    assert_eq!(join(retry).await.json(), json!({"txn": 5, "documents": 1}));
+    assert!(!new_dir.path().join("keys.jsonl").exists());
+    source.disconnect().await;
+}
