@@ -165,10 +165,11 @@ fn run(dir: &Path) {
     assert_success(&out);
 }
 
-/// A standard binding into an epoch sink becomes a delta one (the sink takes only
-/// changes), and `sluice check` says so instead of leaving the user to find out.
+/// A standard binding into a change-log table would quietly become delta updates (each
+/// transaction's sums counted from zero): `sluice check` and `sluice run` refuse it,
+/// naming the binding and both ways out, and the run creates nothing.
 #[test]
-fn check_says_when_the_sink_makes_a_standard_binding_delta() {
+fn a_standard_binding_into_a_change_log_table_is_refused_naming_the_remedy() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = pipeline_yaml(
         "    file: {path: views.jsonl, format: json}",
@@ -178,16 +179,31 @@ fn check_says_when_the_sink_makes_a_standard_binding_delta() {
         "10m",
     );
     std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
-    let out = Command::new(SLUICE)
-        .args(["check", "--offline"])
-        .arg(dir.path().join("pipeline.yaml"))
-        .output()
-        .unwrap();
-    assert_success(&out);
-    let text = String::from_utf8_lossy(&out.stdout);
+    write_lines(&dir.path().join("views.jsonl"), &generate(10, 5, 1));
+    for command in [&["check", "--offline"][..], &["run"]] {
+        let out = Command::new(SLUICE)
+            .args(command)
+            .arg("pipeline.yaml")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} went on:\n{error}");
+        for part in [
+            "materializations.views-db.bindings[0]",
+            "is a standard binding, but the epoch sink answers no Load for it",
+            "delta_updates: true",
+            "mode: upsert",
+        ] {
+            assert!(
+                error.contains(part),
+                "{command:?}: {part:?} missing from:\n{error}"
+            );
+        }
+    }
     assert!(
-        text.contains("→ pageviews (delta updates: the endpoint takes only changes)"),
-        "{text}"
+        !dir.path().join("out/catalog.db").exists(),
+        "nothing created"
     );
 }
 

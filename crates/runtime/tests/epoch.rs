@@ -466,7 +466,7 @@ sources:
 materializations:
   counts:
     endpoint: {folder: {dir: out}}
-    bindings: [{source: acme/counts, resource: {table: counts}}]
+    bindings: [{source: acme/counts, resource: {table: counts}, delta_updates: true}]
 runtime:
   recovery_log: log
   transactions: {max_docs: 20}

@@ -4,7 +4,7 @@
 
 use super::admit;
 use super::error::{PipelineError, invalid};
-use crate::admission::SinkGuarantee;
+use crate::admission::{self, EpochBinding, SinkGuarantee};
 use crate::config::{self, Pipeline};
 use crate::projections;
 use crate::registry::Connect;
@@ -165,6 +165,9 @@ async fn plan_materialization(
             ),
         ));
     }
+    if let SinkGuarantee::Epoch(_) = connected.guarantee {
+        refuse_unloaded_standard_bindings(&place, def, &validated)?;
+    }
     let mut bindings = Vec::new();
     for (i, ((binding, constraints), collection_spec)) in def
         .bindings
@@ -207,6 +210,35 @@ async fn plan_materialization(
         validated,
         shard: def.shard,
     })
+}
+
+/// An epoch sink takes each transaction's changes; only a binding it loads (its
+/// Validate answered standard) is reduced onto what the store holds. A standard binding
+/// it does not load would quietly become delta updates (a `sum` counted from zero each
+/// transaction), so it is refused, naming the remedy ([`admission::admit_epoch_bindings`]).
+fn refuse_unloaded_standard_bindings(
+    place: &str,
+    def: &config::MaterializationDef,
+    validated: &m::ValidateResponse,
+) -> Result<(), PipelineError> {
+    let bindings: Vec<EpochBinding> = (def.bindings.iter().zip(&validated.bindings))
+        .enumerate()
+        .map(|(i, (binding, constraints))| EpochBinding {
+            place: format!("{place}.bindings[{i}]"),
+            standard: !binding.delta_updates,
+            loads: !constraints.delta_updates,
+        })
+        .collect();
+    match admission::admit_epoch_bindings(&bindings)
+        .into_iter()
+        .next()
+    {
+        Some(refusal) => Err(invalid(
+            refusal.place,
+            format!("{}; {}", refusal.declares, refusal.remedy),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn resource_schema(place: &str, json: &str) -> Result<sluice_doc::Schema, PipelineError> {
