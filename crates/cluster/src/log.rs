@@ -106,9 +106,12 @@ impl SharedLog {
                 log: self.dir.clone(),
                 bytes: bytes.len(),
                 limit: MAX_RECORD,
-                hint: " (a cluster keeps shard logs in etcd: an http source journals its \
-                       transaction's bodies in the intent, so keep runtime.transactions.\
-                       max_bytes and its max_body_bytes at 256KiB or less there)",
+                hint: " (a cluster keeps shard logs in etcd, whose records are small: a \
+                       transaction's intent carries what its steps journal, an http \
+                       source's bodies or a CDC snapshot's chunks, so keep runtime.\
+                       transactions.max_bytes and an http source's max_body_bytes at 256KiB \
+                       or less, and a CDC source's chunk_rows times its rows' size well \
+                       under 1MiB)",
             });
         }
         Ok(bytes)

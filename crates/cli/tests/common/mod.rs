@@ -474,10 +474,13 @@ pub const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
 
 /// `f` on a connection to the shared MariaDB server.
 pub fn mysql<T>(f: impl AsyncFnOnce(&mut mysql_async::Conn) -> T) -> T {
+    mysql_at(&format!("{MYSQL_SERVER}/test"), f)
+}
+
+/// `f` on a connection to the MariaDB server at `url`, on a runtime of its own.
+pub fn mysql_at<T>(url: &str, f: impl AsyncFnOnce(&mut mysql_async::Conn) -> T) -> T {
     block_on(async {
-        let mut conn = mysql_async::Conn::from_url(format!("{MYSQL_SERVER}/test"))
-            .await
-            .unwrap();
+        let mut conn = mysql_async::Conn::from_url(url).await.unwrap();
         let out = f(&mut conn).await;
         conn.disconnect().await.unwrap();
         out

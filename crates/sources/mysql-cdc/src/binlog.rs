@@ -41,6 +41,14 @@
 //! DDL on a captured table (a query naming it) fails the stream naming the table and
 //! the statement, except `ALTER TABLE … ADD [COLUMN]`: new columns flow through (the
 //! table is described again from the catalog).
+//!
+//! **One replica per server id.** A server streams to one replica per server id: a
+//! second dump registering with the id of a running one makes the server end the
+//! older dump (MariaDB: error 4052, "A slave with the same server_uuid/server_id is
+//! already connected"; MySQL: error 1236, a purged position's code, saying so). That is
+//! how a cluster's new holder of the source's shard (the same id, derived from the
+//! names) ends a former holder's stream, if it still had one. The ended stream fails
+//! with a retryable error naming the id, never as a purged position.
 
 use crate::catalog::{Catalog, Table, server_error, timed};
 use crate::ddl::{Ddl, Named, classify};
@@ -55,6 +63,11 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, Value};
 use sluice_source_sdk::{Fetch, SourceError};
 use std::collections::HashMap;
 use std::time::Duration;
+
+/// What MySQL's error 1236 says when a dump of the same server id ended this one: "A
+/// replica with the same server_uuid/server_id as this replica has connected to the
+/// source" (before 8.0.26: slave, master). MariaDB has a code of its own for it (4052).
+const SAME_SERVER_ID: &str = "same server_uuid/server_id";
 
 /// The heartbeat the server sends when it has nothing new: how soon a stream that
 /// caught up says so, and how soon a dead connection is noticed.
@@ -216,6 +229,8 @@ pub struct Start {
 pub struct Dump {
     name: String,
     url: String,
+    /// The replica id registered with.
+    server_id: u32,
     opts: Opts,
     stream: BinlogStream,
     file: String,
@@ -311,6 +326,7 @@ impl Dump {
         Ok(Dump {
             name: name.to_string(),
             url: url.to_string(),
+            server_id,
             opts: opts.clone(),
             stream,
             file: from.file.clone(),
@@ -457,6 +473,25 @@ impl Dump {
 
     fn stream_error(&self, e: mysql_async::Error) -> SourceError {
         if let mysql_async::Error::Server(server) = &e {
+            // A dump of the same server id registered after this one: MariaDB's
+            // ER_SLAVE_SAME_ID, MySQL's ER_MASTER_FATAL_ERROR_READING_BINLOG saying so.
+            if server.code == 4052
+                || (server.code == 1236 && server.message.contains(SAME_SERVER_ID))
+            {
+                return SourceError::Io {
+                    name: self.name.clone(),
+                    path: self.url.clone(),
+                    error: std::io::Error::other(format!(
+                        "the server ended the binlog stream: another replica registered \
+                         with this source's server_id {} ({}). Under `cluster:` that is \
+                         another member taking this source's shard over (only the shard's \
+                         current holder can commit: the stream is opened again if this \
+                         member still holds it); otherwise give this source, or the other \
+                         replica, a server_id of its own",
+                        self.server_id, server.message
+                    )),
+                };
+            }
             // ER_MASTER_FATAL_ERROR_READING_BINLOG: a purged or missing position.
             if server.code == 1236 {
                 return SourceError::Unavailable {

@@ -42,8 +42,13 @@ pub struct MysqlCdcKind;
 impl SourceKind for MysqlCdcKind {
     const NAME: &'static str = "mysql_cdc";
     type Config = MysqlCdcConfig;
-    const PINNED: Option<&'static str> =
-        Some("it reads one binary log as one replica, which the shards of a cluster cannot share");
+    /// All it resumes from (the binlog position or GTID state, the snapshot's
+    /// segments, the journaled snapshot chunks) is in its step positions, so its shard
+    /// moves with the recovery log; every member registers with the same server id,
+    /// so a new holder's stream ends a former holder's on the server (`binlog`).
+    const SINGLETON: Option<&'static str> = Some(
+        "it reads the binary log as one replica (one server_id), which two shards cannot share",
+    );
 
     fn prepare(config: &mut MysqlCdcConfig, _base_dir: &Path) -> Result<(), InvalidConfig> {
         config.check()
