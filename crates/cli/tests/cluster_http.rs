@@ -40,6 +40,15 @@ fn ports(n: usize) -> Vec<SocketAddr> {
 /// The HTTP pipeline into `schema` of the shared PostgreSQL server, as members on
 /// `etcd` run it, with `cluster.shards: 3`.
 fn cluster(tag: &str) -> (PrivateEtcd, Schema, tempfile::TempDir, Members) {
+    cluster_closing_after(tag, 1000, "100ms")
+}
+
+/// [`cluster`] with transactions closing after `max_docs` documents or `max_duration`.
+fn cluster_closing_after(
+    tag: &str,
+    max_docs: u64,
+    max_duration: &str,
+) -> (PrivateEtcd, Schema, tempfile::TempDir, Members) {
     let etcd = PrivateEtcd::start();
     let schema = Schema::new(tag);
     let dir = tempfile::tempdir().unwrap();
@@ -50,7 +59,7 @@ fn cluster(tag: &str) -> (PrivateEtcd, Schema, tempfile::TempDir, Members) {
         "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
         schema.0
     );
-    let yaml = pipeline_yaml(&source, &endpoint, false, 1000, "100ms");
+    let yaml = pipeline_yaml(&source, &endpoint, false, max_docs, max_duration);
     let yaml = format!(
         "{yaml}cluster:\n  etcd: [\"{}\"]\n  member: ${{MEMBER}}\n  lease_ttl: 3s\n  shards: 3\n",
         etcd.url()
@@ -299,4 +308,45 @@ fn every_acknowledged_body_is_applied_once_while_the_http_holder_is_killed() {
         }
         std::thread::sleep(Duration::from_secs(2));
     }
+}
+
+/// Bodies whose sum passes an etcd record, posted within one transaction's time: the
+/// transaction closes before its intent's journaled bodies near the record (the shard
+/// log's store declares its limit), where it used to fail `TooLarge` and leave the shard
+/// declined by every member. The default `max_bytes` (far above a record) is kept.
+#[test]
+fn bodies_adding_up_past_an_etcd_record_are_split_into_transactions_that_fit() {
+    let (_etcd, schema, _dir, mut members) = cluster_closing_after("http_journal", 100_000, "2s");
+    let address = ports(1)[0];
+    members.start("a", &[("HTTP_PORT", address.port().to_string())]);
+    // 28 bodies of about 50 KiB: over 1 MiB in all, posted at once.
+    let docs = generate(28 * 560, 300, 29);
+    let bodies: Vec<Vec<u8>> = docs
+        .chunks(560)
+        .map(|chunk| serde_json::to_vec(chunk).unwrap())
+        .collect();
+    assert!(bodies.iter().map(Vec::len).sum::<usize>() > 1 << 20);
+    assert!(bodies.iter().all(|b| b.len() < 64 << 10));
+    wait_until("the holder serving", PATIENCE, || {
+        let r = Client::new(address, TOKEN)
+            .request("GET", "/health", &[], b"")
+            .ok()?;
+        (r.status == 200).then_some(())
+    });
+    std::thread::scope(|scope| {
+        for (i, body) in bodies.iter().enumerate() {
+            scope.spawn(move || {
+                let answer = Client::new(address, TOKEN)
+                    .ingest(SOURCE, Some(&format!("body-{i}")), body)
+                    .unwrap();
+                assert_eq!(
+                    answer.status,
+                    200,
+                    "{}",
+                    String::from_utf8_lossy(&answer.body)
+                );
+            });
+        }
+    });
+    assert_eq!(postgres_table(&schema.0), reduce_expected(&docs));
 }

@@ -107,11 +107,10 @@ impl SharedLog {
                 bytes: bytes.len(),
                 limit: MAX_RECORD,
                 hint: " (a cluster keeps shard logs in etcd, whose records are small: a \
-                       transaction's intent carries what its steps journal, an http \
-                       source's bodies or a CDC snapshot's chunks, so keep runtime.\
-                       transactions.max_bytes and an http source's max_body_bytes at 256KiB \
-                       or less, and a CDC source's chunk_rows times its rows' size well \
-                       under 1MiB)",
+                       transaction closes before what its steps journal reaches 256KiB, \
+                       but one step must fit, so keep an http source's max_body_bytes at \
+                       256KiB or less, and a CDC source's chunk_rows times its rows' size \
+                       below that)",
             });
         }
         Ok(bytes)
@@ -222,6 +221,10 @@ impl LogStore for Writer {
 
     fn describe(&self) -> String {
         format!("etcd:{}", self.log.dir)
+    }
+
+    fn largest_record(&self) -> Option<usize> {
+        Some(MAX_RECORD)
     }
 }
 

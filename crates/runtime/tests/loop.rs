@@ -446,6 +446,7 @@ impl Harness {
                 min_duration: Duration::from_secs(600),
                 memory_budget: 64 << 20,
                 follow: false,
+                max_journaled: TxnOptions::MAX_JOURNALED,
             },
             timeouts: Timeouts::default(),
             progress: Arc::new(Progress::default()),

@@ -91,6 +91,7 @@ impl Launcher {
             min_duration: bounds.min_duration,
             memory_budget: pipeline.runtime.memory_budget as usize,
             follow: opts.follow,
+            max_journaled: TxnOptions::MAX_JOURNALED,
         };
         let deployment_id = if planned
             .materializations

@@ -209,6 +209,11 @@ pub trait LogStore: Send {
     fn append(&mut self, record: &LogRecord, after: Latest<'_>) -> Result<(), RecoveryError>;
     /// Names the log in messages (a path, a key prefix).
     fn describe(&self) -> String;
+    /// The largest record the store takes, if it has a limit (etcd's request size):
+    /// the transactions closed before their intents' journaled step data nears it.
+    fn largest_record(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The open recovery log of one shard: its latest state, over the store that keeps it
@@ -234,6 +239,13 @@ impl RecoveryLog {
     }
 
     /// The checkpoint of the last transaction committed to this log.
+    /// The step data one intent may journal in this log, if its store bounds records:
+    /// a quarter of the largest record, the rest left to the steps' positions (an http
+    /// source's idempotency keys take up to 384 KiB of etcd's 1 MiB) and the encoding.
+    pub fn journal_limit(&self) -> Option<u64> {
+        self.store.largest_record().map(|bytes| bytes as u64 / 4)
+    }
+
     pub fn last_commit(&self) -> Option<&Checkpoint> {
         self.last_commit.as_ref()
     }

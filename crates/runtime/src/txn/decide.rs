@@ -52,18 +52,19 @@ use crate::config::OnError;
 use sluice_doc::combine::CombineError;
 use std::time::Duration;
 
-/// Step data a transaction's intent may journal (sources that cannot re-read their
-/// input, `Resume::Replay` with data): a batch is full beyond it, keeping each intent
-/// far below the recovery log's largest record whatever `max_bytes` allows.
-pub(super) const MAX_JOURNALED: u64 = 64 << 20;
-
 impl TxnOptions {
+    /// Step data a transaction's intent may journal (sources that cannot re-read their
+    /// input, `Resume::Replay` with data) in a log whose records are not bounded: a
+    /// batch is full beyond it, keeping each intent far below a log file's largest
+    /// record whatever `max_bytes` allows.
+    pub const MAX_JOURNALED: u64 = 64 << 20;
+
     /// Whether a batch of `docs` documents and `bytes` bytes, whose intent journals
     /// `journaled` bytes of step data, has reached a size bound. Asked after every step:
     /// it is on the reading's hot path.
     #[inline]
     pub(super) fn full(&self, docs: u64, bytes: u64, journaled: u64) -> bool {
-        docs >= self.max_docs || bytes >= self.max_bytes || journaled >= MAX_JOURNALED
+        docs >= self.max_docs || bytes >= self.max_bytes || journaled >= self.max_journaled
     }
 }
 
@@ -218,8 +219,12 @@ mod tests {
             min_duration: 10 * MS,
             memory_budget: 0,
             follow: false,
+            max_journaled: MAX_JOURNALED,
         }
     }
+
+    /// A small journal bound, as a log with bounded records sets it.
+    const MAX_JOURNALED: u64 = 4096;
 
     /// A batch of 10 documents, 20 ms old, after a round that read some, with the
     /// committer busy and no backlog: nothing closes it yet.

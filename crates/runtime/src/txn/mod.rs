@@ -100,6 +100,10 @@ pub struct TxnOptions {
     pub memory_budget: usize,
     /// Keep asking (and waiting on) sources that are exhausted for now (follow mode).
     pub follow: bool,
+    /// Step data one transaction's intent may journal (sources that cannot re-read
+    /// their input): a batch is full beyond it. [`TxnOptions::MAX_JOURNALED`], or less
+    /// where the recovery log's store bounds its records ([`RecoveryLog::journal_limit`]).
+    pub max_journaled: u64,
 }
 
 /// A source and the bindings its documents feed.
@@ -224,12 +228,17 @@ pub async fn run(ctx: Context, summary: &mut Summary) -> Result<(), RunError> {
         store_keeps_checkpoint,
         deployment_id,
         sources,
-        opts,
+        mut opts,
         timeouts,
         progress,
         shutdown,
         threads,
     } = ctx;
+    // An intent must fit each shard's log: its journaled step data bounded by the
+    // largest record the smallest of the logs' stores takes.
+    for limit in shards.iter().filter_map(|s| s.log.journal_limit()) {
+        opts.max_journaled = opts.max_journaled.min(limit);
+    }
     let mut sources: Vec<BoundSource> = sources
         .into_iter()
         .map(|bound| BoundSource {
