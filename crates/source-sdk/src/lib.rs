@@ -74,13 +74,17 @@
 //! - [`intake`]: the check of a document against the collection a source feeds, for a
 //!   source that refuses bad documents where they come in (a push source).
 //! - [`prefetch`]: the read-ahead task of a source that reads from a network (a log,
-//!   a broker): Extend, Pause and the wake-up, written once.
+//!   a broker): Extend, Pause and the wake-up, written once ([`ReadAhead`]: across the
+//!   prefetches a source starts and drops).
+//! - [`cdc`]: what the change-data-capture sources share: journaled backfill steps read
+//!   in chunks, transactions read ahead and cut into steps, quiet steps.
 //! - [`redact`]: secrets (URL passwords, tokens) out of messages and logs.
 //! - `testing` (feature `testing`): what the tests of every source share.
 
 pub use sluice_config as config;
 /// TLS options and their rustls configurations ([`sluice_tls`]).
 pub use sluice_tls as tls;
+pub mod cdc;
 pub mod health;
 pub mod intake;
 pub mod kind;
@@ -95,13 +99,15 @@ pub use config::InvalidConfig;
 pub use health::{Connection, Health, HealthState};
 pub use intake::Intake;
 pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
-pub use prefetch::{Fetch, Prefetch};
+pub use prefetch::{Fetch, Prefetch, ReadAhead};
 pub use records::{
     InputError, Position, Record, RecordDoc, Records, SharedDoc, SharedRecord, Unit, bad_json,
 };
 /// A source's own metrics ([`Source::metrics`]): the types every part reports in.
 pub use sluice_report::{Metric, MetricKind};
-pub use step::{QueueLimits, Resume, Span, Step, StepHasher, check_replay, replay_target};
+pub use step::{
+    QueueLimits, Resume, Span, Step, StepHasher, check_replay, parse_resume, replay_target,
+};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -191,6 +197,22 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// [`SourceError::BadResume`]: source `name` cannot `action` (`seek to`, `replay`)
+    /// `resume`, as it is not one it produced.
+    pub fn bad_resume(
+        name: &str,
+        action: &'static str,
+        resume: &Value,
+        reason: String,
+    ) -> SourceError {
+        SourceError::BadResume {
+            name: name.to_string(),
+            action,
+            resume: resume.clone(),
+            reason,
+        }
+    }
+
     /// The source whose error it is.
     pub fn source_name(&self) -> &str {
         match self {

@@ -14,6 +14,11 @@
 //! the source drops its prefetch, replays, and spawns a new one positioned after the
 //! step. Dropping a `Prefetch` (a seek, a disconnect) aborts its task.
 //!
+//! A source that starts and drops prefetches as it goes (one per position it reads
+//! from) holds a [`ReadAhead`]: the one running, if any, and the runtime's last Extend
+//! or Pause, which a prefetch started later obeys. Its `extend`, `pause`, `queued` and
+//! `memory` answer for the source, so that no source keeps the flag itself.
+//!
 //! A fetch error is kept behind the items fetched before it: `take` hands out those
 //! first, then the error, so nothing read is lost and the failure surfaces in order.
 //! The task stops after an error. The buffer is bounded by the runtime, which pauses
@@ -171,6 +176,73 @@ impl<T: Send + 'static> Prefetch<T> {
     }
 }
 
+/// The read-ahead of a source that starts a [`Prefetch`] when it needs one and drops it
+/// at a seek, a replay or a failed fetch (see the module docs): the prefetch running, if
+/// any, and whether the runtime's last word was Pause, which a prefetch started later
+/// obeys.
+pub struct ReadAhead<T> {
+    running: Option<Prefetch<T>>,
+    paused: bool,
+}
+
+impl<T: Send + 'static> ReadAhead<T> {
+    /// None running; the first one started fetches at once unless `paused` (the
+    /// runtime extends a source once it is positioned).
+    pub fn new(paused: bool) -> ReadAhead<T> {
+        ReadAhead {
+            running: None,
+            paused,
+        }
+    }
+
+    /// Starts fetching with `fetcher`, paused if the runtime's last word was Pause; a
+    /// prefetch running before is dropped (its task aborted).
+    pub fn start<F: Fetch<Item = T>>(&mut self, fetcher: F) -> &Prefetch<T> {
+        self.running.insert(Prefetch::spawn(fetcher, self.paused))
+    }
+
+    /// The prefetch running, if one is.
+    pub fn running(&self) -> Option<&Prefetch<T>> {
+        self.running.as_ref()
+    }
+
+    /// Drops the prefetch running (its task aborted, what it buffered gone); the next
+    /// one is started by [`start`](ReadAhead::start).
+    pub fn stop(&mut self) {
+        self.running = None;
+    }
+
+    /// The runtime's Extend: the prefetch running, and any started later, fetch.
+    pub fn extend(&mut self) {
+        self.paused = false;
+        if let Some(prefetch) = &self.running {
+            prefetch.extend();
+        }
+    }
+
+    /// The runtime's Pause: the prefetch running stops after its fetch in flight, and
+    /// one started later waits for an Extend.
+    pub fn pause(&mut self) {
+        self.paused = true;
+        if let Some(prefetch) = &self.running {
+            prefetch.pause();
+        }
+    }
+
+    /// What the prefetch running buffered and nobody took yet (none without one).
+    pub fn queued(&self) -> Queued {
+        self.running
+            .as_ref()
+            .map(Prefetch::queued)
+            .unwrap_or_default()
+    }
+
+    /// Bytes of memory the prefetch running holds ([`Prefetch::memory`]; 0 without one).
+    pub fn memory(&self) -> u64 {
+        self.running.as_ref().map_or(0, Prefetch::memory)
+    }
+}
+
 impl<T> Drop for Prefetch<T> {
     fn drop(&mut self) {
         self.task.abort();
@@ -278,6 +350,37 @@ mod tests {
             all.extend(prefetch.take(ALL).unwrap());
         }
         assert_eq!(all, vec![2, 3]);
+    }
+
+    /// The runtime paused the source while no prefetch ran: the next one started waits
+    /// for an Extend, and a stopped one leaves nothing queued.
+    #[tokio::test]
+    async fn a_read_ahead_keeps_a_pause_for_the_prefetch_it_starts_later() {
+        let mut read_ahead = ReadAhead::new(false);
+        read_ahead.pause();
+        let (tx, rx) = mpsc::unbounded_channel();
+        read_ahead.start(Scripted(rx));
+        tx.send(vec![1, 2]).unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(
+            read_ahead.queued(),
+            Queued::default(),
+            "paused before it ran"
+        );
+        read_ahead.extend();
+        read_ahead.running().expect("started").ready().await;
+        assert_eq!(
+            read_ahead.queued(),
+            Queued {
+                records: 2,
+                bytes: 20
+            }
+        );
+        assert!(read_ahead.memory() >= 20);
+        read_ahead.stop();
+        assert!(read_ahead.running().is_none());
+        assert_eq!(read_ahead.queued(), Queued::default());
+        assert_eq!(read_ahead.memory(), 0);
     }
 
     #[tokio::test]

@@ -114,12 +114,7 @@ impl<C: Serialize + DeserializeOwned> Span<C> {
         action: &'static str,
         value: &Value,
     ) -> Result<Self, SourceError> {
-        serde_json::from_value(value.clone()).map_err(|e| SourceError::BadResume {
-            name: name.to_string(),
-            action,
-            resume: value.clone(),
-            reason: e.to_string(),
-        })
+        parse_resume(name, action, value)
     }
 
     /// The `Replay` resume of a re-readable source's step.
@@ -130,6 +125,17 @@ impl<C: Serialize + DeserializeOwned> Span<C> {
             hash,
         }
     }
+}
+
+/// Reads back a resume position of type `P` that source `name` produced; fails with
+/// [`SourceError::BadResume`] (it cannot `action` it) for one it did not.
+pub fn parse_resume<P: DeserializeOwned>(
+    name: &str,
+    action: &'static str,
+    value: &Value,
+) -> Result<P, SourceError> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| SourceError::bad_resume(name, action, value, e.to_string()))
 }
 
 /// The span a re-readable source re-reads to replay `step`; fails with
@@ -144,12 +150,12 @@ pub fn replay_target<C: Serialize + DeserializeOwned>(
             data: None,
             ..
         } => Span::from_value(name, "replay", position),
-        other => Err(SourceError::BadResume {
-            name: name.to_string(),
-            action: "replay",
-            resume: serde_json::to_value(other).expect("a resume serializes"),
-            reason: "this source only replays by position".to_string(),
-        }),
+        other => Err(SourceError::bad_resume(
+            name,
+            "replay",
+            &serde_json::to_value(other).expect("a resume serializes"),
+            "this source only replays by position".to_string(),
+        )),
     }
 }
 

@@ -27,8 +27,8 @@ use crate::process::Process;
 use crate::protocol::{Message, Protocol};
 use serde_json::{Value, json};
 use sluice_source_sdk::{
-    FaultTolerance, Fetch, Lag, Position, Prefetch, QueueLimits, Queued, Records, Resume, Source,
-    SourceError, Step, Unit,
+    FaultTolerance, Fetch, Lag, Position, Prefetch, QueueLimits, Queued, ReadAhead, Records,
+    Resume, Source, SourceError, Step, Unit,
 };
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -54,8 +54,8 @@ pub struct ConnectorSource<P: Protocol> {
     label: Arc<str>,
     /// `{"state": …}`: the state the current read started from, or the last one taken.
     position: Value,
-    prefetch: Option<Prefetch<Item>>,
-    extended: bool,
+    /// Paused until the runtime extends the source.
+    read_ahead: ReadAhead<Item>,
     /// Items taken from the prefetch past a step's end.
     leftover: VecDeque<(Item, u64)>,
     ended: bool,
@@ -76,8 +76,7 @@ impl<P: Protocol> ConnectorSource<P> {
             label: format!("{} {}", P::NAME, streams.join(",")).into(),
             launch: Arc::new(launch),
             position: json!({"state": null}),
-            prefetch: None,
-            extended: false,
+            read_ahead: ReadAhead::new(true),
             leftover: VecDeque::new(),
             ended: false,
             estimates: Estimates::default(),
@@ -87,7 +86,7 @@ impl<P: Protocol> ConnectorSource<P> {
 
     /// The running read, started (from the current position) if there is none.
     fn prefetch(&mut self) -> &Prefetch<Item> {
-        if self.prefetch.is_none() {
+        if self.read_ahead.running().is_none() {
             let from = self.position["state"].clone();
             let reader = Reader::<P> {
                 launch: self.launch.clone(),
@@ -102,9 +101,9 @@ impl<P: Protocol> ConnectorSource<P> {
                 estimates: self.estimates.clone(),
                 config_error: None,
             };
-            self.prefetch = Some(Prefetch::spawn(reader, !self.extended));
+            self.read_ahead.start(reader);
         }
-        self.prefetch.as_ref().expect("started above")
+        self.read_ahead.running().expect("started above")
     }
 
     fn step(&self, records: usize, bytes: u64, end: Option<Boundary>) -> Step {
@@ -167,7 +166,7 @@ impl<P: Protocol> Source for ConnectorSource<P> {
             .ok_or_else(|| bad("not a connector state position ({\"state\": …})".into()))?;
         P::state_from(state).map_err(bad)?;
         self.position = json!({ "state": state });
-        self.prefetch = None;
+        self.read_ahead.stop();
         self.leftover.clear();
         self.ended = false;
         self.read = 0;
@@ -216,7 +215,7 @@ impl<P: Protocol> Source for ConnectorSource<P> {
                 }
                 Item::End => {
                     self.ended = true;
-                    self.prefetch = None;
+                    self.read_ahead.stop();
                     return Ok(self.step(records, bytes, Some(Boundary::End)));
                 }
             }
@@ -229,34 +228,24 @@ impl<P: Protocol> Source for ConnectorSource<P> {
             return;
         }
         // Without a read, the next queue starts the connector: nothing to wait for.
-        if let Some(prefetch) = &self.prefetch {
+        if let Some(prefetch) = self.read_ahead.running() {
             prefetch.ready().await;
         }
     }
 
     fn queued(&self) -> Queued {
-        let mut queued = self
-            .prefetch
-            .as_ref()
-            .map(Prefetch::queued)
-            .unwrap_or_default();
+        let mut queued = self.read_ahead.queued();
         queued.records += self.leftover.len();
         queued.bytes += self.leftover.iter().map(|(_, b)| b).sum::<u64>();
         queued
     }
 
     fn extend(&mut self) {
-        self.extended = true;
-        if let Some(prefetch) = &self.prefetch {
-            prefetch.extend();
-        }
+        self.read_ahead.extend();
     }
 
     fn pause(&mut self) {
-        self.extended = false;
-        if let Some(prefetch) = &self.prefetch {
-            prefetch.pause();
-        }
+        self.read_ahead.pause();
     }
 
     fn lag(&self) -> Option<Lag> {
@@ -269,7 +258,7 @@ impl<P: Protocol> Source for ConnectorSource<P> {
     }
 
     async fn disconnect(&mut self) {
-        self.prefetch = None;
+        self.read_ahead.stop();
     }
 }
 

@@ -27,8 +27,8 @@ use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sluice_source_sdk::{
-    FaultTolerance, Health, Lag, Metric, Prefetch, QueueLimits, Queued, Records, Resume, Source,
-    SourceError, Step, check_replay,
+    FaultTolerance, Health, Lag, Metric, Prefetch, QueueLimits, Queued, ReadAhead, Records, Resume,
+    Source, SourceError, Step, check_replay,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -66,10 +66,9 @@ pub struct KafkaSource {
     next: Option<BTreeMap<i32, i64>>,
     /// The high watermark last seen of each partition.
     high: BTreeMap<i32, i64>,
-    prefetch: Option<Prefetch<Fetched>>,
-    /// Reading ahead (not paused). From the start: a prefetch begins once the source
-    /// is positioned, which is when the runtime would extend it anyway.
-    extended: bool,
+    /// Not paused from the start: a prefetch begins once the source is positioned,
+    /// which is when the runtime would extend it anyway.
+    read_ahead: ReadAhead<Fetched>,
     /// A failure to start reading met in `ready`, reported by the next `queue`.
     failed: Option<SourceError>,
 }
@@ -89,8 +88,7 @@ impl KafkaSource {
             broker: None,
             next: None,
             high: BTreeMap::new(),
-            prefetch: None,
-            extended: true,
+            read_ahead: ReadAhead::new(false),
             failed: None,
         }
     }
@@ -199,7 +197,7 @@ impl KafkaSource {
     /// The prefetch, started when missing: positioned at `next` (or the configured
     /// start), with partitions added since read from their beginning.
     async fn reading(&mut self) -> Result<&Prefetch<Fetched>, SourceError> {
-        if self.prefetch.is_none() {
+        if self.read_ahead.running().is_none() {
             let broker = self.broker().await?;
             let partitions = broker.partitions().await?;
             let assigned = self.assigned(&partitions)?;
@@ -223,9 +221,9 @@ impl KafkaSource {
             );
             self.next = Some(next);
             self.high = high;
-            self.prefetch = Some(Prefetch::spawn(fetch, !self.extended));
+            self.read_ahead.start(fetch);
         }
-        Ok(self.prefetch.as_ref().expect("started above"))
+        Ok(self.read_ahead.running().expect("started above"))
     }
 
     /// Re-reads `[begin, end)` of `partition`, skipping offsets missing from it.
@@ -328,7 +326,7 @@ impl Source for KafkaSource {
                 ));
             }
         }
-        self.prefetch = None;
+        self.read_ahead.stop();
         self.next = Some(target.next);
         Ok(())
     }
@@ -354,7 +352,7 @@ impl Source for KafkaSource {
         };
         let broker = self.broker().await?;
         self.check_partitions(&broker.partitions().await?, target.next.keys())?;
-        self.prefetch = None;
+        self.read_ahead.stop();
         let first = out.len();
         let mut acc = Acc::default();
         for (&partition, &range) in &target.read {
@@ -384,7 +382,7 @@ impl Source for KafkaSource {
         let mut taken = taken.inspect_err(|_| {
             // Its task ended with the error: the next call starts a new one, after what
             // was queued.
-            self.prefetch = None;
+            self.read_ahead.stop();
         })?;
         // Grouped by partition, each in offset order (a stable sort of a FIFO): the
         // order a replay reads the ranges in.
@@ -441,24 +439,15 @@ impl Source for KafkaSource {
     }
 
     fn queued(&self) -> Queued {
-        self.prefetch
-            .as_ref()
-            .map(Prefetch::queued)
-            .unwrap_or_default()
+        self.read_ahead.queued()
     }
 
     fn extend(&mut self) {
-        self.extended = true;
-        if let Some(prefetch) = &self.prefetch {
-            prefetch.extend();
-        }
+        self.read_ahead.extend();
     }
 
     fn pause(&mut self) {
-        self.extended = false;
-        if let Some(prefetch) = &self.prefetch {
-            prefetch.pause();
-        }
+        self.read_ahead.pause();
     }
 
     /// Offsets behind each partition's high watermark last seen, summed.
@@ -469,7 +458,7 @@ impl Source for KafkaSource {
 
     /// Its prefetch buffer: the fetched records not yet queued, and their slots.
     fn memory(&self) -> u64 {
-        self.prefetch.as_ref().map_or(0, Prefetch::memory)
+        self.read_ahead.memory()
     }
 
     /// Each partition's offsets behind its high watermark last seen, and the records
@@ -498,7 +487,7 @@ impl Source for KafkaSource {
     }
 
     async fn disconnect(&mut self) {
-        self.prefetch = None;
+        self.read_ahead.stop();
         self.broker = None;
     }
 }

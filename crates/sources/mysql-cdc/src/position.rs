@@ -54,34 +54,23 @@
 //! none did).
 
 use serde::{Deserialize, Serialize};
+/// A captured table, as positions name it (shared by the CDC sources).
+pub use sluice_source_sdk::cdc::TableName;
+use sluice_source_sdk::cdc::{self, push_segment, quiet_step_wait, segments_after, segments_of};
 use std::cmp::Ordering;
 use std::time::Duration;
-
-/// A quiet step is made once the stream has read this much binary log past the last
-/// checkpointed end with nothing captured (or a rotation into a new file), [`QUIET_EVERY`]
-/// after the position last moved: a busy server whose captured tables are quiet then
-/// checkpoints every few seconds, and the committed position stays in the newest log
-/// files, clear of a purge of the old ones.
-pub const QUIET_BYTES: u64 = 1 << 20;
-/// The least time between quiet steps (each is a small transaction of its own).
-pub const QUIET_EVERY: Duration = Duration::from_secs(3);
-/// Below [`QUIET_BYTES`], a quiet step waits this long after the position last moved:
-/// a pipeline whose store lives on the same server writes binary log with each commit,
-/// and checkpointing that at once would make a transaction of it every few seconds
-/// forever.
-pub const QUIET_IDLE: Duration = Duration::from_secs(60);
 
 /// When the stream owes a quiet step (a step without records that moves the
 /// checkpointed position to `end`), counted from when the position last moved: `end`
 /// is where the stream is (a transaction boundary), `recorded` the end of the last step
-/// the runtime checkpoints. None: no step is owed.
+/// the runtime checkpoints (a rotation into a later file counts as far). None: no step
+/// is owed.
 pub fn quiet_step_after(end: &BinlogPos, recorded: &BinlogPos) -> Option<Duration> {
     (end > recorded).then(|| {
-        let far = end.file != recorded.file || end.pos.saturating_sub(recorded.pos) >= QUIET_BYTES;
-        match far {
-            true => QUIET_EVERY,
-            false => QUIET_IDLE,
-        }
+        quiet_step_wait(match end.file == recorded.file {
+            true => end.pos.saturating_sub(recorded.pos),
+            false => u64::MAX,
+        })
     })
 }
 
@@ -200,27 +189,8 @@ pub struct Part {
     pub to: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TableName {
-    pub schema: String,
-    pub table: String,
-}
-
-impl std::fmt::Display for TableName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.schema, self.table)
-    }
-}
-
 /// The backfilled ranges of one table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TableSegments {
-    #[serde(flatten)]
-    pub name: TableName,
-    pub segments: Vec<Segment>,
-}
+pub type TableSegments = cdc::TableSegments<Segment>;
 
 /// Keys up to `upto` (text forms; none: the end of the table) were read at `at`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -283,10 +253,9 @@ impl Segments {
     /// ending at `end`: whatever its key when every segment (through the table's end)
     /// was read at or after `end`, or none was; else by the segment its key falls in.
     pub fn holds(&self, table: &TableName, end: &BinlogPos) -> Holds<'_> {
-        let Some(entry) = self.0.iter().find(|t| &t.name == table) else {
+        let Some(segments) = segments_of(&self.0, table) else {
             return Holds::Always(false);
         };
-        let segments = &entry.segments;
         let whole = segments.last().is_some_and(|s| s.upto.is_none());
         if whole && segments.iter().all(|s| end <= &s.at) {
             return Holds::Always(true);
@@ -299,25 +268,12 @@ impl Segments {
 
     /// Only the segments that can skip a change of a transaction ending after `pos`.
     pub fn after(&self, pos: &BinlogPos) -> Segments {
-        Segments(
-            self.0
-                .iter()
-                .filter(|t| t.segments.iter().any(|s| &s.at > pos))
-                .cloned()
-                .collect(),
-        )
+        Segments(segments_after(&self.0, |s| &s.at > pos))
     }
 
     /// Adds the range of `table` up to `upto` read at `at` (ranges come in key order).
     pub fn push(&mut self, table: &TableName, upto: Option<Vec<String>>, at: BinlogPos) {
-        let segment = Segment { upto, at };
-        match self.0.iter_mut().find(|t| &t.name == table) {
-            Some(entry) => entry.segments.push(segment),
-            None => self.0.push(TableSegments {
-                name: table.clone(),
-                segments: vec![segment],
-            }),
-        }
+        push_segment(&mut self.0, table, Segment { upto, at });
     }
 }
 
@@ -435,6 +391,7 @@ impl<'de> Deserialize<'de> for GtidState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_source_sdk::cdc::{QUIET_BYTES, QUIET_EVERY, QUIET_IDLE};
 
     fn name(t: &str) -> TableName {
         TableName {

@@ -50,7 +50,9 @@
 //!
 //! The backfill phase lives in `source/backfill.rs`, the streaming phase in
 //! `source/stream.rs`, the replay of streamed steps in `source/replay.rs`; the pure
-//! rules in `position`, the I/O in `catalog` and `binlog`.
+//! rules in `position`, the I/O in `catalog` and `binlog`; what it shares with
+//! `postgres_cdc` (chunked backfill steps, the read-ahead of transactions, the
+//! step-making) in `sluice_source_sdk::cdc`.
 
 mod backfill;
 mod replay;
@@ -66,9 +68,10 @@ use crate::monitor::Monitor;
 use crate::position::{CdcPosition, Part, Segments, TableName};
 use mysql_async::Opts;
 use serde_json::Value;
+use sluice_source_sdk::cdc::{self, Chunks};
 use sluice_source_sdk::{
-    FaultTolerance, InvalidConfig, Lag, Position, QueueLimits, Queued, Records, Resume, Source,
-    SourceError, Step, StepHasher, Unit, check_replay,
+    FaultTolerance, InvalidConfig, Lag, QueueLimits, Queued, Records, Resume, Source, SourceError,
+    Step, check_replay, parse_resume,
 };
 use std::sync::Arc;
 
@@ -174,7 +177,8 @@ impl MysqlCdcSource {
                 let mut catalog = self.catalog().await?;
                 let tables = self.describe(&mut catalog, &self.tables()).await?;
                 let (snapshot, gtid) = catalog.begin_snapshot().await?;
-                backfill(catalog, tables, snapshot.clone(), gtid, 0, None, snapshot)
+                let chunks = Chunks::new(0, None, self.config.chunk_rows);
+                backfill(catalog, tables, snapshot.clone(), gtid, chunks, snapshot)
                     .with(Segments::default())
             }
             Some(CdcPosition::Backfill {
@@ -197,7 +201,8 @@ impl MysqlCdcSource {
                     self.check_available(&mut catalog, &start).await?;
                     let described = self.describe(&mut catalog, &tables).await?;
                     let (snapshot, _) = catalog.begin_snapshot().await?;
-                    backfill(catalog, described, start, gtid, table, after, snapshot).with(segments)
+                    let chunks = Chunks::new(table, after, self.config.chunk_rows);
+                    backfill(catalog, described, start, gtid, chunks, snapshot).with(segments)
                 }
             }
             // Inside a unit (the queue failed mid-unit, or a part was replayed): from
@@ -225,28 +230,6 @@ impl MysqlCdcSource {
             }
         };
         Ok(())
-    }
-
-    fn position_of(&self, at: u64, index: u64) -> Position {
-        Position::in_log(self.origin.clone(), Unit::Offset, at, index)
-    }
-
-    fn bad_resume(&self, action: &'static str, resume: &Value, reason: String) -> SourceError {
-        SourceError::BadResume {
-            name: self.name.clone(),
-            action,
-            resume: resume.clone(),
-            reason,
-        }
-    }
-
-    fn parse_position(
-        &self,
-        action: &'static str,
-        value: &Value,
-    ) -> Result<CdcPosition, SourceError> {
-        serde_json::from_value(value.clone())
-            .map_err(|e| self.bad_resume(action, value, e.to_string()))
     }
 }
 
@@ -280,9 +263,10 @@ impl Source for MysqlCdcSource {
     /// Records the position, after checking that the server still has its log. The
     /// stream opens at the first `queue` or `replay`.
     async fn seek(&mut self, position: &Value) -> Result<(), SourceError> {
-        let parsed = self.parse_position("seek to", position)?;
+        let parsed: CdcPosition = parse_resume(&self.name, "seek to", position)?;
         if let Some(part) = parsed.mid_unit() {
-            return Err(self.bad_resume(
+            return Err(SourceError::bad_resume(
+                &self.name,
                 "seek to",
                 position,
                 format!(
@@ -312,37 +296,19 @@ impl Source for MysqlCdcSource {
     async fn replay(&mut self, step: &Resume, out: &mut Records) -> Result<Step, SourceError> {
         let Resume::Replay { position, data, .. } = step else {
             let resume = serde_json::to_value(step).expect("a resume serializes");
-            return Err(self.bad_resume("replay", &resume, "not a step of this source".into()));
+            return Err(SourceError::bad_resume(
+                &self.name,
+                "replay",
+                &resume,
+                "not a step of this source".into(),
+            ));
         };
-        let parsed = self.parse_position("replay", position)?;
+        let parsed: CdcPosition = parse_resume(&self.name, "replay", position)?;
         let first = out.len();
         self.phase = Phase::Idle;
         let replayed = match (&parsed, data) {
             (CdcPosition::Backfill { snapshot, .. }, Some(data)) => {
-                let mut hasher = StepHasher::new();
-                hasher.append(data);
-                let mut records = 0;
-                for line in data.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                    out.push_json(
-                        line,
-                        self.position_of(snapshot.pos, records as u64),
-                        line.len(),
-                    );
-                    records += 1;
-                }
-                Step {
-                    records,
-                    bytes: data.len() as u64,
-                    errors: Vec::new(),
-                    end_of_input: false,
-                    advances: false,
-                    unit_continues: false,
-                    resume: Resume::Replay {
-                        position: position.clone(),
-                        data: Some(data.clone()),
-                        hash: hasher.finish(),
-                    },
-                }
+                cdc::replay_journal(&self.origin, snapshot.pos, data, position, out)
             }
             (
                 CdcPosition::Stream {
@@ -380,7 +346,8 @@ impl Source for MysqlCdcSource {
                 self.stream_step(begin, here, &txns, out, (false, *part, *quiet))
             }
             _ => {
-                return Err(self.bad_resume(
+                return Err(SourceError::bad_resume(
+                    &self.name,
                     "replay",
                     position,
                     "a backfill step journals its rows, a streamed one does not".into(),
@@ -412,50 +379,29 @@ impl Source for MysqlCdcSource {
     }
 
     async fn ready(&mut self) {
-        if let Phase::Stream(s) = &self.phase
-            && s.pending.is_none()
-            && let Some(prefetch) = &s.prefetch
-        {
-            match s.quiet_due() {
-                // A quiet step owed: `queue` makes it when due.
-                Some(due) => tokio::select! {
-                    () = prefetch.ready() => {}
-                    () = tokio::time::sleep_until(due.into()) => {}
-                },
-                None => prefetch.ready().await,
-            }
+        if let Phase::Stream(s) = &self.phase {
+            s.read_ahead.ready(s.quiet_due()).await;
         }
     }
 
     fn queued(&self) -> Queued {
         match &self.phase {
-            Phase::Stream(s) => {
-                let mut queued = s.prefetch.as_ref().map(|p| p.queued()).unwrap_or_default();
-                if let Some(txn) = &s.pending {
-                    queued.records += txn.ends.len();
-                    queued.bytes += txn.text.len() as u64;
-                }
-                queued
-            }
+            Phase::Stream(s) => s.read_ahead.queued(),
             _ => Queued::default(),
         }
     }
 
     fn extend(&mut self) {
         self.paused = false;
-        if let Phase::Stream(s) = &self.phase
-            && let Some(p) = &s.prefetch
-        {
-            p.extend();
+        if let Phase::Stream(s) = &mut self.phase {
+            s.read_ahead.extend();
         }
     }
 
     fn pause(&mut self) {
         self.paused = true;
-        if let Phase::Stream(s) = &self.phase
-            && let Some(p) = &s.prefetch
-        {
-            p.pause();
+        if let Phase::Stream(s) = &mut self.phase {
+            s.read_ahead.pause();
         }
     }
 

@@ -42,31 +42,20 @@
 //! with `L` above its `begin` (every later transaction's commit starts at or after it).
 
 use serde::{Deserialize, Serialize};
+/// A captured table, as positions name it (shared by the CDC sources).
+pub use sluice_source_sdk::cdc::TableName;
+use sluice_source_sdk::cdc::{self, push_segment, quiet_step_wait, segments_after, segments_of};
 use std::cmp::Ordering;
 use std::time::Duration;
-
-/// A quiet step is made once the server has sent this much WAL past the last
-/// checkpointed end with nothing captured, [`QUIET_EVERY`] after the position last
-/// moved: a busy database whose captured tables are quiet then confirms every few
-/// seconds, and what the slot holds back stays within a WAL segment (16 MiB) or two.
-pub const QUIET_BYTES: u64 = 1 << 20;
-/// The least time between quiet steps (each is a small transaction of its own).
-pub const QUIET_EVERY: Duration = Duration::from_secs(3);
-/// Below [`QUIET_BYTES`], a quiet step waits this long after the position last moved:
-/// a pipeline whose store lives on the same server writes WAL with each commit, and
-/// confirming that at once would make a transaction of it every few seconds forever.
-pub const QUIET_IDLE: Duration = Duration::from_secs(60);
 
 /// When the stream owes a quiet step (a step without records that moves the position
 /// to `sent`), counted from when the position last moved: `sent` is what a keepalive
 /// between transactions said the server had sent through, `end` the stream's
-/// position, `recorded` the end of the last step the runtime checkpoints. None: no
-/// step is owed (nothing was sent past `end`).
+/// position, `recorded` the end of the last step the runtime checkpoints (the WAL
+/// between it and `sent` is what the slot holds back for nothing). None: no step is
+/// owed (nothing was sent past `end`).
 pub fn quiet_step_after(sent: u64, end: u64, recorded: u64) -> Option<Duration> {
-    (sent > end).then(|| match sent.saturating_sub(recorded) >= QUIET_BYTES {
-        true => QUIET_EVERY,
-        false => QUIET_IDLE,
-    })
+    (sent > end).then(|| quiet_step_wait(sent.saturating_sub(recorded)))
 }
 
 /// A step's resume position (see the module docs).
@@ -136,27 +125,8 @@ pub struct Part {
     pub to: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TableName {
-    pub schema: String,
-    pub table: String,
-}
-
-impl std::fmt::Display for TableName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.schema, self.table)
-    }
-}
-
 /// The backfilled ranges of one table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TableSegments {
-    #[serde(flatten)]
-    pub name: TableName,
-    pub segments: Vec<Segment>,
-}
+pub type TableSegments = cdc::TableSegments<Segment>;
 
 /// Keys up to `upto` (text forms; none: the end of the table) were read at `lsn`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,10 +190,10 @@ impl Segments {
         key: &[String],
         final_lsn: u64,
     ) -> bool {
-        let Some(entry) = self.0.iter().find(|t| &t.name == table) else {
+        let Some(segments) = segments_of(&self.0, table) else {
             return false;
         };
-        let segment = entry.segments.iter().find(|s| match (&s.upto, kinds) {
+        let segment = segments.iter().find(|s| match (&s.upto, kinds) {
             (None, _) => true,
             (Some(upto), Some(kinds)) => compare_keys(kinds, key, upto) != Ordering::Greater,
             (Some(_), None) => false,
@@ -233,32 +203,20 @@ impl Segments {
 
     /// Only the segments that can skip a change committed after `lsn`.
     pub fn after(&self, lsn: u64) -> Segments {
-        Segments(
-            self.0
-                .iter()
-                .filter(|t| t.segments.iter().any(|s| s.lsn > lsn))
-                .cloned()
-                .collect(),
-        )
+        Segments(segments_after(&self.0, |s| s.lsn > lsn))
     }
 
     /// Adds the range of `table` up to `upto` read at `lsn` (appended: ranges are read
     /// in key order).
     pub fn push(&mut self, table: &TableName, upto: Option<Vec<String>>, lsn: u64) {
-        let segment = Segment { upto, lsn };
-        match self.0.iter_mut().find(|t| &t.name == table) {
-            Some(entry) => entry.segments.push(segment),
-            None => self.0.push(TableSegments {
-                name: table.clone(),
-                segments: vec![segment],
-            }),
-        }
+        push_segment(&mut self.0, table, Segment { upto, lsn });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_source_sdk::cdc::{QUIET_EVERY, QUIET_IDLE};
 
     fn name(t: &str) -> TableName {
         TableName {

@@ -11,10 +11,8 @@ use crate::catalog::{Catalog, Table};
 use crate::doc::Layout;
 use crate::position::{BinlogPos, CdcPosition, Segments};
 use crate::types::Origin;
-use sluice_source_sdk::{
-    Position, QueueLimits, Records, Resume, SourceError, Step, StepHasher, Unit,
-};
-use std::collections::VecDeque;
+use sluice_source_sdk::cdc::{Chunks, Fill, Journal};
+use sluice_source_sdk::{QueueLimits, Records, SourceError, Step};
 
 pub(super) struct Backfill {
     catalog: Catalog,
@@ -22,12 +20,11 @@ pub(super) struct Backfill {
     layouts: Vec<Layout>,
     start: BinlogPos,
     gtid: String,
-    table: usize,
-    after: Option<Vec<String>>,
+    /// The table being read, the key of its last row handed over, its rows read and
+    /// not yet handed over.
+    chunks: Chunks<Vec<Option<mysql_async::Value>>>,
     snapshot: BinlogPos,
     segments: Segments,
-    rows: VecDeque<Vec<Option<mysql_async::Value>>>,
-    exhausted: bool,
 }
 
 impl MysqlCdcSource {
@@ -39,92 +36,58 @@ impl MysqlCdcSource {
         let Phase::Backfill(b) = &mut self.phase else {
             return Ok(None);
         };
-        let chunk_rows = self.config.chunk_rows;
-        let mut data = Vec::new();
-        let mut records = 0usize;
-        let mut doc = Vec::new();
-        'step: while b.table < b.tables.len() {
-            let table = &b.tables[b.table];
-            let whole = !table.chunked;
-            if whole && records > 0 {
-                break; // a table read whole is a step of its own
-            }
-            while let Some(row) = b.rows.pop_front() {
-                if !whole
-                    && records > 0
-                    && (records >= limits.max_records || data.len() as u64 >= limits.max_bytes)
-                {
-                    b.rows.push_front(row);
-                    break 'step;
+        let Backfill {
+            catalog,
+            tables,
+            layouts,
+            start,
+            gtid,
+            chunks,
+            snapshot,
+            segments,
+        } = &mut **b;
+        let mut journal = Journal::new(out, &self.origin, snapshot.pos);
+        loop {
+            let fill = chunks.fill(
+                &mut journal,
+                limits,
+                tables.len(),
+                // Keyed by a JSON column: read whole.
+                |i| !tables[i].chunked,
+                |i, row, doc| {
+                    let table = &tables[i];
+                    layouts[i].write(doc, table, "r", snapshot, None, row, Origin::Snapshot);
+                },
+                |i, row| tables[i].key_of(row, Origin::Snapshot),
+            );
+            match fill {
+                Fill::StepEnds => break,
+                Fill::TableRead { table } => {
+                    segments.push(&tables[table].name, None, snapshot.clone());
                 }
-                doc.clear();
-                b.layouts[b.table].write(
-                    &mut doc,
-                    table,
-                    "r",
-                    &b.snapshot,
-                    None,
-                    &row,
-                    Origin::Snapshot,
-                );
-                out.push_json(
-                    &doc,
-                    Position::in_log(
-                        self.origin.clone(),
-                        Unit::Offset,
-                        b.snapshot.pos,
-                        records as u64,
-                    ),
-                    doc.len(),
-                );
-                data.extend_from_slice(&doc);
-                data.push(b'\n');
-                records += 1;
-                if !whole {
-                    b.after = Some(table.key_of(&row, Origin::Snapshot));
+                Fill::Chunk { limit, whole } => {
+                    let table = &tables[chunks.table];
+                    let after = match &chunks.after {
+                        Some(after) if !whole => {
+                            Some(table.key_params(after).map_err(|reason| {
+                                SourceError::BadResume {
+                                    name: self.name.clone(),
+                                    action: "resume the snapshot of",
+                                    resume: serde_json::json!({"table": table.name.to_string(), "after": after}),
+                                    reason,
+                                }
+                            })?)
+                        }
+                        _ => None,
+                    };
+                    let rows = catalog.chunk(table, after, limit).await?;
+                    chunks.add(rows, limit, whole);
                 }
             }
-            if b.exhausted {
-                let name = table.name.clone();
-                b.segments.push(&name, None, b.snapshot.clone());
-                b.table += 1;
-                b.after = None;
-                b.exhausted = false;
-                continue;
-            }
-            let limit = if whole {
-                usize::MAX
-            } else {
-                chunk_rows.min(limits.max_records.max(1))
-            };
-            let after = match &b.after {
-                Some(after) if !whole => Some(table.key_params(after).map_err(|reason| {
-                    SourceError::BadResume {
-                        name: self.name.clone(),
-                        action: "resume the snapshot of",
-                        resume: serde_json::json!({"table": table.name.to_string(), "after": after}),
-                        reason,
-                    }
-                })?),
-                _ => None,
-            };
-            let rows = b.catalog.chunk(table, after, limit).await?;
-            b.exhausted = whole || rows.len() < limit;
-            b.rows.extend(rows);
         }
-        let position = CdcPosition::Backfill {
-            start: b.start.clone(),
-            gtid: b.gtid.clone(),
-            tables: b.tables.iter().map(|t| t.name.clone()).collect(),
-            table: b.table,
-            after: b.after.clone(),
-            snapshot: b.snapshot.clone(),
-            segments: b.segments.0.clone(),
-        };
-        let done = b.table >= b.tables.len();
-        if done && records == 0 {
+        if chunks.table >= tables.len() && journal.records() == 0 {
             // Nothing left to read: stream from where the first snapshot was.
-            let (start, segments) = (b.start.clone(), b.segments.clone());
+            let (start, segments) = (start.clone(), segments.clone());
             self.phase = Phase::Idle;
             self.resume = Some(CdcPosition::Stream {
                 begin: start.clone(),
@@ -137,21 +100,17 @@ impl MysqlCdcSource {
             });
             return Ok(None);
         }
-        let mut hasher = StepHasher::new();
-        hasher.append(&data);
-        Ok(Some(Step {
-            records,
-            bytes: data.len() as u64,
-            errors: Vec::new(),
-            end_of_input: false,
-            advances: false,
-            unit_continues: false,
-            resume: Resume::Replay {
-                position: serde_json::to_value(&position).expect("a position serializes"),
-                data: Some(data),
-                hash: hasher.finish(),
-            },
-        }))
+        let position = CdcPosition::Backfill {
+            start: start.clone(),
+            gtid: gtid.clone(),
+            tables: tables.iter().map(|t| t.name.clone()).collect(),
+            table: chunks.table,
+            after: chunks.after.clone(),
+            snapshot: snapshot.clone(),
+            segments: segments.0.clone(),
+        };
+        let position = serde_json::to_value(&position).expect("a position serializes");
+        Ok(Some(journal.into_step(position)))
     }
 }
 
@@ -165,13 +124,13 @@ impl NewBackfill {
     }
 }
 
+/// The backfill of `tables` from where `chunks` is, in the snapshot at `snapshot`.
 pub(super) fn backfill(
     catalog: Catalog,
     tables: Vec<Table>,
     start: BinlogPos,
     gtid: String,
-    table: usize,
-    after: Option<Vec<String>>,
+    chunks: Chunks<Vec<Option<mysql_async::Value>>>,
     snapshot: BinlogPos,
 ) -> NewBackfill {
     let layouts = tables.iter().map(Layout::new).collect();
@@ -181,11 +140,8 @@ pub(super) fn backfill(
         layouts,
         start,
         gtid,
-        table,
-        after,
+        chunks,
         snapshot,
         segments: Segments::default(),
-        rows: VecDeque::new(),
-        exhausted: false,
     })
 }

@@ -8,13 +8,16 @@ use crate::binlog::{Dump, Fetcher, Item, Start, Txn};
 use crate::catalog::Catalog;
 use crate::position::{BinlogPos, CdcPosition, Gtid, GtidState, Part, Segments, quiet_step_after};
 use serde_json::Value;
-use sluice_source_sdk::{Prefetch, QueueLimits, Records, Resume, SourceError, Step, StepHasher};
+use sluice_source_sdk::cdc::{
+    self, Next, Offer, Streamed, Transaction, TxnBatch, TxnMeta, TxnReadAhead,
+};
+use sluice_source_sdk::{QueueLimits, Records, SourceError, Step};
 use std::time::Instant;
 
 pub(super) struct Streaming {
+    /// A stream not yet reading ahead; taken by the read-ahead at the first step.
     pub(super) dump: Option<Dump>,
-    pub(super) prefetch: Option<Prefetch<Item>>,
-    pub(super) pending: Option<Txn>,
+    pub(super) read_ahead: TxnReadAhead<Item, Txn>,
     /// The end of the last transaction handed over.
     pub(super) end: BinlogPos,
     pub(super) gtid: Option<String>,
@@ -45,7 +48,7 @@ impl Streaming {
     /// When a quiet step is due, if one is owed (never inside a unit or with a
     /// transaction pending).
     pub(super) fn quiet_due(&self) -> Option<Instant> {
-        if self.unit.is_some() || self.pending.is_some() {
+        if self.unit.is_some() || self.read_ahead.pending.is_some() {
             return None;
         }
         quiet_step_after(&self.end, &self.recorded).map(|after| self.moved + after)
@@ -84,13 +87,7 @@ impl Streaming {
             state: self.state.clone(),
             segments: self.segments.clone(),
         };
-        let drained = self.caught_up
-            && self.unit.is_none()
-            && self.pending.is_none()
-            && self
-                .prefetch
-                .as_ref()
-                .is_none_or(|p| p.queued().records == 0);
+        let drained = self.caught_up && self.unit.is_none() && self.read_ahead.drained();
         (here, drained, self.read.clone())
     }
 
@@ -103,6 +100,23 @@ impl Streaming {
             self.recorded = at.clone();
             self.read = at.clone();
             self.caught_up = false;
+        }
+    }
+}
+
+impl Transaction for Txn {
+    fn docs(&self) -> impl Iterator<Item = &[u8]> {
+        Txn::docs(self)
+    }
+
+    fn meta(&self) -> TxnMeta {
+        TxnMeta {
+            docs: self.ends.len(),
+            bytes: self.text.len() as u64,
+            first: self.first,
+            whole: self.whole(),
+            // Where the transaction's first event starts (its documents' `_meta/pos`).
+            log_offset: self.start.pos,
         }
     }
 }
@@ -218,8 +232,7 @@ impl MysqlCdcSource {
         };
         Ok(Phase::Stream(Box::new(Streaming {
             dump: Some(dump),
-            prefetch: None,
-            pending: None,
+            read_ahead: TxnReadAhead::new(self.paused),
             caught_up: !by_gtid && from >= server_end,
             end: from.clone(),
             gtid,
@@ -265,8 +278,7 @@ impl MysqlCdcSource {
     }
 
     /// The step of the whole transactions `txns`, from `begin` to `end`, or of one
-    /// part of a large transaction (`txns` its pieces): their documents handed over,
-    /// hashed as the replay will hash them.
+    /// part of a large transaction (`txns` its pieces) ([`cdc::stream_step`]).
     pub(super) fn stream_step(
         &self,
         begin: &BinlogPos,
@@ -275,18 +287,13 @@ impl MysqlCdcSource {
         out: &mut Records,
         (end_of_input, part, quiet): (bool, Option<Part>, bool),
     ) -> Step {
-        let (mut records, mut bytes, mut hasher) = (0, 0, StepHasher::new());
-        for txn in txns {
-            for (i, doc) in txn.docs().enumerate() {
-                let index = txn.first + i as u64;
-                out.push_json(doc, self.position_of(txn.start.pos, index), doc.len());
-                hasher.append(doc);
-                hasher.append(b"\n");
-                records += 1;
-                bytes += doc.len() as u64;
-            }
-        }
-        let unit_continues = part.is_some_and(|p| p.to.is_some());
+        let streamed = match (part, quiet) {
+            (Some(part), _) => Streamed::Part {
+                last: part.to.is_none(),
+            },
+            (None, true) => Streamed::Quiet,
+            (None, false) => Streamed::Txns,
+        };
         let position = CdcPosition::Stream {
             begin: begin.clone(),
             end: here.end,
@@ -296,20 +303,8 @@ impl MysqlCdcSource {
             part,
             quiet,
         };
-        Step {
-            records,
-            bytes,
-            errors: Vec::new(),
-            end_of_input: end_of_input && !unit_continues,
-            // A last part without documents still ends the unit and moves the position.
-            advances: quiet || (part.is_some() && !unit_continues && records == 0),
-            unit_continues,
-            resume: Resume::Replay {
-                position: serde_json::to_value(&position).expect("a position serializes"),
-                data: None,
-                hash: hasher.finish(),
-            },
-        }
+        let position = serde_json::to_value(&position).expect("a position serializes");
+        cdc::stream_step(&self.origin, txns, out, position, end_of_input, streamed)
     }
 
     /// After a streamed step failed: the next open goes on where the step began
@@ -347,57 +342,45 @@ impl MysqlCdcSource {
         limits: QueueLimits,
         out: &mut Records,
     ) -> Result<Step, SourceError> {
-        let paused = self.paused;
         let Phase::Stream(s) = &mut self.phase else {
             unreachable!("opened above: a backfill returns its step, else the stream is open")
         };
         if let Some(dump) = s.dump.take() {
-            s.prefetch = Some(Prefetch::spawn(Fetcher(dump), paused));
+            s.read_ahead.start(Fetcher(dump));
         }
         let (mut begin, unit, begin_state) = (s.end.clone(), s.unit, s.state.clone());
-        let (mut records, mut bytes) = (0usize, 0u64);
-        let mut taken = Vec::new();
+        let mut batch = TxnBatch::default();
         let mut part = None;
         loop {
-            let txn = match s.pending.take() {
-                Some(txn) => txn,
-                None => {
-                    let one = QueueLimits {
-                        max_records: 1,
-                        max_bytes: u64::MAX,
-                    };
-                    let prefetch = s.prefetch.as_ref().expect("spawned above");
-                    let mut items = match prefetch.take(one) {
-                        Ok(items) => items,
-                        Err(e) => {
-                            self.failed_at(begin, begin_state, unit);
-                            return Err(e);
-                        }
-                    };
-                    if !s.anchored
-                        && let Some(item) = items.last()
-                    {
-                        s.anchor(match item {
-                            Item::Txn(txn) => &txn.start,
-                            Item::Heartbeat { end } => end,
-                        });
-                        begin = s.end.clone();
+            let next = match s.read_ahead.take_next() {
+                Ok(Some(next)) => next,
+                Ok(None) => break,
+                Err(e) => {
+                    self.failed_at(begin, begin_state, unit);
+                    return Err(e);
+                }
+            };
+            if !s.anchored
+                && let Next::Fetched(item) = &next
+            {
+                s.anchor(match item {
+                    Item::Txn(txn) => &txn.start,
+                    Item::Heartbeat { end } => end,
+                });
+                begin = s.end.clone();
+            }
+            let txn = match next {
+                Next::Pending(txn) | Next::Fetched(Item::Txn(txn)) => txn,
+                Next::Fetched(Item::Heartbeat { end }) => {
+                    s.caught_up = true;
+                    // Everything before it was taken (FIFO).
+                    if s.read_ahead.pending.is_none() && s.unit.is_none() && end > s.read {
+                        s.read = end.clone();
                     }
-                    match items.pop() {
-                        None => break,
-                        Some(Item::Heartbeat { end }) => {
-                            s.caught_up = true;
-                            // Everything before it was taken (FIFO).
-                            if s.pending.is_none() && s.unit.is_none() && end > s.read {
-                                s.read = end.clone();
-                            }
-                            if end.file == s.end.file || end > s.server_end {
-                                s.server_end = end;
-                            }
-                            continue;
-                        }
-                        Some(Item::Txn(txn)) => txn,
+                    if end.file == s.end.file || end > s.server_end {
+                        s.server_end = end;
                     }
+                    continue;
                 }
             };
             let txn = match s.unit {
@@ -407,23 +390,17 @@ impl MysqlCdcSource {
                     None => continue,
                 },
             };
-            if !txn.whole() {
-                // A part of a large transaction: a step of its own.
-                match taken.is_empty() {
-                    true => part = Some(txn),
-                    false => s.pending = Some(txn),
+            match batch.offer(txn, limits) {
+                Offer::Taken => s.took(batch.txns.last().expect("just taken")),
+                Offer::Part(txn) => {
+                    part = Some(txn);
+                    break;
                 }
-                break;
+                Offer::Full(txn) => {
+                    s.read_ahead.pending = Some(txn);
+                    break;
+                }
             }
-            let docs = txn.ends.len();
-            if records > 0 && (records + docs > limits.max_records || bytes >= limits.max_bytes) {
-                s.pending = Some(txn);
-                break;
-            }
-            records += docs;
-            bytes += txn.text.len() as u64;
-            s.took(&txn);
-            taken.push(txn);
         }
         if let Some(txn) = part {
             let to = match &txn.end {
@@ -454,6 +431,7 @@ impl MysqlCdcSource {
         }
         // Only transactions of other tables since the last checkpointed step, for a
         // while: a step without records moves the checkpoint past them.
+        let records = batch.records();
         let quiet = records == 0 && s.quiet_due().is_some_and(|due| due <= Instant::now());
         if records > 0 || quiet {
             s.record();
@@ -463,7 +441,7 @@ impl MysqlCdcSource {
             &begin,
             here,
             &read,
-            &taken,
+            &batch.txns,
             out,
             (end_of_input, None, quiet),
         ))

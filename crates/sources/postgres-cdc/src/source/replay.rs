@@ -38,7 +38,7 @@ impl PostgresCdcSource {
         };
         let reuse = matches!(&self.phase, Phase::Stream(s)
             if s.stream.is_some() && s.end == begin && s.unit == at
-                && s.pending.as_ref().is_none_or(|t| at.is_some_and(|u| t.first == u.next)));
+                && s.read_ahead.pending.as_ref().is_none_or(|t| at.is_some_and(|u| t.first == u.next)));
         if !reuse {
             self.phase = Phase::Idle;
             let (stream, feedback) = self.stream_from(begin, segments.clone()).await?;
@@ -48,6 +48,7 @@ impl PostgresCdcSource {
                 begin,
                 segments.clone(),
                 None,
+                self.paused,
             )));
         }
         if let Shape::Part(part) = shape {
@@ -83,7 +84,7 @@ impl PostgresCdcSource {
                 let commit = format_lsn(txn.end_lsn.unwrap_or(txn.final_lsn));
                 match (quiet, after_end) {
                     (true, true) => {
-                        s.pending = Some(txn);
+                        s.read_ahead.pending = Some(txn);
                         break;
                     }
                     (true, false) => {
@@ -160,7 +161,7 @@ impl PostgresCdcSource {
         };
         let mut taken = Vec::new();
         loop {
-            let txn = match s.pending.take() {
+            let txn = match s.read_ahead.pending.take() {
                 Some(txn) => txn,
                 None => match stream.next().await? {
                     Item::Sent { wal_end, caught_up } => {
@@ -177,7 +178,7 @@ impl PostgresCdcSource {
             if let Some(to) = part.to
                 && txn.next() > to
             {
-                s.pending = Some(txn.split_off(to));
+                s.read_ahead.pending = Some(txn.split_off(to));
             }
             unit.next = txn.next();
             let commit = txn.end_lsn;
