@@ -41,7 +41,7 @@ use parquet::arrow::{ArrowWriter, PARQUET_FIELD_ID_META_KEY};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_sink_sdk::{Result, SinkError};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Iceberg's reserved field ids of a position delete file's columns.
@@ -311,7 +311,9 @@ pub async fn commit(
     let schema = md.current_schema().clone();
     let spec = md.default_partition_spec().clone();
     let mut manifests = current_manifests(table).await?;
+    let staged: HashSet<String> = files.iter().map(|f| f.file_path().to_string()).collect();
     let files = rebase::rebase_deletes(table, files, snapshot_id).await?;
+    let committing: HashSet<String> = files.iter().map(|f| f.file_path().to_string()).collect();
     let mut summary = SnapshotSummaryCollector::default();
     for f in &files {
         summary.add_file(f, schema.clone(), spec.clone());
@@ -350,7 +352,19 @@ pub async fn commit(
         },
         summary: additional,
     };
-    commit_snapshot(catalog, table, new).await
+    let committed = commit_snapshot(catalog, table, new).await;
+    // What no snapshot will reference: the staged delete files a rebase replaced, once
+    // committed; the rebased ones, if not (the next attempt writes its own).
+    let (unreferenced, of) = match &committed {
+        Ok(_) => (staged.difference(&committing), "replaced by its rebase"),
+        Err(_) => (committing.difference(&staged), "of a commit that failed"),
+    };
+    for path in unreferenced {
+        if let Err(e) = table.file_io().delete(path).await {
+            tracing::warn!(%path, error = %e, "cannot remove a position delete file {of}");
+        }
+    }
+    committed
 }
 
 fn now_ms() -> i64 {

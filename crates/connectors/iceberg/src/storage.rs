@@ -195,10 +195,17 @@ impl WarehouseIo {
             None => {
                 let dir = local_path(prefix);
                 let files = unblock(move || {
-                    list_files(&dir)?
-                        .into_iter()
-                        .map(|p| Ok((p.metadata()?.modified()?, p)))
-                        .collect::<std::io::Result<Vec<_>>>()
+                    let mut out = Vec::new();
+                    for path in list_files(&dir)? {
+                        // A file removed since it was listed (a writer cleaning up
+                        // beside maintenance) is not there to judge.
+                        match path.metadata().and_then(|m| m.modified()) {
+                            Ok(modified) => out.push((modified, path)),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(out)
                 })
                 .await
                 .map_err(|e| SinkError::External(format!("cannot list {prefix}: {e}")))?;

@@ -211,6 +211,11 @@ async fn maintaining_an_upsert_table_keeps_its_view_and_the_sink_goes_on_exactly
     // compacted-away rows (rebased at commit), then the index rebuilds.
     upsert_epoch(&mut s, 13, &mut model).await;
     assert_eq!(pyiceberg_view(&f), model, "the epoch after maintenance");
+    assert_eq!(
+        common::orphans(&f).await,
+        Vec::<String>::new(),
+        "the staged deletes the rebase replaced are removed"
+    );
     assert_eq!(loaded(&mut s).await, model);
     let d14 = upsert_epoch(&mut s, 14, &mut model).await;
     assert_eq!(pyiceberg_view(&f), model);
