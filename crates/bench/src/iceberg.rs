@@ -20,6 +20,11 @@
 //! `transaction committed` lines: the reduced documents as Store messages, Arrow batches,
 //! Parquet, fsync); `ratio_parquet` is Sluice's whole run over ArrowWriter. `exact`:
 //! both tables' rows add up to the input's views.
+//!
+//! `--mode upsert` benches the other kind of table, the view: one row per key, updated
+//! in place ([`upsert`]).
+
+mod upsert;
 
 use super::loads::{sink_secs, sluice_run};
 use anyhow::{Context, bail, ensure};
@@ -36,24 +41,44 @@ use std::process::Command;
 use std::time::Instant;
 
 /// The generator's seed.
-const SEED: u64 = 7;
+pub(super) const SEED: u64 = 7;
 /// The pyiceberg baseline's script.
 const APPEND_PY: &str = include_str!("iceberg_append.py");
 
 #[derive(clap::Args)]
 pub struct IcebergArgs {
-    /// Documents in the input.
+    /// changelog: a change log table (`mode: changelog`) against ArrowWriter and
+    /// pyiceberg's append. upsert: the view (`mode: upsert`), the input reduced into it
+    /// twice (a second run of as many documents over the same keys), against pyiceberg's
+    /// `Table.upsert`.
+    #[arg(long, value_enum, default_value = "changelog")]
+    pub mode: TableMode,
+    /// Documents in the input (with --mode upsert: in each of its two runs).
     #[arg(long, default_value_t = 1_000_000)]
-    docs: u64,
+    pub docs: u64,
     /// Distinct keys among them.
     #[arg(long, default_value_t = 200_000)]
-    keys: u64,
+    pub keys: u64,
+    /// With --mode upsert: run Sluice only, not pyiceberg's baseline (its ratio is then
+    /// null); what the memory-bound test runs.
+    #[arg(long)]
+    pub no_pyiceberg: bool,
+    /// With --mode upsert: the runs' `runtime.memory_budget`.
+    #[arg(long, default_value = "64MiB")]
+    pub memory_budget: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// Keep the bench's folder (input, pipeline, catalog, warehouse, logs).
     #[arg(long)]
-    keep: bool,
+    pub keep: bool,
+}
+
+/// The sink's two kinds of table.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableMode {
+    Changelog,
+    Upsert,
 }
 
 /// One contestant's figures.
@@ -75,20 +100,14 @@ impl Figure {
 
 pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
     ensure!(args.keys > 0, "--keys must be at least 1");
-    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-bench-iceberg-{}-{}",
-        std::process::id(),
-        clock.subsec_nanos()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    let result = measure(&args, &dir);
-    if args.keep {
-        eprintln!("kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    let (sluice, sink, parquet, pyiceberg, exact) = result?;
+    ensure!(
+        args.mode == TableMode::Upsert || (!args.no_pyiceberg && args.memory_budget == "64MiB"),
+        "--no-pyiceberg and --memory-budget are options of --mode upsert"
+    );
+    let (sluice, sink, parquet, pyiceberg, exact) = match args.mode {
+        TableMode::Upsert => return upsert::run(&args),
+        TableMode::Changelog => in_folder(&args, measure)?,
+    };
     let ratio_parquet = sluice.rows_per_sec() / parquet.rows_per_sec();
     let ratio_parquet_sink = sink.rows_per_sec() / parquet.rows_per_sec();
     let ratio_pyiceberg = pyiceberg.secs / sluice.secs;
@@ -147,7 +166,28 @@ pub fn run(args: IcebergArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn progress(args: &IcebergArgs, line: impl AsRef<str>) {
+/// `measure` run in a new folder of the bench's, removed after unless `--keep`.
+pub(super) fn in_folder<T>(
+    args: &IcebergArgs,
+    measure: impl FnOnce(&IcebergArgs, &Path) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-bench-iceberg-{}-{}",
+        std::process::id(),
+        clock.subsec_nanos()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let result = measure(args, &dir);
+    if args.keep {
+        eprintln!("kept {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+pub(super) fn progress(args: &IcebergArgs, line: impl AsRef<str>) {
     if !args.json {
         eprintln!("{}", line.as_ref());
     }
@@ -176,6 +216,7 @@ materializations:
     bindings:
       - source: bench/pageviews
         resource: {{table: pageviews}}
+        delta_updates: true
 ",
             super::sql::PAGEVIEWS_COLLECTION,
             json!(input.to_string_lossy())
@@ -216,12 +257,26 @@ materializations:
 /// Writes `docs` pageviews over `keys` keys (the generator's [`SEED`]) to `path` as
 /// JSON lines; returns their total views.
 pub(super) fn write_pageviews(path: &Path, docs: u64, keys: u64) -> anyhow::Result<i64> {
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
+    std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    append_pageviews(path, 0..docs, keys)
+}
+
+/// Appends pageviews `seqs` over `keys` keys to `path` (created if missing); returns
+/// their total views.
+pub(super) fn append_pageviews(
+    path: &Path,
+    seqs: std::ops::Range<u64>,
+    keys: u64,
+) -> anyhow::Result<i64> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut file = std::io::BufWriter::new(file);
     let mut views = 0i64;
     let mut text = Vec::with_capacity(160);
-    for seq in 0..docs {
+    for seq in seqs {
         let doc = pageview(SEED, keys, seq);
         views += doc.views as i64;
         text.clear();

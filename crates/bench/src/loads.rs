@@ -62,7 +62,7 @@ pub struct LoadsArgs {
 /// One `sluice run` as measured.
 pub(super) struct Run {
     pub(super) elapsed: Duration,
-    peak_rss_bytes: u64,
+    pub(super) peak_rss_bytes: u64,
     /// User plus system CPU time, as last sampled.
     pub(super) cpu_seconds: f64,
 }

@@ -54,7 +54,9 @@ enum BenchCommand {
     /// of one-document requests to their durable 200 (p50, p99).
     Http(http::HttpArgs),
     /// Pageviews into an Apache Iceberg table, against parquet's ArrowWriter writing the
-    /// same batches and pyiceberg appending the same rows: rows/s, MB/s and ratios.
+    /// same batches and pyiceberg appending the same rows: rows/s, MB/s and ratios. With
+    /// `--mode upsert`, reduced twice into a table that is the view, against pyiceberg's
+    /// upsert: docs/s, files, the ratio and peak RSS.
     Iceberg(iceberg::IcebergArgs),
     /// One document at a time through `sluice run --follow`: the time from its source
     /// until its row is visible in the store (p50, p90, p99).

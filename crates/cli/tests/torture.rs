@@ -11,7 +11,8 @@
 //! schema (PostgreSQL) or database (MariaDB) of their own in the shared server (dropped
 //! after), except `server-restart`, which starts a private server in a temporary folder.
 //! Kafka and NATS inputs always live in a private broker the torture starts (tansu,
-//! nats-server), never the shared one.
+//! nats-server), never the shared one. The Iceberg upsert test writes to a bucket of its
+//! own on the local S3 server (moto on 127.0.0.1:9000, which `.ci/services` starts).
 //!
 //! Outputs (`--output`) are checked batch by batch besides the final comparison: a
 //! destination tampered with mid-torture must fail it, each broken rule named.
@@ -339,13 +340,39 @@ fn iceberg_random_crashes_append_each_transaction_and_key_once_with_no_orphans()
 }
 
 #[test]
-fn iceberg_refuses_standard_mode_naming_why() {
-    let out = torture(&["--store", "iceberg", "--faults", "1"]);
-    assert!(!out.status.success());
+fn iceberg_upsert_on_s3_random_crashes_leave_one_row_per_key_equal_to_the_model() {
+    // `mode: upsert` on moto's S3 server, its input with deletions: pyiceberg's scan must
+    // hold one row per key, the deleted keys absent, every row's columns its document's,
+    // and no data file unreferenced.
+    let bucket = sluice_testkit::s3::TestBucket::create("torture-iceberg-upsert");
+    let endpoint = format!("http://{}", sluice_testkit::s3::LOCAL_S3);
+    let out = torture(&[
+        "--store",
+        "iceberg",
+        "--mode",
+        "standard",
+        "--faults",
+        "8",
+        "--s3",
+        &bucket.url("torture"),
+        "--s3-endpoint",
+        &endpoint,
+    ]);
+    let [_, _, expected, ..] = assert_exact_after(&out, 8);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--store iceberg is a change log"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        expected < 300,
+        "some of the 300 keys end deleted: {expected} rows"
+    );
+}
+
+#[test]
+fn iceberg_refuses_an_input_without_order_naming_why() {
+    let out = torture(&["--store", "iceberg", "--source", "kafka", "--faults", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--store iceberg reads a file or a NATS stream"),
+        "{stderr}"
     );
 }
 

@@ -5,8 +5,10 @@
 //! is Int64, `number` (or integer and number) Float64, `boolean` Boolean, `string` Utf8,
 //! anything else (objects, arrays, several types) Utf8 holding the value's JSON text. A
 //! column is nullable unless the location must exist and cannot be null; key columns
-//! never are. The document itself is a Utf8 column of JSON text. A keyed binding ends
-//! with `_op`: `U` (the key's new value) or `D` (the key was deleted: `/_meta/op` is `d`).
+//! never are, and in a keyed binding every value column is (a deletion's row carries
+//! only its key). The document itself is a Utf8 column of JSON text. A keyed binding ends
+//! with `_op`: `U` (the key's new value) or `D` (the key was deleted: the stored
+//! document is `null`, or its `/_meta/op` is `d`).
 //!
 //! Values are read straight from the packed tuples of a Store (borrowed text), so a
 //! batch is built without a `serde_json::Value` per document.
@@ -100,8 +102,8 @@ pub fn binding_schema(binding: &Binding, keyed: bool) -> Result<BindingColumns> 
         })?;
         let inference = projection.inference.clone().unwrap_or_default();
         let kind = ColumnKind::infer(&inference.types);
-        let nullable =
-            !is_key && (!inference.must_exist || inference.types.iter().any(|t| t == "null"));
+        let may_be_absent = keyed || !inference.must_exist;
+        let nullable = !is_key && (may_be_absent || inference.types.iter().any(|t| t == "null"));
         let mut field = Field::new(name, kind.data_type(), nullable);
         if kind == ColumnKind::Json {
             field = field.with_metadata([(JSON_METADATA.to_string(), "true".into())].into());
@@ -170,9 +172,14 @@ pub fn document_column(schema: &Schema) -> Option<&str> {
         .map(|f| f.name().as_str())
 }
 
-/// Whether a document's JSON text is a deletion (`/_meta/op` is `"d"`). Only a text
+/// Whether a document's JSON text is a deletion: `null` (how the runtime stores the
+/// deletion of a standard binding's key, the protocol's deletion), or a document whose
+/// `/_meta/op` is `"d"` (a delta binding's deletion, stored as it came). Only a text
 /// that holds `"d"` at all is parsed.
 pub fn is_deletion(doc_json: &[u8]) -> bool {
+    if doc_json.trim_ascii() == b"null" {
+        return true;
+    }
     #[derive(serde::Deserialize)]
     struct Meta<'a> {
         #[serde(borrow, default)]
@@ -486,8 +493,11 @@ mod tests {
                 &DataType::Utf8
             ]
         );
-        assert!(!schema.field(0).is_nullable() && !schema.field(1).is_nullable());
-        assert!(schema.field(2).is_nullable() && schema.field(3).is_nullable());
+        // Keyed: a deletion carries only its key, so even `n`, which must exist, may be null.
+        assert!(!schema.field(0).is_nullable());
+        assert!((1..5).all(|i| schema.field(i).is_nullable()));
+        let append_only = binding_schema(&binding(), false).unwrap().schema;
+        assert!(!append_only.field(1).is_nullable() && append_only.field(2).is_nullable());
         assert_eq!(
             schema.field(4).metadata().get(JSON_METADATA).unwrap(),
             "true"
@@ -503,8 +513,8 @@ mod tests {
         push(
             &mut b,
             "b\u{0}z",
-            &[json!(-4), json!(null), json!(null), json!(null)],
-            &json!({"id": "b", "_meta": {"op": "d"}}),
+            &[json!(null), json!(null), json!(null), json!(null)],
+            &json!(null),
         );
         let batch = b.finish().unwrap().unwrap();
         assert!(
@@ -516,10 +526,8 @@ mod tests {
         let ids = ids.as_any().downcast_ref::<StringArray>().unwrap();
         assert_eq!((ids.value(0), ids.value(1)), ("a", "b\u{0}z"));
         let n = col(1);
-        assert_eq!(
-            n.as_any().downcast_ref::<Int64Array>().unwrap().value(1),
-            -4
-        );
+        let n = n.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert!(n.value(0) == 3 && n.is_null(1), "the deletion's n is null");
         let score = col(2);
         let score = score.as_any().downcast_ref::<Float64Array>().unwrap();
         assert_eq!(score.value(0), 2.0);
@@ -588,7 +596,8 @@ mod tests {
     }
 
     #[test]
-    fn only_a_meta_op_of_d_is_a_deletion() {
+    fn only_null_or_a_meta_op_of_d_is_a_deletion() {
+        assert!(is_deletion(b"null"), "a standard binding's deletion");
         assert!(is_deletion(br#"{"_meta":{"op":"d"},"id":1}"#));
         assert!(!is_deletion(br#"{"_meta":{"op":"u"},"v":"d"}"#));
         assert!(!is_deletion(br#"{"op":"d"}"#));

@@ -34,15 +34,22 @@
 //! split, etcd restart), in standard mode on a store, from a file, Kafka or NATS. Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
+//! The Iceberg store ([`iceberg`]) runs `random` and `disk-full` from a file or NATS: a
+//! change log in delta mode, an upsert table in standard mode (its input with
+//! deletions), its warehouse in the folder or on S3 (`--s3`), optionally maintained
+//! between runs (`--maintain-every`).
+//!
 //! A run whose outcome contradicts its fault (a crash point that fired but the process
 //! exited 0, an unexpected error, a run that hangs) is an **anomaly**: reported with
-//! its log, and the torture fails, whatever the final comparison says.
+//! its log ([`report`]), and the torture fails, whatever the final comparison says.
 
 mod cluster;
+mod iceberg;
 mod input;
 mod model;
 mod output;
 mod pushed;
+mod report;
 mod scenarios;
 mod server;
 mod store;
@@ -52,6 +59,7 @@ use clap::{Args, Parser, ValueEnum};
 use input::{Input, SourceKind};
 use model::{Model, Table, Verdict};
 use output::{Output, OutputKind};
+use report::Report;
 use server::{PrivateMariadb, PrivatePostgres, PrivateServer};
 use sluice_app::logging::{self, LogArgs};
 use std::path::{Path, PathBuf};
@@ -131,6 +139,22 @@ struct TortureArgs {
     /// server-restart starts a private server instead.
     #[arg(long)]
     url: Option<String>,
+    /// The Iceberg store's warehouse on S3 or an S3-compatible store,
+    /// `s3://bucket/prefix`, instead of the torture's folder: each torture writes under
+    /// `<prefix>/<its folder's name>`, removed at the end unless kept. Credentials and
+    /// region come from the environment (AWS_ACCESS_KEY_ID, AWS_REGION...).
+    #[arg(long, value_name = "URL")]
+    s3: Option<String>,
+    /// The S3-compatible server of --s3 (`http://127.0.0.1:9000`): path-style access,
+    /// AWS_REGION or us-east-1, the environment's key pair or a test one (moto accepts
+    /// any), and the bucket created if missing.
+    #[arg(long, value_name = "URL", requires = "s3")]
+    s3_endpoint: Option<String>,
+    /// Run `sluice maintain <pipeline> --json` between runs every this many faults
+    /// (--store iceberg, random scenario): the rows read before and after each must be
+    /// equal, and the table must end equal to the model.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    maintain_every: Option<u64>,
     /// Keep the torture's folder (pipeline, input, logs of every run) for inspection.
     #[arg(long)]
     keep: bool,
@@ -141,7 +165,8 @@ enum StoreKind {
     Sqlite,
     Postgres,
     Mysql,
-    /// The Iceberg epoch sink: a change log (delta mode), read back by pyiceberg.
+    /// The Iceberg epoch sink, read back by pyiceberg: a change log (delta mode) or an
+    /// upsert table (standard mode, with deletions).
     Iceberg,
 }
 
@@ -248,14 +273,21 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
              --mode standard"
         );
     }
-    if args.store == Some(StoreKind::Iceberg)
-        && (args.mode != Mode::Delta
-            || !matches!(args.scenario, Scenario::Random | Scenario::DiskFull))
-    {
+    let into_iceberg = args.store == Some(StoreKind::Iceberg);
+    if into_iceberg && !matches!(args.scenario, Scenario::Random | Scenario::DiskFull) {
+        bail!("--store iceberg runs the random or disk-full scenario");
+    }
+    if into_iceberg && !matches!(args.source, SourceKind::File | SourceKind::Nats) {
         bail!(
-            "--store iceberg is a change log (one row per transaction and key): it runs \
-             --mode delta, in the random or disk-full scenario"
+            "--store iceberg reads a file or a NATS stream: its standard mode's input has \
+             deletions, which the model applies in the input's order"
         );
+    }
+    if !into_iceberg && (args.s3.is_some() || args.maintain_every.is_some()) {
+        bail!("--s3 and --maintain-every are options of --store iceberg");
+    }
+    if args.maintain_every.is_some() && args.scenario != Scenario::Random {
+        bail!("--maintain-every maintains between the runs of the random scenario");
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let input = Input::create(args.source, &dir)?;
@@ -265,10 +297,17 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
     };
     let store = match (args.output, &server, dialect) {
         (Some(output), ..) => Store::Output(Output::create(output, &dir, &tag)?),
-        (None, _, None) if args.store == Some(StoreKind::Iceberg) => Store::Iceberg {
-            catalog: dir.join("catalog.db"),
-            warehouse: dir.join("warehouse"),
-        },
+        (None, _, None) if into_iceberg => {
+            let s3 = args.s3.as_ref().map(|url| iceberg::S3Target {
+                url: url.clone(),
+                endpoint: args.s3_endpoint.clone(),
+            });
+            Store::Iceberg(iceberg::IcebergStore::create(
+                &dir,
+                s3.as_ref(),
+                args.mode == Mode::Standard,
+            )?)
+        }
         (None, _, None) => Store::Sqlite {
             path: dir.join("torture.db"),
         },
@@ -279,6 +318,14 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
         }
     };
     let exe = sluice_app::sibling::sibling("sluice")?;
+    if args.maintain_every.is_some() {
+        iceberg::check_maintain(&exe)?;
+    }
+    // An upsert table is the view: its input deletes keys too.
+    let model = match into_iceberg && args.mode == Mode::Standard {
+        true => Model::new(seed, args.keys).with_deletions(),
+        false => Model::new(seed, args.keys),
+    };
     let mut harness = Harness {
         failpoints: has_failpoints(&exe)?,
         exe,
@@ -289,7 +336,7 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
         delta: args.mode == Mode::Delta,
         txn_docs: args.txn_docs.max(1),
         segment: (args.docs / 4).max(args.txn_docs as usize * 8),
-        model: Model::new(seed, args.keys),
+        model,
         runs: 0,
         report: Report::default(),
     };
@@ -319,11 +366,11 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
         .append(args.docs)
         .and_then(|()| scenarios::run(&mut harness, &args, seed));
     let verdict = result.and_then(|()| harness.verify());
-    let cleanup = harness.store.drop_namespace();
+    let failed = !matches!(&verdict, Ok(v) if v.exact()) || !harness.report.anomalies.is_empty();
+    let cleanup = harness.store.drop_namespace(args.keep || failed);
     drop(harness.server.take());
     drop(harness.input);
     let report = harness.report;
-    let failed = !matches!(&verdict, Ok(v) if v.exact()) || !report.anomalies.is_empty();
     if args.keep || failed {
         println!(
             "kept {} (pipeline, input, the log of every run)",
@@ -354,100 +401,6 @@ fn private_server(dialect: Dialect, dir: &Path) -> anyhow::Result<Box<dyn Privat
         Dialect::Postgres => Box::new(PrivatePostgres::start(&dir.join("pg"))?),
         Dialect::Mysql => Box::new(PrivateMariadb::start(&dir.join("mariadb"))?),
     })
-}
-
-/// What a torture did, for the closing table.
-#[derive(Default)]
-struct Report {
-    scenario: String,
-    /// Faults that fired (a fail point hit, a kill while running, a fenced zombie…).
-    faults: u64,
-    /// Process restarts after a fault, plus the runtime's own reopenings after
-    /// retryable failures.
-    restarts: u64,
-    /// Per fault kind: (kind, armed, fired).
-    kinds: Vec<(String, u64, u64)>,
-    /// Each anomaly: its kind (what the summary line counts) and what happened.
-    anomalies: Vec<(&'static str, String)>,
-}
-
-impl Report {
-    fn armed(&mut self, kind: &str, fired: bool) {
-        let at = match self.kinds.iter().position(|(k, ..)| k == kind) {
-            Some(at) => at,
-            None => {
-                self.kinds.push((kind.to_string(), 0, 0));
-                self.kinds.len() - 1
-            }
-        };
-        self.kinds[at].1 += 1;
-        self.kinds[at].2 += u64::from(fired);
-        self.faults += u64::from(fired);
-    }
-
-    /// An outcome no fault explains (of a kind the scenario does not name).
-    fn anomaly(&mut self, what: impl Into<String>) {
-        self.anomaly_of("unexpected outcome", what);
-    }
-
-    /// An anomaly of `kind`, which the summary line counts by name.
-    fn anomaly_of(&mut self, kind: &'static str, what: impl Into<String>) {
-        let what = what.into();
-        eprintln!("anomaly ({kind}): {what}");
-        self.anomalies.push((kind, what));
-    }
-
-    /// The anomalies counted by kind: `2 anomalies (split failed: 1, zombie not
-    /// fenced: 1)`.
-    fn anomaly_counts(&self) -> String {
-        let mut counts = std::collections::BTreeMap::new();
-        for (kind, _) in &self.anomalies {
-            *counts.entry(*kind).or_insert(0u64) += 1;
-        }
-        let named: Vec<String> = counts.iter().map(|(k, n)| format!("{k}: {n}")).collect();
-        match named.is_empty() {
-            true => "0 anomalies".to_string(),
-            false => format!("{} anomalies ({})", self.anomalies.len(), named.join(", ")),
-        }
-    }
-
-    fn print(&self, v: &Verdict) {
-        if !self.kinds.is_empty() {
-            println!("\n{:<34} {:>6} {:>6}", "fault", "armed", "fired");
-            let mut kinds = self.kinds.clone();
-            kinds.sort();
-            for (kind, armed, fired) in kinds {
-                println!("{kind:<34} {armed:>6} {fired:>6}");
-            }
-        }
-        println!(
-            "\n{:<38} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
-            "scenario",
-            "faults",
-            "restarts",
-            "rows expected",
-            "rows found",
-            "lost",
-            "duplicated",
-            "mismatched",
-            "anomalies"
-        );
-        println!(
-            "{:<38} {:>6} {:>8} {:>13} {:>10} {:>5} {:>10} {:>10} {:>9}",
-            self.scenario,
-            self.faults,
-            self.restarts,
-            v.rows_expected,
-            v.rows_found,
-            v.lost,
-            v.duplicated,
-            v.mismatched,
-            self.anomalies.len()
-        );
-        if !self.anomalies.is_empty() {
-            println!("{}", self.anomaly_counts());
-        }
-    }
 }
 
 /// The table every torture pipeline materializes into.

@@ -11,6 +11,12 @@
 //! delta rows each key must have: one per transaction of the input that holds it.
 //! Input is appended in segments, each written only after everything before it has
 //! committed, so transactions never straddle two segments.
+//!
+//! With deletions (a model of [`Model::with_deletions`]: a store holding the view, read
+//! from an input that keeps its order), one document in [`DELETE_ONE_IN`] is a deletion
+//! `{key, _meta: {op: "d"}}` instead: it removes the key's row, and the key's documents
+//! after it, in the same transaction or later, reduce from nothing again. A deleted key
+//! must then be absent from the store, and a recreated one hold only what came after.
 
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,10 +83,17 @@ impl Reduced {
     }
 }
 
+/// One document in this many is a deletion, in a model with deletions: with the
+/// tortures' ten or so documents per key, about half the keys are deleted at least once,
+/// some for good (absent at the end), most recreated after.
+pub const DELETE_ONE_IN: u64 = 20;
+
 /// The generated input and where its segments end.
 pub struct Model {
     rng: Rng,
     keys: u64,
+    /// Whether some documents are deletions.
+    deletions: bool,
     pub docs: Vec<Value>,
     /// Document counts at the end of each segment (the last one is `docs.len()`).
     segments: Vec<usize>,
@@ -91,8 +104,19 @@ impl Model {
         Model {
             rng: Rng::new(seed),
             keys: keys.max(1),
+            deletions: false,
             docs: Vec::new(),
             segments: Vec::new(),
+        }
+    }
+
+    /// The same model, one document in [`DELETE_ONE_IN`] a deletion (a standard
+    /// binding's view only: the stores' delta rows and the outputs' checks do not
+    /// model them).
+    pub fn with_deletions(self) -> Model {
+        Model {
+            deletions: true,
+            ..self
         }
     }
 
@@ -101,6 +125,12 @@ impl Model {
         let first = self.docs.len();
         for i in first..first + n {
             let rng = &mut self.rng;
+            if self.deletions && rng.below(DELETE_ONE_IN) == 0 {
+                let key = format!("k{:06}", rng.below(self.keys));
+                self.docs
+                    .push(json!({ "key": key, "_meta": { "op": "d" } }));
+                continue;
+            }
             let mut attrs = serde_json::Map::new();
             for _ in 0..rng.below(3) {
                 attrs.insert(format!("a{}", rng.below(5)), json!(rng.below(1000)));
@@ -139,12 +169,18 @@ impl Model {
             let mut seen = BTreeSet::new();
             for doc in &self.docs[begin..end] {
                 let key = doc["key"].as_str().expect("generated key").to_string();
+                if is_deletion(doc) {
+                    table.0.remove(&key);
+                    continue;
+                }
                 let entry = table.0.entry(key.clone()).or_default();
                 entry
                     .fold(doc)
                     .expect("generated documents are well-formed");
-                if seen.insert(key) && (delta || entry.rows == 0) {
-                    entry.rows += 1;
+                match delta {
+                    true if seen.insert(key) => entry.rows += 1,
+                    true => {}
+                    false => entry.rows = 1,
                 }
             }
         }
@@ -154,6 +190,11 @@ impl Model {
     pub fn transaction_count(&self, txn_docs: usize) -> usize {
         self.transactions(txn_docs).len()
     }
+}
+
+/// Whether a generated document is a deletion of its key.
+fn is_deletion(doc: &Value) -> bool {
+    doc.pointer("/_meta/op").and_then(Value::as_str) == Some("d")
 }
 
 /// Key → reduction: what a table holds, re-reduced per key.
@@ -233,4 +274,75 @@ pub fn compare(expected: &Table, found: &Table) -> Verdict {
         .filter(|k| !expected.0.contains_key(*k))
         .count() as u64;
     verdict
+}
+
+/// What a store holds, read back (`Store::read`), to be judged against the model.
+pub struct Read {
+    /// The stored document of every row (an output's: the view its changes fold into).
+    pub rows: Vec<Value>,
+    /// What is wrong with the store besides its rows: data files of the Iceberg
+    /// warehouse that its table does not reference
+    /// ([`sluice_iceberg::orphan_data_files`]) or upsert rows whose columns are not their
+    /// document's (`IcebergStore::read`), the broken rules of an output's batches
+    /// (`output::check`).
+    pub violations: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(key: &str, views: i64) -> Value {
+        json!({"key": key, "views": views, "bytes": 0, "last_seen": "2026", "attrs": {}})
+    }
+
+    fn deletion(key: &str) -> Value {
+        json!({"key": key, "_meta": {"op": "d"}})
+    }
+
+    /// Two transactions of three documents.
+    fn model(docs: Vec<Value>) -> Model {
+        let segments = vec![docs.len()];
+        Model {
+            rng: Rng::new(0),
+            keys: 2,
+            deletions: true,
+            docs,
+            segments,
+        }
+    }
+
+    #[test]
+    fn a_deletion_removes_the_key_and_what_follows_reduces_from_nothing() {
+        let m = model(vec![
+            doc("a", 1),
+            doc("b", 1),
+            deletion("a"),
+            doc("b", 2),
+            doc("a", 5),
+            deletion("b"),
+        ]);
+        let after_first = m.expected(3, false, 1);
+        assert_eq!(after_first.0.keys().collect::<Vec<_>>(), ["b"]);
+        let all = m.expected(3, false, 2);
+        assert_eq!(
+            all.0.keys().collect::<Vec<_>>(),
+            ["a"],
+            "b deleted for good"
+        );
+        assert_eq!((all.0["a"].views, all.0["a"].rows), (5, 1));
+    }
+
+    #[test]
+    fn generated_deletions_are_about_one_in_twenty_and_absent_without_them() {
+        let mut with = Model::new(3, 50).with_deletions();
+        let deleted = with
+            .generate(4_000)
+            .iter()
+            .filter(|d| is_deletion(d))
+            .count();
+        assert!((100..300).contains(&deleted), "{deleted} deletions");
+        let mut without = Model::new(3, 50);
+        assert!(!without.generate(4_000).iter().any(is_deletion));
+    }
 }

@@ -2,6 +2,7 @@
 //! every run ended as its fault says it must (else an anomaly), and leaves the input
 //! fully committed for the final comparison.
 
+use super::iceberg;
 use super::input::SourceKind;
 use super::model::Rng;
 use super::server::PrivateServer;
@@ -35,7 +36,12 @@ pub(super) fn run(h: &mut Harness, args: &TortureArgs, seed: u64) -> anyhow::Res
         Scenario::Random if args.source == SourceKind::Http => {
             super::pushed::random_kills(h, args.faults, &mut Rng::new(seed ^ 0x5eed))
         }
-        Scenario::Random => random(h, args.faults, &mut Rng::new(seed ^ 0x5eed)),
+        Scenario::Random => random(
+            h,
+            args.faults,
+            args.maintain_every,
+            &mut Rng::new(seed ^ 0x5eed),
+        ),
         Scenario::Zombie => zombie(h),
         Scenario::DriverDies => driver_dies(h, args.transport),
         Scenario::ServerRestart => server_restart(h),
@@ -151,9 +157,17 @@ impl Fault {
 }
 
 /// Random fail points (crash or error) and SIGKILLs at random moments, until `faults`
-/// have fired; a run that consumes all the input gets a new segment appended.
-fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
+/// have fired; a run that consumes all the input gets a new segment appended. With
+/// `maintain_every`, `sluice maintain` runs between two runs each time that many more
+/// faults have fired ([`iceberg::maintain`]).
+fn random(
+    h: &mut Harness,
+    faults: u64,
+    maintain_every: Option<u64>,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
     let (pipeline, _) = h.pipeline("run", &h.store.endpoint_yaml())?;
+    let mut next_maintenance = maintain_every;
     let mut attempts = 0;
     let mut after_fault = false;
     // How long a run lasts by itself (moving average), so that kills land mid-run.
@@ -193,6 +207,12 @@ fn random(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyhow::Result<()> {
         after_fault = !outcome.success();
         if outcome.success() && h.report.faults < faults {
             h.append(h.segment)?;
+        }
+        if let (Some(every), Some(at)) = (maintain_every, next_maintenance)
+            && h.report.faults >= at
+        {
+            iceberg::maintain(h, &pipeline)?;
+            next_maintenance = Some(h.report.faults + every);
         }
     }
     h.run_clean(&pipeline)

@@ -1,13 +1,16 @@
 //! The stores a torture writes to, read back directly (not through a driver).
 //!
 //! Every store is the torture's own: a SQLite file in its folder, an Iceberg catalog
-//! and warehouse in its folder (read back by pyiceberg, independently), a namespace
+//! in its folder over a warehouse there or on S3 (read back by pyiceberg,
+//! independently: [`iceberg`](super::iceberg)), a namespace
 //! of a unique name in a server, created at the start and dropped at the end: a schema
 //! of PostgreSQL, a database of MariaDB/MySQL; or an output's destination, whose
 //! changes, folded, are its rows ([`output`](super::output)). The two servers differ only in their
 //! [`Dialect`] (client, statements, endpoint configuration); everything else about a
 //! server store is written once.
 
+use super::iceberg::IcebergStore;
+use super::model::Read;
 use super::output::{self, Output};
 use super::{TABLE, block_on};
 use anyhow::Context;
@@ -20,12 +23,9 @@ pub enum Store {
     Sqlite {
         path: PathBuf,
     },
-    /// The Iceberg epoch sink's table `sluice.torture_events`: a change log, one row
-    /// per transaction and key.
-    Iceberg {
-        catalog: PathBuf,
-        warehouse: PathBuf,
-    },
+    /// The Iceberg epoch sink's table `sluice.torture_events`: a change log, or an
+    /// upsert table (the view).
+    Iceberg(IcebergStore),
     /// `namespace`, created in the server at `url` by [`Store::server`].
     Server {
         dialect: Dialect,
@@ -34,57 +34,6 @@ pub enum Store {
     },
     /// A materialization publishing its changes ([`output`]).
     Output(Output),
-}
-
-/// `SLUICE_TORTURE_ICEBERG_S3`: the Iceberg store's warehouse on S3 instead of its
-/// folder, as `{"warehouse": "s3://bucket/prefix", "s3": {endpoint, region, ...}}` (the
-/// sink's own keys; the bucket must exist). Each run writes under
-/// `<prefix>/<the run's folder name>`, so runs never share a table's files.
-pub const ICEBERG_S3_ENV: &str = "SLUICE_TORTURE_ICEBERG_S3";
-
-/// The Iceberg endpoint's configuration: the local `warehouse`, or the S3 one of
-/// [`ICEBERG_S3_ENV`].
-fn iceberg_endpoint(catalog: &Path, warehouse: &Path) -> Value {
-    let mut endpoint = json!({ "catalog": catalog, "warehouse": warehouse });
-    if let Ok(text) = std::env::var(ICEBERG_S3_ENV)
-        && let Ok(Value::Object(s3)) = serde_json::from_str::<Value>(&text)
-    {
-        let run = (catalog.parent().and_then(Path::file_name))
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let url = s3
-            .get("warehouse")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        endpoint["warehouse"] = json!(format!("{}/{run}", url.trim_end_matches('/')));
-        if let Some(settings) = s3.get("s3") {
-            endpoint["s3"] = settings.clone();
-        }
-    }
-    endpoint
-}
-
-/// The warehouse [`iceberg_endpoint`] configures, as the readers take it.
-fn iceberg_warehouse(
-    catalog: &Path,
-    warehouse: &Path,
-) -> anyhow::Result<sluice_iceberg::Warehouse> {
-    let config = sluice_iceberg::EndpointConfig::parse(&iceberg_endpoint(catalog, warehouse))
-        .with_context(|| {
-            format!("the Iceberg store's configuration (is {ICEBERG_S3_ENV} right?)")
-        })?;
-    Ok(config.warehouse()?)
-}
-
-/// What a store holds, read back ([`Store::read`]).
-pub struct Read {
-    /// The stored document of every row (an output's: the view its changes fold into).
-    pub rows: Vec<Value>,
-    /// What is wrong with the store besides its rows: data files of the Iceberg
-    /// warehouse that its table does not reference
-    /// ([`sluice_iceberg::orphan_data_files`]), the broken rules of an output's batches
-    /// ([`output::check`]).
-    pub violations: Vec<String>,
 }
 
 /// A database server's side of a store.
@@ -195,7 +144,7 @@ impl Store {
     pub fn describe(&self) -> &'static str {
         match self {
             Store::Sqlite { .. } => "sqlite",
-            Store::Iceberg { .. } => "iceberg",
+            Store::Iceberg(_) => "iceberg",
             Store::Server { dialect, .. } => dialect.driver(),
             Store::Output(output) => output.describe(),
         }
@@ -206,7 +155,7 @@ impl Store {
     pub fn fault_points(&self) -> Vec<(&'static str, OnReturn)> {
         let own: &[&str] = match self {
             Store::Output(_) => return output::fault_points(),
-            Store::Iceberg { .. } => sluice_iceberg::FAIL_POINTS,
+            Store::Iceberg(_) => sluice_iceberg::FAIL_POINTS,
             _ => &[],
         };
         let own = own.iter().map(|&point| (point, OnReturn::Retryable));
@@ -217,9 +166,7 @@ impl Store {
     pub fn driver(&self) -> (&'static str, Value) {
         match self {
             Store::Sqlite { path } => ("sqlite", json!({ "path": path })),
-            Store::Iceberg { catalog, warehouse } => {
-                ("iceberg", iceberg_endpoint(catalog, warehouse))
-            }
+            Store::Iceberg(iceberg) => ("iceberg", iceberg.endpoint()),
             Store::Server {
                 dialect,
                 url,
@@ -233,6 +180,7 @@ impl Store {
     pub fn resource_yaml(&self) -> String {
         match self {
             Store::Output(output) => output.resource().to_string(),
+            Store::Iceberg(iceberg) => iceberg.resource().to_string(),
             _ => json!({ "table": TABLE }).to_string(),
         }
     }
@@ -263,21 +211,7 @@ impl Store {
                 stmt.query_map([], |row| row.get::<_, String>(0))?
                     .collect::<Result<_, _>>()?
             }
-            Store::Iceberg { catalog, warehouse } => {
-                sluice_iceberg::pyiceberg_read(
-                    catalog,
-                    iceberg_warehouse(catalog, warehouse)?,
-                    &format!("sluice.{TABLE}"),
-                    false,
-                )
-                .map_err(anyhow::Error::msg)?
-            }
-            .into_iter()
-            .map(|row| match row.get("flow_document") {
-                Some(Value::String(doc)) => Ok(doc.clone()),
-                _ => anyhow::bail!("a row without its document: {row}"),
-            })
-            .collect::<anyhow::Result<_>>()?,
+            Store::Iceberg(iceberg) => return iceberg.read(),
             Store::Server {
                 dialect,
                 url,
@@ -287,27 +221,19 @@ impl Store {
         let rows = (texts.iter())
             .map(|t| serde_json::from_str(t).context("a stored document is not JSON"))
             .collect::<anyhow::Result<_>>()?;
-        let violations = match self {
-            Store::Iceberg { catalog, warehouse } => {
-                let orphans = block_on(async {
-                    let warehouse = iceberg_warehouse(catalog, warehouse)?;
-                    let catalog = sluice_iceberg::open_catalog(catalog, warehouse).await?;
-                    Ok(sluice_iceberg::orphan_data_files(&catalog).await?)
-                })?;
-                (!orphans.is_empty())
-                    .then(|| format!("files no snapshot references were left: {orphans:?}"))
-                    .into_iter()
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
-        Ok(Read { rows, violations })
+        Ok(Read {
+            rows,
+            violations: Vec::new(),
+        })
     }
 
-    /// Drops what the torture created in the server (a SQLite file goes with the folder).
-    pub fn drop_namespace(&self) -> anyhow::Result<()> {
+    /// Drops what the torture created outside its folder: a server's namespace, and an
+    /// S3 warehouse unless `keep` (kept with the folder, whose catalog reads it). A
+    /// SQLite file and a local warehouse go with the folder.
+    pub fn drop_namespace(&self, keep: bool) -> anyhow::Result<()> {
         match self {
-            Store::Sqlite { .. } | Store::Iceberg { .. } | Store::Output(_) => Ok(()),
+            Store::Iceberg(iceberg) if !keep => iceberg.remove_warehouse(),
+            Store::Sqlite { .. } | Store::Iceberg(_) | Store::Output(_) => Ok(()),
             Store::Server {
                 dialect,
                 url,

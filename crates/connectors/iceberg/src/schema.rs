@@ -198,7 +198,10 @@ pub fn columns_to_add(
                 }
                 if f.required && !c.required {
                     return Err(SinkError::Schema(format!(
-                        "field {:?} of Iceberg table {name} is required, but the binding may leave it null",
+                        "field {:?} of Iceberg table {name} is required, but the binding may \
+                         leave it null (a deletion's row carries only its key; a table made \
+                         by a release before that has required value columns): recreate the \
+                         table, or make the column optional with another Iceberg tool",
                         c.name
                     )));
                 }
