@@ -47,6 +47,7 @@ const TESTED: &[&str] = &[
     "mysql",
     "redis",
     "iceberg",
+    "iceberg-s3",
     "files",
     "kafka",
     "nats",
@@ -706,6 +707,42 @@ fn the_iceberg_example_appends_a_change_log_as_its_comments_say() {
     assert_view(&view, "the Iceberg change log, summed per user");
     ex.run();
     assert_eq!(read().len(), rows.len(), "a second run appends nothing");
+}
+
+#[test]
+fn the_iceberg_s3_example_upserts_one_row_per_user_on_s3_as_its_comments_say() {
+    assert_says(
+        "iceberg-s3",
+        &["1000 1000 10000 25323633", "mode: upsert", "create_bucket"],
+    );
+    let bucket = sluice_testkit::s3::TestBucket::create("iceberg-s3-example");
+    let ex = Example::new("iceberg-s3").var("ICEBERG_BUCKET", &bucket.name);
+    let read = || {
+        let warehouse = sluice_iceberg::Warehouse::S3 {
+            url: sluice_object_store::S3Url::parse(&bucket.url("warehouse")).unwrap(),
+            settings: sluice_testkit::s3::settings(),
+        };
+        let rows = sluice_iceberg::pyiceberg_read(
+            &ex.path("out/catalog.db"),
+            warehouse,
+            "sluice.pageviews",
+            false,
+        )
+        .unwrap();
+        let mut view: BTreeMap<String, Row> = BTreeMap::new();
+        for row in &rows {
+            let user = row["user_id"].as_str().unwrap().to_string();
+            assert!(
+                view.insert(user, Row::of(row)).is_none(),
+                "{row}: a user twice"
+            );
+        }
+        view
+    };
+    ex.run();
+    assert_view(&read(), "the upserted table, one row per user");
+    ex.run();
+    assert_view(&read(), "a second run changes nothing");
 }
 
 // ---------------------------------------------------------------------------------
