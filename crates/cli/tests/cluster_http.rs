@@ -333,20 +333,36 @@ fn bodies_adding_up_past_an_etcd_record_are_split_into_transactions_that_fit() {
             .ok()?;
         (r.status == 200).then_some(())
     });
-    std::thread::scope(|scope| {
-        for (i, body) in bodies.iter().enumerate() {
-            scope.spawn(move || {
-                let answer = Client::new(address, TOKEN)
-                    .ingest(SOURCE, Some(&format!("body-{i}")), body)
-                    .unwrap();
-                assert_eq!(
-                    answer.status,
-                    200,
-                    "{}",
-                    String::from_utf8_lossy(&answer.body)
-                );
-            });
-        }
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let posts: Vec<_> = (bodies.iter().enumerate())
+            .map(|(i, body)| {
+                // As a client does: a 503 (the shard's run restarting) is retried with
+                // the same key.
+                scope.spawn(move || {
+                    let key = format!("body-{i}");
+                    wait_until("an answer other than 503", PATIENCE, || {
+                        let answer = Client::new(address, TOKEN)
+                            .ingest(SOURCE, Some(&key), body)
+                            .ok()
+                            .filter(|a| a.status != 503);
+                        if answer.is_none() {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        answer
+                    })
+                })
+            })
+            .collect();
+        posts.into_iter().map(|p| p.join().unwrap()).collect()
     });
+    for answer in &answers {
+        assert_eq!(
+            answer.status,
+            200,
+            "{}\n{}",
+            String::from_utf8_lossy(&answer.body),
+            members.logs()
+        );
+    }
     assert_eq!(postgres_table(&schema.0), reduce_expected(&docs));
 }

@@ -343,7 +343,8 @@ fn iceberg_random_crashes_append_each_transaction_and_key_once_with_no_orphans()
 fn iceberg_upsert_on_s3_random_crashes_leave_one_row_per_key_equal_to_the_model() {
     // `mode: upsert` on moto's S3 server, its input with deletions: pyiceberg's scan must
     // hold one row per key, the deleted keys absent, every row's columns its document's,
-    // and no data file unreferenced.
+    // and no data file unreferenced. `sluice maintain` runs between runs every 3 faults:
+    // the rows read before and after each must be equal.
     let bucket = sluice_testkit::s3::TestBucket::create("torture-iceberg-upsert");
     let endpoint = format!("http://{}", sluice_testkit::s3::LOCAL_S3);
     let out = torture(&[
@@ -357,8 +358,15 @@ fn iceberg_upsert_on_s3_random_crashes_leave_one_row_per_key_equal_to_the_model(
         &bucket.url("torture"),
         "--s3-endpoint",
         &endpoint,
+        "--maintain-every",
+        "3",
     ]);
     let [_, _, expected, ..] = assert_exact_after(&out, 8);
+    assert!(
+        stdout(&out).contains("sluice maintain: "),
+        "maintenance ran: {}",
+        stdout(&out)
+    );
     assert!(
         expected < 300,
         "some of the 300 keys end deleted: {expected} rows"

@@ -54,14 +54,21 @@ fn texts(records: &mut Records) -> Vec<Value> {
 async fn read_all(source: &mut Box<dyn Source>) -> Result<Vec<(Vec<Value>, Resume)>, SourceError> {
     source.extend();
     let mut steps = Vec::new();
+    // Records queued before their state arrives end on a Barrier (no checkpoint inside):
+    // they belong to the step that ends at the next state, as a transaction takes them.
+    let mut before_state = Vec::new();
     loop {
         source.ready().await;
         let mut records = Records::default();
         let step = source.queue(ALL, &mut records).await?;
-        if step.records > 0 || step.resume != Resume::Barrier {
-            steps.push((texts(&mut records), step.resume.clone()));
+        before_state.extend(texts(&mut records));
+        if step.resume != Resume::Barrier {
+            steps.push((std::mem::take(&mut before_state), step.resume.clone()));
         }
         if step.end_of_input {
+            if !before_state.is_empty() {
+                steps.push((before_state, Resume::Barrier));
+            }
             return Ok(steps);
         }
     }
