@@ -165,6 +165,25 @@ fn run(dir: &Path) {
     assert_success(&out);
 }
 
+/// Runs `sluice <command> pipeline.yaml` in `dir`, which must fail with an error naming
+/// every one of `parts`.
+fn assert_refused(dir: &Path, command: &[&str], parts: &[&str]) {
+    let out = Command::new(SLUICE)
+        .args(command)
+        .arg("pipeline.yaml")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{command:?} went on:\n{error}");
+    for part in parts {
+        assert!(
+            error.contains(part),
+            "{command:?}: {part:?} missing from:\n{error}"
+        );
+    }
+}
+
 /// A standard binding into a change-log table would quietly become delta updates (each
 /// transaction's sums counted from zero): `sluice check` and `sluice run` refuse it,
 /// naming the binding and both ways out, and the run creates nothing.
@@ -181,25 +200,16 @@ fn a_standard_binding_into_a_change_log_table_is_refused_naming_the_remedy() {
     std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
     write_lines(&dir.path().join("views.jsonl"), &generate(10, 5, 1));
     for command in [&["check", "--offline"][..], &["run"]] {
-        let out = Command::new(SLUICE)
-            .args(command)
-            .arg("pipeline.yaml")
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        let error = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command:?} went on:\n{error}");
-        for part in [
-            "materializations.views-db.bindings[0]",
-            "is a standard binding, but the epoch sink answers no Load for it",
-            "delta_updates: true",
-            "mode: upsert",
-        ] {
-            assert!(
-                error.contains(part),
-                "{command:?}: {part:?} missing from:\n{error}"
-            );
-        }
+        assert_refused(
+            dir.path(),
+            command,
+            &[
+                "materializations.views-db.bindings[0]",
+                "is a standard binding, but the epoch sink answers no Load for it",
+                "delta_updates: true",
+                "mode: upsert",
+            ],
+        );
     }
     assert!(
         !dir.path().join("out/catalog.db").exists(),
@@ -324,31 +334,21 @@ fn an_upsert_table_whose_recovery_log_was_removed_is_refused_not_doubled() {
     let expected = reduce_expected(&docs);
     assert_eq!(upsert_view(dir.path()), expected);
 
-    let out = Command::new(SLUICE)
-        .args(["apply", "pipeline.yaml", "--delete"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let refused = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && refused.contains("cannot drop what it created"),
-        "{refused}"
+    assert_refused(
+        dir.path(),
+        &["apply", "--delete"],
+        &["cannot drop what it created"],
     );
     std::fs::remove_dir_all(dir.path().join(".sluice")).unwrap();
-    let out = Command::new(SLUICE)
-        .args(["run", "pipeline.yaml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let refused = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the run went on:\n{refused}");
-    for part in [
-        "sluice.pageviews",
-        "holds the view of another run",
-        "Drop the table",
-    ] {
-        assert!(refused.contains(part), "{part:?} missing from:\n{refused}");
-    }
+    assert_refused(
+        dir.path(),
+        &["run"],
+        &[
+            "sluice.pageviews",
+            "holds the view of another run",
+            "Drop the table",
+        ],
+    );
     assert_eq!(
         upsert_view(dir.path()),
         expected,
@@ -381,22 +381,17 @@ fn a_recovery_log_restored_from_an_older_backup_is_refused() {
 
     std::fs::remove_dir_all(dir.path().join(".sluice")).unwrap();
     copy_dir(&backup, &dir.path().join(".sluice"), &[]);
-    let out = Command::new(SLUICE)
-        .args(["run", "pipeline.yaml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let refused = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the run went on:\n{refused}");
-    for part in [
-        "sluice.pageviews",
-        "holds epoch 6",
-        "decided epochs up to 3 only",
-        "restored from an older backup",
-        "Restore the newest copy",
-    ] {
-        assert!(refused.contains(part), "{part:?} missing from:\n{refused}");
-    }
+    assert_refused(
+        dir.path(),
+        &["run"],
+        &[
+            "sluice.pageviews",
+            "holds epoch 6",
+            "decided epochs up to 3 only",
+            "restored from an older backup",
+            "Restore the newest copy",
+        ],
+    );
     assert_eq!(upsert_view(dir.path()), expected, "nothing applied twice");
 }
 
@@ -466,15 +461,9 @@ fn maintain_without_an_iceberg_endpoint_names_what_the_pipeline_has() {
         "10s",
     );
     std::fs::write(dir.path().join("pipeline.yaml"), yaml).unwrap();
-    let out = Command::new(SLUICE)
-        .args(["maintain", "pipeline.yaml"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let error = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        error.contains("no Iceberg endpoint to maintain") && error.contains("(sqlite)"),
-        "{error}"
+    assert_refused(
+        dir.path(),
+        &["maintain"],
+        &["no Iceberg endpoint to maintain", "(sqlite)"],
     );
 }
