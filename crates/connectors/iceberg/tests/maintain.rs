@@ -12,40 +12,15 @@
 
 mod common;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use common::{Fixture, binding, context, epoch, rows};
+use common::upsert::{self, Model, apply, pyiceberg_view};
+use common::{Fixture, binding, epoch, rows};
 use serde_json::{Value, json};
 use sluice_iceberg::IcebergSink;
 use sluice_iceberg::maintain::{self, Options, TableReport};
-use sluice_sink_sdk::arrow::{DOCUMENT_METADATA, JSON_METADATA};
-use sluice_sink_sdk::{DataType, Decided, EpochSink, Field, Recovery, Schema, SinkBinding};
-use std::collections::BTreeMap;
+use sluice_sink_sdk::{Decided, EpochSink, Recovery};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// key → name: the view an upsert table must equal.
-type Model = BTreeMap<i64, String>;
-
-fn upsert_binding() -> SinkBinding {
-    let document = Field::new("flow_document", DataType::Utf8, false).with_metadata(
-        [
-            (JSON_METADATA.to_string(), "true".into()),
-            (DOCUMENT_METADATA.to_string(), "true".into()),
-        ]
-        .into(),
-    );
-    SinkBinding {
-        resource: json!({"table": "views", "mode": "upsert"}),
-        schema: Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("name", DataType::Utf8, true),
-            document,
-            Field::new("_op", DataType::Utf8, false),
-        ])),
-        key: vec!["id".into()],
-    }
-}
 
 /// Epoch `n`'s changes: keys `n % 7 .. +4` upserted as `v<n>`, key `(n * 3) % 10`
 /// deleted (unless upserted too).
@@ -60,96 +35,21 @@ fn changes(n: u64) -> Vec<(i64, Option<String>)> {
     out
 }
 
-fn upsert_batch(changes: &[(i64, Option<String>)]) -> RecordBatch {
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.0)));
-    let names: ArrayRef = Arc::new(StringArray::from_iter(
-        changes.iter().map(|c| c.1.as_deref()),
-    ));
-    let docs: ArrayRef = Arc::new(StringArray::from_iter_values(changes.iter().map(
-        |c| match &c.1 {
-            Some(name) => json!({"id": c.0, "name": name}).to_string(),
-            None => json!({"id": c.0, "_meta": {"op": "d"}}).to_string(),
-        },
-    )));
-    let ops: ArrayRef = Arc::new(StringArray::from_iter_values(
-        changes
-            .iter()
-            .map(|c| if c.1.is_some() { "U" } else { "D" }),
-    ));
-    RecordBatch::try_new(upsert_binding().schema, vec![ids, names, docs, ops]).unwrap()
-}
-
-fn apply(model: &mut Model, changes: &[(i64, Option<String>)]) {
-    for (id, name) in changes {
-        match name {
-            Some(name) => model.insert(*id, name.clone()),
-            None => model.remove(id),
-        };
-    }
-}
-
-async fn upsert_sink(f: &Fixture, state: &Path) -> IcebergSink {
-    let mut sink = IcebergSink::new(&f.endpoint(json!({}))).unwrap();
-    sink.bind_runtime_context(context()).unwrap();
-    sink.bind_state_dir(state).unwrap();
-    let plan = sink.resolve_schema(&[upsert_binding()]).await.unwrap();
-    sink.prepare_schema(&plan).await.unwrap();
-    sink.open(&[upsert_binding()]).await.unwrap();
-    sink
-}
-
 /// Epoch `n` of [`changes`] up to its decision.
 async fn decide(sink: &mut IcebergSink, n: u64) -> Value {
-    sink.begin_epoch(n).await.unwrap();
-    sink.write_batch(0, &upsert_batch(&changes(n)))
-        .await
-        .unwrap();
-    sink.pre_commit(n).await.unwrap().expect("staged")
+    upsert::decide(sink, n, &changes(n)).await
 }
 
 /// Epoch `n` whole, into `model` too.
 async fn upsert_epoch(sink: &mut IcebergSink, n: u64, model: &mut Model) -> Value {
-    let d = decide(sink, n).await;
-    sink.commit_epoch(n, &d).await.unwrap();
+    let d = upsert::epoch(sink, n, &changes(n)).await;
     apply(model, &changes(n));
     d
 }
 
-/// The table as pyiceberg reads it: `id → name`, each id once.
-fn pyiceberg_view(f: &Fixture) -> Model {
-    let rows = sluice_iceberg::pyiceberg_read(
-        &f.catalog_path(),
-        f.warehouse_location(),
-        "sluice.views",
-        false,
-    )
-    .unwrap();
-    let mut view = Model::new();
-    for row in &rows {
-        let id = row["id"].as_i64().unwrap();
-        let name = row["name"].as_str().unwrap().to_string();
-        assert!(view.insert(id, name).is_none(), "key {id} twice: {rows:?}");
-    }
-    view
-}
-
 /// What Load answers for keys 0..12.
 async fn loaded(sink: &mut IcebergSink) -> Model {
-    let keys = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
-        vec![Arc::new(Int64Array::from_iter_values(0..12)) as ArrayRef],
-    )
-    .unwrap();
-    let docs = sink.load(0, &keys).await.unwrap();
-    docs.iter()
-        .map(|d| {
-            let d: Value = serde_json::from_str(d).unwrap();
-            (
-                d["id"].as_i64().unwrap(),
-                d["name"].as_str().unwrap().into(),
-            )
-        })
-        .collect()
+    upsert::loaded(sink, 0..12).await
 }
 
 /// Everything expired and removed at once: the tests' settings.
@@ -187,7 +87,7 @@ fn snapshot_count(f: &Fixture, table: &str) -> usize {
 async fn maintaining_an_upsert_table_keeps_its_view_and_the_sink_goes_on_exactly_once() {
     let f = Fixture::new();
     let state = f.dir.path().join("state");
-    let mut s = upsert_sink(&f, &state).await;
+    let mut s = upsert::sink(&f, &state).await;
     s.recover(&Recovery::default()).await.unwrap();
     let mut model = Model::new();
     for n in 1..=12 {
@@ -227,7 +127,7 @@ async fn maintaining_an_upsert_table_keeps_its_view_and_the_sink_goes_on_exactly
     maintain(&f, "views", &eager()).await;
     let report = maintain(&f, "views", &eager()).await;
     assert_eq!(report.data_files_after, 1, "{report:?}");
-    let mut s = upsert_sink(&f, &state).await;
+    let mut s = upsert::sink(&f, &state).await;
     let recovery = Recovery {
         decided: Some(Decided {
             epoch: 15,
@@ -366,7 +266,7 @@ async fn orphans_older_than_the_age_go_and_fresh_ones_and_uncommitted_staging_st
 async fn maintenance_racing_a_running_upsert_sink_changes_no_row() {
     let f = Fixture::new();
     let state = f.dir.path().join("state");
-    let mut s = upsert_sink(&f, &state).await;
+    let mut s = upsert::sink(&f, &state).await;
     s.recover(&Recovery::default()).await.unwrap();
     let mut model = Model::new();
     let catalog = sluice_iceberg::open_catalog(&f.catalog_path(), f.warehouse_location())

@@ -9,143 +9,14 @@
 
 mod common;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use common::Fixture;
-use serde_json::{Value, json};
+use common::upsert::{self, Model, apply, batch, binding, decide, epoch, pyiceberg_view, sink};
+use common::{Fixture, context};
+use serde_json::json;
 use sluice_iceberg::IcebergSink;
-use sluice_sink_sdk::arrow::{DOCUMENT_METADATA, JSON_METADATA};
-use sluice_sink_sdk::{
-    DataType, Decided, EpochSink, Field, Recovery, RuntimeContext, Schema, SinkBinding,
-};
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
+use sluice_sink_sdk::{Decided, EpochSink, Recovery};
 
-/// key → name: the view the table must equal.
-type Model = BTreeMap<i64, String>;
-
-fn binding() -> SinkBinding {
-    let document = Field::new("flow_document", DataType::Utf8, false).with_metadata(
-        [
-            (JSON_METADATA.to_string(), "true".into()),
-            (DOCUMENT_METADATA.to_string(), "true".into()),
-        ]
-        .into(),
-    );
-    SinkBinding {
-        resource: json!({"table": "views", "mode": "upsert"}),
-        schema: Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("name", DataType::Utf8, true),
-            document,
-            Field::new("_op", DataType::Utf8, false),
-        ])),
-        key: vec!["id".into()],
-    }
-}
-
-fn context() -> RuntimeContext {
-    RuntimeContext {
-        deployment_id: "dep1".into(),
-        sink_id: "lake".into(),
-        participant_id: 1,
-    }
-}
-
-fn doc(id: i64, name: &str) -> String {
-    json!({"id": id, "name": name}).to_string()
-}
-
-/// A change: `Some(name)` upserts the key, `None` deletes it.
-type Change = (i64, Option<&'static str>);
-
-fn batch(changes: &[Change]) -> RecordBatch {
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.0)));
-    let names: ArrayRef = Arc::new(StringArray::from_iter(changes.iter().map(|c| c.1)));
-    let docs: ArrayRef = Arc::new(StringArray::from_iter_values(changes.iter().map(
-        |c| match c.1 {
-            Some(name) => doc(c.0, name),
-            None => json!({"id": c.0, "_meta": {"op": "d"}}).to_string(),
-        },
-    )));
-    let ops: ArrayRef = Arc::new(StringArray::from_iter_values(
-        changes
-            .iter()
-            .map(|c| if c.1.is_some() { "U" } else { "D" }),
-    ));
-    RecordBatch::try_new(binding().schema, vec![ids, names, docs, ops]).unwrap()
-}
-
-fn apply(model: &mut Model, changes: &[Change]) {
-    for (id, name) in changes {
-        match name {
-            Some(name) => model.insert(*id, name.to_string()),
-            None => model.remove(id),
-        };
-    }
-}
-
-/// A sink over `f`'s catalog, its state in `state`, prepared and opened, not recovered.
-async fn sink(f: &Fixture, state: &Path) -> IcebergSink {
-    let mut sink = IcebergSink::new(&f.endpoint(json!({}))).unwrap();
-    sink.bind_runtime_context(context()).unwrap();
-    sink.bind_state_dir(state).unwrap();
-    let plan = sink.resolve_schema(&[binding()]).await.unwrap();
-    sink.prepare_schema(&plan).await.unwrap();
-    sink.open(&[binding()]).await.unwrap();
-    sink
-}
-
-/// Runs epoch `n` up to its decision: the descriptor, not applied.
-async fn decide(sink: &mut IcebergSink, n: u64, changes: &[Change]) -> Value {
-    sink.begin_epoch(n).await.unwrap();
-    sink.write_batch(0, &batch(changes)).await.unwrap();
-    sink.pre_commit(n)
-        .await
-        .unwrap()
-        .expect("the epoch staged files")
-}
-
-/// Runs epoch `n` whole.
-async fn epoch(sink: &mut IcebergSink, n: u64, changes: &[Change]) -> Value {
-    let d = decide(sink, n, changes).await;
-    sink.commit_epoch(n, &d).await.unwrap();
-    d
-}
-
-/// The table as pyiceberg reads it: `id → name`, each id once.
-fn pyiceberg_view(f: &Fixture) -> Model {
-    let rows =
-        sluice_iceberg::pyiceberg_read(&f.catalog_path(), &f.warehouse(), "sluice.views", false)
-            .unwrap();
-    let mut view = Model::new();
-    for row in &rows {
-        let id = row["id"].as_i64().unwrap();
-        let name = row["name"].as_str().unwrap().to_string();
-        assert_eq!(row["_op"], "U", "{row}");
-        assert!(view.insert(id, name).is_none(), "key {id} twice: {rows:?}");
-    }
-    view
-}
-
-/// What Load answers for keys 0..10, as `id → name`.
-async fn loaded(sink: &mut IcebergSink) -> Model {
-    let keys = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
-        vec![Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef],
-    )
-    .unwrap();
-    let docs = sink.load(0, &keys).await.unwrap();
-    docs.iter()
-        .map(|d| {
-            let d: Value = serde_json::from_str(d).unwrap();
-            (
-                d["id"].as_i64().unwrap(),
-                d["name"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
+/// A change of the tests' constant epochs.
+type Change = upsert::Change<&'static str>;
 
 const EPOCHS: [&[Change]; 3] = [
     &[
@@ -170,7 +41,12 @@ async fn upserts_updates_and_deletes_read_back_as_the_view() {
         epoch(&mut s, i as u64 + 1, changes).await;
         apply(&mut model, changes);
         assert_eq!(pyiceberg_view(&f), model, "after epoch {}", i + 1);
-        assert_eq!(loaded(&mut s).await, model, "Load after epoch {}", i + 1);
+        assert_eq!(
+            upsert::loaded(&mut s, 0..10).await,
+            model,
+            "Load after epoch {}",
+            i + 1
+        );
     }
     // The deletes are position deletes, in the snapshots that replaced the rows.
     let snapshots =
@@ -200,7 +76,7 @@ async fn a_restart_between_epochs_or_a_lost_index_changes_nothing() {
         };
         s.recover(&recovery).await.unwrap();
         assert_eq!(
-            loaded(&mut s).await,
+            upsert::loaded(&mut s, 0..10).await,
             model,
             "Load at the start of epoch {n}"
         );
@@ -258,13 +134,21 @@ async fn a_crash_after_the_decision_before_the_table_commit_changes_nothing() {
         s.recover(&recovery).await.unwrap();
         apply(&mut model, EPOCHS[1]);
         assert_eq!(pyiceberg_view(&f), model, "by committer: {by_committer}");
-        assert_eq!(loaded(&mut s).await, model, "by committer: {by_committer}");
+        assert_eq!(
+            upsert::loaded(&mut s, 0..10).await,
+            model,
+            "by committer: {by_committer}"
+        );
         // Epoch 1's descriptor applied again (a log replayed further back) is a no-op.
         s.commit_epoch(1, &d1).await.unwrap();
         epoch(&mut s, 3, EPOCHS[2]).await;
         apply(&mut model, EPOCHS[2]);
         assert_eq!(pyiceberg_view(&f), model, "by committer: {by_committer}");
-        assert_eq!(loaded(&mut s).await, model, "by committer: {by_committer}");
+        assert_eq!(
+            upsert::loaded(&mut s, 0..10).await,
+            model,
+            "by committer: {by_committer}"
+        );
     }
 }
 

@@ -3,6 +3,8 @@
 //! a bucket of the test's own on the local S3 server ([`Fixture::s3`]).
 #![allow(dead_code)]
 
+pub mod upsert;
+
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use serde_json::{Value, json};
 use sluice_iceberg::{IcebergSink, Warehouse};
