@@ -3,30 +3,21 @@
 //! checked for an exact table and a peak resident set far below what holding the
 //! loaded documents would take. Memory, not time: no figure here is a duration.
 
-use std::process::Command;
-
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+mod common;
 
 #[test]
 fn loading_a_whole_table_stays_within_the_memory_budget_and_is_exact() {
     let keys: u64 = 100_000;
     let payload_bytes: u64 = 2_000;
-    let out = Command::new(SLUICE)
-        .args(["bench", "loads", "--json", "--memory-budget", "4MiB"])
-        .args(["--keys", &keys.to_string()])
-        .args(["--payload-bytes", &payload_bytes.to_string()])
-        .output()
-        .expect("run sluice bench loads");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let figures: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON figures");
-    assert_eq!(figures["exact"], true, "{figures}");
+    let figures = common::exact_bench_figures(&[
+        "loads",
+        "--memory-budget",
+        "4MiB",
+        "--keys",
+        &keys.to_string(),
+        "--payload-bytes",
+        &payload_bytes.to_string(),
+    ]);
     // The second run loads all 100 000 documents (about 200 MB of JSON text, more as
     // parsed documents) in one transaction; the first loads nothing. Within the bound
     // the second holds four 4 MiB budgets and the messages in flight beyond what the

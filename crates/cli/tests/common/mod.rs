@@ -20,6 +20,28 @@ pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// How long a test waits for what a run should soon do.
 pub const PATIENCE: Duration = Duration::from_secs(120);
 
+/// Runs `sluice bench <args> --json` and returns its figures, once they say the bench's
+/// result was exact (the bench's own check against the input's reduction).
+pub fn exact_bench_figures(args: &[&str]) -> Value {
+    let out = Command::new(SLUICE)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run sluice bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("JSON figures");
+    assert_eq!(figures["exact"], true, "{figures}");
+    figures
+}
+
 /// Copies folder `from` into `to`, recursively, leaving out the entries named in `skip`
 /// at any depth (a backup of a recovery log; an example without what a run wrote).
 pub fn copy_dir(from: &Path, to: &Path, skip: &[&str]) {
