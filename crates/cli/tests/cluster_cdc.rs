@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::cluster::items_cdc_pipeline;
 use common::{SLUICE, postgres_at, postgres_execute};
 use serde_json::Value;
 use sluice_testkit::etcd::PrivateEtcd;
@@ -42,36 +43,11 @@ fn lsn(url: &str, query: &str) -> u64 {
 }
 
 fn pipeline(url: &str, etcd: &str) -> String {
-    format!(
-        r#"
-collections:
-  shop/items:
-    key: [/id]
-    schema:
-      type: object
-      required: [id]
-      properties:
-        id: {{type: integer}}
-        qty: {{type: [integer, "null"]}}
-sources:
-  items-cdc:
-    target: shop/items
-    postgres_cdc: {{url: "{url}", tables: [public.items], chunk_rows: 500}}
-materializations:
-  items-db:
-    endpoint:
-      postgres: {{url: "{url}", schema: out}}
-    bindings:
-      - source: shop/items
-        resource: {{table: items}}
-runtime:
-  transactions: {{max_docs: 500, max_duration: 200ms, min_duration: 200ms}}
-cluster:
-  etcd: ["{etcd}"]
-  member: ${{MEMBER}}
-  lease_ttl: 3s
-  shards: 3
-"#
+    items_cdc_pipeline(
+        &format!("postgres_cdc: {{url: \"{url}\", tables: [public.items], chunk_rows: 500}}"),
+        &format!("postgres: {{url: \"{url}\", schema: out}}"),
+        500,
+        etcd,
     )
 }
 

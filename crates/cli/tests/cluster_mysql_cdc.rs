@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::cluster::Members;
+use common::cluster::{Members, items_cdc_pipeline};
 use common::{PATIENCE, POSTGRES_URL, Schema, mysql_at, postgres, signal, wait_until};
 use mysql_async::prelude::Queryable;
 use sluice_testkit::etcd::PrivateEtcd;
@@ -59,36 +59,11 @@ fn child<'m>(members: &'m mut Members, name: &str) -> &'m mut Child {
 }
 
 fn pipeline(mysql: &str, schema: &str, etcd: &str) -> String {
-    format!(
-        r#"
-collections:
-  shop/items:
-    key: [/id]
-    schema:
-      type: object
-      required: [id]
-      properties:
-        id: {{type: integer}}
-        qty: {{type: [integer, "null"]}}
-sources:
-  items-cdc:
-    target: shop/items
-    mysql_cdc: {{url: "{mysql}", tables: [shop.items], chunk_rows: 200}}
-materializations:
-  items-db:
-    endpoint:
-      postgres: {{url: "{POSTGRES_URL}", schema: {schema}}}
-    bindings:
-      - source: shop/items
-        resource: {{table: items}}
-runtime:
-  transactions: {{max_docs: 200, max_duration: 200ms, min_duration: 200ms}}
-cluster:
-  etcd: ["{etcd}"]
-  member: ${{MEMBER}}
-  lease_ttl: 3s
-  shards: 3
-"#
+    items_cdc_pipeline(
+        &format!("mysql_cdc: {{url: \"{mysql}\", tables: [shop.items], chunk_rows: 200}}"),
+        &format!("postgres: {{url: \"{POSTGRES_URL}\", schema: {schema}}}"),
+        200,
+        etcd,
     )
 }
 

@@ -1,6 +1,7 @@
 //! What the cluster tests share: members of one pipeline file started as `sluice run`
 //! processes (each with its own `MEMBER` and environment, its log in the test's
-//! folder), `sluice shards` of the same file, and the member running a shard.
+//! folder), `sluice shards` of the same file, the member running a shard, and the change
+//! data pipeline the CDC failover tests run.
 
 use super::{PATIENCE, SLUICE};
 use serde_json::Value;
@@ -123,4 +124,42 @@ impl Drop for Members {
             let _ = child.wait();
         }
     }
+}
+
+/// A change-data pipeline of table `items` (`id` key, `qty`) under `cluster:` on `etcd`
+/// (three shards asked for, a 3 s lease): `source` is the source's kind and settings
+/// (`postgres_cdc: {…}`), `endpoint` the endpoint's; transactions of `max_docs` or
+/// 200 ms, so a kill lands mid-snapshot.
+pub fn items_cdc_pipeline(source: &str, endpoint: &str, max_docs: u64, etcd: &str) -> String {
+    format!(
+        r#"
+collections:
+  shop/items:
+    key: [/id]
+    schema:
+      type: object
+      required: [id]
+      properties:
+        id: {{type: integer}}
+        qty: {{type: [integer, "null"]}}
+sources:
+  items-cdc:
+    target: shop/items
+    {source}
+materializations:
+  items-db:
+    endpoint:
+      {endpoint}
+    bindings:
+      - source: shop/items
+        resource: {{table: items}}
+runtime:
+  transactions: {{max_docs: {max_docs}, max_duration: 200ms, min_duration: 200ms}}
+cluster:
+  etcd: ["{etcd}"]
+  member: ${{MEMBER}}
+  lease_ttl: 3s
+  shards: 3
+"#
+    )
 }
