@@ -1,13 +1,18 @@
 //! The Iceberg epoch sink end to end, with the `sluice` binary, read back independently
-//! by pyiceberg (`sluice_iceberg::pyiceberg_read`, through the same SQLite catalog): the table is the change log of the pipeline, one row per transaction and
-//! key, `_txn` numbering them, and adds up to the input's reduction. A second run changes
-//! nothing; runs SIGKILLed at random moments and restarted leave it exact, with no file
+//! by pyiceberg (`sluice_iceberg::pyiceberg_read`, through the same SQLite catalog):
+//! the table is the change log of the pipeline, one row per transaction and key, `_txn`
+//! numbering them, and adds up to the input's reduction. A second run changes nothing;
+//! runs SIGKILLed at random moments and restarted leave it exact, with no file
 //! in the warehouse that the table does not reference; `sluice apply --dry-run` shows the
 //! table it would create and creates nothing.
 //!
 //! A `mode: upsert` table (a standard binding, summing per user) reads back as ONE row
 //! per user equal to the whole input's reduction, after a clean run, a second run, and
 //! runs SIGKILLed at random moments.
+//!
+//! What operators do is refused where it would count twice or leave a hole, naming
+//! the table and the ways out: `apply --delete`, a removed or older recovery log, a
+//! table rolled back to an older backup, a table recreated.
 //!
 //! Needs `python3` with `pyiceberg[sql-sqlite,pyarrow]` (`.ci/services` installs it).
 
@@ -393,6 +398,94 @@ fn a_recovery_log_restored_from_an_older_backup_is_refused() {
         ],
     );
     assert_eq!(upsert_view(dir.path()), expected, "nothing applied twice");
+}
+
+/// An upsert table rolled back (its catalog restored from an older backup) has lost
+/// transactions its recovery log committed to it, and the next run would append the
+/// pending ones above the hole. The run is refused, naming the table, what it holds,
+/// what the log committed, and the ways out; the table stays as the restore left it.
+/// Putting the newest catalog back (the first way out) lets the run finish exactly.
+#[test]
+fn a_table_rolled_back_to_an_older_backup_is_refused_not_left_with_a_hole() {
+    let docs = generate(6_000, 200, 23);
+    let dir = pipeline_dir(Mode::Upsert, &docs[..3_000], 1_000);
+    run(dir.path());
+    let catalog = dir.path().join("out/catalog.db");
+    let (older, newest) = (dir.path().join("older.db"), dir.path().join("newest.db"));
+    std::fs::copy(&catalog, &older).unwrap();
+    let rolled_back = upsert_view(dir.path());
+
+    write_lines(&dir.path().join("views.jsonl"), &docs);
+    run(dir.path());
+    let expected = reduce_expected(&docs);
+    assert_eq!(upsert_view(dir.path()), expected);
+    std::fs::copy(&catalog, &newest).unwrap();
+
+    std::fs::copy(&older, &catalog).unwrap();
+    assert_eq!(
+        upsert_view(dir.path()),
+        rolled_back,
+        "the restore rolled it back"
+    );
+    assert_refused(
+        dir.path(),
+        &["run"],
+        &[
+            "sluice.pageviews",
+            "holds transactions up to 3 of this run",
+            "log committed transactions up to",
+            "rolled back",
+            "Restore the table's newest metadata",
+        ],
+    );
+    assert_eq!(
+        upsert_view(dir.path()),
+        rolled_back,
+        "nothing appended above the hole"
+    );
+
+    std::fs::copy(&newest, &catalog).unwrap();
+    run(dir.path());
+    assert_eq!(upsert_view(dir.path()), expected);
+}
+
+/// A table dropped and created again (here its catalog and warehouse removed, then
+/// `sluice apply`) holds none of what the recovery log committed to it, and the log
+/// would carry on from its position: the earlier transactions would never come back.
+/// The run is refused, naming the table and the ways out; starting over as it says
+/// (the recovery log removed too) fills the table from the beginning.
+#[test]
+fn a_recreated_table_is_refused_not_filled_from_the_middle() {
+    let docs = generate(3_000, 200, 31);
+    let dir = pipeline_dir(Mode::Changelog, &docs, 1_000);
+    run(dir.path());
+    let recreate = |dir: &Path| {
+        std::fs::remove_dir_all(dir.join("out")).unwrap();
+        let out = Command::new(SLUICE)
+            .args(["apply", "pipeline.yaml"])
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert_success(&out);
+    };
+    recreate(dir.path());
+    let all = [docs, generate(1_000, 200, 37)].concat();
+    write_lines(&dir.path().join("views.jsonl"), &all);
+    assert_refused(
+        dir.path(),
+        &["run"],
+        &[
+            "sluice.pageviews",
+            "dropped and created again",
+            "remove the materialization's recovery log folder",
+        ],
+    );
+    assert!(pyiceberg_rows(dir.path()).is_empty(), "nothing appended");
+
+    std::fs::remove_dir_all(dir.path().join(".sluice")).unwrap();
+    recreate(dir.path());
+    run(dir.path());
+    assert_change_log(&pyiceberg_rows(dir.path()), &reduce_expected(&all));
 }
 
 /// `sluice maintain` on an upsert table of many small transactions: its data files are

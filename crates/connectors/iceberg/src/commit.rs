@@ -28,6 +28,13 @@
 //! files, listed in the same descriptor (a `StagedFile` whose `data_file` says its
 //! content); its commit is one row-delta snapshot of both (`rowdelta.rs`) under the same
 //! rules: the ancestry walk, the pinned metadata, the catalog's compare-and-swap.
+//!
+//! A descriptor also records what each table was known to hold when it was made
+//! ([`TableMark`]: its `table-uuid` and the highest `sluice.txn` committed to it). A
+//! table only gains transactions, so one that holds fewer, or is another table of the
+//! same name, lost what the log committed to it: rolled back to an older snapshot or
+//! backup, or dropped and created again. Applying the descriptor there would append its
+//! pending epochs above a hole; [`check_mark`] refuses it instead.
 
 use crate::catalog::SqlCatalog;
 use iceberg::spec::{DataContentType, DataFile, TableMetadata, deserialize_data_file_from_json};
@@ -35,7 +42,7 @@ use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, ErrorKind, TableIdent};
 use serde::{Deserialize, Serialize};
 use sluice_sink_sdk::SinkError;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub const SUMMARY_DEPLOYMENT: &str = "sluice.deployment";
 pub const SUMMARY_MATERIALIZATION: &str = "sluice.materialization";
@@ -135,6 +142,60 @@ pub struct Descriptor {
     /// The run's generation; `None` in a descriptor of the release before generations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<Generation>,
+    /// What each table (by name in the namespace) was known to hold of `generation`
+    /// when the descriptor was made; empty in a descriptor of an earlier release, whose
+    /// tables are then not checked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tables: BTreeMap<String, TableMark>,
+}
+
+/// What a table was known to hold: a lower bound, since a table only gains
+/// transactions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableMark {
+    /// The table's `table-uuid`, which a table created again under the same name does
+    /// not share.
+    pub uuid: String,
+    /// The highest `sluice.txn` of the generation that a snapshot of it records.
+    pub txn: u64,
+}
+
+/// Refuses table `ident` (its metadata, and `committed`, its highest transaction of the
+/// run's generation) when it holds less than `mark` says it did: the transactions the
+/// recovery log committed to it in between are gone, and would stay gone under the
+/// pending epochs appended above them.
+pub fn check_mark(
+    ident: &TableIdent,
+    metadata: &TableMetadata,
+    committed: Option<u64>,
+    mark: &TableMark,
+) -> Result<(), SinkError> {
+    const START_OVER: &str = "or, to start over, drop the table, remove the \
+                              materialization's recovery log folder and run `sluice apply`";
+    let uuid = metadata.uuid().to_string();
+    if uuid != mark.uuid {
+        return Err(SinkError::Config(format!(
+            "Iceberg table {ident} is not the table the recovery log committed to (its \
+             table-uuid is {uuid}, the log's is {}): it was dropped and created again, or its \
+             catalog replaced, so the transactions the log committed to it, up to {}, are \
+             missing from it. Restore the table from a backup no older than that, {START_OVER}",
+            mark.uuid, mark.txn
+        )));
+    }
+    let held = committed.unwrap_or(0);
+    if held < mark.txn {
+        return Err(SinkError::Config(format!(
+            "Iceberg table {ident} holds transactions up to {} of this run, but its recovery \
+             log committed transactions up to {} to it: the table was rolled back (its \
+             catalog or metadata restored from an older backup, or its current snapshot set \
+             back), or its snapshots down to {} expired, so the transactions between would be \
+             missing from it. Restore the table's newest metadata, {START_OVER}",
+            committed.map_or("none".to_string(), |c| c.to_string()),
+            mark.txn,
+            mark.txn
+        )));
+    }
+    Ok(())
 }
 
 impl Descriptor {
@@ -231,9 +292,18 @@ fn external(what: &str, e: iceberg::Error) -> SinkError {
     SinkError::External(format!("{what}: {e}"))
 }
 
+/// What [`commit_table`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// Whether it added a snapshot.
+    pub added: bool,
+    /// What the table holds now.
+    pub mark: TableMark,
+}
+
 /// Commits `pending`'s files of table `ident` as transaction `txn` of `generation`,
-/// exactly once. Returns whether a snapshot was added. Postcondition: the table holds
-/// every pending file of the table, once.
+/// exactly once, into a table holding at least `mark` ([`check_mark`]). Postcondition:
+/// the table holds every pending file of the table, once.
 pub async fn commit_table(
     catalog: &SqlCatalog,
     ident: &TableIdent,
@@ -241,7 +311,8 @@ pub async fn commit_table(
     generation: &Generation,
     txn: u64,
     pending: &[EpochFiles],
-) -> Result<bool, SinkError> {
+    mark: Option<&TableMark>,
+) -> Result<Committed, SinkError> {
     for _ in 0..COMMIT_ATTEMPTS {
         let table = catalog
             .load_table(ident)
@@ -249,8 +320,16 @@ pub async fn commit_table(
             .map_err(|e| external(&format!("cannot load Iceberg table {ident}"), e))?;
         let metadata = table.metadata();
         let committed = committed_txn(metadata, owner, generation)?;
+        if let Some(mark) = mark {
+            check_mark(ident, metadata, committed, mark)?;
+        }
+        let uuid = metadata.uuid().to_string();
         let files = match decide(committed, txn, ident.name(), pending) {
-            Decision::Skip => return Ok(false),
+            Decision::Skip => {
+                let txn = committed.unwrap_or(0);
+                let mark = TableMark { uuid, txn };
+                return Ok(Committed { added: false, mark });
+            }
             Decision::Append(files) => files,
         };
         let mut data_files: Vec<DataFile> = Vec::with_capacity(files.len());
@@ -300,7 +379,10 @@ pub async fn commit_table(
             tx.commit(&pinned).await
         };
         match committed {
-            Ok(_) => return Ok(true),
+            Ok(_) => {
+                let mark = TableMark { uuid, txn };
+                return Ok(Committed { added: true, mark });
+            }
             Err(e) if e.kind() == ErrorKind::CatalogCommitConflicts => {
                 tracing::info!(table = %ident, txn, "Iceberg commit lost a swap; reading the table again");
                 continue;

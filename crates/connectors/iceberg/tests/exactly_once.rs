@@ -159,10 +159,12 @@ async fn two_bindings_commit_to_two_tables_and_a_half_applied_decision_finishes_
             &owner,
             desc.generation.as_ref().unwrap(),
             1,
-            &desc.epochs
+            &desc.epochs,
+            None,
         )
         .await
         .unwrap()
+        .added
     );
     drop(sink);
 
@@ -227,7 +229,16 @@ async fn an_expired_ancestor_fails_closed_instead_of_appending_twice() {
         .unwrap();
     tx.commit(&catalog).await.unwrap();
 
+    // The sink knows the table held its epoch 1: it refuses a table that lost it.
     let err = ours.commit_epoch(1, &d1).await.unwrap_err();
+    assert!(
+        matches!(&err, SinkError::Config(m) if m.contains("holds transactions up to none")
+            && m.contains("expired")),
+        "{err}"
+    );
+    // Without that mark (d1 was made before any commit), iceberg's own check stops it.
+    let committer = ours.committer().unwrap();
+    let err = committer.commit_epoch(1, &d1).await.unwrap_err();
     assert!(
         matches!(&err, SinkError::Corrupt(m) if m.contains("already holds")),
         "{err}"

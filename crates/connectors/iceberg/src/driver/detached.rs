@@ -6,17 +6,19 @@
 
 use super::{IcebergSink, Result, attempt, namespace, owner};
 use crate::catalog::SqlCatalog;
-use crate::commit::{self, Descriptor, EpochFiles, Generation, Owner, STAGING_DIR};
+use crate::commit::{self, Descriptor, EpochFiles, Generation, Owner, STAGING_DIR, TableMark};
 use crate::config::EndpointConfig;
 use crate::storage::WarehouseIo;
 use async_trait::async_trait;
 use iceberg::{NamespaceIdent, TableIdent};
 use serde_json::Value;
 use sluice_sink_sdk::{AbortCleaner, EpochCommitter, RuntimeContext, SinkError, Undecided};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Commits `pending`'s files to each table they name as transaction `txn` of
-/// `generation`, exactly once per table ([`commit::commit_table`]).
+/// `generation`, exactly once per table ([`commit::commit_table`]), each into a table
+/// holding at least its mark in `marks`. Returns what those tables hold now.
 pub(super) async fn commit_epochs(
     catalog: &SqlCatalog,
     ns: &NamespaceIdent,
@@ -24,19 +26,24 @@ pub(super) async fn commit_epochs(
     generation: &Generation,
     txn: u64,
     pending: &[EpochFiles],
-) -> Result<()> {
+    marks: &BTreeMap<String, TableMark>,
+) -> Result<BTreeMap<String, TableMark>> {
     let mut tables: Vec<&str> = pending
         .iter()
         .flat_map(|e| e.files.iter().map(|f| f.table.as_str()))
         .collect();
     tables.sort();
     tables.dedup();
+    let mut held = BTreeMap::new();
     for table in tables {
         let ident = TableIdent::new(ns.clone(), table.to_string());
-        let added = commit::commit_table(catalog, &ident, owner, generation, txn, pending).await?;
-        tracing::debug!(table = %ident, txn, added, "Iceberg commit");
+        let mark = marks.get(table);
+        let committed =
+            commit::commit_table(catalog, &ident, owner, generation, txn, pending, mark).await?;
+        tracing::debug!(table = %ident, txn, added = committed.added, "Iceberg commit");
+        held.insert(table.to_string(), committed.mark);
     }
-    Ok(())
+    Ok(held)
 }
 
 /// Removes staging prefix `prefix` an artifact intent named, once it is known ours:
@@ -116,7 +123,9 @@ impl EpochCommitter for IcebergCommitter {
             .unwrap_or_else(|| Generation::mint(true));
         let catalog = self.0.catalog().await?;
         let ns = namespace(&self.0.config)?;
-        commit_epochs(catalog, &ns, &owner, &generation, epoch, &d.epochs).await
+        let marks = &d.tables;
+        commit_epochs(catalog, &ns, &owner, &generation, epoch, &d.epochs, marks).await?;
+        Ok(())
     }
 }
 

@@ -4,9 +4,11 @@
 //! ```text
 //!  begin_epoch(N)     writers under <table>/data/_sluice/<attempt>/<generation>-<N>/  (the artifact intent)
 //!  write_batch        + _txn = N (+ _op U when the binding has none) ─▶ Parquet, rolled at target_file_size
-//!  pre_commit(N)      close (fsync) ─▶ descriptor {epochs since the last table commit + N, commit: N % commit_every == 0}
+//!  pre_commit(N)      close (fsync) ─▶ descriptor {epochs since the last table commit + N, commit: N % commit_every == 0,
+//!                                     each table's uuid and last sluice.txn as far as known}
 //!  commit_epoch(N,d)  d.commit: one fast append per table, summary sluice.generation = G, sluice.txn = N,
-//!                     skipped where an ancestor of generation G has txn >= N
+//!                     skipped where an ancestor of generation G has txn >= N;
+//!                     refused where the table holds less than d says it did
 //!                     else: d's epochs stay staged, decided, until a due epoch or close
 //!  recover            remove undecided epochs' prefixes; re-apply the decided descriptor
 //!                     (each unless the handles below did it before `open`);
@@ -54,6 +56,7 @@ pub use detached::{IcebergCleaner, IcebergCommitter};
 use crate::catalog::{CatalogLocation, SqlCatalog};
 use crate::commit::{
     DESCRIPTOR_VERSION, Descriptor, EpochFiles, Generation, Owner, STAGING_DIR, StagedFile,
+    TableMark,
 };
 use crate::config::{EndpointConfig, ResourceConfig};
 use crate::maintain::AutoMaintenance;
@@ -72,7 +75,7 @@ use sluice_sink_sdk::{
     AbortCleaner, Consistency, EpochCommitter, EpochSink, InputMode, Placement, Recovery, Result,
     RuntimeContext, SchemaPlan, SinkBinding, SinkContract, SinkError, TaskTracker, WriteResult,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +119,10 @@ pub struct IcebergSink {
     prepared: Vec<EpochFiles>,
     /// Decided epochs not yet in a table snapshot (oldest first).
     pending: Vec<EpochFiles>,
+    /// What each table is known to hold of the generation (`commit::TableMark`),
+    /// written in every descriptor; updated together with `pending`, so a descriptor's
+    /// marks and epochs together cover everything decided.
+    held: BTreeMap<String, TableMark>,
     /// Makes file names unique per process, so a name is never written twice.
     nonce: String,
     /// The recovery log's generation, known from `recover` on.
@@ -144,6 +151,7 @@ impl IcebergSink {
             epoch: Epoch::Idle,
             prepared: Vec::new(),
             pending: Vec::new(),
+            held: BTreeMap::new(),
             nonce: format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff),
             generation: None,
             tasks: TaskTracker::new(),
@@ -309,7 +317,17 @@ impl IcebergSink {
         let owner = self.owner()?;
         let generation = self.generation()?.clone();
         let ns = self.namespace()?;
-        commit_epochs(&catalog, &ns, &owner, &generation, txn, &self.pending).await?;
+        let held = commit_epochs(
+            &catalog,
+            &ns,
+            &owner,
+            &generation,
+            txn,
+            &self.pending,
+            &self.held,
+        )
+        .await?;
+        self.held.extend(held);
         self.pending.clear();
         Ok(())
     }
@@ -674,6 +692,7 @@ impl EpochSink for IcebergSink {
             commit: due,
             epochs,
             generation: Some(self.generation()?.clone()),
+            tables: self.held.clone(),
         };
         serde_json::to_value(&descriptor)
             .map(Some)

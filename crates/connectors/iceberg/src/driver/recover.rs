@@ -4,6 +4,8 @@
 //! ```text
 //!  undecided epochs' staging ─▶ removed (unless the cleaner did it)
 //!  decided descriptor        ─▶ its generation adopted; applied (unless the committer did)
+//!  a table behind the log    ─▶ refused: the table rolled back, or recreated, losing
+//!                               transactions the log committed to it
 //!  a table ahead of the log  ─▶ refused: a log restored from an older backup, or an
 //!                               upsert view of another run (the operator chooses)
 //!  the upsert index          ─▶ brought to the tables
@@ -48,6 +50,11 @@ impl IcebergSink {
         self.generation = Some(generation);
         let decided_epoch = decided.as_ref().map(|d| d.epoch);
         if let Some(d) = decided {
+            let bound: HashSet<&str> = self.tables.iter().map(|t| t.ident.name()).collect();
+            self.held = (d.tables.into_iter())
+                .filter(|(table, _)| bound.contains(table.as_str()))
+                .collect();
+            self.refuse_tables_behind_the_log().await?;
             self.pending = d.epochs;
             if d.commit {
                 if recovery.decided_applied {
@@ -61,6 +68,27 @@ impl IcebergSink {
         self.refuse_tables_ahead_of_the_log(decided_epoch).await?;
         self.sync_upsert().await?;
         self.sweep_orphans().await
+    }
+
+    /// Refuses a table holding less than the decided descriptor says it did
+    /// ([`commit::check_mark`]), whether or not that descriptor commits anything now:
+    /// the next epochs would be appended above the transactions it lost.
+    async fn refuse_tables_behind_the_log(&self) -> Result<()> {
+        let catalog = self.catalog.clone().expect("open");
+        let owner = self.owner()?;
+        let generation = self.generation()?;
+        for bound in &self.tables {
+            let Some(mark) = self.held.get(bound.ident.name()) else {
+                continue;
+            };
+            let table = catalog
+                .load_table(&bound.ident)
+                .await
+                .map_err(|e| SinkError::External(format!("cannot load {}: {e}", bound.ident)))?;
+            let committed = commit::committed_txn(table.metadata(), &owner, generation)?;
+            commit::check_mark(&bound.ident, table.metadata(), committed, mark)?;
+        }
+        Ok(())
     }
 
     /// Refuses a table that is ahead of the recovery log, which the log's next epochs
@@ -92,8 +120,8 @@ impl IcebergSink {
                     "Iceberg table {} holds epoch {committed} of materialization {}, but its \
                      recovery log decided {}: the log was restored from an older backup, and \
                      the transactions after it would be applied to the table again. Restore \
-                     the newest copy of the recovery log, or drop the table and run `sluice \
-                     apply` to start over",
+                     the newest copy of the recovery log, or, to start over, drop the table, \
+                     remove the materialization's recovery log folder and run `sluice apply`",
                     bound.ident,
                     owner.materialization,
                     decided.map_or("no epoch".to_string(), |d| format!("epochs up to {d} only")),
