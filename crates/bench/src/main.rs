@@ -4,6 +4,7 @@
 mod cdc;
 mod cluster;
 mod combine;
+mod failover;
 mod http;
 mod iceberg;
 mod latency;
@@ -50,6 +51,9 @@ enum BenchCommand {
     Cluster(cluster::ClusterArgs),
     /// Parse-only versus the whole combiner path over generated documents.
     Combine(combine::CombineArgs),
+    /// An `http` source under `cluster:` (3 members, private etcd) with its holder
+    /// SIGKILLed: how long no POST is acknowledged, per kill (p50, max), and exactness.
+    Failover(failover::FailoverArgs),
     /// Clients pushing to the HTTP source into SQLite: batches' docs/s, then the time
     /// of one-document requests to their durable 200 (p50, p99).
     Http(http::HttpArgs),
@@ -87,6 +91,7 @@ fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Cdc(args) => cdc::run(args),
         BenchCommand::Cluster(args) => cluster::run(args),
         BenchCommand::Combine(args) => combine::run(args),
+        BenchCommand::Failover(args) => failover::run(args),
         BenchCommand::Http(args) => http::run(args),
         BenchCommand::Iceberg(args) => iceberg::run(args),
         BenchCommand::Latency(args) => latency::run(args),

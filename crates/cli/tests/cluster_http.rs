@@ -366,3 +366,17 @@ fn bodies_adding_up_past_an_etcd_record_are_split_into_transactions_that_fit() {
     }
     assert_eq!(postgres_table(&schema.0), reduce_expected(&docs));
 }
+
+/// `sluice bench failover` kills the holder while a client posts keyed bodies, and
+/// measures how long none is acknowledged: its run must end exact (the bench's own
+/// check: the table's views equal the bodies acknowledged) with one figure per kill.
+/// Its figures are for the docs, not checked here.
+#[test]
+fn the_failover_bench_runs_exact() {
+    let figures = common::exact_bench_figures(&["failover", "--rounds", "1"]);
+    assert_eq!(figures["failover_ms"].as_array().map(Vec::len), Some(1));
+    assert!(
+        figures["bodies_acknowledged"].as_u64() > Some(0),
+        "{figures}"
+    );
+}
