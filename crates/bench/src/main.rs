@@ -14,6 +14,7 @@ mod mysql_cdc;
 mod outputs;
 mod postgres;
 mod scale;
+mod skew;
 mod sources;
 mod sql;
 
@@ -81,6 +82,9 @@ enum BenchCommand {
     /// The quickstart pipeline on 1 core and on 2 cores (`taskset`): docs/s of each and
     /// their ratio, what one process gains from a second core.
     Scale(scale::ScaleArgs),
+    /// A cluster of 3 members, 6 shards, two hot ones on one member: shards weighed by
+    /// count, then by load: drain time, each member's share, docs/s and CPU.
+    Skew(skew::SkewArgs),
     /// The same documents preloaded into a file, a 4-partition Kafka topic and a NATS
     /// stream, each materialized into PostgreSQL: docs/s of each, brokers over file.
     Sources(sources::SourcesArgs),
@@ -101,6 +105,7 @@ fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Mysql(args) => sql::run(args),
         BenchCommand::MysqlCdc(args) => cdc::run_with::<mysql_cdc::Mariadb>(args),
         BenchCommand::Scale(args) => scale::run(args),
+        BenchCommand::Skew(args) => skew::run(args),
         BenchCommand::Sources(args) => sources::run(args),
     }
 }

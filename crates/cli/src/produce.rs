@@ -33,8 +33,11 @@ use sluice_app::registry;
 use sluice_kafka::{KafkaConfig, KafkaKind};
 use sluice_nats::{NatsConfig, NatsKind};
 use sluice_runtime::config::{Pipeline, SourceDef};
+use sluice_runtime::intake::shard_keys;
+use sluice_runtime::projections::compile_collection;
 use sluice_source_sdk::SourceKind;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of documents read and sent at a time.
@@ -95,7 +98,8 @@ pub fn main(args: ProduceArgs) -> anyhow::Result<()> {
     let (source, target) = target(&pipeline, &args)?;
     let mut input = Input::open(&args.file)?;
     let total = input.check()?;
-    let key = &pipeline.collections[&source.target].key;
+    let collection = &pipeline.collections[&source.target];
+    let key = &collection.key;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -103,7 +107,22 @@ pub fn main(args: ProduceArgs) -> anyhow::Result<()> {
     let destination = runtime.block_on(async {
         anyhow::Ok(match target {
             Target::Kafka(config) => {
-                Destination::Kafka(kafka::Topic::open(config, key, args.partitions).await?)
+                // Partitioned by key range: each document's key hash as the runtime
+                // routes it (its schema's defaults, its envelope).
+                let key_range = match config.partitioned_by {
+                    None => None,
+                    Some(_) => {
+                        let compiled = compile_collection(
+                            &format!("collections.{}", source.target),
+                            &source.target,
+                            key,
+                            &collection.schema,
+                        )?;
+                        Some(shard_keys(source.envelope, Arc::new(compiled), 0, u32::MAX))
+                    }
+                };
+                let topic = kafka::Topic::open(config, key, key_range, args.partitions);
+                Destination::Kafka(topic.await?)
             }
             Target::Nats(config) => {
                 Destination::Nats(nats::Subject::open(config, args.subject.as_deref()).await?)

@@ -4,20 +4,24 @@ use crate::pipeline_cmd::load;
 use anyhow::Context as _;
 use clap::Subcommand;
 use sluice_app::registry;
-use sluice_cluster::admin;
+use sluice_cluster::{admin, load};
 use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum ShardsCommand {
-    /// List the shards of a cluster's materializations: ranges, members, last
-    /// transaction, rate (documents per second) and lag.
+    /// List the shards of a cluster's materializations (ranges, members, last
+    /// transaction, rate in documents per second, lag), then its members (CPU use in
+    /// cores, shards held, their documents per second).
     List {
         /// The pipeline file (YAML), with a `cluster:` section.
         pipeline: PathBuf,
-        /// Print JSON.
+        /// Print JSON: the shards, or with `--members` the members.
         #[arg(long)]
         json: bool,
+        /// With `--json`: the members instead of the shards.
+        #[arg(long)]
+        members: bool,
     },
     /// Split a shard's key range at its midpoint while the cluster runs: its holder
     /// finishes its transaction and stops, and the two halves recover from its
@@ -51,10 +55,15 @@ pub fn main(cmd: ShardsCommand) -> anyhow::Result<()> {
     runtime.block_on(async {
         let (etcd, keys) = sluice_cluster::connect(cluster)?;
         match cmd {
-            ShardsCommand::List { json, .. } => {
+            ShardsCommand::List { json, members, .. } => {
                 let rows = admin::list(&etcd, &keys).await?;
+                let member_rows = load::members(&etcd, &keys).await?;
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                    let text = match members {
+                        true => serde_json::to_string_pretty(&member_rows)?,
+                        false => serde_json::to_string_pretty(&rows)?,
+                    };
+                    println!("{text}");
                     return Ok(());
                 }
                 println!(
@@ -76,6 +85,23 @@ pub fn main(cmd: ShardsCommand) -> anyhow::Result<()> {
                         } else {
                             lag.join(", ")
                         }
+                    );
+                }
+                println!();
+                println!(
+                    "{:<20} {:>6} {:>7} {:>9}",
+                    "MEMBER", "CPU", "SHARDS", "DOCS/S"
+                );
+                for m in member_rows {
+                    let cpu = m.cpu.map_or("-".to_string(), |c| format!("{c:.2}"));
+                    let cooling = if m.cooling {
+                        "  (moved a shard by load lately)"
+                    } else {
+                        ""
+                    };
+                    println!(
+                        "{:<20} {cpu:>6} {:>7} {:>9}{cooling}",
+                        m.member, m.shards, m.rate
                     );
                 }
                 Ok(())

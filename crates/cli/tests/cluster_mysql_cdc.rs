@@ -11,8 +11,8 @@
 
 mod common;
 
-use common::cluster::{Members, items_cdc_pipeline};
-use common::{PATIENCE, POSTGRES_URL, Schema, mysql_at, postgres, signal, wait_until};
+use common::cluster::{Members, items_cdc_pipeline, store_items};
+use common::{PATIENCE, POSTGRES_URL, Schema, mysql_at, signal, wait_until};
 use mysql_async::prelude::Queryable;
 use sluice_testkit::etcd::PrivateEtcd;
 use sluice_testkit::mariadb::BinlogMariadb;
@@ -32,15 +32,6 @@ fn source_rows(url: &str) -> Table {
     mysql_at(url, async |conn| {
         let rows: Vec<(i64, Option<i64>)> = conn.query("SELECT id, qty FROM items").await.unwrap();
         rows.into_iter().collect()
-    })
-}
-
-/// The store's table (empty until its first commit creates it).
-fn store_rows(schema: &str) -> Table {
-    let query = format!(r#"SELECT id, qty::bigint FROM "{schema}".items"#);
-    postgres(async move |client| {
-        let rows = client.query(&query, &[]).await.unwrap_or_default();
-        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
     })
 }
 
@@ -134,7 +125,7 @@ fn a_mysql_cdc_source_runs_as_one_shard_that_moves_mid_snapshot_and_mid_stream_a
     };
     // The first kill once the snapshot has committed a chunk, before it ends.
     let started = Instant::now();
-    while store_rows(&schema.0).is_empty() {
+    while store_items(&schema.0).is_empty() {
         assert!(
             started.elapsed() < PATIENCE,
             "the snapshot commits nothing\n{}",
@@ -144,7 +135,7 @@ fn a_mysql_cdc_source_runs_as_one_shard_that_moves_mid_snapshot_and_mid_stream_a
     }
     for joined in 1..=3 {
         let victim = members.holder();
-        let committed = store_rows(&schema.0);
+        let committed = store_items(&schema.0);
         members.kill(&victim);
         // The snapshot reads in key order and streams nothing before it ends.
         let last = committed.keys().last().copied().unwrap_or(0);
@@ -191,7 +182,7 @@ fn a_mysql_cdc_source_runs_as_one_shard_that_moves_mid_snapshot_and_mid_stream_a
     let expected = source_rows(&url);
     let started = Instant::now();
     loop {
-        let found = store_rows(&schema.0);
+        let found = store_items(&schema.0);
         if found == expected {
             break;
         }

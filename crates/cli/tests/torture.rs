@@ -17,79 +17,14 @@
 //! Outputs (`--output`) are checked batch by batch besides the final comparison: a
 //! destination tampered with mid-torture must fail it, each broken rule named.
 
+mod common;
+
+use common::SLUICE;
+use common::torture::{assert_exact_after, assert_fired, stdout, torture};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
-
-/// `sluice torture` with small sizes (3000 documents over 300 keys, 100 per
-/// transaction, seed 11), unless `args` gives its own.
-fn torture(args: &[&str]) -> Output {
-    let defaults = [
-        ("--docs", "3000"),
-        ("--keys", "300"),
-        ("--txn-docs", "100"),
-        ("--seed", "11"),
-    ];
-    let mut command = Command::new(SLUICE);
-    command.arg("torture");
-    for (flag, value) in defaults {
-        if !args.contains(&flag) {
-            command.args([flag, value]);
-        }
-    }
-    command
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run sluice torture")
-}
-
-/// The numbers of the report's last line: faults, restarts, rows expected, rows found,
-/// lost, duplicated, mismatched, anomalies.
-fn report(out: &Output) -> [u64; 8] {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "torture failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    let last = stdout.lines().last().unwrap_or_default();
-    let numbers: Vec<u64> = last
-        .split_whitespace()
-        .skip(1)
-        .map(|n| n.parse().expect("a number in the report"))
-        .collect();
-    numbers
-        .try_into()
-        .unwrap_or_else(|_| panic!("a report line: {last:?}\n{stdout}"))
-}
-
-/// Asserts an exact store after at least `faults` faults.
-fn assert_exact_after(out: &Output, faults: u64) -> [u64; 8] {
-    let r = report(out);
-    let [
-        fired,
-        _,
-        expected,
-        found,
-        lost,
-        duplicated,
-        mismatched,
-        anomalies,
-    ] = r;
-    assert!(fired >= faults, "{fired} faults fired, wanted {faults}");
-    assert_eq!((lost, duplicated, mismatched, anomalies), (0, 0, 0, 0));
-    assert_eq!(found, expected);
-    r
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[test]
 fn sqlite_random_crashes_lose_and_double_nothing() {
@@ -510,15 +445,11 @@ fn postgres_cluster_members_killed_stopped_split_and_etcd_restarted_end_exact() 
         "8",
     ]);
     assert_exact_after(&out, 8);
-    let report = stdout(&out);
-    for kind in [
+    let kinds = [
         "cluster: member SIGKILLed",
         "cluster: zombie past its lease",
         "cluster: shard split",
         "cluster: etcd restarted",
-    ] {
-        let line = report.lines().find(|l| l.starts_with(kind));
-        let fired = line.and_then(|l| l.split_whitespace().last());
-        assert_eq!(fired, Some("2"), "{kind} fired twice:\n{report}");
-    }
+    ];
+    assert_fired(&out, &kinds, 2);
 }

@@ -65,9 +65,9 @@ fn workers_split_a_materialization_into_key_range_shards_that_add_up_exactly() {
     let logs = shard_logs(&pipeline);
     assert_eq!(logs.len(), 3, "{logs:?}");
     for (log, range) in logs.iter().zip([
-        "00000000-55555554",
-        "55555555-aaaaaaa9",
-        "aaaaaaaa-ffffffff",
+        "00000000-55555555",
+        "55555556-aaaaaaaa",
+        "aaaaaaab-ffffffff",
     ]) {
         assert!(log.contains(&format!("shard {range}")), "{log}");
     }

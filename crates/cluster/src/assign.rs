@@ -30,7 +30,7 @@
 
 use crate::etcd::KeyValue;
 use crate::keys::{Keys, ShardId, ShardSpec};
-use sluice_runtime::config::Pipeline;
+use sluice_runtime::config::{Balance, Pipeline};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -39,6 +39,13 @@ use std::time::Duration;
 pub struct View {
     pub members: BTreeSet<String>,
     pub shards: BTreeMap<ShardId, ShardState>,
+    /// How the pipeline weighs shards (`cluster.balance`, the same for every member).
+    pub balance: Balance,
+    /// Each member's published CPU use, in cores (`P/load/<member>`), under `load`.
+    pub cpu: BTreeMap<String, f64>,
+    /// The members that took part in a move by load less than
+    /// `cluster.balance_interval` ago (`P/cooldown/<member>`), under `load`.
+    pub cooling: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +55,10 @@ pub struct ShardState {
     pub holder: Option<(String, i64)>,
     /// The members backing off from it after their loop of it failed.
     pub declined: BTreeSet<String>,
+    /// The member a move by load placed it on (`P/place/<shard>`), under `load`.
+    pub placed: Option<String>,
+    /// Documents per second its holder last published it committed (`P/status`).
+    pub rate: u64,
 }
 
 /// A shard this member holds.
@@ -73,17 +84,29 @@ pub enum Action {
     Release(ShardId),
     /// Finish the transaction in progress, stop, then replace the shard by its halves.
     Split(ShardId),
+    /// Move the shard to member `to` by load (the plan of `balance.rs`): write its
+    /// placement and both members' cooldowns; the next look releases it to `to`.
+    Place { shard: ShardId, to: String },
 }
 
 /// Why materialization `name` runs as one shard in a cluster, never split, if it does:
-/// a source of it that one shard only may read (a replication slot). That shard moves
-/// between members as any does, one holder at a time.
+/// a source of it that one shard only may read (a replication slot), or an endpoint
+/// that takes one writer at a time (an Iceberg committer). That shard moves between
+/// members as any does, one holder at a time.
 pub fn singleton(pipeline: &Pipeline, name: &str) -> Option<String> {
-    pipeline.sources_of(name).find_map(|(source, s)| {
+    let source = pipeline.sources_of(name).find_map(|(source, s)| {
         let why = s.singleton?;
         Some(format!(
             "source {source} (a {} source): {why}",
             s.config.kind()
+        ))
+    });
+    source.or_else(|| {
+        let m = pipeline.materializations.get(name)?;
+        let why = m.singleton?;
+        Some(format!(
+            "its endpoint (a {} driver): {why}",
+            m.endpoint.kind
         ))
     })
 }
@@ -99,12 +122,20 @@ pub fn owner<'m>(members: &'m BTreeSet<String>, shard: &ShardId) -> Option<&'m s
         .map(String::as_str)
 }
 
-/// The live member that should run `shard`: the rendezvous owner among the members not
+/// The live member that should run `shard`: the member a move by load placed it on, if
+/// it is live and does not decline it, else the rendezvous owner among the members not
 /// declining it; `None` when every member declines it (or none is live).
 pub fn owner_of<'v>(view: &'v View, shard: &ShardId) -> Option<&'v str> {
     let Some(state) = view.shards.get(shard) else {
         return owner(&view.members, shard);
     };
+    if view.balance == Balance::Load
+        && let Some(placed) = &state.placed
+        && let Some(member) = view.members.get(placed)
+        && !state.declined.contains(placed)
+    {
+        return Some(member.as_str());
+    }
     let willing: BTreeSet<String> = (view.members.iter())
         .filter(|m| !state.declined.contains(*m))
         .cloned()
@@ -173,6 +204,18 @@ pub fn plan(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) -> Vec<Action
     actions
 }
 
+impl Action {
+    /// The shard it acts on.
+    pub fn shard(&self) -> &ShardId {
+        match self {
+            Action::Claim { shard, .. }
+            | Action::Abandon { shard, .. }
+            | Action::Place { shard, .. } => shard,
+            Action::Drop(shard) | Action::Release(shard) | Action::Split(shard) => shard,
+        }
+    }
+}
+
 /// The view in the keys read (pure).
 pub fn read_view(
     keys: &Keys,
@@ -203,8 +246,7 @@ pub fn read_view(
             id,
             ShardState {
                 splitting: spec.splitting,
-                holder: None,
-                declined: Default::default(),
+                ..ShardState::default()
             },
         );
     }
@@ -253,11 +295,12 @@ mod tests {
                     let state = ShardState {
                         splitting: *splitting,
                         holder: holder.map(|(m, t)| (m.to_string(), t)),
-                        declined: BTreeSet::new(),
+                        ..ShardState::default()
                     };
                     (id.clone(), state)
                 })
                 .collect(),
+            ..View::default()
         }
     }
 

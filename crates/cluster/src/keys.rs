@@ -12,9 +12,22 @@
 //!  P/declined/<mat>/<begin>-<end>/<member>                     with the member's lease:
 //!                                     until (Unix ms)          its loop of the shard
 //!                                                              failed; it backs off
+//!  P/load/<member>                    MemberLoad {cpu}         with the member's lease
+//!  P/place/<mat>/<begin>-<end>        <member>                 a move by load put the
+//!                                                              shard there (balance.rs)
+//!  P/cooldown/<member>                <shard>                  with a lease of
+//!                                                              cluster.balance_interval:
+//!                                                              the member took part in
+//!                                                              a move by load
+//!  P/autosplit/<mat>                  <shard>                  the last shard marked by
+//!                                                              autosplit (its revision
+//!                                                              serializes the marks)
 //!  P/applied/<mat>                    the applied spec
 //!  P/init/<mat>                       the first shards were made
 //!  P/lock/apply/<mat>                 the member applying     with its lease
+//!  P/deployment                       the deployment id        made once (CAS), kept:
+//!                                                              what epoch sinks name
+//!                                                              their staging by
 //! ```
 //!
 //! A shard's id is its key range as the metrics label it (`00000000-7fffffff`).
@@ -54,6 +67,14 @@ pub struct ShardStatus {
     /// documents: a status is written again only when it changes).
     #[serde(default)]
     pub rate: u64,
+}
+
+/// What a member publishes about itself, the value of `P/load/<member>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemberLoad {
+    /// The process's CPU use, in CPU seconds per second (cores), over the last
+    /// publishing interval.
+    pub cpu: f64,
 }
 
 /// The key layout under one cluster's prefix.
@@ -145,12 +166,54 @@ impl Keys {
         Some((materialization, ShardDef::parse(id)?, member))
     }
 
+    /// Every member's published load.
+    pub fn loads(&self) -> String {
+        format!("{}/load/", self.prefix)
+    }
+
+    pub fn load(&self, member: &str) -> String {
+        format!("{}{member}", self.loads())
+    }
+
+    /// Every shard's placement by load.
+    pub fn placements(&self) -> String {
+        format!("{}/place/", self.prefix)
+    }
+
+    pub fn placement(&self, id: &ShardId) -> String {
+        format!(
+            "{}{}/{}",
+            self.placements(),
+            id.materialization,
+            id.range.id()
+        )
+    }
+
+    /// Every member's cooldown after a move by load.
+    pub fn cooldowns(&self) -> String {
+        format!("{}/cooldown/", self.prefix)
+    }
+
+    pub fn cooldown(&self, member: &str) -> String {
+        format!("{}{member}", self.cooldowns())
+    }
+
+    /// The last autosplit mark of `materialization`.
+    pub fn autosplit(&self, materialization: &str) -> String {
+        format!("{}/autosplit/{materialization}", self.prefix)
+    }
+
     pub fn applied(&self, materialization: &str) -> String {
         format!("{}/applied/{materialization}", self.prefix)
     }
 
     pub fn init(&self, materialization: &str) -> String {
         format!("{}/init/{materialization}", self.prefix)
+    }
+
+    /// The cluster's deployment id, the same for every member.
+    pub fn deployment(&self) -> String {
+        format!("{}/deployment", self.prefix)
     }
 
     pub fn apply_lock(&self, materialization: &str) -> String {

@@ -8,6 +8,10 @@
 //! - `etcd.rs`: our etcd v3 client (keys, transactions, leases) over `proto/etcd.proto`
 //! - `keys.rs`: the key layout, shard ids and ranges (pure)
 //! - `assign.rs`: who owns which shard and what a member does about it (pure)
+//! - `autosplit.rs`: when a shard whose lag stays high splits itself (pure)
+//! - `balance.rs`: shards weighed by load: the one move, if any, from the busiest
+//!   member to the least busy (pure)
+//! - `load.rs`: a member's CPU use, published with its lease, and read back
 //! - `log.rs`: a shard's recovery log in etcd, every write fenced by the claim
 //! - `pack.rs`: an intent as etcd stores it, each step's position a patch of the one
 //!   before (pure)
@@ -21,8 +25,11 @@
 
 pub mod admin;
 pub mod assign;
+pub mod autosplit;
+pub mod balance;
 pub mod etcd;
 pub mod keys;
+pub mod load;
 pub mod log;
 pub mod member;
 pub mod pack;

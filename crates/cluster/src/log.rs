@@ -108,9 +108,12 @@ impl SharedLog {
                 limit: MAX_RECORD,
                 hint: " (a cluster keeps shard logs in etcd, whose records are small: a \
                        transaction closes before what its steps journal reaches 256KiB, \
-                       but one step must fit, so keep an http source's max_body_bytes at \
-                       256KiB or less, and a CDC source's chunk_rows times its rows' size \
-                       below that)",
+                       and a CDC snapshot's step ends before its rows pass it, but one \
+                       body or row must fit: keep an http source's max_body_bytes at \
+                       256KiB or less; a CDC row that large, or a table its source reads \
+                       whole (a key of a type it cannot chunk by), cannot be snapshotted \
+                       under cluster:, so run that pipeline without cluster:, whose file \
+                       log takes 64MiB in a record)",
             });
         }
         Ok(bytes)

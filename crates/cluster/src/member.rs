@@ -4,6 +4,8 @@
 //!  join:  standby listeners (standby.rs) ── lease (TTL) ── P/members/<me> with it
 //!         (publishing their addresses) ── first shards of each materialization
 //!         (once, by CAS on P/init/<mat>) ── first Apply (under P/lock/apply/<mat>)
+//!         ── the deployment id, when an epoch sink needs it (once, by CAS on
+//!         P/deployment)
 //!  at each wake-up (wake.rs: a change to the watched keys, a loop that returned, a
 //!  backoff or publishing that is due, or at most SAFETY_NET after the last):
 //!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop)
@@ -31,17 +33,20 @@
 
 use crate::assign::read_view;
 use crate::assign::{self, Action, Held, View};
+use crate::autosplit;
+use crate::balance::{plan_with_moves, read_load};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
-use crate::keys::{Keys, ShardDef, ShardId, ShardSpec, ShardStatus};
+use crate::keys::{Keys, MemberLoad, ShardDef, ShardId, ShardSpec, ShardStatus};
+use crate::load::CpuMeter;
 use crate::log::SharedLog;
 use crate::standby::{Listens, MemberValue, Standbys, read_listens};
 use crate::wake::{self, Wake};
 use sluice_runtime::applied;
-use sluice_runtime::config::{ClusterDef, Pipeline};
+use sluice_runtime::config::{AutoSplit, Balance, ClusterDef, Pipeline};
 use sluice_runtime::metrics::Metrics;
 use sluice_runtime::pipeline::{self, ApplyAction, Launcher, LogPlace, Planned, RunOptions};
 use sluice_runtime::txn::{Progress, RunError, Summary};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -139,6 +144,8 @@ pub async fn run(
         keys.shards(),
         keys.assignments(),
         keys.declines(),
+        keys.placements(),
+        keys.cooldowns(),
     ];
     let member = Member {
         wake: Wake::watching(etcd.clone(), watched, wake::SAFETY_NET),
@@ -152,6 +159,11 @@ pub async fn run(
         failing: BTreeMap::new(),
         summaries: BTreeMap::new(),
         metrics: opts.metrics.clone().unwrap_or_default(),
+        cpu: CpuMeter::default(),
+        balance: cluster.balance,
+        balance_interval: cluster.balance_interval,
+        autosplit: cluster.autosplit.clone(),
+        singletons: BTreeSet::new(),
     };
     let result = member
         .serve(pipeline, planned, opts, progress, &mut shutdown)
@@ -226,6 +238,8 @@ struct Running {
     task: Option<JoinHandle<(Summary, Result<(), RunError>)>>,
     /// Its status as last published (published again only when it changes).
     published: Option<ShardStatus>,
+    /// Since when its lag has stayed above `cluster.autosplit.lag_above`.
+    lagging_since: Option<Instant>,
 }
 
 /// A shard whose loop failed here: how often in a row, and until when this member
@@ -256,6 +270,15 @@ struct Member {
     failing: BTreeMap<ShardId, Failing>,
     summaries: BTreeMap<String, Summary>,
     metrics: Arc<Metrics>,
+    /// This process's CPU use, published with the shards' status.
+    cpu: CpuMeter,
+    /// `cluster.balance` and `cluster.balance_interval`.
+    balance: Balance,
+    balance_interval: Duration,
+    /// `cluster.autosplit`.
+    autosplit: Option<AutoSplit>,
+    /// The materializations that run as one shard, which never split.
+    singletons: BTreeSet<String>,
 }
 
 impl Member {
@@ -272,6 +295,7 @@ impl Member {
             let count = match assign::singleton(pipeline, &m.name) {
                 Some(why) => {
                     tracing::info!(materialization = %m.name, "runs as one shard: {why}");
+                    self.singletons.insert(m.name.clone());
                     1
                 }
                 None => cluster.shards,
@@ -282,7 +306,12 @@ impl Member {
         // A member serves until stopped: its shards' inputs may grow at any time.
         opts.follow = true;
         opts.metrics = Some(self.metrics.clone());
-        let launcher = Launcher::new(pipeline, planned, opts, progress)?;
+        let needed = (planned.materializations.iter()).any(|m| m.needs_deployment_id);
+        let deployment = match needed {
+            true => Some(self.deployment_id().await?),
+            false => None,
+        };
+        let launcher = Launcher::with_deployment(pipeline, planned, opts, progress, deployment)?;
         let mut published = Instant::now();
         let mut lost = self.lost.clone();
         let outcome = loop {
@@ -327,10 +356,13 @@ impl Member {
                             (id.clone(), h)
                         })
                         .collect();
-                    for action in assign::plan(&self.me, &view, &held) {
+                    for action in plan_with_moves(&self.me, &view, &held) {
                         if let Err(e) = self.act(action, &view, &launcher).await {
                             tracing::warn!("{e}; retrying on the next view");
                         }
+                    }
+                    if let Err(e) = self.split_lagging().await {
+                        tracing::warn!("splitting a shard that lags: {e}; retrying");
                     }
                 }
                 Err(e) => tracing::warn!("reading the cluster's state: {e}; retrying"),
@@ -396,6 +428,39 @@ impl Member {
             tracing::info!(materialization = %name, "made its first {count} shard(s)");
         }
         Ok(())
+    }
+
+    /// The cluster's deployment id, what epoch sinks name their staging by: made once
+    /// by the first member that needs it (a CAS on `P/deployment`), read by every other,
+    /// so each holder of a shard names, finds and cleans its staging as the last one
+    /// did. Kept beside the shards' logs, never on a member's disk.
+    async fn deployment_id(&self) -> Result<String, ClusterError> {
+        let key = self.keys.deployment();
+        let minted = sluice_runtime::recovery::new_deployment_id();
+        let made = (self.etcd)
+            .txn(
+                vec![Cond::Absent(key.clone())],
+                vec![Op::Put {
+                    key: key.clone(),
+                    value: minted.clone().into_bytes(),
+                    lease: 0,
+                }],
+                vec![Op::Get(key.clone())],
+            )
+            .await?;
+        if made.succeeded {
+            tracing::info!(deployment = %minted, "made the cluster's deployment id");
+            return Ok(minted);
+        }
+        let kept = made.got.into_iter().flatten().next().map(|kv| kv.value);
+        match kept.map(String::from_utf8) {
+            Some(Ok(id)) if !id.is_empty() => Ok(id),
+            _ => Err(invalid(
+                key,
+                "holds no deployment id sluice wrote (sluice makes it once and only \
+                 reads it after)",
+            )),
+        }
     }
 
     /// Applies each never-applied materialization once for the whole cluster (under
@@ -481,6 +546,15 @@ impl Member {
         let (assignments, _) = self.etcd.get_prefix(&self.keys.assignments()).await?;
         let (declined, _) = self.etcd.get_prefix(&self.keys.declines()).await?;
         let mut view = read_view(&self.keys, &members, &shards, &assignments);
+        view.balance = self.balance;
+        if self.balance == Balance::Load {
+            let (statuses, _) = self.etcd.get_prefix(&self.keys.statuses()).await?;
+            let (placements, _) = self.etcd.get_prefix(&self.keys.placements()).await?;
+            let (loads, _) = self.etcd.get_prefix(&self.keys.loads()).await?;
+            let (cooldowns, _) = self.etcd.get_prefix(&self.keys.cooldowns()).await?;
+            let keys = &self.keys;
+            read_load(keys, &mut view, &statuses, &placements, &loads, &cooldowns);
+        }
         for kv in &declined {
             let key = String::from_utf8_lossy(&kv.key);
             if let Some((materialization, range, member)) = self.keys.parse_declined(&key) {
@@ -549,6 +623,7 @@ impl Member {
                         stopping,
                         task,
                         published: None,
+                        lagging_since: None,
                     },
                 );
             }
@@ -556,6 +631,43 @@ impl Member {
             Action::Drop(shard) => self.stop(&shard, Stopping::Drop),
             Action::Release(shard) => self.stop(&shard, Stopping::Release),
             Action::Split(shard) => self.stop(&shard, Stopping::Split),
+            Action::Place { shard, to } => self.place(&shard, &to).await?,
+        }
+        Ok(())
+    }
+
+    /// Moves `shard`, held here, to member `to` by load ([`crate::balance`]): writes its
+    /// placement, and both members' cooldowns with a lease of `cluster.balance_interval`,
+    /// while this member's claim is current and neither member is cooling down. The
+    /// next look releases it, as for any shard another member owns.
+    async fn place(&self, shard: &ShardId, to: &str) -> Result<(), ClusterError> {
+        let Some(running) = self.held.get(shard) else {
+            return Ok(());
+        };
+        let interval = self.balance_interval.max(Duration::from_secs(1));
+        let cooldown = self.etcd.grant(interval).await?;
+        let cool = |member: &str| Op::Put {
+            key: self.keys.cooldown(member),
+            value: shard.to_string().into_bytes(),
+            lease: cooldown,
+        };
+        let when = vec![
+            Cond::ModRevision(self.keys.assignment(shard), running.token),
+            Cond::Absent(self.keys.cooldown(&self.me)),
+            Cond::Absent(self.keys.cooldown(to)),
+        ];
+        let put = Op::Put {
+            key: self.keys.placement(shard),
+            value: to.as_bytes().to_vec(),
+            lease: 0,
+        };
+        let placed = self
+            .etcd
+            .txn(when, vec![put, cool(&self.me), cool(to)], vec![]);
+        if placed.await?.succeeded {
+            tracing::info!(%shard, to, "moving it by load: it is the busiest member's, {to} is the least busy");
+        } else {
+            let _ = self.etcd.revoke(cooldown).await;
         }
         Ok(())
     }
@@ -752,6 +864,7 @@ impl Member {
             Op::Delete(self.keys.shard(shard)),
             Op::DeletePrefix(self.keys.log(shard)),
             Op::Delete(self.keys.status(shard)),
+            Op::Delete(self.keys.placement(shard)),
             Op::Delete(self.keys.assignment(shard)),
         ]);
         let assignment = self.keys.assignment(shard);
@@ -792,6 +905,11 @@ impl Member {
                     .collect(),
                 rate: view.rate.round() as u64,
             };
+            if let Some(rule) = &self.autosplit {
+                let behind = (view.sources.values()).filter_map(|s| Some(s.lag.as_ref()?.behind));
+                let since = running.lagging_since;
+                running.lagging_since = autosplit::track(rule, behind.max(), since, Instant::now());
+            }
             if running.published.as_ref() == Some(&status) {
                 continue;
             }
@@ -814,6 +932,78 @@ impl Member {
                 Err(e) => tracing::debug!(%shard, "publishing its status: {e}"),
             }
         }
+        if let Some(cpu) = self.cpu.cores() {
+            let value = serde_json::to_vec(&MemberLoad { cpu }).expect("serializes");
+            let key = self.keys.load(&self.me);
+            if let Err(e) = self.etcd.put(&key, value, self.lease).await {
+                tracing::debug!("publishing the member's load: {e}");
+            }
+        }
+    }
+
+    /// Marks for a split each shard held here whose lag has stayed high for
+    /// `cluster.autosplit.for` ([`crate::autosplit`]), while its materialization has room
+    /// under `max_shards`: the next look splits it, as `sluice shards split` would.
+    async fn split_lagging(&mut self) -> Result<(), ClusterError> {
+        let Some(rule) = self.autosplit.clone() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let due: Vec<(ShardId, i64)> = (self.held.iter())
+            .filter(|(id, _)| !self.singletons.contains(&id.materialization))
+            .filter(|(_, r)| r.stopping.is_none() && autosplit::due(&rule, r.lagging_since, now))
+            .map(|(id, r)| (id.clone(), r.token))
+            .collect();
+        for (shard, token) in due {
+            // The last mark first, then the shards: a mark made before it is counted,
+            // one made after it fails this one's condition.
+            let mark = self.keys.autosplit(&shard.materialization);
+            let last = match self.etcd.get(&mark).await? {
+                Some(kv) => Cond::ModRevision(mark.clone(), kv.mod_revision),
+                None => Cond::Absent(mark.clone()),
+            };
+            let under = format!("{}{}/", self.keys.shards(), shard.materialization);
+            let (specs, _) = self.etcd.get_prefix(&under).await?;
+            let splitting = (specs.iter())
+                .filter(|kv| {
+                    serde_json::from_slice::<ShardSpec>(&kv.value).is_ok_and(|s| s.splitting)
+                })
+                .count();
+            if !autosplit::room(&rule, specs.len(), splitting) {
+                continue;
+            }
+            let spec = serde_json::to_vec(&ShardSpec { splitting: true }).expect("serializes");
+            let marked = (self.etcd)
+                .txn(
+                    vec![Cond::ModRevision(self.keys.assignment(&shard), token), last],
+                    vec![
+                        Op::Put {
+                            key: self.keys.shard(&shard),
+                            value: spec,
+                            lease: 0,
+                        },
+                        Op::Put {
+                            key: mark,
+                            value: shard.to_string().into_bytes(),
+                            lease: 0,
+                        },
+                    ],
+                    vec![],
+                )
+                .await?;
+            if marked.succeeded {
+                tracing::info!(
+                    %shard,
+                    "its lag stayed above {} for {}s: splitting it (cluster.autosplit)",
+                    rule.lag_above,
+                    rule.sustained.as_secs()
+                );
+                if let Some(running) = self.held.get_mut(&shard) {
+                    running.lagging_since = None;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn add(&mut self, shard: &ShardId, s: &Summary) {

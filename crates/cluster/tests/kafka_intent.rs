@@ -41,6 +41,7 @@ fn config(topic: &str) -> KafkaConfig {
         partitions: None,
         start: Start::Earliest,
         format: KafkaFormat::Json,
+        partitioned_by: None,
         meta: None,
         fetch_wait: Duration::from_millis(10),
         tls: None,
@@ -73,6 +74,7 @@ async fn a_transaction_over_500_partitions_is_journaled_in_etcd_and_replays_ever
     let limits = QueueLimits {
         max_records: 5,
         max_bytes: 1 << 20,
+        max_journaled: u64::MAX,
     };
     let (mut steps, mut read) = (Vec::new(), 0);
     let deadline = Instant::now() + Duration::from_secs(120);

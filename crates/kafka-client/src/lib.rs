@@ -1,7 +1,8 @@
 //! The Kafka client settings the `kafka` source and the `kafka` output share, in one
 //! home both depend on (neither depends on the other): the bootstrap brokers, TLS and
-//! SASL ([`config`]), the one place an rskafka client is built ([`Connector`]), and
-//! why a connection failed ([`ConnectError`]).
+//! SASL ([`config`]), the one place an rskafka client is built ([`Connector`]), why a
+//! connection failed ([`ConnectError`]), and the key-range partitioner both sides of a
+//! partitioned read agree on ([`key_range`]).
 //!
 //! ```text
 //!  brokers, tls?, sasl? ── Connector::new (files read) ── connect(backoff) ──▶ rskafka Client
@@ -20,6 +21,7 @@
 //! failed`). A refusal is not retried: the same settings are refused again.
 
 pub mod config;
+pub mod key_range;
 mod probe;
 
 pub use config::{ClientTls, Mechanism, Sasl};

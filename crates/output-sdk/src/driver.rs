@@ -83,8 +83,19 @@ impl BuiltinKind for OutputKind {
         Some(((self.endpoint_schema)(), resource_schema(self)))
     }
 
+    /// The view cannot move with a cluster's shard: it is the output's authoritative
+    /// store (before-images, checkpoint, fence) in a member's SQLite file, and rebuilding
+    /// it from a destination works for none of them (files and streams keep changes, not
+    /// last values per key). What running outputs in a cluster would take is named.
     fn pinned(&self) -> Option<&'static str> {
-        Some("an output keeps its view beside the local recovery log")
+        Some(
+            "an output keeps its view beside the local recovery log (each key's last \
+             document for the changes' before-images, the checkpoint and the fence, in one \
+             machine's SQLite file), where another member cannot read it; a cluster would \
+             need that view in a store every member reaches that fences a former holder \
+             (as the SQL stores' checkpoint tables do), and destinations that refuse a \
+             former holder's late messages",
+        )
     }
 }
 

@@ -13,12 +13,18 @@
 //! [`Collection::check`] is the combiner's validation and key extraction. So a document
 //! the check passes is never rejected by the reader as invalid or keyless, and one it
 //! fails is rejected there with the same reason (dead-lettered under `on_error: skip`).
+//!
+//! [`shard_keys`] reads a record's key hash the same way, for a source that reads only
+//! the partitions of its shards' key range (`Opening::shard_keys`): the key the reader
+//! routes the record by, so a source's check of where a key belongs agrees with it.
 
 use crate::config::{OnError, SourceDef};
 use crate::envelope::{Envelope, Unwrapped};
 use crate::types::Collection;
 use sluice_doc::compact::Doc;
-use sluice_source_sdk::{Intake, bad_json};
+use sluice_doc::key_hash;
+use sluice_doc::keyscan::KeyScan;
+use sluice_source_sdk::{Intake, ShardKeys, bad_json};
 use std::sync::Arc;
 
 /// The intake check of source `def`, feeding `collection` (its target).
@@ -29,23 +35,58 @@ pub fn intake(def: &SourceDef, collection: Arc<Collection>) -> Intake {
     })
 }
 
+/// The key hashes `[begin, end]` of the shards a source with `envelope` feeds
+/// `collection` to, with each record's key hash read as the reader routes it: scanned
+/// from the text where `KeyScan` can, else from the parsed document (the one its
+/// envelope carries).
+pub fn shard_keys(
+    envelope: Envelope,
+    collection: Arc<Collection>,
+    begin: u32,
+    end: u32,
+) -> ShardKeys {
+    let scan = KeyScan::new(collection.key.pointers());
+    ShardKeys::new(begin, end, move |text| {
+        let mut key = Vec::with_capacity(64);
+        if envelope == Envelope::None
+            && let Some(scan) = &scan
+            && scan.pack(text, &mut key)
+        {
+            return Some(key_hash(&key));
+        }
+        let doc = document(envelope, text).ok()??;
+        collection.key.pack_doc(&doc, &mut key).ok()?;
+        Some(key_hash(&key))
+    })
+}
+
 /// Why `collection` would not take the record `text` of a source with `envelope`.
 fn check_text(collection: &Collection, envelope: Envelope, text: &[u8]) -> Result<(), String> {
-    let doc = match envelope {
-        Envelope::None => serde_json::from_slice::<Doc>(text).map_err(|e| bad_json(text, &e))?,
+    let Some(doc) = document(envelope, text)? else {
+        return Ok(());
+    };
+    collection
+        .check(&doc, &mut Vec::new())
+        .map_err(|e| e.to_string())
+}
+
+/// The document the record `text` of a source with `envelope` carries (`None`: an
+/// envelope with nothing to apply), parsed as the reader parses it.
+fn document(envelope: Envelope, text: &[u8]) -> Result<Option<Doc>, String> {
+    Ok(match envelope {
+        Envelope::None => {
+            Some(serde_json::from_slice::<Doc>(text).map_err(|e| bad_json(text, &e))?)
+        }
         envelope => {
             let record = serde_json::from_slice(text).map_err(|e| bad_json(text, &e))?;
             let unwrapped = (envelope.unwrap(record))
                 .map_err(|reason| format!("envelope {}: {reason}", envelope.name()))?;
             match unwrapped {
-                Unwrapped::Nothing => return Ok(()),
-                Unwrapped::Document(doc) => Doc::from(doc),
+                Unwrapped::Nothing => None,
+                Unwrapped::Document(doc) => Some(Doc::from(doc)),
             }
         }
-    };
-    collection
-        .check(&doc, &mut Vec::new())
-        .map_err(|e| e.to_string())
+    })
 }
 
 #[cfg(test)]
@@ -106,5 +147,23 @@ mod tests {
             "{envelope}"
         );
         assert_eq!(check(Envelope::Debezium, "null"), Ok(()));
+    }
+
+    #[test]
+    fn a_records_key_hash_is_the_one_the_reader_routes_it_by() {
+        let keys = shard_keys(Envelope::None, Arc::new(views()), 0, u32::MAX);
+        let u1 = key_hash(&sluice_doc::tuple::pack_key(&[json!("u1")]));
+        // Scanned from the text, and from the parsed document when the scan cannot.
+        assert_eq!(keys.key_hash(br#"{"views": 1, "user_id": "u1"}"#), Some(u1));
+        assert_eq!(keys.key_hash(br#"{"user_id": "u1", "views": 1}"#), Some(u1));
+        assert_eq!(keys.key_hash(br#"{"views": 1}"#), None, "keyless");
+        assert_eq!(keys.key_hash(b"{not json"), None);
+        // The document an envelope carries.
+        let wrapped = shard_keys(Envelope::InsertDelete, Arc::new(views()), 0, u32::MAX);
+        assert_eq!(
+            wrapped.key_hash(br#"{"insert": {"user_id": "u1"}}"#),
+            Some(u1)
+        );
+        assert_eq!(wrapped.key_hash(br#"{"user_id": "u1"}"#), None);
     }
 }

@@ -33,6 +33,7 @@ use crate::types::EndpointDef;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sluice_driver_sdk::contract::Placement;
 use sluice_driver_sdk::current::{self, Codec, Protocol};
 use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::grpc::channel_uri;
@@ -68,6 +69,13 @@ pub trait DriverKind: Send + Sync {
     /// local recovery log, or a store that cannot fence a former holder
     /// ([`UNFENCED`]); `None`: it can.
     fn pinned(&self, _config: &Value) -> Option<&'static str> {
+        None
+    }
+
+    /// Why an endpoint of this kind, configured by what [`DriverKind::parse`] returned,
+    /// takes one writer at a time (its sink contract's placement is singleton), so its
+    /// materialization runs as one shard, never split; `None`: several may write.
+    fn singleton(&self, _config: &Value) -> Option<&'static str> {
         None
     }
 
@@ -380,6 +388,12 @@ impl DriverKind for InProcessKind {
 
     fn driver(&self) -> Option<Arc<dyn Driver>> {
         self.0.driver(None)
+    }
+
+    fn singleton(&self, config: &Value) -> Option<&'static str> {
+        let contract = self.0.contract(config).ok().flatten()?;
+        (contract.placement == Placement::Singleton)
+            .then_some("its contract declares one writer at a time (placement: singleton)")
     }
 
     fn pinned(&self, _config: &Value) -> Option<&'static str> {

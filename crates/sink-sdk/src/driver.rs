@@ -120,15 +120,12 @@ impl BuiltinKind for SinkKind {
         Some(sink.suggested_write_timeout() + TASKS_BOUND)
     }
 
+    /// `state_dir` holds what a sink derives from its target (Iceberg's upsert index):
+    /// a cache of the member running it, rebuilt or brought up to the target at open,
+    /// so the sink may move between a cluster's members. What it names its staging by,
+    /// the deployment id, is the runtime's (a cluster keeps one in etcd for all).
     fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
         Some(Arc::new(EpochDriver::new(*self, state_dir)))
-    }
-
-    fn pinned(&self) -> Option<&'static str> {
-        Some(
-            "an epoch sink names its staging by the deployment id kept beside the local \
-             recovery log",
-        )
     }
 }
 

@@ -63,7 +63,8 @@ use std::time::Duration;
 /// The identity a sink's staging is named by: stable across restarts, bound before `open`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeContext {
-    /// The pipeline's deployment: created once, kept beside its recovery logs.
+    /// The pipeline's deployment: created once, kept beside its recovery logs, or in a
+    /// cluster's etcd for every member alike.
     pub deployment_id: String,
     /// The sink's name in the pipeline file (its materialization).
     pub sink_id: String,
@@ -210,6 +211,9 @@ pub trait EpochSink: Send + 'static {
     /// Binds the endpoint's own folder beside the recovery log (kept across restarts,
     /// removed by a reset), where a sink may keep state it can rebuild from its target
     /// (an index answering [`EpochSink::load`]). Before `open`, when the runtime has one.
+    /// In a cluster it is the folder of the member running the shard: a cache that may
+    /// be missing, or stale from an earlier time this member held the shard, so what it
+    /// holds is checked against the target at open, never trusted.
     fn bind_state_dir(&mut self, _dir: &std::path::Path) -> Result<()> {
         Ok(())
     }

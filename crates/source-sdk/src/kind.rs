@@ -125,6 +125,56 @@ pub struct Opening<'a> {
     /// deadline) reports its connection, so the runtime can show it ([`Health`]);
     /// [`Health::none`] outside a pipeline.
     pub health: &'a Health,
+    /// The key hashes of the shards this instance feeds, and how a record's key hash is
+    /// read: for a source whose partitions map to key ranges, which reads only the
+    /// partitions overlapping them ([`ShardKeys`]). Every source the runtime runs gets
+    /// one; `None` outside a pipeline or only to be looked at: read everything.
+    pub shard_keys: Option<&'a ShardKeys>,
+}
+
+/// A record's key hash read from its JSON text, if it has a key to read.
+type KeyHash = dyn Fn(&[u8]) -> Option<u32> + Send + Sync;
+
+/// The key hashes `[begin, end]` (inclusive) of the shards a source instance feeds (a
+/// cluster's shard, or a process's local shards together), and the key hash of a
+/// record as the runtime's reader routes it: a partitioned source reads only the
+/// partitions whose keys fall in the range, and checks that each record's key is one
+/// its partition holds. The reader still routes every record by its key, so a source
+/// that reads more than its range loses nothing; one that reads less would. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct ShardKeys {
+    pub begin: u32,
+    pub end: u32,
+    hash: Arc<KeyHash>,
+}
+
+impl ShardKeys {
+    /// The range `[begin, end]`, with `hash` reading a record's key hash from its text
+    /// (`None`: no key to read there: not JSON, no key, or an envelope with nothing to
+    /// apply; the reader reports what is wrong with it).
+    pub fn new(
+        begin: u32,
+        end: u32,
+        hash: impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
+    ) -> ShardKeys {
+        ShardKeys {
+            begin,
+            end,
+            hash: Arc::new(hash),
+        }
+    }
+
+    /// The key hash of the record `text`, as the reader routes it.
+    pub fn key_hash(&self, text: &[u8]) -> Option<u32> {
+        (self.hash)(text)
+    }
+}
+
+impl fmt::Debug for ShardKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ShardKeys({:08x}-{:08x})", self.begin, self.end)
+    }
 }
 
 impl<'a> Opening<'a> {
@@ -139,6 +189,7 @@ impl<'a> Opening<'a> {
             follow: false,
             intake: None,
             health: Health::none(),
+            shard_keys: None,
         }
     }
 }

@@ -98,7 +98,7 @@ pub mod testing;
 pub use config::InvalidConfig;
 pub use health::{Connection, Health, HealthState};
 pub use intake::Intake;
-pub use kind::{Kind, Opening, SourceConfig, SourceKind, kind};
+pub use kind::{Kind, Opening, ShardKeys, SourceConfig, SourceKind, kind};
 pub use prefetch::{Fetch, Prefetch, ReadAhead};
 pub use records::{
     InputError, Position, Record, RecordDoc, Records, SharedDoc, SharedRecord, Unit, bad_json,

@@ -275,6 +275,7 @@ mod tests {
     const ALL: QueueLimits = QueueLimits {
         max_records: usize::MAX,
         max_bytes: u64::MAX,
+        max_journaled: u64::MAX,
     };
 
     fn scripted(paused: bool) -> (mpsc::UnboundedSender<Vec<u32>>, Prefetch<u32>) {
@@ -308,11 +309,13 @@ mod tests {
         let two = QueueLimits {
             max_records: 2,
             max_bytes: u64::MAX,
+            max_journaled: u64::MAX,
         };
         assert_eq!(prefetch.take(two).unwrap(), vec![1, 2]);
         let tiny = QueueLimits {
             max_records: 10,
             max_bytes: 1,
+            max_journaled: u64::MAX,
         };
         assert_eq!(
             prefetch.take(tiny).unwrap(),

@@ -87,11 +87,17 @@ pub struct Step {
 }
 
 /// Bounds on one `queue` call. A step stops at the first bound reached; a single
-/// record larger than `max_bytes` still makes a step of its own.
+/// record larger than `max_bytes` (or `max_journaled`) still makes a step of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueLimits {
     pub max_records: usize,
     pub max_bytes: u64,
+    /// The step data this step may journal in its resume (`Resume::Replay` with
+    /// `data`, a source that cannot read its input again): the room its transaction's
+    /// intent has left. A cluster's shard log in etcd bounds an intent (a quarter of its
+    /// 1 MiB record); a local file log hardly does (64 MiB). A source that journals
+    /// ends its step before its data passes this; `u64::MAX`: no bound.
+    pub max_journaled: u64,
 }
 
 /// The position of a step of a source that re-reads its input by position (a file by

@@ -12,6 +12,7 @@ use serde_json::Value;
 pub const ALL: QueueLimits = QueueLimits {
     max_records: usize::MAX,
     max_bytes: u64::MAX,
+    max_journaled: u64::MAX,
 };
 
 /// At most `n` records, of any size.
@@ -19,6 +20,7 @@ pub fn records(n: usize) -> QueueLimits {
     QueueLimits {
         max_records: n,
         max_bytes: u64::MAX,
+        max_journaled: u64::MAX,
     }
 }
 

@@ -31,7 +31,9 @@
 //! not know the documents of each transaction: `--mode delta` and `disk-full` (which
 //! check them) read a file or a NATS stream. `cluster` ([`cluster`]) runs three members
 //! of a cluster on a private etcd member and faults them (kill, stop past the lease,
-//! split, etcd restart), in standard mode on a store, from a file, Kafka or NATS. Fail points need a binary built with the `failpoints` feature; without
+//! split, etcd restart), in standard mode on a store, from any input: a CDC or http
+//! source is a singleton (one shard, never split, its holder killed in the split's
+//! turn). Fail points need a binary built with the `failpoints` feature; without
 //! it `random` injects SIGKILLs only and the scenarios that need them refuse to run.
 //!
 //! The Iceberg store ([`iceberg`]) runs `random` and `disk-full` from a file or NATS: a
@@ -246,12 +248,13 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::BrokerRestart && args.source == SourceKind::File {
         bail!("broker-restart restarts a log broker: --source kafka or nats");
     }
-    if args.source.is_cdc() && (args.mode == Mode::Delta || args.scenario != Scenario::Random) {
+    let random_or_cluster = matches!(args.scenario, Scenario::Random | Scenario::Cluster);
+    if args.source.is_cdc() && (args.mode == Mode::Delta || !random_or_cluster) {
         let source = args.source.to_possible_value().expect("no skipped values");
         bail!(
-            "--source {} runs the random scenario in standard mode: a CDC step is a whole \
-             transaction of the database or a backfill chunk, not the model's fixed \
-             transactions, which --mode delta and the other scenarios check",
+            "--source {} runs the random scenario in standard mode, or the cluster one: a \
+             CDC step is a whole transaction of the database or a backfill chunk, not the \
+             model's fixed transactions, which --mode delta and the other scenarios check",
             source.get_name()
         );
     }
@@ -264,13 +267,11 @@ fn run(args: TortureArgs) -> anyhow::Result<()> {
              check: use --source file or nats for them"
         );
     }
-    if args.source == SourceKind::Http
-        && (args.mode == Mode::Delta || args.scenario != Scenario::Random)
-    {
+    if args.source == SourceKind::Http && (args.mode == Mode::Delta || !random_or_cluster) {
         bail!(
             "--source http pushes its documents from clients that retry while runs are \
-             killed under them, in no fixed transactions: it runs --scenario random in \
-             --mode standard"
+             killed under them, in no fixed transactions: it runs --scenario random or \
+             cluster in --mode standard"
         );
     }
     let into_iceberg = args.store == Some(StoreKind::Iceberg);

@@ -1,6 +1,8 @@
 //! The torture of the HTTP source: clients post the model's documents while runs are
 //! SIGKILLed under them, and retry every request that got no 200 with its
-//! Idempotency-Key until one comes.
+//! Idempotency-Key until one comes. The clients serve the cluster scenario too
+//! (`cluster.rs`): there they post to every member in turn, as a load balancer
+//! would, and follow a 503 naming the holder to its address.
 //!
 //! ```text
 //!  segments ─▶ bodies of BODY_DOCS documents, keyed body-N ─▶ CLIENTS threads ─POST─▶ sluice run
@@ -48,24 +50,27 @@ struct Work {
     /// Bodies taken by a client and not yet acknowledged.
     in_flight: usize,
     acknowledged: u64,
+    /// Retries sent to the holder a 503 named (in a cluster).
+    redirected: u64,
     /// Answers that contradict their body (anomalies).
     wrong: Vec<String>,
     stop: bool,
 }
 
-struct Clients {
+pub(super) struct Clients {
     work: Arc<Mutex<Work>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     next_key: usize,
 }
 
 impl Clients {
-    fn start(address: SocketAddr) -> Clients {
+    /// Clients posting to `addresses` (one server's, or each cluster member's).
+    pub(super) fn start(addresses: &[SocketAddr]) -> Clients {
         let work = Arc::new(Mutex::new(Work::default()));
         let threads = (0..CLIENTS)
-            .map(|_| {
-                let work = work.clone();
-                std::thread::spawn(move || client(address, &work))
+            .map(|first| {
+                let (work, addresses) = (work.clone(), addresses.to_vec());
+                std::thread::spawn(move || client(&addresses, first, &work))
             })
             .collect();
         Clients {
@@ -97,7 +102,7 @@ impl Clients {
     }
 
     /// Whether every body handed over was acknowledged.
-    fn all_acknowledged(&self) -> bool {
+    pub(super) fn all_acknowledged(&self) -> bool {
         let work = self.work();
         work.queue.is_empty() && work.in_flight == 0
     }
@@ -111,10 +116,14 @@ impl Clients {
     }
 }
 
-/// A client: takes the next body, posts it until a 200, again and again.
-fn client(address: SocketAddr, work: &Mutex<Work>) {
+/// A client: takes the next body, posts it until a 200, again and again; to
+/// `addresses` in turn from the `first`, or at once to the holder a 503 names.
+fn client(addresses: &[SocketAddr], first: usize, work: &Mutex<Work>) {
     let lock = || work.lock().unwrap_or_else(|e| e.into_inner());
-    let mut http = Client::new(address, HTTP_TOKEN);
+    let mut http: Vec<Client> = (addresses.iter())
+        .map(|address| Client::new(*address, HTTP_TOKEN))
+        .collect();
+    let mut at = first % addresses.len();
     loop {
         let body = {
             let mut work = lock();
@@ -133,7 +142,7 @@ fn client(address: SocketAddr, work: &Mutex<Work>) {
             if lock().stop {
                 return;
             }
-            match http.ingest(HTTP_SOURCE, Some(&body.key), &body.text) {
+            match http[at].ingest(HTTP_SOURCE, Some(&body.key), &body.text) {
                 Ok(r) if r.status == 200 => {
                     let mut work = lock();
                     if r.json()["documents"].as_u64() != Some(body.docs) {
@@ -146,9 +155,20 @@ fn client(address: SocketAddr, work: &Mutex<Work>) {
                     work.in_flight -= 1;
                     break;
                 }
-                // The server is down, closing, full or starting: retry the same key.
-                Ok(r) if matches!(r.status, 429 | 503) => std::thread::sleep(RETRY),
-                Err(_) => std::thread::sleep(RETRY),
+                // The server is down, closing, full or starting, or does not hold the
+                // shard: retry the same key, where a 503 sends it or at the next server.
+                Ok(r) if matches!(r.status, 429 | 503) => {
+                    let holder = (r.header("sluice-holder-address"))
+                        .and_then(|named| addresses.iter().position(|a| a.to_string() == named))
+                        .filter(|&holder| holder != at);
+                    lock().redirected += u64::from(holder.is_some());
+                    at = holder.unwrap_or((at + 1) % addresses.len());
+                    std::thread::sleep(RETRY);
+                }
+                Err(_) => {
+                    at = (at + 1) % addresses.len();
+                    std::thread::sleep(RETRY);
+                }
                 Ok(r) => {
                     let mut work = lock();
                     let answer = String::from_utf8_lossy(&r.body).into_owned();
@@ -169,17 +189,27 @@ pub(super) fn random_kills(h: &mut Harness, faults: u64, rng: &mut Rng) -> anyho
     let Input::Http { address, .. } = &h.input else {
         bail!("the http torture needs --source http");
     };
-    let mut clients = Clients::start(*address);
+    let mut clients = Clients::start(&[*address]);
     let result = kill_under_clients(h, &mut clients, &pipeline, faults, rng);
-    let work = clients.stop();
-    for wrong in work.wrong {
-        h.report.anomaly(format!("a wrong answer: {wrong}"));
-    }
-    println!("{} bodies acknowledged", work.acknowledged);
+    stop(h, clients);
     result
 }
 
-fn hand_over(h: &mut Harness, clients: &mut Clients) {
+/// Stops the clients; each answer that contradicted its body is an anomaly.
+pub(super) fn stop(h: &mut Harness, clients: Clients) {
+    let work = clients.stop();
+    for wrong in work.wrong {
+        h.report
+            .anomaly_of("wrong answer", format!("a wrong answer: {wrong}"));
+    }
+    println!(
+        "{} bodies acknowledged, {} retries sent to the holder a 503 named",
+        work.acknowledged, work.redirected
+    );
+}
+
+/// Hands the documents appended since the last call to the clients.
+pub(super) fn hand_over(h: &mut Harness, clients: &mut Clients) {
     if let Input::Http { unsent, .. } = &mut h.input {
         clients.post(&std::mem::take(unsent));
     }

@@ -1,8 +1,11 @@
 //! Producing to the topic a `kafka` source reads. Each document goes to one of the
-//! partitions the source reads, chosen by the hash of its collection key (Kafka's own
-//! partitioner for keyed messages, [`partition_of`]), so that one key's documents stay
-//! in one partition, in file order: the source orders documents within a partition
-//! only. The message key is the collection key as a JSON object of its fields
+//! partitions the source reads, chosen by the hash of its collection key, so that one
+//! key's documents stay in one partition, in file order: the source orders documents
+//! within a partition only. The hash is Kafka's own partitioner for keyed messages
+//! ([`partition_of`]: murmur2 of the message key), or, for a source `partitioned_by:
+//! key_range`, the runtime's key hash of the document's collection key
+//! ([`key_range`]: the partition holding that hash's slice), read as the runtime reads
+//! it. The message key is the collection key as a JSON object of its fields
 //! (`{"user_id":"u0042"}`), as the `kafka` output writes keys.
 //!
 //! A chunk is split per partition into requests of at most [`PRODUCE_BYTES`] (under
@@ -16,9 +19,10 @@ use serde_json::{Map, Value};
 use sluice_doc::Pointer;
 use sluice_kafka::KafkaConfig;
 use sluice_kafka::admin::Admin;
-use sluice_kafka_client::Connector;
+use sluice_kafka_client::{Connector, key_range};
 use sluice_kafka_output::PRODUCE_BYTES;
 use sluice_kafka_output::partitioner::partition_of;
+use sluice_source_sdk::ShardKeys;
 
 pub struct Topic {
     admin: Admin,
@@ -27,15 +31,18 @@ pub struct Topic {
     partitions: Vec<i32>,
     /// The collection key's pointers, and the field each is named by in a message key.
     key: Vec<(Pointer, String)>,
+    /// For a source `partitioned_by: key_range`: how a document's key hash is read.
+    key_range: Option<ShardKeys>,
 }
 
 impl Topic {
     /// Connects to the source's brokers; creates its topic with `create` partitions
     /// when it does not exist (by default 1, or enough for the partitions the source
-    /// names).
+    /// names). `key_range`: partition by key range, each document's key hash read so.
     pub async fn open(
         config: &KafkaConfig,
         key: &[Pointer],
+        key_range: Option<ShardKeys>,
         create: Option<i32>,
     ) -> anyhow::Result<Topic> {
         let (brokers, topic) = (config.brokers.join(","), &config.topic);
@@ -88,6 +95,7 @@ impl Topic {
             topic: topic.clone(),
             partitions,
             key,
+            key_range,
         })
     }
 
@@ -102,7 +110,19 @@ impl Topic {
         let mut by_partition: Vec<Vec<Record>> = vec![Vec::new(); self.partitions.len()];
         for document in documents {
             let key = self.key_of(&document)?;
-            let p = partition_of(&key, self.partitions.len());
+            let p = match &self.key_range {
+                None => partition_of(&key, self.partitions.len()),
+                Some(keys) => {
+                    let Some(hash) = keys.key_hash(&document) else {
+                        bail!(
+                            "document with key {} has no collection key to partition by \
+                             key range: the pipeline would refuse it",
+                            String::from_utf8_lossy(&key)
+                        );
+                    };
+                    key_range::partition_of_hash(hash, self.partitions.len() as u32) as usize
+                }
+            };
             by_partition[p].push(Record {
                 key: Some(key),
                 value: Some(document),

@@ -1,10 +1,11 @@
 //! What the cluster tests share: members of one pipeline file started as `sluice run`
 //! processes (each with its own `MEMBER` and environment, its log in the test's
 //! folder), `sluice shards` of the same file, the member running a shard, and the change
-//! data pipeline the CDC failover tests run.
+//! data pipeline the CDC tests run and its table read back.
 
-use super::{PATIENCE, SLUICE};
+use super::{PATIENCE, SLUICE, postgres};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Instant;
@@ -162,4 +163,14 @@ cluster:
   shards: 3
 "#
     )
+}
+
+/// The rows of [`items_cdc_pipeline`]'s table `items` in `schema` of the shared
+/// PostgreSQL server, by `id` (empty until the first commit creates it).
+pub fn store_items(schema: &str) -> BTreeMap<i64, Option<i64>> {
+    let query = format!(r#"SELECT id, qty::bigint FROM "{schema}".items"#);
+    postgres(async move |client| {
+        let rows = client.query(&query, &[]).await.unwrap_or_default();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    })
 }

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod torture;
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -262,6 +263,21 @@ pub fn write_lines(path: &Path, docs: &[Value]) {
         serde_json::to_writer(&mut f, d).unwrap();
         f.write_all(b"\n").unwrap();
     }
+}
+
+/// Appends `docs` to the JSON-lines file `path` (created if absent), in one write.
+pub fn append_lines(path: &Path, docs: &[Value]) {
+    let mut text = String::new();
+    for doc in docs {
+        text.push_str(&doc.to_string());
+        text.push('\n');
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    file.write_all(text.as_bytes()).unwrap();
 }
 
 /// The expected row of one user: views and bytes summed, last_seen maximized.

@@ -73,11 +73,10 @@ impl PipelineFile {
                     kind.parse(config, base_dir)
                 },
             )?;
-            let pinned = (registry.driver(&kind))
-                .expect("parsed by its kind")
-                .pinned(&config);
+            let driver = registry.driver(&kind).expect("parsed by its kind");
             let def = MaterializationDef {
-                pinned,
+                pinned: driver.pinned(&config),
+                singleton: driver.singleton(&config),
                 endpoint: EndpointDef { kind, config },
                 bindings: m.bindings,
                 shard: m.shard,

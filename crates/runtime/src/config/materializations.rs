@@ -11,6 +11,9 @@ pub struct MaterializationDef {
     /// Why its endpoint cannot take several shards at once, or move between a
     /// cluster's members (`DriverKind::pinned`).
     pub pinned: Option<&'static str>,
+    /// Why its endpoint takes one writer at a time (`DriverKind::singleton`): one
+    /// shard, never split, which may move between a cluster's members.
+    pub singleton: Option<&'static str>,
     pub bindings: Vec<BindingDef>,
     pub shard: ShardDef,
 }
@@ -84,20 +87,18 @@ impl ShardDef {
         ShardDef::default().split_into(n)
     }
 
-    /// This range in `n` equal parts (as many as it has hashes, at most), in order.
+    /// This range in `n` equal parts (as many as it has hashes, at most), in order:
+    /// part `i` begins at `ceil(i · width / n)`, so the parts of the whole range are the
+    /// slices of Kafka's key-range partitioner (`h · n >> 32`), and those of `k · n`
+    /// partitions nest in them: a shard then reads whole partitions only.
     pub fn split_into(&self, n: u32) -> Vec<ShardDef> {
         let width = u64::from(self.key_end - self.key_begin) + 1;
         let n = u64::from(n.max(1)).min(width);
-        let span = width / n;
-        let begin = u64::from(self.key_begin);
+        let start = |i: u64| u64::from(self.key_begin) + (i * width).div_ceil(n);
         (0..n)
             .map(|i| ShardDef {
-                key_begin: (begin + i * span) as u32,
-                key_end: if i + 1 == n {
-                    self.key_end
-                } else {
-                    (begin + (i + 1) * span - 1) as u32
-                },
+                key_begin: start(i) as u32,
+                key_end: (start(i + 1) - 1) as u32,
             })
             .collect()
     }

@@ -46,7 +46,9 @@ mod sources;
 pub use crate::types::EndpointDef;
 pub use env::Defaulted;
 pub use materializations::{BindingDef, FieldsDef, MaterializationDef, ShardDef};
-pub use runtime::{ClusterDef, MetricsServer, RuntimeDef, Timeouts, TxnBounds, Workers};
+pub use runtime::{
+    AutoSplit, Balance, ClusterDef, MetricsServer, RuntimeDef, Timeouts, TxnBounds, Workers,
+};
 pub use sources::{DEAD_LETTER_FILE, OnError, ReadAhead, SourceDef};
 
 #[derive(Debug, thiserror::Error)]
@@ -249,7 +251,8 @@ impl Pipeline {
             })
         });
         sources.or_else(|| {
-            (m.pinned).map(|why| format!("its endpoint (a {} driver): {why}", m.endpoint.kind))
+            (m.pinned.or(m.singleton))
+                .map(|why| format!("its endpoint (a {} driver): {why}", m.endpoint.kind))
         })
     }
 
@@ -433,6 +436,14 @@ impl Pipeline {
             }
             if !(1..=1024).contains(&cluster.shards) {
                 return Err(invalid("cluster.shards", "between 1 and 1024"));
+            }
+            if let Some(auto) = &cluster.autosplit
+                && !(2..=1024).contains(&auto.max_shards)
+            {
+                return Err(invalid(
+                    "cluster.autosplit.max_shards",
+                    "between 2 and 1024",
+                ));
             }
         }
         Ok(())

@@ -289,10 +289,50 @@ pub struct ClusterDef {
     /// client certificate and key when etcd runs with `--client-cert-auth`.
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// How shards are weighed when assigned: `load` (the default) moves a shard off the
+    /// busiest member when it carries far more documents per second than the least
+    /// busy; `count` spreads shards by rendezvous hashing alone.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Under `balance: load`, the least time between two moves that involve one member
+    /// (a moved shard costs a handover, and its rate takes a while to show anew).
+    #[serde(default = "default_balance_interval", deserialize_with = "de_duration")]
+    pub balance_interval: Duration,
+    /// Split a shard whose lag stays high on its own; none by default.
+    #[serde(default)]
+    pub autosplit: Option<AutoSplit>,
+}
+
+/// `cluster.balance`: what a shard weighs when the members share them out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Balance {
+    /// Every shard weighs the same: rendezvous hashing alone.
+    Count,
+    /// A shard weighs the documents per second its holder commits.
+    #[default]
+    Load,
+}
+
+/// `cluster.autosplit`: the holder of a shard whose lag stays above `lag_above` (in its
+/// source's unit: bytes of a file, messages of a topic) for `for` splits it at its
+/// midpoint, while the materialization has fewer than `max_shards` shards.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoSplit {
+    pub lag_above: u64,
+    #[serde(rename = "for", deserialize_with = "de_duration")]
+    pub sustained: Duration,
+    pub max_shards: u32,
 }
 
 fn default_lease_ttl() -> Duration {
     Duration::from_secs(10)
+}
+
+/// Long enough for a moved shard's new rate to be published (every 5 s) and settle.
+fn default_balance_interval() -> Duration {
+    Duration::from_secs(30)
 }
 
 fn default_initial_shards() -> u32 {

@@ -69,5 +69,6 @@ pub(super) fn open_to_look(
         follow: false,
         intake: None,
         health: Health::none(),
+        shard_keys: None,
     })
 }

@@ -77,11 +77,27 @@ pub struct Launcher {
 }
 
 impl Launcher {
+    /// The launcher of a process's own shards: the deployment id (what epoch sinks
+    /// name their staging by) is the one beside the local recovery log.
     pub fn new(
         pipeline: &Pipeline,
         planned: Planned,
         opts: RunOptions,
         progress: Arc<Progress>,
+    ) -> Result<Launcher, PipelineError> {
+        Launcher::with_deployment(pipeline, planned, opts, progress, None)
+    }
+
+    /// [`Launcher::new`], with the deployment id `shared` kept elsewhere than beside
+    /// the local recovery log (a cluster's, in etcd: every holder of a shard names and
+    /// cleans its staging alike). `None`: the local one, read or created when an epoch
+    /// sink needs it.
+    pub fn with_deployment(
+        pipeline: &Pipeline,
+        planned: Planned,
+        opts: RunOptions,
+        progress: Arc<Progress>,
+        shared: Option<String>,
     ) -> Result<Launcher, PipelineError> {
         let bounds = &pipeline.runtime.transactions;
         let txn_opts = TxnOptions {
@@ -93,15 +109,12 @@ impl Launcher {
             follow: opts.follow,
             max_journaled: TxnOptions::MAX_JOURNALED,
         };
-        let deployment_id = if planned
-            .materializations
-            .iter()
-            .any(|m| m.needs_deployment_id)
-        {
-            recovery::deployment_id(pipeline.recovery_log())
-                .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?
-        } else {
-            String::new()
+        let needed = (planned.materializations.iter()).any(|m| m.needs_deployment_id);
+        let deployment_id = match shared {
+            Some(id) => id,
+            None if needed => recovery::deployment_id(pipeline.recovery_log())
+                .map_err(|e| invalid("runtime.recovery_log", e.to_string()))?,
+            None => String::new(),
         };
         // Recorded whether or not anything serves them: a few counters per transaction.
         let metrics = opts.metrics.unwrap_or_default();
@@ -136,11 +149,10 @@ impl Launcher {
                     .map(|(i, _)| i as u32)
                     .collect();
                 if !bindings.is_empty() {
+                    let collection = planned.collections[&def.target].clone();
                     feeds.push(SourceFeed {
-                        intake: crate::intake::intake(
-                            def,
-                            planned.collections[&def.target].clone(),
-                        ),
+                        intake: crate::intake::intake(def, collection.clone()),
+                        collection,
                         materialization: m.name.clone(),
                         state_dir: pipeline.source_state_dir(&m.name, name),
                         shard_moves: pipeline.cluster.is_some(),
@@ -302,12 +314,26 @@ struct SourceFeed {
     /// The check of its documents against its target collection, that it is opened
     /// with ([`crate::intake`]).
     intake: sluice_source_sdk::Intake,
+    /// Its target collection, whose key routes its records.
+    collection: Arc<crate::types::Collection>,
 }
 
 impl SourceFeed {
-    /// Opens the source, reporting its connection to `health`.
-    fn open(&self, health: &Health) -> Result<Box<dyn Source>, SourceError> {
+    /// Opens the source for the shards of key hashes `range`, reporting its connection
+    /// to `health`.
+    fn open(
+        &self,
+        range: config::ShardDef,
+        health: &Health,
+    ) -> Result<Box<dyn Source>, SourceError> {
+        let shard_keys = crate::intake::shard_keys(
+            self.def.envelope,
+            self.collection.clone(),
+            range.key_begin,
+            range.key_end,
+        );
         self.def.config.open(&sluice_source_sdk::Opening {
+            shard_keys: Some(&shard_keys),
             name: &self.name,
             materialization: &self.materialization,
             state_dir: &self.state_dir,
@@ -402,9 +428,16 @@ impl Attempt {
         // One reader for every shard: its sources report their connection in the
         // first shard's metrics.
         let first = &self.shards[0].metrics;
+        // The reader's key hashes: its shards' ranges, contiguous.
+        let range = config::ShardDef {
+            key_begin: self.shards[0].shard.open.key_begin,
+            key_end: self.shards[self.shards.len() - 1].shard.open.key_end,
+        };
         let mut sources = Vec::with_capacity(self.feeds.len());
         for (feed, metrics) in self.feeds.iter().zip(&first.sources) {
-            let source = feed.open(&metrics.health).map_err(RunError::Source)?;
+            let source = feed
+                .open(range, &metrics.health)
+                .map_err(RunError::Source)?;
             sources.push(BoundSource {
                 source,
                 bindings: feed.bindings.clone(),

@@ -76,14 +76,7 @@ pub fn deployment_id(root: impl AsRef<Path>) -> Result<String, RecoveryError> {
         Err(e) => return Err(io("read the deployment id", e)),
     }
     std::fs::create_dir_all(root).map_err(|e| io("create the folder", e))?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let id = format!(
-        "{:016x}{:08x}",
-        now.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32),
-        crc32fast::hash(format!("{:?}{}", now, std::process::id()).as_bytes())
-    );
+    let id = new_deployment_id();
     let tmp = root.join("deployment.tmp");
     let mut file = File::create(&tmp).map_err(|e| io("write the deployment id", e))?;
     file.write_all(id.as_bytes())
@@ -94,6 +87,19 @@ pub fn deployment_id(root: impl AsRef<Path>) -> Result<String, RecoveryError> {
         .and_then(|dir| dir.sync_all())
         .map_err(|e| io("sync the folder", e))?;
     Ok(id)
+}
+
+/// A new deployment id, unique per process and instant: what [`deployment_id`] keeps,
+/// and a cluster keeps in etcd instead (one for all its members).
+pub fn new_deployment_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{:016x}{:08x}",
+        now.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32),
+        crc32fast::hash(format!("{:?}{}", now, std::process::id()).as_bytes())
+    )
 }
 
 pub(crate) fn io(

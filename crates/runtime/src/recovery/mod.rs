@@ -34,8 +34,8 @@ mod plan;
 #[doc(hidden)]
 pub use file::read_log_valid_len;
 pub use file::{
-    FORMAT_VERSION, MAGIC, amend_last_commit, copy, deployment_id, inspect, lock_dir, read_latest,
-    remove,
+    FORMAT_VERSION, MAGIC, amend_last_commit, copy, deployment_id, inspect, lock_dir,
+    new_deployment_id, read_latest, remove,
 };
 pub(crate) use file::{io, sync_dir};
 pub use plan::{REBUILD_SENTINEL, RecoveryPlan, StoreCheckpoint, plan_recovery};

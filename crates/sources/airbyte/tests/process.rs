@@ -14,6 +14,7 @@ use std::time::Duration;
 const ALL: QueueLimits = QueueLimits {
     max_records: usize::MAX,
     max_bytes: u64::MAX,
+    max_journaled: u64::MAX,
 };
 
 /// A connector that answers `discover` with one stream and runs `read` as `body`.

@@ -348,6 +348,7 @@ impl FileSource {
         let limits = QueueLimits {
             max_records: usize::MAX,
             max_bytes: 1,
+            max_journaled: u64::MAX,
         };
         let mut acc = Acc::new();
         while acc.bytes == 0 {
@@ -458,6 +459,7 @@ impl Source for FileSource {
         let unbounded = QueueLimits {
             max_records: usize::MAX,
             max_bytes: u64::MAX,
+            max_journaled: u64::MAX,
         };
         // Exactly the journaled bytes, ending where the step ended.
         self.limit = Some(span.end.offset);

@@ -296,6 +296,7 @@ async fn byte_limit_ends_a_step_but_an_oversized_record_still_makes_progress() {
     let tiny = QueueLimits {
         max_records: usize::MAX,
         max_bytes: 1,
+        max_journaled: u64::MAX,
     };
     let (docs, _) = queue(&mut source, tiny).await;
     assert_eq!(docs, vec![json!({"i": 1})]);
@@ -385,6 +386,7 @@ async fn lag_is_the_unread_bytes_of_the_file() {
     let one = QueueLimits {
         max_records: 1,
         max_bytes: u64::MAX,
+        max_journaled: u64::MAX,
     };
     source.queue(one, &mut Records::default()).await.unwrap();
     assert_eq!(source.lag(), Some(Lag::Bytes(16)));

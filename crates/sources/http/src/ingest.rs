@@ -585,6 +585,7 @@ mod tests {
         let limits = QueueLimits {
             max_records: 1,
             max_bytes: 1 << 20,
+            max_journaled: u64::MAX,
         };
         let mut out = Records::default();
         let step = cluster.take(limits, &mut out).unwrap();

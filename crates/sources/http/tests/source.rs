@@ -99,6 +99,7 @@ async fn steps_hold_whole_bodies_and_replay_exactly() {
     let limits = QueueLimits {
         max_records: 1,
         max_bytes: 1,
+        max_journaled: u64::MAX,
     };
     let (step2, mut out2) = queue_until(&mut source, 2, limits).await;
     assert_eq!(texts(&mut out2), ["{\"b\": 1}", "{\"b\": 2}"]);

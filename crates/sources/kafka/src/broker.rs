@@ -184,4 +184,25 @@ impl Broker {
             ),
         }
     }
+
+    /// The error for a topic `partitioned_by: key_range` whose partition count is not
+    /// the one it was read over.
+    pub(crate) fn repartitioned(&self, had: usize, has: usize) -> SourceError {
+        SourceError::Config {
+            name: self.name.clone(),
+            reason: repartitioned(&self.topic, had, has),
+        }
+    }
+}
+
+/// Why topic `topic`, `partitioned_by: key_range` and read over `had` partitions, cannot
+/// be read on with `has`: its keys map to other partitions now.
+pub(crate) fn repartitioned(topic: &str, had: usize, has: usize) -> String {
+    format!(
+        "topic {topic} has {has} partitions, but it was read partitioned_by key_range over \
+         {had}: each partition's key range changed with the count, so a shard would miss \
+         keys of its range held in partitions it does not read; a topic partitioned by key \
+         range keeps its partition count (reset the pipeline's recovery log and store to \
+         read it anew, or leave partitioned_by out and every shard reads every partition)"
+    )
 }

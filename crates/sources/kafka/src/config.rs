@@ -37,6 +37,14 @@ pub struct KafkaConfig {
     pub start: Start,
     /// Each message value is one JSON document.
     pub format: KafkaFormat,
+    /// How the topic's producers chose each message's partition, when it lets a shard
+    /// read only some partitions: `key_range`, partition p of n holding the documents
+    /// whose collection key hash h has h·n >> 32 = p (as `sluice produce` does for this
+    /// source). Each document is checked against it; unset: any partitioner, and every
+    /// shard reads every partition.
+    #[serde(default)]
+    #[schemars(schema_with = "partitioned_by_schema")]
+    pub partitioned_by: Option<PartitionedBy>,
     /// The top-level property receiving each message's topic, partition, offset,
     /// timestamp, key and headers; null for none.
     #[serde(default = "default_meta")]
@@ -77,6 +85,20 @@ fn default_meta() -> Option<String> {
 pub enum KafkaFormat {
     /// Each message's value is one JSON document.
     Json,
+}
+
+/// A partitioner whose partitions map to key ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionedBy {
+    /// Partition p of n holds the key hashes h with h·n >> 32 = p
+    /// ([`sluice_kafka_client::key_range`]).
+    KeyRange,
+}
+
+/// The schema of `partitioned_by`: a name, or null.
+fn partitioned_by_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"enum": ["key_range", null]})
 }
 
 /// Where reading begins without a committed position.
@@ -163,6 +185,13 @@ impl KafkaConfig {
             return Err(InvalidConfig::new("topic", "the topic name is empty"));
         }
         if let Some(partitions) = &self.partitions {
+            if self.partitioned_by.is_some() {
+                return Err(InvalidConfig::new(
+                    "partitions",
+                    "a topic partitioned_by key_range is read by key range, each shard \
+                     its partitions: leave partitions out",
+                ));
+            }
             if partitions.is_empty() {
                 return Err(InvalidConfig::new(
                     "partitions",
@@ -223,7 +252,7 @@ mod tests {
                        "partitions": [0, 2], "start": {"0": 120}, "meta": null,
                        "fetch_wait": "250ms"}),
                 json!({"brokers": "a:9092", "topic": "t", "format": "json",
-                       "start": "latest", "meta": "_kafka"}),
+                       "start": "latest", "meta": "_kafka", "partitioned_by": "key_range"}),
                 json!({"brokers": "localhost:9093", "topic": "t", "format": "json",
                        "tls": {"ca": "ca.crt", "certificate": "c.crt", "key": "c.key"},
                        "sasl": {"mechanism": "SCRAM-SHA-512", "username": "u",
@@ -233,6 +262,8 @@ mod tests {
                 json!({"brokers": "a:9092", "topic": "t", "format": "json", "group": "g"}),
                 json!({"brokers": [], "topic": "t", "format": "json"}),
                 json!({"brokers": "a:9092", "topic": "t", "format": "json", "start": "first"}),
+                json!({"brokers": "a:9092", "topic": "t", "format": "json",
+                       "partitioned_by": "murmur2"}),
                 json!({"brokers": "a:9092", "format": "json"}),
                 json!({"brokers": "a:9092", "topic": "t", "format": "json",
                        "tls": {"ca": "ca.crt", "verify": false}}),

@@ -1,7 +1,9 @@
 //! The fetch of a Kafka source's read-ahead task ([`Prefetch`](sluice_source_sdk::Prefetch)):
 //! one long-poll in flight per assigned partition, all on the client's connection, and
 //! every few seconds a look at the topic's partitions (new ones are read from their
-//! beginning; fewer than before is an error).
+//! beginning, ignored, or an error, as [`NewPartitions`] says; fewer than before is an
+//! error). Every message a fetch returns counts in [`FetchedTotals`], those before the
+//! offset asked for included: what the broker sent.
 //!
 //! The fetcher keeps its own next offset per partition (ahead of the source's, by what
 //! is buffered). It hands out messages in offset order per partition, dropping any at
@@ -16,6 +18,7 @@ use rskafka::record::RecordAndOffset;
 use sluice_source_sdk::{Fetch, SourceError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The most bytes one fetch of one partition asks for.
@@ -44,12 +47,43 @@ impl Fetched {
     }
 }
 
+/// What the messages fetched from the brokers came to, for the source's metrics: what
+/// a partitioned read saves.
+#[derive(Debug, Default)]
+pub(crate) struct FetchedTotals {
+    pub messages: AtomicU64,
+    /// Their keys, values and headers (rskafka's `approximate_size`).
+    pub bytes: AtomicU64,
+}
+
+impl FetchedTotals {
+    /// Counts `messages`, as a fetch returned them.
+    pub(crate) fn count(&self, messages: &[RecordAndOffset]) {
+        let bytes: usize = messages.iter().map(|m| m.record.approximate_size()).sum();
+        self.messages
+            .fetch_add(messages.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// What the fetch does about partitions the topic gains while it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NewPartitions {
+    /// Read them from their beginning (no `partitions` list in the configuration).
+    Read,
+    /// Leave them (the configuration lists the partitions read).
+    Ignore,
+    /// Fail: a topic `partitioned_by: key_range` that grew maps keys to partitions
+    /// anew, so a shard's keys may now be in partitions it does not read.
+    Refuse,
+}
+
 type Polled = (i32, Result<(Vec<RecordAndOffset>, i64), SourceError>);
 
 pub(crate) struct PartitionFetch {
     broker: Arc<Broker>,
-    /// New partitions are read too (no `partitions` list in the configuration).
-    follow_new: bool,
+    new_partitions: NewPartitions,
+    totals: Arc<FetchedTotals>,
     next: BTreeMap<i32, i64>,
     /// How many partitions the topic had when last looked at.
     count: usize,
@@ -63,14 +97,16 @@ pub(crate) struct PartitionFetch {
 impl PartitionFetch {
     pub(crate) fn new(
         broker: Arc<Broker>,
-        follow_new: bool,
+        new_partitions: NewPartitions,
+        totals: Arc<FetchedTotals>,
         next: BTreeMap<i32, i64>,
         count: usize,
         wait: Duration,
     ) -> PartitionFetch {
         PartitionFetch {
             broker,
-            follow_new,
+            new_partitions,
+            totals,
             next,
             count,
             checked: Instant::now(),
@@ -81,14 +117,17 @@ impl PartitionFetch {
     }
 
     /// Looks at the topic's partitions: an error if there are fewer, the new ones
-    /// (when followed) read from their earliest offset.
+    /// handled as [`NewPartitions`] says (read from their earliest offset when read).
     async fn check_partitions(&mut self, out: &mut Vec<(Fetched, u64)>) -> Result<(), SourceError> {
         let partitions = self.broker.partitions().await?;
         if partitions.len() < self.count {
             return Err(self.broker.shrunk(self.count, partitions.len()));
         }
+        if partitions.len() > self.count && self.new_partitions == NewPartitions::Refuse {
+            return Err(self.broker.repartitioned(self.count, partitions.len()));
+        }
         self.count = partitions.len();
-        if self.follow_new {
+        if self.new_partitions == NewPartitions::Read {
             let added: Vec<i32> = partitions
                 .into_iter()
                 .filter(|p| !self.next.contains_key(p))
@@ -128,6 +167,7 @@ impl PartitionFetch {
     ) -> Result<(), SourceError> {
         self.polling.remove(&partition);
         let (mut messages, high_watermark) = polled?;
+        self.totals.count(&messages);
         let Some(next) = self.next.get_mut(&partition) else {
             return Ok(());
         };

@@ -1,6 +1,7 @@
 //! The `kafka` source: one topic's partitions, assigned by the source itself (no
 //! consumer group; offsets live in the recovery log), exactly-once: a step is an offset
-//! range per partition, replayed and checked by its hash.
+//! range per partition, replayed and checked by its hash. A topic `partitioned_by:
+//! key_range` is read by each shard only in the partitions holding its key range.
 //!
 //! - [`config`]: what the user writes under `kafka:` in a pipeline file.
 //! - [`source`]: the [`Source`](sluice_source_sdk::Source) that reads it.
@@ -13,7 +14,7 @@ mod fetch;
 mod message;
 pub mod source;
 
-pub use config::{KafkaConfig, KafkaFormat, Start};
+pub use config::{KafkaConfig, KafkaFormat, PartitionedBy, Start};
 pub use source::KafkaSource;
 
 use sluice_source_sdk::{InvalidConfig, Opening, Source, SourceError, SourceKind};
@@ -33,7 +34,8 @@ impl SourceKind for KafkaKind {
     }
 
     fn open(opening: &Opening<'_>, config: &KafkaConfig) -> Result<Box<dyn Source>, SourceError> {
-        let source = KafkaSource::reporting(opening.name, config, opening.health.clone());
+        let source = KafkaSource::reporting(opening.name, config, opening.health.clone())
+            .for_shards(opening.shard_keys.cloned());
         Ok(Box::new(source))
     }
 }

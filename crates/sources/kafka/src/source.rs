@@ -18,20 +18,38 @@
 //!
 //! A step ends the input (for now) when every assigned partition has been read up to
 //! the high watermark last seen: `sluice run` stops there, `--follow` reads on.
+//!
+//! A topic `partitioned_by: key_range` ([`sluice_kafka_client::key_range`]) is read by
+//! each instance only in the partitions whose key slices overlap its shards' key hashes
+//! (`Opening::shard_keys`), so the bytes fetched do not grow with the shard count:
+//!
+//! - Every document read is checked against that partitioner: its key hash (as the
+//!   runtime routes it) must be in its partition's slice, else the source fails naming
+//!   the partition, offset and message key. A document of another partition's slice
+//!   would be routed to a shard that does not read its partition, and be lost.
+//! - A position records the partition count it was read over (`partitions`); another
+//!   count now (the topic grew, or was recreated) fails: the slices moved.
+//! - A position may name partitions this instance does not read (a split's halves
+//!   start from their parent's log): it reads on from the offsets of its own only,
+//!   which is exact, as the parent had read every partition up to those offsets and
+//!   its keys are in them alone. A replayed step reads every range it names, its
+//!   hash covering them all, and the runtime keeps the documents of its range.
 
-use crate::broker::{Broker, PROBE_FOR, RETRY_FOR};
+use crate::broker::{Broker, PROBE_FOR, RETRY_FOR, repartitioned};
 use crate::config::{KafkaConfig, Start};
-use crate::fetch::{FETCH_BYTES, Fetched, PartitionFetch};
+use crate::fetch::{FETCH_BYTES, Fetched, FetchedTotals, NewPartitions, PartitionFetch};
 use crate::message::{Acc, Documents};
 use rskafka::record::RecordAndOffset;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sluice_kafka_client::key_range;
 use sluice_source_sdk::{
     FaultTolerance, Health, Lag, Metric, Prefetch, QueueLimits, Queued, ReadAhead, Records, Resume,
-    Source, SourceError, Step, check_replay,
+    ShardKeys, SharedDoc, Source, SourceError, Step, check_replay,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Where a step leaves the source, and what it read.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -41,6 +59,10 @@ pub struct KafkaPosition {
     pub next: BTreeMap<i32, i64>,
     /// The offsets the step read of each partition it read: `[begin, end)`.
     pub read: BTreeMap<i32, [i64; 2]>,
+    /// `partitioned_by: key_range`: the topic's partition count the partitions' key
+    /// slices were read over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
 }
 
 impl KafkaPosition {
@@ -71,6 +93,15 @@ pub struct KafkaSource {
     read_ahead: ReadAhead<Fetched>,
     /// A failure to start reading met in `ready`, reported by the next `queue`.
     failed: Option<SourceError>,
+    /// The key hashes of the shards it feeds, when the topic is `partitioned_by:
+    /// key_range` and the runtime said them: only the partitions holding them are
+    /// read, and every document is checked against its partition's slice.
+    shard_keys: Option<ShardKeys>,
+    /// `partitioned_by: key_range`: the topic's partition count, as the position
+    /// recorded it or the topic had it when reading began.
+    partition_count: Option<u32>,
+    /// What this instance fetched from the brokers, replays included.
+    fetched: Arc<FetchedTotals>,
 }
 
 impl KafkaSource {
@@ -90,7 +121,18 @@ impl KafkaSource {
             high: BTreeMap::new(),
             read_ahead: ReadAhead::new(false),
             failed: None,
+            shard_keys: None,
+            partition_count: None,
+            fetched: Arc::default(),
         }
+    }
+
+    /// The source of the shards of `shard_keys` (`Opening::shard_keys`): with
+    /// `partitioned_by: key_range`, it reads only their partitions and checks each
+    /// document's key; otherwise it reads every partition as before.
+    pub fn for_shards(mut self, shard_keys: Option<ShardKeys>) -> KafkaSource {
+        self.shard_keys = shard_keys.filter(|_| self.config.partitioned_by.is_some());
+        self
     }
 
     async fn broker(&mut self) -> Result<Arc<Broker>, SourceError> {
@@ -139,8 +181,27 @@ impl KafkaSource {
         }
     }
 
-    /// The partitions to read, of those the topic has.
-    fn assigned(&self, partitions: &BTreeSet<i32>) -> Result<BTreeSet<i32>, SourceError> {
+    /// The partitions to read, of those the topic has: under `partitioned_by:
+    /// key_range`, those holding the shards' key hashes, once the topic's count is the
+    /// one its position was read over.
+    fn assigned(&mut self, partitions: &BTreeSet<i32>) -> Result<BTreeSet<i32>, SourceError> {
+        if self.config.partitioned_by.is_some() {
+            let count = partitions.len() as u32;
+            match self.partition_count {
+                Some(had) if had != count => {
+                    let reason = repartitioned(&self.config.topic, had as usize, count as usize);
+                    return Err(self.config_error(reason));
+                }
+                _ => self.partition_count = Some(count),
+            }
+            return Ok(match &self.shard_keys {
+                None => partitions.clone(),
+                Some(keys) => key_range::overlapping(keys.begin, keys.end, count)
+                    .map(|p| p as i32)
+                    .filter(|p| partitions.contains(p))
+                    .collect(),
+            });
+        }
         let Some(wanted) = &self.config.partitions else {
             return Ok(partitions.clone());
         };
@@ -155,10 +216,11 @@ impl KafkaSource {
         }
     }
 
-    /// The configured start of each assigned partition.
+    /// The configured start of each assigned partition, of the topic's `partitions`.
     async fn start(
         &self,
         broker: &Broker,
+        partitions: &BTreeSet<i32>,
         assigned: &BTreeSet<i32>,
     ) -> Result<BTreeMap<i32, i64>, SourceError> {
         let mut next = BTreeMap::new();
@@ -184,7 +246,7 @@ impl KafkaSource {
             next.insert(p, offset);
         }
         if let Start::Offsets(offsets) = &self.config.start
-            && let Some(p) = offsets.keys().find(|&&p| !assigned.contains(&(p as i32)))
+            && let Some(p) = offsets.keys().find(|&&p| !partitions.contains(&(p as i32)))
         {
             return Err(self.config_error(format!(
                 "start names partition {p}, which topic {} does not have",
@@ -195,7 +257,8 @@ impl KafkaSource {
     }
 
     /// The prefetch, started when missing: positioned at `next` (or the configured
-    /// start), with partitions added since read from their beginning.
+    /// start), with partitions added since read from their beginning, and those of
+    /// other shards' key ranges left.
     async fn reading(&mut self) -> Result<&Prefetch<Fetched>, SourceError> {
         if self.read_ahead.running().is_none() {
             let broker = self.broker().await?;
@@ -203,18 +266,27 @@ impl KafkaSource {
             let assigned = self.assigned(&partitions)?;
             let mut next = match &self.next {
                 Some(next) => next.clone(),
-                None => self.start(&broker, &assigned).await?,
+                None => self.start(&broker, &partitions, &assigned).await?,
             };
             self.check_partitions(&partitions, next.keys())?;
+            next.retain(|p, _| assigned.contains(p));
             let mut high = BTreeMap::new();
             for &p in &assigned {
                 let (earliest, latest) = broker.offsets(p).await?;
                 next.entry(p).or_insert(earliest);
                 high.insert(p, latest);
             }
+            let new_partitions = if self.config.partitioned_by.is_some() {
+                NewPartitions::Refuse
+            } else if self.config.partitions.is_none() {
+                NewPartitions::Read
+            } else {
+                NewPartitions::Ignore
+            };
             let fetch = PartitionFetch::new(
                 broker,
-                self.config.partitions.is_none(),
+                new_partitions,
+                self.fetched.clone(),
                 next.clone(),
                 partitions.len(),
                 self.config.fetch_wait,
@@ -224,6 +296,51 @@ impl KafkaSource {
             self.read_ahead.start(fetch);
         }
         Ok(self.read_ahead.running().expect("started above"))
+    }
+
+    /// Appends the document of `message` (or its input error), checking under
+    /// `partitioned_by: key_range` that its key hash is one `partition` holds: else
+    /// the shard of its key, which may not read this partition, would never see it.
+    fn emit(
+        &mut self,
+        partition: i32,
+        message: &RecordAndOffset,
+        out: &mut Records,
+        acc: &mut Acc,
+    ) -> Result<(), SourceError> {
+        let before = out.len();
+        self.documents.emit(partition, message, out, acc);
+        let (Some(keys), Some(count)) = (&self.shard_keys, self.partition_count) else {
+            return Ok(());
+        };
+        let hash = match out.get(before).map(|r| r.doc) {
+            // A document without a key to read: the reader reports it.
+            Some(SharedDoc::Json(text)) => keys.key_hash(text),
+            _ => None,
+        };
+        let Some(hash) = hash else {
+            return Ok(());
+        };
+        let holder = key_range::partition_of_hash(hash, count);
+        if holder == partition as u32 {
+            return Ok(());
+        }
+        let slice = key_range::slice(holder, count);
+        let key = match &message.record.key {
+            Some(key) => format!("key {}", String::from_utf8_lossy(key)),
+            None => "no key".to_string(),
+        };
+        Err(self.config_error(format!(
+            "topic {} partition {partition} offset {}: the message ({key}) has key hash \
+             {hash:08x}, which partitioned_by: key_range puts in partition {holder} of \
+             {count} (hashes {:08x}-{:08x}): the topic's producer does not partition by \
+             key range, so a shard reading only its partitions would miss such documents \
+             (produce with the key_range partitioner, or leave partitioned_by out)",
+            self.config.topic,
+            message.offset,
+            slice.start(),
+            slice.end(),
+        )))
     }
 
     /// Re-reads `[begin, end)` of `partition`, skipping offsets missing from it.
@@ -265,11 +382,12 @@ impl KafkaSource {
                 .fetch_records(at, 1..FETCH_BYTES, 0)
                 .await
                 .map_err(|e| broker.error(Some(partition), e))?;
+            self.fetched.count(&messages);
             messages.sort_by_key(|m| m.offset);
             let before = at;
             let (within, next) = within_range(&messages, at, end);
             for message in within {
-                self.documents.emit(partition, message, out, acc);
+                self.emit(partition, message, out, acc)?;
             }
             at = next;
             if at == before {
@@ -328,6 +446,7 @@ impl Source for KafkaSource {
         }
         self.read_ahead.stop();
         self.next = Some(target.next);
+        self.partition_count = target.partitions.or(self.partition_count);
         Ok(())
     }
 
@@ -351,7 +470,10 @@ impl Source for KafkaSource {
             }
         };
         let broker = self.broker().await?;
-        self.check_partitions(&broker.partitions().await?, target.next.keys())?;
+        let partitions = broker.partitions().await?;
+        self.check_partitions(&partitions, target.next.keys())?;
+        self.partition_count = target.partitions.or(self.partition_count);
+        self.assigned(&partitions)?;
         self.read_ahead.stop();
         let first = out.len();
         let mut acc = Acc::default();
@@ -390,6 +512,7 @@ impl Source for KafkaSource {
         let mut next = self.next.clone().expect("positioned by reading");
         let mut read = BTreeMap::<i32, [i64; 2]>::new();
         let mut acc = Acc::default();
+        let first = out.len();
         for fetched in taken {
             match fetched {
                 Fetched::Added { partition, offset } => {
@@ -407,7 +530,10 @@ impl Source for KafkaSource {
                     read.entry(partition)
                         .and_modify(|range| range[1] = offset + 1)
                         .or_insert([offset, offset + 1]);
-                    self.documents.emit(partition, &message, out, &mut acc);
+                    if let Err(e) = self.emit(partition, &message, out, &mut acc) {
+                        out.truncate(first);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -417,6 +543,7 @@ impl Source for KafkaSource {
         let position = KafkaPosition {
             next: next.clone(),
             read,
+            partitions: self.partition_count,
         };
         self.next = Some(next);
         let hash = acc.hasher.clone().finish();
@@ -482,6 +609,17 @@ impl Source for KafkaSource {
             "kafka_prefetched_messages",
             "Records fetched ahead of the transaction and not yet read into it.",
             self.queued().records as u64,
+        ));
+        metrics.push(Metric::counter(
+            "kafka_fetched_messages",
+            "Messages fetched from the brokers, replays included.",
+            self.fetched.messages.load(Ordering::Relaxed),
+        ));
+        metrics.push(Metric::counter(
+            "kafka_fetched_bytes",
+            "Bytes of messages (keys, values, headers) fetched from the brokers, replays \
+             included: what a read partitioned by key range saves.",
+            self.fetched.bytes.load(Ordering::Relaxed),
         ));
         metrics
     }

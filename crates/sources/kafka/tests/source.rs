@@ -1,15 +1,18 @@
 //! The Kafka source against a real broker (tansu on 127.0.0.1:9092, started if none
 //! answers): configuration errors, steps that seek and replay exactly, partitions
-//! added and removed, metadata, and where bad input is said to be.
+//! added and removed, metadata, where bad input is said to be, and a topic
+//! `partitioned_by: key_range` read by shards of part of the key space.
 
 use serde_json::{Value, json};
 use sluice_kafka::admin::Admin;
 use sluice_kafka::source::KafkaPosition;
-use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaKind, KafkaSource, Start};
+use sluice_kafka::{KafkaConfig, KafkaFormat, KafkaKind, KafkaSource, PartitionedBy, Start};
+use sluice_kafka_client::key_range;
 use sluice_source_sdk::health::Report;
 use sluice_source_sdk::testing::{ALL, parsed_docs, position, records};
 use sluice_source_sdk::{
-    Connection, Health, Opening, QueueLimits, Records, Resume, Source, SourceError, Step, kind,
+    Connection, Health, Opening, QueueLimits, Records, Resume, ShardKeys, Source, SourceError,
+    Step, kind,
 };
 use sluice_testkit::conformance::unique_name;
 use sluice_testkit::tansu::{LOCAL_BROKER, ensure_local_broker};
@@ -41,6 +44,7 @@ impl Topic {
             partitions: None,
             start: Start::Earliest,
             format: KafkaFormat::Json,
+            partitioned_by: None,
             meta: None,
             fetch_wait: std::time::Duration::from_millis(10),
             tls: None,
@@ -261,6 +265,7 @@ fn position_of(next: &[(i32, i64)], read: &[(i32, [i64; 2])]) -> Value {
     serde_json::to_value(KafkaPosition {
         next: next.iter().copied().collect(),
         read: read.iter().copied().collect(),
+        partitions: None,
     })
     .unwrap()
 }
@@ -534,5 +539,111 @@ async fn a_broker_that_cannot_be_reached_is_told_to_health_while_the_call_retrie
     assert!(
         error.contains("source views: cannot read brokers 127.0.0.1:1"),
         "{error}"
+    );
+}
+
+/// The shards of key hashes `[begin, end]`, reading the key hash of `{"p": p, "i": i}`
+/// as the `i`-th hash of partition `p`'s slice of `partitions`: where the key-range
+/// partitioner puts what `Topic::produce` writes to partition `p`.
+fn shard_keys(begin: u32, end: u32, partitions: u32) -> ShardKeys {
+    ShardKeys::new(begin, end, move |text| {
+        let doc: Value = serde_json::from_slice(text).ok()?;
+        let (p, i) = (doc["p"].as_u64()?, doc["i"].as_u64()?);
+        Some(key_range::slice(p as u32, partitions).start() + i as u32)
+    })
+}
+
+fn partitioned(topic: &Topic, shards: ShardKeys) -> KafkaSource {
+    let config = KafkaConfig {
+        partitioned_by: Some(PartitionedBy::KeyRange),
+        ..topic.config()
+    };
+    KafkaSource::new("views", &config).for_shards(Some(shards))
+}
+
+/// `{"p": p, "i": i}` for each partition `p` and `i` in `range`.
+fn docs_in(partitions: &[i32], range: std::ops::Range<usize>) -> Vec<Value> {
+    (partitions.iter())
+        .flat_map(|&p| range.clone().map(move |i| json!({"p": p, "i": i})))
+        .collect()
+}
+
+#[tokio::test]
+async fn shards_read_only_their_partitions_and_a_half_reads_on_from_its_parents_position() {
+    let topic = Topic::new("key-range", 4).await;
+    for p in 0..4 {
+        topic.produce(p, 0..10, 4).await;
+    }
+    // The lower half of the key hashes: partitions 0 and 1 of 4.
+    let mut low = partitioned(&topic, shard_keys(0, 0x7fff_ffff, 4));
+    let steps = read_to_end(&mut low, ALL).await.unwrap();
+    assert_eq!(sorted(docs_of(&steps)), docs_in(&[0, 1], 0..10));
+    let at = serde_json::from_value::<KafkaPosition>(position(&steps.last().unwrap().1).clone())
+        .unwrap();
+    assert_eq!(at.next.keys().copied().collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(
+        at.partitions,
+        Some(4),
+        "the count its slices were read over"
+    );
+
+    // The whole range, then its upper half from there (a split's half, copying its
+    // parent's log): the parent's offsets of partitions 2 and 3, and only those.
+    let mut parent = partitioned(&topic, shard_keys(0, u32::MAX, 4));
+    let steps = read_to_end(&mut parent, ALL).await.unwrap();
+    assert_eq!(sorted(docs_of(&steps)), docs_in(&[0, 1, 2, 3], 0..10));
+    let parents = position(&steps.last().unwrap().1).clone();
+    for p in 0..4 {
+        topic.produce(p, 10..15, 4).await;
+    }
+    let mut high = partitioned(&topic, shard_keys(0x8000_0000, u32::MAX, 4));
+    high.seek(&parents).await.unwrap();
+    let steps = read_to_end(&mut high, ALL).await.unwrap();
+    assert_eq!(sorted(docs_of(&steps)), docs_in(&[2, 3], 10..15));
+    let at = serde_json::from_value::<KafkaPosition>(position(&steps.last().unwrap().1).clone())
+        .unwrap();
+    assert_eq!(at.next, [(2, 15), (3, 15)].into());
+    let fetched = |source: &KafkaSource| {
+        let metrics = source.metrics();
+        let counter = metrics.iter().find(|m| m.name == "kafka_fetched_messages");
+        counter.unwrap().value
+    };
+    assert!(fetched(&high) < 20, "fetched {} of 20", fetched(&high));
+}
+
+#[tokio::test]
+async fn a_message_outside_its_partitions_key_range_fails_naming_partition_offset_and_key() {
+    let topic = Topic::new("misplaced", 2).await;
+    topic.produce(0, 0..3, 3).await;
+    // A key of partition 1's slice, produced to partition 0 at offset 3.
+    let misplaced = json!({"p": 1, "i": 0}).to_string().into_bytes();
+    let produced = topic
+        .admin
+        .produce(&topic.name, 0, [(Some(b"u7".to_vec()), misplaced)]);
+    assert_eq!(produced.await.unwrap(), [3]);
+    let mut source = partitioned(&topic, shard_keys(0, u32::MAX, 2));
+    let err = read_to_end(&mut source, ALL).await.unwrap_err();
+    assert!(matches!(err, SourceError::Config { .. }), "{err}");
+    assert!(!err.is_retryable());
+    let err = err.to_string();
+    assert!(
+        err.contains("partition 0 offset 3: the message (key u7) has key hash 80000000")
+            && err.contains("puts in partition 1 of 2 (hashes 80000000-ffffffff)"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_position_over_another_partition_count_is_refused() {
+    let topic = Topic::new("recounted", 4).await;
+    let mut source = partitioned(&topic, shard_keys(0, u32::MAX, 4));
+    source
+        .seek(&json!({"next": {"0": 0, "1": 0}, "read": {}, "partitions": 2}))
+        .await
+        .unwrap();
+    let err = read_to_end(&mut source, ALL).await.unwrap_err().to_string();
+    assert!(
+        err.contains("has 4 partitions, but it was read partitioned_by key_range over 2"),
+        "{err}"
     );
 }

@@ -228,6 +228,14 @@ pub(super) fn spawn(
         while !reader.commits.is_empty() && reader.durable.changed().await {
             reader.tell_committed();
         }
+        // Their own metrics once more, whole: what the status and the shard's end
+        // record keep of this run (a broker source's bytes fetched).
+        if let Some(first) = reader.metrics.first() {
+            for (reading, metrics) in reader.sources.iter().zip(&first.sources) {
+                let source = &reading.bound.source;
+                metrics.sampled(source.memory(), &source.metrics());
+            }
+        }
         // Disconnect: no command follows. (A stopped reader's sources are dropped
         // instead, which ends their read-ahead tasks too.)
         for reading in &mut reader.sources {
@@ -549,6 +557,9 @@ impl Reader {
                     max_records: (self.opts.max_docs.saturating_sub(docs)).clamp(1, READ_BATCH)
                         as usize,
                     max_bytes: self.opts.max_bytes.saturating_sub(bytes).max(1),
+                    // What the intent has room for: a step journaling past it could
+                    // never be written (an etcd record's bound).
+                    max_journaled: self.opts.max_journaled.saturating_sub(batch.journaled),
                 };
                 let reading = &mut self.sources[index];
                 let queued = Instant::now();
