@@ -15,7 +15,8 @@
 //! - `log.rs`: a shard's recovery log in etcd, every write fenced by the claim
 //! - `pack.rs`: an intent as etcd stores it, each step's position a patch of the one
 //!   before (pure)
-//! - `member.rs`: the member: join, first shards, first Apply, the reconcile loop
+//! - `member/`: the member: the reconcile loop; `join.rs` (first shards, deployment id,
+//!   first Apply), `moves.rs` (handover, moves by load, splits)
 //! - `standby.rs`: every member listens for a listening source (HTTP); the ones not
 //!   holding its shard answer naming the holder
 //! - `wake.rs`: what wakes the reconcile loop: etcd watches of the keys it reads, its

@@ -9,7 +9,9 @@
 //!  at each wake-up (wake.rs: a change to the watched keys, a loop that returned, a
 //!  backoff or publishing that is due, or at most SAFETY_NET after the last):
 //!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop)
-//!    view (members, shards, assignments) ──assign::plan──▶ Claim | Drop | Release | Split
+//!    view (members, shards, assignments; loads under `balance: load`)
+//!      ──balance::plan_with_moves──▶ Claim | Drop | Release | Split | Place (a move
+//!      by load: the shard's placement and both members' cooldowns, leased)
 //!    Claim: CAS the assignment with the lease; its revision is the fencing token;
 //!           the shard's loop runs over its etcd log (log.rs) and Opens the store,
 //!           which fences the previous holder there
@@ -29,22 +31,26 @@
 //! ```
 //!
 //! Every loop is the runtime's one transaction loop ([`Launcher::launch`]); the member
-//! only decides which shards run here.
+//! only decides which shards run here. `join.rs`: what it does once as it joins (first
+//! shards, deployment id, first Apply); `moves.rs`: a shard handed over, moved by load,
+//! split (asked or automatic).
+
+mod join;
+mod moves;
 
 use crate::assign::read_view;
 use crate::assign::{self, Action, Held, View};
 use crate::autosplit;
 use crate::balance::{plan_with_moves, read_load};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
-use crate::keys::{Keys, MemberLoad, ShardDef, ShardId, ShardSpec, ShardStatus};
+use crate::keys::{Keys, MemberLoad, ShardId, ShardStatus};
 use crate::load::CpuMeter;
 use crate::log::SharedLog;
 use crate::standby::{Listens, MemberValue, Standbys, read_listens};
 use crate::wake::{self, Wake};
-use sluice_runtime::applied;
 use sluice_runtime::config::{AutoSplit, Balance, ClusterDef, Pipeline};
 use sluice_runtime::metrics::Metrics;
-use sluice_runtime::pipeline::{self, ApplyAction, Launcher, LogPlace, Planned, RunOptions};
+use sluice_runtime::pipeline::{self, Launcher, LogPlace, Planned, RunOptions};
 use sluice_runtime::txn::{Progress, RunError, Summary};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -403,141 +409,6 @@ impl Member {
         }
     }
 
-    /// Makes materialization `name`'s first shards, unless the cluster has seen it.
-    async fn first_shards(&self, name: &str, count: u32) -> Result<(), ClusterError> {
-        let mut then = vec![Op::Put {
-            key: self.keys.init(name),
-            value: Vec::new(),
-            lease: 0,
-        }];
-        for range in ShardDef::split_evenly(count) {
-            let shard = ShardId {
-                materialization: name.to_string(),
-                range,
-            };
-            then.push(Op::Put {
-                key: self.keys.shard(&shard),
-                value: serde_json::to_vec(&ShardSpec::default()).expect("serializes"),
-                lease: 0,
-            });
-        }
-        let made = (self.etcd)
-            .txn(vec![Cond::Absent(self.keys.init(name))], then, vec![])
-            .await?;
-        if made.succeeded {
-            tracing::info!(materialization = %name, "made its first {count} shard(s)");
-        }
-        Ok(())
-    }
-
-    /// The cluster's deployment id, what epoch sinks name their staging by: made once
-    /// by the first member that needs it (a CAS on `P/deployment`), read by every other,
-    /// so each holder of a shard names, finds and cleans its staging as the last one
-    /// did. Kept beside the shards' logs, never on a member's disk.
-    async fn deployment_id(&self) -> Result<String, ClusterError> {
-        let key = self.keys.deployment();
-        let minted = sluice_runtime::recovery::new_deployment_id();
-        let made = (self.etcd)
-            .txn(
-                vec![Cond::Absent(key.clone())],
-                vec![Op::Put {
-                    key: key.clone(),
-                    value: minted.clone().into_bytes(),
-                    lease: 0,
-                }],
-                vec![Op::Get(key.clone())],
-            )
-            .await?;
-        if made.succeeded {
-            tracing::info!(deployment = %minted, "made the cluster's deployment id");
-            return Ok(minted);
-        }
-        let kept = made.got.into_iter().flatten().next().map(|kv| kv.value);
-        match kept.map(String::from_utf8) {
-            Some(Ok(id)) if !id.is_empty() => Ok(id),
-            _ => Err(invalid(
-                key,
-                "holds no deployment id sluice wrote (sluice makes it once and only \
-                 reads it after)",
-            )),
-        }
-    }
-
-    /// Applies each never-applied materialization once for the whole cluster (under
-    /// an etcd lock held with this member's lease), and refuses one whose applied spec
-    /// differs from the file's, as a single process does.
-    async fn first_apply(
-        &self,
-        pipeline: &Pipeline,
-        planned: &Planned,
-    ) -> Result<(), ClusterError> {
-        for m in &planned.materializations {
-            let lock = self.keys.apply_lock(&m.name);
-            loop {
-                let taken = (self.etcd)
-                    .txn(
-                        vec![Cond::Absent(lock.clone())],
-                        vec![Op::Put {
-                            key: lock.clone(),
-                            value: self.me.clone().into_bytes(),
-                            lease: self.lease,
-                        }],
-                        vec![],
-                    )
-                    .await
-                    .map_err(|e| self.lease_lost(e))?;
-                if taken.succeeded {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let result = self.apply_locked(pipeline, m).await;
-            (self.etcd)
-                .txn(vec![], vec![Op::Delete(lock.clone())], vec![])
-                .await?;
-            result?;
-        }
-        Ok(())
-    }
-
-    async fn apply_locked(
-        &self,
-        pipeline: &Pipeline,
-        m: &pipeline::PlannedMaterialization,
-    ) -> Result<(), ClusterError> {
-        let key = self.keys.applied(&m.name);
-        let place = format!("materializations.{}", m.name);
-        let recorded =
-            match self.etcd.get(&key).await? {
-                Some(kv) => Some(applied::decode(&kv.value).map_err(|e| {
-                    invalid(&place, format!("the applied spec in etcd ({key}): {e}"))
-                })?),
-                None => None,
-            };
-        match applied::check(recorded.as_ref(), &m.spec) {
-            applied::Check::Current => Ok(()),
-            applied::Check::FirstApply => {
-                let timeout = pipeline.runtime.timeouts.driver;
-                let actions =
-                    pipeline::apply_materialization(m, ApplyAction::Upsert, false, timeout).await?;
-                tracing::debug!(materialization = %m.name, "applied: {actions}");
-                self.etcd.put(&key, applied::encode(&m.spec), 0).await?;
-                Ok(())
-            }
-            applied::Check::Differs {
-                applied,
-                file,
-                changes,
-            } => Err(pipeline::PipelineError::NotApplied {
-                materialization: m.name.clone(),
-                applied,
-                file,
-                changes: applied::describe(&changes, pipeline, &m.name),
-            }
-            .into()),
-        }
-    }
-
     /// The members, shards and assignments as etcd holds them now, and the addresses
     /// the members publish.
     async fn view(&self) -> Result<(View, BTreeMap<String, Listens>), EtcdError> {
@@ -632,42 +503,6 @@ impl Member {
             Action::Release(shard) => self.stop(&shard, Stopping::Release),
             Action::Split(shard) => self.stop(&shard, Stopping::Split),
             Action::Place { shard, to } => self.place(&shard, &to).await?,
-        }
-        Ok(())
-    }
-
-    /// Moves `shard`, held here, to member `to` by load ([`crate::balance`]): writes its
-    /// placement, and both members' cooldowns with a lease of `cluster.balance_interval`,
-    /// while this member's claim is current and neither member is cooling down. The
-    /// next look releases it, as for any shard another member owns.
-    async fn place(&self, shard: &ShardId, to: &str) -> Result<(), ClusterError> {
-        let Some(running) = self.held.get(shard) else {
-            return Ok(());
-        };
-        let interval = self.balance_interval.max(Duration::from_secs(1));
-        let cooldown = self.etcd.grant(interval).await?;
-        let cool = |member: &str| Op::Put {
-            key: self.keys.cooldown(member),
-            value: shard.to_string().into_bytes(),
-            lease: cooldown,
-        };
-        let when = vec![
-            Cond::ModRevision(self.keys.assignment(shard), running.token),
-            Cond::Absent(self.keys.cooldown(&self.me)),
-            Cond::Absent(self.keys.cooldown(to)),
-        ];
-        let put = Op::Put {
-            key: self.keys.placement(shard),
-            value: to.as_bytes().to_vec(),
-            lease: 0,
-        };
-        let placed = self
-            .etcd
-            .txn(when, vec![put, cool(&self.me), cool(to)], vec![]);
-        if placed.await?.succeeded {
-            tracing::info!(%shard, to, "moving it by load: it is the busiest member's, {to} is the least busy");
-        } else {
-            let _ = self.etcd.revoke(cooldown).await;
         }
         Ok(())
     }
@@ -810,80 +645,6 @@ impl Member {
             .retain(|_, f| f.marked || now.duration_since(f.last) <= FAILURES_FORGOTTEN);
     }
 
-    /// Deletes this member's assignment of `shard` (if still its own), so that the
-    /// shard's owner claims it without waiting for the lease.
-    async fn hand_over(&self, shard: &ShardId, token: i64) {
-        let key = self.keys.assignment(shard);
-        let deleted = (self.etcd)
-            .txn(
-                vec![Cond::ModRevision(key.clone(), token)],
-                vec![Op::Delete(key), Op::Delete(self.keys.status(shard))],
-                vec![],
-            )
-            .await;
-        if let Err(e) = deleted {
-            tracing::warn!(%shard, "handing over: {e}; it moves once the lease expires");
-        }
-    }
-
-    /// Replaces `shard`, whose loop has stopped, by its halves: each half's log starts
-    /// as a copy of the shard's (its last commit, and its pending intent: each half
-    /// replays it and keeps its own keys), in one transaction that holds only while
-    /// this member's claim is current. The halves' first Open fences the shard's range
-    /// at the store and recovers from the narrowest checkpoint covering each half.
-    async fn split(&self, shard: &ShardId, token: i64) -> Result<(), ClusterError> {
-        let log = SharedLog::new(self.etcd.clone(), &self.keys, shard, token);
-        let (commit, intent) = log
-            .read()
-            .await
-            .map_err(|e| invalid(shard.to_string(), e.to_string()))?;
-        let Some((lo, hi)) = shard.range.halves() else {
-            return Err(invalid(
-                shard.to_string(),
-                "a range of one key hash cannot split",
-            ));
-        };
-        let mut then = Vec::new();
-        for half in [lo, hi] {
-            let child = ShardId {
-                materialization: shard.materialization.clone(),
-                range: half,
-            };
-            then.push(Op::Put {
-                key: self.keys.shard(&child),
-                value: serde_json::to_vec(&ShardSpec::default()).expect("serializes"),
-                lease: 0,
-            });
-            then.extend(SharedLog::copy_ops(
-                &self.keys.log(&child),
-                commit.as_ref(),
-                intent.as_ref(),
-            ));
-        }
-        then.extend([
-            Op::Delete(self.keys.shard(shard)),
-            Op::DeletePrefix(self.keys.log(shard)),
-            Op::Delete(self.keys.status(shard)),
-            Op::Delete(self.keys.placement(shard)),
-            Op::Delete(self.keys.assignment(shard)),
-        ]);
-        let assignment = self.keys.assignment(shard);
-        let done = (self.etcd)
-            .txn(vec![Cond::ModRevision(assignment, token)], then, vec![])
-            .await?;
-        if !done.succeeded {
-            return Err(invalid(shard.to_string(), "fenced before it could split"));
-        }
-        tracing::info!(
-            %shard,
-            at = commit.as_ref().map_or(0, |c| c.txn),
-            "split into {} and {}",
-            lo.id(),
-            hi.id()
-        );
-        Ok(())
-    }
-
     /// Publishes each running shard's lag and rate, when they changed since last
     /// published.
     async fn publish(&mut self) {
@@ -939,71 +700,6 @@ impl Member {
                 tracing::debug!("publishing the member's load: {e}");
             }
         }
-    }
-
-    /// Marks for a split each shard held here whose lag has stayed high for
-    /// `cluster.autosplit.for` ([`crate::autosplit`]), while its materialization has room
-    /// under `max_shards`: the next look splits it, as `sluice shards split` would.
-    async fn split_lagging(&mut self) -> Result<(), ClusterError> {
-        let Some(rule) = self.autosplit.clone() else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        let due: Vec<(ShardId, i64)> = (self.held.iter())
-            .filter(|(id, _)| !self.singletons.contains(&id.materialization))
-            .filter(|(_, r)| r.stopping.is_none() && autosplit::due(&rule, r.lagging_since, now))
-            .map(|(id, r)| (id.clone(), r.token))
-            .collect();
-        for (shard, token) in due {
-            // The last mark first, then the shards: a mark made before it is counted,
-            // one made after it fails this one's condition.
-            let mark = self.keys.autosplit(&shard.materialization);
-            let last = match self.etcd.get(&mark).await? {
-                Some(kv) => Cond::ModRevision(mark.clone(), kv.mod_revision),
-                None => Cond::Absent(mark.clone()),
-            };
-            let under = format!("{}{}/", self.keys.shards(), shard.materialization);
-            let (specs, _) = self.etcd.get_prefix(&under).await?;
-            let splitting = (specs.iter())
-                .filter(|kv| {
-                    serde_json::from_slice::<ShardSpec>(&kv.value).is_ok_and(|s| s.splitting)
-                })
-                .count();
-            if !autosplit::room(&rule, specs.len(), splitting) {
-                continue;
-            }
-            let spec = serde_json::to_vec(&ShardSpec { splitting: true }).expect("serializes");
-            let marked = (self.etcd)
-                .txn(
-                    vec![Cond::ModRevision(self.keys.assignment(&shard), token), last],
-                    vec![
-                        Op::Put {
-                            key: self.keys.shard(&shard),
-                            value: spec,
-                            lease: 0,
-                        },
-                        Op::Put {
-                            key: mark,
-                            value: shard.to_string().into_bytes(),
-                            lease: 0,
-                        },
-                    ],
-                    vec![],
-                )
-                .await?;
-            if marked.succeeded {
-                tracing::info!(
-                    %shard,
-                    "its lag stayed above {} for {}s: splitting it (cluster.autosplit)",
-                    rule.lag_above,
-                    rule.sustained.as_secs()
-                );
-                if let Some(running) = self.held.get_mut(&shard) {
-                    running.lagging_since = None;
-                }
-            }
-        }
-        Ok(())
     }
 
     fn add(&mut self, shard: &ShardId, s: &Summary) {
