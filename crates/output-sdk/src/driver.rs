@@ -541,7 +541,7 @@ impl OutputTransactor {
                             from.as_deref(),
                             SNAPSHOT_CHUNK,
                         )?;
-                        for (_, doc) in &rows {
+                        for (packed_key, doc) in &rows {
                             let doc = serde_json::from_str::<Value>(doc).map_err(|e| {
                                 OutputError::Corrupt(format!(
                                     "the view of {key} holds non-JSON: {e}"
@@ -553,6 +553,7 @@ impl OutputTransactor {
                                 before: None,
                                 after: Some(&doc),
                             };
+                            buffer.begin_change(packed_key);
                             encoder.encode(&change, &mut buffer)?;
                         }
                         Ok((rows.len(), rows.last().map(|(k, _)| k.clone())))
@@ -634,6 +635,7 @@ fn apply_store(
                 before: before.as_ref(),
                 after: after.as_ref(),
             };
+            buffer.begin_change(doc.key);
             encoder.encode(&change, buffer).map_err(output_error)?;
             if buffer.bytes() >= max_bytes {
                 return Ok(Some(i + 1));

@@ -112,6 +112,7 @@ mod tests {
         let m = |txn, index| Message {
             txn,
             index,
+            key_hash: 0,
             key: b"",
             value: b"",
         };

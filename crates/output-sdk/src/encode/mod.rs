@@ -196,11 +196,15 @@ pub fn encoder(encoding: &Encoding, fields: Fields) -> Result<Box<dyn Encoder>> 
 }
 
 /// A message of a batch: its transaction, its index within the transaction's batch,
-/// its key and its value.
+/// its document's key hash, its key and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Message<'a> {
     pub txn: u64,
     pub index: u64,
+    /// The key hash of the document it is a change of: [`sluice_doc::key_hash`] of the
+    /// packed key, the hash the runtime routes documents and ranges shards by (what a
+    /// key-range partitioner places it by). 0 for messages pushed with no change begun.
+    pub key_hash: u32,
     pub key: &'a [u8],
     pub value: &'a [u8],
 }
@@ -209,6 +213,7 @@ pub struct Message<'a> {
 struct Span {
     key_end: usize,
     value_end: usize,
+    key_hash: u32,
 }
 
 /// Encoded messages of one transaction's batch, numbered from 0 across the pushes of
@@ -220,6 +225,8 @@ pub struct Buffer {
     spans: Vec<Span>,
     /// The index of the first message held.
     first_index: u64,
+    /// The key hash of the change being encoded ([`Buffer::begin_change`]).
+    key_hash: u32,
 }
 
 impl Buffer {
@@ -229,9 +236,17 @@ impl Buffer {
         self.data.clear();
         self.spans.clear();
         self.first_index = 0;
+        self.key_hash = 0;
     }
 
-    /// Appends a message.
+    /// Begins the change of the document whose key is packed as `packed_key` (the
+    /// runtime's packing): the messages pushed until the next change carry its key hash.
+    /// Hashed once per change, whatever number of messages its format makes of it.
+    pub fn begin_change(&mut self, packed_key: &[u8]) {
+        self.key_hash = sluice_doc::key_hash(packed_key);
+    }
+
+    /// Appends a message of the change begun last.
     pub fn push(&mut self, key: &[u8], value: &[u8]) {
         self.data.extend_from_slice(key);
         let key_end = self.data.len();
@@ -239,6 +254,7 @@ impl Buffer {
         self.spans.push(Span {
             key_end,
             value_end: self.data.len(),
+            key_hash: self.key_hash,
         });
     }
 
@@ -266,6 +282,7 @@ impl Buffer {
             let message = Message {
                 txn: self.txn,
                 index: self.first_index + i as u64,
+                key_hash: span.key_hash,
                 key: &self.data[start..span.key_end],
                 value: &self.data[span.key_end..span.value_end],
             };
@@ -290,6 +307,7 @@ mod tests {
     fn messages_are_numbered_across_pushes() {
         let mut buffer = Buffer::default();
         buffer.start(7);
+        buffer.begin_change(b"packed");
         buffer.push(b"k1", b"v1");
         buffer.push(b"", b"v2");
         let got: Vec<_> = buffer.messages().collect();
@@ -298,6 +316,7 @@ mod tests {
             Message {
                 txn: 7,
                 index: 0,
+                key_hash: sluice_doc::key_hash(b"packed"),
                 key: b"k1",
                 value: b"v1"
             }
@@ -307,6 +326,7 @@ mod tests {
             Message {
                 txn: 7,
                 index: 1,
+                key_hash: sluice_doc::key_hash(b"packed"),
                 key: b"",
                 value: b"v2"
             }
@@ -317,7 +337,12 @@ mod tests {
         assert_eq!(buffer.messages().next().unwrap().index, 2);
         buffer.start(8);
         buffer.push(b"k", b"v");
-        assert_eq!(buffer.messages().next().unwrap().index, 0);
+        let first = buffer.messages().next().unwrap();
+        assert_eq!(
+            (first.index, first.key_hash),
+            (0, 0),
+            "a new batch, no change begun"
+        );
         assert_eq!(buffer.txn(), 8);
     }
 }

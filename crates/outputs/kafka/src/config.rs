@@ -1,7 +1,8 @@
 //! What the user writes: `kafka: {brokers, max_buffer_size_bytes?}` and per binding
-//! `{topic, partitions?}`. Strict: unknown keys are errors, and every error names its
-//! field.
+//! `{topic, partitions?, partitioner?}`. Strict: unknown keys are errors, and every
+//! error names its field.
 
+use crate::partitioner::Partitioner;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
@@ -70,6 +71,12 @@ pub struct Resource {
     #[serde(default = "one_partition", deserialize_with = "partitions")]
     #[schemars(range(min = 1))]
     pub partitions: i32,
+    /// How messages are spread over the partitions: `murmur2` of the message key (Kafka's
+    /// default), or `key_range`, partition p of n holding the changes whose document key
+    /// hash h has h·n >> 32 = p (what a source `partitioned_by: key_range` reads)
+    #[serde(default)]
+    #[schemars(schema_with = "Partitioner::schema")]
+    pub partitioner: Partitioner,
 }
 
 fn one_partition() -> i32 {
@@ -140,11 +147,14 @@ mod tests {
             &[
                 json!({"topic": "views.v1_a-b"}),
                 json!({"topic": "t", "partitions": 3, "format": "avro", "schema_id": 7}),
+                json!({"topic": "t", "partitioner": "key_range"}),
+                json!({"topic": "t", "partitioner": "murmur2"}),
             ],
             &[
                 json!({"topic": "t", "subject": "s"}),
                 json!({"topic": "a/b"}),
                 json!({"topic": "t", "partitions": 0}),
+                json!({"topic": "t", "partitioner": "random"}),
             ],
         );
     }
@@ -199,8 +209,16 @@ mod tests {
     fn a_resource_is_a_topic_and_the_partitions_of_a_topic_created() {
         let r: Resource = parse(&json!({"topic": "views.v1_a-b"})).unwrap();
         assert_eq!((r.topic.as_str(), r.partitions), ("views.v1_a-b", 1));
+        assert_eq!(r.partitioner, Partitioner::Murmur2);
         let r: Resource = parse(&json!({"topic": "t", "partitions": 3})).unwrap();
         assert_eq!(r.partitions, 3);
+        let r: Resource = parse(&json!({"topic": "t", "partitioner": "key_range"})).unwrap();
+        assert_eq!(r.partitioner, Partitioner::KeyRange);
+        let err = resource_error(json!({"topic": "t", "partitioner": "random"}));
+        assert!(
+            err.starts_with("partitioner: unknown variant `random`"),
+            "{err}"
+        );
         let err = resource_error(json!({"topic": "a/b"}));
         assert!(
             err.starts_with("topic: \"a/b\" is not a Kafka topic name"),

@@ -11,7 +11,7 @@
 
 use crate::config::{Config, Resource};
 use crate::connection::Connection;
-use crate::partitioner::partition_of;
+use crate::partitioner::Partitioner;
 use crate::stamp::{self, Stamp};
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -38,6 +38,7 @@ pub struct KafkaEndpoint {
     topic: String,
     /// Partitions of the topic if this endpoint creates it.
     create_partitions: i32,
+    partitioner: Partitioner,
     materialization: String,
     generation: Generation,
     max_buffer_size_bytes: usize,
@@ -93,6 +94,7 @@ impl KafkaEndpoint {
             connector: config.connector()?,
             topic: resource.topic.clone(),
             create_partitions: resource.partitions,
+            partitioner: resource.partitioner,
             materialization: target.materialization.clone(),
             generation: target.generation,
             max_buffer_size_bytes: config.max_buffer_size_bytes.get(),
@@ -374,7 +376,7 @@ impl OutputEndpoint for KafkaEndpoint {
             state.producers.iter().map(|_| (Vec::new(), 0)).collect();
         let mut discarded = 0;
         for message in buffer.messages() {
-            let p = partition_of(message.key, shares.len());
+            let p = self.partitioner.partition(&message, shares.len());
             if Tail::holds(state.producers[p].tail, &message) {
                 // Written before a crash; the transaction is being replayed.
                 discarded += 1;

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! A message goes to partition `(murmur2(key) & 0x7fffffff) % partitions`, Kafka's own
-//! choice for a keyed message ([`partitioner`]), with the partition count read at open.
+//! choice for a keyed message, or with `partitioner: key_range` to the partition of its
+//! document's key hash that a source `partitioned_by: key_range` reads ([`partitioner`]),
+//! with the partition count read at open.
 //!
 //! Why a crash mid-batch is exact without Kafka transactions: each partition receives
 //! its messages in (transaction, index) order, one produce request at a time, each
@@ -20,12 +22,13 @@
 //! of the endpoint's generation: after a reset, the old generation's last message is
 //! nothing of the new one's, which produces every transaction again. A replayed
 //! transaction produces the same messages in the same order, and the same key picks
-//! the same partition, so each partition is sent the same sequence again: the messages
-//! up to its tail are discarded, and it resumes right after them. This holds while the
+//! the same partition (either partitioner is a function of the change: of its message
+//! key, or of its packed key's hash), so each partition is sent the same sequence
+//! again: the messages up to its tail are discarded, and it resumes right after them. This holds while the
 //! topic is written by this output alone (a foreign message at a partition's end fails
 //! open as corrupt, and a produce landing elsewhere than where the partition ended fails
-//! the push) and while its partition count does not change between a crash and the
-//! replay.
+//! the push) and while its partition count and partitioner do not change between a crash
+//! and the replay.
 //!
 //! What is not hidden: downstream may see a prefix of a transaction until its last
 //! message arrives (and, after a crash, until the replay completes it). A Kafka

@@ -1,10 +1,53 @@
-//! Which partition a message goes to: Kafka's default partitioner for keyed messages,
-//! `(murmur2(key) & 0x7fffffff) % partitions`, so that a key lands where a Java (or
-//! librdkafka `murmur2_random`) producer would put it, and every run of the same key
-//! against the same partition count picks the same partition (a replay resumes in the
-//! partitions it wrote before).
+//! Which partition a message goes to, by a binding's [`Partitioner`]:
+//!
+//! - `murmur2` (the default): Kafka's default partitioner for keyed messages,
+//!   `(murmur2(key) & 0x7fffffff) % partitions`, so that a key lands where a Java (or
+//!   librdkafka `murmur2_random`) producer would put it.
+//! - `key_range`: partition `h·n >> 32` of `n` for the key hash `h` of the message's
+//!   document (the runtime's, [`Message::key_hash`]), the slices a Kafka source
+//!   `partitioned_by: key_range` reads ([`sluice_kafka_client::key_range`]), so that a
+//!   downstream cluster's shards each read only their part of the topic.
+//!
+//! Both are functions of the change alone: every run of the same change against the same
+//! partition count picks the same partition (a replay resumes in the partitions it wrote
+//! before).
 
-/// The partition of `key` in a topic of `partitions` partitions (at least one).
+use schemars::{Schema, SchemaGenerator, json_schema};
+use serde::Deserialize;
+use sluice_kafka_client::key_range::partition_of_hash;
+use sluice_output_sdk::Message;
+
+/// How a binding's messages are spread over its topic's partitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// Kafka's default: murmur2 of the message key.
+    #[default]
+    Murmur2,
+    /// By the key hash of the message's document, as `partitioned_by: key_range` reads.
+    KeyRange,
+}
+
+impl Partitioner {
+    /// The partition of `message` in a topic of `partitions` partitions (at least one).
+    pub fn partition(self, message: &Message<'_>, partitions: usize) -> usize {
+        match self {
+            Partitioner::Murmur2 => partition_of(message.key, partitions),
+            Partitioner::KeyRange => {
+                let partitions = u32::try_from(partitions).expect("a topic's i32 partition count");
+                partition_of_hash(message.key_hash, partitions) as usize
+            }
+        }
+    }
+
+    /// The schema of a resource's `partitioner`: a name, `murmur2` by default.
+    pub(crate) fn schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"enum": ["murmur2", "key_range"], "default": "murmur2"})
+    }
+}
+
+/// The partition of `key` in a topic of `partitions` partitions (at least one), by
+/// Kafka's default partitioner.
 pub fn partition_of(key: &[u8], partitions: usize) -> usize {
     (murmur2(key) & 0x7fff_ffff) as usize % partitions
 }
@@ -73,5 +116,27 @@ mod tests {
             .map(|i| partition_of(format!("k{i}").as_bytes(), 3))
             .collect();
         assert_eq!(used.len(), 3);
+    }
+
+    #[test]
+    fn each_partitioner_reads_its_own_part_of_the_message() {
+        let message = |key: &'static [u8], key_hash| Message {
+            txn: 1,
+            index: 0,
+            key_hash,
+            key,
+            value: b"",
+        };
+        // key_range: the hash's slice, whatever the message key.
+        let quarter = 1u32 << 30;
+        for (hash, partition) in [(0, 0), (quarter - 1, 0), (quarter, 1), (u32::MAX, 3)] {
+            let p = Partitioner::KeyRange.partition(&message(b"k", hash), 4);
+            assert_eq!(p, partition, "hash {hash:#x}");
+        }
+        // murmur2: the key's, whatever the hash.
+        for hash in [0, quarter, u32::MAX] {
+            let p = Partitioner::Murmur2.partition(&message(b"abc", hash), 7);
+            assert_eq!(p, partition_of(b"abc", 7));
+        }
     }
 }

@@ -108,6 +108,7 @@ mod tests {
         let message = Message {
             txn: 42,
             index: 7,
+            key_hash: 0,
             key: b"{\"id\":1}",
             value: b"{\"insert\":{}}",
         };
@@ -157,6 +158,7 @@ mod tests {
             &Message {
                 txn: 1,
                 index: 0,
+                key_hash: 0,
                 key: b"",
                 value: b"",
             },
