@@ -15,11 +15,10 @@
 mod common;
 
 use common::cluster::Members;
-use common::{PATIENCE, Row, append_lines, block_on, generate, pipeline_yaml, reduce_expected};
-use serde_json::Value;
+use common::{
+    PATIENCE, append_lines, block_on, generate, iceberg_upsert_view, pipeline_yaml, reduce_expected,
+};
 use sluice_testkit::etcd::PrivateEtcd;
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -41,31 +40,6 @@ fn pipeline(etcd: &str) -> String {
     format!(
         "{yaml}cluster:\n  etcd: [\"{etcd}\"]\n  member: ${{MEMBER}}\n  lease_ttl: 3s\n  shards: 3\n"
     )
-}
-
-/// The upsert table as pyiceberg reads it (position deletes applied): each user's row,
-/// or why it cannot be read yet (a user with two live rows is a failure, not a wait).
-fn upsert_view(dir: &Path) -> Result<BTreeMap<String, Row>, String> {
-    let rows = sluice_iceberg::pyiceberg_read(
-        &dir.join("out/catalog.db"),
-        &dir.join("out/warehouse"),
-        "sluice.pageviews",
-        false,
-    )?;
-    let mut view = BTreeMap::new();
-    for row in &rows {
-        let user = row["user_id"].as_str().unwrap().to_string();
-        let doc: Value = serde_json::from_str(row["flow_document"].as_str().unwrap()).unwrap();
-        assert_eq!(
-            doc["views"], row["views"],
-            "the document column holds the row"
-        );
-        assert!(
-            view.insert(user.clone(), Row::of(row)).is_none(),
-            "user {user} has two live rows"
-        );
-    }
-    Ok(view)
 }
 
 #[test]
@@ -140,7 +114,7 @@ fn an_iceberg_table_runs_as_one_shard_that_moves_between_members_and_stays_exact
     let expected = reduce_expected(&docs[..appended]);
     let started = Instant::now();
     loop {
-        let found = upsert_view(dir.path());
+        let found = iceberg_upsert_view(dir.path());
         if found.as_ref() == Ok(&expected) {
             break;
         }
@@ -176,7 +150,7 @@ fn an_iceberg_table_runs_as_one_shard_that_moves_between_members_and_stays_exact
     });
     assert_eq!(orphans, Vec::<String>::new());
     assert_eq!(
-        upsert_view(dir.path()),
+        iceberg_upsert_view(dir.path()),
         Ok(expected),
         "a clean leave changes nothing"
     );

@@ -62,20 +62,7 @@ fn pipeline_dir(mode: Mode, docs: &[Value], max_docs: u64) -> tempfile::TempDir 
 /// The upsert table as pyiceberg reads it (position deletes applied): one row per user
 /// (asserted), as its reduction.
 fn upsert_view(dir: &Path) -> BTreeMap<String, Row> {
-    let mut view = BTreeMap::new();
-    for row in &pyiceberg_rows(dir) {
-        let user = row["user_id"].as_str().unwrap().to_string();
-        let doc: Value = serde_json::from_str(row["flow_document"].as_str().unwrap()).unwrap();
-        assert_eq!(
-            doc["views"], row["views"],
-            "the document column holds the row"
-        );
-        assert!(
-            view.insert(user.clone(), Row::of(row)).is_none(),
-            "user {user} has two live rows"
-        );
-    }
-    view
+    common::iceberg_upsert_view(dir).unwrap()
 }
 
 /// Every row of the table, as pyiceberg reads it.

@@ -360,6 +360,32 @@ pub fn sqlite_table(db: &Path) -> BTreeMap<String, Row> {
     table
 }
 
+/// The pageviews upsert table under `dir/out` as pyiceberg reads it (position deletes
+/// applied): each user's row, its columns equal to its document's, or why it cannot be
+/// read yet (a user with two live rows is a failure, not a wait).
+pub fn iceberg_upsert_view(dir: &Path) -> Result<BTreeMap<String, Row>, String> {
+    let rows = sluice_iceberg::pyiceberg_read(
+        &dir.join("out/catalog.db"),
+        &dir.join("out/warehouse"),
+        "sluice.pageviews",
+        false,
+    )?;
+    let mut view = BTreeMap::new();
+    for row in &rows {
+        let user = row["user_id"].as_str().unwrap().to_string();
+        let doc: Value = serde_json::from_str(row["flow_document"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            doc["views"], row["views"],
+            "the document column holds the row"
+        );
+        assert!(
+            view.insert(user.clone(), Row::of(row)).is_none(),
+            "user {user} has two live rows"
+        );
+    }
+    Ok(view)
+}
+
 /// The reduction of `docs` per user, as the pipeline's schema says.
 pub fn reduce_expected(docs: &[Value]) -> BTreeMap<String, Row> {
     let mut out: BTreeMap<String, Row> = BTreeMap::new();
