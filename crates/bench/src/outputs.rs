@@ -473,7 +473,7 @@ async fn kafka_baseline(broker: &str, names: &Names) -> anyhow::Result<Published
             &sluice_output_sdk::Message {
                 txn: stamp.txn,
                 index: stamp.index,
-                key_hash: 0,
+                packed_key: b"",
                 key: &message.key,
                 value: &message.value,
             },

@@ -118,7 +118,11 @@ pub fn main(args: ProduceArgs) -> anyhow::Result<()> {
                             key,
                             &collection.schema,
                         )?;
-                        Some(shard_keys(source.envelope, Arc::new(compiled), 0, u32::MAX))
+                        Some(shard_keys(
+                            source.envelope,
+                            Arc::new(compiled),
+                            [(0, u32::MAX)],
+                        ))
                     }
                 };
                 let topic = kafka::Topic::open(config, key, key_range, args.partitions);

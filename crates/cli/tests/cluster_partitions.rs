@@ -1,12 +1,13 @@
-//! Partitioned reads: a Kafka topic `partitioned_by: key_range` (filled by `sluice
-//! produce`, which partitions by key range for such a source) read by a cluster's
-//! shards, each only in the partitions holding its key range, into one PostgreSQL
-//! table (a private etcd member; tansu on 127.0.0.1:9092):
-//! - three shards over six partitions: the table is exact, and each shard's source
-//!   reads its two partitions only (its per-partition gauges name them) and fetches
-//!   far less than the topic (its fetched-messages counter);
-//! - a shard split while the topic grows: the halves start from their parent's
-//!   positions, each reads its one partition only, and the table is exact;
+//! What a cluster reads from Kafka (a private etcd member; tansu on 127.0.0.1:9092),
+//! into one PostgreSQL table:
+//! - a member's shards of a materialization share one read: three shards on one member
+//!   fetch the topic once, partitioned or not (one source reports, and its fetched
+//!   count stays under twice the topic; three reads would fetch it three times);
+//! - a topic `partitioned_by: key_range` (filled by `sluice produce`, which partitions by
+//!   key range for such a source) is read by each member only in the partitions
+//!   holding its shards' key ranges (its source's per-partition gauges name them), and
+//!   an unpartitioned one whole; a second member joining, and a split while the topic
+//!   grows, keep the table exact;
 //! - a topic whose producer did not partition by key range (Kafka's murmur2 of the
 //!   message key) fails the run, naming the partition, offset and key of the first
 //!   misplaced message, rather than losing what no shard would read.
@@ -96,25 +97,28 @@ fn partition_of(doc: &Value) -> u32 {
     key_range::partition_of_hash(hash, PARTITIONS)
 }
 
-/// What a shard's source said of itself in `/api/status` (sampled as it reads, so a
+/// What a loop's source said of itself in `/api/status` (sampled as it reads, so a
 /// counter may be a little behind): the partitions it has a lag gauge for, which are
-/// the partitions its fetch polls, and the messages it fetched.
+/// the partitions its fetch polls, and the messages it fetched. A loop's sources report
+/// in its first shard only.
 #[derive(Debug)]
 struct SourceRead {
     partitions: BTreeSet<u32>,
     fetched_messages: u64,
 }
 
-/// The [`SourceRead`] of each of the running shards `ids` (`<begin>-<end>` in hex), once
-/// the member at `address` serves them all, each source having said its partitions.
-fn reads(address: SocketAddr, ids: &[&str]) -> BTreeMap<String, SourceRead> {
+/// The [`SourceRead`] of each running shard of the member at `address` whose source
+/// reports (one per loop), once `done` holds of them.
+fn reads(
+    address: SocketAddr,
+    done: impl Fn(&BTreeMap<String, SourceRead>) -> bool,
+) -> BTreeMap<String, SourceRead> {
     let mut client = Client::new(address, "");
-    wait_until("every shard's source metrics", PATIENCE, || {
+    wait_until("the member's source metrics", PATIENCE, || {
         let status: Value = client.request("GET", "/api/status", &[], b"").ok()?.json();
         let mut reads = BTreeMap::new();
         for shard in status["shards"].as_array()? {
-            let id = shard["shard"].as_str()?;
-            if !ids.contains(&id) || shard["state"] != "running" {
+            if shard["state"] != "running" {
                 continue;
             }
             let metrics = shard["sources"]["views-kafka"]["metrics"].as_array()?;
@@ -130,11 +134,19 @@ fn reads(address: SocketAddr, ids: &[&str]) -> BTreeMap<String, SourceRead> {
                     partitions,
                     fetched_messages,
                 };
-                reads.insert(id.to_string(), read);
+                reads.insert(shard["shard"].as_str()?.to_string(), read);
             }
         }
-        Some(reads).filter(|r| r.len() == ids.len())
+        Some(reads).filter(|r| done(r))
     })
+}
+
+/// The shards member `member` runs, as `sluice shards list` shows them.
+fn shards_of(members: &Members, member: &str) -> Vec<String> {
+    (members.list().iter())
+        .filter(|s| s["status"] == "running" && s["member"] == member)
+        .map(|s| s["shard"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// The partitions overlapping the key hashes of shard `id` (`<begin>-<end>` in hex).
@@ -173,12 +185,23 @@ fn wait_exact(schema: &Schema, docs: &[Value], shards: usize, members: &Members)
 }
 
 #[test]
-fn shards_read_only_the_partitions_of_their_key_range_and_a_split_reads_on_exactly() {
+fn a_members_shards_read_a_partitioned_topic_once_in_their_partitions_only() {
+    members_read_once("partitioned", true);
+}
+
+#[test]
+fn a_members_shards_read_an_unpartitioned_topic_once() {
+    members_read_once("whole", false);
+}
+
+/// One member with three shards, then a second, then a split, over a topic partitioned
+/// by key range or not (see the header).
+fn members_read_once(tag: &str, partitioned: bool) {
     ensure_local_broker().unwrap();
     let etcd = PrivateEtcd::start();
-    let schema = Schema::new("partitions");
+    let schema = Schema::new(&format!("partitions_{tag}"));
     let dir = tempfile::tempdir().unwrap();
-    let topic = unique_topic("cluster");
+    let topic = unique_topic(tag);
     let endpoint = format!(
         "postgres: {{url: \"{POSTGRES_URL}\", schema: {}}}",
         schema.0
@@ -188,60 +211,73 @@ fn shards_read_only_the_partitions_of_their_key_range_and_a_split_reads_on_exact
          ${{MEMBER}}\n  lease_ttl: 3s\n  shards: 3\n",
         etcd.url()
     );
+    let mut text = pipeline(&topic, &endpoint, &cluster);
+    if !partitioned {
+        text = text.replace(", partitioned_by: key_range", "");
+    }
     let path = dir.path().join("cluster.yaml");
-    std::fs::write(&path, pipeline(&topic, &endpoint, &cluster)).unwrap();
-    let docs = generate(6_000, 600, 41);
+    std::fs::write(&path, text).unwrap();
+    let docs = generate(9_000, 600, 41);
     let (first, more) = docs.split_at(3_000);
+    let (second, third) = more.split_at(3_000);
     produce(dir.path(), &path, first);
     let mut members = Members::new(dir.path(), &path);
-    let address = free_address();
+    // What `sluice shards` reads of the file; each member serves metrics of its own.
     members
         .env
-        .push(("METRICS".to_string(), address.to_string()));
-    members.start("a", &[]);
+        .push(("METRICS".to_string(), "127.0.0.1:0".to_string()));
+    let addresses: BTreeMap<&str, SocketAddr> =
+        [("a", free_address()), ("b", free_address())].into();
+    members.start("a", &[("METRICS", addresses["a"].to_string())]);
     wait_exact(&schema, first, 3, &members);
 
-    // `cluster.shards: 3` makes the slices of the key-range partitioner's thirds.
-    let thirds = [
-        "00000000-55555555",
-        "55555556-aaaaaaaa",
-        "aaaaaaab-ffffffff",
-    ];
-    let read = reads(address, &thirds);
-    for (id, source) in &read {
-        let own = partitions_of_shard(id);
-        assert_eq!(own.len(), 2, "{id}: a third of six partitions");
-        assert_eq!(
-            source.partitions, own,
-            "shard {id} reads only its partitions"
-        );
-    }
-    // Every shard reading every partition would fetch the topic three times.
-    let fetched: u64 = read.values().map(|r| r.fetched_messages).sum();
+    // The three shards share one loop: one source reads, every partition, once.
+    let read = reads(addresses["a"], |r| !r.is_empty());
+    assert_eq!(read.len(), 1, "one read for the member's shards: {read:?}");
+    let (_, source) = read.first_key_value().unwrap();
+    assert_eq!(source.partitions, (0..PARTITIONS).collect());
     assert!(
-        fetched < 2 * first.len() as u64,
-        "the shards fetched {fetched} messages of a topic of {}: {read:?}",
+        source.fetched_messages < 2 * first.len() as u64,
+        "the member fetched {} messages of a topic of {}: {read:?}",
+        source.fetched_messages,
         first.len()
     );
 
-    // Split the first third: its halves are exactly partitions 0 and 1.
+    // A second member takes its shards: each member reads the partitions of its own.
+    members.start("b", &[("METRICS", addresses["b"].to_string())]);
+    produce(dir.path(), &path, second);
+    wait_exact(&schema, &docs[..6_000], 3, &members);
+    for (member, address) in &addresses {
+        let shards = shards_of(&members, member);
+        if shards.is_empty() {
+            continue; // Rendezvous gave it none.
+        }
+        let wanted: BTreeSet<u32> = match partitioned {
+            true => shards
+                .iter()
+                .flat_map(|id| partitions_of_shard(id))
+                .collect(),
+            false => (0..PARTITIONS).collect(),
+        };
+        let read = reads(*address, |r| {
+            let polled: BTreeSet<u32> = r.values().flat_map(|s| s.partitions.clone()).collect();
+            polled == wanted
+        });
+        assert!(
+            read.len() <= shards.len(),
+            "{member}: {read:?} for {shards:?}"
+        );
+    }
+
+    // Split a third while the topic grows: the table stays exact.
     let out = members.shards("split", &["views-db", "00000000-55555555"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    produce(dir.path(), &path, more);
+    produce(dir.path(), &path, third);
     wait_exact(&schema, &docs, 4, &members);
-    let halves = ["00000000-2aaaaaaa", "2aaaaaab-55555555"];
-    let read = reads(address, &halves);
-    for (half, partition) in halves.iter().zip(0..) {
-        assert_eq!(
-            read[*half].partitions,
-            BTreeSet::from([partition]),
-            "{half}"
-        );
-    }
 }
 
 #[test]

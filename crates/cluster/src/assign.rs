@@ -38,6 +38,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, Default)]
 pub struct View {
     pub members: BTreeSet<String>,
+    /// Each live member's lease, the one its key `P/members/<member>` was written with.
+    pub leases: BTreeMap<String, i64>,
     pub shards: BTreeMap<ShardId, ShardState>,
     /// How the pipeline weighs shards (`cluster.balance`, the same for every member).
     pub balance: Balance,
@@ -55,7 +57,8 @@ pub struct ShardState {
     pub holder: Option<(String, i64)>,
     /// The members backing off from it after their loop of it failed.
     pub declined: BTreeSet<String>,
-    /// The member a move by load placed it on (`P/place/<shard>`), under `load`.
+    /// The member a move by load placed it on (`P/place/<shard>`, on that member's
+    /// lease: it ends when the member leaves), under `load`.
     pub placed: Option<String>,
     /// Documents per second its holder last published it committed (`P/status`).
     pub rate: u64,
@@ -229,6 +232,7 @@ pub fn read_view(
     for kv in members {
         if let Some(member) = text(&kv.key).strip_prefix(&members_dir) {
             view.members.insert(member.to_string());
+            view.leases.insert(member.to_string(), kv.lease);
         }
     }
     let shards_dir = keys.shards();

@@ -21,13 +21,29 @@
 //! ```
 //!
 //! The holder of that shard carries the move out ([`Action::Place`], added to its plan
-//! by [`plan_with_moves`]): in
-//! one etcd transaction, conditioned on its claim and on neither member cooling, it
-//! writes the shard's placement (`P/place/<shard>` = cool) and both members' cooldown
-//! keys with a fresh lease of the interval; from then on [`crate::assign::owner_of`]
-//! names cool, so the holder releases the shard and cool claims it. A placement on a
-//! member that left, or that declines the shard, is ignored: rendezvous again. A shard
-//! with no published rate weighs nothing and stays where rendezvous puts it.
+//! by [`plan_with_moves`]): in one etcd transaction, conditioned on its claim, on cool's
+//! member key being the one it read, and on neither member cooling, it writes the
+//! shard's placement (`P/place/<shard>` = cool) **with cool's own lease**, and both
+//! members' cooldown keys with a fresh lease of the interval; from then on
+//! [`crate::assign::owner_of`] names cool, so the holder releases the shard and cool
+//! claims it.
+//!
+//! A placement lives as long as the member it names, and no longer:
+//!
+//! ```text
+//!  cool leaves (SIGTERM, or SIGKILL and its lease expires)
+//!      → etcd deletes P/members/cool and P/place/<shard> in one step: rendezvous again
+//!  the shard splits      → the split's transaction deletes P/place/<shard>; the halves
+//!                          are other keys, never placed by it
+//!  cool declines it      → ignored while the decline lasts: rendezvous among the
+//!                          members not declining it, so someone owns it
+//!  a placement not on the lease of the member it names (one written before placements
+//!  were leased)          → ignored ([`read_load`])
+//! ```
+//!
+//! So no member's clock and no cleanup decide when a placement ends: each member reads
+//! the same keys and leases. A shard with no published rate weighs nothing and stays
+//! where rendezvous puts it.
 //!
 //! Why it does not oscillate: a move takes weight `w` from a member to one whose load is
 //! lower by more than `w`, so the sum of the squared loads falls with each move; with
@@ -121,7 +137,9 @@ pub fn plan_with_moves(me: &str, view: &View, held: &BTreeMap<ShardId, Held>) ->
 }
 
 /// Adds to `view` what weighing by load reads (pure): each shard's published rate and
-/// placement, each member's CPU, and the members cooling down.
+/// placement (one on the lease of the member it names, see the module's header), each
+/// member's CPU, and the members cooling down. `view` holds the members already
+/// ([`crate::assign::read_view`]).
 pub fn read_load(
     keys: &Keys,
     view: &mut View,
@@ -148,10 +166,14 @@ pub fn read_load(
         }
     }
     for kv in placements {
-        if let Some(id) = shard_of(keys.placements(), kv)
+        let member = text(&kv.value);
+        // Only on the lease of the member it names: it ends when that member leaves.
+        let leased = view.leases.get(&member) == Some(&kv.lease);
+        if leased
+            && let Some(id) = shard_of(keys.placements(), kv)
             && let Some(state) = view.shards.get_mut(&id)
         {
-            state.placed = Some(text(&kv.value));
+            state.placed = Some(member);
         }
     }
     for kv in loads {
@@ -378,6 +400,155 @@ mod tests {
             };
             assert_eq!(places, expected, "{me}");
         }
+    }
+
+    /// The lease of each of the three members in [`read`]'s keys.
+    fn lease_of(member: &str) -> i64 {
+        10 * (1 + MEMBERS.iter().position(|m| *m == member).unwrap() as i64)
+    }
+
+    /// The keys of the three members and of `all`, unassigned, as etcd answers them,
+    /// with `placements` (shard, member named, lease written with).
+    fn read(all: &[ShardId], placements: &[(&ShardId, &str, i64)]) -> View {
+        let keys = Keys::new("/p");
+        let kv = |key: String, value: &[u8], lease| KeyValue {
+            key: key.into_bytes(),
+            value: value.to_vec(),
+            lease,
+            ..KeyValue::default()
+        };
+        let members: Vec<KeyValue> = (MEMBERS.iter())
+            .map(|m| kv(keys.member(m), b"{}", lease_of(m)))
+            .collect();
+        let shards: Vec<KeyValue> = (all.iter())
+            .map(|id| kv(keys.shard(id), b"{}", 0))
+            .collect();
+        let placed: Vec<KeyValue> = (placements.iter())
+            .map(|(id, m, lease)| kv(keys.placement(id), m.as_bytes(), *lease))
+            .collect();
+        let mut view = crate::assign::read_view(&keys, &members, &shards, &[]);
+        view.balance = Balance::Load;
+        read_load(&keys, &mut view, &[], &placed, &[], &[]);
+        view
+    }
+
+    /// A member of the three other than the rendezvous owner of `id`.
+    fn not_owner(id: &ShardId) -> &'static str {
+        let members: BTreeSet<String> = MEMBERS.iter().map(|m| m.to_string()).collect();
+        let owner = owner(&members, id).unwrap();
+        MEMBERS.into_iter().find(|m| *m != owner).unwrap()
+    }
+
+    #[test]
+    fn a_placement_counts_only_on_the_lease_of_the_member_it_names() {
+        let all = shards(4);
+        let to: Vec<&str> = all.iter().map(not_owner).collect();
+        let v = read(
+            &all,
+            &[
+                (&all[0], to[0], lease_of(to[0])),
+                (&all[1], to[1], 0), // written before placements were leased
+                (&all[2], to[2], lease_of(to[2]) + 1), // another lease than its member's
+                (&all[3], "gone", 40), // a member not in the view
+            ],
+        );
+        assert_eq!(v.shards[&all[0]].placed.as_deref(), Some(to[0]));
+        assert_eq!(owner_of(&v, &all[0]), Some(to[0]));
+        for id in &all[1..] {
+            assert_eq!(v.shards[id].placed, None, "{id}");
+            assert_eq!(owner_of(&v, id), owner(&v.members, id), "{id}");
+        }
+    }
+
+    #[test]
+    fn a_shard_placed_on_a_member_that_leaves_is_claimed_by_its_rendezvous_owner() {
+        let all = shards(1);
+        let to = not_owner(&all[0]);
+        let placed = read(&all, &[(&all[0], to, lease_of(to))]);
+        assert_eq!(owner_of(&placed, &all[0]), Some(to));
+        assert_eq!(
+            plan_with_moves(to, &placed, &BTreeMap::new()),
+            vec![Action::Claim {
+                shard: all[0].clone(),
+                over: None
+            }]
+        );
+        // `to` left before it claimed: etcd deleted its member key and every key on its
+        // lease, the placement with them.
+        let mut left = read(&all, &[]);
+        left.members.remove(to);
+        left.leases.remove(to);
+        let owner = owner(&left.members, &all[0]).unwrap().to_string();
+        assert_eq!(owner_of(&left, &all[0]), Some(owner.as_str()));
+        assert_eq!(
+            plan_with_moves(&owner, &left, &BTreeMap::new()),
+            vec![Action::Claim {
+                shard: all[0].clone(),
+                over: None
+            }]
+        );
+    }
+
+    #[test]
+    fn the_halves_of_a_split_shard_inherit_no_placement() {
+        let parent = ShardId {
+            materialization: "views".into(),
+            range: ShardDef::split_evenly(1)[0],
+        };
+        let (lo, hi) = parent.range.halves().unwrap();
+        let halves: Vec<ShardId> = [lo, hi]
+            .map(|range| ShardId {
+                materialization: "views".into(),
+                range,
+            })
+            .into();
+        // Even a placement of the parent left behind names neither half.
+        let to = not_owner(&halves[0]);
+        let v = read(&halves, &[(&parent, to, lease_of(to))]);
+        for half in &halves {
+            assert_eq!(v.shards[half].placed, None, "{half}");
+            assert_eq!(owner_of(&v, half), owner(&v.members, half), "{half}");
+        }
+    }
+
+    #[test]
+    fn a_placed_member_that_declines_the_shard_leaves_it_owned_by_another() {
+        let all = shards(1);
+        let to = not_owner(&all[0]);
+        let mut v = read(&all, &[(&all[0], to, lease_of(to))]);
+        // Its loop failed on `to`, which released the shard and declines it.
+        v.shards
+            .get_mut(&all[0])
+            .unwrap()
+            .declined
+            .insert(to.into());
+        let next = owner_of(&v, &all[0]).expect("an owner").to_string();
+        assert_ne!(next, to);
+        assert_eq!(
+            plan_with_moves(&next, &v, &BTreeMap::new()),
+            vec![Action::Claim {
+                shard: all[0].clone(),
+                over: None
+            }]
+        );
+        assert!(plan_with_moves(to, &v, &BTreeMap::new()).is_empty());
+        // Held by the next owner while `to` declines: kept there.
+        let state = v.shards.get_mut(&all[0]).unwrap();
+        state.holder = Some((next.clone(), 7));
+        let held = BTreeMap::from([(
+            all[0].clone(),
+            Held {
+                token: 7,
+                stopping: false,
+            },
+        )]);
+        assert_eq!(plan_with_moves(&next, &v, &held), vec![]);
+        // The decline ended: back to the member it was placed on.
+        v.shards.get_mut(&all[0]).unwrap().declined.clear();
+        assert_eq!(
+            plan_with_moves(&next, &v, &held),
+            vec![Action::Release(all[0].clone())]
+        );
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!                                     until (Unix ms)          its loop of the shard
 //!                                                              failed; it backs off
 //!  P/load/<member>                    MemberLoad {cpu}         with the member's lease
-//!  P/place/<mat>/<begin>-<end>        <member>                 a move by load put the
+//!  P/place/<mat>/<begin>-<end>        <member>                 with <member>'s lease:
+//!                                                              a move by load put the
 //!                                                              shard there (balance.rs)
 //!  P/cooldown/<member>                <shard>                  with a lease of
 //!                                                              cluster.balance_interval:

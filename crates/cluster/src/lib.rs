@@ -16,7 +16,8 @@
 //! - `pack.rs`: an intent as etcd stores it, each step's position a patch of the one
 //!   before (pure)
 //! - `member/`: the member: the reconcile loop; `join.rs` (first shards, deployment id,
-//!   first Apply), `moves.rs` (handover, moves by load, splits)
+//!   first Apply), `loops.rs` (the held shards' loops: those whose logs agree share
+//!   one read), `moves.rs` (handover, moves by load, splits)
 //! - `standby.rs`: every member listens for a listening source (HTTP); the ones not
 //!   holding its shard answer naming the holder
 //! - `wake.rs`: what wakes the reconcile loop: etcd watches of the keys it reads, its

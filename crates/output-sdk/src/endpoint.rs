@@ -112,7 +112,7 @@ mod tests {
         let m = |txn, index| Message {
             txn,
             index,
-            key_hash: 0,
+            packed_key: b"",
             key: b"",
             value: b"",
         };

@@ -25,6 +25,7 @@ use sluice_doc::compact::Doc;
 use sluice_doc::key_hash;
 use sluice_doc::keyscan::KeyScan;
 use sluice_source_sdk::{Intake, ShardKeys, bad_json};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// The intake check of source `def`, feeding `collection` (its target).
@@ -35,29 +36,36 @@ pub fn intake(def: &SourceDef, collection: Arc<Collection>) -> Intake {
     })
 }
 
-/// The key hashes `[begin, end]` of the shards a source with `envelope` feeds
-/// `collection` to, with each record's key hash read as the reader routes it: scanned
-/// from the text where `KeyScan` can, else from the parsed document (the one its
-/// envelope carries).
+/// The key hashes `ranges` (`[begin, end]` each, in key order) of the shards a source
+/// with `envelope` feeds `collection` to, with each record's key hash read as the
+/// reader routes it: scanned from the text where `KeyScan` can, else from the parsed
+/// document (the one its envelope carries).
 pub fn shard_keys(
     envelope: Envelope,
     collection: Arc<Collection>,
-    begin: u32,
-    end: u32,
+    ranges: impl IntoIterator<Item = (u32, u32)>,
 ) -> ShardKeys {
     let scan = KeyScan::new(collection.key.pointers());
-    ShardKeys::new(begin, end, move |text| {
-        let mut key = Vec::with_capacity(64);
-        if envelope == Envelope::None
-            && let Some(scan) = &scan
-            && scan.pack(text, &mut key)
-        {
-            return Some(key_hash(&key));
-        }
-        let doc = document(envelope, text).ok()??;
-        collection.key.pack_doc(&doc, &mut key).ok()?;
-        Some(key_hash(&key))
+    ShardKeys::new(ranges, move |text| {
+        PACKED_KEY.with_borrow_mut(|key| {
+            key.clear();
+            if envelope == Envelope::None
+                && let Some(scan) = &scan
+                && scan.pack(text, key)
+            {
+                return Some(key_hash(key));
+            }
+            let doc = document(envelope, text).ok()??;
+            collection.key.pack_doc(&doc, key).ok()?;
+            Some(key_hash(key))
+        })
     })
+}
+
+thread_local! {
+    /// The packed key of the record [`shard_keys`] reads the key hash of on this thread:
+    /// it is read for every record of a partitioned source, so reused, not allocated.
+    static PACKED_KEY: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(64));
 }
 
 /// Why `collection` would not take the record `text` of a source with `envelope`.
@@ -151,7 +159,7 @@ mod tests {
 
     #[test]
     fn a_records_key_hash_is_the_one_the_reader_routes_it_by() {
-        let keys = shard_keys(Envelope::None, Arc::new(views()), 0, u32::MAX);
+        let keys = shard_keys(Envelope::None, Arc::new(views()), [(0, u32::MAX)]);
         let u1 = key_hash(&sluice_doc::tuple::pack_key(&[json!("u1")]));
         // Scanned from the text, and from the parsed document when the scan cannot.
         assert_eq!(keys.key_hash(br#"{"views": 1, "user_id": "u1"}"#), Some(u1));
@@ -159,7 +167,7 @@ mod tests {
         assert_eq!(keys.key_hash(br#"{"views": 1}"#), None, "keyless");
         assert_eq!(keys.key_hash(b"{not json"), None);
         // The document an envelope carries.
-        let wrapped = shard_keys(Envelope::InsertDelete, Arc::new(views()), 0, u32::MAX);
+        let wrapped = shard_keys(Envelope::InsertDelete, Arc::new(views()), [(0, u32::MAX)]);
         assert_eq!(
             wrapped.key_hash(br#"{"insert": {"user_id": "u1"}}"#),
             Some(u1)

@@ -135,34 +135,46 @@ pub struct Opening<'a> {
 /// A record's key hash read from its JSON text, if it has a key to read.
 type KeyHash = dyn Fn(&[u8]) -> Option<u32> + Send + Sync;
 
-/// The key hashes `[begin, end]` (inclusive) of the shards a source instance feeds (a
-/// cluster's shard, or a process's local shards together), and the key hash of a
-/// record as the runtime's reader routes it: a partitioned source reads only the
-/// partitions whose keys fall in the range, and checks that each record's key is one
-/// its partition holds. The reader still routes every record by its key, so a source
-/// that reads more than its range loses nothing; one that reads less would. Cheap to
-/// clone.
+/// The key hashes of the shards a source instance feeds (a cluster's shard, a
+/// member's shards together, or a process's local shards together): disjoint
+/// inclusive ranges `[begin, end]` in key order, and the key hash of a record as the
+/// runtime's reader routes it. A partitioned source reads only the partitions whose
+/// keys fall in the ranges, and checks that each record's key is one its partition
+/// holds. The reader still routes every record by its key, so a source that reads more
+/// than its ranges loses nothing; one that reads less would. Cheap to clone.
 #[derive(Clone)]
 pub struct ShardKeys {
-    pub begin: u32,
-    pub end: u32,
+    ranges: Arc<[(u32, u32)]>,
     hash: Arc<KeyHash>,
 }
 
 impl ShardKeys {
-    /// The range `[begin, end]`, with `hash` reading a record's key hash from its text
-    /// (`None`: no key to read there: not JSON, no key, or an envelope with nothing to
-    /// apply; the reader reports what is wrong with it).
+    /// The ranges `[begin, end]` (disjoint, in key order), with `hash` reading a
+    /// record's key hash from its text (`None`: no key to read there: not JSON, no
+    /// key, or an envelope with nothing to apply; the reader reports what is wrong with
+    /// it).
+    ///
+    /// Panics when `ranges` is empty, unordered or overlapping.
     pub fn new(
-        begin: u32,
-        end: u32,
+        ranges: impl IntoIterator<Item = (u32, u32)>,
         hash: impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
     ) -> ShardKeys {
+        let ranges: Arc<[(u32, u32)]> = ranges.into_iter().collect();
+        assert!(!ranges.is_empty(), "shard keys without a range");
+        assert!(
+            ranges.iter().all(|(begin, end)| begin <= end)
+                && ranges.windows(2).all(|w| w[0].1 < w[1].0),
+            "shard key ranges out of order: {ranges:x?}"
+        );
         ShardKeys {
-            begin,
-            end,
+            ranges,
             hash: Arc::new(hash),
         }
+    }
+
+    /// The ranges `[begin, end]`, disjoint, in key order.
+    pub fn ranges(&self) -> &[(u32, u32)] {
+        &self.ranges
     }
 
     /// The key hash of the record `text`, as the reader routes it.
@@ -173,7 +185,10 @@ impl ShardKeys {
 
 impl fmt::Debug for ShardKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ShardKeys({:08x}-{:08x})", self.begin, self.end)
+        let ranges: Vec<String> = (self.ranges.iter())
+            .map(|(begin, end)| format!("{begin:08x}-{end:08x}"))
+            .collect();
+        write!(f, "ShardKeys({})", ranges.join(", "))
     }
 }
 

@@ -3,6 +3,13 @@
 //! JSON text is kept back to back in one buffer (a record is its range), so a step of
 //! JSON lines or generated documents allocates nothing per record once the buffer has
 //! grown; see the crate docs for who parses it.
+//!
+//! A source that read a record's key hash
+//! ([`ShardKeys::key_hash`](crate::ShardKeys::key_hash), to check that the record is
+//! one of its partition's) hands it on with the record
+//! ([`Records::set_key_hash`]), and the runtime routes the record by it instead of
+//! reading its key again. The hashes are kept beside the records, only as far as the
+//! last one set: a source that sets none pays nothing per record.
 
 use serde_json::Value;
 use std::fmt;
@@ -71,6 +78,9 @@ pub struct Records {
     /// The text of every JSON record, back to back.
     text: Vec<u8>,
     records: Vec<Stored>,
+    /// The key hash of each record its source set one of, by record number; shorter
+    /// than `records` when the last ones have none.
+    key_hashes: Vec<Option<u32>>,
 }
 
 #[derive(Debug)]
@@ -121,6 +131,8 @@ pub struct SharedRecord<'a> {
     pub doc: SharedDoc<'a>,
     pub position: &'a Position,
     pub bytes: usize,
+    /// The key hash its source read ([`Records::set_key_hash`]).
+    pub key_hash: Option<u32>,
 }
 
 /// A document read in place: JSON text, or the `Value` its source built.
@@ -181,6 +193,22 @@ impl Records {
         self.records.is_empty()
     }
 
+    /// Sets the key hash of record `at` to `hash`, as
+    /// [`ShardKeys::key_hash`](crate::ShardKeys::key_hash) read it from its text: the
+    /// runtime routes the record by it rather than reading its key again.
+    ///
+    /// Panics when there is no record `at`.
+    pub fn set_key_hash(&mut self, at: usize, hash: u32) {
+        assert!(
+            at < self.records.len(),
+            "no record {at} to set a key hash of"
+        );
+        if self.key_hashes.len() <= at {
+            self.key_hashes.resize(at + 1, None);
+        }
+        self.key_hashes[at] = Some(hash);
+    }
+
     /// Keeps the first `len` records.
     pub fn truncate(&mut self, len: usize) {
         let cut = self.records.get(len..).unwrap_or_default();
@@ -191,12 +219,14 @@ impl Records {
             self.text.truncate(start);
         }
         self.records.truncate(len);
+        self.key_hashes.truncate(len);
     }
 
     /// Removes every record, keeping the buffers' capacity.
     pub fn clear(&mut self) {
         self.text.clear();
         self.records.clear();
+        self.key_hashes.clear();
     }
 
     /// Record `at`, read in place.
@@ -209,6 +239,7 @@ impl Records {
             },
             position: &stored.position,
             bytes: stored.bytes,
+            key_hash: self.key_hashes.get(at).copied().flatten(),
         })
     }
 
@@ -263,5 +294,36 @@ impl InputError {
             raw: raw[..raw.len().min(Self::RAW_LIMIT)].to_vec(),
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(line: u64) -> Position {
+        Position::in_log("topic t partition 0".into(), Unit::Offset, line, 0)
+    }
+
+    #[test]
+    fn a_key_hash_set_stays_with_its_record_until_it_is_cut() {
+        let mut records = Records::default();
+        for line in 0..4 {
+            records.push_json(b"{}", at(line), 2);
+        }
+        records.set_key_hash(1, 7);
+        records.set_key_hash(2, 9);
+        let hashes = |records: &Records| -> Vec<Option<u32>> {
+            (0..records.len())
+                .map(|i| records.get(i).unwrap().key_hash)
+                .collect()
+        };
+        assert_eq!(hashes(&records), [None, Some(7), Some(9), None]);
+        records.truncate(2);
+        records.push_json(b"{}", at(5), 2);
+        assert_eq!(hashes(&records), [None, Some(7), None], "not the cut one's");
+        records.clear();
+        records.push_json(b"{}", at(6), 2);
+        assert_eq!(hashes(&records), [None]);
     }
 }

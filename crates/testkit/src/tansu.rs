@@ -16,9 +16,8 @@ fn answers(address: &str) -> bool {
     TcpStream::connect(address).is_ok()
 }
 
-/// Starts tansu on [`LOCAL_BROKER`] unless something answers there: the ready build
-/// in `../shared/tools/tansu` beside the project when present, else `tansu` on the
-/// `PATH`, with its data under `$HOME/.cache/sluice-tansu/local`. It is left running,
+/// Starts tansu on [`LOCAL_BROKER`] unless something answers there ([`tansu_binary`]),
+/// with its data under `$HOME/.cache/sluice-tansu/local`. It is left running,
 /// like the other local services, for the tests that follow; `.ci/services` starts it
 /// the same way.
 pub fn ensure_local_broker() -> Result<(), String> {
@@ -74,14 +73,15 @@ pub fn ensure_local_broker() -> Result<(), String> {
     Ok(())
 }
 
-/// `../shared/tools/tansu` beside the project root when it exists, else `tansu`.
-fn tansu_binary() -> PathBuf {
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/tansu");
-    if shared.exists() {
-        shared
-    } else {
-        PathBuf::from("tansu")
-    }
+/// The tansu to run: the ready build in `../shared/tools/tansu` beside the project
+/// root, or beside the machine's main checkout (`/work/shared/tools/tansu`, for a clone
+/// elsewhere, as `.ci/services` looks), when one exists, else `tansu` on the `PATH`.
+pub fn tansu_binary() -> PathBuf {
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/tansu");
+    [beside, PathBuf::from("/work/shared/tools/tansu")]
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| PathBuf::from("tansu"))
 }
 
 /// The user [`SecuredTansu`] knows, with [`PASSWORD`] (SCRAM-SHA-256 and -512).

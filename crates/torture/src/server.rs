@@ -15,6 +15,7 @@
 //! InnoDB shutdown): the store must then recover what it committed by itself.
 
 use anyhow::{Context, bail};
+use sluice_testkit::tansu::tansu_binary;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -201,12 +202,11 @@ pub struct PrivateBroker {
 const BROKER_START: Duration = Duration::from_secs(60);
 
 impl PrivateBroker {
-    /// tansu in `dir`: `tansu` on PATH, else the ready build of `../shared/tools` next
-    /// to the repository.
+    /// tansu in `dir`: the ready build beside the project, else `tansu` on PATH
+    /// ([`tansu_binary`]).
     pub fn tansu(dir: &Path) -> anyhow::Result<PrivateBroker> {
-        let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/tansu");
-        let program = on_path("tansu")
-            .or_else(|| shared.exists().then_some(shared))
+        let program = Some(tansu_binary())
+            .filter(|program| program.is_file() || on_path("tansu").is_some())
             .context(
                 "no tansu on PATH (nor ../shared/tools/tansu): install it with \
              `cargo install tansu --locked --features libsql`",

@@ -8,13 +8,16 @@
 //!         P/deployment)
 //!  at each wake-up (wake.rs: a change to the watched keys, a loop that returned, a
 //!  backoff or publishing that is due, or at most SAFETY_NET after the last):
-//!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop)
+//!    finished loops ──▶ hand over (Release), halve (Split), forget (Drop); the
+//!      other shards of a loop that stopped for one of them wait to start again
 //!    view (members, shards, assignments; loads under `balance: load`)
 //!      ──balance::plan_with_moves──▶ Claim | Drop | Release | Split | Place (a move
 //!      by load: the shard's placement and both members' cooldowns, leased)
 //!    Claim: CAS the assignment with the lease; its revision is the fencing token;
-//!           the shard's loop runs over its etcd log (log.rs) and Opens the store,
-//!           which fences the previous holder there
+//!           the shard waits for a loop
+//!    waiting shards ──▶ loops (loops.rs): those one reader can resume together
+//!      share one loop, one read of their sources; each shard's loop runs over its
+//!      etcd log (log.rs) and Opens the store, which fences the previous holder there
 //!    publish each held shard's last transaction and lag (P/status, with the lease)
 //!  a shard's loop that fails (after its own retries): log why, release it and decline
 //!  it (P/declined/<shard>/<me>, with the lease) for a backoff, 5 s doubling to 5 min;
@@ -31,11 +34,13 @@
 //! ```
 //!
 //! Every loop is the runtime's one transaction loop ([`Launcher::launch`]); the member
-//! only decides which shards run here. `join.rs`: what it does once as it joins (first
-//! shards, deployment id, first Apply); `moves.rs`: a shard handed over, moved by load,
-//! split (asked or automatic).
+//! only decides which shards run here, and which of them share a loop. `join.rs`: what
+//! it does once as it joins (first shards, deployment id, first Apply); `loops.rs`: the
+//! loops of the held shards; `moves.rs`: a shard handed over, moved by load, split
+//! (asked or automatic).
 
 mod join;
+mod loops;
 mod moves;
 
 use crate::assign::read_view;
@@ -45,18 +50,16 @@ use crate::balance::{plan_with_moves, read_load};
 use crate::etcd::{Cond, Etcd, EtcdError, Op};
 use crate::keys::{Keys, MemberLoad, ShardId, ShardStatus};
 use crate::load::CpuMeter;
-use crate::log::SharedLog;
 use crate::standby::{Listens, MemberValue, Standbys, read_listens};
 use crate::wake::{self, Wake};
 use sluice_runtime::config::{AutoSplit, Balance, ClusterDef, Pipeline};
 use sluice_runtime::metrics::Metrics;
-use sluice_runtime::pipeline::{self, Launcher, LogPlace, Planned, RunOptions};
+use sluice_runtime::pipeline::{self, Launcher, Planned, RunOptions};
 use sluice_runtime::txn::{Progress, RunError, Summary};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -162,6 +165,9 @@ pub async fn run(
         standbys,
         lost,
         held: BTreeMap::new(),
+        loops: BTreeMap::new(),
+        next_loop: 0,
+        waiting: BTreeSet::new(),
         failing: BTreeMap::new(),
         summaries: BTreeMap::new(),
         metrics: opts.metrics.clone().unwrap_or_default(),
@@ -238,10 +244,12 @@ enum Stopping {
 
 struct Running {
     token: i64,
-    stop: watch::Sender<bool>,
     stopping: Option<Stopping>,
-    /// `None`: never started (a shard claimed only to split it).
-    task: Option<JoinHandle<(Summary, Result<(), RunError>)>>,
+    /// The loop it runs in (`loops.rs`); `None`: waiting for one, or never started (a
+    /// shard claimed only to split it).
+    in_loop: Option<u64>,
+    /// It runs in a loop of its own: a loop it shared failed here.
+    alone: bool,
     /// Its status as last published (published again only when it changes).
     published: Option<ShardStatus>,
     /// Since when its lag has stayed above `cluster.autosplit.lag_above`.
@@ -273,6 +281,11 @@ struct Member {
     /// Says why, once the lease has expired.
     lost: watch::Receiver<Option<String>>,
     held: BTreeMap<ShardId, Running>,
+    /// The loops the held shards run in, by id.
+    loops: BTreeMap<u64, loops::Loop>,
+    next_loop: u64,
+    /// Held shards waiting for a loop: started together at the end of the look.
+    waiting: BTreeSet<ShardId>,
     failing: BTreeMap<ShardId, Failing>,
     summaries: BTreeMap<String, Summary>,
     metrics: Arc<Metrics>,
@@ -363,13 +376,14 @@ impl Member {
                         })
                         .collect();
                     for action in plan_with_moves(&self.me, &view, &held) {
-                        if let Err(e) = self.act(action, &view, &launcher).await {
+                        if let Err(e) = self.act(action, &view).await {
                             tracing::warn!("{e}; retrying on the next view");
                         }
                     }
                     if let Err(e) = self.split_lagging().await {
                         tracing::warn!("splitting a shard that lags: {e}; retrying");
                     }
+                    self.launch_waiting(&launcher).await;
                 }
                 Err(e) => tracing::warn!("reading the cluster's state: {e}; retrying"),
             }
@@ -380,17 +394,7 @@ impl Member {
         };
         // Every loop finishes its transaction in progress (a fenced one fails); the
         // caller then revokes the lease, which hands every shard over at once.
-        for running in self.held.values() {
-            running.stop.send_replace(true);
-        }
-        let held = std::mem::take(&mut self.held);
-        for (shard, running) in held {
-            if let Some(task) = running.task
-                && let Ok((summary, _)) = task.await
-            {
-                self.add(&shard, &summary);
-            }
-        }
+        self.stop_all().await;
         self.wake.stop().await;
         self.standbys.stop_all().await;
         outcome.map(|()| self.summaries.into_iter().collect())
@@ -442,12 +446,7 @@ impl Member {
     }
 
     /// Carries out one action of the plan.
-    async fn act(
-        &mut self,
-        action: Action,
-        view: &View,
-        launcher: &Launcher,
-    ) -> Result<(), ClusterError> {
+    async fn act(&mut self, action: Action, view: &View) -> Result<(), ClusterError> {
         match action {
             Action::Claim { shard, over } => {
                 let key = self.keys.assignment(&shard);
@@ -465,34 +464,19 @@ impl Member {
                     return Ok(()); // Someone else was quicker: the next view says who.
                 }
                 let token = claimed.revision;
-                let (stop, stopped) = watch::channel(false);
                 let splitting = view.shards.get(&shard).is_some_and(|s| s.splitting);
-                if !splitting {
-                    // Its sources' addresses free before they bind them.
-                    self.standbys.stop_for(&shard.materialization).await;
+                if splitting {
+                    tracing::info!(%shard, token, "claimed to split it");
+                } else {
+                    self.waiting.insert(shard.clone());
                 }
-                let task = (!splitting).then(|| {
-                    let log = SharedLog::new(self.etcd.clone(), &self.keys, &shard, token);
-                    tracing::info!(%shard, token, "claimed; recovering from its log");
-                    let log = LogPlace::Shared(Arc::new(log));
-                    let run =
-                        launcher.launch(&shard.materialization, vec![(shard.range, log)], stopped);
-                    // Its end wakes the member, which hands the shard over at once.
-                    let ended = self.wake.notifier();
-                    tokio::spawn(async move {
-                        let outcome = run.await;
-                        ended.notify_one();
-                        outcome
-                    })
-                });
-                let stopping = splitting.then_some(Stopping::Split);
                 self.held.insert(
                     shard,
                     Running {
                         token,
-                        stop,
-                        stopping,
-                        task,
+                        stopping: splitting.then_some(Stopping::Split),
+                        in_loop: None,
+                        alone: false,
                         published: None,
                         lagging_since: None,
                     },
@@ -505,67 +489,6 @@ impl Member {
             Action::Place { shard, to } => self.place(&shard, &to).await?,
         }
         Ok(())
-    }
-
-    fn stop(&mut self, shard: &ShardId, why: Stopping) {
-        if let Some(running) = self.held.get_mut(shard) {
-            tracing::info!(%shard, "{}", match why {
-                Stopping::Release => "another member should run it: finishing the transaction in progress, then handing it over",
-                Stopping::Split => "asked to split: finishing the transaction in progress, then splitting",
-                Stopping::Drop => "its assignment is no longer this member's: stopping",
-            });
-            running.stopping = Some(why);
-            running.stop.send_replace(true);
-        }
-    }
-
-    /// Ends the shards whose loops have returned: hands them over, splits them, or
-    /// forgets them. A loop that failed on its own is released and declined for a
-    /// while ([`Member::decline`]); the member's other shards run on.
-    async fn reap(&mut self) {
-        let done: Vec<ShardId> = self
-            .held
-            .iter()
-            .filter(|(_, r)| r.task.as_ref().is_none_or(JoinHandle::is_finished))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for shard in done {
-            let running = self.held.remove(&shard).expect("listed above");
-            if !self
-                .held
-                .keys()
-                .any(|s| s.materialization == shard.materialization)
-            {
-                self.standbys.resume_for(&shard.materialization);
-            }
-            let result = match running.task {
-                Some(task) => match task.await {
-                    Ok((summary, result)) => {
-                        self.add(&shard, &summary);
-                        result
-                    }
-                    Err(join) => Err(RunError::Internal(format!("the shard's task: {join}"))),
-                },
-                None => Ok(()),
-            };
-            match (running.stopping, result) {
-                (Some(Stopping::Drop), result) => {
-                    if let Err(e) = result {
-                        tracing::info!(%shard, "stopped: {e}");
-                    }
-                }
-                (Some(Stopping::Split), Ok(())) => {
-                    if let Err(e) = self.split(&shard, running.token).await {
-                        tracing::warn!(%shard, "splitting: {e}; the next holder splits it");
-                        self.hand_over(&shard, running.token).await;
-                    }
-                }
-                (Some(Stopping::Release) | None, Ok(())) => {
-                    self.hand_over(&shard, running.token).await;
-                }
-                (_, Err(source)) => self.decline(&shard, running.token, &source).await,
-            }
-        }
     }
 
     /// `shard`'s loop failed here with `why` (after its own retries): releases its
@@ -702,7 +625,9 @@ impl Member {
         }
     }
 
-    fn add(&mut self, shard: &ShardId, s: &Summary) {
-        (self.summaries.entry(shard.to_string()).or_default()).merge(s);
+    /// Adds what the loop `label` (`loops::Loop::label`) committed to what the member
+    /// reports as it leaves.
+    fn add(&mut self, label: &str, s: &Summary) {
+        (self.summaries.entry(label.to_string()).or_default()).merge(s);
     }
 }

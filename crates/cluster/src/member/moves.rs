@@ -12,12 +12,17 @@ use std::time::{Duration, Instant};
 
 impl Member {
     /// Moves `shard`, held here, to member `to` by load ([`crate::balance`]): writes its
-    /// placement, and both members' cooldowns with a lease of `cluster.balance_interval`,
-    /// while this member's claim is current and neither member is cooling down. The
-    /// next look releases it, as for any shard another member owns.
+    /// placement with `to`'s own lease, so that it ends when `to` leaves, and both
+    /// members' cooldowns with a lease of `cluster.balance_interval`, while this
+    /// member's claim is current, `to` is still the member whose key was read (the same
+    /// lease), and neither member is cooling down. The next look releases it, as for
+    /// any shard another member owns.
     pub(super) async fn place(&self, shard: &ShardId, to: &str) -> Result<(), ClusterError> {
         let Some(running) = self.held.get(shard) else {
             return Ok(());
+        };
+        let Some(target) = self.etcd.get(&self.keys.member(to)).await? else {
+            return Ok(()); // It left since the view: the next view plans without it.
         };
         let interval = self.balance_interval.max(Duration::from_secs(1));
         let cooldown = self.etcd.grant(interval).await?;
@@ -28,13 +33,14 @@ impl Member {
         };
         let when = vec![
             Cond::ModRevision(self.keys.assignment(shard), running.token),
+            Cond::ModRevision(self.keys.member(to), target.mod_revision),
             Cond::Absent(self.keys.cooldown(&self.me)),
             Cond::Absent(self.keys.cooldown(to)),
         ];
         let put = Op::Put {
             key: self.keys.placement(shard),
             value: to.as_bytes().to_vec(),
-            lease: 0,
+            lease: target.lease,
         };
         let placed = self
             .etcd

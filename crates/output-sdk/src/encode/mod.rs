@@ -26,6 +26,7 @@ use serde_json::Value;
 use sluice_driver_sdk::flow::{self, materialization_spec::Binding};
 use sluice_sink_sdk::arrow::ColumnKind;
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// How a binding's changes are encoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -196,24 +197,34 @@ pub fn encoder(encoding: &Encoding, fields: Fields) -> Result<Box<dyn Encoder>> 
 }
 
 /// A message of a batch: its transaction, its index within the transaction's batch,
-/// its document's key hash, its key and its value.
+/// its document's packed key, its key and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Message<'a> {
     pub txn: u64,
     pub index: u64,
-    /// The key hash of the document it is a change of: [`sluice_doc::key_hash`] of the
-    /// packed key, the hash the runtime routes documents and ranges shards by (what a
-    /// key-range partitioner places it by). 0 for messages pushed with no change begun.
-    pub key_hash: u32,
+    /// The key of the document it is a change of, packed as the runtime packs keys;
+    /// empty for messages pushed with no change begun.
+    pub packed_key: &'a [u8],
     pub key: &'a [u8],
     pub value: &'a [u8],
 }
 
-#[derive(Debug, Clone, Copy)]
+impl Message<'_> {
+    /// The key hash of the document it is a change of: [`sluice_doc::key_hash`] of the
+    /// packed key, the hash the runtime routes documents and ranges shards by (what a
+    /// key-range partitioner places it by). Hashed at each call, as only such a
+    /// partitioner asks: the other outputs do not pay for it.
+    pub fn key_hash(&self) -> u32 {
+        sluice_doc::key_hash(self.packed_key)
+    }
+}
+
+#[derive(Debug, Clone)]
 struct Span {
     key_end: usize,
     value_end: usize,
-    key_hash: u32,
+    /// Its change's packed key in [`Buffer::packed_keys`].
+    packed_key: Range<usize>,
 }
 
 /// Encoded messages of one transaction's batch, numbered from 0 across the pushes of
@@ -225,8 +236,10 @@ pub struct Buffer {
     spans: Vec<Span>,
     /// The index of the first message held.
     first_index: u64,
-    /// The key hash of the change being encoded ([`Buffer::begin_change`]).
-    key_hash: u32,
+    /// The packed keys of the changes of the messages held, back to back, and of the
+    /// change being encoded ([`Buffer::begin_change`]), at `change`.
+    packed_keys: Vec<u8>,
+    change: Range<usize>,
 }
 
 impl Buffer {
@@ -236,14 +249,19 @@ impl Buffer {
         self.data.clear();
         self.spans.clear();
         self.first_index = 0;
-        self.key_hash = 0;
+        self.packed_keys.clear();
+        self.change = 0..0;
     }
 
     /// Begins the change of the document whose key is packed as `packed_key` (the
-    /// runtime's packing): the messages pushed until the next change carry its key hash.
-    /// Hashed once per change, whatever number of messages its format makes of it.
+    /// runtime's packing): the messages pushed until the next change carry it. Kept
+    /// once per change, whatever number of messages its format makes of it.
     pub fn begin_change(&mut self, packed_key: &[u8]) {
-        self.key_hash = sluice_doc::key_hash(packed_key);
+        // The key of a change that made no message is not kept.
+        let used = self.spans.last().map_or(0, |span| span.packed_key.end);
+        self.packed_keys.truncate(used);
+        self.packed_keys.extend_from_slice(packed_key);
+        self.change = used..self.packed_keys.len();
     }
 
     /// Appends a message of the change begun last.
@@ -254,7 +272,7 @@ impl Buffer {
         self.spans.push(Span {
             key_end,
             value_end: self.data.len(),
-            key_hash: self.key_hash,
+            packed_key: self.change.clone(),
         });
     }
 
@@ -282,7 +300,7 @@ impl Buffer {
             let message = Message {
                 txn: self.txn,
                 index: self.first_index + i as u64,
-                key_hash: span.key_hash,
+                packed_key: &self.packed_keys[span.packed_key.clone()],
                 key: &self.data[start..span.key_end],
                 value: &self.data[span.key_end..span.value_end],
             };
@@ -291,11 +309,14 @@ impl Buffer {
         })
     }
 
-    /// Forgets the messages held (they were pushed); numbering goes on.
+    /// Forgets the messages held (they were pushed); numbering goes on, as does the
+    /// change being encoded.
     pub fn pushed(&mut self) {
         self.first_index += self.spans.len() as u64;
         self.data.clear();
         self.spans.clear();
+        self.packed_keys.drain(..self.change.start);
+        self.change = 0..self.packed_keys.len();
     }
 }
 
@@ -316,7 +337,7 @@ mod tests {
             Message {
                 txn: 7,
                 index: 0,
-                key_hash: sluice_doc::key_hash(b"packed"),
+                packed_key: b"packed",
                 key: b"k1",
                 value: b"v1"
             }
@@ -326,21 +347,29 @@ mod tests {
             Message {
                 txn: 7,
                 index: 1,
-                key_hash: sluice_doc::key_hash(b"packed"),
+                packed_key: b"packed",
                 key: b"",
                 value: b"v2"
             }
         );
+        assert_eq!(got[0].key_hash(), sluice_doc::key_hash(b"packed"));
         buffer.pushed();
         assert!(buffer.is_empty());
         buffer.push(b"k3", b"v3");
-        assert_eq!(buffer.messages().next().unwrap().index, 2);
+        let third = buffer.messages().next().unwrap();
+        assert_eq!((third.index, third.packed_key), (2, &b"packed"[..]));
+        // A change without messages, then one with.
+        buffer.begin_change(b"none");
+        buffer.begin_change(b"next");
+        buffer.push(b"k4", b"v4");
+        let keys: Vec<&[u8]> = buffer.messages().map(|m| m.packed_key).collect();
+        assert_eq!(keys, [&b"packed"[..], b"next"]);
         buffer.start(8);
         buffer.push(b"k", b"v");
         let first = buffer.messages().next().unwrap();
         assert_eq!(
-            (first.index, first.key_hash),
-            (0, 0),
+            (first.index, first.packed_key),
+            (0, &b""[..]),
             "a new batch, no change begun"
         );
         assert_eq!(buffer.txn(), 8);

@@ -4,7 +4,8 @@
 //!   `(murmur2(key) & 0x7fffffff) % partitions`, so that a key lands where a Java (or
 //!   librdkafka `murmur2_random`) producer would put it.
 //! - `key_range`: partition `h·n >> 32` of `n` for the key hash `h` of the message's
-//!   document (the runtime's, [`Message::key_hash`]), the slices a Kafka source
+//!   document (the runtime's, [`Message::key_hash`], hashed here from its packed key:
+//!   only this partitioner needs it), the slices a Kafka source
 //!   `partitioned_by: key_range` reads ([`sluice_kafka_client::key_range`]), so that a
 //!   downstream cluster's shards each read only their part of the topic.
 //!
@@ -35,7 +36,7 @@ impl Partitioner {
             Partitioner::Murmur2 => partition_of(message.key, partitions),
             Partitioner::KeyRange => {
                 let partitions = u32::try_from(partitions).expect("a topic's i32 partition count");
-                partition_of_hash(message.key_hash, partitions) as usize
+                partition_of_hash(message.key_hash(), partitions) as usize
             }
         }
     }
@@ -120,22 +121,25 @@ mod tests {
 
     #[test]
     fn each_partitioner_reads_its_own_part_of_the_message() {
-        let message = |key: &'static [u8], key_hash| Message {
+        let message = |key: &'static [u8], packed_key| Message {
             txn: 1,
             index: 0,
-            key_hash,
+            packed_key,
             key,
             value: b"",
         };
-        // key_range: the hash's slice, whatever the message key.
-        let quarter = 1u32 << 30;
-        for (hash, partition) in [(0, 0), (quarter - 1, 0), (quarter, 1), (u32::MAX, 3)] {
-            let p = Partitioner::KeyRange.partition(&message(b"k", hash), 4);
-            assert_eq!(p, partition, "hash {hash:#x}");
+        let packed: Vec<Vec<u8>> = (0..64)
+            .map(|i| format!("packed {i}").into_bytes())
+            .collect();
+        // key_range: the slice of the packed key's hash, whatever the message key.
+        for packed_key in &packed {
+            let hash = sluice_doc::key_hash(packed_key);
+            let p = Partitioner::KeyRange.partition(&message(b"k", packed_key), 4);
+            assert_eq!(p, (hash >> 30) as usize, "hash {hash:#x}");
         }
-        // murmur2: the key's, whatever the hash.
-        for hash in [0, quarter, u32::MAX] {
-            let p = Partitioner::Murmur2.partition(&message(b"abc", hash), 7);
+        // murmur2: the key's, whatever the packed key.
+        for packed_key in &packed {
+            let p = Partitioner::Murmur2.partition(&message(b"abc", packed_key), 7);
             assert_eq!(p, partition_of(b"abc", 7));
         }
     }

@@ -108,7 +108,7 @@ mod tests {
         let message = Message {
             txn: 42,
             index: 7,
-            key_hash: 0,
+            packed_key: b"",
             key: b"{\"id\":1}",
             value: b"{\"insert\":{}}",
         };
@@ -158,7 +158,7 @@ mod tests {
             &Message {
                 txn: 1,
                 index: 0,
-                key_hash: 0,
+                packed_key: b"",
                 key: b"",
                 value: b"",
             },

@@ -112,7 +112,7 @@ fn stamped(txn: u64, index: u64, key: &[u8], materialization: &str) -> rskafka::
     let message = Message {
         txn,
         index,
-        key_hash: 0,
+        packed_key: b"",
         key,
         value: b"{}",
     };

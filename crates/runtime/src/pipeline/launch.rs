@@ -219,7 +219,7 @@ impl Launcher {
     }
 
     /// The loop of materialization `materialization`'s shards over `ranges` (in key
-    /// order, contiguous; each with its log), one reader shared by them all, reopened
+    /// order, disjoint; each with its log), one reader shared by them all, reopened
     /// after retryable failures until its sources end, it fails, or `shutdown` (after
     /// the transaction in progress). Resolves to what it committed.
     ///
@@ -234,6 +234,9 @@ impl Launcher {
         let t = &self.templates[materialization];
         let (first, last) = (ranges[0].0, ranges[ranges.len() - 1].0);
         let count = ranges.len();
+        let ids: Vec<String> = ranges.iter().map(|(range, _)| range.id()).collect();
+        let contiguous =
+            (ranges.windows(2)).all(|w| w[0].0.key_end.checked_add(1) == Some(w[1].0.key_begin));
         let shards = ranges
             .into_iter()
             .map(|(range, log)| {
@@ -276,15 +279,21 @@ impl Launcher {
             shutdown,
         };
         // Every line logged by this group's work, its retries included, carries its
-        // materialization and range.
-        let range = config::ShardDef {
-            key_begin: first.key_begin,
-            key_end: last.key_end,
+        // materialization and range (the ranges of a cluster member's shards need not
+        // touch: each is named).
+        let range = if contiguous {
+            config::ShardDef {
+                key_begin: first.key_begin,
+                key_end: last.key_end,
+            }
+            .id()
+        } else {
+            ids.join(",")
         };
         let span = tracing::info_span!(
             "materialization",
             materialization = %materialization,
-            shard = %range.id(),
+            shard = %range,
             shards = count,
         );
         async move {
@@ -319,18 +328,17 @@ struct SourceFeed {
 }
 
 impl SourceFeed {
-    /// Opens the source for the shards of key hashes `range`, reporting its connection
-    /// to `health`.
+    /// Opens the source for the shards of key hashes `ranges` (in key order),
+    /// reporting its connection to `health`.
     fn open(
         &self,
-        range: config::ShardDef,
+        ranges: &[config::ShardDef],
         health: &Health,
     ) -> Result<Box<dyn Source>, SourceError> {
         let shard_keys = crate::intake::shard_keys(
             self.def.envelope,
             self.collection.clone(),
-            range.key_begin,
-            range.key_end,
+            ranges.iter().map(|r| (r.key_begin, r.key_end)),
         );
         self.def.config.open(&sluice_source_sdk::Opening {
             shard_keys: Some(&shard_keys),
@@ -428,15 +436,17 @@ impl Attempt {
         // One reader for every shard: its sources report their connection in the
         // first shard's metrics.
         let first = &self.shards[0].metrics;
-        // The reader's key hashes: its shards' ranges, contiguous.
-        let range = config::ShardDef {
-            key_begin: self.shards[0].shard.open.key_begin,
-            key_end: self.shards[self.shards.len() - 1].shard.open.key_end,
-        };
+        // The reader's key hashes: its shards' ranges.
+        let ranges: Vec<config::ShardDef> = (self.shards.iter())
+            .map(|s| config::ShardDef {
+                key_begin: s.shard.open.key_begin,
+                key_end: s.shard.open.key_end,
+            })
+            .collect();
         let mut sources = Vec::with_capacity(self.feeds.len());
         for (feed, metrics) in self.feeds.iter().zip(&first.sources) {
             let source = feed
-                .open(range, &metrics.health)
+                .open(&ranges, &metrics.health)
                 .map_err(RunError::Source)?;
             sources.push(BoundSource {
                 source,

@@ -227,6 +227,36 @@ impl Durables {
     }
 }
 
+/// Splits shards into groups that one reader each can resume (each accepted by
+/// [`plan_group`]), from what their logs hold (`recovered`, each shard's last commit,
+/// `None` before its first, and its interrupted transaction): each shard, in order,
+/// joins the first group it can share a reader with, else starts one. Returns each
+/// group's indices into `recovered`, in order. A cluster member runs the shards it
+/// holds of one materialization as these groups: shards that came to it together
+/// (from one group, or halves of one split) read once; one that comes from elsewhere,
+/// at its own position, reads on its own.
+pub fn shared_reads(recovered: &[(Option<Checkpoint>, Option<Intent>)]) -> Vec<Vec<usize>> {
+    let none = Checkpoint::default();
+    let entry = |i: usize| {
+        let (cp, intent) = &recovered[i];
+        (cp.as_ref().unwrap_or(&none), intent.as_ref())
+    };
+    // Names only serve plan_group's error, not looked at here.
+    let names = vec![String::new(); recovered.len()];
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for i in 0..recovered.len() {
+        let joins = groups.iter_mut().find(|group| {
+            let with: Vec<_> = group.iter().chain([&i]).map(|&j| entry(j)).collect();
+            plan_group(&with, &names[..with.len()]).is_ok()
+        });
+        match joins {
+            Some(group) => group.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +305,25 @@ mod tests {
         );
         let none = plan_group(&[(&a, None), (&b, None)], &names(2)).unwrap();
         assert_eq!(none.replay, None);
+    }
+
+    #[test]
+    fn shards_share_a_read_only_with_those_whose_logs_one_reader_resumes() {
+        let (at4, at4_too, at7) = (cp(4, 40), cp(4, 40), cp(7, 70));
+        let recovered = [
+            (Some(at4), None),
+            (Some(at7.clone()), None),
+            (Some(at4_too), Some(intent(5, 50))),
+            (None, None),
+            (None, None),
+            (Some(at7), None),
+        ];
+        // The two at 4 (one interrupted in 5), the two at 7, the two never committed.
+        assert_eq!(
+            shared_reads(&recovered),
+            [vec![0, 2], vec![1, 5], vec![3, 4]]
+        );
+        assert_eq!(shared_reads(&[]), Vec::<Vec<usize>>::new());
     }
 
     #[test]

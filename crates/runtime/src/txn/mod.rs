@@ -59,6 +59,7 @@ mod progress;
 pub use crate::types::{Binding, Collection, RunError, Shard, Summary};
 pub use backfill::shared_source;
 use committer::{Beside, Committer};
+pub use group::shared_reads;
 pub use progress::{LivePhase, Progress, Remaining};
 pub(crate) use timed::bounded;
 mod read;
@@ -142,7 +143,8 @@ impl SourceFailure for DeadLetterError {
 /// Everything one run of the loop takes: one group of a materialization's shards, which
 /// share one reader of its sources ([`group`]).
 pub struct Context {
-    /// The group's shards, in key order, their ranges contiguous.
+    /// The group's shards, in key order, their ranges disjoint (a process's local shards
+    /// cover one range; a cluster member's shards of one materialization need not touch).
     pub shards: Vec<ShardContext>,
     pub endpoint: Arc<dyn Endpoint>,
     /// The store keeps the runtime checkpoint in its own transactions (an

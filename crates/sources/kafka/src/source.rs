@@ -25,7 +25,8 @@
 //!
 //! - Every document read is checked against that partitioner: its key hash (as the
 //!   runtime routes it) must be in its partition's slice, else the source fails naming
-//!   the partition, offset and message key. A document of another partition's slice
+//!   the partition, offset and message key. The hash goes on with the record
+//!   (`Records::set_key_hash`): the runtime routes by it rather than hash it again. A document of another partition's slice
 //!   would be routed to a shard that does not read its partition, and be lost.
 //! - A position records the partition count it was read over (`partitions`); another
 //!   count now (the topic grew, or was recreated) fails: the slices moved.
@@ -196,7 +197,8 @@ impl KafkaSource {
             }
             return Ok(match &self.shard_keys {
                 None => partitions.clone(),
-                Some(keys) => key_range::overlapping(keys.begin, keys.end, count)
+                Some(keys) => (keys.ranges().iter())
+                    .flat_map(|&(begin, end)| key_range::overlapping(begin, end, count))
                     .map(|p| p as i32)
                     .filter(|p| partitions.contains(p))
                     .collect(),
@@ -323,6 +325,8 @@ impl KafkaSource {
         };
         let holder = key_range::partition_of_hash(hash, count);
         if holder == partition as u32 {
+            // Routed by it: the runtime does not read the key again.
+            out.set_key_hash(before, hash);
             return Ok(());
         }
         let slice = key_range::slice(holder, count);

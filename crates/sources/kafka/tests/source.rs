@@ -542,11 +542,11 @@ async fn a_broker_that_cannot_be_reached_is_told_to_health_while_the_call_retrie
     );
 }
 
-/// The shards of key hashes `[begin, end]`, reading the key hash of `{"p": p, "i": i}`
-/// as the `i`-th hash of partition `p`'s slice of `partitions`: where the key-range
-/// partitioner puts what `Topic::produce` writes to partition `p`.
-fn shard_keys(begin: u32, end: u32, partitions: u32) -> ShardKeys {
-    ShardKeys::new(begin, end, move |text| {
+/// The shards of key hashes `ranges` (`[begin, end]` each), reading the key hash of
+/// `{"p": p, "i": i}` as the `i`-th hash of partition `p`'s slice of `partitions`: where
+/// the key-range partitioner puts what `Topic::produce` writes to partition `p`.
+fn shard_keys(ranges: &[(u32, u32)], partitions: u32) -> ShardKeys {
+    ShardKeys::new(ranges.to_vec(), move |text| {
         let doc: Value = serde_json::from_slice(text).ok()?;
         let (p, i) = (doc["p"].as_u64()?, doc["i"].as_u64()?);
         Some(key_range::slice(p as u32, partitions).start() + i as u32)
@@ -575,7 +575,7 @@ async fn shards_read_only_their_partitions_and_a_half_reads_on_from_its_parents_
         topic.produce(p, 0..10, 4).await;
     }
     // The lower half of the key hashes: partitions 0 and 1 of 4.
-    let mut low = partitioned(&topic, shard_keys(0, 0x7fff_ffff, 4));
+    let mut low = partitioned(&topic, shard_keys(&[(0, 0x7fff_ffff)], 4));
     let steps = read_to_end(&mut low, ALL).await.unwrap();
     assert_eq!(sorted(docs_of(&steps)), docs_in(&[0, 1], 0..10));
     let at = serde_json::from_value::<KafkaPosition>(position(&steps.last().unwrap().1).clone())
@@ -589,14 +589,14 @@ async fn shards_read_only_their_partitions_and_a_half_reads_on_from_its_parents_
 
     // The whole range, then its upper half from there (a split's half, copying its
     // parent's log): the parent's offsets of partitions 2 and 3, and only those.
-    let mut parent = partitioned(&topic, shard_keys(0, u32::MAX, 4));
+    let mut parent = partitioned(&topic, shard_keys(&[(0, u32::MAX)], 4));
     let steps = read_to_end(&mut parent, ALL).await.unwrap();
     assert_eq!(sorted(docs_of(&steps)), docs_in(&[0, 1, 2, 3], 0..10));
     let parents = position(&steps.last().unwrap().1).clone();
     for p in 0..4 {
         topic.produce(p, 10..15, 4).await;
     }
-    let mut high = partitioned(&topic, shard_keys(0x8000_0000, u32::MAX, 4));
+    let mut high = partitioned(&topic, shard_keys(&[(0x8000_0000, u32::MAX)], 4));
     high.seek(&parents).await.unwrap();
     let steps = read_to_end(&mut high, ALL).await.unwrap();
     assert_eq!(sorted(docs_of(&steps)), docs_in(&[2, 3], 10..15));
@@ -612,6 +612,23 @@ async fn shards_read_only_their_partitions_and_a_half_reads_on_from_its_parents_
 }
 
 #[tokio::test]
+async fn shards_of_ranges_apart_read_only_the_partitions_of_each() {
+    // A cluster member's shards of one materialization share one read, their ranges
+    // need not touch: here partitions 0 and 2 of 4, not 1 between them.
+    let topic = Topic::new("ranges-apart", 4).await;
+    for p in 0..4 {
+        topic.produce(p, 0..10, 4).await;
+    }
+    let ranges = [(0, 0x3fff_ffff), (0x8000_0000, 0xbfff_ffff)];
+    let mut source = partitioned(&topic, shard_keys(&ranges, 4));
+    let steps = read_to_end(&mut source, ALL).await.unwrap();
+    assert_eq!(sorted(docs_of(&steps)), docs_in(&[0, 2], 0..10));
+    let at = serde_json::from_value::<KafkaPosition>(position(&steps.last().unwrap().1).clone())
+        .unwrap();
+    assert_eq!(at.next, [(0, 10), (2, 10)].into());
+}
+
+#[tokio::test]
 async fn a_message_outside_its_partitions_key_range_fails_naming_partition_offset_and_key() {
     let topic = Topic::new("misplaced", 2).await;
     topic.produce(0, 0..3, 3).await;
@@ -621,7 +638,7 @@ async fn a_message_outside_its_partitions_key_range_fails_naming_partition_offse
         .admin
         .produce(&topic.name, 0, [(Some(b"u7".to_vec()), misplaced)]);
     assert_eq!(produced.await.unwrap(), [3]);
-    let mut source = partitioned(&topic, shard_keys(0, u32::MAX, 2));
+    let mut source = partitioned(&topic, shard_keys(&[(0, u32::MAX)], 2));
     let err = read_to_end(&mut source, ALL).await.unwrap_err();
     assert!(matches!(err, SourceError::Config { .. }), "{err}");
     assert!(!err.is_retryable());
@@ -636,7 +653,7 @@ async fn a_message_outside_its_partitions_key_range_fails_naming_partition_offse
 #[tokio::test]
 async fn a_position_over_another_partition_count_is_refused() {
     let topic = Topic::new("recounted", 4).await;
-    let mut source = partitioned(&topic, shard_keys(0, u32::MAX, 4));
+    let mut source = partitioned(&topic, shard_keys(&[(0, u32::MAX)], 4));
     source
         .seek(&json!({"next": {"0": 0, "1": 0}, "read": {}, "partitions": 2}))
         .await

@@ -6,18 +6,20 @@
 //!  decided descriptor        ─▶ its generation adopted; applied (unless the committer did)
 //!  a table behind the log    ─▶ refused: the table rolled back, or recreated, losing
 //!                               transactions the log committed to it
-//!  a table ahead of the log  ─▶ refused: a log restored from an older backup, or an
-//!                               upsert view of another run (the operator chooses)
+//!  a table ahead of the log  ─▶ refused: a log restored from an older backup, or the
+//!                               view (upsert) or change log of another run: a log
+//!                               removed, a cluster's etcd keys deleted (the operator
+//!                               chooses)
 //!  the upsert index          ─▶ brought to the tables
 //!  our staging folders       ─▶ files no snapshot and no decided epoch holds, removed
 //! ```
 
 use super::detached::{intent_prefixes, remove_staging};
 use super::{IcebergSink, Result, load_optional};
-use crate::commit::{self, Descriptor, Generation, epoch_folder};
+use crate::commit::{self, Descriptor, Generation, Owner, epoch_folder};
 use iceberg::Catalog;
 use sluice_sink_sdk::{Recovery, SinkError};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 impl IcebergSink {
     /// `EpochSink::recover`: undecided staging removed, the generation taken from the
@@ -97,11 +99,9 @@ impl IcebergSink {
     ///   decided (`decided`): the log was restored from an older backup, so its
     ///   transactions after that would be read and numbered again, and skipped or
     ///   counted twice where their boundaries differ from the first time's;
-    /// - an upsert table whose last snapshot is this materialization's of another
-    ///   deployment or generation: the log (and the deployment id beside it) was
-    ///   removed or replaced, or another copy of the pipeline writes the table, so input
-    ///   would be reduced onto the rows that run left (which Load answers) once more.
-    ///   A change log is safe there (its generations tell its runs apart).
+    /// - a table whose last snapshot is this materialization's of another run
+    ///   ([`another_run`]): an upsert table's of another deployment or generation, a
+    ///   change log's of another deployment.
     ///
     /// Either way the operator chooses: restore the newest log, or drop the table.
     async fn refuse_tables_ahead_of_the_log(&self, decided: Option<u64>) -> Result<()> {
@@ -127,32 +127,15 @@ impl IcebergSink {
                     decided.map_or("no epoch".to_string(), |d| format!("epochs up to {d} only")),
                 )));
             }
-            if !self.upsert.is_upsert(binding) {
-                continue;
-            }
             let Some(last) = table.metadata().current_snapshot() else {
                 continue;
             };
+            let upsert = self.upsert.is_upsert(binding);
             let summary = &last.summary().additional_properties;
-            let stamped = summary.get(commit::SUMMARY_GENERATION);
-            let this_run = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment)
-                && generation.owns(stamped);
-            if summary.get(commit::SUMMARY_MATERIALIZATION) == Some(&owner.materialization)
-                && !this_run
-            {
+            if let Some(refusal) = another_run(summary, &owner, generation, upsert) {
                 return Err(SinkError::Config(format!(
-                    "Iceberg table {} (mode: upsert) holds the view of another run of \
-                     materialization {} (deployment {}, generation {}): its recovery log \
-                     was removed or replaced, or another copy of the pipeline writes the \
-                     table, so the input would be read again from the beginning and reduced \
-                     onto those rows, counting it twice. Drop the table and run `sluice \
-                     apply` to start over, or restore the recovery log",
-                    bound.ident,
-                    owner.materialization,
-                    summary
-                        .get(commit::SUMMARY_DEPLOYMENT)
-                        .map_or("?", String::as_str),
-                    stamped.map_or("from before generations", String::as_str),
+                    "Iceberg table {} {refusal}",
+                    bound.ident
                 )));
             }
         }
@@ -235,4 +218,46 @@ impl IcebergSink {
             .any(|t| prefix.starts_with(&format!("{}/", t.attempt_prefix)));
         remove_staging(catalog.storage(), &attempt, of_bound, prefix).await
     }
+}
+
+/// Why a table whose last snapshot's `summary` is this materialization's of another run
+/// than `owner`'s `generation` is refused, if it is:
+/// - an upsert table's of another deployment or generation: the recovery log (and the
+///   deployment id beside it, or a cluster's etcd keys) was removed or replaced, or
+///   another copy of the pipeline writes the table, so the input would be read again
+///   from the beginning and reduced onto the rows that run left (which Load answers);
+/// - a change log's of another deployment: the same loss, with the input appended
+///   again, every change twice. Another generation of this deployment is a recovery
+///   log folder removed on purpose (a start over, documented): its generation tells its
+///   rows apart, and it is taken.
+fn another_run(
+    summary: &HashMap<String, String>,
+    owner: &Owner,
+    generation: &Generation,
+    upsert: bool,
+) -> Option<String> {
+    if summary.get(commit::SUMMARY_MATERIALIZATION) != Some(&owner.materialization) {
+        return None;
+    }
+    let stamped = summary.get(commit::SUMMARY_GENERATION);
+    let same_deployment = summary.get(commit::SUMMARY_DEPLOYMENT) == Some(&owner.deployment);
+    let (what, twice) = match upsert {
+        true if same_deployment && generation.owns(stamped) => return None,
+        true => ("(mode: upsert) holds the view", "reduced onto those rows"),
+        false if same_deployment => return None,
+        false => ("holds the change log", "appended to it again"),
+    };
+    Some(format!(
+        "{what} of another run of materialization {} (deployment {}, generation {}): its \
+         recovery log was removed or replaced (with a cluster: its etcd keys were deleted, \
+         the shard's log and the deployment id with them), or another copy of the pipeline \
+         writes the table, so the input would be read again from the beginning and \
+         {twice}, counting it twice. Drop the table and run `sluice apply` to start over, \
+         or restore the recovery log (with a cluster: its etcd keys)",
+        owner.materialization,
+        summary
+            .get(commit::SUMMARY_DEPLOYMENT)
+            .map_or("?", String::as_str),
+        stamped.map_or("from before generations", String::as_str),
+    ))
 }

@@ -97,7 +97,7 @@ const PARALLEL_MIN: usize = 512;
 /// What one group's reader serves: its shards, and what they share.
 pub(super) struct ReaderGroup {
     pub bindings: Arc<Vec<Binding>>,
-    /// Each shard's key range, in key order, contiguous.
+    /// Each shard's key range, in key order, disjoint.
     pub ranges: Vec<KeyRange>,
     /// Each shard's metrics (a source's steps and lag are shown in every shard's).
     pub metrics: Vec<Arc<ShardMetrics>>,
@@ -358,7 +358,7 @@ struct Reader {
     bindings: Arc<Vec<Binding>>,
     /// Per source (the run's order): how its records are combined.
     feeds: Vec<Arc<Feed>>,
-    /// Each shard's key range, in key order, contiguous.
+    /// Each shard's key range, in key order, disjoint.
     ranges: Arc<[KeyRange]>,
     /// Which shard's part each record goes to: a router per thread.
     routers: Vec<Router>,

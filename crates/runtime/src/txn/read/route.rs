@@ -1,6 +1,9 @@
-//! Routing: which shard's part of a batch each record goes to, its key read from the
-//! text where `KeyScan` can, else from the parsed document (or from the document an
-//! envelope carries). A step's records are routed in slices, one per thread.
+//! Routing: which shard's part of a batch each record goes to, by its key hash: the one
+//! its source read already when it set one (a Kafka source `partitioned_by:
+//! key_range` reads it to check the record's partition, as `intake::shard_keys` reads
+//! it here), else read from the text where `KeyScan` can, else from the parsed document
+//! (or from the document an envelope carries). A step's records are routed in slices,
+//! one per thread.
 
 use super::super::BoundSource;
 use crate::envelope::{Envelope, Unwrapped};
@@ -13,7 +16,7 @@ use std::sync::Arc;
 
 /// Where each document goes: the shard of the group whose key range holds its key hash.
 pub(super) struct Router {
-    /// The shards' ranges, in key order, contiguous.
+    /// The shards' ranges, in key order, disjoint.
     ranges: Arc<[KeyRange]>,
     /// Per source (the run's order): how its documents' keys are read.
     keys: Vec<SourceKey>,
@@ -64,10 +67,39 @@ impl Router {
         }
     }
 
-    /// The part a record of source `source` goes to. A record whose key cannot be read
-    /// here (not JSON, no key, not its envelope) goes to the first part, whose combiner
-    /// reports what is wrong with it, as a shard's own would.
-    fn route(&mut self, source: usize, envelope: Envelope, doc: SharedDoc<'_>) -> Route {
+    /// The part a record of source `source` goes to, by the key hash its source set, if
+    /// any. A record whose key cannot be read here (not JSON, no key, not its envelope)
+    /// goes to the first part, whose combiner reports what is wrong with it, as a
+    /// shard's own would.
+    fn route(
+        &mut self,
+        source: usize,
+        envelope: Envelope,
+        doc: SharedDoc<'_>,
+        key_hash: Option<u32>,
+    ) -> Route {
+        let hash = match key_hash {
+            Some(hash) => hash,
+            None => match self.read_key_hash(source, envelope, doc) {
+                Some(hash) => hash,
+                None => return Route::Part(0),
+            },
+        };
+        let at = self.ranges.partition_point(|r| r.end < hash);
+        match self.ranges.get(at) {
+            Some(range) if range.begin <= hash => Route::Part(at),
+            _ => Route::Outside,
+        }
+    }
+
+    /// The key hash of a record of source `source`, read from its document; `None`
+    /// when it has no key to read here.
+    fn read_key_hash(
+        &mut self,
+        source: usize,
+        envelope: Envelope,
+        doc: SharedDoc<'_>,
+    ) -> Option<u32> {
         self.key.clear();
         let keys = &mut self.keys[source];
         let keyed = match (envelope, doc) {
@@ -82,15 +114,7 @@ impl Router {
                 ) && keys.pack_text(&self.unwrapped, &mut self.key)
             }
         };
-        if !keyed {
-            return Route::Part(0);
-        }
-        let hash = key_hash(&self.key);
-        let at = self.ranges.partition_point(|r| r.end < hash);
-        match self.ranges.get(at) {
-            Some(range) if range.begin <= hash => Route::Part(at),
-            _ => Route::Outside,
-        }
+        keyed.then(|| key_hash(&self.key))
     }
 }
 
@@ -137,7 +161,7 @@ impl Slice {
             if past(record.position, stop) {
                 break;
             }
-            match self.router.route(source, envelope, record.doc) {
+            match (self.router).route(source, envelope, record.doc, record.key_hash) {
                 Route::Part(part) => self.parts[part].push(ordinal),
                 Route::Outside => {
                     self.outside.0 += 1;
