@@ -439,6 +439,12 @@ mod tests {
         MEMBERS.into_iter().find(|m| *m != owner).unwrap()
     }
 
+    /// `member`'s plan over `view`, holding nothing, is to claim `shard`, unassigned.
+    fn assert_claims_unheld(member: &str, view: &View, shard: ShardId) {
+        let plan = plan_with_moves(member, view, &BTreeMap::new());
+        assert_eq!(plan, vec![Action::Claim { shard, over: None }], "{member}");
+    }
+
     #[test]
     fn a_placement_counts_only_on_the_lease_of_the_member_it_names() {
         let all = shards(4);
@@ -466,13 +472,7 @@ mod tests {
         let to = not_owner(&all[0]);
         let placed = read(&all, &[(&all[0], to, lease_of(to))]);
         assert_eq!(owner_of(&placed, &all[0]), Some(to));
-        assert_eq!(
-            plan_with_moves(to, &placed, &BTreeMap::new()),
-            vec![Action::Claim {
-                shard: all[0].clone(),
-                over: None
-            }]
-        );
+        assert_claims_unheld(to, &placed, all[0].clone());
         // `to` left before it claimed: etcd deleted its member key and every key on its
         // lease, the placement with them.
         let mut left = read(&all, &[]);
@@ -480,13 +480,7 @@ mod tests {
         left.leases.remove(to);
         let owner = owner(&left.members, &all[0]).unwrap().to_string();
         assert_eq!(owner_of(&left, &all[0]), Some(owner.as_str()));
-        assert_eq!(
-            plan_with_moves(&owner, &left, &BTreeMap::new()),
-            vec![Action::Claim {
-                shard: all[0].clone(),
-                over: None
-            }]
-        );
+        assert_claims_unheld(&owner, &left, all[0].clone());
     }
 
     #[test]
@@ -524,13 +518,7 @@ mod tests {
             .insert(to.into());
         let next = owner_of(&v, &all[0]).expect("an owner").to_string();
         assert_ne!(next, to);
-        assert_eq!(
-            plan_with_moves(&next, &v, &BTreeMap::new()),
-            vec![Action::Claim {
-                shard: all[0].clone(),
-                over: None
-            }]
-        );
+        assert_claims_unheld(&next, &v, all[0].clone());
         assert!(plan_with_moves(to, &v, &BTreeMap::new()).is_empty());
         // Held by the next owner while `to` declines: kept there.
         let state = v.shards.get_mut(&all[0]).unwrap();

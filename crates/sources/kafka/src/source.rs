@@ -25,9 +25,10 @@
 //!
 //! - Every document read is checked against that partitioner: its key hash (as the
 //!   runtime routes it) must be in its partition's slice, else the source fails naming
-//!   the partition, offset and message key. The hash goes on with the record
-//!   (`Records::set_key_hash`): the runtime routes by it rather than hash it again. A document of another partition's slice
-//!   would be routed to a shard that does not read its partition, and be lost.
+//!   the partition, offset and message key. A document of another partition's slice
+//!   would be routed to a shard that does not read its partition, and be lost. The
+//!   hash goes on with the record (`Records::set_key_hash`): the runtime routes by it
+//!   rather than hash it again.
 //! - A position records the partition count it was read over (`partitions`); another
 //!   count now (the topic grew, or was recreated) fails: the slices moved.
 //! - A position may name partitions this instance does not read (a split's halves
