@@ -540,7 +540,9 @@ async fn nats_baseline(url: &str, names: &Names) -> anyhow::Result<Published> {
         .map_err(Error::from_boxed)
         .with_context(|| format!("creating stream {} at {url}", names.baseline_stream))?;
     // The very messages Sluice published, headers included (`Nats-Msg-Id`, which the
-    // server checks against its duplicate window, and the `Sluice-*` stamp).
+    // server checks against its duplicate window, the `Sluice-*` stamp, and the fence's
+    // `Nats-Expected-Last-*`: each follows the one before it, as on a fresh stream of
+    // the subject alone, so the server does the same checking work for the baseline).
     let messages: Vec<_> = stored.into_iter().map(|m| (m.headers, m.payload)).collect();
     let (messages, bytes, sent) = (
         messages.len() as u64,

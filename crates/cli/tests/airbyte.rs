@@ -8,7 +8,7 @@
 //! - `sluice discover` on faker prints a pipeline that runs as printed;
 //! - a bad configuration shows the connector's own check message, naming the source.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{
     SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table, write_lines,

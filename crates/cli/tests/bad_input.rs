@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{Row, SLUICE, assert_success, pipeline_yaml, reduce_expected};
 

@@ -7,7 +7,7 @@
 //!
 //! Against the shared PostgreSQL server, with unique schema names.
 
-mod common;
+use crate::common;
 
 use common::{POSTGRES_URL, SLUICE, assert_success, free_address, pipeline_yaml, postgres_execute};
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@
 //! - so is a store that cannot fence a former holder (Redis, an external driver
 //!   declaring `non_transactional` or nothing).
 
-mod common;
+use crate::common;
 
 use common::{
     POSTGRES_URL, SLUICE, Schema, block_on, generate, pipeline_yaml, postgres_table,
@@ -427,7 +427,27 @@ fn a_part_that_keeps_state_on_one_machine_is_refused_naming_why() {
         "{err}"
     );
     assert!(
-        err.contains("keeps its view beside the local recovery log"),
+        err.contains("keeps its view beside the local recovery log")
+            && err.contains("`view: {url: postgres://…}`"),
+        "the refusal names the fix: {err}"
+    );
+}
+
+#[test]
+fn an_output_runs_in_a_cluster_with_its_view_in_postgresql_unless_its_destination_cannot_refuse_a_former_holder()
+ {
+    let view = format!("view: {{url: \"{POSTGRES_URL}\"}}");
+    for endpoint in [
+        format!("files: {{directory: out, {view}}}"),
+        format!("nats: {{url: \"nats://127.0.0.1:4222\", {view}}}"),
+    ] {
+        assert_eq!(check_under_cluster(&endpoint), Ok(()), "{endpoint}");
+    }
+    let err = check_under_cluster(&format!("kafka: {{brokers: \"127.0.0.1:9092\", {view}}}"))
+        .unwrap_err();
+    assert!(
+        err.contains("a kafka cannot run under `cluster:`")
+            && err.contains("Kafka has no conditional produce"),
         "{err}"
     );
 }

@@ -7,7 +7,7 @@
 //! halves (`max_shards: 3`), nothing more splits, and the table ends equal to the
 //! model.
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{PATIENCE, POSTGRES_URL, Row, Schema, pipeline_yaml, postgres_table};

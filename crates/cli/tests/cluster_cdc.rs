@@ -6,7 +6,7 @@
 //! three times; the store's table then equals the source table, and the slot holds back
 //! no WAL the holders committed (the last one confirmed it past every write).
 
-mod common;
+use crate::common;
 
 use common::cluster::items_cdc_pipeline;
 use common::{SLUICE, postgres_at, postgres_execute};

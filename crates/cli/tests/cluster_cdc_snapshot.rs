@@ -8,7 +8,7 @@
 //! Where a step does not fit, every holder fails "a record of N bytes is above the
 //! 1048576 bytes": the tests fail as soon as a member's log says so.
 
-mod common;
+use crate::common;
 
 use common::cluster::{Members, items_cdc_pipeline, store_items};
 use common::{PATIENCE, POSTGRES_URL, Schema, mysql_at, postgres_execute, wait_until};

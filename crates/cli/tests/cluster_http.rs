@@ -9,7 +9,7 @@
 //! retried after a post that got no answer included, and acknowledged bodies posted
 //! again with their key, most after a failover: the new holder knows the key).
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{

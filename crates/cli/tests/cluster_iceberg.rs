@@ -12,7 +12,7 @@
 //!
 //! Needs `python3` with `pyiceberg[sql-sqlite,pyarrow]` (`.ci/services` installs it).
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{

@@ -10,7 +10,7 @@
 //! machine). Needs `python3` with `pyiceberg[sql-sqlite,pyarrow]` (`.ci/services`
 //! installs it).
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{PATIENCE, block_on, generate, pipeline_yaml, reduce_expected, write_lines};

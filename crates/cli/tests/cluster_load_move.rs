@@ -17,7 +17,7 @@
 //! not name it); a kill that came too late (the claim won the race) is a plain
 //! failover: the member is started again and the next move is tried.
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{

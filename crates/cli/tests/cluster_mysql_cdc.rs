@@ -9,7 +9,7 @@
 //! the server when the new holder registers; resumed, it exits fenced), and the
 //! store's table then equals the source table.
 
-mod common;
+use crate::common;
 
 use common::cluster::{Members, items_cdc_pipeline, store_items};
 use common::{PATIENCE, POSTGRES_URL, Schema, mysql_at, signal, wait_until};

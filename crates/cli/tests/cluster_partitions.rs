@@ -12,7 +12,7 @@
 //!   message key) fails the run, naming the partition, offset and key of the first
 //!   misplaced message, rather than losing what no shard would read.
 
-mod common;
+use crate::common;
 
 use common::cluster::Members;
 use common::{

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use std::io::Write;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{POSTGRES_URL, SLUICE, assert_success, postgres};
 

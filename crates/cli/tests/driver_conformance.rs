@@ -4,7 +4,7 @@
 //! Flow's `current`): every built-in driver, each transport, each protocol. Each run
 //! must print `0 failed` and exit 0.
 
-mod common;
+use crate::common;
 
 use common::{MyDatabase, POSTGRES_URL, REDIS_URL, SLUICE, Schema, serve_driver};
 use std::process::Command;

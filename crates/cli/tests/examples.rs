@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{
     MYSQL_SERVER, MyDatabase, PythonProtocol, REDIS_URL, Row, SLUICE, assert_success, block_on,

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{
     PythonProtocol, SLUICE, free_address, generate, pipeline_yaml, reduce_expected, write_lines,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{PythonProtocol, SLUICE, pipeline_yaml, reduce_expected, start_python_driver};
 

@@ -12,7 +12,7 @@ use serde_json::Value;
 use sluice_http::client::Client;
 use std::process::{Command, Stdio};
 
-mod common;
+use crate::common;
 
 use common::{PATIENCE, SLUICE, free_address, sluice_status, user_ids_into_sqlite, wait_until};
 

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{SLUICE, generate, pipeline_yaml, reduce_expected, sqlite_table};
 

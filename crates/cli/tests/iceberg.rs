@@ -22,7 +22,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{
     Row, SLUICE, assert_success, copy_dir, generate, pipeline_yaml, reduce_expected, write_lines,

@@ -5,7 +5,7 @@
 //! (the combiners' four budgets, and the rest of the process). Memory, not time: no
 //! figure here is a duration.
 
-mod common;
+use crate::common;
 
 #[test]
 fn a_large_upsert_epoch_stays_within_its_memory_bound_and_is_exact() {

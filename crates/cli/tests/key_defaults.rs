@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{SLUICE, assert_success};
 

@@ -3,7 +3,7 @@
 //! checked for an exact table and a peak resident set far below what holding the
 //! loaded documents would take. Memory, not time: no figure here is a duration.
 
-mod common;
+use crate::common;
 
 #[test]
 fn loading_a_whole_table_stays_within_the_memory_budget_and_is_exact() {

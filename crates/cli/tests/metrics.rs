@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{SLUICE, generate, pipeline_yaml, write_lines};
 

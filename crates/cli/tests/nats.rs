@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::{
     SLUICE, assert_success, block_on, generate, pipeline_yaml, reduce_expected, sqlite_table,

@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
+use common::changes::{group, replay};
 use common::{Row, SLUICE, assert_success, block_on, generate, reduce_expected, write_lines};
 
 /// Documents per transaction: the pipeline closes transactions at exactly this many.
@@ -334,29 +335,6 @@ fn assert_batches(format: &str, batches: &[(u64, Vec<String>)], expected: &[Chan
     }
 }
 
-/// Groups messages stamped (txn, index) into batches, checking each batch's indexes
-/// run 0, 1, 2, … once each.
-fn group(messages: impl IntoIterator<Item = (u64, u64, String)>) -> Vec<(u64, Vec<String>)> {
-    let mut batches: Vec<(u64, Vec<String>)> = Vec::new();
-    for (txn, index, value) in messages {
-        if batches.last().is_none_or(|(t, _)| *t != txn) {
-            assert!(
-                batches.iter().all(|(t, _)| *t < txn),
-                "transaction {txn} out of order"
-            );
-            batches.push((txn, Vec::new()));
-        }
-        let lines = &mut batches.last_mut().unwrap().1;
-        assert_eq!(
-            index,
-            lines.len() as u64,
-            "transaction {txn}: index out of sequence"
-        );
-        lines.push(value.trim_end().to_string());
-    }
-    batches
-}
-
 /// A unique name for a test's stream, subject or topic.
 fn unique(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -450,40 +428,6 @@ fn kafka_topics_get_every_transactions_changes_once_in_order() {
 /// What a destination holds, per generation (`None`: written with no generation), oldest
 /// first: each generation's batches, (transaction, message values).
 type Generations = Vec<(Option<String>, Vec<(u64, Vec<String>)>)>;
-
-/// Applies a generation's `json` changes, in order, to a view that starts empty. A
-/// change that does not fit the view fails, naming it: an insert of a key the view
-/// holds (with no delete before it), a delete of a document the view does not hold.
-fn replay(batches: &[(u64, Vec<String>)]) -> BTreeMap<String, Row> {
-    let mut view = BTreeMap::new();
-    for (txn, lines) in batches {
-        for line in lines {
-            let record: Value = serde_json::from_str(line).unwrap();
-            match (record.get("insert"), record.get("delete")) {
-                (Some(doc), None) => {
-                    let user = doc["user_id"].as_str().unwrap().to_string();
-                    let held = view.insert(user.clone(), Row::of(doc));
-                    assert!(
-                        held.is_none(),
-                        "transaction {txn} inserts {line} but the view holds {user} \
-                         ({held:?}) and no delete came before it"
-                    );
-                }
-                (None, Some(doc)) => {
-                    let user = doc["user_id"].as_str().unwrap();
-                    let held = view.remove(user);
-                    assert_eq!(
-                        held,
-                        Some(Row::of(doc)),
-                        "transaction {txn} deletes {line}, which the view does not hold"
-                    );
-                }
-                _ => panic!("not an insert_delete record: {line}"),
-            }
-        }
-    }
-    view
-}
 
 /// Runs the reset scenario in `dir` (its `pipeline.yaml` written): a run, more input, a
 /// run, `sluice apply --delete`, a run, more input, a run. Returns the input of the

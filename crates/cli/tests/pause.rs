@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{
     PAGEVIEWS_COLLECTION, PATIENCE, SLUICE, free_address, generate, reduce_expected, sqlite_table,

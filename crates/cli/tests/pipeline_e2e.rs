@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{
     POSTGRES_URL, Row as Expected, SLUICE, assert_success, generate, pipeline_yaml,

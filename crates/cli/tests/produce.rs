@@ -17,7 +17,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-mod common;
+use crate::common;
 
 use common::{
     SLUICE, assert_success, block_on, generate, pipeline_yaml, reduce_expected, sqlite_table,

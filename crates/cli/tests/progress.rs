@@ -4,7 +4,7 @@
 //! a pseudo-terminal, as a user's shell would). Without one (pipes, as a log file or a
 //! service manager gives), it logs a progress line every `--progress-interval`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

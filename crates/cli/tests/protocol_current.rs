@@ -9,7 +9,7 @@
 //! no dry run (the endpoint answers one itself, saying it could not describe it:
 //! `current::endpoint::DRY_RUN`), so `driver test --protocol current` claims none.
 
-mod common;
+use crate::common;
 
 use common::{
     Row, SLUICE, pipeline_yaml, reduce_expected, serve_driver, sqlite_table, write_lines,

@@ -14,7 +14,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{
     POSTGRES_URL, REDIS_URL, SLUICE, Schema, assert_success, generate, pipeline_yaml,

@@ -2,7 +2,7 @@
 //! source's token, a NATS password or NKey seed, a Kafka SASL password) never appear, and JSON log lines carry the materialization, shard and
 //! transaction of the work they describe.
 
-mod common;
+use crate::common;
 
 use common::SLUICE;
 use serde_json::Value;

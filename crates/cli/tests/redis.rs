@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 use common::{
     REDIS_URL as URL, Row, SLUICE, assert_success, generate, pipeline_yaml, redis, redis_keys,

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use std::io::Write;
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 use common::{SLUICE, assert_success};
 

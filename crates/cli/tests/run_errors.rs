@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-mod common;
+use crate::common;
 
 use common::{Row, SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, write_lines};
 

@@ -4,7 +4,7 @@
 //! shard over every key writes; run at once into one PostgreSQL table, they end exact,
 //! also when each is SIGKILLed again and again and restarted.
 
-mod common;
+use crate::common;
 
 use common::{
     POSTGRES_URL, Row, SLUICE, Schema, assert_success, generate, pipeline_yaml, postgres_table,

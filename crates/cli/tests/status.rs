@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::{
     PATIENCE, SLUICE, free_address, generate, pipeline_yaml, sluice_status, user_ids_into_sqlite,

@@ -1,7 +1,7 @@
 //! The product binary holds only the product: `sluice bench` and `sluice torture` run the
 //! binaries built beside it, and the `sluice` package pulls in no tool or test kit.
 
-mod common;
+use crate::common;
 
 use common::SLUICE;
 use std::process::Command;

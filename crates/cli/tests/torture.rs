@@ -17,7 +17,7 @@
 //! Outputs (`--output`) are checked batch by batch besides the final comparison: a
 //! destination tampered with mid-torture must fail it, each broken rule named.
 
-mod common;
+use crate::common;
 
 use common::SLUICE;
 use common::torture::{assert_exact_after, assert_fired, stdout, torture};

@@ -10,7 +10,7 @@
 //! Needs the `sluice` and `sluice-torture` binaries built side by side (`cargo build
 //! --workspace --all-features --bins`); the store is a schema of the shared PostgreSQL.
 
-mod common;
+use crate::common;
 
 use common::torture::{assert_exact_after, assert_fired, stdout, torture};
 use std::process::Output;

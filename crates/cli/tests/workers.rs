@@ -4,7 +4,7 @@
 //! transaction in it, fewer keep every shard, a crash between two shards' commits
 //! recovers, and a reset starts over.
 
-mod common;
+use crate::common;
 
 use common::{
     SLUICE, assert_success, generate, pipeline_yaml, reduce_expected, sqlite_table, write_lines,

@@ -148,9 +148,17 @@ pub trait BuiltinKind: Send + Sync + 'static {
         None
     }
 
-    /// Why it cannot run under a cluster, beyond what its commit pattern says (state kept
-    /// beside the local recovery log); `None`: nothing more.
-    fn pinned(&self) -> Option<&'static str> {
+    /// Why an endpoint of it, configured by `config`, cannot run under a cluster, beyond
+    /// what its commit pattern says (state kept beside the local recovery log); `None`:
+    /// nothing more.
+    fn pinned(&self, _config: &Value) -> Option<&'static str> {
+        None
+    }
+
+    /// Why an endpoint of it, configured by `config`, takes one writer at a time beyond
+    /// what a sink contract says (one ordered stream), so its materialization runs as
+    /// one shard; `None`: nothing more.
+    fn singleton(&self, _config: &Value) -> Option<&'static str> {
         None
     }
 }

@@ -44,6 +44,12 @@ pub struct Target {
     /// Written on everything the endpoint emits; a destination's tail of another
     /// generation is not this one's ([`Generation::owns`]).
     pub generation: Generation,
+    /// A former holder of the shard may still be writing: the view is shared (in
+    /// PostgreSQL), so another process, a cluster's member paused past its lease, may
+    /// wake with part of a batch in hand. A destination then refuses every message that
+    /// does not follow what it holds; with a local view the recovery log's lock rules
+    /// out a second writer.
+    pub former_writers: bool,
 }
 
 /// The last message a destination holds, as its transaction and index. A destination

@@ -4,18 +4,22 @@
 //! publishes, for every transaction, the changes of each binding's view: for every
 //! changed key, the document before, the document after and the operation. The
 //! [`driver::OutputDriver`] is an in-process Flow driver that keeps each binding's view
-//! in a local SQLite file beside the recovery log (the loaded "before" documents come
-//! from there), encodes changes with the binding's [`encode::Format`], and hands them to
-//! the binding's [`OutputEndpoint`] as one numbered batch per transaction:
+//! (the loaded "before" documents come from there) in a local SQLite file beside the
+//! recovery log, or in PostgreSQL when the endpoint says `view: {url, schema}` (which
+//! lets a cluster move the output between members), encodes changes with the binding's
+//! [`encode::Format`], and hands them to the binding's [`OutputEndpoint`] as one
+//! numbered batch per transaction:
 //!
 //! ```text
 //!  Load*                 view lookups → Loaded
 //!  Prepare(txn N)        remember N and the runtime checkpoint
 //!  Store*                before = view[key]; view[key] = after; encode → buffer;
 //!                        batch_start(N) at a binding's first change, push when the
-//!                        buffer passes the endpoint's max_buffer_size_bytes
+//!                        buffer passes the endpoint's max_buffer_size_bytes (the
+//!                        view read and written in batches: transactor.rs)
 //!  Commit                push the rest, batch_end (durable, visible); then the view,
-//!                        the checkpoint and the fence commit in one SQLite transaction
+//!                        the checkpoint and the fence commit in one transaction of
+//!                        the view (its range's fence checked, and locked, in it)
 //! ```
 //!
 //! What holds (exactly once, in order):
@@ -37,13 +41,16 @@ pub mod driver;
 pub mod encode;
 pub mod endpoint;
 pub mod generation;
+pub mod kind;
+mod transactor;
 mod view;
 
 pub use change::{Change, Op};
-pub use driver::{OutputDriver, OutputKind, resource_schema};
+pub use driver::OutputDriver;
 pub use encode::{Buffer, Format, Message};
 pub use endpoint::{BatchKind, OutputEndpoint, Tail, Target};
 pub use generation::{Generation, GenerationId};
+pub use kind::{OutputKind, endpoint_schema, resource_schema};
 
 /// What an output failed at, and whether trying again may help.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +76,18 @@ impl OutputError {
     }
 }
 
+/// An output error as a driver error, retryable as the output says.
+pub fn output_error(err: OutputError) -> sluice_driver_sdk::Error {
+    match err {
+        OutputError::Config(message) => sluice_driver_sdk::Error::Config(message),
+        other => sluice_driver_sdk::Error::Store {
+            context: "output".into(),
+            retryable: other.is_retryable(),
+            message: other.to_string(),
+        },
+    }
+}
+
 /// Fail points of every output (feature `failpoints`), for `sluice torture`: after a
 /// batch started, after each push, before `batch_end`, and after `batch_end` before the
 /// view commits. `return` fails the operation (retryable), `panic` aborts the process.
@@ -86,7 +105,7 @@ pub const FAIL_POINTS: &[&str] = &[
 /// A fail point's `return`: a retryable failure naming it.
 macro_rules! fail_point {
     ($name:expr) => {
-        fail::fail_point!($name, |_| Err(crate::driver::output_error(
+        fail::fail_point!($name, |_| Err(crate::output_error(
             crate::OutputError::External(format!("fail point {}", $name))
         )))
     };

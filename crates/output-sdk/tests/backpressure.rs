@@ -56,6 +56,7 @@ fn kind() -> OutputKind {
         check: |_| Ok(()),
         resource_path: |r: &Value| Ok(vec![r["table"].as_str().unwrap_or("t").to_string()]),
         endpoint: |_, _: Target| Ok(Box::new(Recording)),
+        late_writes: None,
     }
 }
 

@@ -391,13 +391,15 @@ impl DriverKind for InProcessKind {
     }
 
     fn singleton(&self, config: &Value) -> Option<&'static str> {
-        let contract = self.0.contract(config).ok().flatten()?;
-        (contract.placement == Placement::Singleton)
+        let contract = self.0.contract(config).ok().flatten();
+        let by_contract = contract.is_some_and(|c| c.placement == Placement::Singleton);
+        (by_contract)
             .then_some("its contract declares one writer at a time (placement: singleton)")
+            .or_else(|| self.0.singleton(config))
     }
 
-    fn pinned(&self, _config: &Value) -> Option<&'static str> {
-        self.0.pinned().or_else(|| {
+    fn pinned(&self, config: &Value) -> Option<&'static str> {
+        self.0.pinned(config).or_else(|| {
             let unfenced = self.pattern() == Some(CommitPattern::RecoveryLogNonTransactional);
             unfenced.then_some(UNFENCED)
         })

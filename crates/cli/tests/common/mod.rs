@@ -5,6 +5,7 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+pub mod changes;
 pub mod cluster;
 pub mod torture;
 

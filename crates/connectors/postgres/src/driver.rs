@@ -18,10 +18,8 @@
 //! the checkpoints table once no other materialization has a row there, then the schema
 //! once it holds nothing else (never `public`).
 
-use crate::client::{self, Pg};
-use crate::config::{
-    DOCUMENTATION_URL, ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT, resource_schema,
-};
+use crate::client::Pg;
+use crate::config::{DOCUMENTATION_URL, resource_schema};
 use crate::sql::{self, ColumnType};
 use crate::transactor::PostgresTransactor;
 use async_trait::async_trait;
@@ -29,6 +27,7 @@ use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
 use sluice_driver_sdk::{Declared, Driver, Result, Transactor};
+use sluice_pg_client::{ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT};
 use sluice_sqlkit as kit;
 use sluice_sqlkit::apply::{Action, spec_response, validate_tables};
 use sluice_sqlkit::config::materialization;
@@ -49,7 +48,7 @@ async fn apply(req: m::ApplyRequest, action: Action) -> Result<m::ApplyResponse>
     let spec = materialization(req.materialization)?;
     let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
     let tables = sql::spec_tables(&endpoint, &spec)?;
-    let client = client::connect(&endpoint).await?;
+    let client = sluice_pg_client::connect(&endpoint).await?;
     let server = endpoint.describe();
     let schema = endpoint.schema();
     let mut catalog = Pg {

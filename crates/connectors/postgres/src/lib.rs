@@ -8,9 +8,11 @@
 //!   and its schemas.
 //! - [`sql`]: tables, statements (Apply's DDL and the fencing statements included) and
 //!   the text forms of values (COPY rows, key arrays); pure.
-//! - [`tls`]: `sslmode` and `sslrootcert` as libpq reads them, over rustls.
-//! - [`client`]: connections, error classification, the catalog, and the client calls
-//!   the SQL kit's Apply planner and fencing protocol run.
+//! - [`client`]: the catalog, and the client calls the SQL kit's Apply planner and
+//!   fencing protocol run.
+//! - The endpoint config, TLS (`sslmode`, `sslrootcert`), connecting and the
+//!   classification of the server's errors are `sluice_pg_client`'s, which the output
+//!   SDK's view shares.
 //! - [`PostgresDriver`] (`driver.rs`): Spec, Validate, Apply and Open.
 //! - `transactor.rs`: loads, stores and commits of one shard (a `FencedStore`).
 //!
@@ -23,7 +25,6 @@ pub mod client;
 pub mod config;
 mod driver;
 pub mod sql;
-pub mod tls;
 mod transactor;
 
 pub use driver::PostgresDriver;

@@ -32,10 +32,10 @@
 //!   an error naming the field, never a silent coercion.
 //! - Delta-update tables have no primary key: every store appends a row.
 
-use crate::config::{EndpointConfig, NAME_LIMIT};
 use serde_json::Value;
 use sluice_driver_sdk::flow;
 use sluice_driver_sdk::{Error, Result};
+use sluice_pg_client::{EndpointConfig, NAME_LIMIT};
 use sluice_sqlkit::fence::FenceDialect;
 use sluice_sqlkit::text::{TextColumn, TextRows};
 use sluice_sqlkit::{self as kit, ColumnKind, Inferred, mismatch};
@@ -91,7 +91,7 @@ impl ColumnType {
 
 pub type Column = kit::Column<ColumnType>;
 
-/// One binding's table (see [`sql::Table`]) in `schema`, with the SQL that creates,
+/// One binding's table (see [`kit::Table`]) in `schema`, with the SQL that creates,
 /// loads and changes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {

@@ -39,8 +39,7 @@
 //!   written by a newer instance (this one is a zombie whose Loads went stale), the
 //!   failure is reported as [`Error::Fenced`], which it is.
 
-use crate::client::{self, Pg, pg_error};
-use crate::config::EndpointConfig;
+use crate::client::Pg;
 use crate::sql::{self, CopyRow, Table};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -49,6 +48,7 @@ use sluice_driver_sdk::arena;
 use sluice_driver_sdk::fence::{Claim, FencedStore, PreparedCheckpoint};
 use sluice_driver_sdk::materialize::transaction_request::{Load, Open, Store};
 use sluice_driver_sdk::{Error, LoadedSink, Result};
+use sluice_pg_client::{EndpointConfig, pg_error};
 use sluice_sqlkit::apply::{Ddl as _, check_applied};
 use sluice_sqlkit::config::materialization;
 use sluice_sqlkit::fence::{self, FenceSql};
@@ -166,7 +166,7 @@ impl PostgresTransactor {
         let endpoint = EndpointConfig::parse(&spec.endpoint_spec_json)?;
         let server = endpoint.describe();
         let tables = sql::spec_tables(&endpoint, &spec)?;
-        let client = client::connect(&endpoint).await?;
+        let client = sluice_pg_client::connect(&endpoint).await?;
         let schema = endpoint.schema();
         let mut session = Pg {
             client: &client,

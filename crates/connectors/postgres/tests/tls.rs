@@ -12,9 +12,8 @@ use serde_json::json;
 use sluice_conformance::{Capabilities, assert_all_pass, run_suite};
 use sluice_driver_sdk::Error;
 use sluice_driver_sdk::inprocess::InProcess;
+use sluice_pg_client::EndpointConfig;
 use sluice_postgres::PostgresDriver;
-use sluice_postgres::client;
-use sluice_postgres::config::EndpointConfig;
 use sluice_testkit::conformance::tls::TestCertificates;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -125,15 +124,15 @@ impl TlsCluster {
         self.certificates.file(name)
     }
 
-    /// Connects with the driver's own client as `endpoint` says.
+    /// Connects as the driver does (`sluice_pg_client::connect`), as `endpoint` says.
     async fn connect(&self, endpoint: &serde_json::Value) -> Result<(), Error> {
         let config = EndpointConfig::parse(&endpoint.to_string())?;
-        let client = client::connect(&config).await?;
+        let client = sluice_pg_client::connect(&config).await?;
         client
             .simple_query("SELECT 1")
             .await
             .map(drop)
-            .map_err(|err| client::pg_error("SELECT 1", err))
+            .map_err(|err| sluice_pg_client::pg_error("SELECT 1", err))
     }
 }
 

@@ -1,19 +1,36 @@
 //! One binding's folder of batch files: a local folder, or a prefix in an S3 bucket.
 //!
 //! ```text
-//!            local folder                          S3 prefix
-//!  open      remove .tmp files; list → tail        list → tail
-//!  start     create .<name>.tmp                    a buffer in memory (the header)
-//!  push      write to it                           append to it
-//!  end       fsync, rename to <name>, fsync dir    PUT <name> If-None-Match: *
+//!            local folder                            S3 prefix
+//!  open      remove unlocked .tmp files; list → tail  list → tail
+//!  start     create .<name>.<token>.tmp, locked       a buffer in memory (the header)
+//!  push      write to it                             append to it
+//!  end       fsync; link to <name> unless it exists;  PUT <name> If-None-Match: *
+//!            remove the temporary; fsync dir
 //! ```
 //!
+//! A batch file appears under its name once, whole, and is never replaced: both ways
+//! publish it only if the name is absent. A name that exists already is this
+//! generation's batch of that transaction, written by another attempt (one that did not
+//! live to see its write return, or a former holder of the shard still writing when
+//! another member took it over and replayed the transaction): ours is discarded, as a
+//! restart discards it when the listing shows the file. The runtime makes an attempt's
+//! batch of a transaction the same bytes as any other's, so which one lands is moot.
+//!
+//! **What fences a former writer, locally.** Each batch's temporary file has a name of
+//! its own (`token`: 64 random bits), so no writer ever publishes another's half-written
+//! batch, and it is published by `hard_link` (which fails if the name exists, where
+//! `rename` would replace it), then unlinked. The writer holds an exclusive lock on its
+//! temporary (`flock`, released when the process dies) from creation until the name is
+//! published, and `open` removes only the temporaries it can lock: those of writers that
+//! died. A live former writer's temporary is left to it; one an `open` removed in the
+//! instant between its creation and its lock fails that batch's end (retryably), never
+//! publishes anything wrong. (Hard links are required of the folder's filesystem: local
+//! ones and NFS have them.)
+//!
 //! On S3 there is no rename: the batch is written once, under its final name, by a
-//! conditional put. A name that exists already is this generation's batch of that
-//! transaction, written by an attempt that did not live to see its put return: the
-//! replay is discarded, as a restart discards it when the listing shows the file. The
-//! batch is held in memory until then (S3's single PUT takes up to 5 GiB; a
-//! transaction's batch of one binding is far below that in practice).
+//! conditional put. The batch is held in memory until then (S3's single PUT takes up to
+//! 5 GiB; a transaction's batch of one binding is far below that in practice).
 
 use crate::config::{Config, Resource};
 use async_trait::async_trait;
@@ -22,6 +39,9 @@ use sluice_output_sdk::{
     BatchKind, Buffer, Format, Generation, GenerationId, OutputEndpoint, OutputError, Result,
     Target,
 };
+use std::fs::TryLockError;
+use std::hash::{BuildHasher, RandomState};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 
@@ -73,8 +93,36 @@ pub fn parse_batch_file_name(name: &str) -> Option<BatchFile> {
     })
 }
 
+/// The name a batch named `name` is written under until it is whole:
+/// `.<name>.<token>.tmp`, the token 64 random bits, so that no two writers (a former
+/// holder of the shard and the new one) ever share one. The leading dot keeps it out of
+/// readers' listings and batch names; the `.tmp` ending is what `open` cleans up.
+fn temporary_name(name: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // std's RandomState is keyed from the OS's randomness, anew for each instance.
+    let token = RandomState::new().hash_one((now.as_nanos(), std::process::id()));
+    format!(".{name}.{token:016x}.tmp")
+}
+
+/// Whether `name` is a temporary batch file (of this release or the one before).
+fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".tmp")
+}
+
 fn io_error(what: &str, path: &Path, err: std::io::Error) -> OutputError {
     OutputError::External(format!("{what} {}: {err}", path.display()))
+}
+
+/// Runs blocking file system work (creating, locking, linking, syncing) off the async
+/// workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| OutputError::External(format!("a file system task failed: {e}")))?
 }
 
 fn store_error(e: StoreError) -> OutputError {
@@ -217,11 +265,14 @@ impl OutputEndpoint for FilesEndpoint {
         let header = self.header.clone().unwrap_or_default();
         self.batch = Some(match &self.folder {
             Folder::Local(folder) => {
-                let temp = folder.join(format!(".{name}.tmp"));
-                let file = tokio::fs::File::create(&temp)
-                    .await
-                    .map_err(|e| io_error("creating", &temp, e))?;
-                let mut file = tokio::io::BufWriter::with_capacity(256 << 10, file);
+                let temp = folder.join(temporary_name(&name));
+                let file = blocking({
+                    let temp = temp.clone();
+                    move || create_locked(&temp)
+                })
+                .await?;
+                let mut file =
+                    tokio::io::BufWriter::with_capacity(256 << 10, tokio::fs::File::from_std(file));
                 file.write_all(&header)
                     .await
                     .map_err(|e| io_error("writing", &temp, e))?;
@@ -265,7 +316,12 @@ impl OutputEndpoint for FilesEndpoint {
                 let Folder::Local(folder) = &self.folder else {
                     unreachable!("a local batch of a local folder")
                 };
-                end_local(folder, temp, &path, file).await?;
+                if !end_local(folder, temp, &path, file).await? {
+                    tracing::info!(
+                        path = %path.display(),
+                        "this transaction's batch was written by another attempt: ours is discarded"
+                    );
+                }
                 path.file_name()
                     .unwrap_or_default()
                     .to_string_lossy()
@@ -299,63 +355,116 @@ impl OutputEndpoint for FilesEndpoint {
 
     async fn abort(&mut self) {
         if let Some(Open::Local { temp, file, .. }) = self.batch.take() {
-            drop(file);
             if let Err(err) = tokio::fs::remove_file(&temp).await {
                 tracing::debug!(%err, path = %temp.display(), "removing an abandoned batch file");
             }
+            drop(file);
         }
     }
 }
 
 /// The names in a local folder (created if missing), after removing the temporary files
-/// of batches a crash interrupted (their transactions are replayed).
+/// of batches whose writers died (their transactions are replayed). A temporary whose
+/// writer lives (it holds its lock: a former holder of the shard, still writing) is
+/// left to it.
 async fn local_names(folder: &Path) -> Result<Vec<String>> {
-    tokio::fs::create_dir_all(folder)
-        .await
-        .map_err(|e| io_error("creating", folder, e))?;
-    let mut entries = tokio::fs::read_dir(folder)
-        .await
-        .map_err(|e| io_error("listing", folder, e))?;
-    let mut names = Vec::new();
-    while let Some(entry) =
-        (entries.next_entry().await).map_err(|e| io_error("listing", folder, e))?
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && name.ends_with(".tmp") {
-            tokio::fs::remove_file(entry.path())
-                .await
-                .map_err(|e| io_error("removing", &entry.path(), e))?;
-        } else {
-            names.push(name);
+    let folder = folder.to_path_buf();
+    blocking(move || {
+        std::fs::create_dir_all(&folder).map_err(|e| io_error("creating", &folder, e))?;
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&folder).map_err(|e| io_error("listing", &folder, e))? {
+            let entry = entry.map_err(|e| io_error("listing", &folder, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_temporary(&name) {
+                remove_if_abandoned(&entry.path())?;
+            } else {
+                names.push(name);
+            }
         }
-    }
-    Ok(names)
+        Ok(names)
+    })
+    .await
 }
 
-/// Makes a local batch whole under its name: flushed, fsynced, renamed from `temp` to
-/// `path`, and the folder fsynced; returns only then.
+/// Removes the temporary file at `path` unless its writer holds its lock.
+fn remove_if_abandoned(path: &Path) -> Result<()> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        // Its writer published or abandoned it meanwhile.
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("opening", path, e)),
+    };
+    match file.try_lock() {
+        Ok(()) => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(io_error("removing", path, e)),
+            _ => Ok(()),
+        },
+        Err(TryLockError::WouldBlock) => {
+            tracing::info!(path = %path.display(), "a batch another writer is still writing is left to it");
+            Ok(())
+        }
+        Err(TryLockError::Error(e)) => Err(io_error("locking", path, e)),
+    }
+}
+
+/// Creates the temporary file of a batch, new, and locks it for as long as it is open.
+fn create_locked(temp: &Path) -> Result<std::fs::File> {
+    let file = std::fs::File::create_new(temp).map_err(|e| io_error("creating", temp, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        // An `open` of another writer is looking at it: it will remove it.
+        Err(TryLockError::WouldBlock) => Err(OutputError::External(format!(
+            "locking {}: another writer's start is removing it",
+            temp.display()
+        ))),
+        Err(TryLockError::Error(e)) => Err(io_error("locking", temp, e)),
+    }
+}
+
+/// Makes a local batch whole under its name, if the name is free: flushed, fsynced,
+/// linked from `temp` to `path` (never replacing a file), `temp` removed, and the folder
+/// fsynced; returns only then, whether the batch took the name (false: another attempt's
+/// batch of the transaction holds it, and ours is dropped). The lock is held throughout.
 async fn end_local(
     folder: &Path,
     temp: PathBuf,
     path: &Path,
     mut file: tokio::io::BufWriter<tokio::fs::File>,
-) -> Result<()> {
+) -> Result<bool> {
     file.flush()
         .await
         .map_err(|e| io_error("writing", &temp, e))?;
-    let file = file.into_inner();
-    file.sync_all()
-        .await
-        .map_err(|e| io_error("syncing", &temp, e))?;
-    drop(file);
-    tokio::fs::rename(&temp, path)
-        .await
-        .map_err(|e| io_error("renaming", &temp, e))?;
-    let dir = folder.to_path_buf();
-    tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
-        .await
-        .map_err(|e| OutputError::External(format!("syncing a folder: {e}")))?
-        .map_err(|e| io_error("syncing", folder, e))
+    let file = file.into_inner().into_std().await;
+    let (folder, path) = (folder.to_path_buf(), path.to_path_buf());
+    blocking(move || {
+        file.sync_all().map_err(|e| io_error("syncing", &temp, e))?;
+        let created = match std::fs::hard_link(&temp, &path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => false,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(OutputError::External(format!(
+                    "publishing {} as {}: the temporary file was removed (by another \
+                     writer's start) before it was published",
+                    temp.display(),
+                    path.display()
+                )));
+            }
+            Err(e) => {
+                return Err(io_error(
+                    &format!("linking {} to", temp.display()),
+                    &path,
+                    e,
+                ));
+            }
+        };
+        std::fs::remove_file(&temp).map_err(|e| io_error("removing", &temp, e))?;
+        drop(file);
+        std::fs::File::open(&folder)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io_error("syncing", &folder, e))?;
+        Ok(created)
+    })
+    .await
 }
 
 #[cfg(test)]

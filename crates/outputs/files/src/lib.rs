@@ -4,13 +4,16 @@
 //! ```text
 //!  <directory>/<path>/<generation>-00000000000000000042.jsonl            a transaction's changes
 //!  <directory>/<path>/<generation>-00000000000000000001.snapshot.jsonl   a snapshot batch
-//!  <directory>/<path>/.<generation>-00000000000000000043.jsonl.tmp       a batch being written
+//!  <directory>/<path>/.<generation>-00000000000000000043.jsonl.<token>.tmp   a batch being written
 //! ```
 //!
-//! A batch is written to its temporary name, fsync'ed, renamed, and the folder
-//! fsync'ed: a file that has its final name is whole. A restart removes temporary
-//! files, and a replayed transaction whose file of the same generation exists is
-//! discarded. A reader lists the folder in name order, skipping names that start with
+//! A batch is written to a temporary name of its writer's own, fsync'ed, linked to its
+//! name only if that name is free, and the folder fsync'ed: a file that has its final
+//! name is whole, and never replaced. A restart removes the temporary files of writers
+//! that died (a live one holds a lock on its own), and a replayed transaction whose
+//! file of the same generation exists is discarded, whichever attempt wrote it: a
+//! former holder of the shard still writing when another member took it over publishes
+//! nothing over the new holder's files (see the endpoint's header). A reader lists the folder in name order, skipping names that start with
 //! a dot: a generation's files come in transaction order, and a later generation's
 //! after (see [`sluice_output_sdk::generation`]). Files of another generation are never
 //! taken for this one's: after a reset (`sluice apply --delete`) the new generation
@@ -45,5 +48,6 @@ pub fn kind() -> OutputKind {
             let resource: Resource = config::parse(&target.resource)?;
             Ok(Box::new(FilesEndpoint::new(&config, &resource, &target)?))
         },
+        late_writes: None,
     }
 }

@@ -25,6 +25,7 @@ fn endpoint(bucket: &TestBucket, generation: Generation) -> FilesEndpoint {
         format: Format::Json,
         header: None,
         generation,
+        former_writers: false,
     };
     FilesEndpoint::new(&config, &resource, &target).unwrap()
 }
@@ -130,6 +131,7 @@ fn s3_settings_errors_name_the_option() {
         format: Format::Json,
         header: None,
         generation: generation(),
+        former_writers: false,
     };
     let resource = Resource {
         path: "views".into(),

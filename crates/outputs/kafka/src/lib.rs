@@ -65,5 +65,12 @@ pub fn kind() -> OutputKind {
             let resource: Resource = config::parse(&target.resource)?;
             Ok(Box::new(KafkaEndpoint::new(&config, &resource, &target)?))
         },
+        // No conditional produce: fencing a former producer takes Kafka transactions.
+        late_writes: Some(
+            "Kafka has no conditional produce: a former holder's late messages still land in \
+             the topic after another member took the shard over, and fencing a former \
+             producer takes Kafka transactions (a transactional id's epoch), which this \
+             output does not use",
+        ),
     }
 }

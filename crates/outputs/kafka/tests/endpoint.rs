@@ -56,6 +56,7 @@ fn endpoint_of(generation: Generation, topic: &str, partitions: i32) -> Box<dyn 
         format: Format::Json,
         header: None,
         generation,
+        former_writers: false,
     };
     (sluice_kafka_output::kind().endpoint)(&json!({"brokers": LOCAL_BROKER}), target).unwrap()
 }
@@ -438,6 +439,7 @@ async fn an_unreachable_broker_is_a_retryable_error_naming_brokers_and_topic() {
         format: Format::Json,
         header: None,
         generation: *GENERATION,
+        former_writers: false,
     };
     let config = json!({"brokers": ["127.0.0.1:1"]});
     let mut out = (sluice_kafka_output::kind().endpoint)(&config, target).unwrap();
@@ -470,6 +472,7 @@ fn the_kind_checks_configs_and_names_a_bindings_topic() {
         format: Format::Avro,
         header: None,
         generation: *GENERATION,
+        former_writers: false,
     };
     let out = (kind.endpoint)(
         &json!({"brokers": "a:1", "max_buffer_size_bytes": 4096}),

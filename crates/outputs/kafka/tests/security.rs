@@ -23,6 +23,7 @@ fn endpoint(config: &Value) -> Box<dyn OutputEndpoint> {
             id: GenerationId::mint(),
             adopts_unstamped: false,
         },
+        former_writers: false,
     };
     (sluice_kafka_output::kind().endpoint)(config, target).unwrap()
 }

@@ -5,6 +5,12 @@
 //! Server addresses, stream names, `tls` and `auth` follow the rules the `nats` source
 //! checks too ([`sluice_nats_client`]), so a stream this output creates can be named in
 //! a source reaching the server the same way.
+//!
+//! `max_in_flight` pipelines publishes only where the subject has its stream to itself
+//! (the default: one stream per subject). A `stream` that several bindings share holds
+//! other subjects' messages between a subject's: there each publish awaits the one
+//! before it, since the fence (the crate docs) then follows a subject's sequence, known
+//! only from the previous acknowledgement.
 
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -1,6 +1,24 @@
-//! One binding's subject: publishes pipelined, acknowledgements awaited in order, and
-//! the tail read (with the gap check) at open and again after any failure. See the
-//! crate docs for why this is exactly once, and where it stops being so.
+//! One binding's subject: every publish fenced by what it must follow, pipelined when
+//! the stream holds the subject alone or this endpoint is its one writer (else one at a
+//! time), acknowledgements awaited in order, and the tail read (with the gap check) at
+//! open and again after any failure. See the crate docs for why this is exactly once,
+//! and where it stops being so.
+//!
+//! ```text
+//!  read tail ─▶ written = the subject's last message (stream sequence L, 0: none)
+//!  first publish after it ─▶ stream info: Pacing
+//!    Pipelined    the stream holds the subject alone
+//!    OneAtATime   other subjects (or sourced streams) share it; a former holder may
+//!                 still publish (Target::former_writers: the view is shared)
+//!    SoleWriter   other subjects share it; the view is local (one writer)
+//!  publish m, expecting (the fence):
+//!    Pipelined, m first since the read  Nats-Expected-Last-Subject-Sequence: L
+//!    Pipelined, after message p         Nats-Expected-Last-Msg-Id: p's Nats-Msg-Id
+//!    OneAtATime (each ack awaited)      Nats-Expected-Last-Subject-Sequence: the last ack's
+//!    SoleWriter                         the first as Pipelined's; the rest nothing
+//!  refused ─▶ another writer appended: the push fails, the tail is read again before
+//!    the next batch
+//! ```
 
 use crate::config::{Config, Resource};
 use crate::server::{self, external};
@@ -27,6 +45,8 @@ pub struct NatsEndpoint {
     generation: Generation,
     max_buffer_size_bytes: usize,
     max_in_flight: usize,
+    /// A former holder may still publish (the view is shared): every publish is fenced.
+    former_writers: bool,
     /// What errors name: `nats://127.0.0.1:4222 stream VIEWS subject views`.
     place: String,
     connection: Option<Connection>,
@@ -35,6 +55,10 @@ pub struct NatsEndpoint {
     written: Option<Written>,
     /// False before `open` and after any failure: the next batch reads the tail again.
     tail_known: bool,
+    /// How publishes are paced and what the next one follows; read at the first publish
+    /// after the tail was read (`None` until then), once every binding has opened and
+    /// added its subject to the stream.
+    pacing: Option<Pacing>,
     batch: Option<Batch>,
     /// Published, not yet acknowledged, in publish order.
     in_flight: VecDeque<InFlight>,
@@ -72,9 +96,49 @@ struct Batch {
     discarded: u64,
 }
 
+/// How publishes are paced, and what each one expects to follow (the fence).
+#[derive(Debug, Clone)]
+enum Pacing {
+    /// The stream holds this subject alone: the first publish since the tail was read
+    /// follows the subject's last message by its sequence, each later one the message
+    /// published before it by its `Nats-Msg-Id`, which is known before that one is
+    /// acknowledged. (A stream's last message id is the stream's, not the subject's:
+    /// other subjects' messages between would refuse every publish.)
+    Pipelined {
+        /// The `Nats-Msg-Id` of the message published last; `None`: none since the tail
+        /// was read.
+        previous: Option<String>,
+    },
+    /// Other subjects (or sourced streams) share the stream and a former holder may
+    /// still publish: each publish waits for the one before it, and follows its sequence.
+    OneAtATime,
+    /// Other subjects share the stream, and this endpoint is the subject's one writer
+    /// (the view is local, under the recovery log's lock): pipelined, the first publish
+    /// since the tail was read following the subject's last message by its sequence, the
+    /// later ones unfenced (a hole a failed publish leaves is found by the next read's
+    /// gap check).
+    SoleWriter {
+        /// A publish since the tail was read.
+        started: bool,
+    },
+}
+
+/// What a publish expects the stream to end with, or the server refuses it.
+#[derive(Debug, Clone)]
+enum Follows {
+    /// The subject's last message has this stream sequence (0: the subject has none).
+    Sequence(u64),
+    /// The stream's last message has this `Nats-Msg-Id`.
+    Message(String),
+    /// Nothing: a sole writer's publish after the first since the tail was read.
+    Anything,
+}
+
 struct InFlight {
     ack: PublishAckFuture,
     stamp: Stamp,
+    /// What it was published to follow.
+    follows: Follows,
 }
 
 impl NatsEndpoint {
@@ -85,12 +149,14 @@ impl NatsEndpoint {
             stream_name: (config.stream.clone()).unwrap_or_else(|| resource.default_stream()),
             materialization: target.materialization.clone(),
             generation: target.generation,
+            former_writers: target.former_writers,
             max_buffer_size_bytes: config.max_buffer_size_bytes,
             max_in_flight: config.max_in_flight,
             place: format!("{} subject {}", config.url, resource.subject),
             connection: None,
             written: None,
             tail_known: false,
+            pacing: None,
             batch: None,
             in_flight: VecDeque::new(),
         }
@@ -197,25 +263,107 @@ impl NatsEndpoint {
         Ok(())
     }
 
-    /// Awaits the oldest acknowledgement; the tail moves to its message.
+    /// How the publishes after a read of the tail are paced (see [`Pacing`]).
+    async fn read_pacing(&self) -> Result<Pacing> {
+        let info = server::stream_info(&self.connection()?.stream, &self.place).await?;
+        Ok(
+            match (
+                server::holds_only(&info, &self.subject),
+                self.former_writers,
+            ) {
+                (true, _) => Pacing::Pipelined { previous: None },
+                (false, true) => {
+                    tracing::debug!(
+                        place = self.place,
+                        "the stream holds other subjects too, and a former holder may still \
+                         publish: publishing one at a time"
+                    );
+                    Pacing::OneAtATime
+                }
+                (false, false) => Pacing::SoleWriter { started: false },
+            },
+        )
+    }
+
+    /// What the next publish, whose `Nats-Msg-Id` is `id`, must follow. Settles
+    /// acknowledgements first as far as the pacing needs.
+    async fn place_next(&mut self, id: &str) -> Result<Follows> {
+        let pacing = match self.pacing.take() {
+            Some(pacing) => pacing,
+            None => self.read_pacing().await?,
+        };
+        let follows = match pacing {
+            Pacing::Pipelined { previous } => {
+                if self.in_flight.len() >= self.max_in_flight {
+                    self.settle_oldest().await?;
+                }
+                self.pacing = Some(Pacing::Pipelined {
+                    previous: Some(id.to_string()),
+                });
+                match previous {
+                    Some(previous) => Follows::Message(previous),
+                    None => Follows::Sequence(self.written.map_or(0, |w| w.sequence)),
+                }
+            }
+            Pacing::OneAtATime => {
+                while !self.in_flight.is_empty() {
+                    self.settle_oldest().await?;
+                }
+                self.pacing = Some(Pacing::OneAtATime);
+                Follows::Sequence(self.written.map_or(0, |w| w.sequence))
+            }
+            Pacing::SoleWriter { started } => {
+                if self.in_flight.len() >= self.max_in_flight {
+                    self.settle_oldest().await?;
+                }
+                self.pacing = Some(Pacing::SoleWriter { started: true });
+                match started {
+                    true => Follows::Anything,
+                    false => Follows::Sequence(self.written.map_or(0, |w| w.sequence)),
+                }
+            }
+        };
+        Ok(follows)
+    }
+
+    /// Awaits the oldest acknowledgement; the tail moves to its message. A publish the
+    /// fence refused fails the push and has the tail read again.
     async fn settle_oldest(&mut self) -> Result<()> {
-        let Some(InFlight { ack, stamp }) = self.in_flight.pop_front() else {
+        let Some(InFlight {
+            ack,
+            stamp,
+            follows,
+        }) = self.in_flight.pop_front()
+        else {
             return Ok(());
         };
+        let what = format!("transaction {} message {}", stamp.txn, stamp.index);
         let ack = ack.await.map_err(|e| {
             self.tail_known = false;
-            external(
-                &self.place,
-                &format!(
-                    "publishing transaction {} message {}",
-                    stamp.txn, stamp.index
+            let expected = match (e.kind(), &follows) {
+                (PublishErrorKind::WrongLastSequence, Follows::Sequence(sequence)) => format!(
+                    "it was to follow the subject's message at sequence {sequence} (0: none)"
                 ),
-                e,
-            )
+                (PublishErrorKind::WrongLastMessageId, Follows::Message(id)) => {
+                    format!("it was to follow message {id} at the end of the stream")
+                }
+                _ => return external(&self.place, &format!("publishing {what}"), e),
+            };
+            OutputError::External(format!(
+                "{}: {what} was refused: {expected}, but the stream ends elsewhere ({e}). \
+                 Another writer appended to subject {} or its stream since this endpoint \
+                 read it: a former holder of this shard that has not learned it lost it, \
+                 another publisher, or another subject's since the stream holds more than \
+                 one. Nothing was skipped or reordered; the tail is read again before the \
+                 next batch",
+                self.place, self.subject
+            ))
         })?;
         if ack.duplicate {
-            // The tail was behind the subject: only after a race this output narrows
-            // but cannot exclude (see the crate docs).
+            // Another attempt stored this very message within the duplicate window (an
+            // abandoned publish of an earlier one, or a former holder of the shard): the
+            // subject holds it once. The next publish follows it (by its id or sequence),
+            // and the fence refuses that one if the stream ends elsewhere.
             tracing::warn!(
                 place = self.place,
                 txn = stamp.txn,
@@ -240,9 +388,6 @@ impl NatsEndpoint {
                 discarded += 1;
                 continue;
             }
-            if self.in_flight.len() >= self.max_in_flight {
-                self.settle_oldest().await?;
-            }
             let stamp = Stamp {
                 generation: Some(self.generation.id),
                 txn: message.txn,
@@ -250,14 +395,27 @@ impl NatsEndpoint {
                 batch: batch.kind,
                 after: batch.after,
             };
+            let headers = stamp.headers(&self.materialization, &self.subject, message.key);
+            let follows = self
+                .place_next(msg_id_of(Some(&headers)).unwrap_or_default())
+                .await?;
             let publish = PublishMessage::build()
                 .payload(Bytes::copy_from_slice(message.value))
-                .headers(stamp.headers(&self.materialization, &self.subject, message.key));
+                .headers(headers);
+            let publish = match &follows {
+                Follows::Sequence(sequence) => publish.expected_last_subject_sequence(*sequence),
+                Follows::Message(id) => publish.expected_last_message_id(id),
+                Follows::Anything => publish,
+            };
             let ack = (self.connection()?.js)
                 .send_publish(self.subject.clone(), publish)
                 .await
                 .map_err(|e| self.publish_error(stamp, e))?;
-            self.in_flight.push_back(InFlight { ack, stamp });
+            self.in_flight.push_back(InFlight {
+                ack,
+                stamp,
+                follows,
+            });
         }
         Ok(discarded)
     }
@@ -297,6 +455,7 @@ impl OutputEndpoint for NatsEndpoint {
 
     async fn open(&mut self) -> Result<()> {
         self.tail_known = false;
+        self.pacing = None;
         if self.connection.is_none() {
             let js = server::connect(&self.server, self.max_in_flight, &self.place).await?;
             let stream =

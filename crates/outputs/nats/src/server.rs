@@ -1,8 +1,8 @@
 //! Talking to the server, in what nats-server 2.9 supports: `STREAM.NAMES` by subject,
-//! stream create and update, `STREAM.MSG.GET` of a subject's last message, and
-//! ephemeral ordered consumers (their pending count is a subject's message count from a
-//! sequence). Direct gets are not used: they need `allow_direct`, which streams made
-//! before 2.9 lack.
+//! stream create and update, `STREAM.MSG.GET` of a subject's last message, stream info
+//! (its subjects and last sequence, for the fence's pacing), and ephemeral ordered
+//! consumers (their pending count is a subject's message count from a sequence). Direct
+//! gets are not used: they need `allow_direct`, which streams made before 2.9 lack.
 
 use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::consumer::{Consumer, DeliverPolicy};
@@ -138,11 +138,25 @@ pub async fn remove_consumer(stream: &Stream, name: &str) {
     }
 }
 
-/// The stream's first sequence held now (`last + 1` once emptied).
-pub async fn first_sequence(stream: &Stream, place: &str) -> Result<u64> {
-    let info: jetstream::stream::Info = stream
+/// The stream's configuration and state now.
+pub async fn stream_info(stream: &Stream, place: &str) -> Result<jetstream::stream::Info> {
+    stream
         .get_info()
         .await
-        .map_err(|e| external(place, "reading the stream's state", e))?;
-    Ok(info.state.first_sequence)
+        .map_err(|e| external(place, "reading the stream's state", e))
+}
+
+/// The stream's first sequence held now (`last + 1` once emptied).
+pub async fn first_sequence(stream: &Stream, place: &str) -> Result<u64> {
+    Ok(stream_info(stream, place).await?.state.first_sequence)
+}
+
+/// Whether `subject` is all `info`'s stream stores: no other subject, no sourced
+/// stream. Only then is the stream's last message the subject's, which the pipelined
+/// fence (each publish expecting the stream's last message id) needs.
+pub fn holds_only(info: &jetstream::stream::Info, subject: &str) -> bool {
+    let config = &info.config;
+    config.subjects == [subject]
+        && config.mirror.is_none()
+        && config.sources.as_ref().is_none_or(Vec::is_empty)
 }

@@ -66,6 +66,7 @@ impl Fixture {
             format: Format::Json,
             header: None,
             generation,
+            former_writers: true,
         };
         (kind().endpoint)(&config, target).unwrap()
     }
@@ -74,14 +75,25 @@ impl Fixture {
         self.endpoint_for(&self.subject, extra)
     }
 
-    /// Makes the stream holding the subject with a [`DUPLICATE_WINDOW`] (the endpoint
-    /// then finds it rather than creating one with the default two minutes).
-    async fn with_short_duplicate_window(&self) {
+    /// Another subject, which [`Fixture::with_short_duplicate_window`] may put in the
+    /// stream too.
+    fn other_subject(&self) -> String {
+        format!("{}.other", self.subject)
+    }
+
+    /// Makes the stream holding the subject (and the other subject too, if `shared`)
+    /// with a [`DUPLICATE_WINDOW`] (the endpoint then finds it rather than creating one
+    /// with the default two minutes).
+    async fn with_short_duplicate_window(&self, shared: bool) {
         let js = async_nats::jetstream::new(async_nats::connect(URL).await.unwrap());
+        let mut subjects = vec![self.subject.clone()];
+        if shared {
+            subjects.push(self.other_subject());
+        }
         let stream = js
             .create_stream(async_nats::jetstream::stream::Config {
                 name: self.stream.clone(),
-                subjects: vec![self.subject.clone()],
+                subjects,
                 duplicate_window: DUPLICATE_WINDOW,
                 ..Default::default()
             })
@@ -95,6 +107,17 @@ impl Fixture {
 
     async fn read(&self) -> Vec<StoredMessage> {
         read_subject(URL, &self.subject).await.unwrap()
+    }
+
+    /// Waits until the subject holds `count` messages (publishes in flight landed).
+    async fn wait_for(&self, count: usize) {
+        for _ in 0..500 {
+            if self.read().await.len() >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the subject never held {count} messages");
     }
 }
 
@@ -252,7 +275,7 @@ async fn bindings_without_a_stream_share_the_configured_one() {
 #[tokio::test]
 async fn a_transaction_interrupted_by_a_crash_is_completed_exactly_once() {
     let fx = Fixture::new();
-    fx.with_short_duplicate_window().await;
+    fx.with_short_duplicate_window(false).await;
     let mut crashed = fx.endpoint(json!({"max_in_flight": 1}));
     crashed.open().await.unwrap();
     write(&mut *crashed, 1, BatchKind::Delta, 4, 4).await;
@@ -299,7 +322,7 @@ async fn a_batch_aborted_and_replayed_by_the_same_endpoint_is_written_once() {
 #[tokio::test]
 async fn a_transaction_written_whole_is_discarded_when_replayed() {
     let fx = Fixture::new();
-    fx.with_short_duplicate_window().await;
+    fx.with_short_duplicate_window(false).await;
     let mut first = fx.endpoint(json!({}));
     first.open().await.unwrap();
     write(&mut *first, 1, BatchKind::Delta, 3, 3).await;
@@ -418,6 +441,7 @@ async fn an_unreachable_server_is_a_retryable_error_naming_it() {
         format: Format::Json,
         header: None,
         generation: new_generation(),
+        former_writers: true,
     };
     let url = "nats://127.0.0.1:1";
     let mut endpoint = (kind().endpoint)(&json!({ "url": url }), target).unwrap();
@@ -426,4 +450,152 @@ async fn an_unreachable_server_is_a_retryable_error_naming_it() {
     for needle in [url, "out.nowhere"] {
         assert!(error.to_string().contains(needle), "{error}");
     }
+}
+
+/// Past the stream's duplicate window, where only the fence can refuse a copy.
+async fn outlast_the_duplicate_window() {
+    tokio::time::sleep(DUPLICATE_WINDOW + Duration::from_millis(500)).await;
+}
+
+/// The error of pushing `buffer` and ending the batch, which must fail: a pipelined
+/// push returns before its acks, whose refusal then fails the batch's end.
+async fn refused(endpoint: &mut dyn OutputEndpoint, buffer: &Buffer) -> OutputError {
+    match endpoint.push(buffer).await {
+        Err(error) => error,
+        Ok(()) => endpoint.batch_end().await.unwrap_err(),
+    }
+}
+
+fn assert_another_writer(fx: &Fixture, error: &OutputError) {
+    assert!(error.is_retryable(), "{error:?}");
+    let message = error.to_string();
+    for needle in [
+        fx.stream.as_str(),
+        "was refused",
+        &format!("Another writer appended to subject {}", fx.subject),
+    ] {
+        assert!(message.contains(needle), "{message}");
+    }
+}
+
+/// A former holder Z of the shard, paused mid-transaction while a new holder H took
+/// over, replayed the transaction whole and went on: Z's late publishes of the rest of
+/// it are refused, and the subject holds every message once, in order. `shared`: the
+/// stream holds another subject too, whose messages H interleaves with its own.
+async fn a_former_writers_late_messages_are_refused(shared: bool) {
+    let fx = Fixture::new();
+    fx.with_short_duplicate_window(shared).await;
+    let mut former = fx.endpoint(json!({}));
+    former.open().await.unwrap();
+    write(&mut *former, 1, BatchKind::Delta, 3, 3).await;
+    let mut late = Buffer::default();
+    late.start(2);
+    former.batch_start(2, BatchKind::Delta).await.unwrap();
+    push_messages(&mut *former, &mut late, 2, 3, 3).await;
+    for index in 3..5 {
+        late.push(&key(index), &value(2, index));
+    }
+    // Its last publish may still be in flight: the new holder reads the tail after it.
+    fx.wait_for(6).await;
+
+    let mut holder = fx.endpoint(json!({}));
+    holder.open().await.unwrap();
+    let mut other = shared.then(|| fx.endpoint_for(&fx.other_subject(), json!({})));
+    if let Some(other) = &mut other {
+        other.open().await.unwrap();
+    }
+    for (txn, count) in [(2, 5), (3, 2)] {
+        write(&mut *holder, txn, BatchKind::Delta, count, 2).await;
+        if let Some(other) = &mut other {
+            write(&mut **other, txn, BatchKind::Delta, 1, 1).await;
+        }
+    }
+    outlast_the_duplicate_window().await;
+
+    let error = refused(&mut *former, &late).await;
+    assert_another_writer(&fx, &error);
+    let want = expected(&[(1, 3), (2, 5), (3, 2)]);
+    assert_eq!(places(&fx.read().await), want);
+    // What the runtime does next: it replays the transaction, of which the former
+    // holder now finds the subject holds everything (its view commit is then fenced).
+    write(&mut *former, 2, BatchKind::Delta, 5, 5).await;
+    // The new holder goes on undisturbed.
+    write(&mut *holder, 4, BatchKind::Delta, 2, 2).await;
+    let read = fx.read().await;
+    assert_eq!(places(&read), expected(&[(1, 3), (2, 5), (3, 2), (4, 2)]));
+    assert!(read.windows(2).all(|w| w[0].sequence < w[1].sequence));
+}
+
+#[tokio::test]
+async fn a_former_writers_late_messages_are_refused_when_publishes_are_pipelined() {
+    a_former_writers_late_messages_are_refused(false).await;
+}
+
+#[tokio::test]
+async fn a_former_writers_late_messages_are_refused_in_a_stream_shared_by_subjects() {
+    a_former_writers_late_messages_are_refused(true).await;
+}
+
+/// The fence's edge: an endpoint that read the subject empty expects "no message"
+/// (sequence 0), which the server checks as any other sequence.
+#[tokio::test]
+async fn a_former_writer_that_found_the_subject_empty_is_refused() {
+    let fx = Fixture::new();
+    fx.with_short_duplicate_window(false).await;
+    let mut former = fx.endpoint(json!({}));
+    former.open().await.unwrap();
+    let mut holder = fx.endpoint(json!({}));
+    holder.open().await.unwrap();
+    write(&mut *holder, 1, BatchKind::Delta, 2, 2).await;
+    write(&mut *holder, 2, BatchKind::Delta, 1, 1).await;
+    outlast_the_duplicate_window().await;
+
+    let mut late = Buffer::default();
+    late.start(1);
+    former.batch_start(1, BatchKind::Delta).await.unwrap();
+    for index in 0..2 {
+        late.push(&key(index), &value(1, index));
+    }
+    let error = refused(&mut *former, &late).await;
+    assert_another_writer(&fx, &error);
+    assert!(
+        error.to_string().contains("sequence 0 (0: none)"),
+        "{error}"
+    );
+    assert_eq!(places(&fx.read().await), expected(&[(1, 2), (2, 1)]));
+}
+
+/// A stream that starts holding another subject while an endpoint publishes pipelined
+/// (each publish expecting the stream to end with the one before it): the other
+/// subject's message in between has the rest of the batch refused, nothing stored out
+/// of order, and the next attempt publishes one at a time, exactly.
+#[tokio::test]
+async fn a_stream_taking_another_subject_midway_refuses_the_rest_then_publishes_one_at_a_time() {
+    let fx = Fixture::new();
+    let mut endpoint = fx.endpoint(json!({}));
+    endpoint.open().await.unwrap();
+    write(&mut *endpoint, 1, BatchKind::Delta, 2, 2).await;
+    // Another binding under the same `stream` adds its subject and publishes.
+    let mut other = fx.endpoint_for(&fx.other_subject(), json!({}));
+    other.open().await.unwrap();
+    write(&mut *other, 1, BatchKind::Delta, 1, 1).await;
+
+    let mut buffer = Buffer::default();
+    buffer.start(2);
+    endpoint.batch_start(2, BatchKind::Delta).await.unwrap();
+    for index in 0..3 {
+        buffer.push(&key(index), &value(2, index));
+    }
+    let error = refused(&mut *endpoint, &buffer).await;
+    assert!(error.is_retryable(), "{error:?}");
+    for needle in ["was refused", "wrong last msg ID", &fx.other_subject()] {
+        assert!(error.to_string().contains(needle), "{error}");
+    }
+    write(&mut *endpoint, 2, BatchKind::Delta, 3, 3).await;
+    write(&mut *other, 2, BatchKind::Delta, 1, 1).await;
+    write(&mut *endpoint, 3, BatchKind::Delta, 2, 1).await;
+    assert_eq!(
+        places(&fx.read().await),
+        expected(&[(1, 2), (2, 3), (3, 2)])
+    );
 }

@@ -21,6 +21,7 @@ fn endpoint(config: &Value, generation: Generation) -> Box<dyn OutputEndpoint> {
         format: Format::Json,
         header: None,
         generation,
+        former_writers: false,
     };
     (kind().endpoint)(config, target).unwrap()
 }

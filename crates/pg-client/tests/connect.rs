@@ -3,15 +3,14 @@
 //! listens on, at once. A server that refuses TLS fails `sslmode=require` for good.
 
 use sluice_driver_sdk::Error;
-use sluice_postgres::client;
-use sluice_postgres::config::EndpointConfig;
+use sluice_pg_client::{EndpointConfig, connect};
 use sluice_testkit::conformance::tls::{self, SilentServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The context and message of a connection to `url` that failed retryably.
 async fn retryable_failure(url: &str) -> String {
     let endpoint = serde_json::json!({ "url": url }).to_string();
-    tls::retryable_failure(client::connect(&EndpointConfig::parse(&endpoint).unwrap()).await)
+    tls::retryable_failure(connect(&EndpointConfig::parse(&endpoint).unwrap()).await)
 }
 
 #[tokio::test]
@@ -51,7 +50,7 @@ async fn a_server_refusing_tls_fails_sslmode_require_naming_the_option() {
     });
     let url = format!("postgres://u@127.0.0.1:{port}/db?sslmode=require");
     let endpoint = serde_json::json!({ "url": url }).to_string();
-    let err = client::connect(&EndpointConfig::parse(&endpoint).unwrap())
+    let err = connect(&EndpointConfig::parse(&endpoint).unwrap())
         .await
         .map(drop);
     match err {

@@ -1,6 +1,7 @@
-//! Each binding's view, the runtime checkpoint and the range's fence, in one SQLite
-//! file beside the recovery log (`<state_dir>/view.db`): the authoritative store of an
-//! output materialization. Synchronous; the driver calls it on the blocking pool.
+//! The local view: each binding's view, the runtime checkpoint and the range's fence,
+//! in one SQLite file beside the recovery log (`<state_dir>/view.db`), the default
+//! store of an output materialization. Synchronous: [`super::View`] calls it on the
+//! blocking pool.
 //!
 //! ```text
 //!  docs(binding, key, doc)           the view: each key's reduced document
@@ -17,13 +18,17 @@
 //! together, so the next run is a new materialization, never the old checkpoint over
 //! an empty view.
 
+use super::Write;
 use crate::generation::{Generation, GenerationId};
 use crate::{OutputError, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
-/// The view's file in its folder, and the files SQLite keeps beside it.
-const FILES: [&str; 4] = ["view.db", "view.db-wal", "view.db-shm", "view.db-journal"];
+/// The view's file in its folder.
+pub const FILE: &str = "view.db";
+
+/// The view's file, and the files SQLite keeps beside it.
+const FILES: [&str; 4] = [FILE, "view.db-wal", "view.db-shm", "view.db-journal"];
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS docs (
@@ -41,7 +46,7 @@ fn sql_error(context: &str, err: rusqlite::Error) -> OutputError {
     OutputError::External(format!("output view: {context}: {err}"))
 }
 
-pub(crate) struct View {
+pub(crate) struct LocalView {
     conn: Connection,
     in_transaction: bool,
     generation: Generation,
@@ -55,10 +60,10 @@ pub fn remove(state_dir: &Path) -> Result<Option<GenerationId>> {
     let io = |what: &str, path: &Path, e: std::io::Error| {
         OutputError::External(format!("{what} {}: {e}", path.display()))
     };
-    if !state_dir.join(FILES[0]).exists() {
+    if !state_dir.join(FILE).exists() {
         return Ok(None);
     }
-    let generation = View::open(state_dir)?.generation.id;
+    let generation = LocalView::open(state_dir)?.generation.id;
     for name in FILES {
         let path = state_dir.join(name);
         match std::fs::remove_file(&path) {
@@ -73,13 +78,13 @@ pub fn remove(state_dir: &Path) -> Result<Option<GenerationId>> {
     Ok(Some(generation))
 }
 
-impl View {
+impl LocalView {
     /// Opens (creating) the view file under `state_dir`; a view created now gets a new
     /// generation.
-    pub fn open(state_dir: &Path) -> Result<View> {
+    pub fn open(state_dir: &Path) -> Result<LocalView> {
         std::fs::create_dir_all(state_dir)
             .map_err(|e| OutputError::External(format!("creating {}: {e}", state_dir.display())))?;
-        let path = state_dir.join("view.db");
+        let path = state_dir.join(FILE);
         let conn = Connection::open(&path)
             .map_err(|e| sql_error(&format!("opening {}", path.display()), e))?;
         conn.execute_batch(
@@ -88,7 +93,7 @@ impl View {
         .and_then(|()| conn.execute_batch(SCHEMA))
         .map_err(|e| sql_error("creating its tables", e))?;
         let generation = generation(&conn)?;
-        Ok(View {
+        Ok(LocalView {
             conn,
             in_transaction: false,
             generation,
@@ -159,8 +164,22 @@ impl View {
             .map_err(|e| sql_error("looking up a key", e))
     }
 
+    /// The documents of `keys` in `binding`'s view (`None`: absent), in their order.
+    pub fn get_many(&self, binding: &str, keys: &[Vec<u8>]) -> Result<Vec<Option<String>>> {
+        keys.iter().map(|key| self.get(binding, key)).collect()
+    }
+
+    /// Writes a run's new documents and removals (each key once), in this transaction.
+    pub fn write(&mut self, binding: &str, writes: &[Write]) -> Result<()> {
+        self.begin()?;
+        for (key, doc) in writes {
+            self.put(binding, key, doc.as_deref())?;
+        }
+        Ok(())
+    }
+
     /// Sets (`Some`) or removes (`None`) `key`'s document.
-    pub fn put(&mut self, binding: &str, key: &[u8], doc: Option<&str>) -> Result<()> {
+    fn put(&mut self, binding: &str, key: &[u8], doc: Option<&str>) -> Result<()> {
         let (sql, result) = match doc {
             Some(doc) => {
                 let sql = "INSERT INTO docs (binding, key, doc) VALUES (?1, ?2, ?3)
@@ -269,11 +288,6 @@ impl View {
         }
     }
 
-    /// Whether `binding`'s view holds no document.
-    pub fn is_empty(&self, binding: &str) -> Result<bool> {
-        Ok(self.scan(binding, None, 1)?.is_empty())
-    }
-
     /// Copies `from`'s view into `binding`'s (empty) view, in one transaction.
     pub fn seed(&mut self, binding: &str, from: &str) -> Result<usize> {
         self.conn
@@ -345,72 +359,20 @@ fn generation(conn: &Connection) -> Result<Generation> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_commit_is_whole_and_fenced() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut view = View::open(dir.path()).unwrap();
-        let (fence, checkpoint) = view.claim(0, u32::MAX).unwrap();
-        assert_eq!((fence, checkpoint.as_slice()), (1, &[][..]));
-        view.begin().unwrap();
-        view.put("b", b"k1", Some("{\"a\":1}")).unwrap();
-        assert_eq!(view.get("b", b"k1").unwrap().as_deref(), Some("{\"a\":1}"));
-        view.rollback();
-        assert_eq!(view.get("b", b"k1").unwrap(), None);
-        view.begin().unwrap();
-        view.put("b", b"k1", Some("{\"a\":2}")).unwrap();
-        assert_eq!(
-            view.commit(0, u32::MAX, 1, b"cp1", &[("b".into(), 3)])
-                .unwrap(),
-            Some(1)
-        );
-        assert!(view.snapshot_sent("b").unwrap());
-
-        // A newer instance claims the range: the older one's commit is refused.
-        let mut newer = View::open(dir.path()).unwrap();
-        let (fence, checkpoint) = newer.claim(0, u32::MAX).unwrap();
-        assert_eq!((fence, checkpoint.as_slice()), (2, &b"cp1"[..]));
-        view.begin().unwrap();
-        view.put("b", b"k2", Some("{}")).unwrap();
-        assert_eq!(view.commit(0, u32::MAX, 1, b"cp2", &[]).unwrap(), Some(2));
-        assert_eq!(newer.get("b", b"k2").unwrap(), None);
-        assert_eq!(newer.scan("b", None, 10).unwrap().len(), 1);
-    }
+    // The view's promises, for both stores: `super::tests`. What is the file's own:
 
     #[test]
-    fn a_view_keeps_its_generation_until_a_reset_removes_it_whole() {
+    fn a_reset_removes_the_views_files() {
         let dir = tempfile::tempdir().unwrap();
-        let mut view = View::open(dir.path()).unwrap();
-        let first = view.generation();
-        assert!(
-            !first.adopts_unstamped,
-            "a new view owns only what it stamps"
-        );
+        let mut view = LocalView::open(dir.path()).unwrap();
+        let generation = view.generation().id;
         view.claim(0, u32::MAX).unwrap();
-        view.begin().unwrap();
-        view.put("b", b"k1", Some("{}")).unwrap();
-        view.commit(0, u32::MAX, 1, b"cp1", &[("b".into(), 1)])
+        view.write("b", &[(b"k1".to_vec(), Some("{}".into()))])
             .unwrap();
+        view.commit(0, u32::MAX, 1, b"cp1", &[]).unwrap();
         drop(view);
-        assert_eq!(View::open(dir.path()).unwrap().generation(), first);
-
-        assert_eq!(remove(dir.path()).unwrap(), Some(first.id));
+        assert_eq!(remove(dir.path()).unwrap(), Some(generation));
         assert!(FILES.iter().all(|f| !dir.path().join(f).exists()));
-        assert_eq!(remove(dir.path()).unwrap(), None, "nothing left to remove");
-        let mut fresh = View::open(dir.path()).unwrap();
-        assert_ne!(
-            fresh.generation().id,
-            first.id,
-            "a reset starts a new generation"
-        );
-        assert!(!fresh.generation().adopts_unstamped);
-        let (fence, checkpoint) = fresh.claim(0, u32::MAX).unwrap();
-        assert_eq!(
-            (fence, checkpoint),
-            (1, Vec::new()),
-            "no checkpoint survives"
-        );
-        assert_eq!(fresh.get("b", b"k1").unwrap(), None, "no document survives");
-        assert!(!fresh.snapshot_sent("b").unwrap(), "no snapshot survives");
     }
 
     #[test]
@@ -427,11 +389,14 @@ mod tests {
             conn.execute("INSERT INTO ranges VALUES (0, 4294967295, 3, x'6370')", [])
                 .unwrap();
         }
-        let mut view = View::open(dir.path()).unwrap();
+        let mut view = LocalView::open(dir.path()).unwrap();
         let generation = view.generation();
         assert!(generation.adopts_unstamped);
         assert_eq!(view.claim(0, u32::MAX).unwrap(), (4, b"cp".to_vec()));
         drop(view);
-        assert_eq!(View::open(dir.path()).unwrap().generation(), generation);
+        assert_eq!(
+            LocalView::open(dir.path()).unwrap().generation(),
+            generation
+        );
     }
 }
