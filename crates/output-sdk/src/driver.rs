@@ -14,24 +14,24 @@ use crate::config::Endpoint;
 use crate::encode::{self, Buffer, Fields};
 use crate::endpoint::Target;
 use crate::generation::{Generation, GenerationId};
-use crate::kind::{OutputKind, Resource, endpoint_schema, resource_schema};
-use crate::output_error;
+use crate::kind::{LOCAL_VIEW, ONE_STREAM, OutputKind, Resource, endpoint_schema, resource_schema};
 use crate::transactor::{BindingOutput, OutputTransactor};
 use crate::view::{self, Place, View};
+use crate::{output_error, parse_json};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_driver_sdk::fence::{Claim, PreparedCheckpoint};
+use sluice_driver_sdk::flow::EndpointType;
 use sluice_driver_sdk::materialize::constraint::Type;
 use sluice_driver_sdk::materialize::{
     self as m, transaction_request::Open, transaction_response::Opened,
 };
 use sluice_driver_sdk::validate::ProjectionRules;
-use sluice_driver_sdk::{CommitPattern, Declared, Driver, Error, Result, Transactor};
-use std::path::PathBuf;
-
-pub(crate) fn parse_json(text: &str, what: &str) -> Result<Value> {
-    serde_json::from_str(text).map_err(|e| Error::Config(format!("{what} is not JSON: {e}")))
-}
+use sluice_driver_sdk::{
+    BuiltinKind, CommitPattern, Declared, Driver, Error, InvalidConfig, Result, Transactor,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Output endpoints of kind `kind`, their views kept under `state_dir` unless the
 /// endpoint's `view` names a PostgreSQL schema.
@@ -56,8 +56,7 @@ impl OutputDriver {
     /// The endpoint configuration, checked: the kind's keys and where the view is.
     fn config(&self, endpoint_spec_json: &str) -> Result<(Value, Place)> {
         let config = parse_json(endpoint_spec_json, "the endpoint config")?;
-        let Endpoint { kind, view } = Endpoint::parse(&config).map_err(output_error)?;
-        (self.kind.check)(&kind).map_err(output_error)?;
+        let Endpoint { kind, view } = self.kind.checked(&config).map_err(output_error)?;
         Ok((kind, view::place(view.as_ref(), &self.state_dir)))
     }
 
@@ -304,4 +303,48 @@ async fn seed_from_sibling(
         }
     }
     Ok(())
+}
+
+impl BuiltinKind for OutputKind {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn endpoint_type(&self) -> EndpointType {
+        EndpointType::SluiceOutput
+    }
+
+    fn paths(&self) -> &'static [&'static str] {
+        self.paths
+    }
+
+    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig> {
+        (self.checked(config).map(drop)).map_err(|e| InvalidConfig::new("", e.to_string()))
+    }
+
+    /// Its views live in the materialization's state folder, unless `view` says
+    /// otherwise: without a folder, no instance.
+    fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
+        let state_dir = state_dir?.to_path_buf();
+        Some(Arc::new(OutputDriver::new(*self, state_dir)))
+    }
+
+    fn schemas(&self) -> Option<(String, String)> {
+        Some((endpoint_schema(self), resource_schema(self)))
+    }
+
+    /// The view is the output's authoritative store (before-images, checkpoint, fence),
+    /// and rebuilding it from a destination works for none of them (files and streams
+    /// keep changes, not last values per key): it must be where every member reaches
+    /// it. And the move must not let the former holder's late messages land.
+    fn pinned(&self, config: &Value) -> Option<&'static str> {
+        match config.get("view") {
+            None => Some(LOCAL_VIEW),
+            Some(_) => self.late_writes,
+        }
+    }
+
+    fn singleton(&self, _config: &Value) -> Option<&'static str> {
+        Some(ONE_STREAM)
+    }
 }

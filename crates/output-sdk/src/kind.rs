@@ -10,15 +10,10 @@
 //! writer's transactions.
 
 use crate::config::Endpoint;
-use crate::driver::OutputDriver;
 use crate::encode::Encoding;
 use crate::endpoint::{OutputEndpoint, Target};
 use crate::{OutputError, Result as OutputResult};
 use serde_json::{Value, json};
-use sluice_driver_sdk::flow::EndpointType;
-use sluice_driver_sdk::{BuiltinKind, Driver, InvalidConfig};
-use std::path::Path;
-use std::sync::Arc;
 
 /// Why an output whose view is local cannot run under `cluster:`.
 pub const LOCAL_VIEW: &str = "an output keeps its view beside the local recovery log unless \
@@ -56,49 +51,19 @@ pub struct OutputKind {
     pub late_writes: Option<&'static str>,
 }
 
-impl BuiltinKind for OutputKind {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn endpoint_type(&self) -> EndpointType {
-        EndpointType::SluiceOutput
-    }
-
-    fn paths(&self) -> &'static [&'static str] {
-        self.paths
-    }
-
-    fn check(&self, config: &Value) -> std::result::Result<(), InvalidConfig> {
-        let invalid = |e: OutputError| InvalidConfig::new("", e.to_string());
-        let endpoint = Endpoint::parse(config).map_err(invalid)?;
-        (self.check)(&endpoint.kind).map_err(invalid)
-    }
-
-    /// Its views live in the materialization's state folder, unless `view` says
-    /// otherwise: without a folder, no instance.
-    fn driver(&self, state_dir: Option<&Path>) -> Option<Arc<dyn Driver>> {
-        let state_dir = state_dir?.to_path_buf();
-        Some(Arc::new(OutputDriver::new(*self, state_dir)))
-    }
-
-    fn schemas(&self) -> Option<(String, String)> {
-        Some((endpoint_schema(self), resource_schema(self)))
-    }
-
-    /// The view is the output's authoritative store (before-images, checkpoint, fence),
-    /// and rebuilding it from a destination works for none of them (files and streams
-    /// keep changes, not last values per key): it must be where every member reaches
-    /// it. And the move must not let the former holder's late messages land.
-    fn pinned(&self, config: &Value) -> Option<&'static str> {
-        match config.get("view") {
-            None => Some(LOCAL_VIEW),
-            Some(_) => self.late_writes,
-        }
-    }
-
-    fn singleton(&self, _config: &Value) -> Option<&'static str> {
-        Some(ONE_STREAM)
+impl OutputKind {
+    /// An endpoint configuration split ([`Endpoint::parse`]) and its kind's keys
+    /// checked strictly. The kind's error for an unknown key lists the kind's own keys;
+    /// `view`, taken out before, is one the endpoint takes too, so it is listed.
+    pub(crate) fn checked(&self, config: &Value) -> OutputResult<Endpoint> {
+        let endpoint = Endpoint::parse(config)?;
+        (self.check)(&endpoint.kind).map_err(|err| match err {
+            OutputError::Config(message) if message.contains("unknown field `") => {
+                OutputError::Config(format!("{message}, or `view`"))
+            }
+            other => other,
+        })?;
+        Ok(endpoint)
     }
 }
 
@@ -213,6 +178,7 @@ pub fn endpoint_schema(kind: &OutputKind) -> String {
 mod tests {
     use super::*;
     use crate::encode;
+    use sluice_driver_sdk::BuiltinKind;
 
     #[test]
     fn a_resource_splits_into_its_destination_and_its_encoding() {

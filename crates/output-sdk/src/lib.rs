@@ -113,3 +113,9 @@ macro_rules! fail_point {
 pub(crate) use fail_point;
 
 pub type Result<T, E = OutputError> = std::result::Result<T, E>;
+
+/// `text` as JSON, or a configuration error naming `what` it is.
+pub(crate) fn parse_json(text: &str, what: &str) -> sluice_driver_sdk::Result<serde_json::Value> {
+    serde_json::from_str(text)
+        .map_err(|e| sluice_driver_sdk::Error::Config(format!("{what} is not JSON: {e}")))
+}

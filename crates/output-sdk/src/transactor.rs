@@ -22,11 +22,10 @@
 
 use crate::OutputError;
 use crate::change::{Change, Op};
-use crate::driver::parse_json;
 use crate::encode::{Buffer, Encoder};
 use crate::endpoint::{BatchKind, OutputEndpoint};
-use crate::output_error;
 use crate::view::{View, Write};
+use crate::{output_error, parse_json};
 use async_trait::async_trait;
 use serde_json::Value;
 use sluice_driver_sdk::arena::{load_keys, store_docs};
