@@ -29,3 +29,9 @@ pub mod tls;
 pub use config::{DEFAULT_SCHEMA, ENDPOINT_SCHEMA, EndpointConfig, NAME_LIMIT};
 pub use connect::{connect, pg_error};
 pub use tokio_postgres;
+
+/// `"name"`, with embedded quotes doubled: an identifier every user of the connection
+/// writes into statements (schemas, tables).
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

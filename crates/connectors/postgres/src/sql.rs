@@ -281,10 +281,7 @@ pub fn qualify(schema: &str, name: &str) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(name))
 }
 
-/// `"name"`, with embedded quotes doubled.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
+pub use sluice_pg_client::quote_ident;
 
 /// `'text'`, with embedded quotes doubled. (`standard_conforming_strings` is on by
 /// default since PostgreSQL 9.1, so backslashes need no escaping.)

@@ -36,7 +36,7 @@ use super::Write;
 use crate::generation::{Generation, GenerationId};
 use sluice_driver_sdk::{Error, Result};
 use sluice_pg_client::tokio_postgres::{self, Client, Statement};
-use sluice_pg_client::{EndpointConfig, connect, pg_error};
+use sluice_pg_client::{EndpointConfig, connect, pg_error, quote_ident};
 use std::collections::HashMap;
 
 /// How long the server keeps a session idle inside a transaction before ending it (and
@@ -57,11 +57,6 @@ const TABLES: [&str; 4] = [
     "sluice_output_meta",
 ];
 
-/// An identifier quoted for PostgreSQL.
-fn quote(identifier: &str) -> String {
-    format!("\"{}\"", identifier.replace('"', "\"\""))
-}
-
 /// The qualified names of one schema's tables (in [`TABLES`]' order).
 struct Tables {
     docs: String,
@@ -72,7 +67,8 @@ struct Tables {
 
 impl Tables {
     fn of(schema: &str) -> Tables {
-        let [docs, ranges, snapshots, meta] = TABLES.map(|t| format!("{}.{t}", quote(schema)));
+        let [docs, ranges, snapshots, meta] =
+            TABLES.map(|t| format!("{}.{t}", quote_ident(schema)));
         Tables {
             docs,
             ranges,
@@ -105,7 +101,7 @@ impl Tables {
              CREATE TABLE IF NOT EXISTS {meta} (
                  materialization text NOT NULL, name text NOT NULL, value text NOT NULL,
                  PRIMARY KEY (materialization, name));",
-            schema = quote(schema)
+            schema = quote_ident(schema)
         )
     }
 
