@@ -16,11 +16,10 @@ use crate::common;
 
 use common::cluster::Members;
 use common::{
-    PATIENCE, append_lines, block_on, generate, iceberg_upsert_view, pipeline_yaml, reduce_expected,
+    Growing, PATIENCE, append_lines, block_on, generate, iceberg_upsert_view, pipeline_yaml,
+    reduce_expected,
 };
 use sluice_testkit::etcd::PrivateEtcd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The pageviews pipeline into an upsert table, in transactions of 500 documents or
@@ -51,7 +50,6 @@ fn an_iceberg_table_runs_as_one_shard_that_moves_between_members_and_stays_exact
     let input = dir.path().join("views.jsonl");
     let docs = generate(120_000, 400, 31);
     append_lines(&input, &docs[..2_000]);
-    let appended = Arc::new(AtomicUsize::new(2_000));
 
     let mut members = Members::new(dir.path(), &pipeline_path);
     for m in ["a", "b"] {
@@ -74,37 +72,12 @@ fn an_iceberg_table_runs_as_one_shard_that_moves_between_members_and_stays_exact
     );
 
     // The input grows, 200 documents every 100 ms, while holders are killed.
-    let appending = Arc::new(AtomicBool::new(true));
-    let appender = {
-        let (docs, appended, appending) = (docs.clone(), appended.clone(), appending.clone());
-        std::thread::spawn(move || {
-            while appending.load(Ordering::SeqCst) {
-                let from = appended.load(Ordering::SeqCst);
-                let to = (from + 200).min(docs.len());
-                append_lines(&input, &docs[from..to]);
-                appended.store(to, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let growing = Growing::start(&input, &docs, 2_000);
     for _ in 0..3 {
         std::thread::sleep(Duration::from_secs(2));
-        let victim = members.holder();
-        if stints.last() != Some(&victim) {
-            stints.push(victim.clone());
-        }
-        members.kill(&victim);
-        let next = members.holder();
-        eprintln!("killed {victim}, the holder; {next} holds the shard now");
-        stints.push(next);
-        // Its lease has expired (the shard moved): it joins again under its name, with
-        // its folder and the index it left in it.
-        members.start(&victim, &[]);
+        members.kill_holder_and_rejoin(&mut stints);
     }
-    appending.store(false, Ordering::SeqCst);
-    appender.join().unwrap();
-    let appended = appended.load(Ordering::SeqCst);
-    assert!(appended < docs.len(), "the input ran out while growing");
+    let appended = growing.stop(&docs);
     let holders: Vec<&String> = stints.iter().collect();
     assert!(
         (holders.iter().enumerate()).any(|(i, m)| holders[..i.saturating_sub(1)].contains(m)),

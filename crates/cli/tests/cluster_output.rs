@@ -14,13 +14,11 @@ use crate::common;
 use common::changes::{group, replay};
 use common::cluster::Members;
 use common::{
-    PATIENCE, POSTGRES_URL, Row, Schema, append_lines, block_on, generate, pipeline_yaml,
+    Growing, PATIENCE, POSTGRES_URL, Row, Schema, append_lines, block_on, generate, pipeline_yaml,
     reduce_expected, signal,
 };
 use sluice_testkit::etcd::PrivateEtcd;
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const NATS: &str = "nats://127.0.0.1:4222";
@@ -95,7 +93,6 @@ fn an_output_runs_as_one_shard_that_moves_between_members_and_publishes_each_cha
     let input = dir.path().join("views.jsonl");
     let docs = generate(150_000, 400, 41);
     append_lines(&input, &docs[..2_000]);
-    let appended = Arc::new(AtomicUsize::new(2_000));
 
     let mut members = Members::new(dir.path(), &pipeline_path);
     for m in ["a", "b"] {
@@ -118,30 +115,10 @@ fn an_output_runs_as_one_shard_that_moves_between_members_and_publishes_each_cha
     );
 
     // The input grows, 200 documents every 100 ms, while holders are killed.
-    let appending = Arc::new(AtomicBool::new(true));
-    let appender = {
-        let (docs, appended, appending) = (docs.clone(), appended.clone(), appending.clone());
-        std::thread::spawn(move || {
-            while appending.load(Ordering::SeqCst) {
-                let from = appended.load(Ordering::SeqCst);
-                let to = (from + 200).min(docs.len());
-                append_lines(&input, &docs[from..to]);
-                appended.store(to, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let growing = Growing::start(&input, &docs, 2_000);
     for _ in 0..3 {
         std::thread::sleep(Duration::from_secs(2));
-        let victim = members.holder();
-        if stints.last() != Some(&victim) {
-            stints.push(victim.clone());
-        }
-        members.kill(&victim);
-        let next = members.holder();
-        eprintln!("killed {victim}, the holder; {next} holds the shard now");
-        stints.push(next);
-        members.start(&victim, &[]);
+        members.kill_holder_and_rejoin(&mut stints);
     }
 
     // A holder stopped past its lease: the other member takes the shard over and goes
@@ -191,10 +168,7 @@ fn an_output_runs_as_one_shard_that_moves_between_members_and_publishes_each_cha
     );
     members.running.swap_remove(at);
 
-    appending.store(false, Ordering::SeqCst);
-    appender.join().unwrap();
-    let appended = appended.load(Ordering::SeqCst);
-    assert!(appended < docs.len(), "the input ran out while growing");
+    let appended = growing.stop(&docs);
     assert!(
         (stints.iter().enumerate()).any(|(i, m)| stints[..i.saturating_sub(1)].contains(m)),
         "a member took the shard back after another held it: {stints:?}"

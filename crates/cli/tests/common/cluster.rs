@@ -58,6 +58,20 @@ impl Members {
         child.wait().unwrap();
     }
 
+    /// SIGKILLs the member running a shard and starts it again under its name, with its
+    /// folder, once another member holds the shard; `stints` gets the holders in turn.
+    pub fn kill_holder_and_rejoin(&mut self, stints: &mut Vec<String>) {
+        let victim = self.holder();
+        if stints.last() != Some(&victim) {
+            stints.push(victim.clone());
+        }
+        self.kill(&victim);
+        let next = self.holder();
+        eprintln!("killed {victim}, the holder; {next} holds the shard now");
+        stints.push(next);
+        self.start(&victim, &[]);
+    }
+
     /// `sluice shards <verb> <pipeline> <args>`.
     pub fn shards(&self, verb: &str, args: &[&str]) -> Output {
         Command::new(SLUICE)

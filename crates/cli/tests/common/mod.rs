@@ -15,6 +15,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
@@ -622,4 +625,49 @@ pub fn serve_driver(name: &str, listen: &str, protocol: &str) -> (Served, String
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
     (served, address)
+}
+
+/// An input file that grows on a thread of its own while a test kills members: 200 more
+/// of `docs` every 100 ms, from the `from`-th on, until stopped.
+pub struct Growing {
+    appended: Arc<AtomicUsize>,
+    running: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Growing {
+    pub fn start(path: &Path, docs: &[Value], from: usize) -> Growing {
+        let (appended, running) = (
+            Arc::new(AtomicUsize::new(from)),
+            Arc::new(AtomicBool::new(true)),
+        );
+        let thread = {
+            let (path, docs) = (path.to_path_buf(), docs.to_vec());
+            let (appended, running) = (appended.clone(), running.clone());
+            std::thread::spawn(move || {
+                while running.load(Ordering::SeqCst) {
+                    let from = appended.load(Ordering::SeqCst);
+                    let to = (from + 200).min(docs.len());
+                    append_lines(&path, &docs[from..to]);
+                    appended.store(to, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Growing {
+            appended,
+            running,
+            thread,
+        }
+    }
+
+    /// Stops growing: how many of the documents the input holds, fewer than all (the
+    /// input must not run out while it grows).
+    pub fn stop(self, docs: &[Value]) -> usize {
+        self.running.store(false, Ordering::SeqCst);
+        self.thread.join().unwrap();
+        let appended = self.appended.load(Ordering::SeqCst);
+        assert!(appended < docs.len(), "the input ran out while growing");
+        appended
+    }
 }
