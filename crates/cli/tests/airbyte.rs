@@ -3,7 +3,8 @@
 //! missing one fails its test with the install hint, never skips it.
 //!
 //! - airbyte-source-faker (fixed seed) into PostgreSQL, SIGKILLed at random moments, ends
-//!   equal to an uninterrupted run, and no connector process outlives a killed sluice;
+//!   with whole slices of an uninterrupted run, and no connector process outlives a
+//!   killed sluice;
 //! - tap-jsonl over a file into SQLite; airbyte-source-file over a CSV;
 //! - `sluice discover` on faker prints a pipeline that runs as printed;
 //! - a bad configuration shows the connector's own check message, naming the source.
@@ -220,9 +221,16 @@ fn running(marker: &str) -> bool {
     !out.stdout.is_empty()
 }
 
+/// source-faker's users stream takes any state as "synced": a read resumed from one
+/// sends nothing (`always_updated: false`). So a run killed after its first commit keeps
+/// what it committed and the runs after it add nothing: the table then holds the users
+/// of whole slices (a state every 25), each row as an uninterrupted run wrote it. A
+/// commit between two states, or a state committed without its records, would leave a
+/// count of users that is not a whole number of slices.
 #[test]
-fn faker_into_postgres_after_sigkills_equals_an_uninterrupted_run() {
+fn faker_into_postgres_after_sigkills_holds_whole_slices_of_an_uninterrupted_run() {
     const USERS: u32 = 2_000;
+    const SLICE: usize = 25;
     let whole = Schema::new("airbyte_whole");
     let whole_dir = tempfile::tempdir().unwrap();
     let path = faker_pipeline(whole_dir.path(), &whole.0, USERS);
@@ -255,7 +263,17 @@ fn faker_into_postgres_after_sigkills_equals_an_uninterrupted_run() {
         });
     }
     assert_success(&sluice(&["run", path.to_str().unwrap()], dir.path()));
-    assert_eq!(users(&killed.0), expected);
+    let got = users(&killed.0);
+    let n = got.len();
+    assert!(
+        n == USERS as usize || (n > 0 && n % SLICE == 0),
+        "{n} users: not whole slices of {SLICE}"
+    );
+    let prefix: BTreeMap<i64, String> = expected.into_iter().take(n).collect();
+    assert!(
+        got == prefix,
+        "the users after SIGKILLs are not the first {n} of an uninterrupted run"
+    );
 }
 
 #[test]

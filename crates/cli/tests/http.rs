@@ -50,10 +50,7 @@ impl Fixture {
 
     /// As [`Fixture::with_keys`], its transactions closing at `max_docs`.
     fn bounded(http: &str, keys: &str, max_docs: u64) -> Fixture {
-        let address = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap()
-        };
+        let address = common::free_address();
         let source = format!(
             "{keys}    http: {{listen: \"{address}\", token: \"${{SLUICE_TEST_TOKEN}}\"{http}}}\n"
         );

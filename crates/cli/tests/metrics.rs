@@ -154,10 +154,7 @@ fn a_scrape_during_a_run_agrees_with_its_summary() {
         "10s",
     );
     std::fs::write(dir.path().join("pipeline.yaml"), pipeline).unwrap();
-    let address = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap()
-    };
+    let address = common::free_address();
     let child = Command::new(SLUICE)
         .arg("run")
         .arg("--follow")

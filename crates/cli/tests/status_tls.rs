@@ -57,10 +57,7 @@ fn the_status_server_takes_only_tls_and_its_token() {
     std::fs::create_dir(&certs).unwrap();
     TestCertificates::make(&certs);
     write_lines(&dir.path().join("views.jsonl"), &generate(1_000, 100, 3));
-    let address = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap()
-    };
+    let address = common::free_address();
     let pipeline = format!(
         "{}  metrics:
     listen: {address}

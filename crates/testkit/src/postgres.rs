@@ -49,10 +49,7 @@ impl LogicalPostgres {
             .filter(|bin| bin.join("initdb").exists())
             .max()
             .expect("no /usr/lib/postgresql/*/bin/initdb");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a spare port")
-            .port();
+        let port = crate::ports::free_port();
         let dir = std::env::temp_dir().join(format!("sluice-cdc-pg-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("the cluster's folder");
         let certificates = tls.then(|| TestCertificates::make(&dir));

@@ -28,7 +28,7 @@ use super::{Harness, Running};
 use anyhow::Context;
 use serde_json::Value;
 use sluice_testkit::etcd::PrivateEtcd;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -96,13 +96,7 @@ fn write_pipeline(h: &Harness, etcd: &PrivateEtcd) -> anyhow::Result<(PathBuf, V
     let mut ports = Vec::new();
     if let Input::Http { address, .. } = &h.input {
         text = text.replace(&address.to_string(), "127.0.0.1:${HTTP_PORT}");
-        // Each held while the next is found.
-        let held = (0..MEMBERS)
-            .map(|_| TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()?;
-        for listener in held {
-            ports.push(listener.local_addr()?.port());
-        }
+        ports.extend((0..MEMBERS).map(|_| sluice_testkit::ports::free_port()));
     }
     let text = format!(
         "{text}cluster:\n  etcd: [\"{}\"]\n  member: ${{MEMBER}}\n  lease_ttl: {}s\n  shards: 3\n",

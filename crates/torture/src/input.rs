@@ -157,13 +157,10 @@ impl Input {
                 .with_context(|| format!("creating table src.events at {}", server.url()))?;
                 Input::MysqlCdc { server, rows: 0 }
             }
-            SourceKind::Http => {
-                let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
-                Input::Http {
-                    address: probe.local_addr()?,
-                    unsent: Vec::new(),
-                }
-            }
+            SourceKind::Http => Input::Http {
+                address: ([127, 0, 0, 1], sluice_testkit::ports::free_port()).into(),
+                unsent: Vec::new(),
+            },
         })
     }
 

@@ -15,6 +15,7 @@
 //! InnoDB shutdown): the store must then recover what it committed by itself.
 
 use anyhow::{Context, bail};
+use sluice_testkit::ports::free_port;
 use sluice_testkit::tansu::tansu_binary;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -51,7 +52,7 @@ impl PrivatePostgres {
         let server = PrivatePostgres {
             bin,
             dir: dir.to_path_buf(),
-            port: spare_port()?,
+            port: free_port(),
         };
         if is_root() {
             let dir = server.dir_str();
@@ -151,7 +152,7 @@ impl PrivateMariadb {
             install.arg("--user=root");
         }
         succeed(&mut install)?;
-        let port = spare_port()?;
+        let port = free_port();
         let path = |name: &str| dir.join(name).display().to_string();
         let mut args = vec![
             "--no-defaults".to_string(),
@@ -211,7 +212,7 @@ impl PrivateBroker {
                 "no tansu on PATH (nor ../shared/tools/tansu): install it with \
              `cargo install tansu --locked --features libsql`",
             )?;
-        let port = spare_port()?;
+        let port = free_port();
         let listener = format!("tcp://127.0.0.1:{port}");
         let args = [
             "broker",
@@ -237,7 +238,7 @@ impl PrivateBroker {
         let program = on_path("nats-server")
             .or_else(|| debian.exists().then_some(debian))
             .context("no nats-server on PATH (nor /usr/sbin/nats-server)")?;
-        let port = spare_port()?;
+        let port = free_port();
         let store = dir.join("jetstream").display().to_string();
         let port_arg = port.to_string();
         let args = ["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd", &store];
@@ -381,13 +382,6 @@ fn on_path(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(program))
         .find(|path| path.is_file())
-}
-
-/// A port of 127.0.0.1 that was free a moment ago.
-fn spare_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// Runs `cmd` to its end; an error names it, its status and its stderr.

@@ -107,15 +107,9 @@ pub fn signal(child: &Child, name: &str) {
     assert!(status.success(), "kill -{name}");
 }
 
-/// A port free now, below the ephemeral range (32768 and up on Linux): a port the system
-/// chose could be the source port of some test's connection by the time a server binds
-/// it. Ten ports per process id, so tests (processes of their own) search apart.
+/// An address on 127.0.0.1 free now, and claimed for this test (`free_port`).
 pub fn free_address() -> SocketAddr {
-    let first = 20_000 + std::process::id() % 1_200 * 10;
-    (first..32_768)
-        .find_map(|port| std::net::TcpListener::bind(("127.0.0.1", port as u16)).ok())
-        .and_then(|probe| probe.local_addr().ok())
-        .expect("a free port below 32768")
+    SocketAddr::from(([127, 0, 0, 1], sluice_testkit::ports::free_port()))
 }
 
 /// Runs `f` with a client of the shared PostgreSQL server, on a runtime of its own.

@@ -136,12 +136,10 @@ impl Drop for SilentServer {
     }
 }
 
-/// A port on 127.0.0.1 that nobody listens on (bound once by the OS, then released).
+/// A port on 127.0.0.1 that nobody listens on, nor will while this process lives
+/// (claimed as a server's would be).
 pub fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free local port")
-        .port()
+    crate::ports::free_port()
 }
 
 /// The context and message of a connection that failed as a retryable store error;
