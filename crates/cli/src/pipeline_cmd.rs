@@ -404,7 +404,15 @@ pub fn apply(args: ApplyArgs) -> anyhow::Result<()> {
             true => ApplyAction::Delete,
             false => ApplyAction::Upsert,
         };
-        for (name, actions) in pipeline::apply(&pipeline, &planned, action, args.dry_run).await? {
+        // Under `cluster:` the applied spec and the shards' logs are in the cluster's
+        // etcd, not in this machine's folder.
+        let applied = match pipeline.cluster {
+            Some(_) => {
+                sluice_cluster::apply::apply(&pipeline, &planned, action, args.dry_run).await?
+            }
+            None => pipeline::apply(&pipeline, &planned, action, args.dry_run).await?,
+        };
+        for (name, actions) in applied {
             let verb = match (action, args.dry_run) {
                 (ApplyAction::Upsert, true) => "would apply",
                 (ApplyAction::Upsert, false) => "applied",

@@ -266,7 +266,7 @@ fn faker_into_postgres_after_sigkills_holds_whole_slices_of_an_uninterrupted_run
     let got = users(&killed.0);
     let n = got.len();
     assert!(
-        n == USERS as usize || (n > 0 && n % SLICE == 0),
+        n == USERS as usize || (n > 0 && n.is_multiple_of(SLICE)),
         "{n} users: not whole slices of {SLICE}"
     );
     let prefix: BTreeMap<i64, String> = expected.into_iter().take(n).collect();

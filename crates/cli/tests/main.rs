@@ -7,6 +7,7 @@ mod apply;
 mod bad_input;
 mod check;
 mod cluster;
+mod cluster_apply;
 mod cluster_autosplit;
 mod cluster_cdc;
 mod cluster_cdc_snapshot;

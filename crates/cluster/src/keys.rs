@@ -221,6 +221,35 @@ impl Keys {
         format!("{}/lock/apply/{materialization}", self.prefix)
     }
 
+    /// The folder of `materialization`'s keys under `folder` (one of the per-shard
+    /// folders: [`Keys::shards`], [`Keys::assignments`], …).
+    pub fn of(&self, folder: &str, materialization: &str) -> String {
+        format!("{folder}{materialization}/")
+    }
+
+    /// Every key the cluster keeps of `materialization` but its assignments (written by
+    /// holders, with their leases) and its apply lock: what `sluice apply --delete`
+    /// removes, so the members' next run is a first start. A folder ends in `/`. The
+    /// deployment id is the cluster's, not the materialization's: kept.
+    pub fn of_materialization(&self, materialization: &str) -> Vec<String> {
+        let mut keys: Vec<String> = [
+            self.shards(),
+            self.logs(),
+            self.statuses(),
+            self.placements(),
+            self.declines(),
+        ]
+        .iter()
+        .map(|folder| self.of(folder, materialization))
+        .collect();
+        keys.extend([
+            self.applied(materialization),
+            self.init(materialization),
+            self.autosplit(materialization),
+        ]);
+        keys
+    }
+
     /// (materialization, range) of a key under `under` (one of the per-shard folders).
     pub fn parse_shard<'k>(&self, under: &str, key: &'k str) -> Option<(&'k str, ShardDef)> {
         let rest = key.strip_prefix(under)?;
@@ -253,5 +282,44 @@ mod tests {
         let key = keys.declined(&id, "m-1");
         assert_eq!(key, "/sluice/p/declined/views/00000010-7fffffff/m-1");
         assert_eq!(keys.parse_declined(&key), Some(("views", range, "m-1")));
+    }
+
+    #[test]
+    fn a_materializations_keys_are_its_own_not_a_longer_names() {
+        let keys = Keys::new("/sluice/p");
+        let id = ShardId {
+            materialization: "views".into(),
+            range: ShardDef::default(),
+        };
+        let owned = keys.of_materialization("views");
+        let of_views = |key: &str| {
+            owned
+                .iter()
+                .any(|k| k == key || (k.ends_with('/') && key.starts_with(k.as_str())))
+        };
+        for key in [
+            keys.shard(&id),
+            format!("{}commit", keys.log(&id)),
+            keys.status(&id),
+            keys.placement(&id),
+            keys.declined(&id, "m-1"),
+            keys.applied("views"),
+            keys.init("views"),
+            keys.autosplit("views"),
+        ] {
+            assert!(of_views(&key), "{key} is not removed with views");
+        }
+        let other = ShardId {
+            materialization: "views2".into(),
+            range: ShardDef::default(),
+        };
+        for key in [
+            keys.shard(&other),
+            keys.applied("views2"),
+            keys.deployment(),
+        ] {
+            assert!(!of_views(&key), "{key} is removed with views");
+        }
+        assert!(!of_views(&keys.assignment(&id)));
     }
 }

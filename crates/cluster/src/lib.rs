@@ -23,9 +23,12 @@
 //! - `wake.rs`: what wakes the reconcile loop: etcd watches of the keys it reads, its
 //!   loops ending, a safety net
 //! - `admin.rs`: `sluice shards list | split`
+//! - `apply.rs`: `sluice apply [--delete]` on the cluster's etcd: a changed spec recorded
+//!   in it, or every key of a materialization removed (a reset), while no member runs
 //! - `testing.rs` (feature `testing`): a private etcd member for tests
 
 pub mod admin;
+pub mod apply;
 pub mod assign;
 pub mod autosplit;
 pub mod balance;

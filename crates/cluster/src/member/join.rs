@@ -3,9 +3,9 @@
 //! each spec (once for the cluster, under an etcd lock held with the member's lease).
 
 use super::{ClusterError, Member, invalid};
-use crate::etcd::{Cond, Op};
-use crate::keys::{ShardDef, ShardId, ShardSpec};
-use sluice_runtime::applied;
+use crate::etcd::{Cond, Etcd, EtcdError, KeyValue, Op};
+use crate::keys::{Keys, ShardDef, ShardId, ShardSpec};
+use sluice_runtime::applied::{self, Applied};
 use sluice_runtime::config::Pipeline;
 use sluice_runtime::pipeline::{self, ApplyAction, Planned};
 use std::time::Duration;
@@ -82,19 +82,8 @@ impl Member {
         for m in &planned.materializations {
             let lock = self.keys.apply_lock(&m.name);
             loop {
-                let taken = (self.etcd)
-                    .txn(
-                        vec![Cond::Absent(lock.clone())],
-                        vec![Op::Put {
-                            key: lock.clone(),
-                            value: self.me.clone().into_bytes(),
-                            lease: self.lease,
-                        }],
-                        vec![],
-                    )
-                    .await
-                    .map_err(|e| self.lease_lost(e))?;
-                if taken.succeeded {
+                let held = try_lock(&self.etcd, &self.keys, &m.name, &self.me, self.lease);
+                if held.await.map_err(|e| self.lease_lost(e))?.is_none() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -114,14 +103,8 @@ impl Member {
         m: &pipeline::PlannedMaterialization,
     ) -> Result<(), ClusterError> {
         let key = self.keys.applied(&m.name);
-        let place = format!("materializations.{}", m.name);
-        let recorded =
-            match self.etcd.get(&key).await? {
-                Some(kv) => Some(applied::decode(&kv.value).map_err(|e| {
-                    invalid(&place, format!("the applied spec in etcd ({key}): {e}"))
-                })?),
-                None => None,
-            };
+        let kv = self.etcd.get(&key).await?;
+        let recorded = decode_applied(&self.keys, &m.name, kv.as_ref())?;
         match applied::check(recorded.as_ref(), &m.spec) {
             applied::Check::Current => Ok(()),
             applied::Check::FirstApply => {
@@ -145,4 +128,51 @@ impl Member {
             .into()),
         }
     }
+}
+
+/// The spec recorded as applied in etcd (`kv`, the value of `P/applied/<name>`).
+pub(crate) fn decode_applied(
+    keys: &Keys,
+    name: &str,
+    kv: Option<&KeyValue>,
+) -> Result<Option<Applied>, ClusterError> {
+    let Some(kv) = kv else {
+        return Ok(None);
+    };
+    applied::decode(&kv.value).map(Some).map_err(|e| {
+        invalid(
+            format!("materializations.{name}"),
+            format!("the applied spec in etcd ({}): {e}", keys.applied(name)),
+        )
+    })
+}
+
+/// Takes `name`'s apply lock for `holder` with `lease`: `None` once taken, else who
+/// holds it.
+pub(crate) async fn try_lock(
+    etcd: &Etcd,
+    keys: &Keys,
+    name: &str,
+    holder: &str,
+    lease: i64,
+) -> Result<Option<String>, EtcdError> {
+    let key = keys.apply_lock(name);
+    let taken = etcd
+        .txn(
+            vec![Cond::Absent(key.clone())],
+            vec![Op::Put {
+                key: key.clone(),
+                value: holder.as_bytes().to_vec(),
+                lease,
+            }],
+            vec![Op::Get(key)],
+        )
+        .await?;
+    Ok(match taken.succeeded {
+        true => None,
+        false => Some(taken.got.into_iter().flatten().next().map_or_else(
+            || "a holder gone meanwhile".to_string(),
+            |kv| String::from_utf8_lossy(&kv.value).into_owned(),
+        )),
+    })
 }

@@ -40,6 +40,7 @@
 //! (asked or automatic).
 
 mod join;
+pub(crate) use join::{decode_applied, try_lock};
 mod loops;
 mod moves;
 
@@ -76,7 +77,7 @@ pub enum ClusterError {
     LeaseLost { member: String, why: String },
 }
 
-fn invalid(place: impl Into<String>, reason: impl Into<String>) -> ClusterError {
+pub(crate) fn invalid(place: impl Into<String>, reason: impl Into<String>) -> ClusterError {
     ClusterError::Invalid {
         place: place.into(),
         reason: reason.into(),

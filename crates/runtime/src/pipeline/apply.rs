@@ -22,6 +22,10 @@
 //! replacement) applied twice in a row is applied once. Kept out of the applied record
 //! on purpose: a state there would need a second write to mark it consumed.
 //!
+//! Under `cluster:` the logs and the record are in the cluster's etcd: the cluster
+//! crate's `apply.rs` does the same there, with [`apply_with`] and
+//! [`merge_applied_state`].
+//!
 //! A raised backfill counter (see [`crate::applied::rebuilt`]) is told to the driver by
 //! `last_materialization`: it rebuilds the binding's resource; the run that follows
 //! reads the binding's sources again ([`crate::txn`]'s backfill). A backfill whose
@@ -165,14 +169,25 @@ async fn record_state(
     let recorded = crate::blocking::unblock(move || {
         for (_, log) in super::layout::local_logs(&dir)? {
             recovery::amend_last_commit(&log, &held, |commit| {
-                crate::txn::merge_driver_checkpoint(commit, &name, &state)
-                    .map_err(|e| recovery::RecoveryError::BadCheckpoint(e.to_string()))
+                merge_applied_state(commit, &name, &state)
+                    .map_err(recovery::RecoveryError::BadCheckpoint)
             })?;
         }
         Ok::<_, recovery::RecoveryError>(())
     })
     .await;
     recorded.map_err(|e| format!("recording the driver's Applied state: {e}"))
+}
+
+/// Merges the driver's Applied state (`state`) into `commit`, a shard log's last commit
+/// (a log with none takes the default, transaction 0): what `sluice apply` does to every
+/// log of the materialization, local or in a cluster's etcd, before it records the spec.
+pub fn merge_applied_state(
+    commit: &mut recovery::Checkpoint,
+    name: &str,
+    state: &flow::DriverCheckpoint,
+) -> Result<(), String> {
+    crate::txn::merge_driver_checkpoint(commit, name, state).map_err(|e| e.to_string())
 }
 
 /// Applies one planned materialization (its driver's Apply), returning what it did.

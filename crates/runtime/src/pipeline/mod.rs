@@ -38,7 +38,10 @@ mod probe;
 mod retries;
 
 pub use crate::registry::{Connect, Connected};
-pub use apply::{ApplyAction, apply, apply_first_start, apply_materialization};
+pub use apply::{
+    ApplyAction, Prior, apply, apply_first_start, apply_materialization, apply_with,
+    merge_applied_state,
+};
 pub use error::PipelineError;
 pub use launch::{Launcher, LogPlace, OpenLog, RunOptions};
 pub use plan::{Planned, PlannedMaterialization, plan, plan_all};
