@@ -7,7 +7,7 @@ use crate::common;
 
 #[test]
 fn loading_a_whole_table_stays_within_the_memory_budget_and_is_exact() {
-    let keys: u64 = 100_000;
+    let keys: u64 = 60_000;
     let payload_bytes: u64 = 2_000;
     let figures = common::exact_bench_figures(&[
         "loads",
@@ -18,7 +18,7 @@ fn loading_a_whole_table_stays_within_the_memory_budget_and_is_exact() {
         "--payload-bytes",
         &payload_bytes.to_string(),
     ]);
-    // The second run loads all 100 000 documents (about 200 MB of JSON text, more as
+    // The second run loads all 60 000 documents (about 120 MB of JSON text, more as
     // parsed documents) in one transaction; the first loads nothing. Within the bound
     // the second holds four 4 MiB budgets and the messages in flight beyond what the
     // first holds; holding the loaded documents whole, in the runtime or in the driver,

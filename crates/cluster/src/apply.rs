@@ -11,8 +11,8 @@
 //!  refuse while any member is registered or any shard of <mat> is assigned
 //!  driver Apply (upsert | delete), told the applied spec and the first shard's driver
 //!        checkpoint (the prior a single process reads from its folder)
-//!  ONE txn  if  the lock is still ours, no shard read is assigned, the shards and init
-//!               are as read, and every key written is as read
+//!  ONE txn  if  the lock is still ours, no key under P/members/ nor P/assign/<mat>/,
+//!               the shards and init are as read, and every key written is as read
 //!           then  upsert: each shard log's last commit with the driver's Applied state
 //!                         merged (the runtime's merge), and P/applied/<mat>
 //!                 delete: every key of <mat> (`Keys::of_materialization`)
@@ -21,8 +21,9 @@
 //!
 //! Refused on any registered member, not only on holders: a member takes shards at any
 //! moment. One that registers after the read takes the apply lock in its first apply
-//! before it claims anything, so no shard can be claimed before the write; the txn's
-//! conditions hold that even if this command's lease lapsed meanwhile. An upsert moves
+//! before it claims anything, so no shard can be claimed before the write; and the txn
+//! compares the whole members and assignments prefixes, which holds that even if this
+//! command's lease lapsed meanwhile. An upsert moves
 //! the logs and the applied spec in one txn (a single process amends its logs first,
 //! then writes the record). A dry run takes no lock and writes nothing, and says who
 //! would refuse it.
@@ -324,12 +325,15 @@ impl Apply<'_> {
         })
     }
 
-    /// What every write of the txn holds only if: no shard read is assigned, and the
-    /// shards and the first-shard marker are as read (no split, no first start).
+    /// What every write of the txn holds only if: no member is registered and no shard
+    /// of the materialization assigned, and the shards and the first-shard marker are as
+    /// read (no split, no first start).
     fn conditions(&self, seen: &Seen) -> Vec<Cond> {
-        let mut when = Vec::new();
+        let mut when = vec![
+            Cond::NoneUnder(self.keys.members()),
+            Cond::NoneUnder(format!("{}{}/", self.keys.assignments(), self.m.name)),
+        ];
         for shard in &seen.shards {
-            when.push(Cond::Absent(self.keys.assignment(&shard.id)));
             when.push(Cond::ModRevision(
                 self.keys.shard(&shard.id),
                 shard.revision,

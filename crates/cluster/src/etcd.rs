@@ -94,6 +94,8 @@ pub enum Cond {
     Absent(String),
     /// The key holds exactly these bytes.
     Value(String, Vec<u8>),
+    /// No key exists under this prefix.
+    NoneUnder(String),
 }
 
 /// One operation of a transaction.
@@ -300,18 +302,30 @@ impl Etcd {
                     target: CompareTarget::Mod as i32,
                     key: key.into_bytes(),
                     target_union: Some(TargetUnion::ModRevision(revision)),
+                    range_end: Vec::new(),
                 },
                 Cond::Absent(key) => pb::Compare {
                     result: CompareResult::Equal as i32,
                     target: CompareTarget::Create as i32,
                     key: key.into_bytes(),
                     target_union: Some(TargetUnion::CreateRevision(0)),
+                    range_end: Vec::new(),
                 },
                 Cond::Value(key, value) => pb::Compare {
                     result: CompareResult::Equal as i32,
                     target: CompareTarget::Value as i32,
                     key: key.into_bytes(),
                     target_union: Some(TargetUnion::Value(value)),
+                    range_end: Vec::new(),
+                },
+                // etcd compares every key of the range, and an empty range as one key
+                // never created: so "created at revision 0" holds only when none exists.
+                Cond::NoneUnder(prefix) => pb::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Create as i32,
+                    range_end: prefix_end(&prefix),
+                    key: prefix.into_bytes(),
+                    target_union: Some(TargetUnion::CreateRevision(0)),
                 },
             })
             .collect();

@@ -2,7 +2,7 @@
 //! survives to the next holder, and once another member has claimed the shard, the old
 //! holder's writes (intent or commit) and reads fail as fenced, naming the new holder. A
 //! record too large for etcd is refused, and etcd being down is an error the loop may
-//! retry.
+//! retry. And the prefix condition `sluice apply` writes under.
 
 use serde_json::json;
 use sluice_cluster::etcd::{Cond, Etcd, Op};
@@ -141,4 +141,32 @@ async fn a_holder_is_fenced_once_another_claims_the_shard_and_the_new_one_recove
         matches!(down, Err(RecoveryError::Unavailable { .. })),
         "{down:?}"
     );
+}
+
+/// `sluice apply` writes only while no member is registered and no shard of the
+/// materialization is assigned: a condition on a whole prefix, which holds when no key
+/// is under it and fails on any one, not on a key of a longer name beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_none_under_condition_holds_only_while_no_key_is_under_the_prefix() {
+    let server = PrivateEtcd::start();
+    let etcd = Etcd::connect(&[server.url()], Duration::from_secs(2), None).unwrap();
+    let put = |key: &str| Op::Put {
+        key: key.to_string(),
+        value: b"x".to_vec(),
+        lease: 0,
+    };
+    let none_under = || vec![Cond::NoneUnder("/test/none/assign/views/".to_string())];
+    let written = etcd.txn(none_under(), vec![put("/test/none/written")], vec![]);
+    assert!(written.await.unwrap().succeeded, "an empty prefix");
+    etcd.txn(vec![], vec![put("/test/none/assign/views2/0-1")], vec![])
+        .await
+        .unwrap();
+    let beside = etcd.txn(none_under(), vec![put("/test/none/written")], vec![]);
+    assert!(beside.await.unwrap().succeeded, "a key beside the prefix");
+    etcd.txn(vec![], vec![put("/test/none/assign/views/0-1")], vec![])
+        .await
+        .unwrap();
+    let under = etcd.txn(none_under(), vec![put("/test/none/refused")], vec![]);
+    assert!(!under.await.unwrap().succeeded, "a key under the prefix");
+    assert!(etcd.get("/test/none/refused").await.unwrap().is_none());
 }
