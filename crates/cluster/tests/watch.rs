@@ -63,8 +63,16 @@ async fn a_wake_watches_again_after_an_etcd_restart_and_wakes_on_the_next_change
         == Woken::Changed
     {}
     // The first call after the restart may find the old connection gone: retried,
-    // as a member retries on its next look.
+    // as a member retries on its next look; a server that never answers again fails
+    // the test with its log (seen once under a loaded CI run: puts timed out for
+    // minutes).
+    let restarted = tokio::time::Instant::now();
     while let Err(e) = etcd.put("/w/assign/s", b"a".to_vec(), 0).await {
+        assert!(
+            restarted.elapsed() < PATIENCE,
+            "etcd never answered a put after its restart ({e}); its log:\n{}",
+            server.log()
+        );
         eprintln!("{e}; again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -66,7 +66,12 @@ impl PrivateEtcd {
                 .arg(certs.join("ca.crt"))
                 .arg("--client-cert-auth");
         }
-        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("its log");
+        // Appended to: a restarted server's log follows the first one's.
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("its log");
         let child = command
             .args(["--name", "test", "--data-dir"])
             .arg(self.dir.path().join("data"))
@@ -100,6 +105,11 @@ impl PrivateEtcd {
             let _ = Command::new("kill").arg(child.id().to_string()).status();
             let _ = child.wait();
         }
+    }
+
+    /// What etcd wrote to its log, for a failing test's message (every start's).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
 
     /// Stops etcd and starts it again on the same data after `down`.
