@@ -331,7 +331,7 @@ impl Apply<'_> {
     fn conditions(&self, seen: &Seen) -> Vec<Cond> {
         let mut when = vec![
             Cond::NoneUnder(self.keys.members()),
-            Cond::NoneUnder(format!("{}{}/", self.keys.assignments(), self.m.name)),
+            Cond::NoneUnder(self.keys.of(&self.keys.assignments(), &self.m.name)),
         ];
         for shard in &seen.shards {
             when.push(Cond::ModRevision(
